@@ -1,0 +1,4 @@
+"""rollbuf's service: an experience buffer between RL rollout handlers and trainers.
+
+Importing `api.schema` must stay cheap for the clients: nothing here imports FastAPI.
+"""

@@ -1,0 +1,28 @@
+"""Store backends behind one interface, chosen by URL: `memory://`, `sqlite:///path.db`."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from api.store.base import Store
+
+
+class UnknownStoreURL(ValueError):
+    pass
+
+
+def make_store(url: str) -> Store:
+    """Open the backend a store URL names."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        from api.store.memory import MemoryStore
+
+        return MemoryStore(url)
+    if scheme == "sqlite":
+        from api.store.sqlite import SqliteStore
+
+        return SqliteStore(url)
+    raise UnknownStoreURL(f"store URL {url!r}: scheme must be memory:// or sqlite:///path")
+
+
+__all__ = ["Store", "UnknownStoreURL", "make_store"]

@@ -1,0 +1,160 @@
+"""The store contract: where everything the service acknowledged lives, and how it changes atomically.
+
+The service's logic (ingest, side buffer, batch formation) is written once, as synchronous functions over
+a `Txn`; each backend supplies `Store.transact`, which runs such a function so that its effects apply
+fully or not at all and no other transaction interleaves with it. That is what makes "take a batch" one
+atomic operation on every backend, whether it runs under one event loop, one SQLite write transaction
+or a lock shared by many server processes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+ANON_ENV = -1
+"""Queue of groups posted with `env_id: null` (Atropos accepts them; they get weight 1 and no side buffer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ItemMeta:
+    """What batch formation needs to know of a queued item, without its payload."""
+
+    item_id: int
+    """Increases with every append over the whole store: FIFO order within an env."""
+    seqs: int
+    tokens: int
+    policy_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    """A unit of the queue: one group, or side-buffered partial groups released together (never split)."""
+
+    meta: ItemMeta
+    n_groups: int
+    payload: bytes
+    """`n_groups` group records (docs/binary-format.md), concatenated."""
+
+
+@dataclass(frozen=True, slots=True)
+class BufferedGroup:
+    """A partial group waiting in its env's side buffer until partials add up to the env's group size."""
+
+    seqs: int
+    tokens: int
+    policy_step: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    items: int = 0
+    groups: int = 0
+    seqs: int = 0
+    tokens: int = 0
+
+    def __add__(self, other: QueueCounts) -> QueueCounts:
+        return QueueCounts(
+            self.items + other.items,
+            self.groups + other.groups,
+            self.seqs + other.seqs,
+            self.tokens + other.tokens,
+        )
+
+    def __sub__(self, other: QueueCounts) -> QueueCounts:
+        return QueueCounts(
+            self.items - other.items,
+            self.groups - other.groups,
+            self.seqs - other.seqs,
+            self.tokens - other.tokens,
+        )
+
+
+class Txn(ABC):
+    """Synchronous view of the store inside one atomic transaction.
+
+    Every method may be called any number of times; writes are visible to later reads of the same
+    transaction. Nothing a transaction wrote is visible to others or survives a crash unless the
+    transaction function returned normally.
+    """
+
+    # --- small named values: run config, step, scheduler credits, counters (JSON text) ---
+    @abstractmethod
+    def get_value(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def set_value(self, key: str, value: str) -> None: ...
+
+    # --- the queue: one FIFO per env ---
+    @abstractmethod
+    def append(self, env_id: int, item: QueuedItem) -> None:
+        """Add at the tail of env_id's queue; `item.meta.item_id` comes from `next_item_id`."""
+
+    @abstractmethod
+    def next_item_id(self) -> int:
+        """A fresh id, larger than every id handed out before (also across restarts)."""
+
+    @abstractmethod
+    def head(self, env_id: int) -> Iterator[ItemMeta]:
+        """env_id's queued items, oldest first. Costs what is consumed of it, not the queue length."""
+
+    @abstractmethod
+    def pop(self, env_id: int, item_ids: Iterable[int]) -> list[QueuedItem]:
+        """Remove these items of env_id's queue and return them in the order asked for."""
+
+    @abstractmethod
+    def counts(self) -> dict[int, QueueCounts]:
+        """Queued items, groups, sequences and tokens per env (envs with nothing queued may be absent).
+        Kept incrementally: O(envs), not O(queue)."""
+
+    # --- side buffer of partial groups, per env (small) ---
+    @abstractmethod
+    def get_buffer(self, env_id: int) -> list[BufferedGroup]: ...
+
+    @abstractmethod
+    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None: ...
+
+    # --- idempotency: replies remembered by submission key ---
+    @abstractmethod
+    def get_reply(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def put_reply(self, key: str, reply: str) -> None: ...
+
+    # --- formed batches, kept until acknowledged (exactly-once per step) ---
+    @abstractmethod
+    def put_batch(self, step: int, payload: bytes) -> None: ...
+
+    @abstractmethod
+    def get_batch(self, step: int) -> bytes | None: ...
+
+    @abstractmethod
+    def drop_batches_before(self, step: int) -> None: ...
+
+    # --- everything ---
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every queue, buffer, batch, value and remembered reply (GET /reset_data)."""
+
+
+class Store(ABC):
+    """A backend. `transact` is the only way state changes."""
+
+    url: str
+
+    @abstractmethod
+    async def transact(self, fn: Callable[[Txn], T]) -> T:
+        """Run fn atomically: its writes apply all together, and only if it returns without raising.
+
+        Durable backends return only after the writes are durable, so a reply sent after `transact`
+        returns never acknowledges something a crash could lose.
+        """
+
+    async def close(self) -> None:
+        """Release connections and files."""
+        return None

@@ -1,0 +1,156 @@
+"""In-process backend: fast, and gone with the process. For tests and for runs that accept losing the queue."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
+
+T = TypeVar("T")
+
+
+def _counts_of(item: QueuedItem) -> QueueCounts:
+    return QueueCounts(1, item.n_groups, item.meta.seqs, item.meta.tokens)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.queues: dict[int, deque[QueuedItem]] = {}
+        self.counts: dict[int, QueueCounts] = {}
+        self.buffers: dict[int, list[BufferedGroup]] = {}
+        self.replies: dict[str, str] = {}
+        self.batches: dict[int, bytes] = {}
+        self.next_id = 1
+
+
+class MemoryTxn(Txn):
+    """Applies writes directly and keeps an undo log, replayed backwards if the transaction fails."""
+
+    def __init__(self, state: _State) -> None:
+        self._s = state
+        self._undo: list[Callable[[], None]] = []
+
+    def rollback(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def _restore(self, mapping: dict, key: object) -> None:  # type: ignore[type-arg]
+        if key in mapping:
+            old = mapping[key]
+            self._undo.append(lambda: mapping.__setitem__(key, old))
+        else:
+            self._undo.append(lambda: mapping.pop(key, None))
+
+    def get_value(self, key: str) -> str | None:
+        return self._s.values.get(key)
+
+    def set_value(self, key: str, value: str) -> None:
+        self._restore(self._s.values, key)
+        self._s.values[key] = value
+
+    def next_item_id(self) -> int:
+        item_id = self._s.next_id
+        self._s.next_id += 1  # ids are never reused, even after a rollback: harmless gaps
+        return item_id
+
+    def append(self, env_id: int, item: QueuedItem) -> None:
+        queue = self._s.queues.setdefault(env_id, deque())
+        self._restore(self._s.counts, env_id)
+        queue.append(item)
+        self._s.counts[env_id] = self._s.counts.get(env_id, QueueCounts()) + _counts_of(item)
+        self._undo.append(queue.pop)
+
+    def head(self, env_id: int) -> Iterator[ItemMeta]:
+        return (item.meta for item in self._s.queues.get(env_id, ()))
+
+    def pop(self, env_id: int, item_ids: Iterable[int]) -> list[QueuedItem]:
+        wanted = list(item_ids)
+        if not wanted:
+            return []
+        queue = self._s.queues[env_id]
+        position = {item_id: i for i, item_id in enumerate(wanted)}
+        # Removed items sit near the head: scan only as far as the last one asked for.
+        scanned: list[QueuedItem] = []
+        found: list[QueuedItem | None] = [None] * len(wanted)
+        remaining = len(wanted)
+        while remaining:
+            if not queue:
+                raise KeyError(f"items {wanted} are not all queued for env {env_id}")
+            item = queue.popleft()
+            scanned.append(item)
+            if item.meta.item_id in position:
+                found[position[item.meta.item_id]] = item
+                remaining -= 1
+        kept = [item for item in scanned if item.meta.item_id not in position]
+        queue.extendleft(reversed(kept))
+
+        def undo() -> None:
+            for _ in kept:
+                queue.popleft()
+            queue.extendleft(reversed(scanned))
+
+        self._undo.append(undo)
+        removed = [item for item in found if item is not None]
+        self._restore(self._s.counts, env_id)
+        total = QueueCounts()
+        for item in removed:
+            total = total + _counts_of(item)
+        self._s.counts[env_id] = self._s.counts[env_id] - total
+        return removed
+
+    def counts(self) -> dict[int, QueueCounts]:
+        return dict(self._s.counts)
+
+    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
+        return list(self._s.buffers.get(env_id, ()))
+
+    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
+        self._restore(self._s.buffers, env_id)
+        self._s.buffers[env_id] = list(groups)
+
+    def get_reply(self, key: str) -> str | None:
+        return self._s.replies.get(key)
+
+    def put_reply(self, key: str, reply: str) -> None:
+        self._restore(self._s.replies, key)
+        self._s.replies[key] = reply
+
+    def put_batch(self, step: int, payload: bytes) -> None:
+        self._restore(self._s.batches, step)
+        self._s.batches[step] = payload
+
+    def get_batch(self, step: int) -> bytes | None:
+        return self._s.batches.get(step)
+
+    def drop_batches_before(self, step: int) -> None:
+        for old in [s for s in self._s.batches if s < step]:
+            self._restore(self._s.batches, old)
+            del self._s.batches[old]
+
+    def clear(self) -> None:
+        old = self._s.__dict__.copy()
+        next_id = self._s.next_id
+        self._s.__init__()  # type: ignore[misc]
+        self._s.next_id = next_id
+        self._undo.append(lambda: self._s.__dict__.update(old))
+
+
+class MemoryStore(Store):
+    """Transactions run to completion on the event loop without awaiting, so none interleave."""
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._state = _State()
+
+    async def transact(self, fn: Callable[[Txn], T]) -> T:
+        txn = MemoryTxn(self._state)
+        try:
+            return fn(txn)
+        except BaseException:
+            txn.rollback()
+            raise
+
