@@ -1,0 +1,155 @@
+"""The group record: how one scored group is stored, and sent on the binary path (docs/binary-format.md).
+
+A record is a msgpack map whose per-token fields are raw little-endian arrays (int32 tokens and masks,
+float32 advantages and logprobs) over all sequences of the group, with `lengths` to split them. Records
+concatenate: a queue item's payload is N records back to back, and a binary batch is a msgpack array
+header followed by the stored bytes as they are, so serving a batch never re-encodes a payload.
+This module imports numpy and msgpack only: the clients use it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+
+FORMAT_VERSION = 1
+I32 = np.dtype("<i4")
+F32 = np.dtype("<f4")
+F64 = np.dtype("<f8")
+
+FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
+"""Per-token float fields, float32 on the wire and in the store."""
+META_FIELDS = (
+    "messages",
+    "generation_params",
+    "overrides",
+    "group_overrides",
+    "images",
+    "distill_token_ids",
+    "distill_logprobs",
+)
+"""Fields kept as they were sent (msgpack of their JSON value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """One scored group, as flat arrays plus the lengths that split them into sequences."""
+
+    env_id: int | None
+    lengths: np.ndarray
+    tokens: np.ndarray
+    masks: np.ndarray
+    scores: np.ndarray
+    policy_step: int
+    group_id: str | None = None
+    floats: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seqs(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Per-sequence views of a flat per-token array."""
+        return np.split(flat, np.cumsum(self.lengths[:-1]))
+
+
+def encode(rec: GroupRecord) -> bytes:
+    body: dict[str, Any] = {
+        "v": FORMAT_VERSION,
+        "env_id": rec.env_id,
+        "policy_step": rec.policy_step,
+        "group_id": rec.group_id,
+        "lengths": rec.lengths.astype(I32, copy=False).tobytes(),
+        "tokens": rec.tokens.astype(I32, copy=False).tobytes(),
+        "masks": rec.masks.astype(I32, copy=False).tobytes(),
+        "scores": rec.scores.astype(F64, copy=False).tobytes(),
+    }
+    for name in FLOAT_FIELDS:
+        arr = rec.floats.get(name)
+        body[name] = None if arr is None else arr.astype(F32, copy=False).tobytes()
+    body["meta"] = rec.meta
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _from_map(m: dict[str, Any]) -> GroupRecord:
+    floats = {name: np.frombuffer(m[name], F32) for name in FLOAT_FIELDS if m.get(name) is not None}
+    return GroupRecord(
+        env_id=m.get("env_id"),
+        lengths=np.frombuffer(m["lengths"], I32),
+        tokens=np.frombuffer(m["tokens"], I32),
+        masks=np.frombuffer(m["masks"], I32),
+        scores=np.frombuffer(m["scores"], F64),
+        policy_step=int(m.get("policy_step") or 0),
+        group_id=m.get("group_id"),
+        floats=floats,
+        meta=m.get("meta") or {},
+    )
+
+
+def iter_records(payload: bytes) -> Iterator[GroupRecord]:
+    """Records stored back to back, in order."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1))
+    unpacker.feed(payload)
+    for m in unpacker:
+        yield _from_map(m)
+
+
+def decode(data: bytes) -> GroupRecord:
+    return _from_map(msgpack.unpackb(data, raw=False))
+
+
+# ------------------------------------------------------------------------------------------- Atropos JSON
+
+
+def to_atropos(rec: GroupRecord) -> dict[str, Any]:
+    """The group as an Atropos trainer reads it: all 14 ScoredData keys, per-sequence lists.
+
+    Arrays stay numpy views; `orjson` writes them without building Python lists.
+    """
+    out: dict[str, Any] = {
+        "tokens": rec.split(rec.tokens),
+        "masks": rec.split(rec.masks),
+        "scores": rec.scores,
+    }
+    for name in FLOAT_FIELDS:
+        arr = rec.floats.get(name)
+        # As float64, a float32 value prints as the same double the client sent (vLLM logprobs are float32).
+        out[name] = None if arr is None else rec.split(arr.astype(F64))
+    for name in META_FIELDS:
+        out[name] = rec.meta.get(name)
+    out["env_id"] = rec.env_id
+    out["policy_step"] = rec.policy_step
+    out["group_id"] = rec.group_id
+    return out
+
+
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=_ORJSON_OPTS)
+
+
+def decode_batch(data: bytes) -> list[GroupRecord]:
+    """A batch as stored and sent on the binary path: a msgpack array of group records."""
+    return [_from_map(m) for m in msgpack.unpackb(data, raw=False)]
+
+
+def atropos_batch_json(batch: bytes) -> bytes:
+    """`{"batch": [group, ...]}` as Atropos trainers read it, from a stored batch."""
+    return dumps({"batch": [to_atropos(rec) for rec in decode_batch(batch)]})
+
+
+def msgpack_array_header(n: int) -> bytes:
+    packer = msgpack.Packer()
+    return packer.pack_array_header(n)  # type: ignore[no-any-return]

@@ -1,0 +1,48 @@
+"""Health, debugging and reset endpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse, Response
+
+from api.deps import ServiceDep
+from api.records import dumps, to_atropos
+
+router = APIRouter(tags=["admin"])
+
+_EMPTY_EXAMPLE: dict[str, list[Any]] = {
+    k: []
+    for k in (
+        "tokens",
+        "masks",
+        "scores",
+        "advantages",
+        "ref_logprobs",
+        "generation_params",
+        "inference_logprobs",
+        "messages",
+        "images",
+    )
+}
+
+
+@router.get("/")
+async def root() -> dict[str, str]:
+    """Health check (Atropos tools call it)."""
+    return {"message": "AtroposLib API"}
+
+
+@router.get("/latest_example")
+async def latest_example(service: ServiceDep) -> Response:
+    """The last group this server process queued, for eyeballing what envs send."""
+    body = _EMPTY_EXAMPLE if service.latest is None else to_atropos(service.latest)
+    return Response(dumps(body), media_type="application/json")
+
+
+@router.get("/reset_data", response_class=PlainTextResponse)
+async def reset_data(service: ServiceDep) -> str:
+    """Drop every queue, registration and the step: the next /register starts a new run."""
+    await service.reset()
+    return "Reset successful"

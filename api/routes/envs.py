@@ -1,0 +1,122 @@
+"""The rollout handlers' endpoints: register, submit scored groups, read their status."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import Response
+from pydantic import TypeAdapter
+
+from api.body import parse_json, read_body
+from api.deps import ServiceDep, SettingsDep
+from api.errors import InvalidData
+from api.records import dumps
+from api.schema import (
+    EnvIdentifier,
+    EnvRegistered,
+    EnvStatus,
+    ErrorBody,
+    RegisterEnv,
+    ScoredData,
+    ScoredListReply,
+    ScoredReply,
+)
+
+router = APIRouter(tags=["environments"])
+
+_ONE = TypeAdapter(ScoredData)
+_LIST = TypeAdapter(list[ScoredData])
+_ENV_ID = TypeAdapter(EnvIdentifier)
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorBody, "description": "Body too large"},
+    422: {"model": ErrorBody, "description": "Invalid data: `detail[].loc` names the field, `msg` the rule"},
+    503: {"model": ErrorBody, "description": "Queue full: retry after `Retry-After` seconds; nothing was stored"},
+}
+
+
+def _body_doc(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+@router.post("/register-env", responses={200: {"model": EnvRegistered}, 422: {"model": ErrorBody}})
+async def register_env(body: RegisterEnv, service: ServiceDep) -> dict[str, Any]:
+    """Register a rollout handler; before the trainer's first /batch it is told to wait."""
+    registered = await service.register_env(body)
+    if registered is None:
+        return {"status": "wait for trainer to start"}
+    return registered.model_dump(exclude_none=True)
+
+
+@router.post("/disconnect-env")
+async def disconnect_env(body: EnvIdentifier, service: ServiceDep) -> dict[str, str]:
+    """Mark an env as gone: its minimum allocation no longer holds batches back. Its queued data stays."""
+    error = await service.disconnect_env(body.env_id)
+    return {"status": "success"} if error is None else {"status": "failure", "error": error}
+
+
+@router.get(
+    "/status-env",
+    response_model=EnvStatus,
+    openapi_extra=_body_doc(EnvIdentifier.model_json_schema()),
+    responses={404: {"model": ErrorBody}},
+)
+async def status_env(
+    request: Request,
+    service: ServiceDep,
+    settings: SettingsDep,
+    env_id: Annotated[int | None, Query(description="The env's id; Atropos clients send it as a JSON body.")] = None,
+) -> EnvStatus:
+    """An env's view of the queue: step, its backlog, its weight. Takes `?env_id=` or a JSON body."""
+    if env_id is None:
+        raw = await read_body(request, max_bytes=4096, max_decompressed=4096)
+        if not raw:
+            raise InvalidData(("query", "env_id"), 'env_id is required, as ?env_id= or a JSON body {"env_id": N}')
+        env_id = parse_json(_ENV_ID, raw).env_id
+    return await service.env_status(env_id)
+
+
+@router.post(
+    "/scored_data",
+    response_model=ScoredReply,
+    response_model_exclude_none=True,
+    openapi_extra=_body_doc(ScoredData.model_json_schema()),
+    responses=_ERRORS,
+)
+async def scored_data(
+    request: Request,
+    service: ServiceDep,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Response:
+    """Submit one scored group. A group id or Idempotency-Key makes retries safe."""
+    raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
+    group = parse_json(_ONE, raw)
+    run = await service.run_state()
+    key = f"k:{idempotency_key}" if idempotency_key else None
+    [reply] = await service.submit([group], run, idempotency_key=key)
+    return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
+
+
+@router.post(
+    "/scored_data_list",
+    response_model=ScoredListReply,
+    response_model_exclude_none=True,
+    openapi_extra=_body_doc({"type": "array", "items": ScoredData.model_json_schema()}),
+    responses=_ERRORS,
+)
+async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
+    """Submit several groups at once: all are stored, or (on any invalid group) none."""
+    raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
+    groups = parse_json(_LIST, raw)
+    run = await service.run_state()
+    replies = await service.submit(groups, run)
+    buffered = [r for r in replies if r.status == "buffered"]
+    duplicates = sum(1 for r in replies if r.duplicate)
+    out = ScoredListReply(
+        groups_processed=len(groups),
+        buffered=len(buffered) or None,
+        last_buffer_size=buffered[-1].buffer_size if buffered else None,
+        duplicates=duplicates or None,
+    )
+    return Response(dumps(out.model_dump(exclude_none=True)), media_type="application/json")

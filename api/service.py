@@ -1,0 +1,432 @@
+"""The buffer's operations, each one store transaction: registration, ingest, batch formation, status.
+
+Decisions come from the pure modules (`validation`, `filters`, `batcher`); this module reads the state they
+need from a `Txn`, calls them, and writes back what they decided. Every check that can fail runs before
+the first write, so a rejected request leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from api import state
+from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
+from api.errors import Conflict, InvalidData, NotFound, Unavailable
+from api.filters import STALE, filter_reason, release_from_buffer
+from api.records import GroupRecord, encode, msgpack_array_header
+from api.schema import (
+    EnvRegistered,
+    EnvStatus,
+    Info,
+    RegisterEnv,
+    Registration,
+    ScoredData,
+    ScoredListReply,
+    ScoredReply,
+    Status,
+)
+from api.state import EnvRecord, RunState
+from api.store.base import ANON_ENV, BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
+from api.validation import GroupLimits, pack_group
+
+MIN_ENV_WEIGHT = 0.01
+"""Floor of `env_weight` in /status-env, as in Atropos: no env is told to stop producing entirely."""
+ANON_NAME = "(no env_id)"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Backpressure: beyond these, submissions get 503 + Retry-After and nothing is stored."""
+
+    max_groups: int | None = None
+    max_tokens: int | None = None
+    max_env_groups: int | None = None
+    max_env_tokens: int | None = None
+    max_group_seqs: int = 4096
+    retry_after: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One validated group on its way into the store."""
+
+    env_id: int | None
+    record: GroupRecord
+    payload: bytes
+    key: str | None
+    """Idempotency key: the group id (scoped by env) or the request's Idempotency-Key."""
+
+
+@dataclass(frozen=True, slots=True)
+class FormedBatch:
+    step: int
+    """The step this batch moved the run from."""
+    n_groups: int
+    seqs: int
+    tokens: int
+    records: bytes
+    """A msgpack array of group records (docs/binary-format.md)."""
+
+
+@dataclass(slots=True)
+class BatchWaiting:
+    reason: str | None = None
+    blocked: bool = False
+    not_registered: bool = False
+
+
+@dataclass(slots=True)
+class Service:
+    store: Store
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    latest: GroupRecord | None = None
+    """The last group queued by this process (GET /latest_example is a debugging aid, not state)."""
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def data_changed(self) -> asyncio.Event:
+        """An event set the next time this process queues data (long-polling trainers wait on it)."""
+        return self._changed
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # ----------------------------------------------------------------------------- trainer
+
+    async def register_trainer(self, reg: Registration) -> int:
+        def txn_fn(txn: Txn) -> None:
+            run = state.load(txn)
+            if run.registration is None:
+                state.save_run(txn, reg, started=False)
+                state.save_step(txn, reg.starting_step)
+                return
+            if run.registration != reg:
+                changed = sorted(k for k, v in reg.model_dump().items() if getattr(run.registration, k) != v)
+                raise Conflict(
+                    f"a trainer is already registered with a different configuration ({', '.join(changed)}); "
+                    "GET /reset_data first to start a new run"
+                )
+
+        await self.store.transact(txn_fn)
+        return secrets.randbits(128)
+
+    async def run_state(self) -> RunState:
+        return await self.store.transact(state.load)
+
+    async def info(self) -> Info:
+        run = await self.run_state()
+        if run.registration is None:
+            return Info(batch_size=-1, max_token_len=-1)
+        return Info(batch_size=run.registration.batch_size, max_token_len=run.registration.max_token_len)
+
+    async def reset(self) -> None:
+        await self.store.transact(lambda txn: txn.clear())
+        self.latest = None
+
+    # ----------------------------------------------------------------------------- envs
+
+    async def register_env(self, reg: RegisterEnv) -> EnvRegistered | None:
+        """None while the trainer has not asked for its first batch (envs are told to wait)."""
+
+        def txn_fn(txn: Txn) -> EnvRegistered | None:
+            run = state.load(txn)
+            if run.registration is None or not run.started:
+                return None
+            batch_size = run.registration.batch_size
+            if reg.group_size > batch_size:
+                raise InvalidData(
+                    ("body", "group_size"),
+                    f"group_size {reg.group_size} exceeds the trainer's batch_size {batch_size}: "
+                    "a group is never split, so it could never be served",
+                )
+            same_name = sum(1 for e in run.envs if e.desired_name == reg.desired_name)
+            env = EnvRecord(
+                env_id=len(run.envs),
+                desired_name=reg.desired_name,
+                wandb_name=f"{reg.desired_name}_{same_name}",
+                weight=reg.weight,
+                group_size=reg.group_size,
+                max_token_length=reg.max_token_length,
+                min_batch_allocation=reg.min_batch_allocation,
+            )
+            state.save_envs(txn, [*run.envs, env])
+            warning = None
+            if run.registration.max_batch_tokens is None and batch_size % reg.group_size:
+                warning = (
+                    f"group_size {reg.group_size} does not divide batch_size {batch_size}: batches can be filled "
+                    "exactly only together with other environments' groups"
+                )
+            return EnvRegistered(
+                env_id=env.env_id,
+                wandb_name=env.wandb_name,
+                checkpoint_dir=run.registration.checkpoint_dir,
+                starting_step=run.step,
+                checkpoint_interval=run.registration.save_checkpoint_interval,
+                num_steps=run.registration.num_steps,
+                warning=warning,
+            )
+
+        return await self.store.transact(txn_fn)
+
+    async def disconnect_env(self, env_id: int) -> str | None:
+        """None on success, else why not (Atropos answers failures in-band)."""
+
+        def txn_fn(txn: Txn) -> str | None:
+            run = state.load(txn)
+            env = run.env(env_id)
+            if env is None:
+                return f"no environment with env_id {env_id}"
+            env.connected = False
+            state.save_envs(txn, run.envs)
+            return None
+
+        return await self.store.transact(txn_fn)
+
+    async def env_status(self, env_id: int) -> EnvStatus:
+        def txn_fn(txn: Txn) -> EnvStatus:
+            run = state.load(txn)
+            env = run.env(env_id)
+            if env is None:
+                raise NotFound(f"no environment with env_id {env_id}")
+            return env_status(run, env, txn.counts(), self.limits)
+
+        return await self.store.transact(txn_fn)
+
+    # ----------------------------------------------------------------------------- ingest
+
+    def limits_for(self, run: RunState) -> GroupLimits:
+        assert run.registration is not None
+        return GroupLimits(
+            max_token_len=run.registration.max_token_len,
+            max_group_seqs=min(run.registration.batch_size, self.limits.max_group_seqs),
+            max_group_tokens=run.registration.max_batch_tokens,
+        )
+
+    async def submit(
+        self, groups: Sequence[ScoredData], run: RunState, idempotency_key: str | None = None
+    ) -> list[ScoredReply]:
+        """Validate, pack and store groups all-or-nothing. `run` is a recent snapshot; the transaction
+        re-checks that the run it was validated against is still the one in the store."""
+        if run.registration is None:
+            raise Unavailable("no trainer has registered yet: POST /register first", self.limits.retry_after)
+        limits = self.limits_for(run)
+        subs: list[Submission] = []
+        for i, sd in enumerate(groups):
+            loc: tuple[str | int, ...] = ("body", i) if idempotency_key is None and len(groups) > 1 else ("body",)
+            if sd.env_id is not None and run.env(sd.env_id) is None:
+                raise InvalidData((*loc, "env_id"), f"no environment with env_id {sd.env_id} is registered")
+            try:
+                step = run.step if sd.policy_step is None else sd.policy_step
+                record = pack_group(sd, env_id=sd.env_id, policy_step=step, limits=limits)
+            except InvalidData as exc:
+                raise exc.at(*loc) from None
+            key = idempotency_key or (f"g:{sd.env_id}:{sd.group_id}" if sd.group_id else None)
+            subs.append(Submission(sd.env_id, record, encode(record), key))
+        replies = await self.store.transact(lambda txn: self._submit_txn(txn, subs, run))
+        if subs:
+            self.latest = subs[-1].record
+            self._notify()
+        return replies
+
+    def _submit_txn(self, txn: Txn, subs: Sequence[Submission], seen_run: RunState) -> list[ScoredReply]:
+        run = state.load(txn)
+        if run.registration != seen_run.registration:
+            raise Unavailable("the trainer re-registered while this request was validated; send it again", 0)
+        counts = txn.counts()
+        replies: list[ScoredReply | None] = []
+        fresh: list[tuple[int, Submission]] = []
+        for i, sub in enumerate(subs):
+            old = txn.get_reply(sub.key) if sub.key else None
+            if old is not None:
+                replies.append(ScoredReply.model_validate_json(old).model_copy(update={"duplicate": True}))
+            else:
+                replies.append(None)
+                fresh.append((i, sub))
+        self._check_capacity(counts, [s for _, s in fresh])
+        reg = run.registration
+        assert reg is not None
+        for i, sub in fresh:
+            env_id = ANON_ENV if sub.env_id is None else sub.env_id
+            env = run.env(env_id)
+            name = env.wandb_name if env else ANON_NAME
+            step = sub.record.policy_step
+            reason = filter_reason(sub.record.scores, reg)
+            if reason is not None:
+                state.count_dropped(txn, name, reason)
+                reply = ScoredReply(status="received")
+            elif env is not None and sub.record.seqs != env.group_size:
+                reply = self._buffer(txn, env, sub, step)
+            else:
+                self._enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
+                reply = ScoredReply(status="received")
+            if sub.key:
+                txn.put_reply(sub.key, reply.model_dump_json(exclude_none=True))
+            replies[i] = reply
+        return [r for r in replies if r is not None]
+
+    def _check_capacity(self, counts: dict[int, QueueCounts], subs: Sequence[Submission]) -> None:
+        lim = self.limits
+        if not subs or not (lim.max_groups or lim.max_tokens or lim.max_env_groups or lim.max_env_tokens):
+            return
+        total = sum(counts.values(), QueueCounts())
+        add_groups = len(subs)
+        add_tokens = sum(s.record.n_tokens for s in subs)
+        full = None
+        if lim.max_groups is not None and total.groups + add_groups > lim.max_groups:
+            full = f"the queue holds {total.groups} groups; the limit is {lim.max_groups}"
+        elif lim.max_tokens is not None and total.tokens + add_tokens > lim.max_tokens:
+            full = f"the queue holds {total.tokens} tokens; the limit is {lim.max_tokens}"
+        else:
+            per_env: dict[int, QueueCounts] = {}
+            for s in subs:
+                env_id = ANON_ENV if s.env_id is None else s.env_id
+                per_env[env_id] = per_env.get(env_id, QueueCounts()) + QueueCounts(
+                    1, 1, s.record.seqs, s.record.n_tokens
+                )
+            for env_id, add in per_env.items():
+                have = counts.get(env_id, QueueCounts())
+                if lim.max_env_groups is not None and have.groups + add.groups > lim.max_env_groups:
+                    full = f"env {env_id} has {have.groups} groups queued; the limit is {lim.max_env_groups}"
+                elif lim.max_env_tokens is not None and have.tokens + add.tokens > lim.max_env_tokens:
+                    full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
+        if full:
+            raise Unavailable(f"queue full: {full}; retry later", lim.retry_after)
+
+    @staticmethod
+    def _enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: bytes) -> None:
+        meta = ItemMeta(item_id=txn.next_item_id(), seqs=seqs, tokens=tokens, policy_step=step)
+        txn.append(env_id, QueuedItem(meta=meta, n_groups=1, payload=payload))
+
+    def _buffer(self, txn: Txn, env: EnvRecord, sub: Submission, step: int) -> ScoredReply:
+        buffer = [*txn.get_buffer(env.env_id), BufferedGroup(sub.record.seqs, sub.record.n_tokens, step, sub.payload)]
+        picked = release_from_buffer([g.seqs for g in buffer], env.group_size)
+        if picked:
+            for i in picked:
+                g = buffer[i]
+                self._enqueue(txn, env.env_id, g.seqs, g.tokens, g.policy_step, g.payload)
+            buffer = [g for i, g in enumerate(buffer) if i not in set(picked)]
+        txn.set_buffer(env.env_id, buffer)
+        return ScoredReply(status="buffered", buffer_size=sum(g.seqs for g in buffer))
+
+    # ----------------------------------------------------------------------------- batches
+
+    async def next_batch(self) -> FormedBatch | BatchWaiting:
+        """Form the next batch (the Atropos /batch): the first call marks the run as started."""
+        return await self.store.transact(self._form_txn)
+
+    def _form_txn(self, txn: Txn) -> FormedBatch | BatchWaiting:
+        run = state.load(txn)
+        reg = run.registration
+        if reg is None:
+            return BatchWaiting(not_registered=True)
+        if not run.started:
+            state.save_run(txn, reg, started=True)
+        spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill)
+        min_step = None if reg.max_staleness is None else run.step - reg.max_staleness
+        connected_shares = scale_shares({e.env_id: e.min_batch_allocation for e in run.envs if e.connected})
+        windows: list[EnvWindow] = []
+        env_ids = [ANON_ENV, *(e.env_id for e in run.envs)]
+        counts = txn.counts()
+        for env_id in env_ids:
+            env = run.env(env_id)
+            share = connected_shares.get(env_id, 0.0)
+            if counts.get(env_id, QueueCounts()).items == 0 and share == 0.0:
+                continue
+            win = take_window(txn.head(env_id), min_step=min_step, max_seqs=spec.batch_size, max_tokens=spec.max_tokens)
+            name = env.wandb_name if env else ANON_NAME
+            if win.stale:
+                txn.pop(env_id, [m.item_id for m in win.stale])
+                state.count_dropped(txn, name, STALE, len(win.stale))
+            windows.append(EnvWindow(env_id, name, env.weight if env else 1.0, share, win.items))
+        plan = plan_batch(windows, spec, state.load_credits(txn))
+        if isinstance(plan, NoBatch):
+            state.save_blocked(txn, plan.reason if plan.blocked else None)
+            return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
+        return self._apply(txn, run, plan)
+
+    @staticmethod
+    def _apply(txn: Txn, run: RunState, plan: Plan) -> FormedBatch:
+        payloads: list[bytes] = []
+        n_groups = 0
+        for env_id, item_ids in plan.take.items():
+            for item in txn.pop(env_id, item_ids):
+                payloads.append(item.payload)
+                n_groups += item.n_groups
+        state.save_credits(txn, plan.credits)
+        state.save_blocked(txn, None)
+        state.save_step(txn, run.step + 1)
+        records = msgpack_array_header(n_groups) + b"".join(payloads)
+        return FormedBatch(run.step, n_groups, plan.seqs, plan.tokens, records)
+
+    # ----------------------------------------------------------------------------- status
+
+    async def status(self) -> Status:
+        def txn_fn(txn: Txn) -> Status:
+            run = state.load(txn)
+            total = sum(txn.counts().values(), QueueCounts())
+            return Status(
+                current_step=run.step if run.registration else 0,
+                queue_size=total.groups,
+                queued_sequences=total.seqs,
+                queued_tokens=total.tokens,
+                blocked_reason=state.load_blocked(txn),
+                dropped=state.load_dropped(txn),
+            )
+
+        return await self.store.transact(txn_fn)
+
+
+def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], limits: QueueLimits) -> EnvStatus:
+    """/status-env as Atropos computes it, from per-env counts instead of a scan of the queue."""
+    connected = [e for e in run.envs if e.connected]
+    total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in connected)
+    weight = env.max_token_length * env.weight / total_weight if total_weight > 0 else 1.0
+    min_total = sum(e.min_batch_allocation or 0.0 for e in connected)
+    batch_size = run.registration.batch_size if run.registration else 0
+    group_size = max(1, env.group_size)
+    self_seqs = counts.get(env.env_id, QueueCounts()).seqs
+    others = 0
+    for env_id, c in counts.items():
+        if env_id == env.env_id:
+            continue
+        other = run.env(env_id)
+        reserved = int(batch_size * (other.min_batch_allocation or 0.0)) if other and other.connected else 0
+        others += max(0, c.seqs - reserved)
+    sizes = [e.group_size for e in run.envs if counts.get(e.env_id, QueueCounts()).items]
+    capacity = _capacity_groups(counts, env, limits)
+    return EnvStatus(
+        current_step=run.step,
+        queue_size=(self_seqs + others) // group_size,
+        unallocated_fraction=max(0.0, 1.0 - min_total),
+        self_queue_size=self_seqs // group_size,
+        max_group_size=max([1, *sizes]),
+        env_weight=max(MIN_ENV_WEIGHT, weight),
+        queue_capacity_groups=capacity,
+    )
+
+
+def _capacity_groups(counts: dict[int, QueueCounts], env: EnvRecord, limits: QueueLimits) -> int | None:
+    total = sum(counts.values(), QueueCounts())
+    mine = counts.get(env.env_id, QueueCounts())
+    room: list[int] = []
+    if limits.max_groups is not None:
+        room.append(limits.max_groups - total.groups)
+    if limits.max_env_groups is not None:
+        room.append(limits.max_env_groups - mine.groups)
+    avg_tokens = mine.tokens / mine.groups if mine.groups else None
+    if avg_tokens:
+        if limits.max_tokens is not None:
+            room.append(math.floor((limits.max_tokens - total.tokens) / avg_tokens))
+        if limits.max_env_tokens is not None:
+            room.append(math.floor((limits.max_env_tokens - mine.tokens) / avg_tokens))
+    return max(0, min(room)) if room else None
+
+
+def dumps_reply(reply: ScoredReply | ScoredListReply) -> bytes:
+    return orjson.dumps(reply.model_dump(exclude_none=True))

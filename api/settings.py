@@ -1,0 +1,55 @@
+"""The one settings object. Sources, highest first: command-line flags, `ROLLBUF_*` environment variables,
+defaults (docs/settings.md)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ROLLBUF_",
+        use_attribute_docstrings=True,
+        extra="forbid",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+    )
+
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = Field(8000, ge=1, le=65535)
+    """TCP port; Atropos clients expect 8000."""
+    store: str = "sqlite:///rollbuf-data/rollbuf.db"
+    """Where acknowledged data lives: `sqlite:///path.db` (durable, the default) or `memory://` (lost on exit)."""
+    log_level: str = "info"
+
+    max_queue_groups: int | None = Field(None, gt=0)
+    """Most groups queued over all envs; beyond it submissions get 503 + Retry-After. None: no limit."""
+    max_queue_tokens: int | None = Field(None, gt=0)
+    """Most tokens queued over all envs."""
+    max_env_queue_groups: int | None = Field(None, gt=0)
+    """Most groups queued for one env."""
+    max_env_queue_tokens: int | None = Field(None, gt=0)
+    """Most tokens queued for one env."""
+    max_group_seqs: int = Field(4096, gt=0)
+    """Most sequences in one group."""
+    retry_after: float = Field(2.0, gt=0)
+    """Seconds a client is told to wait (Retry-After) when the queue is full."""
+
+    max_body_bytes: int = Field(512 * MiB, gt=0)
+    """Largest request body as sent (413 beyond)."""
+    max_decompressed_bytes: int = Field(2048 * MiB, gt=0)
+    """Largest gzip request body once decompressed (413 beyond): no zip bombs."""
+    gzip_level: int = Field(1, ge=1, le=9)
+    """Compression level of gzip responses; 1 is several times faster than Atropos's 9 at a slightly larger size."""
+    max_batch_wait: float = Field(60.0, ge=0)
+    """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
+
+    @model_validator(mode="after")
+    def _store_scheme(self) -> Settings:
+        if not self.store.startswith(("memory://", "sqlite:///")):
+            raise ValueError(f"store {self.store!r}: use memory:// or sqlite:///path.db")
+        return self

@@ -1,0 +1,40 @@
+"""Shared fixtures: a clean environment, and the app in-process behind an httpx client."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key in list(os.environ):
+        if key.startswith("ROLLBUF_"):
+            monkeypatch.delenv(key)
+    yield
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(store="memory://")
+
+
+@pytest.fixture
+async def client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The ASGI app with its lifespan running, reached through httpx without a socket."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+            yield c
