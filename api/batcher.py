@@ -172,7 +172,7 @@ def _plan_exact(
         return NoBatch(
             f"waiting for data: {available} of {batch_size} sequences queued", blocked=False, credits=dict(credits)
         )
-    take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size)
+    take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size, credits_now)
     if take is None:
         sizes = sorted({m.seqs for w in active for m in w.items})
         return NoBatch(
@@ -225,48 +225,62 @@ def _prefix_fill(
     return take
 
 
-def _subset_fill(active: Sequence[EnvWindow], batch_size: int) -> dict[int, list[ItemMeta]] | None:
-    """Any items adding up to exactly batch_size, oldest preferred; minimum allocations taken as FIFO prefixes.
+def _subset_fill(
+    active: Sequence[EnvWindow], batch_size: int, targets: Mapping[int, float]
+) -> dict[int, list[ItemMeta]] | None:
+    """Any items adding up to exactly batch_size with every minimum met, if such a choice exists at all.
 
-    Used only when no FIFO-prefix combination exists (mixed group sizes within an env).
+    Used only when no FIFO-prefix combination exists (mixed group sizes within an env). Per env, a bitset
+    of the subset sums its window can make (at least its minimum); envs combine by shifting bitsets. Each
+    env's sum is then picked closest to its credit, and its items oldest first.
     """
-    take: dict[int, list[ItemMeta]] = {w.env_id: [] for w in active}
-    rest: list[tuple[int, ItemMeta]] = []
-    reserved = 0
+    full = (1 << (batch_size + 1)) - 1
+    per_env: list[tuple[EnvWindow, list[int], int]] = []  # window, per-item prefix reach, sums allowed
+    combined = [1]  # combined[i]: totals reachable with the first i envs
     for w in active:
-        need = _required(w, batch_size)
-        got = 0
+        reach = [1]
         for m in w.items:
-            if got < need:
-                take[w.env_id].append(m)
-                got += m.seqs
-            else:
-                rest.append((w.env_id, m))
-        reserved += got
-    remaining = batch_size - reserved
-    if remaining < 0:
+            reach.append((reach[-1] | (reach[-1] << m.seqs)) & full)
+        need = _required(w, batch_size)
+        allowed = reach[-1] & ~((1 << need) - 1)
+        per_env.append((w, reach, allowed))
+        total = 0
+        for s in _bits(allowed):
+            total |= combined[-1] << s
+        combined.append(total & full)
+    if not (combined[-1] >> batch_size) & 1:
         return None
-    rest.sort(key=lambda pair: pair[1].item_id)
-    # reach[i] = bitmask of sums reachable with the first i items; bit s set = sum s reachable.
-    mask = (1 << (remaining + 1)) - 1
-    reach = [1]
-    for _, m in rest:
-        reach.append((reach[-1] | (reach[-1] << m.seqs)) & mask)
-    if not (reach[-1] >> remaining) & 1:
-        return None
-    s = remaining
-    picked: list[tuple[int, ItemMeta]] = []
-    for i in range(len(rest), 0, -1):
-        if (reach[i - 1] >> s) & 1:
-            continue  # reachable without item i-1: skip it, keeping older items preferred
-        env, m = rest[i - 1]
-        picked.append((env, m))
-        s -= m.seqs
-    for env, m in sorted(picked, key=lambda pair: pair[1].item_id):
-        take[env].append(m)
-    for env in take:
-        take[env].sort(key=lambda m: m.item_id)
+    take: dict[int, list[ItemMeta]] = {}
+    remaining = batch_size
+    for i in range(len(active) - 1, -1, -1):
+        w, reach, allowed = per_env[i]
+        options = [s for s in _bits(allowed) if s <= remaining and (combined[i] >> (remaining - s)) & 1]
+        s = min(options, key=lambda x: (abs(x - targets.get(w.env_id, 0.0)), x))
+        take[w.env_id] = _oldest_subset(w.items, reach, s)
+        remaining -= s
     return take
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    s = 0
+    while mask:
+        if mask & 1:
+            out.append(s)
+        mask >>= 1
+        s += 1
+    return out
+
+
+def _oldest_subset(items: Sequence[ItemMeta], reach: Sequence[int], total: int) -> list[ItemMeta]:
+    """Items adding up to `total`, preferring older ones: a later item is used only when needed."""
+    picked: list[ItemMeta] = []
+    for i in range(len(items), 0, -1):
+        if (reach[i - 1] >> total) & 1:
+            continue
+        picked.append(items[i - 1])
+        total -= items[i - 1].seqs
+    return picked[::-1]
 
 
 def _plan_tokens(

@@ -51,6 +51,11 @@ class NotFound(RollbufError):
     code = "not_found"
 
 
+class Gone(RollbufError):
+    status_code = 410
+    code = "gone"
+
+
 class BadEncoding(RollbufError):
     status_code = 400
     code = "bad_encoding"

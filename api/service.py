@@ -13,11 +13,12 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgpack
 import orjson
 
 from api import state
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
-from api.errors import Conflict, InvalidData, NotFound, Unavailable
+from api.errors import Conflict, Gone, InvalidData, NotFound, Unavailable
 from api.filters import STALE, filter_reason, release_from_buffer
 from api.records import GroupRecord, encode, msgpack_array_header
 from api.schema import (
@@ -72,6 +73,17 @@ class FormedBatch:
     tokens: int
     records: bytes
     """A msgpack array of group records (docs/binary-format.md)."""
+
+    def pack(self) -> bytes:
+        """As kept in the store until acknowledged: a small msgpack header, then the records as they are."""
+        return msgpack.packb([self.n_groups, self.seqs, self.tokens]) + self.records  # type: ignore[no-any-return]
+
+    @classmethod
+    def unpack(cls, step: int, data: bytes) -> FormedBatch:
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(data)
+        n_groups, seqs, tokens = unpacker.unpack()
+        return cls(step, n_groups, seqs, tokens, data[unpacker.tell() :])
 
 
 @dataclass(slots=True)
@@ -316,17 +328,40 @@ class Service:
 
     # ----------------------------------------------------------------------------- batches
 
-    async def next_batch(self) -> FormedBatch | BatchWaiting:
-        """Form the next batch (the Atropos /batch): the first call marks the run as started."""
-        return await self.store.transact(self._form_txn)
+    async def next_batch(self, step: int | None = None) -> FormedBatch | BatchWaiting:
+        """Batch `step`, forming it if it is the next one; without `step`, form the next batch (Atropos).
 
-    def _form_txn(self, txn: Txn) -> FormedBatch | BatchWaiting:
+        With `step`, batch N stays available until batch N+1 is asked for, so a trainer that retries or
+        restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
+        kind marks the run as started (environments may register from then on).
+        """
+        return await self.store.transact(lambda txn: self._batch_txn(txn, step))
+
+    def _batch_txn(self, txn: Txn, step: int | None) -> FormedBatch | BatchWaiting:
         run = state.load(txn)
         reg = run.registration
         if reg is None:
             return BatchWaiting(not_registered=True)
         if not run.started:
             state.save_run(txn, reg, started=True)
+        if step is None:
+            return self._form(txn, run, keep=False)
+        if step > run.step:
+            raise Conflict(f"batch {step} cannot be formed yet: the next batch to form is {run.step}")
+        txn.drop_batches_before(step)  # asking for N acknowledges every batch before it
+        if step < run.step:
+            stored = txn.get_batch(step)
+            if stored is None:
+                raise Gone(
+                    f"batch {step} is no longer available: a later batch was asked for, or it was "
+                    "handed out without ?step="
+                )
+            return FormedBatch.unpack(step, stored)
+        return self._form(txn, run, keep=True)
+
+    def _form(self, txn: Txn, run: RunState, *, keep: bool) -> FormedBatch | BatchWaiting:
+        reg = run.registration
+        assert reg is not None
         spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill)
         min_step = None if reg.max_staleness is None else run.step - reg.max_staleness
         connected_shares = scale_shares({e.env_id: e.min_batch_allocation for e in run.envs if e.connected})
@@ -348,7 +383,10 @@ class Service:
         if isinstance(plan, NoBatch):
             state.save_blocked(txn, plan.reason if plan.blocked else None)
             return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
-        return self._apply(txn, run, plan)
+        batch = self._apply(txn, run, plan)
+        if keep:
+            txn.put_batch(batch.step, batch.pack())
+        return batch
 
     @staticmethod
     def _apply(txn: Txn, run: RunState, plan: Plan) -> FormedBatch:

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from api.deps import ServiceDep, SettingsDep
-from api.records import atropos_batch_json, dumps
+from api.errors import InvalidData
+from api.records import atropos_batch_json, decode_batch, dumps, to_atropos
 from api.schema import ErrorBody, Info, RegisterReply, Registration, Status, WandbInfo
 from api.service import BatchWaiting, FormedBatch
+from api.sharding import Cost, rank_share
 
 router = APIRouter(tags=["trainer"])
 
@@ -31,15 +34,30 @@ async def batch(
     request: Request,
     service: ServiceDep,
     settings: SettingsDep,
-    wait: float = Query(0.0, ge=0, description="Hold the request up to this many seconds until a batch is ready."),
+    wait: Annotated[
+        float, Query(ge=0, description="Hold the request up to this many seconds until a batch is ready.")
+    ] = 0.0,
+    step: Annotated[
+        int | None, Query(ge=0, description="Ask for batch N; it is served again until N+1 is asked for.")
+    ] = None,
+    rank: Annotated[
+        int | None, Query(ge=0, description="This data-parallel rank (with world_size): its share only.")
+    ] = None,
+    world_size: Annotated[
+        int | None, Query(ge=1, description="Number of data-parallel ranks sharing each batch.")
+    ] = None,
+    balance: Annotated[Cost, Query(description="Balance rank shares by tokens, or by squared lengths.")] = "tokens",
 ) -> Response:
     """Form and return the next batch, exactly `batch_size` sequences of whole groups."""
+    if (rank is None) != (world_size is None) or (rank is not None and world_size is not None and rank >= world_size):
+        raise InvalidData(("query", "rank"), "rank and world_size go together, with 0 <= rank < world_size")
     deadline = time.monotonic() + min(wait, settings.max_batch_wait)
     while True:
         changed = service.data_changed()
-        result = await service.next_batch()
+        result = await service.next_batch(step)
         if isinstance(result, FormedBatch):
-            body = await anyio.to_thread.run_sync(atropos_batch_json, result.records)
+            share = None if rank is None or world_size is None else (rank, world_size, balance)
+            body = await anyio.to_thread.run_sync(_render_json, result, share)
             return Response(body, media_type="application/json")
         if result.not_registered:
             return _json({"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []})
@@ -50,6 +68,13 @@ async def batch(
             await asyncio.wait_for(changed.wait(), timeout=min(remaining, RECHECK_S))
         except TimeoutError:
             pass
+
+
+def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None) -> bytes:
+    if share is None:
+        return atropos_batch_json(batch.records)
+    records = rank_share(decode_batch(batch.records), *share)
+    return dumps({"batch": [to_atropos(r) for r in records], "step": batch.step})
 
 
 def _no_batch(result: BatchWaiting) -> dict[str, object]:

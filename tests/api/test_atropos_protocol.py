@@ -70,13 +70,25 @@ async def test_full_atropos_round(client: httpx.AsyncClient) -> None:
     assert r2["env_id"] == 1 and r2["wandb_name"] == "math_1"
 
     st = await status_env(client, 0)
-    assert set(st) >= {"current_step", "queue_size", "unallocated_fraction", "self_queue_size", "max_group_size",
-                       "env_weight"}
+    assert set(st) >= {
+        "current_step",
+        "queue_size",
+        "unallocated_fraction",
+        "self_queue_size",
+        "max_group_size",
+        "env_weight",
+    }
     assert st["env_weight"] == pytest.approx(0.5)
 
     # one group via /scored_data (gzipped), three via /scored_data_list (gzipped)
-    g0 = group(4, env_id=0, seed=1, messages=[[{"role": "user", "content": "hi"}]] * 4,
-               generation_params={"temperature": 1.0}, overrides=[{"a": 1}] * 4)
+    g0 = group(
+        4,
+        env_id=0,
+        seed=1,
+        messages=[[{"role": "user", "content": "hi"}]] * 4,
+        generation_params={"temperature": 1.0},
+        overrides=[{"a": 1}] * 4,
+    )
     body, headers = gz_json(g0)
     r = await client.post("/scored_data", content=body, headers=headers)
     assert r.status_code == 200 and r.json() == {"status": "received"}
