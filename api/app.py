@@ -6,10 +6,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 
+from api.auth import require_api_key
 from api.errors import RollbufError
 from api.routes import admin, envs, trainer
 from api.service import QueueLimits, Service
@@ -48,9 +49,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exclude_content_types=BINARY_TYPES,
     )
     app.add_exception_handler(RollbufError, _render_error)  # type: ignore[arg-type]
-    app.include_router(admin.router)
-    app.include_router(trainer.router)
-    app.include_router(envs.router)
+    app.include_router(admin.health)
+    secured = [Depends(require_api_key)]
+    app.include_router(admin.router, dependencies=secured)
+    app.include_router(trainer.router, dependencies=secured)
+    app.include_router(envs.router, dependencies=secured)
     return app
 
 

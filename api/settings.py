@@ -3,7 +3,9 @@ defaults (docs/settings.md)."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import ipaddress
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -25,6 +27,11 @@ class Settings(BaseSettings):
     store: str = "sqlite:///rollbuf-data/rollbuf.db"
     """Where acknowledged data lives: `sqlite:///path.db` (durable, the default) or `memory://` (lost on exit)."""
     log_level: str = "info"
+
+    api_key: SecretStr | None = None
+    """Bearer token every request must carry (`Authorization: Bearer <key>`); none: no auth."""
+    allow_unauthenticated: bool = False
+    """Listen on a non-loopback interface without `api_key` (anyone who can reach the port can reset the run)."""
 
     max_queue_groups: int | None = Field(None, gt=0)
     """Most groups queued over all envs; beyond it submissions get 503 + Retry-After. None: no limit."""
@@ -49,7 +56,21 @@ class Settings(BaseSettings):
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
 
     @model_validator(mode="after")
-    def _store_scheme(self) -> Settings:
+    def _safe(self) -> Settings:
         if not self.store.startswith(("memory://", "sqlite:///")):
             raise ValueError(f"store {self.store!r}: use memory:// or sqlite:///path.db")
+        if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is reachable from other machines and no api_key is set: "
+                "set api_key, or allow_unauthenticated to accept that"
+            )
         return self
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

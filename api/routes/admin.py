@@ -11,6 +11,8 @@ from api.deps import ServiceDep
 from api.records import dumps, to_atropos
 
 router = APIRouter(tags=["admin"])
+health = APIRouter(tags=["admin"])
+"""Routes that stay open when auth is on."""
 
 _EMPTY_EXAMPLE: dict[str, list[Any]] = {
     k: []
@@ -28,7 +30,7 @@ _EMPTY_EXAMPLE: dict[str, list[Any]] = {
 }
 
 
-@router.get("/")
+@health.get("/")
 async def root() -> dict[str, str]:
     """Health check (Atropos tools call it)."""
     return {"message": "AtroposLib API"}
