@@ -70,8 +70,8 @@ def _validate(adapter: TypeAdapter[T], data: Any, *, from_json: bool) -> T:
             return adapter.validate_json(data)
         return adapter.validate_python(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False)
-        for err in errors:
-            err["loc"] = ("body", *err["loc"])
-            err.pop("input", None)
+        errors = [
+            {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}
+            for err in exc.errors(include_url=False, include_context=False, include_input=False)
+        ]
         raise RequestValidationError(errors) from None

@@ -11,6 +11,10 @@ from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Sto
 T = TypeVar("T")
 
 
+def _discard(_: object) -> None:
+    return None
+
+
 def _counts_of(item: QueuedItem) -> QueueCounts:
     return QueueCounts(1, item.n_groups, item.meta.seqs, item.meta.tokens)
 
@@ -62,7 +66,7 @@ class MemoryTxn(Txn):
         self._restore(self._s.counts, env_id)
         queue.append(item)
         self._s.counts[env_id] = self._s.counts.get(env_id, QueueCounts()) + _counts_of(item)
-        self._undo.append(queue.pop)
+        self._undo.append(lambda: _discard(queue.pop()))
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
         return (item.meta for item in self._s.queues.get(env_id, ()))
@@ -153,4 +157,3 @@ class MemoryStore(Store):
         except BaseException:
             txn.rollback()
             raise
-
