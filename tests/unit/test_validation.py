@@ -1,0 +1,80 @@
+"""Packing and validation of one group, without HTTP."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.errors import InvalidData
+from api.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
+from api.records import decode, encode
+from api.schema import Registration, ScoredData
+from api.validation import GroupLimits, pack_group
+from tests.factories import group, registration
+
+LIMITS = GroupLimits(max_token_len=512, max_group_seqs=16)
+
+
+def test_pack_round_trips_through_the_record() -> None:
+    body = group(3, length=[5, 9, 2], messages=[[{"role": "user", "content": "x"}]] * 3, group_id="g")
+    rec = pack_group(ScoredData.model_validate(body), env_id=0, policy_step=7, limits=LIMITS)
+    back = decode(encode(rec))
+    assert back.lengths.tolist() == [5, 9, 2]
+    assert [t.tolist() for t in back.split(back.tokens)] == body["tokens"]
+    assert [m.tolist() for m in back.split(back.masks)] == body["masks"]
+    lps = [x.astype(np.float64).tolist() for x in back.split(back.floats["inference_logprobs"])]
+    assert lps == body["inference_logprobs"]
+    assert back.scores.tolist() == body["scores"]
+    assert back.meta["messages"] == body["messages"] and back.group_id == "g" and back.policy_step == 7
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.integers(0, 10_000))
+def test_any_valid_group_packs(lengths: list[int], seed: int) -> None:
+    body = group(len(lengths), length=lengths, seed=seed)
+    rec = pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+    assert rec.seqs == len(lengths) and rec.n_tokens == sum(lengths)
+
+
+def test_mask_error_points_at_the_position() -> None:
+    body = group(2, length=6)
+    body["masks"][1][4] = 3
+    with pytest.raises(InvalidData) as exc:
+        pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+    assert exc.value.loc == ("masks", 1, 4)
+
+
+def test_nan_logprob_is_rejected() -> None:
+    body = group(2, length=4)
+    body["inference_logprobs"][0][1] = float("nan")
+    with pytest.raises(InvalidData, match="finite"):
+        pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+
+
+def test_token_budget_bounds_a_group() -> None:
+    limits = GroupLimits(max_token_len=512, max_group_seqs=16, max_group_tokens=30)
+    with pytest.raises(InvalidData, match="max_batch_tokens of 30"):
+        pack_group(ScoredData.model_validate(group(4, length=8)), env_id=None, policy_step=0, limits=limits)
+
+
+def test_filters() -> None:
+    reg = Registration.model_validate(registration(drop_zero_variance=True, min_score=-0.5, max_score=0.5))
+    assert filter_reason(np.array([1.0, 1.0]), reg) == ZERO_VARIANCE
+    assert filter_reason(np.array([1.0, 0.8]), reg) == SCORE_RANGE
+    assert filter_reason(np.array([-1.0, -0.5]), reg) == SCORE_RANGE
+    assert filter_reason(np.array([0.0, 0.5]), reg) is None
+    plain = Registration.model_validate(registration())
+    assert filter_reason(np.array([1.0, 1.0]), plain) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 8), max_size=8), st.integers(1, 16))
+def test_side_buffer_release_is_exact_and_oldest_first(sizes: list[int], target: int) -> None:
+    picked = release_from_buffer(sizes, target)
+    subsets = [[i for i in range(len(sizes)) if mask >> i & 1] for mask in range(1 << len(sizes))]
+    exact = [s for s in subsets if sum(sizes[i] for i in s) == target]
+    assert (picked is None) == (not exact)
+    if picked is not None:
+        assert sum(sizes[i] for i in picked) == target and picked == sorted(set(picked))
