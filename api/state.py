@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import logging
+
 import orjson
 
 from api.schema import Registration
 from api.store.base import Txn
+
+log = logging.getLogger("rollbuf")
 
 RUN_KEY = "run"
 STEP_KEY = "step"
@@ -102,3 +106,7 @@ def load_blocked(txn: Txn) -> str | None:
 def save_blocked(txn: Txn, reason: str | None) -> None:
     if reason != load_blocked(txn):
         _put(txn, BLOCKED_KEY, reason)
+        if reason:
+            log.warning("no batch can be formed: %s", reason)
+        else:
+            log.info("batches can be formed again")
