@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,9 +26,11 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def settings() -> Settings:
-    return Settings(store="memory://")
+@pytest.fixture(params=["memory", "sqlite"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    """API tests run against both backends: the service logic must not depend on which one it talks to."""
+    store = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'rollbuf.db'}"
+    return Settings(store=store)
 
 
 @pytest.fixture

@@ -37,7 +37,6 @@ def test_atropos_flow_over_tcp(tmp_path: Path) -> None:
 
 
 def test_kill_9_mid_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    pytest.importorskip("api.store.sqlite")
     store = f"sqlite:///{tmp_path / 'buffer.db'}"
     log = tmp_path / "server.log"
     server = start_server(store, log)

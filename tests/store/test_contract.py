@@ -1,0 +1,161 @@
+"""What every backend promises (api/store/base.py), run against each of them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from api.store import Store
+from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+
+pytestmark = pytest.mark.anyio
+
+
+def item(txn: Txn, seqs: int = 4, tokens: int = 40, step: int = 0, payload: bytes | None = None) -> QueuedItem:
+    meta = ItemMeta(txn.next_item_id(), seqs, tokens, step)
+    return QueuedItem(meta, 1, payload if payload is not None else f"payload-{meta.item_id}".encode())
+
+
+async def fill(store: Store, env_id: int, n: int) -> list[int]:
+    def fn(txn: Txn) -> list[int]:
+        out = []
+        for _ in range(n):
+            it = item(txn)
+            txn.append(env_id, it)
+            out.append(it.meta.item_id)
+        return out
+
+    return await store.transact(fn)
+
+
+async def test_fifo_per_env_and_counts(store: Store) -> None:
+    a = await fill(store, 0, 5)
+    b = await fill(store, 1, 3)
+    heads = await store.transact(lambda t: ([m.item_id for m in t.head(0)], [m.item_id for m in t.head(1)]))
+    assert heads == (a, b)
+    counts = await store.transact(lambda t: t.counts())
+    assert counts[0] == QueueCounts(5, 5, 20, 200) and counts[1] == QueueCounts(3, 3, 12, 120)
+
+
+async def test_pop_returns_in_asked_order_and_removes_only_those(store: Store) -> None:
+    ids = await fill(store, 0, 6)
+    popped = await store.transact(lambda t: t.pop(0, [ids[3], ids[0], ids[4]]))
+    assert [p.meta.item_id for p in popped] == [ids[3], ids[0], ids[4]]
+    assert [p.payload for p in popped] == [f"payload-{i}".encode() for i in (ids[3], ids[0], ids[4])]
+    rest = await store.transact(lambda t: [m.item_id for m in t.head(0)])
+    assert rest == [ids[1], ids[2], ids[5]]
+    assert (await store.transact(lambda t: t.counts()))[0] == QueueCounts(3, 3, 12, 120)
+    with pytest.raises(KeyError):
+        await store.transact(lambda t: t.pop(0, [ids[0]]))
+
+
+async def test_head_is_lazy(store: Store) -> None:
+    await fill(store, 0, 3000)
+    first = await store.transact(lambda t: [m.item_id for m in itertools.islice(t.head(0), 2)])
+    assert len(first) == 2
+
+
+async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
+    ids = await fill(store, 0, 3)
+
+    def fn(txn: Txn) -> None:
+        txn.append(0, item(txn))
+        txn.append(7, item(txn))
+        txn.pop(0, [ids[1]])
+        txn.set_value("k", "v")
+        txn.set_buffer(0, [BufferedGroup(2, 20, 0, b"x")])
+        txn.put_reply("key", "reply")
+        txn.put_batch(3, b"batch")
+        txn.clear()
+        txn.set_value("after-clear", "1")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(fn)
+
+    def snapshot(t: Txn) -> tuple[object, ...]:
+        return (
+            [m.item_id for m in t.head(0)], list(t.head(7)), t.counts(), t.get_value("k"), t.get_value("after-clear"),
+            t.get_buffer(0), t.get_reply("key"), t.get_batch(3),
+        )  # fmt: skip
+
+    assert await store.transact(snapshot) == (ids, [], {0: QueueCounts(3, 3, 12, 120)}, None, None, [], None, None)
+
+
+async def test_values_buffers_replies_batches_round_trip(store: Store) -> None:
+    buf = [BufferedGroup(2, 20, 5, b"a"), BufferedGroup(1, 9, 6, b"b")]
+
+    def write(t: Txn) -> None:
+        t.set_value("k", "v1")
+        t.set_value("k", "v2")
+        t.set_buffer(3, buf)
+        t.put_reply("r", '{"status": "received"}')
+        for step in range(5):
+            t.put_batch(step, f"batch{step}".encode())
+        t.drop_batches_before(3)
+
+    await store.transact(write)
+    got = await store.transact(
+        lambda t: (t.get_value("k"), t.get_buffer(3), t.get_reply("r"), [t.get_batch(s) for s in range(5)])
+    )
+    assert got == ("v2", buf, '{"status": "received"}', [None, None, None, b"batch3", b"batch4"])
+    await store.transact(lambda t: t.set_buffer(3, []))
+    assert await store.transact(lambda t: t.get_buffer(3)) == []
+
+
+async def test_clear_keeps_ids_increasing(store: Store) -> None:
+    before = await fill(store, 0, 3)
+    await store.transact(lambda t: t.clear())
+    assert await store.transact(lambda t: (list(t.head(0)), t.counts())) == ([], {})
+    after = await fill(store, 0, 1)
+    assert after[0] > max(before)
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(0, 2), st.integers(1, 8)),
+        st.tuples(st.just("pop"), st.integers(0, 2), st.integers(0, 3)),
+        st.tuples(st.just("fail"), st.integers(0, 2), st.integers(1, 8)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+async def test_matches_a_simple_model(store: Store, ops: list[tuple[str, int, int]]) -> None:
+    """Appends, pops from the head and failed transactions, compared with plain lists."""
+    await store.transact(lambda t: t.clear())
+    model: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
+    for op, env, n in ops:
+        if op == "append":
+
+            def fn(t: Txn, env: int = env, n: int = n) -> int:
+                it = item(t, seqs=n, tokens=n * 10)
+                t.append(env, it)
+                return it.meta.item_id
+
+            model[env].append((await store.transact(fn), n))
+        elif op == "pop":
+            take = [i for i, _ in model[env][:n]]
+            await store.transact(lambda t, env=env, take=take: t.pop(env, take))
+            del model[env][:n]
+        else:
+
+            def failing(t: Txn, env: int = env, n: int = n) -> None:
+                t.append(env, item(t, seqs=n))
+                t.pop(env, [m.item_id for m in itertools.islice(t.head(env), 1)])
+                raise ValueError("rolled back")
+
+            with pytest.raises(ValueError):
+                await store.transact(failing)
+        for env_id, expected in model.items():
+            head = await store.transact(lambda t, e=env_id: [(m.item_id, m.seqs) for m in t.head(e)])
+            assert head == expected
+        counts = await store.transact(lambda t: t.counts())
+        for env_id, expected in model.items():
+            c = counts.get(env_id, QueueCounts())
+            assert (c.items, c.seqs) == (len(expected), sum(s for _, s in expected))

@@ -1,0 +1,107 @@
+"""What only the SQLite backend promises: state survives closing and kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from api.store.base import ItemMeta, QueuedItem, Txn
+from api.store.sqlite import SqliteStore, sqlite_path
+
+pytestmark = pytest.mark.anyio
+
+WORKER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from api.store.base import ItemMeta, QueuedItem
+    from api.store.sqlite import SqliteStore
+
+    async def main():
+        store = SqliteStore(sys.argv[1])
+        for i in range(1_000_000):
+            def fn(t, i=i):
+                item_id = t.next_item_id()
+                t.append(i % 3, QueuedItem(ItemMeta(item_id, 4, 40, i), 1, b"x" * 5000 + str(i).encode()))
+                t.set_value("last", str(i))
+                return item_id
+            print(await store.transact(fn), flush=True)  # acknowledged only after COMMIT
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_url_forms() -> None:
+    assert sqlite_path("sqlite:///data/x.db") == (Path("data/x.db"), "NORMAL")
+    assert sqlite_path("sqlite:////tmp/x.db?synchronous=full") == (Path("/tmp/x.db"), "FULL")
+    with pytest.raises(ValueError):
+        sqlite_path("sqlite:///")
+
+
+async def test_reopen_keeps_everything(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'nested' / 'b.db'}"
+    store = SqliteStore(url)
+
+    def fill(t: Txn) -> list[int]:
+        ids = []
+        for env in (0, 1, 0):
+            meta = ItemMeta(t.next_item_id(), 2, 20, 1)
+            t.append(env, QueuedItem(meta, 1, b"p%d" % meta.item_id))
+            ids.append(meta.item_id)
+        t.set_value("step", "7")
+        t.put_batch(6, b"batch")
+        return ids
+
+    ids = await store.transact(fill)
+    await store.close()
+    store = SqliteStore(url)
+    try:
+        got = await store.transact(
+            lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
+                       t.next_item_id())
+        )  # fmt: skip
+        assert got[:4] == ([ids[0], ids[2]], "7", b"batch", 2)
+        assert got[4] > max(ids)
+    finally:
+        await store.close()
+
+
+@pytest.mark.integration
+async def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'crash.db'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WORKER, url], stdout=subprocess.PIPE, start_new_session=True, cwd=Path.cwd()
+    )
+    acked: list[int] = []
+    try:
+        assert proc.stdout is not None
+        while len(acked) < 300:
+            line = proc.stdout.readline()
+            assert line, "worker died before acknowledging enough items"
+            acked.append(int(line))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    store = SqliteStore(url)
+    try:
+
+        def read(t: Txn) -> tuple[list[int], list[bytes], int]:
+            ids = [m.item_id for env in range(3) for m in t.head(env)]
+            counted = sum(c.items for c in t.counts().values())
+            payloads = [it.payload for env in range(3) for it in t.pop(env, [m.item_id for m in t.head(env)])]
+            return ids, payloads, counted
+
+        ids, payloads, counted = await store.transact(read)
+        assert set(acked) <= set(ids), "an acknowledged item was lost"
+        assert counted == len(ids), "counts disagree with the queue"
+        assert all(p.startswith(b"x" * 5000) for p in payloads)
+    finally:
+        await store.close()
