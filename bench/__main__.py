@@ -1,0 +1,77 @@
+"""`make bench`: every hot-path benchmark in one bounded run, rollbuf next to Atropos when it is installed.
+
+Figures are noisy on a shared 2-core machine: compare ratios within one run, not across runs.
+Results are appended as JSON lines to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import formation
+from bench.http import run_harness
+from bench.servers import ROOT, atropos, rollbuf, serve
+
+HTTP_ARGS = ["--ingest-clients", "1,8,32", "--ingest-requests", "96", "--batch-sizes", "256,1024",
+             "--batch-reps", "256:3,1024:2", "--memory-groups", "120"]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
+    ap.add_argument("--only", choices=["formation", "http"], help="run one part")
+    args = ap.parse_args()
+    results: list[dict[str, Any]] = []
+    if args.only in (None, "formation"):
+        results += formation.run()
+    if args.only in (None, "http"):
+        with tempfile.TemporaryDirectory() as tmp:
+            targets = [rollbuf("memory://", Path(tmp) / "m.log"), rollbuf(f"sqlite:///{tmp}/b.db", Path(tmp) / "s.log")]
+            side = None if args.skip_atropos else atropos(Path(tmp) / "a.log")
+            if side is None and not args.skip_atropos:
+                print("Atropos not installed in .bench-venv: see bench/README.md to compare side by side")
+            for name, cmd, port in [t for t in [*targets, side] if t is not None]:
+                with serve(name, cmd, port, Path(tmp) / f"{port}.log") as target:
+                    results += run_harness(target, "memory,ingest,batch", HTTP_ARGS)
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
+    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    print(report(results))
+    print(f"\nJSON lines: {out.relative_to(ROOT)}")
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = []
+    form = [r for r in results if r.get("bench") == "formation"]
+    if form:
+        lines.append("batch formation, batch_size 256, 4 envs (median ms per batch):")
+        for store in ("memory", "sqlite"):
+            row = [f"{r['queued_groups']:>7} queued: {r['median_ms']:6.2f}" for r in form if r["store"] == store]
+            lines.append(f"  {store:7} " + " | ".join(row))
+    targets = sorted({r["target"] for r in results if "target" in r})
+    if targets:
+        lines.append("\ningest (groups/s at 1 / 8 / 32 clients, plain JSON, 8 x 512-4096 tokens per group):")
+        for t in targets:
+            row = [f"{r['groups_per_s']}" for r in results if r.get("target") == t and r.get("phase") == "ingest"]
+            lines.append(f"  {t:16} " + " / ".join(row))
+        lines.append("\n/batch latency p50 (ms; JSON, sequences of 2048 tokens):")
+        for t in targets:
+            row = [f"B={r['batch_size']}: {r['latency'].get('p50_ms')}" for r in results
+                   if r.get("target") == t and r.get("phase") == "batch" and "latency" in r]  # fmt: skip
+            lines.append(f"  {t:16} " + "  ".join(row))
+        lines.append("\nserver RSS per queued token position (bytes; raw int32+int32+float32 = 12):")
+        for t in targets:
+            row = [f"{r.get('bytes_per_token_position')}" for r in results
+                   if r.get("target") == t and r.get("phase") == "memory"]  # fmt: skip
+            lines.append(f"  {t:16} " + " ".join(row))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Batch formation cost against queue length, in-process (no HTTP): the claim is that it stays flat."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from api.schema import RegisterEnv, Registration
+from api.service import FormedBatch, Service
+from api.store import make_store
+from api.store.base import ItemMeta, QueuedItem, Txn
+
+ENVS = [  # name, group size, weight, min allocation
+    ("math", 8, 1.0, None),
+    ("code", 16, 0.5, 0.25),
+    ("tool", 4, 0.3, None),
+    ("chat", 8, 1.0, None),
+]
+BATCH_SIZE = 256
+PAYLOAD = b"\0" * 256  # payload bytes are moved, never parsed, while forming a batch
+
+
+async def _setup(url: str, queued: int) -> Service:
+    service = Service(make_store(url))
+    reg = Registration(wandb_group="b", wandb_project="b", batch_size=BATCH_SIZE, max_token_len=4096,
+                       checkpoint_dir="c", save_checkpoint_interval=0, starting_step=0, num_steps=10**9)  # fmt: skip
+    await service.register_trainer(reg)
+    await service.next_batch()
+    for name, size, weight, share in ENVS:
+        await service.register_env(RegisterEnv(max_token_length=4096, desired_name=name, weight=weight,
+                                               group_size=size, min_batch_allocation=share))  # fmt: skip
+
+    await top_up(service, queued)
+    return service
+
+
+def _fill(txn: Txn, per_env: int) -> None:
+    for _ in range(per_env):
+        for env_id, (_, seqs, _, _) in enumerate(ENVS):
+            meta = ItemMeta(txn.next_item_id(), seqs, seqs * 512, 0)
+            txn.append(env_id, QueuedItem(meta, 1, PAYLOAD))
+
+
+async def top_up(service: Service, queued: int) -> None:
+    """Bring every env's queue to queued/len(ENVS) groups, so each measured batch sees the same queue length."""
+    counts = await service.store.transact(lambda t: t.counts())
+    target = queued // len(ENVS)
+    missing = target - min((counts[e].groups if e in counts else 0) for e in range(len(ENVS)))
+    chunk = 5_000
+    for start in range(0, max(0, missing), chunk):
+        n = min(chunk, missing - start)
+        await service.store.transact(lambda t, n=n: _fill(t, n))
+
+
+async def _measure(url: str, queued: int, reps: int) -> dict[str, Any]:
+    service = await _setup(url, queued)
+    try:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            result = await service.next_batch()
+            times.append(time.perf_counter() - t0)
+            assert isinstance(result, FormedBatch) and result.seqs == BATCH_SIZE
+            await top_up(service, queued)
+        return {"queued_groups": queued, "median_ms": round(statistics.median(times) * 1e3, 2),
+                "p90_ms": round(sorted(times)[int(0.9 * (len(times) - 1))] * 1e3, 2)}  # fmt: skip
+    finally:
+        await service.store.close()
+
+
+def run(sizes: tuple[int, ...] = (100, 10_000, 100_000), reps: int = 20) -> list[dict[str, Any]]:
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for backend in ("memory", "sqlite"):
+            for queued in sizes:
+                url = "memory://" if backend == "memory" else f"sqlite:///{Path(tmp) / f'f{queued}.db'}"
+                out.append({"bench": "formation", "store": backend, **asyncio.run(_measure(url, queued, reps))})
+    return out

@@ -1,0 +1,79 @@
+"""Servers under test, as real processes on free loopback ports, stopped through their own process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+ATROPOS_VENV = ROOT / ".bench-venv"
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    pid: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serve(name: str, cmd: list[str], port: int, log: Path) -> Iterator[Target]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: see {log}")
+            try:
+                if httpx.get(url + "/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready after 60 s: see {log}")
+            time.sleep(0.1)
+        yield Target(name, url, proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def rollbuf(store: str, log: Path) -> tuple[str, list[str], int]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "api", "serve", "--host", "127.0.0.1", "--port", str(port), "--store", store,
+           "--log-level", "warning"]  # fmt: skip
+    return f"rollbuf[{store.split(':')[0]}]", cmd, port
+
+
+def atropos(log: Path) -> tuple[str, list[str], int] | None:
+    """The Atropos server from the side virtualenv, or None when it is not installed."""
+    uvicorn = ATROPOS_VENV / "bin" / "uvicorn"
+    if not uvicorn.exists():
+        return None
+    port = _free_port()
+    cmd = [str(uvicorn), "atroposlib.api.server:app", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
+    return "atropos", cmd, port
