@@ -83,6 +83,7 @@ class MemoryTxn(Txn):
         remaining = len(wanted)
         while remaining:
             if not queue:
+                queue.extendleft(reversed(scanned))  # leave the queue as it was
                 raise KeyError(f"items {wanted} are not all queued for env {env_id}")
             item = queue.popleft()
             scanned.append(item)

@@ -109,6 +109,7 @@ class SqliteTxn(Txn):
         if not wanted:
             return []
         marks = ",".join("?" * len(wanted))
+        self._db.execute("SAVEPOINT pop")  # a failed pop leaves the queue as it was, even if the caller goes on
         rows = self._db.execute(
             f"DELETE FROM items WHERE env_id = ? AND item_id IN ({marks}) "
             "RETURNING item_id, seqs, tokens, policy_step, n_groups, payload",
@@ -116,7 +117,10 @@ class SqliteTxn(Txn):
         ).fetchall()
         found = {row[0]: QueuedItem(ItemMeta(*row[:4]), row[4], row[5]) for row in rows}
         if len(found) != len(wanted):
+            self._db.execute("ROLLBACK TO pop")
+            self._db.execute("RELEASE pop")
             raise KeyError(f"items {sorted(set(wanted) - set(found))} are not queued for env {env_id}")
+        self._db.execute("RELEASE pop")
         items = [found[i] for i in wanted]
         total = QueueCounts()
         for it in items:

@@ -159,3 +159,15 @@ async def test_matches_a_simple_model(store: Store, ops: list[tuple[str, int, in
         for env_id, expected in model.items():
             c = counts.get(env_id, QueueCounts())
             assert (c.items, c.seqs) == (len(expected), sum(s for _, s in expected))
+
+
+async def test_failed_pop_caught_inside_a_transaction_changes_nothing(store: Store) -> None:
+    ids = await fill(store, 0, 3)
+
+    def fn(t: Txn) -> list[int]:
+        with pytest.raises(KeyError):
+            t.pop(0, [ids[1], 10**9])
+        return [m.item_id for m in t.head(0)]
+
+    assert await store.transact(fn) == ids
+    assert (await store.transact(lambda t: t.counts()))[0].items == 3
