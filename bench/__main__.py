@@ -58,12 +58,15 @@ def report(results: list[dict[str, Any]]) -> str:
     if targets:
         lines.append("\ningest (groups/s at 1 / 8 / 32 clients, plain JSON, 8 x 512-4096 tokens per group):")
         for t in targets:
-            row = [f"{r['groups_per_s']}" for r in results if r.get("target") == t and r.get("phase") == "ingest"]
+            row = [f"{r.get('groups_per_s', r.get('error'))}" for r in results
+                   if r.get("target") == t and r.get("phase") == "ingest"]  # fmt: skip
             lines.append(f"  {t:16} " + " / ".join(row))
         lines.append("\n/batch latency p50 (ms; JSON, sequences of 2048 tokens):")
         for t in targets:
             row = [f"B={r['batch_size']}: {r['latency'].get('p50_ms')}" for r in results
                    if r.get("target") == t and r.get("phase") == "batch" and "latency" in r]  # fmt: skip
+            row += [f"B={r.get('batch_size')}: {r['error']}" for r in results
+                    if r.get("target") == t and r.get("phase") == "batch" and "error" in r]  # fmt: skip
             lines.append(f"  {t:16} " + "  ".join(row))
         lines.append("\nserver RSS per queued token position (bytes; raw int32+int32+float32 = 12):")
         for t in targets:

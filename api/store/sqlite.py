@@ -1,21 +1,29 @@
 """Durable embedded backend: one SQLite file in WAL mode, the default of `rollbuf serve`.
 
-Every transaction is `BEGIN IMMEDIATE ... COMMIT` on one dedicated thread that owns the connection, so
-the event loop never blocks on disk and SQLite's single-writer rule is the only lock needed — also across
-processes sharing the file. `transact` returns after COMMIT: with `synchronous=NORMAL` (the default) a
-committed transaction survives `kill -9` of the server; `?synchronous=FULL` also survives power loss.
+All SQLite work happens on one dedicated thread that owns the connection: the event loop never blocks on
+disk, the connection is never shared between threads, and SQLite's single-writer lock is the only lock
+needed (also between processes sharing the file). Transactions queued while the thread is busy are
+committed together (group commit): one `BEGIN IMMEDIATE ... COMMIT` with a SAVEPOINT per function, so a
+function that raises rolls back only itself. `transact` returns after COMMIT: with `synchronous=NORMAL`
+(the default) a committed transaction survives `kill -9` of the server; `?synchronous=FULL` also survives
+power loss. See docs/stores.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import TypeVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, TypeVar, cast
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgpack
 
@@ -24,83 +32,206 @@ from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Sto
 T = TypeVar("T")
 
 SCHEMA_VERSION = 1
-REPLY_RETENTION = 1_000_000
-"""Idempotency replies kept (newest first): at ~100 bytes each, ~100 MB of disk at most, and far more
-retries than any client makes."""
-HEAD_CHUNK = 256
-"""Rows fetched at a time while reading the head of a queue: a window rarely needs more."""
+"""Bumped with every change of layout; a file of another version is refused, never silently reinterpreted."""
+GROUP_MAX = 64
+"""Most transactions committed together: bounds how long a transaction waits for the ones queued before it."""
+HEAD_CHUNKS = (32, 256, 2048)
+"""Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
+POP_CHUNK = 500
+"""Ids per DELETE statement: stays under SQLite's host-parameter limit on any build."""
+REPLY_TRIM_EVERY = 1024
+"""Old replies are trimmed every this many inserted replies, not on every insert."""
+BUSY_TIMEOUT_S = 30.0
+"""How long BEGIN IMMEDIATE waits for another process holding the write lock before failing."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS items (
-    item_id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, seqs INTEGER NOT NULL, tokens INTEGER NOT NULL,
-    policy_step INTEGER NOT NULL, n_groups INTEGER NOT NULL, payload BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS items_by_env ON items (env_id, item_id);
-CREATE TABLE IF NOT EXISTS counts (
-    env_id INTEGER PRIMARY KEY, items INTEGER NOT NULL, groups INTEGER NOT NULL, seqs INTEGER NOT NULL,
-    tokens INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS buffers (env_id INTEGER PRIMARY KEY, data BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS replies (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT UNIQUE NOT NULL,
-    reply TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS batches (step INTEGER PRIMARY KEY, payload BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS ids (name TEXT PRIMARY KEY, next INTEGER NOT NULL);
-"""
+_INT64_MIN = -(2**63)
+
+_DDL = {
+    "values": 'CREATE TABLE "values" (key TEXT PRIMARY KEY, value TEXT NOT NULL)',
+    "items": "CREATE TABLE items (item_id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, seqs INTEGER NOT NULL, "
+    "tokens INTEGER NOT NULL, policy_step INTEGER NOT NULL, n_groups INTEGER NOT NULL, payload BLOB NOT NULL)",
+    # Covering: reading a queue's head never touches the table rows (nor their payloads).
+    "items_by_env": "CREATE INDEX items_by_env ON items (env_id, item_id, seqs, tokens, policy_step)",
+    "counts": "CREATE TABLE counts (env_id INTEGER PRIMARY KEY, items INTEGER NOT NULL, groups INTEGER NOT NULL, "
+    "seqs INTEGER NOT NULL, tokens INTEGER NOT NULL)",
+    "buffers": "CREATE TABLE buffers (env_id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
+    "replies": "CREATE TABLE replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL, created REAL NOT NULL)",
+    "replies_by_age": "CREATE INDEX replies_by_age ON replies (created)",
+    "batches": "CREATE TABLE batches (step INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
+    # Internal state that clear() keeps: schema_version, next_item_id.
+    "meta": "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
+}
+_CLEARED = ('"values"', "items", "counts", "buffers", "replies", "batches")
+
+_HEAD = (
+    "SELECT item_id, seqs, tokens, policy_step FROM items INDEXED BY items_by_env "
+    "WHERE env_id = ? AND item_id > ? ORDER BY env_id, item_id LIMIT ?"
+)
+_APPEND = "INSERT INTO items (item_id, env_id, seqs, tokens, policy_step, n_groups, payload) VALUES (?,?,?,?,?,?,?)"
+_ADD_COUNTS = (
+    "INSERT INTO counts (env_id, items, groups, seqs, tokens) VALUES (?,?,?,?,?) ON CONFLICT (env_id) DO UPDATE SET "
+    "items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
+    "tokens = tokens + excluded.tokens"
+)
 
 
-def sqlite_path(url: str) -> tuple[Path, str]:
-    """`sqlite:///rel/path.db` is relative to the working directory, `sqlite:////abs/path.db` absolute."""
+@cache
+def _pop_sql(n: int) -> str:
+    marks = ",".join("?" * n)
+    return (
+        f"DELETE FROM items WHERE env_id = ? AND item_id IN ({marks}) "
+        "RETURNING item_id, seqs, tokens, policy_step, n_groups, payload"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteConfig:
+    """What a `sqlite:///path.db?...` URL says."""
+
+    path: Path
+    synchronous: str = "NORMAL"
+    """NORMAL: commits survive a crash of the process; FULL: also a crash of the machine (fsync per commit)."""
+    max_replies: int = 1_000_000
+    """Idempotency replies kept, newest first (~200 bytes each on disk): far more retries than clients make."""
+    reply_ttl: float | None = None
+    """Replies older than this many seconds are forgotten (at the next trim). Measured against the stored
+    wall-clock creation time, so a restart neither resets nor extends the window. None: no time limit."""
+
+
+def parse_url(url: str) -> SqliteConfig:
+    """`sqlite:///rel/path.db` is relative to the working directory, `sqlite:////abs/path.db` absolute.
+
+    Query parameters: `synchronous=NORMAL|FULL`, `max_replies=N`, `reply_ttl=SECONDS`.
+    """
     parts = urlsplit(url)
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if not path:
-        raise ValueError(f"store URL {url!r} names no file: use sqlite:///path/to/rollbuf.db")
-    sync = parse_qs(parts.query).get("synchronous", ["NORMAL"])[-1].upper()
+    if parts.scheme != "sqlite" or parts.netloc:
+        raise ValueError(f"store URL {url!r}: use sqlite:///relative/path.db or sqlite:////absolute/path.db")
+    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if not path or path.endswith("/") or path == ":memory:":
+        raise ValueError(f"store URL {url!r} names no file: use sqlite:///path/to/rollbuf.db (or memory://)")
+    query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = set(query) - {"synchronous", "max_replies", "reply_ttl"}
+    if unknown:
+        raise ValueError(f"store URL {url!r}: unknown parameter(s) {', '.join(sorted(unknown))}")
+    sync = query.get("synchronous", "NORMAL").upper()
     if sync not in ("NORMAL", "FULL"):
         raise ValueError(f"store URL {url!r}: synchronous must be NORMAL or FULL")
-    return Path(path), sync
+    try:
+        max_replies = int(query.get("max_replies", 1_000_000))
+        ttl = float(query["reply_ttl"]) if "reply_ttl" in query else None
+    except ValueError:
+        raise ValueError(f"store URL {url!r}: max_replies must be an integer, reply_ttl a number of seconds") from None
+    if max_replies < 0 or (ttl is not None and not ttl >= 0):
+        raise ValueError(f"store URL {url!r}: max_replies and reply_ttl must not be negative")
+    return SqliteConfig(Path(path), sync, max_replies, ttl)
+
+
+class _Ids:
+    """Item ids, handed out from memory; the counter is stored with the next COMMIT.
+
+    The stored counter is read once per SQLite transaction, since another process sharing the file may have
+    handed out ids meanwhile. Ids given to functions that rolled back are stored too, so no id is handed
+    out twice, not even across restarts."""
+
+    __slots__ = ("next", "synced", "unsaved")
+
+    def __init__(self) -> None:
+        self.next = 1
+        self.synced = False
+        self.unsaved = False
+
+    def begin(self) -> None:
+        self.synced = False
+
+    def take(self, db: sqlite3.Connection) -> int:
+        if not self.synced:
+            stored = db.execute("SELECT value FROM meta WHERE key = 'next_item_id'").fetchone()[0]
+            self.next = max(self.next, int(stored))
+            self.synced = True
+        item_id = self.next
+        self.next += 1
+        self.unsaved = True
+        return item_id
+
+    def save(self, db: sqlite3.Connection) -> None:
+        """Inside a transaction; `committed()` once it is."""
+        if self.unsaved:
+            db.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'next_item_id'", (self.next,))
+
+    def committed(self) -> None:
+        self.unsaved = False
 
 
 class SqliteTxn(Txn):
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    """Writes to the queue are batched until something reads it (or the function returns), then written
+    with executemany; per-env counts are kept as deltas and written once per transaction."""
 
+    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_delta")
+
+    def __init__(self, db: sqlite3.Connection, config: SqliteConfig, ids: _Ids) -> None:
+        self._db = db
+        self._config = config
+        self._ids = ids
+        self._now = time.time()
+        self._rows: list[tuple[int, int, int, int, int, int, bytes]] = []
+        self._delta: dict[int, list[int]] = {}
+
+    # --- bookkeeping the store calls around the transaction function ---
+    def finish(self) -> None:
+        """Write what is still pending; runs inside the transaction, before COMMIT."""
+        self._flush_items()
+        self._flush_counts()
+
+    def _flush_items(self) -> None:
+        if self._rows:
+            self._db.executemany(_APPEND, self._rows)
+            self._rows.clear()
+
+    def _flush_counts(self) -> None:
+        if self._delta:
+            self._db.executemany(_ADD_COUNTS, [(env, *d) for env, d in self._delta.items()])
+            self._delta.clear()
+
+    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int) -> None:
+        d = self._delta.get(env_id)
+        if d is None:
+            self._delta[env_id] = [items, groups, seqs, tokens]
+        else:
+            d[0] += items
+            d[1] += groups
+            d[2] += seqs
+            d[3] += tokens
+
+    # --- values ---
     def get_value(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        row = self._db.execute('SELECT value FROM "values" WHERE key = ?', (key,)).fetchone()
+        return None if row is None else cast(str, row[0])
 
     def set_value(self, key: str, value: str) -> None:
-        self._db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+        self._db.execute('INSERT OR REPLACE INTO "values" (key, value) VALUES (?, ?)', (key, value))
 
+    # --- the queue ---
     def next_item_id(self) -> int:
-        row = self._db.execute("UPDATE ids SET next = next + 1 WHERE name = 'item' RETURNING next - 1").fetchone()
-        return int(row[0])
+        return self._ids.take(self._db)
 
     def append(self, env_id: int, item: QueuedItem) -> None:
         m = item.meta
-        self._db.execute(
-            "INSERT INTO items (item_id, env_id, seqs, tokens, policy_step, n_groups, payload) VALUES (?,?,?,?,?,?,?)",
-            (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups, item.payload),
-        )
-        self._add_counts(env_id, QueueCounts(1, item.n_groups, m.seqs, m.tokens))
-
-    def _add_counts(self, env_id: int, c: QueueCounts) -> None:
-        self._db.execute(
-            "INSERT INTO counts (env_id, items, groups, seqs, tokens) VALUES (?,?,?,?,?) ON CONFLICT (env_id) DO "
-            "UPDATE SET items = items + excluded.items, groups = groups + excluded.groups, "
-            "seqs = seqs + excluded.seqs, tokens = tokens + excluded.tokens",
-            (env_id, c.items, c.groups, c.seqs, c.tokens),
-        )
+        self._rows.append((m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups, item.payload))
+        self._add(env_id, 1, item.n_groups, m.seqs, m.tokens)
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
-        after = 0
-        while True:
-            rows = self._db.execute(
-                "SELECT item_id, seqs, tokens, policy_step FROM items WHERE env_id = ? AND item_id > ? "
-                "ORDER BY item_id LIMIT ?",
-                (env_id, after, HEAD_CHUNK),
-            ).fetchall()
+        self._flush_items()
+        return self._head(env_id)
+
+    def _head(self, env_id: int) -> Iterator[ItemMeta]:
+        # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
+        after = _INT64_MIN
+        for limit in _chunk_sizes():
+            self._flush_items()
+            rows = self._db.execute(_HEAD, (env_id, after, limit)).fetchall()
             for row in rows:
                 yield ItemMeta(*row)
-            if len(rows) < HEAD_CHUNK:
+            if len(rows) < limit:
                 return
             after = rows[-1][0]
 
@@ -108,30 +239,39 @@ class SqliteTxn(Txn):
         wanted = list(item_ids)
         if not wanted:
             return []
-        marks = ",".join("?" * len(wanted))
-        self._db.execute("SAVEPOINT pop")  # a failed pop leaves the queue as it was, even if the caller goes on
-        rows = self._db.execute(
-            f"DELETE FROM items WHERE env_id = ? AND item_id IN ({marks}) "
-            "RETURNING item_id, seqs, tokens, policy_step, n_groups, payload",
-            (env_id, *wanted),
-        ).fetchall()
-        found = {row[0]: QueuedItem(ItemMeta(*row[:4]), row[4], row[5]) for row in rows}
-        if len(found) != len(wanted):
-            self._db.execute("ROLLBACK TO pop")
-            self._db.execute("RELEASE pop")
-            raise KeyError(f"items {sorted(set(wanted) - set(found))} are not queued for env {env_id}")
-        self._db.execute("RELEASE pop")
+        self._flush_items()
+        db = self._db
+        db.execute("SAVEPOINT rollbuf_pop")  # all or nothing, even if the caller catches the KeyError
+        try:
+            rows: list[tuple[int, int, int, int, int, bytes]] = []
+            for i in range(0, len(wanted), POP_CHUNK):
+                chunk = wanted[i : i + POP_CHUNK]
+                rows += db.execute(_pop_sql(len(chunk)), (env_id, *chunk)).fetchall()
+            if len(rows) != len(wanted):
+                missing = sorted(set(wanted) - {row[0] for row in rows})
+                raise KeyError(f"items {missing or wanted} are not all queued (once) for env {env_id}")
+        except BaseException:
+            db.execute("ROLLBACK TO rollbuf_pop")
+            db.execute("RELEASE rollbuf_pop")
+            raise
+        db.execute("RELEASE rollbuf_pop")
+        found = {row[0]: QueuedItem(ItemMeta(row[0], row[1], row[2], row[3]), row[4], row[5]) for row in rows}
         items = [found[i] for i in wanted]
-        total = QueueCounts()
-        for it in items:
-            total = total + QueueCounts(1, it.n_groups, it.meta.seqs, it.meta.tokens)
-        self._add_counts(env_id, QueueCounts() - total)
+        self._add(
+            env_id,
+            -len(items),
+            -sum(it.n_groups for it in items),
+            -sum(it.meta.seqs for it in items),
+            -sum(it.meta.tokens for it in items),
+        )
         return items
 
     def counts(self) -> dict[int, QueueCounts]:
+        self._flush_counts()
         rows = self._db.execute("SELECT env_id, items, groups, seqs, tokens FROM counts WHERE items > 0")
-        return {row[0]: QueueCounts(*row[1:]) for row in rows}
+        return {row[0]: QueueCounts(row[1], row[2], row[3], row[4]) for row in rows}
 
+    # --- side buffers ---
     def get_buffer(self, env_id: int) -> list[BufferedGroup]:
         row = self._db.execute("SELECT data FROM buffers WHERE env_id = ?", (env_id,)).fetchone()
         return [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
@@ -140,19 +280,22 @@ class SqliteTxn(Txn):
         if not groups:
             self._db.execute("DELETE FROM buffers WHERE env_id = ?", (env_id,))
             return
-        data = msgpack.packb([[g.seqs, g.tokens, g.policy_step, g.payload] for g in groups], use_bin_type=True)
+        data = msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True)
         self._db.execute("INSERT OR REPLACE INTO buffers (env_id, data) VALUES (?, ?)", (env_id, data))
 
+    # --- idempotency replies ---
     def get_reply(self, key: str) -> str | None:
         row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None else cast(str, row[0])
 
     def put_reply(self, key: str, reply: str) -> None:
-        cur = self._db.execute("INSERT OR REPLACE INTO replies (key, reply) VALUES (?, ?) RETURNING seq", (key, reply))
-        seq = int(cur.fetchone()[0])
-        if seq % 1024 == 0:  # trim now and then, not on every insert
-            self._db.execute("DELETE FROM replies WHERE seq <= ?", (seq - REPLY_RETENTION,))
+        cur = self._db.execute(
+            "INSERT OR REPLACE INTO replies (key, reply, created) VALUES (?, ?, ?)", (key, reply, self._now)
+        )
+        if cur.lastrowid is not None and cur.lastrowid % REPLY_TRIM_EVERY == 0:
+            trim_replies(self._db, self._config, self._now)
 
+    # --- formed batches ---
     def put_batch(self, step: int, payload: bytes) -> None:
         self._db.execute("INSERT OR REPLACE INTO batches (step, payload) VALUES (?, ?)", (step, payload))
 
@@ -164,60 +307,269 @@ class SqliteTxn(Txn):
         self._db.execute("DELETE FROM batches WHERE step < ?", (step,))
 
     def clear(self) -> None:
-        for table in ("kv", "items", "counts", "buffers", "replies", "batches"):
-            self._db.execute(f"DELETE FROM {table}")
-        self._db.execute("INSERT INTO kv (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._rows.clear()
+        self._delta.clear()
+        for table in _CLEARED:
+            self._db.execute(f"DELETE FROM {table}")  # meta (next_item_id) stays: ids keep increasing
+
+
+def _chunk_sizes() -> Iterator[int]:
+    yield from HEAD_CHUNKS
+    while True:
+        yield HEAD_CHUNKS[-1]
+
+
+def trim_replies(db: sqlite3.Connection, config: SqliteConfig, now: float) -> None:
+    """Forget all but the newest `max_replies` replies, and those older than `reply_ttl`.
+
+    Rowids grow with every insert (a replaced reply gets a new one), so they order replies by age."""
+    newest = db.execute("SELECT max(rowid) FROM replies").fetchone()[0]
+    if newest is not None:
+        db.execute("DELETE FROM replies WHERE rowid <= ?", (newest - config.max_replies,))
+    if config.reply_ttl is not None:
+        db.execute("DELETE FROM replies WHERE created < ?", (now - config.reply_ttl,))
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[[Txn], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(slots=True)
+class _Stop:
+    done: Future[None]
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():  # the caller was cancelled meanwhile
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+def _deliver(job: _Job, ok: bool, value: Any) -> None:
+    try:
+        job.loop.call_soon_threadsafe(_settle, job.future, ok, value)
+    except RuntimeError:  # that event loop is closed: nobody waits for the answer any more
+        pass
 
 
 class SqliteStore(Store):
+    """One connection, owned by one thread, fed through a queue of transaction functions."""
+
     def __init__(self, url: str) -> None:
         self.url = url
-        self.path, sync = sqlite_path(url)
+        self.config = parse_url(url)
+        self.path = self.config.path
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollbuf-sqlite")
-        self._db = self._executor.submit(self._open, sync).result()
-        self._closed = threading.Event()
-
-    def _open(self, sync: str) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True, timeout=30.0)
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute(f"PRAGMA synchronous = {sync}")
-        db.execute("PRAGMA busy_timeout = 30000")
-        db.executescript(_SCHEMA)  # idempotent; executescript commits on its own
-        db.execute("BEGIN IMMEDIATE")
+        self._ids = _Ids()
+        self._jobs: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
+        self._closed = False
+        # False once the thread stops taking jobs; changed and checked under _lock around every queue put.
+        self._accepting = True
+        self._lock = threading.Lock()
+        opened: Future[sqlite3.Connection] = Future()
+        self._thread = threading.Thread(target=self._main, args=(opened,), name="rollbuf-sqlite", daemon=True)
+        self._thread.start()
         try:
-            db.execute("INSERT OR IGNORE INTO ids (name, next) VALUES ('item', 1)")
-            row = db.execute("SELECT value FROM kv WHERE key = 'schema_version'").fetchone()
-            if row is None:
-                db.execute("INSERT INTO kv (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path}: schema version {row[0]}, this rollbuf reads {SCHEMA_VERSION}")
-            db.execute("COMMIT")
+            opened.result()
         except BaseException:
-            db.execute("ROLLBACK")
+            self._thread.join()
+            raise
+
+    async def transact(self, fn: Callable[[Txn], T]) -> T:
+        if self._closed:
+            raise RuntimeError(f"store {self.url} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            if not self._accepting:
+                raise RuntimeError(f"store {self.url} is closed")
+            self._jobs.put(_Job(fn, future, loop))
+        return cast(T, await future)
+
+    async def close(self) -> None:
+        """Finish the transactions already queued, then close the connection and end the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        done: Future[None] = Future()
+        with self._lock:
+            if self._accepting:
+                self._jobs.put(_Stop(done))
+            else:  # the thread already ended
+                done.set_result(None)
+        await asyncio.wrap_future(done)
+        self._thread.join()
+
+    # ------------------------------------------------------------------ the worker thread
+
+    def _main(self, opened: Future[sqlite3.Connection]) -> None:
+        try:
+            db = self._open()
+        except BaseException as exc:
+            opened.set_exception(exc)
+            return
+        opened.set_result(db)
+        stop: _Stop | None = None
+        try:
+            while stop is None:
+                first = self._jobs.get()
+                if isinstance(first, _Stop):
+                    stop = first
+                    break
+                group = [first]
+                while len(group) < GROUP_MAX:
+                    try:
+                        more = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(more, _Stop):
+                        stop = more
+                        break
+                    group.append(more)
+                try:
+                    self._run_group(db, group)
+                except BaseException as exc:  # a broken connection: answer every caller, never leave one waiting
+                    with contextlib.suppress(sqlite3.Error):
+                        if db.in_transaction:
+                            db.execute("ROLLBACK")
+                    for job in group:  # ignored by those already answered (after COMMIT)
+                        _deliver(job, False, _failed("store failure", exc))
+        finally:
+            with self._lock:
+                self._accepting = False
+            self._save_ids(db)
+            db.close()
+            while True:  # submitted while close() ran, or after the thread failed: answer, never hang
+                try:
+                    left = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(left, _Job):
+                    _deliver(left, False, RuntimeError(f"store {self.url} is closed"))
+                else:
+                    left.done.set_result(None)
+            if stop is not None:
+                stop.done.set_result(None)
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S, cached_statements=256)
+        try:
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise RuntimeError(f"{self.path}: SQLite cannot use WAL mode here (journal_mode is {mode})")
+            db.execute(f"PRAGMA synchronous = {self.config.synchronous}")
+            db.execute("PRAGMA journal_size_limit = 67108864")  # truncate a WAL that one big transaction grew
+            db.execute("PRAGMA cache_size = -65536")  # 64 MiB: the queues' indexes stay in memory
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                _create_or_migrate(db, self.path)
+                trim_replies(db, self.config, time.time())
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except BaseException:
             db.close()
             raise
         return db
 
-    def _run(self, fn: Callable[[Txn], T]) -> T:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(SqliteTxn(db))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return result
-
-    async def transact(self, fn: Callable[[Txn], T]) -> T:
-        if self._closed.is_set():
-            raise RuntimeError("the store is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, fn)
-
-    async def close(self) -> None:
-        if self._closed.is_set():
+    def _save_ids(self, db: sqlite3.Connection) -> None:
+        """Store the id counter after a rollback undid it (best effort: the next COMMIT stores it anyway)."""
+        if not self._ids.unsaved:
             return
-        self._closed.set()
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._db.close)
-        self._executor.shutdown(wait=True)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            self._ids.begin()
+            self._ids.save(db)
+            db.execute("COMMIT")
+            self._ids.committed()
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+
+    def _run_group(self, db: sqlite3.Connection, jobs: list[_Job]) -> None:
+        """Run these transaction functions in one SQLite transaction; answer each of them after COMMIT.
+
+        With more than one, each runs inside its own SAVEPOINT, so one that raises undoes only itself."""
+        jobs = [job for job in jobs if not job.future.cancelled()]  # nobody waits for these: skip them
+        if not jobs:
+            return
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:  # another process held the write lock too long, disk trouble, ...
+            for job in jobs:
+                _deliver(job, False, _failed("could not begin a transaction", exc))
+            return
+        self._ids.begin()
+        alone = len(jobs) == 1
+        outcomes: list[tuple[_Job, bool, Any]] = []
+        for i, job in enumerate(jobs):
+            if not alone:
+                db.execute("SAVEPOINT rollbuf_fn")
+            try:
+                txn = SqliteTxn(db, self.config, self._ids)
+                value = job.fn(txn)
+                txn.finish()
+            except BaseException as exc:
+                if alone or not db.in_transaction:
+                    # Alone, the transaction is this function's. Otherwise SQLite rolled all of it back
+                    # itself (disk full, I/O error): the functions before this one are undone too and must
+                    # not be acknowledged; those after it run in a fresh transaction.
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    self._save_ids(db)
+                    _deliver(job, False, exc)
+                    for done, ok, result in outcomes:
+                        _deliver(done, False, _failed("transaction rolled back by SQLite", exc) if ok else result)
+                    self._run_group(db, jobs[i + 1 :])
+                    return
+                db.execute("ROLLBACK TO rollbuf_fn")
+                db.execute("RELEASE rollbuf_fn")
+                outcomes.append((job, False, exc))
+            else:
+                if not alone:
+                    db.execute("RELEASE rollbuf_fn")
+                outcomes.append((job, True, value))
+        try:
+            self._ids.save(db)
+            db.execute("COMMIT")
+            self._ids.committed()
+        except BaseException as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            for job, ok, result in outcomes:
+                _deliver(job, False, _failed("commit failed", exc) if ok else result)
+            return
+        for job, ok, result in outcomes:
+            _deliver(job, ok, result)
+
+
+def _failed(what: str, cause: BaseException) -> sqlite3.OperationalError:
+    """One exception per waiting caller (an exception object raised in several tasks gets its traceback mixed)."""
+    exc = sqlite3.OperationalError(f"{what}: {cause!r}")
+    exc.__cause__ = cause
+    return exc
+
+
+def _create_or_migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the file to SCHEMA_VERSION, inside the caller's transaction."""
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "meta" in tables:
+        version = int(db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+        if version != SCHEMA_VERSION:
+            raise RuntimeError(f"{path}: schema version {version}; this rollbuf reads version {SCHEMA_VERSION}")
+        return
+    if {t for t in tables if not t.startswith("sqlite_")}:
+        raise RuntimeError(f"{path} holds tables that are not rollbuf's ({', '.join(sorted(tables))}): not touching it")
+    for ddl in _DDL.values():
+        db.execute(ddl)
+    db.executemany(
+        "INSERT INTO meta (key, value) VALUES (?, ?)", [("schema_version", SCHEMA_VERSION), ("next_item_id", 1)]
+    )

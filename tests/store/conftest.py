@@ -1,19 +1,38 @@
-"""The `store` fixture: every contract test runs once per backend."""
+"""Backends for the contract suite: every test that takes `store` or `new_url` runs once per backend."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from api.store import Store, make_store
 
+BACKENDS = ["memory", "sqlite"]
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'store.db'}"
-    s = make_store(url)
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def new_url(backend: str, tmp_path: Path) -> Callable[[], str]:
+    """A URL for a fresh, empty store of this backend each time it is called."""
+    n = itertools.count()
+    return lambda: "memory://" if backend == "memory" else f"sqlite:///{tmp_path / f'store-{next(n)}.db'}"
+
+
+@pytest.fixture
+async def store(new_url: Callable[[], str]) -> AsyncIterator[Store]:
+    s = make_store(new_url())
     try:
         yield s
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -171,3 +172,33 @@ async def test_failed_pop_caught_inside_a_transaction_changes_nothing(store: Sto
 
     assert await store.transact(fn) == ids
     assert (await store.transact(lambda t: t.counts()))[0].items == 3
+
+
+async def test_concurrent_transactions_fail_alone(store: Store) -> None:
+    """Many transactions in flight at once (SQLite commits them together): each one that raises undoes only
+    itself, every other one is applied and answered."""
+
+    def ok(t: Txn, n: int) -> int:
+        it = item(t, seqs=1 + n % 4)
+        t.append(n % 3, it)
+        t.set_value(f"v{n}", str(n))
+        return it.meta.item_id
+
+    def bad(t: Txn, n: int) -> int:
+        t.append(n % 3, item(t))
+        t.set_value(f"v{n}", "must not stay")
+        raise ValueError(n)
+
+    calls = [store.transact(lambda t, n=n: (bad if n % 5 == 0 else ok)(t, n)) for n in range(200)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    failed = [n for n, r in enumerate(results) if isinstance(r, ValueError)]
+    assert failed == list(range(0, 200, 5))
+    acked = sorted(r for r in results if isinstance(r, int))
+
+    def read(t: Txn) -> tuple[list[int], list[str | None], int]:
+        ids = sorted(m.item_id for env in range(3) for m in t.head(env))
+        return ids, [t.get_value(f"v{n}") for n in range(200)], sum(c.items for c in t.counts().values())
+
+    ids, values, counted = await store.transact(read)
+    assert ids == acked and counted == len(acked) == 160
+    assert values == [None if n % 5 == 0 else str(n) for n in range(200)]

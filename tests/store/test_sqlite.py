@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from api.store.base import ItemMeta, QueuedItem, Txn
-from api.store.sqlite import SqliteStore, sqlite_path
+from api.store.sqlite import SqliteConfig, SqliteStore, parse_url
 
 pytestmark = pytest.mark.anyio
 
@@ -38,10 +38,14 @@ WORKER = textwrap.dedent(
 
 
 def test_url_forms() -> None:
-    assert sqlite_path("sqlite:///data/x.db") == (Path("data/x.db"), "NORMAL")
-    assert sqlite_path("sqlite:////tmp/x.db?synchronous=full") == (Path("/tmp/x.db"), "FULL")
-    with pytest.raises(ValueError):
-        sqlite_path("sqlite:///")
+    assert parse_url("sqlite:///data/x.db") == SqliteConfig(Path("data/x.db"))
+    assert parse_url("sqlite:////tmp/x.db?synchronous=full&reply_ttl=60") == SqliteConfig(
+        Path("/tmp/x.db"), "FULL", reply_ttl=60.0
+    )
+    for bad in ("sqlite:///", "sqlite:///:memory:", "sqlite://host/x.db", "sqlite:///x.db?synchronous=OFF",
+                "sqlite:///x.db?max_replies=-1", "sqlite:///x.db?fsync=1"):  # fmt: skip
+        with pytest.raises(ValueError):
+            parse_url(bad)
 
 
 async def test_reopen_keeps_everything(tmp_path: Path) -> None:
