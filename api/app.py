@@ -12,14 +12,13 @@ from fastapi.responses import JSONResponse
 
 from api.auth import require_api_key
 from api.errors import RollbufError
+from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, trainer
 from api.service import QueueLimits, Service
 from api.settings import Settings
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
-
-BINARY_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -46,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         GZipMiddleware,
         minimum_size=1000,
         compresslevel=settings.gzip_level,
-        exclude_content_types=BINARY_TYPES,
+        exclude_content_types=MSGPACK_TYPES,
     )
     app.add_exception_handler(RollbufError, _render_error)  # type: ignore[arg-type]
     app.include_router(admin.health)

@@ -9,7 +9,7 @@ This module imports numpy and msgpack only: the clients use it too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,9 @@ import numpy as np
 import orjson
 
 FORMAT_VERSION = 1
+MSGPACK = "application/msgpack"
+MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
+"""Content types of the binary path; the first is the one rollbuf sends and advertises in /info."""
 I32 = np.dtype("<i4")
 F32 = np.dtype("<f4")
 F64 = np.dtype("<f8")
@@ -34,6 +37,19 @@ META_FIELDS = (
     "distill_logprobs",
 )
 """Fields kept as they were sent (msgpack of their JSON value)."""
+RECORD_KEYS = (
+    "v",
+    "env_id",
+    "policy_step",
+    "group_id",
+    "lengths",
+    "tokens",
+    "masks",
+    "scores",
+    *FLOAT_FIELDS,
+    "meta",
+)
+"""Every key of a record, in the order `encode` writes them (the canonical form the server stores as sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +124,97 @@ def decode(data: bytes) -> GroupRecord:
     return _from_map(msgpack.unpackb(data, raw=False))
 
 
+def is_msgpack(content_type: str | None) -> bool:
+    """Whether a Content-Type or Accept value names the binary path (parameters ignored)."""
+    if not content_type:
+        return False
+    return any(part.split(";", 1)[0].strip().lower() in MSGPACK_TYPES for part in content_type.split(","))
+
+
+def split_records(data: bytes, *, array: bool) -> list[bytes]:
+    """The raw bytes of each record: of one record (`array=False`), or of a msgpack array of records.
+
+    Raises ValueError when the data is not exactly that (truncated, trailing bytes, not an array).
+    """
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    try:
+        n = unpacker.read_array_header() if array else 1
+        bounds = [unpacker.tell()]
+        for _ in range(n):
+            unpacker.skip()
+            bounds.append(unpacker.tell())
+    except msgpack.OutOfData:
+        raise ValueError("truncated msgpack") from None
+    except (msgpack.UnpackException, ValueError) as exc:
+        raise ValueError(f"not valid msgpack: {exc or type(exc).__name__}") from None
+    if bounds[-1] != len(data):
+        raise ValueError(f"{len(data) - bounds[-1]} bytes after the end of the msgpack value")
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+# ------------------------------------------------------------------------------------------- client side
+
+
+def _flat_rows(rows: Any, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sequence rows (lists, 1-D arrays, or one 2-D array) as one flat array and their lengths."""
+    if isinstance(rows, np.ndarray) and rows.ndim == 2:
+        return np.ascontiguousarray(rows, dtype=dtype).reshape(-1), np.full(rows.shape[0], rows.shape[1], I32)
+    arrays = [np.asarray(r, dtype=dtype) for r in rows]
+    lengths = np.fromiter((a.shape[0] for a in arrays), dtype=I32, count=len(arrays))
+    flat = np.concatenate(arrays) if arrays else np.empty(0, dtype)
+    return flat, lengths
+
+
+def encode_submission(
+    tokens: Sequence[Any] | np.ndarray,
+    masks: Sequence[Any] | np.ndarray,
+    scores: Sequence[float] | np.ndarray,
+    *,
+    env_id: int | None = None,
+    policy_step: int | None = None,
+    group_id: str | None = None,
+    advantages: Sequence[Any] | np.ndarray | None = None,
+    ref_logprobs: Sequence[Any] | np.ndarray | None = None,
+    inference_logprobs: Sequence[Any] | np.ndarray | None = None,
+    **meta: Any,
+) -> bytes:
+    """One group as the body of `POST /scored_data` with `Content-Type: application/msgpack`.
+
+    Takes what a JSON submission holds, per sequence (lists or numpy rows); `meta` are the other
+    ScoredData fields (messages, overrides, ...). The server checks everything; this only converts types
+    (an id outside int32 raises OverflowError). With `policy_step` set, the bytes are already in the form
+    the server stores, so it stores them as they are.
+    """
+    flat_tokens, lengths = _flat_rows(tokens, I32)
+    flat_masks, _ = _flat_rows(masks, I32)
+    body: dict[str, Any] = {
+        "v": FORMAT_VERSION,
+        "env_id": env_id,
+        "policy_step": policy_step,
+        "group_id": group_id,
+        "lengths": lengths.tobytes(),
+        "tokens": flat_tokens.tobytes(),
+        "masks": flat_masks.tobytes(),
+        "scores": np.asarray(scores, dtype=F64).tobytes(),
+    }
+    given = {"advantages": advantages, "ref_logprobs": ref_logprobs, "inference_logprobs": inference_logprobs}
+    for name in FLOAT_FIELDS:
+        rows = given[name]
+        body[name] = None if rows is None else _flat_rows(rows, F32)[0].tobytes()
+    unknown = sorted(set(meta) - set(META_FIELDS))
+    if unknown:
+        raise TypeError(f"unknown group fields {unknown}; known: {', '.join(META_FIELDS)}")
+    body["meta"] = {k: v for k, v in meta.items() if v is not None}
+    return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def encode_submission_list(groups: Iterable[bytes]) -> bytes:
+    """Encoded groups (from `encode_submission`) as the body of `POST /scored_data_list`."""
+    parts = list(groups)
+    return msgpack_array_header(len(parts)) + b"".join(parts)
+
+
 # ------------------------------------------------------------------------------------------- Atropos JSON
 
 
@@ -130,6 +237,8 @@ def to_atropos(rec: GroupRecord) -> dict[str, Any]:
     out["env_id"] = rec.env_id
     out["policy_step"] = rec.policy_step
     out["group_id"] = rec.group_id
+    if "group_scores" in rec.meta:  # a group split across ranks: the whole group's scores, for its advantages
+        out["group_scores"] = rec.meta["group_scores"]
     return out
 
 

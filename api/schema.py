@@ -62,6 +62,10 @@ class RegisterReply(_Wire):
 class Info(_Wire):
     batch_size: int
     max_token_len: int
+    # rollbuf extension
+    content_types: list[str] | None = None
+    """Encodings of /batch (Accept) and /scored_data(_list) (Content-Type) the server speaks; clients use
+    JSON when this is absent (Atropos)."""
 
 
 class WandbInfo(_Wire):

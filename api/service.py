@@ -220,14 +220,18 @@ class Service:
             max_group_tokens=run.registration.max_batch_tokens,
         )
 
+    def ingest_limits(self, run: RunState) -> GroupLimits:
+        """What one group may hold in this run; 503 before a trainer registered (handlers retry 5xx)."""
+        if run.registration is None:
+            raise Unavailable("no trainer has registered yet: POST /register first", self.limits.retry_after)
+        return self.limits_for(run)
+
     async def submit(
         self, groups: Sequence[ScoredData], run: RunState, idempotency_key: str | None = None
     ) -> list[ScoredReply]:
         """Validate, pack and store groups all-or-nothing. `run` is a recent snapshot; the transaction
         re-checks that the run it was validated against is still the one in the store."""
-        if run.registration is None:
-            raise Unavailable("no trainer has registered yet: POST /register first", self.limits.retry_after)
-        limits = self.limits_for(run)
+        limits = self.ingest_limits(run)
         subs: list[Submission] = []
         for i, sd in enumerate(groups):
             loc: tuple[str | int, ...] = ("body", i) if idempotency_key is None and len(groups) > 1 else ("body",)
@@ -240,6 +244,10 @@ class Service:
                 raise exc.at(*loc) from None
             key = idempotency_key or (f"g:{sd.env_id}:{sd.group_id}" if sd.group_id else None)
             subs.append(Submission(sd.env_id, record, encode(record), key))
+        return await self.store_submissions(subs, run)
+
+    async def store_submissions(self, subs: Sequence[Submission], run: RunState) -> list[ScoredReply]:
+        """Store already validated groups all-or-nothing (the JSON and binary paths both end here)."""
         replies = await self.store.transact(lambda txn: self._submit_txn(txn, subs, run))
         if subs:
             self.latest = subs[-1].record

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
+from api.binary import check_record
 from api.body import parse_json, read_body
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
-from api.records import dumps
+from api.records import MSGPACK, dumps, is_msgpack, split_records
 from api.schema import (
     EnvIdentifier,
     EnvRegistered,
@@ -22,6 +23,8 @@ from api.schema import (
     ScoredListReply,
     ScoredReply,
 )
+from api.service import Service, Submission
+from api.state import RunState
 
 router = APIRouter(tags=["environments"])
 
@@ -35,8 +38,33 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _body_doc(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+def _body_doc(schema: dict[str, Any], binary: str | None = None) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
+    if binary:
+        content[MSGPACK] = {"schema": {"type": "string", "format": "binary", "description": binary}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _binary_submissions(
+    raw: bytes, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
+) -> list[Submission]:
+    """Groups sent as msgpack records (docs/binary-format.md), validated under the JSON path's rules."""
+    try:
+        parts = split_records(raw, array=many)
+    except ValueError as exc:
+        raise InvalidData(("body",), str(exc)) from None
+    limits = service.ingest_limits(run)
+    env_ids = {e.env_id for e in run.envs}
+    subs = []
+    for i, part in enumerate(parts):
+        try:
+            group = check_record(part, env_ids=env_ids, current_step=run.step, limits=limits)
+        except InvalidData as exc:
+            raise (exc.at("body", i) if many else exc.at("body")) from None
+        rec = group.record
+        key = idempotency_key or (f"g:{rec.env_id}:{rec.group_id}" if rec.group_id else None)
+        subs.append(Submission(rec.env_id, rec, group.payload, key))
+    return subs
 
 
 @router.post("/register-env", responses={200: {"model": EnvRegistered}, 422: {"model": ErrorBody}})
@@ -80,7 +108,7 @@ async def status_env(
     "/scored_data",
     response_model=ScoredReply,
     response_model_exclude_none=True,
-    openapi_extra=_body_doc(ScoredData.model_json_schema()),
+    openapi_extra=_body_doc(ScoredData.model_json_schema(), "One group record (docs/binary-format.md)"),
     responses=_ERRORS,
 )
 async def scored_data(
@@ -89,12 +117,17 @@ async def scored_data(
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
-    """Submit one scored group. A group id or Idempotency-Key makes retries safe."""
+    """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
-    group = parse_json(_ONE, raw)
-    run = await service.run_state()
     key = f"k:{idempotency_key}" if idempotency_key else None
-    [reply] = await service.submit([group], run, idempotency_key=key)
+    if is_msgpack(request.headers.get("content-type")):
+        run = await service.run_state()
+        subs = _binary_submissions(raw, run, service, many=False, idempotency_key=key)
+        [reply] = await service.store_submissions(subs, run)
+    else:
+        group = parse_json(_ONE, raw)
+        run = await service.run_state()
+        [reply] = await service.submit([group], run, idempotency_key=key)
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
@@ -102,19 +135,25 @@ async def scored_data(
     "/scored_data_list",
     response_model=ScoredListReply,
     response_model_exclude_none=True,
-    openapi_extra=_body_doc({"type": "array", "items": ScoredData.model_json_schema()}),
+    openapi_extra=_body_doc(
+        {"type": "array", "items": ScoredData.model_json_schema()}, "A msgpack array of group records"
+    ),
     responses=_ERRORS,
 )
 async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
-    """Submit several groups at once: all are stored, or (on any invalid group) none."""
+    """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
-    groups = parse_json(_LIST, raw)
-    run = await service.run_state()
-    replies = await service.submit(groups, run)
+    if is_msgpack(request.headers.get("content-type")):
+        run = await service.run_state()
+        replies = await service.store_submissions(_binary_submissions(raw, run, service, many=True), run)
+    else:
+        groups = parse_json(_LIST, raw)
+        run = await service.run_state()
+        replies = await service.submit(groups, run)
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)
     out = ScoredListReply(
-        groups_processed=len(groups),
+        groups_processed=len(replies),
         buffered=len(buffered) or None,
         last_buffer_size=buffered[-1].buffer_size if buffered else None,
         duplicates=duplicates or None,

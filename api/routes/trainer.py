@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Annotated
 
@@ -12,12 +13,28 @@ from fastapi.responses import Response
 
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
-from api.records import atropos_batch_json, decode_batch, dumps, to_atropos
+from api.records import (
+    MSGPACK,
+    atropos_batch_json,
+    decode,
+    decode_batch,
+    dumps,
+    encode,
+    is_msgpack,
+    msgpack_array_header,
+    split_records,
+    to_atropos,
+)
 from api.schema import ErrorBody, Info, RegisterReply, Registration, Status, WandbInfo
 from api.service import BatchWaiting, FormedBatch
-from api.sharding import Cost, rank_share
+from api.sharding import Cost, rank_share, shard, subset
 
 router = APIRouter(tags=["trainer"])
+log = logging.getLogger("rollbuf")
+
+CONTENT_TYPES = ["application/json", MSGPACK]
+"""Advertised in /info: clients that see msgpack here may use the binary path."""
+STEP_HEADER = "X-Rollbuf-Step"
 
 RECHECK_S = 0.5
 """Long-poll re-check interval: catches batches made possible by another server process sharing the store."""
@@ -29,7 +46,18 @@ async def register(registration: Registration, service: ServiceDep) -> RegisterR
     return RegisterReply(uuid=await service.register_trainer(registration))
 
 
-@router.get("/batch", responses={200: {"description": "`{batch: [group, ...]}`, or `{batch: null}` when none"}})
+@router.get(
+    "/batch",
+    responses={
+        200: {
+            "description": "`{batch: [group, ...]}`, or `{batch: null}` when none. With `Accept: application/msgpack`"
+            " a batch comes as a msgpack array of group records (docs/binary-format.md); other replies stay JSON.",
+            "content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}},
+        },
+        409: {"model": ErrorBody},
+        410: {"model": ErrorBody},
+    },
+)
 async def batch(
     request: Request,
     service: ServiceDep,
@@ -51,23 +79,49 @@ async def batch(
     """Form and return the next batch, exactly `batch_size` sequences of whole groups."""
     if (rank is None) != (world_size is None) or (rank is not None and world_size is not None and rank >= world_size):
         raise InvalidData(("query", "rank"), "rank and world_size go together, with 0 <= rank < world_size")
-    deadline = time.monotonic() + min(wait, settings.max_batch_wait)
+    share = None if rank is None or world_size is None else (rank, world_size, balance)
+    binary = is_msgpack(request.headers.get("accept"))
+    started = time.monotonic()
+    deadline = started + min(wait, settings.max_batch_wait)
     while True:
         changed = service.data_changed()
         result = await service.next_batch(step)
         if isinstance(result, FormedBatch):
-            share = None if rank is None or world_size is None else (rank, world_size, balance)
-            body = await anyio.to_thread.run_sync(_render_json, result, share)
-            return Response(body, media_type="application/json")
+            return await _render(result, share, binary=binary)
         if result.not_registered:
             return _json({"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []})
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or await request.is_disconnected():
+        if remaining <= 0:
             return _json(_no_batch(result))
         try:
             await asyncio.wait_for(changed.wait(), timeout=min(remaining, RECHECK_S))
         except TimeoutError:
             pass
+        # Checked before forming again: a batch formed for a client that has gone would be lost (without ?step=).
+        if await request.is_disconnected():
+            log.info("GET /batch: client went away after %.1f s of long-poll", time.monotonic() - started)
+            return _json(_no_batch(result))
+
+
+async def _render(batch: FormedBatch, share: tuple[int, int, Cost] | None, *, binary: bool) -> Response:
+    headers = {STEP_HEADER: str(batch.step)}
+    if binary and share is None:
+        return Response(batch.records, media_type=MSGPACK, headers=headers)  # as stored: no re-encoding
+    if binary:
+        assert share is not None
+        body = await anyio.to_thread.run_sync(binary_share, batch.records, *share)
+        return Response(body, media_type=MSGPACK, headers=headers)
+    body = await anyio.to_thread.run_sync(_render_json, batch, share)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def binary_share(records: bytes, rank: int, world_size: int, cost: Cost) -> bytes:
+    """Rank `rank`'s share of a stored batch; whole groups are copied as stored, split ones re-encoded."""
+    raw = split_records(records, array=True)
+    recs = [decode(r) for r in raw]
+    picks = shard([r.lengths for r in recs], world_size, cost)[rank]
+    parts = [raw[g] if seqs is None else encode(subset(recs[g], seqs)) for g, seqs in picks]
+    return msgpack_array_header(len(parts)) + b"".join(parts)
 
 
 def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None) -> bytes:
@@ -96,8 +150,9 @@ async def status(service: ServiceDep) -> Status:
 
 @router.get("/info", response_model=Info)
 async def info(service: ServiceDep) -> Info:
-    """The trainer's batch size and max token length; -1 before registration."""
-    return await service.info()
+    """The trainer's batch size and max token length (-1 before registration), and the encodings spoken."""
+    info = await service.info()
+    return info.model_copy(update={"content_types": CONTENT_TYPES})
 
 
 @router.get("/wandb_info", response_model=WandbInfo)

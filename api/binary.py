@@ -1,0 +1,158 @@
+"""Validation of groups sent on the binary path (docs/binary-format.md). Pure: no I/O.
+
+The rules are the JSON path's (`api.validation`), checked on the flat arrays with numpy. A record that is
+already in the form the server stores (every key, in `encode`'s order, with `policy_step` set) is stored
+as the client's bytes; any other valid record is re-encoded once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+from pydantic import ValidationError
+
+from api.errors import InvalidData
+from api.records import F32, F64, FLOAT_FIELDS, FORMAT_VERSION, I32, META_FIELDS, RECORD_KEYS, GroupRecord, encode
+from api.schema import MASK_IGNORE, ScoredData
+from api.validation import GroupLimits
+
+GROUP_ID_MAX = 200
+"""Longest group id, as on the JSON path (`ScoredData.group_id`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryGroup:
+    record: GroupRecord
+    payload: bytes
+    """The record as stored: the client's bytes when they were already canonical."""
+    passthrough: bool
+
+
+def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limits: GroupLimits) -> BinaryGroup:
+    """Validate one record's bytes; raise InvalidData located relative to the record."""
+    try:
+        m = msgpack.unpackb(raw, raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:  # split_records already vetted the framing
+        raise InvalidData((), f"not a valid msgpack group record: {exc}") from None
+    if not isinstance(m, dict):
+        raise InvalidData((), f"a group record is a msgpack map, got {type(m).__name__}")
+    version = m.get("v", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise InvalidData(("v",), f"format version {version!r} is not supported; this server reads {FORMAT_VERSION}")
+    env_id = _opt_int(m, "env_id", minimum=None)
+    if env_id is not None and env_id not in env_ids:
+        raise InvalidData(("env_id",), f"no environment with env_id {env_id} is registered")
+    policy_step = _opt_int(m, "policy_step", minimum=0)
+    group_id = m.get("group_id")
+    if group_id is not None and not (isinstance(group_id, str) and 1 <= len(group_id) <= GROUP_ID_MAX):
+        raise InvalidData(("group_id",), f"must be a string of 1 to {GROUP_ID_MAX} characters, or nil")
+
+    lengths = _array(m, "lengths", I32)
+    n = lengths.shape[0]
+    if n == 0:
+        raise InvalidData(("lengths",), "a group needs at least one sequence")
+    if n > limits.max_group_seqs:
+        raise InvalidData(("lengths",), f"{n} sequences in one group; at most {limits.max_group_seqs} are accepted")
+    if (lengths <= 0).any():
+        raise InvalidData(("lengths", int(np.argmax(lengths <= 0))), "empty sequence (lengths must be positive)")
+    too_long = lengths > limits.max_token_len
+    if too_long.any():
+        i = int(np.argmax(too_long))
+        raise InvalidData(
+            ("lengths", i), f"{int(lengths[i])} tokens exceed the trainer's max_token_len of {limits.max_token_len}"
+        )
+    total = int(lengths.sum(dtype=np.int64))
+    if limits.max_group_tokens is not None and total > limits.max_group_tokens:
+        rule = f"{total} tokens in one group exceed the trainer's max_batch_tokens of {limits.max_group_tokens}"
+        raise InvalidData(("lengths",), rule)
+    tokens = _array(m, "tokens", I32, count=total)
+    masks = _array(m, "masks", I32, count=total)
+    bad = (masks != MASK_IGNORE) & (masks != tokens)
+    if bad.any():
+        pos = int(np.argmax(bad))
+        seq = int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
+        offset = pos - int(lengths[:seq].sum())
+        rule = f"mask must be {MASK_IGNORE} or the token id {int(tokens[pos])}, got {int(masks[pos])}"
+        raise InvalidData(("masks", seq, offset), rule)
+    scores = _array(m, "scores", F64, count=n, what="one per sequence")
+    if not np.isfinite(scores).all():
+        raise InvalidData(("scores", int(np.argmin(np.isfinite(scores)))), "scores must be finite (no NaN or infinity)")
+    floats: dict[str, np.ndarray] = {}
+    for name in FLOAT_FIELDS:
+        if m.get(name) is None:
+            continue
+        arr = _array(m, name, F32, count=total)
+        if not np.isfinite(arr).all():
+            raise InvalidData((name,), "values must be finite (no NaN or infinity)")
+        floats[name] = arr
+    raw_meta = m.get("meta")
+    meta = _check_meta(raw_meta, lengths)
+
+    record = GroupRecord(
+        env_id=env_id,
+        lengths=lengths,
+        tokens=tokens,
+        masks=masks,
+        scores=scores,
+        policy_step=current_step if policy_step is None else policy_step,
+        group_id=group_id,
+        floats=floats,
+        meta=meta,
+    )
+    canonical = policy_step is not None and tuple(m) == RECORD_KEYS and raw_meta == meta
+    return BinaryGroup(record, raw if canonical else encode(record), canonical)
+
+
+def _opt_int(m: dict[str, Any], name: str, *, minimum: int | None) -> int | None:
+    value = m.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+        rule = "an integer" if minimum is None else f"an integer >= {minimum}"
+        raise InvalidData((name,), f"must be {rule}, or nil")
+    return value
+
+
+def _array(m: dict[str, Any], name: str, dtype: np.dtype[Any], count: int | None = None, what: str = "") -> np.ndarray:
+    kind = {"i": "int32", "f": "float32" if dtype.itemsize == 4 else "float64"}[dtype.kind]
+    value = m.get(name)
+    if value is None:
+        raise InvalidData((name,), "field required")
+    if not isinstance(value, bytes):
+        raise InvalidData((name,), f"must be msgpack bin of little-endian {kind} values, got {type(value).__name__}")
+    if len(value) % dtype.itemsize:
+        raise InvalidData((name,), f"{len(value)} bytes is not a whole number of {kind} values")
+    arr = np.frombuffer(value, dtype)
+    if count is not None and arr.shape[0] != count:
+        rule = what or "one per token (the sum of lengths)"
+        raise InvalidData((name,), f"{arr.shape[0]} values where {count} are needed: {rule}")
+    return arr
+
+
+def _check_meta(raw: Any, lengths: np.ndarray) -> dict[str, Any]:
+    """The metadata fields under the JSON path's rules, as the server stores them (nil fields left out)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InvalidData(("meta",), f"must be a msgpack map of ScoredData fields, got {type(raw).__name__}")
+    known = {k: v for k, v in raw.items() if k in META_FIELDS and v is not None}
+    try:
+        sd = ScoredData.model_validate({"tokens": [], "masks": [], "scores": [], **known})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+        raise InvalidData(("meta", *err["loc"]), err["msg"]) from None
+    for name in ("distill_token_ids", "distill_logprobs"):
+        rows = getattr(sd, name)
+        if rows is None:
+            continue
+        if len(rows) != lengths.shape[0]:
+            rule = f"{len(rows)} rows for {lengths.shape[0]} sequences: need one per sequence"
+            raise InvalidData(("meta", name), rule)
+        for i, (row, length) in enumerate(zip(rows, lengths.tolist(), strict=True)):
+            if len(row) != length:
+                raise InvalidData(("meta", name, i), f"{len(row)} values for {length} tokens: lengths must match")
+    return {name: getattr(sd, name) for name in META_FIELDS if getattr(sd, name) is not None}

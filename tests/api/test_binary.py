@@ -1,0 +1,203 @@
+"""The binary path: msgpack ingest and batches beside JSON, with the same rules, replies and errors."""
+
+from __future__ import annotations
+
+import gzip
+from collections import Counter
+from typing import Any
+
+import httpx
+import msgpack
+import numpy as np
+import pytest
+
+from api.records import (
+    MSGPACK,
+    decode,
+    decode_batch,
+    encode_submission,
+    encode_submission_list,
+    split_records,
+)
+from tests.api.test_ingest import queued, start
+from tests.factories import group
+
+pytestmark = pytest.mark.anyio
+
+BIN = {"Content-Type": MSGPACK}
+
+
+def packed(**kw: Any) -> bytes:
+    """A factory group (JSON shape) encoded for the binary path."""
+    return encode_submission(**group(**kw))
+
+
+def as_map(data: bytes) -> dict[str, Any]:
+    return msgpack.unpackb(data, raw=False)  # type: ignore[no-any-return]
+
+
+def with_field(data: bytes, name: str, value: Any) -> bytes:
+    m = as_map(data)
+    m[name] = value
+    return msgpack.packb(m, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+async def test_binary_group_is_served_like_the_json_one(client: httpx.AsyncClient) -> None:
+    await start(client, batch_size=8)
+    body = group(4, length=[5, 9, 3, 7], env_id=0, seed=1, group_id="j", messages=[[{"role": "u", "content": "x"}]] * 4)
+    r = await client.post("/scored_data", json=body)
+    assert r.json() == {"status": "received"}
+    r = await client.post("/scored_data", content=encode_submission(**{**body, "group_id": "b"}), headers=BIN)
+    assert r.status_code == 200 and r.json() == {"status": "received"}, r.text
+    from_json, from_binary = (await client.get("/batch")).json()["batch"]
+    assert from_binary == {**from_json, "group_id": "b"}
+
+
+async def test_canonical_records_are_stored_and_served_as_sent(client: httpx.AsyncClient) -> None:
+    await start(client, batch_size=8)
+    sent = [packed(n=4, env_id=0, seed=i, policy_step=0, group_id=f"g{i}") for i in range(2)]
+    r = await client.post("/scored_data_list", content=encode_submission_list(sent), headers=BIN)
+    assert r.json() == {"status": "received", "groups_processed": 2}
+    r = await client.get("/batch", params={"step": 0}, headers={"Accept": MSGPACK})
+    assert r.headers["content-type"] == MSGPACK and r.headers["x-rollbuf-step"] == "0"
+    assert split_records(r.content, array=True) == sent
+
+
+async def test_server_stamps_the_step_when_absent(client: httpx.AsyncClient) -> None:
+    await start(client, batch_size=4)
+    assert as_map(packed(n=4, env_id=0))["policy_step"] is None
+    r = await client.post("/scored_data", content=packed(n=4, env_id=0), headers=BIN)
+    assert r.status_code == 200, r.text
+    [rec] = decode_batch((await client.get("/batch", headers={"Accept": MSGPACK})).content)
+    assert rec.policy_step == 0 and rec.env_id == 0 and rec.seqs == 4
+
+
+GOOD = packed(n=4, length=8, env_id=0)
+N_TOKENS = 32
+BAD_RECORDS = [
+    (b"\x93\x01", ["body"], "msgpack"),
+    (GOOD + b"\x00", ["body"], "after the end"),
+    (msgpack.packb([1, 2]), ["body"], "msgpack map"),
+    (with_field(GOOD, "v", 2), ["body", "v"], "version 2 is not supported"),
+    (with_field(GOOD, "env_id", 7), ["body", "env_id"], "no environment with env_id 7"),
+    (with_field(GOOD, "env_id", "0"), ["body", "env_id"], "must be an integer"),
+    (with_field(GOOD, "policy_step", -1), ["body", "policy_step"], ">= 0"),
+    (with_field(GOOD, "group_id", ""), ["body", "group_id"], "1 to 200 characters"),
+    (with_field(GOOD, "lengths", b""), ["body", "lengths"], "at least one sequence"),
+    (with_field(GOOD, "lengths", np.array([8, 8, 0, 16], "<i4").tobytes()), ["body", "lengths", 2], "empty"),
+    (with_field(GOOD, "lengths", np.array([8, 8, 8, 600], "<i4").tobytes()), ["body", "lengths", 3], "of 512"),
+    (with_field(GOOD, "lengths", np.array([8] * 17, "<i4").tobytes()), ["body", "lengths"], "at most 16"),
+    (with_field(GOOD, "tokens", [1, 2, 3]), ["body", "tokens"], "msgpack bin of little-endian int32"),
+    (with_field(GOOD, "tokens", b"\x00" * 7), ["body", "tokens"], "whole number of int32"),
+    (with_field(GOOD, "tokens", b"\x00" * 4 * 31), ["body", "tokens"], "31 values where 32 are needed"),
+    (with_field(GOOD, "masks", None), ["body", "masks"], "field required"),
+    (with_field(GOOD, "masks", np.full(N_TOKENS, 5, "<i4").tobytes()), ["body", "masks", 0, 0], "-100 or the token"),
+    (with_field(GOOD, "scores", np.zeros(3).tobytes()), ["body", "scores"], "one per sequence"),
+    (with_field(GOOD, "scores", np.array([0, 1, np.nan, 0.0]).tobytes()), ["body", "scores", 2], "finite"),
+    (with_field(GOOD, "advantages", np.full(N_TOKENS, np.inf, "<f4").tobytes()), ["body", "advantages"], "finite"),
+    (with_field(GOOD, "inference_logprobs", np.zeros(3, "<f4").tobytes()), ["body", "inference_logprobs"], "needed"),
+    (with_field(GOOD, "meta", [1]), ["body", "meta"], "msgpack map"),
+    (
+        with_field(GOOD, "meta", {"messages": [[{"role": "user"}]]}),
+        ["body", "meta", "messages"],
+        "'role' and 'content'",
+    ),
+    (with_field(GOOD, "meta", {"distill_token_ids": [[[1]]] * 3}), ["body", "meta", "distill_token_ids"], "need one"),
+]
+
+
+@pytest.mark.parametrize(("data", "loc", "msg"), BAD_RECORDS)
+async def test_bad_record_is_422_naming_field_and_rule(
+    client: httpx.AsyncClient, data: bytes, loc: list[Any], msg: str
+) -> None:
+    await start(client)
+    r = await client.post("/scored_data", content=data, headers=BIN)
+    assert r.status_code == 422, r.text
+    [err] = r.json()["detail"]
+    assert err["loc"] == loc and msg in err["msg"], err
+    assert await queued(client) == 0
+
+
+async def test_list_is_all_or_nothing_and_names_the_group(client: httpx.AsyncClient) -> None:
+    await start(client)
+    bad = with_field(GOOD, "scores", np.zeros(2).tobytes())
+    body = encode_submission_list([packed(n=4, env_id=0, seed=i) for i in range(3)] + [bad])
+    r = await client.post("/scored_data_list", content=body, headers=BIN)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", 3, "scores"]
+    assert await queued(client) == 0
+
+
+async def test_idempotency_by_group_id_and_header(client: httpx.AsyncClient) -> None:
+    await start(client)
+    body = packed(n=4, env_id=0, group_id="abc")
+    assert (await client.post("/scored_data", content=body, headers=BIN)).json() == {"status": "received"}
+    again = await client.post("/scored_data", content=body, headers=BIN)
+    assert again.json() == {"status": "received", "duplicate": True}
+    pair = encode_submission_list([body, packed(n=4, env_id=0, group_id="def")])
+    r = await client.post("/scored_data_list", content=pair, headers=BIN)
+    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1}
+    for seed in range(3):
+        r = await client.post(
+            "/scored_data", content=packed(n=4, env_id=0, seed=seed), headers={**BIN, "Idempotency-Key": "k"}
+        )
+        assert r.status_code == 200
+    assert await queued(client) == 3
+
+
+async def test_gzip_bodies(client: httpx.AsyncClient) -> None:
+    await start(client)
+    headers = {**BIN, "Content-Encoding": "gzip"}
+    r = await client.post("/scored_data", content=gzip.compress(packed(n=4, env_id=0)), headers=headers)
+    assert r.status_code == 200, r.text
+    many = encode_submission_list([packed(n=4, env_id=0, seed=i) for i in range(2)])
+    r = await client.post("/scored_data_list", content=gzip.compress(many), headers=headers)
+    assert r.json()["groups_processed"] == 2
+    assert await queued(client) == 3
+
+
+async def test_side_buffer_and_503_before_registration_as_json(client: httpx.AsyncClient) -> None:
+    r = await client.post("/scored_data", content=packed(n=4, env_id=None), headers=BIN)
+    assert r.status_code == 503 and "Retry-After" in r.headers
+    await start(client)
+    r = await client.post("/scored_data", content=packed(n=2, env_id=0), headers=BIN)
+    assert r.json() == {"status": "buffered", "buffer_size": 2}
+
+
+async def test_info_advertises_the_binary_encoding(client: httpx.AsyncClient) -> None:
+    assert MSGPACK in (await client.get("/info")).json()["content_types"]
+
+
+async def test_binary_batch_replies_other_than_a_batch_are_json(client: httpx.AsyncClient) -> None:
+    accept = {"Accept": MSGPACK}
+    r = await client.get("/batch", headers=accept)
+    assert r.headers["content-type"] == "application/json" and r.json()["status"] == "error"
+    await start(client, batch_size=8)
+    r = await client.get("/batch", params={"step": 0, "wait": 0}, headers=accept)
+    assert r.json() == {"batch": None}
+    await client.post("/scored_data_list", content=encode_submission_list([GOOD, GOOD, GOOD, GOOD]), headers=BIN)
+    assert len(decode_batch((await client.get("/batch", params={"step": 0}, headers=accept)).content)) == 2
+    assert len(decode_batch((await client.get("/batch", params={"step": 1}, headers=accept)).content)) == 2
+    r = await client.get("/batch", params={"step": 0}, headers=accept)
+    assert r.status_code == 410 and "no longer available" in r.json()["detail"]
+
+
+async def test_binary_rank_shares_cover_the_batch_once_and_match_json(client: httpx.AsyncClient) -> None:
+    await start(client, batch_size=16)
+    lengths = [[8, 8, 8, 8], [300, 300, 300, 300], [20, 20, 20, 20], [50, 50, 50, 50]]
+    groups = [packed(n=4, length=ls, seed=i, env_id=0, group_id=f"g{i}") for i, ls in enumerate(lengths)]
+    await client.post("/scored_data_list", content=encode_submission_list(groups), headers=BIN)
+    await client.get("/batch", params={"step": 0})
+    seen: Counter[bytes] = Counter()
+    for rank in range(3):
+        params = {"step": 0, "rank": rank, "world_size": 3}
+        share = decode_batch((await client.get("/batch", params=params, headers={"Accept": MSGPACK})).content)
+        as_json = (await client.get("/batch", params=params)).json()["batch"]
+        assert [r.group_id for r in share] == [g["group_id"] for g in as_json]
+        for rec, g in zip(share, as_json, strict=True):
+            assert [s.tolist() for s in rec.split(rec.tokens)] == g["tokens"]
+            assert rec.meta.get("group_scores") == g.get("group_scores")
+            for seq in rec.split(rec.tokens):
+                seen[seq.tobytes()] += 1
+    whole = [decode(g) for g in groups]
+    assert seen == Counter(s.tobytes() for rec in whole for s in rec.split(rec.tokens))
