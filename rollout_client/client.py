@@ -1,0 +1,285 @@
+"""`RolloutClient`: an environment's connection to rollbuf (register, submit groups, read status, disconnect).
+
+Every reply is validated with the wire schema (`api.schema`). Submissions carry a `group_id`, so the retries
+this client makes after a timeout, a restart or a 503 can never store a group twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+import orjson
+from pydantic import BaseModel
+from tenacity import RetryError
+
+from api import records
+from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
+from rollout_client.errors import (
+    RetriesExhausted,
+    RolloutClientError,
+    TransportError,
+    error_for_status,
+)
+from rollout_client.retry import backoff_delay, retrying
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+"""Generous read timeout: a submit waits for a durable commit, which queues behind other writers."""
+RETRY_DEADLINE_S = 120.0
+"""How long a request keeps being retried: long enough to ride out a server restart."""
+GZIP_MIN_BYTES = 1024
+"""JSON bodies from this size up are gzipped; below it gzip's header costs more than it saves."""
+MSGPACK = "application/msgpack"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class TrainerNotStarted(RolloutClientError):
+    """`register(wait_timeout=...)` gave up: the trainer has not asked for its first batch yet."""
+
+
+def encode_json(group: ScoredData) -> tuple[bytes, dict[str, str]]:
+    """A group as a JSON body (gzipped from GZIP_MIN_BYTES up) and its headers."""
+    body = orjson.dumps(group.model_dump(exclude_none=True))
+    headers = {"Content-Type": "application/json"}
+    if len(body) >= GZIP_MIN_BYTES:
+        body = gzip.compress(body, compresslevel=1)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers
+
+
+def _decode(response: httpx.Response) -> Any:
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text
+
+
+class RolloutClient:
+    """Async client for one environment. Use as `async with RolloutClient(url) as client:`.
+
+    `register()` waits politely until the trainer has started, `submit()` retries transport errors, 429 and
+    503 (honouring Retry-After) with exponential backoff and jitter for up to `retry_deadline` seconds and
+    raises `Rejected` (naming the field and the rule) on any other 4xx. Leaving the `async with` block
+    disconnects the environment, so the server stops reserving batch shares for it.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        retry_deadline: float = RETRY_DEADLINE_S,
+        api_key: str | None = None,
+        prefer_binary: bool = True,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers)
+        self._owns_http = http_client is None
+        self.retry_deadline = retry_deadline
+        self.env_id: int | None = None
+        self.registration: EnvRegistered | None = None
+        self.prefer_binary = prefer_binary
+        """Submit msgpack when the server offers it (`content_types` in /info); JSON otherwise."""
+        self.binary = False
+        """True once /info advertised msgpack submissions (and `prefer_binary`)."""
+
+    # ------------------------------------------------------------------------------------------- plumbing
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request, no retries: the decoded JSON reply, or the exception from `errors`."""
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        body = _decode(response)
+        if response.status_code >= 400:
+            raise error_for_status(response.status_code, body, response.headers.get("Retry-After"))
+        return body
+
+    async def _call(self, method: str, path: str, deadline: float | None = None, **kwargs: Any) -> Any:
+        """`_send` with retries until the deadline; RetriesExhausted (from the last error) after it."""
+        try:
+            async for attempt in retrying(self.retry_deadline if deadline is None else deadline):
+                with attempt:
+                    return await self._send(method, path, **kwargs)
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            raise RetriesExhausted(f"{method} {path}: still failing after retrying: {last}") from last
+        raise AssertionError("unreachable: tenacity either returns, raises, or raises RetryError")
+
+    async def _model(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        return model.model_validate(await self._call(method, path, **kwargs))
+
+    # ------------------------------------------------------------------------------------------- API
+
+    async def info(self) -> Info:
+        """The trainer's batch size and max token length (-1 before it registers)."""
+        info = await self._model(Info, "GET", "/info")
+        self.binary = self.prefer_binary and MSGPACK in (info.content_types or [])
+        return info
+
+    async def register(
+        self,
+        name: str,
+        group_size: int,
+        *,
+        weight: float = 1.0,
+        max_token_length: int | None = None,
+        min_batch_allocation: float | None = None,
+        wait_timeout: float | None = None,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> EnvRegistered:
+        """Register this environment, waiting (with backoff, up to `wait_timeout` s; None: forever) while the
+        trainer has not registered or not asked for its first batch. `max_token_length` defaults to the
+        trainer's `max_token_len`."""
+        loop = asyncio.get_running_loop()
+        give_up = None if wait_timeout is None else loop.time() + wait_timeout
+        attempt = 0
+        while True:
+            info = await self.info()
+            if info.max_token_len > 0:
+                body = RegisterEnv(
+                    max_token_length=max_token_length or info.max_token_len,
+                    desired_name=name,
+                    weight=weight,
+                    group_size=group_size,
+                    min_batch_allocation=min_batch_allocation,
+                )
+                raw = await self._call("POST", "/register-env", json=body.model_dump(exclude_none=True))
+                if raw.get("status") != "wait for trainer to start":
+                    self.registration = EnvRegistered.model_validate(raw)
+                    self.env_id = self.registration.env_id
+                    return self.registration
+                reason = "the trainer has not asked for its first batch yet"
+            else:
+                reason = "no trainer has registered yet"
+            attempt += 1
+            delay = min(2.0, backoff_delay(attempt, None) + 0.05)
+            if give_up is not None and loop.time() + delay > give_up:
+                raise TrainerNotStarted(f"registering {name!r}: {reason} (waited {wait_timeout} s)")
+            if on_wait is not None:
+                on_wait(reason)
+            await asyncio.sleep(delay)
+
+    async def submit(self, group: ScoredData, *, deadline: float | None = None) -> ScoredReply:
+        """Submit one group, retried until acknowledged or `deadline` seconds (default `retry_deadline`).
+
+        It goes as msgpack when the server offers it (after `info()` or `register()`), else as JSON (gzipped
+        from 1 KiB). The group gets this env's `env_id` and, if it has none, a fresh `group_id`, chosen once before the
+        first attempt: every retry carries the same id, so the server stores the group at most once.
+        """
+        if group.env_id is None and self.env_id is not None:
+            group = group.model_copy(update={"env_id": self.env_id})
+        if group.group_id is None:
+            group = group.model_copy(update={"group_id": uuid.uuid4().hex})
+        body, headers = encode_msgpack(group) if self.binary else encode_json(group)
+        raw = await self._call("POST", "/scored_data", deadline, content=body, headers=headers)
+        return ScoredReply.model_validate(raw)
+
+    async def status(self) -> EnvStatus:
+        """This env's view of the queue (GET /status-env): step, backlog, weight, remaining capacity."""
+        return await self._model(EnvStatus, "GET", "/status-env", params={"env_id": self._require_env()})
+
+    async def disconnect(self) -> None:
+        """Tell the server this env is gone (its reserved batch share is released; queued data stays)."""
+        if self.env_id is not None:
+            await self._call("POST", "/disconnect-env", json={"env_id": self.env_id}, deadline=5.0)
+            self.env_id = None
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self.env_id is not None:
+                try:
+                    await self.disconnect()
+                except RolloutClientError:
+                    if exc is None:
+                        raise  # a clean exit reports a failed disconnect; an error exit keeps the original error
+        finally:
+            await self.aclose()
+
+    def _require_env(self) -> int:
+        if self.env_id is None:
+            raise RolloutClientError("register() this environment first")
+        return self.env_id
+
+
+def encode_msgpack(group: ScoredData) -> tuple[bytes, dict[str, str]]:
+    """A group as a binary body (docs/binary-format.md): raw int32/float32 arrays, no digits to print or parse."""
+    fields = group.model_dump(exclude_none=True)
+    body = records.encode_submission(
+        fields.pop("tokens"), fields.pop("masks"), fields.pop("scores"),
+        env_id=fields.pop("env_id", None), policy_step=fields.pop("policy_step", None),
+        group_id=fields.pop("group_id", None), advantages=fields.pop("advantages", None),
+        ref_logprobs=fields.pop("ref_logprobs", None), inference_logprobs=fields.pop("inference_logprobs", None),
+        **fields,
+    )  # fmt: skip
+    return body, {"Content-Type": MSGPACK}
+
+
+class SyncRolloutClient:
+    """The blocking twin of `RolloutClient` (same methods, same retries), for scripts without an event loop.
+
+    It drives a `RolloutClient` on a private event loop, so it must not be used from inside a running loop.
+    """
+
+    def __init__(self, base_url: str = DEFAULT_URL, **kwargs: Any) -> None:
+        self._runner = asyncio.Runner()
+        self._client = self._runner.run(_make(base_url, kwargs))
+
+    @property
+    def env_id(self) -> int | None:
+        return self._client.env_id
+
+    def info(self) -> Info:
+        return self._runner.run(self._client.info())
+
+    def register(self, name: str, group_size: int, **kwargs: Any) -> EnvRegistered:
+        return self._runner.run(self._client.register(name, group_size, **kwargs))
+
+    def submit(self, group: ScoredData, *, deadline: float | None = None) -> ScoredReply:
+        return self._runner.run(self._client.submit(group, deadline=deadline))
+
+    def status(self) -> EnvStatus:
+        return self._runner.run(self._client.status())
+
+    def disconnect(self) -> None:
+        self._runner.run(self._client.disconnect())
+
+    def close(self) -> None:
+        try:
+            self._runner.run(self._client.aclose())
+        finally:
+            self._runner.close()
+
+    def __enter__(self) -> SyncRolloutClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self._runner.run(self._client.__aexit__(exc_type, exc, tb))
+        finally:
+            self._runner.close()
+
+
+async def _make(base_url: str, kwargs: dict[str, Any]) -> RolloutClient:
+    # httpx.AsyncClient binds to the loop it is first used on: build it on the runner's loop.
+    return RolloutClient(base_url, **kwargs)

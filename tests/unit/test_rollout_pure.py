@@ -1,0 +1,156 @@
+"""rollout_client's pure logic: retry predicate and backoff, token budget, pacing, task sources, completion parsing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.schema import EnvStatus
+from rollout_client import Curriculum, PromptTooLong, Task, Tasks, clip_max_tokens, is_retryable
+from rollout_client.errors import (
+    Rejected,
+    RetriesExhausted,
+    ServerError,
+    TransportError,
+    Unavailable,
+    error_for_status,
+    parse_retry_after,
+)
+from rollout_client.pacing import AHEAD, QUEUE_FULL, is_stale, pause_reason, pick_env
+from rollout_client.policy import InferenceError, parse_completion
+from rollout_client.retry import CAP_S, backoff_delay
+
+
+def test_retryable_errors() -> None:
+    assert is_retryable(TransportError("reset"))
+    assert is_retryable(Unavailable(503, "queue full"))
+    assert is_retryable(Unavailable(429, "slow down"))
+    assert is_retryable(ServerError(500, "boom"))
+    assert not is_retryable(Rejected(422, []))
+    assert not is_retryable(Rejected(404, "no env"))
+    assert not is_retryable(RetriesExhausted("gave up"))
+    assert not is_retryable(ValueError("not ours"))
+
+
+def test_error_for_status_names_field_and_rule() -> None:
+    body = {"detail": [{"loc": ["body", "scores", 2], "msg": "scores must be finite", "type": "value_error"}]}
+    exc = error_for_status(422, body, None)
+    assert isinstance(exc, Rejected)
+    assert "body.scores.2: scores must be finite" in str(exc)
+    busy = error_for_status(503, {"detail": "queue full", "code": "unavailable"}, "2")
+    assert isinstance(busy, Unavailable) and busy.retry_after == 2.0 and busy.code == "unavailable"
+    assert isinstance(error_for_status(502, "bad gateway", None), ServerError)
+    assert parse_retry_after("soon") is None and parse_retry_after("-3") == 0.0
+
+
+@given(st.integers(1, 60), st.none() | st.floats(0, 30), st.floats(0, 0.999))
+def test_backoff_is_bounded_and_honours_retry_after(attempt: int, retry_after: float | None, u: float) -> None:
+    delay = backoff_delay(attempt, retry_after, rng=lambda: u)
+    assert delay >= 0
+    if retry_after is None:
+        assert delay <= CAP_S
+    else:
+        assert retry_after <= delay <= max(CAP_S, retry_after * 1.1)
+
+
+def test_backoff_grows_exponentially_until_the_cap() -> None:
+    top = [backoff_delay(a, None, rng=lambda: 0.999999) for a in range(1, 12)]
+    assert top == sorted(top) and top[1] == pytest.approx(2 * top[0]) and top[-1] == pytest.approx(CAP_S, rel=1e-3)
+
+
+@given(st.integers(0, 5000), st.integers(1, 5000), st.none() | st.integers(1, 6000), st.none() | st.integers(1, 6000))
+def test_clip_max_tokens_never_exceeds_a_limit(prompt: int, want: int, trainer: int | None, ctx: int | None) -> None:
+    limits = [x for x in (trainer, ctx) if x is not None]
+    try:
+        n = clip_max_tokens(prompt, want, trainer, ctx)
+    except PromptTooLong as exc:
+        assert prompt >= min(limits) and exc.limit == min(limits)
+        return
+    assert 1 <= n <= want
+    assert all(prompt + n <= lim for lim in limits)
+    if not limits or prompt + want <= min(limits):
+        assert n == want
+
+
+def _status(**kw: int | None) -> EnvStatus:
+    base = dict(current_step=0, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=4,
+                env_weight=1.0, queue_capacity_groups=None)  # fmt: skip
+    return EnvStatus.model_validate({**base, **kw})
+
+
+def test_pause_reason() -> None:
+    kw = dict(batch_size=16, group_size=4, policy_step=5)
+    assert pause_reason(_status(current_step=5), max_staleness=None, **kw) is None
+    assert pause_reason(_status(queue_capacity_groups=0), max_staleness=None, **kw) == QUEUE_FULL
+    assert pause_reason(_status(queue_capacity_groups=3), max_staleness=None, **kw) is None
+    # 12 groups of 4 queued = 3 batches: a new group is consumed around step 5 + 3 = 8
+    assert pause_reason(_status(current_step=5, queue_size=12), max_staleness=3, **kw) is None
+    assert pause_reason(_status(current_step=5, queue_size=12), max_staleness=2, **kw) == AHEAD
+    assert pause_reason(_status(current_step=5, queue_size=1000), max_staleness=None, **kw) is None
+
+
+def test_is_stale() -> None:
+    assert not is_stale(3, 5, None)
+    assert not is_stale(3, 5, 2)
+    assert is_stale(3, 6, 2)
+
+
+@given(st.lists(st.floats(0.05, 10), min_size=1, max_size=5), st.integers(50, 400))
+def test_pick_env_follows_rates(rates: list[float], rounds: int) -> None:
+    credit = [0.0] * len(rates)
+    picks = Counter(pick_env(credit, rates, [True] * len(rates)) for _ in range(rounds))
+    total = sum(rates)
+    for i, r in enumerate(rates):
+        assert abs(picks[i] - rounds * r / total) <= len(rates)  # smooth WRR stays within a few picks
+
+
+def test_pick_env_skips_ineligible() -> None:
+    credit = [0.0, 0.0]
+    assert {pick_env(credit, [1.0, 1.0], [False, True]) for _ in range(5)} == {1}
+    assert pick_env(credit, [1.0, 1.0], [False, False]) is None
+
+
+def test_tasks_from_list_function_and_cycle() -> None:
+    ts = [Task(str(i), f"p{i}") for i in range(3)]
+    once = Tasks(ts)
+    assert [once.next_task() for _ in range(4)] == [*ts, None]
+    cyc = Tasks(ts, cycle=True)
+    assert [cyc.next_task() for _ in range(5)] == [*ts, *ts[:2]]
+    made = Tasks(lambda i: Task(f"t{i}", "p"))
+    assert [t.id for t in (made.next_task(), made.next_task()) if t] == ["t0", "t1"]
+
+
+def test_curriculum_moves_up_and_down_by_mean_score() -> None:
+    levels = [Tasks(lambda i, lv=lv: Task(f"L{lv}-{i}", "p")) for lv in range(3)]
+    cur = Curriculum(levels, window=4, promote=0.75, demote=0.25)
+    for _ in range(4):
+        task = cur.next_task()
+        assert task is not None and task.id.startswith("L0")
+        cur.report(task, 1.0)
+    assert cur.level == 1
+    old = cur.next_task()
+    for _ in range(4):
+        task = cur.next_task()
+        assert task is not None
+        cur.report(task, 0.0)
+    assert cur.level == 0
+    assert old is not None
+    cur.report(old, 1.0)  # a group started at the old level does not move the new one
+    assert cur.level == 0
+    with pytest.raises(ValueError, match="demote < promote"):
+        Curriculum(levels, promote=0.2, demote=0.5)
+
+
+def test_parse_completion_takes_ids_from_the_server() -> None:
+    logprobs = {"tokens": ["token_id:5", "token_id:7"], "token_logprobs": [-0.5, -1.25]}
+    body = {"choices": [{"text": "hi", "finish_reason": "length", "logprobs": logprobs}]}
+    out = parse_completion(body)
+    assert (out.token_ids, out.logprobs, out.text, out.finish_reason) == ([5, 7], [-0.5, -1.25], "hi", "length")
+    body["choices"][0]["logprobs"]["tokens"] = ["hi", "!"]
+    with pytest.raises(InferenceError, match="return_tokens_as_token_ids"):
+        parse_completion(body)
+    with pytest.raises(InferenceError, match="missing"):
+        parse_completion({"choices": [{"text": "x"}]})
