@@ -1,0 +1,157 @@
+"""RolloutClient: retry logic against scripted transports, then every call against the real app in-process
+(both stores) and a real server process (the sync twin)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from api.records import MSGPACK, decode_batch
+from api.schema import ScoredData
+from rollout_client import Rejected, RetriesExhausted, RolloutClient, SyncRolloutClient
+from rollout_client.client import encode_json
+from tests.factories import group, registration
+from tests.servers import running_server
+
+pytestmark = pytest.mark.anyio
+
+
+def scripted(replies: list[httpx.Response | Exception], seen: list[httpx.Request]) -> RolloutClient:
+    """A client whose transport answers `replies` in order (an exception is raised as the transport's)."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        reply = replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://rollbuf.test")
+    return RolloutClient(http_client=http, retry_deadline=5.0, prefer_binary=False)
+
+
+def _group_id(request: httpx.Request) -> str:
+    raw = request.content
+    body = gzip.decompress(raw) if request.headers.get("content-encoding") == "gzip" else raw
+    return str(ScoredData.model_validate_json(body).group_id)
+
+
+async def test_submit_retries_503_and_connection_errors_with_one_group_id() -> None:
+    seen: list[httpx.Request] = []
+    busy = httpx.Response(503, json={"detail": "queue full", "code": "unavailable"}, headers={"Retry-After": "0"})
+    replies: list[httpx.Response | Exception] = [
+        busy,
+        httpx.ConnectError("refused"),
+        httpx.Response(200, json={"status": "received"}),
+    ]
+    async with scripted(replies, seen) as client:
+        reply = await client.submit(ScoredData.model_validate(group(4, env_id=0)))
+    assert reply.status == "received"
+    assert len(seen) == 3
+    assert len({_group_id(r) for r in seen}) == 1, "every retry carries the same group id"
+
+
+async def test_4xx_is_not_retried_and_names_the_field() -> None:
+    seen: list[httpx.Request] = []
+    detail = [{"loc": ["body", "masks", 0], "msg": "masks[0] has 7 entries but tokens[0] has 8", "type": "value_error"}]
+    async with scripted([httpx.Response(422, json={"detail": detail, "code": "invalid"})], seen) as client:
+        with pytest.raises(Rejected, match=r"body\.masks\.0: masks\[0\] has 7 entries") as info:
+            await client.submit(ScoredData.model_validate(group(4, env_id=0)))
+    assert info.value.status == 422 and len(seen) == 1
+
+
+async def test_retries_stop_at_the_deadline() -> None:
+    seen: list[httpx.Request] = []
+    busy = httpx.Response(503, json={"detail": "queue full"}, headers={"Retry-After": "0"})
+    async with scripted([busy] * 1000, seen) as client:
+        with pytest.raises(RetriesExhausted, match="queue full") as info:
+            await client.submit(ScoredData.model_validate(group(4, env_id=0)), deadline=0.3)
+    assert len(seen) >= 2
+    assert isinstance(info.value.__cause__, Exception)
+
+
+def test_json_bodies_are_gzipped_from_1_kib() -> None:
+    small, small_headers = encode_json(ScoredData(tokens=[[1]], masks=[[1]], scores=[1.0]))
+    big, big_headers = encode_json(ScoredData.model_validate(group(8, length=64, env_id=0)))
+    assert "Content-Encoding" not in small_headers and orjson.loads(small)["tokens"] == [[1]]
+    assert big_headers["Content-Encoding"] == "gzip"
+
+
+# ----------------------------------------------------------------------------------------- the real app
+
+
+async def start_trainer(http: httpx.AsyncClient, **kw: int) -> None:
+    assert (await http.post("/register", json=registration(**kw))).status_code == 200
+    await http.get("/batch")
+
+
+async def test_register_waits_for_the_trainer_then_submits(client: httpx.AsyncClient) -> None:
+    waits: list[str] = []
+    rc = RolloutClient(http_client=client)
+    registering = asyncio.create_task(rc.register("math", 4, on_wait=waits.append))
+    while len(waits) < 2:  # it keeps waiting politely while there is no trainer
+        await asyncio.sleep(0.01)
+    assert not registering.done()
+    assert (await client.post("/register", json=registration(batch_size=8))).status_code == 200
+    while not any("first batch" in w for w in waits):
+        await asyncio.sleep(0.01)
+    await client.get("/batch")
+    reg = await registering
+    assert rc.env_id == reg.env_id == 0 and rc.binary, "the server offers msgpack and the client takes it"
+
+    body = ScoredData.model_validate(group(4, env_id=None, group_id="g-1"))
+    assert (await rc.submit(body)).status == "received"
+    again = await rc.submit(body)
+    assert again.duplicate, "a resubmission with the same group id is not stored twice"
+    status = await rc.status()
+    assert (status.self_queue_size, status.max_group_size) == (1, 4)
+
+    rc.binary = False  # the JSON path, gzipped, stores the same thing
+    await rc.submit(ScoredData.model_validate(group(4, length=64, env_id=None, group_id="g-2")))
+    batch = (await client.get("/batch", headers={"Accept": MSGPACK})).content
+    assert (await client.get("/status")).json()["queue_size"] == 0
+    assert batch  # two groups of 4 made one batch of 8
+    await rc.disconnect()
+    assert rc.env_id is None
+
+
+async def test_rejected_submission_names_the_field(client: httpx.AsyncClient) -> None:
+    await start_trainer(client, batch_size=8, max_token_len=16)
+    async with RolloutClient(http_client=client) as rc:
+        await rc.register("math", 4)
+        for binary in (True, False):
+            rc.binary = binary
+            with pytest.raises(Rejected) as info:
+                await rc.submit(ScoredData.model_validate(group(4, length=32, env_id=None)))
+            assert info.value.status == 422 and "tokens" in str(info.value), str(info.value)
+
+
+async def test_binary_submission_keeps_every_field(client: httpx.AsyncClient) -> None:
+    await start_trainer(client, batch_size=4)
+    async with RolloutClient(http_client=client) as rc:
+        await rc.register("math", 4)
+        sent = ScoredData.model_validate(group(4, env_id=None, overrides=[{"turns": [1]}] * 4, policy_step=0))
+        await rc.submit(sent)
+        [rec] = decode_batch((await client.get("/batch", headers={"Accept": MSGPACK})).content)
+    assert rec.split(rec.tokens)[0].tolist() == sent.tokens[0]
+    assert rec.meta["overrides"] == sent.overrides and rec.group_id is not None
+
+
+def test_sync_twin_against_a_server_process(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "server.log") as server:
+        with httpx.Client(base_url=server.url) as http:
+            http.post("/register", json=registration(batch_size=8))
+            http.get("/batch")
+        with SyncRolloutClient(server.url) as rc:
+            reg = rc.register("math", 4)
+            assert rc.submit(ScoredData.model_validate(group(4, env_id=None))).status == "received"
+            assert rc.status().self_queue_size == 1
+            env_id = reg.env_id
+        with httpx.Client(base_url=server.url) as http:
+            body = http.post("/disconnect-env", json={"env_id": env_id}).json()
+            assert body["status"] == "success"  # disconnecting is idempotent; the client did it on exit
