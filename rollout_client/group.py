@@ -92,11 +92,11 @@ async def run_group(
                     tg.create_task(one(i, s))
         except* PromptTooLong:
             too_long = True  # the same prompt for all G: one too long means the whole group is
-    if too_long:
-        return GroupOutcome(None, PROMPT_TOO_LONG)
-    t0 = time.perf_counter()
-    scores = [float(env.score(task, s)) for s in sessions]
-    score_s = (time.perf_counter() - t0) / len(sessions)
+        if too_long:
+            return GroupOutcome(None, PROMPT_TOO_LONG)
+        t0 = time.perf_counter()
+        scores = [float(env.score(task, s)) for s in sessions]  # resources still held: a verifier may need them
+        score_s = (time.perf_counter() - t0) / len(sessions)
     return GroupOutcome(build_group(task, sessions, scores, elapsed, score_s))
 
 
