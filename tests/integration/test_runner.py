@@ -1,0 +1,262 @@
+"""RolloutRunner against real rollbuf server processes: concurrency bound, exact accounting, worker processes
+and worker death, shutdown under load, pause/resume, staleness, a server restart, no orphan workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from rollout_client import Environment, RolloutRunner, ScriptedPolicy, Session, Task, Tasks
+from rollout_client.examples import Arithmetic, Synthetic, arithmetic_script, arithmetic_task
+from rollout_client.pacing import AHEAD, QUEUE_FULL
+from tests.factories import group, registration
+from tests.servers import ServerProcess, running_server, start_server
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+HANG_GUARD_S = 60.0
+"""Upper bound on waits that should take well under a second: a hang fails the test instead of stalling CI."""
+
+
+async def until(cond: Callable[[], bool], what: str) -> None:
+    """Poll `cond` (never a fixed sleep as a wait); fail after HANG_GUARD_S."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def start_trainer(url: str, **kw: Any) -> None:
+    with httpx.Client(base_url=url) as http:
+        assert http.post("/register", json=registration(**kw)).status_code == 200
+        http.get("/batch")
+
+
+def drain(url: str) -> list[dict[str, Any]]:
+    """Every batch the server can still form, through `?step=`, as group dicts."""
+    out: list[dict[str, Any]] = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        step = http.get("/status").json()["current_step"]
+        while batch := http.get("/batch", params={"step": step}).json()["batch"]:
+            out.extend(batch)
+            step += 1
+    return out
+
+
+def status(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/status").json()  # type: ignore[no-any-return]
+
+
+@dataclass
+class Tracked(Environment):
+    """Counts rollouts running at once (in this process) to check the runner's bound independently."""
+
+    name: str = "tracked"
+    group_size: int = 4
+    wait_s: float = 0.01
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        TRACK["now"] += 1
+        TRACK["max"] = max(TRACK["max"], TRACK["now"])
+        try:
+            await session.observe(task.prompt)
+            await asyncio.sleep(self.wait_s)
+            await session.generate()
+        finally:
+            TRACK["now"] -= 1
+
+    def score(self, task: Task, session: Session) -> float:
+        return float((session.seed or 0) % 2)
+
+
+TRACK = {"now": 0, "max": 0}
+
+
+async def test_bound_held_and_accounting_exact(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=16)
+        envs = [(Tracked(), Tasks(arithmetic_task)), (Arithmetic(group_size=8, weight=2.0), Tasks(arithmetic_task))]
+        runner = RolloutRunner(server.url, envs, ScriptedPolicy(arithmetic_script), max_in_flight=12)
+        stats = await asyncio.wait_for(runner.run(max_groups=60), HANG_GUARD_S)
+        assert 4 < TRACK["max"] <= 12 and stats.max_in_flight <= 12
+        assert stats.produced == stats.accepted == 60 and stats.duplicates == 0 and not stats.skipped
+        assert stats.accepted_by_env.keys() == {"tracked", "arithmetic"}
+        served = drain(server.url)
+        st = status(server.url)
+        dropped = sum(n for reasons in st["dropped"].values() for n in reasons.values())
+        assert len(served) + st["queue_size"] + dropped == stats.accepted
+        assert len({g["group_id"] for g in served}) == len(served)
+        g = served[0]
+        assert all(
+            len(t) == len(m) == len(lp)
+            for t, m, lp in zip(g["tokens"], g["masks"], g["inference_logprobs"], strict=True)
+        )
+
+
+async def test_workers_survive_a_worker_death(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=16)
+        env = Synthetic(group_size=4, steps=3, wait_s=0.03)
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=16, num_workers=2)  # fmt: skip
+        run = asyncio.create_task(runner.run(max_groups=40))
+        await until(lambda: runner.stats.accepted >= 5, "first groups")
+        assert runner.pool is not None
+        victim = runner.pool.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        stats = await asyncio.wait_for(run, HANG_GUARD_S)
+        assert stats.worker_deaths >= 1 and stats.accepted == 40 and stats.duplicates == 0
+        assert runner.pool.workers == [], "every worker was stopped"
+        served = drain(server.url)
+        assert len(served) + status(server.url)["queue_size"] == 40
+        assert len({g["group_id"] for g in served}) == len(served)
+
+
+async def test_shutdown_under_load_on_a_full_queue(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log", "--max-queue-groups", "5", "--retry-after", "1") as server:
+        start_trainer(server.url, batch_size=64)
+        env = Synthetic(group_size=4, steps=1, wait_s=0.01)
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=16, shutdown_timeout=0.5)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        await until(lambda: runner.stats.paused.get(env.name) == QUEUE_FULL, "the runner to see the full queue")
+        runner.stop()
+        stats = await asyncio.wait_for(run, HANG_GUARD_S)
+        assert status(server.url)["queue_size"] == stats.accepted == 5
+        assert stats.in_flight == 0 and stats.dispatched == stats.produced + stats.skipped["stopped"]
+
+
+async def test_pause_holds_every_request_and_resume_bumps_the_step(tmp_path: Path) -> None:
+    events: list[str] = []
+
+    class Recording(ScriptedPolicy):
+        async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
+            events.append("start")
+            await asyncio.sleep(0.005)
+            out = await super().generate(prompt_ids, **kw)
+            events.append("end")
+            return out
+
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=8, starting_step=3)
+        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], Recording(arithmetic_script),
+                               max_in_flight=8)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        await until(lambda: runner.stats.accepted >= 3, "first groups")
+        assert runner.policy_step == 3, "starts at the trainer's step"
+        await runner.pause()
+        assert events.count("start") == events.count("end"), "nothing in flight once pause() returns"
+        paused_at = len(events)
+        for _ in range(20):  # give a slipping request every chance to start
+            await asyncio.sleep(0.01)
+        assert len(events) == paused_at, "no request started while paused"
+        runner.resume()
+        await until(lambda: runner.stats.accepted >= 12, "groups after resume")
+        runner.stop()
+        await asyncio.wait_for(run, HANG_GUARD_S)
+        steps = {g["policy_step"] for g in drain(server.url)}
+        assert steps <= {3, 4} and 4 in steps
+
+
+async def test_stale_groups_cancelled_and_production_held_back(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=4)
+        env = Synthetic(group_size=4, steps=1, wait_s=0.3)
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=8, max_staleness=0, poll_interval=0.05)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        await until(lambda: runner.stats.in_flight == 8, "rollouts in flight")
+        with httpx.Client(base_url=server.url) as http:  # another producer lets the trainer move on two steps
+            other = http.post("/register-env", json={"max_token_length": 512, "desired_name": "other",
+                                                      "group_size": 4}).json()["env_id"]  # fmt: skip
+            for i in range(2):
+                assert http.post("/scored_data", json=group(4, env_id=other, seed=i)).status_code == 200
+                assert http.get("/batch").json()["batch"]
+        await until(lambda: runner.stats.skipped["stale"] >= 2, "stale groups to be cancelled")
+        await until(lambda: runner.stats.paused.get(env.name) == AHEAD, "the runner to hold back")
+        runner.stop()
+        stats = await asyncio.wait_for(run, HANG_GUARD_S)
+        assert stats.accepted == 0, "nothing stale was submitted"
+
+
+async def test_server_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'b.db'}"
+    log = tmp_path / "s.log"
+    server: ServerProcess = start_server(store, log)
+    try:
+        start_trainer(server.url, batch_size=16)
+        env = Synthetic(group_size=4, steps=1, wait_s=0.02)
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=16)  # fmt: skip
+        run = asyncio.create_task(runner.run(max_groups=80))
+        await until(lambda: runner.stats.accepted >= 15, "first groups")
+        server.kill()  # SIGKILL mid-run
+        server = start_server(store, log, server.port)
+        stats = await asyncio.wait_for(run, HANG_GUARD_S)
+        assert stats.accepted + stats.duplicates == 80 and not stats.skipped
+        served = drain(server.url)
+        ids = [g["group_id"] for g in served]
+        assert len(ids) == len(set(ids)), "nothing stored twice"
+        assert len(ids) + status(server.url)["queue_size"] == 80, "nothing lost"
+    finally:
+        server.kill()
+
+
+ORPHAN_SCRIPT = """
+import asyncio, sys
+from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
+
+async def main():
+    runner = RolloutRunner(sys.argv[1], [(Synthetic(group_size=4, wait_s=0.05), Tasks(arithmetic_task))],
+                           ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=1)
+    run = asyncio.create_task(runner.run())
+    while runner.stats.accepted < 2:
+        await asyncio.sleep(0.02)
+    print(*runner.pool.pids, flush=True)
+    await run
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("Z")  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+async def test_workers_exit_when_the_runner_process_dies(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=16)
+        proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, server.url], stdout=subprocess.PIPE,
+                                start_new_session=True, cwd=Path(__file__).parents[2])  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), HANG_GUARD_S)
+            [worker] = [int(p) for p in line.split()]
+            assert not _gone(worker)
+            os.kill(proc.pid, signal.SIGKILL)  # the parent only: the worker must notice by itself
+            proc.wait()
+            await until(lambda: _gone(worker), "the orphaned worker to exit")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
