@@ -1,0 +1,207 @@
+"""TrainerClient against the app served by uvicorn in a thread on loopback (both stores), AsyncTrainerClient
+against the app in-process, and the Atropos fallback and retries against httpx.MockTransport fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from api.app import create_app
+from api.records import MSGPACK, encode_submission, encode_submission_list
+from api.settings import Settings
+from tests.factories import env, group
+from tests.servers import free_port
+from trainer_client import (
+    AsyncTrainerClient,
+    Batch,
+    BatchGone,
+    NotRegistered,
+    Rejected,
+    ServerUnreachable,
+    TrainerClient,
+)
+
+BIN = {"Content-Type": MSGPACK}
+
+
+@pytest.fixture
+def http(settings: Settings) -> Iterator[httpx.Client]:
+    """The app behind a real uvicorn server in a thread, and an httpx.Client with its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)  # polling interval while waiting for readiness
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+            yield c
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def submit(http: httpx.Client, n_groups: int, *, first: int = 0, size: int = 4) -> None:
+    """Groups of `size` sequences without an env (accepted as soon as a trainer registered)."""
+    body = encode_submission_list(
+        encode_submission(**group(size, length=[5 + i % 7 for i in range(size)], env_id=None, seed=g),
+                          group_id=f"g{g}", policy_step=0)
+        for g in range(first, first + n_groups)
+    )  # fmt: skip
+    assert http.post("/scored_data_list", content=body, headers=BIN).status_code == 200
+
+
+def take(client: TrainerClient, n: int, **kw: Any) -> list[Batch]:
+    return list(itertools.islice(client.batches(wait=0, **kw), n))
+
+
+def test_register_and_iterate(http: httpx.Client) -> None:
+    rb = TrainerClient(http_client=http)
+    rb.register(batch_size=8, max_token_len=64)
+    assert rb.info().batch_size == 8 and MSGPACK in (rb.info().content_types or [])
+    submit(http, 4)
+    b0, b1 = take(rb, 2)
+    assert (b0.step, b1.step) == (0, 1)
+    assert b0.group_ids + b1.group_ids == ["g0", "g1", "g2", "g3"]
+    assert b0.n_seqs == 8 and b0.lengths.tolist() == [5, 6, 7, 8] * 2
+    assert rb.status().current_step == 2
+
+
+def test_json_and_binary_batches_are_equal(http: httpx.Client) -> None:
+    rb = TrainerClient(http_client=http)
+    rb.register(batch_size=8, max_token_len=64)
+    submit(http, 2)
+    [binary] = take(rb, 1, start_step=0, encoding="msgpack")
+    [json] = take(rb, 1, start_step=0, encoding="json")  # batch 0 again: 1 was not asked for
+    for name in ("tokens", "masks", "offsets", "scores", "group_index", "env_ids", "policy_steps", "advantages"):
+        assert getattr(binary, name).tolist() == getattr(json, name).tolist(), name
+    assert binary.floats["inference_logprobs"].tolist() == json.floats["inference_logprobs"].tolist()
+
+
+def test_restart_at_step_n_gets_n_again_then_earlier_steps_are_gone(http: httpx.Client) -> None:
+    rb = TrainerClient(http_client=http)
+    rb.register(batch_size=8, max_token_len=64)
+    submit(http, 6)
+    first_run = take(rb, 2)  # trained on 0, crashed while training 1
+    restarted = TrainerClient(http_client=http)
+    again, following = take(restarted, 2, start_step=1)
+    assert again.step == 1 and again.group_ids == first_run[1].group_ids
+    assert following.step == 2 and following.group_ids == ["g4", "g5"]
+    with pytest.raises(BatchGone) as gone:
+        take(restarted, 1, start_step=1)  # asking for 2 acknowledged 1
+    assert gone.value.step == 1 and gone.value.status == 410
+    with pytest.raises(Rejected, match="next batch to form is 3"):
+        take(restarted, 1, start_step=9)
+
+
+def test_rank_shares_cover_every_sequence_once(http: httpx.Client) -> None:
+    rb = TrainerClient(http_client=http)
+    rb.register(batch_size=16, max_token_len=64)
+    submit(http, 4)
+    [whole] = take(rb, 1, start_step=0)
+    seen: Counter[tuple[int, ...]] = Counter()
+    for rank in range(3):
+        [share] = take(TrainerClient(http_client=http), 1, start_step=0, rank=rank, world_size=3)
+        seen.update(tuple(s.tolist()) for s in share.sequences())
+        assert share.advantages.shape == share.tokens.shape
+    assert seen == Counter(tuple(s.tolist()) for s in whole.sequences())
+
+
+def test_not_registered(http: httpx.Client) -> None:
+    with pytest.raises(NotRegistered):
+        take(TrainerClient(http_client=http), 1)
+
+
+def test_registration_conflict_is_rejected(http: httpx.Client) -> None:
+    rb = TrainerClient(http_client=http)
+    rb.register(batch_size=8, max_token_len=64)
+    rb.register(batch_size=8, max_token_len=64)  # same run again: fine
+    with pytest.raises(Rejected, match="batch_size") as exc:
+        rb.register(batch_size=16, max_token_len=64)
+    assert exc.value.status == 409
+
+
+@pytest.mark.anyio
+async def test_async_client_long_polls_until_data_arrives(settings: Settings) -> None:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as http:
+            async with AsyncTrainerClient(http_client=http) as rb:
+                await rb.register(batch_size=8, max_token_len=64)
+                batches = rb.batches(wait=20)
+                pending = asyncio.ensure_future(anext(batches))
+                # environments may register once the trainer's first /batch arrived: then the poll is held
+                while (await http.post("/register-env", json=env())).json()["status"] != "success":
+                    await asyncio.sleep(0.01)  # polling interval
+                assert not pending.done()
+                for g in range(2):
+                    body = encode_submission(**group(4, env_id=None, seed=g), group_id=f"a{g}")
+                    assert (await http.post("/scored_data", content=body, headers=BIN)).status_code == 200
+                batch = await pending
+                assert batch.step == 0 and batch.group_ids == ["a0", "a1"]
+                await batches.aclose()
+
+
+# ------------------------------------------------------------------ fakes: an Atropos server, failures
+
+
+def atropos_fake(log: list[httpx.Request], empty_polls: int) -> httpx.MockTransport:
+    """A server without rollbuf's extensions: /info has no content_types, /batch ignores everything."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        log.append(request)
+        if request.url.path == "/info":
+            return httpx.Response(200, json={"batch_size": 4, "max_token_len": 64})
+        polls = sum(1 for r in log if r.url.path == "/batch")
+        if polls <= empty_polls:
+            return httpx.Response(200, json={"batch": None})
+        return httpx.Response(200, json={"batch": [group(4, env_id=None, seed=polls)]})
+
+    return httpx.MockTransport(handle)
+
+
+def test_against_atropos_polls_plain_batch_over_json_with_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("trainer_client.client.time.sleep", slept.append)
+    log: list[httpx.Request] = []
+    with TrainerClient("http://atropos", http_client=httpx.Client(transport=atropos_fake(log, 3))) as rb:
+        [batch] = list(itertools.islice(rb.batches(), 1))
+    assert batch.step is None and batch.n_seqs == 4 and batch.policy_steps.tolist() == [-1] * 4
+    polls = [r for r in log if r.url.path == "/batch"]
+    assert len(polls) == 4 and all(not r.url.query and r.headers["accept"] == "application/json" for r in polls)
+    assert len(slept) == 3 and slept[0] < slept[2]  # backing off between empty polls
+
+
+def test_unreachable_after_n_tries() -> None:
+    calls = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with TrainerClient("http://down", http_client=httpx.Client(transport=httpx.MockTransport(refuse)), tries=2) as rb:
+        with pytest.raises(ServerUnreachable, match="unreachable after 2 tries") as exc:
+            rb.status()
+    assert len(calls) == 2 and exc.value.tries == 2
+
+
+def test_503_is_retried_after_retry_after() -> None:
+    answers = iter([httpx.Response(503, json={"detail": "busy"}, headers={"Retry-After": "0"})] * 2)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return next(answers, httpx.Response(200, json={"current_step": 3, "queue_size": 0}))
+
+    with TrainerClient("http://busy", http_client=httpx.Client(transport=httpx.MockTransport(handle))) as rb:
+        assert rb.status().current_step == 3

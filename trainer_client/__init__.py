@@ -1,0 +1,37 @@
+"""The trainer's side of rollbuf: `TrainerClient(url).batches()` yields batches as numpy arrays.
+
+Works against rollbuf (binary encoding, long-poll, exactly-once steps, rank shares) and, over plain
+JSON polling, against an Atropos server. Imports numpy, httpx, msgpack and pydantic; never FastAPI, and
+torch only when asked for tensors. See docs/trainer-client.md.
+"""
+
+from trainer_client.aio import AsyncTrainerClient
+from trainer_client.arrays import Batch, Packed, Padded, first_fit_decreasing
+from trainer_client.client import TrainerClient
+from trainer_client.errors import (
+    BatchGone,
+    NotRegistered,
+    Rejected,
+    ServerError,
+    ServerUnreachable,
+    TrainerClientError,
+    Unavailable,
+    is_retryable,
+)
+
+__all__ = [
+    "AsyncTrainerClient",
+    "Batch",
+    "BatchGone",
+    "NotRegistered",
+    "Packed",
+    "Padded",
+    "Rejected",
+    "ServerError",
+    "ServerUnreachable",
+    "TrainerClient",
+    "TrainerClientError",
+    "Unavailable",
+    "first_fit_decreasing",
+    "is_retryable",
+]

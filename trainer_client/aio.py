@@ -1,0 +1,137 @@
+"""`AsyncTrainerClient`: `TrainerClient` for asyncio trainers; the same protocol (`protocol`), awaited."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+
+from api.schema import Info, RegisterReply, Status
+from trainer_client.arrays import Batch
+from trainer_client.errors import ServerUnreachable, error_for, is_retryable
+from trainer_client.protocol import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_TRIES,
+    DEFAULT_URL,
+    DEFAULT_WAIT,
+    Balance,
+    BatchQuery,
+    Encoding,
+    Progress,
+    Server,
+    parse_batch_reply,
+    poll_delay,
+    registration,
+    retry_wait,
+)
+
+DECODE_IN_THREAD_BYTES = 1 << 20
+"""Replies larger than this are decoded in a worker thread, so the event loop keeps serving other tasks."""
+
+
+class AsyncTrainerClient:
+    """Async twin of `TrainerClient` (same arguments, same guarantees); use `async with` and `async for`.
+
+    ```python
+    async with AsyncTrainerClient("http://127.0.0.1:8000") as rb:
+        await rb.register(batch_size=256, max_token_len=4096)
+        async for batch in rb.batches(start_step=checkpoint_step):
+            ...
+    ```
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        api_key: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        tries: int = DEFAULT_TRIES,
+    ) -> None:
+        self.base_url = (base_url or (str(http_client.base_url) if http_client else "") or DEFAULT_URL).rstrip("/")
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.tries = tries
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._own = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=self.timeout)
+
+    async def __aenter__(self) -> AsyncTrainerClient:
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self._http.aclose()
+
+    async def register(
+        self, *, batch_size: int, max_token_len: int, starting_step: int = 0, **fields: Any
+    ) -> RegisterReply:
+        """See `TrainerClient.register`."""
+        body = registration(batch_size=batch_size, max_token_len=max_token_len, starting_step=starting_step, **fields)
+        return RegisterReply.model_validate_json((await self._request("POST", "/register", json=body)).content)
+
+    async def info(self) -> Info:
+        return Info.model_validate_json((await self._request("GET", "/info")).content)
+
+    async def status(self) -> Status:
+        return Status.model_validate_json((await self._request("GET", "/status")).content)
+
+    async def batches(
+        self,
+        *,
+        start_step: int | None = None,
+        wait: float = DEFAULT_WAIT,
+        rank: int | None = None,
+        world_size: int | None = None,
+        encoding: Encoding = "msgpack",
+        balance: Balance = "tokens",
+    ) -> AsyncIterator[Batch]:
+        """See `TrainerClient.batches`."""
+        server = Server.from_info(await self.info())
+        query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
+                                balance=balance, timeout=self.timeout)  # fmt: skip
+        step = start_step if start_step is not None or not server.rollbuf else (await self.status()).current_step
+        progress = Progress()
+        how = f"long-poll {query.wait:g} s" if query.long_poll else "polling"
+        polls = 0
+        while True:
+            reply = await self._request("GET", "/batch", params=query.params(step), headers=query.headers(),
+                                        timeout=query.timeout, step=step)  # fmt: skip
+            if len(reply.content) > DECODE_IN_THREAD_BYTES:
+                result = await asyncio.to_thread(parse_batch_reply, reply, step)
+            else:
+                result = parse_batch_reply(reply, step)
+            if isinstance(result, Batch):
+                progress.got(result)
+                yield result
+                polls = 0
+                step = None if step is None else step + 1
+                continue
+            progress.waiting(step, how, result)
+            if not query.long_poll:
+                await asyncio.sleep(poll_delay(polls))
+                polls += 1
+
+    async def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.tries), wait=retry_wait, retry=retry_if_exception(is_retryable), reraise=True
+        )
+        kwargs.setdefault("timeout", self.timeout)
+        headers = self._headers | kwargs.pop("headers", {})
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    reply = await self._http.request(method, self.base_url + path, headers=headers, **kwargs)
+                    if reply.status_code >= 400:
+                        raise error_for(reply, step)
+                    return reply
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(self.base_url, self.tries, exc) from exc
+        raise AssertionError("unreachable: tenacity reraises the last error")

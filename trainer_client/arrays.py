@@ -1,0 +1,314 @@
+"""A batch as numpy arrays: ragged (flat + offsets), padded `[n, L]`, or packed rows. Pure: numpy only.
+
+Everything here is built from the wire records (`api.records`) or the Atropos JSON reply, and is shared
+by the sync and async clients. Shapes: `n` sequences, `T` tokens in all, `G` groups, `R` packed rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+import numpy as np
+
+from api.records import FLOAT_FIELDS, GroupRecord
+from api.schema import MASK_IGNORE
+
+I32 = np.dtype(np.int32)
+I64 = np.dtype(np.int64)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+GRPO_EPS = 1e-6
+"""Added to a group's score standard deviation: a group with equal scores gets zero advantages, not NaN."""
+NO_ENV = -1
+"""`env_ids` value of a group sent without an env id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Padded:
+    """Sequences as rows of one `[n, L]` array; `L` is the longest sequence, rounded up if asked."""
+
+    tokens: np.ndarray
+    """int32 [n, L]; `pad_id` after each sequence."""
+    masks: np.ndarray
+    """int32 [n, L]; -100 where not trained on, including padding."""
+    attention_mask: np.ndarray
+    """bool [n, L]; True on real tokens."""
+    advantages: np.ndarray
+    """float32 [n, L]; 0 on padding."""
+    floats: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per-token float fields the batch carries (`inference_logprobs`, `ref_logprobs`), float32 [n, L]."""
+
+    def to_torch(self) -> dict[str, Any]:
+        """The arrays as torch tensors (shared memory where numpy allows it)."""
+        return _tensors({"tokens": self.tokens, "masks": self.masks, "attention_mask": self.attention_mask,
+                         "advantages": self.advantages, **self.floats})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """Sequences packed first-fit-decreasing into `R` rows of `max_len` tokens, for attention with
+    per-sequence boundaries (flash-attention varlen, or a block-diagonal mask from `segment_ids`)."""
+
+    tokens: np.ndarray
+    """int32 [R, max_len]; `pad_id` in unused positions."""
+    masks: np.ndarray
+    """int32 [R, max_len]; -100 where not trained on, including padding."""
+    position_ids: np.ndarray
+    """int32 [R, max_len]; restarts at 0 at each sequence's first token; 0 on padding."""
+    segment_ids: np.ndarray
+    """int32 [R, max_len]; the batch index of the sequence at each position, -1 on padding."""
+    advantages: np.ndarray
+    """float32 [R, max_len]; 0 on padding."""
+    row: np.ndarray
+    """int32 [n]: the row each sequence was placed in."""
+    start: np.ndarray
+    """int32 [n]: the column where each sequence starts in its row."""
+    cu_seqlens: list[np.ndarray]
+    """Per row, int32 cumulative sequence lengths `[0, l1, l1 + l2, ...]` in placement order."""
+    floats: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_torch(self) -> dict[str, Any]:
+        return _tensors({"tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
+                         "segment_ids": self.segment_ids, "advantages": self.advantages, **self.floats})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch (or one rank's share of it) as flat arrays: sequence `i` is `tokens[offsets[i]:offsets[i+1]]`."""
+
+    step: int | None
+    """The step this batch belongs to (None when the server does not say: Atropos)."""
+    tokens: np.ndarray
+    """int32 [T]."""
+    masks: np.ndarray
+    """int32 [T]; -100 where not trained on."""
+    offsets: np.ndarray
+    """int64 [n + 1]."""
+    scores: np.ndarray
+    """float64 [n]."""
+    group_index: np.ndarray
+    """int32 [n]: which group of this batch each sequence belongs to."""
+    env_ids: np.ndarray
+    """int32 [n]; -1 for groups sent without an env id."""
+    policy_steps: np.ndarray
+    """int64 [n]: the trainer step whose weights generated each sequence (-1 when unknown)."""
+    floats: dict[str, np.ndarray]
+    """Per-token float fields sent by at least one group, float32 [T]; NaN where a group did not send it."""
+    group_scores: list[np.ndarray]
+    """Per group, the scores of the whole group (more than its sequences here when a rank got part of it)."""
+    group_ids: list[str | None]
+    meta: list[dict[str, Any]]
+    """Per group: messages, overrides, generation_params, ... as sent."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.group_ids)
+
+    def sequences(self, flat: np.ndarray | None = None) -> list[np.ndarray]:
+        """Per-sequence views of a flat per-token array (the tokens by default)."""
+        return np.split(self.tokens if flat is None else flat, self.offsets[1:-1])
+
+    def grpo_advantages(self, *, scale: bool = True, eps: float = GRPO_EPS) -> np.ndarray:
+        """Per sequence, float32 [n]: (score - group mean) / (group std + eps); `scale=False` skips the
+        division (as Dr. GRPO does). Mean and std are over the whole group, even on a rank holding part of it."""
+        means = np.array([s.mean() for s in self.group_scores], F64)
+        stds = np.array([s.std() for s in self.group_scores], F64)
+        centred: np.ndarray = self.scores - means[self.group_index]
+        if scale:
+            centred = centred / (stds[self.group_index] + eps)
+        return centred.astype(F32)
+
+    @property
+    def advantages(self) -> np.ndarray:
+        """Per token, float32 [T]: the handler's advantages where it sent them, else the sequence's
+        group-normalised GRPO advantage repeated over its tokens."""
+        computed = np.repeat(self.grpo_advantages(), self.lengths)
+        sent = self.floats.get("advantages")
+        return computed if sent is None else np.where(np.isnan(sent), computed, sent)
+
+    def padded(self, *, pad_to_multiple_of: int = 1, pad_id: int = 0) -> Padded:
+        """`[n, L]` arrays, `L` the longest sequence rounded up to a multiple of `pad_to_multiple_of`."""
+        if pad_to_multiple_of < 1:
+            raise ValueError("pad_to_multiple_of must be at least 1")
+        longest = int(self.lengths.max()) if self.n_seqs else 0
+        width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+        seq, pos = self._positions()
+        shape = (self.n_seqs, width)
+        return Padded(
+            tokens=_scatter(shape, seq, pos, self.tokens, pad_id, I32),
+            masks=_scatter(shape, seq, pos, self.masks, MASK_IGNORE, I32),
+            attention_mask=_scatter(shape, seq, pos, np.ones(self.n_tokens, bool), False, np.dtype(bool)),
+            advantages=_scatter(shape, seq, pos, self.advantages, 0.0, F32),
+            floats={k: _scatter(shape, seq, pos, v, 0.0, F32) for k, v in self.floats.items()},
+        )
+
+    def packed(self, max_len: int, *, pad_id: int = 0) -> Packed:
+        """Rows of at most `max_len` tokens, sequences placed first-fit-decreasing (longest first, each into
+        the first row with room). Raises ValueError if a sequence is longer than `max_len`."""
+        lengths = self.lengths
+        row, start = first_fit_decreasing(lengths, max_len)
+        n_rows = int(row.max()) + 1 if self.n_seqs else 0
+        seq, pos = self._positions()
+        r, c = row[seq], start[seq] + pos
+        shape = (n_rows, max_len)
+        cu: list[np.ndarray] = []
+        for k in range(n_rows):
+            members = np.flatnonzero(row == k)
+            members = members[np.argsort(start[members], kind="stable")]
+            cu.append(np.concatenate([[0], np.cumsum(lengths[members])]).astype(I32))
+        return Packed(
+            tokens=_scatter(shape, r, c, self.tokens, pad_id, I32),
+            masks=_scatter(shape, r, c, self.masks, MASK_IGNORE, I32),
+            position_ids=_scatter(shape, r, c, pos, 0, I32),
+            segment_ids=_scatter(shape, r, c, seq, -1, I32),
+            advantages=_scatter(shape, r, c, self.advantages, 0.0, F32),
+            row=row.astype(I32),
+            start=start.astype(I32),
+            cu_seqlens=cu,
+            floats={k: _scatter(shape, r, c, v, 0.0, F32) for k, v in self.floats.items()},
+        )
+
+    def to_torch(self) -> dict[str, Any]:
+        """The flat arrays as torch tensors: tokens, masks, offsets, scores, advantages, and the floats."""
+        return _tensors({"tokens": self.tokens, "masks": self.masks, "offsets": self.offsets, "scores": self.scores,
+                         "advantages": self.advantages, "group_index": self.group_index, **self.floats})  # fmt: skip
+
+    def _positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """For every token: the index of its sequence, and its position within the sequence."""
+        lengths = self.lengths
+        seq = np.repeat(np.arange(self.n_seqs, dtype=I64), lengths)
+        pos = np.arange(self.n_tokens, dtype=I64) - np.repeat(self.offsets[:-1], lengths)
+        return seq, pos
+
+
+def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bin packing: (row, start column) per item. Items are placed longest first (ties: lower index first),
+    each into the lowest-numbered row with room. Uses at most 11/9 OPT + 6/9 rows."""
+    lengths = np.asarray(lengths, I64)
+    if lengths.size and int(lengths.max()) > capacity:
+        i = int(np.argmax(lengths > capacity))
+        raise ValueError(f"sequence {i} has {int(lengths[i])} tokens; packed rows hold at most {capacity}")
+    row = np.empty(lengths.shape[0], I64)
+    start = np.empty(lengths.shape[0], I64)
+    used = np.zeros(max(1, lengths.shape[0]), I64)  # at most one row per item
+    n_rows = 0
+    for i in np.argsort(-lengths, kind="stable").tolist():
+        fits = np.flatnonzero(used[:n_rows] + lengths[i] <= capacity)
+        k = int(fits[0]) if fits.size else n_rows
+        n_rows = max(n_rows, k + 1)
+        row[i], start[i] = k, used[k]
+        used[k] += lengths[i]
+    return row, start
+
+
+def _scatter(
+    shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray, values: np.ndarray, fill: Any, dtype: np.dtype[Any]
+) -> np.ndarray:
+    out = np.full(shape, fill, dtype)
+    out[rows, cols] = values
+    return out
+
+
+def _tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError("torch tensors need PyTorch: `pip install torch` (numpy arrays work without it)") from exc
+    # frombuffer arrays are read-only; torch wants writable memory, so those are copied once.
+    return {k: torch.from_numpy(v if v.flags.writeable else v.copy()) for k, v in arrays.items()}
+
+
+# ------------------------------------------------------------------------------------------- building
+
+
+def from_records(records: Sequence[GroupRecord], step: int | None) -> Batch:
+    """A batch from binary group records (`api.records.decode_batch`): a few concatenations, no per-token loop."""
+    lengths = [r.lengths for r in records]
+    group_sizes = np.fromiter((r.seqs for r in records), I64, count=len(records))
+    offsets = np.zeros(int(group_sizes.sum()) + 1, I64)
+    if len(records):
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    n_tokens = np.fromiter((r.n_tokens for r in records), I64, count=len(records))
+    floats = {}
+    for name in FLOAT_FIELDS:
+        if any(name in r.floats for r in records):
+            floats[name] = _concat(
+                [r.floats.get(name, np.full(t, np.nan, F32)) for r, t in zip(records, n_tokens, strict=True)], F32
+            )
+    return Batch(
+        step=step,
+        tokens=_concat([r.tokens for r in records], I32),
+        masks=_concat([r.masks for r in records], I32),
+        offsets=offsets,
+        scores=_concat([r.scores for r in records], F64),
+        group_index=np.repeat(np.arange(len(records), dtype=I32), group_sizes),
+        env_ids=np.repeat(np.array([NO_ENV if r.env_id is None else r.env_id for r in records], I32), group_sizes),
+        policy_steps=np.repeat(np.array([r.policy_step for r in records], I64), group_sizes),
+        floats=floats,
+        group_scores=[np.asarray(r.meta.get("group_scores", r.scores), F64) for r in records],
+        group_ids=[r.group_id for r in records],
+        meta=[{k: v for k, v in r.meta.items() if k != "group_scores"} for r in records],
+    )
+
+
+def from_json(groups: Iterable[Mapping[str, Any]], step: int | None) -> Batch:
+    """A batch from the Atropos JSON reply's `batch` list (per-sequence lists of numbers)."""
+    groups = list(groups)
+    rows = [g["tokens"] for g in groups]
+    lengths = np.fromiter((len(t) for r in rows for t in r), I64)
+    sizes = np.fromiter((len(r) for r in rows), I64, count=len(rows))
+    total = int(lengths.sum())
+    offsets = np.zeros(lengths.shape[0] + 1, I64)
+    np.cumsum(lengths, out=offsets[1:])
+
+    def flat(key: str, dtype: np.dtype[Any]) -> np.ndarray:
+        return np.fromiter(chain.from_iterable(chain.from_iterable(g[key] for g in groups)), dtype, count=total)
+
+    floats = {}
+    for name in FLOAT_FIELDS:
+        if any(g.get(name) is not None for g in groups):
+            parts = [
+                np.fromiter(chain.from_iterable(g[name]), F32) if g.get(name) is not None
+                else np.full(sum(map(len, g["tokens"])), np.nan, F32)
+                for g in groups
+            ]  # fmt: skip
+            floats[name] = _concat(parts, F32)
+    skip = {"tokens", "masks", "scores", "env_id", "policy_step", "group_id", "group_scores", *FLOAT_FIELDS}
+    return Batch(
+        step=step,
+        tokens=flat("tokens", I32),
+        masks=flat("masks", I32),
+        offsets=offsets,
+        scores=np.fromiter(chain.from_iterable(g["scores"] for g in groups), F64, count=lengths.shape[0]),
+        group_index=np.repeat(np.arange(len(groups), dtype=I32), sizes),
+        env_ids=np.repeat(np.array([_or(g.get("env_id"), NO_ENV) for g in groups], I32), sizes),
+        policy_steps=np.repeat(np.array([_or(g.get("policy_step"), -1) for g in groups], I64), sizes),
+        floats=floats,
+        group_scores=[np.asarray(g.get("group_scores") or g["scores"], F64) for g in groups],
+        group_ids=[g.get("group_id") for g in groups],
+        meta=[{k: v for k, v in g.items() if k not in skip and v is not None} for g in groups],
+    )
+
+
+def _or(value: Any, default: int) -> Any:
+    return default if value is None else value
+
+
+def _concat(parts: Sequence[np.ndarray], dtype: np.dtype[Any]) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)

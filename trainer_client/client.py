@@ -1,0 +1,156 @@
+"""`TrainerClient`: register, then iterate over batches as numpy arrays. Synchronous; see `aio` for async."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt
+
+from api.schema import Info, RegisterReply, Status
+from trainer_client.arrays import Batch
+from trainer_client.errors import ServerUnreachable, error_for, is_retryable
+from trainer_client.protocol import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_TRIES,
+    DEFAULT_URL,
+    DEFAULT_WAIT,
+    Balance,
+    BatchQuery,
+    Encoding,
+    Progress,
+    Server,
+    parse_batch_reply,
+    poll_delay,
+    registration,
+    retry_wait,
+)
+
+
+class TrainerClient:
+    """The trainer's side of rollbuf (or of an Atropos server, over JSON).
+
+    ```python
+    with TrainerClient("http://127.0.0.1:8000") as rb:
+        rb.register(batch_size=256, max_token_len=4096)
+        for batch in rb.batches(start_step=checkpoint_step):
+            train(batch.packed(4096))
+    ```
+
+    Every request is retried on timeouts, dropped connections, 429 and 5xx (`errors.is_retryable`), with
+    exponential backoff and the server's Retry-After, `tries` times in all; then ServerUnreachable (or
+    the last Unavailable) is raised. `http_client` replaces the client's own httpx.Client (for instance
+    a `starlette.testclient.TestClient`); it is not closed by `close()`.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        api_key: str | None = None,
+        http_client: httpx.Client | None = None,
+        tries: int = DEFAULT_TRIES,
+    ) -> None:
+        self.base_url = (base_url or (str(http_client.base_url) if http_client else "") or DEFAULT_URL).rstrip("/")
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.tries = tries
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._own = http_client is None
+        self._http = http_client or httpx.Client(timeout=self.timeout)
+
+    def __enter__(self) -> TrainerClient:
+        return self
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._own:
+            self._http.close()
+
+    # ------------------------------------------------------------------------------------------- calls
+
+    def register(self, *, batch_size: int, max_token_len: int, starting_step: int = 0, **fields: Any) -> RegisterReply:
+        """Register the run (POST /register). `fields` are the other Registration fields: the wandb and
+        checkpoint ones have defaults; rollbuf's extensions (`max_batch_tokens`, `max_staleness`, ...)
+        are sent only when given. Registering again with the same values is harmless; different ones
+        raise Rejected (409) until the run is reset."""
+        body = registration(batch_size=batch_size, max_token_len=max_token_len, starting_step=starting_step, **fields)
+        return RegisterReply.model_validate_json(self._request("POST", "/register", json=body).content)
+
+    def info(self) -> Info:
+        """GET /info: batch size and max token length (-1 before registration), encodings spoken."""
+        return Info.model_validate_json(self._request("GET", "/info").content)
+
+    def status(self) -> Status:
+        """GET /status: the current step, what is queued, and why no batch can be formed (if blocked)."""
+        return Status.model_validate_json(self._request("GET", "/status").content)
+
+    def batches(
+        self,
+        *,
+        start_step: int | None = None,
+        wait: float = DEFAULT_WAIT,
+        rank: int | None = None,
+        world_size: int | None = None,
+        encoding: Encoding = "msgpack",
+        balance: Balance = "tokens",
+    ) -> Iterator[Batch]:
+        """Batches, one per step, forever (stop iterating to stop).
+
+        Asks for batch `start_step`, then the next, with `?step=`: asking for N+1 tells the server that
+        batch N arrived, and until then N is served again, so a retry or a restart with
+        `start_step=N` (the step in your checkpoint) never skips or repeats data. Without `start_step`,
+        it starts at the server's current step. Waits by long-polling (`wait` seconds per request);
+        against a server that does not (Atropos) it polls with backoff and jitter and sends no query
+        parameters. `rank`/`world_size` give this data-parallel rank its share of every batch.
+        `encoding="msgpack"` is used when the server offers it (GET /info), else JSON.
+
+        Raises NotRegistered, BatchGone (batch N was acknowledged already), Rejected, or
+        ServerUnreachable once a request failed `tries` times in a row.
+        """
+        server = Server.from_info(self.info())
+        query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
+                                balance=balance, timeout=self.timeout)  # fmt: skip
+        step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
+        progress = Progress()
+        how = f"long-poll {query.wait:g} s" if query.long_poll else "polling"
+        polls = 0
+        while True:
+            reply = self._request("GET", "/batch", params=query.params(step), headers=query.headers(),
+                                  timeout=query.timeout, step=step)  # fmt: skip
+            result = parse_batch_reply(reply, step)
+            if isinstance(result, Batch):
+                progress.got(result)
+                yield result
+                polls = 0
+                step = None if step is None else step + 1
+                continue
+            progress.waiting(step, how, result)
+            if not query.long_poll:
+                time.sleep(poll_delay(polls))
+                polls += 1
+
+    # ------------------------------------------------------------------------------------------- sending
+
+    def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
+        """Send with retries; error replies become exceptions (errors.error_for)."""
+        retrying = Retrying(
+            stop=stop_after_attempt(self.tries), wait=retry_wait, retry=retry_if_exception(is_retryable), reraise=True
+        )
+        kwargs.setdefault("timeout", self.timeout)
+        headers = self._headers | kwargs.pop("headers", {})
+        try:
+            for attempt in retrying:
+                with attempt:
+                    reply = self._http.request(method, self.base_url + path, headers=headers, **kwargs)
+                    if reply.status_code >= 400:
+                        raise error_for(reply, step)
+                    return reply
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(self.base_url, self.tries, exc) from exc
+        raise AssertionError("unreachable: tenacity reraises the last error")

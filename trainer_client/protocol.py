@@ -1,0 +1,215 @@
+"""The I/O-free half of the clients: what to send for a batch, how to read the reply, how long to wait.
+
+`TrainerClient` and `AsyncTrainerClient` differ only in how they send; everything they decide is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+import orjson
+from tenacity import RetryCallState, wait_exponential_jitter
+
+from api.records import MSGPACK, decode_batch, is_msgpack
+from api.schema import Info, Registration
+from trainer_client.arrays import Batch, from_json, from_records
+from trainer_client.errors import NotRegistered, ServerError, error_for
+
+Encoding = Literal["msgpack", "json"]
+Balance = Literal["tokens", "squared"]
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+"""For everything but /batch, whose read timeout is sized to the batch (`batch_read_timeout`)."""
+DEFAULT_WAIT = 30.0
+"""Long-poll: how long the server holds one /batch request; well under the server's cap (60 s)."""
+DEFAULT_TRIES = 8
+"""Attempts per request before ServerUnreachable; with the backoff below, about 30 s of outage."""
+READ_MARGIN_S = 15.0
+"""Added to every /batch read timeout: the server's queueing, formation and a busy machine."""
+JSON_S_PER_TOKEN = 2e-5
+"""Worst-case JSON batch cost per token position (Atropos needs ~9 µs to encode and send one)."""
+BINARY_S_PER_TOKEN = 2e-7
+"""Worst-case binary cost per token position (~60 MB/s for 12 bytes; loopback moves >1 GB/s)."""
+STEP_HEADER = "x-rollbuf-step"
+PROGRESS_EVERY_S = 30.0
+"""While waiting for a batch, how often to log that it is still waiting."""
+
+log = logging.getLogger("trainer_client")
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """What the client learnt from GET /info."""
+
+    batch_size: int
+    max_token_len: int
+    rollbuf: bool
+    """The server has rollbuf's extensions (long-poll, ?step=, rank shares); false for Atropos."""
+    binary: bool
+
+    @classmethod
+    def from_info(cls, info: Info) -> Server:
+        types = info.content_types
+        return cls(info.batch_size, info.max_token_len, types is not None, types is not None and MSGPACK in types)
+
+
+REGISTRATION_DEFAULTS: dict[str, Any] = {
+    "wandb_group": "rollbuf",
+    "wandb_project": "rollbuf",
+    "checkpoint_dir": "checkpoints",
+    "save_checkpoint_interval": 100,
+    "num_steps": 1_000_000,
+}
+"""Registration fields Atropos requires that a trainer not using wandb or Atropos checkpoints has no value for."""
+
+
+def registration(**fields: Any) -> dict[str, Any]:
+    """A validated /register body: REGISTRATION_DEFAULTS under `fields`; unset extensions are not sent, so
+    an Atropos server sees only its own fields."""
+    reg = Registration.model_validate({**REGISTRATION_DEFAULTS, **fields})
+    unknown = sorted(set(fields) - set(Registration.model_fields))
+    if unknown:
+        raise TypeError(f"unknown registration fields {unknown}; known: {', '.join(Registration.model_fields)}")
+    return reg.model_dump(exclude_unset=True)
+
+
+def batch_read_timeout(server: Server, *, wait: float, binary: bool) -> float:
+    """Seconds to wait for a /batch reply: the long-poll, a margin, and the batch's worst-case transfer
+    (batch_size * max_token_len token positions at JSON_S_PER_TOKEN or BINARY_S_PER_TOKEN)."""
+    positions = max(0, server.batch_size) * max(0, server.max_token_len)
+    return wait + READ_MARGIN_S + positions * (BINARY_S_PER_TOKEN if binary else JSON_S_PER_TOKEN)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchQuery:
+    """How this client asks for batches from this server."""
+
+    server: Server
+    wait: float
+    rank: int | None
+    world_size: int | None
+    binary: bool
+    balance: Balance
+    timeout: httpx.Timeout
+
+    @classmethod
+    def make(
+        cls,
+        server: Server,
+        *,
+        wait: float,
+        rank: int | None,
+        world_size: int | None,
+        encoding: Encoding,
+        balance: Balance,
+        timeout: httpx.Timeout,
+    ) -> BatchQuery:
+        if (rank is None) != (world_size is None) or (rank is not None and world_size and not 0 <= rank < world_size):
+            raise ValueError("rank and world_size go together, with 0 <= rank < world_size")
+        if world_size is not None and not server.rollbuf:
+            raise ValueError("rank shares need a rollbuf server; this one has no rank support (Atropos)")
+        if encoding not in ("msgpack", "json"):
+            raise ValueError(f"encoding must be 'msgpack' or 'json', not {encoding!r}")
+        binary = encoding == "msgpack" and server.binary
+        wait = wait if server.rollbuf else 0.0
+        read = batch_read_timeout(server, wait=wait, binary=binary)
+        timeout = httpx.Timeout(connect=timeout.connect, read=read, write=timeout.write, pool=timeout.pool)
+        return cls(server, wait, rank, world_size, binary, balance, timeout)
+
+    @property
+    def long_poll(self) -> bool:
+        """Whether the server holds an empty /batch (so polling again at once does not spin)."""
+        return self.server.rollbuf and self.wait > 0
+
+    def params(self, step: int | None) -> dict[str, Any]:
+        """Query parameters; none at all for an Atropos server."""
+        if not self.server.rollbuf:
+            return {}
+        out: dict[str, Any] = {"wait": self.wait} if self.wait > 0 else {}
+        if step is not None:
+            out["step"] = step
+        if self.world_size is not None:
+            out.update(rank=self.rank, world_size=self.world_size, balance=self.balance)
+        return out
+
+    def headers(self) -> dict[str, str]:
+        return {"Accept": MSGPACK if self.binary else "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """No batch yet; `reason` is the server's blocked_reason when something other than data is missing."""
+
+    reason: str | None = None
+
+
+def parse_batch_reply(response: httpx.Response, step: int | None) -> Batch | Waiting:
+    """A /batch reply as a Batch, or Waiting; raises NotRegistered or a ServerError."""
+    if response.status_code >= 400:
+        raise error_for(response, step)
+    header = response.headers.get(STEP_HEADER)
+    served_step = int(header) if header is not None else step
+    if is_msgpack(response.headers.get("content-type")):
+        return from_records(decode_batch(response.content), served_step)
+    body = orjson.loads(response.content)
+    if not isinstance(body, dict):
+        raise ValueError(f"unexpected /batch reply: {type(body).__name__}")
+    if body.get("status") == "error":
+        raise NotRegistered(body.get("message") or "the trainer is not registered: call register() first")
+    groups = body.get("batch")
+    if not groups:
+        return Waiting(body.get("blocked_reason"))
+    return from_json(groups, body.get("step", served_step))
+
+
+def poll_delay(attempt: int, *, base: float = 0.5, cap: float = 10.0, rng: random.Random | None = None) -> float:
+    """Backoff with jitter between polls of a server that does not long-poll: between half and all of
+    min(cap, base * 2**attempt), so many trainers never poll in step."""
+    ceiling = min(cap, base * 2.0 ** min(attempt, 32))
+    return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+
+
+_backoff = wait_exponential_jitter(multiplier=0.25, max=8.0, jitter=0.5)
+
+
+def retry_wait(state: RetryCallState) -> float:
+    """tenacity wait: the server's Retry-After when it sent one, else exponential backoff with jitter."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, ServerError) and exc.retry_after is not None:
+        return exc.retry_after
+    return float(_backoff(state))
+
+
+@dataclass(slots=True)
+class Progress:
+    """Log lines saying what the iterator waits for: once when it starts waiting, then every PROGRESS_EVERY_S."""
+
+    logger: logging.Logger = field(default_factory=lambda: log)
+    clock: Any = time.monotonic
+    _since: float | None = None
+    _last_log: float = 0.0
+
+    def waiting(self, step: int | None, how: str, result: Waiting) -> None:
+        now = self.clock()
+        what = "the next batch" if step is None else f"batch {step}"
+        why = result.reason or "not enough data queued yet"
+        if self._since is None:
+            self._since = self._last_log = now
+            self.logger.info("waiting for %s (%s): %s", what, how, why)
+        elif now - self._last_log >= PROGRESS_EVERY_S:
+            self._last_log = now
+            self.logger.info("still waiting for %s after %.0f s: %s", what, now - self._since, why)
+
+    def got(self, batch: Batch) -> None:
+        waited = "" if self._since is None else f" after waiting {self.clock() - self._since:.1f} s"
+        self._since = None
+        label = "batch" if batch.step is None else f"batch {batch.step}"
+        self.logger.info(
+            "%s: %d groups, %d sequences, %d tokens%s", label, batch.n_groups, batch.n_seqs, batch.n_tokens, waited
+        )
