@@ -13,6 +13,7 @@ USAGE = """usage: rollbuf COMMAND [flags]
 
 commands:
   serve    run the buffer service (rollbuf serve --help lists every setting)
+  demo     the whole loop in under a minute: service, 3 environments, a trainer (no GPU, no internet)
 """
 
 
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = args[0], args[1:]
     if command == "serve":
         CliApp.run(Serve, cli_args=rest)
+        return
+    if command == "demo":
+        from api.demo import main as demo
+
+        demo(rest)
         return
     print(f"rollbuf: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
     raise SystemExit(2)

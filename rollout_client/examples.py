@@ -35,8 +35,8 @@ def arithmetic_script(prompt: str, seed: int) -> str:
     if q is None:
         return " A: ?\n"
     a, op, b = int(q.group(1)), q.group(2), int(q.group(3))
-    if "calculator" in prompt:
-        return f" CALC {a} {op} {b}\n"
+    if "calculator" in prompt:  # mistypes an operand 30% of the time: the tool is only as good as its input
+        return f" CALC {a} {op} {b if _unit(prompt, seed) < 0.7 else b + 1}\n"
     digits = len(str(a)) + len(str(b))
     right = _unit(prompt, seed) < 1.0 / (1.0 + digits / 4)
     answer = _apply(a, op, b) + (0 if right else 1 + seed % 3)

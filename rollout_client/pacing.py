@@ -11,20 +11,30 @@ AHEAD = "ahead_of_trainer"
 
 
 def pause_reason(
-    status: EnvStatus, *, batch_size: int, group_size: int, policy_step: int, max_staleness: int | None
+    status: EnvStatus,
+    *,
+    batch_size: int,
+    group_size: int,
+    policy_step: int,
+    max_staleness: int | None,
+    pending_seqs: int = 0,
 ) -> str | None:
     """Why this env should not start another group now, or None.
 
     - the server has no room for another group of this env (`queue_capacity_groups` == 0): a submit would
       only earn a 503;
-    - with `max_staleness`: a group started now would be consumed about `queued sequences / batch_size`
-      steps after the trainer's current step; if that is more than `max_staleness` steps after the
-      weights generating it (`policy_step`), it would arrive stale.
+    - with `max_staleness`: batches take this env's sequences at its share of the weights (`env_weight`),
+      so a group started now is consumed after this env's queued groups and the ones this runner has in
+      flight for it (`pending_seqs`): about `(queued + pending + G) / (batch_size * share)` steps after the
+      trainer's current step. If that is more than `max_staleness` steps after the weights generating it
+      (`policy_step`), it would arrive stale (and the server would drop it).
     """
     if status.queue_capacity_groups is not None and status.queue_capacity_groups <= 0:
         return QUEUE_FULL
     if max_staleness is not None and batch_size > 0:
-        consumed_at = status.current_step + (status.queue_size * group_size) // batch_size
+        per_step = max(1, int(batch_size * min(1.0, status.env_weight)))
+        ahead = status.self_queue_size * group_size + pending_seqs + group_size
+        consumed_at = status.current_step + (ahead - 1) // per_step
         if consumed_at - policy_step > max_staleness:
             return AHEAD
     return None

@@ -67,6 +67,7 @@ class RunnerStats:
 @dataclass(eq=False)
 class _InFlight:
     task: asyncio.Task[None]
+    env: int
     size: int
     policy_step: int
     submitting: bool = False
@@ -129,6 +130,10 @@ class RolloutRunner:
         self._free = max_in_flight
         self._groups: dict[str, _InFlight] = {}
         self._blocked: list[str | None] = [None] * len(self.envs)
+        self._statuses: list[EnvStatus | None] = [None] * len(self.envs)
+        self._acked_seqs = [0] * len(self.envs)
+        """Sequences acknowledged per env so far; minus `_status_base`: acked since the last status read."""
+        self._status_base = [0] * len(self.envs)
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
@@ -246,6 +251,7 @@ class RolloutRunner:
             if not self._dispatch_open.is_set():
                 await self._wait_change(self._dispatch_open.wait())
                 continue
+            self._refresh_blocked()
             eligible = [b is None and not x for b, x in zip(self._blocked, self._exhausted, strict=True)]
             sizes = [e.group_size for e in self.envs]
             credit = list(self._credit)  # committed only if the pick launches: a wait must not cost an env its turn
@@ -283,7 +289,7 @@ class RolloutRunner:
         self.stats.in_flight += size
         self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step), name=f"group-{group_id}")
-        self._groups[group_id] = _InFlight(handle, size, self.policy_step)
+        self._groups[group_id] = _InFlight(handle, i, size, self.policy_step)
 
     async def _group(self, i: int, task: Task, group_id: str, step: int) -> None:
         env = self.envs[i]
@@ -302,6 +308,7 @@ class RolloutRunner:
                 log.warning("group %s of %s not submitted: %s", group_id, env.name, exc)
                 self.stats.skipped["unsent"] += 1
                 return
+            self._acked_seqs[i] += len(group.tokens)
             if reply.duplicate:
                 self.stats.duplicates += 1
             else:
@@ -358,22 +365,15 @@ class RolloutRunner:
     async def _monitor(self) -> None:
         """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale."""
         while True:
+            base = list(self._acked_seqs)  # acks from here on may be missing from the statuses read now
             try:
                 statuses: list[EnvStatus] = await asyncio.gather(*(c.status() for c in self.clients))
             except RetriesExhausted as exc:
                 self._error = self._error or exc
                 self.stop()
                 return
-            for i, st in enumerate(statuses):
-                reason = pause_reason(
-                    st, batch_size=self._batch_size, group_size=self.envs[i].group_size,
-                    policy_step=self.policy_step, max_staleness=self.max_staleness,
-                )  # fmt: skip
-                self._blocked[i] = reason
-                if reason is None:
-                    self.stats.paused.pop(self.envs[i].name, None)
-                else:
-                    self.stats.paused[self.envs[i].name] = reason
+            self._statuses, self._status_base = list(statuses), base
+            self._refresh_blocked()
             trainer_step = max(st.current_step for st in statuses)
             self.stats.trainer_step = trainer_step
             for g in list(self._groups.values()):
@@ -381,6 +381,24 @@ class RolloutRunner:
                     self._cancel(g, "stale")
             self._changed.set()
             await asyncio.sleep(self.poll_interval)
+
+    def _refresh_blocked(self) -> None:
+        """Which envs must wait, from the last status read and what this runner has in flight now."""
+        pending = [acked - base for acked, base in zip(self._acked_seqs, self._status_base, strict=True)]
+        for g in self._groups.values():
+            pending[g.env] += g.size
+        for i, st in enumerate(self._statuses):
+            if st is None:
+                continue
+            reason = pause_reason(
+                st, batch_size=self._batch_size, group_size=self.envs[i].group_size, policy_step=self.policy_step,
+                max_staleness=self.max_staleness, pending_seqs=pending[i],
+            )  # fmt: skip
+            self._blocked[i] = reason
+            if reason is None:
+                self.stats.paused.pop(self.envs[i].name, None)
+            else:
+                self.stats.paused[self.envs[i].name] = reason
 
     # ------------------------------------------------------------------------------------------- shutdown
 

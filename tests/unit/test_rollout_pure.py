@@ -75,7 +75,7 @@ def test_clip_max_tokens_never_exceeds_a_limit(prompt: int, want: int, trainer: 
         assert n == want
 
 
-def _status(**kw: int | None) -> EnvStatus:
+def _status(**kw: float | None) -> EnvStatus:
     base = dict(current_step=0, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=4,
                 env_weight=1.0, queue_capacity_groups=None)  # fmt: skip
     return EnvStatus.model_validate({**base, **kw})
@@ -86,9 +86,14 @@ def test_pause_reason() -> None:
     assert pause_reason(_status(current_step=5), max_staleness=None, **kw) is None
     assert pause_reason(_status(queue_capacity_groups=0), max_staleness=None, **kw) == QUEUE_FULL
     assert pause_reason(_status(queue_capacity_groups=3), max_staleness=None, **kw) is None
-    # 12 groups of 4 queued = 3 batches: a new group is consumed around step 5 + 3 = 8
-    assert pause_reason(_status(current_step=5, queue_size=12), max_staleness=3, **kw) is None
-    assert pause_reason(_status(current_step=5, queue_size=12), max_staleness=2, **kw) == AHEAD
+    # this env gets half of each batch of 16: 8 sequences a step. 3 groups of 4 queued + 1 in flight + the
+    # new one = 20 sequences: the new group is consumed 2 steps from now, at step 7, 2 steps after its weights
+    half = _status(current_step=5, self_queue_size=3, env_weight=0.5)
+    assert pause_reason(half, max_staleness=2, pending_seqs=4, **kw) is None
+    assert pause_reason(half, max_staleness=1, pending_seqs=4, **kw) == AHEAD
+    assert pause_reason(half, max_staleness=2, pending_seqs=9, **kw) == AHEAD
+    behind = _status(current_step=8)  # weights 3 steps old: whatever is produced now arrives stale
+    assert pause_reason(behind, max_staleness=2, **kw) == AHEAD
     assert pause_reason(_status(current_step=5, queue_size=1000), max_staleness=None, **kw) is None
 
 
