@@ -7,7 +7,6 @@ route can prefix it with where the group sits in the request.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,10 @@ class GroupLimits:
 
 
 def _flat(rows: list[list[Any]], total: int, dtype: np.dtype[Any]) -> np.ndarray:
-    return np.fromiter(chain.from_iterable(rows), dtype=dtype, count=total)
+    # Row by row, then one concatenate: about twice as fast as fromiter over a chain for floats.
+    flat = np.concatenate([np.asarray(row, dtype=dtype) for row in rows]) if rows else np.empty(0, dtype)
+    assert flat.shape[0] == total, "rows were length-checked before flattening"
+    return flat
 
 
 def pack_group(sd: ScoredData, *, env_id: int | None, policy_step: int, limits: GroupLimits) -> GroupRecord:

@@ -13,31 +13,37 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import formation
-from bench.http import run_harness
-from bench.servers import ROOT, atropos, rollbuf, serve
+from bench import formation, rss
+from bench.http import run_harness, run_ingest
+from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
-HTTP_ARGS = ["--ingest-clients", "1,8,32", "--ingest-requests", "96", "--batch-sizes", "256,1024",
-             "--batch-reps", "256:3,1024:2", "--memory-groups", "120"]  # fmt: skip
+INGEST_CLIENTS = [1, 8, 32]
+INGEST_ARGS = ["--ingest-requests", "96"]
+HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--memory-groups", "120"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["formation", "http"], help="run one part")
+    ap.add_argument("--only", choices=["formation", "http", "rss"], help="run one part")
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     if args.only in (None, "formation"):
         results += formation.run()
+    if args.only in (None, "rss"):
+        results += rss.run()
     if args.only in (None, "http"):
         with tempfile.TemporaryDirectory() as tmp:
             targets = [rollbuf("memory://", Path(tmp) / "m.log"), rollbuf(f"sqlite:///{tmp}/b.db", Path(tmp) / "s.log")]
             side = None if args.skip_atropos else atropos(Path(tmp) / "a.log")
             if side is None and not args.skip_atropos:
-                print("Atropos not installed in .bench-venv: see bench/README.md to compare side by side")
+                print("Atropos not installed in .bench-venv (see bench/README.md): measuring rollbuf alone")
             for name, cmd, port in [t for t in [*targets, side] if t is not None]:
                 with serve(name, cmd, port, Path(tmp) / f"{port}.log") as target:
-                    results += run_harness(target, "memory,ingest,batch", HTTP_ARGS)
+                    results += run_harness(target, "memory,batch", HTTP_ARGS)
+                    results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
+            with serve(*ceiling(Path(tmp) / "c.log"), Path(tmp) / "c.log", ready_path="/ping") as target:
+                results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
@@ -56,11 +62,13 @@ def report(results: list[dict[str, Any]]) -> str:
             lines.append(f"  {store:7} " + " | ".join(row))
     targets = sorted({r["target"] for r in results if "target" in r})
     if targets:
-        lines.append("\ningest (groups/s at 1 / 8 / 32 clients, plain JSON, 8 x 512-4096 tokens per group):")
+        lines.append("\ningest at 1 / 8 / 32 clients, plain JSON, 8 x 512-4096 tokens per group:")
+        lines.append(f"  {'':16} {'groups/s':28} server CPU ms per group")
         for t in targets:
-            row = [f"{r.get('groups_per_s', r.get('error'))}" for r in results
-                   if r.get("target") == t and r.get("phase") == "ingest"]  # fmt: skip
-            lines.append(f"  {t:16} " + " / ".join(row))
+            rows = [r for r in results if r.get("target") == t and r.get("phase") == "ingest"]
+            rate = " / ".join(f"{r.get('groups_per_s', r.get('error'))}" for r in rows)
+            cpu = " / ".join(f"{r.get('server_cpu_ms_per_group')}" for r in rows)
+            lines.append(f"  {t:16} {rate:28} {cpu}")
         lines.append("\n/batch latency p50 (ms; JSON, sequences of 2048 tokens):")
         for t in targets:
             row = [f"B={r['batch_size']}: {r['latency'].get('p50_ms')}" for r in results
@@ -73,6 +81,7 @@ def report(results: list[dict[str, Any]]) -> str:
             row = [f"{r.get('bytes_per_token_position')}" for r in results
                    if r.get("target") == t and r.get("phase") == "memory"]  # fmt: skip
             lines.append(f"  {t:16} " + " ".join(row))
+    lines += rss.report(results)
     return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(name: str, cmd: list[str], port: int, log: Path) -> Iterator[Target]:
+def serve(name: str, cmd: list[str], port: int, log: Path, ready_path: str = "/") -> Iterator[Target]:
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -43,7 +43,7 @@ def serve(name: str, cmd: list[str], port: int, log: Path) -> Iterator[Target]:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited: see {log}")
             try:
-                if httpx.get(url + "/", timeout=1).status_code == 200:
+                if httpx.get(url + ready_path, timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -77,3 +77,12 @@ def atropos(log: Path) -> tuple[str, list[str], int] | None:
     cmd = [str(uvicorn), "atroposlib.api.server:app", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning"]  # fmt: skip
     return "atropos", cmd, port
+
+
+def ceiling(log: Path) -> tuple[str, list[str], int]:
+    """The shared harness's do-nothing server: the ingest ceiling of this client, HTTP and framework."""
+    port = _free_port()
+    app_dir = ROOT.parent / "shared" / "bench"
+    cmd = [sys.executable, "-m", "uvicorn", "trivial_server:app", "--app-dir", str(app_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    return "do-nothing", cmd, port
