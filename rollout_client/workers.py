@@ -29,7 +29,7 @@ from rollout_client.policy import Policy
 
 log = logging.getLogger("rollout_client.workers")
 
-STOP_GRACE_S = 3.0
+STOP_GRACE_S = 5.0
 """How long a stopping worker may take before it is terminated (by its pid)."""
 
 

@@ -1,0 +1,133 @@
+"""Rollout runner throughput (groups/s) against a real rollbuf server process.
+
+A synthetic environment (rollout_client.examples.Synthetic): each rollout takes STEPS steps of ~50 ms
+waiting (a tool, an inference call) plus ~5 ms of CPU (parsing, verifying) that holds the GIL, G=8.
+Measured: the serial figure (one rollout at a time), then RolloutRunner at 8, 64 and 256 concurrent
+rollouts, in-process and with 1 and 2 worker processes. Bounded: about a minute and a half.
+
+    .venv/bin/python -m bench.runner          (or: make bench, part "runner")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.servers import ROOT, rollbuf, serve
+from rollout_client import RolloutClient, RolloutRunner, ScriptedPolicy, Session, Tasks, build_group
+from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
+
+GROUP_SIZE = 8
+STEPS = 2
+WAIT_S = 0.05
+CPU_S = 0.005
+CONCURRENCY = (8, 64, 256)
+WORKERS = (0, 1, 2)
+MEASURE_S = 4.0
+"""Per configuration, after the first group is acknowledged (workers started, env registered)."""
+SERIAL_S = 3.0
+
+
+def _env() -> Synthetic:
+    return Synthetic(group_size=GROUP_SIZE, steps=STEPS, wait_s=WAIT_S, cpu_s=CPU_S)
+
+
+async def serial(url: str) -> dict[str, Any]:
+    """One rollout at a time, then the group's submit: what a plain loop over an environment gets."""
+    env, policy = _env(), ScriptedPolicy(arithmetic_script)
+    async with RolloutClient(url) as client:
+        await client.register("serial", GROUP_SIZE)
+        groups, i = 0, 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < SERIAL_S:
+            task = arithmetic_task(i)
+            sessions = []
+            for k in range(GROUP_SIZE):
+                session = Session(policy, seed=k, max_tokens=env.max_tokens)
+                await env.rollout(task, session)
+                sessions.append(session)
+            scores = [env.score(task, s) for s in sessions]
+            await client.submit(build_group(task, sessions, scores, [0.0] * GROUP_SIZE, 0.0))
+            groups, i = groups + 1, i + 1
+        elapsed = time.perf_counter() - t0
+    return {"bench": "runner", "mode": "serial", "concurrency": 1, "workers": 0,
+            "groups_per_s": round(groups / elapsed, 2)}  # fmt: skip
+
+
+async def with_runner(url: str, concurrency: int, workers: int) -> dict[str, Any]:
+    runner = RolloutRunner(url, [(_env(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                           max_in_flight=concurrency, num_workers=workers)  # fmt: skip
+    run = asyncio.create_task(runner.run())
+    while runner.stats.accepted == 0 and not run.done():
+        await asyncio.sleep(0.05)
+    a0, t0 = runner.stats.accepted, time.perf_counter()
+    await asyncio.sleep(MEASURE_S)
+    a1, t1 = runner.stats.accepted, time.perf_counter()
+    runner.stop()
+    stats = await run
+    return {"bench": "runner", "mode": "runner", "concurrency": concurrency, "workers": workers,
+            "groups_per_s": round((a1 - a0) / (t1 - t0), 2), "max_in_flight": stats.max_in_flight}  # fmt: skip
+
+
+async def _all(url: str) -> list[dict[str, Any]]:
+    with httpx.Client(base_url=url) as http:
+        http.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": 64,
+                                     "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 0,
+                                     "starting_step": 0, "num_steps": 1})  # fmt: skip
+        http.get("/batch")
+    results = [await serial(url)]
+    print(f"  serial: {results[0]['groups_per_s']} groups/s", flush=True)
+    for concurrency in CONCURRENCY:
+        for workers in WORKERS:
+            r = await with_runner(url, concurrency, workers)
+            print(f"  {concurrency:3d} in flight, {_where(workers)}: {r['groups_per_s']} groups/s", flush=True)
+            results.append(r)
+    return results
+
+
+def _where(workers: int) -> str:
+    return "in-process" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
+
+
+def run() -> list[dict[str, Any]]:
+    print(f"runner throughput: G={GROUP_SIZE}, {STEPS} steps of {WAIT_S * 1000:.0f} ms wait + {CPU_S * 1000:.0f} ms "
+          "CPU per rollout", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        name, cmd, port = rollbuf("memory://", Path(tmp) / "r.log")
+        with serve(name, cmd, port, Path(tmp) / "r.log") as target:
+            return asyncio.run(_all(target.url))
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    rows = [r for r in results if r.get("bench") == "runner"]
+    if not rows:
+        return ""
+    serial_rate = next((r["groups_per_s"] for r in rows if r["mode"] == "serial"), None)
+    lines = [f"\nrollout runner (groups/s; G={GROUP_SIZE}, {STEPS} x ({WAIT_S * 1000:.0f} ms wait + "
+             f"{CPU_S * 1000:.0f} ms CPU) per rollout; serial: {serial_rate}):",  # fmt: skip
+             "  in flight   " + "".join(f"{_where(w):>14}" for w in WORKERS)]  # fmt: skip
+    for c in CONCURRENCY:
+        cells = [next((r["groups_per_s"] for r in rows if r["mode"] == "runner" and r["concurrency"] == c
+                       and r["workers"] == w), "-") for w in WORKERS]  # fmt: skip
+        lines.append(f"  {c:9d}   " + "".join(f"{cell:>14}" for cell in cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    results = run()
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / time.strftime("runner-%Y%m%dT%H%M%S.jsonl")
+    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    print(report(results))
+    print(f"\nJSON lines: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
