@@ -241,7 +241,9 @@ def _gone(pid: int) -> bool:
         return True
 
 
-async def test_workers_exit_when_the_runner_process_dies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_no_worker_outlives_the_runner(tmp_path: Path, sig: int) -> None:
+    """SIGTERM: the runner shuts down in order and exits 0. SIGKILL: its worker notices and exits by itself."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
         proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, server.url], stdout=subprocess.PIPE,
@@ -251,9 +253,10 @@ async def test_workers_exit_when_the_runner_process_dies(tmp_path: Path) -> None
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), HANG_GUARD_S)
             [worker] = [int(p) for p in line.split()]
             assert not _gone(worker)
-            os.kill(proc.pid, signal.SIGKILL)  # the parent only: the worker must notice by itself
-            proc.wait()
-            await until(lambda: _gone(worker), "the orphaned worker to exit")
+            os.kill(proc.pid, sig)  # the runner's process only, never its group
+            code = await asyncio.to_thread(proc.wait, HANG_GUARD_S)
+            assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+            await until(lambda: _gone(worker), "the worker to exit")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
