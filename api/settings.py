@@ -35,8 +35,9 @@ class Settings(BaseSettings):
 
     max_queue_groups: int | None = Field(None, gt=0)
     """Most groups queued over all envs; beyond it submissions get 503 + Retry-After. None: no limit."""
-    max_queue_tokens: int | None = Field(None, gt=0)
-    """Most tokens queued over all envs."""
+    max_queue_tokens: int | None = Field(2**28, gt=0)
+    """Most tokens queued over all envs (default 2^28: ~3 GB of payload, dozens of large batches). A trainer
+    that falls behind gets backpressure instead of a server that runs out of memory or disk."""
     max_env_queue_groups: int | None = Field(None, gt=0)
     """Most groups queued for one env."""
     max_env_queue_tokens: int | None = Field(None, gt=0)
