@@ -15,7 +15,7 @@ import signal
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,17 +188,17 @@ class RolloutRunner:
         self._loop = asyncio.get_running_loop()
         handled = self._install_signals()
         try:
-            await self._start()
-            monitor = asyncio.create_task(self._monitor())
-            try:
-                await self._dispatch(max_groups)
-                if not self._stopping.is_set():
-                    await self._wait_groups(None)
-            finally:
-                monitor.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await monitor
-                await self._shutdown()
+            if await self._until_stopped(self._start()):
+                monitor = asyncio.create_task(self._monitor())
+                try:
+                    await self._dispatch(max_groups)
+                    if not self._stopping.is_set():
+                        await self._until_stopped(self._wait_groups(None))
+                finally:
+                    monitor.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await monitor
+            await self._shutdown()
         finally:
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
@@ -206,6 +206,23 @@ class RolloutRunner:
         if self._error is not None:
             raise self._error
         return self.stats
+
+    async def _until_stopped(self, coro: Coroutine[Any, Any, None]) -> bool:
+        """Run `coro` unless `stop()` comes first (then cancel it): True if it finished."""
+        work = asyncio.create_task(coro)
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+        if work.cancelled():
+            return False
+        work.result()  # re-raise its error
+        return True
 
     def _install_signals(self) -> list[int]:
         if threading.current_thread() is not threading.main_thread():

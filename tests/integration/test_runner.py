@@ -263,3 +263,13 @@ async def test_no_worker_outlives_the_runner(tmp_path: Path, sig: int) -> None:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+async def test_stop_while_waiting_for_the_trainer(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:  # no trainer ever registers
+        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script))
+        run = asyncio.create_task(runner.run())
+        await until(lambda: bool(runner.clients), "the runner to start registering")
+        runner.stop()
+        stats = await asyncio.wait_for(run, HANG_GUARD_S)
+        assert stats.dispatched == 0 and not runner.ready.is_set()
