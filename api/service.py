@@ -64,26 +64,45 @@ class Submission:
     """Idempotency key: the group id (scoped by env) or the request's Idempotency-Key."""
 
 
+HEADER_MAX = 32
+"""Longest `FormedBatch.pack` header: a msgpack array of three ints (1 + 3 * 9 bytes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FormedBatch:
+    """A batch, held as the bytes the store keeps: formed, stored and served with one copy of the payloads."""
+
     step: int
     """The step this batch moved the run from."""
     n_groups: int
     seqs: int
     tokens: int
-    records: bytes
-    """A msgpack array of group records (docs/binary-format.md)."""
+    stored: bytes
+    """`pack()`: a small msgpack header, then `records`."""
+    offset: int
+    """Where `records` starts in `stored`."""
+
+    @property
+    def records(self) -> memoryview:
+        """A msgpack array of group records (docs/binary-format.md), a view into `stored` (no copy)."""
+        return memoryview(self.stored)[self.offset :]
+
+    @classmethod
+    def build(cls, step: int, n_groups: int, seqs: int, tokens: int, payloads: list[bytes]) -> FormedBatch:
+        header = msgpack.packb([n_groups, seqs, tokens])
+        stored = b"".join([header, msgpack_array_header(n_groups), *payloads])
+        return cls(step, n_groups, seqs, tokens, stored, len(header))
 
     def pack(self) -> bytes:
         """As kept in the store until acknowledged: a small msgpack header, then the records as they are."""
-        return msgpack.packb([self.n_groups, self.seqs, self.tokens]) + self.records  # type: ignore[no-any-return]
+        return self.stored
 
     @classmethod
     def unpack(cls, step: int, data: bytes) -> FormedBatch:
         unpacker = msgpack.Unpacker()
-        unpacker.feed(data)
+        unpacker.feed(data[:HEADER_MAX])  # only the header: feeding all of a large batch copied it twice
         n_groups, seqs, tokens = unpacker.unpack()
-        return cls(step, n_groups, seqs, tokens, data[unpacker.tell() :])
+        return cls(step, n_groups, seqs, tokens, data, unpacker.tell())
 
 
 @dataclass(slots=True)
@@ -407,8 +426,7 @@ class Service:
         state.save_credits(txn, plan.credits)
         state.save_blocked(txn, None)
         state.save_step(txn, run.step + 1)
-        records = msgpack_array_header(n_groups) + b"".join(payloads)
-        return FormedBatch(run.step, n_groups, plan.seqs, plan.tokens, records)
+        return FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
 
     # ----------------------------------------------------------------------------- status
 
@@ -465,8 +483,9 @@ def _capacity_groups(counts: dict[int, QueueCounts], env: EnvRecord, limits: Que
         room.append(limits.max_groups - total.groups)
     if limits.max_env_groups is not None:
         room.append(limits.max_env_groups - mine.groups)
-    avg_tokens = mine.tokens / mine.groups if mine.groups else None
-    if avg_tokens:
+    # Tokens a group of this env takes: its queued average, or before it has any, the most it could take.
+    avg_tokens = mine.tokens / mine.groups if mine.groups else env.group_size * env.max_token_length
+    if avg_tokens > 0:
         if limits.max_tokens is not None:
             room.append(math.floor((limits.max_tokens - total.tokens) / avg_tokens))
         if limits.max_env_tokens is not None:

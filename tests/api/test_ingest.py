@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.settings import Settings
 from tests.factories import env, group, registration
 
@@ -157,3 +158,19 @@ async def test_body_limits(client: httpx.AsyncClient) -> None:
     r = await client.post("/scored_data_list", content=bomb, headers={"Content-Encoding": "gzip"})
     assert r.status_code == 413
     assert "decompresses to more than" in r.json()["detail"]
+
+
+async def test_token_limit_capacity_is_known_before_any_data() -> None:
+    """With only a token bound, an env learns its room from its worst case (group_size x max_token_length),
+    then from the average of what it has queued."""
+    app = create_app(Settings(store="memory://", max_queue_tokens=20_000))
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        await start(c)
+        capacity = (await c.get("/status-env", params={"env_id": 0})).json()["queue_capacity_groups"]
+        assert capacity == 20_000 // (4 * 512)  # env(): group_size 4, max_token_length 512
+        assert (await c.post("/scored_data", json=group(4, length=100, env_id=0))).status_code == 200
+        capacity = (await c.get("/status-env", params={"env_id": 0})).json()["queue_capacity_groups"]
+        assert capacity == (20_000 - 400) // 400
