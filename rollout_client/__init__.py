@@ -2,7 +2,7 @@
 environments concurrently (optionally in worker processes) as a well-behaved producer (docs/rollout-client.md)."""
 
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
-from rollout_client.env import Environment, Gate, Session, Task
+from rollout_client.env import Environment, Episode, EpisodeEnvironment, Gate, Session, Task
 from rollout_client.errors import (
     PromptTooLong,
     Rejected,
@@ -32,6 +32,8 @@ __all__ = [
     "Completion",
     "Curriculum",
     "Environment",
+    "Episode",
+    "EpisodeEnvironment",
     "Gate",
     "GroupOutcome",
     "InferenceError",

@@ -1,4 +1,5 @@
-"""The environment interface: an async `rollout(task, session)` that drives the policy, and a `score`.
+"""The environment interface: an async `rollout(task, session)` that drives the policy, and a `score`;
+or, for step-wise work, `EpisodeEnvironment` with an `Episode` (start / step with a done signal / score).
 
 Single-turn: `await session.observe(task.prompt); await session.generate()`. Multi-turn: alternate
 `observe` (tool output, user turns: not trained on) and `generate` (trained on) until done. The session
@@ -13,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from api.schema import MASK_IGNORE
 from rollout_client.policy import Completion, Policy
@@ -91,6 +92,8 @@ class Session:
         self.seed = seed
         self.resource = resource
         """What the environment's `resource(task)` context manager yielded for this rollout (a sandbox, ...)."""
+        self.state: dict[str, Any] = {}
+        """Anything the environment keeps for this rollout alone (an episode, a sandbox handle)."""
         self.tokens: list[int] = []
         self.masks: list[int] = []
         self.logprobs: list[float] = []
@@ -161,3 +164,43 @@ class Environment(ABC):
     @abstractmethod
     def score(self, task: Task, session: Session) -> float:
         """The rollout's reward. May be CPU-heavy: with worker processes it runs there, off the main loop."""
+
+
+class Episode(Protocol):
+    """One rollout's world, for environments that are easiest to write step by step."""
+
+    def start(self) -> str:
+        """The first observation (the prompt)."""
+        ...
+
+    def step(self, completion: str) -> tuple[str | None, bool]:
+        """React to the policy's completion: the next observation (None for nothing to add) and whether
+        the episode is done."""
+        ...
+
+    def score(self) -> float: ...
+
+
+class EpisodeEnvironment(Environment):
+    """An environment written as `episode(task) -> Episode`: a fresh episode per rollout (its state is that
+    rollout's alone), stepped until done or `max_turns` completions."""
+
+    max_turns: int = 8
+
+    @abstractmethod
+    def episode(self, task: Task) -> Episode: ...
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        episode = session.state["episode"] = self.episode(task)
+        await session.observe(episode.start())
+        for _ in range(self.max_turns):
+            out = await session.generate()
+            observation, done = episode.step(out.text)
+            if done:
+                return
+            if observation:
+                await session.observe(observation)
+
+    def score(self, task: Task, session: Session) -> float:
+        episode: Episode = session.state["episode"]
+        return episode.score()

@@ -141,6 +141,7 @@ class WorkerPool:
         self._paused: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count()
         self.deaths = 0
+        self.paused = False
         self._closing = False
 
     def start(self) -> None:
@@ -155,6 +156,8 @@ class WorkerPool:
         worker = _Worker(proc, parent)
         self.workers.append(worker)
         asyncio.get_running_loop().add_reader(parent.fileno(), self._on_readable, worker)
+        if self.paused:  # a replacement started during a weight update starts paused too
+            parent.send(("pause", next(self._ids)))
 
     @property
     def pids(self) -> list[int]:
@@ -220,6 +223,7 @@ class WorkerPool:
 
     async def pause(self) -> None:
         """Returns once every worker has no generation request in flight and starts none."""
+        self.paused = True
         waits = []
         for w in self.workers:
             token = next(self._ids)
@@ -230,6 +234,7 @@ class WorkerPool:
         await asyncio.gather(*waits)
 
     def resume(self) -> None:
+        self.paused = False
         for w in self.workers:
             w.conn.send(("resume",))
 

@@ -9,7 +9,17 @@ from typing import Any
 
 import pytest
 
-from rollout_client import Environment, Gate, ScriptedPolicy, Session, Task, acquire_all, run_group
+from rollout_client import (
+    Environment,
+    Episode,
+    EpisodeEnvironment,
+    Gate,
+    ScriptedPolicy,
+    Session,
+    Task,
+    acquire_all,
+    run_group,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +118,54 @@ async def test_gate_close_waits_for_requests_in_flight_and_blocks_new_ones() -> 
     gate.open()
     await asyncio.gather(first, second)
     assert log[-2:] == ["start b", "end b"]
+
+
+class Guess:
+    """Guess the secret 0-9; told higher or lower after each wrong guess."""
+
+    def __init__(self, secret: int) -> None:
+        self.secret = secret
+        self.guesses: list[int] = []
+
+    def start(self) -> str:
+        return "Guess 0-9:"
+
+    def step(self, completion: str) -> tuple[str | None, bool]:
+        guess = int(completion.strip()[-1])
+        self.guesses.append(guess)
+        if guess == self.secret:
+            return None, True
+        return (" higher:" if guess < self.secret else " lower:"), False
+
+    def score(self) -> float:
+        return 1.0 / len(self.guesses) if self.guesses[-1] == self.secret else 0.0
+
+
+class GuessEnv(EpisodeEnvironment):
+    name = "guess"
+    group_size = 4
+    max_turns = 10
+
+    def episode(self, task: Task) -> Episode:
+        return Guess(int(task.answer))
+
+
+def guesser(prompt: str, seed: int) -> str:
+    """Starts at seed % 10 and walks one step at a time in the direction it is told."""
+    history = prompt.split()[2:]  # "Guess 0-9:" then guess, feedback, guess, feedback, ...
+    if not history:
+        return f" {seed % 10}"
+    last, feedback = int(history[-2]), history[-1]
+    return f" {last + 1 if feedback == 'higher:' else last - 1}"
+
+
+async def test_episode_environment_steps_until_done_with_state_per_rollout() -> None:
+    out = await run_group(GuessEnv(), Task("t", "", answer=7), ScriptedPolicy(guesser), group_key="guess")
+    assert out.group is not None and out.group.overrides is not None
+    turns = [len(o["turns"]) for o in out.group.overrides]
+    assert all(s > 0 for s in out.group.scores) and out.group.scores == [1.0 / t for t in turns]
+    assert len(set(turns)) > 1, "each rollout played its own episode from its own first guess"
+    for tokens, masks in zip(out.group.tokens, out.group.masks, strict=True):
+        text = bytes(t for t, m in zip(tokens, masks, strict=True) if m == -100).decode()
+        assert "Guess 0-9:" in text and ("higher" in text or "lower" in text or len(text) == len("Guess 0-9:"))
+        assert all(m in (-100, t) for t, m in zip(tokens, masks, strict=True))
