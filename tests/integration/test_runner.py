@@ -138,30 +138,42 @@ async def test_shutdown_under_load_on_a_full_queue(tmp_path: Path) -> None:
         assert stats.in_flight == 0 and stats.dispatched == stats.produced + stats.skipped["stopped"]
 
 
-async def test_pause_holds_every_request_and_resume_bumps_the_step(tmp_path: Path) -> None:
-    events: list[str] = []
+class Recording(ScriptedPolicy):
+    """Appends "start" and "end" around every generation request to a file (shared with worker processes)."""
 
-    class Recording(ScriptedPolicy):
-        async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
-            events.append("start")
-            await asyncio.sleep(0.005)
-            out = await super().generate(prompt_ids, **kw)
-            events.append("end")
-            return out
+    def __init__(self, log: Path) -> None:
+        super().__init__(arithmetic_script)
+        self.log = log
 
+    def _mark(self, what: str) -> None:
+        with self.log.open("a") as f:
+            f.write(what + "\n")
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
+        self._mark("start")
+        await asyncio.sleep(0.005)
+        out = await super().generate(prompt_ids, **kw)
+        self._mark("end")
+        return out
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+async def test_pause_holds_every_request_and_resume_bumps_the_step(tmp_path: Path, workers: int) -> None:
+    events = tmp_path / "events"
+    events.touch()
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8, starting_step=3)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], Recording(arithmetic_script),
-                               max_in_flight=8)  # fmt: skip
+        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], Recording(events),
+                               max_in_flight=8, num_workers=workers)  # fmt: skip
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.accepted >= 3, "first groups")
         assert runner.policy_step == 3, "starts at the trainer's step"
         await runner.pause()
-        assert events.count("start") == events.count("end"), "nothing in flight once pause() returns"
-        paused_at = len(events)
+        seen = events.read_text().split()
+        assert seen.count("start") == seen.count("end"), "nothing in flight once pause() returns"
         for _ in range(20):  # give a slipping request every chance to start
             await asyncio.sleep(0.01)
-        assert len(events) == paused_at, "no request started while paused"
+        assert events.read_text().split() == seen, "no request started while paused"
         runner.resume()
         await until(lambda: runner.stats.accepted >= 12, "groups after resume")
         runner.stop()
