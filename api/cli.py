@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import uvicorn
 from pydantic_settings import CliApp
 
-from api.settings import Settings
+from api.settings import Settings, to_environ
 
 USAGE = """usage: rollbuf COMMAND [flags]
 
@@ -24,7 +25,19 @@ class Serve(Settings):
         from api.app import create_app
 
         settings = Settings.model_validate(self.model_dump())
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+        if settings.workers == 1:
+            uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+            return
+        # Worker processes import the app factory and read their settings from the environment.
+        os.environ.update(to_environ(settings))
+        uvicorn.run(
+            "api.app:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ class Settings(BaseSettings):
         extra="forbid",
         cli_kebab_case=True,
         cli_implicit_flags=True,
+        env_parse_none_str="null",
     )
 
     host: str = "127.0.0.1"
@@ -27,6 +28,8 @@ class Settings(BaseSettings):
     store: str = "sqlite:///rollbuf-data/rollbuf.db"
     """Where acknowledged data lives: `sqlite:///path.db` (durable, the default) or `memory://` (lost on exit)."""
     log_level: str = "info"
+    workers: int = Field(1, ge=1)
+    """Server processes sharing one port and the store (SQLite only): parsing and encoding spread over cores."""
 
     api_key: SecretStr | None = None
     """Bearer token every request must carry (`Authorization: Bearer <key>`); none: no auth."""
@@ -60,6 +63,10 @@ class Settings(BaseSettings):
     def _safe(self) -> Settings:
         if not self.store.startswith(("memory://", "sqlite:///")):
             raise ValueError(f"store {self.store!r}: use memory:// or sqlite:///path.db")
+        if self.workers > 1 and not self.store.startswith("sqlite:///"):
+            raise ValueError(
+                f"workers={self.workers} needs a store the processes share: sqlite:///path.db, not {self.store}"
+            )
         if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is reachable from other machines and no api_key is set: "
@@ -75,3 +82,17 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def to_environ(settings: Settings) -> dict[str, str]:
+    """The `ROLLBUF_*` variables that rebuild these settings in another process (uvicorn's worker processes
+    build their app from the environment)."""
+    out = {}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        out[f"ROLLBUF_{name.upper()}"] = (
+            "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        )
+    return out

@@ -27,10 +27,21 @@ def harness_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its reaped children (/proc/PID/stat fields 14-17)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / _TICK
+    """User + system CPU time of a process, its live children (uvicorn's workers) and its reaped children."""
+    total = sum(int(f) for f in _stat(pid)[11:15])
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = _stat(int(stat.parent.name))
+        except (OSError, ValueError):  # ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            total += sum(int(f) for f in fields[11:13])
+    return total / _TICK
 
 
 def run_harness(target: Target, phases: str, extra: list[str], timeout: float = 600) -> list[dict[str, Any]]:

@@ -61,11 +61,12 @@ def serve(name: str, cmd: list[str], port: int, log: Path, ready_path: str = "/"
                 proc.wait()
 
 
-def rollbuf(store: str, log: Path) -> tuple[str, list[str], int]:
+def rollbuf(store: str, log: Path, workers: int = 1) -> tuple[str, list[str], int]:
     port = _free_port()
     cmd = [sys.executable, "-m", "api", "serve", "--host", "127.0.0.1", "--port", str(port), "--store", store,
-           "--log-level", "warning"]  # fmt: skip
-    return f"rollbuf[{store.split(':')[0]}]", cmd, port
+           "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
+    suffix = f" x{workers}" if workers > 1 else ""
+    return f"rollbuf[{store.split(':')[0]}{suffix}]", cmd, port
 
 
 def atropos(log: Path) -> tuple[str, list[str], int] | None:
