@@ -285,3 +285,19 @@ async def test_stop_while_waiting_for_the_trainer(tmp_path: Path) -> None:
         runner.stop()
         stats = await asyncio.wait_for(run, HANG_GUARD_S)
         assert stats.dispatched == 0 and not runner.ready.is_set()
+
+
+def padded_task(i: int) -> Task:
+    """Every third prompt is too long for a trainer with max_token_len 40 (byte-level tokens)."""
+    task = arithmetic_task(i)
+    return Task(task.id, task.prompt + " " * 60, task.answer) if i % 3 == 0 else task
+
+
+async def test_prompts_over_the_token_budget_are_skipped_and_counted(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=8, max_token_len=40)
+        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(padded_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=8)  # fmt: skip
+        stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
+        assert stats.skipped == {"prompt_too_long": 10} and stats.accepted == 20
+        assert all(len(t) <= 40 for g in drain(server.url) for t in g["tokens"])
