@@ -17,6 +17,8 @@ import msgpack
 import numpy as np
 import orjson
 
+Buffer = bytes | memoryview
+"""Records are read from bytes, or from views into a stored batch (no copy)."""
 FORMAT_VERSION = 1
 MSGPACK = "application/msgpack"
 MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
@@ -112,7 +114,7 @@ def _from_map(m: dict[str, Any]) -> GroupRecord:
     )
 
 
-def iter_records(payload: bytes) -> Iterator[GroupRecord]:
+def iter_records(payload: Buffer) -> Iterator[GroupRecord]:
     """Records stored back to back, in order."""
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1))
     unpacker.feed(payload)
@@ -120,7 +122,7 @@ def iter_records(payload: bytes) -> Iterator[GroupRecord]:
         yield _from_map(m)
 
 
-def decode(data: bytes) -> GroupRecord:
+def decode(data: Buffer) -> GroupRecord:
     return _from_map(msgpack.unpackb(data, raw=False))
 
 
@@ -131,7 +133,7 @@ def is_msgpack(content_type: str | None) -> bool:
     return any(part.split(";", 1)[0].strip().lower() in MSGPACK_TYPES for part in content_type.split(","))
 
 
-def split_records(data: bytes, *, array: bool) -> list[bytes]:
+def split_records(data: Buffer, *, array: bool) -> list[Buffer]:
     """The raw bytes of each record: of one record (`array=False`), or of a msgpack array of records.
 
     Raises ValueError when the data is not exactly that (truncated, trailing bytes, not an array).
@@ -249,12 +251,12 @@ def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj, option=_ORJSON_OPTS)
 
 
-def decode_batch(data: bytes) -> list[GroupRecord]:
+def decode_batch(data: Buffer) -> list[GroupRecord]:
     """A batch as stored and sent on the binary path: a msgpack array of group records."""
     return [_from_map(m) for m in msgpack.unpackb(data, raw=False)]
 
 
-def atropos_batch_json(batch: bytes) -> bytes:
+def atropos_batch_json(batch: Buffer) -> bytes:
     """`{"batch": [group, ...]}` as Atropos trainers read it, from a stored batch."""
     return dumps({"batch": [to_atropos(rec) for rec in decode_batch(batch)]})
 

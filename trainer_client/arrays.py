@@ -244,13 +244,11 @@ def from_records(records: Sequence[GroupRecord], step: int | None) -> Batch:
     offsets = np.zeros(int(group_sizes.sum()) + 1, I64)
     if len(records):
         np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    n_tokens = np.fromiter((r.n_tokens for r in records), I64, count=len(records))
     floats = {}
     for name in FLOAT_FIELDS:
         if any(name in r.floats for r in records):
-            floats[name] = _concat(
-                [r.floats.get(name, np.full(t, np.nan, F32)) for r, t in zip(records, n_tokens, strict=True)], F32
-            )
+            parts = [r.floats[name] if name in r.floats else np.full(r.n_tokens, np.nan, F32) for r in records]
+            floats[name] = _concat(parts, F32)
     return Batch(
         step=step,
         tokens=_concat([r.tokens for r in records], I32),

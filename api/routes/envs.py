@@ -58,7 +58,7 @@ def _binary_submissions(
     subs = []
     for i, part in enumerate(parts):
         try:
-            group = check_record(part, env_ids=env_ids, current_step=run.step, limits=limits)
+            group = check_record(bytes(part), env_ids=env_ids, current_step=run.step, limits=limits)
         except InvalidData as exc:
             raise (exc.at("body", i) if many else exc.at("body")) from None
         rec = group.record

@@ -15,6 +15,7 @@ from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.records import (
     MSGPACK,
+    Buffer,
     atropos_batch_json,
     decode,
     decode_batch,
@@ -115,7 +116,7 @@ async def _render(batch: FormedBatch, share: tuple[int, int, Cost] | None, *, bi
     return Response(body, media_type="application/json", headers=headers)
 
 
-def binary_share(records: bytes, rank: int, world_size: int, cost: Cost) -> bytes:
+def binary_share(records: Buffer, rank: int, world_size: int, cost: Cost) -> bytes:
     """Rank `rank`'s share of a stored batch; whole groups are copied as stored, split ones re-encoded."""
     raw = split_records(records, array=True)
     recs = [decode(r) for r in raw]

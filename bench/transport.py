@@ -1,0 +1,253 @@
+"""`/batch` end to end: from sending the request to numpy arrays in the trainer's hands.
+
+Batches of 256 and 1024 sequences of 2048 tokens (masks and logprobs included) are fetched the way
+`trainer_client` fetches them (`protocol.parse_batch_reply`: JSON -> `from_json`, msgpack ->
+`from_records`), from rollbuf (memory store) as msgpack and as JSON, and from the Atropos server as
+JSON. Every fetch forms a fresh batch. The physical reference is a trivial server process sending the
+same number of bytes over loopback, viewed as int32/float32 arrays on arrival: received with a raw socket
+into one buffer (the floor), and with the same httpx client (the shared harness's reference). Each
+binary fetch is followed by one of each, and ratios are taken per pair (the machine is shared and noisy).
+
+    python -m bench.transport [--sizes 256,1024] [--skip-atropos]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from api.records import MSGPACK
+from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
+from trainer_client.arrays import Batch
+from trainer_client.protocol import parse_batch_reply
+
+SEQ_LEN = 2048
+GROUP_SIZE = 8
+POOL = 16
+"""Distinct groups generated; the fill cycles through them (content does not matter to the transport)."""
+REPS = {256: 7, 1024: 7}
+ATROPOS_REPS = {256: 2, 1024: 2}
+"""Atropos takes ~5 s and ~19 s per batch of these sizes; two fetches bound the run."""
+POST_GROUPS = 8
+"""Groups per /scored_data_list request while filling."""
+TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+
+
+def make_pool(rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Groups as an Atropos handler sends them: prompt masked with -100, float logprobs on the completion."""
+    pool = []
+    for _ in range(POOL):
+        tokens = rng.integers(0, 150_000, (GROUP_SIZE, SEQ_LEN))
+        masks = tokens.copy()
+        masks[:, : SEQ_LEN // 4] = -100
+        lps = np.zeros((GROUP_SIZE, SEQ_LEN), np.float32)
+        lps[:, SEQ_LEN // 4 :] = -rng.exponential(0.5, (GROUP_SIZE, SEQ_LEN - SEQ_LEN // 4))
+        pool.append({
+            "tokens": tokens.tolist(),
+            "masks": masks.tolist(),
+            "scores": rng.integers(0, 2, GROUP_SIZE).astype(float).tolist(),
+            "inference_logprobs": lps.astype(np.float64).tolist(),
+        })  # fmt: skip
+    return pool
+
+
+def start_run(c: httpx.Client, batch_size: int, pool: list[dict[str, Any]], batches: int) -> None:
+    """Reset, register, start the run, register one env, queue `batches` batches' worth of groups."""
+    c.get("/reset_data")
+    reg = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": batch_size, "max_token_len": SEQ_LEN,
+           "checkpoint_dir": "c", "save_checkpoint_interval": 0, "starting_step": 0, "num_steps": 10**6}  # fmt: skip
+    c.post("/register", json=reg).raise_for_status()
+    c.get("/batch")  # Atropos gates /register-env on the trainer's first poll
+    env = {"max_token_length": SEQ_LEN, "desired_name": "bench", "weight": 1.0, "group_size": GROUP_SIZE}
+    env_id = c.post("/register-env", json=env).json()["env_id"]
+    n_groups = batches * batch_size // GROUP_SIZE
+    for start in range(0, n_groups, POST_GROUPS):
+        body = [{**pool[(start + i) % POOL], "env_id": env_id} for i in range(min(POST_GROUPS, n_groups - start))]
+        c.post("/scored_data_list", json=body).raise_for_status()
+
+
+def fetch(c: httpx.Client, *, step: int | None, binary: bool) -> tuple[float, int, Batch]:
+    """One batch, timed from the request to the arrays (the trainer_client path)."""
+    params = {} if step is None else {"step": step}
+    headers = {"Accept": MSGPACK if binary else "application/json"}
+    t0 = time.perf_counter()
+    reply = c.get("/batch", params=params, headers=headers)
+    batch = parse_batch_reply(reply, step)
+    seconds = time.perf_counter() - t0
+    if not isinstance(batch, Batch):
+        raise RuntimeError(f"no batch from {c.base_url}: {reply.text[:200]}")
+    return seconds, len(reply.content), batch
+
+
+def measure(
+    url: str, size: int, pool: list[dict[str, Any]], *, modes: list[str], reps: int, raw: RawReference | None = None
+) -> list[dict[str, Any]]:
+    """Median seconds per mode. With `raw`, each binary fetch is followed by raw transfers of the same
+    bytes, so ratios compare them under the same load of a shared machine."""
+    out = []
+    with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+        start_run(c, size, pool, reps * len(modes))
+        step = 0
+        for mode in modes:
+            times: list[float] = []
+            refs: dict[str, list[float]] = {"raw-loopback": [], "raw-http": []}
+            wire = 0
+            for _ in range(reps):
+                seconds, wire, batch = fetch(c, step=step if mode != "atropos-json" else None, binary=mode == "msgpack")
+                assert batch.n_seqs == size and batch.n_tokens == size * SEQ_LEN, (batch.n_seqs, batch.n_tokens)
+                times.append(seconds)
+                if raw is not None and mode == "msgpack":
+                    refs["raw-loopback"].append(raw.fetch(wire))
+                    refs["raw-http"].append(raw.fetch_http(c, wire))
+                step += 1
+            out.append({"bench": "transport", "mode": mode, "sequences": size, "seq_len": SEQ_LEN,
+                        "median_s": statistics.median(times), "times_s": times, "wire_bytes": wire})  # fmt: skip
+            for ref, ref_times in refs.items():
+                if ref_times:
+                    ratios = [t / r for t, r in zip(times, ref_times, strict=True)]
+                    out.append({"bench": "transport", "mode": ref, "sequences": size, "wire_bytes": wire,
+                                "median_s": statistics.median(ref_times), "times_s": ref_times,
+                                "paired_ratio_median": statistics.median(ratios)})  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------- raw reference
+
+RAW_MAX = 64 << 20
+"""Largest raw transfer the reference server sends (a 1024 x 2048 batch is ~25 MB)."""
+
+
+def _raw_server(sock: socket.socket) -> None:
+    """Per connection: read `GET /N`, answer with N bytes from one preallocated buffer."""
+    payload = memoryview(np.random.default_rng(0).integers(0, 255, RAW_MAX, dtype=np.uint8).tobytes())
+    while True:
+        conn, _ = sock.accept()
+        with conn:
+            n = int(conn.recv(4096).split(b" ")[1][1:])
+            conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
+            conn.sendall(payload[:n])
+
+
+class RawReference:
+    """A separate process sending raw bytes over loopback: the physical floor for moving a batch."""
+
+    def __enter__(self) -> RawReference:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen()
+        self.port = self._sock.getsockname()[1]
+        self._proc = multiprocessing.get_context("fork").Process(target=_raw_server, args=(self._sock,), daemon=True)
+        self._proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.terminate()  # our own child, by its pid
+        self._proc.join(timeout=10)
+        self._sock.close()
+
+    def fetch(self, nbytes: int) -> float:
+        """Seconds from connecting to int32/float32 views over the received bytes."""
+        t0 = time.perf_counter()
+        buf = bytearray(nbytes + 4096)
+        view = memoryview(buf)
+        with socket.create_connection(("127.0.0.1", self.port)) as conn:
+            conn.sendall(f"GET /{nbytes} HTTP/1.1\r\n\r\n".encode())
+            got = 0
+            while b"\r\n\r\n" not in buf[: min(got, 256)]:
+                got += conn.recv_into(view[got:])
+            body_at = bytes(buf[:256]).index(b"\r\n\r\n") + 4
+            while got < body_at + nbytes:
+                got += conn.recv_into(view[got:])
+        _views(buf, body_at, nbytes)
+        return time.perf_counter() - t0
+
+    def fetch_http(self, client: httpx.Client, nbytes: int) -> float:
+        """The same bytes through the trainer's HTTP client (httpx): the shared harness's reference."""
+        t0 = time.perf_counter()
+        body = client.get(f"http://127.0.0.1:{self.port}/{nbytes}").content
+        _views(body, 0, nbytes)
+        return time.perf_counter() - t0
+
+
+def _views(buf: bytes | bytearray, at: int, nbytes: int) -> None:
+    """int32 tokens and masks, float32 logprobs over the received bytes, as the trainer would use them."""
+    third = nbytes // 3 // 4
+    arrays = [np.frombuffer(buf, dt, third, at + k * third * 4) for k, dt in enumerate(["<i4", "<i4", "<f4"])]
+    assert all(a.size == third for a in arrays)
+
+
+# ------------------------------------------------------------------------------------- driver
+
+
+def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    pool = make_pool(np.random.default_rng(0))
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        name, cmd, port = rollbuf("memory://", Path(tmp) / "r.log")
+        with serve(name, cmd, port, Path(tmp) / "r.log") as target, RawReference() as raw:
+            for size in sizes:
+                say(f"rollbuf[memory] {size} x {SEQ_LEN}: msgpack (each paired with a raw transfer) and JSON ...")
+                rows = measure(target.url, size, pool, modes=["msgpack", "json"], reps=REPS.get(size, 3), raw=raw)
+                results += [{"target": "rollbuf[memory]", **r} for r in rows]
+        side = atropos(Path(tmp) / "a.log") if with_atropos else None
+        if with_atropos and side is None:
+            say(f"Atropos not installed in {ATROPOS_VENV}: skipped")
+        if side is not None:
+            with serve(*side, Path(tmp) / "a.log") as target:
+                for size in sizes:
+                    say(f"atropos {size} x {SEQ_LEN}: JSON ...")
+                    rows = measure(target.url, size, pool, modes=["atropos-json"], reps=ATROPOS_REPS.get(size, 2))
+                    results += [{"target": "atropos", **r} for r in rows]
+    return results
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    lines = [f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):"]
+    labels = {"msgpack": "rollbuf msgpack", "json": "rollbuf JSON", "atropos-json": "Atropos JSON",
+              "raw-loopback": "raw socket", "raw-http": "raw over httpx"}  # fmt: skip
+    for size in sorted({r["sequences"] for r in results}):
+        rows = {r["mode"]: r for r in results if r["sequences"] == size}
+        cells = [f"{label} {rows[m]['median_s'] * 1e3:.1f}" for m, label in labels.items() if m in rows]
+        wire = {m: f"{rows[m]['wire_bytes'] / 1e6:.1f} MB" for m in ("msgpack", "json", "atropos-json") if m in rows}
+        lines.append(f"  {size:5} x {SEQ_LEN}: " + " | ".join(cells) + f"   (wire: {wire})")
+        b = rows.get("msgpack")
+        if b and "atropos-json" in rows:
+            ratio = rows["atropos-json"]["median_s"] / b["median_s"]
+            lines.append(f"         Atropos JSON / rollbuf msgpack = {ratio:.1f}x (target >= 30x)")
+        for ref in ("raw-loopback", "raw-http"):
+            if b and ref in rows:
+                ratio = rows[ref]["paired_ratio_median"]
+                lines.append(
+                    f"         rollbuf msgpack / {labels[ref]} = {ratio:.2f}x, median of paired runs (target <= 3x)"
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="256,1024", help="batch sizes in sequences (default 256,1024)")
+    ap.add_argument("--skip-atropos", action="store_true")
+    args = ap.parse_args(argv)
+    results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos)
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / time.strftime("transport-%Y%m%dT%H%M%S.jsonl")
+    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    print(report(results))
+    print(f"\nJSON lines: {out.relative_to(ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
