@@ -22,7 +22,7 @@ from typing import Any
 from api.schema import EnvStatus
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment, Gate, Task
-from rollout_client.errors import RetriesExhausted
+from rollout_client.errors import Rejected, RetriesExhausted
 from rollout_client.group import GroupOutcome, run_group
 from rollout_client.pacing import is_stale, pause_reason, pick_env
 from rollout_client.tasks import TaskSource
@@ -35,6 +35,9 @@ POLL_S = 0.2
 SHUTDOWN_S = 10.0
 """Bound on `stop()`: groups still submitting after this are cancelled (their group ids keep a later retry
 from storing them twice)."""
+MAX_REJECTED_IN_A_ROW = 10
+"""One rejected group (say, a transcript over max_token_len) is logged and counted; this many in a row mean
+something systematic (the env or the run is misconfigured) and end the run with the server's verdict."""
 WORKER_RETRIES = 3
 """A group whose worker died is run again on another worker this many times before the run fails."""
 
@@ -50,7 +53,7 @@ class RunnerStats:
     duplicates: int = 0
     """Acknowledged as already stored (a retry of something the server had): never stored twice."""
     skipped: Counter[str] = field(default_factory=Counter)
-    """Groups not submitted, by reason: prompt_too_long, stale, stopped, unsent."""
+    """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected."""
     accepted_by_env: Counter[str] = field(default_factory=Counter)
     in_flight: int = 0
     """Rollouts running now."""
@@ -137,6 +140,7 @@ class RolloutRunner:
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
+        self._rejected_in_a_row = 0
         self._batch_size = 0
         self._token_limit: int | None = None
         self._policy: Any = None
@@ -325,6 +329,14 @@ class RolloutRunner:
                 log.warning("group %s of %s not submitted: %s", group_id, env.name, exc)
                 self.stats.skipped["unsent"] += 1
                 return
+            except Rejected as exc:
+                self._rejected_in_a_row += 1
+                self.stats.skipped["rejected"] += 1
+                log.error("group %s of %s rejected by the server: %s", group_id, env.name, exc)
+                if self._rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
+                    raise
+                return
+            self._rejected_in_a_row = 0
             self._acked_seqs[i] += len(group.tokens)
             if reply.duplicate:
                 self.stats.duplicates += 1

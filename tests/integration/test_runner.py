@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_client import Environment, RolloutRunner, ScriptedPolicy, Session, Task, Tasks
+from rollout_client import Environment, Rejected, RolloutRunner, ScriptedPolicy, Session, Task, Tasks
 from rollout_client.examples import Arithmetic, Synthetic, arithmetic_script, arithmetic_task
 from rollout_client.pacing import AHEAD, QUEUE_FULL
 from tests.factories import group, registration
@@ -301,3 +301,31 @@ async def test_prompts_over_the_token_budget_are_skipped_and_counted(tmp_path: P
         stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
         assert stats.skipped == {"prompt_too_long": 10} and stats.accepted == 20
         assert all(len(t) <= 40 for g in drain(server.url) for t in g["tokens"])
+
+
+@dataclass
+class Overflowing(Arithmetic):
+    """Appends a long epilogue after the answer on tasks where `overflow(i)`: the group exceeds max_token_len."""
+
+    name: str = "overflowing"
+    every: int = 3
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        await super().rollout(task, session)
+        if int(task.id.rsplit("-", 1)[1]) % self.every == 0:
+            await session.observe(" " * 60)
+
+
+async def test_rejected_groups_are_counted_and_a_run_of_them_ends_the_run(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=8, max_token_len=40)
+        runner = RolloutRunner(server.url, [(Overflowing(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=4)  # fmt: skip
+        stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
+        assert stats.skipped == {"rejected": 10} and stats.accepted == 20
+
+        always = RolloutRunner(server.url, [(Overflowing(every=1), Tasks(arithmetic_task))],
+                               ScriptedPolicy(arithmetic_script), max_in_flight=4)  # fmt: skip
+        with pytest.raises(Rejected, match="tokens"):
+            await asyncio.wait_for(always.run(), HANG_GUARD_S)
+        assert always.stats.accepted == 0 and always.stats.skipped["rejected"] >= 10
