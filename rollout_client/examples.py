@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from rollout_client.env import Environment, Session, Task
-from rollout_client.policy import _unit
+from rollout_client.policy import stable_unit
 
 _QUESTION = re.compile(r"Q: (\d+) ([+*]) (\d+) =")
 _CALC = re.compile(r"CALC (\d+) ([+*]) (\d+)")
@@ -36,9 +36,9 @@ def arithmetic_script(prompt: str, seed: int) -> str:
         return " A: ?\n"
     a, op, b = int(q.group(1)), q.group(2), int(q.group(3))
     if "calculator" in prompt:  # mistypes an operand 30% of the time: the tool is only as good as its input
-        return f" CALC {a} {op} {b if _unit(prompt, seed) < 0.7 else b + 1}\n"
+        return f" CALC {a} {op} {b if stable_unit(prompt, seed) < 0.7 else b + 1}\n"
     digits = len(str(a)) + len(str(b))
-    right = _unit(prompt, seed) < 1.0 / (1.0 + digits / 4)
+    right = stable_unit(prompt, seed) < 1.0 / (1.0 + digits / 4)
     answer = _apply(a, op, b) + (0 if right else 1 + seed % 3)
     return f" A: {answer}\n"
 

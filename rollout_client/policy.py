@@ -70,8 +70,9 @@ class CharTokenizer:
         return bytes(ids).decode(errors="replace")
 
 
-def _unit(*parts: object) -> float:
-    """A deterministic number in [0, 1) from its arguments (stable across processes, unlike hash())."""
+def stable_unit(*parts: object) -> float:
+    """A deterministic number in [0, 1) from its arguments (stable across processes, unlike hash()): the
+    scripted policy's and example envs' only source of variety."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") / 2**64
 
@@ -100,7 +101,7 @@ class ScriptedPolicy:
         finish = "stop"
         if len(ids) > budget:
             ids, finish = ids[:budget], "length"
-        logprobs = [-_unit(seed, len(prompt_ids), i) for i in range(len(ids))]
+        logprobs = [-stable_unit(seed, len(prompt_ids), i) for i in range(len(ids))]
         return Completion(ids, logprobs, self.tokenizer.decode(ids), finish)
 
 
