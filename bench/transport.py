@@ -2,11 +2,12 @@
 
 Batches of 256 and 1024 sequences of 2048 tokens (masks and logprobs included) are fetched the way
 `trainer_client` fetches them (`protocol.parse_batch_reply`: JSON -> `from_json`, msgpack ->
-`from_records`), from rollbuf (memory store) as msgpack and as JSON, and from the Atropos server as
-JSON. Every fetch forms a fresh batch. The physical reference is a trivial server process sending the
-same number of bytes over loopback, viewed as int32/float32 arrays on arrival: received with a raw socket
-into one buffer (the floor), and with the same httpx client (the shared harness's reference). Each
-binary fetch is followed by one of each, and ratios are taken per pair (the machine is shared and noisy).
+`from_records`, over the client's `StdlibTransport`), from rollbuf (memory store) as msgpack and as
+JSON, and from the Atropos server as JSON. Every fetch forms a fresh batch. The physical reference is
+a trivial server process sending the same number of bytes over loopback, viewed as int32/float32
+arrays on arrival: received with a raw socket into one buffer (the floor), and as an HTTP reply through
+the same client. Each binary fetch is followed by one of each, and ratios are taken per pair (the
+machine is shared and noisy).
 
     python -m bench.transport [--sizes 256,1024] [--skip-atropos]
 """
@@ -32,6 +33,7 @@ from api.records import MSGPACK
 from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
 from trainer_client.arrays import Batch
 from trainer_client.protocol import parse_batch_reply
+from trainer_client.transport import StdlibTransport
 
 SEQ_LEN = 2048
 GROUP_SIZE = 8
@@ -97,7 +99,7 @@ def measure(
     """Median seconds per mode. With `raw`, each binary fetch is followed by raw transfers of the same
     bytes, so ratios compare them under the same load of a shared machine."""
     out = []
-    with httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+    with httpx.Client(base_url=url, timeout=TIMEOUT, transport=StdlibTransport()) as c:  # as TrainerClient sends
         start_run(c, size, pool, reps * len(modes))
         step = 0
         for mode in modes:
@@ -174,7 +176,7 @@ class RawReference:
         return time.perf_counter() - t0
 
     def fetch_http(self, client: httpx.Client, nbytes: int) -> float:
-        """The same bytes through the trainer's HTTP client (httpx): the shared harness's reference."""
+        """The same bytes through the trainer's HTTP client: the HTTP floor for this client."""
         t0 = time.perf_counter()
         body = client.get(f"http://127.0.0.1:{self.port}/{nbytes}").content
         _views(body, 0, nbytes)
@@ -216,7 +218,7 @@ def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], Non
 def report(results: list[dict[str, Any]]) -> str:
     lines = [f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):"]
     labels = {"msgpack": "rollbuf msgpack", "json": "rollbuf JSON", "atropos-json": "Atropos JSON",
-              "raw-loopback": "raw socket", "raw-http": "raw over httpx"}  # fmt: skip
+              "raw-loopback": "raw socket", "raw-http": "raw over HTTP"}  # fmt: skip
     for size in sorted({r["sequences"] for r in results}):
         rows = {r["mode"]: r for r in results if r["sequences"] == size}
         cells = [f"{label} {rows[m]['median_s'] * 1e3:.1f}" for m, label in labels.items() if m in rows]

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -33,9 +34,9 @@ from trainer_client import (
 BIN = {"Content-Type": MSGPACK}
 
 
-@pytest.fixture
-def http(settings: Settings) -> Iterator[httpx.Client]:
-    """The app behind a real uvicorn server in a thread, and an httpx.Client with its base URL."""
+@contextmanager
+def serve_in_thread(settings: Settings) -> Iterator[str]:
+    """The app behind a real uvicorn server in a thread on a free loopback port; yields its URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -45,11 +46,17 @@ def http(settings: Settings) -> Iterator[httpx.Client]:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.01)  # polling interval while waiting for readiness
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
-            yield c
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@pytest.fixture
+def http(settings: Settings) -> Iterator[httpx.Client]:
+    """An httpx.Client (httpx's own transport) on the app served in a thread."""
+    with serve_in_thread(settings) as url, httpx.Client(base_url=url) as c:
+        yield c
 
 
 def submit(http: httpx.Client, n_groups: int, *, first: int = 0, size: int = 4) -> None:
