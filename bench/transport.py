@@ -202,7 +202,7 @@ def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], Non
             for size in sizes:
                 say(f"rollbuf[memory] {size} x {SEQ_LEN}: msgpack (each paired with a raw transfer) and JSON ...")
                 rows = measure(target.url, size, pool, modes=["msgpack", "json"], reps=REPS.get(size, 3), raw=raw)
-                results += [{"target": "rollbuf[memory]", **r} for r in rows]
+                results += [{"server": "rollbuf[memory]", **r} for r in rows]
         side = atropos(Path(tmp) / "a.log") if with_atropos else None
         if with_atropos and side is None:
             say(f"Atropos not installed in {ATROPOS_VENV}: skipped")
@@ -211,11 +211,14 @@ def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], Non
                 for size in sizes:
                     say(f"atropos {size} x {SEQ_LEN}: JSON ...")
                     rows = measure(target.url, size, pool, modes=["atropos-json"], reps=ATROPOS_REPS.get(size, 2))
-                    results += [{"target": "atropos", **r} for r in rows]
+                    results += [{"server": "atropos", **r} for r in rows]
     return results
 
 
 def report(results: list[dict[str, Any]]) -> str:
+    results = [r for r in results if r.get("bench") == "transport"]
+    if not results:
+        return ""
     lines = [f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):"]
     labels = {"msgpack": "rollbuf msgpack", "json": "rollbuf JSON", "atropos-json": "Atropos JSON",
               "raw-loopback": "raw socket", "raw-http": "raw over HTTP"}  # fmt: skip
@@ -223,7 +226,7 @@ def report(results: list[dict[str, Any]]) -> str:
         rows = {r["mode"]: r for r in results if r["sequences"] == size}
         cells = [f"{label} {rows[m]['median_s'] * 1e3:.1f}" for m, label in labels.items() if m in rows]
         wire = {m: f"{rows[m]['wire_bytes'] / 1e6:.1f} MB" for m in ("msgpack", "json", "atropos-json") if m in rows}
-        lines.append(f"  {size:5} x {SEQ_LEN}: " + " | ".join(cells) + f"   (wire: {wire})")
+        lines.append(f"  {size:5} x {SEQ_LEN}: " + " | ".join(cells) + f"   (decoded body: {wire})")
         b = rows.get("msgpack")
         if b and "atropos-json" in rows:
             ratio = rows["atropos-json"]["median_s"] / b["median_s"]
