@@ -28,8 +28,14 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
+from pydantic import TypeAdapter
 
-from api.records import MSGPACK
+from api.binary import check_record
+from api.body import parse_json
+from api.records import MSGPACK, encode, encode_submission
+from api.schema import ScoredData
+from api.validation import GroupLimits, pack_group
 from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
 from trainer_client.arrays import Batch
 from trainer_client.protocol import parse_batch_reply
@@ -45,6 +51,7 @@ ATROPOS_REPS = {256: 2, 1024: 2}
 POST_GROUPS = 8
 """Groups per /scored_data_list request while filling."""
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+_SCORED = TypeAdapter(ScoredData)
 
 
 def make_pool(rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -190,12 +197,44 @@ def _views(buf: bytes | bytearray, at: int, nbytes: int) -> None:
     assert all(a.size == third for a in arrays)
 
 
+# ------------------------------------------------------------------------------------- ingest
+
+
+def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
+    """Server-side cost of validating and storing-ready one group (in-process, no HTTP): JSON parse +
+    pack, binary re-encode (no policy_step), binary canonical (stored as sent)."""
+    limits = GroupLimits(max_token_len=SEQ_LEN, max_group_seqs=GROUP_SIZE)
+    json_body = orjson.dumps(group)
+    loose = encode_submission(**group)
+    canonical = encode_submission(**group, policy_step=0)
+
+    def json_path() -> None:
+        sd = parse_json(_SCORED, json_body)
+        encode(pack_group(sd, env_id=None, policy_step=0, limits=limits))
+
+    def binary_path(raw: bytes) -> Callable[[], None]:
+        return lambda: check_record(raw, env_ids=(), current_step=0, limits=limits)
+
+    assert check_record(canonical, env_ids=(), current_step=0, limits=limits).passthrough
+    out = []
+    for mode, fn in [("json", json_path), ("msgpack-reencoded", binary_path(loose)),
+                     ("msgpack-canonical", binary_path(canonical))]:  # fmt: skip
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        out.append({"bench": "transport-ingest", "mode": mode, "tokens": GROUP_SIZE * SEQ_LEN,
+                    "median_ms": statistics.median(times) * 1e3})  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------- driver
 
 
 def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     pool = make_pool(np.random.default_rng(0))
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = ingest(pool[0])
     with tempfile.TemporaryDirectory() as tmp:
         name, cmd, port = rollbuf("memory://", Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target, RawReference() as raw:
@@ -216,10 +255,15 @@ def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], Non
 
 
 def report(results: list[dict[str, Any]]) -> str:
+    lines = []
+    ingest_rows = [r for r in results if r.get("bench") == "transport-ingest"]
+    if ingest_rows:
+        cells = " | ".join(f"{r['mode']} {r['median_ms']:.3f}" for r in ingest_rows)
+        lines.append(f"ingest, one group of {GROUP_SIZE} x {SEQ_LEN} checked into storable bytes (median ms): {cells}")
     results = [r for r in results if r.get("bench") == "transport"]
     if not results:
-        return ""
-    lines = [f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):"]
+        return "\n".join(lines)
+    lines.append(f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):")
     labels = {"msgpack": "rollbuf msgpack", "json": "rollbuf JSON", "atropos-json": "Atropos JSON",
               "raw-loopback": "raw socket", "raw-http": "raw over HTTP"}  # fmt: skip
     for size in sorted({r["sequences"] for r in results}):

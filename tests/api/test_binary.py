@@ -60,6 +60,7 @@ async def test_canonical_records_are_stored_and_served_as_sent(client: httpx.Asy
     assert r.json() == {"status": "received", "groups_processed": 2}
     r = await client.get("/batch", params={"step": 0}, headers={"Accept": MSGPACK})
     assert r.headers["content-type"] == MSGPACK and r.headers["x-rollbuf-step"] == "0"
+    assert "gzip" in r.request.headers["accept-encoding"] and "content-encoding" not in r.headers  # never gzipped
     assert split_records(r.content, array=True) == sent
 
 
