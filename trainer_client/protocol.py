@@ -29,7 +29,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 DEFAULT_WAIT = 30.0
 """Long-poll: how long the server holds one /batch request; well under the server's cap (60 s)."""
 DEFAULT_TRIES = 8
-"""Attempts per request before ServerUnreachable; with the backoff below, about 30 s of outage."""
+"""Attempts per request before ServerUnreachable; with the backoff below (0.25 s doubling to 8 s), ~25 s of outage."""
 READ_MARGIN_S = 15.0
 """Added to every /batch read timeout: the server's queueing, formation and a busy machine."""
 JSON_S_PER_TOKEN = 2e-5

@@ -1,0 +1,36 @@
+"""The Python examples in docs/trainer-client.md and docs/binary-format.md run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.records import MSGPACK, encode_submission, encode_submission_list
+from api.settings import Settings
+from tests.clients.test_trainer_client import serve_in_thread
+from tests.factories import group
+from trainer_client.protocol import registration
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def python_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.S)
+
+
+def test_binary_format_example() -> None:
+    [example] = python_blocks("binary-format.md")
+    exec(compile(example, "binary-format.md", "exec"), {})
+
+
+def test_trainer_client_quick_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with serve_in_thread(Settings(store="memory://")) as url, httpx.Client(base_url=url) as c:
+        c.post("/register", json=registration(batch_size=8, max_token_len=64, starting_step=0))
+        body = encode_submission_list(encode_submission(**group(4, env_id=None, seed=g)) for g in range(4))
+        assert c.post("/scored_data_list", content=body, headers={"Content-Type": MSGPACK}).status_code == 200
+        [example] = python_blocks("trainer-client.md")
+        exec(compile(example, "trainer-client.md", "exec"), {"URL": url})
+    assert capsys.readouterr().out.splitlines() == ["0 8 (1, 64) float32", "1 8 (1, 64) float32"]
