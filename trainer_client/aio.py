@@ -28,6 +28,7 @@ from trainer_client.protocol import (
     registration,
     retry_wait,
 )
+from trainer_client.transport import AsyncStdlibTransport
 
 DECODE_IN_THREAD_BYTES = 1 << 20
 """Replies larger than this are decoded in a worker thread, so the event loop keeps serving other tasks."""
@@ -58,7 +59,7 @@ class AsyncTrainerClient:
         self.tries = tries
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._own = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout)
+        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, transport=AsyncStdlibTransport())
 
     async def __aenter__(self) -> AsyncTrainerClient:
         return self

@@ -9,6 +9,7 @@ one idle connection per origin for reuse.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import socket
 import threading
@@ -95,3 +96,18 @@ class StdlibTransport(httpx.BaseTransport):
             idle, self._idle = list(self._idle.values()), {}
         for conn in idle:
             conn.close()
+
+
+class AsyncStdlibTransport(httpx.AsyncBaseTransport):
+    """`StdlibTransport` for `httpx.AsyncClient`: each request runs in a worker thread. A cancelled request
+    finishes in its thread (at most its read timeout) before the connection is reused."""
+
+    def __init__(self) -> None:
+        self._sync = StdlibTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await request.aread()
+        return await asyncio.to_thread(self._sync.handle_request, request)
+
+    async def aclose(self) -> None:
+        self._sync.close()

@@ -212,3 +212,18 @@ def test_503_is_retried_after_retry_after() -> None:
 
     with TrainerClient("http://busy", http_client=httpx.Client(transport=httpx.MockTransport(handle))) as rb:
         assert rb.status().current_step == 3
+
+
+@pytest.mark.anyio
+async def test_async_client_over_its_own_transport(settings: Settings) -> None:
+    with serve_in_thread(settings) as url, httpx.Client(base_url=url) as http:
+        async with AsyncTrainerClient(url) as rb:
+            await rb.register(batch_size=8, max_token_len=64)
+            submit(http, 4)
+            batches = rb.batches(start_step=0, wait=0)
+            first = await anext(batches)
+            second = await anext(batches)
+            await batches.aclose()
+            assert (first.step, first.group_ids, second.step) == (0, ["g0", "g1"], 1)
+            with pytest.raises(BatchGone):
+                await anext(rb.batches(start_step=0))
