@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 from collections import Counter
 from typing import Any
@@ -10,7 +11,11 @@ import httpx
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
+from api.app import create_app
 from api.records import (
     MSGPACK,
     decode,
@@ -19,6 +24,7 @@ from api.records import (
     encode_submission_list,
     split_records,
 )
+from api.settings import Settings
 from tests.api.test_ingest import queued, start
 from tests.factories import group
 
@@ -202,3 +208,51 @@ async def test_binary_rank_shares_cover_the_batch_once_and_match_json(client: ht
                 seen[seq.tobytes()] += 1
     whole = [decode(g) for g in groups]
     assert seen == Counter(s.tobytes() for rec in whole for s in rec.split(rec.tokens))
+
+
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.binary(max_size=40),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@st.composite
+def mutated_record(draw: st.DrawFn) -> bytes:
+    """A valid record with a few keys replaced by arbitrary msgpack, or its bytes cut or flipped."""
+    n = draw(st.sampled_from([4, 4, 1, 3]))
+    m = as_map(packed(n=n, length=draw(st.lists(st.integers(1, 12), min_size=n, max_size=n)), env_id=0, policy_step=0))
+    for key in draw(st.lists(st.sampled_from([*m, "extra"]), max_size=3)):
+        m[key] = draw(msgpack_values)
+    data = msgpack.packb(m, use_bin_type=True)
+    if draw(st.booleans()):
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + bytes([draw(st.integers(0, 255))]) + data[i + 1 :]
+    return data  # type: ignore[no-any-return]
+
+
+@hyp_settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(mutated_record(), min_size=1, max_size=3), st.booleans(), st.integers(1, 5), st.integers(0, 4))
+def test_no_server_errors_on_any_binary_body(records: list[bytes], as_list: bool, world: int, rank: int) -> None:
+    async def probe() -> list[int]:
+        app = create_app(Settings(store="memory://", max_batch_wait=0))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                await start(c, batch_size=4)  # a valid group of 4 forms a batch: shares get exercised too
+                if as_list:
+                    replies = [await c.post("/scored_data_list", content=encode_submission_list(records), headers=BIN)]
+                else:
+                    replies = [await c.post("/scored_data", content=r, headers=BIN) for r in records]
+                replies.append(await c.get("/batch", params={"step": 0}, headers={"Accept": MSGPACK}))
+                share = {"step": 0, "rank": min(rank, world - 1), "world_size": world}
+                replies.append(await c.get("/batch", params=share, headers={"Accept": MSGPACK}))
+                return [r.status_code for r in replies]
+
+    for code in asyncio.run(probe()):
+        assert code in (200, 422), code
