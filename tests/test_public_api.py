@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-PACKAGES = ["trainer_client"]
-"""Client packages whose surface is guarded here (rollout_client joins when it lands)."""
+PACKAGES = ["trainer_client", "rollout_client"]
+"""Client packages whose surface is guarded here."""
 
 
 @pytest.mark.parametrize("name", PACKAGES)

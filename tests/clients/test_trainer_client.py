@@ -227,3 +227,12 @@ async def test_async_client_over_its_own_transport(settings: Settings) -> None:
             assert (first.step, first.group_ids, second.step) == (0, ["g0", "g1"], 1)
             with pytest.raises(BatchGone):
                 await anext(rb.batches(start_step=0))
+
+
+def test_api_key_is_sent() -> None:
+    with serve_in_thread(Settings(store="memory://", api_key="sekrit")) as url:
+        with TrainerClient(url, api_key="sekrit") as rb:
+            assert rb.register(batch_size=8, max_token_len=64).uuid >= 0
+        with TrainerClient(url) as anonymous, pytest.raises(Rejected) as refused:
+            anonymous.status()
+        assert refused.value.status == 401 and refused.value.code == "unauthorized"
