@@ -9,7 +9,7 @@ arrays on arrival: received with a raw socket into one buffer (the floor), and a
 the same client. Each binary fetch is followed by one of each, and ratios are taken per pair (the
 machine is shared and noisy).
 
-    python -m bench.transport [--sizes 256,1024] [--skip-atropos]
+    python -m bench.transport [--sizes 256,1024] [--skip-atropos] [--store sqlite]
 """
 
 from __future__ import annotations
@@ -232,16 +232,19 @@ def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------- driver
 
 
-def run(sizes: list[int], *, with_atropos: bool = True, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def run(
+    sizes: list[int], *, with_atropos: bool = True, store: str = "memory", say: Callable[[str], None] = print
+) -> list[dict[str, Any]]:
     pool = make_pool(np.random.default_rng(0))
     results: list[dict[str, Any]] = ingest(pool[0])
     with tempfile.TemporaryDirectory() as tmp:
-        name, cmd, port = rollbuf("memory://", Path(tmp) / "r.log")
+        url = "memory://" if store == "memory" else f"sqlite:///{tmp}/transport.db"
+        name, cmd, port = rollbuf(url, Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target, RawReference() as raw:
             for size in sizes:
-                say(f"rollbuf[memory] {size} x {SEQ_LEN}: msgpack (each paired with a raw transfer) and JSON ...")
+                say(f"rollbuf[{store}] {size} x {SEQ_LEN}: msgpack (each paired with a raw transfer) and JSON ...")
                 rows = measure(target.url, size, pool, modes=["msgpack", "json"], reps=REPS.get(size, 3), raw=raw)
-                results += [{"server": "rollbuf[memory]", **r} for r in rows]
+                results += [{"server": f"rollbuf[{store}]", **r} for r in rows]
         side = atropos(Path(tmp) / "a.log") if with_atropos else None
         if with_atropos and side is None:
             say(f"Atropos not installed in {ATROPOS_VENV}: skipped")
@@ -288,8 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="256,1024", help="batch sizes in sequences (default 256,1024)")
     ap.add_argument("--skip-atropos", action="store_true")
+    ap.add_argument("--store", choices=["memory", "sqlite"], default="memory", help="rollbuf's store (default memory)")
     args = ap.parse_args(argv)
-    results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos)
+    results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos, store=args.store)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("transport-%Y%m%dT%H%M%S.jsonl")
