@@ -214,7 +214,7 @@ def encode_submission(
 def encode_submission_list(groups: Iterable[bytes]) -> bytes:
     """Encoded groups (from `encode_submission`) as the body of `POST /scored_data_list`."""
     parts = list(groups)
-    return msgpack_array_header(len(parts)) + b"".join(parts)
+    return b"".join([msgpack_array_header(len(parts)), *parts])
 
 
 # ------------------------------------------------------------------------------------------- Atropos JSON

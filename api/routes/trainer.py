@@ -106,14 +106,13 @@ async def batch(
 
 async def _render(batch: FormedBatch, share: tuple[int, int, Cost] | None, *, binary: bool) -> Response:
     headers = {STEP_HEADER: str(batch.step)}
-    if binary and share is None:
-        return Response(batch.records, media_type=MSGPACK, headers=headers)  # as stored: no re-encoding
-    if binary:
-        assert share is not None
-        body = await anyio.to_thread.run_sync(binary_share, batch.records, *share)
-        return Response(body, media_type=MSGPACK, headers=headers)
-    body = await anyio.to_thread.run_sync(_render_json, batch, share)
-    return Response(body, media_type="application/json", headers=headers)
+    if not binary:
+        body = await anyio.to_thread.run_sync(_render_json, batch, share)
+        return Response(body, media_type="application/json", headers=headers)
+    if share is None:
+        return Response(batch.records, media_type=MSGPACK, headers=headers)  # as stored: no re-encoding, no copy
+    records = await anyio.to_thread.run_sync(binary_share, batch.records, *share)
+    return Response(records, media_type=MSGPACK, headers=headers)
 
 
 def binary_share(records: Buffer, rank: int, world_size: int, cost: Cost) -> bytes:
@@ -122,7 +121,7 @@ def binary_share(records: Buffer, rank: int, world_size: int, cost: Cost) -> byt
     recs = [decode(r) for r in raw]
     picks = shard([r.lengths for r in recs], world_size, cost)[rank]
     parts = [raw[g] if seqs is None else encode(subset(recs[g], seqs)) for g, seqs in picks]
-    return msgpack_array_header(len(parts)) + b"".join(parts)
+    return b"".join([msgpack_array_header(len(parts)), *parts])
 
 
 def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None) -> bytes:
