@@ -16,7 +16,18 @@ import numpy as np
 from pydantic import ValidationError
 
 from api.errors import InvalidData
-from api.records import F32, F64, FLOAT_FIELDS, FORMAT_VERSION, I32, META_FIELDS, RECORD_KEYS, GroupRecord, encode
+from api.records import (
+    F32,
+    F64,
+    FLOAT_FIELDS,
+    FORMAT_VERSION,
+    I32,
+    META_FIELDS,
+    RECORD_KEYS,
+    GroupRecord,
+    encode,
+    split_records,
+)
 from api.schema import MASK_IGNORE, ScoredData
 from api.validation import GroupLimits
 
@@ -30,6 +41,24 @@ class BinaryGroup:
     payload: bytes
     """The record as stored: the client's bytes when they were already canonical."""
     passthrough: bool
+
+
+def check_body(
+    raw: bytes, *, many: bool, env_ids: Container[int], current_step: int, limits: GroupLimits
+) -> list[BinaryGroup]:
+    """A /scored_data body (one record) or /scored_data_list body (an array of them), every group checked;
+    errors are located in the request (`["body", i, field]` in a list)."""
+    try:
+        parts = split_records(raw, array=many)
+    except ValueError as exc:
+        raise InvalidData(("body",), str(exc)) from None
+    groups = []
+    for i, part in enumerate(parts):
+        try:
+            groups.append(check_record(bytes(part), env_ids=env_ids, current_step=current_step, limits=limits))
+        except InvalidData as exc:
+            raise (exc.at("body", i) if many else exc.at("body")) from None
+    return groups
 
 
 def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limits: GroupLimits) -> BinaryGroup:

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
-from api.binary import check_record
+from api.binary import check_body
 from api.body import parse_json, read_body
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
-from api.records import MSGPACK, dumps, is_msgpack, split_records
+from api.records import MSGPACK, dumps, is_msgpack
 from api.schema import (
     EnvIdentifier,
     EnvRegistered,
@@ -49,21 +49,12 @@ def _binary_submissions(
     raw: bytes, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
 ) -> list[Submission]:
     """Groups sent as msgpack records (docs/binary-format.md), validated under the JSON path's rules."""
-    try:
-        parts = split_records(raw, array=many)
-    except ValueError as exc:
-        raise InvalidData(("body",), str(exc)) from None
     limits = service.ingest_limits(run)
-    env_ids = {e.env_id for e in run.envs}
+    groups = check_body(raw, many=many, env_ids={e.env_id for e in run.envs}, current_step=run.step, limits=limits)
     subs = []
-    for i, part in enumerate(parts):
-        try:
-            group = check_record(bytes(part), env_ids=env_ids, current_step=run.step, limits=limits)
-        except InvalidData as exc:
-            raise (exc.at("body", i) if many else exc.at("body")) from None
-        rec = group.record
-        key = idempotency_key or (f"g:{rec.env_id}:{rec.group_id}" if rec.group_id else None)
-        subs.append(Submission(rec.env_id, rec, group.payload, key))
+    for g in groups:
+        key = idempotency_key or (f"g:{g.record.env_id}:{g.record.group_id}" if g.record.group_id else None)
+        subs.append(Submission(g.record.env_id, g.record, g.payload, key))
     return subs
 
 
