@@ -1,0 +1,73 @@
+"""api.binary: a canonical record is stored byte for byte, anything else valid is re-encoded to the same group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from api.binary import check_body, check_record
+from api.errors import InvalidData
+from api.records import decode, encode_submission, encode_submission_list
+from api.validation import GroupLimits
+from tests.factories import group
+
+LIMITS = GroupLimits(max_token_len=64, max_group_seqs=8)
+
+
+def check(raw: bytes) -> Any:
+    return check_record(raw, env_ids={0}, current_step=7, limits=LIMITS)
+
+
+def reordered(raw: bytes, **changes: Any) -> bytes:
+    m = msgpack.unpackb(raw)
+    m.update(changes)
+    return msgpack.packb(dict(reversed(list(m.items()))), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def test_canonical_bytes_are_kept() -> None:
+    raw = encode_submission(
+        **group(4, length=[3, 9, 1, 5], env_id=0), policy_step=2, messages=[[{"role": "u", "content": "x"}]] * 4
+    )
+    checked = check(raw)
+    assert checked.passthrough and checked.payload is raw
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        lambda raw: msgpack.packb({**msgpack.unpackb(raw), "policy_step": None}, use_bin_type=True),  # server stamps
+        lambda raw: reordered(raw),  # same content, other key order
+        lambda raw: msgpack.packb({**msgpack.unpackb(raw), "extra": 1}, use_bin_type=True),  # unknown key
+        lambda raw: msgpack.packb({**msgpack.unpackb(raw), "meta": {"overrides": None}}, use_bin_type=True),
+    ],
+)
+def test_other_valid_records_are_reencoded_to_the_same_group(variant: Any) -> None:
+    raw = encode_submission(**group(4, length=[3, 9, 1, 5], env_id=0), policy_step=7)
+    checked = check(variant(raw))
+    assert not checked.passthrough
+    assert checked.payload == raw  # canonical form: exactly what a canonical client would have sent
+    assert decode(checked.payload).tokens.tolist() == decode(raw).tokens.tolist()
+
+
+def test_body_errors_are_located_in_the_request() -> None:
+    good = encode_submission(**group(4, env_id=0))
+    bad = encode_submission(**group(4, env_id=0), group_id="x" * 201)
+    with pytest.raises(InvalidData) as one:
+        check_body(bad, many=False, env_ids={0}, current_step=0, limits=LIMITS)
+    assert one.value.loc == ("body", "group_id")
+    with pytest.raises(InvalidData) as many:
+        check_body(encode_submission_list([good, bad]), many=True, env_ids={0}, current_step=0, limits=LIMITS)
+    assert many.value.loc == ("body", 1, "group_id")
+    assert (
+        len(check_body(encode_submission_list([good, good]), many=True, env_ids={0}, current_step=0, limits=LIMITS))
+        == 2
+    )
+
+
+def test_arrays_are_views_on_the_sent_bytes_with_the_wire_dtypes() -> None:
+    rec = check(encode_submission(**group(2, length=4, env_id=0))).record
+    assert (rec.tokens.dtype, rec.masks.dtype, rec.scores.dtype) == (np.dtype("<i4"), np.dtype("<i4"), np.dtype("<f8"))
+    assert rec.floats["inference_logprobs"].dtype == np.dtype("<f4") and rec.policy_step == 7
