@@ -97,6 +97,10 @@ class FormedBatch:
         """As kept in the store until acknowledged: a small msgpack header, then the records as they are."""
         return self.stored
 
+    def prefix(self) -> bytes:
+        """What precedes the group payloads in `pack()`: the header and the records' array header."""
+        return self.stored[: self.offset + len(msgpack_array_header(self.n_groups))]
+
     @classmethod
     def unpack(cls, step: int, data: bytes) -> FormedBatch:
         unpacker = msgpack.Unpacker()
@@ -410,23 +414,27 @@ class Service:
         if isinstance(plan, NoBatch):
             state.save_blocked(txn, plan.reason if plan.blocked else None)
             return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
-        batch = self._apply(txn, run, plan)
-        if keep:
-            txn.put_batch(batch.step, batch.pack())
-        return batch
+        return self._apply(txn, run, plan, keep)
 
     @staticmethod
-    def _apply(txn: Txn, run: RunState, plan: Plan) -> FormedBatch:
+    def _apply(txn: Txn, run: RunState, plan: Plan, keep: bool) -> FormedBatch:
+        """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
+        the popped payloads (no copy of them), until a later step is asked for."""
         payloads: list[bytes] = []
+        order: list[int] = []
         n_groups = 0
         for env_id, item_ids in plan.take.items():
-            for item in txn.pop(env_id, item_ids):
+            for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None):
                 payloads.append(item.payload)
+                order.append(item.meta.item_id)
                 n_groups += item.n_groups
         state.save_credits(txn, plan.credits)
         state.save_blocked(txn, None)
         state.save_step(txn, run.step + 1)
-        return FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
+        batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
+        if keep:
+            txn.put_batch(batch.step, batch.prefix(), order)
+        return batch
 
     # ----------------------------------------------------------------------------- status
 

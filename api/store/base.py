@@ -10,7 +10,7 @@ or a lock shared by many server processes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -104,8 +104,11 @@ class Txn(ABC):
         """env_id's queued items, oldest first. Costs what is consumed of it, not the queue length."""
 
     @abstractmethod
-    def pop(self, env_id: int, item_ids: Iterable[int]) -> list[QueuedItem]:
-        """Remove these items of env_id's queue and return them in the order asked for."""
+    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+        """Remove these items of env_id's queue and return them in the order asked for.
+
+        With `keep_for=N` their payloads stay in the store for batch N (`put_batch`) until
+        `drop_batches_before` passes N: a kept batch refers to payloads, it never copies them."""
 
     @abstractmethod
     def counts(self) -> dict[int, QueueCounts]:
@@ -128,13 +131,16 @@ class Txn(ABC):
 
     # --- formed batches, kept until acknowledged (exactly-once per step) ---
     @abstractmethod
-    def put_batch(self, step: int, payload: bytes) -> None: ...
+    def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        """Keep batch `step`: `header`, then the payloads of these items (popped with `keep_for=step`)."""
 
     @abstractmethod
-    def get_batch(self, step: int) -> bytes | None: ...
+    def get_batch(self, step: int) -> bytes | None:
+        """Batch `step` as put: its header and its items' payloads, back to back; None if not kept."""
 
     @abstractmethod
-    def drop_batches_before(self, step: int) -> None: ...
+    def drop_batches_before(self, step: int) -> None:
+        """Forget every batch before `step`, and the payloads kept for them."""
 
     # --- everything ---
     @abstractmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
@@ -26,7 +26,9 @@ class _State:
         self.counts: dict[int, QueueCounts] = {}
         self.buffers: dict[int, list[BufferedGroup]] = {}
         self.replies: dict[str, str] = {}
-        self.batches: dict[int, bytes] = {}
+        self.batches: dict[int, tuple[bytes, list[int]]] = {}
+        self.kept: dict[int, bytes] = {}
+        """Payloads of popped items that a kept batch refers to, by item id."""
         self.next_id = 1
 
 
@@ -71,7 +73,7 @@ class MemoryTxn(Txn):
     def head(self, env_id: int) -> Iterator[ItemMeta]:
         return (item.meta for item in self._s.queues.get(env_id, ()))
 
-    def pop(self, env_id: int, item_ids: Iterable[int]) -> list[QueuedItem]:
+    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
         wanted = list(item_ids)
         if not wanted:
             return []
@@ -100,6 +102,10 @@ class MemoryTxn(Txn):
 
         self._undo.append(undo)
         removed = [item for item in found if item is not None]
+        if keep_for is not None:
+            for item in removed:
+                self._restore(self._s.kept, item.meta.item_id)
+                self._s.kept[item.meta.item_id] = item.payload
         self._restore(self._s.counts, env_id)
         total = QueueCounts()
         for item in removed:
@@ -124,15 +130,25 @@ class MemoryTxn(Txn):
         self._restore(self._s.replies, key)
         self._s.replies[key] = reply
 
-    def put_batch(self, step: int, payload: bytes) -> None:
+    def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        missing = [i for i in item_ids if i not in self._s.kept]
+        if missing:
+            raise KeyError(f"items {missing} were not popped with keep_for={step}")
         self._restore(self._s.batches, step)
-        self._s.batches[step] = payload
+        self._s.batches[step] = (header, list(item_ids))
 
     def get_batch(self, step: int) -> bytes | None:
-        return self._s.batches.get(step)
+        kept = self._s.batches.get(step)
+        if kept is None:
+            return None
+        header, item_ids = kept
+        return b"".join([header, *(self._s.kept[i] for i in item_ids)])
 
     def drop_batches_before(self, step: int) -> None:
         for old in [s for s in self._s.batches if s < step]:
+            for item_id in self._s.batches[old][1]:
+                self._restore(self._s.kept, item_id)
+                del self._s.kept[item_id]
             self._restore(self._s.batches, old)
             del self._s.batches[old]
 

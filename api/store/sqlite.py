@@ -17,7 +17,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cache
@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgpack
+import numpy as np
 
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
 
@@ -47,29 +48,33 @@ BUSY_TIMEOUT_S = 30.0
 """How long BEGIN IMMEDIATE waits for another process holding the write lock before failing."""
 
 _INT64_MIN = -(2**63)
+_I64 = np.dtype("<i8")
 
 _DDL = {
     "values": 'CREATE TABLE "values" (key TEXT PRIMARY KEY, value TEXT NOT NULL)',
-    "items": "CREATE TABLE items (item_id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, seqs INTEGER NOT NULL, "
-    "tokens INTEGER NOT NULL, policy_step INTEGER NOT NULL, n_groups INTEGER NOT NULL, payload BLOB NOT NULL)",
-    # Covering: reading a queue's head never touches the table rows (nor their payloads).
-    "items_by_env": "CREATE INDEX items_by_env ON items (env_id, item_id, seqs, tokens, policy_step)",
+    # The queues, clustered by env and age: reading a queue's head never touches a payload page.
+    "queue": "CREATE TABLE queue (env_id INTEGER NOT NULL, item_id INTEGER NOT NULL, seqs INTEGER NOT NULL, "
+    "tokens INTEGER NOT NULL, policy_step INTEGER NOT NULL, n_groups INTEGER NOT NULL, "
+    "PRIMARY KEY (env_id, item_id)) WITHOUT ROWID",
+    # Payloads of queued items, and of popped items a kept batch refers to (batches.items).
+    "payloads": "CREATE TABLE payloads (item_id INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
     "counts": "CREATE TABLE counts (env_id INTEGER PRIMARY KEY, items INTEGER NOT NULL, groups INTEGER NOT NULL, "
     "seqs INTEGER NOT NULL, tokens INTEGER NOT NULL)",
     "buffers": "CREATE TABLE buffers (env_id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
     "replies": "CREATE TABLE replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL, created REAL NOT NULL)",
     "replies_by_age": "CREATE INDEX replies_by_age ON replies (created)",
-    "batches": "CREATE TABLE batches (step INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
+    "batches": "CREATE TABLE batches (step INTEGER PRIMARY KEY, header BLOB NOT NULL, items BLOB NOT NULL)",
     # Internal state that clear() keeps: schema_version, next_item_id.
     "meta": "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
 }
-_CLEARED = ('"values"', "items", "counts", "buffers", "replies", "batches")
+_CLEARED = ('"values"', "queue", "payloads", "counts", "buffers", "replies", "batches")
 
 _HEAD = (
-    "SELECT item_id, seqs, tokens, policy_step FROM items INDEXED BY items_by_env "
-    "WHERE env_id = ? AND item_id > ? ORDER BY env_id, item_id LIMIT ?"
+    "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = ? AND item_id > ? ORDER BY env_id, item_id "
+    "LIMIT ?"
 )
-_APPEND = "INSERT INTO items (item_id, env_id, seqs, tokens, policy_step, n_groups, payload) VALUES (?,?,?,?,?,?,?)"
+_APPEND = "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) VALUES (?,?,?,?,?,?)"
+_APPEND_PAYLOAD = "INSERT INTO payloads (item_id, payload) VALUES (?,?)"
 _ADD_COUNTS = (
     "INSERT INTO counts (env_id, items, groups, seqs, tokens) VALUES (?,?,?,?,?) ON CONFLICT (env_id) DO UPDATE SET "
     "items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
@@ -81,9 +86,22 @@ _ADD_COUNTS = (
 def _pop_sql(n: int) -> str:
     marks = ",".join("?" * n)
     return (
-        f"DELETE FROM items WHERE env_id = ? AND item_id IN ({marks}) "
-        "RETURNING item_id, seqs, tokens, policy_step, n_groups, payload"
+        f"DELETE FROM queue WHERE env_id = ? AND item_id IN ({marks}) "
+        "RETURNING item_id, seqs, tokens, policy_step, n_groups"
     )
+
+
+@cache
+def _payloads_sql(n: int, delete: bool) -> str:
+    marks = ",".join("?" * n)
+    if delete:
+        return f"DELETE FROM payloads WHERE item_id IN ({marks}) RETURNING item_id, payload"
+    return f"SELECT item_id, payload FROM payloads WHERE item_id IN ({marks})"
+
+
+def _chunks(ids: list[int]) -> Iterator[list[int]]:
+    for i in range(0, len(ids), POP_CHUNK):
+        yield ids[i : i + POP_CHUNK]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +186,15 @@ class SqliteTxn(Txn):
     """Writes to the queue are batched until something reads it (or the function returns), then written
     with executemany; per-env counts are kept as deltas and written once per transaction."""
 
-    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_delta")
+    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta")
 
     def __init__(self, db: sqlite3.Connection, config: SqliteConfig, ids: _Ids) -> None:
         self._db = db
         self._config = config
         self._ids = ids
         self._now = time.time()
-        self._rows: list[tuple[int, int, int, int, int, int, bytes]] = []
+        self._rows: list[tuple[int, int, int, int, int, int]] = []
+        self._payloads: list[tuple[int, bytes]] = []
         self._delta: dict[int, list[int]] = {}
 
     # --- bookkeeping the store calls around the transaction function ---
@@ -187,7 +206,9 @@ class SqliteTxn(Txn):
     def _flush_items(self) -> None:
         if self._rows:
             self._db.executemany(_APPEND, self._rows)
+            self._db.executemany(_APPEND_PAYLOAD, self._payloads)
             self._rows.clear()
+            self._payloads.clear()
 
     def _flush_counts(self) -> None:
         if self._delta:
@@ -218,7 +239,8 @@ class SqliteTxn(Txn):
 
     def append(self, env_id: int, item: QueuedItem) -> None:
         m = item.meta
-        self._rows.append((m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups, item.payload))
+        self._rows.append((m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups))
+        self._payloads.append((m.item_id, item.payload))
         self._add(env_id, 1, item.n_groups, m.seqs, m.tokens)
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
@@ -237,7 +259,7 @@ class SqliteTxn(Txn):
                 return
             after = rows[-1][0]
 
-    def pop(self, env_id: int, item_ids: Iterable[int]) -> list[QueuedItem]:
+    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
         wanted = list(item_ids)
         if not wanted:
             return []
@@ -245,19 +267,22 @@ class SqliteTxn(Txn):
         db = self._db
         db.execute("SAVEPOINT rollbuf_pop")  # all or nothing, even if the caller catches the KeyError
         try:
-            rows: list[tuple[int, int, int, int, int, bytes]] = []
-            for i in range(0, len(wanted), POP_CHUNK):
-                chunk = wanted[i : i + POP_CHUNK]
+            rows: list[tuple[int, int, int, int, int]] = []
+            for chunk in _chunks(wanted):
                 rows += db.execute(_pop_sql(len(chunk)), (env_id, *chunk)).fetchall()
             if len(rows) != len(wanted):
                 missing = sorted(set(wanted) - {row[0] for row in rows})
                 raise KeyError(f"items {missing or wanted} are not all queued (once) for env {env_id}")
+            # Kept for a batch: read, and left where they are until the batch is acknowledged.
+            payloads: dict[int, bytes] = {}
+            for chunk in _chunks(wanted):
+                payloads.update(db.execute(_payloads_sql(len(chunk), keep_for is None), chunk).fetchall())
         except BaseException:
             db.execute("ROLLBACK TO rollbuf_pop")
             db.execute("RELEASE rollbuf_pop")
             raise
         db.execute("RELEASE rollbuf_pop")
-        found = {row[0]: QueuedItem(ItemMeta(row[0], row[1], row[2], row[3]), row[4], row[5]) for row in rows}
+        found = {row[0]: QueuedItem(ItemMeta(row[0], row[1], row[2], row[3]), row[4], payloads[row[0]]) for row in rows}
         items = [found[i] for i in wanted]
         self._add(
             env_id,
@@ -298,15 +323,38 @@ class SqliteTxn(Txn):
             trim_replies(self._db, self._config, self._now)
 
     # --- formed batches ---
-    def put_batch(self, step: int, payload: bytes) -> None:
-        self._db.execute("INSERT OR REPLACE INTO batches (step, payload) VALUES (?, ?)", (step, payload))
+    def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        ids = list(item_ids)
+        present = sum(
+            self._db.execute(
+                f"SELECT count(*) FROM payloads WHERE item_id IN ({','.join('?' * len(c))})", c
+            ).fetchone()[0]
+            for c in _chunks(ids)
+        )
+        if present != len(set(ids)):
+            raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
+        self._drop_batches("step = ?", step)
+        blob = np.asarray(ids, dtype=_I64).tobytes()
+        self._db.execute("INSERT INTO batches (step, header, items) VALUES (?, ?, ?)", (step, header, blob))
 
     def get_batch(self, step: int) -> bytes | None:
-        row = self._db.execute("SELECT payload FROM batches WHERE step = ?", (step,)).fetchone()
-        return None if row is None else bytes(row[0])
+        row = self._db.execute("SELECT header, items FROM batches WHERE step = ?", (step,)).fetchone()
+        if row is None:
+            return None
+        ids = np.frombuffer(row[1], _I64).tolist()
+        payloads: dict[int, bytes] = {}
+        for chunk in _chunks(ids):
+            payloads.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
+        return b"".join([row[0], *(payloads[i] for i in ids)])
 
     def drop_batches_before(self, step: int) -> None:
-        self._db.execute("DELETE FROM batches WHERE step < ?", (step,))
+        self._drop_batches("step < ?", step)
+
+    def _drop_batches(self, where: str, step: int) -> None:
+        rows = self._db.execute(f"DELETE FROM batches WHERE {where} RETURNING items", (step,)).fetchall()
+        ids = [i for (items,) in rows for i in np.frombuffer(items, _I64).tolist()]
+        for chunk in _chunks(ids):
+            self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({','.join('?' * len(chunk))})", chunk)
 
     def clear(self) -> None:
         self._rows.clear()
@@ -511,6 +559,9 @@ class SqliteStore(Store):
             db.execute("PRAGMA journal_size_limit = 67108864")  # truncate a WAL that one big transaction grew
             db.execute("PRAGMA cache_size = -65536")  # 64 MiB: the queues' indexes stay in memory
             db.execute("PRAGMA wal_autocheckpoint = 0")  # the _Checkpointer does it, off the writer's path
+            # Debian builds SQLite with SECURE_DELETE: every popped payload would be overwritten with zeros, as
+            # many bytes written again as were queued. This buffer is no security boundary: free pages are reused.
+            db.execute("PRAGMA secure_delete = OFF")
             db.execute("BEGIN IMMEDIATE")
             try:
                 _create_or_migrate(db, self.path)

@@ -66,10 +66,11 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
         txn.append(0, item(txn))
         txn.append(7, item(txn))
         txn.pop(0, [ids[1]])
+        txn.pop(0, [ids[2]], keep_for=3)
         txn.set_value("k", "v")
         txn.set_buffer(0, [BufferedGroup(2, 20, 0, b"x")])
         txn.put_reply("key", "reply")
-        txn.put_batch(3, b"batch")
+        txn.put_batch(3, b"batch", [ids[2]])
         txn.clear()
         txn.set_value("after-clear", "1")
         raise RuntimeError("boom")
@@ -95,7 +96,7 @@ async def test_values_buffers_replies_batches_round_trip(store: Store) -> None:
         t.set_buffer(3, buf)
         t.put_reply("r", '{"status": "received"}')
         for step in range(5):
-            t.put_batch(step, f"batch{step}".encode())
+            t.put_batch(step, f"batch{step}".encode(), [])
         t.drop_batches_before(3)
 
     await store.transact(write)
@@ -202,3 +203,40 @@ async def test_concurrent_transactions_fail_alone(store: Store) -> None:
     ids, values, counted = await store.transact(read)
     assert ids == acked and counted == len(acked) == 160
     assert values == [None if n % 5 == 0 else str(n) for n in range(200)]
+
+
+async def test_kept_batch_refers_to_popped_payloads_until_acknowledged(store: Store) -> None:
+    a = await fill(store, 0, 3)
+    b = await fill(store, 1, 2)
+
+    def form(t: Txn) -> list[bytes]:
+        popped = [*t.pop(1, [b[1], b[0]], keep_for=7), *t.pop(0, [a[0]], keep_for=7)]
+        t.put_batch(7, b"<header>", [it.meta.item_id for it in popped])
+        return [it.payload for it in popped]
+
+    payloads = await store.transact(form)
+    assert payloads == [f"payload-{i}".encode() for i in (b[1], b[0], a[0])]
+    expected = b"<header>" + b"".join(payloads)
+    assert await store.transact(lambda t: t.get_batch(7)) == expected
+    # Popped: gone from the queues and their counts, whether kept or not.
+    assert await store.transact(lambda t: ([m.item_id for m in t.head(0)], [m.item_id for m in t.head(1)])) == (
+        a[1:],
+        [],
+    )
+    assert (await store.transact(lambda t: t.counts()))[0] == QueueCounts(2, 2, 8, 80)
+    await store.transact(lambda t: t.drop_batches_before(7))
+    assert await store.transact(lambda t: t.get_batch(7)) == expected, "only earlier batches are dropped"
+    await store.transact(lambda t: t.drop_batches_before(8))
+    assert await store.transact(lambda t: t.get_batch(7)) is None
+
+
+async def test_a_batch_of_items_not_kept_is_refused(store: Store) -> None:
+    ids = await fill(store, 0, 2)
+
+    def form(t: Txn) -> None:
+        t.pop(0, [ids[0]])  # not kept: its payload is gone
+        t.put_batch(1, b"h", [ids[0]])
+
+    with pytest.raises(KeyError):
+        await store.transact(form)
+    assert [m.item_id for m in await store.transact(lambda t: list(t.head(0)))] == ids, "nothing applied"

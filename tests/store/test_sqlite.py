@@ -59,7 +59,10 @@ async def test_reopen_keeps_everything(tmp_path: Path) -> None:
             t.append(env, QueuedItem(meta, 1, b"p%d" % meta.item_id))
             ids.append(meta.item_id)
         t.set_value("step", "7")
-        t.put_batch(6, b"batch")
+        kept = ItemMeta(t.next_item_id(), 1, 10, 1)
+        t.append(2, QueuedItem(kept, 1, b"-kept"))
+        t.pop(2, [kept.item_id], keep_for=6)
+        t.put_batch(6, b"batch", [kept.item_id])
         return ids
 
     ids = await store.transact(fill)
@@ -70,7 +73,7 @@ async def test_reopen_keeps_everything(tmp_path: Path) -> None:
             lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
                        t.next_item_id())
         )  # fmt: skip
-        assert got[:4] == ([ids[0], ids[2]], "7", b"batch", 2)
+        assert got[:4] == ([ids[0], ids[2]], "7", b"batch-kept", 2)
         assert got[4] > max(ids)
     finally:
         await store.close()
