@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import formation, rss, runner, transport
-from bench.http import run_harness, run_ingest
+from bench.http import MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
 INGEST_CLIENTS = [1, 8, 32]
@@ -48,6 +48,9 @@ def main() -> None:
                     phases = "batch" if " x" in name else "memory,batch"
                     results += run_harness(target, phases, HTTP_ARGS)
                     results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
+                    if name.startswith("rollbuf"):  # the binary ingest path, as rollout_client submits
+                        binary = run_ingest(target, INGEST_CLIENTS, INGEST_ARGS, transport=MSGPACK_TRANSPORT)
+                        results += [{**r, "target": f"{name} msgpack"} for r in binary]
             with serve(*ceiling(Path(tmp) / "c.log"), Path(tmp) / "c.log", ready_path="/ping") as target:
                 results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
     if args.only in (None, "runner"):
@@ -72,25 +75,28 @@ def report(results: list[dict[str, Any]]) -> str:
             lines.append(f"  {store:7} " + " | ".join(row))
     targets = sorted({r["target"] for r in results if "target" in r})
     if targets:
-        lines.append("\ningest at 1 / 8 / 32 clients, plain JSON, 8 x 512-4096 tokens per group:")
-        lines.append(f"  {'':16} {'groups/s':28} server CPU ms per group")
+        lines.append("\ningest at 1 / 8 / 32 clients, 8 x 512-4096 tokens per group (JSON unless marked msgpack):")
+        lines.append(f"  {'':24} {'groups/s':28} server CPU ms per group")
         for t in targets:
             rows = [r for r in results if r.get("target") == t and r.get("phase") == "ingest"]
             rate = " / ".join(f"{r.get('groups_per_s', r.get('error'))}" for r in rows)
             cpu = " / ".join(f"{r.get('server_cpu_ms_per_group')}" for r in rows)
-            lines.append(f"  {t:16} {rate:28} {cpu}")
+            if rows:
+                lines.append(f"  {t:24} {rate:28} {cpu}")
         lines.append("\n/batch latency p50 (ms; JSON, sequences of 2048 tokens):")
         for t in targets:
             row = [f"B={r['batch_size']}: {r['latency'].get('p50_ms')}" for r in results
                    if r.get("target") == t and r.get("phase") == "batch" and "latency" in r]  # fmt: skip
             row += [f"B={r.get('batch_size')}: {r['error']}" for r in results
                     if r.get("target") == t and r.get("phase") == "batch" and "error" in r]  # fmt: skip
-            lines.append(f"  {t:16} " + "  ".join(row))
+            if row:
+                lines.append(f"  {t:24} " + "  ".join(row))
         lines.append("\nserver RSS per queued token position (bytes; raw int32+int32+float32 = 12):")
         for t in targets:
             row = [f"{r.get('bytes_per_token_position')}" for r in results
                    if r.get("target") == t and r.get("phase") == "memory"]  # fmt: skip
-            lines.append(f"  {t:16} " + " ".join(row))
+            if row:
+                lines.append(f"  {t:24} " + " ".join(row))
     lines += rss.report(results)
     return "\n".join(lines)
 

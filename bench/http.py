@@ -44,25 +44,34 @@ def cpu_seconds(pid: int) -> float:
     return total / _TICK
 
 
-def run_harness(target: Target, phases: str, extra: list[str], timeout: float = 600) -> list[dict[str, Any]]:
+MSGPACK_TRANSPORT = "bench.harness_msgpack:MsgpackTransport"
+
+
+def run_harness(
+    target: Target, phases: str, extra: list[str], timeout: float = 600, transport: str = "json"
+) -> list[dict[str, Any]]:
     if not HARNESS.exists():
         raise SystemExit(f"{HARNESS} is missing: the load harness lives in ../shared/bench beside the checkout")
     with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
         out = Path(f.name)
-    cmd = [harness_python(), str(HARNESS), "--url", target.url, "--phases", phases, "--out", str(out),
-           "--pid", str(target.pid), "--label", target.name, *extra]  # fmt: skip
-    subprocess.run(cmd, check=False, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    # The binary plug-in imports rollbuf's encoder: run the harness in this environment, with this checkout.
+    python, env = (
+        (harness_python(), None) if transport == "json" else (sys.executable, {**os.environ, "PYTHONPATH": str(ROOT)})
+    )
+    cmd = [python, str(HARNESS), "--url", target.url, "--phases", phases, "--out", str(out), "--pid", str(target.pid),
+           "--label", target.name, "--transport", transport, *extra]  # fmt: skip
+    subprocess.run(cmd, check=False, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     out.unlink()
     return [{**r, "target": target.name} for r in records if r.get("phase") in ("ingest", "batch", "memory")]
 
 
-def run_ingest(target: Target, clients: list[int], extra: list[str]) -> list[dict[str, Any]]:
+def run_ingest(target: Target, clients: list[int], extra: list[str], transport: str = "json") -> list[dict[str, Any]]:
     """One harness call per client count, with the server's CPU time per acknowledged group."""
     out = []
     for k in clients:
         before = cpu_seconds(target.pid)
-        records = run_harness(target, "ingest", ["--ingest-clients", str(k), *extra])
+        records = run_harness(target, "ingest", ["--ingest-clients", str(k), *extra], transport=transport)
         used = cpu_seconds(target.pid) - before
         for r in records:
             ok = r.get("requests_ok") or 0
