@@ -9,7 +9,7 @@ This module imports numpy and msgpack only: the clients use it too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,14 +112,6 @@ def _from_map(m: dict[str, Any]) -> GroupRecord:
         floats=floats,
         meta=m.get("meta") or {},
     )
-
-
-def iter_records(payload: Buffer) -> Iterator[GroupRecord]:
-    """Records stored back to back, in order."""
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1))
-    unpacker.feed(payload)
-    for m in unpacker:
-        yield _from_map(m)
 
 
 def decode(data: Buffer) -> GroupRecord:

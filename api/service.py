@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgpack
-import orjson
 
 from api import state
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
@@ -28,7 +27,6 @@ from api.schema import (
     RegisterEnv,
     Registration,
     ScoredData,
-    ScoredListReply,
     ScoredReply,
     Status,
 )
@@ -65,7 +63,7 @@ class Submission:
 
 
 HEADER_MAX = 32
-"""Longest `FormedBatch.pack` header: a msgpack array of three ints (1 + 3 * 9 bytes)."""
+"""Longest `FormedBatch` header: a msgpack array of three ints (1 + 3 * 9 bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +76,7 @@ class FormedBatch:
     seqs: int
     tokens: int
     stored: bytes
-    """`pack()`: a small msgpack header, then `records`."""
+    """A small msgpack header (groups, sequences, tokens), then `records`: what `Txn.get_batch` returns."""
     offset: int
     """Where `records` starts in `stored`."""
 
@@ -93,12 +91,8 @@ class FormedBatch:
         stored = b"".join([header, msgpack_array_header(n_groups), *payloads])
         return cls(step, n_groups, seqs, tokens, stored, len(header))
 
-    def pack(self) -> bytes:
-        """As kept in the store until acknowledged: a small msgpack header, then the records as they are."""
-        return self.stored
-
     def prefix(self) -> bytes:
-        """What precedes the group payloads in `pack()`: the header and the records' array header."""
+        """What precedes the group payloads in `stored`: the header and the records' array header (`Txn.put_batch`)."""
         return self.stored[: self.offset + len(msgpack_array_header(self.n_groups))]
 
     @classmethod
@@ -499,7 +493,3 @@ def _capacity_groups(counts: dict[int, QueueCounts], env: EnvRecord, limits: Que
         if limits.max_env_tokens is not None:
             room.append(math.floor((limits.max_env_tokens - mine.tokens) / avg_tokens))
     return max(0, min(room)) if room else None
-
-
-def dumps_reply(reply: ScoredReply | ScoredListReply) -> bytes:
-    return orjson.dumps(reply.model_dump(exclude_none=True))

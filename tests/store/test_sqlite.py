@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from api.store.base import ItemMeta, QueuedItem, Txn
-from api.store.sqlite import SqliteConfig, SqliteStore, parse_url
+from api.store.sqlite import CHECKPOINT_EVERY, SqliteConfig, SqliteStore, parse_url
 
 pytestmark = pytest.mark.anyio
 
@@ -110,5 +112,22 @@ async def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
         assert set(acked) <= set(ids), "an acknowledged item was lost"
         assert counted == len(ids), "counts disagree with the queue"
         assert all(p.startswith(b"x" * 5000) for p in payloads)
+    finally:
+        await store.close()
+
+
+async def test_wal_is_checkpointed_into_the_database_while_open(tmp_path: Path) -> None:
+    """The writer never checkpoints (wal_autocheckpoint=0); the checkpointer thread must, or the WAL grows
+    for as long as the server runs."""
+    path = tmp_path / "wal.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        start = path.stat().st_size
+        for _ in range(CHECKPOINT_EVERY + 1):  # enough commits to wake the checkpointer
+            await store.transact(lambda t: t.append(0, QueuedItem(ItemMeta(t.next_item_id(), 1, 1, 0), 1, b"x" * 4000)))
+        deadline = time.monotonic() + 30
+        while path.stat().st_size < start + CHECKPOINT_EVERY * 4000:
+            assert time.monotonic() < deadline, "nothing was checkpointed into the database file"
+            await asyncio.sleep(0.05)  # polling interval
     finally:
         await store.close()
