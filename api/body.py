@@ -7,6 +7,7 @@ than FastAPI's stdlib-json body parsing; errors keep FastAPI's 422 shape with `l
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -60,15 +61,18 @@ def parse_json(adapter: TypeAdapter[T], raw: bytes) -> T:
         obj: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         # Not strict JSON (NaN, say) or not JSON at all: pydantic's own parser gives the precise error.
-        return _validate(adapter, raw, from_json=True)
-    return _validate(adapter, obj, from_json=False)
+        return _validated(lambda: adapter.validate_json(raw))
+    return validate(adapter, obj)
 
 
-def _validate(adapter: TypeAdapter[T], data: Any, *, from_json: bool) -> T:
+def validate(adapter: TypeAdapter[T], data: Any) -> T:
+    """Validate decoded JSON; 422 with FastAPI's error shape when it does not fit the schema."""
+    return _validated(lambda: adapter.validate_python(data))
+
+
+def _validated(run: Callable[[], T]) -> T:
     try:
-        if from_json:
-            return adapter.validate_json(data)
-        return adapter.validate_python(data)
+        return run()
     except ValidationError as exc:
         errors = [
             {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}

@@ -19,6 +19,7 @@ from api import state
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
 from api.errors import Conflict, Gone, InvalidData, NotFound, Unavailable
 from api.filters import STALE, filter_reason, release_from_buffer
+from api.json_groups import JsonGroup
 from api.records import GroupRecord, encode, msgpack_array_header
 from api.schema import (
     EnvRegistered,
@@ -26,7 +27,6 @@ from api.schema import (
     Info,
     RegisterEnv,
     Registration,
-    ScoredData,
     ScoredReply,
     Status,
 )
@@ -244,19 +244,20 @@ class Service:
         return self.limits_for(run)
 
     async def submit(
-        self, groups: Sequence[ScoredData], run: RunState, idempotency_key: str | None = None
+        self, groups: Sequence[JsonGroup], run: RunState, idempotency_key: str | None = None
     ) -> list[ScoredReply]:
         """Validate, pack and store groups all-or-nothing. `run` is a recent snapshot; the transaction
         re-checks that the run it was validated against is still the one in the store."""
         limits = self.ingest_limits(run)
         subs: list[Submission] = []
-        for i, sd in enumerate(groups):
+        for i, group in enumerate(groups):
+            sd = group.data
             loc: tuple[str | int, ...] = ("body", i) if idempotency_key is None and len(groups) > 1 else ("body",)
             if sd.env_id is not None and run.env(sd.env_id) is None:
                 raise InvalidData((*loc, "env_id"), f"no environment with env_id {sd.env_id} is registered")
             try:
                 step = run.step if sd.policy_step is None else sd.policy_step
-                record = pack_group(sd, env_id=sd.env_id, policy_step=step, limits=limits)
+                record = pack_group(sd, env_id=sd.env_id, policy_step=step, limits=limits, columns=group.columns)
             except InvalidData as exc:
                 raise exc.at(*loc) from None
             key = idempotency_key or (f"g:{sd.env_id}:{sd.group_id}" if sd.group_id else None)

@@ -12,6 +12,7 @@ from api.binary import check_body
 from api.body import parse_json, read_body
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
+from api.json_groups import read_groups
 from api.records import MSGPACK, dumps, is_msgpack
 from api.schema import (
     EnvIdentifier,
@@ -28,8 +29,6 @@ from api.state import RunState
 
 router = APIRouter(tags=["environments"])
 
-_ONE = TypeAdapter(ScoredData)
-_LIST = TypeAdapter(list[ScoredData])
 _ENV_ID = TypeAdapter(EnvIdentifier)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorBody, "description": "Body too large"},
@@ -116,9 +115,9 @@ async def scored_data(
         subs = _binary_submissions(raw, run, service, many=False, idempotency_key=key)
         [reply] = await service.store_submissions(subs, run)
     else:
-        group = parse_json(_ONE, raw)
+        groups = read_groups(raw, many=False)
         run = await service.run_state()
-        [reply] = await service.submit([group], run, idempotency_key=key)
+        [reply] = await service.submit(groups, run, idempotency_key=key)
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
@@ -138,7 +137,7 @@ async def scored_data_list(request: Request, service: ServiceDep, settings: Sett
         run = await service.run_state()
         replies = await service.store_submissions(_binary_submissions(raw, run, service, many=True), run)
     else:
-        groups = parse_json(_LIST, raw)
+        groups = read_groups(raw, many=True)
         run = await service.run_state()
         replies = await service.submit(groups, run)
     buffered = [r for r in replies if r.status == "buffered"]

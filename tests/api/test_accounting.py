@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api.json_groups import JsonGroup
 from api.records import decode_batch
 from api.schema import RegisterEnv, Registration, ScoredData
 from api.service import FormedBatch, Service
@@ -52,7 +53,7 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
                 scores=[1.0] * sizes[env_id] if same_scores else None,
             )
             run_state = await service.run_state()
-            await service.submit([ScoredData.model_validate(body)], run_state)
+            await service.submit([JsonGroup(ScoredData.model_validate(body))], run_state)
             submitted.add(gid)
         else:
             result = await service.next_batch()
