@@ -29,12 +29,10 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
-from pydantic import TypeAdapter
 
 from api.binary import check_record
-from api.body import parse_json
+from api.json_groups import read_groups
 from api.records import MSGPACK, encode, encode_submission
-from api.schema import ScoredData
 from api.validation import GroupLimits, pack_group
 from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
 from trainer_client.arrays import Batch
@@ -51,7 +49,6 @@ ATROPOS_REPS = {256: 2, 1024: 2}
 POST_GROUPS = 8
 """Groups per /scored_data_list request while filling."""
 TIMEOUT = httpx.Timeout(300.0, connect=10.0)
-_SCORED = TypeAdapter(ScoredData)
 
 
 def make_pool(rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -209,8 +206,8 @@ def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
     canonical = encode_submission(**group, policy_step=0)
 
     def json_path() -> None:
-        sd = parse_json(_SCORED, json_body)
-        encode(pack_group(sd, env_id=None, policy_step=0, limits=limits))
+        [g] = read_groups(json_body, many=False)
+        encode(pack_group(g.data, env_id=None, policy_step=0, limits=limits, columns=g.columns))
 
     def binary_path(raw: bytes) -> Callable[[], None]:
         return lambda: check_record(raw, env_ids=(), current_step=0, limits=limits)
