@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import formation, rss, runner, transport
-from bench.http import MSGPACK_TRANSPORT, run_harness, run_ingest
+from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
 INGEST_CLIENTS = [1, 8, 32]
@@ -49,6 +49,9 @@ def main() -> None:
                     phases = "batch" if " x" in name else "memory,batch"
                     results += run_harness(target, phases, HTTP_ARGS)
                     results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
+                    # JSON gzipped as Atropos handlers post it: the server's gunzip is on their path
+                    gzipped = run_ingest(target, INGEST_CLIENTS, INGEST_ARGS, transport=GZIP_TRANSPORT)
+                    results += [{**r, "target": f"{name} gzip"} for r in gzipped]
                     if name.startswith("rollbuf"):  # the binary ingest path, as rollout_client submits
                         binary = run_ingest(target, INGEST_CLIENTS, INGEST_ARGS, transport=MSGPACK_TRANSPORT)
                         results += [{**r, "target": f"{name} msgpack"} for r in binary]
@@ -76,7 +79,8 @@ def report(results: list[dict[str, Any]]) -> str:
             lines.append(f"  {store:7} " + " | ".join(row))
     targets = sorted({r["target"] for r in results if "target" in r})
     if targets:
-        lines.append("\ningest at 1 / 8 / 32 clients, 8 x 512-4096 tokens per group (JSON unless marked msgpack):")
+        lines.append("\ningest at 1 / 8 / 32 clients, 8 x 512-4096 tokens per group (JSON; gzip: JSON gzipped")
+        lines.append("as Atropos handlers post it; msgpack: rollbuf's binary encoding):")
         lines.append(f"  {'':24} {'groups/s':28} server CPU ms per group")
         for t in targets:
             rows = [r for r in results if r.get("target") == t and r.get("phase") == "ingest"]

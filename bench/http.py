@@ -45,6 +45,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 MSGPACK_TRANSPORT = "bench.harness_msgpack:MsgpackTransport"
+GZIP_TRANSPORT = "bench.harness_gzip:GzipJsonTransport"
 
 
 def run_harness(
