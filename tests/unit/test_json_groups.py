@@ -169,6 +169,8 @@ def test_what_the_direct_path_leaves_to_the_schema(tokens: str) -> None:
     raw = f'{{"tokens":{tokens},"masks":[[-100],[-100]],"scores":[1,2]}}'.encode()
     assert _read_direct(raw, many=False) is None
     assert direct(raw, False) == schema_path(raw, False)
+    # A proxy left alive into the shared parser would make it refuse the next body, silently (slow path).
+    assert _read_direct(b'{"tokens":[[1]],"masks":[[1]],"scores":[1]}', many=False) is not None
 
 
 def test_escapes_and_duplicates_go_to_the_schema_path() -> None:
