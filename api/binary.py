@@ -28,8 +28,8 @@ from api.records import (
     encode,
     split_records,
 )
-from api.schema import MASK_IGNORE, ScoredData
-from api.validation import GroupLimits
+from api.schema import ScoredData
+from api.validation import GroupLimits, check_lengths, check_rows, check_values
 
 GROUP_ID_MAX = 200
 """Longest group id, as on the JSON path (`ScoredData.group_id`)."""
@@ -81,43 +81,12 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
         raise InvalidData(("group_id",), f"must be a string of 1 to {GROUP_ID_MAX} characters, or nil")
 
     lengths = _array(m, "lengths", I32)
-    n = lengths.shape[0]
-    if n == 0:
-        raise InvalidData(("lengths",), "a group needs at least one sequence")
-    if n > limits.max_group_seqs:
-        raise InvalidData(("lengths",), f"{n} sequences in one group; at most {limits.max_group_seqs} are accepted")
-    if (lengths <= 0).any():
-        raise InvalidData(("lengths", int(np.argmax(lengths <= 0))), "empty sequence (lengths must be positive)")
-    too_long = lengths > limits.max_token_len
-    if too_long.any():
-        i = int(np.argmax(too_long))
-        raise InvalidData(
-            ("lengths", i), f"{int(lengths[i])} tokens exceed the trainer's max_token_len of {limits.max_token_len}"
-        )
-    total = int(lengths.sum(dtype=np.int64))
-    if limits.max_group_tokens is not None and total > limits.max_group_tokens:
-        rule = f"{total} tokens in one group exceed the trainer's max_batch_tokens of {limits.max_group_tokens}"
-        raise InvalidData(("lengths",), rule)
+    total = check_lengths(lengths, limits, "lengths")
     tokens = _array(m, "tokens", I32, count=total)
     masks = _array(m, "masks", I32, count=total)
-    bad = (masks != MASK_IGNORE) & (masks != tokens)
-    if bad.any():
-        pos = int(np.argmax(bad))
-        seq = int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
-        offset = pos - int(lengths[:seq].sum())
-        rule = f"mask must be {MASK_IGNORE} or the token id {int(tokens[pos])}, got {int(masks[pos])}"
-        raise InvalidData(("masks", seq, offset), rule)
-    scores = _array(m, "scores", F64, count=n, what="one per sequence")
-    if not np.isfinite(scores).all():
-        raise InvalidData(("scores", int(np.argmin(np.isfinite(scores)))), "scores must be finite (no NaN or infinity)")
-    floats: dict[str, np.ndarray] = {}
-    for name in FLOAT_FIELDS:
-        if m.get(name) is None:
-            continue
-        arr = _array(m, name, F32, count=total)
-        if not np.isfinite(arr).all():
-            raise InvalidData((name,), "values must be finite (no NaN or infinity)")
-        floats[name] = arr
+    scores = _array(m, "scores", F64, count=lengths.shape[0], what="one per sequence")
+    floats = {name: _array(m, name, F32, count=total) for name in FLOAT_FIELDS if m.get(name) is not None}
+    check_values(lengths, tokens, masks, scores, floats)
     raw_meta = m.get("meta")
     meta = _check_meta(raw_meta, lengths)
 
@@ -176,12 +145,9 @@ def _check_meta(raw: Any, lengths: np.ndarray) -> dict[str, Any]:
         raise InvalidData(("meta", *err["loc"]), err["msg"]) from None
     for name in ("distill_token_ids", "distill_logprobs"):
         rows = getattr(sd, name)
-        if rows is None:
-            continue
-        if len(rows) != lengths.shape[0]:
-            rule = f"{len(rows)} rows for {lengths.shape[0]} sequences: need one per sequence"
-            raise InvalidData(("meta", name), rule)
-        for i, (row, length) in enumerate(zip(rows, lengths.tolist(), strict=True)):
-            if len(row) != length:
-                raise InvalidData(("meta", name, i), f"{len(row)} values for {length} tokens: lengths must match")
+        if rows is not None:
+            try:
+                check_rows(name, np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), lengths)
+            except InvalidData as exc:
+                raise exc.at("meta") from None
     return {name: getattr(sd, name) for name in META_FIELDS if getattr(sd, name) is not None}

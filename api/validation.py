@@ -72,74 +72,40 @@ def pack_group(
     limits: GroupLimits,
     columns: Mapping[str, Column] | None = None,
 ) -> GroupRecord:
-    """Validate one group and pack it into flat arrays; raise InvalidData naming the field and the rule.
+    """Validate one JSON group and pack it into flat arrays; raise InvalidData naming the field and the rule.
 
     `columns` are its per-token fields when the JSON was read straight into arrays; without them they are
     taken from `sd`'s lists. Every rule is checked here, on the columns, whichever way they were read.
     """
     cols = columns_from_lists(sd) if columns is None else columns
     lengths = cols["tokens"].lengths
+    check_lengths(lengths, limits, "tokens")
     n = lengths.shape[0]
-    if n == 0:
-        raise InvalidData(("tokens",), "a group needs at least one sequence")
-    if n > limits.max_group_seqs:
-        raise InvalidData(("tokens",), f"{n} sequences in one group; at most {limits.max_group_seqs} are accepted")
-    if cols["masks"].lengths.shape[0] != n:
+    mask_lengths = cols["masks"].lengths
+    if mask_lengths.shape[0] != n:
+        raise InvalidData(("masks",), f"{mask_lengths.shape[0]} mask rows for {n} sequences: need one per sequence")
+    wrong = mask_lengths != lengths
+    if wrong.any():
+        i = int(np.argmax(wrong))
         raise InvalidData(
-            ("masks",), f"{cols['masks'].lengths.shape[0]} mask rows for {n} sequences: need one per sequence"
+            ("masks", i), f"{int(mask_lengths[i])} mask values for {int(lengths[i])} tokens: lengths must match"
         )
     if len(sd.scores) != n:
         raise InvalidData(("scores",), f"{len(sd.scores)} scores for {n} sequences: need one per sequence")
-
-    mask_lengths = cols["masks"].lengths
-    bad_row = (lengths == 0) | (lengths > limits.max_token_len) | (mask_lengths != lengths)
-    if bad_row.any():
-        i = int(np.argmax(bad_row))
-        length = int(lengths[i])
-        if length == 0:
-            raise InvalidData(("tokens", i), "empty sequence")
-        if length > limits.max_token_len:
-            raise InvalidData(
-                ("tokens", i), f"{length} tokens exceed the trainer's max_token_len of {limits.max_token_len}"
-            )
-        raise InvalidData(("masks", i), f"{int(mask_lengths[i])} mask values for {length} tokens: lengths must match")
-    total = int(lengths.sum())
-    if limits.max_group_tokens is not None and total > limits.max_group_tokens:
-        raise InvalidData(
-            ("tokens",),
-            f"{total} tokens in one group exceed the trainer's max_batch_tokens of {limits.max_group_tokens}",
-        )
-
     floats: dict[str, np.ndarray] = {}
     for name in FLOAT_FIELDS:
         col = cols.get(name)
-        if col is None:
-            continue
-        _check_rows(name, col.lengths, lengths)
-        if not np.isfinite(col.values).all():
-            raise InvalidData((name,), "values must be finite (no NaN or infinity)")
-        floats[name] = col.values.astype(F32)
+        if col is not None:
+            check_rows(name, col.lengths, lengths)
+            with np.errstate(over="ignore"):  # beyond float32's range becomes infinity: check_values refuses it
+                floats[name] = col.values.astype(F32)
     for name in ("distill_token_ids", "distill_logprobs"):
         rows = getattr(sd, name)
         if rows is not None:
-            _check_rows(name, np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), lengths)
-
-    tokens = cols["tokens"].values
-    if tokens.size and (tokens.min() < INT32_MIN or tokens.max() > INT32_MAX):
-        raise InvalidData(("tokens",), "token ids must fit in int32")
-    masks = cols["masks"].values
-    bad = (masks != MASK_IGNORE) & (masks != tokens)
-    if bad.any():
-        pos = int(np.argmax(bad))
-        seq = int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
-        offset = pos - int(lengths[:seq].sum())
-        raise InvalidData(
-            ("masks", seq, offset),
-            f"mask must be {MASK_IGNORE} or the token id {int(tokens[pos])}, got {int(masks[pos])}",
-        )
+            check_rows(name, np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), lengths)
+    tokens, masks = cols["tokens"].values, cols["masks"].values
     scores = np.asarray(sd.scores, dtype=F64)
-    if not np.isfinite(scores).all():
-        raise InvalidData(("scores", int(np.argmin(np.isfinite(scores)))), "scores must be finite (no NaN or infinity)")
+    check_values(lengths, tokens, masks, scores, floats)
 
     meta = {name: getattr(sd, name) for name in META_FIELDS if getattr(sd, name) is not None}
     return GroupRecord(
@@ -155,7 +121,35 @@ def pack_group(
     )
 
 
-def _check_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
+# ------------------------------------------------------------------ the rules, shared with the binary path
+
+
+def check_lengths(lengths: np.ndarray, limits: GroupLimits, field: str) -> int:
+    """Sequences per group and tokens per sequence within the trainer's limits; returns the group's tokens.
+
+    Errors are located at `field`: the JSON path's tokens, the binary path's lengths."""
+    n = lengths.shape[0]
+    if n == 0:
+        raise InvalidData((field,), "a group needs at least one sequence")
+    if n > limits.max_group_seqs:
+        raise InvalidData((field,), f"{n} sequences in one group; at most {limits.max_group_seqs} are accepted")
+    bad = (lengths <= 0) | (lengths > limits.max_token_len)
+    if bad.any():
+        i = int(np.argmax(bad))
+        length = int(lengths[i])
+        if length > limits.max_token_len:
+            rule = f"{length} tokens exceed the trainer's max_token_len of {limits.max_token_len}"
+            raise InvalidData((field, i), rule)
+        raise InvalidData((field, i), "empty sequence" if length == 0 else "lengths must be positive")
+    total = int(lengths.sum(dtype=np.int64))
+    if limits.max_group_tokens is not None and total > limits.max_group_tokens:
+        rule = f"{total} tokens in one group exceed the trainer's max_batch_tokens of {limits.max_group_tokens}"
+        raise InvalidData((field,), rule)
+    return total
+
+
+def check_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
+    """One row per sequence, each as long as its tokens."""
     if row_lengths.shape[0] != lengths.shape[0]:
         raise InvalidData(
             (name,), f"{row_lengths.shape[0]} rows for {lengths.shape[0]} sequences: need one per sequence"
@@ -164,3 +158,25 @@ def _check_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None
     if wrong.any():
         i = int(np.argmax(wrong))
         raise InvalidData((name, i), f"{int(row_lengths[i])} values for {int(lengths[i])} tokens: lengths must match")
+
+
+def check_values(
+    lengths: np.ndarray, tokens: np.ndarray, masks: np.ndarray, scores: np.ndarray, floats: Mapping[str, np.ndarray]
+) -> None:
+    """Token ids fit int32, each mask is -100 or its token id, scores and per-token floats (as float32,
+    the type they are stored in) are finite."""
+    if tokens.size and (tokens.min() < INT32_MIN or tokens.max() > INT32_MAX):
+        raise InvalidData(("tokens",), "token ids must fit in int32")
+    bad = (masks != MASK_IGNORE) & (masks != tokens)
+    if bad.any():
+        pos = int(np.argmax(bad))
+        seq = int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
+        offset = pos - int(lengths[:seq].sum())
+        rule = f"mask must be {MASK_IGNORE} or the token id {int(tokens[pos])}, got {int(masks[pos])}"
+        raise InvalidData(("masks", seq, offset), rule)
+    finite = np.isfinite(scores)
+    if not finite.all():
+        raise InvalidData(("scores", int(np.argmin(finite))), "scores must be finite (no NaN or infinity)")
+    for name, values in floats.items():
+        if not np.isfinite(values).all():
+            raise InvalidData((name,), "values must be finite float32 (no NaN, no infinity, none beyond 3.4e38)")

@@ -78,3 +78,21 @@ def test_side_buffer_release_is_exact_and_oldest_first(sizes: list[int], target:
     assert (picked is None) == (not exact)
     if picked is not None:
         assert sum(sizes[i] for i in picked) == target and picked == sorted(set(picked))
+
+
+def test_a_logprob_beyond_float32_is_rejected_not_stored_as_infinity() -> None:
+    body = group(2, length=4)
+    body["inference_logprobs"][1][2] = 1e300  # finite as a float64, infinite in the float32 it is stored as
+    with pytest.raises(InvalidData, match="finite float32") as exc:
+        pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+    assert exc.value.loc == ("inference_logprobs",)
+
+
+def test_negative_and_zero_lengths_are_named() -> None:
+    from api.validation import check_lengths
+
+    with pytest.raises(InvalidData, match="lengths must be positive") as exc:
+        check_lengths(np.array([3, -1], dtype=np.int32), LIMITS, "lengths")
+    assert exc.value.loc == ("lengths", 1)
+    with pytest.raises(InvalidData, match="empty sequence"):
+        check_lengths(np.array([0], dtype=np.int32), LIMITS, "tokens")
