@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import orjson
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from isal import isal_zlib
+from isal import igzip, igzip_lib, isal_zlib
 from pydantic import TypeAdapter, ValidationError
 
 from api.errors import BadEncoding, PayloadTooLarge
@@ -55,6 +55,16 @@ def gunzip(data: bytes, limit: int) -> bytes:
     if not inflater.eof:
         raise BadEncoding("invalid gzip body: truncated")
     return out
+
+
+def accepts_gzip(request: Request) -> bool:
+    """The rule of Starlette's gzip middleware, so every response follows the same one."""
+    return "gzip" in request.headers.get("accept-encoding", "")
+
+
+def gzip_compress(data: bytes, level: int) -> bytes:
+    """gzip with ISA-L, whose levels stop at 3: `level` (1-9, zlib's scale) is capped there."""
+    return igzip.compress(data, compresslevel=min(level, igzip_lib.ISAL_BEST_COMPRESSION))
 
 
 def parse_json(adapter: TypeAdapter[T], raw: bytes) -> T:

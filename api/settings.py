@@ -55,7 +55,8 @@ class Settings(BaseSettings):
     max_decompressed_bytes: int = Field(2048 * MiB, gt=0)
     """Largest gzip request body once decompressed (413 beyond): no zip bombs."""
     gzip_level: int = Field(1, ge=1, le=9)
-    """Compression level of gzip responses; 1 is several times faster than Atropos's 9 at a slightly larger size."""
+    """Compression level of gzip responses (1-9; JSON batches use ISA-L, capped at its 3); 1 is several times
+    faster than Atropos's 9 at a slightly larger size."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
 

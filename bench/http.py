@@ -45,7 +45,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 MSGPACK_TRANSPORT = "bench.harness_msgpack:MsgpackTransport"
-GZIP_TRANSPORT = "bench.harness_gzip:GzipJsonTransport"
+GZIP_TRANSPORT = "json-gzip"
+"""The harness's stock Atropos client: gzip-9 request bodies, gzip accepted on /batch."""
 
 
 def run_harness(

@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from api.body import accepts_gzip, gzip_compress
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.records import (
@@ -88,7 +89,8 @@ async def batch(
         changed = service.data_changed()
         result = await service.next_batch(step)
         if isinstance(result, FormedBatch):
-            return await _render(result, share, binary=binary)
+            gzip_level = settings.gzip_level if accepts_gzip(request) else None
+            return await _render(result, share, binary=binary, gzip_level=gzip_level)
         if result.not_registered:
             return _json({"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []})
         remaining = deadline - time.monotonic()
@@ -104,10 +106,14 @@ async def batch(
             return _json(_no_batch(result))
 
 
-async def _render(batch: FormedBatch, share: tuple[int, int, Cost] | None, *, binary: bool) -> Response:
+async def _render(
+    batch: FormedBatch, share: tuple[int, int, Cost] | None, *, binary: bool, gzip_level: int | None
+) -> Response:
     headers = {STEP_HEADER: str(batch.step)}
     if not binary:
-        body = await anyio.to_thread.run_sync(_render_json, batch, share)
+        body = await anyio.to_thread.run_sync(_render_json, batch, share, gzip_level)
+        if gzip_level is not None:  # the gzip middleware passes an encoded body through as it is
+            headers |= {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
         return Response(body, media_type="application/json", headers=headers)
     if share is None:
         return Response(batch.records, media_type=MSGPACK, headers=headers)  # as stored: no re-encoding, no copy
@@ -124,11 +130,15 @@ def binary_share(records: Buffer, rank: int, world_size: int, cost: Cost) -> byt
     return b"".join([msgpack_array_header(len(parts)), *parts])
 
 
-def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None) -> bytes:
+def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None, gzip_level: int | None) -> bytes:
     if share is None:
-        return atropos_batch_json(batch.records)
-    records = rank_share(decode_batch(batch.records), *share)
-    return dumps({"batch": [to_atropos(r) for r in records], "step": batch.step})
+        body = atropos_batch_json(batch.records)
+    else:
+        records = rank_share(decode_batch(batch.records), *share)
+        body = dumps({"batch": [to_atropos(r) for r in records], "step": batch.step})
+    # Atropos trainers accept gzip (requests and aiohttp do by default): ISA-L deflates a 15 MB batch in a
+    # third of zlib's time at level 1, and smaller.
+    return body if gzip_level is None else gzip_compress(body, gzip_level)
 
 
 def _no_batch(result: BatchWaiting) -> dict[str, object]:
