@@ -1,4 +1,7 @@
-"""Checks that protect the trainer, and packing of a submitted group into a record. Pure: no I/O.
+"""Checks that protect the trainer, and packing of a JSON group into a record. Pure: no I/O.
+
+The rules on arrays (`check_lengths`, `check_rows`, `check_values`) are the binary path's too, so the two
+encodings accept the same groups.
 
 Every rule raises `InvalidData` with the location of the offending field relative to the group, so the
 route can prefix it with where the group sits in the request.
