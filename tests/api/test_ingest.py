@@ -43,6 +43,9 @@ BAD_GROUPS = [
     (("inference_logprobs", 3), [0.0] * 7, ["body", "inference_logprobs", 3], "lengths must match"),
     (("masks", 0, 7), 12345, ["body", "masks", 0, 7], "mask must be -100 or the token id"),
     (("tokens", 0, 0), 2**40, ["body", "tokens"], "int32"),
+    (("tokens", 0, 0), 2**63, ["body", "tokens"], "int32"),  # beyond int64: was a 500
+    (("masks", 1, 0), 2**70, ["body", "masks", 1, 0], "maximum size"),  # beyond 64 bits: the schema's parser says
+    (("inference_logprobs", 0, 1), 1e300, ["body", "inference_logprobs"], "float32"),  # was stored as infinity
     (("env_id",), 7, ["body", "env_id"], "no environment with env_id 7"),
     (("tokens", 0, 0), 1.5, ["body", "tokens", 0, 0], "integer"),
     (("messages",), [[{"role": "user"}]], ["body", "messages"], "'role' and 'content'"),
