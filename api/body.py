@@ -1,7 +1,8 @@
-"""Reading request bodies: size limits, gzip without zip bombs, and the fast JSON path.
+"""Bodies: size limits, gzip both ways (ISA-L; no zip bombs), and JSON checked against the schema.
 
-Bodies are parsed with orjson and validated by pydantic in one pass over Python objects, which is faster
-than FastAPI's stdlib-json body parsing; errors keep FastAPI's 422 shape with `loc` starting at "body".
+`parse_json` is the schema path: orjson, then pydantic over the Python objects, faster than FastAPI's
+stdlib-json body parsing; errors keep FastAPI's 422 shape with `loc` starting at "body". Scored groups
+mostly skip it: `api.json_groups` reads their per-token lists straight into arrays.
 """
 
 from __future__ import annotations
