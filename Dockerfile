@@ -7,12 +7,14 @@ WORKDIR /app
 
 # Dependencies first, in their own layer, so code changes do not reinstall them.
 COPY pyproject.toml README.md ./
-RUN mkdir -p api trainer_client rollout_client && touch api/__init__.py trainer_client/__init__.py rollout_client/__init__.py \
+RUN mkdir -p api trainer_client rollout_client demos \
+    && touch api/__init__.py trainer_client/__init__.py rollout_client/__init__.py demos/__init__.py \
     && pip install --no-cache-dir . && pip uninstall -y rollbuf
 
 COPY api ./api
 COPY trainer_client ./trainer_client
 COPY rollout_client ./rollout_client
+COPY demos ./demos
 RUN pip install --no-cache-dir --no-deps .
 
 VOLUME ["/data"]

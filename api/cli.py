@@ -1,4 +1,7 @@
-"""The `rollbuf` command: `rollbuf serve [--host H] [--port P] [--store URL] ...` (flags override `ROLLBUF_*`)."""
+"""The service's command: `rollbuf serve [--host H] [--port P] [--store URL] ...` (flags override `ROLLBUF_*`).
+
+The `rollbuf` console script is `demos.cli`, which runs the demos itself and hands everything else here;
+`python -m api serve` reaches this directly."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ USAGE = """usage: rollbuf COMMAND [flags]
 
 commands:
   serve    run the buffer service (rollbuf serve --help lists every setting)
-  demo     the whole loop in under a minute: service, 3 environments, a trainer (no GPU, no internet)
 """
 
 
@@ -48,11 +50,6 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = args[0], args[1:]
     if command == "serve":
         CliApp.run(Serve, cli_args=rest)
-        return
-    if command == "demo":
-        from api.demo import main as demo
-
-        demo(rest)
         return
     print(f"rollbuf: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
     raise SystemExit(2)

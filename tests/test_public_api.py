@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +39,16 @@ def test_importing_a_client_does_not_import_the_server_stack(name: str) -> None:
     code = f"import sys, {name}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_service_imports_neither_client() -> None:
+    """The brief's boundary: `api/` is the service; demos and tests may import the clients, the service never."""
+    root = Path(__file__).resolve().parents[1] / "api"
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(root.parent)}: {n}" for n in names if n.split(".")[0] in PACKAGES]
+    assert offenders == []

@@ -14,20 +14,17 @@ import argparse
 import asyncio
 import contextlib
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
 
 import httpx
 import numpy as np
-import uvicorn
 
-from api.app import create_app
-from api.settings import Settings
+from demos.service import serve_in_thread
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
 from trainer_client import AsyncTrainerClient, Batch
@@ -48,26 +45,6 @@ class Tally:
     seqs_by_env: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
     last_mix: str = ""
-
-
-@contextlib.contextmanager
-def serve_in_thread(store: str) -> Iterator[str]:
-    """The rollbuf app under uvicorn on a free loopback port, in a thread of this process."""
-    config = uvicorn.Config(create_app(Settings(store=store)), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="rollbuf-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the rollbuf service did not start")
-        time.sleep(0.02)  # polling interval while waiting for readiness
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def _envs() -> list[tuple[Arithmetic | Calculator, Tasks]]:
