@@ -4,8 +4,9 @@ defaults (docs/settings.md)."""
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -27,7 +28,8 @@ class Settings(BaseSettings):
     """TCP port; Atropos clients expect 8000."""
     store: str = "sqlite:///rollbuf-data/rollbuf.db"
     """Where acknowledged data lives: `sqlite:///path.db` (durable, the default) or `memory://` (lost on exit)."""
-    log_level: str = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
+    """Server log level: critical, error, warning, info, debug or trace (uvicorn's levels)."""
     workers: int = Field(1, ge=1)
     """Server processes sharing one port and the store (SQLite only): parsing and encoding spread over cores."""
 
@@ -60,6 +62,11 @@ class Settings(BaseSettings):
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _safe(self) -> Settings:
         if not self.store.startswith(("memory://", "sqlite:///")):
@@ -71,7 +78,7 @@ class Settings(BaseSettings):
         if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is reachable from other machines and no api_key is set: "
-                "set api_key, or allow_unauthenticated to accept that"
+                "set --api-key (ROLLBUF_API_KEY), or --allow-unauthenticated to accept that"
             )
         return self
 
