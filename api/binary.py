@@ -29,7 +29,7 @@ from api.records import (
     split_records,
 )
 from api.schema import ScoredData
-from api.validation import GroupLimits, check_lengths, check_rows, check_values
+from api.validation import GroupLimits, check_lengths, check_policy_step, check_rows, check_values
 
 GROUP_ID_MAX = 200
 """Longest group id, as on the JSON path (`ScoredData.group_id`)."""
@@ -41,6 +41,8 @@ class BinaryGroup:
     payload: bytes
     """The record as stored: the client's bytes when they were already canonical."""
     passthrough: bool
+    sent_policy_step: int | None = None
+    """`policy_step` as sent (nil: the server stamped its current step)."""
 
 
 def check_body(
@@ -76,6 +78,7 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
     if env_id is not None and env_id not in env_ids:
         raise InvalidData(("env_id",), f"no environment with env_id {env_id} is registered")
     policy_step = _opt_int(m, "policy_step", minimum=0)
+    check_policy_step(policy_step, current_step)
     group_id = m.get("group_id")
     if group_id is not None and not (isinstance(group_id, str) and 1 <= len(group_id) <= GROUP_ID_MAX):
         raise InvalidData(("group_id",), f"must be a string of 1 to {GROUP_ID_MAX} characters, or nil")
@@ -102,7 +105,7 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
         meta=meta,
     )
     canonical = policy_step is not None and tuple(m) == RECORD_KEYS and raw_meta == meta
-    return BinaryGroup(record, raw if canonical else encode(record), canonical)
+    return BinaryGroup(record, raw if canonical else encode(record), canonical, policy_step)
 
 
 def _opt_int(m: dict[str, Any], name: str, *, minimum: int | None) -> int | None:

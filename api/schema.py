@@ -136,8 +136,10 @@ class ScoredData(_Wire):
     """One scored group: G sequences sampled for one prompt."""
 
     tokens: list[list[int]]
+    """Token ids per sequence, each from 0 to 2^31 - 1 (int32, as stored)."""
     masks: list[list[int]]
-    """-100 at positions not trained on, else the token id."""
+    """Any int32, one per token, stored and served as sent. Atropos's convention (its `BaseEnv`, and
+    `trainer_client`'s `trained`): -100 at positions not trained on, else the token id."""
     scores: list[float]
     """One finite score per sequence."""
     advantages: list[list[float]] | None = None
@@ -154,9 +156,11 @@ class ScoredData(_Wire):
 
     # rollbuf extensions
     policy_step: int | None = Field(default=None, ge=0)
-    """Trainer step whose weights generated this group; the server stamps the current step when absent."""
+    """Trainer step whose weights generated this group, at most the trainer's current step (422 beyond);
+    the server stamps the current step when absent."""
     group_id: str | None = Field(default=None, min_length=1, max_length=200)
-    """Client-chosen id: a resubmission with an id already seen is acknowledged and not stored twice."""
+    """Client-chosen id, scoped by env: a resubmission with an id already seen and the same content is
+    acknowledged (`duplicate: true`) and not stored twice; with different content it is a 409."""
 
     @field_validator("messages")
     @classmethod

@@ -19,6 +19,7 @@ from api import state
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
 from api.errors import Conflict, Gone, InvalidData, NotFound, Unavailable
 from api.filters import STALE, filter_reason, release_from_buffer
+from api.idempotency import content_digest, remember, same_content
 from api.json_groups import JsonGroup
 from api.records import GroupRecord, encode, msgpack_array_header
 from api.schema import (
@@ -60,6 +61,17 @@ class Submission:
     payload: bytes
     key: str | None
     """Idempotency key: the group id (scoped by env) or the request's Idempotency-Key."""
+    digest: str | None = None
+    """Digest of the content as sent (`api.idempotency`), with a key: a reused key with other content is a 409."""
+    where: str = "the group"
+    """How a 409 names this group in its request ("body[3]" in a list)."""
+
+    @classmethod
+    def of(
+        cls, record: GroupRecord, payload: bytes, key: str | None, sent_policy_step: int | None, where: str
+    ) -> Submission:
+        digest = None if key is None else content_digest(record, sent_policy_step)
+        return cls(record.env_id, record, payload, key, digest, where)
 
 
 HEADER_MAX = 32
@@ -256,12 +268,11 @@ class Service:
             if sd.env_id is not None and run.env(sd.env_id) is None:
                 raise InvalidData((*loc, "env_id"), f"no environment with env_id {sd.env_id} is registered")
             try:
-                step = run.step if sd.policy_step is None else sd.policy_step
-                record = pack_group(sd, env_id=sd.env_id, policy_step=step, limits=limits, columns=group.columns)
+                record = pack_group(sd, env_id=sd.env_id, current_step=run.step, limits=limits, columns=group.columns)
             except InvalidData as exc:
                 raise exc.at(*loc) from None
-            key = idempotency_key or (f"g:{sd.env_id}:{sd.group_id}" if sd.group_id else None)
-            subs.append(Submission(sd.env_id, record, encode(record), key))
+            key = idempotency_key or group_key(sd.env_id, sd.group_id)
+            subs.append(Submission.of(record, encode(record), key, sd.policy_step, where_in(loc)))
         return await self.store_submissions(subs, run)
 
     async def store_submissions(self, subs: Sequence[Submission], run: RunState) -> list[ScoredReply]:
@@ -279,13 +290,25 @@ class Service:
         counts = txn.counts()
         replies: list[ScoredReply | None] = []
         fresh: list[tuple[int, Submission]] = []
+        first_in_request: dict[str, int] = {}  # a key used twice in one list: the later one repeats the first
+        repeats: list[tuple[int, int]] = []
         for i, sub in enumerate(subs):
             old = txn.get_reply(sub.key) if sub.key else None
-            if old is not None:
+            if sub.key is not None and old is not None:
+                if not same_content(old, sub.digest):
+                    raise Conflict(reused_key_message(sub))
                 replies.append(ScoredReply.model_validate_json(old).model_copy(update={"duplicate": True}))
+            elif sub.key is not None and sub.key in first_in_request:
+                first = first_in_request[sub.key]
+                if subs[first].digest != sub.digest:
+                    raise Conflict(reused_key_message(sub, earlier=subs[first].where))
+                replies.append(None)
+                repeats.append((i, first))
             else:
                 replies.append(None)
                 fresh.append((i, sub))
+                if sub.key is not None:
+                    first_in_request[sub.key] = i
         self._check_capacity(counts, [s for _, s in fresh])
         reg = run.registration
         assert reg is not None
@@ -304,8 +327,12 @@ class Service:
                 self._enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
                 reply = ScoredReply(status="received")
             if sub.key:
-                txn.put_reply(sub.key, reply.model_dump_json(exclude_none=True))
+                txn.put_reply(sub.key, remember(reply.model_dump_json(exclude_none=True), sub.digest))
             replies[i] = reply
+        for i, first in repeats:
+            first_reply = replies[first]
+            assert first_reply is not None
+            replies[i] = first_reply.model_copy(update={"duplicate": True})
         return [r for r in replies if r is not None]
 
     def _check_capacity(self, counts: dict[int, QueueCounts], subs: Sequence[Submission]) -> None:
@@ -447,6 +474,32 @@ class Service:
             )
 
         return await self.store.transact(txn_fn)
+
+
+def group_key(env_id: int | None, group_id: str | None) -> str | None:
+    """The idempotency key of a group id: ids are scoped by env."""
+    return f"g:{env_id}:{group_id}" if group_id else None
+
+
+def where_in(loc: Sequence[str | int]) -> str:
+    """A group's place in its request, as a 409 names it: "the group", or "body[3]" in a list."""
+    return f"body[{loc[1]}]" if len(loc) > 1 else "the group"
+
+
+def reused_key_message(sub: Submission, earlier: str | None = None) -> str:
+    assert sub.key is not None
+    kind, _, rest = sub.key.partition(":")
+    if kind == "k":
+        what = f"Idempotency-Key {rest!r}"
+    else:
+        env, _, gid = rest.partition(":")
+        what = f"group_id {gid!r}" + ("" if env == "None" else f" of env_id {env}")
+    before = f"by {earlier} of this request" if earlier else "before"
+    return (
+        f"{sub.where}: {what} was used {before} for a group with different content; nothing was stored. "
+        "A group id names one group: send a new group under a new id (the same group again is acknowledged "
+        "as a duplicate)."
+    )
 
 
 def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], limits: QueueLimits) -> EnvStatus:

@@ -17,7 +17,7 @@ import numpy as np
 
 from api.errors import InvalidData
 from api.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, GroupRecord
-from api.schema import INT32_MAX, INT32_MIN, MASK_IGNORE, ScoredData
+from api.schema import INT32_MAX, INT32_MIN, ScoredData
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ def pack_group(
     sd: ScoredData,
     *,
     env_id: int | None,
-    policy_step: int,
+    current_step: int,
     limits: GroupLimits,
     columns: Mapping[str, Column] | None = None,
 ) -> GroupRecord:
@@ -79,7 +79,9 @@ def pack_group(
 
     `columns` are its per-token fields when the JSON was read straight into arrays; without them they are
     taken from `sd`'s lists. Every rule is checked here, on the columns, whichever way they were read.
+    A group without `policy_step` is stamped with `current_step`.
     """
+    check_policy_step(sd.policy_step, current_step)
     cols = columns_from_lists(sd) if columns is None else columns
     lengths = cols["tokens"].lengths
     check_lengths(lengths, limits, "tokens")
@@ -117,7 +119,7 @@ def pack_group(
         tokens=tokens.astype(I32),
         masks=masks.astype(I32),
         scores=scores,
-        policy_step=policy_step,
+        policy_step=current_step if sd.policy_step is None else sd.policy_step,
         group_id=sd.group_id,
         floats=floats,
         meta=meta,
@@ -166,20 +168,36 @@ def check_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
 def check_values(
     lengths: np.ndarray, tokens: np.ndarray, masks: np.ndarray, scores: np.ndarray, floats: Mapping[str, np.ndarray]
 ) -> None:
-    """Token ids fit int32, each mask is -100 or its token id, scores and per-token floats (as float32,
-    the type they are stored in) are finite."""
-    if tokens.size and (tokens.min() < INT32_MIN or tokens.max() > INT32_MAX):
-        raise InvalidData(("tokens",), "token ids must fit in int32")
-    bad = (masks != MASK_IGNORE) & (masks != tokens)
-    if bad.any():
-        pos = int(np.argmax(bad))
-        seq = int(np.searchsorted(np.cumsum(lengths), pos, side="right"))
-        offset = pos - int(lengths[:seq].sum())
-        rule = f"mask must be {MASK_IGNORE} or the token id {int(tokens[pos])}, got {int(masks[pos])}"
-        raise InvalidData(("masks", seq, offset), rule)
+    """Token ids are in 0..int32 max, masks are any int32 (stored as sent: handlers use -100 / token id,
+    0/1 and other conventions), scores and per-token floats are finite."""
+    if tokens.size and (tokens.min() < 0 or tokens.max() > INT32_MAX):
+        bad = (tokens < 0) | (tokens > INT32_MAX)
+        seq, offset = _position(lengths, int(np.argmax(bad)))
+        value = int(tokens[int(np.argmax(bad))])
+        rule = "token ids must be >= 0" if value < 0 else "token ids must fit in int32"
+        raise InvalidData(("tokens", seq, offset), f"{rule}, got {value}")
+    if masks.size and (masks.min() < INT32_MIN or masks.max() > INT32_MAX):
+        seq, offset = _position(lengths, int(np.argmax((masks < INT32_MIN) | (masks > INT32_MAX))))
+        raise InvalidData(("masks", seq, offset), "mask values must fit in int32")
     finite = np.isfinite(scores)
     if not finite.all():
         raise InvalidData(("scores", int(np.argmin(finite))), "scores must be finite (no NaN or infinity)")
     for name, values in floats.items():
         if not np.isfinite(values).all():
             raise InvalidData((name,), "values must be finite float32 (no NaN, no infinity, none beyond 3.4e38)")
+
+
+def check_policy_step(policy_step: int | None, current_step: int) -> None:
+    """A group cannot come from weights the trainer has not produced yet: `policy_step` is at most the
+    run's current step (its `starting_step` before the first batch). Such a group would never be dropped
+    as stale. Absent (Atropos handlers never send it), the server stamps the current step."""
+    if policy_step is not None and policy_step > current_step:
+        raise InvalidData(("policy_step",), f"{policy_step} is ahead of the trainer, which is at step {current_step}")
+
+
+def _position(lengths: np.ndarray, flat: int) -> tuple[int, int]:
+    """(sequence, offset in it) of a flat token index."""
+    ends = np.cumsum(lengths)
+    seq = int(np.searchsorted(ends, flat, side="right"))
+    start = int(ends[seq - 1]) if seq else 0
+    return seq, flat - start

@@ -207,7 +207,7 @@ def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
 
     def json_path() -> None:
         [g] = read_groups(json_body, many=False)
-        encode(pack_group(g.data, env_id=None, policy_step=0, limits=limits, columns=g.columns))
+        encode(pack_group(g.data, env_id=None, current_step=0, limits=limits, columns=g.columns))
 
     def binary_path(raw: bytes) -> Callable[[], None]:
         return lambda: check_record(raw, env_ids=(), current_step=0, limits=limits)

@@ -2,12 +2,16 @@
 
 Everything here is built from the wire records (`api.records`) or the Atropos JSON reply, and is shared
 by the sync and async clients. Shapes: `n` sequences, `T` tokens in all, `G` groups, `R` packed rows.
+
+Masks arrive exactly as the rollout handler sent them (any int32). Every view reads them with Atropos's
+convention: a position is trained on unless its mask is -100 (`trained`, the one place that rule lives).
+Handlers that send 0/1 masks instead are remapped per env with `Batch.with_zero_one_masks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
@@ -42,6 +46,11 @@ class Padded:
     floats: dict[str, np.ndarray] = field(default_factory=dict)
     """Per-token float fields the batch carries (`inference_logprobs`, `ref_logprobs`), float32 [n, L]."""
 
+    @property
+    def trained(self) -> np.ndarray:
+        """bool [n, L]: the positions the loss is taken on (mask not -100); False on padding."""
+        return trained_positions(self.masks)
+
     def to_torch(self) -> dict[str, Any]:
         """The arrays as torch tensors (shared memory where numpy allows it)."""
         return _tensors({"tokens": self.tokens, "masks": self.masks, "attention_mask": self.attention_mask,
@@ -71,6 +80,11 @@ class Packed:
     """Per row, int32 cumulative sequence lengths `[0, l1, l1 + l2, ...]` in placement order."""
     floats: dict[str, np.ndarray] = field(default_factory=dict)
 
+    @property
+    def trained(self) -> np.ndarray:
+        """bool [R, max_len]: the positions the loss is taken on (mask not -100); False on padding."""
+        return trained_positions(self.masks)
+
     def to_torch(self) -> dict[str, Any]:
         return _tensors({"tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
                          "segment_ids": self.segment_ids, "advantages": self.advantages, **self.floats})  # fmt: skip
@@ -85,7 +99,7 @@ class Batch:
     tokens: np.ndarray
     """int32 [T]."""
     masks: np.ndarray
-    """int32 [T]; -100 where not trained on."""
+    """int32 [T], as the handlers sent them; -100 where not trained on (see `trained`)."""
     offsets: np.ndarray
     """int64 [n + 1]."""
     scores: np.ndarray
@@ -107,6 +121,23 @@ class Batch:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
+
+    @property
+    def trained(self) -> np.ndarray:
+        """bool [T]: the positions the loss is taken on. Atropos's convention: every position whose mask is
+        not -100 (its `BaseEnv` writes -100 on the prompt and the token id elsewhere)."""
+        return trained_positions(self.masks)
+
+    def with_zero_one_masks(self, env_ids: Iterable[int]) -> Batch:
+        """This batch with the masks of these envs' sequences read as 0/1 (0: not trained, anything else:
+        trained) and rewritten to Atropos's convention (-100 / the token id), so that `trained`, `padded()`,
+        `packed()` and `to_torch()` all see them right. Other envs' masks are left as sent."""
+        per_seq = np.isin(self.env_ids, np.fromiter(env_ids, I64))
+        if not per_seq.any():
+            return self
+        rows = np.repeat(per_seq, self.lengths)
+        masks = np.where(rows & (self.masks == 0), MASK_IGNORE, np.where(rows, self.tokens, self.masks))
+        return replace(self, masks=masks.astype(I32))
 
     @property
     def n_seqs(self) -> int:
@@ -195,6 +226,12 @@ class Batch:
         seq = np.repeat(np.arange(self.n_seqs, dtype=I64), lengths)
         pos = np.arange(self.n_tokens, dtype=I64) - np.repeat(self.offsets[:-1], lengths)
         return seq, pos
+
+
+def trained_positions(masks: np.ndarray) -> np.ndarray:
+    """Atropos's rule, in one place: a position is trained on unless its mask is -100."""
+    trained: np.ndarray = np.asarray(masks) != MASK_IGNORE
+    return trained
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from api.schema import (
     ScoredListReply,
     ScoredReply,
 )
-from api.service import Service, Submission
+from api.service import Service, Submission, group_key
 from api.state import RunState
 
 router = APIRouter(tags=["environments"])
@@ -51,9 +51,9 @@ def _binary_submissions(
     limits = service.ingest_limits(run)
     groups = check_body(raw, many=many, env_ids={e.env_id for e in run.envs}, current_step=run.step, limits=limits)
     subs = []
-    for g in groups:
-        key = idempotency_key or (f"g:{g.record.env_id}:{g.record.group_id}" if g.record.group_id else None)
-        subs.append(Submission(g.record.env_id, g.record, g.payload, key))
+    for i, g in enumerate(groups):
+        key = idempotency_key or group_key(g.record.env_id, g.record.group_id)
+        subs.append(Submission.of(g.record, g.payload, key, g.sent_policy_step, f"body[{i}]" if many else "the group"))
     return subs
 
 

@@ -41,8 +41,10 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
     served: list[str] = []
     for i, (kind, arg) in enumerate(ops):
         if kind == "submit":
-            env_id, _, policy_step, same_scores = arg
+            env_id, _, lag, same_scores = arg
             gid = f"g{i}"
+            run_state = await service.run_state()
+            policy_step = max(0, run_state.step - lag)  # a group never comes from weights not produced yet
             body = group(
                 sizes[env_id],
                 length=4,
@@ -52,7 +54,6 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
                 policy_step=policy_step,
                 scores=[1.0] * sizes[env_id] if same_scores else None,
             )
-            run_state = await service.run_state()
             await service.submit([JsonGroup(ScoredData.model_validate(body))], run_state)
             submitted.add(gid)
         else:

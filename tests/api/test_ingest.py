@@ -41,7 +41,9 @@ BAD_GROUPS = [
     (("tokens", 2), [], ["body", "tokens", 2], "empty sequence"),
     (("tokens", 0), list(range(600)), ["body", "tokens", 0], "max_token_len of 512"),
     (("inference_logprobs", 3), [0.0] * 7, ["body", "inference_logprobs", 3], "lengths must match"),
-    (("masks", 0, 7), 12345, ["body", "masks", 0, 7], "mask must be -100 or the token id"),
+    (("tokens", 1, 6), -5, ["body", "tokens", 1, 6], "token ids must be >= 0"),
+    (("masks", 2, 3), 2**31, ["body", "masks", 2, 3], "fit in int32"),
+    (("policy_step",), 999_999, ["body", "policy_step"], "ahead of the trainer, which is at step 0"),
     (("tokens", 0, 0), 2**40, ["body", "tokens"], "int32"),
     (("tokens", 0, 0), 2**63, ["body", "tokens"], "int32"),  # beyond int64: was a 500
     (("masks", 1, 0), 2**70, ["body", "masks", 1, 0], "maximum size"),  # beyond 64 bits: the schema's parser says
@@ -128,9 +130,12 @@ async def test_group_id_makes_retries_idempotent(client: httpx.AsyncClient) -> N
 
 async def test_idempotency_key_header(client: httpx.AsyncClient) -> None:
     await start(client)
-    for seed in range(3):  # a retry may even carry different bytes: the key decides
-        r = await client.post("/scored_data", json=group(4, env_id=0, seed=seed), headers={"Idempotency-Key": "k1"})
+    body = group(4, env_id=0, seed=1)
+    for _ in range(3):  # a retry of the same group, plain or gzipped: the key decides, nothing stored twice
+        r = await client.post("/scored_data", json=body, headers={"Idempotency-Key": "k1"})
         assert r.status_code == 200
+    r = await client.post("/scored_data", json=group(4, env_id=0, seed=2), headers={"Idempotency-Key": "k1"})
+    assert r.status_code == 409 and "Idempotency-Key 'k1'" in r.json()["detail"]
     assert await queued(client) == 1
 
 

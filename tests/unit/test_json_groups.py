@@ -29,7 +29,7 @@ def _outcome(groups: list[JsonGroup]) -> list[Any]:
     out: list[Any] = []
     for g in groups:
         try:
-            rec = pack_group(g.data, env_id=g.data.env_id, policy_step=3, limits=LIMITS, columns=g.columns)
+            rec = pack_group(g.data, env_id=g.data.env_id, current_step=3, limits=LIMITS, columns=g.columns)
         except InvalidData as exc:
             out.append(("invalid", exc.loc, exc.msg))
         else:

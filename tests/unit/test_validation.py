@@ -19,7 +19,7 @@ LIMITS = GroupLimits(max_token_len=512, max_group_seqs=16)
 
 def test_pack_round_trips_through_the_record() -> None:
     body = group(3, length=[5, 9, 2], messages=[[{"role": "user", "content": "x"}]] * 3, group_id="g")
-    rec = pack_group(ScoredData.model_validate(body), env_id=0, policy_step=7, limits=LIMITS)
+    rec = pack_group(ScoredData.model_validate(body), env_id=0, current_step=7, limits=LIMITS)
     back = decode(encode(rec))
     assert back.lengths.tolist() == [5, 9, 2]
     assert [t.tolist() for t in back.split(back.tokens)] == body["tokens"]
@@ -34,29 +34,68 @@ def test_pack_round_trips_through_the_record() -> None:
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.integers(0, 10_000))
 def test_any_valid_group_packs(lengths: list[int], seed: int) -> None:
     body = group(len(lengths), length=lengths, seed=seed)
-    rec = pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+    rec = pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
     assert rec.seqs == len(lengths) and rec.n_tokens == sum(lengths)
 
 
-def test_mask_error_points_at_the_position() -> None:
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=12), min_size=1, max_size=4))
+def test_masks_are_any_int32_and_kept_as_sent(masks: list[list[int]]) -> None:
+    """-100 / token id (Atropos's BaseEnv), 0/1, or anything else in int32: stored exactly as sent."""
+    body = group(len(masks), length=[len(m) for m in masks])
+    body["masks"] = masks
+    rec = pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
+    back = decode(encode(rec))
+    assert [m.tolist() for m in back.split(back.masks)] == masks
+
+
+def test_zero_one_masks_are_accepted() -> None:
     body = group(2, length=6)
-    body["masks"][1][4] = 3
-    with pytest.raises(InvalidData) as exc:
-        pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+    body["masks"] = [[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]]
+    rec = pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
+    assert rec.masks.tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(("value", "rule"), [(2**31, "fit in int32"), (-(2**31) - 1, "fit in int32")])
+def test_mask_beyond_int32_is_named(value: int, rule: str) -> None:
+    body = group(2, length=6)
+    body["masks"][1][4] = value
+    with pytest.raises(InvalidData, match=rule) as exc:
+        pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
     assert exc.value.loc == ("masks", 1, 4)
+
+
+@pytest.mark.parametrize(("value", "rule"), [(-1, "must be >= 0, got -1"), (-(2**31), ">= 0"), (2**31, "int32")])
+def test_bad_token_id_points_at_the_position(value: int, rule: str) -> None:
+    body = group(3, length=6)
+    body["tokens"][2][5] = value
+    with pytest.raises(InvalidData, match=rule) as exc:
+        pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
+    assert exc.value.loc == ("tokens", 2, 5)
+
+
+def test_policy_step_ahead_of_the_trainer_is_rejected() -> None:
+    sd = ScoredData.model_validate(group(2, length=4, policy_step=8))
+    with pytest.raises(InvalidData, match="ahead of the trainer, which is at step 7") as exc:
+        pack_group(sd, env_id=None, current_step=7, limits=LIMITS)
+    assert exc.value.loc == ("policy_step",)
+    assert pack_group(sd, env_id=None, current_step=8, limits=LIMITS).policy_step == 8  # equal: fine
+    assert pack_group(sd, env_id=None, current_step=9, limits=LIMITS).policy_step == 8  # behind: fine
+    stamped = ScoredData.model_validate(group(2, length=4))  # Atropos handlers send none
+    assert pack_group(stamped, env_id=None, current_step=5, limits=LIMITS).policy_step == 5
 
 
 def test_nan_logprob_is_rejected() -> None:
     body = group(2, length=4)
     body["inference_logprobs"][0][1] = float("nan")
     with pytest.raises(InvalidData, match="finite"):
-        pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+        pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
 
 
 def test_token_budget_bounds_a_group() -> None:
     limits = GroupLimits(max_token_len=512, max_group_seqs=16, max_group_tokens=30)
     with pytest.raises(InvalidData, match="max_batch_tokens of 30"):
-        pack_group(ScoredData.model_validate(group(4, length=8)), env_id=None, policy_step=0, limits=limits)
+        pack_group(ScoredData.model_validate(group(4, length=8)), env_id=None, current_step=0, limits=limits)
 
 
 def test_filters() -> None:
@@ -84,7 +123,7 @@ def test_a_logprob_beyond_float32_is_rejected_not_stored_as_infinity() -> None:
     body = group(2, length=4)
     body["inference_logprobs"][1][2] = 1e300  # finite as a float64, infinite in the float32 it is stored as
     with pytest.raises(InvalidData, match="finite float32") as exc:
-        pack_group(ScoredData.model_validate(body), env_id=None, policy_step=0, limits=LIMITS)
+        pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
     assert exc.value.loc == ("inference_logprobs",)
 
 

@@ -1,0 +1,52 @@
+"""Content digests of groups: equal for the same content however it was sent, different otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.idempotency import content_digest, remember, same_content
+from api.records import decode, encode_submission
+from api.schema import ScoredData
+from api.validation import GroupLimits, pack_group
+from tests.factories import group
+
+LIMITS = GroupLimits(max_token_len=512, max_group_seqs=16)
+
+
+def packed(body: dict[str, object], step: int = 0):  # type: ignore[no-untyped-def]
+    return pack_group(ScoredData.model_validate(body), env_id=0, current_step=step, limits=LIMITS)
+
+
+def test_json_and_binary_of_one_group_have_one_digest() -> None:
+    body = group(3, length=[5, 9, 2], group_id="g", overrides=[{"t": 1.0}] * 3)
+    raw = encode_submission(body["tokens"], body["masks"], body["scores"], env_id=0, group_id="g",
+                            inference_logprobs=body["inference_logprobs"], overrides=body["overrides"])  # fmt: skip
+    assert content_digest(packed(body), None) == content_digest(decode(raw), None)
+
+
+def test_the_stamped_step_is_not_content() -> None:
+    body = group(2, length=4, group_id="g")
+    assert content_digest(packed(body, step=0), None) == content_digest(packed(body, step=9), None)
+    assert content_digest(packed(body, step=9), 3) != content_digest(packed(body, step=9), None)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 1), st.integers(0, 7), st.integers(1, 1000))
+def test_any_change_changes_the_digest(seq: int, pos: int, delta: int) -> None:
+    body = group(2, length=8, group_id="g")
+    base = content_digest(packed(body), None)
+    for field in ("tokens", "masks"):
+        other = {**body, field: [list(r) for r in body[field]]}
+        other[field][seq][pos] = abs(other[field][seq][pos]) + delta
+        assert content_digest(packed(other), None) != base
+    other = {**body, "inference_logprobs": [list(r) for r in body["inference_logprobs"]]}
+    other["inference_logprobs"][seq][pos] = float(np.nextafter(np.float32(other["inference_logprobs"][seq][pos]), 9))
+    assert content_digest(packed(other), None) != base
+
+
+def test_remembered_replies_carry_the_digest_and_legacy_ones_match_anything() -> None:
+    text = remember('{"status":"received"}', "abc")
+    assert same_content(text, "abc") and not same_content(text, "abd")
+    assert same_content('{"status":"received"}', "abc")  # remembered before digests existed
