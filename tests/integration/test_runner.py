@@ -174,6 +174,8 @@ async def test_pause_holds_every_request_and_resume_bumps_the_step(tmp_path: Pat
         for _ in range(20):  # give a slipping request every chance to start
             await asyncio.sleep(0.01)
         assert events.read_text().split() == seen, "no request started while paused"
+        with httpx.Client(base_url=server.url) as http:  # the trainer takes batch 3 and trains: weights of step 4
+            assert http.get("/batch").json()["batch"]
         runner.resume()
         await until(lambda: runner.stats.accepted >= 12, "groups after resume")
         runner.stop()
