@@ -7,13 +7,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 
 from api.auth import require_api_key
 from api.errors import RollbufError
+from api.logs import log_error, log_validation_errors
+from api.metrics import TimedStore
+from api.middleware import ObserveRequests
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, trainer
+from api.routes import admin, envs, ops, trainer
 from api.service import QueueLimits, Service
 from api.settings import Settings
 from api.store import make_store
@@ -27,7 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = make_store(settings.store)
-        app.state.service = Service(store, limits=queue_limits(settings))
+        app.state.service = Service(TimedStore(store), limits=queue_limits(settings))
         log.info("rollbuf store: %s", settings.store)
         try:
             yield
@@ -47,12 +52,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         compresslevel=settings.gzip_level,
         exclude_content_types=MSGPACK_TYPES,
     )
+    if settings.metrics:
+        app.add_middleware(ObserveRequests)  # outermost: times the whole request, gzip included
     app.add_exception_handler(RollbufError, _render_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _log_validation_error)  # type: ignore[arg-type]
     app.include_router(admin.health)
+    app.include_router(ops.probes)
     secured = [Depends(require_api_key)]
     app.include_router(admin.router, dependencies=secured)
     app.include_router(trainer.router, dependencies=secured)
     app.include_router(envs.router, dependencies=secured)
+    app.include_router(ops.router, dependencies=secured)
+    if settings.metrics:
+        app.include_router(ops.prometheus, dependencies=secured)
     return app
 
 
@@ -68,6 +80,14 @@ def queue_limits(settings: Settings) -> QueueLimits:
 
 
 async def _render_error(request: Request, exc: RollbufError) -> JSONResponse:
-    if exc.status_code >= 500:
+    if exc.status_code >= 500 and exc.status_code != 503:
         log.warning("%s %s: %s", request.method, request.url.path, exc.detail)
+    else:
+        log_error(request.method, request.url.path, exc)
     return JSONResponse({"detail": exc.detail, "code": exc.code}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _log_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own 422, unchanged, with the refusal logged."""
+    log_validation_errors(request.method, request.url.path, list(exc.errors()))
+    return await request_validation_exception_handler(request, exc)

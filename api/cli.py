@@ -13,13 +13,17 @@ import argparse
 import asyncio
 import inspect
 import os
+import shutil
 import sys
+import tempfile
 from typing import Any, NoReturn
 
 import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp, CliSettingsSource, SettingsError
 
+from api.logs import log_config
+from api.metrics import MULTIPROC_ENV
 from api.settings import Settings, to_environ
 
 USAGE = """usage: rollbuf COMMAND [flags]
@@ -72,21 +76,37 @@ class Serve(Settings):
     def cli_cmd(self) -> None:
         settings = Settings.model_validate(self.model_dump())
         check_store(settings.store)
+        logging = log_config(settings.log_level, settings.log_format)
         if settings.workers == 1:
             from api.app import create_app
 
-            uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+            uvicorn.run(
+                create_app(settings),
+                host=settings.host,
+                port=settings.port,
+                log_level=settings.log_level,
+                log_config=logging,
+            )
             return
-        # Worker processes import the app factory and read their settings from the environment.
+        # Worker processes import the app factory and read their settings from the environment; their
+        # Prometheus timings go to files in one directory, summed by whichever worker is scraped.
         os.environ.update(to_environ(settings))
-        uvicorn.run(
-            "api.app:create_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-        )
+        own_dir = None
+        if not os.environ.get(MULTIPROC_ENV):
+            own_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollbuf-metrics-")
+        try:
+            uvicorn.run(
+                "api.app:create_app",
+                factory=True,
+                host=settings.host,
+                port=settings.port,
+                workers=settings.workers,
+                log_level=settings.log_level,
+                log_config=logging,
+            )
+        finally:
+            if own_dir:
+                shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def check_store(url: str) -> None:

@@ -8,19 +8,24 @@ the first write, so a rejected request leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import math
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgpack
 
-from api import state
+from api import state, stats
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
 from api.errors import Conflict, Gone, InvalidData, NotFound, Unavailable
 from api.filters import STALE, filter_reason, release_from_buffer
 from api.idempotency import content_digest, remember, same_content
 from api.json_groups import JsonGroup
+from api.logs import request_env
+from api.metrics import FORMATION_SECONDS
 from api.records import GroupRecord, encode, msgpack_array_header
 from api.schema import (
     EnvRegistered,
@@ -34,6 +39,8 @@ from api.schema import (
 from api.state import EnvRecord, RunState
 from api.store.base import ANON_ENV, BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
 from api.validation import GroupLimits, pack_group
+
+log = logging.getLogger("rollbuf")
 
 MIN_ENV_WEIGHT = 0.01
 """Floor of `env_weight` in /status-env, as in Atropos: no env is told to stop producing entirely."""
@@ -50,6 +57,10 @@ class QueueLimits:
     max_env_tokens: int | None = None
     max_group_seqs: int = 4096
     retry_after: float = 2.0
+
+
+class QueueFull(Unavailable):
+    """A queue limit refused a submission (counted as backpressure per env, in its own transaction)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +85,14 @@ class Submission:
         return cls(record.env_id, record, payload, key, digest, where)
 
 
+@dataclass(frozen=True, slots=True)
+class Formation:
+    """How a batch was just formed (absent when a kept batch is served again): for the log and the metrics."""
+
+    seqs_by_env: dict[str, int]
+    seconds: float
+
+
 HEADER_MAX = 32
 """Longest `FormedBatch` header: a msgpack array of three ints (1 + 3 * 9 bytes)."""
 
@@ -91,6 +110,7 @@ class FormedBatch:
     """A small msgpack header (groups, sequences, tokens), then `records`: what `Txn.get_batch` returns."""
     offset: int
     """Where `records` starts in `stored`."""
+    formation: Formation | None = None
 
     @property
     def records(self) -> memoryview:
@@ -156,6 +176,14 @@ class Service:
 
         await self.store.transact(txn_fn)
         return secrets.randbits(128)
+
+    async def ping(self) -> None:
+        """One read transaction: raises when the store does not answer (/readyz)."""
+        await self.store.transact(lambda txn: txn.get_value(state.STEP_KEY))
+
+    async def snapshot(self) -> stats.Snapshot:
+        """Everything the operator's views show (/metrics, /dashboard, W&B), read in one transaction."""
+        return await self.store.transact(lambda txn: stats.snapshot(txn, ANON_NAME))
 
     async def run_state(self) -> RunState:
         return await self.store.transact(state.load)
@@ -265,7 +293,9 @@ class Service:
         for i, group in enumerate(groups):
             sd = group.data
             loc: tuple[str | int, ...] = ("body", i) if idempotency_key is None and len(groups) > 1 else ("body",)
-            if sd.env_id is not None and run.env(sd.env_id) is None:
+            env = None if sd.env_id is None else run.env(sd.env_id)
+            request_env.set(ANON_NAME if sd.env_id is None else env.wandb_name if env else f"env_id {sd.env_id}")
+            if sd.env_id is not None and env is None:
                 raise InvalidData((*loc, "env_id"), f"no environment with env_id {sd.env_id} is registered")
             try:
                 record = pack_group(sd, env_id=sd.env_id, current_step=run.step, limits=limits, columns=group.columns)
@@ -277,7 +307,13 @@ class Service:
 
     async def store_submissions(self, subs: Sequence[Submission], run: RunState) -> list[ScoredReply]:
         """Store already validated groups all-or-nothing (the JSON and binary paths both end here)."""
-        replies = await self.store.transact(lambda txn: self._submit_txn(txn, subs, run))
+        try:
+            replies = await self.store.transact(lambda txn: self._submit_txn(txn, subs, run))
+        except QueueFull:
+            names = {_env_name(run, s.env_id) for s in subs}
+            request_env.set(",".join(sorted(names)))
+            await self.store.transact(lambda txn: stats.count_backpressure(txn, names))
+            raise
         if subs:
             self.latest = subs[-1].record
             self._notify()
@@ -312,10 +348,12 @@ class Service:
         self._check_capacity(counts, [s for _, s in fresh])
         reg = run.registration
         assert reg is not None
+        received: dict[str, int] = {}
         for i, sub in fresh:
             env_id = ANON_ENV if sub.env_id is None else sub.env_id
             env = run.env(env_id)
             name = env.wandb_name if env else ANON_NAME
+            received[name] = received.get(name, 0) + 1
             step = sub.record.policy_step
             reason = filter_reason(sub.record.scores, reg)
             if reason is not None:
@@ -333,6 +371,7 @@ class Service:
             first_reply = replies[first]
             assert first_reply is not None
             replies[i] = first_reply.model_copy(update={"duplicate": True})
+        stats.count_received(txn, received)
         return [r for r in replies if r is not None]
 
     def _check_capacity(self, counts: dict[int, QueueCounts], subs: Sequence[Submission]) -> None:
@@ -361,7 +400,7 @@ class Service:
                 elif lim.max_env_tokens is not None and have.tokens + add.tokens > lim.max_env_tokens:
                     full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
         if full:
-            raise Unavailable(f"queue full: {full}; retry later", lim.retry_after)
+            raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
 
     @staticmethod
     def _enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: bytes) -> None:
@@ -388,7 +427,16 @@ class Service:
         restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
         kind marks the run as started (environments may register from then on).
         """
-        return await self.store.transact(lambda txn: self._batch_txn(txn, step))
+        result = await self.store.transact(lambda txn: self._batch_txn(txn, step))
+        if isinstance(result, FormedBatch) and result.formation is not None:
+            formed = result.formation
+            FORMATION_SECONDS.observe(formed.seconds)
+            mix = " ".join(f"{name}={n}" for name, n in formed.seqs_by_env.items())
+            log.info(
+                "batch step=%d groups=%d sequences=%d tokens=%d mix=[%s] formation_ms=%.2f",
+                result.step, result.n_groups, result.seqs, result.tokens, mix, formed.seconds * 1000,
+            )  # fmt: skip
+        return result
 
     def _batch_txn(self, txn: Txn, step: int | None) -> FormedBatch | BatchWaiting:
         run = state.load(txn)
@@ -413,6 +461,7 @@ class Service:
         return self._form(txn, run, keep=True)
 
     def _form(self, txn: Txn, run: RunState, *, keep: bool) -> FormedBatch | BatchWaiting:
+        start = time.perf_counter()
         reg = run.registration
         assert reg is not None
         spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill)
@@ -436,27 +485,38 @@ class Service:
         if isinstance(plan, NoBatch):
             state.save_blocked(txn, plan.reason if plan.blocked else None)
             return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
-        return self._apply(txn, run, plan, keep)
+        batch, seqs_by_env = self._apply(txn, run, plan, keep)
+        return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
 
     @staticmethod
-    def _apply(txn: Txn, run: RunState, plan: Plan, keep: bool) -> FormedBatch:
+    def _apply(txn: Txn, run: RunState, plan: Plan, keep: bool) -> tuple[FormedBatch, dict[str, int]]:
         """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
-        the popped payloads (no copy of them), until a later step is asked for."""
+        the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
+        taken per env."""
         payloads: list[bytes] = []
         order: list[int] = []
         n_groups = 0
+        groups_by_env: dict[str, int] = {}
+        seqs_by_env: dict[str, int] = {}
+        staleness: dict[int, int] = {}
         for env_id, item_ids in plan.take.items():
+            name = _env_name(run, env_id)
             for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None):
                 payloads.append(item.payload)
                 order.append(item.meta.item_id)
                 n_groups += item.n_groups
+                groups_by_env[name] = groups_by_env.get(name, 0) + item.n_groups
+                seqs_by_env[name] = seqs_by_env.get(name, 0) + item.meta.seqs
+                age = run.step - item.meta.policy_step
+                staleness[age] = staleness.get(age, 0) + item.n_groups
+        stats.count_batch(txn, groups_by_env, seqs_by_env, staleness)
         state.save_credits(txn, plan.credits)
         state.save_blocked(txn, None)
         state.save_step(txn, run.step + 1)
         batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
         if keep:
             txn.put_batch(batch.step, batch.prefix(), order)
-        return batch
+        return batch, seqs_by_env
 
     # ----------------------------------------------------------------------------- status
 
@@ -500,6 +560,11 @@ def reused_key_message(sub: Submission, earlier: str | None = None) -> str:
         "A group id names one group: send a new group under a new id (the same group again is acknowledged "
         "as a duplicate)."
     )
+
+
+def _env_name(run: RunState, env_id: int | None) -> str:
+    env = None if env_id is None else run.env(env_id)
+    return env.wandb_name if env else ANON_NAME
 
 
 def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], limits: QueueLimits) -> EnvStatus:

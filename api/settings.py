@@ -29,7 +29,11 @@ class Settings(BaseSettings):
     store: str = "sqlite:///rollbuf-data/rollbuf.db"
     """Where acknowledged data lives: `sqlite:///path.db` (durable, the default) or `memory://` (lost on exit)."""
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
-    """Server log level: critical, error, warning, info, debug or trace (uvicorn's levels)."""
+    """Server log level: critical, error, warning, info, debug (adds a line per request with its id) or trace."""
+    log_format: Literal["text", "json"] = "text"
+    """Server log lines: plain text with timestamps, or one JSON object per line."""
+    metrics: bool = True
+    """Serve Prometheus metrics at /metrics and time every request into them."""
     workers: int = Field(1, ge=1)
     """Server processes sharing one port and the store (SQLite only): parsing and encoding spread over cores."""
 

@@ -40,6 +40,8 @@ STEP_HEADER = "X-Rollbuf-Step"
 
 RECHECK_S = 0.5
 """Long-poll re-check interval: catches batches made possible by another server process sharing the store."""
+STALL_WARN_S = 30.0
+"""A long-poll that has waited this long without a batch logs a warning with the reason (then every 30 s)."""
 
 
 @router.post("/register", response_model=RegisterReply, responses={409: {"model": ErrorBody}})
@@ -85,6 +87,7 @@ async def batch(
     binary = is_msgpack(request.headers.get("accept"))
     started = time.monotonic()
     deadline = started + min(wait, settings.max_batch_wait)
+    warn_at = started + STALL_WARN_S
     while True:
         changed = service.data_changed()
         result = await service.next_batch(step)
@@ -93,7 +96,14 @@ async def batch(
             return await _render(result, share, binary=binary, gzip_level=gzip_level)
         if result.not_registered:
             return _json({"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []})
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        if now >= warn_at:
+            warn_at = now + STALL_WARN_S
+            which = "the next batch" if step is None else f"batch {step}"
+            log.warning(
+                "stall: a trainer has waited %.0f s for %s: %s", now - started, which, result.reason or "no data"
+            )
+        remaining = deadline - now
         if remaining <= 0:
             return _json(_no_batch(result))
         try:

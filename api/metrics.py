@@ -1,0 +1,151 @@
+"""Prometheus metrics (docs/observability.md): what /metrics serves.
+
+Two kinds, so that the numbers are right with `--workers N` and with replicas on a shared store:
+- the buffer's state and its counters (step, queues, received, dropped, served, backpressure, staleness)
+  are read from the store at scrape time (`api.stats`): every process and replica reports the run's
+  values, whichever one is scraped;
+- timings (request duration, batch formation, store transactions) are this process's histograms; with
+  `--workers N` they use prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, set by
+  `rollbuf serve`), so one scrape sums every worker of the replica.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from api.stats import Snapshot
+from api.store.base import Store, Txn
+
+T = TypeVar("T")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+disable_created_metrics()  # `*_created` series: noise, and absent in multiprocess mode anyway
+
+PROCESS = CollectorRegistry(auto_describe=True)
+"""This process's timings (in multiprocess mode their values live in files shared by the workers)."""
+
+FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
+REQUEST_SECONDS = Histogram(
+    "rollbuf_request_duration_seconds",
+    "HTTP request time from first byte in to last byte out, by route template (long-polls included).",
+    ["route", "method"],
+    buckets=REQUEST_BUCKETS,
+    registry=PROCESS,
+)
+FORMATION_SECONDS = Histogram(
+    "rollbuf_batch_formation_seconds",
+    "Time to form a batch inside its store transaction (windows, plan, pops).",
+    buckets=FAST_BUCKETS,
+    registry=PROCESS,
+)
+STORE_SECONDS = Histogram(
+    "rollbuf_store_transaction_seconds",
+    "Time of one store transaction, waiting for the store included.",
+    buckets=FAST_BUCKETS,
+    registry=PROCESS,
+)
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+class TimedStore(Store):
+    """A store whose transactions are timed into `rollbuf_store_transaction_seconds`."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    async def transact(self, fn: Callable[[Txn], T]) -> T:
+        start = time.perf_counter()
+        try:
+            return await self.inner.transact(fn)
+        finally:
+            STORE_SECONDS.observe(time.perf_counter() - start)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class SnapshotCollector(Collector):
+    """The run's state and counters, as one store transaction read them."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snap
+        yield GaugeMetricFamily("rollbuf_step", "The next batch's step (0 before a trainer registers).", snap.step)
+        yield CounterMetricFamily("rollbuf_batches", "Batches formed.", snap.batches)
+        blocked = GaugeMetricFamily(
+            "rollbuf_blocked", "1 while no batch can be formed for a reason more data alone will not fix."
+        )
+        blocked.add_metric([], 1 if snap.blocked_reason else 0)
+        yield blocked
+
+        received = CounterMetricFamily(
+            "rollbuf_groups_received", "Groups acknowledged (not duplicates).", labels=["env"]
+        )
+        dropped = CounterMetricFamily(
+            "rollbuf_groups_dropped", "Groups dropped instead of served, by reason.", labels=["env", "reason"]
+        )
+        backpressure = CounterMetricFamily(
+            "rollbuf_backpressure_rejections", "Submissions refused with 503 because a queue was full.", labels=["env"]
+        )
+        served = CounterMetricFamily("rollbuf_groups_served", "Groups served in batches.", labels=["env"])
+        served_seqs = CounterMetricFamily("rollbuf_sequences_served", "Sequences served in batches.", labels=["env"])
+        queue_groups = GaugeMetricFamily("rollbuf_queue_groups", "Groups queued.", labels=["env"])
+        queue_tokens = GaugeMetricFamily("rollbuf_queue_tokens", "Tokens queued.", labels=["env"])
+        weight = GaugeMetricFamily("rollbuf_env_weight", "The env's registered weight.", labels=["env"])
+        for env in snap.envs:
+            received.add_metric([env.name], env.received)
+            for reason, n in sorted(env.dropped.items()):
+                dropped.add_metric([env.name, reason], n)
+            backpressure.add_metric([env.name], env.backpressure)
+            served.add_metric([env.name], env.served_groups)
+            served_seqs.add_metric([env.name], env.served_seqs)
+            queue_groups.add_metric([env.name], env.queue.groups)
+            queue_tokens.add_metric([env.name], env.queue.tokens)
+            weight.add_metric([env.name], env.weight)
+        yield from (received, dropped, backpressure, served, served_seqs, queue_groups, queue_tokens, weight)
+
+        buckets: list[tuple[str, float]] = []
+        for le in STALENESS_BUCKETS:
+            buckets.append((str(float(le)), sum(n for s, n in snap.staleness.items() if s <= le)))
+        buckets.append(("+Inf", sum(snap.staleness.values())))
+        yield HistogramMetricFamily(
+            "rollbuf_staleness",
+            "Served groups by staleness: the batch's step minus the group's policy step.",
+            buckets=buckets,
+            sum_value=sum(s * n for s, n in snap.staleness.items()),
+        )
+
+
+class _Process(Collector):
+    def collect(self) -> Iterator[Metric]:
+        yield from PROCESS.collect()
+
+
+def render(snap: Snapshot) -> bytes:
+    """The exposition text for one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    if multiprocess():
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry.register(_Process())
+    registry.register(SnapshotCollector(snap))
+    return generate_latest(registry)

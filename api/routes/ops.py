@@ -1,0 +1,70 @@
+"""The operator's endpoints: liveness, readiness, Prometheus metrics, the live dashboard
+(docs/observability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from api import metrics
+from api.deps import ServiceDep
+from api.records import dumps
+
+log = logging.getLogger("rollbuf")
+
+READY_TIMEOUT_S = 2.0
+"""/readyz answers 503 when the store takes longer than this for one read."""
+
+probes = APIRouter(tags=["operations"])
+"""Open when auth is on: orchestrators probe without credentials, and the dashboard page holds no data."""
+router = APIRouter(tags=["operations"])
+"""Behind the API key when one is set."""
+prometheus = APIRouter(tags=["operations"])
+"""/metrics, behind the API key when one is set (Prometheus sends it with `authorization:` in its scrape config)."""
+
+
+@probes.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers (it does not touch the store)."""
+    return {"status": "ok"}
+
+
+@probes.get("/readyz", responses={503: {"description": "The store does not answer"}})
+async def readyz(service: ServiceDep) -> JSONResponse:
+    """Readiness: the store answers a read within 2 s; 503 otherwise."""
+    try:
+        await asyncio.wait_for(service.ping(), READY_TIMEOUT_S)
+    except Exception as exc:  # any failure of the store means "not ready", never a 500
+        reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+        log.warning("readyz: the store does not answer: %s", reason)
+        return JSONResponse({"status": "unavailable", "store": reason}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@prometheus.get("/metrics", response_class=Response, responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})
+async def prometheus_metrics(service: ServiceDep) -> Response:
+    """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
+    snap = await service.snapshot()
+    return Response(metrics.render(snap), media_type=metrics.CONTENT_TYPE)
+
+
+@probes.get("/dashboard", response_class=HTMLResponse)
+async def dashboard() -> HTMLResponse:
+    """A live page for people: step, rates, queues and mix, staleness, drops, backpressure."""
+    return HTMLResponse(_DASHBOARD)
+
+
+@router.get("/dashboard/data")
+async def dashboard_data(service: ServiceDep) -> Response:
+    """What the dashboard polls: one consistent snapshot of the buffer."""
+    snap = await service.snapshot()
+    body: dict[str, Any] = snap.to_json()
+    return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+_DASHBOARD = resources.files("api").joinpath("dashboard.html").read_text(encoding="utf-8")

@@ -1,0 +1,198 @@
+"""Counters kept in the store, and the one snapshot of the buffer that /metrics, /dashboard and W&B read.
+
+They live in the store, written by the transactions that cause them, because every server process
+(`--workers N`) and every replica on a shared store sees the same store: a counter kept there is the
+run's, not one process's, and survives restarts like the queue it describes. `GET /reset_data` clears
+them with everything else (Prometheus reads that as a counter reset).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from api import state
+from api.store.base import ANON_ENV, QueueCounts, Txn
+
+STATS_KEY = "stats"
+STALENESS_CAP = 1024
+"""Staleness is counted exactly up to here; anything beyond is counted here (no unbounded key set)."""
+
+
+@dataclass(slots=True)
+class Stats:
+    """Cumulative counters of the run, by env name (the name /status uses)."""
+
+    received: dict[str, int] = field(default_factory=dict)
+    """Groups acknowledged (not duplicates), whether queued, side-buffered or dropped by a filter."""
+    backpressure: dict[str, int] = field(default_factory=dict)
+    """Submissions refused with 503 because a queue limit was reached."""
+    served_groups: dict[str, int] = field(default_factory=dict)
+    served_seqs: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    staleness: dict[int, int] = field(default_factory=dict)
+    """Served groups by staleness (the batch's step minus the group's policy step)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "received": self.received,
+            "backpressure": self.backpressure,
+            "served_groups": self.served_groups,
+            "served_seqs": self.served_seqs,
+            "batches": self.batches,
+            "staleness": {str(k): v for k, v in self.staleness.items()},
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Stats:
+        return cls(
+            received=raw.get("received", {}),
+            backpressure=raw.get("backpressure", {}),
+            served_groups=raw.get("served_groups", {}),
+            served_seqs=raw.get("served_seqs", {}),
+            batches=raw.get("batches", 0),
+            staleness={int(k): v for k, v in raw.get("staleness", {}).items()},
+        )
+
+
+def load(txn: Txn) -> Stats:
+    raw = txn.get_value(STATS_KEY)
+    return Stats() if raw is None else Stats.from_json(orjson.loads(raw))
+
+
+def save(txn: Txn, stats: Stats) -> None:
+    txn.set_value(STATS_KEY, orjson.dumps(stats.to_json()).decode())
+
+
+def _add(counter: dict[str, int], name: str, n: int) -> None:
+    counter[name] = counter.get(name, 0) + n
+
+
+def count_received(txn: Txn, per_env: dict[str, int]) -> None:
+    if per_env:
+        stats = load(txn)
+        for name, n in per_env.items():
+            _add(stats.received, name, n)
+        save(txn, stats)
+
+
+def count_backpressure(txn: Txn, names: set[str]) -> None:
+    stats = load(txn)
+    for name in names:
+        _add(stats.backpressure, name, 1)
+    save(txn, stats)
+
+
+def count_batch(txn: Txn, groups: dict[str, int], seqs: dict[str, int], staleness: dict[int, int]) -> None:
+    stats = load(txn)
+    stats.batches += 1
+    for name, n in groups.items():
+        _add(stats.served_groups, name, n)
+    for name, n in seqs.items():
+        _add(stats.served_seqs, name, n)
+    for s, n in staleness.items():
+        key = min(max(s, 0), STALENESS_CAP)
+        stats.staleness[key] = stats.staleness.get(key, 0) + n
+    save(txn, stats)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSnapshot:
+    name: str
+    weight: float
+    group_size: int
+    connected: bool
+    min_batch_allocation: float | None
+    queue: QueueCounts
+    received: int
+    served_groups: int
+    served_seqs: int
+    backpressure: int
+    dropped: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The buffer as one transaction saw it."""
+
+    registered: bool
+    step: int
+    batches: int
+    batch_size: int | None
+    blocked_reason: str | None
+    staleness: dict[int, int]
+    envs: list[EnvSnapshot]
+    wandb_project: str | None = None
+    wandb_group: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "registered": self.registered,
+            "step": self.step,
+            "batches": self.batches,
+            "batch_size": self.batch_size,
+            "blocked_reason": self.blocked_reason,
+            "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+            "envs": [
+                {
+                    "name": e.name,
+                    "weight": e.weight,
+                    "group_size": e.group_size,
+                    "connected": e.connected,
+                    "min_batch_allocation": e.min_batch_allocation,
+                    "queue_groups": e.queue.groups,
+                    "queue_seqs": e.queue.seqs,
+                    "queue_tokens": e.queue.tokens,
+                    "received": e.received,
+                    "served_groups": e.served_groups,
+                    "served_seqs": e.served_seqs,
+                    "backpressure": e.backpressure,
+                    "dropped": e.dropped,
+                }
+                for e in self.envs
+            ],
+        }
+
+
+def snapshot(txn: Txn, anon_name: str) -> Snapshot:
+    """Read everything the operator's views show, in one transaction (so the numbers agree)."""
+
+    run = state.load(txn)
+    stats = load(txn)
+    dropped = state.load_dropped(txn)
+    counts = txn.counts()
+    envs: list[tuple[int, str, float, int, bool, float | None]] = [
+        (e.env_id, e.wandb_name, e.weight, e.group_size, e.connected, e.min_batch_allocation) for e in run.envs
+    ]
+    anon_seen = counts.get(ANON_ENV, QueueCounts()).items or anon_name in stats.received or anon_name in dropped
+    if anon_seen:
+        envs.append((ANON_ENV, anon_name, 1.0, 0, True, None))
+    reg = run.registration
+    return Snapshot(
+        registered=reg is not None,
+        step=run.step if reg else 0,
+        batches=stats.batches,
+        batch_size=reg.batch_size if reg else None,
+        blocked_reason=state.load_blocked(txn),
+        staleness=stats.staleness,
+        envs=[
+            EnvSnapshot(
+                name=name,
+                weight=weight,
+                group_size=group_size,
+                connected=connected,
+                min_batch_allocation=share,
+                queue=counts.get(env_id, QueueCounts()),
+                received=stats.received.get(name, 0),
+                served_groups=stats.served_groups.get(name, 0),
+                served_seqs=stats.served_seqs.get(name, 0),
+                backpressure=stats.backpressure.get(name, 0),
+                dropped=dropped.get(name, {}),
+            )
+            for env_id, name, weight, group_size, connected, share in envs
+        ],
+        wandb_project=reg.wandb_project if reg else None,
+        wandb_group=reg.wandb_group if reg else None,
+    )

@@ -1,0 +1,71 @@
+"""Metrics and logs of real server processes: `--workers 2`, and two replicas on one SQLite file."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.servers import running_server
+from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+LIMIT = ("--max-env-queue-groups", str(MAX_ENV_QUEUE_GROUPS))
+STAMP = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO|WARNING|ERROR) \[(\d+)\] "
+
+
+def fresh_connections(url: str) -> httpx.AsyncClient:
+    """A new connection per request, so the kernel spreads requests over the worker processes."""
+    return httpx.AsyncClient(base_url=url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
+
+
+async def test_metrics_with_two_workers_and_a_second_replica(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'shared.db'}"
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    with (
+        running_server(store, log_a, "--workers", "2", "--log-level", "debug", *LIMIT) as a,
+        running_server(store, log_b, *LIMIT) as b,
+    ):
+        async with fresh_connections(a.url) as ca, fresh_connections(b.url) as cb:
+            before_a = parse_metrics((await ca.get("/metrics")).text)
+            before_b = parse_metrics((await cb.get("/metrics")).text)
+            expected = await small_run(ca)
+            after_a = parse_metrics((await ca.get("/metrics")).text)
+            after_b = parse_metrics((await cb.get("/metrics")).text)
+            assert (await ca.get("/readyz")).status_code == 200
+            assert (await cb.get("/healthz")).status_code == 200
+    # The run's state and counters come from the store: both replicas report them.
+    check_store_metrics(after_a, expected)
+    check_store_metrics(after_b, expected)
+    # Timings: replica A's two workers summed (every request counted exactly once), replica B saw none.
+    check_process_metrics(after_a, before_a, expected)
+    key = ("rollbuf_request_duration_seconds_count", (("method", "POST"), ("route", "/scored_data")))
+    assert after_b.get(key, 0) == before_b.get(key, 0) == 0
+
+    lines = log_a.read_text().splitlines()
+    logged = [line for line in lines if re.match(STAMP, line)]
+    assert len(logged) == len(lines), [line for line in lines if not re.match(STAMP, line)][:5]
+    pids = {m.group(2) for line in lines if (m := re.match(STAMP + r"rollbuf.request: POST /scored_data", line))}
+    assert len(pids) == 2, "both workers served ingest requests"
+    batch_lines = [line for line in lines if "rollbuf: batch step=" in line]
+    assert len(batch_lines) == expected.batches
+    assert re.search(r"batch step=0 groups=2 sequences=8 tokens=64 mix=\[math_0=8\] formation_ms=\d", batch_lines[0])
+    assert any(re.search(r"WARNING \[\d+\] rollbuf: refused POST /scored_data 422 .*field=masks", x) for x in lines)
+    assert any(re.search(r"refused POST /scored_data 503 env=math_0 field=- rule=queue full", x) for x in lines)
+    request_lines = [line for line in lines if "rollbuf.request: " in line]
+    assert all(re.search(r"request_id=[0-9a-f]{16}$", line) for line in request_lines)
+
+
+async def test_json_log_lines(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    with running_server("memory://", log, "--log-format", "json", "--log-level", "debug") as server:
+        async with httpx.AsyncClient(base_url=server.url) as c:
+            assert (await c.get("/status", headers={"X-Request-ID": "req-7"})).headers["x-request-id"] == "req-7"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all({"time", "level", "logger", "message", "pid"} <= set(r) for r in records)
+    assert any(r["logger"] == "rollbuf.request" and r["request_id"] == "req-7" for r in records)
+    assert any(r["logger"] == "uvicorn.access" and "/status" in r["message"] for r in records)
