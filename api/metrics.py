@@ -29,7 +29,7 @@ T = TypeVar("T")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-disable_created_metrics()  # `*_created` series: noise, and absent in multiprocess mode anyway
+disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` series: noise, and absent in multiprocess mode anyway
 
 PROCESS = CollectorRegistry(auto_describe=True)
 """This process's timings (in multiprocess mode their values live in files shared by the workers)."""
