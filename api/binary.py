@@ -20,13 +20,15 @@ from api.records import (
     F32,
     F64,
     FLOAT_FIELDS,
-    FORMAT_VERSION,
     I32,
     META_FIELDS,
     RECORD_KEYS,
+    VERSIONS,
     GroupRecord,
     encode,
+    narrowest,
     split_records,
+    version_of,
 )
 from api.schema import ScoredData
 from api.validation import GroupLimits, check_lengths, check_policy_step, check_rows, check_values
@@ -71,9 +73,9 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
         raise InvalidData((), f"not a valid msgpack group record: {exc}") from None
     if not isinstance(m, dict):
         raise InvalidData((), f"a group record is a msgpack map, got {type(m).__name__}")
-    version = m.get("v", FORMAT_VERSION)
-    if version != FORMAT_VERSION:
-        raise InvalidData(("v",), f"format version {version!r} is not supported; this server reads {FORMAT_VERSION}")
+    version = m.get("v", 1)
+    if version not in VERSIONS:
+        raise InvalidData(("v",), f"format version {version!r} is not supported; this server reads {VERSIONS}")
     env_id = _opt_int(m, "env_id", minimum=None)
     if env_id is not None and env_id not in env_ids:
         raise InvalidData(("env_id",), f"no environment with env_id {env_id} is registered")
@@ -88,7 +90,7 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
     tokens = _array(m, "tokens", I32, count=total)
     masks = _array(m, "masks", I32, count=total)
     scores = _array(m, "scores", F64, count=lengths.shape[0], what="one per sequence")
-    floats = {name: _array(m, name, F32, count=total) for name in FLOAT_FIELDS if m.get(name) is not None}
+    floats = {name: _float_field(m, name, total) for name in FLOAT_FIELDS if m.get(name) is not None}
     check_values(lengths, tokens, masks, scores, floats)
     raw_meta = m.get("meta")
     meta = _check_meta(raw_meta, lengths)
@@ -104,8 +106,22 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
         floats=floats,
         meta=meta,
     )
-    canonical = policy_step is not None and tuple(m) == RECORD_KEYS and raw_meta == meta
+    canonical = (
+        policy_step is not None
+        and tuple(m) == RECORD_KEYS
+        and version == version_of(floats)
+        and all(len(m[name]) == floats[name].nbytes for name in floats)  # no float64 that float32 holds
+        and raw_meta == meta
+    )
     return BinaryGroup(record, raw if canonical else encode(record), canonical, policy_step)
+
+
+def _float_field(m: dict[str, Any], name: str, total: int) -> np.ndarray:
+    """A float field sent as float32 (4 bytes per token) or float64 (8), stored float32 where that is exact."""
+    value = m.get(name)
+    if isinstance(value, bytes) and len(value) == 8 * total:
+        return narrowest(np.frombuffer(value, F64))
+    return _array(m, name, F32, count=total, what="one per token (the sum of lengths), float32 or float64")
 
 
 def _opt_int(m: dict[str, Any], name: str, *, minimum: int | None) -> int | None:

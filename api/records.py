@@ -1,7 +1,8 @@
 """The group record: how one scored group is stored, and sent on the binary path (docs/binary-format.md).
 
-A record is a msgpack map whose per-token fields are raw little-endian arrays (int32 tokens and masks,
-float32 advantages and logprobs) over all sequences of the group, with `lengths` to split them. Records
+A record is a msgpack map whose per-token fields are raw little-endian arrays (int32 tokens and masks;
+advantages and logprobs as float32, or as float64 where float32 would not hold a field's values exactly)
+over all sequences of the group, with `lengths` to split them. Records
 concatenate: a queue item's payload is N records back to back, and a binary batch is a msgpack array
 header followed by the stored bytes as they are, so serving a batch never re-encodes a payload.
 This module imports numpy and msgpack only: the clients use it too.
@@ -19,7 +20,10 @@ import orjson
 
 Buffer = bytes | memoryview
 """Records are read from bytes, or from views into a stored batch (no copy)."""
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest record layout. A record is written as version 1 (the layout before float64 fields existed,
+byte for byte) unless a float field is float64; readers take both."""
+VERSIONS = (1, 2)
 MSGPACK = "application/msgpack"
 MSGPACK_TYPES = (MSGPACK, "application/x-msgpack", "application/vnd.msgpack")
 """Content types of the binary path; the first is the one rollbuf sends and advertises in /info."""
@@ -28,7 +32,8 @@ F32 = np.dtype("<f4")
 F64 = np.dtype("<f8")
 
 FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
-"""Per-token float fields, float32 on the wire and in the store."""
+"""Per-token float fields: float32 on the wire and in the store where that holds every value of the field
+exactly (as for the float32 logprobs inference engines produce), else float64 (`narrowest`)."""
 META_FIELDS = (
     "messages",
     "generation_params",
@@ -81,9 +86,31 @@ class GroupRecord:
         return np.split(flat, np.cumsum(self.lengths[:-1]))
 
 
+def narrowest(values: np.ndarray) -> np.ndarray:
+    """A float field as float32 when that holds every value exactly, else as float64.
+
+    Handlers send float32 values printed as doubles (vLLM's logprobs), which float32 keeps at half the
+    size, or decimals and float64 results (`-0.7`), which only float64 gives back as they were sent."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = values.astype(F32)
+    if np.array_equal(f32, values):  # compared as float64: exact
+        return f32
+    return values.astype(F64, copy=False)
+
+
+def float_dtype(values: np.ndarray) -> np.dtype[Any]:
+    """How a float field is stored: float64 arrays as float64, anything else as float32."""
+    return F64 if values.dtype == F64 else F32
+
+
+def version_of(floats: dict[str, np.ndarray]) -> int:
+    """1 when every float field is float32 (the layout version-1 readers know), 2 with a float64 field."""
+    return 2 if any(a.dtype == F64 for a in floats.values()) else 1
+
+
 def encode(rec: GroupRecord) -> bytes:
     body: dict[str, Any] = {
-        "v": FORMAT_VERSION,
+        "v": version_of(rec.floats),
         "env_id": rec.env_id,
         "policy_step": rec.policy_step,
         "group_id": rec.group_id,
@@ -94,13 +121,22 @@ def encode(rec: GroupRecord) -> bytes:
     }
     for name in FLOAT_FIELDS:
         arr = rec.floats.get(name)
-        body[name] = None if arr is None else arr.astype(F32, copy=False).tobytes()
+        body[name] = None if arr is None else arr.astype(float_dtype(arr), copy=False).tobytes()
     body["meta"] = rec.meta
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+def float_array(data: Buffer, n_tokens: int) -> np.ndarray:
+    """A float field's bytes: 8 per token are float64, else float32 (`T >= 1`, so the sizes differ)."""
+    return np.frombuffer(data, F64 if len(data) == 8 * n_tokens and n_tokens else F32)
+
+
 def _from_map(m: dict[str, Any]) -> GroupRecord:
-    floats = {name: np.frombuffer(m[name], F32) for name in FLOAT_FIELDS if m.get(name) is not None}
+    version = m.get("v", 1)
+    if version not in VERSIONS:
+        raise ValueError(f"group record version {version!r}: this reader knows {VERSIONS}")
+    n_tokens = len(m["tokens"]) // I32.itemsize
+    floats = {name: float_array(m[name], n_tokens) for name in FLOAT_FIELDS if m.get(name) is not None}
     return GroupRecord(
         env_id=m.get("env_id"),
         lengths=np.frombuffer(m["lengths"], I32),
@@ -160,6 +196,16 @@ def _flat_rows(rows: Any, dtype: np.dtype[Any]) -> tuple[np.ndarray, np.ndarray]
     return flat, lengths
 
 
+def _float_rows(rows: Any) -> np.ndarray:
+    """A float field, flat: float32 arrays stay float32; anything else (Python floats, float64 arrays) is
+    kept as float64 where float32 would change a value (`narrowest`), as on the JSON path."""
+    if isinstance(rows, np.ndarray) and rows.dtype == F32:
+        return np.ascontiguousarray(rows, F32).reshape(-1)
+    if isinstance(rows, Sequence) and rows and all(isinstance(r, np.ndarray) and r.dtype == F32 for r in rows):
+        return _flat_rows(rows, F32)[0]
+    return narrowest(_flat_rows(rows, F64)[0])
+
+
 def encode_submission(
     tokens: Sequence[Any] | np.ndarray,
     masks: Sequence[Any] | np.ndarray,
@@ -177,13 +223,16 @@ def encode_submission(
 
     Takes what a JSON submission holds, per sequence (lists or numpy rows); `meta` are the other
     ScoredData fields (messages, overrides, ...). The server checks everything; this only converts types
-    (an id outside int32 raises OverflowError). With `policy_step` set, the bytes are already in the form
+    (an id outside int32 raises OverflowError; float32 arrays stay float32, other floats are float32 where
+    that is exact, else float64). With `policy_step` set, the bytes are already in the form
     the server stores, so it stores them as they are.
     """
     flat_tokens, lengths = _flat_rows(tokens, I32)
     flat_masks, _ = _flat_rows(masks, I32)
+    given = {"advantages": advantages, "ref_logprobs": ref_logprobs, "inference_logprobs": inference_logprobs}
+    floats = {name: _float_rows(rows) for name, rows in given.items() if rows is not None}
     body: dict[str, Any] = {
-        "v": FORMAT_VERSION,
+        "v": version_of(floats),
         "env_id": env_id,
         "policy_step": policy_step,
         "group_id": group_id,
@@ -192,10 +241,9 @@ def encode_submission(
         "masks": flat_masks.tobytes(),
         "scores": np.asarray(scores, dtype=F64).tobytes(),
     }
-    given = {"advantages": advantages, "ref_logprobs": ref_logprobs, "inference_logprobs": inference_logprobs}
     for name in FLOAT_FIELDS:
-        rows = given[name]
-        body[name] = None if rows is None else _flat_rows(rows, F32)[0].tobytes()
+        arr = floats.get(name)
+        body[name] = None if arr is None else arr.tobytes()
     unknown = sorted(set(meta) - set(META_FIELDS))
     if unknown:
         raise TypeError(f"unknown group fields {unknown}; known: {', '.join(META_FIELDS)}")
@@ -224,8 +272,10 @@ def to_atropos(rec: GroupRecord) -> dict[str, Any]:
     }
     for name in FLOAT_FIELDS:
         arr = rec.floats.get(name)
-        # As float64, a float32 value prints as the same double the client sent (vLLM logprobs are float32).
-        out[name] = None if arr is None else rec.split(arr.astype(F64))
+        # Printed as float64, whatever it is stored as: orjson writes the shortest text that reads back as the
+        # same double, so a float32 value comes back as the double the handler sent (-0.699999988079071 for
+        # vLLM's float32 -0.7) and a float64 one as sent (-0.7). Printed as float32 it would read -0.7 both times.
+        out[name] = None if arr is None else rec.split(arr.astype(F64, copy=False))
     for name in META_FIELDS:
         out[name] = rec.meta.get(name)
     out["env_id"] = rec.env_id

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from api.errors import InvalidData
-from api.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, GroupRecord
+from api.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, GroupRecord, narrowest
 from api.schema import INT32_MAX, INT32_MIN, ScoredData
 
 
@@ -37,7 +37,7 @@ class Column:
     """One per-token field of a group: its values over all sequences, flat, and each row's length."""
 
     values: np.ndarray
-    """int64 for tokens and masks, float64 for the float fields."""
+    """int64 for tokens and masks, float64 for the float fields (narrowed to float32 where exact)."""
     lengths: np.ndarray
     """int64, one per row as sent (checked against the tokens' rows by `pack_group`)."""
 
@@ -102,8 +102,7 @@ def pack_group(
         col = cols.get(name)
         if col is not None:
             check_rows(name, col.lengths, lengths)
-            with np.errstate(over="ignore"):  # beyond float32's range becomes infinity: check_values refuses it
-                floats[name] = col.values.astype(F32)
+            floats[name] = narrowest(col.values)  # float32 where exact, else float64: numbers as sent
     for name in ("distill_token_ids", "distill_logprobs"):
         rows = getattr(sd, name)
         if rows is not None:
@@ -183,7 +182,9 @@ def check_values(
     if not finite.all():
         raise InvalidData(("scores", int(np.argmin(finite))), "scores must be finite (no NaN or infinity)")
     for name, values in floats.items():
-        if not np.isfinite(values).all():
+        with np.errstate(over="ignore"):  # as the trainer gets them: float32 (beyond its range: infinity)
+            as_f32 = values.astype(F32, copy=False)
+        if not np.isfinite(as_f32).all():
             raise InvalidData((name,), "values must be finite float32 (no NaN, no infinity, none beyond 3.4e38)")
 
 

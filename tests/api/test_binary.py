@@ -85,7 +85,7 @@ BAD_RECORDS = [
     (b"\x93\x01", ["body"], "msgpack"),
     (GOOD + b"\x00", ["body"], "after the end"),
     (msgpack.packb([1, 2]), ["body"], "msgpack map"),
-    (with_field(GOOD, "v", 2), ["body", "v"], "version 2 is not supported"),
+    (with_field(GOOD, "v", 3), ["body", "v"], "version 3 is not supported"),
     (with_field(GOOD, "env_id", 7), ["body", "env_id"], "no environment with env_id 7"),
     (with_field(GOOD, "env_id", "0"), ["body", "env_id"], "must be an integer"),
     (with_field(GOOD, "policy_step", -1), ["body", "policy_step"], ">= 0"),
