@@ -19,6 +19,7 @@ import numpy as np
 
 from api.records import FLOAT_FIELDS, GroupRecord
 from api.schema import MASK_IGNORE
+from trainer_client.tensors import to_tensors
 
 I32 = np.dtype(np.int32)
 I64 = np.dtype(np.int64)
@@ -51,10 +52,14 @@ class Padded:
         """bool [n, L]: the positions the loss is taken on (mask not -100); False on padding."""
         return trained_positions(self.masks)
 
-    def to_torch(self) -> dict[str, Any]:
-        """The arrays as torch tensors (shared memory where numpy allows it)."""
-        return _tensors({"tokens": self.tokens, "masks": self.masks, "attention_mask": self.attention_mask,
-                         "advantages": self.advantages, **self.floats})  # fmt: skip
+    def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
+        """Tensors `[n, L]` on `device` (None: the CPU): `tokens` and `labels` int64 (`labels`: the token id
+        where trained on, -100 elsewhere, as `cross_entropy` ignores), `trained` and `attention_mask` bool,
+        `advantages` and the floats float32. See `trainer_client.tensors` for how they travel."""
+        # the handler's raw `advantages` (NaN where a group sent none) gives way to the merged ones
+        arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "attention_mask": self.attention_mask,
+                  "advantages": self.advantages}  # fmt: skip
+        return to_tensors(arrays, device, non_blocking=non_blocking)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +90,12 @@ class Packed:
         """bool [R, max_len]: the positions the loss is taken on (mask not -100); False on padding."""
         return trained_positions(self.masks)
 
-    def to_torch(self) -> dict[str, Any]:
-        return _tensors({"tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
-                         "segment_ids": self.segment_ids, "advantages": self.advantages, **self.floats})  # fmt: skip
+    def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
+        """Tensors `[R, max_len]`: `tokens`, `labels`, `position_ids`, `segment_ids` int64, `trained` bool,
+        `advantages` and the floats float32 (as `Padded.to_torch`)."""
+        return to_tensors({**self.floats, "tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
+                           "segment_ids": self.segment_ids, "advantages": self.advantages},
+                          device, non_blocking=non_blocking)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,58 +182,84 @@ class Batch:
         return computed if sent is None else np.where(np.isnan(sent), computed, sent)
 
     def padded(self, *, pad_to_multiple_of: int = 1, pad_id: int = 0) -> Padded:
-        """`[n, L]` arrays, `L` the longest sequence rounded up to a multiple of `pad_to_multiple_of`."""
+        """`[n, L]` arrays, `L` the longest sequence rounded up to a multiple of `pad_to_multiple_of`.
+
+        Built row by row with slice copies (memory speed, no per-token index arrays); when every sequence
+        is exactly `L` long the arrays are reshaped views of the batch's own, with no copy at all."""
         if pad_to_multiple_of < 1:
             raise ValueError("pad_to_multiple_of must be at least 1")
-        longest = int(self.lengths.max()) if self.n_seqs else 0
+        lengths = self.lengths
+        longest = int(lengths.max()) if self.n_seqs else 0
         width = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-        seq, pos = self._positions()
-        shape = (self.n_seqs, width)
+        attention = np.arange(width) < lengths[:, None]
+        sent = self.floats.get("advantages")
+        flats: list[Fill] = [(self.tokens, pad_id, I32), (self.masks, MASK_IGNORE, I32)]
+        flats += [(v, 0.0, F32) for v in self.floats.values()]
+        if sent is not None:
+            flats.append((self.advantages, 0.0, F32))
+        out = _pad_rows(self.offsets, width, flats)
+        if sent is None:  # one value per sequence: filled per row, never repeated over every token first
+            advantages = np.where(attention, self.grpo_advantages()[:, None], np.float32(0))
+        else:
+            advantages = out.pop()
         return Padded(
-            tokens=_scatter(shape, seq, pos, self.tokens, pad_id, I32),
-            masks=_scatter(shape, seq, pos, self.masks, MASK_IGNORE, I32),
-            attention_mask=_scatter(shape, seq, pos, np.ones(self.n_tokens, bool), False, np.dtype(bool)),
-            advantages=_scatter(shape, seq, pos, self.advantages, 0.0, F32),
-            floats={k: _scatter(shape, seq, pos, v, 0.0, F32) for k, v in self.floats.items()},
+            tokens=out[0],
+            masks=out[1],
+            attention_mask=attention,
+            advantages=advantages,
+            floats=dict(zip(self.floats, out[2:], strict=True)),
         )
 
     def packed(self, max_len: int, *, pad_id: int = 0) -> Packed:
         """Rows of at most `max_len` tokens, sequences placed first-fit-decreasing (longest first, each into
-        the first row with room). Raises ValueError if a sequence is longer than `max_len`."""
+        the first row with room). Raises ValueError if a sequence is longer than `max_len`.
+
+        Each sequence is one slice copy into its row (no per-token index arrays)."""
         lengths = self.lengths
         row, start = first_fit_decreasing(lengths, max_len)
         n_rows = int(row.max()) + 1 if self.n_seqs else 0
-        seq, pos = self._positions()
-        r, c = row[seq], start[seq] + pos
         shape = (n_rows, max_len)
+        order = np.lexsort((start, row))  # by row, then by column: each row's sequences in placement order
         cu: list[np.ndarray] = []
+        bounds = np.searchsorted(row[order], np.arange(n_rows + 1))
         for k in range(n_rows):
-            members = np.flatnonzero(row == k)
-            members = members[np.argsort(start[members], kind="stable")]
+            members = order[bounds[k] : bounds[k + 1]]
             cu.append(np.concatenate([[0], np.cumsum(lengths[members])]).astype(I32))
+        tokens = np.full(shape, pad_id, I32)
+        masks = np.full(shape, MASK_IGNORE, I32)
+        position_ids = np.zeros(shape, I32)
+        segment_ids = np.full(shape, -1, I32)
+        advantages = np.zeros(shape, F32)
+        floats = {k: np.zeros(shape, F32) for k in self.floats}
+        flat_adv = self.advantages
+        ramp = np.arange(max_len, dtype=I32)
+        pairs = [(tokens, self.tokens), (masks, self.masks), (advantages, flat_adv)]
+        pairs += [(floats[k], v) for k, v in self.floats.items()]
+        bounds_ = zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist(), row.tolist(), start.tolist(), strict=True)
+        for i, (a, b, r, c) in enumerate(bounds_):
+            n = b - a
+            for dst, src in pairs:
+                dst[r, c : c + n] = src[a:b]
+            position_ids[r, c : c + n] = ramp[:n]
+            segment_ids[r, c : c + n] = i
         return Packed(
-            tokens=_scatter(shape, r, c, self.tokens, pad_id, I32),
-            masks=_scatter(shape, r, c, self.masks, MASK_IGNORE, I32),
-            position_ids=_scatter(shape, r, c, pos, 0, I32),
-            segment_ids=_scatter(shape, r, c, seq, -1, I32),
-            advantages=_scatter(shape, r, c, self.advantages, 0.0, F32),
+            tokens=tokens,
+            masks=masks,
+            position_ids=position_ids,
+            segment_ids=segment_ids,
+            advantages=advantages,
             row=row.astype(I32),
             start=start.astype(I32),
             cu_seqlens=cu,
-            floats={k: _scatter(shape, r, c, v, 0.0, F32) for k, v in self.floats.items()},
+            floats=floats,
         )
 
-    def to_torch(self) -> dict[str, Any]:
-        """The flat arrays as torch tensors: tokens, masks, offsets, scores, advantages, and the floats."""
-        return _tensors({"tokens": self.tokens, "masks": self.masks, "offsets": self.offsets, "scores": self.scores,
-                         "advantages": self.advantages, "group_index": self.group_index, **self.floats})  # fmt: skip
-
-    def _positions(self) -> tuple[np.ndarray, np.ndarray]:
-        """For every token: the index of its sequence, and its position within the sequence."""
-        lengths = self.lengths
-        seq = np.repeat(np.arange(self.n_seqs, dtype=I64), lengths)
-        pos = np.arange(self.n_tokens, dtype=I64) - np.repeat(self.offsets[:-1], lengths)
-        return seq, pos
+    def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
+        """The flat arrays as tensors: `tokens`, `labels`, `offsets`, `group_index` int64, `trained` bool,
+        `scores` float64, `advantages` and the floats float32 (as `Padded.to_torch`)."""
+        return to_tensors({**self.floats, "tokens": self.tokens, "masks": self.masks, "offsets": self.offsets,
+                           "scores": self.scores, "advantages": self.advantages, "group_index": self.group_index},
+                          device, non_blocking=non_blocking)  # fmt: skip
 
 
 def trained_positions(masks: np.ndarray) -> np.ndarray:
@@ -254,21 +288,23 @@ def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray
     return row, start
 
 
-def _scatter(
-    shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray, values: np.ndarray, fill: Any, dtype: np.dtype[Any]
-) -> np.ndarray:
-    out = np.full(shape, fill, dtype)
-    out[rows, cols] = values
-    return out
+Fill = tuple[np.ndarray, Any, np.dtype[Any]]
+"""A flat array, the value after each sequence, the dtype of the result."""
 
 
-def _tensors(arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("torch tensors need PyTorch: `pip install torch` (numpy arrays work without it)") from exc
-    # frombuffer arrays are read-only; torch wants writable memory, so those are copied once.
-    return {k: torch.from_numpy(v if v.flags.writeable else v.copy()) for k, v in arrays.items()}
+def _pad_rows(offsets: np.ndarray, width: int, flats: Sequence[Fill]) -> list[np.ndarray]:
+    """Each flat `[T]` array as `[n, width]` rows, `fill` after each sequence: one slice copy per row and array,
+    or a reshaped view when every sequence is exactly `width` long."""
+    n = offsets.shape[0] - 1
+    lengths = np.diff(offsets)
+    if n and bool((lengths == width).all()):
+        return [flat.astype(dtype, copy=False).reshape(n, width) for flat, _, dtype in flats]
+    outs = [np.zeros((n, width), dtype) if fill == 0 else np.full((n, width), fill, dtype) for _, fill, dtype in flats]
+    pairs = [(out, flat) for out, (flat, _, _) in zip(outs, flats, strict=True)]
+    for i, (a, b) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True)):
+        for out, flat in pairs:
+            out[i, : b - a] = flat[a:b]
+    return outs
 
 
 # ------------------------------------------------------------------------------------------- building

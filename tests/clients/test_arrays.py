@@ -164,13 +164,6 @@ def test_torch_is_optional_with_a_helpful_error(monkeypatch: pytest.MonkeyPatch)
         batch.to_torch()
 
 
-def test_torch_tensors_when_available() -> None:
-    torch = pytest.importorskip("torch")
-    batch = from_records(make_records([[3, 5]]), step=0)
-    tensors = batch.packed(8).to_torch()
-    assert tensors["tokens"].dtype == torch.int32 and tuple(tensors["tokens"].shape) == (1, 8)
-
-
 def _fields(rec: GroupRecord) -> dict[str, object]:
     return {name: getattr(rec, name) for name in GroupRecord.__dataclass_fields__}
 
