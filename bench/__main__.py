@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import formation, rss, runner, transport
+from bench import arrays, formation, rss, runner, transport
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
@@ -26,7 +26,8 @@ HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--mem
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["formation", "http", "rss", "runner", "transport"], help="run one part")
+    ap.add_argument("--only", choices=["arrays", "formation", "http", "rss", "runner", "transport"],
+                    help="run one part")  # fmt: skip
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
     if args.only in (None, "formation"):
@@ -58,15 +59,18 @@ def main() -> None:
                         results += [{**r, "target": f"{name} msgpack"} for r in binary]
             with serve(*ceiling(Path(tmp) / "c.log"), Path(tmp) / "c.log", ready_path="/ping") as target:
                 results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
+    if args.only in (None, "arrays"):
+        results += arrays.run()
     if args.only in (None, "runner"):
         results += runner.run()
     if args.only in (None, "transport"):
         results += transport.run([256, 1024], with_atropos=not args.skip_atropos)
+        results += transport.run([1024], with_atropos=False, with_json=False, store="sqlite")  # the default store
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
-    print(report(results) + runner.report(results) + "\n" + transport.report(results))
+    print(report(results) + runner.report(results) + "\n" + transport.report(results) + "\n" + arrays.report(results))
     print(f"\nJSON lines: {out.relative_to(ROOT)}")
 
 

@@ -84,17 +84,21 @@ def start_run(c: httpx.Client, batch_size: int, pool: list[dict[str, Any]], batc
         c.post("/scored_data_list", json=body).raise_for_status()
 
 
-def fetch(c: httpx.Client, *, step: int | None, binary: bool) -> tuple[float, int, Batch]:
-    """One batch, timed from the request to the arrays (the trainer_client path)."""
+def fetch(c: httpx.Client, *, step: int | None, binary: bool, pad: bool = False) -> tuple[float, int, Batch, int]:
+    """One batch, timed from the request to the arrays (the trainer_client path); with `pad`, to the padded
+    `[n, L]` arrays a training step takes. Also returns the bytes of those output arrays."""
     params = {} if step is None else {"step": step}
     headers = {"Accept": MSGPACK if binary else "application/json"}
     t0 = time.perf_counter()
     reply = c.get("/batch", params=params, headers=headers)
     batch = parse_batch_reply(reply, step)
+    if pad and isinstance(batch, Batch):
+        p = batch.padded()
+        out_bytes = sum(a.nbytes for a in (p.tokens, p.masks, p.attention_mask, p.advantages, *p.floats.values()))
     seconds = time.perf_counter() - t0
     if not isinstance(batch, Batch):
         raise RuntimeError(f"no batch from {c.base_url}: {reply.text[:200]}")
-    return seconds, len(reply.content), batch
+    return seconds, len(reply.content), batch, out_bytes if pad else 0
 
 
 def measure(
@@ -108,18 +112,24 @@ def measure(
         step = 0
         for mode in modes:
             times: list[float] = []
-            refs: dict[str, list[float]] = {"raw-loopback": [], "raw-http": []}
-            wire = 0
+            refs: dict[str, list[float]] = {"raw-loopback": [], "raw-http": [], "raw-loopback+copy": []}
+            wire = out_bytes = 0
             for _ in range(reps):
-                seconds, wire, batch = fetch(c, step=step if mode != "atropos-json" else None, binary=mode == "msgpack")
+                seconds, wire, batch, out_bytes = fetch(
+                    c, step=step if mode != "atropos-json" else None, binary=mode.startswith("msgpack"),
+                    pad=mode == "msgpack-padded",
+                )  # fmt: skip
                 assert batch.n_seqs == size and batch.n_tokens == size * SEQ_LEN, (batch.n_seqs, batch.n_tokens)
                 times.append(seconds)
                 if raw is not None and mode == "msgpack":
                     refs["raw-loopback"].append(raw.fetch(wire))
                     refs["raw-http"].append(raw.fetch_http(c, wire))
+                if raw is not None and mode == "msgpack-padded":
+                    refs["raw-loopback+copy"].append(raw.fetch(wire) + copy_seconds(out_bytes))
                 step += 1
             out.append({"bench": "transport", "mode": mode, "sequences": size, "seq_len": SEQ_LEN,
-                        "median_s": statistics.median(times), "times_s": times, "wire_bytes": wire})  # fmt: skip
+                        "median_s": statistics.median(times), "times_s": times, "wire_bytes": wire,
+                        "out_bytes": out_bytes})  # fmt: skip
             for ref, ref_times in refs.items():
                 if ref_times:
                     ratios = [t / r for t, r in zip(times, ref_times, strict=True)]
@@ -187,6 +197,15 @@ class RawReference:
         return time.perf_counter() - t0
 
 
+def copy_seconds(nbytes: int) -> float:
+    """One copy of `nbytes` into freshly allocated memory (as building the output arrays needs at least)."""
+    src = np.ones(nbytes, np.uint8)
+    t0 = time.perf_counter()
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    return time.perf_counter() - t0
+
+
 def _views(buf: bytes | bytearray, at: int, nbytes: int) -> None:
     """int32 tokens and masks, float32 logprobs over the received bytes, as the trainer would use them."""
     third = nbytes // 3 // 4
@@ -230,7 +249,12 @@ def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
 
 
 def run(
-    sizes: list[int], *, with_atropos: bool = True, store: str = "memory", say: Callable[[str], None] = print
+    sizes: list[int],
+    *,
+    with_atropos: bool = True,
+    with_json: bool = True,
+    store: str = "memory",
+    say: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     pool = make_pool(np.random.default_rng(0))
     results: list[dict[str, Any]] = ingest(pool[0])
@@ -239,8 +263,9 @@ def run(
         name, cmd, port = rollbuf(url, Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target, RawReference() as raw:
             for size in sizes:
-                say(f"rollbuf[{store}] {size} x {SEQ_LEN}: msgpack (each paired with a raw transfer) and JSON ...")
-                rows = measure(target.url, size, pool, modes=["msgpack", "json"], reps=REPS.get(size, 3), raw=raw)
+                say(f"rollbuf[{store}] {size} x {SEQ_LEN}: msgpack (each paired with a raw transfer), padded, JSON ...")
+                modes = ["msgpack", "msgpack-padded", "json"] if with_json else ["msgpack", "msgpack-padded"]
+                rows = measure(target.url, size, pool, modes=modes, reps=REPS.get(size, 3), raw=raw)
                 results += [{"server": f"rollbuf[{store}]", **r} for r in rows]
         side = atropos(Path(tmp) / "a.log") if with_atropos else None
         if with_atropos and side is None:
@@ -264,10 +289,14 @@ def report(results: list[dict[str, Any]]) -> str:
     if not results:
         return "\n".join(lines)
     lines.append(f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):")
-    labels = {"msgpack": "rollbuf msgpack", "json": "rollbuf JSON", "atropos-json": "Atropos JSON",
-              "raw-loopback": "raw socket", "raw-http": "raw over HTTP"}  # fmt: skip
-    for size in sorted({r["sequences"] for r in results}):
-        rows = {r["mode"]: r for r in results if r["sequences"] == size}
+    labels = {"msgpack": "rollbuf msgpack", "msgpack-padded": "msgpack to padded", "json": "rollbuf JSON",
+              "atropos-json": "Atropos JSON", "raw-loopback": "raw socket", "raw-http": "raw over HTTP",
+              "raw-loopback+copy": "raw socket + one copy of the padded bytes"}  # fmt: skip
+    for server, size in sorted({(r.get("server", ""), r["sequences"]) for r in results}):
+        rows = {r["mode"]: r for r in results if r["sequences"] == size and r.get("server", "") in (server, "atropos")}
+        if server == "atropos":
+            continue
+        lines.append(f"  {server}:")
         cells = [f"{label} {rows[m]['median_s'] * 1e3:.1f}" for m, label in labels.items() if m in rows]
         wire = {m: f"{rows[m]['wire_bytes'] / 1e6:.1f} MB" for m in ("msgpack", "json", "atropos-json") if m in rows}
         lines.append(f"  {size:5} x {SEQ_LEN}: " + " | ".join(cells) + f"   (decoded body: {wire})")
@@ -281,6 +310,17 @@ def report(results: list[dict[str, Any]]) -> str:
                 lines.append(
                     f"         rollbuf msgpack / {labels[ref]} = {ratio:.2f}x, median of paired runs (target <= 3x)"
                 )
+        memory = next((r for r in results if r["mode"] == "msgpack" and r["sequences"] == size
+                       and r.get("server") == "rollbuf[memory]"), None)  # fmt: skip
+        if b and memory and server != "rollbuf[memory]":
+            lines.append(f"         {server} msgpack / rollbuf[memory] msgpack = "
+                         f"{b['median_s'] / memory['median_s']:.2f}x (target <= 1.5x)")  # fmt: skip
+        padded, ref = rows.get("msgpack-padded"), rows.get("raw-loopback+copy")
+        if padded and ref:
+            lines.append(
+                f"         request -> padded arrays / (raw socket + one copy of the {padded['out_bytes'] / 1e6:.0f} MB "
+                f"output) = {ref['paired_ratio_median']:.2f}x, median of paired runs (target <= 2x)"
+            )
     return "\n".join(lines)
 
 
@@ -289,8 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="256,1024", help="batch sizes in sequences (default 256,1024)")
     ap.add_argument("--skip-atropos", action="store_true")
     ap.add_argument("--store", choices=["memory", "sqlite"], default="memory", help="rollbuf's store (default memory)")
+    ap.add_argument("--skip-json", action="store_true", help="binary only (JSON takes seconds per batch)")
     args = ap.parse_args(argv)
-    results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos, store=args.store)
+    results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos,
+                  with_json=not args.skip_json, store=args.store)  # fmt: skip
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("transport-%Y%m%dT%H%M%S.jsonl")

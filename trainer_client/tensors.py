@@ -3,8 +3,8 @@
 
 On a CUDA device the narrow numpy arrays (int32 ids) are staged in pinned host memory and copied with
 `non_blocking=True`, then widened and turned into labels on the device: half the bytes cross PCIe, and
-the host does one copy. On the CPU, ids are widened in one pass and everything else is shared with
-numpy. torch is imported only here, and only when tensors are asked for.
+the host does one copy. On the CPU, ids are widened and labels derived in numpy, one pass each, and
+torch shares the results. torch is imported only here, and only when tensors are asked for.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from api.schema import MASK_IGNORE
+
+I64 = np.dtype(np.int64)
 
 WIDE = frozenset({"tokens", "labels", "position_ids", "segment_ids", "offsets", "group_index", "env_ids"})
 """Integer arrays that torch indexes with or takes as targets: int64 on arrival."""
@@ -34,22 +36,24 @@ def to_tensors(arrays: Mapping[str, np.ndarray], device: Any = None, *, non_bloc
     `masks` itself is not repeated. Ids in `WIDE` become int64; the rest keep their numpy dtype."""
     torch = torch_module()
     target = torch.device("cpu") if device is None else torch.device(device)
-    narrow: dict[str, Any] = {}
-    for name, arr in arrays.items():
-        if target.type == "cpu" and name in WIDE:
-            narrow[name] = torch.from_numpy(np.asarray(arr, np.int64) if arr.dtype != np.int64 else _writable(arr))
-        else:
-            narrow[name] = _to_device(torch, _writable(arr), target, non_blocking)
-    out: dict[str, Any] = {}
-    for name, t in narrow.items():
-        if name == "masks":
-            continue
-        out[name] = t.long() if name in WIDE and t.dtype != torch.int64 else t
-    if "masks" in narrow and "tokens" in narrow:
-        trained = narrow["masks"] != MASK_IGNORE
+    if target.type == "cpu":
+        return {k: torch.from_numpy(v) for k, v in _on_host(arrays).items()}
+    moved = {k: _to_device(torch, _writable(v), target, non_blocking) for k, v in arrays.items()}
+    out = {k: t.long() if k in WIDE and t.dtype != torch.int64 else t for k, t in moved.items() if k != "masks"}
+    if "masks" in moved and "tokens" in moved:
+        out["trained"] = moved["masks"] != MASK_IGNORE
+        out["labels"] = torch.where(out["trained"], out["tokens"], MASK_IGNORE)
+    return out
+
+
+def _on_host(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The CPU path in numpy: one single-threaded pass per derived array (torch's elementwise kernels are
+    no faster on a few cores and slower on a busy machine); torch then shares the results without a copy."""
+    out = {k: (v.astype(I64) if k in WIDE else _writable(v)) for k, v in arrays.items() if k != "masks"}
+    if "masks" in arrays and "tokens" in arrays:
+        trained = arrays["masks"] != MASK_IGNORE
         out["trained"] = trained
-        out["labels"] = torch.where(trained, out["tokens"], torch.full((), MASK_IGNORE, dtype=torch.int64,
-                                                                       device=target))  # fmt: skip
+        out["labels"] = np.where(trained, arrays["tokens"], I64.type(MASK_IGNORE))
     return out
 
 

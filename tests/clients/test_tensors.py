@@ -171,3 +171,13 @@ def test_merged_advantages_win_over_the_handlers_raw_ones_in_tensors() -> None:
     t = p.to_torch()
     assert np.array_equal(t["advantages"].numpy(), p.advantages) and not np.isnan(p.advantages).any()
     assert np.isnan(p.floats["advantages"]).any()
+
+
+def test_the_device_path_gives_the_same_dtypes_and_shapes() -> None:
+    """The path a GPU takes (copy narrow, widen and derive labels there), on torch's `meta` device: shapes and
+    dtypes without data, so it runs on a machine with no GPU."""
+    p = from_records(make_records([[3, 5], [4]]), step=0).padded()
+    on_host, on_meta = p.to_torch(), p.to_torch("meta")
+    assert sorted(on_meta) == sorted(on_host)
+    for k, v in on_host.items():
+        assert on_meta[k].device.type == "meta" and on_meta[k].dtype == v.dtype and on_meta[k].shape == v.shape, k
