@@ -31,6 +31,6 @@ def test_trainer_client_quick_start(capsys: pytest.CaptureFixture[str]) -> None:
         c.post("/register", json=registration(batch_size=8, max_token_len=64, starting_step=0))
         body = encode_submission_list(encode_submission(**group(4, env_id=None, seed=g)) for g in range(4))
         assert c.post("/scored_data_list", content=body, headers={"Content-Type": MSGPACK}).status_code == 200
-        [example] = python_blocks("trainer-client.md")
+        example = python_blocks("trainer-client.md")[0]  # the quick start; later blocks are fragments
         exec(compile(example, "trainer-client.md", "exec"), {"URL": url})
     assert capsys.readouterr().out.splitlines() == ["0 8 (1, 64) float32", "1 8 (1, 64) float32"]
