@@ -41,3 +41,7 @@ def test_reward_rises_from_chance(tmp_path: Path) -> None:
     assert all(r["max_staleness"] <= 1 for r in report["rows"])  # the server's bound held
     assert report["initial_reward"] < 0.2  # chance: 1/12 per position
     assert report["final_reward"] >= report["initial_reward"] + 0.3, report["rows"]
+    # the docs' plot is made from such a report by a command
+    png = tmp_path / "curve.png"
+    subprocess.run([sys.executable, "-m", "demos.plot", str(report_path), str(png)], cwd=ROOT, check=True, timeout=120)
+    assert png.read_bytes().startswith(b"\x89PNG")
