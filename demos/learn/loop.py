@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--report", type=Path, help="write the JSON report here (initial/final reward, rows per step)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
     cfg = Config(steps=args.steps, digits=args.digits, group_size=args.group_size, groups_per_step=args.groups_per_step,
                  lr=args.lr, max_staleness=args.max_staleness, device=args.device, seed=args.seed)  # fmt: skip
     report = asyncio.run(learn(cfg, quiet=args.quiet))
