@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 
+from api import wandb_stats
 from api.auth import require_api_key
 from api.errors import RollbufError
 from api.logs import log_error, log_validation_errors
@@ -32,11 +33,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = make_store(settings.store)
-        app.state.service = Service(TimedStore(store), limits=queue_limits(settings))
+        app.state.service = service = Service(TimedStore(store), limits=queue_limits(settings))
         log.info("rollbuf store: %s", settings.store)
+        stats_logger = None
+        if wandb_stats.configured():
+            stats_logger = wandb_stats.BufferStatsLogger(service.store, service.snapshot, settings.wandb_interval)
+            stats_logger.start()
+        app.state.wandb_stats = stats_logger
         try:
             yield
         finally:
+            if stats_logger is not None:
+                await stats_logger.close()
             await store.close()
 
     app = FastAPI(

@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     """Server log lines: plain text with timestamps, or one JSON object per line."""
     metrics: bool = True
     """Serve Prometheus metrics at /metrics and time every request into them."""
+    wandb_interval: float = Field(5.0, gt=0)
+    """Seconds between two W&B logs of the buffer's stats (only when wandb is installed and configured: an
+    API key or WANDB_MODE in the environment)."""
     workers: int = Field(1, ge=1)
     """Server processes sharing one port and the store (SQLite only): parsing and encoding spread over cores."""
 
