@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := all
-.PHONY: all install serve test lint format typecheck bench demo clean
+.PHONY: all install browser serve test lint format typecheck bench demo clean
 
 all: lint typecheck test
 
@@ -22,7 +22,19 @@ install: $(STAMP)
 serve: install  ## run the service on 127.0.0.1:8000 with the embedded durable store (Swagger UI at /docs)
 	$(BIN)/rollbuf serve
 
-test: install  ## every test: unit, API, store contract, integration (real uvicorn, SQLite, Redis)
+# The /dashboard test drives Debian's chromium through chromium-driver; on a fresh machine (CI) they are
+# installed here, with apt, as root.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	  else \
+	    echo "the /dashboard test needs Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+test: install browser  ## every test: unit, API, store contract, integration (real uvicorn, SQLite, Redis, headless chromium)
 	$(BIN)/python -m pytest
 
 lint: install

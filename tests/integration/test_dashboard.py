@@ -1,0 +1,96 @@
+"""/dashboard in a real headless browser (Debian's chromium through chromium-driver, installed by `make test`):
+the page loads, shows a registered env, and updates as data arrives."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.factories import env, group, registration
+from tests.servers import running_server
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    if not (Path(CHROMIUM).exists() and shutil.which(CHROMEDRIVER)):
+        pytest.fail("chromium and chromium-driver are missing: `make test` installs them (apt, as root)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def text(driver: webdriver.Chrome, css: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def until(driver: webdriver.Chrome, css: str, expected: str) -> None:
+    """Poll the page until the element's text is `expected` (the page redraws every second)."""
+
+    def seen(d: webdriver.Chrome) -> bool:
+        found = d.find_elements(By.CSS_SELECTOR, css)
+        return bool(found) and found[0].text == expected
+
+    try:
+        WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(seen)
+    except Exception as exc:
+        raise AssertionError(
+            f"{css} never showed {expected!r}; page:\n{driver.find_element(By.TAG_NAME, 'body').text}"
+        ) from exc
+
+
+def test_dashboard_shows_an_env_and_updates_live(tmp_path: Path, browser: webdriver.Chrome) -> None:
+    with running_server("memory://", tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
+        browser.get(server.url + "/dashboard")
+        until(browser, "#banner", "no trainer registered yet")
+        c.post("/register", json=registration(batch_size=8, drop_zero_variance=True)).raise_for_status()
+        c.get("/batch")
+        c.post("/register-env", json=env("math", 4, weight=3.0)).raise_for_status()
+        c.post("/register-env", json=env("code", 4, weight=1.0)).raise_for_status()
+        until(browser, 'tr[data-env="math_0"] td:first-child', "math_0")
+        until(browser, "#step", "0")
+        until(browser, 'tr[data-env="math_0"] td.queue', "0")
+
+        for seed in range(3):
+            c.post("/scored_data", json=group(4, env_id=0, seed=seed)).raise_for_status()
+        c.post("/scored_data", json=group(4, env_id=1, seed=9, scores=[1.0] * 4)).raise_for_status()
+        until(browser, 'tr[data-env="math_0"] td.queue', "3")
+        until(browser, 'tr[data-env="math_0"] td.received', "3")
+        until(browser, "#dropped", "1")
+        until(browser, "#drops td:first-child", "zero_variance")
+
+        assert c.get("/batch").json()["batch"]
+        until(browser, "#step", "1")
+        until(browser, 'tr[data-env="math_0"] td.queue', "1")
+        until(browser, "#hist div:first-child small", "0")  # the staleness histogram has its first bar
+        assert "served 100%" in text(browser, 'tr[data-env="math_0"] td.mix')
+        assert "weight 75%" in text(browser, 'tr[data-env="math_0"] td.mix')
+        assert int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-updates") or 0) > 3
+
+        # groups of 3 next to one group of 4 can never make exactly 8: the banner says why
+        c.post("/register-env", json=env("odd", 3)).raise_for_status()
+        for seed in range(3):
+            c.post("/scored_data", json=group(3, env_id=2, seed=seed)).raise_for_status()
+        assert c.get("/batch").json()["batch"] is None
+        reason = c.get("/status").json()["blocked_reason"]
+        assert reason
+        until(browser, "#banner", f"No batch can be formed: {reason}")
