@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import arrays, formation, rss, runner, transport
+from bench import arrays, formation, metrics_ab, rss, runner, transport
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
@@ -26,7 +26,7 @@ HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--mem
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["arrays", "formation", "http", "rss", "runner", "transport"],
+    ap.add_argument("--only", choices=["arrays", "formation", "http", "metrics", "rss", "runner", "transport"],
                     help="run one part")  # fmt: skip
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
@@ -61,6 +61,8 @@ def main() -> None:
                 results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
     if args.only in (None, "arrays"):
         results += arrays.run()
+    if args.only in (None, "metrics"):
+        results += metrics_ab.run()
     if args.only in (None, "runner"):
         results += runner.run()
     if args.only in (None, "transport"):
@@ -71,6 +73,7 @@ def main() -> None:
     out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
     print(report(results) + runner.report(results) + "\n" + transport.report(results) + "\n" + arrays.report(results))
+    print(metrics_ab.report(results))
     print(f"\nJSON lines: {out.relative_to(ROOT)}")
 
 

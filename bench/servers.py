@@ -33,9 +33,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(name: str, cmd: list[str], port: int, log: Path, ready_path: str = "/") -> Iterator[Target]:
+def serve(name: str, cmd: list[str], port: int, log: Path, ready_path: str = "/", cwd: Path = ROOT) -> Iterator[Target]:
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
