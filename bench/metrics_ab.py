@@ -1,6 +1,6 @@
 """What observability costs on the hot path: ingest and `/batch` with `metrics` on against off, as an A/B.
 
-The same SQLite server is started with `--metrics true` and `--metrics false` in alternating order, `REPS`
+The same SQLite server is started with `--metrics` and `--no-metrics` in alternating order, `REPS`
 times (interleaved, so both sides see the same background load on a shared machine); each start runs
 ingest at 8 clients (groups/s, server CPU ms per group) and `/batch` 256 x 2048 tokens (p50 ms). The
 figures are medians over the repetitions. `--base DIR` adds a third side: another checkout of rollbuf (a
@@ -31,7 +31,7 @@ TOLERANCE = 0.05
 def _side(name: str, metrics: bool | None, tmp: Path, base: Path | None) -> tuple[str, list[str], int, Path]:
     label, cmd, port = rollbuf(f"sqlite:///{tmp}/{name}.db", tmp / f"{name}.log")
     if metrics is not None:
-        cmd += ["--metrics", "true" if metrics else "false"]
+        cmd.append("--metrics" if metrics else "--no-metrics")
     return name, cmd, port, base or ROOT
 
 
