@@ -16,7 +16,10 @@ import orjson
 from api import state
 from api.store.base import ANON_ENV, QueueCounts, Txn
 
-STATS_KEY = "stats"
+RECEIVED_KEY = "stats:received"
+BACKPRESSURE_KEY = "stats:backpressure"
+SERVED_KEY = "stats:served"
+"""Three values, so that ingest reads and writes only its small counter, never the served side's."""
 STALENESS_CAP = 1024
 """Staleness is counted exactly up to here; anything beyond is counted here (no unbounded key set)."""
 
@@ -35,67 +38,56 @@ class Stats:
     staleness: dict[int, int] = field(default_factory=dict)
     """Served groups by staleness (the batch's step minus the group's policy step)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "received": self.received,
-            "backpressure": self.backpressure,
-            "served_groups": self.served_groups,
-            "served_seqs": self.served_seqs,
-            "batches": self.batches,
-            "staleness": {str(k): v for k, v in self.staleness.items()},
-        }
 
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Stats:
-        return cls(
-            received=raw.get("received", {}),
-            backpressure=raw.get("backpressure", {}),
-            served_groups=raw.get("served_groups", {}),
-            served_seqs=raw.get("served_seqs", {}),
-            batches=raw.get("batches", 0),
-            staleness={int(k): v for k, v in raw.get("staleness", {}).items()},
-        )
+def _get(txn: Txn, key: str) -> dict[str, Any]:
+    raw = txn.get_value(key)
+    return {} if raw is None else orjson.loads(raw)
+
+
+def _put(txn: Txn, key: str, value: dict[str, Any]) -> None:
+    txn.set_value(key, orjson.dumps(value).decode())
 
 
 def load(txn: Txn) -> Stats:
-    raw = txn.get_value(STATS_KEY)
-    return Stats() if raw is None else Stats.from_json(orjson.loads(raw))
+    served = _get(txn, SERVED_KEY)
+    return Stats(
+        received=_get(txn, RECEIVED_KEY),
+        backpressure=_get(txn, BACKPRESSURE_KEY),
+        served_groups=served.get("groups", {}),
+        served_seqs=served.get("seqs", {}),
+        batches=served.get("batches", 0),
+        staleness={int(k): v for k, v in served.get("staleness", {}).items()},
+    )
 
 
-def save(txn: Txn, stats: Stats) -> None:
-    txn.set_value(STATS_KEY, orjson.dumps(stats.to_json()).decode())
-
-
-def _add(counter: dict[str, int], name: str, n: int) -> None:
-    counter[name] = counter.get(name, 0) + n
+def _count(txn: Txn, key: str, per_env: dict[str, int]) -> None:
+    if per_env:
+        counter = _get(txn, key)
+        for name, n in per_env.items():
+            counter[name] = counter.get(name, 0) + n
+        _put(txn, key, counter)
 
 
 def count_received(txn: Txn, per_env: dict[str, int]) -> None:
-    if per_env:
-        stats = load(txn)
-        for name, n in per_env.items():
-            _add(stats.received, name, n)
-        save(txn, stats)
+    _count(txn, RECEIVED_KEY, per_env)
 
 
 def count_backpressure(txn: Txn, names: set[str]) -> None:
-    stats = load(txn)
-    for name in names:
-        _add(stats.backpressure, name, 1)
-    save(txn, stats)
+    _count(txn, BACKPRESSURE_KEY, dict.fromkeys(names, 1))
 
 
 def count_batch(txn: Txn, groups: dict[str, int], seqs: dict[str, int], staleness: dict[int, int]) -> None:
-    stats = load(txn)
-    stats.batches += 1
-    for name, n in groups.items():
-        _add(stats.served_groups, name, n)
-    for name, n in seqs.items():
-        _add(stats.served_seqs, name, n)
-    for s, n in staleness.items():
-        key = min(max(s, 0), STALENESS_CAP)
-        stats.staleness[key] = stats.staleness.get(key, 0) + n
-    save(txn, stats)
+    served = _get(txn, SERVED_KEY)
+    served["batches"] = served.get("batches", 0) + 1
+    for field_name, per_env in (("groups", groups), ("seqs", seqs)):
+        counter = served.setdefault(field_name, {})
+        for name, n in per_env.items():
+            counter[name] = counter.get(name, 0) + n
+    hist = served.setdefault("staleness", {})
+    for age, n in staleness.items():
+        key = str(min(max(age, 0), STALENESS_CAP))
+        hist[key] = hist.get(key, 0) + n
+    _put(txn, SERVED_KEY, served)
 
 
 @dataclass(frozen=True, slots=True)

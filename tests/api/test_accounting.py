@@ -69,6 +69,14 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
     assert len(served) == len(set(served)), "a group was served twice"
     assert set(served) <= submitted
     assert len(served) + status.queue_size + dropped == len(submitted)
+    # the counters the operator's views read (api.stats) tell the same story
+    snap = await service.snapshot()
+    assert sum(e.received for e in snap.envs) == len(submitted)
+    assert sum(e.served_groups for e in snap.envs) == len(served) == sum(snap.staleness.values())
+    assert sum(sum(e.dropped.values()) for e in snap.envs) == dropped
+    assert sum(e.queue.groups for e in snap.envs) == status.queue_size
+    if max_staleness is not None:
+        assert max(snap.staleness, default=0) <= max_staleness
 
 
 @settings(max_examples=60, deadline=None)
