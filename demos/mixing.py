@@ -154,7 +154,11 @@ def summary(runner: RolloutRunner, tally: Tally, status: dict[str, object], elap
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="rollbuf demo", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(
+        prog="rollbuf demo",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        epilog="rollbuf demo --learn [--help]: a small torch policy learns a toy task through the service instead.",
+    )
     ap.add_argument("--steps", type=int, default=40, help="training steps to run (default 40)")
     ap.add_argument("--workers", type=int, default=0, help="rollout worker processes (default 0: in-process)")
     args = ap.parse_args(argv)

@@ -42,7 +42,6 @@ class TorchPolicy:
         device = next(model.parameters()).device
         self.generator = torch.Generator(device).manual_seed(seed)
         self._pending: list[_Request] = []
-        self.forward_batches = 0
 
     async def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -72,6 +71,5 @@ class TorchPolicy:
         for (_, budget), requests in buckets.items():
             prompts = torch.tensor([r.prompt for r in requests], dtype=torch.int64, device=device)
             tokens, logprobs = sample(self.model, prompts, budget, self.generator, self.temperature)
-            self.forward_batches += 1
             for r, ids, lps in zip(requests, tokens.tolist(), logprobs.tolist(), strict=True):
                 r.future.set_result(Completion(ids, lps, self.tokenizer.decode(ids), "length"))
