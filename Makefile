@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := all
-.PHONY: all install browser serve test lint format typecheck bench demo clean
+.PHONY: all install browser serve test lint format typecheck bench demo demo-learn clean
 
 all: lint typecheck test
 
@@ -53,6 +53,11 @@ bench: install  ## hot-path benchmarks: ingest, /batch, batch formation, stores
 
 demo: install
 	$(BIN)/rollbuf demo
+
+demo-learn: install  ## a torch policy learns through the service; report and reward curve in ./learn/ (docs/training.md)
+	mkdir -p learn
+	$(BIN)/rollbuf demo --learn --report learn/report.json
+	$(BIN)/python -m demos.plot learn/report.json learn/reward.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
