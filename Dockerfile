@@ -20,5 +20,5 @@ RUN pip install --no-cache-dir --no-deps .
 VOLUME ["/data"]
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
-    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/', timeout=2)"
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=3)"
 CMD ["rollbuf", "serve"]

@@ -70,6 +70,10 @@ def _median(rows: list[dict[str, Any]], side: str, key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def report(results: list[dict[str, Any]]) -> str:
     rows = [r for r in results if r.get("bench") == "metrics_ab"]
     if not rows:
@@ -79,7 +83,9 @@ def report(results: list[dict[str, Any]]) -> str:
     lines = [f"metrics on vs off, SQLite, interleaved, medians of {n} (ingest at 8 clients; /batch 256 x 2048):"]
     for side in sides:
         g, c, b = (_median(rows, side, k) for k in ("groups_per_s", "cpu_ms_per_group", "batch_p50_ms"))
-        lines.append(f"  {side:12} ingest {g} groups/s, {c} server CPU ms/group; /batch p50 {b} ms")
+        lines.append(
+            f"  {side:12} ingest {_fmt(g)} groups/s, {_fmt(c, 2)} server CPU ms/group; /batch p50 {_fmt(b)} ms"
+        )
     on, off = "metrics on", "metrics off"
     for key, better in (("groups_per_s", "higher"), ("cpu_ms_per_group", "lower"), ("batch_p50_ms", "lower")):
         a, b = _median(rows, on, key), _median(rows, off, key)
