@@ -67,7 +67,7 @@ def main() -> None:
         results += runner.run()
     if args.only in (None, "transport"):
         results += transport.run([256, 1024], with_atropos=not args.skip_atropos)
-        results += transport.run([1024], with_atropos=False, with_json=False, store="sqlite")  # the default store
+        results += transport.compare_stores(1024)  # the default store against the memory store, in turns
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")

@@ -9,7 +9,8 @@ arrays on arrival: received with a raw socket into one buffer (the floor), and a
 the same client. Each binary fetch is followed by one of each, and ratios are taken per pair (the
 machine is shared and noisy).
 
-    python -m bench.transport [--sizes 256,1024] [--skip-atropos] [--store sqlite]
+    python -m bench.transport [--sizes 256,1024] [--skip-atropos] [--skip-json] [--store sqlite]
+    python -m bench.transport --compare-stores --sizes 1024     # memory vs SQLite, paired
 """
 
 from __future__ import annotations
@@ -245,6 +246,35 @@ def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------------------------- stores
+
+
+def compare_stores(size: int, reps: int = 7, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Binary `/batch` from a memory-store server and a SQLite server (the default store), fetched in turns
+    (memory first on even reps, SQLite first on odd ones) so both see the same load: a paired ratio."""
+    pool = make_pool(np.random.default_rng(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        mem, sql = rollbuf("memory://", Path(tmp) / "m.log"), rollbuf(f"sqlite:///{tmp}/s.db", Path(tmp) / "s.log")
+        with (
+            serve(*mem, Path(tmp) / "m.log") as m,
+            serve(*sql, Path(tmp) / "s.log") as q,
+            httpx.Client(base_url=m.url, timeout=TIMEOUT, transport=StdlibTransport()) as cm,
+            httpx.Client(base_url=q.url, timeout=TIMEOUT, transport=StdlibTransport()) as cq,
+        ):
+            say(f"memory vs SQLite, binary /batch {size} x {SEQ_LEN}, {reps} fetches each in turns ...")
+            start_run(cm, size, pool, reps)
+            start_run(cq, size, pool, reps)
+            times: dict[str, list[float]] = {"memory": [], "sqlite": []}
+            for step in range(reps):
+                order = [("memory", cm), ("sqlite", cq)] if step % 2 == 0 else [("sqlite", cq), ("memory", cm)]
+                for name, client in order:
+                    times[name].append(fetch(client, step=step, binary=True)[0])
+    ratios = [s / m for s, m in zip(times["sqlite"], times["memory"], strict=True)]
+    return [{"bench": "transport-stores", "sequences": size, "seq_len": SEQ_LEN,
+             "memory_s": statistics.median(times["memory"]), "sqlite_s": statistics.median(times["sqlite"]),
+             "times_s": times, "paired_ratio_median": statistics.median(ratios)}]  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------- driver
 
 
@@ -280,7 +310,13 @@ def run(
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = []
+    lines = [
+        f"binary /batch {r['sequences']} x {SEQ_LEN}, fetched in turns: memory {r['memory_s'] * 1e3:.1f} ms, "
+        f"SQLite {r['sqlite_s'] * 1e3:.1f} ms; SQLite / memory = {r['paired_ratio_median']:.2f}x, median of "
+        "paired fetches (target <= 1.5x)"
+        for r in results
+        if r.get("bench") == "transport-stores"
+    ]
     ingest_rows = [r for r in results if r.get("bench") == "transport-ingest"]
     if ingest_rows:
         cells = " | ".join(f"{r['mode']} {r['median_ms']:.3f}" for r in ingest_rows)
@@ -330,7 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-atropos", action="store_true")
     ap.add_argument("--store", choices=["memory", "sqlite"], default="memory", help="rollbuf's store (default memory)")
     ap.add_argument("--skip-json", action="store_true", help="binary only (JSON takes seconds per batch)")
+    ap.add_argument("--compare-stores", action="store_true", help="only memory vs SQLite, fetched in turns")
     args = ap.parse_args(argv)
+    if args.compare_stores:
+        results = [r for size in args.sizes.split(",") for r in compare_stores(int(size))]
+        print(report(results))
+        return
     results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos,
                   with_json=not args.skip_json, store=args.store)  # fmt: skip
     out_dir = ROOT / "bench" / "results"
