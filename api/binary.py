@@ -31,7 +31,7 @@ from api.records import (
     version_of,
 )
 from api.schema import ScoredData
-from api.validation import GroupLimits, check_lengths, check_policy_step, check_rows, check_values
+from api.validation import GroupLimits, check_lengths, check_rows, check_values
 
 GROUP_ID_MAX = 200
 """Longest group id, as on the JSON path (`ScoredData.group_id`)."""
@@ -79,8 +79,7 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
     env_id = _opt_int(m, "env_id", minimum=None)
     if env_id is not None and env_id not in env_ids:
         raise InvalidData(("env_id",), f"no environment with env_id {env_id} is registered")
-    policy_step = _opt_int(m, "policy_step", minimum=0)
-    check_policy_step(policy_step, current_step)
+    policy_step = _opt_int(m, "policy_step", minimum=0)  # not ahead of the trainer: checked in the transaction
     group_id = m.get("group_id")
     if group_id is not None and not (isinstance(group_id, str) and 1 <= len(group_id) <= GROUP_ID_MAX):
         raise InvalidData(("group_id",), f"must be a string of 1 to {GROUP_ID_MAX} characters, or nil")

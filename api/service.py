@@ -20,7 +20,7 @@ import msgpack
 
 from api import state, stats
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
-from api.errors import Conflict, Gone, InvalidData, NotFound, Unavailable
+from api.errors import Conflict, Gone, InvalidData, Loc, NotFound, Unavailable
 from api.filters import STALE, filter_reason, release_from_buffer
 from api.idempotency import content_digest, remember, same_content
 from api.json_groups import JsonGroup
@@ -38,7 +38,7 @@ from api.schema import (
 )
 from api.state import EnvRecord, RunState
 from api.store.base import ANON_ENV, BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
-from api.validation import GroupLimits, pack_group
+from api.validation import GroupLimits, check_policy_step, pack_group
 
 log = logging.getLogger("rollbuf")
 
@@ -74,15 +74,22 @@ class Submission:
     """Idempotency key: the group id (scoped by env) or the request's Idempotency-Key."""
     digest: str | None = None
     """Digest of the content as sent (`api.idempotency`), with a key: a reused key with other content is a 409."""
-    where: str = "the group"
-    """How a 409 names this group in its request ("body[3]" in a list)."""
+    loc: tuple[str | int, ...] = ("body",)
+    """Where the group is in its request (`("body", 3)` in a list): errors found in the transaction name it."""
+    sent_policy_step: int | None = None
+    """`policy_step` as sent; None: stamped with the step the group was validated at."""
+
+    @property
+    def where(self) -> str:
+        """How a 409 names this group: "the group", or "body[3]" in a list."""
+        return f"body[{self.loc[1]}]" if len(self.loc) > 1 else "the group"
 
     @classmethod
     def of(
-        cls, record: GroupRecord, payload: bytes, key: str | None, sent_policy_step: int | None, where: str
+        cls, record: GroupRecord, payload: bytes, key: str | None, sent_policy_step: int | None, loc: Loc
     ) -> Submission:
         digest = None if key is None else content_digest(record, sent_policy_step)
-        return cls(record.env_id, record, payload, key, digest, where)
+        return cls(record.env_id, record, payload, key, digest, tuple(loc), sent_policy_step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,8 +293,15 @@ class Service:
     async def submit(
         self, groups: Sequence[JsonGroup], run: RunState, idempotency_key: str | None = None
     ) -> list[ScoredReply]:
-        """Validate, pack and store groups all-or-nothing. `run` is a recent snapshot; the transaction
-        re-checks that the run it was validated against is still the one in the store."""
+        """Validate, pack and store groups all-or-nothing (`prepare`, then `store_submissions`)."""
+        return await self.store_submissions(self.prepare(groups, run, idempotency_key), run)
+
+    def prepare(
+        self, groups: Sequence[JsonGroup], run: RunState, idempotency_key: str | None = None
+    ) -> list[Submission]:
+        """Validate and pack JSON groups. Synchronous and touching no store, so the route can run it in a
+        worker thread for a large body. `run` is a recent snapshot; the transaction re-checks that the run
+        it was validated against is still the one in the store, and the policy steps against its step."""
         limits = self.ingest_limits(run)
         subs: list[Submission] = []
         for i, group in enumerate(groups):
@@ -302,8 +316,8 @@ class Service:
             except InvalidData as exc:
                 raise exc.at(*loc) from None
             key = idempotency_key or group_key(sd.env_id, sd.group_id)
-            subs.append(Submission.of(record, encode(record), key, sd.policy_step, where_in(loc)))
-        return await self.store_submissions(subs, run)
+            subs.append(Submission.of(record, encode(record), key, sd.policy_step, loc))
+        return subs
 
     async def store_submissions(self, subs: Sequence[Submission], run: RunState) -> list[ScoredReply]:
         """Store already validated groups all-or-nothing (the JSON and binary paths both end here)."""
@@ -323,6 +337,11 @@ class Service:
         run = state.load(txn)
         if run.registration != seen_run.registration:
             raise Unavailable("the trainer re-registered while this request was validated; send it again", 0)
+        for sub in subs:  # against the step now, not the snapshot's: it may have moved since
+            try:
+                check_policy_step(sub.sent_policy_step, run.step)
+            except InvalidData as exc:
+                raise exc.at(*sub.loc) from None
         counts = txn.counts()
         replies: list[ScoredReply | None] = []
         fresh: list[tuple[int, Submission]] = []
@@ -539,11 +558,6 @@ class Service:
 def group_key(env_id: int | None, group_id: str | None) -> str | None:
     """The idempotency key of a group id: ids are scoped by env."""
     return f"g:{env_id}:{group_id}" if group_id else None
-
-
-def where_in(loc: Sequence[str | int]) -> str:
-    """A group's place in its request, as a 409 names it: "the group", or "body[3]" in a list."""
-    return f"body[{loc[1]}]" if len(loc) > 1 else "the group"
 
 
 def reused_key_message(sub: Submission, earlier: str | None = None) -> str:

@@ -59,10 +59,12 @@ class Settings(BaseSettings):
     retry_after: float = Field(2.0, gt=0)
     """Seconds a client is told to wait (Retry-After) when the queue is full."""
 
-    max_body_bytes: int = Field(512 * MiB, gt=0)
+    max_body_bytes: int = Field(256 * MiB, gt=0)
     """Largest request body as sent (413 beyond)."""
-    max_decompressed_bytes: int = Field(2048 * MiB, gt=0)
-    """Largest gzip request body once decompressed (413 beyond): no zip bombs."""
+    max_decompressed_bytes: int = Field(256 * MiB, gt=0)
+    """Largest gzip request body once inflated (413 beyond): inflating stops there, so a gzip bomb costs at
+    most this much memory (times the cores, for bombs sent at once). The default holds lists of dozens of
+    groups of 8 x 4k tokens as JSON."""
     gzip_level: int = Field(1, ge=1, le=9)
     """Compression level of gzip responses (1-9; JSON batches use ISA-L, capped at its 3); 1 is several times
     faster than Atropos's 9 at a slightly larger size."""

@@ -79,9 +79,9 @@ def pack_group(
 
     `columns` are its per-token fields when the JSON was read straight into arrays; without them they are
     taken from `sd`'s lists. Every rule is checked here, on the columns, whichever way they were read.
-    A group without `policy_step` is stamped with `current_step`.
+    A group without `policy_step` is stamped with `current_step`; one with a `policy_step` is checked against
+    the run's step in the store transaction (`check_policy_step`), where the step is current.
     """
-    check_policy_step(sd.policy_step, current_step)
     cols = columns_from_lists(sd) if columns is None else columns
     lengths = cols["tokens"].lengths
     check_lengths(lengths, limits, "tokens")

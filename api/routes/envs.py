@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextvars
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -9,10 +11,11 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter
 
 from api.binary import check_body
-from api.body import parse_json, read_body
+from api.body import INLINE_PARSE, off_loop, parse_json, read_body
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.json_groups import read_groups
+from api.logs import request_env
 from api.records import MSGPACK, dumps, is_msgpack
 from api.schema import (
     EnvIdentifier,
@@ -53,8 +56,33 @@ def _binary_submissions(
     subs = []
     for i, g in enumerate(groups):
         key = idempotency_key or group_key(g.record.env_id, g.record.group_id)
-        subs.append(Submission.of(g.record, g.payload, key, g.sent_policy_step, f"body[{i}]" if many else "the group"))
+        subs.append(Submission.of(g.record, g.payload, key, g.sent_policy_step, ("body", i) if many else ("body",)))
     return subs
+
+
+def _json_submissions(
+    raw: bytes, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
+) -> list[Submission]:
+    """Groups sent as JSON, parsed and validated."""
+    return service.prepare(read_groups(raw, many=many), run, idempotency_key)
+
+
+async def _decode(
+    raw: bytes, request: Request, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
+) -> list[Submission]:
+    """The body's groups, validated: on the event loop for a small body, in a worker thread for a large one
+    (other requests go on meanwhile). The env named in the body is kept for the request's log line."""
+    decode = _binary_submissions if is_msgpack(request.headers.get("content-type")) else _json_submissions
+    ctx = contextvars.copy_context()
+    try:
+        return await off_loop(
+            len(raw),
+            INLINE_PARSE,
+            ctx.run,
+            partial(decode, raw, run, service, many=many, idempotency_key=idempotency_key),
+        )
+    finally:
+        request_env.set(ctx.get(request_env))
 
 
 @router.post("/register-env", responses={200: {"model": EnvRegistered}, 422: {"model": ErrorBody}})
@@ -110,14 +138,9 @@ async def scored_data(
     """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
     key = f"k:{idempotency_key}" if idempotency_key else None
-    if is_msgpack(request.headers.get("content-type")):
-        run = await service.run_state()
-        subs = _binary_submissions(raw, run, service, many=False, idempotency_key=key)
-        [reply] = await service.store_submissions(subs, run)
-    else:
-        groups = read_groups(raw, many=False)
-        run = await service.run_state()
-        [reply] = await service.submit(groups, run, idempotency_key=key)
+    run = await service.run_state()
+    subs = await _decode(raw, request, run, service, many=False, idempotency_key=key)
+    [reply] = await service.store_submissions(subs, run)
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
@@ -133,13 +156,8 @@ async def scored_data(
 async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
     """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
-    if is_msgpack(request.headers.get("content-type")):
-        run = await service.run_state()
-        replies = await service.store_submissions(_binary_submissions(raw, run, service, many=True), run)
-    else:
-        groups = read_groups(raw, many=True)
-        run = await service.run_state()
-        replies = await service.submit(groups, run)
+    run = await service.run_state()
+    replies = await service.store_submissions(await _decode(raw, request, run, service, many=True), run)
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)
     out = ScoredListReply(

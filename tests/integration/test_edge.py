@@ -3,15 +3,19 @@ refused naming the field, reused group ids refused across restarts."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import httpx
 import pytest
+from isal import isal_zlib
 
 from tests.factories import env, group, registration
 from tests.servers import running_server, start_server
 
 pytestmark = pytest.mark.integration
+GZIP = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
 
 
 def started(c: httpx.Client, batch_size: int = 8, starting_step: int = 0) -> int:
@@ -68,3 +72,41 @@ def test_a_reused_group_id_is_409_across_restarts(tmp_path: Path) -> None:
             assert c.get("/status").json()["queue_size"] == 1
     finally:
         server.kill()
+
+
+def whitespace_bomb(inflated: int) -> bytes:
+    """`[`, `inflated` spaces, `]`, gzipped in pieces (about 1000:1)."""
+    comp = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 16 + isal_zlib.MAX_WBITS)
+    piece = b" " * (16 << 20)
+    parts = [comp.compress(b"[")]
+    parts += [comp.compress(piece) for _ in range(inflated // len(piece))]
+    return b"".join([*parts, comp.compress(b"]"), comp.flush()])
+
+
+def status_kb(pid: int, field: str) -> int:
+    line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def test_a_gzip_bomb_stops_at_the_default_limit(tmp_path: Path) -> None:
+    """1 GiB inside 1 MB: 413 once 256 MiB are inflated, and the server never holds much more than that."""
+    bomb = whitespace_bomb(1 << 30)
+    with running_server("memory://", tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
+        started(c)
+        before = status_kb(server.proc.pid, "VmRSS")
+        r = c.post("/scored_data_list", content=bomb, headers={"Content-Encoding": "gzip"}, timeout=60)
+        assert r.status_code == 413, r.text
+        assert "decompresses to more than the limit of 268435456 bytes" in r.json()["detail"]
+        grown_mb = (status_kb(server.proc.pid, "VmHWM") - before) / 1024
+        assert grown_mb < 256 + 128, f"peak RSS grew by {grown_mb:.0f} MB"
+        assert c.get("/status").status_code == 200
+
+
+def test_bytes_after_the_gzip_data_are_400(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
+        env_id = started(c)
+        body = gzip.compress(json.dumps(group(4, env_id=env_id)).encode())
+        r = c.post("/scored_data", content=body + b"\n", headers=GZIP)
+        assert r.status_code == 400 and "1 byte after the end of the gzip data" in r.json()["detail"]
+        assert c.post("/scored_data", content=body, headers=GZIP).status_code == 200
+        assert c.get("/status").json()["queue_size"] == 1

@@ -75,13 +75,17 @@ def test_bad_token_id_points_at_the_position(value: int, rule: str) -> None:
 
 
 def test_policy_step_ahead_of_the_trainer_is_rejected() -> None:
-    sd = ScoredData.model_validate(group(2, length=4, policy_step=8))
-    with pytest.raises(InvalidData, match="ahead of the trainer, which is at step 7") as exc:
-        pack_group(sd, env_id=None, current_step=7, limits=LIMITS)
+    from api.validation import check_policy_step
+
+    with pytest.raises(InvalidData, match="8 is ahead of the trainer, which is at step 7") as exc:
+        check_policy_step(8, 7)
     assert exc.value.loc == ("policy_step",)
-    assert pack_group(sd, env_id=None, current_step=8, limits=LIMITS).policy_step == 8  # equal: fine
-    assert pack_group(sd, env_id=None, current_step=9, limits=LIMITS).policy_step == 8  # behind: fine
-    stamped = ScoredData.model_validate(group(2, length=4))  # Atropos handlers send none
+    check_policy_step(8, 8)  # equal: fine
+    check_policy_step(8, 9)  # behind: fine
+    check_policy_step(None, 0)  # Atropos handlers send none
+    sd = ScoredData.model_validate(group(2, length=4, policy_step=8))
+    assert pack_group(sd, env_id=None, current_step=9, limits=LIMITS).policy_step == 8
+    stamped = ScoredData.model_validate(group(2, length=4))
     assert pack_group(stamped, env_id=None, current_step=5, limits=LIMITS).policy_step == 5
 
 
