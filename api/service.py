@@ -157,6 +157,9 @@ class Service:
     """The last group queued by this process (GET /latest_example is a debugging aid, not state)."""
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def __post_init__(self) -> None:
+        self.store.subscribe(self._notify)  # data queued through another process sharing the store
+
     def data_changed(self) -> asyncio.Event:
         """An event set the next time this process queues data (long-polling trainers wait on it)."""
         return self._changed

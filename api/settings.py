@@ -10,6 +10,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
+SHARED_STORES = ("sqlite:///", "postgresql://", "postgres://")
+"""Store URLs that several server processes can share."""
 
 
 class Settings(BaseSettings):
@@ -27,7 +29,8 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     """TCP port; Atropos clients expect 8000."""
     store: str = "sqlite:///rollbuf-data/rollbuf.db"
-    """Where acknowledged data lives: `sqlite:///path.db` (durable, the default) or `memory://` (lost on exit)."""
+    """Where acknowledged data lives: `sqlite:///path.db` (durable, the default), `memory://` (lost on exit) or
+    `postgresql://user@host:port/dbname` (shared by replicas on many hosts, docs/stores.md)."""
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     """Server log level: critical, error, warning, info, debug (adds a line per request with its id) or trace."""
     log_format: Literal["text", "json"] = "text"
@@ -38,7 +41,8 @@ class Settings(BaseSettings):
     """Seconds between two W&B logs of the buffer's stats (only when wandb is installed and configured: an
     API key or WANDB_MODE in the environment)."""
     workers: int = Field(1, ge=1)
-    """Server processes sharing one port and the store (SQLite only): parsing and encoding spread over cores."""
+    """Server processes sharing one port and the store (SQLite or PostgreSQL): parsing and encoding spread over
+    cores."""
 
     api_key: SecretStr | None = None
     """Bearer token every request must carry (`Authorization: Bearer <key>`); none: no auth."""
@@ -78,11 +82,12 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _safe(self) -> Settings:
-        if not self.store.startswith(("memory://", "sqlite:///")):
-            raise ValueError(f"store {self.store!r}: use memory:// or sqlite:///path.db")
-        if self.workers > 1 and not self.store.startswith("sqlite:///"):
+        if not self.store.startswith(SHARED_STORES + ("memory://",)):
+            raise ValueError(f"store {self.store!r}: use memory://, sqlite:///path.db or postgresql://host/dbname")
+        if self.workers > 1 and not self.store.startswith(SHARED_STORES):
             raise ValueError(
-                f"workers={self.workers} needs a store the processes share: sqlite:///path.db, not {self.store}"
+                f"workers={self.workers} needs a store the processes share: sqlite:///path.db or postgresql://, "
+                f"not {self.store}"
             )
         if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(

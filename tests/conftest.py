@@ -11,6 +11,7 @@ import pytest
 
 from api.app import create_app
 from api.settings import Settings
+from tests import pg
 
 
 @pytest.fixture(autouse=True)
@@ -26,11 +27,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    """API tests run against both backends: the service logic must not depend on which one it talks to."""
-    store = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'rollbuf.db'}"
-    return Settings(store=store)
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+    """API tests run against every backend: the service logic must not depend on which one it talks to."""
+    if request.param == "postgresql":
+        with pg.database() as name:
+            yield Settings(store=pg.url_of(name))
+        return
+    yield Settings(store="memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'rollbuf.db'}")
 
 
 @pytest.fixture

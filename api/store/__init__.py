@@ -1,4 +1,5 @@
-"""Store backends behind one interface, chosen by URL: `memory://`, `sqlite:///path.db`."""
+"""Store backends behind one interface, chosen by URL: `memory://`, `sqlite:///path.db`,
+`postgresql://user@host:port/dbname`."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ def make_store(url: str) -> Store:
         from api.store.sqlite import SqliteStore
 
         return SqliteStore(url)
-    raise UnknownStoreURL(f"store URL {url!r}: scheme must be memory:// or sqlite:///path")
+    if scheme in ("postgresql", "postgres"):
+        from api.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise UnknownStoreURL(
+        f"store URL {url!r}: scheme must be memory://, sqlite:///path or postgresql://user@host:port/dbname"
+    )
 
 
 __all__ = ["Store", "UnknownStoreURL", "make_store"]

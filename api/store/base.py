@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from api.errors import Unavailable
+
 T = TypeVar("T")
 
 ANON_ENV = -1
@@ -148,6 +150,14 @@ class Txn(ABC):
         """Forget every queue, buffer, batch, value and remembered reply (GET /reset_data)."""
 
 
+class StoreUnavailable(Unavailable):
+    """The store cannot be reached, or whether a transaction committed is unknown (the connection dropped
+    during COMMIT): answered with 503, and a retry with the same group id or Idempotency-Key is recognised
+    as a duplicate if the first attempt did commit."""
+
+    code = "store_unavailable"
+
+
 class Store(ABC):
     """A backend. `transact` is the only way state changes."""
 
@@ -160,6 +170,12 @@ class Store(ABC):
         Durable backends return only after the writes are durable, so a reply sent after `transact`
         returns never acknowledges something a crash could lose.
         """
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback` on the running event loop whenever another process sharing this store commits
+        queued data (long-polling trainers wake on it). Backends shared only within one process never call it;
+        without it, long-polls re-check on a timer."""
+        return None
 
     async def close(self) -> None:
         """Release connections and files."""

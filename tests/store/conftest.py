@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from api.store import Store, make_store
+from tests import pg
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgresql"]
 
 
 @pytest.fixture
@@ -24,10 +25,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def new_url(backend: str, tmp_path: Path) -> Callable[[], str]:
-    """A URL for a fresh, empty store of this backend each time it is called."""
+def new_url(backend: str, tmp_path: Path) -> Iterator[Callable[[], str]]:
+    """A URL for a fresh, empty store of this backend each time it is called (PostgreSQL: a database of this
+    test's own, a schema per store)."""
     n = itertools.count()
-    return lambda: "memory://" if backend == "memory" else f"sqlite:///{tmp_path / f'store-{next(n)}.db'}"
+    if backend == "postgresql":
+        with pg.database() as name:
+            yield lambda: pg.url_of(name, schema=f"store_{next(n)}")
+        return
+    yield lambda: "memory://" if backend == "memory" else f"sqlite:///{tmp_path / f'store-{next(n)}.db'}"
 
 
 @pytest.fixture

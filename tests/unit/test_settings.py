@@ -31,7 +31,7 @@ def test_null_unsets_an_optional_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ({"store": "memory://", "workers": 2}, "workers=2 needs a store the processes share"),
         ({"host": "0.0.0.0"}, "no api_key is set"),
-        ({"store": "redis://localhost"}, "use memory:// or sqlite:///path.db"),
+        ({"store": "redis://localhost"}, "use memory://, sqlite:///path.db or postgresql://"),
     ],
 )
 def test_unsafe_or_impossible_settings_are_refused(kwargs: dict[str, object], message: str) -> None:

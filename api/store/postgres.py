@@ -1,0 +1,869 @@
+"""Shared durable backend: PostgreSQL, so that server replicas on many hosts serve one buffer.
+
+Every transaction takes one transaction-scoped advisory lock before it reads anything, so transactions of
+all replicas run one after another, exactly as on one process: "take a batch" is atomic across replicas, a
+group id seen by one replica is a duplicate on every other, and `?step=N` is one stored batch whoever
+serves it. The lock ends with the transaction (commit, rollback or a dropped connection): nothing to
+expire, nothing to clean up after a replica dies.
+
+Within a replica, as in the SQLite store, one thread owns the connection and commits the transactions
+queued meanwhile together (group commit): one PostgreSQL transaction, one lock acquisition and one WAL
+flush for up to `GROUP_MAX` functions, each rolled back alone if it raises (a SAVEPOINT, taken only once a
+function writes to the database directly). Most writes are buffered in memory and sent with the COMMIT in
+one pipeline; small tables (values, counts) are read once per transaction. A caller is answered only after
+COMMIT returned. If the outcome is unknown (the connection dropped) or the database cannot be reached, the
+caller gets `StoreUnavailable` (HTTP 503); a retried submission with a group id or Idempotency-Key is then
+recognised as a duplicate if the first attempt did commit. See docs/stores.md and docs/deployment.md.
+
+A transaction that queued data ends with a NOTIFY; each replica LISTENs on its own connection and wakes its
+long-polling trainers when another replica committed data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import queue
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import msgpack
+import psycopg
+import psycopg_pool
+from psycopg import sql
+
+from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, StoreUnavailable, Txn
+
+T = TypeVar("T")
+log = logging.getLogger("rollbuf")
+
+SCHEMA_VERSION = 1
+"""Version of the layout below. Older layouts are migrated (MIGRATIONS), newer ones refused."""
+MIGRATIONS: dict[int, list[str]] = {}
+"""Statements that bring a schema of version v to v + 1, run in one transaction under the store lock."""
+GROUP_MAX = 64
+"""Most transaction functions committed together."""
+HEAD_CHUNKS = (32, 256, 2048)
+"""Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
+REPLY_TRIM_EVERY = 1024
+"""Old idempotency replies are trimmed once per this many replies stored by a replica."""
+RETRY_AFTER_S = 1.0
+"""Retry-After sent with a 503 when the database cannot be reached or a commit's outcome is unknown."""
+LISTEN_RETRY_S = (0.1, 0.5, 1.0, 2.0)
+"""Pauses between attempts to re-open the LISTEN connection (the last one repeats)."""
+
+_OWN_PARAMS = {"schema", "max_replies", "reply_ttl", "lock_timeout", "pool_timeout"}
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+_TRANSIENT_CLASSES = {"08", "40", "53", "55", "57", "58"}
+"""SQLSTATE classes that say "not now", never "wrong": connection, rollback, resources, lock not available,
+operator intervention (shutdown), system error."""
+
+_TABLES = {
+    "meta": "CREATE TABLE {s}.meta (key text PRIMARY KEY, value bigint NOT NULL)",
+    "kv": "CREATE TABLE {s}.kv (key text PRIMARY KEY, value text NOT NULL)",
+    # What batch formation reads, clustered by env and age; payloads apart, so heads never touch them.
+    "queue": "CREATE TABLE {s}.queue (env_id bigint NOT NULL, item_id bigint NOT NULL, seqs bigint NOT NULL, "
+    "tokens bigint NOT NULL, policy_step bigint NOT NULL, n_groups bigint NOT NULL, PRIMARY KEY (env_id, item_id))",
+    # Payloads of queued items and of popped items a kept batch refers to. Stored uncompressed (EXTERNAL):
+    # token ids compress poorly and pglz would cost the database's CPU on every write and read.
+    "payloads": "CREATE TABLE {s}.payloads (item_id bigint PRIMARY KEY, payload bytea NOT NULL)",
+    "payloads_storage": "ALTER TABLE {s}.payloads ALTER COLUMN payload SET STORAGE EXTERNAL",
+    "counts": "CREATE TABLE {s}.counts (env_id bigint PRIMARY KEY, items bigint NOT NULL, groups bigint NOT NULL, "
+    "seqs bigint NOT NULL, tokens bigint NOT NULL)",
+    "buffers": "CREATE TABLE {s}.buffers (env_id bigint PRIMARY KEY, data bytea NOT NULL)",
+    "replies": "CREATE TABLE {s}.replies (key text PRIMARY KEY, reply text NOT NULL, created double precision "
+    "NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY)",
+    "replies_by_seq": "CREATE INDEX replies_by_seq ON {s}.replies (seq)",
+    "replies_by_age": "CREATE INDEX replies_by_age ON {s}.replies (created)",
+    "batches": "CREATE TABLE {s}.batches (step bigint PRIMARY KEY, header bytea NOT NULL, items bigint[] NOT NULL)",
+}
+_CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches")
+
+_HEAD = (
+    "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = %s AND item_id > %s ORDER BY item_id LIMIT %s"
+)
+# Pops all of these items or, if one of them is not queued for this env, none.
+_POP = """
+WITH q AS (
+  DELETE FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)
+    AND (SELECT count(*) FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)) = %(n)s
+  RETURNING item_id, seqs, tokens, policy_step, n_groups
+), p AS (DELETE FROM payloads WHERE item_id IN (SELECT item_id FROM q) RETURNING item_id, payload)
+SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN p USING (item_id)
+"""
+_POP_KEEP = """
+WITH q AS (
+  DELETE FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)
+    AND (SELECT count(*) FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)) = %(n)s
+  RETURNING item_id, seqs, tokens, policy_step, n_groups
+)
+SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN payloads p USING (item_id)
+"""
+_DROP_BATCHES = """
+WITH old AS (DELETE FROM batches WHERE step {op} %s RETURNING items),
+ids AS (SELECT unnest(items) AS id FROM old),
+gone AS (DELETE FROM payloads WHERE item_id IN (SELECT id FROM ids))
+SELECT coalesce(array_agg(id), '{{}}') FROM ids
+"""
+_FLUSH_QUEUE = (
+    "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) "
+    "SELECT * FROM unnest(%s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::int8[])"
+)
+_FLUSH_PAYLOADS = "INSERT INTO payloads (item_id, payload) SELECT * FROM unnest(%s::int8[], %s::bytea[])"
+_FLUSH_REPLIES = (
+    "INSERT INTO replies (key, reply, created) SELECT k, r, %s FROM unnest(%s::text[], %s::text[]) AS u(k, r) "
+    "ON CONFLICT (key) DO UPDATE SET reply = excluded.reply, created = excluded.created"
+)
+_FLUSH_COUNTS = (
+    "INSERT INTO counts (env_id, items, groups, seqs, tokens) "
+    "SELECT * FROM unnest(%s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::int8[]) ON CONFLICT (env_id) DO UPDATE "
+    "SET items = excluded.items, groups = excluded.groups, seqs = excluded.seqs, tokens = excluded.tokens"
+)
+_FLUSH_VALUES = (
+    "INSERT INTO kv (key, value) SELECT * FROM unnest(%s::text[], %s::text[]) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+_FLUSH_BUFFERS = (
+    "INSERT INTO buffers (env_id, data) SELECT * FROM unnest(%s::int8[], %s::bytea[]) "
+    "ON CONFLICT (env_id) DO UPDATE SET data = excluded.data"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresConfig:
+    """What a `postgresql://user@host:port/dbname?...` URL says."""
+
+    conninfo: str
+    """The URL without rollbuf's own parameters: everything else (sslmode, connect_timeout, ...) is libpq's."""
+    schema: str = "rollbuf"
+    """Schema holding rollbuf's tables: runs that share a database use different schemas."""
+    max_replies: int = 1_000_000
+    """Idempotency replies kept, newest first."""
+    reply_ttl: float | None = None
+    """Replies older than this many seconds are forgotten at the next trim; None: no time limit."""
+    lock_timeout: float = 10.0
+    """Seconds a transaction waits for the store lock (held by another replica's transaction) before a 503."""
+    pool_timeout: float = 5.0
+    """Seconds a transaction waits for a connection to the database before a 503."""
+
+    @property
+    def lock_key(self) -> int:
+        """Advisory lock id of this schema (advisory locks are per database already)."""
+        digest = hashlib.blake2b(f"rollbuf:{self.schema}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big", signed=True)
+
+    @property
+    def channel(self) -> str:
+        return f"rollbuf_{self.schema}"
+
+
+def parse_url(url: str) -> PostgresConfig:
+    """`postgresql://user[:password]@host[:port]/dbname[?param=value&...]`.
+
+    rollbuf's parameters: `schema` (default rollbuf), `max_replies`, `reply_ttl` (seconds), `lock_timeout`
+    and `pool_timeout` (seconds). Every other parameter goes to libpq as it is (`sslmode`, `connect_timeout`,
+    `application_name`, ...).
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"store URL {url!r}: use postgresql://user@host:port/dbname")
+    if not parts.path.strip("/"):
+        raise ValueError(f"store URL {url!r} names no database: postgresql://user@host:port/dbname")
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    own = {k: v for k, v in pairs if k in _OWN_PARAMS}
+    libpq = [(k, v) for k, v in pairs if k not in _OWN_PARAMS]
+    if not any(k == "connect_timeout" for k, _ in libpq):
+        libpq.append(("connect_timeout", "5"))
+    if not any(k == "application_name" for k, _ in libpq):
+        libpq.append(("application_name", "rollbuf"))
+    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(libpq), ""))
+    try:
+        psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise ValueError(f"store URL {url!r}: {exc}") from None
+    schema = own.get("schema", "rollbuf")
+    if not _IDENTIFIER.fullmatch(schema):
+        raise ValueError(f"store URL {url!r}: schema must be a lower-case identifier ([a-z_][a-z0-9_]*)")
+    try:
+        max_replies = int(own.get("max_replies", 1_000_000))
+        ttl = float(own["reply_ttl"]) if "reply_ttl" in own else None
+        lock_timeout = float(own.get("lock_timeout", 10.0))
+        pool_timeout = float(own.get("pool_timeout", 5.0))
+    except ValueError:
+        raise ValueError(
+            f"store URL {url!r}: max_replies must be an integer; reply_ttl, lock_timeout, pool_timeout seconds"
+        ) from None
+    if max_replies < 0 or (ttl is not None and not ttl >= 0) or not lock_timeout > 0 or not pool_timeout > 0:
+        raise ValueError(f"store URL {url!r}: max_replies and reply_ttl must not be negative, timeouts positive")
+    return PostgresConfig(conninfo, schema, max_replies, ttl, lock_timeout, pool_timeout)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that says "not now" (retry later), not "this request is wrong"."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg.OperationalError | psycopg.InterfaceError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None)
+    if not isinstance(sqlstate, str):
+        return False
+    return sqlstate[:2] in _TRANSIENT_CLASSES or sqlstate == "25006"  # 25006: a read-only (standby) server
+
+
+def unavailable(what: str, cause: BaseException) -> StoreUnavailable:
+    """One exception per waiting caller (an exception object raised in several tasks gets its traceback mixed)."""
+    exc = StoreUnavailable(f"the database is unavailable ({what}: {type(cause).__name__}: {cause}); retry",
+                           RETRY_AFTER_S)  # fmt: skip
+    exc.__cause__ = cause
+    return exc
+
+
+# ---------------------------------------------------------------------------------------------- transactions
+
+
+@dataclass(slots=True)
+class _Pending:
+    """What the transactions of one group wrote that is not in the database yet (sent with COMMIT), and the
+    small tables read once per group. Copied before each function and restored if it raises."""
+
+    values: dict[str, str]
+    dirty_values: set[str]
+    counts: dict[int, list[int]]
+    dirty_counts: set[int]
+    queued: dict[int, dict[int, tuple[ItemMeta, int]]] = field(default_factory=dict)
+    """Appended items per env, oldest first: (meta, n_groups)."""
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    """Payloads of appended items, queued or popped for a kept batch."""
+    replies: dict[str, str] = field(default_factory=dict)
+    buffers: dict[int, list[BufferedGroup]] = field(default_factory=dict)
+    """Buffers read or written in this group; `dirty_buffers` to be written."""
+    dirty_buffers: set[int] = field(default_factory=set)
+    appended: bool = False
+
+    def copy(self) -> _Pending:
+        return _Pending(
+            dict(self.values),
+            set(self.dirty_values),
+            {k: list(v) for k, v in self.counts.items()},
+            set(self.dirty_counts),
+            {env: dict(items) for env, items in self.queued.items()},
+            dict(self.payloads),
+            dict(self.replies),
+            dict(self.buffers),
+            set(self.dirty_buffers),
+            self.appended,
+        )
+
+
+class _Group:
+    """One PostgreSQL transaction running the functions of one group, one after another."""
+
+    def __init__(self, conn: psycopg.Connection[Any], config: PostgresConfig) -> None:
+        self.conn = conn
+        self.config = config
+        cur = conn.execute(
+            f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key}); "
+            "SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
+            "SELECT env_id, items, groups, seqs, tokens FROM counts",
+            prepare=False,
+        )
+        cur.nextset()  # the lock: every statement after it sees every transaction committed before it
+        cur.nextset()
+        self.next_id = int(cast(tuple[Any, ...], cur.fetchone())[0])
+        self.stored_next_id = self.next_id
+        cur.nextset()
+        values = {str(k): str(v) for k, v in cur.fetchall()}
+        cur.nextset()
+        counts = {int(r[0]): [int(x) for x in r[1:]] for r in cur.fetchall()}
+        self.pending = _Pending(values, set(), counts, set())
+        self.replies_added = 0
+
+    def commit(self, notify: str | None) -> None:
+        """Send the buffered writes and COMMIT in one round trip."""
+        p = self.pending
+        conn = self.conn
+        with conn.pipeline():
+            queued = [(m, n, env) for env, items in p.queued.items() for m, n in items.values()]
+            if queued:
+                conn.execute(
+                    _FLUSH_QUEUE,
+                    [[m.item_id for m, _, _ in queued], [env for _, _, env in queued], [m.seqs for m, _, _ in queued],
+                     [m.tokens for m, _, _ in queued], [m.policy_step for m, _, _ in queued],
+                     [n for _, n, _ in queued]],
+                )  # fmt: skip
+            if p.payloads:
+                conn.execute(_FLUSH_PAYLOADS, [list(p.payloads), list(p.payloads.values())], binary=True)
+            if p.replies:
+                conn.execute(_FLUSH_REPLIES, [time.time(), list(p.replies), list(p.replies.values())])
+                self.replies_added += len(p.replies)
+            if p.dirty_counts:
+                envs = sorted(p.dirty_counts)
+                cols = [p.counts.get(env, [0, 0, 0, 0]) for env in envs]
+                conn.execute(_FLUSH_COUNTS, [envs, *([c[i] for c in cols] for i in range(4))])
+            if p.dirty_values:
+                keys = sorted(p.dirty_values)
+                conn.execute(_FLUSH_VALUES, [keys, [p.values[k] for k in keys]])
+            if p.dirty_buffers:
+                keep = sorted(e for e in p.dirty_buffers if p.buffers.get(e))
+                empty = sorted(e for e in p.dirty_buffers if not p.buffers.get(e))
+                if keep:
+                    data = [_pack_buffer(p.buffers[e]) for e in keep]
+                    conn.execute(_FLUSH_BUFFERS, [keep, data], binary=True)
+                if empty:
+                    conn.execute("DELETE FROM buffers WHERE env_id = ANY(%s)", [empty])
+            if self.next_id != self.stored_next_id:
+                conn.execute("UPDATE meta SET value = %s WHERE key = 'next_item_id'", [self.next_id])
+            if notify is not None and p.appended:
+                conn.execute("SELECT pg_notify(%s, %s)", [self.config.channel, notify])
+            conn.execute("COMMIT", prepare=False)
+
+
+def _pack_buffer(groups: list[BufferedGroup]) -> bytes:
+    return cast(bytes, msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True))
+
+
+def _chunk_sizes() -> Iterator[int]:
+    yield from HEAD_CHUNKS
+    while True:
+        yield HEAD_CHUNKS[-1]
+
+
+class PostgresTxn(Txn):
+    """One transaction function's view: reads go to the database (after the writes it must see), most writes
+    wait in `_Pending` for the COMMIT. `savepoint` is called before the function writes to the database."""
+
+    def __init__(self, group: _Group, savepoint: Callable[[], None]) -> None:
+        self._g = group
+        self._p = group.pending
+        self._db = group.conn
+        self._savepoint = savepoint
+
+    def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        self._savepoint()
+        return self._db.execute(query, params, binary=True)
+
+    # --- values: read once per group ---
+    def get_value(self, key: str) -> str | None:
+        return self._p.values.get(key)
+
+    def set_value(self, key: str, value: str) -> None:
+        self._p.values[key] = value
+        self._p.dirty_values.add(key)
+
+    # --- the queue ---
+    def next_item_id(self) -> int:
+        item_id = self._g.next_id
+        self._g.next_id += 1  # not undone by a function that raises: harmless gaps, never a reused id
+        return item_id
+
+    def append(self, env_id: int, item: QueuedItem) -> None:
+        p = self._p
+        p.queued.setdefault(env_id, {})[item.meta.item_id] = (item.meta, item.n_groups)
+        p.payloads[item.meta.item_id] = item.payload
+        self._add(env_id, 1, item.n_groups, item.meta.seqs, item.meta.tokens)
+        p.appended = True
+
+    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int) -> None:
+        c = self._p.counts.setdefault(env_id, [0, 0, 0, 0])
+        c[0] += items
+        c[1] += groups
+        c[2] += seqs
+        c[3] += tokens
+        self._p.dirty_counts.add(env_id)
+
+    def head(self, env_id: int) -> Iterator[ItemMeta]:
+        # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
+        # Items appended in this group come after every stored one (ids only grow).
+        after = -(2**63)
+        for limit in _chunk_sizes():
+            rows = self._db.execute(_HEAD, (env_id, after, limit), binary=True).fetchall()
+            for row in rows:
+                yield ItemMeta(*row)
+            if len(rows) < limit:
+                break
+            after = rows[-1][0]
+        for meta, _ in list(self._p.queued.get(env_id, {}).values()):
+            if meta.item_id in self._p.queued.get(env_id, {}):
+                yield meta
+
+    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+        wanted = list(item_ids)
+        if not wanted:
+            return []
+        if len(set(wanted)) != len(wanted):
+            raise KeyError(f"items {wanted} are not all queued (once) for env {env_id}")
+        p = self._p
+        local = p.queued.get(env_id, {})
+        stored = [i for i in wanted if i not in local]
+        found: dict[int, QueuedItem] = {}
+        if stored:
+            rows = self._write(
+                _POP_KEEP if keep_for is not None else _POP, {"env": env_id, "ids": stored, "n": len(stored)}
+            ).fetchall()
+            if len(rows) != len(stored):  # nothing was deleted
+                missing = sorted(set(stored) - {row[0] for row in rows})
+                raise KeyError(f"items {missing or stored} are not all queued for env {env_id}")
+            for item_id, seqs, tokens, policy_step, n_groups, payload in rows:
+                found[item_id] = QueuedItem(ItemMeta(item_id, seqs, tokens, policy_step), n_groups, payload)
+        for item_id in wanted:
+            if item_id in local:
+                meta, n_groups = local.pop(item_id)
+                payload = p.payloads[item_id] if keep_for is not None else p.payloads.pop(item_id)
+                found[item_id] = QueuedItem(meta, n_groups, payload)
+        items = [found[i] for i in wanted]
+        self._add(
+            env_id,
+            -len(items),
+            -sum(it.n_groups for it in items),
+            -sum(it.meta.seqs for it in items),
+            -sum(it.meta.tokens for it in items),
+        )
+        return items
+
+    def counts(self) -> dict[int, QueueCounts]:
+        return {env: QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0}
+
+    # --- side buffers ---
+    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
+        p = self._p
+        if env_id not in p.buffers:
+            row = self._db.execute("SELECT data FROM buffers WHERE env_id = %s", (env_id,), binary=True).fetchone()
+            p.buffers[env_id] = [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
+        return list(p.buffers[env_id])
+
+    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
+        self._p.buffers[env_id] = list(groups)
+        self._p.dirty_buffers.add(env_id)
+
+    # --- idempotency replies ---
+    def get_reply(self, key: str) -> str | None:
+        if key in self._p.replies:
+            return self._p.replies[key]
+        row = self._db.execute("SELECT reply FROM replies WHERE key = %s", (key,), binary=True).fetchone()
+        return None if row is None else cast(str, row[0])
+
+    def put_reply(self, key: str, reply: str) -> None:
+        self._p.replies[key] = reply
+
+    # --- formed batches ---
+    def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        ids = list(item_ids)
+        stored = [i for i in set(ids) if i not in self._p.payloads]
+        if stored:
+            row = self._db.execute(
+                "SELECT count(*) FROM payloads WHERE item_id = ANY(%s)", (stored,), binary=True
+            ).fetchone()
+            if row is None or row[0] != len(stored):
+                raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
+        self._drop_batches("=", step)
+        self._write("INSERT INTO batches (step, header, items) VALUES (%s, %s, %s)", (step, header, ids))
+
+    def get_batch(self, step: int) -> bytes | None:
+        row = self._db.execute("SELECT header, items FROM batches WHERE step = %s", (step,), binary=True).fetchone()
+        if row is None:
+            return None
+        header, ids = row
+        payloads = {i: self._p.payloads[i] for i in ids if i in self._p.payloads}
+        stored = [i for i in ids if i not in payloads]
+        if stored:
+            cur = self._db.execute(
+                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%s)", (stored,), binary=True
+            )
+            payloads.update(cur.fetchall())
+        return b"".join([header, *(payloads[i] for i in ids)])
+
+    def drop_batches_before(self, step: int) -> None:
+        self._drop_batches("<", step)
+
+    def _drop_batches(self, op: str, step: int) -> None:
+        row = self._write(_DROP_BATCHES.format(op=op), (step,)).fetchone()
+        for item_id in row[0] if row else ():
+            self._p.payloads.pop(item_id, None)
+
+    def clear(self) -> None:
+        self._savepoint()
+        self._db.execute("; ".join(f"DELETE FROM {table}" for table in _CLEARED))  # meta (next_item_id) stays
+        p = self._p
+        p.values.clear()
+        p.dirty_values.clear()
+        p.counts.clear()
+        p.dirty_counts.clear()
+        p.queued.clear()
+        p.payloads.clear()
+        p.replies.clear()
+        p.buffers.clear()
+        p.dirty_buffers.clear()
+
+
+# ---------------------------------------------------------------------------------------------- the store
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[[Txn], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(slots=True)
+class _Stop:
+    done: Future[None]
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():  # the caller was cancelled meanwhile
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+def _deliver(job: _Job, ok: bool, value: Any) -> None:
+    try:
+        job.loop.call_soon_threadsafe(_settle, job.future, ok, value)
+    except RuntimeError:  # that event loop is closed: nobody waits for the answer any more
+        pass
+
+
+class _AbortGroup(Exception):
+    """A database error inside a function: the whole group's transaction is lost."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(cause)
+        self.index = index
+        self.cause = cause
+
+
+class PostgresStore(Store):
+    """A pool of connections (one in use at a time, by the writer thread) and one LISTEN connection."""
+
+    def __init__(self, url: str) -> None:
+        self.url = redacted(url)
+        self.config = parse_url(url)
+        self._replica = secrets.token_hex(8)
+        """Sent with NOTIFY, so a replica ignores its own notifications (it woke its trainers itself)."""
+        self._jobs: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
+        self._closed = False
+        self._accepting = True
+        self._lock = threading.Lock()
+        self._listeners: list[tuple[Callable[[], None], asyncio.AbstractEventLoop]] = []
+        self._listen_stop = threading.Event()
+        self._listen_thread: threading.Thread | None = None
+        self._replies_since_trim = 0
+        schema = self.config.schema
+        options = (
+            f"-c search_path={schema} -c lock_timeout={round(self.config.lock_timeout * 1000)} "
+            "-c idle_in_transaction_session_timeout=60000"
+        )
+        kwargs: dict[str, Any] = {"autocommit": True, "options": options}
+        # Connected once directly first: a wrong URL, password or database name fails here, with libpq's words.
+        with psycopg.connect(self.config.conninfo, **kwargs) as conn:
+            _create_or_migrate(conn, self.config)
+        self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = psycopg_pool.ConnectionPool(
+            self.config.conninfo,
+            kwargs=kwargs,
+            min_size=1,
+            max_size=1,
+            open=False,
+            timeout=self.config.pool_timeout,
+            reconnect_timeout=3600 * 24 * 365,  # keep trying: the database may be down for maintenance
+            name=f"rollbuf-{schema}",
+        )
+        self._pool.open()
+        self._thread = threading.Thread(target=self._main, name="rollbuf-postgres", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the event loop's side
+
+    async def transact(self, fn: Callable[[Txn], T]) -> T:
+        if self._closed:
+            raise RuntimeError(f"store {self.url} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            if not self._accepting:
+                raise RuntimeError(f"store {self.url} is closed")
+            self._jobs.put(_Job(fn, future, loop))
+        return cast(T, await future)
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._listeners.append((callback, loop))
+            if self._listen_thread is None and not self._closed:
+                self._listen_thread = threading.Thread(target=self._listen, name="rollbuf-listen", daemon=True)
+                self._listen_thread.start()
+
+    async def close(self) -> None:
+        """Finish the transactions already queued, then close the connections and end the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        done: Future[None] = Future()
+        with self._lock:
+            if self._accepting:
+                self._jobs.put(_Stop(done))
+            else:
+                done.set_result(None)
+        await asyncio.wrap_future(done)
+        self._listen_stop.set()
+        await asyncio.to_thread(self._join)
+
+    def _join(self) -> None:
+        self._thread.join()
+        if self._listen_thread is not None:
+            self._listen_thread.join()
+        self._pool.close()
+
+    # ------------------------------------------------------------------ LISTEN
+
+    def _wake(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for callback, loop in listeners:
+            with contextlib.suppress(RuntimeError):  # that loop is closed
+                loop.call_soon_threadsafe(callback)
+
+    def _listen(self) -> None:
+        """Wake this replica's long-polls when another replica commits queued data. While the connection is
+        down, long-polls still re-check on their own timer; after reconnecting, everyone wakes once (a
+        notification may have been missed)."""
+        failures = 0
+        while not self._listen_stop.is_set():
+            try:
+                with psycopg.connect(self.config.conninfo, autocommit=True) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.config.channel)))
+                    if failures:
+                        self._wake()
+                    failures = 0
+                    while not self._listen_stop.is_set():
+                        for note in conn.notifies(timeout=0.2):
+                            if note.payload != self._replica:
+                                self._wake()
+            except psycopg.Error as exc:
+                pause = LISTEN_RETRY_S[min(failures, len(LISTEN_RETRY_S) - 1)]
+                failures += 1
+                if failures == 1:
+                    log.warning("LISTEN connection to %s lost (%s); reconnecting", self.url, exc)
+                self._listen_stop.wait(pause)
+
+    # ------------------------------------------------------------------ the writer thread
+
+    def _main(self) -> None:
+        stop: _Stop | None = None
+        try:
+            while stop is None:
+                first = self._jobs.get()
+                if isinstance(first, _Stop):
+                    stop = first
+                    break
+                group = [first]
+                while len(group) < GROUP_MAX:
+                    try:
+                        more = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(more, _Stop):
+                        stop = more
+                        break
+                    group.append(more)
+                try:
+                    self._run(group)
+                except BaseException as exc:  # never leave a caller waiting
+                    log.exception("PostgreSQL store: unexpected failure")
+                    for job in group:
+                        _deliver(job, False, unavailable("unexpected failure", exc))
+        finally:
+            with self._lock:
+                self._accepting = False
+            while True:
+                try:
+                    left = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(left, _Job):
+                    _deliver(left, False, RuntimeError(f"store {self.url} is closed"))
+                else:
+                    left.done.set_result(None)
+            if stop is not None:
+                stop.done.set_result(None)
+
+    def _run(self, jobs: list[_Job]) -> None:
+        """Run these functions in one transaction; answer each after COMMIT (or with why not)."""
+        jobs = [job for job in jobs if not job.future.cancelled()]  # nobody waits for these: skip them
+        while jobs:
+            jobs = self._run_group(jobs)
+
+    def _connect_and_begin(self) -> tuple[psycopg.Connection[Any], _Group]:
+        """A connection in a transaction holding the store lock. A connection found broken at BEGIN (the
+        server restarted since it was last used) is replaced once: nothing was sent on it that could apply."""
+        for attempt in (0, 1):
+            conn = self._pool.getconn()
+            try:
+                return conn, _Group(conn, self.config)
+            except BaseException as exc:
+                self._release(conn)
+                if attempt or not (isinstance(exc, psycopg.OperationalError) and conn.broken):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _release(self, conn: psycopg.Connection[Any]) -> None:
+        if not conn.broken and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK", prepare=False)
+        self._pool.putconn(conn)
+
+    def _run_group(self, jobs: list[_Job]) -> list[_Job]:
+        """Run a prefix of `jobs` in one transaction and answer them; return those left to run."""
+        try:
+            conn, group = self._connect_and_begin()
+        except BaseException as exc:
+            for job in jobs:
+                _deliver(job, False, unavailable("could not begin a transaction", exc) if is_transient(exc) else exc)
+            return []
+        try:
+            outcomes, to_commit = self._call_all(conn, group, jobs)
+        except _AbortGroup as abort:
+            self._release(conn)
+            cause = abort.cause
+            if is_transient(cause):
+                for job in jobs:
+                    _deliver(job, False, unavailable("transaction aborted", cause))
+                return []
+            # A database error no retry would fix (a bug): the function that hit it fails with it; the ones
+            # before it were rolled back with it and run again, the ones after it have not run yet.
+            _deliver(jobs[abort.index], False, cause)
+            return [job for i, job in enumerate(jobs) if i != abort.index]
+        if not to_commit:
+            self._release(conn)
+            for job, ok, value in outcomes:
+                _deliver(job, ok, value)
+            return []
+        try:
+            group.commit(None if not group.pending.appended else self._replica)
+        except BaseException as exc:
+            self._release(conn)
+            for job, ok, value in outcomes:
+                if not ok and not isinstance(value, StoreUnavailable):
+                    _deliver(job, False, value)  # it raised: rolled back whatever happened to the COMMIT
+                else:
+                    _deliver(job, False, unavailable("commit outcome unknown", exc) if is_transient(exc) else exc)
+            return []
+        self._trim_replies(conn, group)
+        self._release(conn)
+        for job, ok, value in outcomes:
+            _deliver(job, ok, value)
+        if group.pending.appended:
+            self._wake()
+        return []
+
+    def _call_all(
+        self, conn: psycopg.Connection[Any], group: _Group, jobs: list[_Job]
+    ) -> tuple[list[tuple[_Job, bool, Any]], bool]:
+        """Call each function; one that raises is undone alone (its SAVEPOINT, its copy of `_Pending`).
+
+        Returns the outcomes, and whether anything is left to commit: a function alone in its group that
+        raised rolled the whole transaction back (no SAVEPOINT needed)."""
+        alone = len(jobs) == 1
+        outcomes: list[tuple[_Job, bool, Any]] = []
+        for i, job in enumerate(jobs):
+            before = group.pending if alone else group.pending.copy()
+            taken = False
+
+            def savepoint() -> None:
+                nonlocal taken
+                if not alone and not taken:
+                    conn.execute("SAVEPOINT rollbuf_fn", prepare=False)
+                    taken = True
+
+            try:
+                try:
+                    value = job.fn(PostgresTxn(group, savepoint))
+                except psycopg.Error:
+                    raise
+                except BaseException as exc:
+                    outcomes.append((job, False, exc))
+                    if alone:
+                        conn.execute("ROLLBACK", prepare=False)
+                        return outcomes, False
+                    if taken:
+                        conn.execute("ROLLBACK TO SAVEPOINT rollbuf_fn; RELEASE SAVEPOINT rollbuf_fn", prepare=False)
+                    group.pending = before
+                    continue
+                if taken:
+                    conn.execute("RELEASE SAVEPOINT rollbuf_fn", prepare=False)
+            except psycopg.Error as exc:
+                raise _AbortGroup(i, exc) from exc
+            outcomes.append((job, True, value))
+        return outcomes, True
+
+    def _trim_replies(self, conn: psycopg.Connection[Any], group: _Group) -> None:
+        """Forget all but the newest `max_replies` replies, and those older than `reply_ttl` (best effort)."""
+        self._replies_since_trim += group.replies_added
+        if self._replies_since_trim < REPLY_TRIM_EVERY:
+            return
+        self._replies_since_trim = 0
+        cfg = self.config
+        with contextlib.suppress(psycopg.Error):
+            conn.execute(
+                "DELETE FROM replies WHERE seq <= (SELECT max(seq) FROM replies) - %s OR created < %s",
+                (cfg.max_replies, -1.0 if cfg.reply_ttl is None else time.time() - cfg.reply_ttl),
+            )
+
+
+def _create_or_migrate(conn: psycopg.Connection[Any], config: PostgresConfig) -> None:
+    """Create the schema's tables, or bring them to SCHEMA_VERSION, under the store lock (replicas starting
+    together do it once)."""
+    schema = sql.Identifier(config.schema)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (config.lock_key,))
+        tables = {
+            row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (config.schema,))
+        }
+        if "meta" not in tables:
+            if tables:
+                raise RuntimeError(
+                    f"schema {config.schema!r} holds tables that are not rollbuf's ({', '.join(sorted(tables))}): "
+                    "not touching it; choose another with ?schema="
+                )
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+            for ddl in _TABLES.values():
+                conn.execute(sql.SQL(ddl).format(s=schema))
+            conn.execute(
+                sql.SQL("INSERT INTO {}.meta (key, value) VALUES ('schema_version', %s), ('next_item_id', 1)").format(
+                    schema
+                ),
+                (SCHEMA_VERSION,),
+            )
+            return
+        row = conn.execute(sql.SQL("SELECT value FROM {}.meta WHERE key = 'schema_version'").format(schema)).fetchone()
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"schema {config.schema!r} has layout version {version}; this rollbuf reads up to {SCHEMA_VERSION}"
+            )
+        while version < SCHEMA_VERSION:
+            for ddl in MIGRATIONS[version]:
+                conn.execute(sql.SQL(ddl).format(s=schema))
+            version += 1
+            log.info("store schema %s migrated to version %d", config.schema, version)
+        conn.execute(
+            sql.SQL("UPDATE {}.meta SET value = %s WHERE key = 'schema_version'").format(schema), (SCHEMA_VERSION,)
+        )

@@ -1,0 +1,174 @@
+"""What only the PostgreSQL backend promises: its URL, its tables and their version, and several stores (one per
+replica) on one database behaving as one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from api.store.base import ItemMeta, QueuedItem, StoreUnavailable, Txn
+from api.store.postgres import SCHEMA_VERSION, PostgresConfig, PostgresStore, is_transient, parse_url, redacted
+from tests import pg
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def dbname() -> Iterator[str]:
+    with pg.database() as name:
+        yield name
+
+
+def test_url_forms() -> None:
+    cfg = parse_url("postgresql://u:pw@db.example:6543/run1?schema=exp_7&reply_ttl=60&sslmode=require")
+    assert cfg.schema == "exp_7" and cfg.reply_ttl == 60.0 and cfg.max_replies == 1_000_000
+    # rollbuf's own parameters are taken out; libpq's stay, with a connect timeout and a name by default.
+    info = psycopg.conninfo.conninfo_to_dict(cfg.conninfo)
+    assert info == {"user": "u", "password": "pw", "host": "db.example", "port": "6543", "dbname": "run1",
+                    "sslmode": "require", "connect_timeout": "5", "application_name": "rollbuf"}  # fmt: skip
+    assert parse_url("postgres://h/db").schema == "rollbuf"
+    assert redacted("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
+    for bad in ("postgresql://h", "postgresql://h/", "postgresql://h/db?schema=Bad-Name", "postgresql://h/db?lock_timeout=0",
+                "postgresql://h/db?max_replies=x", "postgresql://h/db?nonsense=1", "mysql://h/db"):  # fmt: skip
+        with pytest.raises(ValueError):
+            parse_url(bad)
+
+
+def test_lock_and_channel_are_per_schema() -> None:
+    a, b = PostgresConfig("", schema="a"), PostgresConfig("", schema="b")
+    assert a.lock_key != b.lock_key and a.channel != b.channel
+    assert a.lock_key == PostgresConfig("", schema="a").lock_key, "every replica must compute the same lock"
+
+
+def test_transient_errors_are_told_apart_from_bugs() -> None:
+    assert is_transient(psycopg.errors.AdminShutdown())
+    assert is_transient(psycopg.OperationalError("server closed the connection unexpectedly"))
+    assert is_transient(psycopg.errors.LockNotAvailable())
+    assert not is_transient(psycopg.errors.UniqueViolation())
+    assert not is_transient(psycopg.errors.SyntaxError())
+
+
+def _fill(t: Txn) -> list[int]:
+    ids = []
+    for env in (0, 1, 0):
+        meta = ItemMeta(t.next_item_id(), 2, 20, 1)
+        t.append(env, QueuedItem(meta, 1, b"p%d" % meta.item_id))
+        ids.append(meta.item_id)
+    t.set_value("step", "7")
+    kept = ItemMeta(t.next_item_id(), 1, 10, 1)
+    t.append(2, QueuedItem(kept, 1, b"-kept"))
+    t.pop(2, [kept.item_id], keep_for=6)
+    t.put_batch(6, b"batch", [kept.item_id])
+    return ids
+
+
+async def test_reopen_keeps_everything(dbname: str) -> None:
+    store = PostgresStore(pg.url_of(dbname))
+    ids = await store.transact(_fill)
+    await store.close()
+    store = PostgresStore(pg.url_of(dbname))
+    try:
+        got = await store.transact(
+            lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
+                       t.next_item_id())
+        )  # fmt: skip
+        assert got[:4] == ([ids[0], ids[2]], "7", b"batch-kept", 2)
+        assert got[4] > max(ids)
+    finally:
+        await store.close()
+
+
+async def test_tables_of_another_version_or_owner_are_refused(dbname: str) -> None:
+    await PostgresStore(pg.url_of(dbname)).close()
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        conn.execute("UPDATE rollbuf.meta SET value = %s WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,))
+        conn.execute("CREATE SCHEMA other; CREATE TABLE other.accounts (id int)")
+    with pytest.raises(RuntimeError, match="layout version"):
+        PostgresStore(pg.url_of(dbname))
+    with pytest.raises(RuntimeError, match="not rollbuf's"):
+        PostgresStore(pg.url_of(dbname, schema="other"))
+
+
+async def test_an_unreachable_database_fails_at_start() -> None:
+    with pytest.raises(psycopg.OperationalError):
+        PostgresStore(pg.url_of(pg.PREFIX + "does_not_exist", pool_timeout="1"))
+
+
+async def test_replicas_serialise_their_transactions(dbname: str) -> None:
+    """Read-modify-write from two stores (two replicas) at once: no update is lost, ids stay unique and FIFO."""
+    url = pg.url_of(dbname)
+    a, b = PostgresStore(url), PostgresStore(url)
+    try:
+
+        def bump(t: Txn) -> int:
+            n = int(t.get_value("n") or 0)
+            item_id = t.next_item_id()
+            t.append(0, QueuedItem(ItemMeta(item_id, 1, 1, 0), 1, b"x"))
+            t.set_value("n", str(n + 1))
+            return item_id
+
+        ids = await asyncio.gather(*(s.transact(bump) for _ in range(150) for s in (a, b)))
+        n, head = await a.transact(lambda t: (t.get_value("n"), [m.item_id for m in t.head(0)]))
+        assert n == "300"
+        assert sorted(ids) == head and len(set(ids)) == 300
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_replica_hears_of_data_committed_through_another(dbname: str) -> None:
+    url = pg.url_of(dbname)
+    a, b = PostgresStore(url), PostgresStore(url)
+    try:
+        woken_a, woken_b = asyncio.Event(), asyncio.Event()
+        a.subscribe(woken_a.set)
+        b.subscribe(woken_b.set)
+        await asyncio.sleep(0)
+        # The LISTEN connection opens in the background: write until it has heard something.
+        async with asyncio.timeout(30):
+            while not woken_a.is_set():
+                await b.transact(lambda t: t.append(0, QueuedItem(ItemMeta(t.next_item_id(), 1, 1, 0), 1, b"x")))
+                await asyncio.wait([asyncio.create_task(woken_a.wait())], timeout=0.2)
+        async with asyncio.timeout(10):
+            await woken_b.wait()  # a replica also wakes its own long-polls when it queued data
+        woken_a.clear()
+        await b.transact(lambda t: t.set_value("k", "v"))  # nothing queued: nobody to wake
+        await b.transact(lambda t: t.append(0, QueuedItem(ItemMeta(t.next_item_id(), 1, 1, 0), 1, b"x")))
+        async with asyncio.timeout(10):
+            await woken_a.wait()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_broken_connection_is_replaced_without_an_error(dbname: str) -> None:
+    """The server ended the idle connection (a restart, a failover, an idle timeout): the next transaction
+    gets a new one, since nothing was sent on the old one."""
+    store = PostgresStore(pg.url_of(dbname))
+    try:
+        await store.transact(lambda t: t.set_value("k", "1"))
+        with pg.admin() as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (dbname,),
+            )
+        assert await store.transact(lambda t: t.get_value("k")) == "1"
+    finally:
+        await store.close()
+
+
+async def test_lock_wait_beyond_lock_timeout_is_unavailable(dbname: str) -> None:
+    """A transaction stuck behind another that holds the store lock (a replica hung mid-transaction) gets a
+    503 after lock_timeout, instead of waiting for ever."""
+    store = PostgresStore(pg.url_of(dbname, lock_timeout="0.3"))
+    try:
+        with psycopg.connect(pg.url_of(dbname)) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (store.config.lock_key,))
+            with pytest.raises(StoreUnavailable):
+                await store.transact(lambda t: t.get_value("k"))
+        assert await store.transact(lambda t: t.get_value("k")) is None  # released with the holder's transaction
+    finally:
+        await store.close()
