@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = make_store(settings.store)
         app.state.service = service = Service(TimedStore(store), limits=queue_limits(settings))
-        log.info("rollbuf store: %s", settings.store)
+        log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
         if wandb_stats.configured():
             stats_logger = wandb_stats.BufferStatsLogger(service.store, service.snapshot, settings.wandb_interval)
