@@ -58,6 +58,8 @@ REPLY_TRIM_EVERY = 1024
 """Old idempotency replies are trimmed once per this many replies stored by a replica."""
 RETRY_AFTER_S = 1.0
 """Retry-After sent with a 503 when the database cannot be reached or a commit's outcome is unknown."""
+RECONNECT_ROUND_S = 2.0
+"""How long the pool keeps re-trying to connect after a failure, before it waits for the next transaction."""
 LISTEN_RETRY_S = (0.1, 0.5, 1.0, 2.0)
 """Pauses between attempts to re-open the LISTEN connection (the last one repeats)."""
 
@@ -152,7 +154,7 @@ class PostgresConfig:
     """Replies older than this many seconds are forgotten at the next trim; None: no time limit."""
     lock_timeout: float = 10.0
     """Seconds a transaction waits for the store lock (held by another replica's transaction) before a 503."""
-    pool_timeout: float = 5.0
+    pool_timeout: float = 3.0
     """Seconds a transaction waits for a connection to the database before a 503."""
 
     @property
@@ -197,7 +199,7 @@ def parse_url(url: str) -> PostgresConfig:
         max_replies = int(own.get("max_replies", 1_000_000))
         ttl = float(own["reply_ttl"]) if "reply_ttl" in own else None
         lock_timeout = float(own.get("lock_timeout", 10.0))
-        pool_timeout = float(own.get("pool_timeout", 5.0))
+        pool_timeout = float(own.get("pool_timeout", 3.0))
     except ValueError:
         raise ValueError(
             f"store URL {url!r}: max_replies must be an integer; reply_ttl, lock_timeout, pool_timeout seconds"
@@ -583,7 +585,9 @@ class PostgresStore(Store):
             max_size=1,
             open=False,
             timeout=self.config.pool_timeout,
-            reconnect_timeout=3600 * 24 * 365,  # keep trying: the database may be down for maintenance
+            # Reconnect attempts back off (1 s, 2 s) and end after this; the next transaction starts a new round
+            # with an immediate attempt, so a replica serves again within about a second of the database.
+            reconnect_timeout=RECONNECT_ROUND_S,
             name=f"rollbuf-{schema}",
         )
         self._pool.open()
