@@ -77,6 +77,9 @@ class TimedStore(Store):
         finally:
             STORE_SECONDS.observe(time.perf_counter() - start)
 
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        self.inner.subscribe(callback)
+
     async def close(self) -> None:
         await self.inner.close()
 

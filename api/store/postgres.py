@@ -647,15 +647,14 @@ class PostgresStore(Store):
 
     def _listen(self) -> None:
         """Wake this replica's long-polls when another replica commits queued data. While the connection is
-        down, long-polls still re-check on their own timer; after reconnecting, everyone wakes once (a
+        down, long-polls still re-check on their own timer; once it listens (again), everyone wakes once (a
         notification may have been missed)."""
         failures = 0
         while not self._listen_stop.is_set():
             try:
                 with psycopg.connect(self.config.conninfo, autocommit=True) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.config.channel)))
-                    if failures:
-                        self._wake()
+                    self._wake()  # what was committed before LISTEN took effect is seen by the re-check
                     failures = 0
                     while not self._listen_stop.is_set():
                         for note in conn.notifies(timeout=0.2):
