@@ -77,6 +77,13 @@ class TimedStore(Store):
         finally:
             STORE_SECONDS.observe(time.perf_counter() - start)
 
+    async def read(self, fn: Callable[[Txn], T]) -> T:
+        start = time.perf_counter()
+        try:
+            return await self.inner.read(fn)
+        finally:
+            STORE_SECONDS.observe(time.perf_counter() - start)
+
     def subscribe(self, callback: Callable[[], None]) -> None:
         self.inner.subscribe(callback)
 

@@ -193,10 +193,10 @@ class Service:
 
     async def snapshot(self) -> stats.Snapshot:
         """Everything the operator's views show (/metrics, /dashboard, W&B), read in one transaction."""
-        return await self.store.transact(lambda txn: stats.snapshot(txn, ANON_NAME))
+        return await self.store.read(lambda txn: stats.snapshot(txn, ANON_NAME))
 
     async def run_state(self) -> RunState:
-        return await self.store.transact(state.load)
+        return await self.store.read(state.load)
 
     async def info(self) -> Info:
         run = await self.run_state()
@@ -275,7 +275,7 @@ class Service:
                 raise NotFound(f"no environment with env_id {env_id}")
             return env_status(run, env, txn.counts(), self.limits)
 
-        return await self.store.transact(txn_fn)
+        return await self.store.read(txn_fn)
 
     # ----------------------------------------------------------------------------- ingest
 
@@ -555,7 +555,7 @@ class Service:
                 dropped=state.load_dropped(txn),
             )
 
-        return await self.store.transact(txn_fn)
+        return await self.store.read(txn_fn)
 
 
 def group_key(env_id: int | None, group_id: str | None) -> str | None:

@@ -171,6 +171,13 @@ class Store(ABC):
         returns never acknowledges something a crash could lose.
         """
 
+    async def read(self, fn: Callable[[Txn], T]) -> T:
+        """Run fn, which only reads, on a consistent view of what is committed (a write raises or is refused).
+
+        A backend may run reads beside transactions (PostgreSQL: a snapshot, without the store lock); by
+        default a read is a transaction like any other."""
+        return await self.transact(fn)
+
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback` on the running event loop whenever another process sharing this store commits
         queued data (long-polling trainers wake on it). Backends shared only within one process never call it;

@@ -51,6 +51,8 @@ SCHEMA_VERSION = 1
 MIGRATIONS: dict[int, list[str]] = {}
 """Statements that bring a schema of version v to v + 1, run in one transaction under the store lock."""
 GROUP_MAX = 64
+POOL_SIZE = 2
+"""Connections per store (per server process): the writer's and the reader's, one in use by each at a time."""
 """Most transaction functions committed together."""
 HEAD_CHUNKS = (32, 256, 2048)
 """Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
@@ -91,51 +93,51 @@ _TABLES = {
 _CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches")
 
 _HEAD = (
-    "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = %s AND item_id > %s ORDER BY item_id LIMIT %s"
+    "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = %b AND item_id > %b ORDER BY item_id LIMIT %b"
 )
 # Pops all of these items or, if one of them is not queued for this env, none.
 _POP = """
 WITH q AS (
-  DELETE FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)
-    AND (SELECT count(*) FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)) = %(n)s
+  DELETE FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
+    AND (SELECT count(*) FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
   RETURNING item_id, seqs, tokens, policy_step, n_groups
 ), p AS (DELETE FROM payloads WHERE item_id IN (SELECT item_id FROM q) RETURNING item_id, payload)
 SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN p USING (item_id)
 """
 _POP_KEEP = """
 WITH q AS (
-  DELETE FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)
-    AND (SELECT count(*) FROM queue WHERE env_id = %(env)s AND item_id = ANY(%(ids)s)) = %(n)s
+  DELETE FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
+    AND (SELECT count(*) FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
   RETURNING item_id, seqs, tokens, policy_step, n_groups
 )
 SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN payloads p USING (item_id)
 """
 _DROP_BATCHES = """
-WITH old AS (DELETE FROM batches WHERE step {op} %s RETURNING items),
+WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items),
 ids AS (SELECT unnest(items) AS id FROM old),
 gone AS (DELETE FROM payloads WHERE item_id IN (SELECT id FROM ids))
 SELECT coalesce(array_agg(id), '{{}}') FROM ids
 """
 _FLUSH_QUEUE = (
     "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) "
-    "SELECT * FROM unnest(%s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::int8[])"
+    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[])"
 )
-_FLUSH_PAYLOADS = "INSERT INTO payloads (item_id, payload) SELECT * FROM unnest(%s::int8[], %s::bytea[])"
+_FLUSH_PAYLOADS = "INSERT INTO payloads (item_id, payload) SELECT * FROM unnest(%b::int8[], %b::bytea[])"
 _FLUSH_REPLIES = (
-    "INSERT INTO replies (key, reply, created) SELECT k, r, %s FROM unnest(%s::text[], %s::text[]) AS u(k, r) "
+    "INSERT INTO replies (key, reply, created) SELECT k, r, %b FROM unnest(%b::text[], %b::text[]) AS u(k, r) "
     "ON CONFLICT (key) DO UPDATE SET reply = excluded.reply, created = excluded.created"
 )
 _FLUSH_COUNTS = (
     "INSERT INTO counts (env_id, items, groups, seqs, tokens) "
-    "SELECT * FROM unnest(%s::int8[], %s::int8[], %s::int8[], %s::int8[], %s::int8[]) ON CONFLICT (env_id) DO UPDATE "
+    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[]) ON CONFLICT (env_id) DO UPDATE "
     "SET items = excluded.items, groups = excluded.groups, seqs = excluded.seqs, tokens = excluded.tokens"
 )
 _FLUSH_VALUES = (
-    "INSERT INTO kv (key, value) SELECT * FROM unnest(%s::text[], %s::text[]) "
+    "INSERT INTO kv (key, value) SELECT * FROM unnest(%b::text[], %b::text[]) "
     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
 _FLUSH_BUFFERS = (
-    "INSERT INTO buffers (env_id, data) SELECT * FROM unnest(%s::int8[], %s::bytea[]) "
+    "INSERT INTO buffers (env_id, data) SELECT * FROM unnest(%b::int8[], %b::bytea[]) "
     "ON CONFLICT (env_id) DO UPDATE SET data = excluded.data"
 )
 
@@ -276,16 +278,23 @@ class _Pending:
 class _Group:
     """One PostgreSQL transaction running the functions of one group, one after another."""
 
-    def __init__(self, conn: psycopg.Connection[Any], config: PostgresConfig) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], config: PostgresConfig, read_only: bool = False) -> None:
         self.conn = conn
         self.config = config
+        self.read_only = read_only
+        # Writers take the lock: every statement after it sees every transaction committed before it. Readers
+        # read one snapshot of committed state, without the lock.
+        begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"
+            if read_only
+            else f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key})"
+        )
         cur = conn.execute(
-            f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key}); "
-            "SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
+            f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
             "SELECT env_id, items, groups, seqs, tokens FROM counts",
             prepare=False,
         )
-        cur.nextset()  # the lock: every statement after it sees every transaction committed before it
+        cur.nextset()
         cur.nextset()
         self.next_id = int(cast(tuple[Any, ...], cur.fetchone())[0])
         self.stored_next_id = self.next_id
@@ -328,11 +337,11 @@ class _Group:
                     data = [_pack_buffer(p.buffers[e]) for e in keep]
                     conn.execute(_FLUSH_BUFFERS, [keep, data], binary=True)
                 if empty:
-                    conn.execute("DELETE FROM buffers WHERE env_id = ANY(%s)", [empty])
+                    conn.execute("DELETE FROM buffers WHERE env_id = ANY(%b)", [empty])
             if self.next_id != self.stored_next_id:
-                conn.execute("UPDATE meta SET value = %s WHERE key = 'next_item_id'", [self.next_id])
+                conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
             if notify is not None and p.appended:
-                conn.execute("SELECT pg_notify(%s, %s)", [self.config.channel, notify])
+                conn.execute("SELECT pg_notify(%b, %b)", [self.config.channel, notify])
             conn.execute("COMMIT", prepare=False)
 
 
@@ -357,24 +366,32 @@ class PostgresTxn(Txn):
         self._savepoint = savepoint
 
     def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        self._writable()
         self._savepoint()
         return self._db.execute(query, params, binary=True)
+
+    def _writable(self) -> None:
+        if self._g.read_only:
+            raise RuntimeError("a function passed to Store.read wrote to the store: use Store.transact")
 
     # --- values: read once per group ---
     def get_value(self, key: str) -> str | None:
         return self._p.values.get(key)
 
     def set_value(self, key: str, value: str) -> None:
+        self._writable()
         self._p.values[key] = value
         self._p.dirty_values.add(key)
 
     # --- the queue ---
     def next_item_id(self) -> int:
+        self._writable()
         item_id = self._g.next_id
         self._g.next_id += 1  # not undone by a function that raises: harmless gaps, never a reused id
         return item_id
 
     def append(self, env_id: int, item: QueuedItem) -> None:
+        self._writable()
         p = self._p
         p.queued.setdefault(env_id, {})[item.meta.item_id] = (item.meta, item.n_groups)
         p.payloads[item.meta.item_id] = item.payload
@@ -408,6 +425,7 @@ class PostgresTxn(Txn):
         wanted = list(item_ids)
         if not wanted:
             return []
+        self._writable()
         if len(set(wanted)) != len(wanted):
             raise KeyError(f"items {wanted} are not all queued (once) for env {env_id}")
         p = self._p
@@ -445,11 +463,12 @@ class PostgresTxn(Txn):
     def get_buffer(self, env_id: int) -> list[BufferedGroup]:
         p = self._p
         if env_id not in p.buffers:
-            row = self._db.execute("SELECT data FROM buffers WHERE env_id = %s", (env_id,), binary=True).fetchone()
+            row = self._db.execute("SELECT data FROM buffers WHERE env_id = %b", (env_id,), binary=True).fetchone()
             p.buffers[env_id] = [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
         return list(p.buffers[env_id])
 
     def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
+        self._writable()
         self._p.buffers[env_id] = list(groups)
         self._p.dirty_buffers.add(env_id)
 
@@ -457,27 +476,29 @@ class PostgresTxn(Txn):
     def get_reply(self, key: str) -> str | None:
         if key in self._p.replies:
             return self._p.replies[key]
-        row = self._db.execute("SELECT reply FROM replies WHERE key = %s", (key,), binary=True).fetchone()
+        row = self._db.execute("SELECT reply FROM replies WHERE key = %b", (key,), binary=True).fetchone()
         return None if row is None else cast(str, row[0])
 
     def put_reply(self, key: str, reply: str) -> None:
+        self._writable()
         self._p.replies[key] = reply
 
     # --- formed batches ---
     def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        self._writable()
         ids = list(item_ids)
         stored = [i for i in set(ids) if i not in self._p.payloads]
         if stored:
             row = self._db.execute(
-                "SELECT count(*) FROM payloads WHERE item_id = ANY(%s)", (stored,), binary=True
+                "SELECT count(*) FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
             ).fetchone()
             if row is None or row[0] != len(stored):
                 raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
         self._drop_batches("=", step)
-        self._write("INSERT INTO batches (step, header, items) VALUES (%s, %s, %s)", (step, header, ids))
+        self._write("INSERT INTO batches (step, header, items) VALUES (%b, %b, %b)", (step, header, ids))
 
     def get_batch(self, step: int) -> bytes | None:
-        row = self._db.execute("SELECT header, items FROM batches WHERE step = %s", (step,), binary=True).fetchone()
+        row = self._db.execute("SELECT header, items FROM batches WHERE step = %b", (step,), binary=True).fetchone()
         if row is None:
             return None
         header, ids = row
@@ -485,7 +506,7 @@ class PostgresTxn(Txn):
         stored = [i for i in ids if i not in payloads]
         if stored:
             cur = self._db.execute(
-                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%s)", (stored,), binary=True
+                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
             )
             payloads.update(cur.fetchall())
         return b"".join([header, *(payloads[i] for i in ids)])
@@ -499,6 +520,7 @@ class PostgresTxn(Txn):
             self._p.payloads.pop(item_id, None)
 
     def clear(self) -> None:
+        self._writable()
         self._savepoint()
         self._db.execute("; ".join(f"DELETE FROM {table}" for table in _CLEARED))  # meta (next_item_id) stays
         p = self._p
@@ -553,17 +575,27 @@ class _AbortGroup(Exception):
         self.cause = cause
 
 
+@dataclass(slots=True)
+class _Lane:
+    """A thread running queued functions, a group at a time: the writer (transactions, under the store lock)
+    or the reader (`Store.read`: snapshots, beside the writer and other replicas)."""
+
+    read_only: bool
+    jobs: queue.SimpleQueue[_Job | _Stop] = field(default_factory=queue.SimpleQueue)
+    accepting: bool = True
+    """False once the thread stops taking jobs; changed and checked under the store's lock."""
+    thread: threading.Thread | None = None
+
+
 class PostgresStore(Store):
-    """A pool of connections (one in use at a time, by the writer thread) and one LISTEN connection."""
+    """A pool of two connections (the writer's and the reader's) and one LISTEN connection."""
 
     def __init__(self, url: str) -> None:
         self.url = redacted(url)
         self.config = parse_url(url)
         self._replica = secrets.token_hex(8)
         """Sent with NOTIFY, so a replica ignores its own notifications (it woke its trainers itself)."""
-        self._jobs: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
         self._closed = False
-        self._accepting = True
         self._lock = threading.Lock()
         self._listeners: list[tuple[Callable[[], None], asyncio.AbstractEventLoop]] = []
         self._listen_stop = threading.Event()
@@ -581,8 +613,8 @@ class PostgresStore(Store):
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = psycopg_pool.ConnectionPool(
             self.config.conninfo,
             kwargs=kwargs,
-            min_size=1,
-            max_size=1,
+            min_size=POOL_SIZE,
+            max_size=POOL_SIZE,
             open=False,
             timeout=self.config.pool_timeout,
             # Reconnect attempts back off (1 s, 2 s) and end after this; the next transaction starts a new round
@@ -591,20 +623,29 @@ class PostgresStore(Store):
             name=f"rollbuf-{schema}",
         )
         self._pool.open()
-        self._thread = threading.Thread(target=self._main, name="rollbuf-postgres", daemon=True)
-        self._thread.start()
+        self._writer, self._reader = _Lane(read_only=False), _Lane(read_only=True)
+        for lane, name in ((self._writer, "rollbuf-postgres"), (self._reader, "rollbuf-postgres-read")):
+            lane.thread = threading.Thread(target=self._main, args=(lane,), name=name, daemon=True)
+            lane.thread.start()
 
     # ------------------------------------------------------------------ the event loop's side
 
     async def transact(self, fn: Callable[[Txn], T]) -> T:
+        return await self._submit(self._writer, fn)
+
+    async def read(self, fn: Callable[[Txn], T]) -> T:
+        """A snapshot of committed state, read beside the writer: no store lock, no WAL flush."""
+        return await self._submit(self._reader, fn)
+
+    async def _submit(self, lane: _Lane, fn: Callable[[Txn], T]) -> T:
         if self._closed:
             raise RuntimeError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
-            if not self._accepting:
+            if not lane.accepting:
                 raise RuntimeError(f"store {self.url} is closed")
-            self._jobs.put(_Job(fn, future, loop))
+            lane.jobs.put(_Job(fn, future, loop))
         return cast(T, await future)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
@@ -620,18 +661,21 @@ class PostgresStore(Store):
         if self._closed:
             return
         self._closed = True
-        done: Future[None] = Future()
-        with self._lock:
-            if self._accepting:
-                self._jobs.put(_Stop(done))
-            else:
-                done.set_result(None)
-        await asyncio.wrap_future(done)
+        for lane in (self._reader, self._writer):
+            done: Future[None] = Future()
+            with self._lock:
+                if lane.accepting:
+                    lane.jobs.put(_Stop(done))
+                else:
+                    done.set_result(None)
+            await asyncio.wrap_future(done)
         self._listen_stop.set()
         await asyncio.to_thread(self._join)
 
     def _join(self) -> None:
-        self._thread.join()
+        for lane in (self._reader, self._writer):
+            if lane.thread is not None:
+                lane.thread.join()
         if self._listen_thread is not None:
             self._listen_thread.join()
         self._pool.close()
@@ -667,20 +711,20 @@ class PostgresStore(Store):
                     log.warning("LISTEN connection to %s lost (%s); reconnecting", self.url, exc)
                 self._listen_stop.wait(pause)
 
-    # ------------------------------------------------------------------ the writer thread
+    # ------------------------------------------------------------------ the lanes' threads
 
-    def _main(self) -> None:
+    def _main(self, lane: _Lane) -> None:
         stop: _Stop | None = None
         try:
             while stop is None:
-                first = self._jobs.get()
+                first = lane.jobs.get()
                 if isinstance(first, _Stop):
                     stop = first
                     break
                 group = [first]
                 while len(group) < GROUP_MAX:
                     try:
-                        more = self._jobs.get_nowait()
+                        more = lane.jobs.get_nowait()
                     except queue.Empty:
                         break
                     if isinstance(more, _Stop):
@@ -688,17 +732,17 @@ class PostgresStore(Store):
                         break
                     group.append(more)
                 try:
-                    self._run(group)
+                    self._run(lane, group)
                 except BaseException as exc:  # never leave a caller waiting
                     log.exception("PostgreSQL store: unexpected failure")
                     for job in group:
                         _deliver(job, False, unavailable("unexpected failure", exc))
         finally:
             with self._lock:
-                self._accepting = False
+                lane.accepting = False
             while True:
                 try:
-                    left = self._jobs.get_nowait()
+                    left = lane.jobs.get_nowait()
                 except queue.Empty:
                     break
                 if isinstance(left, _Job):
@@ -708,22 +752,23 @@ class PostgresStore(Store):
             if stop is not None:
                 stop.done.set_result(None)
 
-    def _run(self, jobs: list[_Job]) -> None:
+    def _run(self, lane: _Lane, jobs: list[_Job]) -> None:
         """Run these functions in one transaction; answer each after COMMIT (or with why not)."""
         jobs = [job for job in jobs if not job.future.cancelled()]  # nobody waits for these: skip them
         while jobs:
-            jobs = self._run_group(jobs)
+            jobs = self._run_group(lane, jobs)
 
-    def _connect_and_begin(self) -> tuple[psycopg.Connection[Any], _Group]:
-        """A connection in a transaction holding the store lock. A connection found broken at BEGIN (the
-        server restarted since it was last used) is replaced once: nothing was sent on it that could apply."""
-        for attempt in (0, 1):
+    def _connect_and_begin(self, read_only: bool) -> tuple[psycopg.Connection[Any], _Group]:
+        """A connection in a transaction (holding the store lock, for the writer). A connection found broken at
+        BEGIN (the server restarted since it was last used) is replaced, as many times as the pool holds
+        connections: nothing was sent on it that could apply."""
+        for attempt in range(POOL_SIZE + 1):
             conn = self._pool.getconn()
             try:
-                return conn, _Group(conn, self.config)
+                return conn, _Group(conn, self.config, read_only)
             except BaseException as exc:
                 self._release(conn)
-                if attempt or not (isinstance(exc, psycopg.OperationalError) and conn.broken):
+                if attempt == POOL_SIZE or not (isinstance(exc, psycopg.OperationalError) and conn.broken):
                     raise
         raise AssertionError("unreachable")
 
@@ -733,10 +778,10 @@ class PostgresStore(Store):
                 conn.execute("ROLLBACK", prepare=False)
         self._pool.putconn(conn)
 
-    def _run_group(self, jobs: list[_Job]) -> list[_Job]:
+    def _run_group(self, lane: _Lane, jobs: list[_Job]) -> list[_Job]:
         """Run a prefix of `jobs` in one transaction and answer them; return those left to run."""
         try:
-            conn, group = self._connect_and_begin()
+            conn, group = self._connect_and_begin(lane.read_only)
         except BaseException as exc:
             for job in jobs:
                 _deliver(job, False, unavailable("could not begin a transaction", exc) if is_transient(exc) else exc)
@@ -826,7 +871,7 @@ class PostgresStore(Store):
         cfg = self.config
         with contextlib.suppress(psycopg.Error):
             conn.execute(
-                "DELETE FROM replies WHERE seq <= (SELECT max(seq) FROM replies) - %s OR created < %s",
+                "DELETE FROM replies WHERE seq <= (SELECT max(seq) FROM replies) - %b OR created < %b",
                 (cfg.max_replies, -1.0 if cfg.reply_ttl is None else time.time() - cfg.reply_ttl),
             )
 
@@ -836,9 +881,9 @@ def _create_or_migrate(conn: psycopg.Connection[Any], config: PostgresConfig) ->
     together do it once)."""
     schema = sql.Identifier(config.schema)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (config.lock_key,))
+        conn.execute("SELECT pg_advisory_xact_lock(%b)", (config.lock_key,))
         tables = {
-            row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (config.schema,))
+            row[0] for row in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %b", (config.schema,))
         }
         if "meta" not in tables:
             if tables:
@@ -850,7 +895,7 @@ def _create_or_migrate(conn: psycopg.Connection[Any], config: PostgresConfig) ->
             for ddl in _TABLES.values():
                 conn.execute(sql.SQL(ddl).format(s=schema))
             conn.execute(
-                sql.SQL("INSERT INTO {}.meta (key, value) VALUES ('schema_version', %s), ('next_item_id', 1)").format(
+                sql.SQL("INSERT INTO {}.meta (key, value) VALUES ('schema_version', %b), ('next_item_id', 1)").format(
                     schema
                 ),
                 (SCHEMA_VERSION,),
@@ -868,5 +913,5 @@ def _create_or_migrate(conn: psycopg.Connection[Any], config: PostgresConfig) ->
             version += 1
             log.info("store schema %s migrated to version %d", config.schema, version)
         conn.execute(
-            sql.SQL("UPDATE {}.meta SET value = %s WHERE key = 'schema_version'").format(schema), (SCHEMA_VERSION,)
+            sql.SQL("UPDATE {}.meta SET value = %b WHERE key = 'schema_version'").format(schema), (SCHEMA_VERSION,)
         )

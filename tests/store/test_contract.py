@@ -240,3 +240,10 @@ async def test_a_batch_of_items_not_kept_is_refused(store: Store) -> None:
     with pytest.raises(KeyError):
         await store.transact(form)
     assert [m.item_id for m in await store.transact(lambda t: list(t.head(0)))] == ids, "nothing applied"
+
+
+async def test_read_sees_what_is_committed(store: Store) -> None:
+    ids = await fill(store, 0, 3)
+    await store.transact(lambda t: t.set_value("k", "v"))
+    got = await store.read(lambda t: ([m.item_id for m in t.head(0)], t.get_value("k"), t.counts()[0].items))
+    assert got == (ids, "v", 3)

@@ -172,3 +172,19 @@ async def test_lock_wait_beyond_lock_timeout_is_unavailable(dbname: str) -> None
         assert await store.transact(lambda t: t.get_value("k")) is None  # released with the holder's transaction
     finally:
         await store.close()
+
+
+async def test_reads_take_no_lock_and_write_nothing(dbname: str) -> None:
+    """Store.read runs on a snapshot beside the writer: it answers while another replica's transaction holds the
+    store lock, and a function that tries to write through it is refused."""
+    store = PostgresStore(pg.url_of(dbname, lock_timeout="0.3"))
+    try:
+        await store.transact(lambda t: t.set_value("k", "1"))
+        with psycopg.connect(pg.url_of(dbname)) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(%s)", (store.config.lock_key,))
+            assert await store.read(lambda t: t.get_value("k")) == "1"
+        with pytest.raises(RuntimeError, match="Store.read"):
+            await store.read(lambda t: t.set_value("k", "2"))
+        assert await store.read(lambda t: t.get_value("k")) == "1"
+    finally:
+        await store.close()
