@@ -7,13 +7,14 @@ Results are appended as JSON lines to bench/results/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import arrays, formation, metrics_ab, rss, runner, transport
+from bench import arrays, formation, metrics_ab, pg, replicas, rss, runner, transport
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
@@ -26,7 +27,8 @@ HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--mem
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["arrays", "formation", "http", "metrics", "rss", "runner", "transport"],
+    ap.add_argument("--only", choices=["arrays", "formation", "http", "metrics", "replicas", "rss", "runner",
+                                       "transport"],
                     help="run one part")  # fmt: skip
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
@@ -35,12 +37,15 @@ def main() -> None:
     if args.only in (None, "rss"):
         results += rss.run()
     if args.only in (None, "http"):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as dbs:
             targets = [
                 rollbuf("memory://", Path(tmp) / "m.log"),
                 rollbuf(f"sqlite:///{tmp}/b.db", Path(tmp) / "s.log"),
                 rollbuf(f"sqlite:///{tmp}/w.db", Path(tmp) / "w.log", workers=2),
             ]
+            if pg.available():  # one replica, and two replicas (processes) sharing the database
+                targets.append(rollbuf(dbs.enter_context(pg.database()), Path(tmp) / "p.log"))
+                targets.append(rollbuf(dbs.enter_context(pg.database()), Path(tmp) / "p2.log", workers=2))
             side = None if args.skip_atropos else atropos(Path(tmp) / "a.log")
             if side is None and not args.skip_atropos:
                 print("Atropos not installed in .bench-venv (see bench/README.md): measuring rollbuf alone")
@@ -63,17 +68,21 @@ def main() -> None:
         results += arrays.run()
     if args.only in (None, "metrics"):
         results += metrics_ab.run()
+    if args.only in (None, "replicas"):
+        results += replicas.run()
     if args.only in (None, "runner"):
         results += runner.run()
     if args.only in (None, "transport"):
         results += transport.run([256, 1024], with_atropos=not args.skip_atropos)
         results += transport.compare_stores(1024)  # the default store against the memory store, in turns
+        results += transport.run([1024], with_atropos=False, with_json=False, store="postgresql", with_ingest=False)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
     print(report(results) + runner.report(results) + "\n" + transport.report(results) + "\n" + arrays.report(results))
     print(metrics_ab.report(results))
+    print(replicas.report(results))
     print(f"\nJSON lines: {out.relative_to(ROOT)}")
 
 
@@ -82,9 +91,10 @@ def report(results: list[dict[str, Any]]) -> str:
     form = [r for r in results if r.get("bench") == "formation"]
     if form:
         lines.append("batch formation, batch_size 256, 4 envs (median ms per batch):")
-        for store in ("memory", "sqlite"):
+        for store in ("memory", "sqlite", "postgresql"):
             row = [f"{r['queued_groups']:>7} queued: {r['median_ms']:6.2f}" for r in form if r["store"] == store]
-            lines.append(f"  {store:7} " + " | ".join(row))
+            if row:
+                lines.append(f"  {store:10} " + " | ".join(row))
     targets = sorted({r["target"] for r in results if "target" in r})
     if targets:
         lines.append("\ningest at 1 / 8 / 32 clients, 8 x 512-4096 tokens per group (JSON; gzip: as stock Atropos")

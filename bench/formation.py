@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
@@ -13,6 +14,7 @@ from api.schema import RegisterEnv, Registration
 from api.service import FormedBatch, Service
 from api.store import make_store
 from api.store.base import ItemMeta, QueuedItem, Txn
+from bench import pg
 
 ENVS = [  # name, group size, weight, min allocation
     ("math", 8, 1.0, None),
@@ -75,8 +77,14 @@ async def _measure(url: str, queued: int, reps: int) -> dict[str, Any]:
 def run(sizes: tuple[int, ...] = (100, 10_000, 100_000), reps: int = 20) -> list[dict[str, Any]]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for backend in ("memory", "sqlite"):
+        for backend in ("memory", "sqlite", "postgresql"):
+            if backend == "postgresql" and not pg.available():
+                continue
             for queued in sizes:
-                url = "memory://" if backend == "memory" else f"sqlite:///{Path(tmp) / f'f{queued}.db'}"
-                out.append({"bench": "formation", "store": backend, **asyncio.run(_measure(url, queued, reps))})
+                with contextlib.ExitStack() as stack:
+                    if backend == "postgresql":
+                        url = stack.enter_context(pg.database())
+                    else:
+                        url = "memory://" if backend == "memory" else f"sqlite:///{Path(tmp) / f'f{queued}.db'}"
+                    out.append({"bench": "formation", "store": backend, **asyncio.run(_measure(url, queued, reps))})
     return out

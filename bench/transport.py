@@ -16,6 +16,7 @@ machine is shared and noisy).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import socket
@@ -35,6 +36,7 @@ from api.binary import check_record
 from api.json_groups import read_groups
 from api.records import MSGPACK, encode, encode_submission
 from api.validation import GroupLimits, pack_group
+from bench import pg
 from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
 from trainer_client.arrays import Batch
 from trainer_client.protocol import parse_batch_reply
@@ -284,12 +286,18 @@ def run(
     with_atropos: bool = True,
     with_json: bool = True,
     store: str = "memory",
+    with_ingest: bool = True,
     say: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     pool = make_pool(np.random.default_rng(0))
-    results: list[dict[str, Any]] = ingest(pool[0])
-    with tempfile.TemporaryDirectory() as tmp:
-        url = "memory://" if store == "memory" else f"sqlite:///{tmp}/transport.db"
+    results: list[dict[str, Any]] = ingest(pool[0]) if with_ingest else []
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if store == "postgresql":
+            if not pg.available():
+                return results
+            url = stack.enter_context(pg.database())
+        else:
+            url = "memory://" if store == "memory" else f"sqlite:///{tmp}/transport.db"
         name, cmd, port = rollbuf(url, Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target, RawReference() as raw:
             for size in sizes:
@@ -364,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="256,1024", help="batch sizes in sequences (default 256,1024)")
     ap.add_argument("--skip-atropos", action="store_true")
-    ap.add_argument("--store", choices=["memory", "sqlite"], default="memory", help="rollbuf's store (default memory)")
+    ap.add_argument("--store", choices=["memory", "sqlite", "postgresql"], default="memory", help="rollbuf's store")
     ap.add_argument("--skip-json", action="store_true", help="binary only (JSON takes seconds per batch)")
     ap.add_argument("--compare-stores", action="store_true", help="only memory vs SQLite, fetched in turns")
     args = ap.parse_args(argv)
