@@ -7,17 +7,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException
 
 from api import wandb_stats
 from api.auth import require_api_key
-from api.errors import RollbufError
+from api.errors import HTTP_CODES, RollbufError, error_body
 from api.logs import log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
+from api.openapi import SECURED, describe_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, ops, trainer
 from api.service import QueueLimits, Service
@@ -25,6 +27,15 @@ from api.settings import Settings
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
+
+DESCRIPTION = """\
+The AtroposLib API (a rollout handler or trainer written for Atropos works unchanged) plus rollbuf's
+extensions. To try it here: **POST /register** with its example, **GET /batch** once (that starts the run),
+then **POST /register-env** and **POST /scored_data** with theirs.
+
+Every error reply has one shape (`ErrorBody`): `code`, `message`, `errors` (`loc` names the field, `msg` the
+rule) and `detail` as FastAPI writes it. With an API key set, every endpoint but `GET /` and these pages
+needs `Authorization: Bearer <key>` (the Authorize button)."""
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -47,11 +58,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await stats_logger.close()
             await store.close()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from files the fastapi-offline package ships: /docs works where training clusters
+    # run, without internet (FastAPI's own pages load them from a CDN).
+    app = FastAPIOffline(
         title="rollbuf",
         summary="Experience buffer for LLM RL, wire-compatible with the AtroposLib API.",
+        description=DESCRIPTION,
         version="0.1.0",
         lifespan=lifespan,
+        swagger_ui_parameters={"tryItOutEnabled": True},
     )
     app.state.settings = settings
     app.add_middleware(
@@ -63,16 +78,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.metrics:
         app.add_middleware(ObserveRequests)  # outermost: times the whole request, gzip included
     app.add_exception_handler(RollbufError, _render_error)  # type: ignore[arg-type]
-    app.add_exception_handler(RequestValidationError, _log_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _render_http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _render_crash)
     app.include_router(admin.health)
     app.include_router(ops.probes)
     secured = [Depends(require_api_key)]
-    app.include_router(admin.router, dependencies=secured)
-    app.include_router(trainer.router, dependencies=secured)
-    app.include_router(envs.router, dependencies=secured)
-    app.include_router(ops.router, dependencies=secured)
+    app.include_router(admin.router, dependencies=secured, responses=SECURED)
+    app.include_router(trainer.router, dependencies=secured, responses=SECURED)
+    app.include_router(envs.router, dependencies=secured, responses=SECURED)
+    app.include_router(ops.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
-        app.include_router(ops.prometheus, dependencies=secured)
+        app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
+    if settings.api_key is not None:
+        describe_auth(app)
     return app
 
 
@@ -87,15 +106,35 @@ def queue_limits(settings: Settings) -> QueueLimits:
     )
 
 
+# One shape for every error reply (api.errors.error_body), whoever raised it.
+
+
 async def _render_error(request: Request, exc: RollbufError) -> JSONResponse:
     if exc.status_code >= 500 and exc.status_code != 503:
         log.warning("%s %s: %s", request.method, request.url.path, exc.detail)
     else:
         log_error(request.method, request.url.path, exc)
-    return JSONResponse({"detail": exc.detail, "code": exc.code}, status_code=exc.status_code, headers=exc.headers)
+    body = error_body(exc.code, exc.errors(), exc.detail)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
-async def _log_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's own 422, unchanged, with the refusal logged."""
+async def _render_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """pydantic's 422, logged: FastAPI's `detail` list, without echoing the input (a whole group, for a
+    missing field)."""
     log_validation_errors(request.method, request.url.path, list(exc.errors()))
-    return await request_validation_exception_handler(request, exc)
+    errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    return JSONResponse(error_body("invalid", errors, errors), status_code=422)
+
+
+async def _render_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's and FastAPI's own: unknown path (404), wrong method (405), unreadable body (400)."""
+    code = HTTP_CODES.get(exc.status_code, "error")
+    loc = ["body"] if exc.status_code == 400 else []
+    body = error_body(code, [{"loc": loc, "msg": str(exc.detail), "type": code}], exc.detail)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _render_crash(request: Request, exc: Exception) -> JSONResponse:
+    """A bug: the same shape, nothing of the exception's text (Starlette logs the traceback)."""
+    msg = "internal server error; the server log has the traceback"
+    return JSONResponse(error_body("internal", [{"loc": [], "msg": msg}], msg), status_code=500)

@@ -1,4 +1,5 @@
-"""Optional bearer-token auth: with `api_key` set, every endpoint but the health check requires it.
+"""Optional bearer-token auth: with `api_key` set, every endpoint but the health check (`GET /`) and the API's
+description (`/docs`, `/redoc`, `/openapi.json` and the Swagger UI's files) requires it.
 
 Atropos clients send no credentials, so auth is off by default and the server then refuses to listen on
 anything but loopback unless told `allow_unauthenticated` (see `Settings`).
@@ -16,6 +17,7 @@ from api.errors import RollbufError
 class Unauthorized(RollbufError):
     status_code = 401
     code = "unauthorized"
+    loc = ("header", "authorization")
 
 
 async def require_api_key(request: Request) -> None:

@@ -115,13 +115,16 @@ def parse_json(adapter: TypeAdapter[T], raw: bytes) -> T:
         obj: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         # Not strict JSON (NaN, say) or not JSON at all: pydantic's own parser gives the precise error.
-        return _validated(lambda: adapter.validate_json(raw))
+        return _validated(lambda: adapter.validate_json(raw, strict=True))
     return validate(adapter, obj)
 
 
 def validate(adapter: TypeAdapter[T], data: Any) -> T:
-    """Validate decoded JSON; 422 with FastAPI's error shape when it does not fit the schema."""
-    return _validated(lambda: adapter.validate_python(data))
+    """Validate decoded JSON; 422 with FastAPI's error shape when it does not fit the schema.
+
+    Strictly, as FastAPI validates the other request bodies (`api.schema._Request`): no string or boolean
+    where a number belongs, so that what the OpenAPI description says is what is accepted."""
+    return _validated(lambda: adapter.validate_python(data, strict=True))
 
 
 def _validated(run: Callable[[], T]) -> T:

@@ -2,6 +2,10 @@
 
 Atropos rollout handlers drop data on any 4xx and retry 5xx, so the status code is a promise:
 4xx means "this data is bad, resending it will never work"; 503 means "try again later".
+
+Every error reply, these and FastAPI's own (pydantic's 422, 404, 405, 400), has one shape (`error_body`,
+`api.schema.ErrorBody`): `code`, `message`, `errors` (each with `loc`, `msg`, `type`), and `detail` as
+FastAPI writes it (the list of errors for a 422, a string otherwise), which Atropos-era clients read.
 """
 
 from __future__ import annotations
@@ -15,11 +19,19 @@ Loc = Sequence[str | int]
 class RollbufError(Exception):
     status_code = 400
     code = "bad_request"
+    loc: tuple[str | int, ...] = ()
+    """Where the problem is (`body`, `query`, `header`, then the field), when it is in one place."""
 
-    def __init__(self, detail: Any, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, detail: Any, headers: dict[str, str] | None = None, loc: Loc | None = None) -> None:
         super().__init__(detail)
         self.detail = detail
         self.headers = headers
+        if loc is not None:
+            self.loc = tuple(loc)
+
+    def errors(self) -> list[dict[str, Any]]:
+        """The `errors` of the reply: one, at `loc`, whose rule is the message."""
+        return [{"loc": list(self.loc), "msg": str(self.detail), "type": self.code}]
 
 
 class InvalidData(RollbufError):
@@ -32,6 +44,9 @@ class InvalidData(RollbufError):
         super().__init__([{"loc": list(loc), "msg": msg, "type": "value_error"}])
         self.loc = tuple(loc)
         self.msg = msg
+
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.detail)
 
     def at(self, *prefix: str | int) -> InvalidData:
         """The same error located under a parent (the request body, an item of a list)."""
@@ -59,11 +74,13 @@ class Gone(RollbufError):
 class BadEncoding(RollbufError):
     status_code = 400
     code = "bad_encoding"
+    loc = ("body",)
 
 
 class PayloadTooLarge(RollbufError):
     status_code = 413
     code = "payload_too_large"
+    loc = ("body",)
 
 
 class Unavailable(RollbufError):
@@ -74,3 +91,30 @@ class Unavailable(RollbufError):
 
     def __init__(self, detail: Any, retry_after: float = 1.0) -> None:
         super().__init__(detail, headers={"Retry-After": str(max(1, round(retry_after)))})
+
+
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    410: "gone",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+    500: "internal",
+    503: "unavailable",
+}
+"""`code` of an error raised by FastAPI or Starlette rather than by rollbuf, by HTTP status."""
+
+
+def error_body(code: str, errors: list[dict[str, Any]], detail: Any) -> dict[str, Any]:
+    """The one shape of every error reply; `message` is the errors in one line (`loc: msg; ...`)."""
+    items: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for e in errors:
+        loc, msg = list(e.get("loc", ())), str(e.get("msg", ""))
+        items.append({"loc": loc, "msg": msg, "type": str(e.get("type", code))})
+        lines.append(f"{'.'.join(map(str, loc))}: {msg}" if loc else msg)
+    return {"code": code, "message": "; ".join(lines), "errors": items, "detail": detail}

@@ -7,45 +7,134 @@ This module imports only pydantic, so clients can use it without pulling in Fast
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 # Token ids and masks travel as int32 on the binary path and in the store.
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
+SAFE_INT_MAX = 2**53 - 1
+"""Bound of step counts and ids: stored as JSON, and exact in a double (so in every JSON parser)."""
 MASK_IGNORE = -100
 """Mask value of a position the trainer does not train on (the prompt)."""
+FLOAT32_MAX = 3.4028234663852886e38
+"""Largest finite float32: per-token floats are stored as float32."""
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True, extra="ignore")
 
 
+def integral_floats(value: Any) -> Any:
+    """JSON Schema counts `8.0` as an integer, so rollbuf does: integral floats in an integer field (or in
+    lists of them, at any depth) become ints. Everything else is left to strict validation."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    if isinstance(value, list) and any(type(x) is float or isinstance(x, list) for x in value):
+        return [integral_floats(x) for x in value]
+    return value
+
+
+class _Integers(_Wire):
+    """Integral floats in integer fields become ints (`integral_floats`), before any other validation."""
+
+    integer_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integers(cls, value: Any, info: ValidationInfo) -> Any:
+        return integral_floats(value) if info.field_name in cls.integer_fields else value
+
+
+class _Request(_Integers):
+    """A request body FastAPI validates, strictly: a string or boolean where a number belongs is a 422, not
+    coerced, so the OpenAPI description is exact. Scored groups are validated the same way by
+    `api.body.validate`, while clients may still build a `ScoredData` from tuples or numpy ints."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="ignore", strict=True)
+
+
+# Per-token values and rows, as the OpenAPI description states them. They are checked by `api.validation`
+# on arrays, once for both ways a group is read (JSON straight into arrays, or through this schema) and the
+# binary path, so the schema only describes them.
+TokenId = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": INT32_MAX})]
+MaskValue = Annotated[int, WithJsonSchema({"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX})]
+TokenFloat = Annotated[float, WithJsonSchema({"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX})]
+NON_EMPTY = Field(json_schema_extra={"minItems": 1})
+Message = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "required": ["role", "content"], "additionalProperties": True}),
+]
+
+ENV_EXAMPLE: dict[str, Any] = {"max_token_length": 2048, "desired_name": "math", "weight": 1.0, "group_size": 2}
+"""An environment that POST /register-env accepts once the trainer polled /batch (GROUP_EXAMPLE's size)."""
+
+GROUP_EXAMPLE: dict[str, Any] = {
+    "tokens": [[1, 2, 3, 4], [1, 2, 3, 5]],
+    "masks": [[-100, -100, 3, 4], [-100, -100, 3, 5]],
+    "scores": [1.0, 0.0],
+    "inference_logprobs": [[1.0, 1.0, -0.25, -0.5], [1.0, 1.0, -0.25, -1.5]],
+    "group_id": "example-0",
+}
+"""A group that POST /scored_data accepts once a trainer registered with REGISTRATION_EXAMPLE."""
+
+REGISTRATION_EXAMPLE: dict[str, Any] = {
+    "wandb_group": "rollbuf",
+    "wandb_project": "example",
+    "batch_size": 8,
+    "max_token_len": 2048,
+    "checkpoint_dir": "checkpoints",
+    "save_checkpoint_interval": 10,
+    "starting_step": 0,
+    "num_steps": 100,
+}
+
+
 # ----------------------------------------------------------------------------------------------- trainer
 
 
-class Registration(_Wire):
+class Registration(_Request):
     """POST /register: the trainer's run configuration."""
 
+    integer_fields = frozenset(
+        [
+            "batch_size",
+            "max_token_len",
+            "save_checkpoint_interval",
+            "starting_step",
+            "num_steps",
+            "max_batch_tokens",
+            "max_staleness",
+        ]
+    )
+
+    model_config = ConfigDict(json_schema_extra={"examples": [REGISTRATION_EXAMPLE]})
+
     wandb_group: str
+    """wandb group of the run (GET /wandb_info hands it to environments)."""
     wandb_project: str
-    batch_size: int = Field(gt=0)
+    """wandb project of the run."""
+    batch_size: int = Field(gt=0, le=INT32_MAX)
     """Sequences per batch; with `max_batch_tokens`, the most sequences a batch may hold."""
-    max_token_len: int = Field(gt=0)
+    max_token_len: int = Field(gt=0, le=INT32_MAX)
     """Longest sequence the trainer accepts; longer ones are rejected at ingest."""
     checkpoint_dir: str
-    save_checkpoint_interval: int
-    starting_step: int = Field(ge=0)
-    num_steps: int
+    """Where the trainer saves checkpoints (told to environments at /register-env)."""
+    save_checkpoint_interval: int = Field(ge=-SAFE_INT_MAX, le=SAFE_INT_MAX)
+    """Steps between checkpoints (told to environments as `checkpoint_interval`)."""
+    starting_step: int = Field(ge=0, le=SAFE_INT_MAX)
+    """Step the run starts at (a resumed run: its checkpoint's step)."""
+    num_steps: int = Field(ge=-SAFE_INT_MAX, le=SAFE_INT_MAX)
+    """Steps the run is planned to last (told to environments)."""
 
     # rollbuf extensions (Atropos clients never send them)
-    max_batch_tokens: int | None = Field(default=None, gt=0)
+    max_batch_tokens: int | None = Field(default=None, gt=0, le=SAFE_INT_MAX)
     """Token budget per batch: a batch is whole groups whose tokens stay within it."""
     min_batch_fill: float = Field(default=0.9, gt=0.0, le=1.0)
     """With `max_batch_tokens`: release a batch once it holds this share of the budget and no queued
     group fits any more."""
-    max_staleness: int | None = Field(default=None, ge=0)
+    max_staleness: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
     """Drop groups generated more than this many steps before the batch they would join."""
     drop_zero_variance: bool = False
     """Drop groups whose scores are all equal (no GRPO learning signal)."""
@@ -57,11 +146,14 @@ class Registration(_Wire):
 
 class RegisterReply(_Wire):
     uuid: int
+    """A random 128-bit id for this registration (Atropos clients check that it is an integer)."""
 
 
 class Info(_Wire):
     batch_size: int
+    """The trainer's batch size; -1 before it registers."""
     max_token_len: int
+    """The trainer's longest sequence; -1 before it registers."""
     # rollbuf extension
     content_types: list[str] | None = None
     """Encodings of /batch (Accept) and /scored_data(_list) (Content-Type) the server speaks; clients use
@@ -70,16 +162,21 @@ class Info(_Wire):
 
 class WandbInfo(_Wire):
     group: str | None
+    """The trainer's `wandb_group`; null before it registers."""
     project: str | None
+    """The trainer's `wandb_project`; null before it registers."""
 
 
 class Status(_Wire):
     current_step: int
+    """Batches handed out so far, counted from the trainer's `starting_step` (0 before it registers)."""
     queue_size: int
     """Queued groups over all environments."""
     # rollbuf extensions
     queued_sequences: int = 0
+    """Queued sequences over all environments."""
     queued_tokens: int = 0
+    """Queued tokens over all environments."""
     blocked_reason: str | None = None
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)
@@ -89,41 +186,80 @@ class Status(_Wire):
 # ----------------------------------------------------------------------------------------------- envs
 
 
-class RegisterEnv(_Wire):
+class RegisterEnv(_Request):
     """POST /register-env: a rollout handler announces itself."""
 
-    max_token_length: int = Field(gt=0)
+    integer_fields = frozenset(["max_token_length", "group_size"])
+
+    model_config = ConfigDict(json_schema_extra={"examples": [ENV_EXAMPLE]})
+
+    max_token_length: int = Field(gt=0, le=INT32_MAX)
+    """Longest sequence this environment produces."""
     desired_name: str
-    weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    """Name of the environment; the reply's `wandb_name` is `<desired_name>_<k>` for its k-th registration."""
+    weight: float = Field(default=1.0, ge=0.0, le=1e12, allow_inf_nan=False)
     """Share of batches relative to other environments' weights."""
-    group_size: int = Field(gt=0)
+    group_size: int = Field(gt=0, le=INT32_MAX)
+    """Sequences per group this environment sends (at most the trainer's `batch_size`: 422 beyond)."""
     min_batch_allocation: float | None = Field(default=None, ge=0.0, le=1.0)
     """Share of every batch reserved for this environment (0.0–1.0)."""
 
 
 class EnvRegistered(_Wire):
     status: Literal["success"] = "success"
+    """Registered (see `EnvWait` for the other answer)."""
     env_id: int
+    """The environment's id, counted from 0; its groups carry it as `env_id`."""
     wandb_name: str
+    """`<desired_name>_<k>`, k counting earlier registrations under that name."""
     checkpoint_dir: str
+    """The trainer's `checkpoint_dir`."""
     starting_step: int
+    """The trainer's `starting_step`."""
     checkpoint_interval: int
+    """The trainer's `save_checkpoint_interval`."""
     num_steps: int
+    """The trainer's `num_steps`."""
     warning: str | None = None
     """Set when this environment's group size cannot fill a batch on its own."""
 
 
-class EnvIdentifier(_Wire):
-    env_id: int
+class EnvWait(_Wire):
+    """POST /register-env before the trainer's first GET /batch: try again in a second (Atropos's answer)."""
+
+    status: Literal["wait for trainer to start"]
+    """Atropos clients sleep a second and register again."""
+
+
+class EnvIdentifier(_Request):
+    integer_fields = frozenset({"env_id"})
+    model_config = ConfigDict(json_schema_extra={"examples": [{"env_id": 0}]})
+
+    env_id: int = Field(ge=-SAFE_INT_MAX, le=SAFE_INT_MAX)
+    """The id /register-env returned."""
+
+
+class DisconnectReply(_Wire):
+    status: Literal["success", "failure"]
+    """"failure" when no environment has this id (Atropos's in-band answer, HTTP 200)."""
+    error: str | None = None
+    """With "failure": why."""
 
 
 class EnvStatus(_Wire):
     current_step: int
+    """The trainer's current step (how far off-policy this environment's next group will be)."""
     queue_size: int
+    """Queued work in units of this env's group size: its own queued sequences plus what other envs have
+    beyond their minimum allocations (Atropos's measure, used to stop producing when far ahead)."""
     unallocated_fraction: float
+    """1 minus the connected environments' minimum allocations, floored at 0."""
     self_queue_size: int
+    """This environment's queued groups."""
     max_group_size: int
+    """Largest group size of the connected environments."""
     env_weight: float
+    """This env's `max_token_length * weight` over the sum for connected envs, floored at 0.01."""
     # rollbuf extensions
     queue_capacity_groups: int | None = None
     """How many more groups of this env's size the server accepts before answering 503, or null."""
@@ -132,30 +268,47 @@ class EnvStatus(_Wire):
 # ----------------------------------------------------------------------------------------------- data
 
 
-class ScoredData(_Wire):
-    """One scored group: G sequences sampled for one prompt."""
+class ScoredData(_Integers):
+    """One scored group: G sequences sampled for one prompt. Every per-token field has one row per sequence,
+    each as long as that sequence's tokens; `scores` has one value per sequence (422 otherwise)."""
 
-    tokens: list[list[int]]
-    """Token ids per sequence, each from 0 to 2^31 - 1 (int32, as stored)."""
-    masks: list[list[int]]
+    integer_fields = frozenset(["tokens", "masks", "env_id", "distill_token_ids", "policy_step"])
+
+    model_config = ConfigDict(json_schema_extra={"examples": [GROUP_EXAMPLE]})
+
+    tokens: Annotated[list[Annotated[list[TokenId], NON_EMPTY]], NON_EMPTY]
+    """Token ids per sequence (prompt and completion), each from 0 to 2^31 - 1 (int32, as stored); at least
+    one sequence, none empty, none longer than the trainer's `max_token_len`."""
+    masks: Annotated[list[Annotated[list[MaskValue], NON_EMPTY]], NON_EMPTY]
     """Any int32, one per token, stored and served as sent. Atropos's convention (its `BaseEnv`, and
     `trainer_client`'s `trained`): -100 at positions not trained on, else the token id."""
-    scores: list[float]
+    scores: Annotated[list[float], NON_EMPTY]
     """One finite score per sequence."""
-    advantages: list[list[float]] | None = None
-    ref_logprobs: list[list[float]] | None = None
-    messages: list[list[dict[str, Any]]] | None = None
+    advantages: list[list[TokenFloat]] | None = None
+    """Per-token advantages, when the environment computes them (finite float32)."""
+    ref_logprobs: list[list[TokenFloat]] | None = None
+    """Per-token log-probabilities under a reference model (finite float32)."""
+    messages: list[list[Message]] | None = None
+    """Each sequence as chat messages; every message has `role` and `content`."""
     generation_params: dict[str, Any] | None = None
-    inference_logprobs: list[list[float]] | None = None
+    """Sampling parameters of the group (`temperature`, ...), as the handler sent them."""
+    inference_logprobs: list[list[TokenFloat]] | None = None
+    """Per-token log-probabilities from the inference server, 1.0 at prompt positions (Atropos's sentinel)."""
     overrides: list[dict[str, Any]] | None = None
+    """Per-sequence settings for the trainer (e.g. `temperature`), one dict per sequence."""
     group_overrides: dict[str, Any] | None = None
+    """Settings for the whole group, as the handler sent them."""
     images: Any = None
-    env_id: int | None = None
+    """Images of a multimodal group, in any JSON form; stored and served as sent."""
+    env_id: int | None = Field(default=None, ge=-SAFE_INT_MAX, le=SAFE_INT_MAX)
+    """The id /register-env returned (422 if no such environment), or null."""
     distill_token_ids: list[list[list[int]]] | None = None
+    """Top-K token ids per position for distillation, shaped [sequence][position][K]."""
     distill_logprobs: list[list[list[float]]] | None = None
+    """Their log-probabilities, shaped like `distill_token_ids`."""
 
     # rollbuf extensions
-    policy_step: int | None = Field(default=None, ge=0)
+    policy_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
     """Trainer step whose weights generated this group, at most the trainer's current step (422 beyond);
     the server stamps the current step when absent."""
     group_id: str | None = Field(default=None, min_length=1, max_length=200)
@@ -197,6 +350,7 @@ served as sent."""
 
 class ScoredReply(_Wire):
     status: Literal["received", "buffered"]
+    """"received": queued; "buffered": held until this env's groups add up to its `group_size`."""
     buffer_size: int | None = None
     """With "buffered": sequences held in this env's side buffer."""
     duplicate: bool | None = None
@@ -205,12 +359,78 @@ class ScoredReply(_Wire):
 
 class ScoredListReply(_Wire):
     status: Literal["received"] = "received"
+    """Every group of the list was accepted (one invalid group rejects the whole list)."""
     groups_processed: int
+    """Groups in the list."""
     buffered: int | None = None
+    """How many went to their env's side buffer, when any did."""
     last_buffer_size: int | None = None
+    """Sequences in the side buffer after the last buffered group."""
     duplicates: int | None = None
+    """How many were retries of groups already stored (same group id, same content)."""
+
+
+class BatchGroup(_Wire):
+    """A group as GET /batch serves it: all 14 ScoredData keys (null when not sent), numbers as sent."""
+
+    tokens: list[list[int]]
+    masks: list[list[int]]
+    scores: list[float]
+    advantages: list[list[float]] | None
+    ref_logprobs: list[list[float]] | None
+    messages: list[list[dict[str, Any]]] | None
+    generation_params: dict[str, Any] | None
+    inference_logprobs: list[list[float]] | None
+    overrides: list[dict[str, Any]] | None
+    group_overrides: dict[str, Any] | None
+    images: Any
+    env_id: int | None
+    distill_token_ids: list[list[list[int]]] | None
+    distill_logprobs: list[list[list[float]]] | None
+    # rollbuf extensions
+    policy_step: int | None = None
+    """Trainer step whose weights generated the group."""
+    group_id: str | None = None
+    """The handler's group id, or null."""
+    group_scores: list[float] | None = None
+    """With `?rank=`: the whole group's scores when this share holds only some of its sequences."""
+
+
+class BatchReply(_Wire):
+    """GET /batch (JSON): a batch, `{"batch": null}` when none is ready, or Atropos's in-band error before
+    a trainer registered (`status`, `message`, `"batch": []`)."""
+
+    batch: list[BatchGroup] | None
+    """The batch's groups; null when none can be formed yet (poll again, or use `?wait=`)."""
+    step: int | None = None
+    """With `?rank=`: the batch's step."""
+    blocked_reason: str | None = None
+    """With a null batch: why no batch can be formed, when it is something other than data still coming."""
+    status: Literal["error"] | None = None
+    """"error" before a trainer registered (Atropos's answer, HTTP 200)."""
+    message: str | None = None
+    """With "error": what to do."""
+
+
+class ErrorItem(_Wire):
+    loc: list[str | int]
+    """Where: `body`, `query` or `header`, then the field's path (list positions as integers); empty when
+    the error is about no one field."""
+    msg: str
+    """The rule that was broken, or what went wrong, in words."""
+    type: str
+    """The rule's name (pydantic's error type, or the reply's `code`)."""
 
 
 class ErrorBody(_Wire):
-    detail: Any
-    code: str | None = None
+    """Every error reply, 4xx and 5xx, whoever raised it (docs/api.md, "Errors")."""
+
+    code: str
+    """What kind of error: invalid (422), bad_request, bad_encoding, unauthorized, not_found,
+    method_not_allowed, conflict, gone, payload_too_large, unavailable, internal."""
+    message: str
+    """The errors in one line, `loc: msg; ...`, for logs."""
+    errors: list[ErrorItem]
+    """Each error with where it is and the rule."""
+    detail: str | list[ErrorItem]
+    """As FastAPI (and so Atropos) writes it: the list of errors for a 422, a string otherwise."""

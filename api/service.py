@@ -181,7 +181,8 @@ class Service:
                 changed = sorted(k for k, v in reg.model_dump().items() if getattr(run.registration, k) != v)
                 raise Conflict(
                     f"a trainer is already registered with a different configuration ({', '.join(changed)}); "
-                    "GET /reset_data first to start a new run"
+                    "GET /reset_data first to start a new run",
+                    loc=("body", changed[0]) if changed else ("body",),
                 )
 
         await self.store.transact(txn_fn)
@@ -470,14 +471,17 @@ class Service:
         if step is None:
             return self._form(txn, run, keep=False)
         if step > run.step:
-            raise Conflict(f"batch {step} cannot be formed yet: the next batch to form is {run.step}")
+            raise Conflict(
+                f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
+            )
         txn.drop_batches_before(step)  # asking for N acknowledges every batch before it
         if step < run.step:
             stored = txn.get_batch(step)
             if stored is None:
                 raise Gone(
                     f"batch {step} is no longer available: a later batch was asked for, or it was "
-                    "handed out without ?step="
+                    "handed out without ?step=",
+                    loc=("query", "step"),
                 )
             return FormedBatch.unpack(step, stored)
         return self._form(txn, run, keep=True)

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
 from api.deps import ServiceDep
+from api.openapi import ERROR_DESCRIPTIONS, ERROR_REF
 from api.records import dumps, to_atropos
 
 router = APIRouter(tags=["admin"])
@@ -43,7 +44,11 @@ async def latest_example(service: ServiceDep) -> Response:
     return Response(dumps(body), media_type="application/json")
 
 
-@router.get("/reset_data", response_class=PlainTextResponse)
+@router.get(
+    "/reset_data",
+    response_class=PlainTextResponse,
+    responses={401: {"description": ERROR_DESCRIPTIONS[401], "content": {"application/json": {"schema": ERROR_REF}}}},
+)
 async def reset_data(service: ServiceDep) -> str:
     """Drop every queue, registration and the step: the next /register starts a new run."""
     await service.reset()

@@ -6,7 +6,7 @@ import contextvars
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
@@ -16,12 +16,16 @@ from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.json_groups import read_groups
 from api.logs import request_env
+from api.openapi import errors
 from api.records import MSGPACK, dumps, is_msgpack
 from api.schema import (
+    ENV_EXAMPLE,
+    GROUP_EXAMPLE,
+    DisconnectReply,
     EnvIdentifier,
     EnvRegistered,
     EnvStatus,
-    ErrorBody,
+    EnvWait,
     RegisterEnv,
     ScoredData,
     ScoredListReply,
@@ -33,18 +37,19 @@ from api.state import RunState
 router = APIRouter(tags=["environments"])
 
 _ENV_ID = TypeAdapter(EnvIdentifier)
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {"model": ErrorBody, "description": "Body too large"},
-    422: {"model": ErrorBody, "description": "Invalid data: `detail[].loc` names the field, `msg` the rule"},
-    503: {"model": ErrorBody, "description": "Queue full: retry after `Retry-After` seconds; nothing was stored"},
-}
+_INGEST_ERRORS = errors(400, 409, 413, 422, 503)
 
 
-def _body_doc(schema: dict[str, Any], binary: str | None = None) -> dict[str, Any]:
-    content: dict[str, Any] = {"application/json": {"schema": schema}}
+def _body_doc(
+    schema: dict[str, Any], binary: str | None = None, example: Any = None, required: bool = True
+) -> dict[str, Any]:
+    json_body: dict[str, Any] = {"schema": schema}
+    if example is not None:
+        json_body["example"] = example
+    content: dict[str, Any] = {"application/json": json_body}
     if binary:
         content[MSGPACK] = {"schema": {"type": "string", "format": "binary", "description": binary}}
-    return {"requestBody": {"required": True, "content": content}}
+    return {"requestBody": {"required": required, "content": content}}
 
 
 def _binary_submissions(
@@ -85,8 +90,11 @@ async def _decode(
         request_env.set(ctx.get(request_env))
 
 
-@router.post("/register-env", responses={200: {"model": EnvRegistered}, 422: {"model": ErrorBody}})
-async def register_env(body: RegisterEnv, service: ServiceDep) -> dict[str, Any]:
+@router.post("/register-env", response_model=EnvRegistered | EnvWait, responses=errors(400, 422))
+async def register_env(
+    body: Annotated[RegisterEnv, Body(openapi_examples={"env": {"summary": "Groups of 2", "value": ENV_EXAMPLE}})],
+    service: ServiceDep,
+) -> dict[str, Any]:
     """Register a rollout handler; before the trainer's first /batch it is told to wait."""
     registered = await service.register_env(body)
     if registered is None:
@@ -94,8 +102,14 @@ async def register_env(body: RegisterEnv, service: ServiceDep) -> dict[str, Any]
     return registered.model_dump(exclude_none=True)
 
 
-@router.post("/disconnect-env")
-async def disconnect_env(body: EnvIdentifier, service: ServiceDep) -> dict[str, str]:
+@router.post("/disconnect-env", response_model=DisconnectReply, response_model_exclude_none=True,
+             responses=errors(400, 422))  # fmt: skip
+async def disconnect_env(
+    body: Annotated[
+        EnvIdentifier, Body(openapi_examples={"env": {"summary": "The first env", "value": {"env_id": 0}}})
+    ],
+    service: ServiceDep,
+) -> dict[str, str]:
     """Mark an env as gone: its minimum allocation no longer holds batches back. Its queued data stays."""
     error = await service.disconnect_env(body.env_id)
     return {"status": "success"} if error is None else {"status": "failure", "error": error}
@@ -104,8 +118,8 @@ async def disconnect_env(body: EnvIdentifier, service: ServiceDep) -> dict[str, 
 @router.get(
     "/status-env",
     response_model=EnvStatus,
-    openapi_extra=_body_doc(EnvIdentifier.model_json_schema()),
-    responses={404: {"model": ErrorBody}},
+    openapi_extra=_body_doc(EnvIdentifier.model_json_schema(), example={"env_id": 0}, required=False),
+    responses=errors(400, 404, 413, 422),
 )
 async def status_env(
     request: Request,
@@ -114,11 +128,12 @@ async def status_env(
     env_id: Annotated[int | None, Query(description="The env's id; Atropos clients send it as a JSON body.")] = None,
 ) -> EnvStatus:
     """An env's view of the queue: step, its backlog, its weight. Takes `?env_id=` or a JSON body."""
+    raw = await read_body(request, max_bytes=4096, max_decompressed=4096)
+    if raw:  # a body that is sent must be valid, even beside ?env_id= (which wins)
+        sent = parse_json(_ENV_ID, raw).env_id
+        env_id = sent if env_id is None else env_id
     if env_id is None:
-        raw = await read_body(request, max_bytes=4096, max_decompressed=4096)
-        if not raw:
-            raise InvalidData(("query", "env_id"), 'env_id is required, as ?env_id= or a JSON body {"env_id": N}')
-        env_id = parse_json(_ENV_ID, raw).env_id
+        raise InvalidData(("query", "env_id"), 'env_id is required, as ?env_id= or a JSON body {"env_id": N}')
     return await service.env_status(env_id)
 
 
@@ -126,14 +141,23 @@ async def status_env(
     "/scored_data",
     response_model=ScoredReply,
     response_model_exclude_none=True,
-    openapi_extra=_body_doc(ScoredData.model_json_schema(), "One group record (docs/binary-format.md)"),
-    responses=_ERRORS,
+    openapi_extra=_body_doc(
+        ScoredData.model_json_schema(), "One group record (docs/binary-format.md)", example=GROUP_EXAMPLE
+    ),
+    responses=_INGEST_ERRORS,
 )
 async def scored_data(
     request: Request,
     service: ServiceDep,
     settings: SettingsDep,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=200,
+            description="Makes a retry safe without a group_id: the same key with the same group is stored once "
+            "(`duplicate: true`); with a different group it is a 409.",
+        ),
+    ] = None,
 ) -> Response:
     """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
@@ -149,9 +173,11 @@ async def scored_data(
     response_model=ScoredListReply,
     response_model_exclude_none=True,
     openapi_extra=_body_doc(
-        {"type": "array", "items": ScoredData.model_json_schema()}, "A msgpack array of group records"
+        {"type": "array", "items": ScoredData.model_json_schema()},
+        "A msgpack array of group records",
+        example=[GROUP_EXAMPLE | {"group_id": "example-1"}, GROUP_EXAMPLE | {"group_id": "example-2"}],
     ),
-    responses=_ERRORS,
+    responses=_INGEST_ERRORS,
 )
 async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
     """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""

@@ -8,12 +8,13 @@ import time
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
 from api.body import accepts_gzip, gzip_compress
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
+from api.openapi import errors
 from api.records import (
     MSGPACK,
     Buffer,
@@ -27,7 +28,7 @@ from api.records import (
     split_records,
     to_atropos,
 )
-from api.schema import ErrorBody, Info, RegisterReply, Registration, Status, WandbInfo
+from api.schema import REGISTRATION_EXAMPLE, BatchReply, Info, RegisterReply, Registration, Status, WandbInfo
 from api.service import BatchWaiting, FormedBatch
 from api.sharding import Cost, rank_share, shard, subset
 
@@ -44,8 +45,14 @@ STALL_WARN_S = 30.0
 """A long-poll that has waited this long without a batch logs a warning with the reason (then every 30 s)."""
 
 
-@router.post("/register", response_model=RegisterReply, responses={409: {"model": ErrorBody}})
-async def register(registration: Registration, service: ServiceDep) -> RegisterReply:
+@router.post("/register", response_model=RegisterReply, responses=errors(400, 409, 422))
+async def register(
+    registration: Annotated[
+        Registration,
+        Body(openapi_examples={"run": {"summary": "A run of 8-sequence batches", "value": REGISTRATION_EXAMPLE}}),
+    ],
+    service: ServiceDep,
+) -> RegisterReply:
     """Register the trainer; the first registration sets the run's configuration."""
     return RegisterReply(uuid=await service.register_trainer(registration))
 
@@ -54,12 +61,15 @@ async def register(registration: Registration, service: ServiceDep) -> RegisterR
     "/batch",
     responses={
         200: {
+            "model": BatchReply,
             "description": "`{batch: [group, ...]}`, or `{batch: null}` when none. With `Accept: application/msgpack`"
             " a batch comes as a msgpack array of group records (docs/binary-format.md); other replies stay JSON.",
             "content": {MSGPACK: {"schema": {"type": "string", "format": "binary"}}},
+            "headers": {
+                STEP_HEADER: {"description": "The batch's step (with a batch).", "schema": {"type": "integer"}}
+            },
         },
-        409: {"model": ErrorBody},
-        410: {"model": ErrorBody},
+        **errors(409, 410, 422),
     },
 )
 async def batch(
@@ -73,7 +83,8 @@ async def batch(
         int | None, Query(ge=0, description="Ask for batch N; it is served again until N+1 is asked for.")
     ] = None,
     rank: Annotated[
-        int | None, Query(ge=0, description="This data-parallel rank (with world_size): its share only.")
+        int | None,
+        Query(ge=0, description="This data-parallel rank: its share only. With `world_size`, and below it (422)."),
     ] = None,
     world_size: Annotated[
         int | None, Query(ge=1, description="Number of data-parallel ranks sharing each batch.")

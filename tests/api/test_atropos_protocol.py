@@ -48,8 +48,8 @@ async def test_before_registration(client: httpx.AsyncClient) -> None:
 
 
 async def test_full_atropos_round(client: httpx.AsyncClient) -> None:
-    # trainer registers (values coerced the lax way: "16" is 16)
-    r = await client.post("/register", json=registration(batch_size="16"))
+    # trainer registers (an integral float is an integer, as in JSON Schema)
+    r = await client.post("/register", json=registration(batch_size=16.0))
     assert r.status_code == 200
     assert isinstance(r.json()["uuid"], int)
     assert (await client.get("/info")).json() == {"batch_size": 16, "max_token_len": 512, "content_types": BOTH}

@@ -46,7 +46,7 @@ BAD_GROUPS = [
     (("policy_step",), 999_999, ["body", "policy_step"], "ahead of the trainer, which is at step 0"),
     (("tokens", 0, 0), 2**40, ["body", "tokens"], "int32"),
     (("tokens", 0, 0), 2**63, ["body", "tokens"], "int32"),  # beyond int64: was a 500
-    (("masks", 1, 0), 2**70, ["body", "masks", 1, 0], "maximum size"),  # beyond 64 bits: the schema's parser says
+    (("masks", 1, 0), 2**70, ["body", "masks"], "int32"),  # beyond 64 bits: read strictly, then too large
     (("inference_logprobs", 0, 1), 1e300, ["body", "inference_logprobs"], "float32"),  # was stored as infinity
     (("env_id",), 7, ["body", "env_id"], "no environment with env_id 7"),
     (("tokens", 0, 0), 1.5, ["body", "tokens", 0, 0], "integer"),
@@ -88,13 +88,26 @@ async def test_list_is_all_or_nothing(client: httpx.AsyncClient) -> None:
     assert await queued(client) == 0
 
 
-async def test_lax_coercion_like_atropos(client: httpx.AsyncClient) -> None:
+async def test_no_lax_coercion_but_integral_floats_and_extra_fields(client: httpx.AsyncClient) -> None:
+    """What the OpenAPI description says is what is accepted: no string or boolean where a number belongs
+    (pydantic's lax mode, which Atropos has, would take them; no known client sends them), but `3.0` is an
+    integer as in JSON Schema, and unknown fields are ignored as Atropos does."""
     await start(client)
     body = group(4, env_id=0)
-    body["tokens"][0] = [str(t) for t in body["tokens"][0]]
+    body["tokens"][0] = [float(t) for t in body["tokens"][0]]
     body["extra_field"] = "ignored"
-    r = await client.post("/scored_data", json=body)
-    assert r.status_code == 200, r.text
+    assert (await client.post("/scored_data", json=body)).status_code == 200
+    for where, value in [(("tokens", 1, 0), "5"), (("scores", 2), True), (("env_id",), "0"), (("masks", 0, 0), 1.5)]:
+        bad = group(4, env_id=0, seed=7)
+        target: Any = bad
+        for key in where[:-1]:
+            target = target[key]
+        target[where[-1]] = value
+        r = await client.post("/scored_data", json=bad)
+        assert r.status_code == 422, (where, r.text)
+        assert r.json()["errors"][0]["loc"] == ["body", *where]
+    r = await client.post("/register", json=registration(batch_size="8"))
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "batch_size"]
 
 
 async def test_bad_gzip_is_400(client: httpx.AsyncClient) -> None:

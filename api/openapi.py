@@ -1,0 +1,69 @@
+"""What the OpenAPI description says about errors: every status code a route can answer, with what it means
+for the client (Atropos handlers drop data on any 4xx and retry 5xx), all in the one error shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from api.schema import ErrorBody
+
+ERROR_DESCRIPTIONS = {
+    400: "Unreadable body: not JSON, bad gzip or an unsupported `Content-Encoding`. Resending it will not help.",
+    401: "Missing or wrong API key (only when the server has one): send `Authorization: Bearer <key>`.",
+    404: "No environment with this `env_id`.",
+    409: "Conflicts with the server's state: a registration unlike the run's, a `?step=` ahead of the next "
+    "batch, or a group id reused for different content. Nothing was applied.",
+    410: "`?step=N` for a batch the trainer has already acknowledged by asking for N+1.",
+    413: "Body over `max_body_bytes`, or gzip that inflates past `max_decompressed_bytes`.",
+    422: "The data breaks a rule: each of `errors` names the field (`loc`) and the rule (`msg`). Nothing of the "
+    "request was applied; fix it rather than resend it.",
+    503: "Try again after `Retry-After` seconds: no trainer has registered yet, or the queue is full. Nothing "
+    "was stored.",
+}
+
+ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+"""For a route whose replies are not JSON, where FastAPI would document an error model in the route's type."""
+
+RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before resending.", "schema": {"type": "integer"}}}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` entries of these status codes, in the one error shape (`ErrorBody`)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in codes:
+        entry: dict[str, Any] = {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[code]}
+        if code == 503:
+            entry["headers"] = RETRY_AFTER
+        out[code] = entry
+    return out
+
+
+SECURED = errors(401)
+"""What routes behind the API key may answer too (documented whether or not a key is set)."""
+
+
+def describe_auth(app: FastAPI) -> None:
+    """With an API key set, the description says so: a bearer scheme on every operation but the health
+    check, which gives the Swagger UI its Authorize button. Without one, it claims no security."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = plain()
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": "The server's `api_key`."}
+        }
+        for path, operations in schema["paths"].items():
+            if path not in OPEN_PATHS:
+                for operation in operations.values():
+                    operation["security"] = [{"bearer": []}]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+OPEN_PATHS = frozenset({"/"})
+"""Documented paths that need no key (the description's own pages are not in it)."""

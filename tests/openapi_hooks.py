@@ -1,0 +1,119 @@
+"""schemathesis hooks (loaded with SCHEMATHESIS_HOOKS=tests.openapi_hooks) for the rules OpenAPI cannot state.
+
+The description states every rule on one value (types, ranges, `minItems`, required keys). Rules that tie
+values together or to the server's state it can only describe in words, so a request generated from the
+schema alone would break them and get a 422 that schemathesis counts as a valid request refused. These
+hooks make generated requests keep those rules. They only ever replace a value that is already valid by
+the schema with another valid one, and never add a field, so a request that breaks the schema still does
+(and is still expected to be refused). The rules:
+
+- a group's `masks`, `scores` and per-token float fields have one entry per sequence, each row as long as
+  its tokens' row; `distill_*` rows likewise (set to null here rather than built);
+- `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0);
+- `group_size` is at most the trainer's `batch_size`: the test registers the largest, 2^31 - 1;
+- `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
+- `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import schemathesis
+from schemathesis.core.parameters import ParameterLocation
+
+PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
+SAFE_INT_MAX = 2**53 - 1
+INT32 = (-(2**31), 2**31 - 1)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _int(value: Any, low: int, high: int) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and float(value).is_integer()
+        and low <= value <= high
+    )
+
+
+def _number(value: Any, bound: float = math.inf) -> bool:
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and abs(value) <= bound
+    )
+
+
+def _rows(value: Any, ok: Any) -> bool:
+    """A non-empty list of non-empty rows whose values all pass `ok`: valid by the schema."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(row, list) and row and all(ok(v) for v in row) for row in value)
+    )
+
+
+def _align_group(group: Any) -> None:
+    if not isinstance(group, dict):
+        return
+    if _int(group.get("env_id"), -SAFE_INT_MAX, SAFE_INT_MAX):
+        group["env_id"] = None
+    if _int(group.get("policy_step"), 0, SAFE_INT_MAX):
+        group["policy_step"] = 0
+    tokens = group.get("tokens")
+    if not _rows(tokens, lambda v: _int(v, 0, INT32[1])):
+        return
+    if _rows(group.get("masks"), lambda v: _int(v, *INT32)):
+        group["masks"] = [list(row) for row in tokens]  # the token ids themselves: valid under any mask rule
+    scores = group.get("scores")
+    if isinstance(scores, list) and scores and all(_number(v) for v in scores):
+        group["scores"] = [scores[i % len(scores)] for i in range(len(tokens))]
+    for name in PER_TOKEN_FLOATS:
+        value = group.get(name)
+        if isinstance(value, list) and all(
+            isinstance(r, list) and all(_number(v, FLOAT32_MAX) for v in r) for r in value
+        ):
+            group[name] = [[0.5] * len(row) for row in tokens]
+    for name in ("distill_token_ids", "distill_logprobs"):
+        if group.get(name) is not None:
+            group[name] = None
+
+
+def _align_body(path: str, body: Any) -> None:
+    if path in ("/scored_data", "/scored_data_list"):
+        for group in body if isinstance(body, list) else [body]:
+            _align_group(group)
+
+
+def _query_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+@schemathesis.hook
+def map_body(context: Any, body: Any) -> Any:
+    _align_body(context.operation.path, body)
+    return body
+
+
+@schemathesis.hook
+def map_case(context: Any, case: Any) -> Any:
+    path = case.operation.path
+    if path in ("/scored_data", "/scored_data_list"):
+        _align_body(path, case.body)
+        if case.meta is not None:
+            case.meta.mark_dirty(ParameterLocation.BODY)
+    elif path == "/batch" and isinstance(case.query, dict):
+        query = case.query
+        rank, world = _query_int(query.get("rank")), _query_int(query.get("world_size"))
+        if rank is not None and rank >= 0 and "world_size" not in query:
+            query["world_size"] = rank + 1
+        elif world is not None and world >= 1 and "rank" not in query:
+            query["rank"] = 0
+        elif rank is not None and world is not None and 0 <= world <= rank:
+            query["rank"] = rank % world if world else rank
+    elif path == "/status-env" and (case.query or {}).get("env_id") is None and case.body is None:
+        case.body = {"env_id": 0}
+    return case
