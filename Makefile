@@ -34,7 +34,7 @@ browser:
 	  fi; \
 	fi
 
-test: install browser  ## every test: unit, API, store contract, integration (real uvicorn, SQLite, Redis, headless chromium)
+test: install browser  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
 	$(BIN)/python -m pytest
 
 lint: install

@@ -19,7 +19,7 @@ from api.errors import HTTP_CODES, RollbufError, error_body
 from api.logs import log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
-from api.openapi import SECURED, describe_auth
+from api.openapi import SECURED, drop_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, ops, trainer
 from api.service import QueueLimits, Service
@@ -34,8 +34,8 @@ extensions. To try it here: **POST /register** with its example, **GET /batch** 
 then **POST /register-env** and **POST /scored_data** with theirs.
 
 Every error reply has one shape (`ErrorBody`): `code`, `message`, `errors` (`loc` names the field, `msg` the
-rule) and `detail` as FastAPI writes it. With an API key set, every endpoint but `GET /` and these pages
-needs `Authorization: Bearer <key>` (the Authorize button)."""
+rule) and `detail` as FastAPI writes it. With an API key set, the operations marked with a lock need
+`Authorization: Bearer <key>` (the Authorize button)."""
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -90,8 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
-    if settings.api_key is not None:
-        describe_auth(app)
+    if settings.api_key is None:
+        drop_auth(app)
     return app
 
 

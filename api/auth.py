@@ -1,5 +1,7 @@
-"""Optional bearer-token auth: with `api_key` set, every endpoint but the health check (`GET /`) and the API's
-description (`/docs`, `/redoc`, `/openapi.json` and the Swagger UI's files) requires it.
+"""Optional bearer-token auth: with `api_key` set, every endpoint but the health checks (`GET /`, `/healthz`,
+`/readyz`), the dashboard page and the API's description (`/docs`, `/redoc`, `/openapi.json` and the Swagger
+UI's files) requires it. The dependency declares FastAPI's bearer scheme, so the OpenAPI description says
+which operations need the key (`api.openapi.drop_auth` takes that out when no key is set).
 
 Atropos clients send no credentials, so auth is off by default and the server then refuses to listen on
 anything but loopback unless told `allow_unauthenticated` (see `Settings`).
@@ -8,8 +10,10 @@ anything but loopback unless told `allow_unauthenticated` (see `Settings`).
 from __future__ import annotations
 
 import secrets
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import RollbufError
 
@@ -20,12 +24,17 @@ class Unauthorized(RollbufError):
     loc = ("header", "authorization")
 
 
-async def require_api_key(request: Request) -> None:
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer", description="The server's `api_key`.")
+
+
+async def require_api_key(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+) -> None:
     key = request.app.state.settings.api_key
     if key is None:
         return
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(token.encode(), key.get_secret_value().encode()):
+    token = "" if credentials is None else credentials.credentials
+    if credentials is None or not secrets.compare_digest(token.encode(), key.get_secret_value().encode()):
         raise Unauthorized(
             "missing or wrong API key: send 'Authorization: Bearer <key>'", headers={"WWW-Authenticate": "Bearer"}
         )

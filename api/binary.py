@@ -86,10 +86,10 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
 
     lengths = _array(m, "lengths", I32)
     total = check_lengths(lengths, limits, "lengths")
-    tokens = _array(m, "tokens", I32, count=total)
-    masks = _array(m, "masks", I32, count=total)
+    tokens = _array(m, "tokens", I32, count=total, lengths=lengths)
+    masks = _array(m, "masks", I32, count=total, lengths=lengths)
     scores = _array(m, "scores", F64, count=lengths.shape[0], what="one per sequence")
-    floats = {name: _float_field(m, name, total) for name in FLOAT_FIELDS if m.get(name) is not None}
+    floats = {name: _float_field(m, name, total, lengths) for name in FLOAT_FIELDS if m.get(name) is not None}
     check_values(lengths, tokens, masks, scores, floats)
     raw_meta = m.get("meta")
     meta = _check_meta(raw_meta, lengths)
@@ -115,12 +115,12 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
     return BinaryGroup(record, raw if canonical else encode(record), canonical, policy_step)
 
 
-def _float_field(m: dict[str, Any], name: str, total: int) -> np.ndarray:
+def _float_field(m: dict[str, Any], name: str, total: int, lengths: np.ndarray) -> np.ndarray:
     """A float field sent as float32 (4 bytes per token) or float64 (8), stored float32 where that is exact."""
     value = m.get(name)
     if isinstance(value, bytes) and len(value) == 8 * total:
         return narrowest(np.frombuffer(value, F64))
-    return _array(m, name, F32, count=total, what="one per token (the sum of lengths), float32 or float64")
+    return _array(m, name, F32, count=total, lengths=lengths)
 
 
 def _opt_int(m: dict[str, Any], name: str, *, minimum: int | None) -> int | None:
@@ -133,7 +133,14 @@ def _opt_int(m: dict[str, Any], name: str, *, minimum: int | None) -> int | None
     return value
 
 
-def _array(m: dict[str, Any], name: str, dtype: np.dtype[Any], count: int | None = None, what: str = "") -> np.ndarray:
+def _array(
+    m: dict[str, Any],
+    name: str,
+    dtype: np.dtype[Any],
+    count: int | None = None,
+    what: str = "",
+    lengths: np.ndarray | None = None,
+) -> np.ndarray:
     kind = {"i": "int32", "f": "float32" if dtype.itemsize == 4 else "float64"}[dtype.kind]
     value = m.get(name)
     if value is None:
@@ -144,8 +151,19 @@ def _array(m: dict[str, Any], name: str, dtype: np.dtype[Any], count: int | None
         raise InvalidData((name,), f"{len(value)} bytes is not a whole number of {kind} values")
     arr = np.frombuffer(value, dtype)
     if count is not None and arr.shape[0] != count:
+        n = arr.shape[0]
         rule = what or "one per token (the sum of lengths)"
-        raise InvalidData((name,), f"{arr.shape[0]} values where {count} are needed: {rule}")
+        if lengths is not None and n < count:  # values are flat: name the sequence where they run out
+            ends = np.cumsum(lengths, dtype=np.int64)
+            seq = int(np.searchsorted(ends, n, side="right"))
+            start = int(ends[seq - 1]) if seq else 0
+            have = max(0, n - start)
+            raise InvalidData(
+                (name, seq),
+                f"{n} values for {count} tokens (one per token, the sum of lengths): they run out in "
+                f"sequence {seq}, which gets {have} of its {int(lengths[seq])}",
+            )
+        raise InvalidData((name,), f"{n} values where {count} are needed: {rule}")
     return arr
 
 

@@ -44,26 +44,19 @@ SECURED = errors(401)
 """What routes behind the API key may answer too (documented whether or not a key is set)."""
 
 
-def describe_auth(app: FastAPI) -> None:
-    """With an API key set, the description says so: a bearer scheme on every operation but the health
-    check, which gives the Swagger UI its Authorize button. Without one, it claims no security."""
+def drop_auth(app: FastAPI) -> None:
+    """Without an API key nothing needs one: the description then declares no security scheme (the routes'
+    `require_api_key` dependency declares it for every operation behind the key)."""
     plain = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
-        schema = plain()
-        schema.setdefault("components", {})["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer", "description": "The server's `api_key`."}
-        }
-        for path, operations in schema["paths"].items():
-            if path not in OPEN_PATHS:
-                for operation in operations.values():
-                    operation["security"] = [{"bearer": []}]
+        schema = plain()  # cached by FastAPI as app.openapi_schema: changed in place
+        schema.get("components", {}).pop("securitySchemes", None)
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation.pop("security", None)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-OPEN_PATHS = frozenset({"/"})
-"""Documented paths that need no key (the description's own pages are not in it)."""

@@ -59,7 +59,11 @@ class _Request(_Integers):
 # on arrays, once for both ways a group is read (JSON straight into arrays, or through this schema) and the
 # binary path, so the schema only describes them.
 TokenId = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": INT32_MAX})]
-MaskValue = Annotated[int, WithJsonSchema({"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX})]
+MaskValue = Annotated[
+    int,
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX}, {"type": "boolean"}]}),
+]
+"""A mask value; `true`/`false` (verl's Atropos recipe sends boolean masks, which Atropos coerces) is 1/0."""
 TokenFloat = Annotated[float, WithJsonSchema({"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX})]
 NON_EMPTY = Field(json_schema_extra={"minItems": 1})
 Message = Annotated[
@@ -314,6 +318,14 @@ class ScoredData(_Integers):
     group_id: str | None = Field(default=None, min_length=1, max_length=200)
     """Client-chosen id, scoped by env: a resubmission with an id already seen and the same content is
     acknowledged (`duplicate: true`) and not stored twice; with different content it is a 409."""
+
+    @field_validator("masks", mode="before")
+    @classmethod
+    def _boolean_masks(cls, v: Any) -> Any:
+        """Booleans are 1/0, as Atropos's lax validation takes them (the one coercion a known client needs)."""
+        if isinstance(v, list) and any(isinstance(row, list) and any(type(x) is bool for x in row) for row in v):
+            return [[int(x) if type(x) is bool else x for x in row] if isinstance(row, list) else row for row in v]
+        return v
 
     @field_validator("messages")
     @classmethod

@@ -63,7 +63,7 @@ def _align_group(group: Any) -> None:
     tokens = group.get("tokens")
     if not _rows(tokens, lambda v: _int(v, 0, INT32[1])):
         return
-    if _rows(group.get("masks"), lambda v: _int(v, *INT32)):
+    if _rows(group.get("masks"), lambda v: isinstance(v, bool) or _int(v, *INT32)):
         group["masks"] = [list(row) for row in tokens]  # the token ids themselves: valid under any mask rule
     scores = group.get("scores")
     if isinstance(scores, list) and scores and all(_number(v) for v in scores):

@@ -13,6 +13,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api import metrics
 from api.deps import ServiceDep
+from api.errors import Unavailable
+from api.openapi import errors
 from api.records import dumps
 
 log = logging.getLogger("rollbuf")
@@ -34,7 +36,13 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@probes.get("/readyz", responses={503: {"description": "The store does not answer"}})
+@probes.get(
+    "/readyz",
+    responses={
+        200: {"description": "Ready.", "content": {"application/json": {"example": {"status": "ok"}}}},
+        **errors(503),
+    },
+)
 async def readyz(service: ServiceDep) -> JSONResponse:
     """Readiness: the store answers a read within 2 s; 503 otherwise."""
     try:
@@ -42,7 +50,7 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     except Exception as exc:  # any failure of the store means "not ready", never a 500
         reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         log.warning("readyz: the store does not answer: %s", reason)
-        return JSONResponse({"status": "unavailable", "store": reason}, status_code=503)
+        raise Unavailable(f"the store does not answer: {reason}", retry_after=READY_TIMEOUT_S) from None
     return JSONResponse({"status": "ok"})
 
 

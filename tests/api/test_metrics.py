@@ -77,7 +77,7 @@ async def test_readyz_is_503_while_the_sqlite_file_is_locked(tmp_path: Path) -> 
             try:
                 reply = await c.get("/readyz")
                 assert reply.status_code == 503
-                assert reply.json()["status"] == "unavailable"
+                assert reply.json()["code"] == "unavailable"  # the one error shape
                 assert (await c.get("/healthz")).status_code == 200  # the process still answers
             finally:
                 holder.execute("ROLLBACK")

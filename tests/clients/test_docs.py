@@ -34,3 +34,24 @@ def test_trainer_client_quick_start(capsys: pytest.CaptureFixture[str]) -> None:
         example = python_blocks("trainer-client.md")[0]  # the quick start; later blocks are fragments
         exec(compile(example, "trainer-client.md", "exec"), {"URL": url})
     assert capsys.readouterr().out.splitlines() == ["0 8 (1, 64) float32", "1 8 (1, 64) float32"]
+
+
+def test_rollout_client_quotes_the_errors_it_raises() -> None:
+    """docs/rollout-client.md quotes the `Rejected` message for a short mask row, over JSON and binary."""
+    from api.schema import ScoredData
+    from rollout_client import SyncRolloutClient
+    from rollout_client.errors import Rejected
+
+    page = (DOCS / "rollout-client.md").read_text()
+    quoted = [" ".join(q.split()) for q in re.findall(r"`(HTTP 422: [^`]*)`", page, flags=re.S)]
+    assert len(quoted) == 2
+    bad = ScoredData(tokens=[[1] * 8, [2] * 8], masks=[[1] * 7, [2] * 8], scores=[1.0, 0.0])
+    with serve_in_thread(Settings(store="memory://")) as url, httpx.Client(base_url=url) as c:
+        c.post("/register", json=registration(batch_size=8, max_token_len=64, starting_step=0))
+        c.get("/batch")
+        for binary, message in zip((False, True), quoted, strict=True):
+            with SyncRolloutClient(url, prefer_binary=binary) as env:
+                env.register("docs", group_size=2)
+                with pytest.raises(Rejected) as raised:
+                    env.submit(bad)
+            assert str(raised.value) == message
