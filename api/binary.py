@@ -120,7 +120,8 @@ def _float_field(m: dict[str, Any], name: str, total: int, lengths: np.ndarray) 
     value = m.get(name)
     if isinstance(value, bytes) and len(value) == 8 * total:
         return narrowest(np.frombuffer(value, F64))
-    return _array(m, name, F32, count=total, lengths=lengths)
+    what = "one per token (the sum of lengths), float32 or float64"
+    return _array(m, name, F32, count=total, what=what, lengths=lengths)
 
 
 def _opt_int(m: dict[str, Any], name: str, *, minimum: int | None) -> int | None:
@@ -160,7 +161,7 @@ def _array(
             have = max(0, n - start)
             raise InvalidData(
                 (name, seq),
-                f"{n} values for {count} tokens (one per token, the sum of lengths): they run out in "
+                f"{n} values for {count} tokens ({rule}): they run out in "
                 f"sequence {seq}, which gets {have} of its {int(lengths[seq])}",
             )
         raise InvalidData((name,), f"{n} values where {count} are needed: {rule}")
