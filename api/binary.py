@@ -120,7 +120,7 @@ def _float_field(m: dict[str, Any], name: str, total: int, lengths: np.ndarray) 
     value = m.get(name)
     if isinstance(value, bytes) and len(value) == 8 * total:
         return narrowest(np.frombuffer(value, F64))
-    what = "one per token (the sum of lengths), float32 or float64"
+    what = "one per token, the sum of lengths, float32 or float64"
     return _array(m, name, F32, count=total, what=what, lengths=lengths)
 
 
@@ -153,7 +153,7 @@ def _array(
     arr = np.frombuffer(value, dtype)
     if count is not None and arr.shape[0] != count:
         n = arr.shape[0]
-        rule = what or "one per token (the sum of lengths)"
+        rule = what or "one per token, the sum of lengths"
         if lengths is not None and n < count:  # values are flat: name the sequence where they run out
             ends = np.cumsum(lengths, dtype=np.int64)
             seq = int(np.searchsorted(ends, n, side="right"))

@@ -109,30 +109,41 @@ def gzip_compress(data: bytes, level: int) -> bytes:
     return igzip.compress(data, compresslevel=min(level, igzip_lib.ISAL_BEST_COMPRESSION))
 
 
-def parse_json(adapter: TypeAdapter[T], raw: bytes) -> T:
+def parse_json(adapter: TypeAdapter[T], raw: bytes, lenient: Callable[[Any], Any] | None = None) -> T:
     """Validate a JSON body; 422 with FastAPI's error shape when it does not fit the schema."""
     try:
         obj: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
         # Not strict JSON (NaN, say) or not JSON at all: pydantic's own parser gives the precise error.
         return _validated(lambda: adapter.validate_json(raw, strict=True))
-    return validate(adapter, obj)
+    return validate(adapter, obj, lenient)
 
 
-def validate(adapter: TypeAdapter[T], data: Any) -> T:
+def validate(adapter: TypeAdapter[T], data: Any, lenient: Callable[[Any], Any] | None = None) -> T:
     """Validate decoded JSON; 422 with FastAPI's error shape when it does not fit the schema.
 
     Strictly, as FastAPI validates the other request bodies (`api.schema._Request`): no string or boolean
-    where a number belongs, so that what the OpenAPI description says is what is accepted."""
-    return _validated(lambda: adapter.validate_python(data, strict=True))
+    where a number belongs, so that what the OpenAPI description says is what is accepted. When that fails
+    on an integer, `lenient` may rewrite the forms rollbuf accepts all the same (`api.schema.lenient_group`)
+    and validation runs again: only such bodies pay for the rewrite."""
+    try:
+        return adapter.validate_python(data, strict=True)
+    except ValidationError as exc:
+        if lenient is None or not any(e["type"] == "int_type" for e in exc.errors(include_url=False)):
+            raise _request_error(exc) from None
+    return _validated(lambda: adapter.validate_python(lenient(data), strict=True))
 
 
 def _validated(run: Callable[[], T]) -> T:
     try:
         return run()
     except ValidationError as exc:
-        errors = [
-            {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}
-            for err in exc.errors(include_url=False, include_context=False, include_input=False)
-        ]
-        raise RequestValidationError(errors) from None
+        raise _request_error(exc) from None
+
+
+def _request_error(exc: ValidationError) -> RequestValidationError:
+    errors = [
+        {"loc": ("body", *err["loc"]), "msg": err["msg"], "type": err["type"]}
+        for err in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+    return RequestValidationError(errors)

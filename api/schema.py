@@ -272,11 +272,16 @@ class EnvStatus(_Wire):
 # ----------------------------------------------------------------------------------------------- data
 
 
-class ScoredData(_Integers):
+class ScoredData(_Wire):
     """One scored group: G sequences sampled for one prompt. Every per-token field has one row per sequence,
-    each as long as that sequence's tokens; `scores` has one value per sequence (422 otherwise)."""
+    each as long as that sequence's tokens; `scores` has one value per sequence (422 otherwise).
 
-    integer_fields = frozenset(["tokens", "masks", "env_id", "distill_token_ids", "policy_step"])
+    The server validates it strictly, and only when that fails retries with `lenient_group`'s forms, so the
+    common case pays nothing for them (`api.body.validate`)."""
+
+    integer_fields: ClassVar[frozenset[str]] = frozenset(
+        ["tokens", "masks", "env_id", "distill_token_ids", "policy_step"]
+    )
 
     model_config = ConfigDict(json_schema_extra={"examples": [GROUP_EXAMPLE]})
 
@@ -319,14 +324,6 @@ class ScoredData(_Integers):
     """Client-chosen id, scoped by env: a resubmission with an id already seen and the same content is
     acknowledged (`duplicate: true`) and not stored twice; with different content it is a 409."""
 
-    @field_validator("masks", mode="before")
-    @classmethod
-    def _boolean_masks(cls, v: Any) -> Any:
-        """Booleans are 1/0, as Atropos's lax validation takes them (the one coercion a known client needs)."""
-        if isinstance(v, list) and any(isinstance(row, list) and any(type(x) is bool for x in row) for row in v):
-            return [[int(x) if type(x) is bool else x for x in row] if isinstance(row, list) else row for row in v]
-        return v
-
     @field_validator("messages")
     @classmethod
     def _messages_have_role_and_content(cls, v: list[list[dict[str, Any]]] | None) -> Any:
@@ -335,6 +332,24 @@ class ScoredData(_Integers):
                 if "role" not in msg or "content" not in msg:
                     raise ValueError("every message must have 'role' and 'content'")
         return v
+
+
+def lenient_group(data: Any) -> Any:
+    """A scored group (or a list of them) with the forms strict validation refuses but rollbuf accepts:
+    integral floats in integer fields (`8.0`, an integer in JSON Schema) and booleans in `masks` as 1/0
+    (verl's Atropos recipe sends boolean masks; Atropos's lax validation takes them)."""
+    if isinstance(data, list):
+        return [lenient_group(g) for g in data]
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for name in ScoredData.integer_fields:
+        if name in out:
+            out[name] = integral_floats(out[name])
+    masks = out.get("masks")
+    if isinstance(masks, list):
+        out["masks"] = [[int(x) if type(x) is bool else x for x in r] if isinstance(r, list) else r for r in masks]
+    return out
 
 
 SCORED_DATA_KEYS = (

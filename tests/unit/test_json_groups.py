@@ -16,7 +16,7 @@ from api.body import parse_json
 from api.errors import InvalidData
 from api.json_groups import JsonGroup, _read_direct, read_groups
 from api.records import encode
-from api.schema import ScoredData
+from api.schema import ScoredData, lenient_group
 from api.validation import GroupLimits, pack_group
 from tests.factories import group
 
@@ -46,7 +46,7 @@ def direct(raw: bytes, many: bool) -> Any:
 
 def schema_path(raw: bytes, many: bool) -> Any:
     try:
-        data = parse_json(_LIST, raw) if many else [parse_json(_ONE, raw)]
+        data = parse_json(_LIST, raw, lenient_group) if many else [parse_json(_ONE, raw, lenient_group)]
     except RequestValidationError as exc:
         return ("422", exc.errors())
     return _outcome([JsonGroup(sd) for sd in data])
