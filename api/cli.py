@@ -52,8 +52,8 @@ would show the Python type (`{SecretStr,null}`), which says nothing to an operat
 
 
 def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 2."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    """One line on stderr, exit code 2 (a driver's multi-line message is joined into it)."""
+    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
     raise SystemExit(EXIT_CONFIG)
 
 

@@ -53,6 +53,7 @@ def test_log_level_help_lists_the_levels() -> None:
         (["--log-level", "loud"], "--log-level: Input should be 'critical'"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--store", "memory://", "--workers", "2"], "workers=2 needs a store the processes share"),
+        (["--store", "postgresql://postgres@127.0.0.1:1/rollbuf_none"], "--store postgresql://"),  # refused
     ],
 )
 def test_a_configuration_error_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
