@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import arrays, formation, metrics_ab, pg, replicas, rss, runner, transport
+from bench import arrays, formation, ipc, metrics_ab, pg, replicas, rss, runner, transport
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
@@ -27,8 +27,8 @@ HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--mem
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["arrays", "formation", "http", "metrics", "replicas", "rss", "runner",
-                                       "transport"],
+    ap.add_argument("--only", choices=["arrays", "formation", "http", "ipc", "metrics", "replicas", "rss",
+                                       "runner", "transport"],
                     help="run one part")  # fmt: skip
     args = ap.parse_args()
     results: list[dict[str, Any]] = []
@@ -72,6 +72,8 @@ def main() -> None:
         results += replicas.run()
     if args.only in (None, "runner"):
         results += runner.run()
+    if args.only in (None, "ipc"):
+        results += ipc.run()
     if args.only in (None, "transport"):
         results += transport.run([256, 1024], with_atropos=not args.skip_atropos)
         results += transport.compare_stores(1024)  # the default store against the memory store, in turns
@@ -80,7 +82,8 @@ def main() -> None:
     out_dir.mkdir(exist_ok=True)
     out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
     out.write_text("".join(json.dumps(r) + "\n" for r in results))
-    print(report(results) + runner.report(results) + "\n" + transport.report(results) + "\n" + arrays.report(results))
+    print(report(results) + runner.report(results) + ipc.report(results) + "\n" + transport.report(results) + "\n"
+          + arrays.report(results))  # fmt: skip
     print(metrics_ab.report(results))
     print(replicas.report(results))
     print(f"\nJSON lines: {out.relative_to(ROOT)}")

@@ -4,28 +4,34 @@ environments concurrently (optionally in worker processes) as a well-behaved pro
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, Gate, Session, Task
 from rollout_client.errors import (
+    EpisodeTruncated,
+    InferenceError,
     PromptTooLong,
     Rejected,
     RetriesExhausted,
     RolloutClientError,
+    RolloutTimeout,
+    RunFailed,
     ServerError,
     TransportError,
+    TurnTimeout,
     Unavailable,
+    WorkerDied,
+    WorkerFailed,
     is_retryable,
 )
-from rollout_client.group import GroupOutcome, acquire_all, build_group, run_group
+from rollout_client.group import GroupOutcome, Limits, acquire_all, build_group, run_group
+from rollout_client.handle import RunnerHandle
 from rollout_client.policy import (
     CharTokenizer,
     Completion,
-    InferenceError,
     OpenAIPolicy,
     Policy,
     ScriptedPolicy,
     clip_max_tokens,
 )
-from rollout_client.runner import RolloutRunner, RunnerStats
+from rollout_client.runner import RolloutRunner, RunnerHealth, RunnerStats
 from rollout_client.tasks import Curriculum, Tasks, TaskSource
-from rollout_client.workers import WorkerDied, WorkerFailed
 
 __all__ = [
     "CharTokenizer",
@@ -34,9 +40,11 @@ __all__ = [
     "Environment",
     "Episode",
     "EpisodeEnvironment",
+    "EpisodeTruncated",
     "Gate",
     "GroupOutcome",
     "InferenceError",
+    "Limits",
     "OpenAIPolicy",
     "Policy",
     "PromptTooLong",
@@ -45,6 +53,10 @@ __all__ = [
     "RolloutClient",
     "RolloutClientError",
     "RolloutRunner",
+    "RolloutTimeout",
+    "RunFailed",
+    "RunnerHandle",
+    "RunnerHealth",
     "RunnerStats",
     "ScriptedPolicy",
     "ServerError",
@@ -55,6 +67,7 @@ __all__ = [
     "Tasks",
     "TrainerNotStarted",
     "TransportError",
+    "TurnTimeout",
     "Unavailable",
     "WorkerDied",
     "WorkerFailed",

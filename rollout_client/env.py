@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from api.schema import MASK_IGNORE
+from rollout_client.errors import EpisodeTruncated, PromptTooLong, TurnTimeout
 from rollout_client.policy import Completion, Policy
 
 PROMPT_LOGPROB = 1.0
@@ -37,7 +39,9 @@ class Gate:
     """Lets generation requests through while open; `close()` returns once none is in flight.
 
     The runner closes it for a weight update: after `await close()`, no request is at the inference server
-    and none can start until `open()`.
+    and none can start until `open()`. `close(timeout)` gives up waiting after `timeout` seconds and says
+    so; `holders()` then names the tasks (groups) whose requests are still in flight, for the caller to
+    cancel.
     """
 
     def __init__(self) -> None:
@@ -46,23 +50,46 @@ class Gate:
         self._idle = asyncio.Event()
         self._idle.set()
         self._active = 0
+        self._holders: Counter[asyncio.Task[Any]] = Counter()
 
     @asynccontextmanager
-    async def generation(self) -> AsyncIterator[None]:
+    async def generation(self, owner: asyncio.Task[Any] | None = None) -> AsyncIterator[None]:
+        """Hold the gate for one request; `owner` (default: the current task) is what `holders()` reports."""
         while not self._open.is_set():
             await self._open.wait()
+        holder = owner or asyncio.current_task()
         self._active += 1
         self._idle.clear()
+        if holder is not None:
+            self._holders[holder] += 1
         try:
             yield
         finally:
             self._active -= 1
+            if holder is not None:
+                self._holders[holder] -= 1
+                if self._holders[holder] <= 0:
+                    del self._holders[holder]
             if self._active == 0:
                 self._idle.set()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float | None = None) -> bool:
+        """Stop new requests and wait until none is in flight: True, or False once `timeout` s have passed
+        with some still in flight (the gate stays closed)."""
         self._open.clear()
-        await self._idle.wait()
+        if timeout is None:
+            await self._idle.wait()
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def holders(self) -> set[asyncio.Task[Any]]:
+        """The tasks with a request in flight now."""
+        return set(self._holders)
 
     def open(self) -> None:
         self._open.set()
@@ -73,7 +100,12 @@ class Gate:
 
 
 class Session:
-    """One rollout's transcript. Each rollout gets its own session: no state leaks between rollouts."""
+    """One rollout's transcript. Each rollout gets its own session: no state leaks between rollouts.
+
+    Within the token budget (`token_limit`): once the policy has generated, text observed past the budget
+    (a long tool output) is clipped and the episode is marked `truncated`; the next `generate()` then
+    raises `EpisodeTruncated`, which ends the rollout and keeps what it has (the runner submits it).
+    """
 
     def __init__(
         self,
@@ -84,6 +116,8 @@ class Session:
         max_tokens: int = 256,
         seed: int | None = None,
         resource: Any = None,
+        turn_timeout: float | None = None,
+        owner: asyncio.Task[Any] | None = None,
     ) -> None:
         self.policy = policy
         self.gate = gate or Gate()
@@ -92,6 +126,13 @@ class Session:
         self.seed = seed
         self.resource = resource
         """What the environment's `resource(task)` context manager yielded for this rollout (a sandbox, ...)."""
+        self.turn_timeout = turn_timeout
+        """Bound on one `generate()` once it is at the inference server (waiting at a closed gate is not
+        counted): past it, TurnTimeout."""
+        self.owner = owner
+        """The group's task: what a pause that runs out of time cancels."""
+        self.deadline: asyncio.Timeout | None = None
+        """The rollout's timeout (set by `run_group`); pushed back by the time spent waiting at a closed gate."""
         self.state: dict[str, Any] = {}
         """Anything the environment keeps for this rollout alone (an episode, a sandbox handle)."""
         self.tokens: list[int] = []
@@ -99,10 +140,33 @@ class Session:
         self.logprobs: list[float] = []
         self.turns: list[dict[str, float | int]] = []
         self.completions: list[Completion] = []
+        self.truncated = False
+        """The episode reached the token budget: tool output was clipped or a completion stopped at it."""
+        self.tools: dict[str, dict[str, float | int]] = {}
+        """Per tool name: `calls`, `failures`, `seconds` (recorded by `async with session.tool(name)`)."""
+
+    @property
+    def room(self) -> int | None:
+        """Tokens left within `token_limit` (None: no limit)."""
+        return None if self.token_limit is None else self.token_limit - len(self.tokens)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the episode ended: "length" when truncated at the budget, else the last completion's reason."""
+        if self.truncated:
+            return "length"
+        return self.completions[-1].finish_reason if self.completions else None
 
     async def observe(self, text: str) -> list[int]:
-        """Append text the policy did not write (prompt, tool output): tokenised by the policy, not trained on."""
+        """Append text the policy did not write (prompt, tool output): tokenised by the policy, not trained on.
+
+        Once the policy has generated, whatever does not fit the token budget is cut off (the episode is
+        then `truncated`); the prompt itself is never cut (a prompt too long skips the group)."""
         ids = await self.policy.tokenize(text)
+        room = self.room
+        if self.turns and room is not None and len(ids) > room:
+            ids = ids[: max(0, room)]
+            self.truncated = True
         self.observe_ids(ids)
         return ids
 
@@ -114,15 +178,36 @@ class Session:
     async def generate(self, max_tokens: int | None = None) -> Completion:
         """Let the policy continue the transcript; its tokens are trained on. Waits while the runner is paused.
 
-        Raises PromptTooLong when the transcript already fills the token budget.
+        Raises PromptTooLong when the prompt already fills the token budget, EpisodeTruncated when a later
+        turn has no room left, TurnTimeout past `turn_timeout`.
         """
+        if self.turns and (self.truncated or (self.room is not None and self.room <= 0)):
+            self.truncated = True
+            raise EpisodeTruncated(len(self.tokens), self.token_limit or 0)
+        loop = asyncio.get_running_loop()
         queued = time.perf_counter()
-        async with self.gate.generation():
+        remaining = None
+        if self.deadline is not None and not self.gate.is_open and (when := self.deadline.when()) is not None:
+            remaining = when - loop.time()  # a paused rollout's clock stops until the gate opens
+            self.deadline.reschedule(None)
+        async with self.gate.generation(self.owner):
+            if remaining is not None and self.deadline is not None:
+                self.deadline.reschedule(loop.time() + remaining)
             started = time.perf_counter()
             seed = None if self.seed is None else self.seed + len(self.turns)
-            out = await self.policy.generate(
-                list(self.tokens), max_tokens=max_tokens or self.max_tokens, token_limit=self.token_limit, seed=seed
-            )
+            try:
+                async with asyncio.timeout(self.turn_timeout):
+                    out = await self.policy.generate(
+                        list(self.tokens), max_tokens=max_tokens or self.max_tokens, token_limit=self.token_limit,
+                        seed=seed,
+                    )  # fmt: skip
+            except TimeoutError:
+                raise TurnTimeout(f"generate() took more than turn_timeout={self.turn_timeout} s") from None
+            except PromptTooLong:
+                if not self.turns:
+                    raise
+                self.truncated = True  # the model's context, tighter than the budget, is full
+                raise EpisodeTruncated(len(self.tokens), self.token_limit or 0) from None
         self.turns.append({
             "prompt_tokens": len(self.tokens),
             "completion_tokens": len(out.token_ids),
@@ -133,7 +218,24 @@ class Session:
         self.masks.extend(out.token_ids)
         self.logprobs.extend(out.logprobs)
         self.completions.append(out)
+        if out.finish_reason == "length" and self.room is not None and self.room <= 0:
+            self.truncated = True
         return out
+
+    @asynccontextmanager
+    async def tool(self, name: str) -> AsyncIterator[None]:
+        """Time one tool call (`async with session.tool("python"): ...`); an error escaping it counts as a
+        failure of that tool (and still propagates)."""
+        t0 = time.perf_counter()
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            rec = self.tools.setdefault(name, {"calls": 0, "failures": 0, "seconds": 0.0})
+            rec["calls"] += 1
+            rec["failures"] += int(failed)
+            rec["seconds"] = round(rec["seconds"] + time.perf_counter() - t0, 6)
 
     @property
     def last_text(self) -> str:
@@ -151,6 +253,9 @@ class Environment(ABC):
     max_tokens: int = 256
     """Default completion length per `generate` (clipped to the token budget)."""
     min_batch_allocation: float | None = None
+    group_retries: int = 0
+    """How many times a group that failed is run again (fresh sessions, same task) before it counts as
+    failed. Leave 0 unless a rollout has no effect outside itself (rerunning it is safe)."""
 
     def resource(self, task: Task) -> AbstractAsyncContextManager[Any]:
         """Per-rollout resources (a sandbox, a browser): entered before the rollout, exited after. The G

@@ -7,7 +7,13 @@ RolloutClientError
  │   ├─ Unavailable       429/503 (queue full, store busy): retryable after Retry-After
  │   └─ Rejected          any other 4xx: the data or request is wrong; never retried
  ├─ RetriesExhausted      the retry deadline passed; `__cause__` is the last error
- └─ PromptTooLong         a prompt leaves no room for a completion; the group is skipped and counted
+ ├─ PromptTooLong         a prompt leaves no room for a completion; the group is skipped and counted
+ ├─ EpisodeTruncated      a later turn has no room left: the rollout ends, kept and marked truncated
+ ├─ InferenceError(status)  the inference server failed (retried on transport errors and 5xx, never 4xx)
+ ├─ TurnTimeout           one generate() ran past `turn_timeout`: the group fails
+ ├─ RolloutTimeout        one rollout ran past `rollout_timeout`: the group fails
+ └─ RunFailed(reason, counts)  what ends a run: too many failed groups (or rejected ones, or the server
+                          unreachable); `__cause__` is the original error
 ```
 """
 
@@ -94,3 +100,84 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, Rejected):
         return False
     return isinstance(exc, ServerError) and exc.status >= 500
+
+
+class WorkerDied(RolloutClientError):
+    """The worker running a group exited; the group was never submitted and can be run again."""
+
+
+class WorkerFailed(RolloutClientError):
+    """A group raised inside a worker an error that could not be sent back as itself (it does not pickle);
+    the message carries the worker's traceback."""
+
+
+class GroupDropped(RolloutClientError):
+    """A group cancelled on purpose (a pause that ran out of time): dropped and counted under `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class EpisodeTruncated(RolloutClientError):
+    """A turn after the first found no room in the token budget: the episode ends here, truncated (the runner
+    keeps and submits it, marked `truncated` in its overrides)."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        super().__init__(f"episode truncated at {tokens} tokens (token budget {limit})")
+
+
+class InferenceError(RolloutClientError):
+    """The inference server answered with an error (`status`), or with something that is not a completion
+    (`status` None), or could not be reached (`transport` True)."""
+
+    def __init__(self, message: str, status: int | None = None, *, transport: bool = False) -> None:
+        self.status = status
+        self.transport = transport
+        super().__init__(message)
+
+    @property
+    def retryable(self) -> bool:
+        """Connection errors and 5xx may pass on a retry; a 4xx or a malformed reply never will."""
+        return self.transport or (self.status is not None and self.status >= 500)
+
+
+class TurnTimeout(RolloutClientError, TimeoutError):
+    """One generation request ran past the runner's `turn_timeout`."""
+
+
+class RolloutTimeout(RolloutClientError, TimeoutError):
+    """One rollout (its turns, tools and waits, pauses excluded) ran past the runner's `rollout_timeout`."""
+
+
+class RunFailed(RolloutClientError):
+    """The one error a run ends with: `reason` says why, `__cause__` (and `error`) is the original error
+    (an environment's own exception, an InferenceError, a Rejected...), `failed` the counts per env and
+    reason at that moment."""
+
+    def __init__(self, reason: str, error: BaseException | None, failed: dict[str, dict[str, int]]) -> None:
+        self.reason = reason
+        self.error = error
+        self.failed = failed
+        cause = f": {type(error).__name__}: {error}" if error is not None else ""
+        super().__init__(f"{reason}{cause}")
+
+
+FAILURE_REASONS = ("turn_timeout", "rollout_timeout", "inference_error", "worker_died", "env_error")
+"""Why a group failed, as counted in `RunnerStats.failed[env][reason]`."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The counter a failed group goes to: timeouts and inference errors by name, a worker that died, and
+    anything else the environment's code raised (rollout, tools, score, resources) as `env_error`."""
+    if isinstance(exc, TurnTimeout):
+        return "turn_timeout"
+    if isinstance(exc, RolloutTimeout):
+        return "rollout_timeout"
+    if isinstance(exc, InferenceError):
+        return "inference_error"
+    if isinstance(exc, WorkerDied):
+        return "worker_died"
+    return "env_error"

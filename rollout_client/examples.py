@@ -87,7 +87,8 @@ class Calculator(Environment):
             call = _CALC.search(reply.text)
             if call is None:
                 return  # done: the policy answered
-            result = _apply(int(call.group(1)), call.group(2), int(call.group(3)))
+            async with session.tool("calculator"):  # timed, failures counted, in the sequence's overrides
+                result = _apply(int(call.group(1)), call.group(2), int(call.group(3)))
             await session.observe(f"RESULT {result}\n")
 
     def score(self, task: Task, session: Session) -> float:

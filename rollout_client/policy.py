@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
-from rollout_client.errors import PromptTooLong, RolloutClientError
+from rollout_client.errors import InferenceError, PromptTooLong
+from rollout_client.retry import backoff_delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +110,6 @@ class ScriptedPolicy:
 # ------------------------------------------------------------------------------------------- OpenAI
 
 
-class InferenceError(RolloutClientError):
-    """The inference server answered with an error or with something that is not a completion."""
-
-
 TOKEN_ID_PREFIX = "token_id:"
 """vLLM/SGLang spell sampled tokens as `token_id:<id>` with `return_tokens_as_token_ids`."""
 
@@ -147,6 +145,8 @@ class OpenAIPolicy:
     Prompts go out as token ids (`prompt: [ids]`), completions come back as ids with logprobs
     (`logprobs: 1`, `return_tokens_as_token_ids: true`); text is tokenised by the server's `/tokenize`.
     The model's context length comes from `context_length` or the server (`max_model_len` of /v1/models).
+    Connection errors and 5xx are retried with backoff (`max_attempts`, `retry_deadline`); a 4xx never is.
+    `timeout` bounds one HTTP request; the runner's `turn_timeout` bounds a whole turn, retries included.
     """
 
     def __init__(
@@ -160,6 +160,8 @@ class OpenAIPolicy:
         timeout: float = 300.0,
         http_client: httpx.AsyncClient | None = None,
         extra_body: dict[str, Any] | None = None,
+        max_attempts: int = 5,
+        retry_deadline: float = 60.0,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers)
@@ -167,16 +169,36 @@ class OpenAIPolicy:
         self.temperature = temperature
         self.context_length = context_length
         self.extra_body = extra_body or {}
+        self.max_attempts = max_attempts
+        """Tries per request (the first included) on connection errors and 5xx; a 4xx is never retried."""
+        self.retry_deadline = retry_deadline
         self._probed = context_length is not None
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+    async def _post_once(self, path: str, body: dict[str, Any]) -> Any:
         try:
             r = await self._http.post(path, json=body)
         except httpx.TransportError as exc:
-            raise InferenceError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+            raise InferenceError(f"POST {path}: {type(exc).__name__}: {exc}", transport=True) from exc
         if r.status_code >= 400:
-            raise InferenceError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}")
-        return r.json()
+            raise InferenceError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}", r.status_code)
+        try:
+            return r.json()
+        except ValueError:
+            raise InferenceError(f"POST {path}: HTTP {r.status_code} but not JSON: {r.text[:200]!r}") from None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """`_post_once`, retried on connection errors and 5xx with backoff (full jitter) up to `max_attempts`
+        tries within `retry_deadline` s; a 4xx is raised at once. The last error is raised as itself."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, InferenceError) and e.retryable),
+            wait=lambda state: backoff_delay(state.attempt_number, None),
+            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.retry_deadline),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._post_once(path, body)
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     async def context(self) -> int | None:
         """The model's context length, asked of the server once (None when it does not say)."""

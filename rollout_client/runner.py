@@ -3,7 +3,9 @@
 Many groups run at once under a bound on in-flight rollouts (a group's G rollouts start together); with
 `num_workers` they run in worker processes. The runner holds production back while the server's queue is
 full or the trainer is too far behind, cancels groups that became too stale, pauses around weight updates,
-and stops within a bounded time on SIGINT/SIGTERM or `stop()`.
+and stops within a bounded time on SIGINT/SIGTERM or `stop()`. A group that fails (an environment's error,
+an inference error after retries, a timeout) is dropped and counted; the run ends, with `RunFailed`, only
+when failures pass the error rate the user allows.
 """
 
 from __future__ import annotations
@@ -14,19 +16,30 @@ import logging
 import signal
 import threading
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.schema import EnvStatus
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment, Gate, Task
-from rollout_client.errors import Rejected, RetriesExhausted
-from rollout_client.group import GroupOutcome, run_group
+from rollout_client.errors import (
+    GroupDropped,
+    Rejected,
+    RetriesExhausted,
+    RolloutClientError,
+    RunFailed,
+    WorkerDied,
+    failure_reason,
+)
+from rollout_client.group import GroupOutcome, Limits, run_group
 from rollout_client.pacing import is_stale, pause_reason, pick_env
 from rollout_client.tasks import TaskSource
-from rollout_client.workers import PolicySpec, WorkerDied, WorkerPool, make_policy
+from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
+
+if TYPE_CHECKING:
+    from rollout_client.handle import RunnerHandle
 
 log = logging.getLogger("rollout_client.runner")
 
@@ -39,7 +52,23 @@ MAX_REJECTED_IN_A_ROW = 10
 """One rejected group (say, a transcript over max_token_len) is logged and counted; this many in a row mean
 something systematic (the env or the run is misconfigured) and end the run with the server's verdict."""
 WORKER_RETRIES = 3
-"""A group whose worker died is run again on another worker this many times before the run fails."""
+"""A group whose worker died is run again on another worker this many times before it counts as failed."""
+STEP_READ_S = 2.0
+"""Bound on the trainer-step read at the end of `pause()`."""
+TURN_TIMEOUT_S = 600.0
+"""Default bound on one generation request (retries included), time paused excluded."""
+ROLLOUT_TIMEOUT_S = 1800.0
+"""Default bound on one rollout (all its turns and tools), time paused excluded."""
+MAX_ERROR_RATE = 0.5
+"""Default: the run ends once more than half of the last `error_window` finished groups failed."""
+ERROR_WINDOW = 32
+"""Finished groups (stored or failed) the error rate is measured over; the run never ends before this many."""
+QUARANTINE_AFTER = 3
+"""Failures of one task (by task id, in a row) after which the runner never dispatches it again."""
+QUARANTINED_IN_A_ROW = 1000
+"""A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
+TRACKED_TASKS = 100_000
+"""Bound on the per-task failure counts kept for quarantine (oldest forgotten first)."""
 
 
 @dataclass
@@ -53,7 +82,19 @@ class RunnerStats:
     duplicates: int = 0
     """Acknowledged as already stored (a retry of something the server had): never stored twice."""
     skipped: Counter[str] = field(default_factory=Counter)
-    """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected."""
+    """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected,
+    pause_timeout, quarantined."""
+    failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    """Groups that failed, per env name and reason (turn_timeout, rollout_timeout, inference_error,
+    worker_died, env_error): dropped, never submitted."""
+    retried: int = 0
+    """Failed groups run again because their environment allows it (`Environment.group_retries`)."""
+    quarantined: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Env name -> ids of tasks that failed `quarantine_after` times in a row: never dispatched again."""
+    last_error: dict[str, str] = field(default_factory=dict)
+    """Env name -> the last failure, as `Type: message`."""
+    error_rate: float = 0.0
+    """Failed share of the last `error_window` finished groups."""
     accepted_by_env: Counter[str] = field(default_factory=Counter)
     in_flight: int = 0
     """Rollouts running now."""
@@ -64,7 +105,36 @@ class RunnerStats:
     trainer_step: int = 0
     policy_step: int = 0
     worker_deaths: int = 0
+    workers_alive: int = 0
     mean_score: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed_total(self) -> int:
+        return sum(sum(c.values()) for c in self.failed.values())
+
+
+@dataclass(frozen=True)
+class RunnerHealth:
+    """A snapshot for a trainer deciding whether rollouts keep up: `lag` is how many steps the weights
+    generating now are behind the trainer."""
+
+    running: bool
+    paused: bool
+    """Generation is paused (between `pause()` and `resume()`)."""
+    workers_alive: int
+    in_flight: int
+    accepted: int
+    failed: dict[str, dict[str, int]]
+    failed_total: int
+    error_rate: float
+    skipped: dict[str, int]
+    held_back: dict[str, str]
+    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
+    trainer_step: int
+    policy_step: int
+    lag: int
+    error: str | None
+    """Why the run ended, once it ended with an error."""
 
 
 @dataclass(eq=False)
@@ -82,8 +152,9 @@ class RolloutRunner:
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
-    weight updates. `policy` is a Policy or a zero-argument factory; with `num_workers > 0` it must pickle
-    (each worker builds its own from it), and so must the environments and tasks.
+    weight updates; or `runner.run_in_thread()` for a blocking handle from synchronous code. `policy` is a
+    Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker builds its own from
+    it), and so must the environments and tasks.
     """
 
     def __init__(
@@ -99,6 +170,11 @@ class RolloutRunner:
         shutdown_timeout: float = SHUTDOWN_S,
         register_wait: float | None = None,
         client_options: dict[str, Any] | None = None,
+        turn_timeout: float | None = TURN_TIMEOUT_S,
+        rollout_timeout: float | None = ROLLOUT_TIMEOUT_S,
+        max_error_rate: float | None = MAX_ERROR_RATE,
+        error_window: int = ERROR_WINDOW,
+        quarantine_after: int | None = QUARANTINE_AFTER,
     ) -> None:
         if not envs:
             raise ValueError("envs: give at least one (environment, task source) pair")
@@ -108,6 +184,8 @@ class RolloutRunner:
                     f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
                     "a group's rollouts run together, so it could never start"
                 )
+        if error_window < 1:
+            raise ValueError(f"error_window must be at least 1, got {error_window}")
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
@@ -119,6 +197,11 @@ class RolloutRunner:
         self.shutdown_timeout = shutdown_timeout
         self.register_wait = register_wait
         self.client_options = client_options or {}
+        self.turn_timeout = turn_timeout
+        self.rollout_timeout = rollout_timeout
+        self.max_error_rate = max_error_rate
+        self.error_window = error_window
+        self.quarantine_after = quarantine_after
         self.stats = RunnerStats()
         self.clients: list[RolloutClient] = []
         self.pool: WorkerPool | None = None
@@ -141,11 +224,16 @@ class RolloutRunner:
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
         self._rejected_in_a_row = 0
+        self._outcomes: deque[bool] = deque(maxlen=error_window)
+        """Last finished groups: True for a failure."""
+        self._task_failures: OrderedDict[tuple[int, str], int] = OrderedDict()
+        self._quarantine: list[set[str]] = [set() for _ in self.envs]
         self._batch_size = 0
         self._token_limit: int | None = None
         self._policy: Any = None
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -154,6 +242,10 @@ class RolloutRunner:
         """The step of the weights now generating; stamped on every group started from now on."""
         return self._policy_step or 0
 
+    @property
+    def limits(self) -> Limits:
+        return Limits(self._token_limit, self.turn_timeout, self.rollout_timeout)
+
     def stop(self) -> None:
         """Stop dispatching and shut down (returns at once; `run()` returns within `shutdown_timeout`).
         Safe to call from another thread or a signal handler."""
@@ -161,21 +253,68 @@ class RolloutRunner:
         if loop is None or loop.is_closed():
             self._stopping.set()
             return
-        loop.call_soon_threadsafe(self._stopping.set)
-        loop.call_soon_threadsafe(self._changed.set)
+        loop.call_soon_threadsafe(self._on_stop)
 
-    async def pause(self) -> None:
-        """Stop new generation before a weight update. Returns once no generation request is in flight, in
-        this process or any worker; none starts until `resume()`."""
-        self._dispatch_open.clear()
-        await self._gate.close()
+    def _on_stop(self) -> None:
+        self._stopping.set()
+        self._changed.set()
         if self.pool is not None:
-            await self.pool.pause()
+            self.pool.closing = True  # a worker that exits from now on is not replaced
+
+    async def pause(self, timeout: float | None = None) -> bool:
+        """Stop new generation before a weight update. Returns once no generation request is in flight, in
+        this process or any worker; none starts until `resume()`.
+
+        With `timeout` (seconds), it returns within about that long whatever the inference server does:
+        groups whose requests are still in flight then are cancelled, dropped and counted as
+        `skipped["pause_timeout"]`, and it returns False (True when everything stopped in time). It then
+        reads the trainer's step (within 2 s), for `resume()` to stamp."""
+        self._dispatch_open.clear()
+
+        async def here() -> bool:
+            if await self._gate.close(timeout):
+                return True
+            holders = self._gate.holders()
+            for g in list(self._groups.values()):
+                if g.task in holders:
+                    self._cancel(g, PAUSE_TIMEOUT)
+            await self._gate.close(CANCEL_GRACE_S)
+            return False
+
+        if self.pool is None:
+            drained = await here()
+        else:
+            # A worker reports the groups it dropped before it answers the pause, so they are counted (their
+            # tasks woken first) by the time this returns.
+            drained = all(await asyncio.gather(here(), self.pool.pause(timeout)))
+        await self._read_trainer_step()
+        return drained
+
+    async def _read_trainer_step(self) -> None:
+        """Read the trainer's step now (bounded, best effort), so that a `resume()` right after a pause stamps
+        the step the trainer reached while it paused, not one read up to `poll_interval` ago."""
+        registered = [c for c in self.clients if c.env_id is not None]
+        if not registered:
+            return
+        try:
+            st = await asyncio.wait_for(registered[0].status(), STEP_READ_S)
+        except (TimeoutError, RolloutClientError) as exc:
+            log.info("reading the trainer's step at pause: %s", exc)
+            return
+        self.stats.trainer_step = max(self.stats.trainer_step, st.current_step)
+
+    @property
+    def paused(self) -> bool:
+        return not self._gate.is_open
 
     def resume(self, policy_step: int | None = None) -> None:
-        """Restart generation with new weights: `policy_step` (default: the current one + 1) is stamped on what
-        follows. Groups begun before stay stamped with their older step."""
-        self._policy_step = self.policy_step + 1 if policy_step is None else policy_step
+        """Restart generation with new weights. `policy_step` is stamped on what follows; by default the
+        trainer's step as last read (at most `poll_interval` old), never lower than the current one: the
+        weights a trainer loads are those of its current step, however many steps it takes between syncs.
+        Groups begun before stay stamped with their older step."""
+        if policy_step is None:
+            policy_step = max(self.policy_step, self.stats.trainer_step)
+        self._policy_step = policy_step
         self.stats.policy_step = self._policy_step
         if self.pool is not None:
             self.pool.resume()
@@ -183,14 +322,47 @@ class RolloutRunner:
         self._dispatch_open.set()
         self._changed.set()
 
+    def health(self) -> RunnerHealth:
+        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
+        runner's loop (or through `RunnerHandle.health()` from another thread)."""
+        s = self.stats
+        s.workers_alive = len(self.pool.workers) if self.pool is not None else 0
+        return RunnerHealth(
+            running=self._running,
+            paused=self.paused,
+            workers_alive=s.workers_alive,
+            in_flight=s.in_flight,
+            accepted=s.accepted,
+            failed={env: dict(c) for env, c in s.failed.items()},
+            failed_total=s.failed_total,
+            error_rate=s.error_rate,
+            skipped=dict(s.skipped),
+            held_back=dict(s.paused),
+            trainer_step=s.trainer_step,
+            policy_step=self.policy_step,
+            lag=max(0, s.trainer_step - self.policy_step),
+            error=None if self._error is None else str(self._error),
+        )
+
+    def run_in_thread(self, max_groups: int | None = None) -> RunnerHandle:
+        """Start `run(max_groups)` on its own event loop in a background thread and return a blocking,
+        thread-safe handle to it (pause, resume, health, stop, join): for synchronous trainers."""
+        from rollout_client.handle import RunnerHandle
+
+        return RunnerHandle(self, max_groups)
+
     # ------------------------------------------------------------------------------------------- run
 
     async def run(self, max_groups: int | None = None) -> RunnerStats:
         """Register, produce until `stop()` / SIGINT / SIGTERM / `max_groups` dispatched groups are done, shut
-        down cleanly (workers stopped, envs disconnected) and return the stats. A group that raised ends the
-        run: its error is re-raised after the shutdown."""
+        down within `shutdown_timeout` (workers stopped, envs disconnected) and return the stats.
+
+        Raises RunFailed, after the shutdown, when failures passed `max_error_rate`, ten groups in a row were
+        rejected by the server, or the server stayed unreachable; its `__cause__` is the original error."""
         self._loop = asyncio.get_running_loop()
+        self._running = True
         handled = self._install_signals()
+        deadline: float | None = None
         try:
             if await self._until_stopped(self._start()):
                 monitor = asyncio.create_task(self._monitor())
@@ -202,11 +374,15 @@ class RolloutRunner:
                     monitor.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await monitor
-            await self._shutdown()
+            deadline = self._loop.time() + self.shutdown_timeout
+            await self._shutdown(deadline)
         finally:
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
-            await self._close_clients()
+            if deadline is None:
+                deadline = self._loop.time() + self.shutdown_timeout
+            await self._close_clients(deadline)
+            self._running = False
         if self._error is not None:
             raise self._error
         return self.stats
@@ -250,24 +426,43 @@ class RolloutRunner:
         self._batch_size, self._token_limit = info.batch_size, info.max_token_len
         self.stats.policy_step = self.policy_step
         if self.num_workers > 0:
-            self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self._token_limit)
-            self.pool.start()
+            self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits)
+            if self._stopping.is_set():
+                self.pool.closing = True
+            await self.pool.start()
+            self.stats.workers_alive = len(self.pool.workers)
         else:
             self._policy = make_policy(self.policy_spec)
         self.ready.set()
 
-    async def _close_clients(self) -> None:
-        for client in self.clients:
+    async def _close_clients(self, deadline: float) -> None:
+        """Disconnect every env at once, within what is left until `deadline` (a hung server cannot hold
+        the shutdown past it), then close the connections."""
+        loop = asyncio.get_running_loop()
+
+        async def one(client: RolloutClient) -> None:
             try:
                 await client.disconnect()
             except RetriesExhausted as exc:
                 log.warning("disconnecting env %s: %s", client.env_id, exc)
-            finally:
-                await client.aclose()
+
+        left = max(0.0, deadline - loop.time())
+        tasks = [asyncio.create_task(one(c)) for c in self.clients if c.env_id is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=left)
+            for t in pending:
+                t.cancel()
+            if pending:
+                log.warning("%d envs not disconnected within shutdown_timeout: the server did not answer",
+                            len(pending))  # fmt: skip
+                await asyncio.wait(pending)
+        for client in self.clients:
+            await client.aclose()
 
     # ------------------------------------------------------------------------------------------- dispatch
 
     async def _dispatch(self, max_groups: int | None) -> None:
+        quarantined_in_a_row = [0] * len(self.envs)
         while not self._stopping.is_set() and (max_groups is None or self.stats.dispatched < max_groups):
             if not self._dispatch_open.is_set():
                 await self._wait_change(self._dispatch_open.wait())
@@ -289,6 +484,17 @@ class RolloutRunner:
             if task is None:
                 self._exhausted[i] = True
                 continue
+            if task.id in self._quarantine[i]:
+                self.stats.skipped["quarantined"] += 1
+                self._discard(i, task)
+                quarantined_in_a_row[i] += 1
+                if quarantined_in_a_row[i] >= QUARANTINED_IN_A_ROW:
+                    log.error("env %s: its task source hands out only quarantined tasks; no more from it",
+                              self.envs[i].name)  # fmt: skip
+                    self._exhausted[i] = True
+                await asyncio.sleep(0)
+                continue
+            quarantined_in_a_row[i] = 0
             self._credit = credit
             self._launch(i, task)
 
@@ -314,8 +520,16 @@ class RolloutRunner:
 
     async def _group(self, i: int, task: Task, group_id: str, step: int) -> None:
         env = self.envs[i]
+        reported = False
         try:
-            outcome = await self._execute(i, task, group_id)
+            try:
+                outcome = await self._execute(i, task, group_id)
+            except GroupDropped as exc:
+                self.stats.skipped[exc.reason] += 1
+                return
+            except Exception as exc:  # a group boundary: the group fails, the run goes on (unless too many do)
+                self._failed(i, task, group_id, exc)
+                return
             self._release(group_id)
             if outcome.group is None:
                 self.stats.skipped[outcome.skipped or "skipped"] += 1
@@ -334,9 +548,10 @@ class RolloutRunner:
                 self.stats.skipped["rejected"] += 1
                 log.error("group %s of %s rejected by the server: %s", group_id, env.name, exc)
                 if self._rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
-                    raise
+                    self._end(f"{self._rejected_in_a_row} groups in a row rejected by the server", exc)
                 return
             self._rejected_in_a_row = 0
+            self._succeeded(i, task)
             self._acked_seqs[i] += len(group.tokens)
             if reply.duplicate:
                 self.stats.duplicates += 1
@@ -347,17 +562,77 @@ class RolloutRunner:
             self._scores[i] = [*self._scores[i][-63:], mean]
             self.stats.mean_score[env.name] = sum(self._scores[i]) / len(self._scores[i])
             self.sources[i].report(task, mean)
+            reported = True
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # task boundary: the run stops and run() re-raises this error
-            if self._error is None:
-                self._error = exc
-                log.error("group %s of %s failed: %s: %s; stopping", group_id, env.name, type(exc).__name__, exc)
-            self._stopping.set()
+        except Exception as exc:  # the runner's own bookkeeping failed (a task source's report...): end the run
+            self._end(f"group {group_id} of {env.name}: the runner failed", exc)
         finally:
+            if not reported:
+                self._discard(i, task)
             self._release(group_id)
             self._groups.pop(group_id, None)
             self._changed.set()
+
+    # ------------------------------------------------------------------------------------------- failures
+
+    def _failed(self, i: int, task: Task, group_id: str, exc: BaseException) -> None:
+        """Count a failed group, quarantine its task if it keeps failing, end the run past the error rate."""
+        env = self.envs[i].name
+        reason = failure_reason(exc)
+        self.stats.failed[env][reason] += 1
+        self.stats.last_error[env] = f"{type(exc).__name__}: {exc}"
+        log.warning("group %s of %s failed (%s): %s: %s", group_id, env, reason, type(exc).__name__, exc)
+        if self.quarantine_after is not None:
+            key = (i, task.id)
+            n = self._task_failures.pop(key, 0) + 1
+            self._task_failures[key] = n
+            while len(self._task_failures) > TRACKED_TASKS:
+                self._task_failures.popitem(last=False)
+            if n >= self.quarantine_after and task.id not in self._quarantine[i]:
+                self._quarantine[i].add(task.id)
+                self.stats.quarantined[env].add(task.id)
+                log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, n)
+        self._record(True, exc)
+
+    def _succeeded(self, i: int, task: Task) -> None:
+        self._task_failures.pop((i, task.id), None)
+        self._record(False, None)
+
+    def _record(self, failed: bool, exc: BaseException | None) -> None:
+        self._outcomes.append(failed)
+        rate = sum(self._outcomes) / len(self._outcomes)
+        self.stats.error_rate = rate
+        if (
+            failed
+            and self.max_error_rate is not None
+            and len(self._outcomes) >= self.error_window
+            and rate > self.max_error_rate
+        ):
+            self._end(
+                f"{rate:.0%} of the last {len(self._outcomes)} groups failed (max_error_rate {self.max_error_rate}); "
+                f"failed so far: {self._failed_counts()}",
+                exc,
+            )
+
+    def _failed_counts(self) -> dict[str, dict[str, int]]:
+        return {env: dict(c) for env, c in self.stats.failed.items()}
+
+    def _end(self, reason: str, exc: BaseException | None) -> None:
+        """End the run with RunFailed (the first cause wins), after the usual shutdown."""
+        if self._error is None:
+            error = RunFailed(reason, exc, self._failed_counts())
+            error.__cause__ = exc
+            self._error = error
+            log.error("ending the run: %s", error)
+        self._stopping.set()
+        self._changed.set()
+
+    def _discard(self, i: int, task: Task) -> None:
+        """Tell a task source that wants to know that `task` will never be reported (skipped, failed...)."""
+        discard = getattr(self.sources[i], "discard", None)
+        if discard is not None:
+            discard(task)
 
     def _release(self, group_id: str) -> None:
         """Give back a group's rollout slots, once: when its rollouts end (before its submit)."""
@@ -376,18 +651,30 @@ class RolloutRunner:
             self.stats.skipped[reason] += 1
 
     async def _execute(self, i: int, task: Task, group_id: str) -> GroupOutcome:
-        if self.pool is None:
-            return await run_group(
-                self.envs[i], task, self._policy, gate=self._gate, token_limit=self._token_limit, group_key=group_id
-            )
-        for attempt in range(WORKER_RETRIES + 1):
+        """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
+        `group_retries` times after any other failure."""
+        retries = self.envs[i].group_retries
+        worker_deaths = 0
+        while True:
             try:
+                if self.pool is None:
+                    return await run_group(
+                        self.envs[i], task, self._policy, gate=self._gate, group_key=group_id, **self.limits.kwargs()
+                    )
                 return await self.pool.run(i, task, group_id)
+            except (asyncio.CancelledError, GroupDropped):
+                raise
             except WorkerDied:
+                assert self.pool is not None
                 self.stats.worker_deaths = self.pool.deaths
-                if attempt == WORKER_RETRIES:
+                worker_deaths += 1
+                if worker_deaths > WORKER_RETRIES or self._stopping.is_set():
                     raise
-        raise AssertionError("unreachable")
+            except Exception:
+                if retries <= 0 or self._stopping.is_set():
+                    raise
+                retries -= 1
+                self.stats.retried += 1
 
     # ------------------------------------------------------------------------------------------- monitor
 
@@ -398,13 +685,15 @@ class RolloutRunner:
             try:
                 statuses: list[EnvStatus] = await asyncio.gather(*(c.status() for c in self.clients))
             except RetriesExhausted as exc:
-                self._error = self._error or exc
-                self.stop()
+                self._end("the rollbuf server stayed unreachable", exc)
                 return
             self._statuses, self._status_base = list(statuses), base
             self._refresh_blocked()
             trainer_step = max(st.current_step for st in statuses)
             self.stats.trainer_step = trainer_step
+            if self.pool is not None:
+                self.stats.workers_alive = len(self.pool.workers)
+                self.stats.worker_deaths = self.pool.deaths
             for g in list(self._groups.values()):
                 if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
                     self._cancel(g, "stale")
@@ -436,16 +725,23 @@ class RolloutRunner:
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
 
-    async def _shutdown(self) -> None:
-        """Cancel rollouts still generating (their data is not needed), let submits in progress finish within
-        `shutdown_timeout`, cancel what is left, stop the workers."""
+    async def _shutdown(self, deadline: float) -> None:
+        """Cancel rollouts still generating (their data is not needed), let submits in progress finish, cancel
+        what is left, stop the workers: all by `deadline`, keeping a little for the disconnects after it."""
+        loop = asyncio.get_running_loop()
+        if self.pool is not None:
+            self.pool.closing = True
+        reserve = min(1.0, 0.2 * self.shutdown_timeout)
         for g in list(self._groups.values()):
             if not g.submitting:
                 self._cancel(g, "stopped")
-        await self._wait_groups(self.shutdown_timeout)
+        await self._wait_groups(max(0.0, deadline - reserve - loop.time()))
         for g in list(self._groups.values()):
             self._cancel(g, "unsent")
         await self._wait_groups(None)
         self._gate.open()
+        if self._policy is not None and self._policy is not self.policy_spec:  # built here from a factory
+            await close_policy(self._policy)
         if self.pool is not None:
-            await self.pool.close()
+            await self.pool.close(timeout=max(0.0, deadline - reserve / 2 - loop.time()))
+            self.stats.workers_alive = 0

@@ -1,5 +1,7 @@
 """Where tasks come from: a task source hands out the next task and hears each group's mean score, so a
-curriculum can adapt what it hands out next."""
+curriculum can adapt what it hands out next. A source may also have `discard(task)`: the runner calls it for
+every task whose group ends without a score (stale, failed, rejected, stopped, quarantined), so a source
+that remembers what it handed out can forget it."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class Tasks:
     def report(self, task: Task, mean_score: float) -> None:
         """Plain sources do not adapt."""
 
+    def discard(self, task: Task) -> None:
+        """Plain sources remember nothing."""
+
 
 class Curriculum:
     """Levels of difficulty: moves up a level when the mean score of its last `window` groups reaches
@@ -63,6 +68,13 @@ class Curriculum:
         if task is not None:
             self._level_of[task.id] = self.level
         return task
+
+    def discard(self, task: Task) -> None:
+        """The group for `task` ended without a score: forget which level it came from."""
+        level = self._level_of.pop(task.id, None)
+        discard = getattr(self.levels[level], "discard", None) if level is not None else None
+        if discard is not None:
+            discard(task)
 
     def report(self, task: Task, mean_score: float) -> None:
         level = self._level_of.pop(task.id, None)

@@ -1,10 +1,12 @@
 """Worker processes: each runs groups on its own event loop, so CPU-heavy rollouts and scoring in one never
 stall the others or the runner's loop. The runner feeds the least-busy worker.
 
-Protocol over one pipe per worker (pickled tuples). Parent to worker: ("run", job, env_index, task,
-group_key), ("cancel", job), ("pause", token), ("resume",), ("stop",). Worker to parent: ("done", job,
-GroupOutcome), ("error", job, description), ("cancelled", job), ("paused", token). A worker exits on
-"stop" or when the pipe closes, which is also what happens when its parent dies: no orphans.
+Messages (pickled tuples over a `Channel`, which never blocks either event loop, whatever their size).
+Parent to worker: ("run", job, env_index, task, group_key), ("cancel", job), ("pause", token, timeout),
+("resume",), ("stop",). Worker to parent: ("done", job, GroupOutcome), ("error", job, exception),
+("dropped", job, reason), ("cancelled", job), ("paused", token, drained). A worker exits on "stop" or when
+the channel closes, which is also what happens when its parent dies: no orphans. It ignores SIGINT and
+SIGTERM (a Ctrl-C or a `kill` of the process group reaches the runner too, which stops its workers in order).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import traceback
 from collections.abc import Callable, Sequence
@@ -23,25 +26,28 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from rollout_client.env import Environment, Gate, Task
-from rollout_client.errors import RolloutClientError
-from rollout_client.group import GroupOutcome, run_group
+from rollout_client.errors import GroupDropped, WorkerDied, WorkerFailed
+from rollout_client.group import GroupOutcome, Limits, run_group
+from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.policy import Policy
 
 log = logging.getLogger("rollout_client.workers")
 
 STOP_GRACE_S = 5.0
-"""How long a stopping worker may take before it is terminated (by its pid)."""
-
-
-class WorkerDied(RolloutClientError):
-    """The worker running a group exited; the group was never submitted and can be run again."""
-
-
-class WorkerFailed(RolloutClientError):
-    """A group raised inside a worker; the message carries the worker's traceback."""
+"""How long a stopping worker may take before it is killed (by its pid)."""
+CANCEL_GRACE_S = 2.0
+"""After a pause runs out of time: how long the cancelled groups may take to let go of the gate."""
+PAUSE_TIMEOUT = "pause_timeout"
 
 
 PolicySpec = Policy | Callable[[], Policy]
+
+
+async def close_policy(policy: Any) -> None:
+    """Close what a policy holds (OpenAIPolicy's HTTP connections), if it can be closed."""
+    aclose = getattr(policy, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 def make_policy(spec: PolicySpec) -> Policy:
@@ -52,65 +58,90 @@ def make_policy(spec: PolicySpec) -> Policy:
 # ------------------------------------------------------------------------------------------- worker side
 
 
-def worker_main(conn: Connection, envs: Sequence[Environment], policy: PolicySpec, token_limit: int | None) -> None:
+def worker_main(conn: Connection, envs: Sequence[Environment], policy: PolicySpec, limits: Limits) -> None:
     """Entry point of a worker process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the runner, which stops workers in order
-    asyncio.run(_serve(conn, envs, make_policy(policy), token_limit))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group-wide SIGTERM go to the runner, which
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stops its workers in order (or they see its pipe close)
+    asyncio.run(_serve(conn, envs, make_policy(policy), limits))
 
 
-async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, token_limit: int | None) -> None:
+def portable(exc: BaseException) -> BaseException:
+    """`exc` itself if it survives pickling (so the parent can catch it by type), else a WorkerFailed naming
+    it; either way with the worker's traceback attached as a note."""
+    exc.add_note(f"raised in rollout worker pid {os.getpid()}:\n{''.join(traceback.format_exception(exc))}")
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return WorkerFailed(f"{type(exc).__name__}: {exc}\n" + "\n".join(getattr(exc, "__notes__", [])))
+    return exc
+
+
+async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, limits: Limits) -> None:
     loop = asyncio.get_running_loop()
+    channel = await Channel.open(conn.fileno())
+    conn.close()
     gate = Gate()
     jobs: dict[int, asyncio.Task[None]] = {}
-    done = asyncio.Event()
+    dropped: dict[int, str] = {}
 
     def send(msg: tuple[Any, ...]) -> None:
         try:
-            conn.send(msg)
-        except (BrokenPipeError, OSError):
-            done.set()  # the parent is gone
+            channel.send(msg)
+        except ChannelClosed:
+            pass  # the parent is gone; the reader below sees it and ends the loop
 
     async def run(job: int, env_index: int, task: Task, key: str) -> None:
         try:
-            outcome = await run_group(envs[env_index], task, policy, gate=gate, token_limit=token_limit, group_key=key)
+            outcome = await run_group(envs[env_index], task, policy, gate=gate, group_key=key, **limits.kwargs())
         except asyncio.CancelledError:
-            send(("cancelled", job))
+            reason = dropped.pop(job, None)
+            send(("dropped", job, reason) if reason else ("cancelled", job))
             raise
-        except Exception as exc:  # process boundary: report to the parent, which re-raises it there
-            send(("error", job, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except Exception as exc:  # process boundary: report to the parent, which counts it there
+            send(("error", job, portable(exc)))
         else:
-            send(("done", job, outcome))
+            jobs.pop(job, None)
+            try:
+                await channel.send_large(("done", job, outcome))
+            except ChannelClosed:
+                pass
         finally:
             jobs.pop(job, None)
 
-    async def pause(token: int) -> None:
-        await gate.close()
-        send(("paused", token))
+    async def pause(token: int, timeout: float | None) -> None:
+        drained = await gate.close(timeout)
+        if not drained:
+            cancelled = []
+            for job, t in list(jobs.items()):
+                if t in gate.holders():
+                    dropped[job] = PAUSE_TIMEOUT
+                    t.cancel()
+                    cancelled.append(t)
+            if cancelled:  # their "dropped" goes out before "paused": counted by the time pause() returns
+                await asyncio.wait(cancelled, timeout=CANCEL_GRACE_S)
+        send(("paused", token, drained))
 
-    def on_readable() -> None:
+    while True:
         try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            done.set()
-            return
+            msg = await channel.recv()
+        except ChannelClosed:
+            break
         kind = msg[0]
         if kind == "run":
             jobs[msg[1]] = loop.create_task(run(*msg[1:]))
         elif kind == "cancel" and msg[1] in jobs:
             jobs[msg[1]].cancel()
         elif kind == "pause":
-            loop.create_task(pause(msg[1]))
+            loop.create_task(pause(msg[1], msg[2]))
         elif kind == "resume":
             gate.open()
         elif kind == "stop":
-            done.set()
-
-    loop.add_reader(conn.fileno(), on_readable)
-    await done.wait()
-    loop.remove_reader(conn.fileno())
+            break
     for t in list(jobs.values()):
         t.cancel()
     await asyncio.gather(*jobs.values(), return_exceptions=True)
+    await close_policy(policy)
+    await channel.aclose()
 
 
 # ------------------------------------------------------------------------------------------- parent side
@@ -119,7 +150,8 @@ async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, 
 @dataclass(eq=False)
 class _Worker:
     process: BaseProcess
-    conn: Connection
+    channel: Channel
+    reader: asyncio.Task[None] | None = None
     jobs: dict[int, int] = field(default_factory=dict)
     """Job id -> rollouts it holds (its group size): how busy this worker is."""
 
@@ -131,49 +163,56 @@ class _Worker:
 class WorkerPool:
     """`n` worker processes started with `spawn` (no inherited threads or event loop state)."""
 
-    def __init__(self, n: int, envs: Sequence[Environment], policy: PolicySpec, token_limit: int | None) -> None:
+    def __init__(self, n: int, envs: Sequence[Environment], policy: PolicySpec, limits: Limits) -> None:
         self._ctx = multiprocessing.get_context("spawn")
-        self._args = (list(envs), policy, token_limit)
+        self._args = (list(envs), policy, limits)
         self._envs = list(envs)
         self._n = n
         self.workers: list[_Worker] = []
         self._futures: dict[int, asyncio.Future[GroupOutcome]] = {}
-        self._paused: dict[int, asyncio.Future[None]] = {}
+        self._paused: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count()
         self.deaths = 0
         self.paused = False
-        self._closing = False
+        self.closing = False
+        """Set when the run is stopping: a worker that exits now is not replaced."""
 
-    def start(self) -> None:
+    async def start(self) -> None:
         for _ in range(self._n):
-            self._spawn()
+            await self._spawn()
 
-    def _spawn(self) -> None:
+    async def _spawn(self) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=worker_main, args=(child, *self._args), daemon=True, name="rollout-worker")
         proc.start()
         child.close()  # only the worker holds its end: its exit shows here as EOF
-        worker = _Worker(proc, parent)
+        channel = await Channel.open(parent.fileno())
+        parent.close()
+        worker = _Worker(proc, channel)
         self.workers.append(worker)
-        asyncio.get_running_loop().add_reader(parent.fileno(), self._on_readable, worker)
+        worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{proc.pid}")
         if self.paused:  # a replacement started during a weight update starts paused too
-            parent.send(("pause", next(self._ids)))
+            channel.send(("pause", next(self._ids), None))
 
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self.workers if w.process.pid is not None]
 
-    def _on_readable(self, worker: _Worker) -> None:
-        try:
-            msg = worker.conn.recv()
-        except (EOFError, OSError):
-            self._died(worker)
-            return
+    async def _read(self, worker: _Worker) -> None:
+        while True:
+            try:
+                msg = await worker.channel.recv()
+            except ChannelClosed:
+                await self._died(worker)
+                return
+            self._on_message(worker, msg)
+
+    def _on_message(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "paused":
             fut = self._paused.pop(msg[1], None)
             if fut is not None and not fut.done():
-                fut.set_result(None)
+                fut.set_result(bool(msg[2]))
             return
         job = msg[1]
         worker.jobs.pop(job, None)
@@ -183,81 +222,111 @@ class WorkerPool:
         if kind == "done":
             fut_o.set_result(msg[2])
         elif kind == "error":
-            fut_o.set_exception(WorkerFailed(msg[2]))
+            fut_o.set_exception(msg[2])
+        elif kind == "dropped":
+            fut_o.set_exception(GroupDropped(msg[2]))
         else:
             fut_o.cancel()
 
-    def _died(self, worker: _Worker) -> None:
-        asyncio.get_running_loop().remove_reader(worker.conn.fileno())
-        worker.conn.close()
-        worker.process.join(timeout=1.0)
+    async def _died(self, worker: _Worker) -> None:
+        if worker not in self.workers:
+            return
         self.workers.remove(worker)
+        await worker.channel.aclose()
+        await asyncio.to_thread(worker.process.join, 1.0)
         for job in worker.jobs:
             fut = self._futures.pop(job, None)
             if fut is not None and not fut.done():
                 fut.set_exception(WorkerDied(f"worker pid {worker.process.pid} exited ({worker.process.exitcode})"))
         for token, fut_p in list(self._paused.items()):
             if not fut_p.done():
-                fut_p.set_result(None)  # a dead worker generates nothing
+                fut_p.set_result(True)  # a dead worker generates nothing
             self._paused.pop(token, None)
-        if not self._closing:
+        if not self.closing:
             self.deaths += 1
             log.warning("rollout worker pid %s died (exit %s); starting a new one", worker.process.pid,
                         worker.process.exitcode)  # fmt: skip
-            self._spawn()
+            await self._spawn()
 
     async def run(self, env_index: int, task: Task, key: str) -> GroupOutcome:
         """Run one group on the least-busy worker; cancelling this cancels it in the worker."""
+        if not self.workers:
+            raise WorkerDied("no rollout worker is running")
         worker = min(self.workers, key=lambda w: w.load)
         job = next(self._ids)
         fut: asyncio.Future[GroupOutcome] = asyncio.get_running_loop().create_future()
         self._futures[job] = fut
         worker.jobs[job] = self._envs[env_index].group_size
-        worker.conn.send(("run", job, env_index, task, key))
+        try:
+            worker.channel.send(("run", job, env_index, task, key))
+        except ChannelClosed:
+            self._futures.pop(job, None)
+            worker.jobs.pop(job, None)
+            raise WorkerDied(f"worker pid {worker.process.pid} is gone") from None
         try:
             return await fut
         except asyncio.CancelledError:
             if job in worker.jobs and worker in self.workers:
-                worker.conn.send(("cancel", job))
+                try:
+                    worker.channel.send(("cancel", job))
+                except ChannelClosed:
+                    pass
             raise
+        finally:
+            self._futures.pop(job, None)
+            worker.jobs.pop(job, None)
 
-    async def pause(self) -> None:
-        """Returns once every worker has no generation request in flight and starts none."""
+    async def pause(self, timeout: float | None = None) -> bool:
+        """Returns once every worker has no generation request in flight and starts none. With `timeout`:
+        past it, each worker cancels the groups still generating (they fail with GroupDropped) and this
+        returns False within about `timeout` + CANCEL_GRACE_S, answered or not."""
         self.paused = True
         waits = []
         for w in self.workers:
             token = next(self._ids)
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._paused[token] = fut
-            w.conn.send(("pause", token))
+            try:
+                w.channel.send(("pause", token, timeout))
+            except ChannelClosed:
+                self._paused.pop(token, None)
+                continue
             waits.append(fut)
-        await asyncio.gather(*waits)
+        if not waits:
+            return True
+        if timeout is None:
+            return all(await asyncio.gather(*waits))
+        done, pending = await asyncio.wait(waits, timeout=timeout + CANCEL_GRACE_S + 1.0)
+        for fut in pending:
+            fut.cancel()
+        return not pending and all(f.result() for f in done)
 
     def resume(self) -> None:
         self.paused = False
         for w in self.workers:
-            w.conn.send(("resume",))
+            try:
+                w.channel.send(("resume",))
+            except ChannelClosed:
+                pass
 
     async def close(self, timeout: float = STOP_GRACE_S) -> None:
-        """Stop every worker: ask, wait up to `timeout`, then terminate by pid."""
-        self._closing = True
+        """Stop every worker: ask, wait up to `timeout`, then kill by pid (workers ignore SIGTERM)."""
+        self.closing = True
         loop = asyncio.get_running_loop()
         for w in list(self.workers):
             try:
-                w.conn.send(("stop",))
-            except OSError:
+                w.channel.send(("stop",))
+            except ChannelClosed:
                 pass  # already gone
         deadline = loop.time() + timeout
         for w in list(self.workers):
             await asyncio.to_thread(w.process.join, max(0.0, deadline - loop.time()))
-            if w.process.is_alive():
-                log.warning("rollout worker pid %s did not stop in %.1f s; terminating it", w.process.pid, timeout)
-                w.process.terminate()
-                await asyncio.to_thread(w.process.join, 2.0)
             if w.process.is_alive() and w.process.pid is not None:
+                log.warning("rollout worker pid %s did not stop in %.1f s; killing it", w.process.pid, timeout)
                 os.kill(w.process.pid, signal.SIGKILL)
                 await asyncio.to_thread(w.process.join)
-            if w in self.workers:
-                loop.remove_reader(w.conn.fileno())
-                w.conn.close()
-                self.workers.remove(w)
+        for w in list(self.workers):
+            if w.reader is not None:
+                w.reader.cancel()
+            await w.channel.aclose()
+            self.workers.remove(w)

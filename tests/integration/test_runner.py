@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_client import Environment, Rejected, RolloutRunner, ScriptedPolicy, Session, Task, Tasks
+from rollout_client import Environment, Rejected, RolloutRunner, RunFailed, ScriptedPolicy, Session, Task, Tasks
 from rollout_client.examples import Arithmetic, Synthetic, arithmetic_script, arithmetic_task
 from rollout_client.pacing import AHEAD, QUEUE_FULL
 from tests.factories import group, registration
@@ -158,7 +158,7 @@ class Recording(ScriptedPolicy):
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-async def test_pause_holds_every_request_and_resume_bumps_the_step(tmp_path: Path, workers: int) -> None:
+async def test_pause_holds_every_request_and_resume_stamps_the_new_step(tmp_path: Path, workers: int) -> None:
     events = tmp_path / "events"
     events.touch()
     with running_server("memory://", tmp_path / "s.log") as server:
@@ -176,7 +176,9 @@ async def test_pause_holds_every_request_and_resume_bumps_the_step(tmp_path: Pat
         assert events.read_text().split() == seen, "no request started while paused"
         with httpx.Client(base_url=server.url) as http:  # the trainer takes batch 3 and trains: weights of step 4
             assert http.get("/batch").json()["batch"]
-        runner.resume()
+        await until(lambda: runner.stats.trainer_step == 4, "the runner to read the trainer's step")
+        runner.resume()  # stamps the trainer's step
+        assert runner.policy_step == 4
         await until(lambda: runner.stats.accepted >= 12, "groups after resume")
         runner.stop()
         await asyncio.wait_for(run, HANG_GUARD_S)
@@ -315,7 +317,7 @@ class Overflowing(Arithmetic):
     async def rollout(self, task: Task, session: Session) -> None:
         await super().rollout(task, session)
         if int(task.id.rsplit("-", 1)[1]) % self.every == 0:
-            await session.observe(" " * 60)
+            session.observe_ids([32] * 60)  # past the budget: observe() would clip it, observe_ids() does not
 
 
 async def test_rejected_groups_are_counted_and_a_run_of_them_ends_the_run(tmp_path: Path) -> None:
@@ -328,6 +330,7 @@ async def test_rejected_groups_are_counted_and_a_run_of_them_ends_the_run(tmp_pa
 
         always = RolloutRunner(server.url, [(Overflowing(every=1), Tasks(arithmetic_task))],
                                ScriptedPolicy(arithmetic_script), max_in_flight=4)  # fmt: skip
-        with pytest.raises(Rejected, match="tokens"):
+        with pytest.raises(RunFailed, match="in a row rejected") as info:
             await asyncio.wait_for(always.run(), HANG_GUARD_S)
+        assert isinstance(info.value.__cause__, Rejected) and "tokens" in str(info.value.__cause__)
         assert always.stats.accepted == 0 and always.stats.skipped["rejected"] >= 10

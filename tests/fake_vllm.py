@@ -1,0 +1,162 @@
+"""A fake vLLM: an OpenAI-compatible completions server, run as a real process on a loopback port, that
+misbehaves on request. It speaks vLLM's shape (`/v1/models` with `max_model_len`, `/tokenize`,
+`/v1/completions` with `return_tokens_as_token_ids`), tokenises byte by byte and answers with
+`arithmetic_script` (the scripted policy of the example envs), so the runner's tests can use `OpenAIPolicy`
+end to end over HTTP.
+
+Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
+- `fail_every` N: every Nth completion request answers 503;
+- `reject_marker`: a prompt containing it answers 400 (as vLLM does for a bad request);
+- `hang_marker`: a prompt containing it never gets an answer;
+- `hang_all`: no completion request gets an answer.
+
+    python -m tests.fake_vllm --port 8001
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from rollout_client.examples import arithmetic_script
+from rollout_client.policy import stable_unit
+from tests.servers import READY_TIMEOUT_S, free_port
+
+MODEL = "fake"
+CONTEXT = 1 << 20
+
+
+def create_app() -> Starlette:
+    faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False}
+    stats: Counter[str] = Counter()
+    prompts: Counter[str] = Counter()
+    forever = asyncio.Event()
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": CONTEXT}]})
+
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await request.json()
+        ids = list(body["prompt"].encode())
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": CONTEXT})
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        stats["requests"] += 1
+        text = bytes(body["prompt"]).decode(errors="replace")
+        prompts[text] += 1
+        if faults["hang_all"] or (faults["hang_marker"] and faults["hang_marker"] in text):
+            stats["hung"] += 1
+            await forever.wait()
+        if faults["reject_marker"] and faults["reject_marker"] in text:
+            stats["400"] += 1
+            return JSONResponse({"object": "error", "message": "bad request", "code": 400}, status_code=400)
+        if faults["fail_every"] and stats["requests"] % faults["fail_every"] == 0:
+            stats["503"] += 1
+            return JSONResponse({"object": "error", "message": "engine overloaded"}, status_code=503)
+        seed = body.get("seed") or 0
+        ids = list(arithmetic_script(text, seed).encode())
+        finish = "stop"
+        if len(ids) > body["max_tokens"]:
+            ids, finish = ids[: body["max_tokens"]], "length"
+        choice = {
+            "index": 0,
+            "text": bytes(ids).decode(errors="replace"),
+            "finish_reason": finish,
+            "logprobs": {
+                "tokens": [f"token_id:{t}" for t in ids],
+                "token_logprobs": [-stable_unit(seed, i) for i in range(len(ids))],
+            },
+        }
+        stats["200"] += 1
+        return JSONResponse({"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]})
+
+    async def control(request: Request) -> JSONResponse:
+        faults.update(await request.json())
+        return JSONResponse(faults)
+
+    async def get_stats(request: Request) -> JSONResponse:
+        return JSONResponse({**stats, "prompts": dict(prompts)})
+
+    return Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/control", control, methods=["POST"]),
+            Route("/stats", get_stats),
+        ]
+    )
+
+
+@dataclass
+class FakeVLLM:
+    url: str
+    proc: subprocess.Popen[bytes]
+
+    def control(self, **faults: Any) -> None:
+        httpx.post(self.url + "/control", json=faults, timeout=10).raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/stats", timeout=10).json()  # type: ignore[no-any-return]
+
+
+@contextmanager
+def fake_vllm(log: Path, **faults: Any) -> Iterator[FakeVLLM]:
+    """The fake server as a process on a free port, ready when /v1/models answers; killed by its process group."""
+    port = free_port()
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", "--port", str(port)], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    server = FakeVLLM(f"http://127.0.0.1:{port}", proc)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"fake vLLM exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(server.url + "/v1/models", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fake vLLM not ready after {READY_TIMEOUT_S} s:\n{log.read_text()}")
+            time.sleep(0.05)  # polling interval while waiting for readiness
+        if faults:
+            server.control(**faults)
+        yield server
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # requests it holds on purpose would stall a graceful stop
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args()
+    uvicorn.run(create_app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
