@@ -189,7 +189,9 @@ async def test_pause_holds_every_request_and_resume_stamps_the_new_step(tmp_path
 async def test_stale_groups_cancelled_and_production_held_back(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=4)
-        env = Synthetic(group_size=4, steps=1, wait_s=0.3)
+        # Rollouts outlast the test's steps (they end by being cancelled): on a loaded machine the blocking
+        # requests below took longer than a 0.3 s rollout, which then finished and was submitted, not stale.
+        env = Synthetic(group_size=4, steps=1, wait_s=30.0)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                                max_in_flight=8, max_staleness=0, poll_interval=0.05)  # fmt: skip
         run = asyncio.create_task(runner.run())
