@@ -745,3 +745,4 @@ class RolloutRunner:
         if self.pool is not None:
             await self.pool.close(timeout=max(0.0, deadline - reserve / 2 - loop.time()))
             self.stats.workers_alive = 0
+            self.stats.worker_deaths = self.pool.deaths

@@ -173,6 +173,11 @@ class WorkerPool:
         self._paused: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count()
         self.deaths = 0
+        """Workers that exited on their own (and were replaced)."""
+        self.spawned = 0
+        """Worker processes started, replacements included."""
+        self.exitcodes: list[int | None] = []
+        """Exit codes of the workers that ended (0: stopped in order; negative: killed by that signal)."""
         self.paused = False
         self.closing = False
         """Set when the run is stopping: a worker that exits now is not replaced."""
@@ -185,6 +190,7 @@ class WorkerPool:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=worker_main, args=(child, *self._args), daemon=True, name="rollout-worker")
         proc.start()
+        self.spawned += 1
         child.close()  # only the worker holds its end: its exit shows here as EOF
         channel = await Channel.open(parent.fileno())
         parent.close()
@@ -234,6 +240,7 @@ class WorkerPool:
         self.workers.remove(worker)
         await worker.channel.aclose()
         await asyncio.to_thread(worker.process.join, 1.0)
+        self.exitcodes.append(worker.process.exitcode)
         for job in worker.jobs:
             fut = self._futures.pop(job, None)
             if fut is not None and not fut.done():
@@ -326,6 +333,7 @@ class WorkerPool:
                 os.kill(w.process.pid, signal.SIGKILL)
                 await asyncio.to_thread(w.process.join)
         for w in list(self.workers):
+            self.exitcodes.append(w.process.exitcode)
             if w.reader is not None:
                 w.reader.cancel()
             await w.channel.aclose()

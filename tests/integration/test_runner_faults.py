@@ -417,7 +417,8 @@ async def main():
         await asyncio.sleep(0.02)
     print("ready", flush=True)
     stats = await run
-    print(stats.worker_deaths, stats.failed_total, len(runner.pool.workers), flush=True)
+    print(stats.worker_deaths, runner.pool.spawned, stats.failed_total, len(runner.pool.workers), flush=True)
+    print(*runner.pool.exitcodes, flush=True)
 
 if __name__ == "__main__":
     asyncio.run(main())
@@ -438,7 +439,11 @@ async def test_sigterm_to_the_process_group_stops_in_order_without_replacing_wor
         os.killpg(proc.pid, signal.SIGTERM)
         code, out, err = await asyncio.to_thread(finish, proc, HANG_GUARD_S)
         assert code == 0, err[-3000:]
-        assert out.split() == ["0", "0", "0"], "no worker died, no group failed, every worker stopped"
+        counts, codes = out.splitlines()
+        assert codes.split() == ["0", "0"], "both workers stopped in order, none was killed by the signal"
+        deaths, spawned, failed, left = counts.split()
+        assert (deaths, spawned) == ("0", "2"), "no worker died of the signal, none was replaced"
+        assert (failed, left) == ("0", "0"), "no group failed, every worker stopped"
 
 
 @dataclass
