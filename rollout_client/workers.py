@@ -12,14 +12,16 @@ SIGTERM (a Ctrl-C or a `kill` of the process group reaches the runner too, which
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -38,6 +40,23 @@ STOP_GRACE_S = 5.0
 CANCEL_GRACE_S = 2.0
 """After a pause runs out of time: how long the cancelled groups may take to let go of the gate."""
 PAUSE_TIMEOUT = "pause_timeout"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _ignoring_stop_signals() -> Iterator[None]:
+    """Ignore SIGINT and SIGTERM while a worker is started, so that it starts ignoring them (an ignored signal
+    stays ignored across exec) before it has imported anything; restore this process's handlers after. Only
+    the main thread can change handlers: from another thread, a worker is exposed until worker_main runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in STOP_SIGNALS]
+    try:
+        yield
+    finally:
+        for sig, handler in saved:
+            signal.signal(sig, handler)
 
 
 PolicySpec = Policy | Callable[[], Policy]
@@ -189,11 +208,21 @@ class WorkerPool:
     async def _spawn(self) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=worker_main, args=(child, *self._args), daemon=True, name="rollout-worker")
-        proc.start()
+        with _ignoring_stop_signals():  # inherited through exec: a worker still importing ignores them too
+            proc.start()
         self.spawned += 1
         child.close()  # only the worker holds its end: its exit shows here as EOF
         channel = await Channel.open(parent.fileno())
         parent.close()
+        if self.closing:  # the pool began closing meanwhile: this one is not needed
+            channel.send(("stop",))
+            await asyncio.to_thread(proc.join, STOP_GRACE_S)
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGKILL)
+                await asyncio.to_thread(proc.join)
+            self.exitcodes.append(proc.exitcode)
+            await channel.aclose()
+            return
         worker = _Worker(proc, channel)
         self.workers.append(worker)
         worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{proc.pid}")
@@ -235,8 +264,8 @@ class WorkerPool:
             fut_o.cancel()
 
     async def _died(self, worker: _Worker) -> None:
-        if worker not in self.workers:
-            return
+        if worker not in self.workers or self.closing:
+            return  # close() stops, reaps and accounts for every worker it found
         self.workers.remove(worker)
         await worker.channel.aclose()
         await asyncio.to_thread(worker.process.join, 1.0)
@@ -320,21 +349,23 @@ class WorkerPool:
         """Stop every worker: ask, wait up to `timeout`, then kill by pid (workers ignore SIGTERM)."""
         self.closing = True
         loop = asyncio.get_running_loop()
-        for w in list(self.workers):
+        workers = list(self.workers)
+        for w in workers:
             try:
                 w.channel.send(("stop",))
             except ChannelClosed:
                 pass  # already gone
         deadline = loop.time() + timeout
-        for w in list(self.workers):
+        for w in workers:
             await asyncio.to_thread(w.process.join, max(0.0, deadline - loop.time()))
             if w.process.is_alive() and w.process.pid is not None:
                 log.warning("rollout worker pid %s did not stop in %.1f s; killing it", w.process.pid, timeout)
                 os.kill(w.process.pid, signal.SIGKILL)
                 await asyncio.to_thread(w.process.join)
-        for w in list(self.workers):
+        for w in workers:
             self.exitcodes.append(w.process.exitcode)
             if w.reader is not None:
                 w.reader.cancel()
             await w.channel.aclose()
-            self.workers.remove(w)
+            if w in self.workers:
+                self.workers.remove(w)
