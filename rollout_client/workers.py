@@ -40,6 +40,9 @@ STOP_GRACE_S = 5.0
 CANCEL_GRACE_S = 2.0
 """After a pause runs out of time: how long the cancelled groups may take to let go of the gate."""
 PAUSE_TIMEOUT = "pause_timeout"
+LARGE_GROUP_TOKENS = 16_384
+"""A finished group with this many tokens or more is pickled in a thread (a few ms and up of CPU); smaller
+ones inline, where a thread hop would cost more than the pickling."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -121,7 +124,10 @@ async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, 
         else:
             jobs.pop(job, None)
             try:
-                await channel.send_large(("done", job, outcome))
+                if outcome.group is not None and sum(map(len, outcome.group.tokens)) >= LARGE_GROUP_TOKENS:
+                    await channel.send_large(("done", job, outcome))  # pickled off the loop
+                else:
+                    channel.send(("done", job, outcome))
             except ChannelClosed:
                 pass
         finally:
