@@ -11,7 +11,6 @@ import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.factories import env, group, registration
@@ -39,23 +38,19 @@ def browser() -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
-def text(driver: webdriver.Chrome, css: str) -> str:
-    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+def text(driver: webdriver.Chrome, css: str) -> str | None:
+    """The element's rendered text, read in one script call: the page replaces its rows every second, so an
+    element handle found in one call may be gone by the next."""
+    found = driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : null", css)
+    return None if found is None else str(found)
 
 
 def until(driver: webdriver.Chrome, css: str, expected: str) -> None:
     """Poll the page until the element's text is `expected` (the page redraws every second)."""
-
-    def seen(d: webdriver.Chrome) -> bool:
-        found = d.find_elements(By.CSS_SELECTOR, css)
-        return bool(found) and found[0].text == expected
-
     try:
-        WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(seen)
+        WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(lambda d: text(d, css) == expected)
     except Exception as exc:
-        raise AssertionError(
-            f"{css} never showed {expected!r}; page:\n{driver.find_element(By.TAG_NAME, 'body').text}"
-        ) from exc
+        raise AssertionError(f"{css} never showed {expected!r}; page:\n{text(driver, 'body')}") from exc
 
 
 def test_dashboard_shows_an_env_and_updates_live(tmp_path: Path, browser: webdriver.Chrome) -> None:
@@ -82,9 +77,9 @@ def test_dashboard_shows_an_env_and_updates_live(tmp_path: Path, browser: webdri
         until(browser, "#step", "1")
         until(browser, 'tr[data-env="math_0"] td.queue', "1")
         until(browser, "#hist div:first-child small", "0")  # the staleness histogram has its first bar
-        assert "served 100%" in text(browser, 'tr[data-env="math_0"] td.mix')
-        assert "weight 75%" in text(browser, 'tr[data-env="math_0"] td.mix')
-        assert int(browser.find_element(By.TAG_NAME, "body").get_attribute("data-updates") or 0) > 3
+        mix = text(browser, 'tr[data-env="math_0"] td.mix') or ""
+        assert "served 100%" in mix and "weight 75%" in mix, mix
+        assert int(browser.execute_script("return document.body.dataset.updates") or 0) > 3
 
         # groups of 3 next to one group of 4 can never make exactly 8: the banner says why
         c.post("/register-env", json=env("odd", 3)).raise_for_status()
