@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import pg
 from tests.servers import running_server
 from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
 
@@ -82,3 +83,22 @@ async def test_json_log_lines(tmp_path: Path) -> None:
     assert all({"time", "level", "logger", "message", "pid"} <= set(r) for r in records)
     assert any(r["logger"] == "rollbuf.request" and r["request_id"] == "req-7" for r in records)
     assert any(r["logger"] == "uvicorn.access" and "/status" in r["message"] for r in records)
+
+
+async def test_metrics_on_two_postgresql_replicas(tmp_path: Path) -> None:
+    """Two replicas (`rollbuf serve` processes) on one PostgreSQL database: both report the run's values."""
+    with pg.database() as name:
+        store = pg.url_of(name)
+        with (
+            running_server(store, tmp_path / "a.log", *LIMIT) as a,
+            running_server(store, tmp_path / "b.log", *LIMIT) as b,
+        ):
+            async with fresh_connections(a.url) as ca, fresh_connections(b.url) as cb:
+                before_a = parse_metrics((await ca.get("/metrics")).text)
+                expected = await small_run(ca)
+                after_a = parse_metrics((await ca.get("/metrics")).text)
+                after_b = parse_metrics((await cb.get("/metrics")).text)
+                assert (await cb.get("/readyz")).status_code == 200
+    check_store_metrics(after_a, expected)
+    check_store_metrics(after_b, expected)
+    check_process_metrics(after_a, before_a, expected)
