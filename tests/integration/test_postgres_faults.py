@@ -311,9 +311,10 @@ class CuttingProxy:
                     if not swallow.is_set():
                         client.sendall(data)
                         continue
-                    tail = (tail + data)[-64:]
-                    if b"COMMIT\x00" in tail:  # CommandComplete of the COMMIT: the transaction is durable
+                    window = tail + data  # the tag may sit anywhere in a chunk, or be split between two
+                    if b"COMMIT\x00" in window:  # CommandComplete of the COMMIT: the transaction is durable
                         return
+                    tail = window[-64:]
             except OSError:
                 pass
             finally:
@@ -343,6 +344,17 @@ class CuttingProxy:
                 if armed[0] == "after_commit":
                     swallow.set()
                     server.sendall(data)
+                    # The driver may send the Sync that makes the server run the COMMIT in a later chunk: keep
+                    # forwarding until the server has answered the COMMIT, or it never runs.
+                    client.settimeout(0.05)
+                    while not committed.is_set():
+                        try:
+                            more = client.recv(65536)
+                        except TimeoutError:
+                            continue
+                        if not more:
+                            break
+                        server.sendall(more)
                     committed.wait(30)
                 return  # before_commit: the COMMIT never reaches the server
         except OSError:
