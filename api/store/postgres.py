@@ -42,6 +42,7 @@ import psycopg_pool
 from psycopg import sql
 
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, StoreUnavailable, Txn
+from api.store.jobs import Job, Stop, deliver
 
 T = TypeVar("T")
 log = logging.getLogger("rollbuf")
@@ -538,34 +539,6 @@ class PostgresTxn(Txn):
 # ---------------------------------------------------------------------------------------------- the store
 
 
-@dataclass(slots=True)
-class _Job:
-    fn: Callable[[Txn], Any]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-
-
-@dataclass(slots=True)
-class _Stop:
-    done: Future[None]
-
-
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.done():  # the caller was cancelled meanwhile
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
-
-
-def _deliver(job: _Job, ok: bool, value: Any) -> None:
-    try:
-        job.loop.call_soon_threadsafe(_settle, job.future, ok, value)
-    except RuntimeError:  # that event loop is closed: nobody waits for the answer any more
-        pass
-
-
 class _AbortGroup(Exception):
     """A database error inside a function: the whole group's transaction is lost."""
 
@@ -581,7 +554,7 @@ class _Lane:
     or the reader (`Store.read`: snapshots, beside the writer and other replicas)."""
 
     read_only: bool
-    jobs: queue.SimpleQueue[_Job | _Stop] = field(default_factory=queue.SimpleQueue)
+    jobs: queue.SimpleQueue[Job | Stop] = field(default_factory=queue.SimpleQueue)
     accepting: bool = True
     """False once the thread stops taking jobs; changed and checked under the store's lock."""
     thread: threading.Thread | None = None
@@ -645,7 +618,7 @@ class PostgresStore(Store):
         with self._lock:
             if not lane.accepting:
                 raise RuntimeError(f"store {self.url} is closed")
-            lane.jobs.put(_Job(fn, future, loop))
+            lane.jobs.put(Job(fn, future, loop))
         return cast(T, await future)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
@@ -665,7 +638,7 @@ class PostgresStore(Store):
             done: Future[None] = Future()
             with self._lock:
                 if lane.accepting:
-                    lane.jobs.put(_Stop(done))
+                    lane.jobs.put(Stop(done))
                 else:
                     done.set_result(None)
             await asyncio.wrap_future(done)
@@ -714,11 +687,11 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ the lanes' threads
 
     def _main(self, lane: _Lane) -> None:
-        stop: _Stop | None = None
+        stop: Stop | None = None
         try:
             while stop is None:
                 first = lane.jobs.get()
-                if isinstance(first, _Stop):
+                if isinstance(first, Stop):
                     stop = first
                     break
                 group = [first]
@@ -727,7 +700,7 @@ class PostgresStore(Store):
                         more = lane.jobs.get_nowait()
                     except queue.Empty:
                         break
-                    if isinstance(more, _Stop):
+                    if isinstance(more, Stop):
                         stop = more
                         break
                     group.append(more)
@@ -736,7 +709,7 @@ class PostgresStore(Store):
                 except BaseException as exc:  # never leave a caller waiting
                     log.exception("PostgreSQL store: unexpected failure")
                     for job in group:
-                        _deliver(job, False, unavailable("unexpected failure", exc))
+                        deliver(job, False, unavailable("unexpected failure", exc))
         finally:
             with self._lock:
                 lane.accepting = False
@@ -745,14 +718,14 @@ class PostgresStore(Store):
                     left = lane.jobs.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(left, _Job):
-                    _deliver(left, False, RuntimeError(f"store {self.url} is closed"))
+                if isinstance(left, Job):
+                    deliver(left, False, RuntimeError(f"store {self.url} is closed"))
                 else:
                     left.done.set_result(None)
             if stop is not None:
                 stop.done.set_result(None)
 
-    def _run(self, lane: _Lane, jobs: list[_Job]) -> None:
+    def _run(self, lane: _Lane, jobs: list[Job]) -> None:
         """Run these functions in one transaction; answer each after COMMIT (or with why not)."""
         jobs = [job for job in jobs if not job.future.cancelled()]  # nobody waits for these: skip them
         while jobs:
@@ -778,13 +751,13 @@ class PostgresStore(Store):
                 conn.execute("ROLLBACK", prepare=False)
         self._pool.putconn(conn)
 
-    def _run_group(self, lane: _Lane, jobs: list[_Job]) -> list[_Job]:
+    def _run_group(self, lane: _Lane, jobs: list[Job]) -> list[Job]:
         """Run a prefix of `jobs` in one transaction and answer them; return those left to run."""
         try:
             conn, group = self._connect_and_begin(lane.read_only)
         except BaseException as exc:
             for job in jobs:
-                _deliver(job, False, unavailable("could not begin a transaction", exc) if is_transient(exc) else exc)
+                deliver(job, False, unavailable("could not begin a transaction", exc) if is_transient(exc) else exc)
             return []
         try:
             outcomes, to_commit = self._call_all(conn, group, jobs)
@@ -793,16 +766,16 @@ class PostgresStore(Store):
             cause = abort.cause
             if is_transient(cause):
                 for job in jobs:
-                    _deliver(job, False, unavailable("transaction aborted", cause))
+                    deliver(job, False, unavailable("transaction aborted", cause))
                 return []
             # A database error no retry would fix (a bug): the function that hit it fails with it; the ones
             # before it were rolled back with it and run again, the ones after it have not run yet.
-            _deliver(jobs[abort.index], False, cause)
+            deliver(jobs[abort.index], False, cause)
             return [job for i, job in enumerate(jobs) if i != abort.index]
         if not to_commit:
             self._release(conn)
             for job, ok, value in outcomes:
-                _deliver(job, ok, value)
+                deliver(job, ok, value)
             return []
         try:
             group.commit(None if not group.pending.appended else self._replica)
@@ -810,27 +783,27 @@ class PostgresStore(Store):
             self._release(conn)
             for job, ok, value in outcomes:
                 if not ok and not isinstance(value, StoreUnavailable):
-                    _deliver(job, False, value)  # it raised: rolled back whatever happened to the COMMIT
+                    deliver(job, False, value)  # it raised: rolled back whatever happened to the COMMIT
                 else:
-                    _deliver(job, False, unavailable("commit outcome unknown", exc) if is_transient(exc) else exc)
+                    deliver(job, False, unavailable("commit outcome unknown", exc) if is_transient(exc) else exc)
             return []
         self._trim_replies(conn, group)
         self._release(conn)
         for job, ok, value in outcomes:
-            _deliver(job, ok, value)
+            deliver(job, ok, value)
         if group.pending.appended:
             self._wake()
         return []
 
     def _call_all(
-        self, conn: psycopg.Connection[Any], group: _Group, jobs: list[_Job]
-    ) -> tuple[list[tuple[_Job, bool, Any]], bool]:
+        self, conn: psycopg.Connection[Any], group: _Group, jobs: list[Job]
+    ) -> tuple[list[tuple[Job, bool, Any]], bool]:
         """Call each function; one that raises is undone alone (its SAVEPOINT, its copy of `_Pending`).
 
         Returns the outcomes, and whether anything is left to commit: a function alone in its group that
         raised rolled the whole transaction back (no SAVEPOINT needed)."""
         alone = len(jobs) == 1
-        outcomes: list[tuple[_Job, bool, Any]] = []
+        outcomes: list[tuple[Job, bool, Any]] = []
         for i, job in enumerate(jobs):
             before = group.pending if alone else group.pending.copy()
             taken = False

@@ -29,6 +29,7 @@ import msgpack
 import numpy as np
 
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
+from api.store.jobs import Job, Stop, deliver
 
 T = TypeVar("T")
 
@@ -385,34 +386,6 @@ def trim_replies(db: sqlite3.Connection, config: SqliteConfig, now: float) -> No
         db.execute("DELETE FROM replies WHERE created < ?", (now - config.reply_ttl,))
 
 
-@dataclass(slots=True)
-class _Job:
-    fn: Callable[[Txn], Any]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-
-
-@dataclass(slots=True)
-class _Stop:
-    done: Future[None]
-
-
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.done():  # the caller was cancelled meanwhile
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
-
-
-def _deliver(job: _Job, ok: bool, value: Any) -> None:
-    try:
-        job.loop.call_soon_threadsafe(_settle, job.future, ok, value)
-    except RuntimeError:  # that event loop is closed: nobody waits for the answer any more
-        pass
-
-
 class _Checkpointer:
     """Copies the WAL back into the database file on its own thread and connection.
 
@@ -462,7 +435,7 @@ class SqliteStore(Store):
         self.path = self.config.path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._ids = _Ids()
-        self._jobs: queue.SimpleQueue[_Job | _Stop] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Job | Stop] = queue.SimpleQueue()
         self._closed = False
         # False once the thread stops taking jobs; changed and checked under _lock around every queue put.
         self._accepting = True
@@ -484,7 +457,7 @@ class SqliteStore(Store):
         with self._lock:
             if not self._accepting:
                 raise RuntimeError(f"store {self.url} is closed")
-            self._jobs.put(_Job(fn, future, loop))
+            self._jobs.put(Job(fn, future, loop))
         return cast(T, await future)
 
     async def close(self) -> None:
@@ -495,7 +468,7 @@ class SqliteStore(Store):
         done: Future[None] = Future()
         with self._lock:
             if self._accepting:
-                self._jobs.put(_Stop(done))
+                self._jobs.put(Stop(done))
             else:  # the thread already ended
                 done.set_result(None)
         await asyncio.wrap_future(done)
@@ -511,11 +484,11 @@ class SqliteStore(Store):
             return
         self._checkpointer = _Checkpointer(self.path)
         opened.set_result(db)
-        stop: _Stop | None = None
+        stop: Stop | None = None
         try:
             while stop is None:
                 first = self._jobs.get()
-                if isinstance(first, _Stop):
+                if isinstance(first, Stop):
                     stop = first
                     break
                 group = [first]
@@ -524,7 +497,7 @@ class SqliteStore(Store):
                         more = self._jobs.get_nowait()
                     except queue.Empty:
                         break
-                    if isinstance(more, _Stop):
+                    if isinstance(more, Stop):
                         stop = more
                         break
                     group.append(more)
@@ -535,7 +508,7 @@ class SqliteStore(Store):
                         if db.in_transaction:
                             db.execute("ROLLBACK")
                     for job in group:  # ignored by those already answered (after COMMIT)
-                        _deliver(job, False, _failed("store failure", exc))
+                        deliver(job, False, _failed("store failure", exc))
         finally:
             with self._lock:
                 self._accepting = False
@@ -547,8 +520,8 @@ class SqliteStore(Store):
                     left = self._jobs.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(left, _Job):
-                    _deliver(left, False, RuntimeError(f"store {self.url} is closed"))
+                if isinstance(left, Job):
+                    deliver(left, False, RuntimeError(f"store {self.url} is closed"))
                 else:
                     left.done.set_result(None)
             if stop is not None:
@@ -596,7 +569,7 @@ class SqliteStore(Store):
                 if db.in_transaction:
                     db.execute("ROLLBACK")
 
-    def _run_group(self, db: sqlite3.Connection, jobs: list[_Job]) -> None:
+    def _run_group(self, db: sqlite3.Connection, jobs: list[Job]) -> None:
         """Run these transaction functions in one SQLite transaction; answer each of them after COMMIT.
 
         With more than one, each runs inside its own SAVEPOINT, so one that raises undoes only itself."""
@@ -607,11 +580,11 @@ class SqliteStore(Store):
             db.execute("BEGIN IMMEDIATE")
         except BaseException as exc:  # another process held the write lock too long, disk trouble, ...
             for job in jobs:
-                _deliver(job, False, _failed("could not begin a transaction", exc))
+                deliver(job, False, _failed("could not begin a transaction", exc))
             return
         self._ids.begin()
         alone = len(jobs) == 1
-        outcomes: list[tuple[_Job, bool, Any]] = []
+        outcomes: list[tuple[Job, bool, Any]] = []
         for i, job in enumerate(jobs):
             if not alone:
                 db.execute("SAVEPOINT rollbuf_fn")
@@ -627,9 +600,9 @@ class SqliteStore(Store):
                     if db.in_transaction:
                         db.execute("ROLLBACK")
                     self._save_ids(db)
-                    _deliver(job, False, exc)
+                    deliver(job, False, exc)
                     for done, ok, result in outcomes:
-                        _deliver(done, False, _failed("transaction rolled back by SQLite", exc) if ok else result)
+                        deliver(done, False, _failed("transaction rolled back by SQLite", exc) if ok else result)
                     self._run_group(db, jobs[i + 1 :])
                     return
                 db.execute("ROLLBACK TO rollbuf_fn")
@@ -648,10 +621,10 @@ class SqliteStore(Store):
             if db.in_transaction:
                 db.execute("ROLLBACK")
             for job, ok, result in outcomes:
-                _deliver(job, False, _failed("commit failed", exc) if ok else result)
+                deliver(job, False, _failed("commit failed", exc) if ok else result)
             return
         for job, ok, result in outcomes:
-            _deliver(job, ok, result)
+            deliver(job, ok, result)
 
 
 def _failed(what: str, cause: BaseException) -> sqlite3.OperationalError:
