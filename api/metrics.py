@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
@@ -70,10 +70,10 @@ class TimedStore(Store):
         self.inner = inner
         self.url = inner.url
 
-    async def transact(self, fn: Callable[[Txn], T]) -> T:
+    async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         start = time.perf_counter()
         try:
-            return await self.inner.transact(fn)
+            return await self.inner.transact(fn, replies=replies)
         finally:
             STORE_SECONDS.observe(time.perf_counter() - start)
 

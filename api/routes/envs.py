@@ -73,7 +73,7 @@ def _json_submissions(
 
 
 async def _decode(
-    raw: bytes, request: Request, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
+    raw: bytes, request: Request, run: RunState, *, service: Service, many: bool, idempotency_key: str | None = None
 ) -> list[Submission]:
     """The body's groups, validated: on the event loop for a small body, in a worker thread for a large one
     (other requests go on meanwhile). The env named in the body is kept for the request's log line."""
@@ -162,9 +162,7 @@ async def scored_data(
     """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
     key = f"k:{idempotency_key}" if idempotency_key else None
-    run = await service.run_state()
-    subs = await _decode(raw, request, run, service, many=False, idempotency_key=key)
-    [reply] = await service.store_submissions(subs, run)
+    [reply] = await service.ingest(partial(_decode, raw, request, service=service, many=False, idempotency_key=key))
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
@@ -182,8 +180,7 @@ async def scored_data(
 async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
     """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
-    run = await service.run_state()
-    replies = await service.store_submissions(await _decode(raw, request, run, service, many=True), run)
+    replies = await service.ingest(partial(_decode, raw, request, service=service, many=True))
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)
     out = ScoredListReply(

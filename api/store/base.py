@@ -164,11 +164,12 @@ class Store(ABC):
     url: str
 
     @abstractmethod
-    async def transact(self, fn: Callable[[Txn], T]) -> T:
+    async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         """Run fn atomically: its writes apply all together, and only if it returns without raising.
 
         Durable backends return only after the writes are durable, so a reply sent after `transact`
-        returns never acknowledges something a crash could lose.
+        returns never acknowledges something a crash could lose. `replies`: idempotency keys fn will look up
+        with `get_reply`; a backend whose reads are round trips may read them ahead, with its first reads.
         """
 
     async def read(self, fn: Callable[[Txn], T]) -> T:

@@ -7,7 +7,7 @@ event loop, which may be closed by then (the caller gave up): that is not the wr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +20,8 @@ class Job:
     fn: Callable[[Txn], Any]
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    replies: Sequence[str] = ()
+    """Idempotency keys `fn` will look up (`Store.transact`)."""
 
 
 @dataclass(slots=True)

@@ -167,7 +167,7 @@ class MemoryStore(Store):
         self.url = url
         self._state = _State()
 
-    async def transact(self, fn: Callable[[Txn], T]) -> T:
+    async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         txn = MemoryTxn(self._state)
         try:
             return fn(txn)

@@ -256,6 +256,8 @@ class _Pending:
     payloads: dict[int, bytes] = field(default_factory=dict)
     """Payloads of appended items, queued or popped for a kept batch."""
     replies: dict[str, str] = field(default_factory=dict)
+    fetched_replies: dict[str, str | None] = field(default_factory=dict)
+    """Stored replies read at BEGIN, None where there is none: replaced, never changed in place (not copied)."""
     buffers: dict[int, list[BufferedGroup]] = field(default_factory=dict)
     """Buffers read or written in this group; `dirty_buffers` to be written."""
     dirty_buffers: set[int] = field(default_factory=set)
@@ -270,6 +272,7 @@ class _Pending:
             {env: dict(items) for env, items in self.queued.items()},
             dict(self.payloads),
             dict(self.replies),
+            self.fetched_replies,
             dict(self.buffers),
             set(self.dirty_buffers),
             self.appended,
@@ -279,31 +282,45 @@ class _Pending:
 class _Group:
     """One PostgreSQL transaction running the functions of one group, one after another."""
 
-    def __init__(self, conn: psycopg.Connection[Any], config: PostgresConfig, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        config: PostgresConfig,
+        read_only: bool = False,
+        replies: Sequence[str] = (),
+    ) -> None:
         self.conn = conn
         self.config = config
         self.read_only = read_only
-        # Writers take the lock: every statement after it sees every transaction committed before it. Readers
-        # read one snapshot of committed state, without the lock.
-        begin = (
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"
-            if read_only
-            else f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key})"
-        )
-        cur = conn.execute(
-            f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
-            "SELECT env_id, items, groups, seqs, tokens FROM counts",
-            prepare=False,
-        )
-        cur.nextset()
-        cur.nextset()
-        self.next_id = int(cast(tuple[Any, ...], cur.fetchone())[0])
+        # One round trip: BEGIN, the lock, the small tables and the replies the functions announced. Writers take
+        # the lock first: every statement after it sees every transaction committed before it. Readers read one
+        # snapshot of committed state, without the lock.
+        with conn.pipeline():
+            if read_only:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", prepare=False)
+            else:
+                conn.execute("BEGIN", prepare=False)
+                conn.execute("SELECT pg_advisory_xact_lock(%b)", (config.lock_key,))
+            next_id = conn.execute("SELECT value FROM meta WHERE key = 'next_item_id'")
+            kv = conn.execute("SELECT key, value FROM kv")
+            counts = conn.execute("SELECT env_id, items, groups, seqs, tokens FROM counts")
+            known = (
+                conn.execute("SELECT key, reply FROM replies WHERE key = ANY(%b)", (list(replies),))
+                if replies
+                else None
+            )
+        self.next_id = int(cast(tuple[Any, ...], next_id.fetchone())[0])
         self.stored_next_id = self.next_id
-        cur.nextset()
-        values = {str(k): str(v) for k, v in cur.fetchall()}
-        cur.nextset()
-        counts = {int(r[0]): [int(x) for x in r[1:]] for r in cur.fetchall()}
-        self.pending = _Pending(values, set(), counts, set())
+        fetched: dict[str, str | None] = dict.fromkeys(replies)
+        if known is not None:
+            fetched.update(known.fetchall())
+        self.pending = _Pending(
+            {str(k): str(v) for k, v in kv.fetchall()},
+            set(),
+            {int(r[0]): [int(x) for x in r[1:]] for r in counts.fetchall()},
+            set(),
+            fetched_replies=fetched,
+        )
         self.replies_added = 0
 
     def commit(self, notify: str | None) -> None:
@@ -477,6 +494,8 @@ class PostgresTxn(Txn):
     def get_reply(self, key: str) -> str | None:
         if key in self._p.replies:
             return self._p.replies[key]
+        if key in self._p.fetched_replies:
+            return self._p.fetched_replies[key]
         row = self._db.execute("SELECT reply FROM replies WHERE key = %b", (key,), binary=True).fetchone()
         return None if row is None else cast(str, row[0])
 
@@ -532,6 +551,7 @@ class PostgresTxn(Txn):
         p.queued.clear()
         p.payloads.clear()
         p.replies.clear()
+        p.fetched_replies = {}
         p.buffers.clear()
         p.dirty_buffers.clear()
 
@@ -603,14 +623,14 @@ class PostgresStore(Store):
 
     # ------------------------------------------------------------------ the event loop's side
 
-    async def transact(self, fn: Callable[[Txn], T]) -> T:
-        return await self._submit(self._writer, fn)
+    async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
+        return await self._submit(self._writer, fn, replies)
 
     async def read(self, fn: Callable[[Txn], T]) -> T:
         """A snapshot of committed state, read beside the writer: no store lock, no WAL flush."""
         return await self._submit(self._reader, fn)
 
-    async def _submit(self, lane: _Lane, fn: Callable[[Txn], T]) -> T:
+    async def _submit(self, lane: _Lane, fn: Callable[[Txn], T], replies: Sequence[str] = ()) -> T:
         if self._closed:
             raise RuntimeError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
@@ -618,7 +638,7 @@ class PostgresStore(Store):
         with self._lock:
             if not lane.accepting:
                 raise RuntimeError(f"store {self.url} is closed")
-            lane.jobs.put(Job(fn, future, loop))
+            lane.jobs.put(Job(fn, future, loop, replies))
         return cast(T, await future)
 
     def subscribe(self, callback: Callable[[], None]) -> None:
@@ -731,14 +751,14 @@ class PostgresStore(Store):
         while jobs:
             jobs = self._run_group(lane, jobs)
 
-    def _connect_and_begin(self, read_only: bool) -> tuple[psycopg.Connection[Any], _Group]:
+    def _connect_and_begin(self, read_only: bool, replies: Sequence[str]) -> tuple[psycopg.Connection[Any], _Group]:
         """A connection in a transaction (holding the store lock, for the writer). A connection found broken at
         BEGIN (the server restarted since it was last used) is replaced, as many times as the pool holds
         connections: nothing was sent on it that could apply."""
         for attempt in range(POOL_SIZE + 1):
             conn = self._pool.getconn()
             try:
-                return conn, _Group(conn, self.config, read_only)
+                return conn, _Group(conn, self.config, read_only, replies)
             except BaseException as exc:
                 self._release(conn)
                 if attempt == POOL_SIZE or not (isinstance(exc, psycopg.OperationalError) and conn.broken):
@@ -754,7 +774,8 @@ class PostgresStore(Store):
     def _run_group(self, lane: _Lane, jobs: list[Job]) -> list[Job]:
         """Run a prefix of `jobs` in one transaction and answer them; return those left to run."""
         try:
-            conn, group = self._connect_and_begin(lane.read_only)
+            keys = list(dict.fromkeys(key for job in jobs for key in job.replies))
+            conn, group = self._connect_and_begin(lane.read_only, keys)
         except BaseException as exc:
             for job in jobs:
                 deliver(job, False, unavailable("could not begin a transaction", exc) if is_transient(exc) else exc)

@@ -449,7 +449,7 @@ class SqliteStore(Store):
             self._thread.join()
             raise
 
-    async def transact(self, fn: Callable[[Txn], T]) -> T:
+    async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         if self._closed:
             raise RuntimeError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()

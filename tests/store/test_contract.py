@@ -247,3 +247,37 @@ async def test_read_sees_what_is_committed(store: Store) -> None:
     await store.transact(lambda t: t.set_value("k", "v"))
     got = await store.read(lambda t: ([m.item_id for m in t.head(0)], t.get_value("k"), t.counts()[0].items))
     assert got == (ids, "v", 3)
+
+
+async def test_announced_replies_read_as_any_other(store: Store) -> None:
+    """Keys announced to `transact` (read ahead where reads cost a round trip) read exactly as unannounced
+    ones: what an earlier function of the same commit group wrote, what one that raised did not, and nothing
+    after `clear`."""
+    await store.transact(lambda t: t.put_reply("stored", "old"))
+
+    def put(t: Txn, n: int) -> str | None:
+        seen = t.get_reply(f"k{n % 4}")
+        t.put_reply(f"k{n % 4}", f"by {n}")
+        if n % 3 == 0:
+            raise ValueError(n)
+        return seen
+
+    calls = [store.transact(lambda t, n=n: put(t, n), replies=[f"k{n % 4}", "stored"]) for n in range(24)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    last: dict[int, str] = {}
+    for n, got in enumerate(results):  # transactions apply in the order they were called
+        if n % 3 == 0:
+            assert isinstance(got, ValueError)
+            continue
+        assert got == last.get(n % 4), n
+        last[n % 4] = f"by {n}"
+    keys = ["stored", "k0", "k1", "k2", "k3", "absent"]
+    got_all = await store.transact(lambda t: [t.get_reply(k) for k in keys], replies=keys)
+    assert got_all == ["old", last[0], last[1], last[2], last[3], None]
+
+    def clear_then_read(t: Txn) -> list[str | None]:
+        before = t.get_reply("stored")
+        t.clear()
+        return [before, t.get_reply("stored"), t.get_reply("k1")]
+
+    assert await store.transact(clear_then_read, replies=["stored", "k1"]) == ["old", None, None]
