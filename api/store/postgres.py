@@ -212,6 +212,15 @@ def parse_url(url: str) -> PostgresConfig:
     return PostgresConfig(conninfo, schema, max_replies, ttl, lock_timeout, pool_timeout)
 
 
+def db_key(key: str) -> str:
+    """An idempotency key as the `replies` table holds it. PostgreSQL text cannot hold NUL, which a group id
+    may contain: such keys (and, to stay one-to-one, keys starting with \\x01) are escaped behind a \\x01
+    prefix; every other key is stored as it is."""
+    if "\0" not in key and not key.startswith("\x01"):
+        return key
+    return "\x01" + key.replace("\x01", "\x01\x01").replace("\0", "\x01\x02")
+
+
 def redacted(url: str) -> str:
     """The URL without its password, for logs."""
     parts = urlsplit(url)
@@ -292,35 +301,37 @@ class _Group:
         self.conn = conn
         self.config = config
         self.read_only = read_only
-        # One round trip: BEGIN, the lock, the small tables and the replies the functions announced. Writers take
-        # the lock first: every statement after it sees every transaction committed before it. Readers read one
-        # snapshot of committed state, without the lock.
-        with conn.pipeline():
-            if read_only:
-                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", prepare=False)
-            else:
-                conn.execute("BEGIN", prepare=False)
-                conn.execute("SELECT pg_advisory_xact_lock(%b)", (config.lock_key,))
-            next_id = conn.execute("SELECT value FROM meta WHERE key = 'next_item_id'")
-            kv = conn.execute("SELECT key, value FROM kv")
-            counts = conn.execute("SELECT env_id, items, groups, seqs, tokens FROM counts")
-            known = (
-                conn.execute("SELECT key, reply FROM replies WHERE key = ANY(%b)", (list(replies),))
-                if replies
-                else None
-            )
-        self.next_id = int(cast(tuple[Any, ...], next_id.fetchone())[0])
-        self.stored_next_id = self.next_id
-        fetched: dict[str, str | None] = dict.fromkeys(replies)
-        if known is not None:
-            fetched.update(known.fetchall())
-        self.pending = _Pending(
-            {str(k): str(v) for k, v in kv.fetchall()},
-            set(),
-            {int(r[0]): [int(x) for x in r[1:]] for r in counts.fetchall()},
-            set(),
-            fetched_replies=fetched,
+        # One round trip, one simple-protocol query (a pipeline of statements costs twice the client CPU): BEGIN,
+        # the lock, the small tables and the replies the functions announced. Writers take the lock first: every
+        # statement after it sees every transaction committed before it. Readers read one snapshot of committed
+        # state, without the lock.
+        begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"
+            if read_only
+            else f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key})"
         )
+        query: sql.SQL | sql.Composed = sql.SQL(
+            f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
+            "SELECT env_id, items, groups, seqs, tokens FROM counts"
+        )
+        stored_keys = {db_key(k): k for k in replies}
+        if replies:  # the keys are quoted by psycopg (a literal text[]), not by us
+            keys = sql.Literal(list(stored_keys))
+            query += sql.SQL("; SELECT key, reply FROM replies WHERE key = ANY({})").format(keys)
+        cur = conn.execute(query, prepare=False)
+        cur.nextset()
+        cur.nextset()
+        self.next_id = int(cast(tuple[Any, ...], cur.fetchone())[0])
+        self.stored_next_id = self.next_id
+        cur.nextset()
+        values = {str(k): str(v) for k, v in cur.fetchall()}
+        cur.nextset()
+        counts = {int(r[0]): [int(x) for x in r[1:]] for r in cur.fetchall()}
+        fetched: dict[str, str | None] = dict.fromkeys(replies)
+        if replies:
+            cur.nextset()
+            fetched.update((stored_keys[k], v) for k, v in cur.fetchall())
+        self.pending = _Pending(values, set(), counts, set(), fetched_replies=fetched)
         self.replies_added = 0
 
     def commit(self, notify: str | None) -> None:
@@ -339,7 +350,7 @@ class _Group:
             if p.payloads:
                 conn.execute(_FLUSH_PAYLOADS, [list(p.payloads), list(p.payloads.values())], binary=True)
             if p.replies:
-                conn.execute(_FLUSH_REPLIES, [time.time(), list(p.replies), list(p.replies.values())])
+                conn.execute(_FLUSH_REPLIES, [time.time(), [db_key(k) for k in p.replies], list(p.replies.values())])
                 self.replies_added += len(p.replies)
             if p.dirty_counts:
                 envs = sorted(p.dirty_counts)
@@ -496,7 +507,7 @@ class PostgresTxn(Txn):
             return self._p.replies[key]
         if key in self._p.fetched_replies:
             return self._p.fetched_replies[key]
-        row = self._db.execute("SELECT reply FROM replies WHERE key = %b", (key,), binary=True).fetchone()
+        row = self._db.execute("SELECT reply FROM replies WHERE key = %b", (db_key(key),), binary=True).fetchone()
         return None if row is None else cast(str, row[0])
 
     def put_reply(self, key: str, reply: str) -> None:

@@ -92,3 +92,15 @@ async def test_one_id_twice_in_one_list(client: httpx.AsyncClient) -> None:
     r = await client.post("/scored_data_list", json=[b, c])
     assert r.status_code == 409 and "by body[0] of this request" in r.json()["detail"]
     assert await queued(client) == 1
+
+
+async def test_any_group_id_is_a_key(client: httpx.AsyncClient) -> None:
+    """Group ids are text as the client sent it: NUL (which PostgreSQL text cannot hold), quotes, backslashes."""
+    await start(client)
+    ids = ["a\x00b", "a\\x00b", "\x01lead", '{"q",\\}', "ünï"]
+    for i, gid in enumerate(ids):
+        assert (await client.post("/scored_data", json=group(4, env_id=0, seed=i, group_id=gid))).status_code == 200
+    for i, gid in enumerate(ids):
+        r = await client.post("/scored_data", json=group(4, env_id=0, seed=i, group_id=gid))
+        assert r.json() == {"status": "received", "duplicate": True}, gid
+    assert await queued(client) == len(ids)

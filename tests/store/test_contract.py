@@ -281,3 +281,14 @@ async def test_announced_replies_read_as_any_other(store: Store) -> None:
         return [before, t.get_reply("stored"), t.get_reply("k1")]
 
     assert await store.transact(clear_then_read, replies=["stored", "k1"]) == ["old", None, None]
+
+
+@given(keys=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40),
+                     min_size=1, max_size=5, unique=True))  # fmt: skip
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+async def test_announced_replies_with_any_key(store: Store, keys: list[str]) -> None:
+    """Keys travel as the client sent them (quotes, braces, backslashes, commas, NUL, any script)."""
+    await store.transact(lambda t: t.clear())
+    await store.transact(lambda t: [t.put_reply(k, f"reply {i}") for i, k in enumerate(keys[::2])])
+    got = await store.transact(lambda t: [t.get_reply(k) for k in keys], replies=keys)
+    assert got == [f"reply {i // 2}" if i % 2 == 0 else None for i in range(len(keys))]
