@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from api.schema import RegisterEnv, Registration
 from api.service import FormedBatch, Service
 from api.store import make_store
@@ -37,6 +39,12 @@ async def _setup(url: str, queued: int) -> Service:
                                                group_size=size, min_batch_allocation=share))  # fmt: skip
 
     await top_up(service, queued)
+    if url.startswith("postgresql"):
+        # A queue filled by 20 transactions a moment ago has no visibility map and no planner statistics yet;
+        # in a run, where the queue grows over minutes, autovacuum has done this long before (7.7 against 4.2
+        # ms at 100k queued, measured without it).
+        with psycopg.connect(url, autocommit=True, options="-c search_path=rollbuf") as conn:
+            conn.execute("VACUUM ANALYZE")
     return service
 
 
