@@ -580,6 +580,15 @@ class _AbortGroup(Exception):
 
 
 @dataclass(slots=True)
+class _Listener:
+    """A `subscribe` callback, and whether a call of it is already scheduled on its loop."""
+
+    callback: Callable[[], None]
+    loop: asyncio.AbstractEventLoop
+    pending: bool = False
+
+
+@dataclass(slots=True)
 class _Lane:
     """A thread running queued functions, a group at a time: the writer (transactions, under the store lock)
     or the reader (`Store.read`: snapshots, beside the writer and other replicas)."""
@@ -601,7 +610,7 @@ class PostgresStore(Store):
         """Sent with NOTIFY, so a replica ignores its own notifications (it woke its trainers itself)."""
         self._closed = False
         self._lock = threading.Lock()
-        self._listeners: list[tuple[Callable[[], None], asyncio.AbstractEventLoop]] = []
+        self._listeners: list[_Listener] = []
         self._listen_stop = threading.Event()
         self._listen_thread: threading.Thread | None = None
         self._replies_since_trim = 0
@@ -655,7 +664,7 @@ class PostgresStore(Store):
     def subscribe(self, callback: Callable[[], None]) -> None:
         loop = asyncio.get_running_loop()
         with self._lock:
-            self._listeners.append((callback, loop))
+            self._listeners.append(_Listener(callback, loop))
             if self._listen_thread is None and not self._closed:
                 self._listen_thread = threading.Thread(target=self._listen, name="rollbuf-listen", daemon=True)
                 self._listen_thread.start()
@@ -687,11 +696,20 @@ class PostgresStore(Store):
     # ------------------------------------------------------------------ LISTEN
 
     def _wake(self) -> None:
+        """Call every subscriber on its loop, once for any number of wakes made before that call runs: commits
+        come hundreds a second, and each wake-up of an event loop from another thread costs both threads."""
         with self._lock:
-            listeners = list(self._listeners)
-        for callback, loop in listeners:
+            due = [listener for listener in self._listeners if not listener.pending]
+            for listener in due:
+                listener.pending = True
+        for listener in due:
             with contextlib.suppress(RuntimeError):  # that loop is closed
-                loop.call_soon_threadsafe(callback)
+                listener.loop.call_soon_threadsafe(self._fire, listener)
+
+    def _fire(self, listener: _Listener) -> None:
+        with self._lock:
+            listener.pending = False  # before the call: a commit after this point wakes it again
+        listener.callback()
 
     def _listen(self) -> None:
         """Wake this replica's long-polls when another replica commits queued data. While the connection is
@@ -705,9 +723,10 @@ class PostgresStore(Store):
                     self._wake()  # what was committed before LISTEN took effect is seen by the re-check
                     failures = 0
                     while not self._listen_stop.is_set():
-                        for note in conn.notifies(timeout=0.2):
-                            if note.payload != self._replica:
-                                self._wake()
+                        # What arrived together wakes once (`stop_after` ends the wait at the first packet).
+                        notes = conn.notifies(timeout=0.2, stop_after=1)
+                        if any(note.payload != self._replica for note in list(notes)):
+                            self._wake()
             except psycopg.Error as exc:
                 pause = LISTEN_RETRY_S[min(failures, len(LISTEN_RETRY_S) - 1)]
                 failures += 1

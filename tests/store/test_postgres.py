@@ -4,6 +4,7 @@ replica) on one database behaving as one."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -142,6 +143,29 @@ async def test_a_replica_hears_of_data_committed_through_another(dbname: str) ->
     finally:
         await a.close()
         await b.close()
+
+
+async def test_wakes_made_before_the_loop_runs_call_once_and_later_ones_again(dbname: str) -> None:
+    """Hundreds of commits a second each wake the subscribers: those that come while a call is already
+    scheduled are one call, and a wake after that call has started is another (none is lost)."""
+    store = PostgresStore(pg.url_of(dbname))
+    try:
+        calls: list[int] = []
+        store.subscribe(lambda: calls.append(1))
+        await asyncio.sleep(0.5)  # the LISTEN connection opens and wakes once
+        before = len(calls)
+        waker = threading.Thread(target=lambda: [store._wake() for _ in range(200)])
+        waker.start()
+        waker.join()  # blocks this loop: none of the calls can run before all 200 wakes are made
+        await asyncio.sleep(0.05)
+        assert len(calls) == before + 1
+        waker = threading.Thread(target=store._wake)
+        waker.start()
+        waker.join()
+        await asyncio.sleep(0.05)
+        assert len(calls) == before + 2
+    finally:
+        await store.close()
 
 
 async def test_a_broken_connection_is_replaced_without_an_error(dbname: str) -> None:
