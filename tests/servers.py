@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +40,18 @@ class ServerProcess:
         self.proc.wait(timeout=30)
 
 
-def start_server(store: str, log: Path, port: int | None = None, *extra: str) -> ServerProcess:
+def start_server(
+    store: str, log: Path, port: int | None = None, *extra: str, host: str = "127.0.0.1", prefix: Sequence[str] = ()
+) -> ServerProcess:
+    """`prefix`: what the command runs under (`ip netns exec NS`: the server in another network namespace)."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "api", "serve", "--host", "127.0.0.1", "--port", str(port), "--store", store,
+    cmd = [*prefix, sys.executable, "-m", "api", "serve", "--host", host, "--port", str(port), "--store", store,
            "--log-level", "warning", *extra]  # fmt: skip
+    if host != "127.0.0.1":
+        cmd.append("--allow-unauthenticated")  # a private test network, torn down with the test
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = ServerProcess(f"http://127.0.0.1:{port}", port, store, proc, log)
+    server = ServerProcess(f"http://{host}:{port}", port, store, proc, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -59,6 +59,8 @@ HEAD_CHUNKS = (32, 256, 2048)
 """Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
 REPLY_TRIM_EVERY = 1024
 """Old idempotency replies are trimmed once per this many replies stored by a replica."""
+RESET_S = 1.0
+"""A broken connection that failed faster than this was reset (worth replacing at once), not cut off."""
 RETRY_AFTER_S = 1.0
 """Retry-After sent with a 503 when the database cannot be reached or a commit's outcome is unknown."""
 RECONNECT_ROUND_S = 2.0
@@ -66,6 +68,30 @@ RECONNECT_ROUND_S = 2.0
 LISTEN_RETRY_S = (0.1, 0.5, 1.0, 2.0)
 """Pauses between attempts to re-open the LISTEN connection (the last one repeats)."""
 
+LIBPQ_DEFAULTS = {
+    "connect_timeout": "5",
+    "application_name": "rollbuf",
+    # A database that stops answering (a network partition: no reset, just silence) is given up on within about
+    # 10 s, so the request gets its 503 and the connection is replaced, instead of waiting out the kernel's
+    # retransmissions (15 minutes): unacknowledged data for 10 s, or 5 s idle and then 3 probes 2 s apart.
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+"""libpq parameters a store URL gets unless it sets them."""
+SESSION_SETTINGS = {
+    # The server's side of the same: a replica cut off while it holds the store lock loses its session, and
+    # the other replicas the lock, within about 11 s (not the two hours of the kernel's default keepalive).
+    "tcp_keepalives_idle": "5",
+    "tcp_keepalives_interval": "2",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+    # A replica that stops mid-transaction without losing its connection (stopped, hung) frees the lock after
+    # this; rollbuf's own transactions never wait for anything between statements.
+    "idle_in_transaction_session_timeout": "15000",
+}
+"""Settings of every session a replica opens (lock_timeout and search_path come from the URL)."""
 _OWN_PARAMS = {"schema", "max_replies", "reply_ttl", "lock_timeout", "pool_timeout"}
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 _TRANSIENT_CLASSES = {"08", "40", "53", "55", "57", "58"}
@@ -186,10 +212,8 @@ def parse_url(url: str) -> PostgresConfig:
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     own = {k: v for k, v in pairs if k in _OWN_PARAMS}
     libpq = [(k, v) for k, v in pairs if k not in _OWN_PARAMS]
-    if not any(k == "connect_timeout" for k, _ in libpq):
-        libpq.append(("connect_timeout", "5"))
-    if not any(k == "application_name" for k, _ in libpq):
-        libpq.append(("application_name", "rollbuf"))
+    given = {k for k, _ in libpq}
+    libpq += [(k, v) for k, v in LIBPQ_DEFAULTS.items() if k not in given]
     conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(libpq), ""))
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
@@ -615,10 +639,9 @@ class PostgresStore(Store):
         self._listen_thread: threading.Thread | None = None
         self._replies_since_trim = 0
         schema = self.config.schema
-        options = (
-            f"-c search_path={schema} -c lock_timeout={round(self.config.lock_timeout * 1000)} "
-            "-c idle_in_transaction_session_timeout=60000"
-        )
+        settings = {"search_path": schema, "lock_timeout": str(round(self.config.lock_timeout * 1000)),
+                    **SESSION_SETTINGS}  # fmt: skip
+        options = " ".join(f"-c {name}={value}" for name, value in settings.items())
         kwargs: dict[str, Any] = {"autocommit": True, "options": options}
         # Connected once directly first: a wrong URL, password or database name fails here, with libpq's words.
         with psycopg.connect(self.config.conninfo, **kwargs) as conn:
@@ -783,15 +806,18 @@ class PostgresStore(Store):
 
     def _connect_and_begin(self, read_only: bool, replies: Sequence[str]) -> tuple[psycopg.Connection[Any], _Group]:
         """A connection in a transaction (holding the store lock, for the writer). A connection found broken at
-        BEGIN (the server restarted since it was last used) is replaced, as many times as the pool holds
-        connections: nothing was sent on it that could apply."""
+        BEGIN at once (the server restarted since it was last used: a reset) is replaced, as many times as the
+        pool holds connections: nothing was sent on it that could apply. One that took long to fail (the
+        database stopped answering) is not: the next would only make the caller wait as long again."""
         for attempt in range(POOL_SIZE + 1):
             conn = self._pool.getconn()
+            began = time.monotonic()
             try:
                 return conn, _Group(conn, self.config, read_only, replies)
             except BaseException as exc:
                 self._release(conn)
-                if attempt == POOL_SIZE or not (isinstance(exc, psycopg.OperationalError) and conn.broken):
+                reset = isinstance(exc, psycopg.OperationalError) and conn.broken
+                if attempt == POOL_SIZE or not reset or time.monotonic() - began > RESET_S:
                     raise
         raise AssertionError("unreachable")
 

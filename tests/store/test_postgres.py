@@ -11,7 +11,16 @@ import psycopg
 import pytest
 
 from api.store.base import ItemMeta, QueuedItem, StoreUnavailable, Txn
-from api.store.postgres import SCHEMA_VERSION, PostgresConfig, PostgresStore, is_transient, parse_url, redacted
+from api.store.postgres import (
+    LIBPQ_DEFAULTS,
+    SCHEMA_VERSION,
+    SESSION_SETTINGS,
+    PostgresConfig,
+    PostgresStore,
+    is_transient,
+    parse_url,
+    redacted,
+)
 from tests import pg
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +38,12 @@ def test_url_forms() -> None:
     # rollbuf's own parameters are taken out; libpq's stay, with a connect timeout and a name by default.
     info = psycopg.conninfo.conninfo_to_dict(cfg.conninfo)
     assert info == {"user": "u", "password": "pw", "host": "db.example", "port": "6543", "dbname": "run1",
-                    "sslmode": "require", "connect_timeout": "5", "application_name": "rollbuf"}  # fmt: skip
+                    "sslmode": "require", **LIBPQ_DEFAULTS}  # fmt: skip
+    assert LIBPQ_DEFAULTS["connect_timeout"] == "5" and LIBPQ_DEFAULTS["application_name"] == "rollbuf"
+    given = psycopg.conninfo.conninfo_to_dict(
+        parse_url("postgresql://h/db?tcp_user_timeout=0&connect_timeout=2").conninfo
+    )
+    assert given["tcp_user_timeout"] == "0" and given["connect_timeout"] == "2", "what the URL says wins"
     assert parse_url("postgres://h/db").schema == "rollbuf"
     assert redacted("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
     for bad in ("postgresql://h", "postgresql://h/", "postgresql://h/db?schema=Bad-Name", "postgresql://h/db?lock_timeout=0",
@@ -212,3 +226,16 @@ async def test_reads_take_no_lock_and_write_nothing(dbname: str) -> None:
         assert await store.read(lambda t: t.get_value("k")) == "1"
     finally:
         await store.close()
+
+
+async def test_sessions_notice_a_silent_peer_within_seconds(dbname: str) -> None:
+    """Both ends of every connection give up on a peer that went silent (a partition) within about 10 s."""
+    store = PostgresStore(pg.url_of(dbname))
+    try:
+        with store._pool.connection() as conn:
+            got = {name: conn.execute(f"SHOW {name}").fetchone()[0] for name in SESSION_SETTINGS}  # type: ignore[index]
+            assert conn.info.get_parameters()["keepalives_idle"] == "5"
+    finally:
+        await store.close()
+    assert got == {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+                   "tcp_user_timeout": "10000", "idle_in_transaction_session_timeout": "15s"}  # fmt: skip
