@@ -113,7 +113,7 @@ def check_store(url: str) -> None:
     """Open and close the store before listening, so that a store that cannot be used (a path that cannot be
     created, a SQLite file holding another application's tables, an unknown scheme) is one line and exit 2
     instead of a traceback from the server's startup."""
-    from api.store import make_store
+    from api.store import make_store, redacted, without_password
 
     async def open_close() -> None:
         store = make_store(url)
@@ -122,7 +122,7 @@ def check_store(url: str) -> None:
     try:
         asyncio.run(open_close())
     except Exception as exc:  # any failure to open is the operator's to fix; its message names the cause
-        fail(f"--store {url}: {exc}")
+        fail(f"--store {redacted(url)}: {without_password(str(exc), url)}")
 
 
 def serve(args: list[str]) -> None:

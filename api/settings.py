@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.store import redacted
+
 MiB = 1024 * 1024
 SHARED_STORES = ("sqlite:///", "postgresql://", "postgres://")
 """Store URLs that several server processes can share."""
@@ -83,11 +85,13 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _safe(self) -> Settings:
         if not self.store.startswith(SHARED_STORES + ("memory://",)):
-            raise ValueError(f"store {self.store!r}: use memory://, sqlite:///path.db or postgresql://host/dbname")
+            raise ValueError(
+                f"store {redacted(self.store)!r}: use memory://, sqlite:///path.db or postgresql://host/dbname"
+            )
         if self.workers > 1 and not self.store.startswith(SHARED_STORES):
             raise ValueError(
                 f"workers={self.workers} needs a store the processes share: sqlite:///path.db or postgresql://, "
-                f"not {self.store}"
+                f"not {redacted(self.store)}"
             )
         if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(

@@ -41,6 +41,7 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 
+from api.store import redacted
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, StoreUnavailable, Txn
 from api.store.jobs import Job, Stop, deliver
 
@@ -206,9 +207,9 @@ def parse_url(url: str) -> PostgresConfig:
     """
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"store URL {url!r}: use postgresql://user@host:port/dbname")
+        raise ValueError(f"store URL {redacted(url)!r}: use postgresql://user@host:port/dbname")
     if not parts.path.strip("/"):
-        raise ValueError(f"store URL {url!r} names no database: postgresql://user@host:port/dbname")
+        raise ValueError(f"store URL {redacted(url)!r} names no database: postgresql://user@host:port/dbname")
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     own = {k: v for k, v in pairs if k in _OWN_PARAMS}
     libpq = [(k, v) for k, v in pairs if k not in _OWN_PARAMS]
@@ -218,10 +219,10 @@ def parse_url(url: str) -> PostgresConfig:
     try:
         psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        raise ValueError(f"store URL {url!r}: {exc}") from None
+        raise ValueError(f"store URL {redacted(url)!r}: {exc}") from None
     schema = own.get("schema", "rollbuf")
     if not _IDENTIFIER.fullmatch(schema):
-        raise ValueError(f"store URL {url!r}: schema must be a lower-case identifier ([a-z_][a-z0-9_]*)")
+        raise ValueError(f"store URL {redacted(url)!r}: schema must be a lower-case identifier ([a-z_][a-z0-9_]*)")
     try:
         max_replies = int(own.get("max_replies", 1_000_000))
         ttl = float(own["reply_ttl"]) if "reply_ttl" in own else None
@@ -229,10 +230,13 @@ def parse_url(url: str) -> PostgresConfig:
         pool_timeout = float(own.get("pool_timeout", 3.0))
     except ValueError:
         raise ValueError(
-            f"store URL {url!r}: max_replies must be an integer; reply_ttl, lock_timeout, pool_timeout seconds"
+            f"store URL {redacted(url)!r}: max_replies must be an integer; "
+            "reply_ttl, lock_timeout, pool_timeout seconds"
         ) from None
     if max_replies < 0 or (ttl is not None and not ttl >= 0) or not lock_timeout > 0 or not pool_timeout > 0:
-        raise ValueError(f"store URL {url!r}: max_replies and reply_ttl must not be negative, timeouts positive")
+        raise ValueError(
+            f"store URL {redacted(url)!r}: max_replies and reply_ttl must not be negative, timeouts positive"
+        )
     return PostgresConfig(conninfo, schema, max_replies, ttl, lock_timeout, pool_timeout)
 
 
@@ -243,15 +247,6 @@ def db_key(key: str) -> str:
     if "\0" not in key and not key.startswith("\x01"):
         return key
     return "\x01" + key.replace("\x01", "\x01\x01").replace("\0", "\x01\x02")
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def is_transient(exc: BaseException) -> bool:
