@@ -20,6 +20,7 @@ import pytest
 
 from tests import pg
 from tests.factories import env, group, registration
+from tests.relay import Relay
 from tests.servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.integration
@@ -267,7 +268,7 @@ def test_database_stopped_immediately_under_load(dbname: str, tmp_path: Path, cl
 # ------------------------------------------------------------------------------------------ a TCP proxy
 
 
-class CuttingProxy:
+class CuttingProxy(Relay):
     """Forwards TCP between a replica and PostgreSQL. Armed with a marker, it cuts the connection of the
     transaction that sends the marker (a group id travels as a parameter; b"" matches any), at its COMMIT:
     "before_commit" drops the COMMIT (the server rolls back what the transaction did), "after_commit"
@@ -275,31 +276,16 @@ class CuttingProxy:
     committed."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.armed: tuple[str, bytes] | None = None
         self.cuts = 0
         self.lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
     def arm(self, mode: str, marker: bytes = b"") -> None:
         with self.lock:
             self.armed = (mode, marker)
 
-    def close(self) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            threading.Thread(target=self._pipe, args=(client, server), daemon=True).start()
-
-    def _pipe(self, client: socket.socket, server: socket.socket) -> None:
+    def serve(self, client: socket.socket, server: socket.socket) -> None:
         """Client to server on this thread, server to client on another; a cut closes both."""
         swallow = threading.Event()
         committed = threading.Event()

@@ -6,13 +6,11 @@ twice. Needs root (network namespaces); skipped without it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ import pytest
 from tests import pg
 from tests.factories import group
 from tests.integration.test_postgres_faults import Load, setup_run, wait_for
+from tests.relay import Relay
 from tests.servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.integration
@@ -83,52 +82,17 @@ def host() -> Iterator[Host]:
         subprocess.run(["ip", "link", "del", outside], check=False, capture_output=True)
 
 
-class Relay:
-    """TCP from `listen` to PostgreSQL on loopback (which is where the machine's server listens). Its sockets
-    toward the replica give up on a silent peer as PostgreSQL's own would with rollbuf's session settings
+class SilenceAware(Relay):
+    """TCP from the namespace to PostgreSQL on loopback (where the machine's server listens). Its sockets toward
+    the replica give up on a silent peer as PostgreSQL's own would with rollbuf's session settings
     (`api.store.postgres.SESSION_SETTINGS`), and it then closes the database side: the database sees the
     replica's session end, as it would without a relay in between."""
 
-    def __init__(self, listen: str, upstream: tuple[str, int] = ("127.0.0.1", 5432)) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server((listen, 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            for option, value in ((socket.TCP_KEEPIDLE, 5), (socket.TCP_KEEPINTVL, 2), (socket.TCP_KEEPCNT, 3),
-                                  (socket.TCP_USER_TIMEOUT, 10_000)):  # fmt: skip
-                client.setsockopt(socket.IPPROTO_TCP, option, value)
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            server = socket.create_connection(self.upstream)
-            self.sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+    def prepare(self, client: socket.socket) -> None:
+        for option, value in ((socket.TCP_KEEPIDLE, 5), (socket.TCP_KEEPINTVL, 2), (socket.TCP_KEEPCNT, 3),
+                              (socket.TCP_USER_TIMEOUT, 10_000)):  # fmt: skip
+            client.setsockopt(socket.IPPROTO_TCP, option, value)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
 def served_by(load: Load, server: ServerProcess) -> int:
@@ -137,7 +101,7 @@ def served_by(load: Load, server: ServerProcess) -> int:
 
 
 def test_a_replica_cut_off_from_the_database(dbname: str, host: Host, tmp_path: Path) -> None:
-    relay = Relay(host.db_ip)
+    relay = SilenceAware(("127.0.0.1", 5432), listen=host.db_ip)
     local = pg.url_of(dbname)
     remote = local.replace("127.0.0.1:5432", f"{host.db_ip}:{relay.port}")
     servers: list[ServerProcess] = []
