@@ -19,10 +19,7 @@ class Relay:
 
     def close(self) -> None:
         self.listener.close()
-        for sock in self.sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        hang_up(*self.sockets, close=True)
 
     def _accept(self) -> None:
         while True:
@@ -51,6 +48,13 @@ def pipe(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        hang_up(src, dst)
+
+
+def hang_up(*sockets: socket.socket, close: bool = False) -> None:
+    """End both directions of each socket (the peer sees the connection end); `close` also frees them."""
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        if close:
+            sock.close()

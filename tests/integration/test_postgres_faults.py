@@ -5,7 +5,6 @@ have no gaps, and the service answers 503 (never 500) while it cannot be sure.""
 
 from __future__ import annotations
 
-import contextlib
 import random
 import socket
 import threading
@@ -20,7 +19,7 @@ import pytest
 
 from tests import pg
 from tests.factories import env, group, registration
-from tests.relay import Relay
+from tests.relay import Relay, hang_up
 from tests.servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.integration
@@ -346,10 +345,7 @@ class CuttingProxy(Relay):
         except OSError:
             pass
         finally:
-            for sock in (client, server):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
+            hang_up(client, server, close=True)
 
 
 def test_connection_cut_mid_transaction_and_after_commit(dbname: str, tmp_path: Path) -> None:
