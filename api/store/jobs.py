@@ -1,13 +1,15 @@
-"""The hand-off between the event loop and a store's writer thread, shared by the SQL backends.
+"""What the SQL backends share: the hand-off between the event loop and a store's writer thread, and the
+sizes in which it commits and reads.
 
-A caller's function travels to the writer thread as a `_Job`; its result travels back to the caller's own
+A caller's function travels to the writer thread as a `Job`; its result travels back to the caller's own
 event loop, which may be closed by then (the caller gave up): that is not the writer's problem.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import queue
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,55 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
         future.set_result(value)
     else:
         future.set_exception(value)
+
+
+Jobs = queue.SimpleQueue[Job | Stop]
+
+GROUP_MAX = 64
+"""Most transaction functions committed together: bounds how long one waits for those queued before it."""
+HEAD_CHUNKS = (32, 256, 2048)
+"""Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
+
+
+def head_chunk_sizes() -> Iterator[int]:
+    """HEAD_CHUNKS, then the last of them for ever."""
+    yield from HEAD_CHUNKS
+    while True:
+        yield HEAD_CHUNKS[-1]
+
+
+def next_group(jobs: Jobs, limit: int) -> tuple[list[Job], Stop | None]:
+    """Wait for the next job, then take what else is queued, up to `limit`: the functions committed together.
+    A `Stop` ends the group (what came before it still runs); it is returned for the thread to exit after."""
+    first = jobs.get()
+    if isinstance(first, Stop):
+        return [], first
+    group = [first]
+    while len(group) < limit:
+        try:
+            more = jobs.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(more, Stop):
+            return group, more
+        group.append(more)
+    return group, None
+
+
+def refuse_left(jobs: Jobs, url: str, stop: Stop | None) -> None:
+    """Once the writer thread stopped taking jobs: answer those queued meanwhile (the store is closed, never
+    a hang), then whoever asked it to stop."""
+    while True:
+        try:
+            left = jobs.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(left, Job):
+            deliver(left, False, RuntimeError(f"store {url} is closed"))
+        else:
+            left.done.set_result(None)
+    if stop is not None:
+        stop.done.set_result(None)
 
 
 def deliver(job: Job, ok: bool, value: Any) -> None:

@@ -43,7 +43,7 @@ from psycopg import sql
 
 from api.store import redacted
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, StoreUnavailable, Txn
-from api.store.jobs import Job, Stop, deliver
+from api.store.jobs import GROUP_MAX, Job, Jobs, Stop, deliver, head_chunk_sizes, next_group, refuse_left
 
 T = TypeVar("T")
 log = logging.getLogger("rollbuf")
@@ -52,12 +52,8 @@ SCHEMA_VERSION = 1
 """Version of the layout below. Older layouts are migrated (MIGRATIONS), newer ones refused."""
 MIGRATIONS: dict[int, list[str]] = {}
 """Statements that bring a schema of version v to v + 1, run in one transaction under the store lock."""
-GROUP_MAX = 64
 POOL_SIZE = 2
 """Connections per store (per server process): the writer's and the reader's, one in use by each at a time."""
-"""Most transaction functions committed together."""
-HEAD_CHUNKS = (32, 256, 2048)
-"""Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
 REPLY_TRIM_EVERY = 1024
 """Old idempotency replies are trimmed once per this many replies stored by a replica."""
 RESET_S = 1.0
@@ -397,12 +393,6 @@ def _pack_buffer(groups: list[BufferedGroup]) -> bytes:
     return cast(bytes, msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True))
 
 
-def _chunk_sizes() -> Iterator[int]:
-    yield from HEAD_CHUNKS
-    while True:
-        yield HEAD_CHUNKS[-1]
-
-
 class PostgresTxn(Txn):
     """One transaction function's view: reads go to the database (after the writes it must see), most writes
     wait in `_Pending` for the COMMIT. `savepoint` is called before the function writes to the database."""
@@ -458,7 +448,7 @@ class PostgresTxn(Txn):
         # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
         # Items appended in this group come after every stored one (ids only grow).
         after = -(2**63)
-        for limit in _chunk_sizes():
+        for limit in head_chunk_sizes():
             rows = self._db.execute(_HEAD, (env_id, after, limit), binary=True).fetchall()
             for row in rows:
                 yield ItemMeta(*row)
@@ -613,7 +603,7 @@ class _Lane:
     or the reader (`Store.read`: snapshots, beside the writer and other replicas)."""
 
     read_only: bool
-    jobs: queue.SimpleQueue[Job | Stop] = field(default_factory=queue.SimpleQueue)
+    jobs: Jobs = field(default_factory=queue.SimpleQueue)
     accepting: bool = True
     """False once the thread stops taking jobs; changed and checked under the store's lock."""
     thread: threading.Thread | None = None
@@ -758,20 +748,9 @@ class PostgresStore(Store):
         stop: Stop | None = None
         try:
             while stop is None:
-                first = lane.jobs.get()
-                if isinstance(first, Stop):
-                    stop = first
+                group, stop = next_group(lane.jobs, GROUP_MAX)
+                if not group:
                     break
-                group = [first]
-                while len(group) < GROUP_MAX:
-                    try:
-                        more = lane.jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(more, Stop):
-                        stop = more
-                        break
-                    group.append(more)
                 try:
                     self._run(lane, group)
                 except BaseException as exc:  # never leave a caller waiting
@@ -781,17 +760,7 @@ class PostgresStore(Store):
         finally:
             with self._lock:
                 lane.accepting = False
-            while True:
-                try:
-                    left = lane.jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(left, Job):
-                    deliver(left, False, RuntimeError(f"store {self.url} is closed"))
-                else:
-                    left.done.set_result(None)
-            if stop is not None:
-                stop.done.set_result(None)
+            refuse_left(lane.jobs, self.url, stop)
 
     def _run(self, lane: _Lane, jobs: list[Job]) -> None:
         """Run these functions in one transaction; answer each after COMMIT (or with why not)."""

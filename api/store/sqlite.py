@@ -29,16 +29,12 @@ import msgpack
 import numpy as np
 
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
-from api.store.jobs import Job, Stop, deliver
+from api.store.jobs import GROUP_MAX, Job, Jobs, Stop, deliver, head_chunk_sizes, next_group, refuse_left
 
 T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 """Bumped with every change of layout; a file of another version is refused, never silently reinterpreted."""
-GROUP_MAX = 64
-"""Most transactions committed together: bounds how long a transaction waits for the ones queued before it."""
-HEAD_CHUNKS = (32, 256, 2048)
-"""Rows read at a time from the head of a queue, growing: a batch window rarely needs more than the first."""
 POP_CHUNK = 500
 """Ids per DELETE statement: stays under SQLite's host-parameter limit on any build."""
 REPLY_TRIM_EVERY = 1024
@@ -256,7 +252,7 @@ class SqliteTxn(Txn):
     def _head(self, env_id: int) -> Iterator[ItemMeta]:
         # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
         after = _INT64_MIN
-        for limit in _chunk_sizes():
+        for limit in head_chunk_sizes():
             self._flush_items()
             rows = self._db.execute(_HEAD, (env_id, after, limit)).fetchall()
             for row in rows:
@@ -369,12 +365,6 @@ class SqliteTxn(Txn):
             self._db.execute(f"DELETE FROM {table}")  # meta (next_item_id) stays: ids keep increasing
 
 
-def _chunk_sizes() -> Iterator[int]:
-    yield from HEAD_CHUNKS
-    while True:
-        yield HEAD_CHUNKS[-1]
-
-
 def trim_replies(db: sqlite3.Connection, config: SqliteConfig, now: float) -> None:
     """Forget all but the newest `max_replies` replies, and those older than `reply_ttl`.
 
@@ -435,7 +425,7 @@ class SqliteStore(Store):
         self.path = self.config.path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._ids = _Ids()
-        self._jobs: queue.SimpleQueue[Job | Stop] = queue.SimpleQueue()
+        self._jobs: Jobs = queue.SimpleQueue()
         self._closed = False
         # False once the thread stops taking jobs; changed and checked under _lock around every queue put.
         self._accepting = True
@@ -487,20 +477,9 @@ class SqliteStore(Store):
         stop: Stop | None = None
         try:
             while stop is None:
-                first = self._jobs.get()
-                if isinstance(first, Stop):
-                    stop = first
+                group, stop = next_group(self._jobs, GROUP_MAX)
+                if not group:
                     break
-                group = [first]
-                while len(group) < GROUP_MAX:
-                    try:
-                        more = self._jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if isinstance(more, Stop):
-                        stop = more
-                        break
-                    group.append(more)
                 try:
                     self._run_group(db, group)
                 except BaseException as exc:  # a broken connection: answer every caller, never leave one waiting
@@ -515,17 +494,7 @@ class SqliteStore(Store):
             self._checkpointer.stop()
             self._save_ids(db)
             db.close()  # the last connection to close checkpoints what is left and removes the WAL
-            while True:  # submitted while close() ran, or after the thread failed: answer, never hang
-                try:
-                    left = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(left, Job):
-                    deliver(left, False, RuntimeError(f"store {self.url} is closed"))
-                else:
-                    left.done.set_result(None)
-            if stop is not None:
-                stop.done.set_result(None)
+            refuse_left(self._jobs, self.url, stop)  # submitted while close() ran, or after the thread failed
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S, cached_statements=256)
