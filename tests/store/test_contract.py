@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.store import Store
+from api.store import Store, make_store
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
 
 pytestmark = pytest.mark.anyio
@@ -240,6 +241,40 @@ async def test_a_batch_of_items_not_kept_is_refused(store: Store) -> None:
     with pytest.raises(KeyError):
         await store.transact(form)
     assert [m.item_id for m in await store.transact(lambda t: list(t.head(0)))] == ids, "nothing applied"
+
+
+async def test_a_durable_store_reopened_keeps_everything(backend: str, new_url: Callable[[], str]) -> None:
+    """Queues, values, kept batches and the id counter, across a close and a new store on the same URL."""
+    if backend == "memory":
+        pytest.skip("the memory store keeps nothing across processes, by design")
+    url = new_url()
+
+    def fill(t: Txn) -> list[int]:
+        ids = []
+        for env in (0, 1, 0):
+            meta = ItemMeta(t.next_item_id(), 2, 20, 1)
+            t.append(env, QueuedItem(meta, 1, b"p%d" % meta.item_id))
+            ids.append(meta.item_id)
+        t.set_value("step", "7")
+        kept = ItemMeta(t.next_item_id(), 1, 10, 1)
+        t.append(2, QueuedItem(kept, 1, b"-kept"))
+        t.pop(2, [kept.item_id], keep_for=6)
+        t.put_batch(6, b"batch", [kept.item_id])
+        return ids
+
+    store = make_store(url)
+    ids = await store.transact(fill)
+    await store.close()
+    store = make_store(url)
+    try:
+        got = await store.transact(
+            lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
+                       t.next_item_id())
+        )  # fmt: skip
+        assert got[:4] == ([ids[0], ids[2]], "7", b"batch-kept", 2)
+        assert got[4] > max(ids)
+    finally:
+        await store.close()
 
 
 async def test_read_sees_what_is_committed(store: Store) -> None:

@@ -66,36 +66,6 @@ def test_transient_errors_are_told_apart_from_bugs() -> None:
     assert not is_transient(psycopg.errors.SyntaxError())
 
 
-def _fill(t: Txn) -> list[int]:
-    ids = []
-    for env in (0, 1, 0):
-        meta = ItemMeta(t.next_item_id(), 2, 20, 1)
-        t.append(env, QueuedItem(meta, 1, b"p%d" % meta.item_id))
-        ids.append(meta.item_id)
-    t.set_value("step", "7")
-    kept = ItemMeta(t.next_item_id(), 1, 10, 1)
-    t.append(2, QueuedItem(kept, 1, b"-kept"))
-    t.pop(2, [kept.item_id], keep_for=6)
-    t.put_batch(6, b"batch", [kept.item_id])
-    return ids
-
-
-async def test_reopen_keeps_everything(dbname: str) -> None:
-    store = PostgresStore(pg.url_of(dbname))
-    ids = await store.transact(_fill)
-    await store.close()
-    store = PostgresStore(pg.url_of(dbname))
-    try:
-        got = await store.transact(
-            lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
-                       t.next_item_id())
-        )  # fmt: skip
-        assert got[:4] == ([ids[0], ids[2]], "7", b"batch-kept", 2)
-        assert got[4] > max(ids)
-    finally:
-        await store.close()
-
-
 async def test_tables_of_another_version_or_owner_are_refused(dbname: str) -> None:
     await PostgresStore(pg.url_of(dbname)).close()
     with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
