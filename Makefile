@@ -2,10 +2,11 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
+DEV_STAMP   := $(VENV)/.installed-dev
 
 .DEFAULT_GOAL := all
-.PHONY: all install browser serve test lint format typecheck bench demo demo-learn clean
+.PHONY: all install install-serve browser serve test lint format typecheck bench demo demo-learn clean
 
 all: lint typecheck test
 
@@ -13,13 +14,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# Serving installs what serving needs (pip install -e .); the dev tools (torch, selenium, schemathesis, ...)
+# come with `make install`, which every target but serve and demo depends on.
+$(SERVE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(SERVE_STAMP)
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(DEV_STAMP) $(SERVE_STAMP)
 
-install: $(STAMP)
+install-serve: $(SERVE_STAMP)
 
-serve: install  ## run the service on 127.0.0.1:8000 with the embedded durable store (Swagger UI at /docs)
+install: $(DEV_STAMP)
+
+serve: install-serve  ## run the service on 127.0.0.1:8000 with the embedded durable store (Swagger UI at /docs)
 	$(BIN)/rollbuf serve
 
 # The /dashboard test drives Debian's chromium through chromium-driver; on a fresh machine (CI) they are
@@ -51,7 +60,7 @@ typecheck: install
 bench: install  ## hot-path benchmarks: ingest, /batch, batch formation, stores
 	$(BIN)/python -m bench
 
-demo: install
+demo: install-serve
 	$(BIN)/rollbuf demo
 
 demo-learn: install  ## a torch policy learns through the service; report and reward curve in ./learn/ (docs/training.md)

@@ -1,7 +1,9 @@
 """The service's command: `rollbuf serve [--host H] [--port P] [--store URL] ...` (flags override `ROLLBUF_*`).
 
-The `rollbuf` console script is `demos.cli`, which runs the demos itself and hands everything else here;
-`python -m api serve` reaches this directly.
+The `rollbuf` console script is this module's `main`: `serve` is the service's own; any other command is
+found in the `rollbuf.commands` entry-point group, where installed packages (the demos: `rollbuf demo`)
+register theirs, so the command reaches them without the service importing a client. `python -m api ...`
+is the same as `rollbuf ...`.
 
 A configuration error (a bad flag or value, an unsafe combination, a store that cannot be opened) is one
 line on stderr and exit code 2, never a traceback: it is the operator's input that is wrong, not rollbuf.
@@ -16,6 +18,8 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 import uvicorn
@@ -26,11 +30,9 @@ from api.logs import log_config
 from api.metrics import MULTIPROC_ENV
 from api.settings import Settings, to_environ
 
-USAGE = """usage: rollbuf COMMAND [flags]
-
-commands:
-  serve    run the buffer service (rollbuf serve --help lists every setting)
-"""
+COMMANDS_GROUP = "rollbuf.commands"
+"""Entry-point group of the other `rollbuf` commands: `name = "module:function"`, the function taking the
+command's arguments and its first docstring line shown in the usage."""
 
 PROG = "rollbuf serve"
 EXIT_CONFIG = 2
@@ -126,6 +128,7 @@ def check_store(url: str) -> None:
 
 
 def serve(args: list[str]) -> None:
+    """run the buffer service (rollbuf serve --help lists every setting)"""
     source: CliSettingsSource[Serve] = CliSettingsSource(
         Serve,
         cli_prog_name=PROG,
@@ -152,14 +155,32 @@ def _describe(err: Any) -> str:
     return f"--{str(err['loc'][0]).replace('_', '-')}: {msg}"
 
 
+def commands() -> dict[str, Callable[[list[str]], None]]:
+    """Every `rollbuf` command: `serve`, then those registered by installed packages (loaded when listed)."""
+    found: dict[str, Callable[[list[str]], None]] = {"serve": serve}
+    for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        found.setdefault(ep.name, ep.load())
+    return found
+
+
+def usage(found: dict[str, Callable[[list[str]], None]]) -> str:
+    lines = [f"  {name:<8} {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}".rstrip()
+             for name, fn in found.items()]  # fmt: skip
+    return "usage: rollbuf COMMAND [flags]\n\ncommands:\n" + "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "serve":  # the service's own command: no entry-point scan on its way
+        serve(args[1:])
+        return
+    found = commands()
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE, end="")
+        print(usage(found), end="")
         return
     command, rest = args[0], args[1:]
-    if command == "serve":
-        serve(rest)
+    if command in found:
+        found[command](rest)
         return
-    print(f"rollbuf: unknown command {command!r}\n\n{USAGE}", end="", file=sys.stderr)
+    print(f"rollbuf: unknown command {command!r}\n\n{usage(found)}", end="", file=sys.stderr)
     raise SystemExit(EXIT_CONFIG)

@@ -1,5 +1,7 @@
-"""`python -m demos ...` is the same as `rollbuf ...`."""
+"""`python -m demos [--learn] ...` is the same as `rollbuf demo [--learn] ...`."""
 
-from demos.cli import main
+import sys
 
-main()
+from demos.cli import demo
+
+demo(sys.argv[1:])

@@ -24,7 +24,7 @@ def test_reward_rises_from_chance(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "demos",
+        "api",  # `rollbuf demo`: the service's command finds the demo through its entry-point group
         "demo",
         "--learn",
         "--steps",

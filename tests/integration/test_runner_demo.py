@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("workers", [0, 1])
 def test_demo_runs_and_accounts_for_every_group(workers: int) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "demos", "demo", "--steps", "6", "--workers", str(workers)],
+        [sys.executable, "-m", "api", "demo", "--steps", "6", "--workers", str(workers)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
