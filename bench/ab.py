@@ -1,0 +1,104 @@
+"""This checkout against another, in turns: ingest and `/batch` on the same store, for a change's before/after.
+
+Each round starts a fresh server from each side (alternating which goes first, so both see the same
+background load on a shared machine) and runs, against it: ingest at 1 / 8 / 32 clients in JSON and in
+msgpack (groups/s and server CPU ms per group), then `/batch` 256 and 1024 x 2048 tokens (p50, the
+harness's JSON trainer). The report gives medians over the rounds and the ratio after / before. `--base`
+is a directory holding another checkout (`git worktree add /tmp/base <rev>`); its server runs with this
+environment's Python, from that directory.
+
+    python -m bench.ab --base /tmp/base [--rounds 3] [--store sqlite|memory|postgresql]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import pg
+from bench.http import MSGPACK_TRANSPORT, run_harness, run_ingest
+from bench.servers import ROOT, Target, rollbuf, serve
+
+CLIENTS = [1, 8, 32]
+INGEST_ARGS = ["--ingest-requests", "480"]
+BATCH_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:5,1024:3"]
+TRANSPORTS = {"json": "json", "msgpack": MSGPACK_TRANSPORT}
+
+
+def _measure(target: Target) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name, transport in TRANSPORTS.items():
+        for r in run_ingest(target, CLIENTS, INGEST_ARGS, transport=transport):
+            k = r.get("clients")
+            rows.append({"metric": f"ingest {name} {k} clients groups/s", "value": r.get("groups_per_s")})
+            rows.append({"metric": f"ingest {name} {k} clients server CPU ms/group",
+                         "value": r.get("server_cpu_ms_per_group")})  # fmt: skip
+    for r in run_harness(target, "batch", BATCH_ARGS):
+        if r.get("phase") == "batch" and "latency" in r:
+            rows.append({"metric": f"/batch {r.get('batch_size')} x 2048 p50 ms", "value": r["latency"]["p50_ms"]})
+    return rows
+
+
+def _store(kind: str, tmp: Path, key: str, dbs: contextlib.ExitStack) -> str:
+    if kind == "memory":
+        return "memory://"
+    if kind == "postgresql":
+        return str(dbs.enter_context(pg.database()))
+    return f"sqlite:///{tmp}/{key}.db"
+
+
+def run(base: Path, rounds: int, store: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(rounds):
+            sides = [("after", ROOT), ("before", base)]
+            if rnd % 2:
+                sides.reverse()
+            for side, cwd in sides:
+                key = f"{side}-{rnd}"
+                with contextlib.ExitStack() as dbs:
+                    label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs), Path(tmp) / f"{key}.log")
+                    with serve(label, cmd, port, Path(tmp) / f"{key}.out", cwd=cwd) as target:
+                        for row in _measure(target):
+                            row.update(bench="ab", side=side, round=rnd, store=store)
+                            print(json.dumps(row), flush=True)
+                            results.append(row)
+    return results
+
+
+def report(results: list[dict[str, Any]]) -> str:
+    metrics = list(dict.fromkeys(r["metric"] for r in results))
+    rounds = len({r["round"] for r in results})
+    lines = [f"{'':45} {'before':>9} {'after':>9} {'after/before':>12}   (medians of {rounds} rounds, in turns)"]
+    for m in metrics:
+        med = {}
+        for side in ("before", "after"):
+            vals = [r["value"] for r in results if r["metric"] == m and r["side"] == side and r["value"] is not None]
+            med[side] = statistics.median(vals) if vals else None
+        b, a = med["before"], med["after"]
+        ratio = f"{a / b:12.2f}" if a and b else f"{'-':>12}"
+        lines.append(f"{m:45} {b if b is not None else '-':>9} {a if a is not None else '-':>9} {ratio}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, required=True, help="another rollbuf checkout (the 'before' side)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
+    args = ap.parse_args()
+    results = run(args.base.resolve(), args.rounds, args.store)
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    with (out / "ab.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in results)
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
