@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 import uuid
-from collections import Counter, OrderedDict, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,15 @@ from rollout_client.errors import (
     WorkerDied,
     failure_reason,
 )
+from rollout_client.failures import (
+    ERROR_WINDOW,
+    MAX_ERROR_RATE,
+    QUARANTINE_AFTER,
+    Failed,
+    FailurePolicy,
+    Refused,
+    Stored,
+)
 from rollout_client.group import GroupOutcome, Limits, run_group
 from rollout_client.pacing import is_stale, pause_reason, pick_env
 from rollout_client.tasks import TaskSource
@@ -48,9 +57,6 @@ POLL_S = 0.2
 SHUTDOWN_S = 10.0
 """Bound on `stop()`: groups still submitting after this are cancelled (their group ids keep a later retry
 from storing them twice)."""
-MAX_REJECTED_IN_A_ROW = 10
-"""One rejected group (say, a transcript over max_token_len) is logged and counted; this many in a row mean
-something systematic (the env or the run is misconfigured) and end the run with the server's verdict."""
 WORKER_RETRIES = 3
 """A group whose worker died is run again on another worker this many times before it counts as failed."""
 STEP_READ_S = 2.0
@@ -59,16 +65,8 @@ TURN_TIMEOUT_S = 600.0
 """Default bound on one generation request (retries included), time paused excluded."""
 ROLLOUT_TIMEOUT_S = 1800.0
 """Default bound on one rollout (all its turns and tools), time paused excluded."""
-MAX_ERROR_RATE = 0.5
-"""Default: the run ends once more than half of the last `error_window` finished groups failed."""
-ERROR_WINDOW = 32
-"""Finished groups (stored or failed) the error rate is measured over; the run never ends before this many."""
-QUARANTINE_AFTER = 3
-"""Failures of one task (by task id, in a row) after which the runner never dispatches it again."""
 QUARANTINED_IN_A_ROW = 1000
 """A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
-TRACKED_TASKS = 100_000
-"""Bound on the per-task failure counts kept for quarantine (oldest forgotten first)."""
 
 
 @dataclass
@@ -184,8 +182,6 @@ class RolloutRunner:
                     f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
                     "a group's rollouts run together, so it could never start"
                 )
-        if error_window < 1:
-            raise ValueError(f"error_window must be at least 1, got {error_window}")
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
@@ -199,9 +195,9 @@ class RolloutRunner:
         self.client_options = client_options or {}
         self.turn_timeout = turn_timeout
         self.rollout_timeout = rollout_timeout
-        self.max_error_rate = max_error_rate
-        self.error_window = error_window
-        self.quarantine_after = quarantine_after
+        self.failures = FailurePolicy(
+            max_error_rate=max_error_rate, error_window=error_window, quarantine_after=quarantine_after
+        )
         self.stats = RunnerStats()
         self.clients: list[RolloutClient] = []
         self.pool: WorkerPool | None = None
@@ -223,11 +219,6 @@ class RolloutRunner:
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
-        self._rejected_in_a_row = 0
-        self._outcomes: deque[bool] = deque(maxlen=error_window)
-        """Last finished groups: True for a failure."""
-        self._task_failures: OrderedDict[tuple[int, str], int] = OrderedDict()
-        self._quarantine: list[set[str]] = [set() for _ in self.envs]
         self._batch_size = 0
         self._token_limit: int | None = None
         self._policy: Any = None
@@ -484,7 +475,7 @@ class RolloutRunner:
             if task is None:
                 self._exhausted[i] = True
                 continue
-            if task.id in self._quarantine[i]:
+            if self.failures.is_quarantined(i, task.id):
                 self.stats.skipped["quarantined"] += 1
                 self._discard(i, task)
                 quarantined_in_a_row[i] += 1
@@ -544,14 +535,13 @@ class RolloutRunner:
                 self.stats.skipped["unsent"] += 1
                 return
             except Rejected as exc:
-                self._rejected_in_a_row += 1
                 self.stats.skipped["rejected"] += 1
                 log.error("group %s of %s rejected by the server: %s", group_id, env.name, exc)
-                if self._rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
-                    self._end(f"{self._rejected_in_a_row} groups in a row rejected by the server", exc)
+                if stop := self.failures.record(Refused()).stop:
+                    self._end(stop, exc)
                 return
-            self._rejected_in_a_row = 0
-            self._succeeded(i, task)
+            self.failures.record(Stored(i, task.id))
+            self.stats.error_rate = self.failures.error_rate
             self._acked_seqs[i] += len(group.tokens)
             if reply.duplicate:
                 self.stats.duplicates += 1
@@ -583,37 +573,13 @@ class RolloutRunner:
         self.stats.failed[env][reason] += 1
         self.stats.last_error[env] = f"{type(exc).__name__}: {exc}"
         log.warning("group %s of %s failed (%s): %s: %s", group_id, env, reason, type(exc).__name__, exc)
-        if self.quarantine_after is not None:
-            key = (i, task.id)
-            n = self._task_failures.pop(key, 0) + 1
-            self._task_failures[key] = n
-            while len(self._task_failures) > TRACKED_TASKS:
-                self._task_failures.popitem(last=False)
-            if n >= self.quarantine_after and task.id not in self._quarantine[i]:
-                self._quarantine[i].add(task.id)
-                self.stats.quarantined[env].add(task.id)
-                log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, n)
-        self._record(True, exc)
-
-    def _succeeded(self, i: int, task: Task) -> None:
-        self._task_failures.pop((i, task.id), None)
-        self._record(False, None)
-
-    def _record(self, failed: bool, exc: BaseException | None) -> None:
-        self._outcomes.append(failed)
-        rate = sum(self._outcomes) / len(self._outcomes)
-        self.stats.error_rate = rate
-        if (
-            failed
-            and self.max_error_rate is not None
-            and len(self._outcomes) >= self.error_window
-            and rate > self.max_error_rate
-        ):
-            self._end(
-                f"{rate:.0%} of the last {len(self._outcomes)} groups failed (max_error_rate {self.max_error_rate}); "
-                f"failed so far: {self._failed_counts()}",
-                exc,
-            )
+        verdict = self.failures.record(Failed(i, task.id))
+        self.stats.error_rate = self.failures.error_rate
+        if verdict.quarantined:
+            self.stats.quarantined[env].add(task.id)
+            log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, verdict.failures)
+        if verdict.stop is not None:
+            self._end(f"{verdict.stop}; failed so far: {self._failed_counts()}", exc)
 
     def _failed_counts(self) -> dict[str, dict[str, int]]:
         return {env: dict(c) for env, c in self.stats.failed.items()}
