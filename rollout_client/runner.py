@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from api.schema import EnvStatus
+from rollout_client.backpressure import Backpressure
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import (
@@ -43,7 +44,7 @@ from rollout_client.failures import (
     Stored,
 )
 from rollout_client.group import GroupOutcome, Limits, run_group
-from rollout_client.pacing import is_stale, pause_reason, pick_env
+from rollout_client.pacing import is_stale, pick_env
 from rollout_client.tasks import TaskSource
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
 
@@ -211,15 +212,10 @@ class RolloutRunner:
         self._changed = asyncio.Event()
         self._free = max_in_flight
         self._groups: dict[str, _InFlight] = {}
-        self._blocked: list[str | None] = [None] * len(self.envs)
-        self._statuses: list[EnvStatus | None] = [None] * len(self.envs)
-        self._acked_seqs = [0] * len(self.envs)
-        """Sequences acknowledged per env so far; minus `_status_base`: acked since the last status read."""
-        self._status_base = [0] * len(self.envs)
+        self._backpressure = Backpressure([e.group_size for e in self.envs], max_staleness)
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
-        self._batch_size = 0
         self._token_limit: int | None = None
         self._policy: Any = None
         self._error: BaseException | None = None
@@ -414,7 +410,7 @@ class RolloutRunner:
             if self._policy_step is None:
                 self._policy_step = reg.starting_step
         info = await self.clients[0].info()
-        self._batch_size, self._token_limit = info.batch_size, info.max_token_len
+        self._backpressure.batch_size, self._token_limit = info.batch_size, info.max_token_len
         self.stats.policy_step = self.policy_step
         if self.num_workers > 0:
             self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits)
@@ -459,7 +455,7 @@ class RolloutRunner:
                 await self._wait_change(self._dispatch_open.wait())
                 continue
             self._refresh_blocked()
-            eligible = [b is None and not x for b, x in zip(self._blocked, self._exhausted, strict=True)]
+            eligible = [b is None and not x for b, x in zip(self._backpressure.held, self._exhausted, strict=True)]
             sizes = [e.group_size for e in self.envs]
             credit = list(self._credit)  # committed only if the pick launches: a wait must not cost an env its turn
             i = pick_env(credit, [e.weight / e.group_size for e in self.envs], eligible)
@@ -542,7 +538,7 @@ class RolloutRunner:
                 return
             self.failures.record(Stored(i, task.id))
             self.stats.error_rate = self.failures.error_rate
-            self._acked_seqs[i] += len(group.tokens)
+            self._backpressure.acked(i, len(group.tokens))
             if reply.duplicate:
                 self.stats.duplicates += 1
             else:
@@ -647,15 +643,14 @@ class RolloutRunner:
     async def _monitor(self) -> None:
         """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale."""
         while True:
-            base = list(self._acked_seqs)  # acks from here on may be missing from the statuses read now
+            mark = self._backpressure.mark()
             try:
                 statuses: list[EnvStatus] = await asyncio.gather(*(c.status() for c in self.clients))
             except RetriesExhausted as exc:
                 self._end("the rollbuf server stayed unreachable", exc)
                 return
-            self._statuses, self._status_base = list(statuses), base
+            trainer_step = self._backpressure.observed(statuses, mark)
             self._refresh_blocked()
-            trainer_step = max(st.current_step for st in statuses)
             self.stats.trainer_step = trainer_step
             if self.pool is not None:
                 self.stats.workers_alive = len(self.pool.workers)
@@ -668,17 +663,8 @@ class RolloutRunner:
 
     def _refresh_blocked(self) -> None:
         """Which envs must wait, from the last status read and what this runner has in flight now."""
-        pending = [acked - base for acked, base in zip(self._acked_seqs, self._status_base, strict=True)]
-        for g in self._groups.values():
-            pending[g.env] += g.size
-        for i, st in enumerate(self._statuses):
-            if st is None:
-                continue
-            reason = pause_reason(
-                st, batch_size=self._batch_size, group_size=self.envs[i].group_size, policy_step=self.policy_step,
-                max_staleness=self.max_staleness, pending_seqs=pending[i],
-            )  # fmt: skip
-            self._blocked[i] = reason
+        held = self._backpressure.refresh(((g.env, g.size) for g in self._groups.values()), self.policy_step)
+        for i, reason in enumerate(held):
             if reason is None:
                 self.stats.paused.pop(self.envs[i].name, None)
             else:
