@@ -19,7 +19,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from api.schema import EnvStatus
 from rollout_client.backpressure import Backpressure
@@ -47,9 +47,6 @@ from rollout_client.group import GroupOutcome, Limits, run_group
 from rollout_client.pacing import is_stale, pick_env
 from rollout_client.tasks import TaskSource
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
-
-if TYPE_CHECKING:
-    from rollout_client.handle import RunnerHandle
 
 log = logging.getLogger("rollout_client.runner")
 
@@ -151,9 +148,9 @@ class RolloutRunner:
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
-    weight updates; or `runner.run_in_thread()` for a blocking handle from synchronous code. `policy` is a
-    Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker builds its own from
-    it), and so must the environments and tasks.
+    weight updates; or `rollout_client.handle.run_in_thread(runner)` for a blocking handle from synchronous
+    code. `policy` is a Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker
+    builds its own from it), and so must the environments and tasks.
     """
 
     def __init__(
@@ -330,13 +327,6 @@ class RolloutRunner:
             lag=max(0, s.trainer_step - self.policy_step),
             error=None if self._error is None else str(self._error),
         )
-
-    def run_in_thread(self, max_groups: int | None = None) -> RunnerHandle:
-        """Start `run(max_groups)` on its own event loop in a background thread and return a blocking,
-        thread-safe handle to it (pause, resume, health, stop, join): for synchronous trainers."""
-        from rollout_client.handle import RunnerHandle
-
-        return RunnerHandle(self, max_groups)
 
     # ------------------------------------------------------------------------------------------- run
 
