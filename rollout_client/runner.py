@@ -16,9 +16,8 @@ import logging
 import signal
 import threading
 import uuid
-from collections import Counter, defaultdict
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from api.schema import EnvStatus
@@ -45,6 +44,8 @@ from rollout_client.failures import (
 )
 from rollout_client.group import GroupOutcome, Limits, run_group
 from rollout_client.pacing import is_stale, pick_env
+from rollout_client.stats import RunnerHealth as RunnerHealth  # re-exported for rollout_client/__init__.py
+from rollout_client.stats import RunnerStats as RunnerStats
 from rollout_client.tasks import TaskSource
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
 
@@ -65,72 +66,6 @@ ROLLOUT_TIMEOUT_S = 1800.0
 """Default bound on one rollout (all its turns and tools), time paused excluded."""
 QUARANTINED_IN_A_ROW = 1000
 """A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
-
-
-@dataclass
-class RunnerStats:
-    """What the runner did. `accepted` counts groups the server acknowledged and stored."""
-
-    dispatched: int = 0
-    produced: int = 0
-    """Groups fully rolled out and scored."""
-    accepted: int = 0
-    duplicates: int = 0
-    """Acknowledged as already stored (a retry of something the server had): never stored twice."""
-    skipped: Counter[str] = field(default_factory=Counter)
-    """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected,
-    pause_timeout, quarantined."""
-    failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
-    """Groups that failed, per env name and reason (turn_timeout, rollout_timeout, inference_error,
-    worker_died, env_error): dropped, never submitted."""
-    retried: int = 0
-    """Failed groups run again because their environment allows it (`Environment.group_retries`)."""
-    quarantined: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    """Env name -> ids of tasks that failed `quarantine_after` times in a row: never dispatched again."""
-    last_error: dict[str, str] = field(default_factory=dict)
-    """Env name -> the last failure, as `Type: message`."""
-    error_rate: float = 0.0
-    """Failed share of the last `error_window` finished groups."""
-    accepted_by_env: Counter[str] = field(default_factory=Counter)
-    in_flight: int = 0
-    """Rollouts running now."""
-    max_in_flight: int = 0
-    """Most rollouts that ever ran at once."""
-    paused: dict[str, str] = field(default_factory=dict)
-    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
-    trainer_step: int = 0
-    policy_step: int = 0
-    worker_deaths: int = 0
-    workers_alive: int = 0
-    mean_score: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def failed_total(self) -> int:
-        return sum(sum(c.values()) for c in self.failed.values())
-
-
-@dataclass(frozen=True)
-class RunnerHealth:
-    """A snapshot for a trainer deciding whether rollouts keep up: `lag` is how many steps the weights
-    generating now are behind the trainer."""
-
-    running: bool
-    paused: bool
-    """Generation is paused (between `pause()` and `resume()`)."""
-    workers_alive: int
-    in_flight: int
-    accepted: int
-    failed: dict[str, dict[str, int]]
-    failed_total: int
-    error_rate: float
-    skipped: dict[str, int]
-    held_back: dict[str, str]
-    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
-    trainer_step: int
-    policy_step: int
-    lag: int
-    error: str | None
-    """Why the run ended, once it ended with an error."""
 
 
 @dataclass(eq=False)
