@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import threading
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +41,7 @@ from rollout_client.failures import (
     Stored,
 )
 from rollout_client.group import GroupOutcome, Limits, run_group
+from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import is_stale, pick_env
 from rollout_client.stats import RunnerHealth as RunnerHealth  # re-exported for rollout_client/__init__.py
 from rollout_client.stats import RunnerStats as RunnerStats
@@ -273,15 +272,15 @@ class RolloutRunner:
         rejected by the server, or the server stayed unreachable; its `__cause__` is the original error."""
         self._loop = asyncio.get_running_loop()
         self._running = True
-        handled = self._install_signals()
+        handled = stop_on_signals(self._loop, self.stop)
         deadline: float | None = None
         try:
-            if await self._until_stopped(self._start()):
+            if await unless_stopped(self._stopping, self._start()):
                 monitor = asyncio.create_task(self._monitor())
                 try:
                     await self._dispatch(max_groups)
                     if not self._stopping.is_set():
-                        await self._until_stopped(self._wait_groups(None))
+                        await unless_stopped(self._stopping, self._wait_groups(None))
                 finally:
                     monitor.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -293,36 +292,11 @@ class RolloutRunner:
                 self._loop.remove_signal_handler(sig)
             if deadline is None:
                 deadline = self._loop.time() + self.shutdown_timeout
-            await self._close_clients(deadline)
+            await disconnect_all(self.clients, deadline)
             self._running = False
         if self._error is not None:
             raise self._error
         return self.stats
-
-    async def _until_stopped(self, coro: Coroutine[Any, Any, None]) -> bool:
-        """Run `coro` unless `stop()` comes first (then cancel it): True if it finished."""
-        work = asyncio.create_task(coro)
-        stopping = asyncio.create_task(self._stopping.wait())
-        try:
-            await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not work.done():
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-        if work.cancelled():
-            return False
-        work.result()  # re-raise its error
-        return True
-
-    def _install_signals(self) -> list[int]:
-        if threading.current_thread() is not threading.main_thread():
-            return []
-        assert self._loop is not None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self.stop)
-        return [signal.SIGINT, signal.SIGTERM]
 
     async def _start(self) -> None:
         for env in self.envs:
@@ -346,30 +320,6 @@ class RolloutRunner:
         else:
             self._policy = make_policy(self.policy_spec)
         self.ready.set()
-
-    async def _close_clients(self, deadline: float) -> None:
-        """Disconnect every env at once, within what is left until `deadline` (a hung server cannot hold
-        the shutdown past it), then close the connections."""
-        loop = asyncio.get_running_loop()
-
-        async def one(client: RolloutClient) -> None:
-            try:
-                await client.disconnect()
-            except RetriesExhausted as exc:
-                log.warning("disconnecting env %s: %s", client.env_id, exc)
-
-        left = max(0.0, deadline - loop.time())
-        tasks = [asyncio.create_task(one(c)) for c in self.clients if c.env_id is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=left)
-            for t in pending:
-                t.cancel()
-            if pending:
-                log.warning("%d envs not disconnected within shutdown_timeout: the server did not answer",
-                            len(pending))  # fmt: skip
-                await asyncio.wait(pending)
-        for client in self.clients:
-            await client.aclose()
 
     # ------------------------------------------------------------------------------------------- dispatch
 
