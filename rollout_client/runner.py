@@ -15,7 +15,6 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from api.schema import EnvStatus
@@ -41,6 +40,7 @@ from rollout_client.failures import (
     Stored,
 )
 from rollout_client.group import GroupOutcome, Limits, run_group
+from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import is_stale, pick_env
 from rollout_client.stats import RunnerHealth as RunnerHealth  # re-exported for rollout_client/__init__.py
@@ -65,17 +65,6 @@ ROLLOUT_TIMEOUT_S = 1800.0
 """Default bound on one rollout (all its turns and tools), time paused excluded."""
 QUARANTINED_IN_A_ROW = 1000
 """A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
-
-
-@dataclass(eq=False)
-class _InFlight:
-    task: asyncio.Task[None]
-    env: int
-    size: int
-    policy_step: int
-    submitting: bool = False
-    released: bool = False
-    cancelled: bool = False
 
 
 class RolloutRunner:
@@ -141,8 +130,7 @@ class RolloutRunner:
         self._dispatch_open.set()
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
-        self._free = max_in_flight
-        self._groups: dict[str, _InFlight] = {}
+        self._in_flight = InFlight(max_in_flight, self.stats)
         self._backpressure = Backpressure([e.group_size for e in self.envs], max_staleness)
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
@@ -193,9 +181,9 @@ class RolloutRunner:
             if await self._gate.close(timeout):
                 return True
             holders = self._gate.holders()
-            for g in list(self._groups.values()):
+            for g in self._in_flight:
                 if g.task in holders:
-                    self._cancel(g, PAUSE_TIMEOUT)
+                    self._in_flight.cancel(g, PAUSE_TIMEOUT)
             await self._gate.close(CANCEL_GRACE_S)
             return False
 
@@ -280,7 +268,7 @@ class RolloutRunner:
                 try:
                     await self._dispatch(max_groups)
                     if not self._stopping.is_set():
-                        await unless_stopped(self._stopping, self._wait_groups(None))
+                        await unless_stopped(self._stopping, self._in_flight.wait(None))
                 finally:
                     monitor.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -339,7 +327,7 @@ class RolloutRunner:
                     return
                 await self._wait_change()
                 continue
-            if self._free < sizes[i]:
+            if self._in_flight.free < sizes[i]:
                 await self._wait_change()
                 continue
             task = self.sources[i].next_task()
@@ -372,13 +360,8 @@ class RolloutRunner:
 
     def _launch(self, i: int, task: Task) -> None:
         group_id = uuid.uuid4().hex
-        size = self.envs[i].group_size
-        self._free -= size
-        self.stats.dispatched += 1
-        self.stats.in_flight += size
-        self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step), name=f"group-{group_id}")
-        self._groups[group_id] = _InFlight(handle, i, size, self.policy_step)
+        self._in_flight.add(group_id, Group(handle, i, self.envs[i].group_size, self.policy_step))
 
     async def _group(self, i: int, task: Task, group_id: str, step: int) -> None:
         env = self.envs[i]
@@ -397,7 +380,7 @@ class RolloutRunner:
                 self.stats.skipped[outcome.skipped or "skipped"] += 1
                 return
             self.stats.produced += 1
-            self._groups[group_id].submitting = True
+            self._in_flight.groups[group_id].submitting = True
             group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
             try:
                 reply = await self.clients[i].submit(group)
@@ -431,8 +414,7 @@ class RolloutRunner:
         finally:
             if not reported:
                 self._discard(i, task)
-            self._release(group_id)
-            self._groups.pop(group_id, None)
+            self._in_flight.remove(group_id)
             self._changed.set()
 
     # ------------------------------------------------------------------------------------------- failures
@@ -472,20 +454,9 @@ class RolloutRunner:
             discard(task)
 
     def _release(self, group_id: str) -> None:
-        """Give back a group's rollout slots, once: when its rollouts end (before its submit)."""
-        g = self._groups.get(group_id)
-        if g is None or g.released:
-            return
-        g.released = True
-        self._free += g.size
-        self.stats.in_flight -= g.size
-        self._changed.set()
-
-    def _cancel(self, g: _InFlight, reason: str) -> None:
-        if not g.cancelled:
-            g.cancelled = True
-            g.task.cancel()
-            self.stats.skipped[reason] += 1
+        """Give back a group's rollout slots when its rollouts end (before its submit): a group may start."""
+        if self._in_flight.release(group_id):
+            self._changed.set()
 
     async def _execute(self, i: int, task: Task, group_id: str) -> GroupOutcome:
         """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
@@ -530,15 +501,15 @@ class RolloutRunner:
             if self.pool is not None:
                 self.stats.workers_alive = len(self.pool.workers)
                 self.stats.worker_deaths = self.pool.deaths
-            for g in list(self._groups.values()):
+            for g in self._in_flight:
                 if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
-                    self._cancel(g, "stale")
+                    self._in_flight.cancel(g, "stale")
             self._changed.set()
             await asyncio.sleep(self.poll_interval)
 
     def _refresh_blocked(self) -> None:
         """Which envs must wait, from the last status read and what this runner has in flight now."""
-        held = self._backpressure.refresh(((g.env, g.size) for g in self._groups.values()), self.policy_step)
+        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
         for i, reason in enumerate(held):
             if reason is None:
                 self.stats.paused.pop(self.envs[i].name, None)
@@ -547,11 +518,6 @@ class RolloutRunner:
 
     # ------------------------------------------------------------------------------------------- shutdown
 
-    async def _wait_groups(self, timeout: float | None) -> None:
-        tasks = [g.task for g in self._groups.values()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
-
     async def _shutdown(self, deadline: float) -> None:
         """Cancel rollouts still generating (their data is not needed), let submits in progress finish, cancel
         what is left, stop the workers: all by `deadline`, keeping a little for the disconnects after it."""
@@ -559,13 +525,13 @@ class RolloutRunner:
         if self.pool is not None:
             self.pool.closing = True
         reserve = min(1.0, 0.2 * self.shutdown_timeout)
-        for g in list(self._groups.values()):
+        for g in self._in_flight:
             if not g.submitting:
-                self._cancel(g, "stopped")
-        await self._wait_groups(max(0.0, deadline - reserve - loop.time()))
-        for g in list(self._groups.values()):
-            self._cancel(g, "unsent")
-        await self._wait_groups(None)
+                self._in_flight.cancel(g, "stopped")
+        await self._in_flight.wait(max(0.0, deadline - reserve - loop.time()))
+        for g in self._in_flight:
+            self._in_flight.cancel(g, "unsent")
+        await self._in_flight.wait(None)
         self._gate.open()
         if self._policy is not None and self._policy is not self.policy_spec:  # built here from a factory
             await close_policy(self._policy)
