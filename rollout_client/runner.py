@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Sequence
@@ -114,8 +115,8 @@ class RolloutRunner:
         self.shutdown_timeout = shutdown_timeout
         self.register_wait = register_wait
         self.client_options = client_options or {}
-        self.turn_timeout = turn_timeout
-        self.rollout_timeout = rollout_timeout
+        self.limits = Limits(None, turn_timeout, rollout_timeout)
+        """What bounds a group's rollouts; the token limit is the server's, read when the run starts."""
         self.failures = FailurePolicy(
             max_error_rate=max_error_rate, error_window=error_window, quarantine_after=quarantine_after
         )
@@ -135,7 +136,6 @@ class RolloutRunner:
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
-        self._token_limit: int | None = None
         self._policy: Any = None
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -147,10 +147,6 @@ class RolloutRunner:
     def policy_step(self) -> int:
         """The step of the weights now generating; stamped on every group started from now on."""
         return self._policy_step or 0
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(self._token_limit, self.turn_timeout, self.rollout_timeout)
 
     def stop(self) -> None:
         """Stop dispatching and shut down (returns at once; `run()` returns within `shutdown_timeout`).
@@ -297,7 +293,8 @@ class RolloutRunner:
             if self._policy_step is None:
                 self._policy_step = reg.starting_step
         info = await self.clients[0].info()
-        self._backpressure.batch_size, self._token_limit = info.batch_size, info.max_token_len
+        self._backpressure.batch_size = info.batch_size
+        self.limits = dataclasses.replace(self.limits, token_limit=info.max_token_len)
         self.stats.policy_step = self.policy_step
         if self.num_workers > 0:
             self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits)
