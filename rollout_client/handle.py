@@ -1,8 +1,9 @@
 """`RunnerHandle`: a RolloutRunner on its own event loop in a background thread, driven by blocking,
-thread-safe calls, for synchronous trainers (a training loop that is not async).
+thread-safe calls, for synchronous trainers (a training loop that is not async). The handle is built from a
+runner, never the other way round: the runner knows nothing of threads.
 
 ```python
-with runner.run_in_thread() as handle:
+with run_in_thread(runner) as handle:
     handle.wait_ready(60)
     for step in range(steps):
         batch = trainer.next_batch()
@@ -22,10 +23,10 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from rollout_client.runner import RolloutRunner, RunnerHealth, RunnerStats
+from rollout_client.runner import RolloutRunner
+from rollout_client.stats import RunnerHealth, RunnerStats
 
 T = TypeVar("T")
 
@@ -33,8 +34,15 @@ START_TIMEOUT_S = 30.0
 """How long the constructor waits for the runner's thread to start its event loop."""
 
 
+def run_in_thread(runner: RolloutRunner, max_groups: int | None = None) -> RunnerHandle:
+    """Start `runner.run(max_groups)` on its own event loop in a background thread and return a blocking,
+    thread-safe handle to it (pause, resume, health, stop, join): for synchronous trainers."""
+    return RunnerHandle(runner, max_groups)
+
+
 class RunnerHandle:
-    """Runs `runner.run(max_groups)` in a daemon thread; every method may be called from any thread."""
+    """Runs `runner.run(max_groups)` in a daemon thread (from its constructor, as `run_in_thread` does); every
+    method may be called from any thread."""
 
     def __init__(self, runner: RolloutRunner, max_groups: int | None = None) -> None:
         self.runner = runner

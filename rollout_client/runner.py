@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import signal
-import threading
 import uuid
-from collections import Counter, OrderedDict, defaultdict, deque
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from api.schema import EnvStatus
+from rollout_client.backpressure import Backpressure
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import (
@@ -33,13 +31,23 @@ from rollout_client.errors import (
     WorkerDied,
     failure_reason,
 )
+from rollout_client.failures import (
+    ERROR_WINDOW,
+    MAX_ERROR_RATE,
+    QUARANTINE_AFTER,
+    Failed,
+    FailurePolicy,
+    Refused,
+    Stored,
+)
 from rollout_client.group import GroupOutcome, Limits, run_group
-from rollout_client.pacing import is_stale, pause_reason, pick_env
+from rollout_client.inflight import Group, InFlight
+from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
+from rollout_client.pacing import is_stale, pick_env
+from rollout_client.stats import RunnerHealth as RunnerHealth  # re-exported for rollout_client/__init__.py
+from rollout_client.stats import RunnerStats as RunnerStats
 from rollout_client.tasks import TaskSource
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
-
-if TYPE_CHECKING:
-    from rollout_client.handle import RunnerHandle
 
 log = logging.getLogger("rollout_client.runner")
 
@@ -48,9 +56,6 @@ POLL_S = 0.2
 SHUTDOWN_S = 10.0
 """Bound on `stop()`: groups still submitting after this are cancelled (their group ids keep a later retry
 from storing them twice)."""
-MAX_REJECTED_IN_A_ROW = 10
-"""One rejected group (say, a transcript over max_token_len) is logged and counted; this many in a row mean
-something systematic (the env or the run is misconfigured) and end the run with the server's verdict."""
 WORKER_RETRIES = 3
 """A group whose worker died is run again on another worker this many times before it counts as failed."""
 STEP_READ_S = 2.0
@@ -59,102 +64,17 @@ TURN_TIMEOUT_S = 600.0
 """Default bound on one generation request (retries included), time paused excluded."""
 ROLLOUT_TIMEOUT_S = 1800.0
 """Default bound on one rollout (all its turns and tools), time paused excluded."""
-MAX_ERROR_RATE = 0.5
-"""Default: the run ends once more than half of the last `error_window` finished groups failed."""
-ERROR_WINDOW = 32
-"""Finished groups (stored or failed) the error rate is measured over; the run never ends before this many."""
-QUARANTINE_AFTER = 3
-"""Failures of one task (by task id, in a row) after which the runner never dispatches it again."""
 QUARANTINED_IN_A_ROW = 1000
 """A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
-TRACKED_TASKS = 100_000
-"""Bound on the per-task failure counts kept for quarantine (oldest forgotten first)."""
-
-
-@dataclass
-class RunnerStats:
-    """What the runner did. `accepted` counts groups the server acknowledged and stored."""
-
-    dispatched: int = 0
-    produced: int = 0
-    """Groups fully rolled out and scored."""
-    accepted: int = 0
-    duplicates: int = 0
-    """Acknowledged as already stored (a retry of something the server had): never stored twice."""
-    skipped: Counter[str] = field(default_factory=Counter)
-    """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected,
-    pause_timeout, quarantined."""
-    failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
-    """Groups that failed, per env name and reason (turn_timeout, rollout_timeout, inference_error,
-    worker_died, env_error): dropped, never submitted."""
-    retried: int = 0
-    """Failed groups run again because their environment allows it (`Environment.group_retries`)."""
-    quarantined: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    """Env name -> ids of tasks that failed `quarantine_after` times in a row: never dispatched again."""
-    last_error: dict[str, str] = field(default_factory=dict)
-    """Env name -> the last failure, as `Type: message`."""
-    error_rate: float = 0.0
-    """Failed share of the last `error_window` finished groups."""
-    accepted_by_env: Counter[str] = field(default_factory=Counter)
-    in_flight: int = 0
-    """Rollouts running now."""
-    max_in_flight: int = 0
-    """Most rollouts that ever ran at once."""
-    paused: dict[str, str] = field(default_factory=dict)
-    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
-    trainer_step: int = 0
-    policy_step: int = 0
-    worker_deaths: int = 0
-    workers_alive: int = 0
-    mean_score: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def failed_total(self) -> int:
-        return sum(sum(c.values()) for c in self.failed.values())
-
-
-@dataclass(frozen=True)
-class RunnerHealth:
-    """A snapshot for a trainer deciding whether rollouts keep up: `lag` is how many steps the weights
-    generating now are behind the trainer."""
-
-    running: bool
-    paused: bool
-    """Generation is paused (between `pause()` and `resume()`)."""
-    workers_alive: int
-    in_flight: int
-    accepted: int
-    failed: dict[str, dict[str, int]]
-    failed_total: int
-    error_rate: float
-    skipped: dict[str, int]
-    held_back: dict[str, str]
-    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
-    trainer_step: int
-    policy_step: int
-    lag: int
-    error: str | None
-    """Why the run ended, once it ended with an error."""
-
-
-@dataclass(eq=False)
-class _InFlight:
-    task: asyncio.Task[None]
-    env: int
-    size: int
-    policy_step: int
-    submitting: bool = False
-    released: bool = False
-    cancelled: bool = False
 
 
 class RolloutRunner:
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
-    weight updates; or `runner.run_in_thread()` for a blocking handle from synchronous code. `policy` is a
-    Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker builds its own from
-    it), and so must the environments and tasks.
+    weight updates; or `rollout_client.handle.run_in_thread(runner)` for a blocking handle from synchronous
+    code. `policy` is a Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker
+    builds its own from it), and so must the environments and tasks.
     """
 
     def __init__(
@@ -184,8 +104,6 @@ class RolloutRunner:
                     f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
                     "a group's rollouts run together, so it could never start"
                 )
-        if error_window < 1:
-            raise ValueError(f"error_window must be at least 1, got {error_window}")
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
@@ -197,11 +115,11 @@ class RolloutRunner:
         self.shutdown_timeout = shutdown_timeout
         self.register_wait = register_wait
         self.client_options = client_options or {}
-        self.turn_timeout = turn_timeout
-        self.rollout_timeout = rollout_timeout
-        self.max_error_rate = max_error_rate
-        self.error_window = error_window
-        self.quarantine_after = quarantine_after
+        self.limits = Limits(None, turn_timeout, rollout_timeout)
+        """What bounds a group's rollouts; the token limit is the server's, read when the run starts."""
+        self.failures = FailurePolicy(
+            max_error_rate=max_error_rate, error_window=error_window, quarantine_after=quarantine_after
+        )
         self.stats = RunnerStats()
         self.clients: list[RolloutClient] = []
         self.pool: WorkerPool | None = None
@@ -213,23 +131,11 @@ class RolloutRunner:
         self._dispatch_open.set()
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()
-        self._free = max_in_flight
-        self._groups: dict[str, _InFlight] = {}
-        self._blocked: list[str | None] = [None] * len(self.envs)
-        self._statuses: list[EnvStatus | None] = [None] * len(self.envs)
-        self._acked_seqs = [0] * len(self.envs)
-        """Sequences acknowledged per env so far; minus `_status_base`: acked since the last status read."""
-        self._status_base = [0] * len(self.envs)
+        self._in_flight = InFlight(max_in_flight, self.stats)
+        self._backpressure = Backpressure([e.group_size for e in self.envs], max_staleness)
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
-        self._rejected_in_a_row = 0
-        self._outcomes: deque[bool] = deque(maxlen=error_window)
-        """Last finished groups: True for a failure."""
-        self._task_failures: OrderedDict[tuple[int, str], int] = OrderedDict()
-        self._quarantine: list[set[str]] = [set() for _ in self.envs]
-        self._batch_size = 0
-        self._token_limit: int | None = None
         self._policy: Any = None
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -241,10 +147,6 @@ class RolloutRunner:
     def policy_step(self) -> int:
         """The step of the weights now generating; stamped on every group started from now on."""
         return self._policy_step or 0
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(self._token_limit, self.turn_timeout, self.rollout_timeout)
 
     def stop(self) -> None:
         """Stop dispatching and shut down (returns at once; `run()` returns within `shutdown_timeout`).
@@ -275,9 +177,9 @@ class RolloutRunner:
             if await self._gate.close(timeout):
                 return True
             holders = self._gate.holders()
-            for g in list(self._groups.values()):
+            for g in self._in_flight:
                 if g.task in holders:
-                    self._cancel(g, PAUSE_TIMEOUT)
+                    self._in_flight.cancel(g, PAUSE_TIMEOUT)
             await self._gate.close(CANCEL_GRACE_S)
             return False
 
@@ -344,13 +246,6 @@ class RolloutRunner:
             error=None if self._error is None else str(self._error),
         )
 
-    def run_in_thread(self, max_groups: int | None = None) -> RunnerHandle:
-        """Start `run(max_groups)` on its own event loop in a background thread and return a blocking,
-        thread-safe handle to it (pause, resume, health, stop, join): for synchronous trainers."""
-        from rollout_client.handle import RunnerHandle
-
-        return RunnerHandle(self, max_groups)
-
     # ------------------------------------------------------------------------------------------- run
 
     async def run(self, max_groups: int | None = None) -> RunnerStats:
@@ -361,15 +256,15 @@ class RolloutRunner:
         rejected by the server, or the server stayed unreachable; its `__cause__` is the original error."""
         self._loop = asyncio.get_running_loop()
         self._running = True
-        handled = self._install_signals()
+        handled = stop_on_signals(self._loop, self.stop)
         deadline: float | None = None
         try:
-            if await self._until_stopped(self._start()):
+            if await unless_stopped(self._stopping, self._start()):
                 monitor = asyncio.create_task(self._monitor())
                 try:
                     await self._dispatch(max_groups)
                     if not self._stopping.is_set():
-                        await self._until_stopped(self._wait_groups(None))
+                        await unless_stopped(self._stopping, self._in_flight.wait(None))
                 finally:
                     monitor.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -381,36 +276,11 @@ class RolloutRunner:
                 self._loop.remove_signal_handler(sig)
             if deadline is None:
                 deadline = self._loop.time() + self.shutdown_timeout
-            await self._close_clients(deadline)
+            await disconnect_all(self.clients, deadline)
             self._running = False
         if self._error is not None:
             raise self._error
         return self.stats
-
-    async def _until_stopped(self, coro: Coroutine[Any, Any, None]) -> bool:
-        """Run `coro` unless `stop()` comes first (then cancel it): True if it finished."""
-        work = asyncio.create_task(coro)
-        stopping = asyncio.create_task(self._stopping.wait())
-        try:
-            await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            if not work.done():
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-        if work.cancelled():
-            return False
-        work.result()  # re-raise its error
-        return True
-
-    def _install_signals(self) -> list[int]:
-        if threading.current_thread() is not threading.main_thread():
-            return []
-        assert self._loop is not None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self.stop)
-        return [signal.SIGINT, signal.SIGTERM]
 
     async def _start(self) -> None:
         for env in self.envs:
@@ -423,7 +293,8 @@ class RolloutRunner:
             if self._policy_step is None:
                 self._policy_step = reg.starting_step
         info = await self.clients[0].info()
-        self._batch_size, self._token_limit = info.batch_size, info.max_token_len
+        self._backpressure.batch_size = info.batch_size
+        self.limits = dataclasses.replace(self.limits, token_limit=info.max_token_len)
         self.stats.policy_step = self.policy_step
         if self.num_workers > 0:
             self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits)
@@ -435,30 +306,6 @@ class RolloutRunner:
             self._policy = make_policy(self.policy_spec)
         self.ready.set()
 
-    async def _close_clients(self, deadline: float) -> None:
-        """Disconnect every env at once, within what is left until `deadline` (a hung server cannot hold
-        the shutdown past it), then close the connections."""
-        loop = asyncio.get_running_loop()
-
-        async def one(client: RolloutClient) -> None:
-            try:
-                await client.disconnect()
-            except RetriesExhausted as exc:
-                log.warning("disconnecting env %s: %s", client.env_id, exc)
-
-        left = max(0.0, deadline - loop.time())
-        tasks = [asyncio.create_task(one(c)) for c in self.clients if c.env_id is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=left)
-            for t in pending:
-                t.cancel()
-            if pending:
-                log.warning("%d envs not disconnected within shutdown_timeout: the server did not answer",
-                            len(pending))  # fmt: skip
-                await asyncio.wait(pending)
-        for client in self.clients:
-            await client.aclose()
-
     # ------------------------------------------------------------------------------------------- dispatch
 
     async def _dispatch(self, max_groups: int | None) -> None:
@@ -468,7 +315,7 @@ class RolloutRunner:
                 await self._wait_change(self._dispatch_open.wait())
                 continue
             self._refresh_blocked()
-            eligible = [b is None and not x for b, x in zip(self._blocked, self._exhausted, strict=True)]
+            eligible = [b is None and not x for b, x in zip(self._backpressure.held, self._exhausted, strict=True)]
             sizes = [e.group_size for e in self.envs]
             credit = list(self._credit)  # committed only if the pick launches: a wait must not cost an env its turn
             i = pick_env(credit, [e.weight / e.group_size for e in self.envs], eligible)
@@ -477,14 +324,14 @@ class RolloutRunner:
                     return
                 await self._wait_change()
                 continue
-            if self._free < sizes[i]:
+            if self._in_flight.free < sizes[i]:
                 await self._wait_change()
                 continue
             task = self.sources[i].next_task()
             if task is None:
                 self._exhausted[i] = True
                 continue
-            if task.id in self._quarantine[i]:
+            if self.failures.is_quarantined(i, task.id):
                 self.stats.skipped["quarantined"] += 1
                 self._discard(i, task)
                 quarantined_in_a_row[i] += 1
@@ -510,13 +357,8 @@ class RolloutRunner:
 
     def _launch(self, i: int, task: Task) -> None:
         group_id = uuid.uuid4().hex
-        size = self.envs[i].group_size
-        self._free -= size
-        self.stats.dispatched += 1
-        self.stats.in_flight += size
-        self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step), name=f"group-{group_id}")
-        self._groups[group_id] = _InFlight(handle, i, size, self.policy_step)
+        self._in_flight.add(group_id, Group(handle, i, self.envs[i].group_size, self.policy_step))
 
     async def _group(self, i: int, task: Task, group_id: str, step: int) -> None:
         env = self.envs[i]
@@ -535,7 +377,7 @@ class RolloutRunner:
                 self.stats.skipped[outcome.skipped or "skipped"] += 1
                 return
             self.stats.produced += 1
-            self._groups[group_id].submitting = True
+            self._in_flight.groups[group_id].submitting = True
             group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
             try:
                 reply = await self.clients[i].submit(group)
@@ -544,15 +386,14 @@ class RolloutRunner:
                 self.stats.skipped["unsent"] += 1
                 return
             except Rejected as exc:
-                self._rejected_in_a_row += 1
                 self.stats.skipped["rejected"] += 1
                 log.error("group %s of %s rejected by the server: %s", group_id, env.name, exc)
-                if self._rejected_in_a_row >= MAX_REJECTED_IN_A_ROW:
-                    self._end(f"{self._rejected_in_a_row} groups in a row rejected by the server", exc)
+                if stop := self.failures.record(Refused()).stop:
+                    self._end(stop, exc)
                 return
-            self._rejected_in_a_row = 0
-            self._succeeded(i, task)
-            self._acked_seqs[i] += len(group.tokens)
+            self.failures.record(Stored(i, task.id))
+            self.stats.error_rate = self.failures.error_rate
+            self._backpressure.acked(i, len(group.tokens))
             if reply.duplicate:
                 self.stats.duplicates += 1
             else:
@@ -570,8 +411,7 @@ class RolloutRunner:
         finally:
             if not reported:
                 self._discard(i, task)
-            self._release(group_id)
-            self._groups.pop(group_id, None)
+            self._in_flight.remove(group_id)
             self._changed.set()
 
     # ------------------------------------------------------------------------------------------- failures
@@ -583,37 +423,13 @@ class RolloutRunner:
         self.stats.failed[env][reason] += 1
         self.stats.last_error[env] = f"{type(exc).__name__}: {exc}"
         log.warning("group %s of %s failed (%s): %s: %s", group_id, env, reason, type(exc).__name__, exc)
-        if self.quarantine_after is not None:
-            key = (i, task.id)
-            n = self._task_failures.pop(key, 0) + 1
-            self._task_failures[key] = n
-            while len(self._task_failures) > TRACKED_TASKS:
-                self._task_failures.popitem(last=False)
-            if n >= self.quarantine_after and task.id not in self._quarantine[i]:
-                self._quarantine[i].add(task.id)
-                self.stats.quarantined[env].add(task.id)
-                log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, n)
-        self._record(True, exc)
-
-    def _succeeded(self, i: int, task: Task) -> None:
-        self._task_failures.pop((i, task.id), None)
-        self._record(False, None)
-
-    def _record(self, failed: bool, exc: BaseException | None) -> None:
-        self._outcomes.append(failed)
-        rate = sum(self._outcomes) / len(self._outcomes)
-        self.stats.error_rate = rate
-        if (
-            failed
-            and self.max_error_rate is not None
-            and len(self._outcomes) >= self.error_window
-            and rate > self.max_error_rate
-        ):
-            self._end(
-                f"{rate:.0%} of the last {len(self._outcomes)} groups failed (max_error_rate {self.max_error_rate}); "
-                f"failed so far: {self._failed_counts()}",
-                exc,
-            )
+        verdict = self.failures.record(Failed(i, task.id))
+        self.stats.error_rate = self.failures.error_rate
+        if verdict.quarantined:
+            self.stats.quarantined[env].add(task.id)
+            log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, verdict.failures)
+        if verdict.stop is not None:
+            self._end(f"{verdict.stop}; failed so far: {self._failed_counts()}", exc)
 
     def _failed_counts(self) -> dict[str, dict[str, int]]:
         return {env: dict(c) for env, c in self.stats.failed.items()}
@@ -635,20 +451,9 @@ class RolloutRunner:
             discard(task)
 
     def _release(self, group_id: str) -> None:
-        """Give back a group's rollout slots, once: when its rollouts end (before its submit)."""
-        g = self._groups.get(group_id)
-        if g is None or g.released:
-            return
-        g.released = True
-        self._free += g.size
-        self.stats.in_flight -= g.size
-        self._changed.set()
-
-    def _cancel(self, g: _InFlight, reason: str) -> None:
-        if not g.cancelled:
-            g.cancelled = True
-            g.task.cancel()
-            self.stats.skipped[reason] += 1
+        """Give back a group's rollout slots when its rollouts end (before its submit): a group may start."""
+        if self._in_flight.release(group_id):
+            self._changed.set()
 
     async def _execute(self, i: int, task: Task, group_id: str) -> GroupOutcome:
         """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
@@ -681,49 +486,34 @@ class RolloutRunner:
     async def _monitor(self) -> None:
         """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale."""
         while True:
-            base = list(self._acked_seqs)  # acks from here on may be missing from the statuses read now
+            mark = self._backpressure.mark()
             try:
                 statuses: list[EnvStatus] = await asyncio.gather(*(c.status() for c in self.clients))
             except RetriesExhausted as exc:
                 self._end("the rollbuf server stayed unreachable", exc)
                 return
-            self._statuses, self._status_base = list(statuses), base
+            trainer_step = self._backpressure.observed(statuses, mark)
             self._refresh_blocked()
-            trainer_step = max(st.current_step for st in statuses)
             self.stats.trainer_step = trainer_step
             if self.pool is not None:
                 self.stats.workers_alive = len(self.pool.workers)
                 self.stats.worker_deaths = self.pool.deaths
-            for g in list(self._groups.values()):
+            for g in self._in_flight:
                 if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
-                    self._cancel(g, "stale")
+                    self._in_flight.cancel(g, "stale")
             self._changed.set()
             await asyncio.sleep(self.poll_interval)
 
     def _refresh_blocked(self) -> None:
         """Which envs must wait, from the last status read and what this runner has in flight now."""
-        pending = [acked - base for acked, base in zip(self._acked_seqs, self._status_base, strict=True)]
-        for g in self._groups.values():
-            pending[g.env] += g.size
-        for i, st in enumerate(self._statuses):
-            if st is None:
-                continue
-            reason = pause_reason(
-                st, batch_size=self._batch_size, group_size=self.envs[i].group_size, policy_step=self.policy_step,
-                max_staleness=self.max_staleness, pending_seqs=pending[i],
-            )  # fmt: skip
-            self._blocked[i] = reason
+        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
+        for i, reason in enumerate(held):
             if reason is None:
                 self.stats.paused.pop(self.envs[i].name, None)
             else:
                 self.stats.paused[self.envs[i].name] = reason
 
     # ------------------------------------------------------------------------------------------- shutdown
-
-    async def _wait_groups(self, timeout: float | None) -> None:
-        tasks = [g.task for g in self._groups.values()]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
 
     async def _shutdown(self, deadline: float) -> None:
         """Cancel rollouts still generating (their data is not needed), let submits in progress finish, cancel
@@ -732,13 +522,13 @@ class RolloutRunner:
         if self.pool is not None:
             self.pool.closing = True
         reserve = min(1.0, 0.2 * self.shutdown_timeout)
-        for g in list(self._groups.values()):
+        for g in self._in_flight:
             if not g.submitting:
-                self._cancel(g, "stopped")
-        await self._wait_groups(max(0.0, deadline - reserve - loop.time()))
-        for g in list(self._groups.values()):
-            self._cancel(g, "unsent")
-        await self._wait_groups(None)
+                self._in_flight.cancel(g, "stopped")
+        await self._in_flight.wait(max(0.0, deadline - reserve - loop.time()))
+        for g in self._in_flight:
+            self._in_flight.cancel(g, "unsent")
+        await self._in_flight.wait(None)
         self._gate.open()
         if self._policy is not None and self._policy is not self.policy_spec:  # built here from a factory
             await close_policy(self._policy)

@@ -37,6 +37,7 @@ from rollout_client import (
     Tasks,
 )
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
+from rollout_client.handle import run_in_thread
 from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
 from tests.servers import running_server
@@ -482,7 +483,7 @@ def test_a_synchronous_trainer_drives_the_runner_through_a_blocking_handle(tmp_p
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                                max_in_flight=8, num_workers=1)  # fmt: skip
-        with runner.run_in_thread() as handle, httpx.Client(base_url=server.url, timeout=30) as http:
+        with run_in_thread(runner) as handle, httpx.Client(base_url=server.url, timeout=30) as http:
             assert handle.wait_ready(HANG_GUARD_S)
             step, deadline = 0, time.monotonic() + HANG_GUARD_S
             while step < 4:

@@ -1,0 +1,74 @@
+"""What a runner reports: `RunnerStats`, its running counts, and `RunnerHealth`, the snapshot a trainer
+checks between steps. Plain data, apart from the runner so that a handle or a dashboard can use it without
+the runner's machinery."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunnerStats:
+    """What the runner did. `accepted` counts groups the server acknowledged and stored."""
+
+    dispatched: int = 0
+    produced: int = 0
+    """Groups fully rolled out and scored."""
+    accepted: int = 0
+    duplicates: int = 0
+    """Acknowledged as already stored (a retry of something the server had): never stored twice."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected,
+    pause_timeout, quarantined."""
+    failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    """Groups that failed, per env name and reason (turn_timeout, rollout_timeout, inference_error,
+    worker_died, env_error): dropped, never submitted."""
+    retried: int = 0
+    """Failed groups run again because their environment allows it (`Environment.group_retries`)."""
+    quarantined: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Env name -> ids of tasks that failed `quarantine_after` times in a row: never dispatched again."""
+    last_error: dict[str, str] = field(default_factory=dict)
+    """Env name -> the last failure, as `Type: message`."""
+    error_rate: float = 0.0
+    """Failed share of the last `error_window` finished groups."""
+    accepted_by_env: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0
+    """Rollouts running now."""
+    max_in_flight: int = 0
+    """Most rollouts that ever ran at once."""
+    paused: dict[str, str] = field(default_factory=dict)
+    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
+    trainer_step: int = 0
+    policy_step: int = 0
+    worker_deaths: int = 0
+    workers_alive: int = 0
+    mean_score: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed_total(self) -> int:
+        return sum(sum(c.values()) for c in self.failed.values())
+
+
+@dataclass(frozen=True)
+class RunnerHealth:
+    """A snapshot for a trainer deciding whether rollouts keep up: `lag` is how many steps the weights
+    generating now are behind the trainer."""
+
+    running: bool
+    paused: bool
+    """Generation is paused (between `pause()` and `resume()`)."""
+    workers_alive: int
+    in_flight: int
+    accepted: int
+    failed: dict[str, dict[str, int]]
+    failed_total: int
+    error_rate: float
+    skipped: dict[str, int]
+    held_back: dict[str, str]
+    """Env name -> why it is held back now (queue_full, ahead_of_trainer)."""
+    trainer_step: int
+    policy_step: int
+    lag: int
+    error: str | None
+    """Why the run ended, once it ended with an error."""
