@@ -20,7 +20,7 @@ TAG = "localhost/rollbuf-image-test:latest"
 STATE = Path("/var/cache/rollbuf-image/build-ids.json")
 """The images (steps included) the last build made or used, outside any clone: a build removes its
 predecessor's that it no longer uses, so that repeated runs do not fill the disk with stale build caches."""
-STEP_ID = re.compile(r"^--> (?:Using cache )?([0-9a-f]{12,64})\s*$", re.MULTILINE)
+STEP_ID = re.compile(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def build(base: str) -> Built:
         )
         seconds = time.monotonic() - start
     image_id = podman("image", "inspect", "--format", "{{.Id}}", TAG).stdout.strip()
-    _forget_stale({i[:12] for i in STEP_ID.findall(out.stdout)} | {image_id[:12]})
+    _forget_stale({i[:11] for i in STEP_ID.findall(out.stdout)} | {image_id[:11]})
     return Built(TAG, image_id, seconds)
 
 
