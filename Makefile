@@ -45,6 +45,7 @@ browser:
 
 test: install browser  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory image-test
 
 lint: install
 	$(BIN)/ruff check .
@@ -70,3 +71,18 @@ demo-learn: install  ## a torch policy learns through the service; report and re
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
+
+# The image test builds the Dockerfile and runs it with podman (no Docker daemon or registry here): podman,
+# runc and mmdebstrap (for a stand-in python:3.11-slim) are installed with apt, as root, like chromium above.
+.PHONY: container-tools image-test
+container-tools:
+	@if ! command -v podman >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v runc >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman mmdebstrap runc; \
+	  else \
+	    echo "the image test needs podman, mmdebstrap and runc: sudo apt-get install podman mmdebstrap runc" >&2; \
+	  fi; \
+	fi
+
+image-test: install container-tools  ## build the Dockerfile and run the image with podman: health, non-root, data kept across containers, SIGTERM, size (tests/image)
+	$(BIN)/python -m pytest -m image tests/image
