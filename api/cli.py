@@ -48,6 +48,7 @@ METAVARS = {
     "max_decompressed_bytes": "BYTES",
     "retry_after": "SECONDS",
     "max_batch_wait": "SECONDS",
+    "shutdown_timeout": "SECONDS",
 }
 """What a flag's value is, for `--help`; other flags get N for integers and VALUE otherwise. pydantic-settings
 would show the Python type (`{SecretStr,null}`), which says nothing to an operator."""
@@ -88,6 +89,7 @@ class Serve(Settings):
                 port=settings.port,
                 log_level=settings.log_level,
                 log_config=logging,
+                timeout_graceful_shutdown=settings.shutdown_timeout,
             )
             return
         # Worker processes import the app factory and read their settings from the environment; their
@@ -105,6 +107,7 @@ class Serve(Settings):
                 workers=settings.workers,
                 log_level=settings.log_level,
                 log_config=logging,
+                timeout_graceful_shutdown=settings.shutdown_timeout,
             )
         finally:
             if own_dir:
