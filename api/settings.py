@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     faster than Atropos's 9 at a slightly larger size."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
-    shutdown_timeout: float = Field(5.0, gt=0)
+    shutdown_timeout: int = Field(5, gt=0)
     """Seconds a stopping server (SIGTERM) waits for requests in flight, long-polls included, before it cancels
     them (their clients retry): inside a container runtime's stop grace period (10 s), so a stop is clean
     instead of a kill."""
