@@ -15,22 +15,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from api.errors import Unavailable
+from api.items import ItemMeta
 
 T = TypeVar("T")
 
+__all__ = ["ANON_ENV", "BufferedGroup", "ItemMeta", "QueueCounts", "QueuedItem", "Store", "StoreUnavailable", "Txn"]
+
 ANON_ENV = -1
 """Queue of groups posted with `env_id: null` (Atropos accepts them; they get weight 1 and no side buffer)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ItemMeta:
-    """What batch formation needs to know of a queued item, without its payload."""
-
-    item_id: int
-    """Increases with every append over the whole store: FIFO order within an env."""
-    seqs: int
-    tokens: int
-    policy_step: int
 
 
 @dataclass(frozen=True, slots=True)
