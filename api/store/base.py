@@ -52,6 +52,17 @@ class QueueCounts:
     seqs: int = 0
     tokens: int = 0
 
+    @staticmethod
+    def of(items: Iterable[QueuedItem]) -> QueueCounts:
+        """What these items add to a queue's counts (or take from them, popped)."""
+        n = groups = seqs = tokens = 0
+        for it in items:
+            n += 1
+            groups += it.n_groups
+            seqs += it.meta.seqs
+            tokens += it.meta.tokens
+        return QueueCounts(n, groups, seqs, tokens)
+
     def __add__(self, other: QueueCounts) -> QueueCounts:
         return QueueCounts(
             self.items + other.items,
