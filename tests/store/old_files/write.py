@@ -72,9 +72,10 @@ def write_postgres() -> Path:
             capture_output=True,
             text=True,
         ).stdout
-    out = HERE / f"postgres-v{row[0]}.sql"
+    out = HERE / f"postgres-v{row[0]}.sql.gz"
     # psql's meta-commands (`\\restrict`) are not SQL: the file stays plain SQL, for any client to run.
-    out.write_text("".join(line for line in dump.splitlines(keepends=True) if not line.startswith("\\")))
+    sql = "".join(line for line in dump.splitlines(keepends=True) if not line.startswith("\\"))
+    out.write_bytes(gzip.compress(sql.encode(), mtime=0))  # gzipped as the SQLite file: data, not code to read
     return out
 
 
