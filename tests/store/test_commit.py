@@ -21,6 +21,15 @@ class Lost(Exception):
     """An error that costs the whole transaction (the driver says what that means)."""
 
 
+def _noted(step: str) -> Callable[[FakeDriver], None]:
+    """A driver step that only notes that it was called."""
+
+    def method(self: FakeDriver) -> None:
+        self.log.append(step)
+
+    return method
+
+
 class FakeDriver(Driver):
     def __init__(self, loss: Loss = Loss.RETRY_OTHERS, fail_begin: int = 0, fail_commit: int = 0) -> None:
         self.log: list[str] = []
@@ -38,17 +47,10 @@ class FakeDriver(Driver):
     def call(self, job: Job) -> Any:
         return job.fn(self)  # type: ignore[arg-type]
 
-    def savepoint(self) -> None:
-        self.log.append("savepoint")
-
-    def release(self) -> None:
-        self.log.append("release")
-
-    def rollback_to(self) -> None:
-        self.log.append("rollback_to")
-
-    def rollback(self) -> None:
-        self.log.append("rollback")
+    savepoint = _noted("savepoint")
+    release = _noted("release")
+    rollback_to = _noted("rollback_to")
+    rollback = _noted("rollback")
 
     def commit(self) -> None:
         self.log.append("commit")
@@ -234,11 +236,11 @@ def test_answered_once_and_acknowledged_only_if_committed(kinds: list[str], loss
         answers.append(id(job))
         deliver(job, ok, value)
 
-    commit_module.deliver = counting  # type: ignore[assignment]
+    commit_module.deliver = counting  # type: ignore[attr-defined]
     try:
         got = outcomes(d, [fn_for(n, k) for n, k in enumerate(kinds)])
     finally:
-        commit_module.deliver = deliver
+        commit_module.deliver = deliver  # type: ignore[attr-defined]
     assert len(answers) == len(set(answers)) == len(kinds), "a caller answered twice, or never"
     for n, (kind, result) in enumerate(zip(kinds, got, strict=True)):
         assert (result == n) == (kind == "ok" and n in committed), (n, kind, result)
