@@ -17,12 +17,13 @@ def test_redacted_masks_only_the_password() -> None:
     assert redacted("sqlite:///data/x.db") == "sqlite:///data/x.db"
 
 
-@given(st.text(st.characters(categories=["L", "N"]), min_size=3, max_size=20))
+@given(st.text("ABCXYZ0123456789", min_size=1, max_size=20))
 def test_no_message_quotes_the_password(password: str) -> None:
+    """(Passwords of upper-case letters and digits: the rest of the text, lower-case, cannot contain one.)"""
     url = f"postgresql://u:{password}@h/db"
     message = f"could not connect to {url}: password {password} refused"
-    assert password not in redacted(url)
-    assert password not in without_password(message, url)
+    assert redacted(url) == "postgresql://u:***@h/db"
+    assert without_password(message, url) == "could not connect to postgresql://u:***@h/db: password *** refused"
 
 
 def test_reply_limits_parse_alike_on_every_backend() -> None:
