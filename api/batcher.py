@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from api.store.base import ItemMeta
+from api.items import ItemMeta
 
 CREDIT_CAP_BATCHES = 2.0
 """Credit an env may bank, in batches: enough to smooth a few batches of imbalance, small enough that an

@@ -3,24 +3,10 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from api.store.base import Store
-
-
-def redacted(url: str) -> str:
-    """The URL without its password, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def without_password(text: str, url: str) -> str:
-    """`text` (an error message that may quote the URL) with the URL's password, if any, masked."""
-    password = urlsplit(url).password
-    return text.replace(password, "***") if password else text
+from api.store.url import redacted, without_password
 
 
 class UnknownStoreURL(ValueError):

@@ -15,22 +15,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from api.errors import Unavailable
+from api.items import ItemMeta
 
 T = TypeVar("T")
 
+__all__ = ["ANON_ENV", "BufferedGroup", "ItemMeta", "QueueCounts", "QueuedItem", "Store", "StoreUnavailable", "Txn"]
+
 ANON_ENV = -1
 """Queue of groups posted with `env_id: null` (Atropos accepts them; they get weight 1 and no side buffer)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ItemMeta:
-    """What batch formation needs to know of a queued item, without its payload."""
-
-    item_id: int
-    """Increases with every append over the whole store: FIFO order within an env."""
-    seqs: int
-    tokens: int
-    policy_step: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +51,17 @@ class QueueCounts:
     groups: int = 0
     seqs: int = 0
     tokens: int = 0
+
+    @staticmethod
+    def of(items: Iterable[QueuedItem]) -> QueueCounts:
+        """What these items add to a queue's counts (or take from them, popped)."""
+        n = groups = seqs = tokens = 0
+        for it in items:
+            n += 1
+            groups += it.n_groups
+            seqs += it.meta.seqs
+            tokens += it.meta.tokens
+        return QueueCounts(n, groups, seqs, tokens)
 
     def __add__(self, other: QueueCounts) -> QueueCounts:
         return QueueCounts(

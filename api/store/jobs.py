@@ -1,14 +1,15 @@
 """What the SQL backends share: the hand-off between the event loop and a store's writer thread, and the
 sizes in which it commits and reads.
 
-A caller's function travels to the writer thread as a `Job`; its result travels back to the caller's own
-event loop, which may be closed by then (the caller gave up): that is not the writer's problem.
+A caller's function travels to the writer thread as a `Job` through a `Lane`; its result travels back to the
+caller's own event loop, which may be closed by then (the caller gave up): that is not the writer's problem.
 """
 
 from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,6 +44,44 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 
 Jobs = queue.SimpleQueue[Job | Stop]
+
+
+class Lane:
+    """The queue of jobs one thread runs, and whether that thread still takes them: submitting and stopping
+    from the event loop, refusing from the thread once it stops (`accepting` is changed and checked under a
+    lock around every put, so no job is queued after the thread answered those left)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.jobs: Jobs = queue.SimpleQueue()
+        self._accepting = True
+        self._lock = threading.Lock()
+
+    async def submit(self, fn: Callable[[Txn], Any], replies: Sequence[str] = ()) -> Any:
+        """Queue fn for the thread; its result (or exception) once the thread answered."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            if not self._accepting:
+                raise RuntimeError(f"store {self.url} is closed")
+            self.jobs.put(Job(fn, future, loop, replies))
+        return await future
+
+    async def stop(self) -> None:
+        """Ask the thread to finish what it holds and stop taking jobs; returns once it has."""
+        done: Future[None] = Future()
+        with self._lock:
+            if self._accepting:
+                self.jobs.put(Stop(done))
+            else:  # the thread already ended
+                done.set_result(None)
+        await asyncio.wrap_future(done)
+
+    def refuse(self) -> None:
+        """From the thread, once it stops taking jobs (asked to, or failed)."""
+        with self._lock:
+            self._accepting = False
+
 
 GROUP_MAX = 64
 """Most transaction functions committed together: bounds how long one waits for those queued before it."""

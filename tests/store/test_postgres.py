@@ -19,8 +19,8 @@ from api.store.postgres import (
     PostgresStore,
     is_transient,
     parse_url,
-    redacted,
 )
+from api.store.url import redacted
 from tests import pg
 
 pytestmark = pytest.mark.anyio
@@ -138,12 +138,12 @@ async def test_wakes_made_before_the_loop_runs_call_once_and_later_ones_again(db
         store.subscribe(lambda: calls.append(1))
         await asyncio.sleep(0.5)  # the LISTEN connection opens and wakes once
         before = len(calls)
-        waker = threading.Thread(target=lambda: [store._wake() for _ in range(200)])
+        waker = threading.Thread(target=lambda: [store._wakeups.wake() for _ in range(200)])
         waker.start()
         waker.join()  # blocks this loop: none of the calls can run before all 200 wakes are made
         await asyncio.sleep(0.05)
         assert len(calls) == before + 1
-        waker = threading.Thread(target=store._wake)
+        waker = threading.Thread(target=store._wakeups.wake)
         waker.start()
         waker.join()
         await asyncio.sleep(0.05)

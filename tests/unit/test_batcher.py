@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
-from api.store.base import ItemMeta
+from api.items import ItemMeta
 
 _ids = itertools.count(1)
 

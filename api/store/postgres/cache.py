@@ -1,0 +1,181 @@
+"""The PostgreSQL store's write-back cache: what one group of transaction functions read once and wrote, held
+in memory between BEGIN and COMMIT.
+
+A `Group` is one PostgreSQL transaction. BEGIN, the store lock, the small tables (values, counts, the item id
+counter) and the replies the functions announced are read in one round trip; most writes (appended items,
+their payloads, replies, counts, values, side buffers) wait in `Pending` and go with the COMMIT in one
+pipeline. Reads that miss the cache go to the database (api/store/postgres/txn.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import msgpack
+import psycopg
+from psycopg import sql
+
+from api.store.base import BufferedGroup, ItemMeta
+from api.store.postgres.config import PostgresConfig
+
+_FLUSH_QUEUE = (
+    "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) "
+    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[])"
+)
+_FLUSH_PAYLOADS = "INSERT INTO payloads (item_id, payload) SELECT * FROM unnest(%b::int8[], %b::bytea[])"
+_FLUSH_REPLIES = (
+    "INSERT INTO replies (key, reply, created) SELECT k, r, %b FROM unnest(%b::text[], %b::text[]) AS u(k, r) "
+    "ON CONFLICT (key) DO UPDATE SET reply = excluded.reply, created = excluded.created"
+)
+_FLUSH_COUNTS = (
+    "INSERT INTO counts (env_id, items, groups, seqs, tokens) "
+    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[]) ON CONFLICT (env_id) DO UPDATE "
+    "SET items = excluded.items, groups = excluded.groups, seqs = excluded.seqs, tokens = excluded.tokens"
+)
+_FLUSH_VALUES = (
+    "INSERT INTO kv (key, value) SELECT * FROM unnest(%b::text[], %b::text[]) "
+    "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+_FLUSH_BUFFERS = (
+    "INSERT INTO buffers (env_id, data) SELECT * FROM unnest(%b::int8[], %b::bytea[]) "
+    "ON CONFLICT (env_id) DO UPDATE SET data = excluded.data"
+)
+
+
+def db_key(key: str) -> str:
+    """An idempotency key as the `replies` table holds it. PostgreSQL text cannot hold NUL, which a group id
+    may contain: such keys (and, to stay one-to-one, keys starting with \\x01) are escaped behind a \\x01
+    prefix; every other key is stored as it is."""
+    if "\0" not in key and not key.startswith("\x01"):
+        return key
+    return "\x01" + key.replace("\x01", "\x01\x01").replace("\0", "\x01\x02")
+
+
+@dataclass(slots=True)
+class Pending:
+    """What the transactions of one group wrote that is not in the database yet (sent with COMMIT), and the
+    small tables read once per group. Copied before each function and restored if it raises."""
+
+    values: dict[str, str]
+    dirty_values: set[str]
+    counts: dict[int, list[int]]
+    dirty_counts: set[int]
+    queued: dict[int, dict[int, tuple[ItemMeta, int]]] = field(default_factory=dict)
+    """Appended items per env, oldest first: (meta, n_groups)."""
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    """Payloads of appended items, queued or popped for a kept batch."""
+    replies: dict[str, str] = field(default_factory=dict)
+    fetched_replies: dict[str, str | None] = field(default_factory=dict)
+    """Stored replies read at BEGIN, None where there is none: replaced, never changed in place (not copied)."""
+    buffers: dict[int, list[BufferedGroup]] = field(default_factory=dict)
+    """Buffers read or written in this group; `dirty_buffers` to be written."""
+    dirty_buffers: set[int] = field(default_factory=set)
+    appended: bool = False
+
+    def copy(self) -> Pending:
+        return Pending(
+            dict(self.values),
+            set(self.dirty_values),
+            {k: list(v) for k, v in self.counts.items()},
+            set(self.dirty_counts),
+            {env: dict(items) for env, items in self.queued.items()},
+            dict(self.payloads),
+            dict(self.replies),
+            self.fetched_replies,
+            dict(self.buffers),
+            set(self.dirty_buffers),
+            self.appended,
+        )
+
+
+class Group:
+    """One PostgreSQL transaction running the functions of one group, one after another."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        config: PostgresConfig,
+        read_only: bool = False,
+        replies: Sequence[str] = (),
+    ) -> None:
+        self.conn = conn
+        self.config = config
+        self.read_only = read_only
+        # One round trip, one simple-protocol query (a pipeline of statements costs twice the client CPU): BEGIN,
+        # the lock, the small tables and the replies the functions announced. Writers take the lock first: every
+        # statement after it sees every transaction committed before it. Readers read one snapshot of committed
+        # state, without the lock.
+        begin = (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1"
+            if read_only
+            else f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key})"
+        )
+        query: sql.SQL | sql.Composed = sql.SQL(
+            f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
+            "SELECT env_id, items, groups, seqs, tokens FROM counts"
+        )
+        stored_keys = {db_key(k): k for k in replies}
+        if replies:  # the keys are quoted by psycopg (a literal text[]), not by us
+            keys = sql.Literal(list(stored_keys))
+            query += sql.SQL("; SELECT key, reply FROM replies WHERE key = ANY({})").format(keys)
+        cur = conn.execute(query, prepare=False)
+        cur.nextset()
+        cur.nextset()
+        self.next_id = int(cast(tuple[Any, ...], cur.fetchone())[0])
+        self.stored_next_id = self.next_id
+        cur.nextset()
+        values = {str(k): str(v) for k, v in cur.fetchall()}
+        cur.nextset()
+        counts = {int(r[0]): [int(x) for x in r[1:]] for r in cur.fetchall()}
+        fetched: dict[str, str | None] = dict.fromkeys(replies)
+        if replies:
+            cur.nextset()
+            fetched.update((stored_keys[k], v) for k, v in cur.fetchall())
+        self.pending = Pending(values, set(), counts, set(), fetched_replies=fetched)
+        self.replies_added = 0
+
+    def commit(self, notify: str | None) -> None:
+        """Send the buffered writes and COMMIT in one round trip."""
+        p = self.pending
+        conn = self.conn
+        with conn.pipeline():
+            queued = [(m, n, env) for env, items in p.queued.items() for m, n in items.values()]
+            if queued:
+                conn.execute(
+                    _FLUSH_QUEUE,
+                    [[m.item_id for m, _, _ in queued], [env for _, _, env in queued], [m.seqs for m, _, _ in queued],
+                     [m.tokens for m, _, _ in queued], [m.policy_step for m, _, _ in queued],
+                     [n for _, n, _ in queued]],
+                )  # fmt: skip
+            if p.payloads:
+                conn.execute(_FLUSH_PAYLOADS, [list(p.payloads), list(p.payloads.values())], binary=True)
+            if p.replies:
+                conn.execute(_FLUSH_REPLIES, [time.time(), [db_key(k) for k in p.replies], list(p.replies.values())])
+                self.replies_added += len(p.replies)
+            if p.dirty_counts:
+                envs = sorted(p.dirty_counts)
+                cols = [p.counts.get(env, [0, 0, 0, 0]) for env in envs]
+                conn.execute(_FLUSH_COUNTS, [envs, *([c[i] for c in cols] for i in range(4))])
+            if p.dirty_values:
+                keys = sorted(p.dirty_values)
+                conn.execute(_FLUSH_VALUES, [keys, [p.values[k] for k in keys]])
+            if p.dirty_buffers:
+                keep = sorted(e for e in p.dirty_buffers if p.buffers.get(e))
+                empty = sorted(e for e in p.dirty_buffers if not p.buffers.get(e))
+                if keep:
+                    data = [pack_buffer(p.buffers[e]) for e in keep]
+                    conn.execute(_FLUSH_BUFFERS, [keep, data], binary=True)
+                if empty:
+                    conn.execute("DELETE FROM buffers WHERE env_id = ANY(%b)", [empty])
+            if self.next_id != self.stored_next_id:
+                conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
+            if notify is not None and p.appended:
+                conn.execute("SELECT pg_notify(%b, %b)", [self.config.channel, notify])
+            conn.execute("COMMIT", prepare=False)
+
+
+def pack_buffer(groups: list[BufferedGroup]) -> bytes:
+    return cast(bytes, msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True))

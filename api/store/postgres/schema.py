@@ -1,0 +1,83 @@
+"""The PostgreSQL schema's layout, as the versioned steps that build it (api/store/migrations.py).
+
+Statements name the schema `{s}` (rollbuf's, or the URL's `?schema=`). Step 1 is the first released layout,
+exactly as that release created it; every later change is a step of its own, never an edit of an earlier one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from api.store.migrations import Step, migrate
+from api.store.postgres.config import PostgresConfig
+
+STEPS = (
+    Step(
+        "the first layout",
+        (
+            "CREATE SCHEMA IF NOT EXISTS {s}",
+            "CREATE TABLE {s}.meta (key text PRIMARY KEY, value bigint NOT NULL)",
+            "CREATE TABLE {s}.kv (key text PRIMARY KEY, value text NOT NULL)",
+            # What batch formation reads, clustered by env and age; payloads apart, so heads never touch them.
+            "CREATE TABLE {s}.queue (env_id bigint NOT NULL, item_id bigint NOT NULL, seqs bigint NOT NULL, "
+            "tokens bigint NOT NULL, policy_step bigint NOT NULL, n_groups bigint NOT NULL, "
+            "PRIMARY KEY (env_id, item_id))",
+            # Payloads of queued items and of popped items a kept batch refers to. Stored uncompressed (EXTERNAL):
+            # token ids compress poorly and pglz would cost the database's CPU on every write and read.
+            "CREATE TABLE {s}.payloads (item_id bigint PRIMARY KEY, payload bytea NOT NULL)",
+            "ALTER TABLE {s}.payloads ALTER COLUMN payload SET STORAGE EXTERNAL",
+            "CREATE TABLE {s}.counts (env_id bigint PRIMARY KEY, items bigint NOT NULL, groups bigint NOT NULL, "
+            "seqs bigint NOT NULL, tokens bigint NOT NULL)",
+            "CREATE TABLE {s}.buffers (env_id bigint PRIMARY KEY, data bytea NOT NULL)",
+            "CREATE TABLE {s}.replies (key text PRIMARY KEY, reply text NOT NULL, created double precision "
+            "NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY)",
+            "CREATE INDEX replies_by_seq ON {s}.replies (seq)",
+            "CREATE INDEX replies_by_age ON {s}.replies (created)",
+            "CREATE TABLE {s}.batches (step bigint PRIMARY KEY, header bytea NOT NULL, items bigint[] NOT NULL)",
+            "INSERT INTO {s}.meta (key, value) VALUES ('schema_version', 1), ('next_item_id', 1)",
+        ),
+    ),
+)
+SCHEMA_VERSION = len(STEPS)
+"""The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
+CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches")
+"""The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
+
+
+class _Schema:
+    """`migrations.Database` over a connection in a transaction that holds the store lock."""
+
+    def __init__(self, conn: psycopg.Connection[Any], config: PostgresConfig) -> None:
+        self.conn = conn
+        self.name = config.schema
+        self.schema = sql.Identifier(config.schema)
+        self.where = f"schema {config.schema!r}"
+
+    def tables(self) -> set[str]:
+        rows = self.conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %b", (self.name,))
+        return {row[0] for row in rows}
+
+    def version(self) -> int:
+        query = sql.SQL("SELECT value FROM {}.meta WHERE key = 'schema_version'").format(self.schema)
+        row = self.conn.execute(query).fetchone()
+        if row is None:
+            raise RuntimeError(f"{self.where}: its meta table holds no schema_version: not touching it")
+        return int(row[0])
+
+    def execute(self, statement: str) -> None:
+        self.conn.execute(sql.SQL(statement).format(s=self.schema))
+
+    def set_version(self, version: int) -> None:
+        query = sql.SQL("UPDATE {}.meta SET value = %b WHERE key = 'schema_version'").format(self.schema)
+        self.conn.execute(query, (version,))
+
+
+def create_or_migrate(conn: psycopg.Connection[Any], config: PostgresConfig) -> int:
+    """Create the schema's tables, or bring them to SCHEMA_VERSION, under the store lock (replicas starting
+    together do it once); the version found (0: new)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%b)", (config.lock_key,))
+        return migrate(_Schema(conn, config), STEPS, hint="; choose another with ?schema=")

@@ -1,0 +1,222 @@
+"""One transaction function's view of the PostgreSQL store (`PostgresTxn`): reads through the group's cache
+(api/store/postgres/cache.py) to the database, writes into the cache or, where they cannot wait, to the
+database under the function's own savepoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
+
+import msgpack
+import psycopg
+
+from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.jobs import head_chunk_sizes
+from api.store.postgres.cache import Group, db_key
+from api.store.postgres.schema import CLEARED
+
+_HEAD = (
+    "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = %b AND item_id > %b ORDER BY item_id LIMIT %b"
+)
+# Pops all of these items or, if one of them is not queued for this env, none.
+_POP = """
+WITH q AS (
+  DELETE FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
+    AND (SELECT count(*) FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
+  RETURNING item_id, seqs, tokens, policy_step, n_groups
+), p AS (DELETE FROM payloads WHERE item_id IN (SELECT item_id FROM q) RETURNING item_id, payload)
+SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN p USING (item_id)
+"""
+_POP_KEEP = """
+WITH q AS (
+  DELETE FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
+    AND (SELECT count(*) FROM queue WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
+  RETURNING item_id, seqs, tokens, policy_step, n_groups
+)
+SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN payloads p USING (item_id)
+"""
+_DROP_BATCHES = """
+WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items),
+ids AS (SELECT unnest(items) AS id FROM old),
+gone AS (DELETE FROM payloads WHERE item_id IN (SELECT id FROM ids))
+SELECT coalesce(array_agg(id), '{{}}') FROM ids
+"""
+
+
+class PostgresTxn(Txn):
+    """One transaction function's view: reads go to the database (after the writes it must see), most writes
+    wait in `_Pending` for the COMMIT. `savepoint` is called before the function writes to the database."""
+
+    def __init__(self, group: Group, savepoint: Callable[[], None]) -> None:
+        self._g = group
+        self._p = group.pending
+        self._db = group.conn
+        self._savepoint = savepoint
+
+    def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        self._writable()
+        self._savepoint()
+        return self._db.execute(query, params, binary=True)
+
+    def _writable(self) -> None:
+        if self._g.read_only:
+            raise RuntimeError("a function passed to Store.read wrote to the store: use Store.transact")
+
+    # --- values: read once per group ---
+    def get_value(self, key: str) -> str | None:
+        return self._p.values.get(key)
+
+    def set_value(self, key: str, value: str) -> None:
+        self._writable()
+        self._p.values[key] = value
+        self._p.dirty_values.add(key)
+
+    # --- the queue ---
+    def next_item_id(self) -> int:
+        self._writable()
+        item_id = self._g.next_id
+        self._g.next_id += 1  # not undone by a function that raises: harmless gaps, never a reused id
+        return item_id
+
+    def append(self, env_id: int, item: QueuedItem) -> None:
+        self._writable()
+        p = self._p
+        p.queued.setdefault(env_id, {})[item.meta.item_id] = (item.meta, item.n_groups)
+        p.payloads[item.meta.item_id] = item.payload
+        self._add(env_id, 1, item.n_groups, item.meta.seqs, item.meta.tokens)
+        p.appended = True
+
+    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int) -> None:
+        c = self._p.counts.setdefault(env_id, [0, 0, 0, 0])
+        c[0] += items
+        c[1] += groups
+        c[2] += seqs
+        c[3] += tokens
+        self._p.dirty_counts.add(env_id)
+
+    def head(self, env_id: int) -> Iterator[ItemMeta]:
+        # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
+        # Items appended in this group come after every stored one (ids only grow).
+        after = -(2**63)
+        for limit in head_chunk_sizes():
+            rows = self._db.execute(_HEAD, (env_id, after, limit), binary=True).fetchall()
+            for row in rows:
+                yield ItemMeta(*row)
+            if len(rows) < limit:
+                break
+            after = rows[-1][0]
+        for meta, _ in list(self._p.queued.get(env_id, {}).values()):
+            if meta.item_id in self._p.queued.get(env_id, {}):
+                yield meta
+
+    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+        wanted = list(item_ids)
+        if not wanted:
+            return []
+        self._writable()
+        if len(set(wanted)) != len(wanted):
+            raise KeyError(f"items {wanted} are not all queued (once) for env {env_id}")
+        p = self._p
+        local = p.queued.get(env_id, {})
+        stored = [i for i in wanted if i not in local]
+        found: dict[int, QueuedItem] = {}
+        if stored:
+            rows = self._write(
+                _POP_KEEP if keep_for is not None else _POP, {"env": env_id, "ids": stored, "n": len(stored)}
+            ).fetchall()
+            if len(rows) != len(stored):  # nothing was deleted
+                missing = sorted(set(stored) - {row[0] for row in rows})
+                raise KeyError(f"items {missing or stored} are not all queued for env {env_id}")
+            for item_id, seqs, tokens, policy_step, n_groups, payload in rows:
+                found[item_id] = QueuedItem(ItemMeta(item_id, seqs, tokens, policy_step), n_groups, payload)
+        for item_id in wanted:
+            if item_id in local:
+                meta, n_groups = local.pop(item_id)
+                payload = p.payloads[item_id] if keep_for is not None else p.payloads.pop(item_id)
+                found[item_id] = QueuedItem(meta, n_groups, payload)
+        items = [found[i] for i in wanted]
+        gone = QueueCounts.of(items)
+        self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens)
+        return items
+
+    def counts(self) -> dict[int, QueueCounts]:
+        return {env: QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0}
+
+    # --- side buffers ---
+    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
+        p = self._p
+        if env_id not in p.buffers:
+            row = self._db.execute("SELECT data FROM buffers WHERE env_id = %b", (env_id,), binary=True).fetchone()
+            p.buffers[env_id] = [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
+        return list(p.buffers[env_id])
+
+    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
+        self._writable()
+        self._p.buffers[env_id] = list(groups)
+        self._p.dirty_buffers.add(env_id)
+
+    # --- idempotency replies ---
+    def get_reply(self, key: str) -> str | None:
+        if key in self._p.replies:
+            return self._p.replies[key]
+        if key in self._p.fetched_replies:
+            return self._p.fetched_replies[key]
+        row = self._db.execute("SELECT reply FROM replies WHERE key = %b", (db_key(key),), binary=True).fetchone()
+        return None if row is None else cast(str, row[0])
+
+    def put_reply(self, key: str, reply: str) -> None:
+        self._writable()
+        self._p.replies[key] = reply
+
+    # --- formed batches ---
+    def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        self._writable()
+        ids = list(item_ids)
+        stored = [i for i in set(ids) if i not in self._p.payloads]
+        if stored:
+            row = self._db.execute(
+                "SELECT count(*) FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
+            ).fetchone()
+            if row is None or row[0] != len(stored):
+                raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
+        self._drop_batches("=", step)
+        self._write("INSERT INTO batches (step, header, items) VALUES (%b, %b, %b)", (step, header, ids))
+
+    def get_batch(self, step: int) -> bytes | None:
+        row = self._db.execute("SELECT header, items FROM batches WHERE step = %b", (step,), binary=True).fetchone()
+        if row is None:
+            return None
+        header, ids = row
+        payloads = {i: self._p.payloads[i] for i in ids if i in self._p.payloads}
+        stored = [i for i in ids if i not in payloads]
+        if stored:
+            cur = self._db.execute(
+                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
+            )
+            payloads.update(cur.fetchall())
+        return b"".join([header, *(payloads[i] for i in ids)])
+
+    def drop_batches_before(self, step: int) -> None:
+        self._drop_batches("<", step)
+
+    def _drop_batches(self, op: str, step: int) -> None:
+        row = self._write(_DROP_BATCHES.format(op=op), (step,)).fetchone()
+        for item_id in row[0] if row else ():
+            self._p.payloads.pop(item_id, None)
+
+    def clear(self) -> None:
+        self._writable()
+        self._savepoint()
+        self._db.execute("; ".join(f"DELETE FROM {table}" for table in CLEARED))  # meta (next_item_id) stays
+        p = self._p
+        p.values.clear()
+        p.dirty_values.clear()
+        p.counts.clear()
+        p.dirty_counts.clear()
+        p.queued.clear()
+        p.payloads.clear()
+        p.replies.clear()
+        p.fetched_replies = {}
+        p.buffers.clear()
+        p.dirty_buffers.clear()

@@ -1,0 +1,70 @@
+"""The SQLite file's layout, as the versioned steps that build it (api/store/migrations.py).
+
+Step 1 is the first released layout, exactly as that release created it; every later change is a step of its
+own, never an edit of an earlier one: a file of any earlier version is brought to the latest at start.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from api.store.migrations import Step, migrate
+
+STEPS = (
+    Step(
+        "the first layout",
+        (
+            'CREATE TABLE "values" (key TEXT PRIMARY KEY, value TEXT NOT NULL)',
+            # The queues, clustered by env and age: reading a queue's head never touches a payload page.
+            "CREATE TABLE queue (env_id INTEGER NOT NULL, item_id INTEGER NOT NULL, seqs INTEGER NOT NULL, "
+            "tokens INTEGER NOT NULL, policy_step INTEGER NOT NULL, n_groups INTEGER NOT NULL, "
+            "PRIMARY KEY (env_id, item_id)) WITHOUT ROWID",
+            # Payloads of queued items, and of popped items a kept batch refers to (batches.items).
+            "CREATE TABLE payloads (item_id INTEGER PRIMARY KEY, payload BLOB NOT NULL)",
+            "CREATE TABLE counts (env_id INTEGER PRIMARY KEY, items INTEGER NOT NULL, groups INTEGER NOT NULL, "
+            "seqs INTEGER NOT NULL, tokens INTEGER NOT NULL)",
+            "CREATE TABLE buffers (env_id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
+            "CREATE TABLE replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL, created REAL NOT NULL)",
+            "CREATE INDEX replies_by_age ON replies (created)",
+            "CREATE TABLE batches (step INTEGER PRIMARY KEY, header BLOB NOT NULL, items BLOB NOT NULL)",
+            # Internal state that clear() keeps: schema_version, next_item_id.
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value NOT NULL)",
+            "INSERT INTO meta (key, value) VALUES ('schema_version', 1), ('next_item_id', 1)",
+        ),
+    ),
+    Step(
+        'the named values\' table is "kv", as in PostgreSQL (its name no longer needs quoting)',
+        ('ALTER TABLE "values" RENAME TO kv',),
+    ),
+)
+SCHEMA_VERSION = len(STEPS)
+"""The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
+CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches")
+"""The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
+
+
+class _File:
+    """`migrations.Database` over the writer's connection."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
+        self.db = db
+        self.where = str(path)
+
+    def tables(self) -> set[str]:
+        rows = self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        return {row[0] for row in rows}
+
+    def version(self) -> int:
+        return int(self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+
+    def execute(self, statement: str) -> None:
+        self.db.execute(statement)
+
+    def set_version(self, version: int) -> None:
+        self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+
+
+def create_or_migrate(db: sqlite3.Connection, path: Path) -> int:
+    """Bring the file to SCHEMA_VERSION, inside the caller's transaction; the version it had (0: new)."""
+    return migrate(_File(db, path), STEPS)

@@ -1,0 +1,166 @@
+"""The SQLite store: one connection, owned by one writer thread, fed through a `Lane` of transaction functions
+and committing them in groups (api/store/commit.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar, cast
+
+from api.store.base import Store, Txn
+from api.store.commit import Driver, Loss, serve
+from api.store.jobs import Job, Lane, deliver, refuse_left
+from api.store.sqlite.checkpoint import Checkpointer
+from api.store.sqlite.config import SqliteConfig, connect, parse_url
+from api.store.sqlite.schema import create_or_migrate
+from api.store.sqlite.txn import ItemIds, SqliteTxn, trim_replies
+
+T = TypeVar("T")
+
+
+class SqliteStore(Store):
+    """One connection, owned by one thread, fed through a queue of transaction functions."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.config = parse_url(url)
+        self.path = self.config.path
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._ids = ItemIds()
+        self._lane = Lane(url)
+        self._closed = False
+        opened: Future[None] = Future()
+        self._thread = threading.Thread(target=self._main, args=(opened,), name="rollbuf-sqlite", daemon=True)
+        self._thread.start()
+        try:
+            opened.result()
+        except BaseException:
+            self._thread.join()
+            raise
+
+    async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
+        if self._closed:
+            raise RuntimeError(f"store {self.url} is closed")
+        return cast(T, await self._lane.submit(fn))
+
+    async def close(self) -> None:
+        """Finish the transactions already queued, then close the connection and end the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._lane.stop()
+        self._thread.join()
+
+    # ------------------------------------------------------------------ the writer thread
+
+    def _main(self, opened: Future[None]) -> None:
+        try:
+            db = self._open()
+        except BaseException as exc:
+            opened.set_exception(exc)
+            return
+        checkpointer = Checkpointer(self.path)
+        driver = _Driver(db, self.config, self._ids, checkpointer)
+        opened.set_result(None)
+        stop = None
+        try:
+            stop = serve(self._lane.jobs, driver)
+        finally:
+            self._lane.refuse()
+            checkpointer.stop()
+            driver.save_ids()
+            db.close()  # the last connection to close checkpoints what is left and removes the WAL
+            refuse_left(self._lane.jobs, self.url, stop)  # submitted while close() ran, or after the thread failed
+
+    def _open(self) -> sqlite3.Connection:
+        db = connect(self.config)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                create_or_migrate(db, self.path)
+                trim_replies(db, self.config, time.time())
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+
+class _Driver(Driver):
+    """Group commit over the writer's connection: `BEGIN IMMEDIATE ... COMMIT`, a SAVEPOINT per function."""
+
+    def __init__(self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds, checkpointer: Checkpointer) -> None:
+        self.db = db
+        self.config = config
+        self.ids = ids
+        self.checkpointer = checkpointer
+
+    def begin(self, jobs: Sequence[Job]) -> None:
+        self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
+        self.ids.begin()
+
+    def call(self, job: Job) -> Any:
+        txn = SqliteTxn(self.db, self.config, self.ids)
+        value = job.fn(txn)
+        txn.finish()
+        return value
+
+    def savepoint(self) -> None:
+        self.db.execute("SAVEPOINT rollbuf_fn")
+
+    def release(self) -> None:
+        self.db.execute("RELEASE rollbuf_fn")
+
+    def rollback_to(self) -> None:
+        self.db.execute("ROLLBACK TO rollbuf_fn")
+        self.db.execute("RELEASE rollbuf_fn")
+
+    def rollback(self) -> None:
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+        self.save_ids()
+
+    def commit(self) -> None:
+        self.ids.save(self.db)
+        self.db.execute("COMMIT")
+        self.ids.committed()
+        self.checkpointer.committed()
+
+    def loss(self, exc: BaseException) -> Loss | None:
+        # SQLite rolled the whole transaction back itself (disk full, I/O error): the functions before this one
+        # are undone too and must not be acknowledged; those after it run in a fresh transaction.
+        return None if self.db.in_transaction else Loss.FAIL_SO_FAR
+
+    def failed(self, what: str, exc: BaseException) -> BaseException:
+        failure = sqlite3.OperationalError(f"{what}: {exc!r}")
+        failure.__cause__ = exc
+        return failure
+
+    def broken(self, exc: BaseException, jobs: Sequence[Job]) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+        for job in jobs:  # ignored by those already answered (after COMMIT)
+            deliver(job, False, self.failed("store failure", exc))
+
+    def save_ids(self) -> None:
+        """Store the id counter after a rollback undid it (best effort: the next COMMIT stores it anyway)."""
+        if not self.ids.unsaved:
+            return
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.ids.begin()
+            self.ids.save(self.db)
+            self.db.execute("COMMIT")
+            self.ids.committed()
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")

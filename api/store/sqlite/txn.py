@@ -1,0 +1,285 @@
+"""One transaction function's view of the SQLite file (`SqliteTxn`), and the item id counter it draws from.
+
+Everything here runs on the store's writer thread, inside the transaction `api/store/commit.py` opened.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
+from typing import cast
+
+import msgpack
+import numpy as np
+
+from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.jobs import head_chunk_sizes
+from api.store.sqlite.config import SqliteConfig
+from api.store.sqlite.schema import CLEARED
+
+POP_CHUNK = 500
+"""Ids per DELETE statement: stays under SQLite's host-parameter limit on any build."""
+REPLY_TRIM_EVERY = 1024
+"""Old replies are trimmed every this many inserted replies, not on every insert."""
+
+_INT64_MIN = -(2**63)
+_I64 = np.dtype("<i8")
+
+_HEAD = (
+    "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = ? AND item_id > ? ORDER BY env_id, item_id "
+    "LIMIT ?"
+)
+_APPEND = "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) VALUES (?,?,?,?,?,?)"
+_APPEND_PAYLOAD = "INSERT INTO payloads (item_id, payload) VALUES (?,?)"
+_ADD_COUNTS = (
+    "INSERT INTO counts (env_id, items, groups, seqs, tokens) VALUES (?,?,?,?,?) ON CONFLICT (env_id) DO UPDATE SET "
+    "items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
+    "tokens = tokens + excluded.tokens"
+)
+
+
+@cache
+def _pop_sql(n: int) -> str:
+    marks = ",".join("?" * n)
+    return (
+        f"DELETE FROM queue WHERE env_id = ? AND item_id IN ({marks}) "
+        "RETURNING item_id, seqs, tokens, policy_step, n_groups"
+    )
+
+
+@cache
+def _payloads_sql(n: int, delete: bool) -> str:
+    marks = ",".join("?" * n)
+    if delete:
+        return f"DELETE FROM payloads WHERE item_id IN ({marks}) RETURNING item_id, payload"
+    return f"SELECT item_id, payload FROM payloads WHERE item_id IN ({marks})"
+
+
+def _chunks(ids: list[int]) -> Iterator[list[int]]:
+    for i in range(0, len(ids), POP_CHUNK):
+        yield ids[i : i + POP_CHUNK]
+
+
+class ItemIds:
+    """Item ids, handed out from memory; the counter is stored with the next COMMIT.
+
+    The stored counter is read once per SQLite transaction, since another process sharing the file may have
+    handed out ids meanwhile. Ids given to functions that rolled back are stored too, so no id is handed
+    out twice, not even across restarts."""
+
+    __slots__ = ("next", "synced", "unsaved")
+
+    def __init__(self) -> None:
+        self.next = 1
+        self.synced = False
+        self.unsaved = False
+
+    def begin(self) -> None:
+        self.synced = False
+
+    def take(self, db: sqlite3.Connection) -> int:
+        if not self.synced:
+            stored = db.execute("SELECT value FROM meta WHERE key = 'next_item_id'").fetchone()[0]
+            self.next = max(self.next, int(stored))
+            self.synced = True
+        item_id = self.next
+        self.next += 1
+        self.unsaved = True
+        return item_id
+
+    def save(self, db: sqlite3.Connection) -> None:
+        """Inside a transaction; `committed()` once it is."""
+        if self.unsaved:
+            db.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'next_item_id'", (self.next,))
+
+    def committed(self) -> None:
+        self.unsaved = False
+
+
+class SqliteTxn(Txn):
+    """Writes to the queue are batched until something reads it (or the function returns), then written
+    with executemany; per-env counts are kept as deltas and written once per transaction."""
+
+    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta")
+
+    def __init__(self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds) -> None:
+        self._db = db
+        self._config = config
+        self._ids = ids
+        self._now = time.time()
+        self._rows: list[tuple[int, int, int, int, int, int]] = []
+        self._payloads: list[tuple[int, bytes]] = []
+        self._delta: dict[int, list[int]] = {}
+
+    # --- bookkeeping the store calls around the transaction function ---
+    def finish(self) -> None:
+        """Write what is still pending; runs inside the transaction, before COMMIT."""
+        self._flush_items()
+        self._flush_counts()
+
+    def _flush_items(self) -> None:
+        if self._rows:
+            self._db.executemany(_APPEND, self._rows)
+            self._db.executemany(_APPEND_PAYLOAD, self._payloads)
+            self._rows.clear()
+            self._payloads.clear()
+
+    def _flush_counts(self) -> None:
+        if self._delta:
+            self._db.executemany(_ADD_COUNTS, [(env, *d) for env, d in self._delta.items()])
+            self._delta.clear()
+
+    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int) -> None:
+        d = self._delta.get(env_id)
+        if d is None:
+            self._delta[env_id] = [items, groups, seqs, tokens]
+        else:
+            d[0] += items
+            d[1] += groups
+            d[2] += seqs
+            d[3] += tokens
+
+    # --- values ---
+    def get_value(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else cast(str, row[0])
+
+    def set_value(self, key: str, value: str) -> None:
+        self._db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+
+    # --- the queue ---
+    def next_item_id(self) -> int:
+        return self._ids.take(self._db)
+
+    def append(self, env_id: int, item: QueuedItem) -> None:
+        m = item.meta
+        self._rows.append((m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups))
+        self._payloads.append((m.item_id, item.payload))
+        self._add(env_id, 1, item.n_groups, m.seqs, m.tokens)
+
+    def head(self, env_id: int) -> Iterator[ItemMeta]:
+        self._flush_items()
+        return self._head(env_id)
+
+    def _head(self, env_id: int) -> Iterator[ItemMeta]:
+        # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
+        after = _INT64_MIN
+        for limit in head_chunk_sizes():
+            self._flush_items()
+            rows = self._db.execute(_HEAD, (env_id, after, limit)).fetchall()
+            for row in rows:
+                yield ItemMeta(*row)
+            if len(rows) < limit:
+                return
+            after = rows[-1][0]
+
+    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+        wanted = list(item_ids)
+        if not wanted:
+            return []
+        self._flush_items()
+        db = self._db
+        db.execute("SAVEPOINT rollbuf_pop")  # all or nothing, even if the caller catches the KeyError
+        try:
+            rows: list[tuple[int, int, int, int, int]] = []
+            for chunk in _chunks(wanted):
+                rows += db.execute(_pop_sql(len(chunk)), (env_id, *chunk)).fetchall()
+            if len(rows) != len(wanted):
+                missing = sorted(set(wanted) - {row[0] for row in rows})
+                raise KeyError(f"items {missing or wanted} are not all queued (once) for env {env_id}")
+            # Kept for a batch: read, and left where they are until the batch is acknowledged.
+            payloads: dict[int, bytes] = {}
+            for chunk in _chunks(wanted):
+                payloads.update(db.execute(_payloads_sql(len(chunk), keep_for is None), chunk).fetchall())
+        except BaseException:
+            db.execute("ROLLBACK TO rollbuf_pop")
+            db.execute("RELEASE rollbuf_pop")
+            raise
+        db.execute("RELEASE rollbuf_pop")
+        found = {row[0]: QueuedItem(ItemMeta(row[0], row[1], row[2], row[3]), row[4], payloads[row[0]]) for row in rows}
+        items = [found[i] for i in wanted]
+        gone = QueueCounts.of(items)
+        self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens)
+        return items
+
+    def counts(self) -> dict[int, QueueCounts]:
+        self._flush_counts()
+        rows = self._db.execute("SELECT env_id, items, groups, seqs, tokens FROM counts WHERE items > 0")
+        return {row[0]: QueueCounts(row[1], row[2], row[3], row[4]) for row in rows}
+
+    # --- side buffers ---
+    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
+        row = self._db.execute("SELECT data FROM buffers WHERE env_id = ?", (env_id,)).fetchone()
+        return [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
+
+    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
+        if not groups:
+            self._db.execute("DELETE FROM buffers WHERE env_id = ?", (env_id,))
+            return
+        data = msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True)
+        self._db.execute("INSERT OR REPLACE INTO buffers (env_id, data) VALUES (?, ?)", (env_id, data))
+
+    # --- idempotency replies ---
+    def get_reply(self, key: str) -> str | None:
+        row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        return None if row is None else cast(str, row[0])
+
+    def put_reply(self, key: str, reply: str) -> None:
+        cur = self._db.execute(
+            "INSERT OR REPLACE INTO replies (key, reply, created) VALUES (?, ?, ?)", (key, reply, self._now)
+        )
+        if cur.lastrowid is not None and cur.lastrowid % REPLY_TRIM_EVERY == 0:
+            trim_replies(self._db, self._config, self._now)
+
+    # --- formed batches ---
+    def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        ids = list(item_ids)
+        present = sum(
+            self._db.execute(
+                f"SELECT count(*) FROM payloads WHERE item_id IN ({','.join('?' * len(c))})", c
+            ).fetchone()[0]
+            for c in _chunks(ids)
+        )
+        if present != len(set(ids)):
+            raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
+        self._drop_batches("step = ?", step)
+        blob = np.asarray(ids, dtype=_I64).tobytes()
+        self._db.execute("INSERT INTO batches (step, header, items) VALUES (?, ?, ?)", (step, header, blob))
+
+    def get_batch(self, step: int) -> bytes | None:
+        row = self._db.execute("SELECT header, items FROM batches WHERE step = ?", (step,)).fetchone()
+        if row is None:
+            return None
+        ids = np.frombuffer(row[1], _I64).tolist()
+        payloads: dict[int, bytes] = {}
+        for chunk in _chunks(ids):
+            payloads.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
+        return b"".join([row[0], *(payloads[i] for i in ids)])
+
+    def drop_batches_before(self, step: int) -> None:
+        self._drop_batches("step < ?", step)
+
+    def _drop_batches(self, where: str, step: int) -> None:
+        rows = self._db.execute(f"DELETE FROM batches WHERE {where} RETURNING items", (step,)).fetchall()
+        ids = [i for (items,) in rows for i in np.frombuffer(items, _I64).tolist()]
+        for chunk in _chunks(ids):
+            self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({','.join('?' * len(chunk))})", chunk)
+
+    def clear(self) -> None:
+        self._rows.clear()
+        self._delta.clear()
+        for table in CLEARED:
+            self._db.execute(f"DELETE FROM {table}")  # meta (next_item_id) stays: ids keep increasing
+
+
+def trim_replies(db: sqlite3.Connection, config: SqliteConfig, now: float) -> None:
+    """Forget all but the newest `max_replies` replies, and those older than `reply_ttl`.
+
+    Rowids grow with every insert (a replaced reply gets a new one), so they order replies by age."""
+    newest = db.execute("SELECT max(rowid) FROM replies").fetchone()[0]
+    if newest is not None:
+        db.execute("DELETE FROM replies WHERE rowid <= ?", (newest - config.max_replies,))
+    if config.reply_ttl is not None:
+        db.execute("DELETE FROM replies WHERE created < ?", (now - config.reply_ttl,))

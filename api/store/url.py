@@ -1,0 +1,57 @@
+"""Store URLs: showing one without its password, and the parameters every durable backend reads alike.
+
+Apart from the backends (which parse the rest of their URLs themselves) and from `api/store/__init__.py`
+(which picks a backend by scheme), so that a backend never imports the package that imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+REPLY_PARAMS = frozenset({"max_replies", "reply_ttl"})
+"""The URL parameters of `ReplyLimits`."""
+MAX_REPLIES = 1_000_000
+"""Idempotency replies kept by default, newest first (~200 bytes each): far more retries than clients make."""
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def without_password(text: str, url: str) -> str:
+    """`text` (an error message that may quote the URL) with the URL's password, if any, masked."""
+    password = urlsplit(url).password
+    return text.replace(password, "***") if password else text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplyLimits:
+    """How many idempotency replies a durable store keeps (`?max_replies=N&reply_ttl=SECONDS`)."""
+
+    max_replies: int = MAX_REPLIES
+    """Replies kept, newest first."""
+    reply_ttl: float | None = None
+    """Replies older than this many seconds are forgotten (at the next trim). Measured against the stored
+    wall-clock creation time, so a restart neither resets nor extends the window. None: no time limit."""
+
+
+def reply_limits(params: Mapping[str, str], url: str) -> ReplyLimits:
+    """The `ReplyLimits` a URL's parameters (`params`, the last value of each) say; ValueError if they are
+    not numbers or negative."""
+    try:
+        max_replies = int(params.get("max_replies", MAX_REPLIES))
+        ttl = float(params["reply_ttl"]) if "reply_ttl" in params else None
+    except ValueError:
+        raise ValueError(
+            f"store URL {redacted(url)!r}: max_replies must be an integer, reply_ttl a number of seconds"
+        ) from None
+    if max_replies < 0 or (ttl is not None and not ttl >= 0):
+        raise ValueError(f"store URL {redacted(url)!r}: max_replies and reply_ttl must not be negative")
+    return ReplyLimits(max_replies=max_replies, reply_ttl=ttl)

@@ -1,0 +1,85 @@
+"""Writes the data files `tests/store/test_migrations.py` opens: a store of each backend as one release left it.
+
+Run it at the release whose files they stand for, before changing the layout (`python -m
+tests.store.old_files.write`), and commit what it writes; a file once committed is never rewritten, so every
+later release is tested against what that one really wrote. It goes through the HTTP API only, so it runs
+at any release: a registered run, an env, queued groups (one with a group id), a partial group in the side
+buffer. The files are named by the schema version stored in them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from api.app import create_app
+from api.settings import Settings
+from tests import pg
+from tests.factories import env, group, registration
+
+HERE = Path(__file__).parent
+SCHEMA = "old_run"
+"""The PostgreSQL schema the dump holds (not the default one: `?schema=` must keep working too)."""
+
+
+async def fill(store: str) -> None:
+    app = create_app(Settings(store=store))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+            for method, path, body in [
+                ("POST", "/register", registration(batch_size=8)),
+                ("GET", "/batch", None),  # the trainer polls: envs may register now
+                ("POST", "/register-env", env("math", group_size=4)),
+                ("POST", "/scored_data", group(4, seed=1, group_id="g-1")),
+                ("POST", "/scored_data", group(4, seed=2)),
+                ("POST", "/scored_data", group(4, seed=3)),
+                ("POST", "/scored_data", group(2, seed=4)),  # half a group: waits in the side buffer
+            ]:
+                reply = await c.request(method, path, json=body)
+                reply.raise_for_status()
+
+
+def write_sqlite(tmp: Path) -> Path:
+    path = tmp / "rollbuf.db"
+    asyncio.run(fill(f"sqlite:///{path}"))
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+    out = HERE / f"sqlite-v{version}.db.gz"
+    with path.open("rb") as src, gzip.open(out, "wb") as dst:  # 64 KiB pages, mostly empty
+        shutil.copyfileobj(src, dst)
+    return out
+
+
+def write_postgres() -> Path:
+    with pg.database() as name:
+        url = pg.url_of(name, schema=SCHEMA)
+        asyncio.run(fill(url))
+        with psycopg.connect(pg.url_of(name), autocommit=True) as conn:
+            row = conn.execute(f"SELECT value FROM {SCHEMA}.meta WHERE key = 'schema_version'").fetchone()
+            assert row is not None
+        dump = subprocess.run(
+            ["pg_dump", "--schema", SCHEMA, "--no-owner", "--no-privileges", "--inserts", pg.url_of(name)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    out = HERE / f"postgres-v{row[0]}.sql.gz"
+    # psql's meta-commands (`\\restrict`) are not SQL: the file stays plain SQL, for any client to run.
+    sql = "".join(line for line in dump.splitlines(keepends=True) if not line.startswith("\\"))
+    out.write_bytes(gzip.compress(sql.encode(), mtime=0))  # gzipped as the SQLite file: data, not code to read
+    return out
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as tmp:
+        print(write_sqlite(Path(tmp)))
+    print(write_postgres())

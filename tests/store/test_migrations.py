@@ -1,0 +1,165 @@
+"""Schema versions: a store written by an earlier release opens with this one and serves what it held; one
+written by a later release, or by another application, is refused. The mechanism alone (api/store/migrations.py)
+first, then each SQL backend from the files of every earlier version (tests/store/old_files, written by those
+releases)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import re
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from api.app import create_app
+from api.settings import Settings
+from api.store import postgres, sqlite
+from api.store.migrations import SchemaRefused, Step, migrate
+from tests import pg
+from tests.factories import group
+
+OLD_FILES = Path(__file__).parent / "old_files"
+
+
+class FakeDatabase:
+    """A database that records the statements run on it."""
+
+    where = "fake"
+
+    def __init__(self, tables: set[str], version: int = 0) -> None:
+        self._tables = tables
+        self.stored = version
+        self.ran: list[str] = []
+
+    def tables(self) -> set[str]:
+        return self._tables
+
+    def version(self) -> int:
+        return self.stored
+
+    def execute(self, statement: str) -> None:
+        self.ran.append(statement)
+
+    def set_version(self, version: int) -> None:
+        self.stored = version
+
+
+STEPS = [Step("one", ("a1", "a2")), Step("two", ("b",)), Step("three", ("c",))]
+
+
+def test_a_new_store_runs_every_step_in_order() -> None:
+    db = FakeDatabase(set())
+    assert migrate(db, STEPS) == 0
+    assert db.ran == ["a1", "a2", "b", "c"] and db.stored == 3
+
+
+def test_an_older_store_runs_only_the_steps_it_lacks() -> None:
+    db = FakeDatabase({"meta", "queue"}, version=1)
+    assert migrate(db, STEPS) == 1
+    assert db.ran == ["b", "c"] and db.stored == 3
+    again = FakeDatabase({"meta"}, version=3)
+    assert migrate(again, STEPS) == 3 and again.ran == []
+
+
+def test_a_newer_store_or_foreign_tables_are_refused_untouched() -> None:
+    newer = FakeDatabase({"meta"}, version=4)
+    with pytest.raises(SchemaRefused, match="layout version 4, written by a newer rollbuf; this rollbuf reads up to 3"):
+        migrate(newer, STEPS)
+    foreign = FakeDatabase({"users", "orders"})
+    with pytest.raises(SchemaRefused, match=r"not rollbuf's \(orders, users\): not touching it; see here"):
+        migrate(foreign, STEPS, hint="; see here")
+    assert newer.ran == foreign.ran == [] and newer.stored == 4
+
+
+def versions(backend: str) -> dict[int, Path]:
+    """The old files of a backend by the version they hold: one at least for every version before the
+    current one (a release that changes the layout commits a file of the layout it replaces)."""
+    found = {int(m[1]): p for p in OLD_FILES.iterdir() if (m := re.fullmatch(rf"{backend}-v(\d+)\..*", p.name))}
+    current = {"sqlite": sqlite.SCHEMA_VERSION, "postgres": postgres.SCHEMA_VERSION}[backend]
+    assert set(range(1, current)) <= set(found), f"{backend}: no file of some earlier version in {OLD_FILES}"
+    assert max(found) <= current
+    return found
+
+
+async def served(store: str) -> None:
+    """What tests/store/old_files/write.py put in: a registered run, env 0 (math, groups of 4), three queued
+    groups (the first with group id g-1), half a group in the side buffer."""
+    app = create_app(Settings(store=store))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+            status = (await c.get("/status")).json()
+            assert (status["current_step"], status["queue_size"]) == (0, 3)
+            again = await c.post("/scored_data", json=group(4, seed=1, group_id="g-1"))
+            assert again.json() == {"status": "received", "duplicate": True}, "the stored reply was lost"
+            other_half = await c.post("/scored_data", json=group(2, seed=5))  # completes the buffered half
+            assert other_half.status_code == 200, other_half.text
+            assert (await c.get("/status")).json()["queue_size"] == 5  # two half groups, queued together
+            batch = (await c.get("/batch")).json()["batch"]  # batch_size 8: the two oldest groups
+            assert [g["tokens"] for g in batch] == [group(4, seed=1)["tokens"], group(4, seed=2)["tokens"]]
+            assert (await c.get("/status")).json()["current_step"] == 1
+
+
+@pytest.fixture
+def dbname() -> Iterator[str]:
+    with pg.database() as name:
+        yield name
+
+
+@pytest.mark.parametrize("version", sorted(versions("sqlite")))
+def test_a_sqlite_file_of_an_earlier_version_opens_and_serves_what_it_held(version: int, tmp_path: Path) -> None:
+    path = tmp_path / "rollbuf.db"
+    with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    asyncio.run(served(f"sqlite:///{path}"))
+    fresh = tmp_path / "fresh.db"
+    asyncio.run(sqlite.SqliteStore(f"sqlite:///{fresh}").close())
+    assert _sqlite_layout(path) == _sqlite_layout(fresh), "a migrated file differs from a new one"
+
+
+def _sqlite_layout(path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as db:
+        layout = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+        layout.append(db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone())
+    return layout
+
+
+def test_a_sqlite_file_of_a_newer_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rollbuf.db"
+    asyncio.run(sqlite.SqliteStore(f"sqlite:///{path}").close())
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (sqlite.SCHEMA_VERSION + 1,))
+    with pytest.raises(SchemaRefused, match="written by a newer rollbuf"):
+        sqlite.SqliteStore(f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize("version", sorted(versions("postgres")))
+def test_a_postgres_schema_of_an_earlier_version_opens_and_serves_what_it_held(version: int, dbname: str) -> None:
+    dump = gzip.decompress(versions("postgres")[version].read_bytes()).decode()
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        conn.execute(dump.encode())  # several statements, no parameters: sent as one simple query
+    asyncio.run(served(pg.url_of(dbname, schema="old_run")))
+    asyncio.run(postgres.PostgresStore(pg.url_of(dbname, schema="fresh")).close())
+    assert _postgres_layout(dbname, "old_run") == _postgres_layout(dbname, "fresh")
+
+
+def _postgres_layout(dbname: str, schema: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        columns = conn.execute(
+            "SELECT table_name, column_name, data_type, is_nullable, is_identity FROM information_schema.columns "
+            "WHERE table_schema = %s ORDER BY 1, 2",
+            (schema,),
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT tablename, indexname, replace(indexdef, %s, '') FROM pg_indexes WHERE schemaname = %s ORDER BY 2",
+            (f"{schema}.", schema),
+        ).fetchall()
+        version = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchall()
+    return [*columns, *indexes, *version]
