@@ -4,6 +4,7 @@ environments concurrently (optionally in worker processes) as a well-behaved pro
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, Gate, Session, Task
 from rollout_client.errors import (
+    ClientError,
     EpisodeTruncated,
     InferenceError,
     PromptTooLong,
@@ -21,7 +22,7 @@ from rollout_client.errors import (
     is_retryable,
 )
 from rollout_client.group import GroupOutcome, Limits, acquire_all, build_group, run_group
-from rollout_client.handle import RunnerHandle
+from rollout_client.handle import RunnerHandle, run_in_thread
 from rollout_client.policy import (
     CharTokenizer,
     Completion,
@@ -30,11 +31,13 @@ from rollout_client.policy import (
     ScriptedPolicy,
     clip_max_tokens,
 )
-from rollout_client.runner import RolloutRunner, RunnerHealth, RunnerStats
+from rollout_client.runner import RolloutRunner
+from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import Curriculum, Tasks, TaskSource
 
 __all__ = [
     "CharTokenizer",
+    "ClientError",
     "Completion",
     "Curriculum",
     "Environment",
@@ -76,4 +79,5 @@ __all__ = [
     "clip_max_tokens",
     "is_retryable",
     "run_group",
+    "run_in_thread",
 ]

@@ -19,28 +19,25 @@ from pydantic import BaseModel
 from tenacity import RetryError
 
 from api import records
+from api.records import MSGPACK
 from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
-from rollout_client.errors import (
-    RetriesExhausted,
-    RolloutClientError,
-    TransportError,
-    error_for_status,
-)
-from rollout_client.retry import backoff_delay, retrying
+from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, auth_headers
+from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
+from client_core.retry import RetryPolicy
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
-"""Generous read timeout: a submit waits for a durable commit, which queues behind other writers."""
 RETRY_DEADLINE_S = 120.0
-"""How long a request keeps being retried: long enough to ride out a server restart."""
+"""How long a request keeps being retried: long enough to ride out a server restart (an environment has
+nothing better to do than wait for the buffer; its groups are not lost meanwhile)."""
+REGISTER_BACKOFF = RetryPolicy(deadline=0.0)
+"""The backoff between registration attempts while the trainer has not started (their deadline is
+`wait_timeout`); each wait is also capped at 2 s so a starting trainer is noticed quickly."""
 GZIP_MIN_BYTES = 1024
 """JSON bodies from this size up are gzipped; below it gzip's header costs more than it saves."""
-MSGPACK = "application/msgpack"
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class TrainerNotStarted(RolloutClientError):
+class TrainerNotStarted(ClientError):
     """`register(wait_timeout=...)` gave up: the trainer has not asked for its first batch yet."""
 
 
@@ -52,13 +49,6 @@ def encode_json(group: ScoredData) -> tuple[bytes, dict[str, str]]:
         body = gzip.compress(body, compresslevel=1)
         headers["Content-Encoding"] = "gzip"
     return body, headers
-
-
-def _decode(response: httpx.Response) -> Any:
-    try:
-        return orjson.loads(response.content)
-    except orjson.JSONDecodeError:
-        return response.text
 
 
 class RolloutClient:
@@ -80,10 +70,10 @@ class RolloutClient:
         prefer_binary: bool = True,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers)
+        self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=auth_headers(api_key))
         self._owns_http = http_client is None
         self.retry_deadline = retry_deadline
+        """Seconds one request is retried (transport errors, 429, 503, other 5xx), from its first try."""
         self.env_id: int | None = None
         self.registration: EnvRegistered | None = None
         self.prefer_binary = prefer_binary
@@ -98,16 +88,16 @@ class RolloutClient:
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
-        body = _decode(response)
+            raise TransportError.from_httpx(exc, method, path) from exc
         if response.status_code >= 400:
-            raise error_for_status(response.status_code, body, response.headers.get("Retry-After"))
-        return body
+            raise error_for(response)
+        return reply_body(response)
 
     async def _call(self, method: str, path: str, deadline: float | None = None, **kwargs: Any) -> Any:
         """`_send` with retries until the deadline; RetriesExhausted (from the last error) after it."""
         try:
-            async for attempt in retrying(self.retry_deadline if deadline is None else deadline):
+            policy = RetryPolicy(self.retry_deadline if deadline is None else deadline)
+            async for attempt in policy.aretrying():
                 with attempt:
                     return await self._send(method, path, **kwargs)
         except RetryError as exc:
@@ -162,7 +152,7 @@ class RolloutClient:
             else:
                 reason = "no trainer has registered yet"
             attempt += 1
-            delay = min(2.0, backoff_delay(attempt, None) + 0.05)
+            delay = min(2.0, REGISTER_BACKOFF.delay(attempt, None) + 0.05)
             if give_up is not None and loop.time() + delay > give_up:
                 raise TrainerNotStarted(f"registering {name!r}: {reason} (waited {wait_timeout} s)")
             if on_wait is not None:
@@ -208,7 +198,7 @@ class RolloutClient:
             if self.env_id is not None:
                 try:
                     await self.disconnect()
-                except RolloutClientError:
+                except ClientError:
                     if exc is None:
                         raise  # a clean exit reports a failed disconnect; an error exit keeps the original error
         finally:
@@ -216,7 +206,7 @@ class RolloutClient:
 
     def _require_env(self) -> int:
         if self.env_id is None:
-            raise RolloutClientError("register() this environment first")
+            raise ClientError("register() this environment first")
         return self.env_id
 
 

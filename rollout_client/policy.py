@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
+from client_core.config import auth_headers
+from client_core.retry import RetryPolicy
 from rollout_client.errors import InferenceError, PromptTooLong
-from rollout_client.retry import backoff_delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +139,11 @@ def parse_completion(body: dict[str, Any]) -> Completion:
                       choice.get("finish_reason"))  # fmt: skip
 
 
+def _inference_retryable(exc: BaseException) -> bool:
+    """The inference server's own rule (InferenceError.retryable): connection errors and 5xx, never a 4xx."""
+    return isinstance(exc, InferenceError) and exc.retryable
+
+
 class OpenAIPolicy:
     """A policy served by an OpenAI-compatible completions API (vLLM, SGLang), reached with httpx.
 
@@ -163,8 +168,7 @@ class OpenAIPolicy:
         max_attempts: int = 5,
         retry_deadline: float = 60.0,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=headers)
+        self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=auth_headers(api_key))
         self.model = model
         self.temperature = temperature
         self.context_length = context_length
@@ -189,13 +193,8 @@ class OpenAIPolicy:
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         """`_post_once`, retried on connection errors and 5xx with backoff (full jitter) up to `max_attempts`
         tries within `retry_deadline` s; a 4xx is raised at once. The last error is raised as itself."""
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, InferenceError) and e.retryable),
-            wait=lambda state: backoff_delay(state.attempt_number, None),
-            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.retry_deadline),
-            reraise=True,
-        )
-        async for attempt in retrying:
+        policy = RetryPolicy(self.retry_deadline, max_attempts=self.max_attempts, retry_on=_inference_retryable)
+        async for attempt in policy.aretrying(reraise=True):
             with attempt:
                 return await self._post_once(path, body)
         raise AssertionError("unreachable: tenacity either returns or re-raises")

@@ -44,8 +44,7 @@ from rollout_client.group import GroupOutcome, Limits, run_group
 from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import is_stale, pick_env
-from rollout_client.stats import RunnerHealth as RunnerHealth  # re-exported for rollout_client/__init__.py
-from rollout_client.stats import RunnerStats as RunnerStats
+from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
 

@@ -52,3 +52,12 @@ def test_the_service_imports_neither_client() -> None:
                 names = [node.module]
             offenders += [f"{path.relative_to(root.parent)}: {n}" for n in names if n.split(".")[0] in PACKAGES]
     assert offenders == []
+
+
+def test_the_client_core_stays_a_client_library() -> None:
+    """client_core is imported by both clients: it must pull in neither the server stack nor the service."""
+    heavy = ("fastapi", "uvicorn", "starlette", "api", "trainer_client", "rollout_client")
+    modules = "client_core.errors, client_core.retry, client_core.config"
+    code = f"import sys, {modules}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

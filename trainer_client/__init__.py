@@ -5,13 +5,16 @@ JSON polling, against an Atropos server. Imports numpy, httpx, msgpack and pydan
 torch only when asked for tensors. See docs/trainer-client.md.
 """
 
+from client_core.errors import TransportError
 from trainer_client.aio import AsyncTrainerClient
 from trainer_client.arrays import Batch, Packed, Padded, first_fit_decreasing
 from trainer_client.client import TrainerClient
 from trainer_client.errors import (
     BatchGone,
+    ClientError,
     NotRegistered,
     Rejected,
+    RetriesExhausted,
     ServerError,
     ServerUnreachable,
     TrainerClientError,
@@ -23,14 +26,17 @@ __all__ = [
     "AsyncTrainerClient",
     "Batch",
     "BatchGone",
+    "ClientError",
     "NotRegistered",
     "Packed",
     "Padded",
     "Rejected",
+    "RetriesExhausted",
     "ServerError",
     "ServerUnreachable",
     "TrainerClient",
     "TrainerClientError",
+    "TransportError",
     "Unavailable",
     "first_fit_decreasing",
     "is_retryable",

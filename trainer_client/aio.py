@@ -8,25 +8,23 @@ from types import TracebackType
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from api.schema import Info, RegisterReply, Status
+from client_core.config import DEFAULT_TIMEOUT
 from trainer_client.arrays import Batch
-from trainer_client.errors import ServerUnreachable, error_for, is_retryable
+from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
-    DEFAULT_TIMEOUT,
-    DEFAULT_TRIES,
-    DEFAULT_URL,
     DEFAULT_WAIT,
+    RETRY_DEADLINE_S,
     Balance,
     BatchQuery,
     Encoding,
+    Endpoint,
     Progress,
     Server,
     parse_batch_reply,
     poll_delay,
     registration,
-    retry_wait,
 )
 from trainer_client.transport import AsyncStdlibTransport
 
@@ -52,12 +50,12 @@ class AsyncTrainerClient:
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         api_key: str | None = None,
         http_client: httpx.AsyncClient | None = None,
-        tries: int = DEFAULT_TRIES,
+        retry_deadline: float = RETRY_DEADLINE_S,
+        tries: int | None = None,
     ) -> None:
-        self.base_url = (base_url or (str(http_client.base_url) if http_client else "") or DEFAULT_URL).rstrip("/")
-        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
-        self.tries = tries
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.endpoint = Endpoint.make(base_url, str(http_client.base_url) if http_client else "", timeout, api_key,
+                                      retry_deadline, tries)  # fmt: skip
+        self.base_url, self.timeout = self.endpoint.base_url, self.endpoint.timeout
         self._own = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=self.timeout, transport=AsyncStdlibTransport())
 
@@ -121,18 +119,17 @@ class AsyncTrainerClient:
                 polls += 1
 
     async def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.tries), wait=retry_wait, retry=retry_if_exception(is_retryable), reraise=True
-        )
         kwargs.setdefault("timeout", self.timeout)
-        headers = self._headers | kwargs.pop("headers", {})
+        headers = self.endpoint.headers | kwargs.pop("headers", {})
+        tries = 0
         try:
-            async for attempt in retrying:
+            async for attempt in self.endpoint.retry.aretrying(reraise=True):
+                tries = attempt.retry_state.attempt_number
                 with attempt:
                     reply = await self._http.request(method, self.base_url + path, headers=headers, **kwargs)
                     if reply.status_code >= 400:
                         raise error_for(reply, step)
                     return reply
         except httpx.TransportError as exc:
-            raise ServerUnreachable(self.base_url, self.tries, exc) from exc
+            raise ServerUnreachable(self.base_url, tries, exc) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")

@@ -8,25 +8,23 @@ from types import TracebackType
 from typing import Any
 
 import httpx
-from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from api.schema import Info, RegisterReply, Status
+from client_core.config import DEFAULT_TIMEOUT
 from trainer_client.arrays import Batch
-from trainer_client.errors import ServerUnreachable, error_for, is_retryable
+from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
-    DEFAULT_TIMEOUT,
-    DEFAULT_TRIES,
-    DEFAULT_URL,
     DEFAULT_WAIT,
+    RETRY_DEADLINE_S,
     Balance,
     BatchQuery,
     Encoding,
+    Endpoint,
     Progress,
     Server,
     parse_batch_reply,
     poll_delay,
     registration,
-    retry_wait,
 )
 from trainer_client.transport import StdlibTransport
 
@@ -42,10 +40,12 @@ class TrainerClient:
     ```
 
     Every request is retried on timeouts, dropped connections, 429 and 5xx (`errors.is_retryable`), with
-    exponential backoff and the server's Retry-After, `tries` times in all; then ServerUnreachable (or
-    the last Unavailable) is raised. The client's own httpx.Client sends over `transport.StdlibTransport`
-    (3x faster than httpx's default for a large batch); `http_client` replaces it (any httpx.Client,
-    for instance with a MockTransport) and is not closed by `close()`.
+    exponential backoff (full jitter) never shorter than the server's Retry-After, for `retry_deadline`
+    seconds (30; and at most `tries` tries when given: `client_core.retry.RetryPolicy`); then
+    ServerUnreachable (no answer at all) or the last ServerError is raised. A 4xx is never retried. The
+    client's own httpx.Client sends over `transport.StdlibTransport` (3x faster than httpx's default for a
+    large batch); `http_client` replaces it (any httpx.Client, for instance with a MockTransport) and is
+    not closed by `close()`.
     """
 
     def __init__(
@@ -55,12 +55,12 @@ class TrainerClient:
         timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
         api_key: str | None = None,
         http_client: httpx.Client | None = None,
-        tries: int = DEFAULT_TRIES,
+        retry_deadline: float = RETRY_DEADLINE_S,
+        tries: int | None = None,
     ) -> None:
-        self.base_url = (base_url or (str(http_client.base_url) if http_client else "") or DEFAULT_URL).rstrip("/")
-        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
-        self.tries = tries
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.endpoint = Endpoint.make(base_url, str(http_client.base_url) if http_client else "", timeout, api_key,
+                                      retry_deadline, tries)  # fmt: skip
+        self.base_url, self.timeout = self.endpoint.base_url, self.endpoint.timeout
         self._own = http_client is None
         self._http = http_client or httpx.Client(timeout=self.timeout, transport=StdlibTransport())
 
@@ -113,7 +113,7 @@ class TrainerClient:
         `encoding="msgpack"` is used when the server offers it (GET /info), else JSON.
 
         Raises NotRegistered, BatchGone (batch N was acknowledged already), Rejected, or
-        ServerUnreachable once a request failed `tries` times in a row.
+        ServerUnreachable once a request got no answer until the retry deadline.
         """
         server = Server.from_info(self.info())
         query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
@@ -141,18 +141,17 @@ class TrainerClient:
 
     def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
         """Send with retries; error replies become exceptions (errors.error_for)."""
-        retrying = Retrying(
-            stop=stop_after_attempt(self.tries), wait=retry_wait, retry=retry_if_exception(is_retryable), reraise=True
-        )
         kwargs.setdefault("timeout", self.timeout)
-        headers = self._headers | kwargs.pop("headers", {})
+        headers = self.endpoint.headers | kwargs.pop("headers", {})
+        tries = 0
         try:
-            for attempt in retrying:
+            for attempt in self.endpoint.retry.retrying(reraise=True):
+                tries = attempt.retry_state.attempt_number
                 with attempt:
                     reply = self._http.request(method, self.base_url + path, headers=headers, **kwargs)
                     if reply.status_code >= 400:
                         raise error_for(reply, step)
                     return reply
         except httpx.TransportError as exc:
-            raise ServerUnreachable(self.base_url, self.tries, exc) from exc
+            raise ServerUnreachable(self.base_url, tries, exc) from exc
         raise AssertionError("unreachable: tenacity reraises the last error")

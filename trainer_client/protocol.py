@@ -13,23 +13,22 @@ from typing import Any, Literal
 
 import httpx
 import orjson
-from tenacity import RetryCallState, wait_exponential_jitter
 
 from api.records import MSGPACK, decode_batch, is_msgpack
 from api.schema import Info, Registration
+from client_core.config import DEFAULT_URL, auth_headers
+from client_core.retry import RetryPolicy
 from trainer_client.arrays import Batch, from_json, from_records
-from trainer_client.errors import NotRegistered, ServerError, error_for
+from trainer_client.errors import NotRegistered, error_for
 
 Encoding = Literal["msgpack", "json"]
 Balance = Literal["tokens", "squared"]
 
-DEFAULT_URL = "http://127.0.0.1:8000"
-DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
-"""For everything but /batch, whose read timeout is sized to the batch (`batch_read_timeout`)."""
 DEFAULT_WAIT = 30.0
 """Long-poll: how long the server holds one /batch request; well under the server's cap (60 s)."""
-DEFAULT_TRIES = 8
-"""Attempts per request before ServerUnreachable; with the backoff below (0.25 s doubling to 8 s), ~25 s of outage."""
+RETRY_DEADLINE_S = 30.0
+"""How long one request is retried (timeouts, dropped connections, 429 and 5xx) before ServerUnreachable or
+the last error: a blip or a quick restart, not a long outage, which a trainer had better hear about."""
 READ_MARGIN_S = 15.0
 """Added to every /batch read timeout: the server's queueing, formation and a busy machine."""
 JSON_S_PER_TOKEN = 2e-5
@@ -175,15 +174,32 @@ def poll_delay(attempt: int, *, base: float = 0.5, cap: float = 10.0, rng: rando
     return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
 
 
-_backoff = wait_exponential_jitter(multiplier=0.25, max=8.0, jitter=0.5)
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how both clients send: the base URL, per-request timeout, auth header and retry policy."""
 
+    base_url: str
+    timeout: httpx.Timeout
+    headers: dict[str, str]
+    retry: RetryPolicy
 
-def retry_wait(state: RetryCallState) -> float:
-    """tenacity wait: the server's Retry-After when it sent one, else exponential backoff with jitter."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(exc, ServerError) and exc.retry_after is not None:
-        return exc.retry_after
-    return float(_backoff(state))
+    @classmethod
+    def make(
+        cls,
+        base_url: str | None,
+        http_base_url: str,
+        timeout: float | httpx.Timeout,
+        api_key: str | None,
+        retry_deadline: float,
+        tries: int | None,
+    ) -> Endpoint:
+        """From a client's arguments: the URL given, else the http_client's (`http_base_url`), else the default."""
+        return cls(
+            (base_url or http_base_url or DEFAULT_URL).rstrip("/"),
+            timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout),
+            auth_headers(api_key),
+            RetryPolicy(retry_deadline, max_attempts=tries),
+        )
 
 
 @dataclass(slots=True)

@@ -1,4 +1,5 @@
-"""rollout_client's pure logic: retry predicate and backoff, token budget, pacing, task sources, completion parsing."""
+"""rollout_client's pure logic: token budget, pacing, task sources, completion parsing (the retry predicate
+and backoff are client_core's: tests/unit/test_client_core_*.py)."""
 
 from __future__ import annotations
 
@@ -9,56 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.schema import EnvStatus
-from rollout_client import Curriculum, PromptTooLong, Task, Tasks, clip_max_tokens, is_retryable
-from rollout_client.errors import (
-    Rejected,
-    RetriesExhausted,
-    ServerError,
-    TransportError,
-    Unavailable,
-    error_for_status,
-    parse_retry_after,
-)
+from rollout_client import Curriculum, PromptTooLong, Task, Tasks, clip_max_tokens
 from rollout_client.pacing import AHEAD, QUEUE_FULL, is_stale, pause_reason, pick_env
 from rollout_client.policy import InferenceError, parse_completion
-from rollout_client.retry import CAP_S, backoff_delay
-
-
-def test_retryable_errors() -> None:
-    assert is_retryable(TransportError("reset"))
-    assert is_retryable(Unavailable(503, "queue full"))
-    assert is_retryable(Unavailable(429, "slow down"))
-    assert is_retryable(ServerError(500, "boom"))
-    assert not is_retryable(Rejected(422, []))
-    assert not is_retryable(Rejected(404, "no env"))
-    assert not is_retryable(RetriesExhausted("gave up"))
-    assert not is_retryable(ValueError("not ours"))
-
-
-def test_error_for_status_names_field_and_rule() -> None:
-    body = {"detail": [{"loc": ["body", "scores", 2], "msg": "scores must be finite", "type": "value_error"}]}
-    exc = error_for_status(422, body, None)
-    assert isinstance(exc, Rejected)
-    assert "body.scores.2: scores must be finite" in str(exc)
-    busy = error_for_status(503, {"detail": "queue full", "code": "unavailable"}, "2")
-    assert isinstance(busy, Unavailable) and busy.retry_after == 2.0 and busy.code == "unavailable"
-    assert isinstance(error_for_status(502, "bad gateway", None), ServerError)
-    assert parse_retry_after("soon") is None and parse_retry_after("-3") == 0.0
-
-
-@given(st.integers(1, 60), st.none() | st.floats(0, 30), st.floats(0, 0.999))
-def test_backoff_is_bounded_and_honours_retry_after(attempt: int, retry_after: float | None, u: float) -> None:
-    delay = backoff_delay(attempt, retry_after, rng=lambda: u)
-    assert delay >= 0
-    if retry_after is None:
-        assert delay <= CAP_S
-    else:
-        assert retry_after <= delay <= max(CAP_S, retry_after * 1.1)
-
-
-def test_backoff_grows_exponentially_until_the_cap() -> None:
-    top = [backoff_delay(a, None, rng=lambda: 0.999999) for a in range(1, 12)]
-    assert top == sorted(top) and top[1] == pytest.approx(2 * top[0]) and top[-1] == pytest.approx(CAP_S, rel=1e-3)
 
 
 @given(st.integers(0, 5000), st.integers(1, 5000), st.none() | st.integers(1, 6000), st.none() | st.integers(1, 6000))
