@@ -18,12 +18,11 @@ from trainer_client.protocol import (
     RETRY_DEADLINE_S,
     Balance,
     BatchQuery,
+    Cursor,
     Encoding,
     Endpoint,
-    Progress,
     Server,
     parse_batch_reply,
-    poll_delay,
     registration,
 )
 from trainer_client.transport import AsyncStdlibTransport
@@ -97,26 +96,19 @@ class AsyncTrainerClient:
         query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else (await self.status()).current_step
-        progress = Progress()
-        how = f"long-poll {query.wait:g} s" if query.long_poll else "polling"
-        polls = 0
+        cursor = Cursor(query, step)
         while True:
-            reply = await self._request("GET", "/batch", params=query.params(step), headers=query.headers(),
-                                        timeout=query.timeout, step=step)  # fmt: skip
+            request = cursor.request()
+            reply = await self._request("GET", "/batch", **request)
             if len(reply.content) > DECODE_IN_THREAD_BYTES:
-                result = await asyncio.to_thread(parse_batch_reply, reply, step)
+                result = await asyncio.to_thread(parse_batch_reply, reply, request["step"])
             else:
-                result = parse_batch_reply(reply, step)
-            if isinstance(result, Batch):
-                progress.got(result)
-                yield result
-                polls = 0
-                step = None if step is None else step + 1
-                continue
-            progress.waiting(step, how, result)
-            if not query.long_poll:
-                await asyncio.sleep(poll_delay(polls))
-                polls += 1
+                result = parse_batch_reply(reply, request["step"])
+            batch = cursor.receive(result)
+            if batch is not None:
+                yield batch
+            elif pause := cursor.pause():
+                await asyncio.sleep(pause)
 
     async def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
         kwargs.setdefault("timeout", self.timeout)

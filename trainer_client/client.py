@@ -18,12 +18,11 @@ from trainer_client.protocol import (
     RETRY_DEADLINE_S,
     Balance,
     BatchQuery,
+    Cursor,
     Encoding,
     Endpoint,
-    Progress,
     Server,
     parse_batch_reply,
-    poll_delay,
     registration,
 )
 from trainer_client.transport import StdlibTransport
@@ -119,23 +118,14 @@ class TrainerClient:
         query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
-        progress = Progress()
-        how = f"long-poll {query.wait:g} s" if query.long_poll else "polling"
-        polls = 0
+        cursor = Cursor(query, step)
         while True:
-            reply = self._request("GET", "/batch", params=query.params(step), headers=query.headers(),
-                                  timeout=query.timeout, step=step)  # fmt: skip
-            result = parse_batch_reply(reply, step)
-            if isinstance(result, Batch):
-                progress.got(result)
-                yield result
-                polls = 0
-                step = None if step is None else step + 1
-                continue
-            progress.waiting(step, how, result)
-            if not query.long_poll:
-                time.sleep(poll_delay(polls))
-                polls += 1
+            request = cursor.request()
+            batch = cursor.receive(parse_batch_reply(self._request("GET", "/batch", **request), request["step"]))
+            if batch is not None:
+                yield batch
+            elif pause := cursor.pause():
+                time.sleep(pause)
 
     # ------------------------------------------------------------------------------------------- sending
 

@@ -10,7 +10,7 @@ import pytest
 
 from api.records import MSGPACK, encode_submission, encode_submission_list
 from api.schema import Info
-from trainer_client.arrays import Batch
+from trainer_client.arrays import Batch, from_json
 from trainer_client.errors import (
     BatchGone,
     NotRegistered,
@@ -22,6 +22,7 @@ from trainer_client.errors import (
 )
 from trainer_client.protocol import (
     BatchQuery,
+    Cursor,
     Progress,
     Server,
     Waiting,
@@ -133,3 +134,19 @@ def test_progress_says_what_it_waits_for(caplog: pytest.LogCaptureFixture) -> No
         "waiting for batch 5 (long-poll 30 s): env 'math' holds back",
         "still waiting for batch 5 after 31 s: env 'math' holds back",
     ]
+
+
+def test_cursor_moves_on_with_each_batch_and_backs_off_only_when_polling() -> None:
+    batch = from_json([{"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0]}], step=4)
+    long_poll = Cursor(BatchQuery.make(ROLLBUF, wait=30, rank=None, world_size=None, encoding="msgpack",
+                                       balance="tokens", timeout=httpx.Timeout(30)), step=4)  # fmt: skip
+    assert long_poll.request()["step"] == 4 and long_poll.request()["params"]["step"] == 4
+    assert long_poll.receive(Waiting()) is None and long_poll.pause() == 0.0 and long_poll.step == 4
+    assert long_poll.receive(batch) is batch and long_poll.step == 5
+    polling = Cursor(BatchQuery.make(ATROPOS, wait=30, rank=None, world_size=None, encoding="json",
+                                     balance="tokens", timeout=httpx.Timeout(30)), step=None)  # fmt: skip
+    assert polling.request()["params"] == {} and polling.receive(Waiting()) is None
+    waits = [polling.pause() for _ in range(6)]
+    assert all(w > 0 for w in waits) and max(waits) <= 10.0
+    polling.receive(batch)
+    assert polling.step is None and polling.pause() <= 0.5  # a batch resets the backoff
