@@ -16,13 +16,14 @@ from starlette.exceptions import HTTPException
 from api import wandb_stats
 from api.auth import require_api_key
 from api.errors import HTTP_CODES, RollbufError, error_body
+from api.limits import QueueLimits
 from api.logs import log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, drop_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, ops, trainer
-from api.service import QueueLimits, Service
+from api.service import Service
 from api.settings import Settings
 from api.store import make_store
 

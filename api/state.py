@@ -19,6 +19,8 @@ ENVS_KEY = "envs"
 CREDITS_KEY = "credits"
 DROPPED_KEY = "dropped"
 BLOCKED_KEY = "blocked"
+ANON_NAME = "(no env_id)"
+"""How views and counters name groups sent without an env_id."""
 
 
 @dataclass(slots=True)
@@ -44,6 +46,11 @@ class RunState:
 
     def env(self, env_id: int) -> EnvRecord | None:
         return self.envs[env_id] if 0 <= env_id < len(self.envs) else None
+
+    def env_name(self, env_id: int | None) -> str:
+        """The env's W&B name, as views and counters show it (ANON_NAME without an env)."""
+        env = None if env_id is None else self.env(env_id)
+        return env.wandb_name if env else ANON_NAME
 
 
 def _get(txn: Txn, key: str, default: Any) -> Any:

@@ -12,8 +12,9 @@ from typing import Any
 
 import psycopg
 
+from api.batches import FormedBatch
 from api.schema import RegisterEnv, Registration
-from api.service import FormedBatch, Service
+from api.service import Service
 from api.store import make_store
 from api.store.base import ItemMeta, QueuedItem, Txn
 from bench import pg

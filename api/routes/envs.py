@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import contextvars
-from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
-from api.binary import check_body
-from api.body import INLINE_PARSE, off_loop, parse_json, read_body
+from api.body import parse_json, read_body
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
-from api.json_groups import read_groups
-from api.logs import request_env
 from api.openapi import errors
-from api.records import MSGPACK, dumps, is_msgpack
+from api.records import MSGPACK, dumps
 from api.schema import (
     ENV_EXAMPLE,
     GROUP_EXAMPLE,
@@ -31,8 +26,7 @@ from api.schema import (
     ScoredListReply,
     ScoredReply,
 )
-from api.service import Service, Submission, group_key
-from api.state import RunState
+from api.submissions import request_key
 
 router = APIRouter(tags=["environments"])
 
@@ -50,44 +44,6 @@ def _body_doc(
     if binary:
         content[MSGPACK] = {"schema": {"type": "string", "format": "binary", "description": binary}}
     return {"requestBody": {"required": required, "content": content}}
-
-
-def _binary_submissions(
-    raw: bytes, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
-) -> list[Submission]:
-    """Groups sent as msgpack records (docs/binary-format.md), validated under the JSON path's rules."""
-    limits = service.ingest_limits(run)
-    groups = check_body(raw, many=many, env_ids={e.env_id for e in run.envs}, current_step=run.step, limits=limits)
-    subs = []
-    for i, g in enumerate(groups):
-        key = idempotency_key or group_key(g.record.env_id, g.record.group_id)
-        subs.append(Submission.of(g.record, g.payload, key, g.sent_policy_step, ("body", i) if many else ("body",)))
-    return subs
-
-
-def _json_submissions(
-    raw: bytes, run: RunState, service: Service, *, many: bool, idempotency_key: str | None = None
-) -> list[Submission]:
-    """Groups sent as JSON, parsed and validated."""
-    return service.prepare(read_groups(raw, many=many), run, idempotency_key)
-
-
-async def _decode(
-    raw: bytes, request: Request, run: RunState, *, service: Service, many: bool, idempotency_key: str | None = None
-) -> list[Submission]:
-    """The body's groups, validated: on the event loop for a small body, in a worker thread for a large one
-    (other requests go on meanwhile). The env named in the body is kept for the request's log line."""
-    decode = _binary_submissions if is_msgpack(request.headers.get("content-type")) else _json_submissions
-    ctx = contextvars.copy_context()
-    try:
-        return await off_loop(
-            len(raw),
-            INLINE_PARSE,
-            ctx.run,
-            partial(decode, raw, run, service, many=many, idempotency_key=idempotency_key),
-        )
-    finally:
-        request_env.set(ctx.get(request_env))
 
 
 @router.post("/register-env", response_model=EnvRegistered | EnvWait, responses=errors(400, 422))
@@ -161,8 +117,8 @@ async def scored_data(
 ) -> Response:
     """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
-    key = f"k:{idempotency_key}" if idempotency_key else None
-    [reply] = await service.ingest(partial(_decode, raw, request, service=service, many=False, idempotency_key=key))
+    content_type = request.headers.get("content-type")
+    [reply] = await service.ingest(raw, content_type, many=False, key=request_key(idempotency_key))
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
@@ -180,7 +136,7 @@ async def scored_data(
 async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
     """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""
     raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
-    replies = await service.ingest(partial(_decode, raw, request, service=service, many=True))
+    replies = await service.ingest(raw, request.headers.get("content-type"), many=True)
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)
     out = ScoredListReply(

@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
+from api.batches import BatchWaiting, FormedBatch
 from api.body import accepts_gzip, gzip_compress
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
@@ -29,7 +30,6 @@ from api.records import (
     to_atropos,
 )
 from api.schema import REGISTRATION_EXAMPLE, BatchReply, Info, RegisterReply, Registration, Status, WandbInfo
-from api.service import BatchWaiting, FormedBatch
 from api.sharding import Cost, rank_share, shard, subset
 
 router = APIRouter(tags=["trainer"])

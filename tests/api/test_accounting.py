@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.json_groups import JsonGroup
+from api.batches import FormedBatch
 from api.records import decode_batch
-from api.schema import RegisterEnv, Registration, ScoredData
-from api.service import FormedBatch, Service
+from api.schema import RegisterEnv, Registration
+from api.service import Service
 from api.store.memory import MemoryStore
 from tests.factories import group, registration
 
@@ -54,7 +55,7 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
                 policy_step=policy_step,
                 scores=[1.0] * sizes[env_id] if same_scores else None,
             )
-            await service.submit([JsonGroup(ScoredData.model_validate(body))], run_state)
+            await service.ingest(orjson.dumps(body), "application/json", many=False)
             submitted.add(gid)
         else:
             result = await service.next_batch()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import api.body
-import api.routes.envs
+import api.submissions
 from api.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group, registration
 
@@ -43,7 +43,7 @@ async def test_large_json_is_parsed_off_the_event_loop(
 ) -> None:
     await start(client)
     loop_thread = threading.get_ident()
-    parsed = spy(monkeypatch, api.routes.envs, "read_groups")
+    parsed = spy(monkeypatch, api.submissions, "read_groups")
     inflated = spy(monkeypatch, api.body, "gunzip")
     small = json.dumps(group(8, length=64, env_id=0)).encode()
     large = json.dumps([group(8, length=2048, env_id=0, seed=i) for i in range(4)]).encode()
@@ -63,7 +63,7 @@ async def test_large_binary_is_validated_off_the_event_loop(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await start(client)
-    checked = spy(monkeypatch, api.routes.envs, "check_body")
+    checked = spy(monkeypatch, api.submissions, "check_body")
     body = encode_submission_list(encode_submission(**group(8, length=4096, env_id=0, seed=i)) for i in range(4))
     assert len(body) > api.body.INLINE_PARSE
     r = await client.post("/scored_data_list", content=body, headers={"Content-Type": MSGPACK})

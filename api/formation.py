@@ -1,0 +1,105 @@
+"""Forming a batch, inside one store transaction: each env's queue head read, stale groups dropped, the
+pure planner (`api/batcher.py`) asked for a plan, and the plan taken (popped, counted, the step advanced,
+kept for serving again). Written once over `Txn`, for every store."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from api import state, stats
+from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
+from api.batches import BatchWaiting, Formation, FormedBatch
+from api.errors import Conflict, Gone
+from api.filters import STALE
+from api.state import RunState
+from api.store.base import ANON_ENV, QueueCounts, Txn
+
+
+def batch_txn(txn: Txn, step: int | None) -> FormedBatch | BatchWaiting:
+    """Batch `step` (served again while it is the last one handed out), or the next one formed; without
+    `step`, the next one formed and not kept (Atropos). The first call marks the run as started."""
+    run = state.load(txn)
+    reg = run.registration
+    if reg is None:
+        return BatchWaiting(not_registered=True)
+    if not run.started:
+        state.save_run(txn, reg, started=True)
+    if step is None:
+        return form(txn, run, keep=False)
+    if step > run.step:
+        raise Conflict(
+            f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
+        )
+    txn.drop_batches_before(step)  # asking for N acknowledges every batch before it
+    if step < run.step:
+        stored = txn.get_batch(step)
+        if stored is None:
+            raise Gone(
+                f"batch {step} is no longer available: a later batch was asked for, or it was "
+                "handed out without ?step=",
+                loc=("query", "step"),
+            )
+        return FormedBatch.unpack(step, stored)
+    return form(txn, run, keep=True)
+
+
+def form(txn: Txn, run: RunState, *, keep: bool) -> FormedBatch | BatchWaiting:
+    """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
+    why not (`BatchWaiting`, the reason kept for /status)."""
+    start = time.perf_counter()
+    reg = run.registration
+    assert reg is not None
+    spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill)
+    min_step = None if reg.max_staleness is None else run.step - reg.max_staleness
+    connected_shares = scale_shares({e.env_id: e.min_batch_allocation for e in run.envs if e.connected})
+    windows: list[EnvWindow] = []
+    env_ids = [ANON_ENV, *(e.env_id for e in run.envs)]
+    counts = txn.counts()
+    for env_id in env_ids:
+        env = run.env(env_id)
+        share = connected_shares.get(env_id, 0.0)
+        if counts.get(env_id, QueueCounts()).items == 0 and share == 0.0:
+            continue
+        win = take_window(txn.head(env_id), min_step=min_step, max_seqs=spec.batch_size, max_tokens=spec.max_tokens)
+        name = run.env_name(env_id)
+        if win.stale:
+            txn.pop(env_id, [m.item_id for m in win.stale])
+            state.count_dropped(txn, name, STALE, len(win.stale))
+        windows.append(EnvWindow(env_id, name, env.weight if env else 1.0, share, win.items))
+    plan = plan_batch(windows, spec, state.load_credits(txn))
+    if isinstance(plan, NoBatch):
+        state.save_blocked(txn, plan.reason if plan.blocked else None)
+        return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
+    batch, seqs_by_env = take(txn, run, plan, keep)
+    return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
+
+
+def take(txn: Txn, run: RunState, plan: Plan, keep: bool) -> tuple[FormedBatch, dict[str, int]]:
+    """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
+    the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
+    taken per env."""
+    payloads: list[bytes] = []
+    order: list[int] = []
+    n_groups = 0
+    groups_by_env: dict[str, int] = {}
+    seqs_by_env: dict[str, int] = {}
+    staleness: dict[int, int] = {}
+    for env_id, item_ids in plan.take.items():
+        name = run.env_name(env_id)
+        for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None):
+            payloads.append(item.payload)
+            order.append(item.meta.item_id)
+            n_groups += item.n_groups
+            groups_by_env[name] = groups_by_env.get(name, 0) + item.n_groups
+            seqs_by_env[name] = seqs_by_env.get(name, 0) + item.meta.seqs
+            age = run.step - item.meta.policy_step
+            staleness[age] = staleness.get(age, 0) + item.n_groups
+    stats.count_batch(txn, groups_by_env, seqs_by_env, staleness)
+    state.save_credits(txn, plan.credits)
+    state.save_blocked(txn, None)
+    state.save_step(txn, run.step + 1)
+    batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
+    if keep:
+        txn.put_batch(batch.step, batch.prefix(), order)
+    return batch, seqs_by_env

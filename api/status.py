@@ -1,0 +1,55 @@
+"""What /status and /status-env answer, computed from a transaction's counts (no scan of the queue)."""
+
+from __future__ import annotations
+
+from api import state
+from api.limits import QueueLimits, capacity_groups
+from api.schema import EnvStatus, Status
+from api.state import EnvRecord, RunState
+from api.store.base import QueueCounts, Txn
+
+MIN_ENV_WEIGHT = 0.01
+"""Floor of `env_weight` in /status-env, as in Atropos: no env is told to stop producing entirely."""
+
+
+def status_txn(txn: Txn) -> Status:
+    """/status: the step, what is queued, why no batch can be formed, what was dropped."""
+    run = state.load(txn)
+    total = sum(txn.counts().values(), QueueCounts())
+    return Status(
+        current_step=run.step if run.registration else 0,
+        queue_size=total.groups,
+        queued_sequences=total.seqs,
+        queued_tokens=total.tokens,
+        blocked_reason=state.load_blocked(txn),
+        dropped=state.load_dropped(txn),
+    )
+
+
+def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], limits: QueueLimits) -> EnvStatus:
+    """/status-env as Atropos computes it, from per-env counts instead of a scan of the queue."""
+    connected = [e for e in run.envs if e.connected]
+    total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in connected)
+    weight = env.max_token_length * env.weight / total_weight if total_weight > 0 else 1.0
+    min_total = sum(e.min_batch_allocation or 0.0 for e in connected)
+    batch_size = run.registration.batch_size if run.registration else 0
+    group_size = max(1, env.group_size)
+    self_seqs = counts.get(env.env_id, QueueCounts()).seqs
+    others = 0
+    for env_id, c in counts.items():
+        if env_id == env.env_id:
+            continue
+        other = run.env(env_id)
+        reserved = int(batch_size * (other.min_batch_allocation or 0.0)) if other and other.connected else 0
+        others += max(0, c.seqs - reserved)
+    sizes = [e.group_size for e in run.envs if counts.get(e.env_id, QueueCounts()).items]
+    capacity = capacity_groups(counts, env, limits)
+    return EnvStatus(
+        current_step=run.step,
+        queue_size=(self_seqs + others) // group_size,
+        unallocated_fraction=max(0.0, 1.0 - min_total),
+        self_queue_size=self_seqs // group_size,
+        max_group_size=max([1, *sizes]),
+        env_weight=max(MIN_ENV_WEIGHT, weight),
+        queue_capacity_groups=capacity,
+    )
