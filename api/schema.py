@@ -370,11 +370,6 @@ SCORED_DATA_KEYS = (
 )
 """The keys every group in a /batch reply carries (Atropos trainers index them directly)."""
 
-PER_TOKEN_FLOAT_FIELDS = ("advantages", "ref_logprobs", "inference_logprobs")
-"""Per-token float fields: stored as float32 where that is exact for the field's values, else as float64;
-served as sent."""
-
-
 class ScoredReply(_Wire):
     status: Literal["received", "buffered"]
     """"received": queued; "buffered": held until this env's groups add up to its `group_size`."""

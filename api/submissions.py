@@ -66,7 +66,7 @@ def decode(
     groups' own ids. The env a group names is kept in `request_env` for the request's log line."""
     if is_msgpack(content_type):
         return from_binary(raw, run, limits, many=many, key=key)
-    return from_json(read_groups(raw, many=many), run, limits, key)
+    return from_json(read_groups(raw, many=many), run, limits, many=many, key=key)
 
 
 def from_binary(raw: bytes, run: RunState, limits: QueueLimits, *, many: bool, key: str | None) -> list[Submission]:
@@ -81,13 +81,16 @@ def from_binary(raw: bytes, run: RunState, limits: QueueLimits, *, many: bool, k
     ]  # fmt: skip
 
 
-def from_json(groups: Sequence[JsonGroup], run: RunState, limits: QueueLimits, key: str | None) -> list[Submission]:
-    """JSON groups, validated and packed into their stored records."""
+def from_json(
+    groups: Sequence[JsonGroup], run: RunState, limits: QueueLimits, *, many: bool, key: str | None
+) -> list[Submission]:
+    """JSON groups, validated and packed into their stored records; `many`: they came as a list, and errors
+    name their index in it (as the binary path does, a list of one included)."""
     group_limit = group_limits(run, limits)
     subs: list[Submission] = []
     for i, group in enumerate(groups):
         sd = group.data
-        loc: tuple[str | int, ...] = ("body", i) if key is None and len(groups) > 1 else ("body",)
+        loc: tuple[str | int, ...] = ("body", i) if many else ("body",)
         env = None if sd.env_id is None else run.env(sd.env_id)
         request_env.set(ANON_NAME if sd.env_id is None else env.wandb_name if env else f"env_id {sd.env_id}")
         if sd.env_id is not None and env is None:

@@ -1,5 +1,5 @@
-"""Numbers come back as sent: per-token floats are stored float32 where that is exact for the field, else
-float64, and printed as the shortest text that reads back as the double the handler sent."""
+"""api.records, the stored group record: numbers come back as sent. Per-token floats are stored float32
+where that is exact for the field, else float64, and printed as the shortest text that reads back as the double."""
 
 from __future__ import annotations
 
