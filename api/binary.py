@@ -30,11 +30,8 @@ from api.records import (
     split_records,
     version_of,
 )
-from api.schema import ScoredData
+from api.schema import GROUP_ID_MAX, ScoredData
 from api.validation import GroupLimits, check_lengths, check_rows, check_values
-
-GROUP_ID_MAX = 200
-"""Longest group id, as on the JSON path (`ScoredData.group_id`)."""
 
 
 @dataclass(frozen=True, slots=True)

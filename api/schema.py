@@ -20,6 +20,8 @@ MASK_IGNORE = -100
 """Mask value of a position the trainer does not train on (the prompt)."""
 FLOAT32_MAX = 3.4028234663852886e38
 """Largest finite float32: per-token floats are stored as float32."""
+GROUP_ID_MAX = 200
+"""Longest group id, on both paths (`ScoredData.group_id` here, `api.binary` on msgpack)."""
 
 
 class _Wire(BaseModel):
@@ -320,7 +322,7 @@ class ScoredData(_Wire):
     policy_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
     """Trainer step whose weights generated this group, at most the trainer's current step (422 beyond);
     the server stamps the current step when absent."""
-    group_id: str | None = Field(default=None, min_length=1, max_length=200)
+    group_id: str | None = Field(default=None, min_length=1, max_length=GROUP_ID_MAX)
     """Client-chosen id, scoped by env: a resubmission with an id already seen and the same content is
     acknowledged (`duplicate: true`) and not stored twice; with different content it is a 409."""
 
@@ -369,6 +371,7 @@ SCORED_DATA_KEYS = (
     "distill_logprobs",
 )
 """The keys every group in a /batch reply carries (Atropos trainers index them directly)."""
+
 
 class ScoredReply(_Wire):
     status: Literal["received", "buffered"]
