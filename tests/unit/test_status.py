@@ -1,11 +1,8 @@
-"""api.status and api.limits: /status-env as Atropos computes it, from per-env counts, and the room left."""
+"""api.status: /status-env as Atropos computes it, from per-env counts."""
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
-
-from api.limits import QueueLimits, capacity_groups
+from api.limits import QueueLimits
 from api.schema import Registration
 from api.state import EnvRecord, RunState
 from api.status import MIN_ENV_WEIGHT, env_status
@@ -41,27 +38,3 @@ def test_zero_weight_is_floored() -> None:
     assert (
         env_status(RunState(RUN.registration, 5, True, envs), envs[0], {}, QueueLimits()).env_weight == MIN_ENV_WEIGHT
     )
-
-
-@given(st.integers(0, 50), st.integers(0, 50), st.none() | st.integers(1, 100), st.none() | st.integers(1, 100_000),
-       st.none() | st.integers(1, 60), st.none() | st.integers(1, 60_000))  # fmt: skip
-def test_capacity_is_what_every_limit_still_admits(
-    a: int, b: int, max_groups: int | None, max_tokens: int | None, env_groups: int | None, env_tokens: int | None
-) -> None:
-    limits = QueueLimits(max_groups, max_tokens, env_groups, env_tokens)
-    room = capacity_groups(counts(a, b), ENVS[0], limits)
-    if limits == QueueLimits():
-        assert room is None
-        return
-    assert room is not None and room >= 0
-    total_groups, total_tokens = a + b, 400 * a + 800 * b
-    avg = 400  # a's groups take 400 tokens each (its queued average, or 4 x 512 before it has any)
-    avg = avg if a else 4 * 512
-    # `room` more groups of a's average size fit under every limit, and one more would not fit under one.
-    fits = [
-        max_groups is None or total_groups + room <= max(max_groups, total_groups),
-        max_tokens is None or total_tokens + room * avg <= max(max_tokens, total_tokens),
-        env_groups is None or a + room <= max(env_groups, a),
-        env_tokens is None or 400 * a + room * avg <= max(env_tokens, 400 * a),
-    ]
-    assert all(fits)
