@@ -21,13 +21,10 @@ from tenacity import RetryError
 from api import records
 from api.records import MSGPACK
 from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
-from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, auth_headers
+from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
 from client_core.retry import RetryPolicy
 
-RETRY_DEADLINE_S = 120.0
-"""How long a request keeps being retried: long enough to ride out a server restart (an environment has
-nothing better to do than wait for the buffer; its groups are not lost meanwhile)."""
 REGISTER_BACKOFF = RetryPolicy(deadline=0.0)
 """The backoff between registration attempts while the trainer has not started (their deadline is
 `wait_timeout`); each wait is also capped at 2 s so a starting trainer is noticed quickly."""

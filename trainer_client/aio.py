@@ -10,12 +10,11 @@ from typing import Any
 import httpx
 
 from api.schema import Info, RegisterReply, Status
-from client_core.config import DEFAULT_TIMEOUT
+from client_core.config import DEFAULT_TIMEOUT, RETRY_DEADLINE_S
 from trainer_client.arrays import Batch
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
-    RETRY_DEADLINE_S,
     Balance,
     BatchQuery,
     Cursor,
@@ -115,7 +114,7 @@ class AsyncTrainerClient:
         headers = self.endpoint.headers | kwargs.pop("headers", {})
         tries = 0
         try:
-            async for attempt in self.endpoint.retry.aretrying(reraise=True):
+            async for attempt in self.endpoint.retry_for(kwargs["timeout"]).aretrying(reraise=True):
                 tries = attempt.retry_state.attempt_number
                 with attempt:
                     reply = await self._http.request(method, self.base_url + path, headers=headers, **kwargs)

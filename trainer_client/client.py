@@ -10,12 +10,11 @@ from typing import Any
 import httpx
 
 from api.schema import Info, RegisterReply, Status
-from client_core.config import DEFAULT_TIMEOUT
+from client_core.config import DEFAULT_TIMEOUT, RETRY_DEADLINE_S
 from trainer_client.arrays import Batch
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
-    RETRY_DEADLINE_S,
     Balance,
     BatchQuery,
     Cursor,
@@ -40,7 +39,8 @@ class TrainerClient:
 
     Every request is retried on timeouts, dropped connections, 429 and 5xx (`errors.is_retryable`), with
     exponential backoff (full jitter) never shorter than the server's Retry-After, for `retry_deadline`
-    seconds (30; and at most `tries` tries when given: `client_core.retry.RetryPolicy`); then
+    seconds after a request's own read timeout (`Endpoint.retry_for`: a /batch timed out at its sized limit is
+    still tried again), and at most `tries` tries when given (`client_core.retry.RetryPolicy`); then
     ServerUnreachable (no answer at all) or the last ServerError is raised. A 4xx is never retried. The
     client's own httpx.Client sends over `transport.StdlibTransport` (3x faster than httpx's default for a
     large batch); `http_client` replaces it (any httpx.Client, for instance with a MockTransport) and is
@@ -135,7 +135,7 @@ class TrainerClient:
         headers = self.endpoint.headers | kwargs.pop("headers", {})
         tries = 0
         try:
-            for attempt in self.endpoint.retry.retrying(reraise=True):
+            for attempt in self.endpoint.retry_for(kwargs["timeout"]).retrying(reraise=True):
                 tries = attempt.retry_state.attempt_number
                 with attempt:
                     reply = self._http.request(method, self.base_url + path, headers=headers, **kwargs)

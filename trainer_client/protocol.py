@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -26,9 +27,6 @@ Balance = Literal["tokens", "squared"]
 
 DEFAULT_WAIT = 30.0
 """Long-poll: how long the server holds one /batch request; well under the server's cap (60 s)."""
-RETRY_DEADLINE_S = 30.0
-"""How long one request is retried (timeouts, dropped connections, 429 and 5xx) before ServerUnreachable or
-the last error: a blip or a quick restart, not a long outage, which a trainer had better hear about."""
 READ_MARGIN_S = 15.0
 """Added to every /batch read timeout: the server's queueing, formation and a busy machine."""
 JSON_S_PER_TOKEN = 2e-5
@@ -234,6 +232,13 @@ class Endpoint:
             auth_headers(api_key),
             RetryPolicy(retry_deadline, max_attempts=tries),
         )
+
+    def retry_for(self, timeout: httpx.Timeout | float | None) -> RetryPolicy:
+        """The retry budget of one request: `retry_deadline` counted from the end of its first try's read
+        timeout, so that a request that used all of a long timeout (a /batch sized to a large batch and a
+        long-poll) is still tried again, however the deadline compares with it."""
+        read = timeout.read if isinstance(timeout, httpx.Timeout) else timeout
+        return dataclasses.replace(self.retry, deadline=self.retry.deadline + (read or 0.0))
 
 
 @dataclass(slots=True)

@@ -23,6 +23,7 @@ from trainer_client.errors import (
 from trainer_client.protocol import (
     BatchQuery,
     Cursor,
+    Endpoint,
     Progress,
     Server,
     Waiting,
@@ -150,3 +151,13 @@ def test_cursor_moves_on_with_each_batch_and_backs_off_only_when_polling() -> No
     assert all(w > 0 for w in waits) and max(waits) <= 10.0
     polling.receive(batch)
     assert polling.step is None and polling.pause() <= 0.5  # a batch resets the backoff
+
+
+def test_a_request_that_used_its_whole_timeout_is_still_retried() -> None:
+    """The retry deadline counts from the end of the first try's read timeout: a /batch sized to wait 87 s
+    keeps the whole 120 s budget after it, instead of none."""
+    endpoint = Endpoint.make(None, "", 30.0, None, retry_deadline=120.0, tries=None)
+    read = batch_read_timeout(ROLLBUF, wait=30, binary=False)
+    assert read > 60
+    assert endpoint.retry_for(httpx.Timeout(30.0, read=read)).deadline == pytest.approx(120.0 + read)
+    assert endpoint.retry_for(None).deadline == 120.0
