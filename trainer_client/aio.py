@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from api.schema import Info, RegisterReply, Status
-from client_core.config import DEFAULT_TIMEOUT, RETRY_DEADLINE_S
 from trainer_client.arrays import Batch
+from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
@@ -19,7 +19,6 @@ from trainer_client.protocol import (
     BatchQuery,
     Cursor,
     Encoding,
-    Endpoint,
     Server,
     parse_batch_reply,
     registration,
@@ -30,7 +29,7 @@ DECODE_IN_THREAD_BYTES = 1 << 20
 """Replies larger than this are decoded in a worker thread, so the event loop keeps serving other tasks."""
 
 
-class AsyncTrainerClient:
+class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
     """Async twin of `TrainerClient` (same arguments, same guarantees); use `async with` and `async for`.
 
     ```python
@@ -41,21 +40,8 @@ class AsyncTrainerClient:
     ```
     """
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        *,
-        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
-        api_key: str | None = None,
-        http_client: httpx.AsyncClient | None = None,
-        retry_deadline: float = RETRY_DEADLINE_S,
-        tries: int | None = None,
-    ) -> None:
-        self.endpoint = Endpoint.make(base_url, str(http_client.base_url) if http_client else "", timeout, api_key,
-                                      retry_deadline, tries)  # fmt: skip
-        self.base_url, self.timeout = self.endpoint.base_url, self.endpoint.timeout
-        self._own = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=self.timeout, transport=AsyncStdlibTransport())
+    def _default_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self.timeout, transport=AsyncStdlibTransport())
 
     async def __aenter__(self) -> AsyncTrainerClient:
         return self

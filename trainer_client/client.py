@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from api.schema import Info, RegisterReply, Status
-from client_core.config import DEFAULT_TIMEOUT, RETRY_DEADLINE_S
 from trainer_client.arrays import Batch
+from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
@@ -19,7 +19,6 @@ from trainer_client.protocol import (
     BatchQuery,
     Cursor,
     Encoding,
-    Endpoint,
     Server,
     parse_batch_reply,
     registration,
@@ -27,7 +26,7 @@ from trainer_client.protocol import (
 from trainer_client.transport import StdlibTransport
 
 
-class TrainerClient:
+class TrainerClient(BaseTrainerClient[httpx.Client]):
     """The trainer's side of rollbuf (or of an Atropos server, over JSON).
 
     ```python
@@ -47,21 +46,8 @@ class TrainerClient:
     not closed by `close()`.
     """
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        *,
-        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
-        api_key: str | None = None,
-        http_client: httpx.Client | None = None,
-        retry_deadline: float = RETRY_DEADLINE_S,
-        tries: int | None = None,
-    ) -> None:
-        self.endpoint = Endpoint.make(base_url, str(http_client.base_url) if http_client else "", timeout, api_key,
-                                      retry_deadline, tries)  # fmt: skip
-        self.base_url, self.timeout = self.endpoint.base_url, self.endpoint.timeout
-        self._own = http_client is None
-        self._http = http_client or httpx.Client(timeout=self.timeout, transport=StdlibTransport())
+    def _default_http(self) -> httpx.Client:
+        return httpx.Client(timeout=self.timeout, transport=StdlibTransport())
 
     def __enter__(self) -> TrainerClient:
         return self
