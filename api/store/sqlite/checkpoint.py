@@ -1,30 +1,49 @@
-"""WAL checkpoints on a thread and connection of their own, off the writer's path."""
+"""WAL checkpoints on a thread and connection of their own, off the writer's path, with the WAL kept bounded."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import sqlite3
 import threading
 from pathlib import Path
 
 from api.store.sqlite.config import BUSY_TIMEOUT_S
 
+log = logging.getLogger("rollbuf")
+
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (each also runs at least once a second while there are commits)."""
+WAL_TRUNCATE_BYTES = 128 * 1024 * 1024
+"""A WAL larger than this is truncated by the next round, the writer waiting for it. Under continuous commits
+and reads a PASSIVE checkpoint copies frames back but the WAL is never restarted, so it grew without bound
+(2.3 GB in 15 s of two handlers' ingest); the bound is this plus one round's commits (256 of 64 KiB-page
+frames: about 110 MB for 16 KB groups). Each truncation blocks writes briefly: fewer, larger ones cost
+ingest less (measured in turns: 64 MiB cost 6-16% of groups/s, 128 MiB 0-10%)."""
+TRUNCATE_WAIT_MS = 200
+"""How long a truncating checkpoint waits for the writer and readers to step aside: it blocks new writes
+while it waits, so it gives up early and tries again next round rather than stall ingest."""
 
 
 class Checkpointer:
-    """Copies the WAL back into the database file on its own thread and connection.
+    """Copies the WAL back into the database file on its own thread and connection, and keeps the WAL short.
 
     SQLite's automatic checkpoint runs inside the COMMIT that crosses its threshold, fsync included, so one
     writer transaction in ~40 would wait for it. A PASSIVE checkpoint from another connection never blocks
-    the writer, and the WAL stays as short as if the writer had checkpointed itself."""
+    the writer; but it never restarts the WAL either, which only happens when no reader holds an older
+    snapshot at the moment a writer begins. So past `WAL_TRUNCATE_BYTES` a round's PASSIVE checkpoint is
+    followed by a TRUNCATE one, which waits (briefly) for readers and the writer, copies the little the
+    PASSIVE one left and empties the file; once commits stop, one TRUNCATE gives the disk back. Errors are
+    logged once per episode, never swallowed: a failing checkpoint is a disk filling up."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._wal = path.with_name(path.name + "-wal")
         self._wake = threading.Event()
         self._stopping = False
         self._commits = 0
+        self._dirty = False
+        """Commits since the WAL was last emptied."""
+        self._failing = False
         self._thread = threading.Thread(target=self._main, name="rollbuf-sqlite-checkpoint", daemon=True)
         self._thread.start()
 
@@ -39,15 +58,48 @@ class Checkpointer:
         self._wake.set()
         self._thread.join()
 
+    def wal_bytes(self) -> int:
+        try:
+            return self._wal.stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def _main(self) -> None:
         db = sqlite3.connect(self._path, isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=True)
         try:
             while not self._stopping:
                 self._wake.wait(timeout=1.0)
                 self._wake.clear()
-                if self._commits and not self._stopping:
+                if self._stopping:
+                    break
+                if self._commits:
                     self._commits = 0
-                    with contextlib.suppress(sqlite3.Error):  # busy now: the next round catches up
-                        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    self._dirty = True
+                    self._checkpoint(db, "PASSIVE")  # the copying, without blocking anyone
+                    if self.wal_bytes() > WAL_TRUNCATE_BYTES:  # then the restart, with little left to copy
+                        self._dirty = not self._checkpoint(db, "TRUNCATE")
+                elif self._dirty:  # commits stopped: give the WAL's disk back
+                    self._dirty = not self._checkpoint(db, "TRUNCATE")
         finally:
             db.close()
+
+    def _checkpoint(self, db: sqlite3.Connection, mode: str) -> bool:
+        """One checkpoint; True when it completed (for TRUNCATE: the WAL is empty)."""
+        try:
+            if mode != "PASSIVE":
+                db.execute(f"PRAGMA busy_timeout = {TRUNCATE_WAIT_MS}")
+            busy, _, _ = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return False  # the writer or a reader did not step aside in time: next round
+            if not self._failing:
+                self._failing = True
+                log.warning("SQLite WAL checkpoint failing (%s), the WAL at %d bytes: %s", mode, self.wal_bytes(), exc)
+            return False
+        finally:
+            if mode != "PASSIVE":
+                db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if self._failing:
+            self._failing = False
+            log.warning("SQLite WAL checkpoint working again, the WAL at %d bytes", self.wal_bytes())
+        return bool(busy == 0)
