@@ -24,6 +24,9 @@ from typing import Any
 import httpx
 import orjson
 
+FATAL_TRANSPORT = (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.ProxyError)
+"""Transport errors of a request that cannot be sent at all: sending it again fails the same way."""
+
 
 class ClientError(Exception):
     """Base of every error either client raises."""
@@ -40,8 +43,7 @@ class TransportError(ClientError):
 
     @classmethod
     def from_httpx(cls, exc: httpx.TransportError, method: str, url: str) -> TransportError:
-        fatal = isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.ProxyError)
-        return cls(f"{method} {url}: {type(exc).__name__}: {exc}", retryable=not fatal)
+        return cls(f"{method} {url}: {type(exc).__name__}: {exc}", retryable=not isinstance(exc, FATAL_TRANSPORT))
 
 
 class ServerError(ClientError):
@@ -117,7 +119,7 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, TransportError):
         return exc.retryable
     if isinstance(exc, httpx.TransportError):
-        return not isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError | httpx.ProxyError)
+        return not isinstance(exc, FATAL_TRANSPORT)
     if isinstance(exc, Unavailable):
         return True
     return isinstance(exc, ServerError) and not isinstance(exc, Rejected) and exc.status >= 500

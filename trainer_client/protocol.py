@@ -165,40 +165,6 @@ def parse_batch_reply(response: httpx.Response, step: int | None) -> Batch | Wai
     return from_json(groups, body.get("step", served_step))
 
 
-@dataclass(slots=True)
-class Cursor:
-    """Where a `batches()` loop stands: the step to ask for next, how to ask, how long to wait before asking
-    again. Both clients drive one; only the sending and the sleeping are theirs."""
-
-    query: BatchQuery
-    step: int | None
-    progress: Progress = field(default_factory=lambda: Progress())
-    _polls: int = 0
-
-    def request(self) -> dict[str, Any]:
-        """Keyword arguments of the next GET /batch (the client's `_request`)."""
-        q = self.query
-        return {"params": q.params(self.step), "headers": q.headers(), "timeout": q.timeout, "step": self.step}
-
-    def receive(self, result: Batch | Waiting) -> Batch | None:
-        """Take a parsed reply: the batch (the cursor moves to the next step), or None while waiting."""
-        if isinstance(result, Batch):
-            self.progress.got(result)
-            self._polls = 0
-            self.step = None if self.step is None else self.step + 1
-            return result
-        how = f"long-poll {self.query.wait:g} s" if self.query.long_poll else "polling"
-        self.progress.waiting(self.step, how, result)
-        return None
-
-    def pause(self) -> float:
-        """Seconds to wait before asking again after no batch: none when the server long-polls."""
-        if self.query.long_poll:
-            return 0.0
-        self._polls += 1
-        return poll_delay(self._polls - 1)
-
-
 def poll_delay(attempt: int, *, base: float = 0.5, cap: float = 10.0, rng: random.Random | None = None) -> float:
     """Backoff with jitter between polls of a server that does not long-poll: between half and all of
     min(cap, base * 2**attempt), so many trainers never poll in step."""
@@ -268,3 +234,37 @@ class Progress:
         self.logger.info(
             "%s: %d groups, %d sequences, %d tokens%s", label, batch.n_groups, batch.n_seqs, batch.n_tokens, waited
         )
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where a `batches()` loop stands: the step to ask for next, how to ask, how long to wait before asking
+    again. Both clients drive one; only the sending and the sleeping are theirs."""
+
+    query: BatchQuery
+    step: int | None
+    progress: Progress = field(default_factory=Progress)
+    _polls: int = 0
+
+    def request(self) -> dict[str, Any]:
+        """Keyword arguments of the next GET /batch (the client's `_request`)."""
+        q = self.query
+        return {"params": q.params(self.step), "headers": q.headers(), "timeout": q.timeout, "step": self.step}
+
+    def receive(self, result: Batch | Waiting) -> Batch | None:
+        """Take a parsed reply: the batch (the cursor moves to the next step), or None while waiting."""
+        if isinstance(result, Batch):
+            self.progress.got(result)
+            self._polls = 0
+            self.step = None if self.step is None else self.step + 1
+            return result
+        how = f"long-poll {self.query.wait:g} s" if self.query.long_poll else "polling"
+        self.progress.waiting(self.step, how, result)
+        return None
+
+    def pause(self) -> float:
+        """Seconds to wait before asking again after no batch: none when the server long-polls."""
+        if self.query.long_poll:
+            return 0.0
+        self._polls += 1
+        return poll_delay(self._polls - 1)

@@ -7,8 +7,6 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from api.store.sqlite.config import BUSY_TIMEOUT_S
-
 log = logging.getLogger("rollbuf")
 
 CHECKPOINT_EVERY = 256
@@ -19,7 +17,7 @@ and reads a PASSIVE checkpoint copies frames back but the WAL is never restarted
 (2.3 GB in 15 s of two handlers' ingest); the bound is this plus one round's commits (256 of 64 KiB-page
 frames: about 110 MB for 16 KB groups). Each truncation blocks writes briefly: fewer, larger ones cost
 ingest less (measured in turns: 64 MiB cost 6-16% of groups/s, 128 MiB 0-10%)."""
-TRUNCATE_WAIT_MS = 200
+TRUNCATE_WAIT_S = 0.2
 """How long a truncating checkpoint waits for the writer and readers to step aside: it blocks new writes
 while it waits, so it gives up early and tries again next round rather than stall ingest."""
 
@@ -65,7 +63,8 @@ class Checkpointer:
             return 0
 
     def _main(self) -> None:
-        db = sqlite3.connect(self._path, isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=True)
+        # A PASSIVE checkpoint never waits; the busy timeout is how long a TRUNCATE one may hold writes back.
+        db = sqlite3.connect(self._path, isolation_level=None, timeout=TRUNCATE_WAIT_S, check_same_thread=True)
         try:
             while not self._stopping:
                 self._wake.wait(timeout=1.0)
@@ -86,20 +85,15 @@ class Checkpointer:
     def _checkpoint(self, db: sqlite3.Connection, mode: str) -> bool:
         """One checkpoint; True when it completed (for TRUNCATE: the WAL is empty)."""
         try:
-            if mode != "PASSIVE":
-                db.execute(f"PRAGMA busy_timeout = {TRUNCATE_WAIT_MS}")
             busy, _, _ = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
+            if exc.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED"):
                 return False  # the writer or a reader did not step aside in time: next round
             if not self._failing:
                 self._failing = True
                 log.warning("SQLite WAL checkpoint failing (%s), the WAL at %d bytes: %s", mode, self.wal_bytes(), exc)
             return False
-        finally:
-            if mode != "PASSIVE":
-                db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         if self._failing:
             self._failing = False
-            log.warning("SQLite WAL checkpoint working again, the WAL at %d bytes", self.wal_bytes())
+            log.info("SQLite WAL checkpoint working again, the WAL at %d bytes", self.wal_bytes())
         return bool(busy == 0)
