@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from api import wandb_stats
 from api.auth import require_api_key
 from api.errors import HTTP_CODES, RollbufError, error_body
+from api.inflight import BodyBudget
 from api.limits import QueueLimits
 from api.logs import log_error, log_validation_errors
 from api.metrics import TimedStore
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"tryItOutEnabled": True},
     )
     app.state.settings = settings
+    app.state.body_budget = BodyBudget(settings.max_inflight_bytes, settings.retry_after)
     app.add_middleware(
         GZipMiddleware,
         minimum_size=1000,

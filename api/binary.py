@@ -45,7 +45,7 @@ class BinaryGroup:
 
 
 def check_body(
-    raw: bytes, *, many: bool, env_ids: Container[int], current_step: int, limits: GroupLimits
+    raw: bytes | bytearray, *, many: bool, env_ids: Container[int], current_step: int, limits: GroupLimits
 ) -> list[BinaryGroup]:
     """A /scored_data body (one record) or /scored_data_list body (an array of them), every group checked;
     errors are located in the request (`["body", i, field]` in a list)."""

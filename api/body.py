@@ -23,6 +23,8 @@ from isal import igzip, igzip_lib, isal_zlib
 from pydantic import TypeAdapter, ValidationError
 
 from api.errors import BadEncoding, PayloadTooLarge
+from api.inflight import UNBOUNDED, Hold
+from api.records import Buffer
 
 T = TypeVar("T")
 
@@ -44,58 +46,90 @@ async def off_loop(size: int, inline_up_to: int, fn: Callable[..., T], *args: An
     return await anyio.to_thread.run_sync(fn, *args, limiter=_BODY_WORK)
 
 
-async def read_body(request: Request, *, max_bytes: int, max_decompressed: int) -> bytes:
-    """The request body, gunzipped when sent with Content-Encoding: gzip, within both limits."""
+async def read_body(
+    request: Request, *, max_bytes: int, max_decompressed: int, hold: Hold | None = None
+) -> bytes | bytearray:
+    """The request body, gunzipped when sent with Content-Encoding: gzip, within both limits: received into one
+    buffer (joining its chunks would hold it twice).
+
+    Its bytes, as received and as inflated, are taken from `hold` (the process's budget across requests) as
+    they arrive, before they are read when Content-Length declares them: past the budget, 503 (`Busy`)."""
+    hold = hold or UNBOUNDED.hold()
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    expected = int(declared) if declared is not None and declared.isdigit() else None
+    if expected is not None and expected > max_bytes:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes}")
-    chunks: list[bytes] = []
-    size = 0
+    if expected is not None:
+        hold.take(expected)
+    body = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
+        if len(body) + len(chunk) > max_bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
+        if expected is None or len(body) + len(chunk) > expected:
+            hold.take(len(chunk))
+        body += chunk
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "x-gzip"):
         raise BadEncoding(f"Content-Encoding {encoding!r} is not supported; use gzip or none")
-    return await off_loop(len(body), INLINE_GZIP, gunzip, body, max_decompressed)
+    inflated = await off_loop(len(body), INLINE_GZIP, gunzip, body, max_decompressed, hold)
+    hold.give(len(body))
+    return inflated
 
 
 GZIP_MAGIC = b"\x1f\x8b"
+MAX_GZIP_MEMBERS = 64
+"""Gzip members in one body (RFC 1952 allows any number back to back; clients send one): each costs a fresh
+inflater, so a body of 200,000 empty members is refused instead of inflated."""
+FIRST_WINDOW = 4096
+"""Input bytes a member's inflater is first given; doubled while the member goes on. What is left over when a
+member ends is copied into the next one's input, so this bounds the copying per member: linear in the body."""
 
 
-def gunzip(data: bytes, limit: int) -> bytes:
-    """Decompress gzip as a stream, stopping as soon as it would produce more than `limit` bytes.
+def gunzip(data: Buffer, limit: int, hold: Hold | None = None) -> bytearray:
+    """Decompress gzip as a stream, stopping as soon as it would produce more than `limit` bytes (the output
+    taken from `hold` as it grows).
 
-    Several gzip members back to back are one gzip body (RFC 1952); anything else after the end of the
-    gzip data is refused. ISA-L's inflate takes less than half of zlib's time; Atropos handlers gzip
-    every group they post."""
-    out: list[bytes] = []
-    total = 0
-    pending: bytes = data
+    Several gzip members back to back are one gzip body (RFC 1952), up to `MAX_GZIP_MEMBERS`; anything else
+    after the end of the gzip data is refused. Time and copying are linear in the body. ISA-L's inflate takes
+    less than half of zlib's time; Atropos handlers gzip every group they post."""
+    hold = hold or UNBOUNDED.hold()
+    view = memoryview(data)
+    out = bytearray()
+    pos = 0
+    members = 0
     while True:
+        members += 1
+        if members > MAX_GZIP_MEMBERS:
+            raise BadEncoding(f"gzip body of more than {MAX_GZIP_MEMBERS} members; send one member")
         inflater = isal_zlib.decompressobj(wbits=16 + isal_zlib.MAX_WBITS)
+        window = FIRST_WINDOW
+        pending: bytes | memoryview = view[pos : pos + window]
+        fed = len(pending)  # input bytes handed to this member's inflater so far
         while not inflater.eof:
             try:
                 chunk = inflater.decompress(pending, INFLATE_STEP)
             except isal_zlib.error as exc:  # type: ignore[misc]  # the stub declares `error` an instance
                 raise BadEncoding(f"invalid gzip body: {exc}") from None
-            pending = inflater.unconsumed_tail
-            total += len(chunk)
-            if total > limit:
+            if len(out) + len(chunk) > limit:
                 raise PayloadTooLarge(f"gzip body decompresses to more than the limit of {limit} bytes")
-            if not chunk and not pending and not inflater.eof:
-                raise BadEncoding("invalid gzip body: truncated")
-            out.append(chunk)
-        pending = inflater.unused_data
-        if not pending:
-            return b"".join(out)
-        if not pending.startswith(GZIP_MAGIC):
-            n = len(pending)
+            hold.take(len(chunk))
+            out += chunk
+            pending = inflater.unconsumed_tail
+            if not pending and not inflater.eof:
+                if pos + fed >= len(view):
+                    if not chunk:
+                        raise BadEncoding("invalid gzip body: truncated")
+                    continue
+                window = min(window * 2, INFLATE_STEP)
+                pending = view[pos + fed : pos + fed + window]
+                fed += len(pending)
+        pos += fed - len(inflater.unused_data)
+        if pos >= len(view):
+            return out
+        if view[pos : pos + 2] != GZIP_MAGIC:
+            n = len(view) - pos
             raise BadEncoding(f"invalid gzip body: {n} byte{'s' * (n != 1)} after the end of the gzip data")
 
 
@@ -109,7 +143,7 @@ def gzip_compress(data: bytes, level: int) -> bytes:
     return igzip.compress(data, compresslevel=min(level, igzip_lib.ISAL_BEST_COMPRESSION))
 
 
-def parse_json(adapter: TypeAdapter[T], raw: bytes, lenient: Callable[[Any], Any] | None = None) -> T:
+def parse_json(adapter: TypeAdapter[T], raw: bytes | bytearray, lenient: Callable[[Any], Any] | None = None) -> T:
     """Validate a JSON body; 422 with FastAPI's error shape when it does not fit the schema."""
     try:
         obj: Any = orjson.loads(raw)

@@ -46,6 +46,7 @@ METAVARS = {
     "api_key": "KEY",
     "max_body_bytes": "BYTES",
     "max_decompressed_bytes": "BYTES",
+    "max_inflight_bytes": "BYTES",
     "retry_after": "SECONDS",
     "max_batch_wait": "SECONDS",
     "shutdown_timeout": "SECONDS",

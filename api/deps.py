@@ -6,10 +6,12 @@ hops per request cost more than the whole of parsing a group on the ingest path.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.inflight import Hold
 from api.service import Service
 from api.settings import Settings
 
@@ -22,5 +24,15 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
+async def body_hold(request: Request) -> AsyncIterator[Hold]:
+    """The request's share of the process's body budget (`api.inflight`), given back when the request ends."""
+    hold: Hold = request.app.state.body_budget.hold()
+    try:
+        yield hold
+    finally:
+        hold.release()
+
+
 ServiceDep = Annotated[Service, Depends(get_service)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+BodyHoldDep = Annotated[Hold, Depends(body_hold)]

@@ -43,7 +43,7 @@ class JsonGroup:
     """The per-token fields as arrays (their lists in `data` are then empty); None: they are in `data`."""
 
 
-def read_groups(raw: bytes, *, many: bool) -> list[JsonGroup]:
+def read_groups(raw: bytes | bytearray, *, many: bool) -> list[JsonGroup]:
     """A /scored_data body (one group) or /scored_data_list body (a list), schema-checked; 422 otherwise."""
     direct = _read_direct(raw, many=many)
     if direct is not None:
@@ -60,7 +60,7 @@ _REUSE_UP_TO = 4 << 20
 """A parser keeps buffers sized for the largest body it read; one that read more than this is dropped."""
 
 
-def _read_direct(raw: bytes, *, many: bool) -> tuple[list[dict[str, Any]], list[dict[str, Column]]] | None:
+def _read_direct(raw: bytes | bytearray, *, many: bool) -> tuple[list[dict[str, Any]], list[dict[str, Column]]] | None:
     """Each group's other fields as Python values and its columns as arrays, or None: use the schema path."""
     if b"\\" in raw and b"\\u" in raw:  # the one-byte search is a memchr, ten times the two-byte one
         return None
@@ -74,7 +74,7 @@ def _read_direct(raw: bytes, *, many: bool) -> tuple[list[dict[str, Any]], list[
 
 
 def _read_document(
-    parser: simdjson.Parser, raw: bytes, *, many: bool
+    parser: simdjson.Parser, raw: bytes | bytearray, *, many: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Column]]] | None:
     try:
         doc = parser.parse(raw)
@@ -147,7 +147,7 @@ def _read_column(value: Any, dtype: np.dtype[Any]) -> Column | None:
     return Column(values, row_lengths)
 
 
-def _count_byte(raw: bytes, byte: bytes) -> int:
+def _count_byte(raw: bytes | bytearray, byte: bytes) -> int:
     """bytes.count, five times faster for one byte: numpy compares with SIMD."""
     return int(np.count_nonzero(np.frombuffer(raw, dtype=np.uint8) == ord(byte)))
 

@@ -18,8 +18,8 @@ import msgpack
 import numpy as np
 import orjson
 
-Buffer = bytes | memoryview
-"""Records are read from bytes, or from views into a stored batch (no copy)."""
+Buffer = bytes | bytearray | memoryview
+"""Records are read from bytes, from a request body as received, or from views into a stored batch (no copy)."""
 FORMAT_VERSION = 2
 """The newest record layout. A record is written as version 1 (the layout before float64 fields existed,
 byte for byte) unless a float field is float64; readers take both."""

@@ -22,6 +22,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 """Largest finite float32: per-token floats are stored as float32."""
 GROUP_ID_MAX = 200
 """Longest group id, on both paths (`ScoredData.group_id` here, `api.binary` on msgpack)."""
+ENV_NAME_MAX = 200
+"""Longest env name (`desired_name`): every view and counter carries it."""
 
 
 class _Wire(BaseModel):
@@ -201,8 +203,9 @@ class RegisterEnv(_Request):
 
     max_token_length: int = Field(gt=0, le=INT32_MAX)
     """Longest sequence this environment produces."""
-    desired_name: str
-    """Name of the environment; the reply's `wandb_name` is `<desired_name>_<k>` for its k-th registration."""
+    desired_name: str = Field(max_length=ENV_NAME_MAX)
+    """Name of the environment (at most 200 characters); the reply's `wandb_name` is `<desired_name>_<k>` for
+    its k-th registration."""
     weight: float = Field(default=1.0, ge=0.0, le=1e12, allow_inf_nan=False)
     """Share of batches relative to other environments' weights."""
     group_size: int = Field(gt=0, le=INT32_MAX)

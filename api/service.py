@@ -26,7 +26,7 @@ from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, submit_txn
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
-from api.records import GroupRecord
+from api.records import GroupRecord, decode
 from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, Registration, ScoredReply, Status
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn
@@ -35,13 +35,16 @@ from api.submissions import Submission
 
 log = logging.getLogger("rollbuf")
 
+LATEST_MAX_BYTES = 4 << 20
+"""Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
+
 
 @dataclass(slots=True)
 class Service:
     store: Store
     limits: QueueLimits = field(default_factory=QueueLimits)
-    latest: GroupRecord | None = None
-    """The last group queued by this process (GET /latest_example is a debugging aid, not state)."""
+    _latest: bytes | None = None
+    """The stored record of the last group of at most `LATEST_MAX_BYTES` this process queued."""
     _run: RunState | None = None
     """The run state this process's last transaction saw: submissions are validated against it without a read
     of their own, and their transaction checks that it still holds (`ingest`)."""
@@ -49,6 +52,12 @@ class Service:
 
     def __post_init__(self) -> None:
         self.store.subscribe(self._notify)  # data queued through another process sharing the store
+
+    @property
+    def latest(self) -> GroupRecord | None:
+        """The last group queued by this process, of those of at most `LATEST_MAX_BYTES` (GET /latest_example is
+        a debugging aid, not state: a bounded copy of its record, never a view into the request that sent it)."""
+        return None if self._latest is None else decode(self._latest)
 
     def data_changed(self) -> asyncio.Event:
         """An event set the next time this process queues data (long-polling trainers wait on it)."""
@@ -99,7 +108,7 @@ class Service:
 
     async def reset(self) -> None:
         await self.store.transact(lambda txn: txn.clear())
-        self.latest = None
+        self._latest = None
         self._run = None
 
     # ----------------------------------------------------------------------------- envs
@@ -164,7 +173,7 @@ class Service:
     # ----------------------------------------------------------------------------- ingest
 
     async def ingest(
-        self, raw: bytes, content_type: str | None, *, many: bool, key: str | None = None
+        self, raw: bytes | bytearray, content_type: str | None, *, many: bool, key: str | None = None
     ) -> list[ScoredReply]:
         """Validate a request's groups (`api.submissions.decode`: JSON or msgpack, one or a list, `key` the
         request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing.
@@ -193,7 +202,7 @@ class Service:
         raise Unavailable("the run kept changing while this request was validated; send it again", 0)
 
     async def _decode(
-        self, raw: bytes, content_type: str | None, run: RunState, *, many: bool, key: str | None
+        self, raw: bytes | bytearray, content_type: str | None, run: RunState, *, many: bool, key: str | None
     ) -> list[Submission]:
         """`submissions.decode` on the event loop for a small body, in a worker thread for a large one (other
         requests go on meanwhile); the env it names is kept for the request's log line either way."""
@@ -222,7 +231,9 @@ class Service:
             await self.store.transact(lambda txn: stats.count_backpressure(txn, names))
             raise
         if subs:
-            self.latest = subs[-1].record
+            kept = [s.payload for s in subs if len(s.payload) <= LATEST_MAX_BYTES]
+            if kept:
+                self._latest = bytes(kept[-1])
             self._notify()
         return replies
 

@@ -71,11 +71,17 @@ class Settings(BaseSettings):
     """Largest gzip request body once inflated (413 beyond): inflating stops there, so a gzip bomb costs at
     most this much memory (times the cores, for bombs sent at once). The default holds lists of dozens of
     groups of 8 x 4k tokens as JSON."""
+    max_inflight_bytes: int = Field(1024 * MiB, gt=0)
+    """Bytes of request bodies (as received and as inflated) one server process holds at once, over all
+    requests; a request that would pass it gets 503 + Retry-After. At least `max_body_bytes` +
+    `max_decompressed_bytes`, so that any one valid request fits."""
     gzip_level: int = Field(1, ge=1, le=9)
     """Compression level of gzip responses (1-9; JSON batches use ISA-L, capped at its 3); 1 is several times
     faster than Atropos's 9 at a slightly larger size."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
+    max_world_size: int = Field(4096, ge=1)
+    """Largest `world_size` of `GET /batch` (422 beyond): ranks cost memory and time when a batch is split."""
     shutdown_timeout: int = Field(5, gt=0)
     """Seconds a stopping server (SIGTERM) waits for requests in flight, long-polls included, before it cancels
     them (their clients retry): inside a container runtime's stop grace period (10 s), so a stop is clean
@@ -96,6 +102,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"workers={self.workers} needs a store the processes share: sqlite:///path.db or postgresql://, "
                 f"not {redacted(self.store)}"
+            )
+        if self.max_inflight_bytes < self.max_body_bytes + self.max_decompressed_bytes:
+            raise ValueError(
+                f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes + max_decompressed_bytes "
+                f"({self.max_body_bytes + self.max_decompressed_bytes}): a valid gzip request could never be read"
             )
         if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(

@@ -59,7 +59,13 @@ def request_key(idempotency_key: str | None) -> str | None:
 
 
 def decode(
-    raw: bytes, content_type: str | None, run: RunState, limits: QueueLimits, *, many: bool, key: str | None = None
+    raw: bytes | bytearray,
+    content_type: str | None,
+    run: RunState,
+    limits: QueueLimits,
+    *,
+    many: bool,
+    key: str | None = None,
 ) -> list[Submission]:
     """A /scored_data (`many=False`) or /scored_data_list body as validated submissions, all or none: the
     first invalid group raises InvalidData naming it (`body[3].scores`). `key` (`request_key`) stands for the
@@ -69,7 +75,9 @@ def decode(
     return from_json(read_groups(raw, many=many), run, limits, many=many, key=key)
 
 
-def from_binary(raw: bytes, run: RunState, limits: QueueLimits, *, many: bool, key: str | None) -> list[Submission]:
+def from_binary(
+    raw: bytes | bytearray, run: RunState, limits: QueueLimits, *, many: bool, key: str | None
+) -> list[Submission]:
     """Groups sent as msgpack records (docs/binary-format.md), validated under the JSON path's rules."""
     checked = check_body(
         raw, many=many, env_ids={e.env_id for e in run.envs}, current_step=run.step, limits=group_limits(run, limits)

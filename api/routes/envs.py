@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter
 
 from api.body import parse_json, read_body
-from api.deps import ServiceDep, SettingsDep
+from api.deps import BodyHoldDep, ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.openapi import errors
 from api.records import MSGPACK, dumps
@@ -106,6 +106,7 @@ async def scored_data(
     request: Request,
     service: ServiceDep,
     settings: SettingsDep,
+    hold: BodyHoldDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -116,7 +117,9 @@ async def scored_data(
     ] = None,
 ) -> Response:
     """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
-    raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
+    raw = await read_body(
+        request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
+    )
     content_type = request.headers.get("content-type")
     [reply] = await service.ingest(raw, content_type, many=False, key=request_key(idempotency_key))
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
@@ -133,9 +136,11 @@ async def scored_data(
     ),
     responses=_INGEST_ERRORS,
 )
-async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep) -> Response:
+async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep, hold: BodyHoldDep) -> Response:
     """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""
-    raw = await read_body(request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes)
+    raw = await read_body(
+        request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
+    )
     replies = await service.ingest(raw, request.headers.get("content-type"), many=True)
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)

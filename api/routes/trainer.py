@@ -87,13 +87,18 @@ async def batch(
         Query(ge=0, description="This data-parallel rank: its share only. With `world_size`, and below it (422)."),
     ] = None,
     world_size: Annotated[
-        int | None, Query(ge=1, description="Number of data-parallel ranks sharing each batch.")
+        int | None,
+        Query(ge=1, description="Number of data-parallel ranks sharing each batch (at most `max_world_size`)."),
     ] = None,
     balance: Annotated[Cost, Query(description="Balance rank shares by tokens, or by squared lengths.")] = "tokens",
 ) -> Response:
     """Form and return the next batch, exactly `batch_size` sequences of whole groups."""
     if (rank is None) != (world_size is None) or (rank is not None and world_size is not None and rank >= world_size):
         raise InvalidData(("query", "rank"), "rank and world_size go together, with 0 <= rank < world_size")
+    if world_size is not None and world_size > settings.max_world_size:
+        raise InvalidData(
+            ("query", "world_size"), f"world_size {world_size} exceeds the limit of {settings.max_world_size}"
+        )
     share = None if rank is None or world_size is None else (rank, world_size, balance)
     binary = is_msgpack(request.headers.get("accept"))
     started = time.monotonic()

@@ -1,0 +1,92 @@
+"""Bounds on what one request can make the server hold or compute: request bytes across requests, data-parallel
+ranks, env names, the example kept for /latest_example."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.service import LATEST_MAX_BYTES
+from api.settings import Settings
+from tests.factories import env, group, registration
+
+pytestmark = pytest.mark.anyio
+
+
+async def start(client: httpx.AsyncClient) -> None:
+    await client.post("/register", json=registration(batch_size=8, max_token_len=1 << 20))
+    await client.get("/batch")
+    assert (await client.post("/register-env", json=env(group_size=4, max_token_length=1 << 20))).json()["env_id"] == 0
+
+
+@pytest.fixture
+async def tight(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
+    """Bodies up to 1 MB (2 MB inflated), 3 MB of them held at once."""
+    bounded = settings.model_copy(
+        update={"max_body_bytes": 1 << 20, "max_decompressed_bytes": 2 << 20, "max_inflight_bytes": 3 << 20}
+    )
+    app = create_app(bounded)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+            yield c, app.state.body_budget
+
+
+async def test_past_the_inflight_budget_a_body_is_refused_with_503_and_every_byte_is_given_back(
+    tight: tuple[httpx.AsyncClient, object],
+) -> None:
+    client, budget = tight
+    await start(client)
+    body = json.dumps(group(4, length=64, env_id=0)).encode()
+    held = budget.hold()  # type: ignore[attr-defined]
+    held.take((3 << 20) - len(body) + 1)  # as if other requests held all but len(body) - 1 bytes
+    r = await client.post("/scored_data", content=body)
+    assert r.status_code == 503 and r.json()["code"] == "busy" and "max_inflight_bytes" in r.json()["message"]
+    assert int(r.headers["Retry-After"]) >= 1
+    held.give(1)
+    assert (await client.post("/scored_data", content=body)).status_code == 200
+    held.release()
+    # Whatever a request ends with (stored, refused, invalid, bad gzip), it gives back what it took.
+    await client.post("/scored_data", content=gzip.compress(body), headers={"Content-Encoding": "gzip"})
+    await client.post("/scored_data", content=b"\x1f\x8bnot gzip", headers={"Content-Encoding": "gzip"})
+    await client.post("/scored_data_list", content=b"[{}]")
+    await client.post("/scored_data", content=gzip.compress(b" " * (3 << 20)), headers={"Content-Encoding": "gzip"})
+    assert budget.held == 0  # type: ignore[attr-defined]
+    assert (await client.get("/status")).json()["queue_size"] == 2
+
+
+def test_the_budget_holds_any_one_valid_request() -> None:
+    with pytest.raises(ValueError, match="max_inflight_bytes"):
+        Settings(store="memory://", max_body_bytes=1000, max_decompressed_bytes=1000, max_inflight_bytes=1999)
+
+
+async def test_world_size_is_bounded(client: httpx.AsyncClient) -> None:
+    """`world_size=5000000` once took 11 s and 1.3 GB: one heap entry and one share per rank."""
+    await start(client)
+    r = await client.get("/batch", params={"rank": 0, "world_size": 5_000_000})
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["loc"] == ["query", "world_size"] and "4096" in r.json()["message"]
+    assert (await client.get("/batch", params={"rank": 4095, "world_size": 4096})).status_code == 200
+
+
+async def test_env_names_are_bounded(client: httpx.AsyncClient) -> None:
+    await client.post("/register", json=registration())
+    await client.get("/batch")
+    r = await client.post("/register-env", json=env(name="x" * 201))
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "desired_name"]
+    assert (await client.post("/register-env", json=env(name="x" * 200))).status_code == 200
+
+
+async def test_the_latest_example_is_a_bounded_copy(client: httpx.AsyncClient) -> None:
+    """One 12 MB group once kept 374 MB alive for /latest_example: the whole request it came in."""
+    await start(client)
+    small = group(4, length=8, env_id=0)
+    assert (await client.post("/scored_data", json=small)).status_code == 200
+    large = group(4, length=LATEST_MAX_BYTES // 8, env_id=0, seed=1)
+    assert (await client.post("/scored_data", json=large)).status_code == 200
+    assert (await client.get("/latest_example")).json()["tokens"] == small["tokens"]

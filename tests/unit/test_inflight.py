@@ -1,0 +1,46 @@
+"""The body budget: bytes held across requests never pass the limit, and every hold gives back what it took."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.inflight import BodyBudget, Busy
+
+
+def test_a_take_past_the_limit_is_busy_and_holds_nothing_more() -> None:
+    budget = BodyBudget(limit=100, retry_after=3)
+    first = budget.hold()
+    first.take(60)
+    second = budget.hold()
+    with pytest.raises(Busy) as refused:
+        second.take(41)
+    assert refused.value.status_code == 503 and refused.value.headers == {"Retry-After": "3"}
+    assert budget.held == 60 and second.bytes == 0
+    second.take(40)
+    first.release()
+    second.give(15)
+    assert budget.held == 25
+    second.release()
+    assert budget.held == 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 50), st.booleans()), max_size=60))
+def test_holds_never_pass_the_limit_and_release_everything(ops: list[tuple[int, int, bool]]) -> None:
+    budget = BodyBudget(limit=120)
+    holds = [budget.hold() for _ in range(4)]
+    for which, n, give in ops:
+        hold = holds[which]
+        if give:
+            hold.give(n)
+        else:
+            try:
+                hold.take(n)
+            except Busy:
+                pass
+        assert 0 <= budget.held <= budget.limit
+        assert budget.held == sum(h.bytes for h in holds)
+    for hold in holds:
+        hold.release()
+    assert budget.held == 0
