@@ -104,6 +104,8 @@ def queue_limits(settings: Settings) -> QueueLimits:
         max_tokens=settings.max_queue_tokens,
         max_env_groups=settings.max_env_queue_groups,
         max_env_tokens=settings.max_env_queue_tokens,
+        max_bytes=settings.max_queue_bytes,
+        max_env_bytes=settings.max_env_queue_bytes,
         max_group_seqs=settings.max_group_seqs,
         retry_after=settings.retry_after,
     )

@@ -31,7 +31,7 @@ from api.records import (
     version_of,
 )
 from api.schema import GROUP_ID_MAX, ScoredData
-from api.validation import GroupLimits, check_lengths, check_rows, check_values
+from api.validation import GroupLimits, check_distill, check_lengths, check_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +177,8 @@ def _check_meta(raw: Any, lengths: np.ndarray) -> dict[str, Any]:
     except ValidationError as exc:
         err = exc.errors(include_url=False, include_context=False, include_input=False)[0]
         raise InvalidData(("meta", *err["loc"]), err["msg"]) from None
-    for name in ("distill_token_ids", "distill_logprobs"):
-        rows = getattr(sd, name)
-        if rows is not None:
-            try:
-                check_rows(name, np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), lengths)
-            except InvalidData as exc:
-                raise exc.at("meta") from None
+    try:
+        check_distill(sd, lengths)
+    except InvalidData as exc:
+        raise exc.at("meta") from None
     return {name: getattr(sd, name) for name in META_FIELDS if getattr(sd, name) is not None}

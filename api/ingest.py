@@ -103,27 +103,31 @@ def submit_txn(
 
 def check_capacity(lim: QueueLimits, counts: dict[int, QueueCounts], subs: Sequence[Submission]) -> None:
     """QueueFull when storing `subs` would take the queue (or an env's share of it) past a limit."""
-    if not subs or not (lim.max_groups or lim.max_tokens or lim.max_env_groups or lim.max_env_tokens):
+    if not subs:
         return
     total = sum(counts.values(), QueueCounts())
-    add_groups = len(subs)
-    add_tokens = sum(s.record.n_tokens for s in subs)
+    per_env: dict[int, QueueCounts] = {}
+    for s in subs:
+        env_id = ANON_ENV if s.env_id is None else s.env_id
+        adds = QueueCounts(1, 1, s.record.seqs, s.record.n_tokens, len(s.payload))
+        per_env[env_id] = per_env.get(env_id, QueueCounts()) + adds
+    add = sum(per_env.values(), QueueCounts())
     full = None
-    if lim.max_groups is not None and total.groups + add_groups > lim.max_groups:
+    if lim.max_groups is not None and total.groups + add.groups > lim.max_groups:
         full = f"the queue holds {total.groups} groups; the limit is {lim.max_groups}"
-    elif lim.max_tokens is not None and total.tokens + add_tokens > lim.max_tokens:
+    elif lim.max_tokens is not None and total.tokens + add.tokens > lim.max_tokens:
         full = f"the queue holds {total.tokens} tokens; the limit is {lim.max_tokens}"
+    elif lim.max_bytes is not None and total.bytes + add.bytes > lim.max_bytes:
+        full = f"the queue holds {total.bytes} bytes; the limit (max_queue_bytes) is {lim.max_bytes}"
     else:
-        per_env: dict[int, QueueCounts] = {}
-        for s in subs:
-            env_id = ANON_ENV if s.env_id is None else s.env_id
-            per_env[env_id] = per_env.get(env_id, QueueCounts()) + QueueCounts(1, 1, s.record.seqs, s.record.n_tokens)
-        for env_id, add in per_env.items():
+        for env_id, more in per_env.items():
             have = counts.get(env_id, QueueCounts())
-            if lim.max_env_groups is not None and have.groups + add.groups > lim.max_env_groups:
+            if lim.max_env_groups is not None and have.groups + more.groups > lim.max_env_groups:
                 full = f"env {env_id} has {have.groups} groups queued; the limit is {lim.max_env_groups}"
-            elif lim.max_env_tokens is not None and have.tokens + add.tokens > lim.max_env_tokens:
+            elif lim.max_env_tokens is not None and have.tokens + more.tokens > lim.max_env_tokens:
                 full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
+            elif lim.max_env_bytes is not None and have.bytes + more.bytes > lim.max_env_bytes:
+                full = f"env {env_id} has {have.bytes} bytes queued; the limit is {lim.max_env_bytes}"
     if full:
         raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
 

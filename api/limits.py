@@ -19,6 +19,8 @@ class QueueLimits:
     max_tokens: int | None = None
     max_env_groups: int | None = None
     max_env_tokens: int | None = None
+    max_bytes: int | None = None
+    max_env_bytes: int | None = None
     max_group_seqs: int = 4096
     retry_after: float = 2.0
 
@@ -45,6 +47,12 @@ def capacity_groups(counts: dict[int, QueueCounts], env: EnvRecord, limits: Queu
         room.append(limits.max_env_groups - mine.groups)
     # Tokens a group of this env takes: its queued average, or before it has any, the most it could take.
     avg_tokens = mine.tokens / mine.groups if mine.groups else env.group_size * env.max_token_length
+    avg_bytes = mine.bytes / mine.groups if mine.groups else None
+    if avg_bytes:  # before an env has queued anything, its group's size in bytes is unknown: tokens decide
+        if limits.max_bytes is not None:
+            room.append(math.floor((limits.max_bytes - total.bytes) / avg_bytes))
+        if limits.max_env_bytes is not None:
+            room.append(math.floor((limits.max_env_bytes - mine.bytes) / avg_bytes))
     if avg_tokens > 0:
         if limits.max_tokens is not None:
             room.append(math.floor((limits.max_tokens - total.tokens) / avg_tokens))

@@ -120,6 +120,7 @@ class SnapshotCollector(Collector):
         served_seqs = CounterMetricFamily("rollbuf_sequences_served", "Sequences served in batches.", labels=["env"])
         queue_groups = GaugeMetricFamily("rollbuf_queue_groups", "Groups queued.", labels=["env"])
         queue_tokens = GaugeMetricFamily("rollbuf_queue_tokens", "Tokens queued.", labels=["env"])
+        queue_bytes = GaugeMetricFamily("rollbuf_queue_bytes", "Bytes queued, as stored.", labels=["env"])
         weight = GaugeMetricFamily("rollbuf_env_weight", "The env's registered weight.", labels=["env"])
         for env in snap.envs:
             received.add_metric([env.name], env.received)
@@ -130,8 +131,19 @@ class SnapshotCollector(Collector):
             served_seqs.add_metric([env.name], env.served_seqs)
             queue_groups.add_metric([env.name], env.queue.groups)
             queue_tokens.add_metric([env.name], env.queue.tokens)
+            queue_bytes.add_metric([env.name], env.queue.bytes)
             weight.add_metric([env.name], env.weight)
-        yield from (received, dropped, backpressure, served, served_seqs, queue_groups, queue_tokens, weight)
+        yield from (
+            received,
+            dropped,
+            backpressure,
+            served,
+            served_seqs,
+            queue_groups,
+            queue_tokens,
+            queue_bytes,
+            weight,
+        )
 
         buckets: list[tuple[str, float]] = []
         for le in STALENESS_BUCKETS:

@@ -185,6 +185,8 @@ class Status(_Wire):
     """Queued sequences over all environments."""
     queued_tokens: int = 0
     """Queued tokens over all environments."""
+    queued_bytes: int = 0
+    """Queued bytes over all environments, as stored (metadata included): what `max_queue_bytes` limits."""
     blocked_reason: str | None = None
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)

@@ -56,10 +56,15 @@ class Settings(BaseSettings):
     max_queue_tokens: int | None = Field(2**28, gt=0)
     """Most tokens queued over all envs (default 2^28: ~3 GB of payload, dozens of large batches). A trainer
     that falls behind gets backpressure instead of a server that runs out of memory or disk."""
+    max_queue_bytes: int | None = Field(4096 * MiB, gt=0)
+    """Most bytes queued over all envs, as stored: tokens and per-token values, and the metadata (`images`,
+    `messages`, ...) that `max_queue_tokens` does not see (default 4 GiB)."""
     max_env_queue_groups: int | None = Field(None, gt=0)
     """Most groups queued for one env."""
     max_env_queue_tokens: int | None = Field(None, gt=0)
     """Most tokens queued for one env."""
+    max_env_queue_bytes: int | None = Field(None, gt=0)
+    """Most bytes queued for one env."""
     max_group_seqs: int = Field(4096, gt=0)
     """Most sequences in one group."""
     retry_after: float = Field(2.0, gt=0)

@@ -21,6 +21,7 @@ def status_txn(txn: Txn) -> Status:
         queue_size=total.groups,
         queued_sequences=total.seqs,
         queued_tokens=total.tokens,
+        queued_bytes=total.bytes,
         blocked_reason=state.load_blocked(txn),
         dropped=state.load_dropped(txn),
     )

@@ -103,10 +103,7 @@ def pack_group(
         if col is not None:
             check_rows(name, col.lengths, lengths)
             floats[name] = narrowest(col.values)  # float32 where exact, else float64: numbers as sent
-    for name in ("distill_token_ids", "distill_logprobs"):
-        rows = getattr(sd, name)
-        if rows is not None:
-            check_rows(name, np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), lengths)
+    check_distill(sd, lengths)
     tokens, masks = cols["tokens"].values, cols["masks"].values
     scores = np.asarray(sd.scores, dtype=F64)
     check_values(lengths, tokens, masks, scores, floats)
@@ -162,6 +159,23 @@ def check_rows(name: str, row_lengths: np.ndarray, lengths: np.ndarray) -> None:
     if wrong.any():
         i = int(np.argmax(wrong))
         raise InvalidData((name, i), f"{int(row_lengths[i])} values for {int(lengths[i])} tokens: lengths must match")
+
+
+MAX_DISTILL_K = 1024
+"""Most candidates per position in `distill_token_ids` / `distill_logprobs` (top-K distillation uses tens)."""
+
+
+def check_distill(sd: ScoredData, lengths: np.ndarray) -> None:
+    """`distill_*`: one row per sequence, a position per token, at most MAX_DISTILL_K candidates at each."""
+    for name in ("distill_token_ids", "distill_logprobs"):
+        rows = getattr(sd, name)
+        if rows is None:
+            continue
+        check_rows(name, np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), lengths)
+        for i, row in enumerate(rows):
+            k = max(map(len, row), default=0)
+            if k > MAX_DISTILL_K:
+                raise InvalidData((name, i), f"{k} candidates at one position; at most {MAX_DISTILL_K} are accepted")
 
 
 def check_values(

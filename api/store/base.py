@@ -51,17 +51,20 @@ class QueueCounts:
     groups: int = 0
     seqs: int = 0
     tokens: int = 0
+    bytes: int = 0
+    """Payload bytes: the stored records, metadata included."""
 
     @staticmethod
     def of(items: Iterable[QueuedItem]) -> QueueCounts:
         """What these items add to a queue's counts (or take from them, popped)."""
-        n = groups = seqs = tokens = 0
+        n = groups = seqs = tokens = size = 0
         for it in items:
             n += 1
             groups += it.n_groups
             seqs += it.meta.seqs
             tokens += it.meta.tokens
-        return QueueCounts(n, groups, seqs, tokens)
+            size += len(it.payload)
+        return QueueCounts(n, groups, seqs, tokens, size)
 
     def __add__(self, other: QueueCounts) -> QueueCounts:
         return QueueCounts(
@@ -69,6 +72,7 @@ class QueueCounts:
             self.groups + other.groups,
             self.seqs + other.seqs,
             self.tokens + other.tokens,
+            self.bytes + other.bytes,
         )
 
     def __sub__(self, other: QueueCounts) -> QueueCounts:
@@ -77,6 +81,7 @@ class QueueCounts:
             self.groups - other.groups,
             self.seqs - other.seqs,
             self.tokens - other.tokens,
+            self.bytes - other.bytes,
         )
 
 
@@ -117,7 +122,7 @@ class Txn(ABC):
 
     @abstractmethod
     def counts(self) -> dict[int, QueueCounts]:
-        """Queued items, groups, sequences and tokens per env (envs with nothing queued may be absent).
+        """Queued items, groups, sequences, tokens and payload bytes per env (envs with nothing queued may be absent).
         Kept incrementally: O(envs), not O(queue)."""
 
     # --- side buffer of partial groups, per env (small) ---

@@ -16,7 +16,7 @@ def _discard(_: object) -> None:
 
 
 def _counts_of(item: QueuedItem) -> QueueCounts:
-    return QueueCounts(1, item.n_groups, item.meta.seqs, item.meta.tokens)
+    return QueueCounts(1, item.n_groups, item.meta.seqs, item.meta.tokens, len(item.payload))
 
 
 class _State:

@@ -115,6 +115,11 @@ BAD_RECORDS = [
         "'role' and 'content'",
     ),
     (with_field(GOOD, "meta", {"distill_token_ids": [[[1]]] * 3}), ["body", "meta", "distill_token_ids"], "need one"),
+    (
+        with_field(GOOD, "meta", {"distill_token_ids": [[[0] * 1025] + [[0]] * 7] + [[[0]] * 8] * 3}),
+        ["body", "meta", "distill_token_ids", 0],
+        "1025 candidates at one position; at most 1024",
+    ),
 ]
 
 

@@ -90,3 +90,31 @@ async def test_the_latest_example_is_a_bounded_copy(client: httpx.AsyncClient) -
     large = group(4, length=LATEST_MAX_BYTES // 8, env_id=0, seed=1)
     assert (await client.post("/scored_data", json=large)).status_code == 200
     assert (await client.get("/latest_example")).json()["tokens"] == small["tokens"]
+
+
+async def test_metadata_counts_against_the_queue_byte_limit(settings: Settings) -> None:
+    """120 groups of 4 x 1 token with 2 MB of `images` each once stored 240 MB under a 1,000-token limit."""
+    bounded = settings.model_copy(update={"max_queue_tokens": 1000, "max_queue_bytes": 5 << 20})
+    app = create_app(bounded)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as client:
+            await start(client)
+            answers = []
+            for i in range(6):
+                heavy = group(4, length=1, env_id=0, seed=i) | {"images": "x" * (1 << 20)}
+                answers.append((await client.post("/scored_data", json=heavy)).status_code)
+            assert answers == [200] * 4 + [503] * 2
+            status = (await client.get("/status")).json()
+            assert status["queue_size"] == 4 and 4 << 20 < status["queued_bytes"] <= 5 << 20
+            refused = await client.post("/scored_data", json=heavy)
+            assert "max_queue_bytes" in refused.json()["message"] and refused.headers["Retry-After"]
+
+
+async def test_distillation_candidates_per_position_are_bounded(client: httpx.AsyncClient) -> None:
+    await start(client)
+    ok = group(4, length=2, env_id=0) | {"distill_token_ids": [[[0] * 1024, [1]]] * 4}
+    assert (await client.post("/scored_data", json=ok)).status_code == 200
+    wide = group(4, length=2, env_id=0, seed=1) | {"distill_logprobs": [[[0.0], [0.0]]] * 3 + [[[0.0], [0.0] * 1025]]}
+    r = await client.post("/scored_data", json=wide)
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "distill_logprobs", 3]

@@ -21,6 +21,11 @@ def item(txn: Txn, seqs: int = 4, tokens: int = 40, step: int = 0, payload: byte
     return QueuedItem(meta, 1, payload if payload is not None else f"payload-{meta.item_id}".encode())
 
 
+def size(ids: list[int]) -> int:
+    """Payload bytes of the items `item` made with these ids."""
+    return sum(len(f"payload-{i}") for i in ids)
+
+
 async def fill(store: Store, env_id: int, n: int) -> list[int]:
     def fn(txn: Txn) -> list[int]:
         out = []
@@ -39,7 +44,7 @@ async def test_fifo_per_env_and_counts(store: Store) -> None:
     heads = await store.transact(lambda t: ([m.item_id for m in t.head(0)], [m.item_id for m in t.head(1)]))
     assert heads == (a, b)
     counts = await store.transact(lambda t: t.counts())
-    assert counts[0] == QueueCounts(5, 5, 20, 200) and counts[1] == QueueCounts(3, 3, 12, 120)
+    assert counts[0] == QueueCounts(5, 5, 20, 200, size(a)) and counts[1] == QueueCounts(3, 3, 12, 120, size(b))
 
 
 async def test_pop_returns_in_asked_order_and_removes_only_those(store: Store) -> None:
@@ -49,7 +54,7 @@ async def test_pop_returns_in_asked_order_and_removes_only_those(store: Store) -
     assert [p.payload for p in popped] == [f"payload-{i}".encode() for i in (ids[3], ids[0], ids[4])]
     rest = await store.transact(lambda t: [m.item_id for m in t.head(0)])
     assert rest == [ids[1], ids[2], ids[5]]
-    assert (await store.transact(lambda t: t.counts()))[0] == QueueCounts(3, 3, 12, 120)
+    assert (await store.transact(lambda t: t.counts()))[0] == QueueCounts(3, 3, 12, 120, size(rest))
     with pytest.raises(KeyError):
         await store.transact(lambda t: t.pop(0, [ids[0]]))
 
@@ -85,7 +90,8 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
             t.get_buffer(0), t.get_reply("key"), t.get_batch(3),
         )  # fmt: skip
 
-    assert await store.transact(snapshot) == (ids, [], {0: QueueCounts(3, 3, 12, 120)}, None, None, [], None, None)
+    counts = {0: QueueCounts(3, 3, 12, 120, size(ids))}
+    assert await store.transact(snapshot) == (ids, [], counts, None, None, [], None, None)
 
 
 async def test_values_buffers_replies_batches_round_trip(store: Store) -> None:
@@ -161,7 +167,11 @@ async def test_matches_a_simple_model(store: Store, ops: list[tuple[str, int, in
         counts = await store.transact(lambda t: t.counts())
         for env_id, expected in model.items():
             c = counts.get(env_id, QueueCounts())
-            assert (c.items, c.seqs) == (len(expected), sum(s for _, s in expected))
+            assert (c.items, c.seqs, c.bytes) == (
+                len(expected),
+                sum(s for _, s in expected),
+                size([i for i, _ in expected]),
+            )
 
 
 async def test_failed_pop_caught_inside_a_transaction_changes_nothing(store: Store) -> None:
@@ -224,7 +234,7 @@ async def test_kept_batch_refers_to_popped_payloads_until_acknowledged(store: St
         a[1:],
         [],
     )
-    assert (await store.transact(lambda t: t.counts()))[0] == QueueCounts(2, 2, 8, 80)
+    assert (await store.transact(lambda t: t.counts()))[0] == QueueCounts(2, 2, 8, 80, size(a[1:]))
     await store.transact(lambda t: t.drop_batches_before(7))
     assert await store.transact(lambda t: t.get_batch(7)) == expected, "only earlier batches are dropped"
     await store.transact(lambda t: t.drop_batches_before(8))

@@ -97,6 +97,7 @@ async def served(store: str) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
             status = (await c.get("/status")).json()
             assert (status["current_step"], status["queue_size"]) == (0, 3)
+            assert status["queued_bytes"] > 0  # counted from the payloads by the migration that added the count
             again = await c.post("/scored_data", json=group(4, seed=1, group_id="g-1"))
             assert again.json() == {"status": "received", "duplicate": True}, "the stored reply was lost"
             other_half = await c.post("/scored_data", json=group(2, seed=5))  # completes the buffered half
@@ -105,6 +106,9 @@ async def served(store: str) -> None:
             batch = (await c.get("/batch")).json()["batch"]  # batch_size 8: the two oldest groups
             assert [g["tokens"] for g in batch] == [group(4, seed=1)["tokens"], group(4, seed=2)["tokens"]]
             assert (await c.get("/status")).json()["current_step"] == 1
+            assert len((await c.get("/batch")).json()["batch"]) == 3  # the last group and the two halves
+            drained = (await c.get("/status")).json()
+            assert (drained["queue_size"], drained["queued_bytes"]) == (0, 0), "queued bytes miscounted"
 
 
 @pytest.fixture

@@ -30,6 +30,9 @@ def sub(env_id: int | None = 0, *, key: str | None = None, **extra: Any) -> Subm
     return s
 
 
+SIZE = len(sub(0).payload)
+
+
 def test_the_same_state_still_holds() -> None:
     assert still_valid([sub(0), sub(None)], RUN, RunState(RUN.registration, 3, True, list(ENVS)))
 
@@ -61,7 +64,8 @@ def test_reused_key_messages_name_the_key_and_where() -> None:
 
 
 @given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 4), st.none() | st.integers(1, 30),
-       st.none() | st.integers(1, 1000), st.none() | st.integers(1, 20), st.none() | st.integers(1, 600))  # fmt: skip
+       st.none() | st.integers(1, 1000), st.none() | st.integers(1, 20), st.none() | st.integers(1, 600),
+       st.none() | st.integers(1, 20 * SIZE), st.none() | st.integers(1, 10 * SIZE))  # fmt: skip
 def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     a: int,
     b: int,
@@ -70,15 +74,20 @@ def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     max_tokens: int | None,
     env_groups: int | None,
     env_tokens: int | None,
+    max_bytes: int | None,
+    env_bytes: int | None,
 ) -> None:
-    """n groups of env 0 (32 tokens each) against a queue holding `a` groups of env 0 and `b` of env 1."""
-    counts = {0: QueueCounts(a, a, 4 * a, 32 * a), 1: QueueCounts(b, b, 4 * b, 32 * b)}
-    limits = QueueLimits(max_groups, max_tokens, env_groups, env_tokens)
+    """n groups of env 0 (32 tokens, SIZE bytes each) against a queue holding `a` groups of env 0 and `b` of
+    env 1."""
+    counts = {0: QueueCounts(a, a, 4 * a, 32 * a, SIZE * a), 1: QueueCounts(b, b, 4 * b, 32 * b, SIZE * b)}
+    limits = QueueLimits(max_groups, max_tokens, env_groups, env_tokens, max_bytes, env_bytes)
     over = [
         max_groups is not None and a + b + n > max_groups,
         max_tokens is not None and 32 * (a + b + n) > max_tokens,
         env_groups is not None and a + n > env_groups,
         env_tokens is not None and 32 * (a + n) > env_tokens,
+        max_bytes is not None and SIZE * (a + b + n) > max_bytes,
+        env_bytes is not None and SIZE * (a + n) > env_bytes,
     ]
     subs = [sub(0)] * n
     if any(over):

@@ -11,6 +11,7 @@ from api.errors import Unavailable
 from api.limits import QueueLimits, capacity_groups, group_limits
 from api.schema import Registration
 from api.state import RunState
+from api.store.base import QueueCounts
 from tests.factories import registration
 from tests.unit.test_status import ENVS, counts
 
@@ -37,6 +38,14 @@ def test_capacity_is_what_every_limit_still_admits(
         env_tokens is None or 400 * a + room * avg <= max(env_tokens, 400 * a),
     ]
     assert all(fits)
+
+
+def test_bytes_bound_the_room_once_an_env_has_queued_groups() -> None:
+    """Groups of 4 x 100 tokens with 1 MB of metadata each: the byte limit, not the token limit, decides."""
+    queued = {0: QueueCounts(3, 3, 12, 1200, 3 << 20)}
+    limits = QueueLimits(max_tokens=100_000, max_bytes=10 << 20)
+    assert capacity_groups(queued, ENVS[0], limits) == 7
+    assert capacity_groups({}, ENVS[0], limits) == 100_000 // (4 * 512)  # no group of its yet: tokens decide
 
 
 def test_a_group_holds_at_most_a_batch_and_the_operators_cap() -> None:

@@ -31,9 +31,10 @@ _FLUSH_REPLIES = (
     "ON CONFLICT (key) DO UPDATE SET reply = excluded.reply, created = excluded.created"
 )
 _FLUSH_COUNTS = (
-    "INSERT INTO counts (env_id, items, groups, seqs, tokens) "
-    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[]) ON CONFLICT (env_id) DO UPDATE "
-    "SET items = excluded.items, groups = excluded.groups, seqs = excluded.seqs, tokens = excluded.tokens"
+    "INSERT INTO counts (env_id, items, groups, seqs, tokens, bytes) "
+    "SELECT * FROM unnest(%b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[]) "
+    "ON CONFLICT (env_id) DO UPDATE SET items = excluded.items, groups = excluded.groups, seqs = excluded.seqs, "
+    "tokens = excluded.tokens, bytes = excluded.bytes"
 )
 _FLUSH_VALUES = (
     "INSERT INTO kv (key, value) SELECT * FROM unnest(%b::text[], %b::text[]) "
@@ -115,7 +116,7 @@ class Group:
         )
         query: sql.SQL | sql.Composed = sql.SQL(
             f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
-            "SELECT env_id, items, groups, seqs, tokens FROM counts"
+            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts"
         )
         stored_keys = {db_key(k): k for k in replies}
         if replies:  # the keys are quoted by psycopg (a literal text[]), not by us
@@ -157,8 +158,8 @@ class Group:
                 self.replies_added += len(p.replies)
             if p.dirty_counts:
                 envs = sorted(p.dirty_counts)
-                cols = [p.counts.get(env, [0, 0, 0, 0]) for env in envs]
-                conn.execute(_FLUSH_COUNTS, [envs, *([c[i] for c in cols] for i in range(4))])
+                cols = [p.counts.get(env, [0, 0, 0, 0, 0]) for env in envs]
+                conn.execute(_FLUSH_COUNTS, [envs, *([c[i] for c in cols] for i in range(5))])
             if p.dirty_values:
                 keys = sorted(p.dirty_values)
                 conn.execute(_FLUSH_VALUES, [keys, [p.values[k] for k in keys]])

@@ -40,6 +40,14 @@ STEPS = (
             "INSERT INTO {s}.meta (key, value) VALUES ('schema_version', 1), ('next_item_id', 1)",
         ),
     ),
+    Step(
+        "queued payload bytes are counted per env, for the queue's byte limit",
+        (
+            "ALTER TABLE {s}.counts ADD COLUMN bytes bigint NOT NULL DEFAULT 0",
+            "UPDATE {s}.counts c SET bytes = (SELECT coalesce(sum(octet_length(p.payload)), 0) FROM {s}.queue q "
+            "JOIN {s}.payloads p ON p.item_id = q.item_id WHERE q.env_id = c.env_id)",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

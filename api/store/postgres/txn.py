@@ -84,15 +84,16 @@ class PostgresTxn(Txn):
         p = self._p
         p.queued.setdefault(env_id, {})[item.meta.item_id] = (item.meta, item.n_groups)
         p.payloads[item.meta.item_id] = item.payload
-        self._add(env_id, 1, item.n_groups, item.meta.seqs, item.meta.tokens)
+        self._add(env_id, 1, item.n_groups, item.meta.seqs, item.meta.tokens, len(item.payload))
         p.appended = True
 
-    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int) -> None:
-        c = self._p.counts.setdefault(env_id, [0, 0, 0, 0])
+    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int, size: int) -> None:
+        c = self._p.counts.setdefault(env_id, [0, 0, 0, 0, 0])
         c[0] += items
         c[1] += groups
         c[2] += seqs
         c[3] += tokens
+        c[4] += size
         self._p.dirty_counts.add(env_id)
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
@@ -137,7 +138,7 @@ class PostgresTxn(Txn):
                 found[item_id] = QueuedItem(meta, n_groups, payload)
         items = [found[i] for i in wanted]
         gone = QueueCounts.of(items)
-        self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens)
+        self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens, -gone.bytes)
         return items
 
     def counts(self) -> dict[int, QueueCounts]:

@@ -37,6 +37,14 @@ STEPS = (
         'the named values\' table is "kv", as in PostgreSQL (its name no longer needs quoting)',
         ('ALTER TABLE "values" RENAME TO kv',),
     ),
+    Step(
+        "queued payload bytes are counted per env, for the queue's byte limit",
+        (
+            "ALTER TABLE counts ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0",
+            "UPDATE counts SET bytes = (SELECT coalesce(sum(length(p.payload)), 0) FROM queue q "
+            "JOIN payloads p ON p.item_id = q.item_id WHERE q.env_id = counts.env_id)",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

@@ -34,9 +34,9 @@ _HEAD = (
 _APPEND = "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) VALUES (?,?,?,?,?,?)"
 _APPEND_PAYLOAD = "INSERT INTO payloads (item_id, payload) VALUES (?,?)"
 _ADD_COUNTS = (
-    "INSERT INTO counts (env_id, items, groups, seqs, tokens) VALUES (?,?,?,?,?) ON CONFLICT (env_id) DO UPDATE SET "
-    "items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
-    "tokens = tokens + excluded.tokens"
+    "INSERT INTO counts (env_id, items, groups, seqs, tokens, bytes) VALUES (?,?,?,?,?,?) ON CONFLICT (env_id) DO "
+    "UPDATE SET items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
+    "tokens = tokens + excluded.tokens, bytes = bytes + excluded.bytes"
 )
 
 
@@ -131,15 +131,16 @@ class SqliteTxn(Txn):
             self._db.executemany(_ADD_COUNTS, [(env, *d) for env, d in self._delta.items()])
             self._delta.clear()
 
-    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int) -> None:
+    def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int, size: int) -> None:
         d = self._delta.get(env_id)
         if d is None:
-            self._delta[env_id] = [items, groups, seqs, tokens]
+            self._delta[env_id] = [items, groups, seqs, tokens, size]
         else:
             d[0] += items
             d[1] += groups
             d[2] += seqs
             d[3] += tokens
+            d[4] += size
 
     # --- values ---
     def get_value(self, key: str) -> str | None:
@@ -157,7 +158,7 @@ class SqliteTxn(Txn):
         m = item.meta
         self._rows.append((m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups))
         self._payloads.append((m.item_id, item.payload))
-        self._add(env_id, 1, item.n_groups, m.seqs, m.tokens)
+        self._add(env_id, 1, item.n_groups, m.seqs, m.tokens, len(item.payload))
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
         self._flush_items()
@@ -201,13 +202,13 @@ class SqliteTxn(Txn):
         found = {row[0]: QueuedItem(ItemMeta(row[0], row[1], row[2], row[3]), row[4], payloads[row[0]]) for row in rows}
         items = [found[i] for i in wanted]
         gone = QueueCounts.of(items)
-        self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens)
+        self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens, -gone.bytes)
         return items
 
     def counts(self) -> dict[int, QueueCounts]:
         self._flush_counts()
-        rows = self._db.execute("SELECT env_id, items, groups, seqs, tokens FROM counts WHERE items > 0")
-        return {row[0]: QueueCounts(row[1], row[2], row[3], row[4]) for row in rows}
+        rows = self._db.execute("SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0")
+        return {row[0]: QueueCounts(*row[1:]) for row in rows}
 
     # --- side buffers ---
     def get_buffer(self, env_id: int) -> list[BufferedGroup]:
