@@ -16,10 +16,11 @@ from api.state import RunState
 from api.store.base import ANON_ENV, QueueCounts, Txn
 
 
-def batch_txn(txn: Txn, step: int | None) -> FormedBatch | BatchWaiting:
+def batch_txn(txn: Txn, step: int | None, known: RunState | None = None) -> FormedBatch | BatchWaiting:
     """Batch `step` (served again while it is the last one handed out), or the next one formed; without
-    `step`, the next one formed and not kept (Atropos). The first call marks the run as started."""
-    run = state.load(txn)
+    `step`, the next one formed and not kept (Atropos). The first call marks the run as started. `known`: a run
+    state read before, whose envs are reused as far as they have not changed (`state.load`)."""
+    run = state.load(txn, known)
     reg = run.registration
     if reg is None:
         return BatchWaiting(not_registered=True)

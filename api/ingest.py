@@ -41,7 +41,7 @@ def submit_txn(
     """Store validated submissions all-or-nothing, with the run state found: `StaleRun` if what they were
     validated against (`seen_run`) no longer holds, `QueueFull` past a limit, a 409 for a reused key with
     other content. A key already stored answers its first reply, marked `duplicate`."""
-    run = state.load(txn)
+    run = state.load(txn, seen_run)
     if not still_valid(subs, seen_run, run):
         raise StaleRun(run)
     for sub in subs:  # against the step now, not the snapshot's: it may have moved since

@@ -14,7 +14,7 @@ import contextvars
 import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from api import state, stats, submissions
@@ -71,7 +71,7 @@ class Service:
 
     async def register_trainer(self, reg: Registration) -> int:
         def txn_fn(txn: Txn) -> None:
-            run = state.load(txn)
+            run = state.load(txn, self._run)
             if run.registration is None:
                 state.save_run(txn, reg, started=False)
                 state.save_step(txn, reg.starting_step)
@@ -96,7 +96,7 @@ class Service:
         return await self.store.read(lambda txn: stats.snapshot(txn, ANON_NAME))
 
     async def run_state(self) -> RunState:
-        run = await self.store.read(state.load)
+        run = await self.store.read(lambda txn: state.load(txn, self._run))
         self._run = run
         return run
 
@@ -116,10 +116,10 @@ class Service:
     async def register_env(self, reg: RegisterEnv) -> EnvRegistered | None:
         """None while the trainer has not asked for its first batch (envs are told to wait)."""
 
-        def txn_fn(txn: Txn) -> EnvRegistered | None:
-            run = state.load(txn)
+        def txn_fn(txn: Txn) -> tuple[EnvRegistered | None, RunState]:
+            run = state.load(txn, self._run)
             if run.registration is None or not run.started:
-                return None
+                return None, run
             batch_size = run.registration.batch_size
             if reg.group_size > batch_size:
                 raise InvalidData(
@@ -127,7 +127,7 @@ class Service:
                     f"group_size {reg.group_size} exceeds the trainer's batch_size {batch_size}: "
                     "a group is never split, so it could never be served",
                 )
-            same_name = sum(1 for e in run.envs if e.desired_name == reg.desired_name)
+            same_name = txn.count_named(reg.desired_name)
             env = EnvRecord(
                 env_id=len(run.envs),
                 desired_name=reg.desired_name,
@@ -137,14 +137,14 @@ class Service:
                 max_token_length=reg.max_token_length,
                 min_batch_allocation=reg.min_batch_allocation,
             )
-            state.save_envs(txn, [*run.envs, env])
+            after = state.save_env(txn, run, env)
             warning = None
             if run.registration.max_batch_tokens is None and batch_size % reg.group_size:
                 warning = (
                     f"group_size {reg.group_size} does not divide batch_size {batch_size}: batches can be filled "
                     "exactly only together with other environments' groups"
                 )
-            return EnvRegistered(
+            reply = EnvRegistered(
                 env_id=env.env_id,
                 wandb_name=env.wandb_name,
                 checkpoint_dir=run.registration.checkpoint_dir,
@@ -153,22 +153,23 @@ class Service:
                 num_steps=run.registration.num_steps,
                 warning=warning,
             )
+            return reply, after
 
-        return await self.store.transact(txn_fn)
+        reply, self._run = await self.store.transact(txn_fn)
+        return reply
 
     async def disconnect_env(self, env_id: int) -> str | None:
         """None on success, else why not (Atropos answers failures in-band)."""
 
-        def txn_fn(txn: Txn) -> str | None:
-            run = state.load(txn)
+        def txn_fn(txn: Txn) -> tuple[str | None, RunState]:
+            run = state.load(txn, self._run)
             env = run.env(env_id)
             if env is None:
-                return f"no environment with env_id {env_id}"
-            env.connected = False
-            state.save_envs(txn, run.envs)
-            return None
+                return f"no environment with env_id {env_id}", run
+            return None, state.save_env(txn, run, replace(env, connected=False))
 
-        return await self.store.transact(txn_fn)
+        error, self._run = await self.store.transact(txn_fn)
+        return error
 
     # ----------------------------------------------------------------------------- ingest
 
@@ -246,7 +247,7 @@ class Service:
         restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
         kind marks the run as started (environments may register from then on).
         """
-        result = await self.store.transact(lambda txn: batch_txn(txn, step))
+        result = await self.store.transact(lambda txn: batch_txn(txn, step, self._run))
         if isinstance(result, FormedBatch) and result.formation is not None:
             formed = result.formation
             FORMATION_SECONDS.observe(formed.seconds)
@@ -260,14 +261,15 @@ class Service:
     # ----------------------------------------------------------------------------- status
 
     async def status(self) -> Status:
-        return await self.store.read(status_txn)
+        return await self.store.read(lambda txn: status_txn(txn, self._run))
 
     async def env_status(self, env_id: int) -> EnvStatus:
-        def txn_fn(txn: Txn) -> EnvStatus:
-            run = state.load(txn)
+        def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:
+            run = state.load(txn, self._run)
             env = run.env(env_id)
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
-            return env_status(run, env, txn.counts(), self.limits)
+            return env_status(run, env, txn.counts(), self.limits), run
 
-        return await self.store.read(txn_fn)
+        reply, self._run = await self.store.read(txn_fn)
+        return reply

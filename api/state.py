@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+import secrets
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -15,9 +16,9 @@ log = logging.getLogger("rollbuf")
 
 RUN_KEY = "run"
 STEP_KEY = "step"
-ENVS_KEY = "envs"
+ENV_DIR_KEY = "env_dir"
+"""The env list's epoch, version and length; the envs themselves are rows (`Txn.put_env`)."""
 CREDITS_KEY = "credits"
-DROPPED_KEY = "dropped"
 BLOCKED_KEY = "blocked"
 ANON_NAME = "(no env_id)"
 """How views and counters name groups sent without an env_id."""
@@ -37,12 +38,15 @@ class EnvRecord:
 
 @dataclass(slots=True)
 class RunState:
-    """What a transaction reads before deciding anything."""
+    """What a transaction reads before deciding anything. `envs` is shared between the states of one process
+    that saw the same envs (`load` with `known`): never changed in place, replaced."""
 
     registration: Registration | None
     step: int
     started: bool
     envs: list[EnvRecord] = field(default_factory=list)
+    envs_at: EnvsVersion | None = None
+    """Which change of the env list `envs` reflects (None: no env registered since the last reset)."""
 
     def env(self, env_id: int) -> EnvRecord | None:
         return self.envs[env_id] if 0 <= env_id < len(self.envs) else None
@@ -51,6 +55,14 @@ class RunState:
         """The env's W&B name, as views and counters show it (ANON_NAME without an env)."""
         env = None if env_id is None else self.env(env_id)
         return env.wandb_name if env else ANON_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class EnvsVersion:
+    """The env list's identity: `epoch` names one list (a reset starts another), `version` counts its changes."""
+
+    epoch: str
+    version: int
 
 
 def _get(txn: Txn, key: str, default: Any) -> Any:
@@ -62,14 +74,40 @@ def _put(txn: Txn, key: str, value: Any) -> None:
     txn.set_value(key, orjson.dumps(value).decode())
 
 
-def load(txn: Txn) -> RunState:
+def load(txn: Txn, known: RunState | None = None) -> RunState:
+    """The run state. The envs are read from the store only as far as they changed since `known` (a state this
+    process read in a transaction that committed: versions within an epoch only grow): a request costs the
+    same with 10,000 envs as with 10."""
     run = _get(txn, RUN_KEY, None)
+    directory = _get(txn, ENV_DIR_KEY, None)
+    at = None if directory is None else EnvsVersion(directory["epoch"], directory["version"])
+    if at is None:
+        envs: list[EnvRecord] = []
+    elif known is not None and known.envs_at == at:
+        envs = known.envs
+    elif known is not None and known.envs_at is not None and known.envs_at.epoch == at.epoch:
+        envs = list(known.envs)
+        _apply(envs, txn.envs_since(known.envs_at.version))
+    else:
+        envs = []
+        _apply(envs, txn.envs_since(-1))
     return RunState(
         registration=None if run is None else Registration.model_validate(run["registration"]),
         step=_get(txn, STEP_KEY, 0),
         started=bool(run and run.get("started")),
-        envs=[EnvRecord(**e) for e in _get(txn, ENVS_KEY, [])],
+        envs=envs,
+        envs_at=at,
     )
+
+
+def _apply(envs: list[EnvRecord], changed: list[tuple[int, str]]) -> None:
+    for env_id, record in changed:
+        env = EnvRecord(**orjson.loads(record))
+        if env_id < len(envs):
+            envs[env_id] = env
+        else:
+            assert env_id == len(envs), f"env {env_id} read before env {len(envs)}"
+            envs.append(env)
 
 
 def save_run(txn: Txn, registration: Registration, started: bool) -> None:
@@ -80,8 +118,19 @@ def save_step(txn: Txn, step: int) -> None:
     _put(txn, STEP_KEY, step)
 
 
-def save_envs(txn: Txn, envs: list[EnvRecord]) -> None:
-    _put(txn, ENVS_KEY, [asdict(e) for e in envs])
+def save_env(txn: Txn, run: RunState, env: EnvRecord) -> RunState:
+    """Write one env (a new one, with the next id, or a change of one): its row and the list's version. The run
+    state with it, for the process to remember once the transaction has committed."""
+    at = run.envs_at or EnvsVersion(secrets.token_hex(8), 0)
+    version = at.version + 1
+    txn.put_env(env.env_id, env.desired_name, version, orjson.dumps(asdict(env)).decode())
+    envs = list(run.envs)
+    if env.env_id < len(envs):
+        envs[env.env_id] = env
+    else:
+        envs.append(env)
+    _put(txn, ENV_DIR_KEY, {"epoch": at.epoch, "version": version, "count": len(envs)})
+    return replace(run, envs=envs, envs_at=EnvsVersion(at.epoch, version))
 
 
 def load_credits(txn: Txn) -> dict[int, float]:
@@ -92,17 +141,22 @@ def save_credits(txn: Txn, credits: dict[int, float]) -> None:
     _put(txn, CREDITS_KEY, {str(k): v for k, v in credits.items()})
 
 
+DROPPED = "dropped"
+"""Counter kind of dropped groups, named `<reason>:<env name>` (reasons have no colon; env names may)."""
+
+
 def load_dropped(txn: Txn) -> dict[str, dict[str, int]]:
-    return _get(txn, DROPPED_KEY, {})  # type: ignore[no-any-return]
+    """Groups dropped, by env name and reason."""
+    out: dict[str, dict[str, int]] = {}
+    for name, n in txn.get_counts(DROPPED).items():
+        reason, _, env_name = name.partition(":")
+        out.setdefault(env_name, {})[reason] = n
+    return out
 
 
 def count_dropped(txn: Txn, env_name: str, reason: str, n: int = 1) -> None:
-    if n <= 0:
-        return
-    dropped = load_dropped(txn)
-    per_env = dropped.setdefault(env_name, {})
-    per_env[reason] = per_env.get(reason, 0) + n
-    _put(txn, DROPPED_KEY, dropped)
+    if n > 0:
+        txn.add_counts(DROPPED, {f"{reason}:{env_name}": n})
 
 
 def load_blocked(txn: Txn) -> str | None:

@@ -16,10 +16,13 @@ import orjson
 from api import state
 from api.store.base import ANON_ENV, QueueCounts, Txn
 
-RECEIVED_KEY = "stats:received"
-BACKPRESSURE_KEY = "stats:backpressure"
+RECEIVED = "received"
+BACKPRESSURE = "backpressure"
+SERVED_GROUPS = "served_groups"
+SERVED_SEQS = "served_seqs"
+"""Counter kinds (`Txn.add_counts`), by env name: a request adds to its env's counters, never reads the others'."""
 SERVED_KEY = "stats:served"
-"""Three values, so that ingest reads and writes only its small counter, never the served side's."""
+"""The batch count and the staleness histogram (bounded by STALENESS_CAP)."""
 STALENESS_CAP = 1024
 """Staleness is counted exactly up to here; anything beyond is counted here (no unbounded key set)."""
 
@@ -51,38 +54,28 @@ def _put(txn: Txn, key: str, value: dict[str, Any]) -> None:
 def load(txn: Txn) -> Stats:
     served = _get(txn, SERVED_KEY)
     return Stats(
-        received=_get(txn, RECEIVED_KEY),
-        backpressure=_get(txn, BACKPRESSURE_KEY),
-        served_groups=served.get("groups", {}),
-        served_seqs=served.get("seqs", {}),
+        received=txn.get_counts(RECEIVED),
+        backpressure=txn.get_counts(BACKPRESSURE),
+        served_groups=txn.get_counts(SERVED_GROUPS),
+        served_seqs=txn.get_counts(SERVED_SEQS),
         batches=served.get("batches", 0),
         staleness={int(k): v for k, v in served.get("staleness", {}).items()},
     )
 
 
-def _count(txn: Txn, key: str, per_env: dict[str, int]) -> None:
-    if per_env:
-        counter = _get(txn, key)
-        for name, n in per_env.items():
-            counter[name] = counter.get(name, 0) + n
-        _put(txn, key, counter)
-
-
 def count_received(txn: Txn, per_env: dict[str, int]) -> None:
-    _count(txn, RECEIVED_KEY, per_env)
+    txn.add_counts(RECEIVED, per_env)
 
 
 def count_backpressure(txn: Txn, names: set[str]) -> None:
-    _count(txn, BACKPRESSURE_KEY, dict.fromkeys(names, 1))
+    txn.add_counts(BACKPRESSURE, dict.fromkeys(names, 1))
 
 
 def count_batch(txn: Txn, groups: dict[str, int], seqs: dict[str, int], staleness: dict[int, int]) -> None:
+    txn.add_counts(SERVED_GROUPS, groups)
+    txn.add_counts(SERVED_SEQS, seqs)
     served = _get(txn, SERVED_KEY)
     served["batches"] = served.get("batches", 0) + 1
-    for field_name, per_env in (("groups", groups), ("seqs", seqs)):
-        counter = served.setdefault(field_name, {})
-        for name, n in per_env.items():
-            counter[name] = counter.get(name, 0) + n
     hist = served.setdefault("staleness", {})
     for age, n in staleness.items():
         key = str(min(max(age, 0), STALENESS_CAP))

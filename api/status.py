@@ -12,9 +12,9 @@ MIN_ENV_WEIGHT = 0.01
 """Floor of `env_weight` in /status-env, as in Atropos: no env is told to stop producing entirely."""
 
 
-def status_txn(txn: Txn) -> Status:
+def status_txn(txn: Txn, known: RunState | None = None) -> Status:
     """/status: the step, what is queued, why no batch can be formed, what was dropped."""
-    run = state.load(txn)
+    run = state.load(txn, known)
     total = sum(txn.counts().values(), QueueCounts())
     return Status(
         current_step=run.step if run.registration else 0,
@@ -27,12 +27,25 @@ def status_txn(txn: Txn) -> Status:
     )
 
 
+_TOTALS: dict[object, tuple[float, float]] = {}
+"""The last env list's totals, by its version: every env polls /status-env, and the list changes rarely."""
+
+
+def _connected_totals(run: RunState) -> tuple[float, float]:
+    """The connected envs' summed weight (scaled by their max_token_length, as Atropos does) and minimum shares."""
+    key = (run.envs_at, id(run.envs), len(run.envs))
+    if key not in _TOTALS:
+        connected = [e for e in run.envs if e.connected]
+        weight = sum(e.max_token_length * max(0.0, e.weight) for e in connected)
+        _TOTALS.clear()
+        _TOTALS[key] = (weight, sum(e.min_batch_allocation or 0.0 for e in connected))
+    return _TOTALS[key]
+
+
 def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], limits: QueueLimits) -> EnvStatus:
     """/status-env as Atropos computes it, from per-env counts instead of a scan of the queue."""
-    connected = [e for e in run.envs if e.connected]
-    total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in connected)
+    total_weight, min_total = _connected_totals(run)
     weight = env.max_token_length * env.weight / total_weight if total_weight > 0 else 1.0
-    min_total = sum(e.min_batch_allocation or 0.0 for e in connected)
     batch_size = run.registration.batch_size if run.registration else 0
     group_size = max(1, env.group_size)
     self_seqs = counts.get(env.env_id, QueueCounts()).seqs
@@ -43,7 +56,7 @@ def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], li
         other = run.env(env_id)
         reserved = int(batch_size * (other.min_batch_allocation or 0.0)) if other and other.connected else 0
         others += max(0, c.seqs - reserved)
-    sizes = [e.group_size for e in run.envs if counts.get(e.env_id, QueueCounts()).items]
+    sizes = [e.group_size for env_id, c in counts.items() if c.items and (e := run.env(env_id)) is not None]
     capacity = capacity_groups(counts, env, limits)
     return EnvStatus(
         current_step=run.step,

@@ -80,7 +80,7 @@ def from_binary(
 ) -> list[Submission]:
     """Groups sent as msgpack records (docs/binary-format.md), validated under the JSON path's rules."""
     checked = check_body(
-        raw, many=many, env_ids={e.env_id for e in run.envs}, current_step=run.step, limits=group_limits(run, limits)
+        raw, many=many, env_ids=range(len(run.envs)), current_step=run.step, limits=group_limits(run, limits)
     )
     return [
         Submission.of(g.record, g.payload, key or group_key(g.record.env_id, g.record.group_id), g.sent_policy_step,

@@ -10,7 +10,7 @@ or a lock shared by many server processes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -132,6 +132,29 @@ class Txn(ABC):
     @abstractmethod
     def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None: ...
 
+    # --- envs: one record per env, each with the version of the change that last wrote it ---
+    @abstractmethod
+    def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
+        """Write env `env_id`'s record (JSON text), registered under `name`, by the change numbered `version`."""
+
+    @abstractmethod
+    def envs_since(self, version: int) -> list[tuple[int, str]]:
+        """(env_id, record) of the envs written by a change numbered above `version` (-1: every env), by id.
+        Costs the envs returned, not all of them: a process that knows the envs reads only what changed."""
+
+    @abstractmethod
+    def count_named(self, name: str) -> int:
+        """Envs registered under `name`. Costs those, not all envs."""
+
+    # --- counters: cumulative counts by kind and name (groups received per env, ...) ---
+    @abstractmethod
+    def add_counts(self, kind: str, deltas: Mapping[str, int]) -> None:
+        """Add to these counters of `kind`; costs the counters added to, not all of that kind."""
+
+    @abstractmethod
+    def get_counts(self, kind: str) -> dict[str, int]:
+        """Every counter of `kind`, by name."""
+
     # --- idempotency: replies remembered by submission key ---
     @abstractmethod
     def get_reply(self, key: str) -> str | None: ...
@@ -155,7 +178,7 @@ class Txn(ABC):
     # --- everything ---
     @abstractmethod
     def clear(self) -> None:
-        """Forget every queue, buffer, batch, value and remembered reply (GET /reset_data)."""
+        """Forget every queue, buffer, batch, env, counter, value and remembered reply (GET /reset_data)."""
 
 
 class StoreUnavailable(Unavailable):

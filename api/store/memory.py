@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
@@ -26,6 +26,9 @@ class _State:
         self.counts: dict[int, QueueCounts] = {}
         self.buffers: dict[int, list[BufferedGroup]] = {}
         self.replies: dict[str, str] = {}
+        self.envs: dict[int, tuple[str, int, str]] = {}
+        """(name, version, record) by env id."""
+        self.counters: dict[str, dict[str, int]] = {}
         self.batches: dict[int, tuple[bytes, list[int]]] = {}
         self.kept: dict[int, bytes] = {}
         """Payloads of popped items that a kept batch refers to, by item id."""
@@ -122,6 +125,25 @@ class MemoryTxn(Txn):
     def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
         self._restore(self._s.buffers, env_id)
         self._s.buffers[env_id] = list(groups)
+
+    def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
+        self._restore(self._s.envs, env_id)
+        self._s.envs[env_id] = (name, version, record)
+
+    def envs_since(self, version: int) -> list[tuple[int, str]]:
+        return sorted((env_id, rec) for env_id, (_, v, rec) in self._s.envs.items() if v > version)
+
+    def count_named(self, name: str) -> int:
+        return sum(1 for n, _, _ in self._s.envs.values() if n == name)
+
+    def add_counts(self, kind: str, deltas: Mapping[str, int]) -> None:
+        counters = self._s.counters.setdefault(kind, {})
+        for name, n in deltas.items():
+            self._restore(counters, name)
+            counters[name] = counters.get(name, 0) + n
+
+    def get_counts(self, kind: str) -> dict[str, int]:
+        return dict(self._s.counters.get(kind, {}))
 
     def get_reply(self, key: str) -> str | None:
         return self._s.replies.get(key)

@@ -77,6 +77,8 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
         txn.set_buffer(0, [BufferedGroup(2, 20, 0, b"x")])
         txn.put_reply("key", "reply")
         txn.put_batch(3, b"batch", [ids[2]])
+        txn.put_env(0, "math", 1, "{}")
+        txn.add_counts("received", {"math_0": 2})
         txn.clear()
         txn.set_value("after-clear", "1")
         raise RuntimeError("boom")
@@ -87,11 +89,11 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     def snapshot(t: Txn) -> tuple[object, ...]:
         return (
             [m.item_id for m in t.head(0)], list(t.head(7)), t.counts(), t.get_value("k"), t.get_value("after-clear"),
-            t.get_buffer(0), t.get_reply("key"), t.get_batch(3),
+            t.get_buffer(0), t.get_reply("key"), t.get_batch(3), t.envs_since(-1), t.get_counts("received"),
         )  # fmt: skip
 
     counts = {0: QueueCounts(3, 3, 12, 120, size(ids))}
-    assert await store.transact(snapshot) == (ids, [], counts, None, None, [], None, None)
+    assert await store.transact(snapshot) == (ids, [], counts, None, None, [], None, None, [], {})
 
 
 async def test_values_buffers_replies_batches_round_trip(store: Store) -> None:
@@ -113,6 +115,41 @@ async def test_values_buffers_replies_batches_round_trip(store: Store) -> None:
     assert got == ("v2", buf, '{"status": "received"}', [None, None, None, b"batch3", b"batch4"])
     await store.transact(lambda t: t.set_buffer(3, []))
     assert await store.transact(lambda t: t.get_buffer(3)) == []
+
+
+async def test_envs_are_read_as_far_as_they_changed(store: Store) -> None:
+    """`envs_since(v)`: the envs written after change v, by id, each as last written; names counted."""
+
+    def register(t: Txn) -> None:
+        t.put_env(0, "math", 1, '{"v": 1}')
+        t.put_env(1, "code", 2, '{"v": 2}')
+        t.put_env(2, "math", 3, '{"v": 3}')
+
+    await store.transact(register)
+    await store.transact(lambda t: t.put_env(0, "math", 4, '{"v": 4}'))  # env 0 changed (disconnected, say)
+    got = await store.transact(lambda t: (t.envs_since(-1), t.envs_since(2), t.envs_since(4), t.count_named("math")))
+    assert got == ([(0, '{"v": 4}'), (1, '{"v": 2}'), (2, '{"v": 3}')], [(0, '{"v": 4}'), (2, '{"v": 3}')], [], 2)
+    assert await store.read(lambda t: (t.count_named("code"), t.count_named("none"))) == (1, 0)
+
+
+async def test_counters_add_up_within_and_across_transactions(store: Store) -> None:
+    def count(t: Txn) -> dict[str, int]:
+        t.add_counts("received", {"a": 1, "b": 2})
+        t.add_counts("received", {"a": 3})
+        t.add_counts("dropped", {"stale:a": 1})
+        return t.get_counts("received")  # this transaction's own additions are seen
+
+    assert await store.transact(count) == {"a": 4, "b": 2}
+
+    def failing(t: Txn) -> None:
+        t.add_counts("received", {"a": 100})
+        raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(failing)
+    await store.transact(lambda t: t.add_counts("received", {"b": 1, "c": 5}))
+    got = await store.read(lambda t: (t.get_counts("received"), t.get_counts("dropped"), t.get_counts("none")))
+    assert got == ({"a": 4, "b": 3, "c": 5}, {"stale:a": 1}, {})
 
 
 async def test_clear_keeps_ids_increasing(store: Store) -> None:
@@ -270,6 +307,8 @@ async def test_a_durable_store_reopened_keeps_everything(backend: str, new_url: 
         t.append(2, QueuedItem(kept, 1, b"-kept"))
         t.pop(2, [kept.item_id], keep_for=6)
         t.put_batch(6, b"batch", [kept.item_id])
+        t.put_env(0, "math", 1, "{}")
+        t.add_counts("received", {"math_0": 3})
         return ids
 
     store = make_store(url)
@@ -279,10 +318,10 @@ async def test_a_durable_store_reopened_keeps_everything(backend: str, new_url: 
     try:
         got = await store.transact(
             lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
-                       t.next_item_id())
+                       t.envs_since(-1), t.get_counts("received"), t.next_item_id())
         )  # fmt: skip
-        assert got[:4] == ([ids[0], ids[2]], "7", b"batch-kept", 2)
-        assert got[4] > max(ids)
+        assert got[:6] == ([ids[0], ids[2]], "7", b"batch-kept", 2, [(0, "{}")], {"math_0": 3})
+        assert got[6] > max(ids)
     finally:
         await store.close()
 

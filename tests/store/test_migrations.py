@@ -23,7 +23,7 @@ from api.settings import Settings
 from api.store import postgres, sqlite
 from api.store.migrations import SchemaRefused, Step, migrate
 from tests import pg
-from tests.factories import group
+from tests.factories import env, group
 
 OLD_FILES = Path(__file__).parent / "old_files"
 
@@ -98,6 +98,9 @@ async def served(store: str) -> None:
             status = (await c.get("/status")).json()
             assert (status["current_step"], status["queue_size"]) == (0, 3)
             assert status["queued_bytes"] > 0  # counted from the payloads by the migration that added the count
+            [math] = (await c.get("/dashboard/data")).json()["envs"]
+            assert (math["name"], math["received"]) == ("math_0", 4), "the env or its counters were lost"
+            assert (await c.post("/register-env", json=env("math", group_size=4))).json()["wandb_name"] == "math_1"
             again = await c.post("/scored_data", json=group(4, seed=1, group_id="g-1"))
             assert again.json() == {"status": "received", "duplicate": True}, "the stored reply was lost"
             other_half = await c.post("/scored_data", json=group(2, seed=5))  # completes the buffered half
@@ -107,6 +110,8 @@ async def served(store: str) -> None:
             assert [g["tokens"] for g in batch] == [group(4, seed=1)["tokens"], group(4, seed=2)["tokens"]]
             assert (await c.get("/status")).json()["current_step"] == 1
             assert len((await c.get("/batch")).json()["batch"]) == 3  # the last group and the two halves
+            served = {e["name"]: e for e in (await c.get("/dashboard/data")).json()["envs"]}
+            assert (served["math_0"]["received"], served["math_0"]["served_groups"]) == (5, 5)
             drained = (await c.get("/status")).json()
             assert (drained["queue_size"], drained["queued_bytes"]) == (0, 0), "queued bytes miscounted"
 

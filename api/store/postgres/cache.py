@@ -45,6 +45,11 @@ _FLUSH_BUFFERS = (
     "ON CONFLICT (env_id) DO UPDATE SET data = excluded.data"
 )
 
+_FLUSH_COUNTERS = (
+    "INSERT INTO counters (kind, name, n) SELECT * FROM unnest(%b::text[], %b::text[], %b::int8[]) "
+    "ON CONFLICT (kind, name) DO UPDATE SET n = counters.n + excluded.n"
+)
+
 
 def db_key(key: str) -> str:
     """An idempotency key as the `replies` table holds it. PostgreSQL text cannot hold NUL, which a group id
@@ -75,6 +80,8 @@ class Pending:
     """Buffers read or written in this group; `dirty_buffers` to be written."""
     dirty_buffers: set[int] = field(default_factory=set)
     appended: bool = False
+    counters: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Deltas to add to the counters table, by (kind, name)."""
 
     def copy(self) -> Pending:
         return Pending(
@@ -89,6 +96,7 @@ class Pending:
             dict(self.buffers),
             set(self.dirty_buffers),
             self.appended,
+            dict(self.counters),
         )
 
 
@@ -171,6 +179,12 @@ class Group:
                     conn.execute(_FLUSH_BUFFERS, [keep, data], binary=True)
                 if empty:
                     conn.execute("DELETE FROM buffers WHERE env_id = ANY(%b)", [empty])
+            if p.counters:
+                counted = sorted(p.counters)
+                conn.execute(
+                    _FLUSH_COUNTERS,
+                    [[k for k, _ in counted], [n for _, n in counted], [p.counters[k] for k in counted]],
+                )
             if self.next_id != self.stored_next_id:
                 conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
             if notify is not None and p.appended:

@@ -48,10 +48,37 @@ STEPS = (
             "JOIN {s}.payloads p ON p.item_id = q.item_id WHERE q.env_id = c.env_id)",
         ),
     ),
+    Step(
+        "one row per env and per counter, moved out of named values that every transaction read whole",
+        (
+            "CREATE TABLE {s}.envs (env_id bigint PRIMARY KEY, name text NOT NULL, version bigint NOT NULL, "
+            "record text NOT NULL)",
+            "CREATE INDEX envs_by_version ON {s}.envs (version)",
+            "CREATE INDEX envs_by_name ON {s}.envs (name)",
+            "CREATE TABLE {s}.counters (kind text NOT NULL, name text NOT NULL, n bigint NOT NULL, "
+            "PRIMARY KEY (kind, name))",
+            "INSERT INTO {s}.envs SELECT (e->>'env_id')::bigint, e->>'desired_name', 0, e::text "
+            "FROM {s}.kv, jsonb_array_elements(kv.value::jsonb) AS e WHERE kv.key = 'envs'",
+            "INSERT INTO {s}.kv SELECT 'env_dir', jsonb_build_object('epoch', md5(random()::text), 'version', 0, "
+            "'count', jsonb_array_length(value::jsonb))::text FROM {s}.kv WHERE key = 'envs'",
+            "INSERT INTO {s}.counters SELECT 'received', e.key, e.value::bigint "
+            "FROM {s}.kv, jsonb_each_text(kv.value::jsonb) AS e WHERE kv.key = 'stats:received'",
+            "INSERT INTO {s}.counters SELECT 'backpressure', e.key, e.value::bigint "
+            "FROM {s}.kv, jsonb_each_text(kv.value::jsonb) AS e WHERE kv.key = 'stats:backpressure'",
+            "INSERT INTO {s}.counters SELECT 'served_groups', e.key, e.value::bigint "
+            "FROM {s}.kv, jsonb_each_text(kv.value::jsonb -> 'groups') AS e WHERE kv.key = 'stats:served'",
+            "INSERT INTO {s}.counters SELECT 'served_seqs', e.key, e.value::bigint "
+            "FROM {s}.kv, jsonb_each_text(kv.value::jsonb -> 'seqs') AS e WHERE kv.key = 'stats:served'",
+            "INSERT INTO {s}.counters SELECT 'dropped', r.key || ':' || e.key, r.value::bigint "
+            "FROM {s}.kv, jsonb_each(kv.value::jsonb) AS e, jsonb_each_text(e.value) AS r WHERE kv.key = 'dropped'",
+            "UPDATE {s}.kv SET value = (value::jsonb - 'groups' - 'seqs')::text WHERE key = 'stats:served'",
+            "DELETE FROM {s}.kv WHERE key IN ('envs', 'stats:received', 'stats:backpressure', 'dropped')",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
-CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches")
+CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches", "envs", "counters")
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
 

@@ -5,7 +5,7 @@ database under the function's own savepoint.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import msgpack
@@ -157,6 +157,39 @@ class PostgresTxn(Txn):
         self._p.buffers[env_id] = list(groups)
         self._p.dirty_buffers.add(env_id)
 
+    # --- envs: written through to the database (rare), read from it ---
+    def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
+        self._write(
+            "INSERT INTO envs (env_id, name, version, record) VALUES (%b, %b, %b, %b) ON CONFLICT (env_id) DO UPDATE "
+            "SET name = excluded.name, version = excluded.version, record = excluded.record",
+            (env_id, name, version, record),
+        )
+
+    def envs_since(self, version: int) -> list[tuple[int, str]]:
+        cur = self._db.execute(
+            "SELECT env_id, record FROM envs WHERE version > %b ORDER BY env_id", (version,), binary=True
+        )
+        return [(int(row[0]), str(row[1])) for row in cur.fetchall()]
+
+    def count_named(self, name: str) -> int:
+        row = self._db.execute("SELECT count(*) FROM envs WHERE name = %b", (name,), binary=True).fetchone()
+        return int(row[0]) if row else 0
+
+    # --- counters: deltas wait for the COMMIT ---
+    def add_counts(self, kind: str, deltas: Mapping[str, int]) -> None:
+        self._writable()
+        pending = self._p.counters
+        for name, n in deltas.items():
+            pending[kind, name] = pending.get((kind, name), 0) + n
+
+    def get_counts(self, kind: str) -> dict[str, int]:
+        cur = self._db.execute("SELECT name, n FROM counters WHERE kind = %b", (kind,), binary=True)
+        out = {str(name): int(n) for name, n in cur.fetchall()}
+        for (k, name), n in self._p.counters.items():
+            if k == kind:
+                out[name] = out.get(name, 0) + n
+        return out
+
     # --- idempotency replies ---
     def get_reply(self, key: str) -> str | None:
         if key in self._p.replies:
@@ -220,4 +253,5 @@ class PostgresTxn(Txn):
         p.replies.clear()
         p.fetched_replies = {}
         p.buffers.clear()
+        p.counters.clear()
         p.dirty_buffers.clear()

@@ -45,10 +45,37 @@ STEPS = (
             "JOIN payloads p ON p.item_id = q.item_id WHERE q.env_id = counts.env_id)",
         ),
     ),
+    Step(
+        "one row per env and per counter, moved out of named values that every request parsed whole",
+        (
+            "CREATE TABLE envs (env_id INTEGER PRIMARY KEY, name TEXT NOT NULL, version INTEGER NOT NULL, "
+            "record TEXT NOT NULL)",
+            "CREATE INDEX envs_by_version ON envs (version)",
+            "CREATE INDEX envs_by_name ON envs (name)",
+            "CREATE TABLE counters (kind TEXT NOT NULL, name TEXT NOT NULL, n INTEGER NOT NULL, "
+            "PRIMARY KEY (kind, name)) WITHOUT ROWID",
+            "INSERT INTO envs SELECT json_extract(e.value, '$.env_id'), json_extract(e.value, '$.desired_name'), 0, "
+            "e.value FROM kv, json_each(kv.value) AS e WHERE kv.key = 'envs'",
+            "INSERT INTO kv SELECT 'env_dir', json_object('epoch', lower(hex(randomblob(8))), 'version', 0, "
+            "'count', json_array_length(value)) FROM kv WHERE key = 'envs'",
+            "INSERT INTO counters SELECT 'received', e.key, e.value FROM kv, json_each(kv.value) AS e "
+            "WHERE kv.key = 'stats:received'",
+            "INSERT INTO counters SELECT 'backpressure', e.key, e.value FROM kv, json_each(kv.value) AS e "
+            "WHERE kv.key = 'stats:backpressure'",
+            "INSERT INTO counters SELECT 'served_groups', e.key, e.value FROM kv, json_each(kv.value, '$.groups') AS e "
+            "WHERE kv.key = 'stats:served'",
+            "INSERT INTO counters SELECT 'served_seqs', e.key, e.value FROM kv, json_each(kv.value, '$.seqs') AS e "
+            "WHERE kv.key = 'stats:served'",
+            "INSERT INTO counters SELECT 'dropped', r.key || ':' || e.key, r.value "
+            "FROM kv, json_each(kv.value) AS e, json_each(e.value) AS r WHERE kv.key = 'dropped'",
+            "UPDATE kv SET value = json_remove(value, '$.groups', '$.seqs') WHERE key = 'stats:served'",
+            "DELETE FROM kv WHERE key IN ('envs', 'stats:received', 'stats:backpressure', 'dropped')",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
-CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches")
+CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches", "envs", "counters")
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
 

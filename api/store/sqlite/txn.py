@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from typing import cast
 
@@ -37,6 +37,10 @@ _ADD_COUNTS = (
     "INSERT INTO counts (env_id, items, groups, seqs, tokens, bytes) VALUES (?,?,?,?,?,?) ON CONFLICT (env_id) DO "
     "UPDATE SET items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
     "tokens = tokens + excluded.tokens, bytes = bytes + excluded.bytes"
+)
+
+_ADD_COUNTER = (
+    "INSERT INTO counters (kind, name, n) VALUES (?,?,?) ON CONFLICT (kind, name) DO UPDATE SET n = n + excluded.n"
 )
 
 
@@ -267,6 +271,28 @@ class SqliteTxn(Txn):
         ids = [i for (items,) in rows for i in np.frombuffer(items, _I64).tolist()]
         for chunk in _chunks(ids):
             self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({','.join('?' * len(chunk))})", chunk)
+
+    # --- envs ---
+    def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO envs (env_id, name, version, record) VALUES (?,?,?,?)",
+            (env_id, name, version, record),
+        )
+
+    def envs_since(self, version: int) -> list[tuple[int, str]]:
+        rows = self._db.execute("SELECT env_id, record FROM envs WHERE version > ? ORDER BY env_id", (version,))
+        return [(row[0], row[1]) for row in rows]
+
+    def count_named(self, name: str) -> int:
+        return int(self._db.execute("SELECT count(*) FROM envs WHERE name = ?", (name,)).fetchone()[0])
+
+    # --- counters ---
+    def add_counts(self, kind: str, deltas: Mapping[str, int]) -> None:
+        if deltas:
+            self._db.executemany(_ADD_COUNTER, [(kind, name, n) for name, n in deltas.items()])
+
+    def get_counts(self, kind: str) -> dict[str, int]:
+        return dict(self._db.execute("SELECT name, n FROM counters WHERE kind = ?", (kind,)).fetchall())
 
     def clear(self) -> None:
         self._rows.clear()

@@ -1,0 +1,80 @@
+"""api.state: the run state a transaction reads. Envs are rows; a process that read them before reads only what
+changed since (so a request costs the same with 10,000 envs as with 10), and a reset starts a new env list."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from api import state
+from api.schema import Registration
+from api.state import EnvRecord, RunState
+from api.store.memory import MemoryTxn, _State
+from tests.factories import registration
+
+
+class CountingTxn(MemoryTxn):
+    """The memory store's transaction, counting the env rows it hands out."""
+
+    def __init__(self, s: _State) -> None:
+        super().__init__(s)
+        self.env_rows = 0
+
+    def envs_since(self, version: int) -> list[tuple[int, str]]:
+        rows = super().envs_since(version)
+        self.env_rows += len(rows)
+        return rows
+
+
+def env(env_id: int, name: str = "math") -> EnvRecord:
+    return EnvRecord(env_id, name, f"{name}_{env_id}", 1.0, 4, 512, None)
+
+
+def registered(s: _State, n: int) -> RunState:
+    txn = CountingTxn(s)
+    state.save_run(txn, Registration.model_validate(registration()), started=True)
+    run = state.load(txn)
+    for i in range(n):
+        state.save_env(txn, run, env(i))
+        run = state.load(txn, run)
+    return run
+
+
+def test_an_unchanged_env_list_is_not_read_again() -> None:
+    s = _State()
+    run = registered(s, 1000)
+    txn = CountingTxn(s)
+    again = state.load(txn, run)
+    assert again == run and again.envs is run.envs and txn.env_rows == 0
+    fresh = CountingTxn(s)
+    assert state.load(fresh) == run and fresh.env_rows == 1000  # a process that knows nothing reads them all
+
+
+def test_only_what_changed_is_read_and_applied_to_a_copy() -> None:
+    s = _State()
+    run = registered(s, 100)
+    writer = CountingTxn(s)
+    state.save_env(writer, run, replace(run.envs[7], connected=False))
+    state.save_env(writer, state.load(writer, run), env(100, "code"))
+    reader = CountingTxn(s)
+    later = state.load(reader, run)
+    assert reader.env_rows == 2 and len(later.envs) == 101 and later.envs[100].desired_name == "code"
+    assert not later.envs[7].connected
+    assert len(run.envs) == 100 and run.envs[7].connected, "the known state's list was changed in place"
+
+
+def test_a_reset_starts_a_new_env_list_even_at_the_same_version() -> None:
+    s = _State()
+    first = registered(s, 3)
+    txn = CountingTxn(s)
+    txn.clear()
+    second = registered(s, 3)  # the same number of changes, so the same version: another list all the same
+    assert first.envs_at is not None and second.envs_at is not None
+    assert first.envs_at.version == second.envs_at.version and first.envs_at != second.envs_at
+    reader = CountingTxn(s)
+    assert state.load(reader, first).envs == second.envs and reader.env_rows == 3
+
+
+def test_names_count_registrations_without_reading_the_list() -> None:
+    s = _State()
+    registered(s, 5)
+    assert CountingTxn(s).count_named("math") == 5
