@@ -11,12 +11,6 @@ log = logging.getLogger("rollbuf")
 
 CHECKPOINT_EVERY = 256
 """Commits between two WAL checkpoints (each also runs at least once a second while there are commits)."""
-WAL_TRUNCATE_BYTES = 128 * 1024 * 1024
-"""A WAL larger than this is truncated by the next round, the writer waiting for it. Under continuous commits
-and reads a PASSIVE checkpoint copies frames back but the WAL is never restarted, so it grew without bound
-(2.3 GB in 15 s of two handlers' ingest); the bound is this plus one round's commits (256 of 64 KiB-page
-frames: about 110 MB for 16 KB groups). Each truncation blocks writes briefly: fewer, larger ones cost
-ingest less (measured in turns: 64 MiB cost 6-16% of groups/s, 128 MiB 0-10%)."""
 TRUNCATE_WAIT_S = 0.2
 """How long a truncating checkpoint waits for the writer and readers to step aside: it blocks new writes
 while it waits, so it gives up early and tries again next round rather than stall ingest."""
@@ -28,13 +22,17 @@ class Checkpointer:
     SQLite's automatic checkpoint runs inside the COMMIT that crosses its threshold, fsync included, so one
     writer transaction in ~40 would wait for it. A PASSIVE checkpoint from another connection never blocks
     the writer; but it never restarts the WAL either, which only happens when no reader holds an older
-    snapshot at the moment a writer begins. So past `WAL_TRUNCATE_BYTES` a round's PASSIVE checkpoint is
+    snapshot at the moment a writer begins. So past `truncate_bytes` (the store URL's `wal_limit`) a round's
+    PASSIVE checkpoint is
     followed by a TRUNCATE one, which waits (briefly) for readers and the writer, copies the little the
     PASSIVE one left and empties the file; once commits stop, one TRUNCATE gives the disk back. Errors are
     logged once per episode, never swallowed: a failing checkpoint is a disk filling up."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, truncate_bytes: int) -> None:
         self._path = path
+        self._truncate_bytes = truncate_bytes
+        """Under continuous commits and reads the WAL grew without bound (2.3 GB in 15 s of two handlers'
+        ingest); with truncation past this, the bound is this plus one round's commits."""
         self._wal = path.with_name(path.name + "-wal")
         self._wake = threading.Event()
         self._stopping = False
@@ -75,7 +73,7 @@ class Checkpointer:
                     self._commits = 0
                     self._dirty = True
                     self._checkpoint(db, "PASSIVE")  # the copying, without blocking anyone
-                    if self.wal_bytes() > WAL_TRUNCATE_BYTES:  # then the restart, with little left to copy
+                    if self.wal_bytes() > self._truncate_bytes:  # then the restart, with little left to copy
                         self._dirty = not self._checkpoint(db, "TRUNCATE")
                 elif self._dirty:  # commits stopped: give the WAL's disk back
                     self._dirty = not self._checkpoint(db, "TRUNCATE")

@@ -63,7 +63,7 @@ class SqliteStore(Store):
         except BaseException as exc:
             opened.set_exception(exc)
             return
-        checkpointer = Checkpointer(self.path)
+        checkpointer = Checkpointer(self.path, self.config.wal_limit)
         driver = _Driver(db, self.config, self._ids, checkpointer)
         opened.set_result(None)
         stop = None
