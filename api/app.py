@@ -58,7 +58,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if stats_logger is not None:
                 await stats_logger.close()
-            await store.close()
+            try:
+                await service.close()
+            finally:
+                await store.close()
 
     # Swagger UI and ReDoc from files the fastapi-offline package ships: /docs works where training clusters
     # run, without internet (FastAPI's own pages load them from a CDN).

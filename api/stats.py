@@ -141,11 +141,14 @@ class Snapshot:
         }
 
 
-def snapshot(txn: Txn, anon_name: str) -> Snapshot:
-    """Read everything the operator's views show, in one transaction (so the numbers agree)."""
+def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | None = None) -> Snapshot:
+    """Read everything the operator's views show, in one transaction (so the numbers agree), plus refusals this
+    process counted and has not written yet."""
 
     run = state.load(txn)
     stats = load(txn)
+    for name, n in (unwritten_backpressure or {}).items():
+        stats.backpressure[name] = stats.backpressure.get(name, 0) + n
     dropped = state.load_dropped(txn)
     counts = txn.counts()
     envs: list[tuple[int, str, float, int, bool, float | None]] = [
