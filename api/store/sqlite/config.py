@@ -14,7 +14,11 @@ PAGE_SIZE = 65536
 """SQLite's largest page, for new files. A group's payload (~200 KB at 8 x 2k tokens) spans 4 pages instead
 of 49, so popping a 1024 x 2k batch (25 MB) reads ~400 pages instead of ~6000: the store thread's CPU per
 binary /batch fell from ~45 to ~12 ms (in-process, 1024 x 2048), ingest CPU per group did not rise. 16 and
-32 KiB pages did not help. A file created with another page size keeps it (WAL mode fixes it)."""
+32 KiB pages did not help. The cost is write volume: a 16 KB group writes 322 KB (WAL frames and checkpoint
+copies) against 54 KB with 4 KiB pages (`python -m bench.sqlite_pages`); measured over HTTP in turns, 4 and
+16 KiB pages changed ingest by -18% to +23% and /batch by -5% to +17%, within this machine's noise, so the
+default stays and the URL's `page_size` chooses (the WAL is bounded either way). A file created with another
+page size keeps it (WAL mode fixes it)."""
 WAL_LIMIT = 128 * 1024 * 1024
 """Default `wal_limit`. Each truncation blocks writes briefly: fewer, larger ones cost ingest less (measured in
 turns: 64 MiB cost 6-16% of groups/s, 128 MiB 0-10%)."""
