@@ -21,7 +21,7 @@ from api.limits import QueueLimits
 from api.logs import log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
-from api.openapi import SECURED, drop_auth
+from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, ops, trainer
 from api.service import Service
@@ -98,6 +98,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
     if settings.api_key is None:
         drop_auth(app)
+    declare_limits(
+        app,
+        {
+            ("/batch", "get", "world_size"): settings.max_world_size,
+            ("/batch", "get", "rank"): settings.max_world_size - 1,
+        },
+    )
     return app
 
 

@@ -60,3 +60,24 @@ def drop_auth(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def declare_limits(app: FastAPI, maxima: dict[tuple[str, str, str], int]) -> None:
+    """Query parameters whose maximum is a setting: the description states this server's (a schema-valid
+    request is accepted, as schemathesis checks)."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = plain()
+        for (path, method, name), maximum in maxima.items():
+            for param in schema["paths"][path][method].get("parameters", ()):
+                if param["name"] == name:
+                    target = param["schema"]
+                    for option in target.get("anyOf", [target]):
+                        if option.get("type") == "integer":
+                            option["maximum"] = maximum
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 import schemathesis
+from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
@@ -114,6 +115,6 @@ def map_case(context: Any, case: Any) -> Any:
             query["rank"] = 0
         elif rank is not None and world is not None and 0 <= world <= rank:
             query["rank"] = rank % world if world else rank
-    elif path == "/status-env" and (case.query or {}).get("env_id") is None and case.body is None:
+    elif path == "/status-env" and (case.query or {}).get("env_id") is None and case.body in (None, NOT_SET):
         case.body = {"env_id": 0}
     return case

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from api.service import REFUSALS_FLUSH_S
 from tests import pg
 from tests.servers import running_server
-from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
+from tests.small_run import (
+    MAX_ENV_QUEUE_GROUPS,
+    Expected,
+    check_process_metrics,
+    check_store_metrics,
+    parse_metrics,
+    small_run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -36,6 +46,16 @@ async def until_both_workers_answered(c: httpx.AsyncClient, log: Path) -> int:
     raise AssertionError("500 requests on fresh connections all went to one worker")
 
 
+async def until_refusals_written(c: httpx.AsyncClient, expected: Expected) -> None:
+    """Refusals are counted in the refusing process and written within `REFUSALS_FLUSH_S`: poll another
+    replica until it sees them."""
+    deadline = time.monotonic() + 10 * REFUSALS_FLUSH_S
+    key = ("rollbuf_backpressure_rejections_total", (("env", "math_0"),))
+    while parse_metrics((await c.get("/metrics")).text).get(key) != expected.backpressure["math_0"]:
+        assert time.monotonic() < deadline, "refusals not written"
+        await asyncio.sleep(0.05)  # polling interval
+
+
 async def test_metrics_with_two_workers_and_a_second_replica(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'shared.db'}"
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
@@ -48,6 +68,7 @@ async def test_metrics_with_two_workers_and_a_second_replica(tmp_path: Path) -> 
             before_b = parse_metrics((await cb.get("/metrics")).text)
             expected = await small_run(ca)
             probes = await until_both_workers_answered(ca, log_a)
+            await until_refusals_written(cb, expected)
             after_a = parse_metrics((await ca.get("/metrics")).text)
             after_b = parse_metrics((await cb.get("/metrics")).text)
             assert (await ca.get("/readyz")).status_code == 200
@@ -96,6 +117,7 @@ async def test_metrics_on_two_postgresql_replicas(tmp_path: Path) -> None:
             async with fresh_connections(a.url) as ca, fresh_connections(b.url) as cb:
                 before_a = parse_metrics((await ca.get("/metrics")).text)
                 expected = await small_run(ca)
+                await until_refusals_written(cb, expected)
                 after_a = parse_metrics((await ca.get("/metrics")).text)
                 after_b = parse_metrics((await cb.get("/metrics")).text)
                 assert (await cb.get("/readyz")).status_code == 200
