@@ -31,7 +31,7 @@ from api.records import (
     version_of,
 )
 from api.schema import GROUP_ID_MAX, ScoredData
-from api.validation import GroupLimits, check_distill, check_lengths, check_values
+from api.validation import GroupLimits, check_distill, check_lengths, check_printable, check_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +177,10 @@ def _check_meta(raw: Any, lengths: np.ndarray) -> dict[str, Any]:
     except ValidationError as exc:
         err = exc.errors(include_url=False, include_context=False, include_input=False)[0]
         raise InvalidData(("meta", *err["loc"]), err["msg"]) from None
+    meta = {name: getattr(sd, name) for name in META_FIELDS if getattr(sd, name) is not None}
     try:
         check_distill(sd, lengths)
+        check_printable(meta)
     except InvalidData as exc:
         raise exc.at("meta") from None
-    return {name: getattr(sd, name) for name in META_FIELDS if getattr(sd, name) is not None}
+    return meta

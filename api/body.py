@@ -11,7 +11,9 @@ mostly skip it: `api.json_groups` reads their per-token lists straight into arra
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -143,11 +145,17 @@ def gzip_compress(data: bytes, level: int) -> bytes:
     return igzip.compress(data, compresslevel=min(level, igzip_lib.ISAL_BEST_COMPRESSION))
 
 
+_LONG_DIGITS = re.compile(rb"\d{20,}")
+"""Digit runs as long as 2**64's: an integer orjson would read as a float (or a long digit string)."""
+
+
 def parse_json(adapter: TypeAdapter[T], raw: bytes | bytearray, lenient: Callable[[Any], Any] | None = None) -> T:
     """Validate a JSON body; 422 with FastAPI's error shape when it does not fit the schema."""
     try:
-        obj: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        # orjson reads an integer beyond 64 bits as a float (10**30 as 1e+30): such a body is read exactly, so
+        # that the rule refusing it names it instead of the value changing on its way through.
+        obj: Any = json.loads(raw) if _LONG_DIGITS.search(raw) else orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError):
         # Not strict JSON (NaN, say) or not JSON at all: pydantic's own parser gives the precise error.
         return _validated(lambda: adapter.validate_json(raw, strict=True))
     return validate(adapter, obj, lenient)

@@ -7,19 +7,47 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import orjson
+
 from api import state, stats
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
 from api.batches import BatchWaiting, Formation, FormedBatch
-from api.errors import Conflict, Gone
+from api.errors import Conflict, Gone, RollbufError
 from api.filters import STALE
+from api.records import decode_meta
 from api.state import RunState
 from api.store.base import ANON_ENV, QueueCounts, Txn
 
 
-def batch_txn(txn: Txn, step: int | None, known: RunState | None = None) -> FormedBatch | BatchWaiting:
+class Unservable(RollbufError):
+    """A formed batch the service cannot answer as asked: refused before its transaction commits, so its groups
+    stay queued and the step does not move (ingest refuses such groups: this is for a group stored before)."""
+
+    status_code = 500
+    code = "internal"
+
+
+def check_servable(payload: bytes, step: int, env_name: str) -> None:
+    """The group's free-form fields print as JSON (its arrays always do): what a JSON /batch would fail on."""
+    meta, group_id = decode_meta(payload)
+    try:
+        orjson.dumps(meta)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise Unservable(
+            f"batch {step} cannot be served as JSON: a group of {env_name} (group_id {group_id!r}) holds "
+            f"a value JSON cannot print ({exc}); nothing was taken: its groups stay queued, and a msgpack trainer "
+            "(Accept: application/msgpack) can take the batch"
+        ) from None
+
+
+def batch_txn(
+    txn: Txn, step: int | None, known: RunState | None = None, *, as_json: bool = False
+) -> FormedBatch | BatchWaiting:
     """Batch `step` (served again while it is the last one handed out), or the next one formed; without
     `step`, the next one formed and not kept (Atropos). The first call marks the run as started. `known`: a run
-    state read before, whose envs are reused as far as they have not changed (`state.load`)."""
+    state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
+    batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
+    (`Unservable`), leaving its groups queued."""
     run = state.load(txn, known)
     reg = run.registration
     if reg is None:
@@ -27,7 +55,7 @@ def batch_txn(txn: Txn, step: int | None, known: RunState | None = None) -> Form
     if not run.started:
         state.save_run(txn, reg, started=True)
     if step is None:
-        return form(txn, run, keep=False)
+        return form(txn, run, keep=False, as_json=as_json)
     if step > run.step:
         raise Conflict(
             f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
@@ -42,10 +70,10 @@ def batch_txn(txn: Txn, step: int | None, known: RunState | None = None) -> Form
                 loc=("query", "step"),
             )
         return FormedBatch.unpack(step, stored)
-    return form(txn, run, keep=True)
+    return form(txn, run, keep=True, as_json=as_json)
 
 
-def form(txn: Txn, run: RunState, *, keep: bool) -> FormedBatch | BatchWaiting:
+def form(txn: Txn, run: RunState, *, keep: bool, as_json: bool = False) -> FormedBatch | BatchWaiting:
     """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
     why not (`BatchWaiting`, the reason kept for /status)."""
     start = time.perf_counter()
@@ -72,11 +100,11 @@ def form(txn: Txn, run: RunState, *, keep: bool) -> FormedBatch | BatchWaiting:
     if isinstance(plan, NoBatch):
         state.save_blocked(txn, plan.reason if plan.blocked else None)
         return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
-    batch, seqs_by_env = take(txn, run, plan, keep)
+    batch, seqs_by_env = take(txn, run, plan, keep, as_json)
     return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
 
 
-def take(txn: Txn, run: RunState, plan: Plan, keep: bool) -> tuple[FormedBatch, dict[str, int]]:
+def take(txn: Txn, run: RunState, plan: Plan, keep: bool, as_json: bool = False) -> tuple[FormedBatch, dict[str, int]]:
     """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
     the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
     taken per env."""
@@ -89,6 +117,8 @@ def take(txn: Txn, run: RunState, plan: Plan, keep: bool) -> tuple[FormedBatch, 
     for env_id, item_ids in plan.take.items():
         name = run.env_name(env_id)
         for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None):
+            if as_json:
+                check_servable(item.payload, run.step, name)
             payloads.append(item.payload)
             order.append(item.meta.item_id)
             n_groups += item.n_groups

@@ -154,6 +154,23 @@ def decode(data: Buffer) -> GroupRecord:
     return _from_map(msgpack.unpackb(data, raw=False))
 
 
+def decode_meta(data: Buffer) -> tuple[dict[str, Any], str | None]:
+    """A record's free-form fields and group id, its arrays skipped (not copied out)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    meta: dict[str, Any] = {}
+    group_id = None
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if key == "meta":
+            meta = unpacker.unpack() or {}
+        elif key == "group_id":
+            group_id = unpacker.unpack()
+        else:
+            unpacker.skip()
+    return meta, group_id
+
+
 def is_msgpack(content_type: str | None) -> bool:
     """Whether a Content-Type or Accept value names the binary path (parameters ignored)."""
     if not content_type:

@@ -51,6 +51,7 @@ class Service:
     """The run state this process's last transaction saw: submissions are validated against it without a read
     of their own, and their transaction checks that it still holds (`ingest`)."""
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    refusals_flush_s: float = REFUSALS_FLUSH_S
     _refused: dict[str, int] = field(default_factory=dict)
     """Submissions refused for a full queue, by env name, not written yet (`_count_refused`)."""
     _flushing: asyncio.Task[None] | None = None
@@ -255,7 +256,7 @@ class Service:
 
     async def _flush_refused(self) -> None:
         try:
-            await asyncio.sleep(REFUSALS_FLUSH_S)  # gathering refusals: one write for all of them
+            await asyncio.sleep(self.refusals_flush_s)  # gathering refusals: one write for all of them
             refused, self._refused = self._refused, {}
             await self.store.transact(lambda txn: txn.add_counts(stats.BACKPRESSURE, refused))
         except Unavailable:
@@ -280,14 +281,14 @@ class Service:
 
     # ----------------------------------------------------------------------------- batches
 
-    async def next_batch(self, step: int | None = None) -> FormedBatch | BatchWaiting:
+    async def next_batch(self, step: int | None = None, *, as_json: bool = False) -> FormedBatch | BatchWaiting:
         """Batch `step`, forming it if it is the next one; without `step`, form the next batch (Atropos).
 
         With `step`, batch N stays available until batch N+1 is asked for, so a trainer that retries or
         restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
         kind marks the run as started (environments may register from then on).
         """
-        result = await self.store.transact(lambda txn: batch_txn(txn, step, self._run))
+        result = await self.store.transact(lambda txn: batch_txn(txn, step, self._run, as_json=as_json))
         if isinstance(result, FormedBatch) and result.formation is not None:
             formed = result.formation
             FORMATION_SECONDS.observe(formed.seconds)

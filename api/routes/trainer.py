@@ -106,7 +106,7 @@ async def batch(
     warn_at = started + STALL_WARN_S
     while True:
         changed = service.data_changed()
-        result = await service.next_batch(step)
+        result = await service.next_batch(step, as_json=not binary)
         if isinstance(result, FormedBatch):
             gzip_level = settings.gzip_level if accepts_gzip(request) else None
             return await _render(result, share, binary=binary, gzip_level=gzip_level)

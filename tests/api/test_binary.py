@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -20,11 +22,13 @@ from api.records import (
     MSGPACK,
     decode,
     decode_batch,
+    encode,
     encode_submission,
     encode_submission_list,
     split_records,
 )
 from api.settings import Settings
+from api.store.base import ItemMeta, QueuedItem, Txn
 from tests.api.test_ingest import queued, start
 from tests.factories import group
 
@@ -115,6 +119,13 @@ BAD_RECORDS = [
         "'role' and 'content'",
     ),
     (with_field(GOOD, "meta", {"distill_token_ids": [[[1]]] * 3}), ["body", "meta", "distill_token_ids"], "need one"),
+    (with_field(GOOD, "meta", {"images": b"\x89PNG"}), ["body", "meta", "images"], "bytes (msgpack bin) cannot"),
+    (
+        with_field(GOOD, "meta", {"generation_params": {"t": msgpack.ExtType(5, b"x")}}),
+        ["body", "meta", "generation_params", "t"],
+        "ExtType cannot be served as JSON",
+    ),
+    (with_field(GOOD, "meta", {"images": [float("nan")]}), ["body", "meta", "images", 0], "finite"),
     (
         with_field(GOOD, "meta", {"distill_token_ids": [[[0] * 1025] + [[0]] * 7] + [[[0]] * 8] * 3}),
         ["body", "meta", "distill_token_ids", 0],
@@ -266,3 +277,59 @@ def test_no_server_errors_on_any_binary_body(records: list[bytes], as_list: bool
 
     for code in asyncio.run(probe()):
         assert code in (200, 422), code
+
+
+def nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("extra", "loc", "msg"),
+    [
+        ({"images": nested(40)}, ["body", "images", *[0] * 32], "nested deeper than 32 levels"),
+        ({"generation_params": {"seed": 10**30}}, ["body", "generation_params", "seed"], "64 bits"),
+        ({"overrides": [{"s": "\\ud800"}] * 4}, ["body"], "Invalid JSON"),  # a lone surrogate: not JSON
+    ],
+)
+async def test_json_metadata_that_json_cannot_print_back_is_refused(
+    client: httpx.AsyncClient, extra: dict[str, Any], loc: list[Any], msg: str
+) -> None:
+    """Accepted with 200 before: then every JSON /batch holding the group answered 500, after taking it."""
+    await start(client)
+    body = json.dumps(group(4, length=8, env_id=0) | extra).replace("\\\\ud800", "\\ud800")
+    r = await client.post("/scored_data", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    [err] = r.json()["errors"]
+    assert err["loc"] == loc and msg in err["msg"], err
+    assert (await client.get("/status")).json()["queue_size"] == 0
+    assert (
+        await client.post("/scored_data", json=group(4, length=8, env_id=0) | {"images": nested(30)})
+    ).status_code == 200
+
+
+async def test_a_batch_json_cannot_print_is_refused_before_the_step_moves(client: httpx.AsyncClient) -> None:
+    """A group stored before ingest checked its metadata (written here straight into the store): the JSON
+    /batch that would hold it fails before its transaction commits, so nothing is taken, and a msgpack
+    trainer still gets the batch."""
+    await start(client, batch_size=8)
+    assert (await client.post("/scored_data", json=group(4, length=8, env_id=0, seed=1))).status_code == 200
+    record = decode(packed(n=4, length=8, env_id=0, seed=2, policy_step=0))
+    poison = encode(replace(record, meta={"images": b"\\x89PNG"}))
+    service = client._transport.app.state.service  # type: ignore[attr-defined]
+
+    def store_raw(txn: Txn) -> None:
+        meta = ItemMeta(txn.next_item_id(), record.seqs, record.n_tokens, 0)
+        txn.append(0, QueuedItem(meta, 1, poison))
+
+    await service.store.transact(store_raw)
+    for _ in range(2):  # the same answer every time: nothing was taken
+        r = await client.get("/batch", params={"step": 0})
+        assert r.status_code == 500 and "cannot be served as JSON" in r.json()["message"]
+        status = (await client.get("/status")).json()
+        assert (status["current_step"], status["queue_size"]) == (0, 2)
+    r = await client.get("/batch", params={"step": 0}, headers={"Accept": MSGPACK})
+    assert r.status_code == 200 and len(decode_batch(r.content)) == 2
+    assert (await client.get("/status")).json()["current_step"] == 1
