@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from api import wandb_stats
 from api.auth import require_api_key
 from api.errors import HTTP_CODES, RollbufError, error_body
+from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
 from api.limits import QueueLimits
 from api.logs import log_error, log_validation_errors
@@ -25,7 +26,7 @@ from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, ops, trainer
 from api.service import Service
-from api.settings import Settings
+from api.settings import Settings, door_hosts, door_keys
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
@@ -81,8 +82,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         compresslevel=settings.gzip_level,
         exclude_content_types=MSGPACK_TYPES,
     )
+    door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
+    app.add_middleware(FrontDoor, door=door)  # before any route, any body read
     if settings.metrics:
-        app.add_middleware(ObserveRequests)  # outermost: times the whole request, gzip included
+        app.add_middleware(ObserveRequests)  # outermost: times the whole request, gzip and refusals included
     app.add_exception_handler(RollbufError, _render_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _render_http_error)  # type: ignore[arg-type]
@@ -96,7 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
-    if settings.api_key is None:
+    if door.keys is None:
         drop_auth(app)
     declare_limits(
         app,

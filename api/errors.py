@@ -61,6 +61,13 @@ class Conflict(RollbufError):
     code = "conflict"
 
 
+class Forbidden(RollbufError):
+    """The caller's key may not do this (its role, or another key's env)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
 class NotFound(RollbufError):
     status_code = 404
     code = "not_found"
@@ -96,6 +103,7 @@ class Unavailable(RollbufError):
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",

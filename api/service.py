@@ -18,9 +18,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from api import state, stats, submissions
+from api.access import ANONYMOUS, Identity
 from api.batches import BatchWaiting, FormedBatch
 from api.body import INLINE_PARSE, off_loop
-from api.errors import Conflict, InvalidData, NotFound, Unavailable
+from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
 from api.formation import batch_txn
 from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, submit_txn
 from api.limits import QueueLimits
@@ -120,7 +121,7 @@ class Service:
 
     # ----------------------------------------------------------------------------- envs
 
-    async def register_env(self, reg: RegisterEnv) -> EnvRegistered | None:
+    async def register_env(self, reg: RegisterEnv, caller: Identity = ANONYMOUS) -> EnvRegistered | None:
         """None while the trainer has not asked for its first batch (envs are told to wait)."""
 
         def txn_fn(txn: Txn) -> tuple[EnvRegistered | None, RunState]:
@@ -143,6 +144,7 @@ class Service:
                 group_size=reg.group_size,
                 max_token_length=reg.max_token_length,
                 min_batch_allocation=reg.min_batch_allocation,
+                owner=None if caller is ANONYMOUS else caller.name,
             )
             after = state.save_env(txn, run, env)
             warning = None
@@ -165,7 +167,7 @@ class Service:
         reply, self._run = await self.store.transact(txn_fn)
         return reply
 
-    async def disconnect_env(self, env_id: int) -> str | None:
+    async def disconnect_env(self, env_id: int, caller: Identity = ANONYMOUS) -> str | None:
         """None on success, else why not (Atropos answers failures in-band)."""
 
         def txn_fn(txn: Txn) -> tuple[str | None, RunState]:
@@ -173,6 +175,7 @@ class Service:
             env = run.env(env_id)
             if env is None:
                 return f"no environment with env_id {env_id}", run
+            check_owner(caller, env, ("body", "env_id"))
             return None, state.save_env(txn, run, replace(env, connected=False))
 
         error, self._run = await self.store.transact(txn_fn)
@@ -181,7 +184,13 @@ class Service:
     # ----------------------------------------------------------------------------- ingest
 
     async def ingest(
-        self, raw: bytes | bytearray, content_type: str | None, *, many: bool, key: str | None = None
+        self,
+        raw: bytes | bytearray,
+        content_type: str | None,
+        *,
+        many: bool,
+        key: str | None = None,
+        caller: Identity = ANONYMOUS,
     ) -> list[ScoredReply]:
         """Validate a request's groups (`api.submissions.decode`: JSON or msgpack, one or a list, `key` the
         request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing.
@@ -203,6 +212,10 @@ class Service:
                     raise
                 run, remembered = fresh, False
                 continue
+            for sub in subs:
+                env = None if sub.env_id is None else run.env(sub.env_id)
+                if env is not None:
+                    check_owner(caller, env, (*sub.loc, "env_id"))
             try:
                 return await self.store_submissions(subs, run)
             except StaleRun as stale:
@@ -314,3 +327,10 @@ class Service:
 
         reply, self._run = await self.store.read(txn_fn)
         return reply
+
+
+def check_owner(caller: Identity, env: EnvRecord, loc: tuple[str | int, ...]) -> None:
+    """An env key uses only the envs it registered (bound to its name, so rotating its secret keeps them)."""
+    if caller.role == "env" and env.owner != caller.name:
+        owner = "no key" if env.owner is None else f"key {env.owner!r}"
+        raise Forbidden(f"env {env.env_id} was registered by {owner}, not by {caller.name!r}", loc=loc)

@@ -4,11 +4,15 @@ defaults (docs/settings.md)."""
 from __future__ import annotations
 
 import ipaddress
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.access import MIN_SECRET, Key, KeyFile, parse_keys
 from api.store import redacted
 
 MiB = 1024 * 1024
@@ -47,7 +51,17 @@ class Settings(BaseSettings):
     cores."""
 
     api_key: SecretStr | None = None
-    """Bearer token every request must carry (`Authorization: Bearer <key>`); none: no auth."""
+    """An admin key (`Authorization: Bearer <key>`), named "admin"; with it or `api_keys`, every request but the
+    public ones needs a key. None and no `api_keys`: no auth (Atropos's model)."""
+    api_keys: SecretStr | None = None
+    """Keys with roles, `name role secret` each, separated by newlines or `;` (docs/security.md)."""
+    api_keys_file: Path | None = None
+    """A file of keys as in `api_keys`, read again when it changes: rotate a key by rewriting the file."""
+    allowed_hosts: list[str] | None = None
+    """`Host` names the server answers to (`*.example.com`, `loopback`, `*` for any). Default: loopback names
+    only on a keyless loopback server (no DNS rebinding), any otherwise."""
+    allow_simple_content_types: bool = False
+    """Accept JSON bodies sent as `text/plain` or forms (what a web page may send cross-site without asking)."""
     allow_unauthenticated: bool = False
     """Listen on a non-loopback interface without `api_key` (anyone who can reach the port can reset the run)."""
 
@@ -113,7 +127,16 @@ class Settings(BaseSettings):
                 f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes + max_decompressed_bytes "
                 f"({self.max_body_bytes + self.max_decompressed_bytes}): a valid gzip request could never be read"
             )
-        if self.api_key is None and not self.allow_unauthenticated and not _is_loopback(self.host):
+        keyed = self.api_key is not None or self.api_keys is not None or self.api_keys_file is not None
+        short = self.api_key is not None and len(self.api_key.get_secret_value()) < MIN_SECRET
+        if short and not _is_loopback(self.host):
+            raise ValueError(
+                f"api_key is shorter than {MIN_SECRET} characters on {self.host}, reachable from other machines: "
+                "a key that can be guessed is no key"
+            )
+        if self.api_keys is not None:
+            parse_keys(self.api_keys.get_secret_value(), "api_keys")
+        if not keyed and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is reachable from other machines and no api_key is set: "
                 "set --api-key (ROLLBUF_API_KEY), or --allow-unauthenticated to accept that"
@@ -138,7 +161,31 @@ def to_environ(settings: Settings) -> dict[str, str]:
         value = getattr(settings, name)
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
+        if isinstance(value, list):
+            out[f"ROLLBUF_{name.upper()}"] = json.dumps(value)
+            continue
         out[f"ROLLBUF_{name.upper()}"] = (
             "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
         )
     return out
+
+
+def door_keys(settings: Settings) -> Callable[[], list[Key]] | None:
+    """The keys the front door checks, as a function (a key file is read again when it changes); None: none."""
+    fixed: list[Key] = []
+    if settings.api_key is not None:
+        fixed.append(Key("admin", "admin", settings.api_key.get_secret_value().encode()))
+    if settings.api_keys is not None:
+        fixed += parse_keys(settings.api_keys.get_secret_value(), "api_keys")
+    if settings.api_keys_file is not None:
+        keyfile = KeyFile(settings.api_keys_file)
+        return lambda: [*fixed, *keyfile.current()]
+    return (lambda: fixed) if fixed else None
+
+
+def door_hosts(settings: Settings) -> tuple[str, ...] | None:
+    """`allowed_hosts`, or its default: loopback names on a keyless loopback server, any host otherwise."""
+    if settings.allowed_hosts is not None:
+        return tuple(h.lower() for h in settings.allowed_hosts)
+    keyed = settings.api_key is not None or settings.api_keys is not None or settings.api_keys_file is not None
+    return ("loopback",) if not keyed and _is_loopback(settings.host) else None

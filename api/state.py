@@ -34,6 +34,8 @@ class EnvRecord:
     max_token_length: int
     min_batch_allocation: float | None
     connected: bool = True
+    owner: str | None = None
+    """The name of the key that registered it (servers with keys): only that key's env role may use it."""
 
 
 @dataclass(slots=True)

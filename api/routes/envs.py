@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 from api.body import parse_json, read_body
 from api.deps import BodyHoldDep, ServiceDep, SettingsDep
 from api.errors import InvalidData
+from api.frontdoor import identity_of
 from api.openapi import errors
 from api.records import MSGPACK, dumps
 from api.schema import (
@@ -50,9 +51,10 @@ def _body_doc(
 async def register_env(
     body: Annotated[RegisterEnv, Body(openapi_examples={"env": {"summary": "Groups of 2", "value": ENV_EXAMPLE}})],
     service: ServiceDep,
+    request: Request,
 ) -> dict[str, Any]:
     """Register a rollout handler; before the trainer's first /batch it is told to wait."""
-    registered = await service.register_env(body)
+    registered = await service.register_env(body, identity_of(request.scope))
     if registered is None:
         return {"status": "wait for trainer to start"}
     return registered.model_dump(exclude_none=True)
@@ -65,9 +67,10 @@ async def disconnect_env(
         EnvIdentifier, Body(openapi_examples={"env": {"summary": "The first env", "value": {"env_id": 0}}})
     ],
     service: ServiceDep,
+    request: Request,
 ) -> dict[str, str]:
     """Mark an env as gone: its minimum allocation no longer holds batches back. Its queued data stays."""
-    error = await service.disconnect_env(body.env_id)
+    error = await service.disconnect_env(body.env_id, identity_of(request.scope))
     return {"status": "success"} if error is None else {"status": "failure", "error": error}
 
 
@@ -121,7 +124,8 @@ async def scored_data(
         request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
     )
     content_type = request.headers.get("content-type")
-    [reply] = await service.ingest(raw, content_type, many=False, key=request_key(idempotency_key))
+    caller = identity_of(request.scope)
+    [reply] = await service.ingest(raw, content_type, many=False, key=request_key(idempotency_key), caller=caller)
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
@@ -141,7 +145,9 @@ async def scored_data_list(request: Request, service: ServiceDep, settings: Sett
     raw = await read_body(
         request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
     )
-    replies = await service.ingest(raw, request.headers.get("content-type"), many=True)
+    replies = await service.ingest(
+        raw, request.headers.get("content-type"), many=True, caller=identity_of(request.scope)
+    )
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)
     out = ScoredListReply(

@@ -32,4 +32,6 @@ def test_public_interface_without_key_is_refused() -> None:
     with pytest.raises(ValidationError, match="no api_key is set"):
         Settings(host="0.0.0.0")
     assert Settings(host="0.0.0.0", allow_unauthenticated=True).host == "0.0.0.0"
-    assert Settings(host="0.0.0.0", api_key="k").api_key is not None
+    assert Settings(host="0.0.0.0", api_key="k" * 16).api_key is not None
+    with pytest.raises(ValidationError, match="shorter than 16 characters on 0.0.0.0"):
+        Settings(host="0.0.0.0", api_key="k")  # accepted before: a key that can be guessed

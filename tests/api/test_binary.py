@@ -264,7 +264,7 @@ def test_no_server_errors_on_any_binary_body(records: list[bytes], as_list: bool
         app = create_app(Settings(store="memory://", max_batch_wait=0))
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 await start(c, batch_size=4)  # a valid group of 4 forms a batch: shares get exercised too
                 if as_list:
                     replies = [await c.post("/scored_data_list", content=encode_submission_list(records), headers=BIN)]

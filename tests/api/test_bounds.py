@@ -34,7 +34,7 @@ async def tight(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, ob
     app = create_app(bounded)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             yield c, app.state.body_budget
 
 
@@ -99,7 +99,7 @@ async def test_metadata_counts_against_the_queue_byte_limit(settings: Settings) 
     app = create_app(bounded)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             await start(client)
             answers = []
             for i in range(6):
@@ -127,7 +127,7 @@ async def test_refusals_are_counted_without_a_write_each(settings: Settings) -> 
     app = create_app(settings.model_copy(update={"max_queue_groups": 1}))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             await start(client)
             assert (await client.post("/scored_data", json=group(4, env_id=0))).status_code == 200
             service = app.state.service
@@ -154,6 +154,6 @@ async def test_refusals_are_counted_without_a_write_each(settings: Settings) -> 
     if settings.store != "memory://":
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 metrics = (await client.get("/metrics")).text
                 assert 'rollbuf_backpressure_rejections_total{env="math_0"} 50.0' in metrics

@@ -43,7 +43,7 @@ async def probe(requests: list[tuple[str, Any, dict[str, str]]]) -> list[int]:
     codes = []
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             await c.post("/register", json=registration())
             await c.get("/batch")
             await c.post("/register-env", json=env())

@@ -187,7 +187,7 @@ async def test_token_limit_capacity_is_known_before_any_data() -> None:
     app = create_app(Settings(store="memory://", max_queue_tokens=20_000))
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c,
     ):
         await start(c)
         capacity = (await c.get("/status-env", params={"env_id": 0})).json()["queue_capacity_groups"]

@@ -28,7 +28,7 @@ DOCS = Path(__file__).parents[2] / "docs"
 async def run_client(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings.model_copy(update={"max_env_queue_groups": MAX_ENV_QUEUE_GROUPS}))
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rollbuf.test") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             yield c
 
 
@@ -54,7 +54,7 @@ async def test_reset_clears_the_run_counters(run_client: httpx.AsyncClient) -> N
 async def test_metrics_off(settings: Settings) -> None:
     app = create_app(settings.model_copy(update={"metrics": False}))
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             assert (await c.get("/metrics")).status_code == 404
             assert (await c.get("/dashboard/data")).status_code == 200
             assert "x-request-id" not in (await c.get("/healthz")).headers
@@ -70,7 +70,7 @@ async def test_readyz_is_503_while_the_sqlite_file_is_locked(tmp_path: Path) -> 
     db = tmp_path / "r.db"
     app = create_app(Settings(store=f"sqlite:///{db}"))
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             assert (await c.get("/readyz")).status_code == 200
             holder = sqlite3.connect(db, isolation_level=None)
             holder.execute("BEGIN EXCLUSIVE")
@@ -88,7 +88,7 @@ async def test_readyz_is_503_while_the_sqlite_file_is_locked(tmp_path: Path) -> 
 async def test_probes_and_dashboard_page_are_open_metrics_need_the_key(tmp_path: Path) -> None:
     app = create_app(Settings(store="memory://", api_key="s3cret"))
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             for path in ("/healthz", "/readyz", "/dashboard"):
                 assert (await c.get(path)).status_code == 200, path
             for path in ("/metrics", "/dashboard/data"):

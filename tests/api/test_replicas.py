@@ -33,7 +33,9 @@ async def replicas(dbname: str) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.
             await stack.enter_async_context(app.router.lifespan_context(app))
             transport = httpx.ASGITransport(app=app)
             clients.append(
-                await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url=f"http://{name}.test"))
+                await stack.enter_async_context(
+                    httpx.AsyncClient(transport=transport, base_url=f"http://{name}.localhost")
+                )
             )
         yield clients[0], clients[1]
 

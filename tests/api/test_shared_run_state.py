@@ -37,7 +37,9 @@ async def two(store_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.As
             await stack.enter_async_context(app.router.lifespan_context(app))
             transport = httpx.ASGITransport(app=app)
             clients.append(
-                await stack.enter_async_context(httpx.AsyncClient(transport=transport, base_url=f"http://{name}.test"))
+                await stack.enter_async_context(
+                    httpx.AsyncClient(transport=transport, base_url=f"http://{name}.localhost")
+                )
             )
         yield clients[0], clients[1]
 

@@ -34,7 +34,7 @@ async def test_offline_run_files_hold_the_buffer_stats(offline: Path) -> None:
     async with app.router.lifespan_context(app):
         stats_logger = app.state.wandb_stats
         assert stats_logger is not None
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             await small_run(c)
         logged = stats_logger.logged
         for _ in range(600):  # wait (polling) for logs that saw the whole run, twice (the last: nothing new)

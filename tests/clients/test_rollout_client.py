@@ -31,7 +31,7 @@ def scripted(replies: list[httpx.Response | Exception], seen: list[httpx.Request
             raise reply
         return reply
 
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://rollbuf.test")
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://localhost")
     return RolloutClient(http_client=http, retry_deadline=5.0, prefer_binary=False)
 
 

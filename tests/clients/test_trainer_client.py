@@ -144,7 +144,7 @@ async def test_async_client_long_polls_until_data_arrives(settings: Settings) ->
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             async with AsyncTrainerClient(http_client=http) as rb:
                 await rb.register(batch_size=8, max_token_len=64)
                 batches = rb.batches(wait=20)

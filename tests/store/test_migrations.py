@@ -94,7 +94,7 @@ async def served(store: str) -> None:
     app = create_app(Settings(store=store))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             status = (await c.get("/status")).json()
             assert (status["current_step"], status["queue_size"]) == (0, 3)
             assert status["queued_bytes"] > 0  # counted from the payloads by the migration that added the count

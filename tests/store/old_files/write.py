@@ -34,7 +34,7 @@ async def fill(store: str) -> None:
     app = create_app(Settings(store=store))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://rollbuf.test") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             for method, path, body in [
                 ("POST", "/register", registration(batch_size=8)),
                 ("GET", "/batch", None),  # the trainer polls: envs may register now

@@ -1,0 +1,164 @@
+"""Who may do what: API keys with roles, and which roles each route admits. Pure: no request, no I/O but reading
+a key file (`KeyFile`), so the matrix is tested alone (tests/unit/test_access.py).
+
+Three roles (docs/security.md): `env` (a rollout handler: register envs, submit to its own, read status),
+`trainer` (register the run, take batches, reset it), `admin` (everything). A key has a name, a role and a
+secret; env ids are bound to the key's name, so rotating a secret keeps the envs it registered. Without keys
+every request is the anonymous caller, as with Atropos, and may do everything.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Role = Literal["env", "trainer", "admin"]
+ROLES: tuple[Role, ...] = ("env", "trainer", "admin")
+MIN_SECRET = 16
+"""Shortest secret accepted: a key that can be guessed is no key."""
+RELOAD_CHECK_S = 1.0
+"""A key file is checked for changes at most this often (a stat), so a rotation needs no restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The caller, as its key names it."""
+
+    name: str
+    role: Role
+
+
+ANONYMOUS = Identity("anonymous", "admin")
+"""The caller when the server has no keys (Atropos's model: whoever reaches the port may do everything)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    name: str
+    role: Role
+    secret: bytes
+
+
+def parse_keys(text: str, where: str) -> list[Key]:
+    """Keys, one per line (or separated by `;`): `name role secret`; `#` starts a comment. Raises ValueError
+    naming the line for anything else, a short secret, or a name or secret used twice."""
+    keys: list[Key] = []
+    for n, line in enumerate(text.replace(";", "\n").splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 3:
+            raise ValueError(f"{where}, entry {n}: expected 'name role secret', got {len(parts)} fields")
+        name, role, secret = parts
+        if role not in ROLES:
+            raise ValueError(f"{where}, entry {n}: role {role!r} is not one of {', '.join(ROLES)}")
+        if len(secret) < MIN_SECRET:
+            raise ValueError(f"{where}, entry {n}: the secret of {name!r} is shorter than {MIN_SECRET} characters")
+        keys.append(Key(name, role, secret.encode()))
+    for attr in ("name", "secret"):
+        seen = [getattr(k, attr) for k in keys]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"{where}: a key {attr} is used twice")
+    return keys
+
+
+def identify(keys: Iterable[Key], token: str | None) -> Identity | None:
+    """The key's identity, or None. Every secret is compared, in constant time, whatever matches."""
+    sent = (token or "").encode()
+    found = None
+    for key in keys:
+        if hmac.compare_digest(sent, key.secret) and token:
+            found = Identity(key.name, key.role)
+    return found
+
+
+class KeyFile:
+    """Keys from a file, read again when it changes (checked at most every RELOAD_CHECK_S): a rotation is
+    writing the new file. A file that stops parsing keeps the keys last read, and says why once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[float, int] | None = None
+        self._checked = 0.0
+        self.keys: list[Key] = []
+        self.error: str | None = None
+        self._read()
+        if self.error:
+            raise ValueError(self.error)
+
+    def current(self) -> list[Key]:
+        now = time.monotonic()
+        if now - self._checked >= RELOAD_CHECK_S:
+            self._checked = now
+            self._read()
+        return self.keys
+
+    def _read(self) -> None:
+        try:
+            st = os.stat(self.path)
+            if (st.st_mtime, st.st_size) == self._stamp:
+                return
+            keys = parse_keys(self.path.read_text(), str(self.path))
+        except (OSError, ValueError) as exc:
+            self.error = str(exc)
+            return
+        self._stamp, self.keys, self.error = (st.st_mtime, st.st_size), keys, None
+
+
+# ------------------------------------------------------------------------------------------------ the matrix
+
+PUBLIC = "public"
+ANY_KEY: frozenset[Role] = frozenset(ROLES)
+ENV_SIDE: frozenset[Role] = frozenset({"env", "admin"})
+TRAINER_SIDE: frozenset[Role] = frozenset({"trainer", "admin"})
+
+ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
+    # health checks, the API's description and the dashboard's page: no data, no key
+    ("GET", "/"): PUBLIC,
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/readyz"): PUBLIC,
+    ("GET", "/docs"): PUBLIC,
+    ("GET", "/docs/oauth2-redirect"): PUBLIC,
+    ("GET", "/redoc"): PUBLIC,
+    ("GET", "/openapi.json"): PUBLIC,
+    ("GET", "/dashboard"): PUBLIC,
+    # a rollout handler's
+    ("POST", "/register-env"): ENV_SIDE,
+    ("POST", "/scored_data"): ENV_SIDE,
+    ("POST", "/scored_data_list"): ENV_SIDE,
+    ("POST", "/disconnect-env"): ENV_SIDE,
+    ("GET", "/status-env"): ANY_KEY,
+    # the trainer's (Atropos trainers call /reset_data to start a run)
+    ("POST", "/register"): TRAINER_SIDE,
+    ("GET", "/batch"): TRAINER_SIDE,
+    ("GET", "/reset_data"): TRAINER_SIDE,
+    ("GET", "/latest_example"): TRAINER_SIDE,
+    # views anyone with a key reads
+    ("GET", "/status"): ANY_KEY,
+    ("GET", "/info"): ANY_KEY,
+    ("GET", "/wandb_info"): ANY_KEY,
+    ("GET", "/metrics"): ANY_KEY,
+    ("GET", "/dashboard/data"): ANY_KEY,
+}
+"""Every route and the roles it admits. A path not listed (a 404, a wrong method) needs any valid key; a route
+added to the app must be added here (tests/unit/test_access.py checks that the two agree)."""
+PUBLIC_PREFIXES = ("/static-offline-docs/",)
+"""The files the API's description pages load."""
+
+
+def admits(method: str, path: str) -> frozenset[Role] | str:
+    """The roles that may call this route (or PUBLIC)."""
+    if method == "HEAD":
+        method = "GET"
+    rule = ROUTES.get((method, path))
+    if rule is not None:
+        return rule
+    if method == "GET" and path.startswith(PUBLIC_PREFIXES):
+        return PUBLIC
+    return ANY_KEY
