@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
-from api import wandb_stats
+from api import connections, wandb_stats
 from api.auth import require_api_key
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.frontdoor import Door, FrontDoor
@@ -75,6 +75,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swagger_ui_parameters={"tryItOutEnabled": True},
     )
     app.state.settings = settings
+    connections.configure(
+        settings.max_header_bytes, settings.header_timeout, settings.body_timeout, settings.max_connections
+    )
     app.state.body_budget = BodyBudget(settings.max_inflight_bytes, settings.retry_after)
     app.add_middleware(
         GZipMiddleware,

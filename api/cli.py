@@ -35,6 +35,8 @@ COMMANDS_GROUP = "rollbuf.commands"
 command's arguments and its first docstring line shown in the usage."""
 
 PROG = "rollbuf serve"
+PROTOCOL = "api.connections:BoundedHttpToolsProtocol"
+"""uvicorn's httptools protocol with head, time and connection bounds (its limits set by `create_app`)."""
 EXIT_CONFIG = 2
 """argparse's exit code for a usage error; rollbuf uses it for every configuration error."""
 
@@ -50,6 +52,12 @@ METAVARS = {
     "retry_after": "SECONDS",
     "max_batch_wait": "SECONDS",
     "shutdown_timeout": "SECONDS",
+    "header_timeout": "SECONDS",
+    "body_timeout": "SECONDS",
+    "keepalive_timeout": "SECONDS",
+    "max_header_bytes": "BYTES",
+    "api_keys": "KEYS",
+    "api_keys_file": "PATH",
 }
 """What a flag's value is, for `--help`; other flags get N for integers and VALUE otherwise. pydantic-settings
 would show the Python type (`{SecretStr,null}`), which says nothing to an operator."""
@@ -91,6 +99,8 @@ class Serve(Settings):
                 log_level=settings.log_level,
                 log_config=logging,
                 timeout_graceful_shutdown=settings.shutdown_timeout,
+                http=PROTOCOL,
+                timeout_keep_alive=settings.keepalive_timeout,
             )
             return
         # Worker processes import the app factory and read their settings from the environment; their
@@ -109,6 +119,8 @@ class Serve(Settings):
                 log_level=settings.log_level,
                 log_config=logging,
                 timeout_graceful_shutdown=settings.shutdown_timeout,
+                http=PROTOCOL,
+                timeout_keep_alive=settings.keepalive_timeout,
             )
         finally:
             if own_dir:

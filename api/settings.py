@@ -101,6 +101,17 @@ class Settings(BaseSettings):
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
     max_world_size: int = Field(4096, ge=1)
     """Largest `world_size` of `GET /batch` (422 beyond): ranks cost memory and time when a batch is split."""
+    max_header_bytes: int = Field(64 * 1024, ge=4096)
+    """Largest request head (request line and headers); 431 beyond, before it is read whole."""
+    header_timeout: float = Field(10.0, gt=0)
+    """Seconds a request head may take to arrive, from the connection or its first byte (408 beyond)."""
+    body_timeout: float = Field(30.0, gt=0)
+    """Seconds a request body may pause between two chunks before the connection is closed."""
+    keepalive_timeout: int = Field(5, gt=0)
+    """Seconds an idle keep-alive connection is held open."""
+    max_connections: int = Field(1000, ge=16)
+    """Connections held at once (lowered to what the process's descriptor limit leaves); past it the
+    connection idle longest is closed to make room."""
     shutdown_timeout: int = Field(5, gt=0)
     """Seconds a stopping server (SIGTERM) waits for requests in flight, long-polls included, before it cancels
     them (their clients retry): inside a container runtime's stop grace period (10 s), so a stop is clean

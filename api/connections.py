@@ -1,0 +1,177 @@
+"""The HTTP connection layer `rollbuf serve` runs: uvicorn's httptools protocol with the bounds it lacks.
+
+uvicorn's default parser has no limit on a request's head (one 100 MB header was read whole, its cost growing
+with the square of its size, before any auth), no timeout while a head or a body is coming in (headers one
+byte per second, or a body that never ends, held a connection forever) and none on a connection that never
+sends anything; and nothing bounds the connections held (1,100 idle ones used up a 1,024-descriptor limit,
+and innocent clients got resets). Here: a head is at most `max_header_bytes` (431 past it), must be complete
+within `header_timeout` of its first byte or of the connection (408), a body may pause at most `body_timeout`
+between two chunks, and past `max_connections` the connection idle longest makes room for a new one (one that
+has not sent a whole head counts as idle). Refusals use the service's one error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from typing import Any, ClassVar
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.errors import error_body
+
+log = logging.getLogger("rollbuf")
+
+RESERVED_FDS = 64
+"""Descriptors kept free of connections: the store's files, logs, the listening socket."""
+REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+class Limits:
+    """The bounds, set once per process from the settings (`configure`)."""
+
+    max_header_bytes = 64 * 1024
+    header_timeout = 10.0
+    body_timeout = 30.0
+    max_connections = 1000
+
+
+def configure(max_header_bytes: int, header_timeout: float, body_timeout: float, max_connections: int) -> int:
+    """Set this process's bounds; `max_connections` is lowered to what the descriptor limit leaves. Returns it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = max(16, soft - RESERVED_FDS) if soft != resource.RLIM_INFINITY else max_connections
+    Limits.max_header_bytes = max_header_bytes
+    Limits.header_timeout = header_timeout
+    Limits.body_timeout = body_timeout
+    Limits.max_connections = min(max_connections, room)
+    return Limits.max_connections
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """`HttpToolsProtocol` with head, time and connection bounds (see the module's docstring)."""
+
+    _last_evict_log: ClassVar[float] = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._idle_since = time.monotonic()
+
+    # --- connections ---
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+        if len(self.connections) > Limits.max_connections:
+            self._make_room()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def _idle(self) -> bool:
+        return (self.cycle is None or self.cycle.response_complete) and (self._in_head or self._head_bytes == 0)
+
+    def _make_room(self) -> None:
+        idle = [c for c in self.connections if isinstance(c, BoundedHttpToolsProtocol) and c is not self and c._idle()]
+        if not idle:
+            return  # every connection is busy: this one waits its turn in the kernel's buffers
+        oldest = min(idle, key=lambda c: c._idle_since)
+        now = time.monotonic()
+        if now - BoundedHttpToolsProtocol._last_evict_log > 10:
+            BoundedHttpToolsProtocol._last_evict_log = now
+            log.warning("%d connections (max_connections): closing the longest idle ones", len(self.connections))
+        oldest.transport.close()
+
+    # --- the head ---
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > Limits.max_header_bytes and not self.transport.is_closing():
+            self._refuse(431, "headers_too_large", f"request head over {Limits.max_header_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().on_headers_complete()
+        if not self.transport.is_closing() and self.cycle is not None and self.cycle.more_body:
+            self._arm_body_timer()
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(Limits.header_timeout, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            if self._head_bytes:
+                self._refuse(408, "timeout", f"request head not complete within {Limits.header_timeout:g} s")
+            else:
+                self.transport.close()  # a connection that never sent anything: nothing to answer
+
+    # --- the body ---
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm_body_timer()
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        super().on_message_complete()
+        self._in_head = True
+        self._head_bytes = 0
+
+    def _arm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+        self._body_timer = self.loop.call_later(Limits.body_timeout, self._body_timed_out)
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # the server is behind, not the client: wait on
+            self._arm_body_timer()
+            return
+        log.info("closing a connection whose body paused over %g s (body_timeout)", Limits.body_timeout)
+        self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._idle_since = time.monotonic()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+
+    # --- refusals in the service's error shape ---
+    def send_400_response(self, msg: str) -> None:
+        self._refuse(400, "bad_request", msg)
+
+    def _refuse(self, status: int, code: str, msg: str) -> None:
+        body = orjson.dumps(error_body(code, [{"loc": ["header"], "msg": msg, "type": code}], msg))
+        head = (
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            % (status, REASONS[status], len(body))
+        )
+        self.transport.write(head + body)
+        self.transport.close()
+        self._cancel_timers()

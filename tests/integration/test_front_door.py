@@ -1,0 +1,162 @@
+"""The front door against real `rollbuf serve` processes: who may call what (every route x every kind of
+caller), what a web page on the machine can no longer do, and what is refused before it is read (bodies
+without a key, huge heads, idle connections past the descriptor limit)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.access import ROUTES
+from tests.factories import env, group, registration
+from tests.servers import ServerProcess, running_server, start_server
+
+pytestmark = pytest.mark.integration
+KEYS = {
+    "env": "env-secret-0123456789",
+    "trainer": "trainer-secret-0123456789",
+    "admin": "admin-secret-0123456789",
+}
+WRONG = "wrong-secret-0123456789"
+MiB = 1 << 20
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def headers(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def keyed(tmp_path: Path) -> Iterator[ServerProcess]:
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("".join(f"{role}-1 {role} {secret}\n" for role, secret in KEYS.items()))
+    with running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile),
+                        "--max-batch-wait", "0") as server:  # fmt: skip
+        yield server
+
+
+def test_every_route_admits_exactly_its_roles(keyed: ServerProcess) -> None:
+    with httpx.Client(base_url=keyed.url) as c:
+        callers: dict[str, str | None] = {"no key": None, "wrong key": WRONG, **KEYS}
+        for (method, path), rule in sorted(ROUTES.items()):
+            for caller, key in callers.items():
+                r = c.request(method, path, headers=headers(key), content=b"{}" if method == "POST" else None)
+                if rule == "public":
+                    assert r.status_code not in (401, 403), (method, path, caller, r.text)
+                elif key is None or key == WRONG:
+                    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (method, path, caller)
+                elif caller in rule:
+                    assert r.status_code not in (401, 403), (method, path, caller, r.text)
+                else:
+                    assert r.status_code == 403 and caller in r.json()["message"], (method, path, caller, r.text)
+
+
+def test_an_env_key_uses_only_its_own_envs(keyed: ServerProcess, tmp_path: Path) -> None:
+    with httpx.Client(base_url=keyed.url) as c:
+        trainer, env_key, admin = (headers(KEYS[r]) for r in ("trainer", "env", "admin"))
+        assert c.post("/register", json=registration(batch_size=8), headers=trainer).status_code == 200
+        c.get("/batch", headers=trainer)
+        mine = c.post("/register-env", json=env("mine"), headers=env_key).json()["env_id"]
+        theirs = c.post("/register-env", json=env("theirs"), headers=admin).json()["env_id"]
+        assert c.post("/scored_data", json=group(4, env_id=mine), headers=env_key).status_code == 200
+        r = c.post("/scored_data", json=group(4, env_id=theirs, seed=1), headers=env_key)
+        assert r.status_code == 403 and r.json()["errors"][0]["loc"] == ["body", "env_id"]
+        r = c.post("/disconnect-env", json={"env_id": theirs}, headers=env_key)
+        assert r.status_code == 403
+        assert c.post("/scored_data", json=group(4, env_id=theirs, seed=2), headers=admin).status_code == 200
+        assert c.get("/status", headers=env_key).json()["queue_size"] == 2
+
+
+def test_a_web_page_on_the_machine_cannot_reach_a_keyless_server(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
+        assert c.post("/register", json=registration(batch_size=8)).status_code == 200
+        c.get("/batch")
+        env_id = c.post("/register-env", json=env()).json()["env_id"]
+        # <form> or fetch(..., {mode: "no-cors"}) from another site: no preflight, so refused by what it carries
+        r = c.get("/reset_data", headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403 and "cross-site" in r.json()["message"]
+        r = c.get("/reset_data", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"})
+        assert r.status_code == 403  # <img src=".../reset_data">: no Origin, but the fetch metadata says it
+        body = json.dumps(group(4, env_id=env_id))
+        text = c.post("/scored_data", content=body, headers={"Content-Type": "text/plain"})
+        assert text.status_code == 415
+        # DNS rebinding: evil.example resolving to 127.0.0.1 reaches the port with its own Host
+        assert c.get("/status", headers={"Host": "evil.example:8000"}).status_code == 421
+        # Atropos's clients, and the dashboard's own page, are unaffected
+        assert c.post("/scored_data", json=group(4, env_id=env_id)).status_code == 200
+        same = c.get("/status", headers={"Origin": server.url, "Sec-Fetch-Site": "same-origin"})
+        assert same.status_code == 200 and same.json()["queue_size"] == 1
+        assert c.get("/dashboard", headers={"Sec-Fetch-Site": "cross-site"}).status_code == 200
+
+
+def test_a_body_without_a_key_is_refused_before_it_is_read(keyed: ServerProcess) -> None:
+    """300 MB with no key once took 16 s, 1.9 GB and stalled every other client: refused on its headers."""
+    before = rss_kb(keyed.proc.pid)
+    for path in ("/register", "/register-env", "/scored_data"):
+        with socket.create_connection(("127.0.0.1", keyed.port)) as sock:
+            head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {300 * MiB}\r\n\r\n"
+            sock.sendall(head.encode() + b"{" * 65536)
+            with httpx.Client(base_url=keyed.url) as other:  # answered meanwhile
+                assert other.get("/healthz").status_code == 200
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert rss_kb(keyed.proc.pid) - before < 50 * 1024
+
+
+def test_a_huge_head_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    """One 100 MB header was read whole (the parser's cost growing with its square) and answered 200."""
+    with running_server("memory://", tmp_path / "server.log") as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+            sent = 0
+            try:
+                while sent < 100 * MiB:
+                    sock.sendall(b"a" * MiB)
+                    sent += MiB
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            sock.settimeout(10)
+            answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 431") and b'"code":"headers_too_large"' in answer, answer[:300]
+        assert sent < 100 * MiB, "the whole header was read"
+
+
+def test_slow_heads_time_out(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "server.log", "--header-timeout", "0.5") as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and then nothing
+            sock.settimeout(10)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 408")
+
+
+def test_idle_connections_past_the_descriptor_limit_do_not_stop_a_client(tmp_path: Path) -> None:
+    """1,100 idle connections once used up a 1,024-descriptor limit (systemd's default): innocent clients got
+    connection resets. Past max_connections the longest idle one makes room."""
+    server = start_server("memory://", tmp_path / "server.log", None, prefix=["prlimit", "--nofile=1024:1024"])
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1100):
+            idle.append(socket.create_connection(("127.0.0.1", server.port)))
+        deadline = time.monotonic() + 30
+        while True:  # the server accepts them one by one: a client among them gets its answer
+            try:
+                with httpx.Client(base_url=server.url, timeout=5) as c:
+                    assert c.get("/healthz").status_code == 200
+                    assert c.get("/status").status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "a legitimate client was never served"
+    finally:
+        for sock in idle:
+            sock.close()
+        server.kill()

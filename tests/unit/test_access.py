@@ -1,0 +1,87 @@
+"""api.access and the front door's pure checks: keys, the role matrix (and that it names every route the app
+has), hosts, cross-site requests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from api import access
+from api.access import ANY_KEY, PUBLIC, ROUTES, Identity, KeyFile, admits, identify, parse_keys
+from api.app import create_app
+from api.frontdoor import cross_site, host_allowed, loopback_host
+from api.settings import Settings
+
+SECRET = "0123456789abcdef"
+
+
+def test_keys_parse_with_roles_and_refuse_what_is_not_a_key() -> None:
+    keys = parse_keys(f"# handlers\nmath env {SECRET}1; trainer trainer {SECRET}2\nops admin {SECRET}3", "keys")
+    assert [(k.name, k.role) for k in keys] == [("math", "env"), ("trainer", "trainer"), ("ops", "admin")]
+    assert identify(keys, f"{SECRET}2") == Identity("trainer", "trainer")
+    assert identify(keys, "wrong") is None and identify(keys, "") is None and identify(keys, None) is None
+    for bad, why in [
+        ("math env", "expected 'name role secret'"),
+        (f"math root {SECRET}", "role 'root' is not one of env, trainer, admin"),
+        ("math env short", "shorter than 16"),
+        (f"a env {SECRET}1\na trainer {SECRET}2", "a key name is used twice"),
+        (f"a env {SECRET}\nb trainer {SECRET}", "a key secret is used twice"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_keys(bad, "keys")
+
+
+def test_a_key_file_is_read_again_when_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"math env {SECRET}old\n")
+    keys = KeyFile(path)
+    assert identify(keys.current(), f"{SECRET}old") == Identity("math", "env")
+    monkeypatch.setattr(access, "RELOAD_CHECK_S", 0.0)
+    path.write_text(f"math env {SECRET}new-rotated\n")  # a rotation: the same name, a new secret
+    deadline = time.monotonic() + 5
+    while identify(keys.current(), f"{SECRET}old") is not None:  # the mtime may need a tick to differ
+        assert time.monotonic() < deadline
+        path.touch()
+    assert identify(keys.current(), f"{SECRET}new-rotated") == Identity("math", "env")
+    path.write_text("not a key file")
+    assert identify(keys.current(), f"{SECRET}new-rotated") is not None and keys.error  # the last good keys stay
+
+
+def test_the_matrix_names_every_route_of_the_app() -> None:
+    app = create_app(Settings(store="memory://"))
+    schema = app.openapi()
+    routes = {(method.upper(), path) for path, ops in schema["paths"].items() for method in ops}
+    routes |= {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}
+    assert routes == set(ROUTES), "a route is missing from api.access.ROUTES (or one listed no longer exists)"
+    assert admits("GET", "/no/such/path") == ANY_KEY and admits("HEAD", "/healthz") == PUBLIC
+    assert admits("GET", "/static-offline-docs/swagger-ui.css") == PUBLIC
+    assert admits("POST", "/batch") == ANY_KEY  # a wrong method needs a key too: scanners learn nothing
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("localhost:8000", True), ("127.0.0.1", True), ("[::1]:8000", True), ("app.localhost", True),
+     ("127.1.2.3:1", True), ("evil.example", False), ("127.0.0.1.evil.example", False), ("10.0.0.1:8000", False)],
+)  # fmt: skip
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert loopback_host(host) is loopback
+    assert host_allowed(host, ("loopback",)) is loopback
+    assert host_allowed(host, None) and host_allowed(host, ("*",))
+
+
+def test_configured_hosts() -> None:
+    assert host_allowed("rollbuf.internal:8000", ("rollbuf.internal",))
+    assert host_allowed("a.svc.cluster.local", ("*.cluster.local",))
+    assert not host_allowed("cluster.local.evil", ("*.cluster.local",)) and not host_allowed(None, ("x",))
+
+
+def test_browser_cross_site_requests_are_recognised() -> None:
+    host = "127.0.0.1:8000"
+    assert cross_site({}, host) is None  # Atropos clients, curl, httpx, requests
+    assert cross_site({b"origin": b"http://127.0.0.1:8000", b"sec-fetch-site": b"same-origin"}, host) is None
+    assert cross_site({b"sec-fetch-site": b"none"}, host) is None  # a URL typed in the address bar
+    assert cross_site({b"origin": b"http://evil.example"}, host) == "Origin 'http://evil.example'"
+    assert cross_site({b"sec-fetch-site": b"cross-site"}, host) == "Sec-Fetch-Site: cross-site"  # <img src=...>
+    assert cross_site({b"origin": b"null"}, host) == "Origin null"  # a sandboxed frame, a file:// page
