@@ -9,9 +9,10 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from api import connections, wandb_stats
 from api.auth import require_api_key
@@ -19,7 +20,7 @@ from api.errors import HTTP_CODES, RollbufError, error_body
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
 from api.limits import QueueLimits
-from api.logs import log_error, log_validation_errors
+from api.logs import log_client_gone, log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
@@ -92,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RollbufError, _render_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _render_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _render_http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _render_crash)
     app.include_router(admin.health)
     app.include_router(ops.probes)
@@ -153,6 +155,12 @@ async def _render_http_error(request: Request, exc: HTTPException) -> JSONRespon
     loc = ["body"] if exc.status_code == 400 else []
     body = error_body(code, [{"loc": loc, "msg": str(exc.detail), "type": code}], exc.detail)
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """The client hung up mid-body: nothing to answer it, nothing stored, one log line."""
+    log_client_gone(request.method, request.url.path)
+    return Response(status_code=400)
 
 
 async def _render_crash(request: Request, exc: Exception) -> JSONResponse:

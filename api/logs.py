@@ -42,7 +42,7 @@ def log_config(level: str, fmt: LogFormat) -> dict[str, Any]:
             "timestamp": "time",  # ISO 8601, UTC
         }
     else:
-        formatter = {"format": TEXT_FORMAT, "datefmt": DATE_FORMAT}
+        formatter = {"()": "api.logs.EscapingFormatter", "fmt": TEXT_FORMAT, "datefmt": DATE_FORMAT}
     level = level.upper()
     return {
         "version": 1,
@@ -64,6 +64,19 @@ def log_config(level: str, fmt: LogFormat) -> dict[str, Any]:
             "uvicorn.access": {"handlers": ["default"], "level": level, "propagate": False},
         },
     }
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), 127] if c not in (9,)}
+_CONTROL[10], _CONTROL[13] = "\\n", "\\r"
+
+
+class EscapingFormatter(logging.Formatter):
+    """Text lines whose message cannot hold a line break or other control characters: a client's string (an
+    env name, a path) cannot forge a log line. Tracebacks, which follow the line, keep theirs."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_CONTROL)
+        return super().formatMessage(record)
 
 
 class RateLimiter:
@@ -114,6 +127,18 @@ def log_refusal(method: str, path: str, status: int, env: str | None, field: str
         return
     more = f" ({held} similar lines held back)" if held else ""
     log.warning("refused %s %s %d env=%s field=%s rule=%s%s", method, path, status, env, field, rule, more)
+
+
+GONE = RateLimiter(interval=10.0, burst=1)
+
+
+def log_client_gone(method: str, path: str) -> None:
+    """A client that went away in the middle of sending its body: one line (no traceback), rate-limited, for
+    a client cutting uploads off cannot flood the log."""
+    held = GONE.allow(("gone",))
+    if held is not None:
+        more = f" ({held} more since the last such line)" if held else ""
+        log.info("client went away while sending its body: %s %s%s", method, path, more)
 
 
 def log_error(method: str, path: str, exc: RollbufError) -> None:

@@ -51,6 +51,21 @@ class _Integers(_Wire):
         return integral_floats(value) if info.field_name in cls.integer_fields else value
 
 
+class _Text(BaseModel):
+    """A model whose strings are stored and printed: each must be valid Unicode (JSON's `\\ud800` escape
+    decodes to a lone surrogate that no store, log or JSON reply can hold: a 422, not a 500)."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _unicode(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("must be valid Unicode (no lone surrogates)") from None
+        return value
+
+
 class _Request(_Integers):
     """A request body FastAPI validates, strictly: a string or boolean where a number belongs is a 422, not
     coerced, so the OpenAPI description is exact. Scored groups are validated the same way by
@@ -102,7 +117,7 @@ REGISTRATION_EXAMPLE: dict[str, Any] = {
 # ----------------------------------------------------------------------------------------------- trainer
 
 
-class Registration(_Request):
+class Registration(_Request, _Text):
     """POST /register: the trainer's run configuration."""
 
     integer_fields = frozenset(
@@ -196,7 +211,7 @@ class Status(_Wire):
 # ----------------------------------------------------------------------------------------------- envs
 
 
-class RegisterEnv(_Request):
+class RegisterEnv(_Request, _Text):
     """POST /register-env: a rollout handler announces itself."""
 
     integer_fields = frozenset(["max_token_length", "group_size"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 REPLY_PARAMS = frozenset({"max_replies", "reply_ttl"})
 """The URL parameters of `ReplyLimits`."""
@@ -16,19 +16,30 @@ MAX_REPLIES = 1_000_000
 """Idempotency replies kept by default, newest first (~200 bytes each): far more retries than clients make."""
 
 
+SECRET_PARAMS = ("password", "sslpassword")
+"""Query parameters libpq reads a secret from (`postgresql://host/db?password=...`)."""
+
+
 def redacted(url: str) -> str:
-    """The URL without its password, for logs and error messages."""
+    """The URL without its password (in the authority or as a query parameter), for logs and errors."""
     parts = urlsplit(url)
-    if parts.password is None:
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    if parts.password is None and not any(k in SECRET_PARAMS for k, _ in params):
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    if parts.password is not None:
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
+    query = [(k, "***" if k in SECRET_PARAMS else v) for k, v in params]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
 
 
 def without_password(text: str, url: str) -> str:
-    """`text` (an error message that may quote the URL) with the URL's password, if any, masked."""
-    password = urlsplit(url).password
-    return text.replace(password, "***") if password else text
+    """`text` (an error message that may quote the URL) with the URL's passwords, if any, masked."""
+    parts = urlsplit(url)
+    secrets = [parts.password] if parts.password else []
+    secrets += [v for k, v in parse_qsl(parts.query) if k in SECRET_PARAMS and v]
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

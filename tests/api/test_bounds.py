@@ -157,3 +157,15 @@ async def test_refusals_are_counted_without_a_write_each(settings: Settings) -> 
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 metrics = (await client.get("/metrics")).text
                 assert 'rollbuf_backpressure_rejections_total{env="math_0"} 50.0' in metrics
+
+
+async def test_lone_surrogates_in_names_are_a_422(client: httpx.AsyncClient) -> None:
+    """JSON's `\\ud800` escape decodes to a string no store or JSON reply can hold: it was a 500."""
+    reg = json.dumps(registration()).replace('"g"', '"g\\ud800"', 1).encode()
+    r = await client.post("/register", content=reg, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"][:1] == ["body"]
+    await client.post("/register", json=registration())
+    await client.get("/batch")
+    named = json.dumps(env(name="math\\ud800")).replace("\\\\ud800", "\\ud800").encode()
+    r = await client.post("/register-env", content=named, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "desired_name"]

@@ -75,7 +75,7 @@ def test_long_poll_holds_nothing_up_and_a_gone_client_takes_no_batch(tmp_path: P
     with running_server("memory://", tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
         c.post("/register", json=registration(batch_size=8))
         held = socket.create_connection(("127.0.0.1", server.port))
-        held.sendall(b"GET /batch?wait=50 HTTP/1.1\r\nHost: rollbuf\r\n\r\n")  # plain /batch, as Atropos asks
+        held.sendall(b"GET /batch?wait=50 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")  # plain /batch, as Atropos asks
         env_id = wait_until_trainer_polls(c)
         assert c.get("/status").json()["current_step"] == 0  # answered while the long-poll is held
         held.setblocking(False)

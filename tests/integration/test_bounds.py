@@ -26,7 +26,7 @@ def body_in_flight(port: int, declared: int) -> Iterator[socket.socket]:
     sock = socket.create_connection(("127.0.0.1", port))
     try:
         head = (
-            "POST /scored_data HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {declared}\r\n\r\n"
         )
         sock.sendall(head.encode() + b" " * 1024)

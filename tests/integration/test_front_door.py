@@ -160,3 +160,25 @@ def test_idle_connections_past_the_descriptor_limit_do_not_stop_a_client(tmp_pat
         for sock in idle:
             sock.close()
         server.kill()
+
+
+def test_uploads_cut_off_and_forged_names_cannot_flood_or_forge_the_log(tmp_path: Path) -> None:
+    """Each upload cut off after one byte logged a 5 KB traceback (10 MB of log in 5.5 s); an env name with a
+    newline wrote a forged line."""
+    log = tmp_path / "server.log"
+    with running_server("memory://", log, "--log-level", "info") as server:
+        with httpx.Client(base_url=server.url) as c:
+            assert c.post("/register", json=registration(batch_size=8)).status_code == 200
+            c.get("/batch")
+            forged = "math\n2026-01-01T00:00:00.000 WARNING [1] rollbuf: forged"
+            env_id = c.post("/register-env", json=env(name=forged)).json()["env_id"]
+            c.post("/scored_data", json=group(4, env_id=env_id, seed=1) | {"scores": [0.0] * 3})  # a refusal line
+            for _ in range(50):
+                with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                    head = "POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n"
+                    sock.sendall(head.encode() + b"{")
+            assert c.get("/healthz").status_code == 200
+    lines = log.read_text().splitlines()
+    assert not any("forged" in line and line.startswith("2026-01-01") for line in lines), lines
+    assert not any("Traceback" in line for line in lines)
+    assert 1 <= sum("client went away while sending its body" in line for line in lines) <= 2

@@ -15,6 +15,11 @@ def test_redacted_masks_only_the_password() -> None:
     assert redacted("postgresql://u:secret@h:5432/db?x=1") == "postgresql://u:***@h:5432/db?x=1"
     assert redacted("postgresql://u@h/db") == "postgresql://u@h/db"
     assert redacted("sqlite:///data/x.db") == "sqlite:///data/x.db"
+    # libpq also reads the password from the query: printed unmasked before
+    assert redacted("postgresql://u@h/db?password=pw&schema=s") == "postgresql://u@h/db?password=***&schema=s"
+    assert without_password("no: postgresql://u@h/db?password=pw", "postgresql://u@h/db?password=pw") == (
+        "no: postgresql://u@h/db?password=***"
+    )
 
 
 @given(st.text("ABCXYZ0123456789", min_size=1, max_size=20))
