@@ -87,6 +87,9 @@ class TimedStore(Store):
     def subscribe(self, callback: Callable[[], None]) -> None:
         self.inner.subscribe(callback)
 
+    def not_ready(self) -> str | None:
+        return self.inner.not_ready()
+
     async def close(self) -> None:
         await self.inner.close()
 

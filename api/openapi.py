@@ -11,7 +11,9 @@ from api.schema import ErrorBody
 
 ERROR_DESCRIPTIONS = {
     400: "Unreadable body: not JSON, bad gzip or an unsupported `Content-Encoding`. Resending it will not help.",
-    401: "Missing or wrong API key (only when the server has one): send `Authorization: Bearer <key>`.",
+    401: "Missing or wrong API key (only when the server has keys): send `Authorization: Bearer <key>`.",
+    403: "The key's role does not admit this route, an env key used another key's env, or a web page's "
+    "cross-site request (docs/security.md).",
     404: "No environment with this `env_id`.",
     409: "Conflicts with the server's state: a registration unlike the run's, a `?step=` ahead of the next "
     "batch, or a group id reused for different content. Nothing was applied.",
@@ -19,8 +21,9 @@ ERROR_DESCRIPTIONS = {
     413: "Body over `max_body_bytes`, or gzip that inflates past `max_decompressed_bytes`.",
     422: "The data breaks a rule: each of `errors` names the field (`loc`) and the rule (`msg`). Nothing of the "
     "request was applied; fix it rather than resend it.",
-    503: "Try again after `Retry-After` seconds: no trainer has registered yet, or the queue is full. Nothing "
-    "was stored.",
+    503: "Try again after `Retry-After` seconds: no trainer has registered yet, the queue is full (`unavailable`), "
+    "the server holds too many request bytes (`busy`), or the store is unreachable or its disk full "
+    "(`store_unavailable`). Nothing was stored.",
 }
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
@@ -40,8 +43,9 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
-SECURED = errors(401)
-"""What routes behind the API key may answer too (documented whether or not a key is set)."""
+SECURED = errors(401, 403, 503)
+"""What routes behind a key may answer too (documented whether or not keys are set): 401 and 403 from the front
+door, 503 when the store cannot be reached (every one of them reads or writes it)."""
 
 
 def drop_auth(app: FastAPI) -> None:

@@ -44,13 +44,17 @@ async def healthz() -> dict[str, str]:
     },
 )
 async def readyz(service: ServiceDep) -> JSONResponse:
-    """Readiness: the store answers a read within 2 s; 503 otherwise."""
+    """Readiness: the store answers a read within 2 s, and takes writes as far as it knows (a full disk, a
+    failing checkpoint); 503 otherwise."""
     try:
         await asyncio.wait_for(service.ping(), READY_TIMEOUT_S)
     except Exception as exc:  # any failure of the store means "not ready", never a 500
         reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
         log.warning("readyz: the store does not answer: %s", reason)
         raise Unavailable(f"the store does not answer: {reason}", retry_after=READY_TIMEOUT_S) from None
+    trouble = service.store.not_ready()
+    if trouble:
+        raise Unavailable(f"the store cannot take writes: {trouble}", retry_after=READY_TIMEOUT_S)
     return JSONResponse({"status": "ok"})
 
 

@@ -210,6 +210,11 @@ class Store(ABC):
         default a read is a transaction like any other."""
         return await self.transact(fn)
 
+    def not_ready(self) -> str | None:
+        """Why the store cannot take writes now, when it knows without a round trip (a full disk, a failing
+        checkpoint): /readyz says it. None: nothing known to be wrong (reads are probed separately)."""
+        return None
+
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call `callback` on the running event loop whenever another process sharing this store commits
         queued data (long-polling trainers wake on it). Backends shared only within one process never call it;

@@ -4,6 +4,7 @@ replica) on one database behaving as one."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ from api.store.postgres import (
     is_transient,
     parse_url,
 )
+from api.store.postgres.store import warn_without_autovacuum
 from api.store.url import redacted
 from tests import pg
 
@@ -62,6 +64,8 @@ def test_transient_errors_are_told_apart_from_bugs() -> None:
     assert is_transient(psycopg.errors.AdminShutdown())
     assert is_transient(psycopg.OperationalError("server closed the connection unexpectedly"))
     assert is_transient(psycopg.errors.LockNotAvailable())
+    assert is_transient(psycopg.errors.DiskFull())  # 53100: a full disk is "not now" (503), never a 500
+    assert is_transient(psycopg.errors.OutOfMemory())
     assert not is_transient(psycopg.errors.UniqueViolation())
     assert not is_transient(psycopg.errors.SyntaxError())
 
@@ -209,3 +213,15 @@ async def test_sessions_notice_a_silent_peer_within_seconds(dbname: str) -> None
         await store.close()
     assert got == {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
                    "tcp_user_timeout": "10000", "idle_in_transaction_session_timeout": "15s"}  # fmt: skip
+
+
+def test_a_cluster_without_autovacuum_is_named_at_start(dbname: str, caplog: pytest.LogCaptureFixture) -> None:
+    """This machine's cluster runs with autovacuum off; the queue tables then grow without bound."""
+    with psycopg.connect(pg.url_of(dbname)) as conn:
+        on = conn.execute("SHOW autovacuum").fetchone()[0] == "on"
+        if on:
+            conn.execute("CREATE SCHEMA s; CREATE TABLE s.queue (x int) WITH (autovacuum_enabled = false)")
+        with caplog.at_level(logging.WARNING, logger="rollbuf"):
+            warn_without_autovacuum(conn, "s")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert ("autovacuum is disabled on queue" if on else "autovacuum is off") in line

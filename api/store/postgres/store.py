@@ -54,6 +54,7 @@ class PostgresStore(Store):
         # Connected once directly first: a wrong URL, password or database name fails here, with libpq's words.
         with psycopg.connect(self.config.conninfo, **kwargs) as conn:
             create_or_migrate(conn, self.config)
+            warn_without_autovacuum(conn, self.config.schema)
         self._pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]] = psycopg_pool.ConnectionPool(
             self.config.conninfo,
             kwargs=kwargs,
@@ -251,3 +252,22 @@ class _Driver(Driver):
             self.rollback()
         for job in jobs:
             deliver(job, False, unavailable("unexpected failure", exc))
+
+
+def warn_without_autovacuum(conn: psycopg.Connection[Any], schema: str) -> None:
+    """One line at start when the queue tables will not be vacuumed: they churn (every group is inserted and
+    deleted), and without autovacuum a 6-minute soak grew the database to 1.36 GB (docs/stores.md)."""
+    row = conn.execute("SHOW autovacuum").fetchone()
+    off_tables = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.reloptions::text LIKE %s",
+        (schema, "%autovacuum_enabled=false%"),
+    ).fetchall()
+    if row is not None and row[0] != "on":
+        log.warning(
+            "PostgreSQL's autovacuum is off: the queue tables grow without bound as groups come and go; "
+            "turn it on (ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()), see docs/stores.md"
+        )
+    elif off_tables:
+        names = ", ".join(sorted(r[0] for r in off_tables))
+        log.warning("autovacuum is disabled on %s in schema %s: those tables grow without bound", names, schema)

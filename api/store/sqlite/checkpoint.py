@@ -40,6 +40,8 @@ class Checkpointer:
         self._dirty = False
         """Commits since the WAL was last emptied."""
         self._failing = False
+        self.failure: str | None = None
+        """Why the last checkpoint failed (other than busy), until one works again: /readyz reports it."""
         self._thread = threading.Thread(target=self._main, name="rollbuf-sqlite-checkpoint", daemon=True)
         self._thread.start()
 
@@ -90,8 +92,10 @@ class Checkpointer:
             if not self._failing:
                 self._failing = True
                 log.warning("SQLite WAL checkpoint failing (%s), the WAL at %d bytes: %s", mode, self.wal_bytes(), exc)
+            self.failure = f"the WAL checkpoint fails ({exc}), the WAL at {self.wal_bytes()} bytes"
             return False
         if self._failing:
             self._failing = False
+            self.failure = None
             log.info("SQLite WAL checkpoint working again, the WAL at %d bytes", self.wal_bytes())
         return bool(busy == 0)

@@ -4,6 +4,7 @@ and committing them in groups (api/store/commit.py)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar, cast
 
-from api.store.base import Store, Txn
+from api.store.base import Store, StoreUnavailable, Txn
 from api.store.commit import Driver, Loss, serve
 from api.store.jobs import Job, Lane, deliver, refuse_left
 from api.store.sqlite.checkpoint import Checkpointer
@@ -20,6 +21,45 @@ from api.store.sqlite.schema import create_or_migrate
 from api.store.sqlite.txn import ItemIds, SqliteTxn, trim_replies
 
 T = TypeVar("T")
+log = logging.getLogger("rollbuf")
+
+RETRY_AFTER_S = 2.0
+"""Retry-After of a 503 when the file cannot be written (a full disk, an I/O error, the lock held too long)."""
+TROUBLE = ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN", "SQLITE_NOMEM")
+"""SQLite errors that say "not now" (the disk, the lock, memory), never "this request is wrong"."""
+
+
+def trouble(exc: BaseException) -> str | None:
+    """What is wrong with the file or the disk, when `exc` (or what caused it) is one of TROUBLE."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        name = getattr(seen, "sqlite_errorname", None)
+        if isinstance(name, str) and name.startswith(TROUBLE):
+            return f"{seen} ({name})"
+        seen = seen.__cause__
+    return None
+
+
+class Health:
+    """Whether writes go through: failing from a write that hit TROUBLE until one goes through again, logged
+    once each way (a handler retrying into a full disk must not write a line per attempt)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._failing: str | None = None
+
+    def failing(self, why: str) -> None:
+        if self._failing is None:
+            log.warning("%s cannot be written: %s; answering 503 until a write goes through", self.where, why)
+        self._failing = why
+
+    def wrote(self) -> None:
+        if self._failing is not None:
+            log.info("%s is written again", self.where)
+            self._failing = None
+
+    def reason(self) -> str | None:
+        return None if self._failing is None else f"writes fail: {self._failing}"
 
 
 class SqliteStore(Store):
@@ -33,6 +73,8 @@ class SqliteStore(Store):
         self._ids = ItemIds()
         self._lane = Lane(url)
         self._closed = False
+        self.health = Health(self.url)
+        self._checkpointer: Checkpointer | None = None
         opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._main, args=(opened,), name="rollbuf-sqlite", daemon=True)
         self._thread.start()
@@ -45,7 +87,21 @@ class SqliteStore(Store):
     async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         if self._closed:
             raise RuntimeError(f"store {self.url} is closed")
-        return cast(T, await self._lane.submit(fn))
+        try:
+            return cast(T, await self._lane.submit(fn))
+        except sqlite3.Error as exc:
+            why = trouble(exc)
+            if why is None:
+                raise  # a bug: a 500 with its traceback
+            self.health.failing(why)
+            raise StoreUnavailable(f"the SQLite store cannot write now ({why}); retry", RETRY_AFTER_S) from exc
+
+    def not_ready(self) -> str | None:
+        return self.health.reason() or self._checkpoint_failure()
+
+    def _checkpoint_failure(self) -> str | None:
+        checkpointer = self._checkpointer
+        return None if checkpointer is None else checkpointer.failure
 
     async def close(self) -> None:
         """Finish the transactions already queued, then close the connection and end the thread."""
@@ -63,8 +119,8 @@ class SqliteStore(Store):
         except BaseException as exc:
             opened.set_exception(exc)
             return
-        checkpointer = Checkpointer(self.path, self.config.wal_limit)
-        driver = _Driver(db, self.config, self._ids, checkpointer)
+        checkpointer = self._checkpointer = Checkpointer(self.path, self.config.wal_limit)
+        driver = _Driver(db, self.config, self._ids, checkpointer, self.health.wrote)
         opened.set_result(None)
         stop = None
         try:
@@ -96,14 +152,24 @@ class SqliteStore(Store):
 class _Driver(Driver):
     """Group commit over the writer's connection: `BEGIN IMMEDIATE ... COMMIT`, a SAVEPOINT per function."""
 
-    def __init__(self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds, checkpointer: Checkpointer) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        config: SqliteConfig,
+        ids: ItemIds,
+        checkpointer: Checkpointer,
+        wrote: Callable[[], None],
+    ) -> None:
         self.db = db
         self.config = config
         self.ids = ids
         self.checkpointer = checkpointer
+        self.wrote = wrote
+        self.changes_at_begin = db.total_changes
 
     def begin(self, jobs: Sequence[Job]) -> None:
         self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
+        self.changes_at_begin = self.db.total_changes  # it counts rows rolled back too
         self.ids.begin()
 
     def call(self, job: Job) -> Any:
@@ -132,6 +198,8 @@ class _Driver(Driver):
         self.db.execute("COMMIT")
         self.ids.committed()
         self.checkpointer.committed()
+        if self.db.total_changes != self.changes_at_begin:  # this commit wrote: whatever failed writes, passed
+            self.wrote()
 
     def loss(self, exc: BaseException) -> Loss | None:
         # SQLite rolled the whole transaction back itself (disk full, I/O error): the functions before this one

@@ -1,0 +1,68 @@
+"""A full disk is "not now", not a bug, against a real `rollbuf serve` on SQLite: ingest answers 503 +
+Retry-After (it answered 500 `database or disk is full`), /readyz says why, one log line per episode, and
+once space comes back the same process goes on, with everything it acknowledged. The disk is a small tmpfs,
+so the test needs root (CI runs as root: there it never skips)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.factories import env, group, registration
+from tests.servers import running_server
+
+pytestmark = pytest.mark.integration
+DISK = "6m"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root: the full-disk test must run there")
+        pytest.skip("mounting a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_is_503_and_readyz_says_so_until_space_returns(small_disk: Path, tmp_path: Path) -> None:
+    filler = small_disk / "filler"
+    with running_server(f"sqlite:///{small_disk / 'rollbuf.db'}", tmp_path / "server.log") as server:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.post("/register", json=registration(batch_size=8, max_token_len=4096)).status_code == 200
+            c.get("/batch")
+            env_id = c.post("/register-env", json=env(group_size=8, max_token_length=4096)).json()["env_id"]
+            filler.write_bytes(b"\0" * (3 << 20))  # half the disk gone to something else
+            acknowledged = 0
+            refused = None
+            for i in range(400):
+                r = c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=i))
+                if r.status_code != 200:
+                    refused = r
+                    break
+                acknowledged += 1
+            assert refused is not None, "the disk never filled"
+            assert refused.status_code == 503 and refused.headers["Retry-After"], refused.text
+            assert refused.json()["code"] == "store_unavailable" and "full" in refused.json()["message"]
+            for i in range(20):  # a handler retrying into the full disk: 503 each time, not a log line each
+                assert c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=i)).status_code == 503
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and "full" in ready.json()["message"]
+            filler.unlink()  # space comes back: the same process goes on
+            r = c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=10_000))
+            assert r.status_code == 200, r.text
+            assert c.get("/readyz").status_code == 200
+            assert c.get("/status").json()["queue_size"] == acknowledged + 1
+    log = (tmp_path / "server.log").read_text()
+    # the episode's warning, one rate-limited refusal line per route: not one per attempt
+    assert log.count("disk is full") <= 4 and "Traceback" not in log, log
