@@ -3,6 +3,7 @@ and committing them in groups (api/store/commit.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import threading
@@ -21,6 +22,9 @@ from api.store.sqlite.txn import ItemIds, SqliteTxn, trim_replies
 
 T = TypeVar("T")
 
+WATCH_S = 0.25
+"""How often a subscribed store looks for commits of other processes (long-polls they may end)."""
+
 
 class SqliteStore(Store):
     """One connection, owned by one thread, fed through a queue of transaction functions."""
@@ -33,6 +37,8 @@ class SqliteStore(Store):
         self._ids = ItemIds()
         self._lane = Lane(url)
         self._closed = False
+        self._stopping = threading.Event()
+        self._watchers: list[threading.Thread] = []
         opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._main, args=(opened,), name="rollbuf-sqlite", daemon=True)
         self._thread.start()
@@ -47,13 +53,39 @@ class SqliteStore(Store):
             raise RuntimeError(f"store {self.url} is closed")
         return cast(T, await self._lane.submit(fn))
 
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on this event loop) when the file changes: another process sharing it (`--workers
+        N`, a second server) committed. One thread per store reads SQLite's `data_version` every WATCH_S: a
+        read of a counter in shared memory, not a transaction."""
+        loop = asyncio.get_running_loop()
+        watcher = threading.Thread(target=self._watch, args=(loop, callback), name="rollbuf-sqlite-watch", daemon=True)
+        self._watchers.append(watcher)
+        watcher.start()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+        try:
+            seen = db.execute("PRAGMA data_version").fetchone()[0]
+            while not self._stopping.wait(WATCH_S):
+                now = db.execute("PRAGMA data_version").fetchone()[0]
+                if now != seen:
+                    seen = now
+                    loop.call_soon_threadsafe(callback)
+        except (sqlite3.Error, RuntimeError):  # the file is gone, or the loop closed: nothing left to wake
+            pass
+        finally:
+            db.close()
+
     async def close(self) -> None:
-        """Finish the transactions already queued, then close the connection and end the thread."""
+        """Finish the transactions already queued, then close the connection and end the threads."""
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
         await self._lane.stop()
         self._thread.join()
+        for watcher in self._watchers:
+            watcher.join()
 
     # ------------------------------------------------------------------ the writer thread
 
@@ -101,6 +133,7 @@ class _Driver(Driver):
         self.config = config
         self.ids = ids
         self.checkpointer = checkpointer
+        self.changes = db.total_changes
 
     def begin(self, jobs: Sequence[Job]) -> None:
         self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
@@ -131,7 +164,9 @@ class _Driver(Driver):
         self.ids.save(self.db)
         self.db.execute("COMMIT")
         self.ids.committed()
-        self.checkpointer.committed()
+        if self.db.total_changes != self.changes:  # a transaction that wrote nothing gives a checkpoint no work
+            self.changes = self.db.total_changes
+            self.checkpointer.committed()
 
     def loss(self, exc: BaseException) -> Loss | None:
         # SQLite rolled the whole transaction back itself (disk full, I/O error): the functions before this one
