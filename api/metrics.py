@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -56,6 +56,13 @@ STORE_SECONDS = Histogram(
     "Time of one store transaction, waiting for the store included.",
     buckets=FAST_BUCKETS,
     registry=PROCESS,
+)
+
+WAITING_LONG_POLLS = Gauge(
+    "rollbuf_waiting_long_polls",
+    "GET /batch?wait= long-polls waiting for a batch (they cost nothing until a change wakes one).",
+    registry=PROCESS,
+    multiprocess_mode="livesum",
 )
 
 

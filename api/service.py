@@ -33,6 +33,7 @@ from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn
 from api.store.base import Store, Txn
 from api.submissions import Submission
+from api.wakeups import Wakeups
 
 log = logging.getLogger("rollbuf")
 
@@ -51,28 +52,21 @@ class Service:
     _run: RunState | None = None
     """The run state this process's last transaction saw: submissions are validated against it without a read
     of their own, and their transaction checks that it still holds (`ingest`)."""
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    """Long-polling trainers wait here for a change a batch may be formed from."""
     refusals_flush_s: float = REFUSALS_FLUSH_S
     _refused: dict[str, int] = field(default_factory=dict)
     """Submissions refused for a full queue, by env name, not written yet (`_count_refused`)."""
     _flushing: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
-        self.store.subscribe(self._notify)  # data queued through another process sharing the store
+        self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
 
     @property
     def latest(self) -> GroupRecord | None:
         """The last group queued by this process, of those of at most `LATEST_MAX_BYTES` (GET /latest_example is
         a debugging aid, not state: a bounded copy of its record, never a view into the request that sent it)."""
         return None if self._latest is None else decode(self._latest)
-
-    def data_changed(self) -> asyncio.Event:
-        """An event set the next time this process queues data (long-polling trainers wait on it)."""
-        return self._changed
-
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
 
     # ----------------------------------------------------------------------------- trainer
 
@@ -92,6 +86,7 @@ class Service:
                 )
 
         await self.store.transact(txn_fn)
+        self.wakeups.changed()
         return secrets.randbits(128)
 
     async def ping(self) -> None:
@@ -116,6 +111,7 @@ class Service:
 
     async def reset(self) -> None:
         await self.store.transact(lambda txn: txn.clear())
+        self.wakeups.changed()
         self._latest = None
         self._run = None
 
@@ -165,6 +161,7 @@ class Service:
             return reply, after
 
         reply, self._run = await self.store.transact(txn_fn)
+        self.wakeups.changed()
         return reply
 
     async def disconnect_env(self, env_id: int, caller: Identity = ANONYMOUS) -> str | None:
@@ -179,6 +176,7 @@ class Service:
             return None, state.save_env(txn, run, replace(env, connected=False))
 
         error, self._run = await self.store.transact(txn_fn)
+        self.wakeups.changed()
         return error
 
     # ----------------------------------------------------------------------------- ingest
@@ -255,7 +253,7 @@ class Service:
             kept = [s.payload for s in subs if len(s.payload) <= LATEST_MAX_BYTES]
             if kept:
                 self._latest = bytes(kept[-1])
-            self._notify()
+            self.wakeups.changed()
         return replies
 
     def _count_refused(self, names: set[str]) -> None:

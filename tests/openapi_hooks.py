@@ -12,7 +12,9 @@ the schema with another valid one, and never add a field, so a request that brea
 - `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0);
 - `group_size` is at most the trainer's `batch_size`: the test registers the largest, 2^31 - 1;
 - `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
-- `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither).
+- `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither);
+- free-form fields (`overrides`, `images`, ...) hold only what JSON prints back: integers within 64 bits,
+  nesting at most 32 deep (null here otherwise).
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ import schemathesis
 from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
+from api.errors import InvalidData
+from api.validation import check_printable
+
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
+FREE_FORM = ("messages", "overrides", "group_overrides", "generation_params", "images")
 SAFE_INT_MAX = 2**53 - 1
 INT32 = (-(2**31), 2**31 - 1)
 FLOAT32_MAX = 3.4028234663852886e38
@@ -78,6 +84,12 @@ def _align_group(group: Any) -> None:
     for name in ("distill_token_ids", "distill_logprobs"):
         if group.get(name) is not None:
             group[name] = None
+    for name in FREE_FORM:  # any JSON by the schema, but only what JSON prints back (api.validation)
+        if name in group and group[name] is not None:
+            try:
+                check_printable({name: group[name]})
+            except InvalidData:
+                group[name] = None
 
 
 def _align_body(path: str, body: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Annotated
@@ -15,6 +14,8 @@ from api.batches import BatchWaiting, FormedBatch
 from api.body import accepts_gzip, gzip_compress
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
+from api.logs import RateLimiter
+from api.metrics import WAITING_LONG_POLLS
 from api.openapi import errors
 from api.records import (
     MSGPACK,
@@ -39,9 +40,8 @@ CONTENT_TYPES = ["application/json", MSGPACK]
 """Advertised in /info: clients that see msgpack here may use the binary path."""
 STEP_HEADER = "X-Rollbuf-Step"
 
-RECHECK_S = 0.5
-"""Long-poll re-check interval: catches batches made possible by another server process sharing the store."""
 STALL_WARN_S = 30.0
+STALLS = RateLimiter(interval=STALL_WARN_S, burst=1)
 """A long-poll that has waited this long without a batch logs a warning with the reason (then every 30 s)."""
 
 
@@ -104,10 +104,12 @@ async def batch(
     started = time.monotonic()
     deadline = started + min(wait, settings.max_batch_wait)
     warn_at = started + STALL_WARN_S
+    wakeups = service.wakeups
+    tried_at = wakeups.count
+    result = await service.next_batch(step, as_json=not binary)
     while True:
-        changed = service.data_changed()
-        result = await service.next_batch(step, as_json=not binary)
         if isinstance(result, FormedBatch):
+            wakeups.pass_on()  # another waiter may find a batch too
             gzip_level = settings.gzip_level if accepts_gzip(request) else None
             return await _render(result, share, binary=binary, gzip_level=gzip_level)
         if result.not_registered:
@@ -115,21 +117,31 @@ async def batch(
         now = time.monotonic()
         if now >= warn_at:
             warn_at = now + STALL_WARN_S
-            which = "the next batch" if step is None else f"batch {step}"
-            log.warning(
-                "stall: a trainer has waited %.0f s for %s: %s", now - started, which, result.reason or "no data"
-            )
+            held = STALLS.allow(("stall",))  # one line for all the waiters: 2,000 of them are one stall
+            if held is not None:
+                which = "the next batch" if step is None else f"batch {step}"
+                more = f" ({held} similar lines held back)" if held else ""
+                log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which,
+                            result.reason or "no data", more)  # fmt: skip
         remaining = deadline - now
         if remaining <= 0:
+            if wakeups.count != tried_at:
+                wakeups.pass_on()  # woken, and leaving without trying: the next waiter tries
             return _json(_no_batch(result))
-        try:
-            await asyncio.wait_for(changed.wait(), timeout=min(remaining, RECHECK_S))
-        except TimeoutError:
-            pass
+        # Nothing changed since the last try: wait, at no cost, to be woken. Changes while waiting without being
+        # woken were another waiter's to try (it found no batch, or it took one and woke the next).
+        if wakeups.count == tried_at:
+            with WAITING_LONG_POLLS.track_inprogress():
+                woken = await wakeups.wait(min(remaining, warn_at - now))
+            if not woken:
+                continue  # the deadline or the stall warning
         # Checked before forming again: a batch formed for a client that has gone would be lost (without ?step=).
         if await request.is_disconnected():
+            wakeups.pass_on()
             log.info("GET /batch: client went away after %.1f s of long-poll", time.monotonic() - started)
             return _json(_no_batch(result))
+        tried_at = wakeups.count
+        result = await service.next_batch(step, as_json=not binary)
 
 
 async def _render(

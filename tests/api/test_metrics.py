@@ -14,6 +14,7 @@ import pytest
 
 from api import logs
 from api.app import create_app
+from api.logs import RateLimiter
 from api.routes import trainer as trainer_routes
 from api.settings import Settings
 from tests.factories import registration
@@ -127,6 +128,7 @@ async def test_a_long_poll_that_stalls_logs_why(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(trainer_routes, "STALL_WARN_S", 0.2)
+    monkeypatch.setattr(trainer_routes, "STALLS", RateLimiter(interval=0.2, burst=1))  # not another test's
     await client.post("/register", json=registration(batch_size=8))
     with caplog.at_level(logging.WARNING, logger="rollbuf"):
         reply = await client.get("/batch", params={"wait": 0.8})

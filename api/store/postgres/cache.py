@@ -187,7 +187,7 @@ class Group:
                 )
             if self.next_id != self.stored_next_id:
                 conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
-            if notify is not None and p.appended:
+            if notify is not None and (p.appended or p.dirty_values):  # data queued, or the run or an env changed
                 conn.execute("SELECT pg_notify(%b, %b)", [self.config.channel, notify])
             conn.execute("COMMIT", prepare=False)
 

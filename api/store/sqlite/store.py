@@ -3,6 +3,7 @@ and committing them in groups (api/store/commit.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sqlite3
@@ -62,6 +63,10 @@ class Health:
         return None if self._failing is None else f"writes fail: {self._failing}"
 
 
+WATCH_S = 0.25
+"""How often a subscribed store looks for commits of other processes (long-polls they may end)."""
+
+
 class SqliteStore(Store):
     """One connection, owned by one thread, fed through a queue of transaction functions."""
 
@@ -75,6 +80,8 @@ class SqliteStore(Store):
         self._closed = False
         self.health = Health(self.url)
         self._checkpointer: Checkpointer | None = None
+        self._stopping = threading.Event()
+        self._watchers: list[threading.Thread] = []
         opened: Future[None] = Future()
         self._thread = threading.Thread(target=self._main, args=(opened,), name="rollbuf-sqlite", daemon=True)
         self._thread.start()
@@ -103,13 +110,39 @@ class SqliteStore(Store):
         checkpointer = self._checkpointer
         return None if checkpointer is None else checkpointer.failure
 
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on this event loop) when the file changes: another process sharing it (`--workers
+        N`, a second server) committed. One thread per store reads SQLite's `data_version` every WATCH_S: a
+        read of a counter in shared memory, not a transaction."""
+        loop = asyncio.get_running_loop()
+        watcher = threading.Thread(target=self._watch, args=(loop, callback), name="rollbuf-sqlite-watch", daemon=True)
+        self._watchers.append(watcher)
+        watcher.start()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
+        try:
+            seen = db.execute("PRAGMA data_version").fetchone()[0]
+            while not self._stopping.wait(WATCH_S):
+                now = db.execute("PRAGMA data_version").fetchone()[0]
+                if now != seen:
+                    seen = now
+                    loop.call_soon_threadsafe(callback)
+        except (sqlite3.Error, RuntimeError):  # the file is gone, or the loop closed: nothing left to wake
+            pass
+        finally:
+            db.close()
+
     async def close(self) -> None:
-        """Finish the transactions already queued, then close the connection and end the thread."""
+        """Finish the transactions already queued, then close the connection and end the threads."""
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
         await self._lane.stop()
         self._thread.join()
+        for watcher in self._watchers:
+            watcher.join()
 
     # ------------------------------------------------------------------ the writer thread
 
@@ -197,9 +230,9 @@ class _Driver(Driver):
         self.ids.save(self.db)
         self.db.execute("COMMIT")
         self.ids.committed()
-        self.checkpointer.committed()
-        if self.db.total_changes != self.changes_at_begin:  # this commit wrote: whatever failed writes, passed
-            self.wrote()
+        if self.db.total_changes != self.changes_at_begin:  # it wrote (one that did not gives a checkpoint no work)
+            self.checkpointer.committed()
+            self.wrote()  # and whatever failed writes before, passed
 
     def loss(self, exc: BaseException) -> Loss | None:
         # SQLite rolled the whole transaction back itself (disk full, I/O error): the functions before this one
