@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from api.app import create_app
-from api.routes import trainer
 from api.settings import Settings
 from tests import pg
 from tests.factories import env, group, registration
@@ -99,8 +98,7 @@ async def test_replicas_forming_batches_at_once_serve_every_group_once(
 async def test_a_long_poll_wakes_for_data_queued_through_another_replica(
     replicas: tuple[httpx.AsyncClient, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the timer re-check out of the way, only the other replica's NOTIFY can end this long-poll."""
-    monkeypatch.setattr(trainer, "RECHECK_S", 3600.0)
+    """A waiting long-poll re-checks on no timer: only the other replica's NOTIFY can end this one."""
     a, b = replicas
     env_ids = await start(a)
     poll = asyncio.create_task(a.get("/batch", params={"step": 0, "wait": 60}))
