@@ -22,7 +22,7 @@ from tests.image.podman import LIMITS, Container, container, inspect, podman, vo
 
 pytestmark = pytest.mark.image
 
-KEY = "image-test-key"
+KEY = "image-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 UID = 10001
 """The image's `rollbuf` user (Dockerfile)."""
