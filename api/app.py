@@ -28,6 +28,7 @@ from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, ops, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
+from api.side_buffer import SideLimits
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
@@ -126,6 +127,7 @@ def queue_limits(settings: Settings) -> QueueLimits:
         max_env_bytes=settings.max_env_queue_bytes,
         max_group_seqs=settings.max_group_seqs,
         retry_after=settings.retry_after,
+        side=SideLimits(settings.side_buffer_max_groups, settings.side_buffer_max_bytes, settings.side_buffer_ttl_s),
     )
 
 

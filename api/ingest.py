@@ -4,16 +4,17 @@ held aside or dropped by the filters, and counted. Written once over `Txn`, for 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-from api import state, stats
+from api import side_buffer, state, stats
 from api.errors import Conflict, InvalidData, Unavailable
-from api.filters import filter_reason, release_from_buffer
+from api.filters import filter_reason
 from api.idempotency import remember, same_content
 from api.limits import QueueLimits
 from api.schema import ScoredReply
 from api.state import ANON_NAME, EnvRecord, RunState
-from api.store.base import ANON_ENV, BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.base import ANON_ENV, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.submissions import Submission
 from api.validation import check_policy_step
 
@@ -49,7 +50,7 @@ def submit_txn(
             check_policy_step(sub.sent_policy_step, run.step)
         except InvalidData as exc:
             raise exc.at(*sub.loc) from None
-    counts = txn.counts()
+    now = time.time()
     replies: list[ScoredReply | None] = []
     fresh: list[tuple[int, Submission]] = []
     first_in_request: dict[str, int] = {}  # a key used twice in one list: the later one repeats the first
@@ -71,7 +72,10 @@ def submit_txn(
             fresh.append((i, sub))
             if sub.key is not None:
                 first_in_request[sub.key] = i
-    check_capacity(limits, counts, [s for _, s in fresh])
+    held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}
+    for env_id in sorted(held_envs):  # room that expired groups leave counts for what arrives now
+        expire_held(txn, run, env_id, now, limits.side)
+    check_capacity(limits, txn.counts(), txn.held_counts(), [s for _, s in fresh], held_envs, run)
     reg = run.registration
     assert reg is not None
     received: dict[str, int] = {}
@@ -85,8 +89,8 @@ def submit_txn(
         if reason is not None:
             state.count_dropped(txn, name, reason)
             reply = ScoredReply(status="received")
-        elif env is not None and sub.record.seqs != env.group_size:
-            reply = buffer_group(txn, env, sub, step)
+        elif env is not None and held_env(run, sub) is env:
+            reply = hold_group(txn, env, sub, step, now)
         else:
             enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
             reply = ScoredReply(status="received")
@@ -101,16 +105,39 @@ def submit_txn(
     return [r for r in replies if r is not None], run
 
 
-def check_capacity(lim: QueueLimits, counts: dict[int, QueueCounts], subs: Sequence[Submission]) -> None:
-    """QueueFull when storing `subs` would take the queue (or an env's share of it) past a limit."""
+def held_env(run: RunState, sub: Submission) -> EnvRecord | None:
+    """The env whose side buffer `sub` goes to: a registered env's group of another size than its `group_size`,
+    unless the env declared that its groups vary in size (queued whole)."""
+    env = None if sub.env_id is None else run.env(sub.env_id)
+    if env is None or env.variable_group_size or sub.record.seqs == env.group_size:
+        return None
+    return env
+
+
+def check_capacity(
+    lim: QueueLimits,
+    counts: dict[int, QueueCounts],
+    held: dict[int, QueueCounts],
+    subs: Sequence[Submission],
+    held_envs: set[int],
+    run: RunState,
+) -> None:
+    """QueueFull when storing `subs` would take the queue and side buffers (or an env's share of them) past a
+    limit, or an env's side buffer past its own."""
     if not subs:
         return
-    total = sum(counts.values(), QueueCounts())
+    stored = dict(counts)
+    for env_id, c in held.items():  # what side buffers hold counts against the queue limits too
+        stored[env_id] = stored.get(env_id, QueueCounts()) + c
+    total = sum(stored.values(), QueueCounts())
     per_env: dict[int, QueueCounts] = {}
+    to_hold: dict[int, QueueCounts] = {}
     for s in subs:
         env_id = ANON_ENV if s.env_id is None else s.env_id
         adds = QueueCounts(1, 1, s.record.seqs, s.record.n_tokens, len(s.payload))
         per_env[env_id] = per_env.get(env_id, QueueCounts()) + adds
+        if env_id in held_envs and held_env(run, s) is not None:
+            to_hold[env_id] = to_hold.get(env_id, QueueCounts()) + adds
     add = sum(per_env.values(), QueueCounts())
     full = None
     if lim.max_groups is not None and total.groups + add.groups > lim.max_groups:
@@ -121,13 +148,17 @@ def check_capacity(lim: QueueLimits, counts: dict[int, QueueCounts], subs: Seque
         full = f"the queue holds {total.bytes} bytes; the limit (max_queue_bytes) is {lim.max_bytes}"
     else:
         for env_id, more in per_env.items():
-            have = counts.get(env_id, QueueCounts())
+            have = stored.get(env_id, QueueCounts())
             if lim.max_env_groups is not None and have.groups + more.groups > lim.max_env_groups:
                 full = f"env {env_id} has {have.groups} groups queued; the limit is {lim.max_env_groups}"
             elif lim.max_env_tokens is not None and have.tokens + more.tokens > lim.max_env_tokens:
                 full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
             elif lim.max_env_bytes is not None and have.bytes + more.bytes > lim.max_env_bytes:
                 full = f"env {env_id} has {have.bytes} bytes queued; the limit is {lim.max_env_bytes}"
+        for env_id, more in to_hold.items():
+            why = side_buffer.full(held.get(env_id, QueueCounts()), more, lim.side)
+            if full is None and why is not None:
+                full = f"env {env_id}'s side buffer (groups of another size than its group_size) {why}"
     if full:
         raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
 
@@ -138,18 +169,42 @@ def enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: b
     txn.append(env_id, QueuedItem(meta=meta, n_groups=1, payload=payload))
 
 
-def buffer_group(txn: Txn, env: EnvRecord, sub: Submission, step: int) -> ScoredReply:
-    """Hold a group whose size is not its env's group_size aside, releasing held groups that together make
-    whole groups (Atropos's mixed-size buffering)."""
-    buffer = [*txn.get_buffer(env.env_id), BufferedGroup(sub.record.seqs, sub.record.n_tokens, step, sub.payload)]
-    picked = release_from_buffer([g.seqs for g in buffer], env.group_size)
-    if picked:
-        for i in picked:
-            g = buffer[i]
-            enqueue(txn, env.env_id, g.seqs, g.tokens, g.policy_step, g.payload)
-        buffer = [g for i, g in enumerate(buffer) if i not in set(picked)]
-    txn.set_buffer(env.env_id, buffer)
-    return ScoredReply(status="buffered", buffer_size=sum(g.seqs for g in buffer))
+def hold_group(txn: Txn, env: EnvRecord, sub: Submission, step: int, now: float) -> ScoredReply:
+    """Hold a group whose size is not its env's group_size aside, or queue it with held groups that together
+    with it make whole groups (Atropos's mixed-size buffering). Costs the group, not what the buffer holds."""
+    held = txn.held(env.env_id)
+    meta = ItemMeta(txn.next_item_id(), sub.record.seqs, sub.record.n_tokens, step)
+    picked = side_buffer.to_release(held, meta.seqs, env.group_size)
+    if picked is None:
+        txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
+        return ScoredReply(status="buffered", buffer_size=sum(h.meta.seqs for h in held) + meta.seqs)
+    old = [held[i].meta.item_id for i in picked if i < len(held)]
+    released = {g.meta.item_id: g for g in txn.release(env.env_id, old)}
+    for i in picked:
+        if i < len(held):
+            g = released[held[i].meta.item_id]
+            enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
+        else:
+            enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload)
+    if len(held) not in picked:  # the new group stays held (only if older ones already added up: a migration)
+        txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
+    left = sum(h.meta.seqs for i, h in enumerate(held) if i not in set(picked))
+    return ScoredReply(status="buffered", buffer_size=left + (0 if len(held) in picked else meta.seqs))
+
+
+def expire_held(txn: Txn, run: RunState, env_id: int, now: float, limits: side_buffer.SideLimits) -> int:
+    """Drop env_id's held groups past the ttl, counted as `side_buffer_expired`; how many."""
+    gone: list[HeldMeta] = side_buffer.expired(txn.held(env_id), now, limits)
+    if gone:
+        txn.release(env_id, [h.meta.item_id for h in gone])
+        state.count_dropped(txn, run.env_name(env_id), side_buffer.EXPIRED, len(gone))
+    return len(gone)
+
+
+def expire_txn(txn: Txn, now: float, limits: side_buffer.SideLimits, known: RunState | None = None) -> int:
+    """The sweep: drop every env's expired held groups; how many (reads only the envs that hold some)."""
+    run = state.load(txn, known)
+    return sum(expire_held(txn, run, env_id, now, limits) for env_id in sorted(txn.held_counts()))
 
 
 def still_valid(subs: Sequence[Submission], seen: RunState, run: RunState) -> bool:

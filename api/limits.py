@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from api.errors import Unavailable
+from api.side_buffer import SideLimits
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts
 from api.validation import GroupLimits
@@ -23,6 +24,8 @@ class QueueLimits:
     max_env_bytes: int | None = None
     max_group_seqs: int = 4096
     retry_after: float = 2.0
+    side: SideLimits = field(default_factory=SideLimits)
+    """Each env's side buffer; what it holds also counts against the limits above."""
 
 
 def group_limits(run: RunState, limits: QueueLimits) -> GroupLimits:

@@ -131,6 +131,12 @@ class SnapshotCollector(Collector):
         queue_groups = GaugeMetricFamily("rollbuf_queue_groups", "Groups queued.", labels=["env"])
         queue_tokens = GaugeMetricFamily("rollbuf_queue_tokens", "Tokens queued.", labels=["env"])
         queue_bytes = GaugeMetricFamily("rollbuf_queue_bytes", "Bytes queued, as stored.", labels=["env"])
+        held_groups = GaugeMetricFamily(
+            "rollbuf_side_buffer_groups",
+            "Groups held in the side buffer (another size than group_size).",
+            labels=["env"],
+        )
+        held_bytes = GaugeMetricFamily("rollbuf_side_buffer_bytes", "Bytes held in the side buffer.", labels=["env"])
         weight = GaugeMetricFamily("rollbuf_env_weight", "The env's registered weight.", labels=["env"])
         for env in snap.envs:
             received.add_metric([env.name], env.received)
@@ -142,6 +148,8 @@ class SnapshotCollector(Collector):
             queue_groups.add_metric([env.name], env.queue.groups)
             queue_tokens.add_metric([env.name], env.queue.tokens)
             queue_bytes.add_metric([env.name], env.queue.bytes)
+            held_groups.add_metric([env.name], env.held.groups)
+            held_bytes.add_metric([env.name], env.held.bytes)
             weight.add_metric([env.name], env.weight)
         yield from (
             received,
@@ -152,6 +160,8 @@ class SnapshotCollector(Collector):
             queue_groups,
             queue_tokens,
             queue_bytes,
+            held_groups,
+            held_bytes,
             weight,
         )
 

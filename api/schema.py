@@ -202,10 +202,19 @@ class Status(_Wire):
     """Queued tokens over all environments."""
     queued_bytes: int = 0
     """Queued bytes over all environments, as stored (metadata included): what `max_queue_bytes` limits."""
+    held_groups: int = 0
+    """Groups waiting in side buffers (of another size than their env's `group_size`), not in `queue_size`;
+    they count against the queue limits."""
+    held_sequences: int = 0
+    """Sequences waiting in side buffers."""
+    held_tokens: int = 0
+    """Tokens waiting in side buffers."""
+    held_bytes: int = 0
+    """Bytes waiting in side buffers, as stored."""
     blocked_reason: str | None = None
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)
-    """Groups dropped per environment name and reason (stale, zero_variance, score_range)."""
+    """Groups dropped per environment name and reason (stale, zero_variance, score_range, side_buffer_expired)."""
 
 
 # ----------------------------------------------------------------------------------------------- envs
@@ -229,6 +238,10 @@ class RegisterEnv(_Request, _Text):
     """Sequences per group this environment sends (at most the trainer's `batch_size`: 422 beyond)."""
     min_batch_allocation: float | None = Field(default=None, ge=0.0, le=1.0)
     """Share of every batch reserved for this environment (0.0–1.0)."""
+    variable_group_size: bool = False
+    """rollbuf: this environment's groups may hold fewer (or more) sequences than `group_size` and are complete
+    as sent (a group that kept the survivors of failed rollouts): each is queued whole. Without it, a group of
+    another size waits in the side buffer until such groups add up to `group_size` (Atropos's rule)."""
 
 
 class EnvRegistered(_Wire):

@@ -13,6 +13,7 @@ import asyncio
 import contextvars
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -23,7 +24,7 @@ from api.batches import BatchWaiting, FormedBatch
 from api.body import INLINE_PARSE, off_loop
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
 from api.formation import batch_txn
-from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, submit_txn
+from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
@@ -58,6 +59,9 @@ class Service:
     _refused: dict[str, int] = field(default_factory=dict)
     """Submissions refused for a full queue, by env name, not written yet (`_count_refused`)."""
     _flushing: asyncio.Task[None] | None = None
+    _swept_at: float = field(default_factory=time.monotonic)
+    """When (monotonic) this process last swept the side buffers for expired groups, or started (`_sweep_soon`)."""
+    _sweeping: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -141,6 +145,7 @@ class Service:
                 max_token_length=reg.max_token_length,
                 min_batch_allocation=reg.min_batch_allocation,
                 owner=None if caller is ANONYMOUS else caller.name,
+                variable_group_size=reg.variable_group_size,
             )
             after = state.save_env(txn, run, env)
             warning = None
@@ -278,8 +283,34 @@ class Service:
             if self._refused:
                 self._flushing = asyncio.get_running_loop().create_task(self._flush_refused())
 
+    def _sweep_soon(self) -> None:
+        """Expire held groups of every env at most every `SideLimits.sweep_every` seconds, from the calls of a
+        live run (a trainer polling, envs asking for status): an env whose groups expire may send nothing more."""
+        every = self.limits.side.sweep_every()
+        now = time.monotonic()
+        if every is None or self._sweeping is not None or now - self._swept_at < every:
+            return
+        self._swept_at = now
+        self._sweeping = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        try:
+            if not await self.store.read(lambda txn: bool(txn.held_counts())):
+                return  # the common case: nothing held, nothing written
+            n = await self.store.transact(lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run))
+            if n:
+                log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
+                         n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
+        except Unavailable:
+            pass  # the next sweep tries again
+        finally:
+            self._sweeping = None
+
     async def close(self) -> None:
         """Write what is counted in memory (refusals) before the store closes."""
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
         if self._flushing is not None:
             self._flushing.cancel()
             self._flushing = None
@@ -299,6 +330,7 @@ class Service:
         restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
         kind marks the run as started (environments may register from then on).
         """
+        self._sweep_soon()
         result = await self.store.transact(lambda txn: batch_txn(txn, step, self._run, as_json=as_json))
         if isinstance(result, FormedBatch) and result.formation is not None:
             formed = result.formation
@@ -313,6 +345,7 @@ class Service:
     # ----------------------------------------------------------------------------- status
 
     async def status(self) -> Status:
+        self._sweep_soon()
         return await self.store.read(lambda txn: status_txn(txn, self._run))
 
     async def env_status(self, env_id: int) -> EnvStatus:
@@ -321,7 +354,7 @@ class Service:
             env = run.env(env_id)
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
-            return env_status(run, env, txn.counts(), self.limits), run
+            return env_status(run, env, txn.counts(), txn.held_counts(), self.limits), run
 
         reply, self._run = await self.store.read(txn_fn)
         return reply

@@ -81,6 +81,15 @@ class Settings(BaseSettings):
     """Most bytes queued for one env."""
     max_group_seqs: int = Field(4096, gt=0)
     """Most sequences in one group."""
+    side_buffer_max_groups: int | None = Field(256, gt=0)
+    """Most groups one env's side buffer holds (groups of another size than its `group_size`, waiting until they
+    add up to it); a group past it gets 503 + Retry-After. What side buffers hold also counts against the queue
+    limits."""
+    side_buffer_max_bytes: int | None = Field(256 * MiB, gt=0)
+    """Most bytes one env's side buffer holds, as stored."""
+    side_buffer_ttl_s: float | None = Field(1800.0, gt=0)
+    """Seconds a group waits in a side buffer before it is dropped and counted (`side_buffer_expired`): held
+    sizes that never add up (an env that loses one rollout of every group) are not held for ever."""
     retry_after: float = Field(2.0, gt=0)
     """Seconds a client is told to wait (Retry-After) when the queue is full."""
 

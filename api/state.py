@@ -36,6 +36,8 @@ class EnvRecord:
     connected: bool = True
     owner: str | None = None
     """The name of the key that registered it (servers with keys): only that key's env role may use it."""
+    variable_group_size: bool = False
+    """Its groups vary in size (survivors of failed rollouts, branches): each is queued whole, never held."""
 
 
 @dataclass(slots=True)

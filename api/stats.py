@@ -96,6 +96,8 @@ class EnvSnapshot:
     served_seqs: int
     backpressure: int
     dropped: dict[str, int]
+    held: QueueCounts = QueueCounts()
+    """What its side buffer holds (groups of another size than its group_size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,8 @@ class Snapshot:
                     "queue_groups": e.queue.groups,
                     "queue_seqs": e.queue.seqs,
                     "queue_tokens": e.queue.tokens,
+                    "held_groups": e.held.groups,
+                    "held_tokens": e.held.tokens,
                     "received": e.received,
                     "served_groups": e.served_groups,
                     "served_seqs": e.served_seqs,
@@ -151,6 +155,7 @@ def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | 
         stats.backpressure[name] = stats.backpressure.get(name, 0) + n
     dropped = state.load_dropped(txn)
     counts = txn.counts()
+    held = txn.held_counts()
     envs: list[tuple[int, str, float, int, bool, float | None]] = [
         (e.env_id, e.wandb_name, e.weight, e.group_size, e.connected, e.min_batch_allocation) for e in run.envs
     ]
@@ -173,6 +178,7 @@ def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | 
                 connected=connected,
                 min_batch_allocation=share,
                 queue=counts.get(env_id, QueueCounts()),
+                held=held.get(env_id, QueueCounts()),
                 received=stats.received.get(name, 0),
                 served_groups=stats.served_groups.get(name, 0),
                 served_seqs=stats.served_seqs.get(name, 0),

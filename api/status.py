@@ -16,12 +16,17 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
     """/status: the step, what is queued, why no batch can be formed, what was dropped."""
     run = state.load(txn, known)
     total = sum(txn.counts().values(), QueueCounts())
+    held = sum(txn.held_counts().values(), QueueCounts())
     return Status(
         current_step=run.step if run.registration else 0,
         queue_size=total.groups,
         queued_sequences=total.seqs,
         queued_tokens=total.tokens,
         queued_bytes=total.bytes,
+        held_groups=held.groups,
+        held_sequences=held.seqs,
+        held_tokens=held.tokens,
+        held_bytes=held.bytes,
         blocked_reason=state.load_blocked(txn),
         dropped=state.load_dropped(txn),
     )
@@ -42,7 +47,9 @@ def _connected_totals(run: RunState) -> tuple[float, float]:
     return _TOTALS[key]
 
 
-def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], limits: QueueLimits) -> EnvStatus:
+def env_status(
+    run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], held: dict[int, QueueCounts], limits: QueueLimits
+) -> EnvStatus:
     """/status-env as Atropos computes it, from per-env counts instead of a scan of the queue."""
     total_weight, min_total = _connected_totals(run)
     weight = env.max_token_length * env.weight / total_weight if total_weight > 0 else 1.0
@@ -57,7 +64,10 @@ def env_status(run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], li
         reserved = int(batch_size * (other.min_batch_allocation or 0.0)) if other and other.connected else 0
         others += max(0, c.seqs - reserved)
     sizes = [e.group_size for env_id, c in counts.items() if c.items and (e := run.env(env_id)) is not None]
-    capacity = capacity_groups(counts, env, limits)
+    stored = dict(counts)
+    for env_id, c in held.items():  # side buffers count against the limits
+        stored[env_id] = stored.get(env_id, QueueCounts()) + c
+    capacity = capacity_groups(stored, env, limits)
     return EnvStatus(
         current_step=run.step,
         queue_size=(self_seqs + others) // group_size,

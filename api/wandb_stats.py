@@ -76,6 +76,7 @@ def buffer_stats(now: Tick, before: Tick | None) -> dict[str, Any]:
         "buffer/blocked": 1 if snap.blocked_reason else 0,
         "buffer/queue_groups": sum(e.queue.groups for e in snap.envs),
         "buffer/queue_tokens": sum(e.queue.tokens for e in snap.envs),
+        "buffer/side_buffer_groups": sum(e.held.groups for e in snap.envs),
     }
     prev = {e.name: e for e in before.snap.envs} if before else {}
     dt = now.at - before.at if before else 0.0

@@ -19,7 +19,18 @@ from api.items import ItemMeta
 
 T = TypeVar("T")
 
-__all__ = ["ANON_ENV", "BufferedGroup", "ItemMeta", "QueueCounts", "QueuedItem", "Store", "StoreUnavailable", "Txn"]
+__all__ = [
+    "ANON_ENV",
+    "HeldGroup",
+    "HeldMeta",
+    "ItemMeta",
+    "QueueCounts",
+    "QueuedItem",
+    "Store",
+    "StoreUnavailable",
+    "Txn",
+    "held_slot",
+]
 
 ANON_ENV = -1
 """Queue of groups posted with `env_id: null` (Atropos accepts them; they get weight 1 and no side buffer)."""
@@ -36,13 +47,31 @@ class QueuedItem:
 
 
 @dataclass(frozen=True, slots=True)
-class BufferedGroup:
-    """A partial group waiting in its env's side buffer until partials add up to the env's group size."""
+class HeldGroup:
+    """A group in its env's side buffer: its size is not the env's group size, so it waits until held groups
+    add up to it (Atropos's mixed-size buffering). One row per group, like the queue."""
 
-    seqs: int
-    tokens: int
-    policy_step: int
+    meta: ItemMeta
+    """`item_id` from `next_item_id`: held groups of an env are ordered by it, oldest first."""
+    held_at: float
+    """Wall-clock seconds when it was held: it expires `side_buffer_ttl_s` later."""
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HeldMeta:
+    """What deciding on a held group needs (release, expiry, limits), without its payload."""
+
+    meta: ItemMeta
+    held_at: float
+    size: int
+    """Payload bytes."""
+
+
+def held_slot(env_id: int) -> int:
+    """The key under which SQL backends keep env_id's side-buffer counts beside the queue counts (ids of real
+    queues are ANON_ENV or above), so that both are read together, at no extra round trip."""
+    return -2 - env_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,12 +154,24 @@ class Txn(ABC):
         """Queued items, groups, sequences, tokens and payload bytes per env (envs with nothing queued may be absent).
         Kept incrementally: O(envs), not O(queue)."""
 
-    # --- side buffer of partial groups, per env (small) ---
+    # --- the side buffer: groups held per env until they add up to its group size (bounded by the service) ---
     @abstractmethod
-    def get_buffer(self, env_id: int) -> list[BufferedGroup]: ...
+    def hold(self, env_id: int, group: HeldGroup) -> None:
+        """Hold `group` in env_id's side buffer. Costs the group, not what the buffer holds."""
 
     @abstractmethod
-    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None: ...
+    def held(self, env_id: int) -> list[HeldMeta]:
+        """env_id's held groups, oldest first, without payloads."""
+
+    @abstractmethod
+    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
+        """Remove these held groups of env_id and return them, with payloads, in the order asked for; KeyError
+        (and nothing removed) if one of them is not held there."""
+
+    @abstractmethod
+    def held_counts(self) -> dict[int, QueueCounts]:
+        """Held groups (as items and groups), sequences, tokens and payload bytes per env (envs holding nothing
+        may be absent). Kept incrementally: O(envs), not O(held groups)."""
 
     # --- envs: one record per env, each with the version of the change that last wrote it ---
     @abstractmethod

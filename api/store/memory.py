@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Store, Txn
+from api.store.base import HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Store, Txn
 
 T = TypeVar("T")
 
@@ -19,12 +19,18 @@ def _counts_of(item: QueuedItem) -> QueueCounts:
     return QueueCounts(1, item.n_groups, item.meta.seqs, item.meta.tokens, len(item.payload))
 
 
+def _held_counts_of(group: HeldGroup) -> QueueCounts:
+    return QueueCounts(1, 1, group.meta.seqs, group.meta.tokens, len(group.payload))
+
+
 class _State:
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
         self.queues: dict[int, deque[QueuedItem]] = {}
         self.counts: dict[int, QueueCounts] = {}
-        self.buffers: dict[int, list[BufferedGroup]] = {}
+        self.held: dict[int, dict[int, HeldGroup]] = {}
+        """Side buffers: held groups by env, then by item id (oldest first)."""
+        self.held_counts: dict[int, QueueCounts] = {}
         self.replies: dict[str, str] = {}
         self.envs: dict[int, tuple[str, int, str]] = {}
         """(name, version, record) by env id."""
@@ -119,12 +125,34 @@ class MemoryTxn(Txn):
     def counts(self) -> dict[int, QueueCounts]:
         return dict(self._s.counts)
 
-    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
-        return list(self._s.buffers.get(env_id, ()))
+    def hold(self, env_id: int, group: HeldGroup) -> None:
+        self._restore(self._s.held, env_id)
+        self._restore(self._s.held_counts, env_id)
+        held = dict(self._s.held.get(env_id, {}))  # a copy per transaction: the undo restores the old dict
+        held[group.meta.item_id] = group
+        self._s.held[env_id] = held
+        self._s.held_counts[env_id] = self._s.held_counts.get(env_id, QueueCounts()) + _held_counts_of(group)
 
-    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
-        self._restore(self._s.buffers, env_id)
-        self._s.buffers[env_id] = list(groups)
+    def held(self, env_id: int) -> list[HeldMeta]:
+        return [HeldMeta(g.meta, g.held_at, len(g.payload)) for g in self._s.held.get(env_id, {}).values()]
+
+    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
+        wanted = list(item_ids)
+        held = self._s.held.get(env_id, {})
+        if len(set(wanted)) != len(wanted) or any(i not in held for i in wanted):
+            raise KeyError(f"groups {wanted} are not all held (once) for env {env_id}")
+        if not wanted:
+            return []
+        self._restore(self._s.held, env_id)
+        self._restore(self._s.held_counts, env_id)
+        out = [held[i] for i in wanted]
+        self._s.held[env_id] = {i: g for i, g in held.items() if i not in set(wanted)}
+        gone = sum((_held_counts_of(g) for g in out), QueueCounts())
+        self._s.held_counts[env_id] = self._s.held_counts[env_id] - gone
+        return out
+
+    def held_counts(self) -> dict[int, QueueCounts]:
+        return {env: c for env, c in self._s.held_counts.items() if c.items}
 
     def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
         self._restore(self._s.envs, env_id)

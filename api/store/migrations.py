@@ -13,9 +13,9 @@ misread it. Steps, once released, never change: a change of layout is a new step
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger("rollbuf")
 
@@ -26,6 +26,9 @@ class Step:
 
     why: str
     statements: tuple[str, ...]
+    convert: Callable[[Any], None] | None = None
+    """Run after the statements, with the backend's `Database`: moves data SQL cannot reshape (msgpack blobs
+    into rows). It is written against that backend's own class, so it may use its connection."""
 
 
 class Database(Protocol):
@@ -69,6 +72,8 @@ def migrate(db: Database, steps: Sequence[Step], *, hint: str = "") -> int:
     for step in steps[found:]:
         for statement in step.statements:
             db.execute(statement)
+        if step.convert is not None:
+            step.convert(db)
     if found != latest:
         db.set_version(latest)
         if found:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from api.store import Store, make_store
-from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.base import HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
         txn.pop(0, [ids[1]])
         txn.pop(0, [ids[2]], keep_for=3)
         txn.set_value("k", "v")
-        txn.set_buffer(0, [BufferedGroup(2, 20, 0, b"x")])
+        txn.hold(0, HeldGroup(ItemMeta(txn.next_item_id(), 2, 20, 0), 1.0, b"x"))
         txn.put_reply("key", "reply")
         txn.put_batch(3, b"batch", [ids[2]])
         txn.put_env(0, "math", 1, "{}")
@@ -89,32 +89,69 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     def snapshot(t: Txn) -> tuple[object, ...]:
         return (
             [m.item_id for m in t.head(0)], list(t.head(7)), t.counts(), t.get_value("k"), t.get_value("after-clear"),
-            t.get_buffer(0), t.get_reply("key"), t.get_batch(3), t.envs_since(-1), t.get_counts("received"),
+            t.held(0), t.held_counts(), t.get_reply("key"), t.get_batch(3), t.envs_since(-1), t.get_counts("received"),
         )  # fmt: skip
 
     counts = {0: QueueCounts(3, 3, 12, 120, size(ids))}
-    assert await store.transact(snapshot) == (ids, [], counts, None, None, [], None, None, [], {})
+    assert await store.transact(snapshot) == (ids, [], counts, None, None, [], {}, None, None, [], {})
 
 
-async def test_values_buffers_replies_batches_round_trip(store: Store) -> None:
-    buf = [BufferedGroup(2, 20, 5, b"a"), BufferedGroup(1, 9, 6, b"b")]
-
+async def test_values_replies_batches_round_trip(store: Store) -> None:
     def write(t: Txn) -> None:
         t.set_value("k", "v1")
         t.set_value("k", "v2")
-        t.set_buffer(3, buf)
         t.put_reply("r", '{"status": "received"}')
         for step in range(5):
             t.put_batch(step, f"batch{step}".encode(), [])
         t.drop_batches_before(3)
 
     await store.transact(write)
-    got = await store.transact(
-        lambda t: (t.get_value("k"), t.get_buffer(3), t.get_reply("r"), [t.get_batch(s) for s in range(5)])
-    )
-    assert got == ("v2", buf, '{"status": "received"}', [None, None, None, b"batch3", b"batch4"])
-    await store.transact(lambda t: t.set_buffer(3, []))
-    assert await store.transact(lambda t: t.get_buffer(3)) == []
+    got = await store.transact(lambda t: (t.get_value("k"), t.get_reply("r"), [t.get_batch(s) for s in range(5)]))
+    assert got == ("v2", '{"status": "received"}', [None, None, None, b"batch3", b"batch4"])
+
+
+async def test_held_groups_are_rows_counted_apart_from_the_queue(store: Store) -> None:
+    """The side buffer: held groups per env, oldest first, counted beside (never in) the queue counts; a
+    release returns them with payloads, in the order asked, all or none."""
+    queued = await fill(store, 3, 1)
+
+    def hold(t: Txn) -> list[int]:
+        ids = []
+        for seqs, payload in [(2, b"aa"), (1, b"b"), (3, b"ccc")]:
+            meta = ItemMeta(t.next_item_id(), seqs, 10 * seqs, 5)
+            t.hold(3, HeldGroup(meta, 100.0 + seqs, payload))
+            ids.append(meta.item_id)
+        t.hold(4, HeldGroup(ItemMeta(t.next_item_id(), 1, 7, 6), 50.0, b"d"))
+        return ids
+
+    ids = await store.transact(hold)
+    held = await store.transact(lambda t: t.held(3))
+    assert held == [
+        HeldMeta(ItemMeta(ids[0], 2, 20, 5), 102.0, 2),
+        HeldMeta(ItemMeta(ids[1], 1, 10, 5), 101.0, 1),
+        HeldMeta(ItemMeta(ids[2], 3, 30, 5), 103.0, 3),
+    ]
+    counts, held_counts = await store.transact(lambda t: (t.counts(), t.held_counts()))
+    assert counts == {3: QueueCounts(1, 1, 4, 40, size(queued))}
+    assert held_counts == {3: QueueCounts(3, 3, 6, 60, 6), 4: QueueCounts(1, 1, 1, 7, 1)}
+
+    def release_missing(t: Txn) -> None:
+        with pytest.raises(KeyError):
+            t.release(3, [ids[0], 999_999])
+
+    await store.transact(release_missing)  # caught inside: nothing was released
+    assert len(await store.transact(lambda t: t.held(3))) == 3
+    out = await store.transact(lambda t: t.release(3, [ids[2], ids[0]]))
+    assert [(g.meta.item_id, g.payload, g.held_at) for g in out] == [(ids[2], b"ccc", 103.0), (ids[0], b"aa", 102.0)]
+    assert [h.meta.item_id for h in await store.transact(lambda t: t.held(3))] == [ids[1]]
+    assert await store.transact(lambda t: t.held_counts()) == {
+        3: QueueCounts(1, 1, 1, 10, 1),
+        4: QueueCounts(1, 1, 1, 7, 1),
+    }
+    await store.transact(lambda t: t.release(3, [ids[1]]))
+    assert await store.transact(lambda t: (t.held(3), t.held_counts())) == ([], {4: QueueCounts(1, 1, 1, 7, 1)})
+    await store.transact(lambda t: t.clear())
+    assert await store.transact(lambda t: (t.held(4), t.held_counts())) == ([], {})
 
 
 async def test_envs_are_read_as_far_as_they_changed(store: Store) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from api.ingest import QueueFull, check_capacity, reused_key_message, still_valid
 from api.limits import QueueLimits
 from api.schema import Registration
+from api.side_buffer import SideLimits
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts
 from api.submissions import Submission, decode, group_key, request_key
@@ -22,10 +23,10 @@ ENVS = [EnvRecord(0, "a", "a_0", 1.0, 4, 512, None), EnvRecord(1, "b", "b_0", 1.
 RUN = RunState(Registration.model_validate(registration()), 3, True, ENVS)
 
 
-def sub(env_id: int | None = 0, *, key: str | None = None, **extra: Any) -> Submission:
-    """One submission of a 4 x 8 token group, validated against RUN."""
+def sub(env_id: int | None = 0, *, key: str | None = None, n: int = 4, **extra: Any) -> Submission:
+    """One submission of an n x 8 token group, validated against RUN."""
     [s] = decode(
-        orjson.dumps(group(4, 8, env_id, **extra)), "application/json", RUN, QueueLimits(), many=False, key=key
+        orjson.dumps(group(n, 8, env_id, **extra)), "application/json", RUN, QueueLimits(), many=False, key=key
     )
     return s
 
@@ -65,7 +66,7 @@ def test_reused_key_messages_name_the_key_and_where() -> None:
 
 @given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 4), st.none() | st.integers(1, 30),
        st.none() | st.integers(1, 1000), st.none() | st.integers(1, 20), st.none() | st.integers(1, 600),
-       st.none() | st.integers(1, 20 * SIZE), st.none() | st.integers(1, 10 * SIZE))  # fmt: skip
+       st.none() | st.integers(1, 20 * SIZE), st.none() | st.integers(1, 10 * SIZE), st.integers(0, 20))  # fmt: skip
 def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     a: int,
     b: int,
@@ -76,10 +77,14 @@ def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     env_tokens: int | None,
     max_bytes: int | None,
     env_bytes: int | None,
+    held: int,
 ) -> None:
     """n groups of env 0 (32 tokens, SIZE bytes each) against a queue holding `a` groups of env 0 and `b` of
-    env 1."""
-    counts = {0: QueueCounts(a, a, 4 * a, 32 * a, SIZE * a), 1: QueueCounts(b, b, 4 * b, 32 * b, SIZE * b)}
+    env 1, `held` of env 0's in its side buffer (which counts against the queue limits alike)."""
+    held = min(held, a)
+    q = a - held
+    counts = {0: QueueCounts(q, q, 4 * q, 32 * q, SIZE * q), 1: QueueCounts(b, b, 4 * b, 32 * b, SIZE * b)}
+    side = {0: QueueCounts(held, held, 4 * held, 32 * held, SIZE * held)}
     limits = QueueLimits(max_groups, max_tokens, env_groups, env_tokens, max_bytes, env_bytes)
     over = [
         max_groups is not None and a + b + n > max_groups,
@@ -92,7 +97,28 @@ def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     subs = [sub(0)] * n
     if any(over):
         with pytest.raises(QueueFull) as exc:
-            check_capacity(limits, counts, subs)
+            check_capacity(limits, counts, side, subs, set(), RUN)
         assert "queue full" in str(exc.value.detail) and exc.value.headers == {"Retry-After": "2"}
     else:
-        check_capacity(limits, counts, subs)
+        check_capacity(limits, counts, side, subs, set(), RUN)
+
+
+@given(st.integers(0, 10), st.integers(1, 3), st.none() | st.integers(1, 12), st.none() | st.integers(1, 12 * SIZE))
+def test_a_group_to_hold_is_refused_exactly_when_its_side_buffer_would_pass_a_bound(
+    held: int, n: int, max_groups: int | None, max_bytes: int | None
+) -> None:
+    """n half groups (2 of env 0's 4 sequences: held) against a side buffer holding `held` groups; whole groups
+    of the same env are never refused for its side buffer."""
+    half = len(sub(0, n=2).payload)
+    side = {0: QueueCounts(held, held, 2 * held, 16 * held, half * held)}
+    limits = QueueLimits(side=SideLimits(max_groups, max_bytes, None))
+    over = (max_groups is not None and held + n > max_groups) or (
+        max_bytes is not None and half * (held + n) > max_bytes
+    )
+    subs = [sub(0, n=2)] * n
+    if over:
+        with pytest.raises(QueueFull, match="env 0's side buffer"):
+            check_capacity(limits, {}, side, subs, {0}, RUN)
+    else:
+        check_capacity(limits, {}, side, subs, {0}, RUN)
+    check_capacity(limits, {}, side, [sub(0)] * n, {0}, RUN)  # whole groups are queued, not held

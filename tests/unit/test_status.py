@@ -20,7 +20,7 @@ def counts(a_groups: int, b_groups: int) -> dict[int, QueueCounts]:
 
 def test_env_status_counts_others_beyond_their_reserved_share() -> None:
     """Another env's sequences count against this env's queue only beyond the share reserved for it."""
-    status = env_status(RUN, ENVS[1], counts(3, 2), QueueLimits())
+    status = env_status(RUN, ENVS[1], counts(3, 2), {}, QueueLimits())
     assert status.current_step == 5 and status.self_queue_size == 2
     assert status.queue_size == (16 + max(0, 12 - 8)) // 8  # a's 12 sequences less its 8 reserved (32 * 0.25)
     assert status.unallocated_fraction == 0.75 and status.max_group_size == 8
@@ -29,12 +29,13 @@ def test_env_status_counts_others_beyond_their_reserved_share() -> None:
 
 def test_a_disconnected_env_no_longer_weighs_or_reserves() -> None:
     envs = [EnvRecord(0, "a", "a_0", 2.0, 4, 512, 0.25, connected=False), ENVS[1]]
-    status = env_status(RunState(RUN.registration, 5, True, envs), envs[1], counts(3, 2), QueueLimits())
+    status = env_status(RunState(RUN.registration, 5, True, envs), envs[1], counts(3, 2), {}, QueueLimits())
     assert status.env_weight == 1.0 and status.unallocated_fraction == 1.0 and status.queue_size == (16 + 12) // 8
 
 
 def test_zero_weight_is_floored() -> None:
     envs = [EnvRecord(0, "a", "a_0", 0.0, 4, 512, None), ENVS[1]]
     assert (
-        env_status(RunState(RUN.registration, 5, True, envs), envs[0], {}, QueueLimits()).env_weight == MIN_ENV_WEIGHT
+        env_status(RunState(RUN.registration, 5, True, envs), envs[0], {}, {}, QueueLimits()).env_weight
+        == MIN_ENV_WEIGHT
     )

@@ -3,7 +3,7 @@ in memory between BEGIN and COMMIT.
 
 A `Group` is one PostgreSQL transaction. BEGIN, the store lock, the small tables (values, counts, the item id
 counter) and the replies the functions announced are read in one round trip; most writes (appended items,
-their payloads, replies, counts, values, side buffers) wait in `Pending` and go with the COMMIT in one
+their payloads, replies, counts, values) wait in `Pending` and go with the COMMIT in one
 pipeline. Reads that miss the cache go to the database (api/store/postgres/txn.py).
 """
 
@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import msgpack
 import psycopg
 from psycopg import sql
 
-from api.store.base import BufferedGroup, ItemMeta
+from api.store.base import ItemMeta
 from api.store.postgres.config import PostgresConfig
 
 _FLUSH_QUEUE = (
@@ -39,10 +38,6 @@ _FLUSH_COUNTS = (
 _FLUSH_VALUES = (
     "INSERT INTO kv (key, value) SELECT * FROM unnest(%b::text[], %b::text[]) "
     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-)
-_FLUSH_BUFFERS = (
-    "INSERT INTO buffers (env_id, data) SELECT * FROM unnest(%b::int8[], %b::bytea[]) "
-    "ON CONFLICT (env_id) DO UPDATE SET data = excluded.data"
 )
 
 _FLUSH_COUNTERS = (
@@ -76,9 +71,6 @@ class Pending:
     replies: dict[str, str] = field(default_factory=dict)
     fetched_replies: dict[str, str | None] = field(default_factory=dict)
     """Stored replies read at BEGIN, None where there is none: replaced, never changed in place (not copied)."""
-    buffers: dict[int, list[BufferedGroup]] = field(default_factory=dict)
-    """Buffers read or written in this group; `dirty_buffers` to be written."""
-    dirty_buffers: set[int] = field(default_factory=set)
     appended: bool = False
     counters: dict[tuple[str, str], int] = field(default_factory=dict)
     """Deltas to add to the counters table, by (kind, name)."""
@@ -93,8 +85,6 @@ class Pending:
             dict(self.payloads),
             dict(self.replies),
             self.fetched_replies,
-            dict(self.buffers),
-            set(self.dirty_buffers),
             self.appended,
             dict(self.counters),
         )
@@ -171,14 +161,6 @@ class Group:
             if p.dirty_values:
                 keys = sorted(p.dirty_values)
                 conn.execute(_FLUSH_VALUES, [keys, [p.values[k] for k in keys]])
-            if p.dirty_buffers:
-                keep = sorted(e for e in p.dirty_buffers if p.buffers.get(e))
-                empty = sorted(e for e in p.dirty_buffers if not p.buffers.get(e))
-                if keep:
-                    data = [pack_buffer(p.buffers[e]) for e in keep]
-                    conn.execute(_FLUSH_BUFFERS, [keep, data], binary=True)
-                if empty:
-                    conn.execute("DELETE FROM buffers WHERE env_id = ANY(%b)", [empty])
             if p.counters:
                 counted = sorted(p.counters)
                 conn.execute(
@@ -190,7 +172,3 @@ class Group:
             if notify is not None and (p.appended or p.dirty_values):  # data queued, or the run or an env changed
                 conn.execute("SELECT pg_notify(%b, %b)", [self.config.channel, notify])
             conn.execute("COMMIT", prepare=False)
-
-
-def pack_buffer(groups: list[BufferedGroup]) -> bytes:
-    return cast(bytes, msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True))

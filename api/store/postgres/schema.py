@@ -6,13 +6,46 @@ exactly as that release created it; every later change is a step of its own, nev
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import msgpack
 import psycopg
 from psycopg import sql
 
+from api.store.base import held_slot
 from api.store.migrations import Step, migrate
 from api.store.postgres.config import PostgresConfig
+
+
+def _held_rows(db: _Schema) -> None:
+    """Version 4: each side-buffer blob (msgpack of (seqs, tokens, policy_step, payload), oldest first) becomes
+    one row per group, with a new item id and counts beside the queue's; held since the migration."""
+    s = db.schema
+    conn = db.conn
+    now = time.time()
+    row = conn.execute(sql.SQL("SELECT value FROM {}.meta WHERE key = 'next_item_id'").format(s)).fetchone()
+    next_id = int(row[0]) if row else 1
+    hold = sql.SQL(
+        "INSERT INTO {}.held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+    ).format(s)
+    count = sql.SQL(
+        "INSERT INTO {}.counts (env_id, items, groups, seqs, tokens, bytes) VALUES (%s, %s, %s, %s, %s, %s)"
+    )
+    for env_id, data in conn.execute(
+        sql.SQL("SELECT env_id, data FROM {}.buffers ORDER BY env_id").format(s)
+    ).fetchall():
+        counts = [0, 0, 0, 0, 0]
+        for seqs, tokens, step, payload in msgpack.unpackb(bytes(data)):
+            conn.execute(hold, (next_id, env_id, seqs, tokens, step, now, len(payload), payload))
+            next_id += 1
+            counts = [counts[0] + 1, counts[1] + 1, counts[2] + seqs, counts[3] + tokens, counts[4] + len(payload)]
+        if counts[0]:
+            conn.execute(count.format(s), (held_slot(int(env_id)), *counts))
+    conn.execute(sql.SQL("UPDATE {}.meta SET value = %s WHERE key = 'next_item_id'").format(s), (next_id,))
+    conn.execute(sql.SQL("DROP TABLE {}.buffers").format(s))
+
 
 STEPS = (
     Step(
@@ -75,10 +108,22 @@ STEPS = (
             "DELETE FROM {s}.kv WHERE key IN ('envs', 'stats:received', 'stats:backpressure', 'dropped')",
         ),
     ),
+    Step(
+        "the side buffer holds one row per group, counted beside the queues (it was one blob per env, rewritten "
+        "whole on every change)",
+        (
+            "CREATE TABLE {s}.held (item_id bigint PRIMARY KEY, env_id bigint NOT NULL, seqs bigint NOT NULL, "
+            "tokens bigint NOT NULL, policy_step bigint NOT NULL, held_at double precision NOT NULL, "
+            "bytes bigint NOT NULL, payload bytea NOT NULL)",
+            "ALTER TABLE {s}.held ALTER COLUMN payload SET STORAGE EXTERNAL",
+            "CREATE INDEX held_by_env ON {s}.held (env_id, item_id)",
+        ),
+        convert=_held_rows,
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
-CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches", "envs", "counters")
+CLEARED = ("kv", "queue", "payloads", "counts", "held", "replies", "batches", "envs", "counters")
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-import msgpack
 import psycopg
 
-from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.base import ANON_ENV, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn, held_slot
 from api.store.jobs import head_chunk_sizes
 from api.store.postgres.cache import Group, db_key
 from api.store.postgres.schema import CLEARED
@@ -35,6 +34,17 @@ WITH q AS (
   RETURNING item_id, seqs, tokens, policy_step, n_groups
 )
 SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN payloads p USING (item_id)
+"""
+_HOLD = (
+    "INSERT INTO held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) "
+    "VALUES (%b, %b, %b, %b, %b, %b, %b, %b)"
+)
+_HELD = "SELECT item_id, seqs, tokens, policy_step, held_at, bytes FROM held WHERE env_id = %b ORDER BY item_id"
+# Releases all of these groups or, if one of them is not held for this env, none.
+_RELEASE = """
+DELETE FROM held WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
+  AND (SELECT count(*) FROM held WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
+RETURNING item_id, seqs, tokens, policy_step, held_at, payload
 """
 _DROP_BATCHES = """
 WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items),
@@ -142,20 +152,36 @@ class PostgresTxn(Txn):
         return items
 
     def counts(self) -> dict[int, QueueCounts]:
-        return {env: QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0}
+        return {env: QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0 and env >= ANON_ENV}
 
-    # --- side buffers ---
-    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
-        p = self._p
-        if env_id not in p.buffers:
-            row = self._db.execute("SELECT data FROM buffers WHERE env_id = %b", (env_id,), binary=True).fetchone()
-            p.buffers[env_id] = [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
-        return list(p.buffers[env_id])
+    # --- side buffers: rows written through (a rare path), counted in the cache beside the queues ---
+    def hold(self, env_id: int, group: HeldGroup) -> None:
+        m = group.meta
+        size = len(group.payload)
+        self._write(_HOLD, (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, group.held_at, size, group.payload))
+        self._add(held_slot(env_id), 1, 1, m.seqs, m.tokens, size)
 
-    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
-        self._writable()
-        self._p.buffers[env_id] = list(groups)
-        self._p.dirty_buffers.add(env_id)
+    def held(self, env_id: int) -> list[HeldMeta]:
+        rows = self._db.execute(_HELD, (env_id,), binary=True).fetchall()
+        return [HeldMeta(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5]) for r in rows]
+
+    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
+        wanted = list(item_ids)
+        if not wanted:
+            return []
+        if len(set(wanted)) != len(wanted):
+            raise KeyError(f"groups {wanted} are not all held (once) for env {env_id}")
+        rows = self._write(_RELEASE, {"env": env_id, "ids": wanted, "n": len(wanted)}).fetchall()
+        if len(rows) != len(wanted):
+            raise KeyError(f"groups {wanted} are not all held for env {env_id}")
+        found = {r[0]: HeldGroup(ItemMeta(r[0], r[1], r[2], r[3]), r[4], bytes(r[5])) for r in rows}
+        out = [found[i] for i in wanted]
+        for g in out:
+            self._add(held_slot(env_id), -1, -1, -g.meta.seqs, -g.meta.tokens, -len(g.payload))
+        return out
+
+    def held_counts(self) -> dict[int, QueueCounts]:
+        return {held_slot(env): QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0 and env < ANON_ENV}
 
     # --- envs: written through to the database (rare), read from it ---
     def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
@@ -252,6 +278,4 @@ class PostgresTxn(Txn):
         p.payloads.clear()
         p.replies.clear()
         p.fetched_replies = {}
-        p.buffers.clear()
         p.counters.clear()
-        p.dirty_buffers.clear()

@@ -7,9 +7,39 @@ own, never an edit of an earlier one: a file of any earlier version is brought t
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
+import msgpack
+
+from api.store.base import held_slot
 from api.store.migrations import Step, migrate
+
+
+def _held_rows(f: _File) -> None:
+    """Version 5: each side-buffer blob (msgpack of (seqs, tokens, policy_step, payload), oldest first) becomes
+    one row per group, with a new item id and counts beside the queue's; held since the migration."""
+    db = f.db
+    now = time.time()
+    next_id = int(db.execute("SELECT value FROM meta WHERE key = 'next_item_id'").fetchone()[0])
+    for env_id, data in db.execute("SELECT env_id, data FROM buffers ORDER BY env_id").fetchall():
+        counts = [0, 0, 0, 0, 0]
+        for seqs, tokens, step, payload in msgpack.unpackb(data):
+            db.execute(
+                "INSERT INTO held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                (next_id, env_id, seqs, tokens, step, now, len(payload), payload),
+            )
+            next_id += 1
+            counts = [counts[0] + 1, counts[1] + 1, counts[2] + seqs, counts[3] + tokens, counts[4] + len(payload)]
+        if counts[0]:
+            db.execute(
+                "INSERT INTO counts (env_id, items, groups, seqs, tokens, bytes) VALUES (?,?,?,?,?,?)",
+                (held_slot(env_id), *counts),
+            )
+    db.execute("UPDATE meta SET value = ? WHERE key = 'next_item_id'", (next_id,))
+    db.execute("DROP TABLE buffers")
+
 
 STEPS = (
     Step(
@@ -72,10 +102,21 @@ STEPS = (
             "DELETE FROM kv WHERE key IN ('envs', 'stats:received', 'stats:backpressure', 'dropped')",
         ),
     ),
+    Step(
+        "the side buffer holds one row per group, counted beside the queues (it was one blob per env, rewritten "
+        "whole on every change)",
+        (
+            "CREATE TABLE held (item_id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, seqs INTEGER NOT NULL, "
+            "tokens INTEGER NOT NULL, policy_step INTEGER NOT NULL, held_at REAL NOT NULL, bytes INTEGER NOT NULL, "
+            "payload BLOB NOT NULL)",
+            "CREATE INDEX held_by_env ON held (env_id, item_id, seqs, tokens, policy_step, held_at, bytes)",  # covering
+        ),
+        convert=_held_rows,
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
-CLEARED = ("kv", "queue", "payloads", "counts", "buffers", "replies", "batches", "envs", "counters")
+CLEARED = ("kv", "queue", "payloads", "counts", "held", "replies", "batches", "envs", "counters")
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
 

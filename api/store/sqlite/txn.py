@@ -11,10 +11,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from typing import cast
 
-import msgpack
 import numpy as np
 
-from api.store.base import BufferedGroup, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.base import ANON_ENV, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn, held_slot
 from api.store.jobs import head_chunk_sizes
 from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.schema import CLEARED
@@ -39,6 +38,11 @@ _ADD_COUNTS = (
     "tokens = tokens + excluded.tokens, bytes = bytes + excluded.bytes"
 )
 
+_HOLD = (
+    "INSERT INTO held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) VALUES (?,?,?,?,?,?,?,?)"
+)
+_HELD = "SELECT item_id, seqs, tokens, policy_step, held_at, bytes FROM held WHERE env_id = ? ORDER BY item_id"
+
 _ADD_COUNTER = (
     "INSERT INTO counters (kind, name, n) VALUES (?,?,?) ON CONFLICT (kind, name) DO UPDATE SET n = n + excluded.n"
 )
@@ -50,6 +54,17 @@ def _pop_sql(n: int) -> str:
     return (
         f"DELETE FROM queue WHERE env_id = ? AND item_id IN ({marks}) "
         "RETURNING item_id, seqs, tokens, policy_step, n_groups"
+    )
+
+
+@cache
+def _held_sql(n: int, delete: bool) -> str:
+    marks = ",".join("?" * n)
+    if delete:
+        return f"DELETE FROM held WHERE env_id = ? AND item_id IN ({marks})"
+    return (
+        "SELECT item_id, seqs, tokens, policy_step, held_at, payload FROM held "
+        f"WHERE env_id = ? AND item_id IN ({marks})"
     )
 
 
@@ -211,20 +226,47 @@ class SqliteTxn(Txn):
 
     def counts(self) -> dict[int, QueueCounts]:
         self._flush_counts()
-        rows = self._db.execute("SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0")
+        rows = self._db.execute(
+            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0 AND env_id >= ?", (ANON_ENV,)
+        )
         return {row[0]: QueueCounts(*row[1:]) for row in rows}
 
-    # --- side buffers ---
-    def get_buffer(self, env_id: int) -> list[BufferedGroup]:
-        row = self._db.execute("SELECT data FROM buffers WHERE env_id = ?", (env_id,)).fetchone()
-        return [] if row is None else [BufferedGroup(*g) for g in msgpack.unpackb(row[0])]
+    # --- side buffers: rows of their own, counted beside the queues (`held_slot`) ---
+    def hold(self, env_id: int, group: HeldGroup) -> None:
+        m = group.meta
+        size = len(group.payload)
+        self._db.execute(
+            _HOLD, (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, group.held_at, size, group.payload)
+        )
+        self._add(held_slot(env_id), 1, 1, m.seqs, m.tokens, size)
 
-    def set_buffer(self, env_id: int, groups: list[BufferedGroup]) -> None:
-        if not groups:
-            self._db.execute("DELETE FROM buffers WHERE env_id = ?", (env_id,))
-            return
-        data = msgpack.packb([(g.seqs, g.tokens, g.policy_step, g.payload) for g in groups], use_bin_type=True)
-        self._db.execute("INSERT OR REPLACE INTO buffers (env_id, data) VALUES (?, ?)", (env_id, data))
+    def held(self, env_id: int) -> list[HeldMeta]:
+        rows = self._db.execute(_HELD, (env_id,)).fetchall()
+        return [HeldMeta(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5]) for r in rows]
+
+    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
+        wanted = list(item_ids)
+        if not wanted:
+            return []
+        found: dict[int, HeldGroup] = {}
+        for chunk in _chunks(wanted):
+            for r in self._db.execute(_held_sql(len(chunk), False), (env_id, *chunk)).fetchall():
+                found[r[0]] = HeldGroup(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5])
+        if len(found) != len(wanted) or len(set(wanted)) != len(wanted):
+            raise KeyError(f"groups {wanted} are not all held (once) for env {env_id}")
+        for chunk in _chunks(wanted):  # found them all: nothing fails past this point
+            self._db.execute(_held_sql(len(chunk), True), (env_id, *chunk))
+        out = [found[i] for i in wanted]
+        for g in out:
+            self._add(held_slot(env_id), -1, -1, -g.meta.seqs, -g.meta.tokens, -len(g.payload))
+        return out
+
+    def held_counts(self) -> dict[int, QueueCounts]:
+        self._flush_counts()
+        rows = self._db.execute(
+            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0 AND env_id < ?", (ANON_ENV,)
+        )
+        return {held_slot(row[0]): QueueCounts(*row[1:]) for row in rows}
 
     # --- idempotency replies ---
     def get_reply(self, key: str) -> str | None:
