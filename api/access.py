@@ -137,6 +137,7 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     # the trainer's (Atropos trainers call /reset_data to start a run)
     ("POST", "/register"): TRAINER_SIDE,
     ("GET", "/batch"): TRAINER_SIDE,
+    ("POST", "/commit"): TRAINER_SIDE,
     ("GET", "/reset_data"): TRAINER_SIDE,
     ("GET", "/latest_example"): TRAINER_SIDE,
     # views anyone with a key reads

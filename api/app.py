@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect
 
 from api import connections, wandb_stats
 from api.auth import require_api_key
+from api.commits import ReadAhead
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
@@ -49,7 +50,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = make_store(settings.store)
-        app.state.service = service = Service(TimedStore(store), limits=queue_limits(settings))
+        app.state.service = service = Service(
+            TimedStore(store),
+            limits=queue_limits(settings),
+            read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
+        )
         log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
         if wandb_stats.configured():

@@ -67,3 +67,5 @@ class BatchWaiting:
     reason: str | None = None
     blocked: bool = False
     not_registered: bool = False
+    read_ahead: bool = False
+    """A trainer in commit mode read as far ahead as the bound allows: `reason` says so; a commit ends it."""

@@ -12,11 +12,14 @@ import orjson
 from api import state, stats
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
 from api.batches import BatchWaiting, Formation, FormedBatch
+from api.commits import COMMIT, ReadAhead, read_ahead_full
 from api.errors import Conflict, Gone, RollbufError
 from api.filters import STALE
 from api.records import decode_meta
 from api.state import RunState
 from api.store.base import ANON_ENV, QueueCounts, Txn
+
+DEFAULT_READ_AHEAD = ReadAhead()
 
 
 class Unservable(RollbufError):
@@ -41,27 +44,46 @@ def check_servable(payload: bytes, step: int, env_name: str) -> None:
 
 
 def batch_txn(
-    txn: Txn, step: int | None, known: RunState | None = None, *, as_json: bool = False
+    txn: Txn,
+    step: int | None,
+    known: RunState | None = None,
+    *,
+    as_json: bool = False,
+    read_ahead: ReadAhead = DEFAULT_READ_AHEAD,
 ) -> FormedBatch | BatchWaiting:
-    """Batch `step` (served again while it is the last one handed out), or the next one formed; without
-    `step`, the next one formed and not kept (Atropos). The first call marks the run as started. `known`: a run
+    """Batch `step` (served again until it is acknowledged), or the next one formed; without `step`, the next
+    one formed (in "next" mode not kept: Atropos). The first call marks the run as started. `known`: a run
     state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
     batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
-    (`Unservable`), leaving its groups queued."""
+    (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
+    (`api/commits.py`)."""
     run = state.load(txn, known)
     reg = run.registration
     if reg is None:
         return BatchWaiting(not_registered=True)
     if not run.started:
         state.save_run(txn, reg, started=True)
-    if step is None:
+    commit_mode = reg.acknowledge == COMMIT
+    if step is None and not commit_mode:
         return form(txn, run, keep=False, as_json=as_json)
+    if step is None:
+        step = run.step
     if step > run.step:
         raise Conflict(
             f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
         )
-    txn.drop_batches_before(step)  # asking for N acknowledges every batch before it
+    kept = before = state.load_kept(txn, run)
+    if not commit_mode:  # asking for N acknowledges every batch before it
+        txn.drop_batches_before(step)
+        kept = kept.acknowledge(step)
+    elif step < kept.committed:
+        raise Gone(
+            f"batch {step} is no longer available: every batch before {kept.committed} was committed",
+            loc=("query", "step"),
+        )
     if step < run.step:
+        if kept != before:
+            state.save_kept(txn, kept)
         stored = txn.get_batch(step)
         if stored is None:
             raise Gone(
@@ -70,7 +92,14 @@ def batch_txn(
                 loc=("query", "step"),
             )
         return FormedBatch.unpack(step, stored)
-    return form(txn, run, keep=True, as_json=as_json)
+    if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
+        return BatchWaiting(reason=why, read_ahead=True)
+    result = form(txn, run, keep=True, as_json=as_json)
+    if isinstance(result, FormedBatch):
+        kept = kept.keep(result.step, len(result.stored))
+    if kept != before:
+        state.save_kept(txn, kept)
+    return result
 
 
 def form(txn: Txn, run: RunState, *, keep: bool, as_json: bool = False) -> FormedBatch | BatchWaiting:

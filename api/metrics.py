@@ -110,6 +110,15 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self.snap
         yield GaugeMetricFamily("rollbuf_step", "The next batch's step (0 before a trainer registers).", snap.step)
+        yield GaugeMetricFamily(
+            "rollbuf_committed_step", "Every batch before this step is acknowledged (committed).", snap.committed
+        )
+        yield GaugeMetricFamily(
+            "rollbuf_kept_batches", "Served batches kept for serving again (not acknowledged).", snap.kept_batches
+        )
+        yield GaugeMetricFamily(
+            "rollbuf_kept_batch_bytes", "Bytes of the batches kept for serving again.", snap.kept_bytes
+        )
         yield CounterMetricFamily("rollbuf_batches", "Batches formed.", snap.batches)
         blocked = GaugeMetricFamily(
             "rollbuf_blocked", "1 while no batch can be formed for a reason more data alone will not fix."

@@ -165,6 +165,33 @@ class Registration(_Request, _Text):
     """Drop groups whose mean score is below this."""
     max_score: float | None = Field(default=None, allow_inf_nan=False)
     """Drop groups whose mean score is above this."""
+    acknowledge: Literal["next", "commit"] = "next"
+    """How served batches are acknowledged (freed). "next" (Atropos): asking for batch N acknowledges every
+    batch before it. "commit": `POST /commit` acknowledges them, and batches from the last commit on are served
+    again with `?step=N` however far the trainer read ahead (within `max_read_ahead_batches`): for trainers
+    that prefetch. Chosen here, before the first batch: a first commit would come too late for batches read
+    ahead of it."""
+
+
+class CommitRequest(_Request):
+    """POST /commit: every batch before `step` is trained and saved (the trainer's checkpoint hook sends it)."""
+
+    integer_fields = frozenset(["step"])
+
+    step: int = Field(ge=0, le=SAFE_INT_MAX)
+    """The step training resumes from, as a checkpoint stores it: the batches before it are acknowledged and
+    freed. At most the next step to be served; a step at or below the last commit changes nothing."""
+
+
+class CommitReply(_Wire):
+    committed_step: int
+    """Every batch before this step is acknowledged (the largest step committed, or asked for in "next" mode)."""
+    next_step: int
+    """The next batch to be formed: batches `committed_step` to `next_step - 1` are kept for serving again."""
+    kept_batches: int
+    """Batches kept for serving again."""
+    kept_bytes: int
+    """What they hold, as stored."""
 
 
 class RegisterReply(_Wire):
@@ -202,6 +229,12 @@ class Status(_Wire):
     """Queued tokens over all environments."""
     queued_bytes: int = 0
     """Queued bytes over all environments, as stored (metadata included): what `max_queue_bytes` limits."""
+    committed_step: int = 0
+    """Every batch before this step is acknowledged (committed, or in "next" mode asked past)."""
+    kept_batches: int = 0
+    """Served batches kept for serving again with `?step=` (not acknowledged yet)."""
+    kept_bytes: int = 0
+    """Bytes those batches hold, as stored: what `max_read_ahead_bytes` bounds."""
     held_groups: int = 0
     """Groups waiting in side buffers (of another size than their env's `group_size`), not in `queue_size`;
     they count against the queue limits."""

@@ -20,8 +20,10 @@ from functools import partial
 
 from api import state, stats, submissions
 from api.access import ANONYMOUS, Identity
+from api.acks import commit_txn
 from api.batches import BatchWaiting, FormedBatch
 from api.body import INLINE_PARSE, off_loop
+from api.commits import Kept, ReadAhead
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
 from api.formation import batch_txn
 from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
@@ -29,7 +31,16 @@ from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
 from api.records import GroupRecord, decode
-from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, Registration, ScoredReply, Status
+from api.schema import (
+    CommitReply,
+    EnvRegistered,
+    EnvStatus,
+    Info,
+    RegisterEnv,
+    Registration,
+    ScoredReply,
+    Status,
+)
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn
 from api.store.base import Store, Txn
@@ -48,6 +59,8 @@ LATEST_MAX_BYTES = 4 << 20
 class Service:
     store: Store
     limits: QueueLimits = field(default_factory=QueueLimits)
+    read_ahead: ReadAhead = field(default_factory=ReadAhead)
+    """How far a trainer in commit mode may read past its last commit."""
     _latest: bytes | None = None
     """The stored record of the last group of at most `LATEST_MAX_BYTES` this process queued."""
     _run: RunState | None = None
@@ -80,6 +93,7 @@ class Service:
             if run.registration is None:
                 state.save_run(txn, reg, started=False)
                 state.save_step(txn, reg.starting_step)
+                state.save_kept(txn, Kept(reg.starting_step))
                 return
             if run.registration != reg:
                 changed = sorted(k for k, v in reg.model_dump().items() if getattr(run.registration, k) != v)
@@ -331,7 +345,9 @@ class Service:
         kind marks the run as started (environments may register from then on).
         """
         self._sweep_soon()
-        result = await self.store.transact(lambda txn: batch_txn(txn, step, self._run, as_json=as_json))
+        result = await self.store.transact(
+            lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead)
+        )
         if isinstance(result, FormedBatch) and result.formation is not None:
             formed = result.formation
             FORMATION_SECONDS.observe(formed.seconds)
@@ -341,6 +357,12 @@ class Service:
                 result.step, result.n_groups, result.seqs, result.tokens, mix, formed.seconds * 1000,
             )  # fmt: skip
         return result
+
+    async def commit(self, step: int) -> CommitReply:
+        """Acknowledge every batch before `step` (POST /commit); wakes a trainer waiting at its read-ahead bound."""
+        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run))
+        self.wakeups.changed()
+        return reply
 
     # ----------------------------------------------------------------------------- status
 

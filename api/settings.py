@@ -106,6 +106,13 @@ class Settings(BaseSettings):
     gzip_level: int = Field(1, ge=1, le=9)
     """Compression level of gzip responses (1-9; JSON batches use ISA-L, capped at its 3); 1 is several times
     faster than Atropos's 9 at a slightly larger size."""
+    max_read_ahead_batches: int = Field(8, ge=1)
+    """With `acknowledge: "commit"`: batches served and not committed past which `/batch` answers 503 +
+    Retry-After (code `read_ahead_full`) instead of forming another, so a trainer that never commits cannot
+    hold the whole run."""
+    max_read_ahead_bytes: int | None = Field(4096 * MiB, gt=0)
+    """With `acknowledge: "commit"`: bytes of served, uncommitted batches past which no further batch is formed
+    (one always is: the bound is checked before forming)."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
     max_world_size: int = Field(4096, ge=1)

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from api.commits import Kept
 from api.schema import Registration
 from api.store.base import Txn
 
@@ -18,6 +19,8 @@ RUN_KEY = "run"
 STEP_KEY = "step"
 ENV_DIR_KEY = "env_dir"
 """The env list's epoch, version and length; the envs themselves are rows (`Txn.put_env`)."""
+KEPT_KEY = "kept"
+"""The acknowledged mark and the sizes of the batches kept past it (`api.commits.Kept`)."""
 CREDITS_KEY = "credits"
 BLOCKED_KEY = "blocked"
 ANON_NAME = "(no env_id)"
@@ -120,6 +123,17 @@ def save_run(txn: Txn, registration: Registration, started: bool) -> None:
 
 def save_step(txn: Txn, step: int) -> None:
     _put(txn, STEP_KEY, step)
+
+
+def load_kept(txn: Txn, run: RunState) -> Kept:
+    """What the run keeps for serving again. A store written before this was tracked knows of no commit: the
+    mark starts at the next step (what it served before stays servable as it was, by `Txn.get_batch`)."""
+    raw = _get(txn, KEPT_KEY, None)
+    return Kept(run.step) if raw is None else Kept.from_json(raw)
+
+
+def save_kept(txn: Txn, kept: Kept) -> None:
+    _put(txn, KEPT_KEY, kept.to_json())
 
 
 def save_env(txn: Txn, run: RunState, env: EnvRecord) -> RunState:

@@ -113,6 +113,12 @@ class Snapshot:
     envs: list[EnvSnapshot]
     wandb_project: str | None = None
     wandb_group: str | None = None
+    committed: int = 0
+    """Every batch before this step is acknowledged."""
+    kept_batches: int = 0
+    kept_bytes: int = 0
+    """Served batches kept for serving again, and their bytes."""
+    acknowledge: str = "next"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +127,10 @@ class Snapshot:
             "batches": self.batches,
             "batch_size": self.batch_size,
             "blocked_reason": self.blocked_reason,
+            "committed": self.committed,
+            "kept_batches": self.kept_batches,
+            "kept_bytes": self.kept_bytes,
+            "acknowledge": self.acknowledge,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "envs": [
                 {
@@ -163,6 +173,7 @@ def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | 
     if anon_seen:
         envs.append((ANON_ENV, anon_name, 1.0, 0, True, None))
     reg = run.registration
+    kept = state.load_kept(txn, run)
     return Snapshot(
         registered=reg is not None,
         step=run.step if reg else 0,
@@ -189,4 +200,8 @@ def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | 
         ],
         wandb_project=reg.wandb_project if reg else None,
         wandb_group=reg.wandb_group if reg else None,
+        committed=kept.committed if reg else 0,
+        kept_batches=len(kept.sizes),
+        kept_bytes=kept.bytes,
+        acknowledge=reg.acknowledge if reg else "next",
     )

@@ -17,12 +17,16 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
     run = state.load(txn, known)
     total = sum(txn.counts().values(), QueueCounts())
     held = sum(txn.held_counts().values(), QueueCounts())
+    kept = state.load_kept(txn, run)
     return Status(
         current_step=run.step if run.registration else 0,
         queue_size=total.groups,
         queued_sequences=total.seqs,
         queued_tokens=total.tokens,
         queued_bytes=total.bytes,
+        committed_step=kept.committed if run.registration else 0,
+        kept_batches=len(kept.sizes),
+        kept_bytes=kept.bytes,
         held_groups=held.groups,
         held_sequences=held.seqs,
         held_tokens=held.tokens,

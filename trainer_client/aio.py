@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from api.schema import Info, RegisterReply, Status
+from api.schema import CommitReply, Info, RegisterReply, Status
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
@@ -66,6 +66,11 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
     async def status(self) -> Status:
         return Status.model_validate_json((await self._request("GET", "/status")).content)
 
+    async def commit(self, step: int) -> CommitReply:
+        """See `TrainerClient.commit`."""
+        reply = await self._request("POST", "/commit", json={"step": step})
+        return CommitReply.model_validate_json(reply.content)
+
     async def batches(
         self,
         *,
@@ -95,7 +100,15 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
             elif pause := cursor.pause():
                 await asyncio.sleep(pause)
 
-    async def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        step: int | None = None,
+        answer: Callable[[httpx.Response], bool] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
         kwargs.setdefault("timeout", self.timeout)
         headers = self.endpoint.headers | kwargs.pop("headers", {})
         tries = 0
@@ -104,7 +117,7 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
                 tries = attempt.retry_state.attempt_number
                 with attempt:
                     reply = await self._http.request(method, self.base_url + path, headers=headers, **kwargs)
-                    if reply.status_code >= 400:
+                    if reply.status_code >= 400 and not (answer is not None and answer(reply)):
                         raise error_for(reply, step)
                     return reply
         except httpx.TransportError as exc:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from api.schema import Info, RegisterReply, Status
+from api.schema import CommitReply, Info, RegisterReply, Status
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
@@ -77,6 +77,14 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         """GET /status: the current step, what is queued, and why no batch can be formed (if blocked)."""
         return Status.model_validate_json(self._request("GET", "/status").content)
 
+    def commit(self, step: int) -> CommitReply:
+        """Acknowledge every batch before `step` (POST /commit): call it once the checkpoint that resumes at
+        `step` is saved (the step after the last batch trained; from one rank, after the checkpoint barrier).
+        With `register(acknowledge="commit")`, only commits free batches: batches from the last commit on are
+        served again to `batches(start_step=...)` after a crash, however far a prefetching loader read ahead.
+        A commit at or below the last one changes nothing, so it is retried like any request."""
+        return CommitReply.model_validate_json(self._request("POST", "/commit", json={"step": step}).content)
+
     def batches(
         self,
         *,
@@ -89,9 +97,12 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
     ) -> Iterator[Batch]:
         """Batches, one per step, forever (stop iterating to stop).
 
-        Asks for batch `start_step`, then the next, with `?step=`: asking for N+1 tells the server that
-        batch N arrived, and until then N is served again, so a retry or a restart with
-        `start_step=N` (the step in your checkpoint) never skips or repeats data. Without `start_step`,
+        Asks for batch `start_step`, then the next, with `?step=`. A run registered with
+        `acknowledge="next"` (the default) acknowledges batch N when N+1 is asked for; with
+        `acknowledge="commit"`, when `commit()` passes it. Until then N is served again, so a retry or a restart
+        with `start_step=N` (the step in your checkpoint) never skips or repeats data. In commit mode the
+        iterator may read ahead of training (a prefetching loader) up to the server's bound
+        (`max_read_ahead_batches`); there it waits for a commit, as it waits for data. Without `start_step`,
         it starts at the server's current step. Waits by long-polling (`wait` seconds per request);
         against a server that does not (Atropos) it polls with backoff and jitter and sends no query
         parameters. `rank`/`world_size` give this data-parallel rank its share of every batch.
@@ -115,7 +126,15 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
 
     # ------------------------------------------------------------------------------------------- sending
 
-    def _request(self, method: str, path: str, *, step: int | None = None, **kwargs: Any) -> httpx.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        step: int | None = None,
+        answer: Callable[[httpx.Response], bool] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
         """Send with retries; error replies become exceptions (errors.error_for)."""
         kwargs.setdefault("timeout", self.timeout)
         headers = self.endpoint.headers | kwargs.pop("headers", {})
@@ -125,7 +144,7 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
                 tries = attempt.retry_state.attempt_number
                 with attempt:
                     reply = self._http.request(method, self.base_url + path, headers=headers, **kwargs)
-                    if reply.status_code >= 400:
+                    if reply.status_code >= 400 and not (answer is not None and answer(reply)):
                         raise error_for(reply, step)
                     return reply
         except httpx.TransportError as exc:

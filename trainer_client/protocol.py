@@ -34,6 +34,9 @@ JSON_S_PER_TOKEN = 2e-5
 BINARY_S_PER_TOKEN = 2e-7
 """Worst-case binary cost per token position (~60 MB/s for 12 bytes; loopback moves >1 GB/s)."""
 STEP_HEADER = "x-rollbuf-step"
+READ_AHEAD_FULL = "read_ahead_full"
+"""The error code of a /batch that a trainer in commit mode reached its read-ahead bound with: a wait, not an
+error (the training loop commits, and the prefetcher goes on)."""
 PROGRESS_EVERY_S = 30.0
 """While waiting for a batch, how often to log that it is still waiting."""
 
@@ -144,10 +147,26 @@ class Waiting:
     """No batch yet; `reason` is the server's blocked_reason when something other than data is missing."""
 
     reason: str | None = None
+    read_ahead: bool = False
+    """The server's read-ahead bound (commit mode): the next batch comes once the trainer commits."""
+
+
+def is_read_ahead_full(response: httpx.Response) -> bool:
+    """A 503 that says the trainer read as far ahead of its last commit as the server allows."""
+    if response.status_code != 503:
+        return False
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(body, dict) and body.get("code") == READ_AHEAD_FULL
 
 
 def parse_batch_reply(response: httpx.Response, step: int | None) -> Batch | Waiting:
-    """A /batch reply as a Batch, or Waiting; raises NotRegistered or a ServerError."""
+    """A /batch reply as a Batch, or Waiting (the read-ahead bound too); raises NotRegistered or a
+    ServerError."""
+    if is_read_ahead_full(response):
+        return Waiting(str(orjson.loads(response.content).get("detail")), read_ahead=True)
     if response.status_code >= 400:
         raise error_for(response, step)
     header = response.headers.get(STEP_HEADER)
@@ -249,7 +268,13 @@ class Cursor:
     def request(self) -> dict[str, Any]:
         """Keyword arguments of the next GET /batch (the client's `_request`)."""
         q = self.query
-        return {"params": q.params(self.step), "headers": q.headers(), "timeout": q.timeout, "step": self.step}
+        return {
+            "params": q.params(self.step),
+            "headers": q.headers(),
+            "timeout": q.timeout,
+            "step": self.step,
+            "answer": is_read_ahead_full,
+        }
 
     def receive(self, result: Batch | Waiting) -> Batch | None:
         """Take a parsed reply: the batch (the cursor moves to the next step), or None while waiting."""
@@ -263,7 +288,8 @@ class Cursor:
         return None
 
     def pause(self) -> float:
-        """Seconds to wait before asking again after no batch: none when the server long-polls."""
+        """Seconds to wait before asking again after no batch: none when the server long-polls (it held the
+        request until a commit or its wait ended, also at the read-ahead bound)."""
         if self.query.long_poll:
             return 0.0
         self._polls += 1

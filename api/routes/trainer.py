@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from api.batches import BatchWaiting, FormedBatch
 from api.body import accepts_gzip, gzip_compress
+from api.commits import ReadAheadFull
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.logs import RateLimiter
@@ -30,7 +31,17 @@ from api.records import (
     split_records,
     to_atropos,
 )
-from api.schema import REGISTRATION_EXAMPLE, BatchReply, Info, RegisterReply, Registration, Status, WandbInfo
+from api.schema import (
+    REGISTRATION_EXAMPLE,
+    BatchReply,
+    CommitReply,
+    CommitRequest,
+    Info,
+    RegisterReply,
+    Registration,
+    Status,
+    WandbInfo,
+)
 from api.sharding import Cost, rank_share, shard, subset
 
 router = APIRouter(tags=["trainer"])
@@ -69,7 +80,7 @@ async def register(
                 STEP_HEADER: {"description": "The batch's step (with a batch).", "schema": {"type": "integer"}}
             },
         },
-        **errors(409, 410, 422),
+        **errors(409, 410, 422, 503),
     },
 )
 async def batch(
@@ -80,7 +91,12 @@ async def batch(
         float, Query(ge=0, description="Hold the request up to this many seconds until a batch is ready.")
     ] = 0.0,
     step: Annotated[
-        int | None, Query(ge=0, description="Ask for batch N; it is served again until N+1 is asked for.")
+        int | None,
+        Query(
+            ge=0,
+            description="Ask for batch N; it is served again until it is acknowledged: N+1 asked for, or, with "
+            '`acknowledge: "commit"`, a commit past N.',
+        ),
     ] = None,
     rank: Annotated[
         int | None,
@@ -127,6 +143,8 @@ async def batch(
         if remaining <= 0:
             if wakeups.count != tried_at:
                 wakeups.pass_on()  # woken, and leaving without trying: the next waiter tries
+            if result.read_ahead:  # not now: a commit ends it (clients retry a 503; a 4xx they would not)
+                raise ReadAheadFull(result.reason, settings.retry_after)
             return _json(_no_batch(result))
         # Nothing changed since the last try: wait, at no cost, to be woken. Changes while waiting without being
         # woken were another waiter's to try (it found no batch, or it took one and woke the next).
@@ -188,6 +206,14 @@ def _no_batch(result: BatchWaiting) -> dict[str, object]:
 
 def _json(obj: object) -> Response:
     return Response(dumps(obj), media_type="application/json")
+
+
+@router.post("/commit", response_model=CommitReply, responses=errors(409, 422))
+async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
+    """Acknowledge every batch before `step`: trained and saved, so they are freed (the trainer's checkpoint
+    hook sends it; one commit for all data-parallel ranks). With `acknowledge: "commit"` this is how batches are
+    acknowledged; a commit at or below the last one changes nothing, so retrying one is safe."""
+    return await service.commit(body.step)
 
 
 @router.get("/status", response_model=Status)

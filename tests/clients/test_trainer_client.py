@@ -112,6 +112,33 @@ def test_restart_at_step_n_gets_n_again_then_earlier_steps_are_gone(http: httpx.
         take(restarted, 1, start_step=9)
 
 
+def test_commit_mode_reads_ahead_resumes_from_the_commit_and_waits_at_the_bound(settings: Settings) -> None:
+    with (
+        serve_in_thread(settings.model_copy(update={"max_read_ahead_batches": 3})) as url,
+        httpx.Client(base_url=url) as http,
+    ):
+        rb = TrainerClient(http_client=http)
+        rb.register(batch_size=8, max_token_len=64, acknowledge="commit")
+        submit(http, 10)
+        first = take(rb, 3)  # a loader that read three ahead of training
+        assert rb.commit(1).committed_step == 1  # the checkpoint after batch 0
+        restarted = take(TrainerClient(http_client=http), 3, start_step=1)  # a crash: resume at the checkpoint
+        assert [b.group_ids for b in restarted[:2]] == [b.group_ids for b in first[1:]]  # served again
+        assert restarted[2].step == 3
+        with pytest.raises(BatchGone):
+            take(rb, 1, start_step=0)
+        batches = TrainerClient(http_client=http).batches(start_step=4, wait=0.5)
+        got: list[Batch] = []
+        reader = threading.Thread(target=lambda: got.append(next(batches)), daemon=True)
+        reader.start()  # at the bound (steps 1-3 served, not committed): it waits, as for data
+        reader.join(timeout=1.5)
+        assert reader.is_alive() and not got
+        reply = rb.commit(3)
+        assert (reply.committed_step, reply.next_step, reply.kept_batches) == (3, 4, 1)
+        reader.join(timeout=30)
+        assert got and got[0].step == 4
+
+
 def test_rank_shares_cover_every_sequence_once(http: httpx.Client) -> None:
     rb = TrainerClient(http_client=http)
     rb.register(batch_size=16, max_token_len=64)
