@@ -75,7 +75,7 @@ def submit_txn(
     held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}
     for env_id in sorted(held_envs):  # room that expired groups leave counts for what arrives now
         expire_held(txn, run, env_id, now, limits.side)
-    check_capacity(limits, txn.counts(), txn.held_counts(), [s for _, s in fresh], held_envs, run)
+    check_capacity(limits, txn.counts(), txn.held_counts(), [s for _, s in fresh])
     reg = run.registration
     assert reg is not None
     received: dict[str, int] = {}
@@ -90,7 +90,7 @@ def submit_txn(
             state.count_dropped(txn, name, reason)
             reply = ScoredReply(status="received")
         elif env is not None and held_env(run, sub) is env:
-            reply = hold_group(txn, env, sub, step, now)
+            reply = hold_group(txn, env, sub, step, now, limits)
         else:
             enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
             reply = ScoredReply(status="received")
@@ -115,15 +115,10 @@ def held_env(run: RunState, sub: Submission) -> EnvRecord | None:
 
 
 def check_capacity(
-    lim: QueueLimits,
-    counts: dict[int, QueueCounts],
-    held: dict[int, QueueCounts],
-    subs: Sequence[Submission],
-    held_envs: set[int],
-    run: RunState,
+    lim: QueueLimits, counts: dict[int, QueueCounts], held: dict[int, QueueCounts], subs: Sequence[Submission]
 ) -> None:
     """QueueFull when storing `subs` would take the queue and side buffers (or an env's share of them) past a
-    limit, or an env's side buffer past its own."""
+    limit. (A side buffer's own bound is checked as a group is held: one that completes held groups fits.)"""
     if not subs:
         return
     stored = dict(counts)
@@ -131,13 +126,10 @@ def check_capacity(
         stored[env_id] = stored.get(env_id, QueueCounts()) + c
     total = sum(stored.values(), QueueCounts())
     per_env: dict[int, QueueCounts] = {}
-    to_hold: dict[int, QueueCounts] = {}
     for s in subs:
         env_id = ANON_ENV if s.env_id is None else s.env_id
         adds = QueueCounts(1, 1, s.record.seqs, s.record.n_tokens, len(s.payload))
         per_env[env_id] = per_env.get(env_id, QueueCounts()) + adds
-        if env_id in held_envs and held_env(run, s) is not None:
-            to_hold[env_id] = to_hold.get(env_id, QueueCounts()) + adds
     add = sum(per_env.values(), QueueCounts())
     full = None
     if lim.max_groups is not None and total.groups + add.groups > lim.max_groups:
@@ -155,10 +147,6 @@ def check_capacity(
                 full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
             elif lim.max_env_bytes is not None and have.bytes + more.bytes > lim.max_env_bytes:
                 full = f"env {env_id} has {have.bytes} bytes queued; the limit is {lim.max_env_bytes}"
-        for env_id, more in to_hold.items():
-            why = side_buffer.full(held.get(env_id, QueueCounts()), more, lim.side)
-            if full is None and why is not None:
-                full = f"env {env_id}'s side buffer (groups of another size than its group_size) {why}"
     if full:
         raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
 
@@ -169,13 +157,23 @@ def enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: b
     txn.append(env_id, QueuedItem(meta=meta, n_groups=1, payload=payload))
 
 
-def hold_group(txn: Txn, env: EnvRecord, sub: Submission, step: int, now: float) -> ScoredReply:
+def hold_group(txn: Txn, env: EnvRecord, sub: Submission, step: int, now: float, limits: QueueLimits) -> ScoredReply:
     """Hold a group whose size is not its env's group_size aside, or queue it with held groups that together
-    with it make whole groups (Atropos's mixed-size buffering). Costs the group, not what the buffer holds."""
+    with it make whole groups (Atropos's mixed-size buffering). Costs the group, not what the buffer holds.
+    QueueFull if holding it would pass the side buffer's bound (one that completes held groups always fits)."""
     held = txn.held(env.env_id)
     meta = ItemMeta(txn.next_item_id(), sub.record.seqs, sub.record.n_tokens, step)
     picked = side_buffer.to_release(held, meta.seqs, env.group_size)
     if picked is None:
+        holds = QueueCounts(len(held), len(held), sum(h.meta.seqs for h in held), sum(h.meta.tokens for h in held),
+                            sum(h.size for h in held))  # fmt: skip
+        why = side_buffer.full(holds, QueueCounts(1, 1, meta.seqs, meta.tokens, len(sub.payload)), limits.side)
+        if why is not None:
+            raise QueueFull(
+                f"queue full: env {env.env_id}'s side buffer (groups of another size than its group_size) {why}; "
+                "retry later, or send whole groups",
+                limits.retry_after,
+            )
         txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
         return ScoredReply(status="buffered", buffer_size=sum(h.meta.seqs for h in held) + meta.seqs)
     old = [held[i].meta.item_id for i in picked if i < len(held)]

@@ -5,29 +5,18 @@ answers 503 (and wakes on a commit); a trainer in the default mode (Atropos's) s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 
-from api.app import create_app
 from api.settings import Settings
+from tests.asgi import serving
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
 
 MSGPACK = {"Accept": "application/msgpack"}
-
-
-@asynccontextmanager
-async def serving(settings: Settings, **update: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings.model_copy(update=update))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            yield c
 
 
 async def start(c: httpx.AsyncClient, groups: int, **reg: Any) -> None:

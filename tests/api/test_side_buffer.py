@@ -5,27 +5,17 @@ groups expire and are counted, and an env whose groups vary in size has them que
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from api.app import create_app
 from api.settings import Settings
+from tests.asgi import serving
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def serving(settings: Settings, **update: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings.model_copy(update=update))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            yield c
 
 
 async def start(c: httpx.AsyncClient, **env_fields: Any) -> None:

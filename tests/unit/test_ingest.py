@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from api import side_buffer
 from api.ingest import QueueFull, check_capacity, reused_key_message, still_valid
 from api.limits import QueueLimits
 from api.schema import Registration
@@ -97,28 +98,20 @@ def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     subs = [sub(0)] * n
     if any(over):
         with pytest.raises(QueueFull) as exc:
-            check_capacity(limits, counts, side, subs, set(), RUN)
+            check_capacity(limits, counts, side, subs)
         assert "queue full" in str(exc.value.detail) and exc.value.headers == {"Retry-After": "2"}
     else:
-        check_capacity(limits, counts, side, subs, set(), RUN)
+        check_capacity(limits, counts, side, subs)
 
 
-@given(st.integers(0, 10), st.integers(1, 3), st.none() | st.integers(1, 12), st.none() | st.integers(1, 12 * SIZE))
-def test_a_group_to_hold_is_refused_exactly_when_its_side_buffer_would_pass_a_bound(
+@given(st.integers(0, 10), st.integers(1, 3), st.none() | st.integers(1, 12), st.none() | st.integers(1, 1200))
+def test_a_side_buffer_is_full_exactly_when_one_more_group_passes_a_bound(
     held: int, n: int, max_groups: int | None, max_bytes: int | None
 ) -> None:
-    """n half groups (2 of env 0's 4 sequences: held) against a side buffer holding `held` groups; whole groups
-    of the same env are never refused for its side buffer."""
-    half = len(sub(0, n=2).payload)
-    side = {0: QueueCounts(held, held, 2 * held, 16 * held, half * held)}
-    limits = QueueLimits(side=SideLimits(max_groups, max_bytes, None))
+    have = QueueCounts(held, held, 2 * held, 16 * held, 100 * held)
+    adding = QueueCounts(n, n, 2 * n, 16 * n, 100 * n)
+    why = side_buffer.full(have, adding, SideLimits(max_groups, max_bytes, None))
     over = (max_groups is not None and held + n > max_groups) or (
-        max_bytes is not None and half * (held + n) > max_bytes
+        max_bytes is not None and 100 * (held + n) > max_bytes
     )
-    subs = [sub(0, n=2)] * n
-    if over:
-        with pytest.raises(QueueFull, match="env 0's side buffer"):
-            check_capacity(limits, {}, side, subs, {0}, RUN)
-    else:
-        check_capacity(limits, {}, side, subs, {0}, RUN)
-    check_capacity(limits, {}, side, [sub(0)] * n, {0}, RUN)  # whole groups are queued, not held
+    assert (why is not None) == over
