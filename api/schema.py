@@ -208,6 +208,9 @@ class Info(_Wire):
     content_types: list[str] | None = None
     """Encodings of /batch (Accept) and /scored_data(_list) (Content-Type) the server speaks; clients use
     JSON when this is absent (Atropos)."""
+    max_read_ahead_batches: int | None = None
+    """With `acknowledge: "commit"`: how many served batches may be uncommitted before `/batch` waits for a commit
+    (a trainer checks that it commits often enough)."""
 
 
 class WandbInfo(_Wire):

@@ -208,7 +208,7 @@ def _json(obj: object) -> Response:
     return Response(dumps(obj), media_type="application/json")
 
 
-@router.post("/commit", response_model=CommitReply, responses=errors(409, 422))
+@router.post("/commit", response_model=CommitReply, responses=errors(400, 409, 422))
 async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
     """Acknowledge every batch before `step`: trained and saved, so they are freed (the trainer's checkpoint
     hook sends it; one commit for all data-parallel ranks). With `acknowledge: "commit"` this is how batches are
@@ -224,9 +224,12 @@ async def status(service: ServiceDep) -> Status:
 
 @router.get("/info", response_model=Info)
 async def info(service: ServiceDep) -> Info:
-    """The trainer's batch size and max token length (-1 before registration), and the encodings spoken."""
+    """The trainer's batch size and max token length (-1 before registration), the encodings spoken, and the
+    read-ahead bound of commit mode."""
     info = await service.info()
-    return info.model_copy(update={"content_types": CONTENT_TYPES})
+    return info.model_copy(
+        update={"content_types": CONTENT_TYPES, "max_read_ahead_batches": service.read_ahead.max_batches}
+    )
 
 
 @router.get("/wandb_info", response_model=WandbInfo)

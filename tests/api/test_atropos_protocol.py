@@ -19,7 +19,8 @@ SCORED_KEYS = {
     "distill_logprobs",
 }  # fmt: skip
 BOTH = ["application/json", "application/msgpack"]
-"""rollbuf's one addition to /info (`content_types`); Atropos clients read only the other two keys."""
+"""rollbuf's additions to /info (`content_types`, `max_read_ahead_batches`); Atropos clients read only the other
+two keys."""
 
 
 def gz_json(obj: Any) -> tuple[bytes, dict[str, str]]:
@@ -38,7 +39,12 @@ async def status_env(client: httpx.AsyncClient, env_id: int) -> dict[str, Any]:
 async def test_before_registration(client: httpx.AsyncClient) -> None:
     assert (await client.get("/")).json() == {"message": "AtroposLib API"}
     assert (await client.get("/status")).json()["current_step"] == 0
-    assert (await client.get("/info")).json() == {"batch_size": -1, "max_token_len": -1, "content_types": BOTH}
+    assert (await client.get("/info")).json() == {
+        "batch_size": -1,
+        "max_token_len": -1,
+        "content_types": BOTH,
+        "max_read_ahead_batches": 8,
+    }
     assert (await client.get("/wandb_info")).json() == {"group": None, "project": None}
     assert (await client.get("/batch")).json() == {
         "status": "error",
@@ -52,7 +58,12 @@ async def test_full_atropos_round(client: httpx.AsyncClient) -> None:
     r = await client.post("/register", json=registration(batch_size=16.0))
     assert r.status_code == 200
     assert isinstance(r.json()["uuid"], int)
-    assert (await client.get("/info")).json() == {"batch_size": 16, "max_token_len": 512, "content_types": BOTH}
+    assert (await client.get("/info")).json() == {
+        "batch_size": 16,
+        "max_token_len": 512,
+        "content_types": BOTH,
+        "max_read_ahead_batches": 8,
+    }
     assert (await client.get("/wandb_info")).json() == {"group": "g", "project": "p"}
 
     # an env that registers before the trainer's first /batch is told to wait
@@ -125,7 +136,12 @@ async def test_full_atropos_round(client: httpx.AsyncClient) -> None:
 
     r = await client.get("/reset_data")
     assert r.text == "Reset successful"
-    assert (await client.get("/info")).json() == {"batch_size": -1, "max_token_len": -1, "content_types": BOTH}
+    assert (await client.get("/info")).json() == {
+        "batch_size": -1,
+        "max_token_len": -1,
+        "content_types": BOTH,
+        "max_read_ahead_batches": 8,
+    }
 
 
 async def test_status_env_query_param(client: httpx.AsyncClient) -> None:

@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,8 +79,11 @@ def crash_and_resume(
     landed = 0
     for k in range(KILLS):
         proc = trainer(urls[k % len(urls)], checkpoint, log, commit_url=urls[(k + 1) % len(urls)])
+        ready = checkpoint.with_suffix(f".ready-{proc.pid}")
+        while not ready.exists() and proc.poll() is None:  # started (imports take a while on a busy machine)
+            time.sleep(0.02)
         try:
-            proc.wait(timeout=rng.uniform(0.3, 1.8))  # a random point: starting, reading ahead, checkpointing
+            proc.wait(timeout=rng.uniform(0.0, 0.6))  # a random point: reading ahead, training, checkpointing
         except subprocess.TimeoutExpired:
             landed += 1
         kill(proc)
@@ -110,6 +114,7 @@ def test_a_trainer_killed_anywhere_trains_every_group_once_on_sqlite(tmp_path: P
         landed = crash_and_resume(1, checkpoint, tmp_path / "trainer.log", [servers[0].url], servers, every=5)
         check(checkpoint, acknowledged)
         assert landed >= KILLS // 2, f"only {landed} kills landed mid-run"
+        print(f"sqlite: {KILLS + 1} runs, {landed} kills mid-run, {len(acknowledged)} groups trained once")
         status = httpx.get(servers[0].url + "/status").json()
         assert (status["committed_step"], status["kept_batches"], status["queue_size"]) == (STEPS, 0, 0)
     finally:
@@ -130,6 +135,7 @@ def test_a_trainer_killed_anywhere_trains_every_group_once_on_two_postgres_repli
         landed = crash_and_resume(2, checkpoint, tmp_path / "trainer.log", urls, servers, every=10)
         check(checkpoint, acknowledged)
         assert landed >= KILLS // 2, f"only {landed} kills landed mid-run"
+        print(f"postgresql x2: {KILLS + 1} runs, {landed} kills mid-run, {len(acknowledged)} groups trained once")
         for server in servers:  # a commit through one replica freed the batches on both
             status = httpx.get(server.url + "/status").json()
             assert (status["committed_step"], status["kept_batches"]) == (STEPS, 0)
