@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -94,6 +95,7 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         world_size: int | None = None,
         encoding: Encoding = "msgpack",
         balance: Balance = "tokens",
+        stop: threading.Event | None = None,
     ) -> Iterator[Batch]:
         """Batches, one per step, forever (stop iterating to stop).
 
@@ -108,6 +110,9 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         parameters. `rank`/`world_size` give this data-parallel rank its share of every batch.
         `encoding="msgpack"` is used when the server offers it (GET /info), else JSON.
 
+        `stop`: the iterator ends once it is set, checked after every reply (a reader thread stops within one
+        long-poll, even while no batch comes).
+
         Raises NotRegistered, BatchGone (batch N was acknowledged already), Rejected, or
         ServerUnreachable once a request got no answer until the retry deadline.
         """
@@ -116,13 +121,16 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
         cursor = Cursor(query, step)
-        while True:
+        while stop is None or not stop.is_set():
             request = cursor.request()
             batch = cursor.receive(parse_batch_reply(self._request("GET", "/batch", **request), request["step"]))
             if batch is not None:
                 yield batch
             elif pause := cursor.pause():
-                time.sleep(pause)
+                if stop is None:
+                    time.sleep(pause)
+                else:
+                    stop.wait(pause)
 
     # ------------------------------------------------------------------------------------------- sending
 

@@ -32,13 +32,22 @@ PUT_POLL_S = 0.2
 """How often a reader waiting for room in the buffer checks whether it was stopped."""
 
 
-def trl_sample_type() -> Callable[..., Any]:
-    """TRL's `RolloutSample` when TRL is installed (what its trainer expects), else `Sample`."""
+Convert = Callable[[Sample, float], Any]
+"""Turns a `Sample` and the time it was enqueued into what goes into `rollout_buffer`."""
+
+
+def to_trl_sample() -> Convert:
+    """TRL's `RolloutSample` when TRL is installed (what its trainer expects), else the `Sample` itself."""
     try:
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
     except ImportError:
-        return lambda **fields: Sample(**{k: v for k, v in fields.items() if k in Sample.__dataclass_fields__})
-    return RolloutSample
+        return lambda sample, enqueued_at: sample
+
+    def convert(sample: Sample, enqueued_at: float) -> Any:
+        fields = {name: getattr(sample, name) for name in Sample.__dataclass_fields__}
+        return RolloutSample(prompt=[], completion=[], enqueued_at=enqueued_at, **fields)
+
+    return convert
 
 
 class RolloutWorkerDied(RuntimeError):
@@ -56,7 +65,8 @@ class RollbufRolloutWorker:
 
     `start_step` is the rollbuf step to train next (the resumed checkpoint's); `RollbufCheckpoints` sets it on
     train begin. `sync_every` is TRL's `weight_sync_steps`: versions count weight syncs. `wait` is the long-poll,
-    which bounds `stop()` (plus a margin for the reply)."""
+    which bounds `stop()` (plus a margin for the reply). `convert`: what a sample becomes in the buffer (TRL's
+    `RolloutSample` by default)."""
 
     def __init__(
         self,
@@ -66,13 +76,13 @@ class RollbufRolloutWorker:
         sync_every: int = 1,
         wait: float = 5.0,
         buffered_batches: int = BUFFERED_BATCHES,
-        sample_type: Callable[..., Any] | None = None,
+        convert: Convert | None = None,
     ) -> None:
         self.client = client
         self.start_step = start_step
         self.sync_every = sync_every
         self.wait = wait
-        self._sample_type = sample_type
+        self._convert = convert
         batch_size = client.info().batch_size
         if batch_size <= 0:
             raise RuntimeError("no trainer is registered on the server: register the run before making the worker")
@@ -127,15 +137,14 @@ class RollbufRolloutWorker:
     # ------------------------------------------------------------------------------ the reader
 
     def _read(self) -> None:
-        make = self._sample_type or trl_sample_type()
+        convert = self._convert or to_trl_sample()
         try:
-            for batch in self.client.batches(start_step=self.start_step, wait=self.wait):
+            for batch in self.client.batches(start_step=self.start_step, wait=self.wait, stop=self._stop):
                 assert batch.step is not None
                 samples = samples_of(batch, sync_every=self.sync_every, offset=self._offset)
                 enqueued = time.time()
                 for s in samples:
-                    fields = {name: getattr(s, name) for name in Sample.__dataclass_fields__}
-                    if not self._put(make(prompt=[], completion=[], enqueued_at=enqueued, **fields)):
+                    if not self._put(convert(s, enqueued)):
                         return
                 self.steps_read.append(batch.step)
                 self._progress_at = time.monotonic()
