@@ -10,6 +10,7 @@ that step once the checkpoint is saved, and on a resume starts the worker there.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -129,9 +130,10 @@ class RollbufWeightSync:
 class RollbufCheckpoints(TrainerCallback):
     """Resumes the worker at the right rollbuf step and commits rollbuf's step at every checkpoint.
 
-    On train begin (after a resume has restored `global_step`), the worker starts at `starting_step +
-    global_step`. After each checkpoint is saved, its step is written into it (`rollbuf_state.json`) and then
-    committed: every batch before it is trained and saved, so rollbuf frees them. From rank 0 only."""
+    On train begin (after a resume has restored `global_step`), it refuses a configuration that cannot map one
+    batch to one optimizer step (`align`), and the worker starts at `starting_step + global_step`. After each
+    checkpoint is saved, its step is written into it (`rollbuf_state.json`) and then committed: every batch before
+    it is trained and saved, so rollbuf frees them. From rank 0 only."""
 
     def __init__(self, worker: RollbufRolloutWorker, client: TrainerClient, starting_step: int = 0) -> None:
         self.worker = worker
@@ -140,6 +142,10 @@ class RollbufCheckpoints(TrainerCallback):
         self.committed: list[int] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        info = self.client.info()
+        checked = copy.copy(args)  # TRL read its staleness bound already: `align` before building the trainer sets it
+        align(checked, batch_size=info.batch_size, world_size=args.world_size,
+              read_ahead_bound=info.max_read_ahead_batches, buffered_batches=self.worker.buffered_batches)  # fmt: skip
         resume = self.starting_step + state.global_step
         saved = _saved_step(getattr(args, "resume_from_checkpoint", None))
         if saved is not None and saved != resume:

@@ -83,6 +83,7 @@ class RollbufRolloutWorker:
         self.sync_every = sync_every
         self.wait = wait
         self._convert = convert
+        self.buffered_batches = buffered_batches
         batch_size = client.info().batch_size
         if batch_size <= 0:
             raise RuntimeError("no trainer is registered on the server: register the run before making the worker")
