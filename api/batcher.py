@@ -175,13 +175,45 @@ def _plan_exact(
     take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size, credits_now)
     if take is None:
         sizes = sorted({m.seqs for w in active for m in w.items})
+        shares = " while meeting the minimum allocations" if any(w.min_share for w in active) else ""
+        if not shares and (more := arrival_that_fills([m.seqs for w in active for m in w.items], batch_size)):
+            # Not a stall: groups of the sizes already seen can still end it (mixed sizes 6 and 8 fill 64).
+            return NoBatch(
+                f"waiting for data: queued group sizes {sizes} do not add up to exactly batch_size {batch_size} "
+                f"yet; {more} would form a batch",
+                blocked=False,
+                credits=dict(credits),
+            )
         return NoBatch(
-            f"queued group sizes {sizes} cannot add up to exactly batch_size {batch_size}"
-            + (" while meeting the minimum allocations" if any(w.min_share for w in active) else ""),
+            f"queued group sizes {sizes} cannot add up to exactly batch_size {batch_size}{shares}",
             blocked=True,
             credits=dict(credits),
         )
     return _plan_from(take, credits_now, batch_size)
+
+
+def arrival_that_fills(queued: Sequence[int], batch_size: int) -> str | None:
+    """What arrivals of the group sizes already queued would let a subset add up to exactly `batch_size`: one
+    more group of some size, or more groups; None when no number of them can (a real stall)."""
+    sizes = sorted(set(queued))
+    mask = (1 << (batch_size + 1)) - 1
+    reach = 1  # bit k: k sequences can be chosen from what is queued
+    for n in queued:
+        reach = (reach | (reach << n)) & mask
+    for s in sizes:
+        if ((reach | (reach << s)) >> batch_size) & 1:
+            return f"one more group of {s}"
+    unbounded = reach  # with any number of arrivals of these sizes
+    while True:
+        grown = unbounded
+        for s in sizes:
+            grown |= (grown << s) & mask
+        if grown == unbounded:
+            break
+        unbounded = grown
+    if (unbounded >> batch_size) & 1:
+        return f"more groups of sizes {sizes}"
+    return None
 
 
 def _prefix_fill(

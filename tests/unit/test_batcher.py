@@ -9,7 +9,16 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
+from api.batcher import (
+    BatchSpec,
+    EnvWindow,
+    NoBatch,
+    Plan,
+    arrival_that_fills,
+    plan_batch,
+    scale_shares,
+    take_window,
+)
 from api.items import ItemMeta
 
 _ids = itertools.count(1)
@@ -103,6 +112,26 @@ def test_blocked_when_sizes_can_never_add_up() -> None:
     plan = plan_batch([window(0, [3] * 10)], BatchSpec(16), {})
     assert isinstance(plan, NoBatch) and plan.blocked
     assert "cannot add up to exactly batch_size 16" in plan.reason
+
+
+def test_mixed_sizes_that_one_more_group_completes_are_waiting_not_blocked() -> None:
+    """Groups of 6 and 8 filling 64: a queue that cannot add up now is no stall when arrivals can end it."""
+    plan = plan_batch([window(0, [6] * 7 + [8] * 3)], BatchSpec(64), {})  # 66 queued, no subset is 64
+    assert isinstance(plan, NoBatch) and not plan.blocked
+    assert "one more group of" in plan.reason and "would form a batch" in plan.reason
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(1, 48))
+def test_a_stall_is_reported_exactly_when_no_arrival_of_the_queued_sizes_can_end_it(
+    queued: list[int], batch_size: int
+) -> None:
+    """Brute force: some multiset of queued groups plus up to batch_size arrivals of queued sizes sums to it."""
+    reach = {0}
+    for n in queued:
+        reach |= {r + n for r in reach if r + n <= batch_size}
+    for _ in range(batch_size):
+        reach |= {r + s for r in reach for s in set(queued) if r + s <= batch_size}
+    assert (arrival_that_fills(queued, batch_size) is not None) == (batch_size in reach)
 
 
 def test_waiting_is_not_blocked() -> None:
