@@ -12,6 +12,7 @@ Two kinds, so that the numbers are right with `--workers N` and with replicas on
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -40,8 +41,8 @@ STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 
 REQUEST_SECONDS = Histogram(
     "rollbuf_request_duration_seconds",
-    "HTTP request time from first byte in to last byte out, by route template (long-polls included).",
-    ["route", "method"],
+    "HTTP request time from first byte in to last byte out, by route template and status (long-polls included).",
+    ["route", "method", "status"],
     buckets=REQUEST_BUCKETS,
     registry=PROCESS,
 )
@@ -64,6 +65,40 @@ WAITING_LONG_POLLS = Gauge(
     registry=PROCESS,
     multiprocess_mode="livesum",
 )
+
+
+PROCESS_RSS = Gauge(
+    "rollbuf_process_resident_memory_bytes",
+    "Resident memory of this server process (with --workers N, one series per live worker: label pid).",
+    registry=PROCESS,
+    multiprocess_mode="liveall",
+)
+PROCESS_CPU = Gauge(
+    "rollbuf_process_cpu_seconds",
+    "CPU time this server process has used, user and system (with --workers N, one series per live worker).",
+    registry=PROCESS,
+    multiprocess_mode="liveall",
+)
+SAMPLE_PROCESS_S = 1.0
+"""How often a process refreshes its memory and CPU series (on a request, or on a scrape it answers)."""
+_sampled_at = float("-inf")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def sample_process(now: float) -> None:
+    """Refresh this process's memory and CPU series, at most every SAMPLE_PROCESS_S: prometheus-client's own
+    process collector does not work with --workers N (multiprocess mode), where each worker writes its own."""
+    global _sampled_at
+    if now - _sampled_at < SAMPLE_PROCESS_S:
+        return
+    _sampled_at = now
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    PROCESS_CPU.set(usage.ru_utime + usage.ru_stime)
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            PROCESS_RSS.set(int(f.read().split()[1]) * _PAGE)
+    except OSError:  # not Linux: the peak, which is what the platform reports
+        PROCESS_RSS.set(usage.ru_maxrss * 1024)
 
 
 def multiprocess() -> bool:
@@ -193,6 +228,7 @@ class _Process(Collector):
 
 def render(snap: Snapshot) -> bytes:
     """The exposition text for one scrape."""
+    sample_process(time.monotonic())
     registry = CollectorRegistry(auto_describe=False)
     if multiprocess():
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]

@@ -11,7 +11,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.logs import request_env, request_id
-from api.metrics import REQUEST_SECONDS
+from api.metrics import REQUEST_SECONDS, sample_process
 
 log = logging.getLogger("rollbuf.request")
 
@@ -56,11 +56,13 @@ class ObserveRequests:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            elapsed = time.perf_counter() - start
+            now = time.perf_counter()
+            elapsed = now - start
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED
             method = scope["method"]
-            REQUEST_SECONDS.labels(template, method).observe(elapsed)
+            REQUEST_SECONDS.labels(template, method, str(status)).observe(elapsed)
+            sample_process(time.monotonic())
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %d %.1f ms request_id=%s", method, scope["path"], status, elapsed * 1000, rid)
             request_env.reset(env_token)

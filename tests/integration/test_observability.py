@@ -21,6 +21,7 @@ from tests.small_run import (
     check_store_metrics,
     parse_metrics,
     small_run,
+    total,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -78,14 +79,18 @@ async def test_metrics_with_two_workers_and_a_second_replica(tmp_path: Path) -> 
     check_store_metrics(after_b, expected)
     # Timings: replica A's two workers summed (every request counted exactly once), replica B saw none.
     check_process_metrics(after_a, before_a, expected)
-    key = ("rollbuf_request_duration_seconds_count", (("method", "POST"), ("route", "/scored_data")))
-    assert after_b.get(key, 0) == before_b.get(key, 0) == 0
+    scored = {"route": "/scored_data", "method": "POST"}
+    assert total(after_b, "rollbuf_request_duration_seconds_count", **scored) == 0
+    assert total(before_b, "rollbuf_request_duration_seconds_count", **scored) == 0
 
     lines = log_a.read_text().splitlines()
     logged = [line for line in lines if re.match(STAMP, line)]
     assert len(logged) == len(lines), [line for line in lines if not re.match(STAMP, line)][:5]
-    healthz = ("rollbuf_request_duration_seconds_count", (("method", "GET"), ("route", "/healthz")))
-    assert after_a[healthz] - before_a.get(healthz, 0) == probes, "both workers' requests are counted, once each"
+    healthz = {"route": "/healthz", "method": "GET", "status": "200"}
+    grew = total(after_a, "rollbuf_request_duration_seconds_count", **healthz)
+    assert grew - total(before_a, "rollbuf_request_duration_seconds_count", **healthz) == probes, "counted once each"
+    pids = {dict(ls)["pid"] for (n, ls), _ in after_a.items() if n == "rollbuf_process_resident_memory_bytes"}
+    assert len(pids) == 2, "one memory series per worker"
     batch_lines = [line for line in lines if "rollbuf: batch step=" in line]
     assert len(batch_lines) == expected.batches
     assert re.search(r"batch step=0 groups=2 sequences=8 tokens=64 mix=\[math_0=8\] formation_ms=\d", batch_lines[0])
