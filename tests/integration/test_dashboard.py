@@ -81,11 +81,15 @@ def test_dashboard_shows_an_env_and_updates_live(tmp_path: Path, browser: webdri
         assert "served 100%" in mix and "weight 75%" in mix, mix
         assert int(browser.execute_script("return document.body.dataset.updates") or 0) > 3
 
-        # groups of 3 next to one group of 4 can never make exactly 8: the banner says why
+        # groups of 3 next to one group of 4 do not make 8 yet, but one more 4 would: waiting, not blocked
         c.post("/register-env", json=env("odd", 3)).raise_for_status()
         for seed in range(3):
             c.post("/scored_data", json=group(3, env_id=2, seed=seed)).raise_for_status()
         assert c.get("/batch").json()["batch"] is None
+        assert c.get("/status").json()["blocked_reason"] is None
+        # an env whose minimum share has nothing queued while others have plenty: no arrival elsewhere helps
+        c.post("/register-env", json=env("rare", 4, min_batch_allocation=0.5)).raise_for_status()
+        assert c.get("/batch").json()["batch"] is None
         reason = c.get("/status").json()["blocked_reason"]
-        assert reason
+        assert reason and "min_batch_allocation" in reason
         until(browser, "#banner", f"No batch can be formed: {reason}")
