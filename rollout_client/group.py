@@ -156,12 +156,27 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
     returned stack exits them all.
     """
     entered: dict[int, Any] = {}
+    held: list[AbstractAsyncContextManager[Any]] = []
     stack = AsyncExitStack()
+
+    async def exit_all(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        """Exit every held one at once: one cancellation reaches every exit (a bounded release that gives
+        up on closes that hang cancels them all, not one after another)."""
+        results = await asyncio.gather(*(cm.__aexit__(exc_type, exc, tb) for cm in reversed(held)),
+                                       return_exceptions=True)  # fmt: skip
+        errors = [r for r in results if isinstance(r, BaseException) and r is not exc]
+        for other in errors[1:]:
+            errors[0].add_note(f"also, releasing another resource: {type(other).__name__}: {other}")
+        if errors:
+            raise errors[0]
+        return False
+
+    stack.push_async_exit(exit_all)
 
     async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
         value = await cm.__aenter__()
         entered[i] = value  # no await between entering and recording: a cancellation cannot lose it
-        stack.push_async_exit(cm)
+        held.append(cm)
 
     try:
         async with asyncio.TaskGroup() as tg:
