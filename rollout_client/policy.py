@@ -256,9 +256,10 @@ class OpenAIPolicy:
         if r.status_code >= 400:
             if r.status_code == 400 and (m := CONTEXT_IN_400.search(r.text)) and path == "/v1/completions":
                 learned = int(m.group(1))
-                if self.context_length is None or learned < self.context_length:
-                    log.warning("inference server: the model's context is %d tokens (from a 400)", learned)
-                    self.context_length = learned
+                if len(body["prompt"]) + body["max_tokens"] > learned:  # this request asked past it: clip, again
+                    if self.context_length is None or learned < self.context_length:
+                        log.warning("inference server: the model's context is %d tokens (from a 400)", learned)
+                        self.context_length = learned
                     raise _ContextLearned()
             raise InferenceError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}", r.status_code,
                                  retry_after=parse_retry_after(r.headers.get("Retry-After")))  # fmt: skip

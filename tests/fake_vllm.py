@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -38,7 +39,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rollout_client.examples import arithmetic_script
@@ -116,7 +117,8 @@ def create_app() -> Starlette:
             "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs},
         }
         stats["200"] += 1
-        return JSONResponse({"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]})
+        reply = {"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]}
+        return Response(json.dumps(reply), media_type="application/json")  # NaN as vLLM writes it, not refused
 
     async def control(request: Request) -> JSONResponse:
         faults.update(await request.json())
