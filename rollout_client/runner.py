@@ -175,6 +175,8 @@ class RolloutRunner:
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
         self._reregistering: list[asyncio.Lock] = [asyncio.Lock() for _ in self.envs]
+        self._registrations = [0] * len(self.envs)
+        """Per env: how many times it registered (a new run may hand out the same env id again)."""
         self._held_since: float | None = None
         self._stall_logged: float | None = None
         self._resumed = False
@@ -404,22 +406,22 @@ class RolloutRunner:
                 g.deadline.reschedule(now + g.remaining)
                 g.remaining = None
 
-    async def _reregister(self, i: int, lost: int | None) -> None:
+    async def _reregister(self, i: int, lost: int) -> None:
         """Register env `i` again: the server lost its registration (a trainer's /reset_data and /register, a
         memory store restarted). Waits for the trainer like the first registration; the weights generating
         from now on are stamped with the step the new registration gives."""
         client = self.clients[i]
         async with self._reregistering[i]:
-            if client.env_id != lost:
+            if self._registrations[i] != lost:
                 return  # another group or the monitor did it meanwhile
             env = self.envs[i]
-            log.warning("env %s: the server no longer knows env_id %s: registering again", env.name, lost)
-            client.env_id = None
+            log.warning("env %s: the server no longer knows env_id %s: registering again", env.name, client.env_id)
             reg = await client.register(
                 env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
                 wait_timeout=self.register_wait,
             )  # fmt: skip
             self.stats.reregistered += 1
+            self._registrations[i] += 1
             self._policy_step = reg.starting_step
             self.stats.policy_step = reg.starting_step
             info = await client.info()
@@ -546,7 +548,7 @@ class RolloutRunner:
     async def _submit(self, i: int, group: Any) -> Any:
         """Submit, registering the env again (and submitting again, same group id) if its registration is gone."""
         for _ in range(REREGISTER_TRIES):
-            lost = self.clients[i].env_id
+            lost = self._registrations[i]
             try:
                 return await self.clients[i].submit(group)
             except Rejected as exc:
@@ -667,7 +669,7 @@ class RolloutRunner:
     async def _status(self, i: int) -> EnvStatus:
         """Env `i`'s /status-env, registering it again first if the server lost its registration."""
         for _ in range(REREGISTER_TRIES):
-            lost = self.clients[i].env_id
+            lost = self._registrations[i]
             try:
                 return await self.clients[i].status()
             except Rejected as exc:
