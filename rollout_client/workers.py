@@ -50,6 +50,8 @@ LARGE_GROUP_TOKENS = 16_384
 """A finished group with this many tokens or more is pickled in a thread (a few ms and up of CPU); smaller
 ones inline, where a thread hop would cost more than the pickling."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STARTUP_S = 60.0
+"""How long the pool's start waits for its workers to build their policies."""
 STARTUP_FAILURES = 3
 """Workers in a row that fail to start (their policy factory raises) before the pool gives up: the run
 ends with that error instead of spawning forever."""
@@ -226,6 +228,8 @@ class _Worker:
     """Why it is being replaced (it gets no new group), or None."""
     fatal: BaseException | None = None
     """What it failed to start with (its policy factory's error)."""
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once its policy is built (or it failed to start, or it exited)."""
 
     @property
     def load(self) -> int:
@@ -274,9 +278,16 @@ class WorkerPool:
         self._keys: dict[str, int] = {}
         """Group key -> its job id, while it runs."""
 
-    async def start(self) -> None:
+    async def start(self, timeout: float = STARTUP_S) -> None:
+        """Start the workers and wait (up to `timeout`) until each has built its policy: the first groups'
+        deadlines do not pay for a worker's imports."""
         for _ in range(self._n):
             await self._spawn()
+        waits = [asyncio.ensure_future(w.started.wait()) for w in self.workers]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for t in pending:
+                t.cancel()
 
     async def _spawn(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -319,9 +330,11 @@ class WorkerPool:
         kind = msg[0]
         if kind == "ready":
             self.startup_failures = 0
+            worker.started.set()
             return
         if kind == "fatal":
             worker.fatal = msg[1]
+            worker.started.set()
             return
         if kind == "inference":
             pid = worker.process.pid or 0
@@ -387,6 +400,7 @@ class WorkerPool:
         if worker not in self.workers or self.closing:
             return  # close() stops, reaps and accounts for every worker it found
         self.workers.remove(worker)
+        worker.started.set()
         self.unreachable.discard(worker.process.pid or 0)
         await worker.channel.aclose()
         await asyncio.to_thread(worker.process.join, 1.0)
