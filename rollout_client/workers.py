@@ -276,6 +276,8 @@ class WorkerPool:
         """Called when the pool's state the runner acts on changes (reachability, a fatal failure)."""
         self._background: set[asyncio.Task[None]] = set()
         self._keys: dict[str, int] = {}
+        self._changed = asyncio.Event()
+        """Set when a worker is added, or the pool fails or closes: what a group waiting for one waits on."""
         """Group key -> its job id, while it runs."""
 
     async def start(self, timeout: float = STARTUP_S) -> None:
@@ -309,6 +311,7 @@ class WorkerPool:
             return
         worker = _Worker(proc, channel)
         self.workers.append(worker)
+        self._changed.set()
         worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{proc.pid}")
         if self.paused:  # a replacement started during a weight update starts paused too
             channel.send(("pause", next(self._ids), None))
@@ -427,6 +430,7 @@ class WorkerPool:
             if self.startup_failures >= STARTUP_FAILURES:
                 self.failed = WorkerDied(f"{self.startup_failures} rollout workers in a row could not start: {what}")
                 self.failed.__cause__ = worker.fatal
+                self._changed.set()
                 log.error("%s", self.failed)
                 self.on_change()
                 return
@@ -436,11 +440,15 @@ class WorkerPool:
 
     async def run(self, env_index: int, task: Task, key: str) -> GroupOutcome:
         """Run one group on the least-busy worker; cancelling this cancels it in the worker."""
+        while not (ready := [w for w in self.workers if not w.retiring]):
+            if self.failed is not None:
+                raise self.failed
+            if self.closing:
+                raise WorkerDied("no rollout worker is running")
+            self._changed.clear()  # one is being replaced: wait for it rather than fail the group
+            await self._changed.wait()
         if self.failed is not None:
             raise self.failed
-        ready = [w for w in self.workers if not w.retiring]
-        if not ready:
-            raise WorkerDied("no rollout worker is running")
         worker = min(ready, key=lambda w: w.load)
         job = next(self._ids)
         fut: asyncio.Future[GroupOutcome] = asyncio.get_running_loop().create_future()
@@ -503,6 +511,7 @@ class WorkerPool:
     async def close(self, timeout: float = STOP_GRACE_S) -> None:
         """Stop every worker: ask, wait up to `timeout`, then kill by pid (workers ignore SIGTERM)."""
         self.closing = True
+        self._changed.set()
         loop = asyncio.get_running_loop()
         for t in self._background:
             t.cancel()
