@@ -18,7 +18,7 @@ from typing import Any
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
 from tenacity.stop import stop_base
 
-from client_core.errors import ServerError, is_retryable
+from client_core.errors import is_retryable
 
 BASE_S = 0.1
 """First backoff ceiling: short enough that a blip costs little."""
@@ -58,7 +58,7 @@ class RetryPolicy:
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
-        retry_after = exc.retry_after if isinstance(exc, ServerError) else None
+        retry_after = getattr(exc, "retry_after", None)  # ServerError's, or an inference server's 429
         return self.delay(state.attempt_number, retry_after)
 
     def _stop(self) -> stop_base:

@@ -218,8 +218,8 @@ class Session:
         self.masks.extend(out.token_ids)
         self.logprobs.extend(out.logprobs)
         self.completions.append(out)
-        if out.finish_reason == "length" and self.room is not None and self.room <= 0:
-            self.truncated = True
+        if out.context_full or (out.finish_reason == "length" and self.room is not None and self.room <= 0):
+            self.truncated = True  # stopped at the trainer's budget or at the model's context
         return out
 
     @asynccontextmanager

@@ -13,12 +13,17 @@ ClientError (= RolloutClientError)
  ├─ InferenceError(status)  the inference server failed (retried on transport errors and 5xx, never 4xx)
  ├─ TurnTimeout           one generate() ran past `turn_timeout`: the group fails
  ├─ RolloutTimeout        one rollout ran past `rollout_timeout`: the group fails
+ ├─ GroupTimeout          a whole group (rollouts, scoring, release) ran past `group_timeout`: it fails
+ ├─ EnvExited             environment code raised SystemExit (`exit()`) or the like: the group fails
+ ├─ WorkerDied / WorkerFailed  a worker exited / raised an error that does not pickle
  └─ RunFailed(reason, counts)  what ends a run: too many failed groups (or rejected ones, or the server
                           unreachable); `__cause__` is the original error
 ```
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from client_core.errors import (
     ClientError,
@@ -39,7 +44,9 @@ RolloutClientError = ClientError
 __all__ = [
     "FAILURE_REASONS",
     "ClientError",
+    "EnvExited",
     "EpisodeTruncated",
+    "GroupTimeout",
     "GroupDropped",
     "InferenceError",
     "PromptTooLong",
@@ -57,6 +64,7 @@ __all__ = [
     "describe_detail",
     "error_for_status",
     "failure_reason",
+    "registration_lost",
     "is_retryable",
     "parse_retry_after",
 ]
@@ -100,17 +108,28 @@ class EpisodeTruncated(ClientError):
 
 class InferenceError(ClientError):
     """The inference server answered with an error (`status`), or with something that is not a completion
-    (`status` None), or could not be reached (`transport` True)."""
+    (`status` None: a reply that fails validation, say a null logprob), or could not be reached (`transport`
+    True). `retry_after`: the seconds a 429 or 503 asked to wait."""
 
-    def __init__(self, message: str, status: int | None = None, *, transport: bool = False) -> None:
+    def __init__(
+        self, message: str, status: int | None = None, *, transport: bool = False, retry_after: float | None = None
+    ) -> None:
         self.status = status
         self.transport = transport
+        self.retry_after = retry_after
         super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (_inference_error, (str(self), self.status, self.transport, self.retry_after))
 
     @property
     def retryable(self) -> bool:
-        """Connection errors and 5xx may pass on a retry; a 4xx or a malformed reply never will."""
-        return self.transport or (self.status is not None and self.status >= 500)
+        """Connection errors, 429 and 5xx may pass on a retry; another 4xx or a malformed reply never will."""
+        return self.transport or (self.status is not None and (self.status >= 500 or self.status == 429))
+
+
+def _inference_error(message: str, status: int | None, transport: bool, retry_after: float | None) -> InferenceError:
+    return InferenceError(message, status, transport=transport, retry_after=retry_after)
 
 
 class TurnTimeout(ClientError, TimeoutError):
@@ -119,6 +138,22 @@ class TurnTimeout(ClientError, TimeoutError):
 
 class RolloutTimeout(ClientError, TimeoutError):
     """One rollout (its turns, tools and waits, pauses excluded) ran past the runner's `rollout_timeout`."""
+
+
+class GroupTimeout(ClientError, TimeoutError):
+    """A whole group (its rollouts, scoring and resource release, pauses excluded) ran past the runner's
+    `group_timeout`."""
+
+
+class EnvExited(ClientError):
+    """Environment code raised a BaseException that is not an error (SystemExit from `exit()`, a stray
+    KeyboardInterrupt, GeneratorExit): its group fails like any other; only a real signal stops a run."""
+
+
+def registration_lost(exc: BaseException) -> bool:
+    """The server no longer knows this env (the trainer reset the run, or a memory store restarted): 404 on
+    JSON routes, 422 naming `env_id` on the binary one."""
+    return isinstance(exc, Rejected) and (exc.status == 404 or "no environment with env_id" in str(exc.detail))
 
 
 class RunFailed(ClientError):
@@ -134,7 +169,15 @@ class RunFailed(ClientError):
         super().__init__(f"{reason}{cause}")
 
 
-FAILURE_REASONS = ("turn_timeout", "rollout_timeout", "inference_error", "worker_died", "env_error")
+FAILURE_REASONS = (
+    "turn_timeout",
+    "rollout_timeout",
+    "group_timeout",
+    "inference_error",
+    "inference_unreachable",
+    "worker_died",
+    "env_error",
+)
 """Why a group failed, as counted in `RunnerStats.failed[env][reason]`."""
 
 
@@ -145,8 +188,10 @@ def failure_reason(exc: BaseException) -> str:
         return "turn_timeout"
     if isinstance(exc, RolloutTimeout):
         return "rollout_timeout"
+    if isinstance(exc, GroupTimeout):
+        return "group_timeout"
     if isinstance(exc, InferenceError):
-        return "inference_error"
+        return "inference_unreachable" if exc.transport else "inference_error"
     if isinstance(exc, WorkerDied):
         return "worker_died"
     return "env_error"

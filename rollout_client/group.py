@@ -4,22 +4,30 @@ them and assemble the wire group. Runs the same in the runner's process and in a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from api.schema import ScoredData
 from rollout_client.env import Environment, Gate, Session, Task
-from rollout_client.errors import EpisodeTruncated, PromptTooLong, RolloutTimeout
+from rollout_client.errors import EnvExited, EpisodeTruncated, PromptTooLong, RolloutTimeout
 from rollout_client.policy import Policy
 
 log = logging.getLogger("rollout_client.group")
 
 PROMPT_TOO_LONG = "prompt_too_long"
+RELEASE_S = 30.0
+"""Default bound on releasing a group's resources (a sandbox's close): past it the release is abandoned
+(cancelled, logged, counted) and the group goes on; a close that hangs must not hold slots or a shutdown."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +36,8 @@ class GroupOutcome:
 
     group: ScoredData | None
     skipped: str | None = None
+    release_timeouts: int = 0
+    """Releases of this group's resources abandoned after `release_timeout`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +47,49 @@ class Limits:
     token_limit: int | None = None
     turn_timeout: float | None = None
     rollout_timeout: float | None = None
+    release_timeout: float | None = RELEASE_S
 
     def kwargs(self) -> dict[str, Any]:
         return {"token_limit": self.token_limit, "turn_timeout": self.turn_timeout,
-                "rollout_timeout": self.rollout_timeout}  # fmt: skip
+                "rollout_timeout": self.rollout_timeout, "release_timeout": self.release_timeout}  # fmt: skip
+
+
+def exited(exc: BaseException) -> EnvExited:
+    """A BaseException from environment code that is not an error (SystemExit, a stray KeyboardInterrupt) as
+    the group's error: the group boundary holds it, only a real signal stops a run."""
+    error = EnvExited(f"environment code raised {type(exc).__name__}({exc})")
+    error.__cause__ = exc
+    return error
+
+
+async def in_daemon_thread(fn: Callable[[], T]) -> T:
+    """`fn()` in a daemon thread, off the event loop: a verifier that never returns cannot block the loop
+    (signals, timeouts, submits still run) nor, being a daemon, the process's exit. Cancelling this abandons
+    the thread (Python cannot stop it); the worker watchdog replaces a worker that has one."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            result: T | None = fn()
+            error: BaseException | None = None
+        except Exception as exc:
+            result, error = None, exc
+        except BaseException as exc:  # exit() in a verifier fails its group only
+            result, error = None, exited(exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name="rollout-score", daemon=True).start()
+    return await fut
 
 
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
@@ -63,11 +112,30 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException | Non
     return flat[0]
 
 
-async def release(stack: AsyncExitStack, error: BaseException) -> None:
-    """Exit `stack` after `error`, which stays the error: whatever the exits raise is attached to it as notes
-    (a sandbox that fails to close must not hide why the group failed)."""
+async def bounded_close(stack: AsyncExitStack, timeout: float | None) -> bool:
+    """Exit `stack` within `timeout` s: True if it did; else its exits are cancelled and abandoned (False).
+    Run as its own task, so that a close that hangs holds neither its group nor a cancellation of it."""
+    closing = asyncio.ensure_future(stack.aclose())
     try:
-        await stack.aclose()
+        done, _ = await asyncio.wait([closing], timeout=timeout)
+    except asyncio.CancelledError:
+        closing.cancel()
+        raise
+    if done:
+        closing.result()  # re-raise what the exits raised
+        return True
+    closing.cancel()
+    closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" noise
+    log.warning("releasing a group's resources took more than release_timeout=%s s: abandoned", timeout)
+    return False
+
+
+async def release(stack: AsyncExitStack, error: BaseException, timeout: float | None = RELEASE_S) -> None:
+    """Exit `stack` after `error`, which stays the error: whatever the exits raise is attached to it as notes
+    (a sandbox that fails to close must not hide why the group failed). Bounded by `timeout`."""
+    try:
+        if not await bounded_close(stack, timeout):
+            error.add_note(f"releasing its resources took more than {timeout} s: abandoned")
     except BaseException as close_error:
         chain: list[BaseException] = []
         e: BaseException | None = close_error
@@ -88,12 +156,27 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
     returned stack exits them all.
     """
     entered: dict[int, Any] = {}
+    held: list[AbstractAsyncContextManager[Any]] = []
     stack = AsyncExitStack()
+
+    async def exit_all(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        """Exit every held one at once: one cancellation reaches every exit (a bounded release that gives
+        up on closes that hang cancels them all, not one after another)."""
+        results = await asyncio.gather(*(cm.__aexit__(exc_type, exc, tb) for cm in reversed(held)),
+                                       return_exceptions=True)  # fmt: skip
+        errors = [r for r in results if isinstance(r, BaseException) and r is not exc]
+        for other in errors[1:]:
+            errors[0].add_note(f"also, releasing another resource: {type(other).__name__}: {other}")
+        if errors:
+            raise errors[0]
+        return False
+
+    stack.push_async_exit(exit_all)
 
     async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
         value = await cm.__aenter__()
         entered[i] = value  # no await between entering and recording: a cancellation cannot lose it
-        stack.push_async_exit(cm)
+        held.append(cm)
 
     try:
         async with asyncio.TaskGroup() as tg:
@@ -126,13 +209,16 @@ async def run_group(
     group_key: str = "",
     turn_timeout: float | None = None,
     rollout_timeout: float | None = None,
+    release_timeout: float | None = RELEASE_S,
 ) -> GroupOutcome:
     """G rollouts of `task`, run together, each with its own session and resource; then scored.
 
     A rollout that raises fails the group: the first real error is raised (the others as notes), after the
     resources are released. `turn_timeout` bounds each generation request (TurnTimeout), `rollout_timeout`
     each rollout, time paused at the gate excluded (RolloutTimeout). An episode that reaches `token_limit`
-    after its first turn ends there and is kept, marked truncated.
+    after its first turn ends there and is kept, marked truncated. Scoring runs in a daemon thread (off the
+    loop); a score that is not a finite number fails the group; releasing the resources is bounded by
+    `release_timeout`. A BaseException from the environment's code (`exit()`) fails the group as EnvExited.
     """
     gate = gate or Gate()
     owner = asyncio.current_task()
@@ -157,6 +243,8 @@ async def run_group(
                 if deadline.expired():
                     raise RolloutTimeout(f"rollout took more than rollout_timeout={rollout_timeout} s") from None
                 raise
+            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+                raise exited(exc) from exc
             finally:
                 session.deadline = None
                 elapsed[i] = time.perf_counter() - t0
@@ -168,19 +256,23 @@ async def run_group(
         except BaseExceptionGroup as group:
             real = first_error(group)
             if isinstance(real, PromptTooLong):  # the same prompt for all G: one too long means the whole group
-                await stack.aclose()
-                return GroupOutcome(None, PROMPT_TOO_LONG)
+                closed = await bounded_close(stack, release_timeout)
+                return GroupOutcome(None, PROMPT_TOO_LONG, release_timeouts=int(not closed))
             if real is None:
                 raise
             raise real from None
         t0 = time.perf_counter()
-        scores = [float(env.score(task, s)) for s in sessions]  # resources still held: a verifier may need them
+        # resources still held: a verifier may need them; off the loop: a verifier may never return
+        scores = await in_daemon_thread(lambda: [float(env.score(task, s)) for s in sessions])
         score_s = (time.perf_counter() - t0) / len(sessions)
+        for i, score in enumerate(scores):
+            if not math.isfinite(score):
+                raise ValueError(f"score() returned {score} for rollout {i}: scores must be finite numbers")
     except BaseException as exc:
-        await release(stack, exc)
+        await release(stack, exc, release_timeout)
         raise
-    await stack.aclose()
-    return GroupOutcome(build_group(task, sessions, scores, elapsed, score_s))
+    closed = await bounded_close(stack, release_timeout)
+    return GroupOutcome(build_group(task, sessions, scores, elapsed, score_s), release_timeouts=int(not closed))
 
 
 def build_group(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import threading
 from collections.abc import Callable, Coroutine
 from types import TracebackType
@@ -105,7 +106,8 @@ class RunnerHandle:
     def pause(self, timeout: float | None = None) -> bool:
         """Block until no generation request is in flight (see `RolloutRunner.pause`): True if everything
         stopped in time, False if groups still generating after `timeout` s were cancelled and counted."""
-        wait = None if timeout is None else timeout + 10.0  # the runner bounds itself; this guards a dead loop
+        bound = self.runner.pause_timeout if timeout is None else timeout
+        wait = None if math.isinf(bound) else bound + 10.0  # the runner bounds itself; this guards a dead loop
         return self._call(self.runner.pause(timeout), wait)
 
     def resume(self, policy_step: int | None = None) -> None:

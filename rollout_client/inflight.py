@@ -23,6 +23,10 @@ class Group:
     submitting: bool = False
     released: bool = False
     cancelled: bool = False
+    deadline: asyncio.Timeout | None = None
+    """Its `group_timeout`, while it runs (a pause stops it)."""
+    remaining: float | None = None
+    """Seconds its deadline had left when a pause stopped it."""
 
 
 class InFlight:

@@ -8,7 +8,13 @@ re-tokenised by guesswork.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import logging
+import math
+import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,8 +22,16 @@ from typing import Any, Protocol
 import httpx
 
 from client_core.config import auth_headers
+from client_core.errors import parse_retry_after
 from client_core.retry import RetryPolicy
+from rollout_client.breaker import Breaker
 from rollout_client.errors import InferenceError, PromptTooLong
+
+log = logging.getLogger("rollout_client.policy")
+
+INFERENCE_RETRY_S = 120.0
+"""Default: how long one inference request is retried (connection errors, 429, 5xx): long enough to ride
+out a vLLM restart or a weight reload."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +41,8 @@ class Completion:
     """One per token: the sampling logprob under the weights that generated it."""
     text: str
     finish_reason: str | None = None
+    context_full: bool = False
+    """The completion stopped because prompt + completion filled the model's context: the episode is truncated."""
 
 
 class Policy(Protocol):
@@ -114,10 +130,16 @@ TOKEN_ID_PREFIX = "token_id:"
 """vLLM/SGLang spell sampled tokens as `token_id:<id>` with `return_tokens_as_token_ids`."""
 
 
-def parse_completion(body: dict[str, Any]) -> Completion:
+CONTEXT_IN_400 = re.compile(r"maximum context length is (\d+)")
+"""How vLLM (and SGLang, OpenAI) name the model's context in the 400 for a request past it."""
+
+
+def parse_completion(body: dict[str, Any], max_tokens: int | None = None) -> Completion:
     """Token ids and logprobs from a completions reply made with `logprobs` and `return_tokens_as_token_ids`.
 
-    Refuses a reply whose tokens are not ids: guessing ids back from text is how training data goes wrong.
+    Refuses (InferenceError, status None) a reply whose tokens are not ids (guessing ids back from text is how
+    training data goes wrong), a null or non-finite logprob (stored as a number it would be a lie: 0.0 is
+    probability 1), and more tokens than `max_tokens` asked for.
     """
     try:
         choice = body["choices"][0]
@@ -135,13 +157,23 @@ def parse_completion(body: dict[str, Any]) -> Completion:
         ids.append(int(tok[len(TOKEN_ID_PREFIX) :]))
     if len(logprobs) != len(ids):
         raise InferenceError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
-    return Completion(ids, [float(x) if x is not None else 0.0 for x in logprobs], choice.get("text", ""),
-                      choice.get("finish_reason"))  # fmt: skip
+    if max_tokens is not None and len(ids) > max_tokens:
+        raise InferenceError(f"{len(ids)} tokens in a completion asked for at most {max_tokens}")
+    values = []
+    for i, x in enumerate(logprobs):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            raise InferenceError(f"logprob {x!r} at generated position {i}: not a finite number")
+        values.append(float(x))
+    return Completion(ids, values, choice.get("text", ""), choice.get("finish_reason"))
 
 
 def _inference_retryable(exc: BaseException) -> bool:
-    """The inference server's own rule (InferenceError.retryable): connection errors and 5xx, never a 4xx."""
+    """The inference server's own rule (InferenceError.retryable): connection errors, 429 and 5xx."""
     return isinstance(exc, InferenceError) and exc.retryable
+
+
+class _ContextLearned(Exception):
+    """A 400 named the model's context, which the server did not list: clip to it and send again."""
 
 
 class OpenAIPolicy:
@@ -149,9 +181,14 @@ class OpenAIPolicy:
 
     Prompts go out as token ids (`prompt: [ids]`), completions come back as ids with logprobs
     (`logprobs: 1`, `return_tokens_as_token_ids: true`); text is tokenised by the server's `/tokenize`.
-    The model's context length comes from `context_length` or the server (`max_model_len` of /v1/models).
-    Connection errors and 5xx are retried with backoff (`max_attempts`, `retry_deadline`); a 4xx never is.
-    `timeout` bounds one HTTP request; the runner's `turn_timeout` bounds a whole turn, retries included.
+    The model's context length comes from `context_length`, the server (`max_model_len` of /v1/models), or
+    the first 400 that names it. Connection errors, 429 (after its Retry-After) and 5xx are retried with
+    backoff until `retry_deadline` (and `max_attempts`, if set); another 4xx never is. `timeout` bounds one
+    HTTP request; the runner's `turn_timeout` bounds a whole turn, retries included.
+
+    `breaker` opens on a connection failure and closes on the next reply; while it is open one probe
+    (GET /v1/models, with backoff) looks for the server, and `on_reachability(up)` is told of each change
+    (the runner holds dispatch meanwhile).
     """
 
     def __init__(
@@ -165,8 +202,8 @@ class OpenAIPolicy:
         timeout: float = 300.0,
         http_client: httpx.AsyncClient | None = None,
         extra_body: dict[str, Any] | None = None,
-        max_attempts: int = 5,
-        retry_deadline: float = 60.0,
+        max_attempts: int | None = None,
+        retry_deadline: float = INFERENCE_RETRY_S,
     ) -> None:
         self._http = http_client or httpx.AsyncClient(base_url=base_url, timeout=timeout, headers=auth_headers(api_key))
         self.model = model
@@ -174,17 +211,58 @@ class OpenAIPolicy:
         self.context_length = context_length
         self.extra_body = extra_body or {}
         self.max_attempts = max_attempts
-        """Tries per request (the first included) on connection errors and 5xx; a 4xx is never retried."""
+        """Tries per request (the first included), None: as many as `retry_deadline` allows."""
         self.retry_deadline = retry_deadline
         self._probed = context_length is not None
+        self.breaker = Breaker()
+        self.on_reachability: Callable[[bool], None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+
+    def _reached(self) -> None:
+        if self.breaker.success(time.monotonic()):
+            log.warning("inference server %s reachable again", self._http.base_url)
+            if self.on_reachability is not None:
+                self.on_reachability(True)
+
+    def _unreachable(self, exc: BaseException) -> None:
+        if self.breaker.failure(time.monotonic()):
+            log.warning("inference server %s unreachable (%s): holding new groups until it answers",
+                        self._http.base_url, exc)  # fmt: skip
+            if self.on_reachability is not None:
+                self.on_reachability(False)
+            if self._probe is None or self._probe.done():
+                self._probe = asyncio.get_running_loop().create_task(self._probe_until_reached())
+
+    async def _probe_until_reached(self) -> None:
+        """While the breaker is open: GET /v1/models with backoff until the server answers (whatever it says)."""
+        policy = RetryPolicy(self.retry_deadline)
+        attempt = 0
+        while not self.breaker.closed:
+            attempt += 1
+            await asyncio.sleep(policy.delay(attempt, None))
+            try:
+                await self._http.get("/v1/models")
+            except httpx.TransportError:
+                continue
+            self._reached()
 
     async def _post_once(self, path: str, body: dict[str, Any]) -> Any:
         try:
             r = await self._http.post(path, json=body)
         except httpx.TransportError as exc:
+            self._unreachable(exc)
             raise InferenceError(f"POST {path}: {type(exc).__name__}: {exc}", transport=True) from exc
+        self._reached()
         if r.status_code >= 400:
-            raise InferenceError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}", r.status_code)
+            if r.status_code == 400 and (m := CONTEXT_IN_400.search(r.text)) and path == "/v1/completions":
+                learned = int(m.group(1))
+                if len(body["prompt"]) + body["max_tokens"] > learned:  # this request asked past it: clip, again
+                    if self.context_length is None or learned < self.context_length:
+                        log.warning("inference server: the model's context is %d tokens (from a 400)", learned)
+                        self.context_length = learned
+                    raise _ContextLearned()
+            raise InferenceError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}", r.status_code,
+                                 retry_after=parse_retry_after(r.headers.get("Retry-After")))  # fmt: skip
         try:
             return r.json()
         except ValueError:
@@ -220,7 +298,16 @@ class OpenAIPolicy:
     async def generate(
         self, prompt_ids: list[int], *, max_tokens: int, token_limit: int | None = None, seed: int | None = None
     ) -> Completion:
-        budget = clip_max_tokens(len(prompt_ids), max_tokens, token_limit, await self.context())
+        try:
+            return await self._generate(prompt_ids, max_tokens, token_limit, seed)
+        except _ContextLearned:  # clipped to the context the 400 named (PromptTooLong if nothing fits)
+            return await self._generate(prompt_ids, max_tokens, token_limit, seed)
+
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, token_limit: int | None, seed: int | None
+    ) -> Completion:
+        context = await self.context()
+        budget = clip_max_tokens(len(prompt_ids), max_tokens, token_limit, context)
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt_ids,
@@ -232,7 +319,14 @@ class OpenAIPolicy:
         }
         if seed is not None:
             body["seed"] = seed
-        return parse_completion(await self._post("/v1/completions", body))
+        out = parse_completion(await self._post("/v1/completions", body), budget)
+        if context is not None and out.finish_reason == "length" and len(prompt_ids) + len(out.token_ids) >= context:
+            out = Completion(out.token_ids, out.logprobs, out.text, out.finish_reason, context_full=True)
+        return out
 
     async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
         await self._http.aclose()

@@ -14,22 +14,28 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
+import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from api.schema import EnvStatus
 from rollout_client.backpressure import Backpressure
+from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import (
     GroupDropped,
+    GroupTimeout,
     Rejected,
     RetriesExhausted,
     RolloutClientError,
     RunFailed,
     WorkerDied,
     failure_reason,
+    registration_lost,
 )
 from rollout_client.failures import (
     ERROR_WINDOW,
@@ -40,10 +46,11 @@ from rollout_client.failures import (
     Refused,
     Stored,
 )
-from rollout_client.group import GroupOutcome, Limits, run_group
+from rollout_client.group import RELEASE_S, GroupOutcome, Limits, exited, run_group
 from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
-from rollout_client.pacing import is_stale, pick_env
+from rollout_client.pacing import AHEAD, is_stale, pick_env
+from rollout_client.recycling import STUCK, RecyclePolicy
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
@@ -65,6 +72,19 @@ ROLLOUT_TIMEOUT_S = 1800.0
 """Default bound on one rollout (all its turns and tools), time paused excluded."""
 QUARANTINED_IN_A_ROW = 1000
 """A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
+GROUP_TIMEOUT_S = 3600.0
+"""Default bound on one whole group: its rollouts, scoring and resource release, time paused excluded. Past
+it the group fails (`group_timeout`); a worker running it is replaced (it may hold a verifier that never
+returns)."""
+PAUSE_S = 60.0
+"""Default bound on `pause()`: an inference server that hangs must not stall a weight sync forever."""
+INFERENCE_OUTAGE_S = 600.0
+"""An inference server unreachable this long (the circuit breaker open) ends the run."""
+STALL_WARN_S = 60.0
+"""With `max_staleness`: held back `ahead_of_trainer` this long without a `resume()` is reported (a log line
+every this often, and `health().stalled`): the runner waits for `resume()` to learn of new weights."""
+REREGISTER_TRIES = 3
+"""Submits of one group that find its env's registration gone (and register it again) before giving up."""
 
 
 class RolloutRunner:
@@ -94,6 +114,13 @@ class RolloutRunner:
         max_error_rate: float | None = MAX_ERROR_RATE,
         error_window: int = ERROR_WINDOW,
         quarantine_after: int | None = QUARANTINE_AFTER,
+        group_timeout: float | None = GROUP_TIMEOUT_S,
+        release_timeout: float | None = RELEASE_S,
+        pause_timeout: float = PAUSE_S,
+        inference_outage_timeout: float | None = INFERENCE_OUTAGE_S,
+        stall_warning: float | None = STALL_WARN_S,
+        recycle_after_groups: int | None = None,
+        max_worker_rss_bytes: int | None = None,
     ) -> None:
         if not envs:
             raise ValueError("envs: give at least one (environment, task source) pair")
@@ -114,8 +141,13 @@ class RolloutRunner:
         self.shutdown_timeout = shutdown_timeout
         self.register_wait = register_wait
         self.client_options = client_options or {}
-        self.limits = Limits(None, turn_timeout, rollout_timeout)
+        self.limits = Limits(None, turn_timeout, rollout_timeout, release_timeout)
         """What bounds a group's rollouts; the token limit is the server's, read when the run starts."""
+        self.group_timeout = group_timeout
+        self.pause_timeout = pause_timeout
+        self.inference_outage_timeout = inference_outage_timeout
+        self.stall_warning = stall_warning
+        self.recycle = RecyclePolicy(recycle_after_groups, max_worker_rss_bytes)
         self.failures = FailurePolicy(
             max_error_rate=max_error_rate, error_window=error_window, quarantine_after=quarantine_after
         )
@@ -139,6 +171,15 @@ class RolloutRunner:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
+        self._inference = Breaker()
+        """Reachability of the inference server, over every policy (this process's, the workers')."""
+        self._policy_down = False
+        self._reregistering: list[asyncio.Lock] = [asyncio.Lock() for _ in self.envs]
+        self._registrations = [0] * len(self.envs)
+        """Per env: how many times it registered (a new run may hand out the same env id again)."""
+        self._held_since: float | None = None
+        self._stall_logged: float | None = None
+        self._resumed = False
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -166,11 +207,16 @@ class RolloutRunner:
         """Stop new generation before a weight update. Returns once no generation request is in flight, in
         this process or any worker; none starts until `resume()`.
 
-        With `timeout` (seconds), it returns within about that long whatever the inference server does:
-        groups whose requests are still in flight then are cancelled, dropped and counted as
-        `skipped["pause_timeout"]`, and it returns False (True when everything stopped in time). It then
-        reads the trainer's step (within 2 s), for `resume()` to stamp."""
+        It returns within about `timeout` s (default: the runner's `pause_timeout`, 60 s; `math.inf` waits as
+        long as the requests take) whatever the inference server does: groups whose requests are still in
+        flight then are cancelled, dropped and counted as `skipped["pause_timeout"]`, and it returns False
+        (True when everything stopped in time). It then reads the trainer's step (within 2 s), for
+        `resume()` to stamp."""
+        if timeout is None:
+            timeout = self.pause_timeout
+        timeout = None if math.isinf(timeout) else timeout
         self._dispatch_open.clear()
+        self._hold_deadlines()
 
         async def here() -> bool:
             if await self._gate.close(timeout):
@@ -215,6 +261,8 @@ class RolloutRunner:
         Groups begun before stay stamped with their older step."""
         if policy_step is None:
             policy_step = max(self.policy_step, self.stats.trainer_step)
+        self._resumed = True
+        self._release_deadlines()
         self._policy_step = policy_step
         self.stats.policy_step = self._policy_step
         if self.pool is not None:
@@ -243,6 +291,10 @@ class RolloutRunner:
             policy_step=self.policy_step,
             lag=max(0, s.trainer_step - self.policy_step),
             error=None if self._error is None else str(self._error),
+            inference_reachable=s.inference_reachable,
+            inference_outages=s.inference_outages,
+            workers_recycled=dict(s.workers_recycled),
+            stalled=s.stalled,
         )
 
     # ------------------------------------------------------------------------------------------- run
@@ -258,16 +310,19 @@ class RolloutRunner:
         handled = stop_on_signals(self._loop, self.stop)
         deadline: float | None = None
         try:
-            if await unless_stopped(self._stopping, self._start()):
-                monitor = asyncio.create_task(self._monitor())
-                try:
-                    await self._dispatch(max_groups)
-                    if not self._stopping.is_set():
-                        await unless_stopped(self._stopping, self._in_flight.wait(None))
-                finally:
-                    monitor.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await monitor
+            try:
+                if await unless_stopped(self._stopping, self._start()):
+                    monitor = asyncio.create_task(self._monitor())
+                    try:
+                        await self._dispatch(max_groups)
+                        if not self._stopping.is_set():
+                            await unless_stopped(self._stopping, self._in_flight.wait(None))
+                    finally:
+                        monitor.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await monitor
+            except Exception as exc:  # whatever ends the run ends it through RunFailed and the shutdown
+                self._end(f"the runner failed: {type(exc).__name__}", exc)
             deadline = self._loop.time() + self.shutdown_timeout
             await self._shutdown(deadline)
         finally:
@@ -296,14 +351,82 @@ class RolloutRunner:
         self.limits = dataclasses.replace(self.limits, token_limit=info.max_token_len)
         self.stats.policy_step = self.policy_step
         if self.num_workers > 0:
-            self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits)
+            self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits, self.recycle)
+            self.pool.on_change = self._pool_changed
             if self._stopping.is_set():
                 self.pool.closing = True
             await self.pool.start()
             self.stats.workers_alive = len(self.pool.workers)
         else:
             self._policy = make_policy(self.policy_spec)
+            if hasattr(self._policy, "on_reachability"):  # OpenAIPolicy's circuit breaker
+
+                def changed(up: bool) -> None:
+                    self._policy_down = not up
+                    self._reachability()
+
+                self._policy.on_reachability = changed
         self.ready.set()
+
+    # ------------------------------------------------------------------------------------------- supervision
+
+    def _pool_changed(self) -> None:
+        assert self.pool is not None
+        if self.pool.failed is not None:
+            self._end("rollout workers cannot start", self.pool.failed)
+        self._reachability()
+
+    def _reachability(self) -> None:
+        """One circuit breaker over every policy: open while any says the inference server is unreachable.
+        Dispatch holds while it is open; one outage is counted once, however many groups it touched."""
+        down = self._policy_down or (self.pool is not None and bool(self.pool.unreachable))
+        now = time.monotonic()
+        changed = self._inference.failure(now) if down else self._inference.success(now)
+        self.stats.inference_reachable = self._inference.closed
+        self.stats.inference_outages = self._inference.outages
+        if changed:
+            self._changed.set()
+
+    def _hold_deadlines(self) -> None:
+        """A pause stops the groups' deadlines (a weight sync is not the group's time)."""
+        if self._loop is None:
+            return
+        now = self._loop.time()
+        for g in self._in_flight:
+            if g.deadline is not None and (when := g.deadline.when()) is not None:
+                g.remaining = max(0.0, when - now)
+                g.deadline.reschedule(None)
+
+    def _release_deadlines(self) -> None:
+        if self._loop is None:
+            return
+        now = self._loop.time()
+        for g in self._in_flight:
+            if g.deadline is not None and g.remaining is not None:
+                g.deadline.reschedule(now + g.remaining)
+                g.remaining = None
+
+    async def _reregister(self, i: int, lost: int) -> None:
+        """Register env `i` again: the server lost its registration (a trainer's /reset_data and /register, a
+        memory store restarted). Waits for the trainer like the first registration; the weights generating
+        from now on are stamped with the step the new registration gives."""
+        client = self.clients[i]
+        async with self._reregistering[i]:
+            if self._registrations[i] != lost:
+                return  # another group or the monitor did it meanwhile
+            env = self.envs[i]
+            log.warning("env %s: the server no longer knows env_id %s: registering again", env.name, client.env_id)
+            reg = await client.register(
+                env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
+                wait_timeout=self.register_wait,
+            )  # fmt: skip
+            self.stats.reregistered += 1
+            self._registrations[i] += 1
+            self._policy_step = reg.starting_step
+            self.stats.policy_step = reg.starting_step
+            info = await client.info()
+            self._backpressure.batch_size = info.batch_size
+            self._changed.set()
 
     # ------------------------------------------------------------------------------------------- dispatch
 
@@ -312,6 +435,9 @@ class RolloutRunner:
         while not self._stopping.is_set() and (max_groups is None or self.stats.dispatched < max_groups):
             if not self._dispatch_open.is_set():
                 await self._wait_change(self._dispatch_open.wait())
+                continue
+            if not self._inference.closed:  # new groups would only fail: wait for the server
+                await self._wait_change()
                 continue
             self._refresh_blocked()
             eligible = [b is None and not x for b, x in zip(self._backpressure.held, self._exhausted, strict=True)]
@@ -368,9 +494,15 @@ class RolloutRunner:
             except GroupDropped as exc:
                 self.stats.skipped[exc.reason] += 1
                 return
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:  # a group boundary: the group fails, the run goes on (unless too many do)
                 self._failed(i, task, group_id, exc)
                 return
+            except BaseException as exc:  # exit() in env code: the group fails; a real Ctrl-C is a signal
+                self._failed(i, task, group_id, exited(exc))
+                return
+            self.stats.release_timeouts += outcome.release_timeouts
             self._release(group_id)
             if outcome.group is None:
                 self.stats.skipped[outcome.skipped or "skipped"] += 1
@@ -379,7 +511,7 @@ class RolloutRunner:
             self._in_flight.groups[group_id].submitting = True
             group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
             try:
-                reply = await self.clients[i].submit(group)
+                reply = await self._submit(i, group)
             except RetriesExhausted as exc:
                 log.warning("group %s of %s not submitted: %s", group_id, env.name, exc)
                 self.stats.skipped["unsent"] += 1
@@ -413,6 +545,18 @@ class RolloutRunner:
             self._in_flight.remove(group_id)
             self._changed.set()
 
+    async def _submit(self, i: int, group: Any) -> Any:
+        """Submit, registering the env again (and submitting again, same group id) if its registration is gone."""
+        for _ in range(REREGISTER_TRIES):
+            lost = self._registrations[i]
+            try:
+                return await self.clients[i].submit(group)
+            except Rejected as exc:
+                if not registration_lost(exc):
+                    raise
+                await self._reregister(i, lost)
+        return await self.clients[i].submit(group)
+
     # ------------------------------------------------------------------------------------------- failures
 
     def _failed(self, i: int, task: Task, group_id: str, exc: BaseException) -> None:
@@ -422,6 +566,8 @@ class RolloutRunner:
         self.stats.failed[env][reason] += 1
         self.stats.last_error[env] = f"{type(exc).__name__}: {exc}"
         log.warning("group %s of %s failed (%s): %s: %s", group_id, env, reason, type(exc).__name__, exc)
+        if reason == "inference_unreachable":
+            return  # the outage is counted once (inference_outages); neither the task nor the rate is to blame
         verdict = self.failures.record(Failed(i, task.id))
         self.stats.error_rate = self.failures.error_rate
         if verdict.quarantined:
@@ -461,12 +607,8 @@ class RolloutRunner:
         worker_deaths = 0
         while True:
             try:
-                if self.pool is None:
-                    return await run_group(
-                        self.envs[i], task, self._policy, gate=self._gate, group_key=group_id, **self.limits.kwargs()
-                    )
-                return await self.pool.run(i, task, group_id)
-            except (asyncio.CancelledError, GroupDropped):
+                return await self._attempt(i, task, group_id)
+            except (asyncio.CancelledError, GroupDropped, GroupTimeout):
                 raise
             except WorkerDied:
                 assert self.pool is not None
@@ -480,28 +622,108 @@ class RolloutRunner:
                 retries -= 1
                 self.stats.retried += 1
 
+    async def _attempt(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+        """One run of the group within `group_timeout` (paused time excluded): past it the group fails, and a
+        worker running it is replaced (a verifier that never returns may still hold it)."""
+        g = self._in_flight.groups.get(group_id)
+        placed = None
+        try:
+            async with asyncio.timeout(self.group_timeout) as deadline:
+                if g is not None:
+                    g.deadline = deadline
+                    if self.paused:
+                        self._hold_deadlines()
+                if self.pool is None:
+                    return await run_group(
+                        self.envs[i], task, self._policy, gate=self._gate, group_key=group_id, **self.limits.kwargs()
+                    )
+                run = asyncio.ensure_future(self.pool.run(i, task, group_id))
+                try:
+                    await asyncio.sleep(0)  # placed on a worker by now
+                    placed = self.pool.placed(group_id)
+                    return await run
+                finally:
+                    run.cancel()  # a no-op once it is done
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            if self.pool is not None and placed is not None:
+                await self.pool.retire(placed, STUCK, now=True)
+                self.stats.workers_recycled = Counter(self.pool.recycled)
+            raise GroupTimeout(f"group took more than group_timeout={self.group_timeout} s") from None
+        finally:
+            if g is not None:
+                g.deadline = None
+
     # ------------------------------------------------------------------------------------------- monitor
 
     async def _monitor(self) -> None:
         """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale."""
+        try:
+            await self._watch()
+        except RetriesExhausted as exc:
+            self._end("the rollbuf server stayed unreachable", exc)
+        except Exception as exc:  # never a bare error out of run(), never a skipped shutdown
+            self._end(f"the runner's monitor failed: {type(exc).__name__}", exc)
+
+    async def _status(self, i: int) -> EnvStatus:
+        """Env `i`'s /status-env, registering it again first if the server lost its registration."""
+        for _ in range(REREGISTER_TRIES):
+            lost = self._registrations[i]
+            try:
+                return await self.clients[i].status()
+            except Rejected as exc:
+                if not registration_lost(exc):
+                    raise
+                await self._reregister(i, lost)
+        return await self.clients[i].status()
+
+    async def _watch(self) -> None:
         while True:
             mark = self._backpressure.mark()
-            try:
-                statuses: list[EnvStatus] = await asyncio.gather(*(c.status() for c in self.clients))
-            except RetriesExhausted as exc:
-                self._end("the rollbuf server stayed unreachable", exc)
-                return
+            statuses: list[EnvStatus] = await asyncio.gather(*(self._status(i) for i in range(len(self.clients))))
             trainer_step = self._backpressure.observed(statuses, mark)
             self._refresh_blocked()
             self.stats.trainer_step = trainer_step
+            self._check_stall()
+            now = time.monotonic()
+            if self.inference_outage_timeout is not None and (
+                self._inference.down_for(now) > self.inference_outage_timeout
+            ):
+                self._end(f"the inference server stayed unreachable for {self.inference_outage_timeout} s", None)
+                return
             if self.pool is not None:
                 self.stats.workers_alive = len(self.pool.workers)
                 self.stats.worker_deaths = self.pool.deaths
+                self.stats.workers_recycled = Counter(self.pool.recycled)
             for g in self._in_flight:
                 if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
                     self._in_flight.cancel(g, "stale")
             self._changed.set()
             await asyncio.sleep(self.poll_interval)
+
+    def _check_stall(self) -> None:
+        """Held back `ahead_of_trainer` for `stall_warning` s with nobody calling `resume()`: the trainer moves
+        on but this runner believes its weights are old. Say so (a log line, `health().stalled`)."""
+        now = time.monotonic()
+        ahead = AHEAD in self.stats.paused.values() and not self.paused
+        if not ahead or self.stall_warning is None:
+            self._held_since = None
+            self.stats.stalled = None
+            return
+        if self._held_since is None:
+            self._held_since = now
+        held = now - self._held_since
+        if held < self.stall_warning:
+            return
+        self.stats.stalled = (
+            f"held back ahead_of_trainer for {held:.0f} s at policy step {self.policy_step} (trainer at "
+            f"{self.stats.trainer_step}): call resume() after each weight sync, or resume(policy_step=N)"
+        )
+        if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
+            self._stall_logged = now
+            log.warning("the runner is stalled: %s%s", self.stats.stalled,
+                        "" if self._resumed else " (resume() was never called)")  # fmt: skip
 
     def _refresh_blocked(self) -> None:
         """Which envs must wait, from the last status read and what this runner has in flight now."""
@@ -527,7 +749,9 @@ class RolloutRunner:
         await self._in_flight.wait(max(0.0, deadline - reserve - loop.time()))
         for g in self._in_flight:
             self._in_flight.cancel(g, "unsent")
-        await self._in_flight.wait(None)
+        await self._in_flight.wait(max(0.0, deadline - reserve / 2 - loop.time()))
+        for g in self._in_flight:  # ignored its cancellation (user cleanup that hangs): abandoned, not awaited
+            log.warning("group %s did not end within shutdown_timeout: abandoned", g.task.get_name())
         self._gate.open()
         if self._policy is not None and self._policy is not self.policy_spec:  # built here from a factory
             await close_policy(self._policy)
@@ -535,3 +759,4 @@ class RolloutRunner:
             await self.pool.close(timeout=max(0.0, deadline - reserve / 2 - loop.time()))
             self.stats.workers_alive = 0
             self.stats.worker_deaths = self.pool.deaths
+            self.stats.workers_recycled = Counter(self.pool.recycled)

@@ -44,6 +44,19 @@ class RunnerStats:
     worker_deaths: int = 0
     workers_alive: int = 0
     mean_score: dict[str, float] = field(default_factory=dict)
+    workers_recycled: Counter[str] = field(default_factory=Counter)
+    """Workers replaced on purpose, by reason: memory_error, max_groups, rss, stuck (a group past its
+    deadline)."""
+    inference_reachable: bool = True
+    """The inference circuit breaker is closed (while open, no group is dispatched)."""
+    inference_outages: int = 0
+    """Times the inference server became unreachable (one per outage, however many groups it touched)."""
+    release_timeouts: int = 0
+    """Resource releases abandoned after `release_timeout`."""
+    reregistered: int = 0
+    """Times an env registered again because the server lost its registration (reset, restart)."""
+    stalled: str | None = None
+    """Why production is stalled (held ahead_of_trainer with no `resume()`), or None."""
 
     @property
     def failed_total(self) -> int:
@@ -72,3 +85,9 @@ class RunnerHealth:
     lag: int
     error: str | None
     """Why the run ended, once it ended with an error."""
+    inference_reachable: bool = True
+    """The inference circuit breaker is closed; while it is open, dispatch holds."""
+    inference_outages: int = 0
+    workers_recycled: dict[str, int] = field(default_factory=dict)
+    stalled: str | None = None
+    """Set when production is stalled for a reason only the caller can fix (see `RunnerStats.stalled`)."""

@@ -5,12 +5,15 @@ that remembers what it handed out can forget it."""
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count
 from typing import Protocol
 
 from rollout_client.env import Task
+
+log = logging.getLogger("rollout_client.tasks")
 
 
 class TaskSource(Protocol):
@@ -46,7 +49,11 @@ class Tasks:
 
 class Curriculum:
     """Levels of difficulty: moves up a level when the mean score of its last `window` groups reaches
-    `promote`, down when it falls below `demote`. Pure bookkeeping; no I/O."""
+    `promote`, down when it falls below `demote`. Pure bookkeeping; no I/O.
+
+    A level whose tasks run out is left for the next one up (or, at the top, the nearest one below that
+    still has tasks), with a warning: the curriculum ends only when every level is exhausted. Task ids may
+    repeat (the same task handed out again): each handout is remembered apart."""
 
     def __init__(
         self, levels: Sequence[TaskSource], *, window: int = 8, promote: float = 0.8, demote: float = 0.2
@@ -61,23 +68,47 @@ class Curriculum:
         self.promote = promote
         self.demote = demote
         self._recent: deque[float] = deque(maxlen=window)
-        self._level_of: dict[str, int] = {}
+        self._level_of: dict[str, list[int]] = {}
+        """Task id -> the level of each handout of it not reported yet (ids may repeat)."""
+        self.exhausted = [False] * len(self.levels)
 
     def next_task(self) -> Task | None:
-        task = self.levels[self.level].next_task()
-        if task is not None:
-            self._level_of[task.id] = self.level
-        return task
+        while True:
+            task = self.levels[self.level].next_task()
+            if task is not None:
+                self._level_of.setdefault(task.id, []).append(self.level)
+                return task
+            self.exhausted[self.level] = True
+            left = [i for i, x in enumerate(self.exhausted) if not x]
+            if not left:
+                return None
+            above = [i for i in left if i > self.level]
+            nxt = above[0] if above else left[-1]
+            log.warning("curriculum: level %d has no tasks left; moving to level %d", self.level, nxt)
+            self.level = nxt
+            self._recent.clear()
+
+    def _take(self, task: Task) -> int | None:
+        """The level `task` was handed out at (this level's handout first, where the id was handed out at
+        several), forgotten."""
+        levels = self._level_of.get(task.id)
+        if not levels:
+            return None
+        level = self.level if self.level in levels else levels[0]
+        levels.remove(level)
+        if not levels:
+            del self._level_of[task.id]
+        return level
 
     def discard(self, task: Task) -> None:
         """The group for `task` ended without a score: forget which level it came from."""
-        level = self._level_of.pop(task.id, None)
+        level = self._take(task)
         discard = getattr(self.levels[level], "discard", None) if level is not None else None
         if discard is not None:
             discard(task)
 
     def report(self, task: Task, mean_score: float) -> None:
-        level = self._level_of.pop(task.id, None)
+        level = self._take(task)
         if level != self.level:
             return  # a group started before the last level change says nothing about this level
         self.levels[level].report(task, mean_score)
@@ -85,9 +116,13 @@ class Curriculum:
         if len(self._recent) < self.window:
             return
         mean = sum(self._recent) / len(self._recent)
-        if mean >= self.promote and self.level + 1 < len(self.levels):
-            self.level += 1
+        if mean >= self.promote and (up := self._open(range(self.level + 1, len(self.levels)))) is not None:
+            self.level = up
             self._recent.clear()
-        elif mean < self.demote and self.level > 0:
-            self.level -= 1
+        elif mean < self.demote and (down := self._open(range(self.level - 1, -1, -1))) is not None:
+            self.level = down
             self._recent.clear()
+
+    def _open(self, order: Iterable[int]) -> int | None:
+        """The first level in `order` that still has tasks."""
+        return next((i for i in order if not self.exhausted[i]), None)

@@ -3,8 +3,12 @@ stall the others or the runner's loop. The runner feeds the least-busy worker.
 
 Messages (pickled tuples over a `Channel`, which never blocks either event loop, whatever their size).
 Parent to worker: ("run", job, env_index, task, group_key), ("cancel", job), ("pause", token, timeout),
-("resume",), ("stop",). Worker to parent: ("done", job, GroupOutcome), ("error", job, exception),
-("dropped", job, reason), ("cancelled", job), ("paused", token, drained). A worker exits on "stop" or when
+("resume",), ("stop",). Worker to parent: ("ready",) once its policy is built, ("fatal", exception) when it
+cannot be (then it exits), ("done", job, GroupOutcome), ("error", job, exception), ("dropped", job, reason),
+("cancelled", job), ("paused", token, drained), ("inference", reachable) when its policy's circuit breaker
+changes, ("retire", reason) when it must be replaced (`recycling.RecyclePolicy`: a MemoryError, N groups,
+an RSS cap). A worker being replaced gets no new group; after a MemoryError it is killed at once (its
+groups run again elsewhere), otherwise it finishes what it holds and stops. A worker exits on "stop" or when
 the channel closes, which is also what happens when its parent dies: no orphans. It ignores SIGINT and
 SIGTERM (a Ctrl-C or a `kill` of the process group reaches the runner too, which stops its workers in order).
 """
@@ -21,6 +25,7 @@ import pickle
 import signal
 import threading
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -29,9 +34,10 @@ from typing import Any
 
 from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import GroupDropped, WorkerDied, WorkerFailed
-from rollout_client.group import GroupOutcome, Limits, run_group
+from rollout_client.group import GroupOutcome, Limits, exited, run_group
 from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.policy import Policy
+from rollout_client.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes
 
 log = logging.getLogger("rollout_client.workers")
 
@@ -44,6 +50,11 @@ LARGE_GROUP_TOKENS = 16_384
 """A finished group with this many tokens or more is pickled in a thread (a few ms and up of CPU); smaller
 ones inline, where a thread hop would cost more than the pickling."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STARTUP_S = 60.0
+"""How long the pool's start waits for its workers to build their policies."""
+STARTUP_FAILURES = 3
+"""Workers in a row that fail to start (their policy factory raises) before the pool gives up: the run
+ends with that error instead of spawning forever."""
 
 
 @contextlib.contextmanager
@@ -80,11 +91,17 @@ def make_policy(spec: PolicySpec) -> Policy:
 # ------------------------------------------------------------------------------------------- worker side
 
 
-def worker_main(conn: Connection, envs: Sequence[Environment], policy: PolicySpec, limits: Limits) -> None:
+def worker_main(
+    conn: Connection,
+    envs: Sequence[Environment],
+    policy: PolicySpec,
+    limits: Limits,
+    recycle: RecyclePolicy = RecyclePolicy(),  # noqa: B008 (frozen)
+) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and a group-wide SIGTERM go to the runner, which
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stops its workers in order (or they see its pipe close)
-    asyncio.run(_serve(conn, envs, make_policy(policy), limits))
+    asyncio.run(_serve(conn, envs, policy, limits, recycle))
 
 
 def portable(exc: BaseException) -> BaseException:
@@ -98,13 +115,17 @@ def portable(exc: BaseException) -> BaseException:
     return exc
 
 
-async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, limits: Limits) -> None:
+async def _serve(
+    conn: Connection, envs: Sequence[Environment], spec: PolicySpec, limits: Limits, recycle: RecyclePolicy
+) -> None:
     loop = asyncio.get_running_loop()
     channel = await Channel.open(conn.fileno())
     conn.close()
     gate = Gate()
     jobs: dict[int, asyncio.Task[None]] = {}
     dropped: dict[int, str] = {}
+    done = 0
+    retiring = False
 
     def send(msg: tuple[Any, ...]) -> None:
         try:
@@ -112,17 +133,39 @@ async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, 
         except ChannelClosed:
             pass  # the parent is gone; the reader below sees it and ends the loop
 
+    try:
+        policy = make_policy(spec)
+    except BaseException as exc:  # the parent carries it in the run's error (it is not only on stderr)
+        send(("fatal", portable(exc if isinstance(exc, Exception) else exited(exc))))
+        await channel.aclose()
+        return
+    if hasattr(policy, "on_reachability"):  # OpenAIPolicy's circuit breaker: the parent holds dispatch
+        policy.on_reachability = lambda up: send(("inference", up))
+    send(("ready",))
+
+    def retire(reason: str) -> None:
+        nonlocal retiring
+        if not retiring:
+            retiring = True
+            send(("retire", reason))
+
     async def run(job: int, env_index: int, task: Task, key: str) -> None:
+        nonlocal done
         try:
             outcome = await run_group(envs[env_index], task, policy, gate=gate, group_key=key, **limits.kwargs())
         except asyncio.CancelledError:
             reason = dropped.pop(job, None)
             send(("dropped", job, reason) if reason else ("cancelled", job))
             raise
+        except MemoryError:  # this heap is suspect: the parent kills this worker and runs the group elsewhere
+            retire(MEMORY_ERROR)
         except Exception as exc:  # process boundary: report to the parent, which counts it there
             send(("error", job, portable(exc)))
+        except BaseException as exc:  # exit() in an env's code outside a rollout: its group fails, not the worker
+            send(("error", job, portable(exited(exc))))
         else:
             jobs.pop(job, None)
+            done += 1
             try:
                 if outcome.group is not None and sum(map(len, outcome.group.tokens)) >= LARGE_GROUP_TOKENS:
                     await channel.send_large(("done", job, outcome))  # pickled off the loop
@@ -130,6 +173,8 @@ async def _serve(conn: Connection, envs: Sequence[Environment], policy: Policy, 
                     channel.send(("done", job, outcome))
             except ChannelClosed:
                 pass
+            if reason := recycle.reason(done, rss_bytes()):
+                retire(reason)
         finally:
             jobs.pop(job, None)
 
@@ -179,6 +224,12 @@ class _Worker:
     reader: asyncio.Task[None] | None = None
     jobs: dict[int, int] = field(default_factory=dict)
     """Job id -> rollouts it holds (its group size): how busy this worker is."""
+    retiring: str | None = None
+    """Why it is being replaced (it gets no new group), or None."""
+    fatal: BaseException | None = None
+    """What it failed to start with (its policy factory's error)."""
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once its policy is built (or it failed to start, or it exited)."""
 
     @property
     def load(self) -> int:
@@ -188,9 +239,16 @@ class _Worker:
 class WorkerPool:
     """`n` worker processes started with `spawn` (no inherited threads or event loop state)."""
 
-    def __init__(self, n: int, envs: Sequence[Environment], policy: PolicySpec, limits: Limits) -> None:
+    def __init__(
+        self,
+        n: int,
+        envs: Sequence[Environment],
+        policy: PolicySpec,
+        limits: Limits,
+        recycle: RecyclePolicy = RecyclePolicy(),  # noqa: B008 (frozen)
+    ) -> None:
         self._ctx = multiprocessing.get_context("spawn")
-        self._args = (list(envs), policy, limits)
+        self._args = (list(envs), policy, limits, recycle)
         self._envs = list(envs)
         self._n = n
         self.workers: list[_Worker] = []
@@ -206,10 +264,32 @@ class WorkerPool:
         self.paused = False
         self.closing = False
         """Set when the run is stopping: a worker that exits now is not replaced."""
+        self.recycled: Counter[str] = Counter()
+        """Workers replaced on purpose, by reason (memory_error, max_groups, rss, stuck)."""
+        self.unreachable: set[int] = set()
+        """Pids of workers whose policy reports the inference server unreachable."""
+        self.startup_failures = 0
+        """Workers in a row that failed to start."""
+        self.failed: WorkerDied | None = None
+        """Set (its `__cause__` the factory's error) once STARTUP_FAILURES workers in a row failed to start."""
+        self.on_change: Callable[[], None] = lambda: None
+        """Called when the pool's state the runner acts on changes (reachability, a fatal failure)."""
+        self._background: set[asyncio.Task[None]] = set()
+        self._keys: dict[str, int] = {}
+        self._changed = asyncio.Event()
+        """Set when a worker is added, or the pool fails or closes: what a group waiting for one waits on."""
+        """Group key -> its job id, while it runs."""
 
-    async def start(self) -> None:
+    async def start(self, timeout: float = STARTUP_S) -> None:
+        """Start the workers and wait (up to `timeout`) until each has built its policy: the first groups'
+        deadlines do not pay for a worker's imports."""
         for _ in range(self._n):
             await self._spawn()
+        waits = [asyncio.ensure_future(w.started.wait()) for w in self.workers]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=timeout)
+            for t in pending:
+                t.cancel()
 
     async def _spawn(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -231,6 +311,7 @@ class WorkerPool:
             return
         worker = _Worker(proc, channel)
         self.workers.append(worker)
+        self._changed.set()
         worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{proc.pid}")
         if self.paused:  # a replacement started during a weight update starts paused too
             channel.send(("pause", next(self._ids), None))
@@ -250,6 +331,22 @@ class WorkerPool:
 
     def _on_message(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
+        if kind == "ready":
+            self.startup_failures = 0
+            worker.started.set()
+            return
+        if kind == "fatal":
+            worker.fatal = msg[1]
+            worker.started.set()
+            return
+        if kind == "inference":
+            pid = worker.process.pid or 0
+            (self.unreachable.discard if msg[1] else self.unreachable.add)(pid)
+            self.on_change()
+            return
+        if kind == "retire":
+            self._in_background(self.retire(worker, msg[1], now=msg[1] == MEMORY_ERROR))
+            return
         if kind == "paused":
             fut = self._paused.pop(msg[1], None)
             if fut is not None and not fut.done():
@@ -257,6 +354,8 @@ class WorkerPool:
             return
         job = msg[1]
         worker.jobs.pop(job, None)
+        if worker.retiring and not worker.jobs:
+            self._stop_worker(worker)
         fut_o = self._futures.pop(job, None)
         if fut_o is None or fut_o.done():
             return
@@ -269,42 +368,97 @@ class WorkerPool:
         else:
             fut_o.cancel()
 
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _stop_worker(self, worker: _Worker) -> None:
+        try:
+            worker.channel.send(("stop",))
+        except ChannelClosed:
+            pass
+
+    async def retire(self, worker: _Worker, reason: str, *, now: bool = False) -> None:
+        """Replace `worker` (counted in `recycled[reason]`): it gets no new group; `now` kills it at once (its
+        groups run again elsewhere), else it stops once its groups are done."""
+        if worker.retiring or worker not in self.workers or self.closing:
+            return
+        worker.retiring = reason
+        self.recycled[reason] += 1
+        log.warning("replacing rollout worker pid %s (%s)", worker.process.pid, reason)
+        if now and worker.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGKILL)
+        elif not worker.jobs:
+            self._stop_worker(worker)
+        await self._spawn()
+
+    def placed(self, key: str) -> _Worker | None:
+        """The worker running the group `key` (None if none is)."""
+        job = self._keys.get(key)
+        return next((w for w in self.workers if job in w.jobs), None) if job is not None else None
+
     async def _died(self, worker: _Worker) -> None:
         if worker not in self.workers or self.closing:
             return  # close() stops, reaps and accounts for every worker it found
         self.workers.remove(worker)
+        worker.started.set()
+        self.unreachable.discard(worker.process.pid or 0)
         await worker.channel.aclose()
         await asyncio.to_thread(worker.process.join, 1.0)
         self.exitcodes.append(worker.process.exitcode)
+        what = f"worker pid {worker.process.pid} exited ({worker.process.exitcode})"
+        if worker.fatal is not None:
+            what += f": it could not start: {type(worker.fatal).__name__}: {worker.fatal}"
         for job in worker.jobs:
             fut = self._futures.pop(job, None)
             if fut is not None and not fut.done():
-                fut.set_exception(WorkerDied(f"worker pid {worker.process.pid} exited ({worker.process.exitcode})"))
+                died = WorkerDied(what)
+                died.__cause__ = worker.fatal
+                fut.set_exception(died)
         for token, fut_p in list(self._paused.items()):
             if not fut_p.done():
                 fut_p.set_result(True)  # a dead worker generates nothing
             self._paused.pop(token, None)
-        if not self.closing:
-            self.deaths += 1
-            log.warning("rollout worker pid %s died (exit %s); starting a new one", worker.process.pid,
-                        worker.process.exitcode)  # fmt: skip
-            await self._spawn()
+        self.on_change()
+        if self.closing or worker.retiring:
+            return  # a retired worker's replacement is already started
+        self.deaths += 1
+        if worker.fatal is not None:
+            self.startup_failures += 1
+            if self.startup_failures >= STARTUP_FAILURES:
+                self.failed = WorkerDied(f"{self.startup_failures} rollout workers in a row could not start: {what}")
+                self.failed.__cause__ = worker.fatal
+                self._changed.set()
+                log.error("%s", self.failed)
+                self.on_change()
+                return
+        log.warning("rollout worker pid %s died (exit %s); starting a new one", worker.process.pid,
+                    worker.process.exitcode)  # fmt: skip
+        await self._spawn()
 
     async def run(self, env_index: int, task: Task, key: str) -> GroupOutcome:
         """Run one group on the least-busy worker; cancelling this cancels it in the worker."""
-        if not self.workers:
-            raise WorkerDied("no rollout worker is running")
-        worker = min(self.workers, key=lambda w: w.load)
+        while not (ready := [w for w in self.workers if not w.retiring]):
+            if self.failed is not None:
+                raise self.failed
+            if self.closing:
+                raise WorkerDied("no rollout worker is running")
+            self._changed.clear()  # one is being replaced: wait for it rather than fail the group
+            await self._changed.wait()
+        if self.failed is not None:
+            raise self.failed
+        worker = min(ready, key=lambda w: w.load)
         job = next(self._ids)
         fut: asyncio.Future[GroupOutcome] = asyncio.get_running_loop().create_future()
+        try:
+            worker.channel.send(("run", job, env_index, task, key))  # pickles here: a task may not pickle
+        except ChannelClosed:
+            raise WorkerDied(f"worker pid {worker.process.pid} is gone") from None
         self._futures[job] = fut
         worker.jobs[job] = self._envs[env_index].group_size
-        try:
-            worker.channel.send(("run", job, env_index, task, key))
-        except ChannelClosed:
-            self._futures.pop(job, None)
-            worker.jobs.pop(job, None)
-            raise WorkerDied(f"worker pid {worker.process.pid} is gone") from None
+        self._keys[key] = job
         try:
             return await fut
         except asyncio.CancelledError:
@@ -317,6 +471,9 @@ class WorkerPool:
         finally:
             self._futures.pop(job, None)
             worker.jobs.pop(job, None)
+            self._keys.pop(key, None)
+            if worker.retiring and not worker.jobs and worker in self.workers:
+                self._stop_worker(worker)
 
     async def pause(self, timeout: float | None = None) -> bool:
         """Returns once every worker has no generation request in flight and starts none. With `timeout`:
@@ -354,7 +511,10 @@ class WorkerPool:
     async def close(self, timeout: float = STOP_GRACE_S) -> None:
         """Stop every worker: ask, wait up to `timeout`, then kill by pid (workers ignore SIGTERM)."""
         self.closing = True
+        self._changed.set()
         loop = asyncio.get_running_loop()
+        for t in self._background:
+            t.cancel()
         workers = list(self.workers)
         for w in workers:
             try:

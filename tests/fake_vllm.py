@@ -8,7 +8,13 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 - `fail_every` N: every Nth completion request answers 503;
 - `reject_marker`: a prompt containing it answers 400 (as vLLM does for a bad request);
 - `hang_marker`: a prompt containing it never gets an answer;
-- `hang_all`: no completion request gets an answer.
+- `hang_all`: no completion request gets an answer;
+- `rate_limit_every` N: every Nth completion request answers 429 with `Retry-After: 0.2`;
+- `context` N with `advertise_context` false: the model's context is N tokens, not listed in /v1/models;
+  a request past it answers vLLM's 400 ("This model's maximum context length is N tokens...");
+  `context` alone: listed and enforced (a completion stops at it, finish_reason "length");
+- `null_logprob_marker` / `nan_logprob_marker` / `overlong_marker`: a prompt containing it gets a null
+  logprob / a NaN logprob / 5 tokens more than `max_tokens`.
 
     python -m tests.fake_vllm --port 8001
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +39,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rollout_client.examples import arithmetic_script
@@ -44,13 +51,19 @@ CONTEXT = 1 << 20
 
 
 def create_app() -> Starlette:
-    faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False}
+    faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
+                              "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
+                              "null_logprob_marker": None, "nan_logprob_marker": None,
+                              "overlong_marker": None}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     forever = asyncio.Event()
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": CONTEXT}]})
+        model: dict[str, Any] = {"id": MODEL, "object": "model"}
+        if faults["advertise_context"]:
+            model["max_model_len"] = faults["context"]
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def tokenize(request: Request) -> JSONResponse:
         body = await request.json()
@@ -71,22 +84,41 @@ def create_app() -> Starlette:
         if faults["fail_every"] and stats["requests"] % faults["fail_every"] == 0:
             stats["503"] += 1
             return JSONResponse({"object": "error", "message": "engine overloaded"}, status_code=503)
+        if faults["rate_limit_every"] and stats["requests"] % faults["rate_limit_every"] == 0:
+            stats["429"] += 1
+            return JSONResponse({"object": "error", "message": "rate limited"}, status_code=429,
+                                headers={"Retry-After": "0.2"})  # fmt: skip
+        context = faults["context"]
+        asked = len(body["prompt"]) + body["max_tokens"]
+        if not faults["advertise_context"] and asked > context:
+            stats["400_context"] += 1
+            message = (f"This model's maximum context length is {context} tokens. However, you requested "
+                       f"{asked} tokens ({len(body['prompt'])} in the messages, {body['max_tokens']} in the "
+                       "completion). Please reduce the length of the messages or completion.")  # fmt: skip
+            return JSONResponse({"object": "error", "message": message, "code": 400}, status_code=400)
         seed = body.get("seed") or 0
         ids = list(arithmetic_script(text, seed).encode())
         finish = "stop"
-        if len(ids) > body["max_tokens"]:
-            ids, finish = ids[: body["max_tokens"]], "length"
+        room = min(body["max_tokens"], context - len(body["prompt"]))
+        if len(ids) > room:
+            ids, finish = ids[:room], "length"
+        logprobs: list[float | None] = [-stable_unit(seed, i) for i in range(len(ids))]
+        if faults["overlong_marker"] and faults["overlong_marker"] in text:
+            ids = ids + [32] * (body["max_tokens"] + 5 - len(ids))
+            logprobs = [-0.5] * len(ids)
+        if faults["null_logprob_marker"] and faults["null_logprob_marker"] in text and logprobs:
+            logprobs[-1] = None
+        if faults["nan_logprob_marker"] and faults["nan_logprob_marker"] in text and logprobs:
+            logprobs[-1] = float("nan")
         choice = {
             "index": 0,
             "text": bytes(ids).decode(errors="replace"),
             "finish_reason": finish,
-            "logprobs": {
-                "tokens": [f"token_id:{t}" for t in ids],
-                "token_logprobs": [-stable_unit(seed, i) for i in range(len(ids))],
-            },
+            "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs},
         }
         stats["200"] += 1
-        return JSONResponse({"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]})
+        reply = {"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]}
+        return Response(json.dumps(reply), media_type="application/json")  # NaN as vLLM writes it, not refused
 
     async def control(request: Request) -> JSONResponse:
         faults.update(await request.json())
@@ -110,6 +142,16 @@ def create_app() -> Starlette:
 class FakeVLLM:
     url: str
     proc: subprocess.Popen[bytes]
+    log: Path = Path("/dev/null")
+    port: int = 0
+
+    def kill(self) -> None:
+        """SIGKILL its process group: the inference server is gone (a crash, a restart in progress)."""
+        _kill(self.proc)
+
+    def revive(self) -> None:
+        """Start it again on the same port (its faults and counts start afresh)."""
+        self.proc = _start(self.log, self.port)
 
     def control(self, **faults: Any) -> None:
         httpx.post(self.url + "/control", json=faults, timeout=10).raise_for_status()
@@ -118,35 +160,46 @@ class FakeVLLM:
         return httpx.get(self.url + "/stats", timeout=10).json()  # type: ignore[no-any-return]
 
 
-@contextmanager
-def fake_vllm(log: Path, **faults: Any) -> Iterator[FakeVLLM]:
-    """The fake server as a process on a free port, ready when /v1/models answers; killed by its process group."""
-    port = free_port()
+def _start(log: Path, port: int) -> subprocess.Popen[bytes]:
+    """The fake server as a process on `port`, returned once /v1/models answers."""
     with log.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", "--port", str(port)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    server = FakeVLLM(f"http://127.0.0.1:{port}", proc)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fake vLLM exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1.0).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"fake vLLM not ready after {READY_TIMEOUT_S} s:\n{log.read_text()}")
+        time.sleep(0.05)  # polling interval while waiting for readiness
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)  # requests it holds on purpose would stall a graceful stop
+    proc.wait(timeout=30)
+
+
+@contextmanager
+def fake_vllm(log: Path, **faults: Any) -> Iterator[FakeVLLM]:
+    """The fake server as a process on a free port, ready when /v1/models answers; killed by its process group.
+    `kill()` stops it as a crash would, `revive()` starts it again on the same port (a vLLM restart)."""
+    port = free_port()
+    server = FakeVLLM(f"http://127.0.0.1:{port}", _start(log, port))
+    server.log, server.port = log, port
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"fake vLLM exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(server.url + "/v1/models", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"fake vLLM not ready after {READY_TIMEOUT_S} s:\n{log.read_text()}")
-            time.sleep(0.05)  # polling interval while waiting for readiness
         if faults:
             server.control(**faults)
         yield server
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # requests it holds on purpose would stall a graceful stop
-        proc.wait(timeout=30)
+        _kill(server.proc)
 
 
 def main() -> None:

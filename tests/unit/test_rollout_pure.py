@@ -113,3 +113,49 @@ def test_parse_completion_takes_ids_from_the_server() -> None:
         parse_completion(body)
     with pytest.raises(InferenceError, match="missing"):
         parse_completion({"choices": [{"text": "x"}]})
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), "x", True])
+def test_parse_completion_refuses_a_logprob_that_is_not_a_finite_number(bad: object) -> None:
+    body = {"choices": [{"logprobs": {"tokens": ["token_id:5", "token_id:7"], "token_logprobs": [-0.5, bad]}}]}
+    with pytest.raises(InferenceError, match="position 1: not a finite number"):
+        parse_completion(body)
+
+
+def test_parse_completion_refuses_more_tokens_than_asked() -> None:
+    body = {"choices": [{"logprobs": {"tokens": ["token_id:5"] * 3, "token_logprobs": [-0.5] * 3}}]}
+    assert len(parse_completion(body, 3).token_ids) == 3
+    with pytest.raises(InferenceError, match="3 tokens in a completion asked for at most 2"):
+        parse_completion(body, 2)
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), max_size=80))
+def test_curriculum_with_repeated_ids_reports_every_handout_once(ops: list[tuple[int, bool]]) -> None:
+    """Ids repeat: every handout is remembered apart, so a report or discard never loses another's."""
+    levels = [Tasks(lambda i, lv=lv: Task(f"t{i % 2}", f"L{lv}")) for lv in range(3)]
+    cur = Curriculum(levels, window=2, promote=0.5, demote=0.1)
+    out: list[Task] = []
+    for k, report in ops:
+        if k == 0 or not out:
+            task = cur.next_task()
+            assert task is not None
+            out.append(task)
+        elif report:
+            cur.report(out.pop(0), 1.0)
+        else:
+            cur.discard(out.pop())
+        assert sum(map(len, cur._level_of.values())) == len(out)
+
+
+def test_curriculum_moves_on_when_a_level_runs_out() -> None:
+    cur = Curriculum([Tasks([Task(f"L{lv}-{i}", "p") for i in range(2)]) for lv in range(3)], window=4)
+    ids = [t.id for t in iter(cur.next_task, None)]
+    assert ids == ["L0-0", "L0-1", "L1-0", "L1-1", "L2-0", "L2-1"] and cur.level == 2
+    cur = Curriculum([Tasks([Task(f"L{lv}-{i}", "p") for i in range(2)]) for lv in range(3)], window=1)
+    first = cur.next_task()
+    assert first is not None
+    cur.report(first, 1.0)
+    cur.report(cur.next_task() or first, 1.0)  # level 1 done scoring: promoted to 2
+    assert cur.level == 2
+    rest = [t.id for t in iter(cur.next_task, None)]
+    assert rest == ["L2-0", "L2-1", "L1-1", "L0-1"], "the top runs out: the nearest level below that has tasks"
