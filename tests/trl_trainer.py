@@ -124,7 +124,7 @@ def main() -> None:
     result = {"changed": changed, "losses": log.losses, "committed": checkpoints.committed, "taken": buffer.taken,
               "finite": all(math.isfinite(v) for v in log.losses.values()), "resumed_from": checkpoint,
               "global_step": trainer.state.global_step, "syncs": weights.syncs,
-              "start_step": worker.steps_read[0] if worker.steps_read else None}  # fmt: skip
+              "start_step": worker.first_step_read}  # fmt: skip
     (args.out / "result.json").write_text(json.dumps(result))
 
 

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ BUFFERED_BATCHES = 2
 """Batches of samples `rollout_buffer` holds ahead of training (the reader waits beyond them)."""
 PUT_POLL_S = 0.2
 """How often a reader waiting for room in the buffer checks whether it was stopped."""
+STEPS_KEPT = 1024
+"""Recent steps `steps_read` remembers."""
 
 
 Convert = Callable[[Sample, float], Any]
@@ -90,8 +93,11 @@ class RollbufRolloutWorker:
         # Typed as TRL's protocol declares them, so the worker type-checks as a `RolloutWorkerProtocol`.
         self.rollout_buffer: queue.Queue[Any] | ProcessQueue[Any] = queue.Queue(maxsize=batch_size * buffered_batches)
         self.metrics_queue: queue.Queue[Any] | ProcessQueue[Any] = queue.Queue()
-        self.steps_read: list[int] = []
-        """The rollbuf steps read, in order (what the trainer was fed)."""
+        self.steps_read: deque[int] = deque(maxlen=STEPS_KEPT)
+        """The last `STEPS_KEPT` rollbuf steps read, in order (what the trainer was fed lately): bounded, as a
+        run reads steps for days."""
+        self.first_step_read: int | None = None
+        """The first step read: where the run resumed."""
         self.trainer_version: int | None = None
         self._offset = 0
         self._stop = threading.Event()
@@ -147,6 +153,8 @@ class RollbufRolloutWorker:
                 for s in samples:
                     if not self._put(convert(s, enqueued)):
                         return
+                if self.first_step_read is None:
+                    self.first_step_read = batch.step
                 self.steps_read.append(batch.step)
                 self._progress_at = time.monotonic()
                 staleness = [s.metrics["rollbuf/staleness"] for s in samples]

@@ -79,7 +79,8 @@ def test_samples_hold_the_sequences_trained_positions_logprobs_and_advantages(ur
     assert [s.group_id for s in samples] == [0] * 4 + [GROUP_ID_STRIDE] * 4  # step 0 group 0, step 1 group 0
     assert {s.model_version for s in samples} == {1}  # the weights of step 0 are TRL's version 1
     assert first.metrics == {"rollbuf/staleness": 0.0, "rollbuf/env_id": 0.0, "reward": scores[0]}
-    assert worker.steps_read == [0, 1]
+    assert list(worker.steps_read) == [0, 1]
+    assert worker.first_step_read == 0
     metrics = worker.metrics_queue.get_nowait()
     assert metrics["rollbuf/step"] == 0.0 and metrics["rollbuf/groups"] == 1.0
 
@@ -98,7 +99,7 @@ def test_versions_follow_the_policy_step_absolutely_across_a_resume(url: str) ->
         # version = policy_step // sync_every, shifted so that the weights of `resume_at` are TRL's version 1
         expected = [p // 2 - resume_at // 2 + 1 for p in policy_steps[resume_at - 10 :][:batches]]
         assert [s.model_version for s in samples[::4]] == expected
-        assert worker.steps_read[:batches] == list(range(resume_at, resume_at + batches))
+        assert list(worker.steps_read)[:batches] == list(range(resume_at, resume_at + batches))
         rb.commit(12)  # the checkpoint after two steps
 
 
