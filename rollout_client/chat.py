@@ -34,7 +34,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from rollout_client.env import Environment, Session, Task
 from rollout_client.policy import Completion
@@ -139,8 +139,9 @@ class ChatSession:
         key = f"{type(self.tokenizer).__name__}:{why}"
         if key not in _warned:
             _warned.add(key)
-            log.warning("chat template mismatch (%s): the tokens trained on are the ones sampled, but the template "
-                        "renders this conversation differently; counted in turns[i]['template_mismatch']", why)  # fmt: skip
+            log.warning("chat template mismatch (%s): the tokens trained on are the ones sampled, but the "
+                        "template renders this conversation differently; counted in turns[i]['template_mismatch']",
+                        why)  # fmt: skip
 
     def _flush(self) -> None:
         """Put the messages added since the last turn, and the generation prompt, into the session's tokens."""
@@ -268,7 +269,7 @@ class ChatSession:
 @functools.lru_cache(maxsize=8)
 def pretrained_tokenizer(name: str) -> ChatTokenizer:
     """`transformers.AutoTokenizer.from_pretrained(name)`, loaded once per process (imports transformers)."""
-    from transformers import AutoTokenizer  # noqa: PLC0415: only chat environments that name a model need it
+    from transformers import AutoTokenizer  # only chat environments that name a model need it
 
     tok: ChatTokenizer = AutoTokenizer.from_pretrained(name)
     return tok
@@ -280,9 +281,10 @@ class ChatEnvironment(Environment):
     `session.state["chat"]` (a ChatSession). The template is the model's own: `tokenizer_name` (loaded with
     transformers, once per process) or an overridden `tokenizer()`."""
 
-    tokenizer_name: ClassVar[str | None] = None
-    parser: ClassVar[str] = "hermes"
-    max_turns: ClassVar[int] = 8
+    tokenizer_name: str | None = None
+    parser: str = "hermes"
+    """The model family's tool-call format: "hermes" (Qwen 2.5/3, Hermes), "llama3", "mistral"."""
+    max_turns: int = 8
 
     def tokenizer(self) -> ChatTokenizer:
         if self.tokenizer_name is None:

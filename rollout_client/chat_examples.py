@@ -85,7 +85,7 @@ QWEN25_TEMPLATE = """{%- if tools %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
-"""
+"""  # noqa: E501 (verbatim)
 """Qwen2.5-Instruct's chat template (tokenizer_config.json of Qwen/Qwen2.5-*-Instruct), verbatim."""
 
 LLAMA3_TEMPLATE = (
@@ -114,16 +114,22 @@ def _bytes_to_unicode() -> dict[int, str]:
 def local_tokenizer(chat_template: str = QWEN25_TEMPLATE, eos_token: str = "<|im_end|>") -> ChatTokenizer:
     """A `transformers.PreTrainedTokenizerFast`: byte-level BPE with no merges (id = byte), `SPECIAL_TOKENS`
     from 256, and `chat_template`. Built in memory: no download. Cached per process."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415: optional
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415: optional dependency
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+    )  # optional: only the chat demo and tests need it
+    from transformers import PreTrainedTokenizerFast  # optional: only the chat demo and tests need it
 
     chars = _bytes_to_unicode()
     tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)  # type: ignore[assignment]
-    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
     extra = [s for s in SPECIAL_TOKENS if s not in (eos_token, "<|endoftext|>")]
-    out: ChatTokenizer = PreTrainedTokenizerFast(
+    out: ChatTokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, eos_token=eos_token, pad_token="<|endoftext|>", bos_token="<|begin_of_text|>",
         extra_special_tokens=extra, chat_template=chat_template, clean_up_tokenization_spaces=False,
     )  # fmt: skip
@@ -221,6 +227,7 @@ class ToolChat(ChatEnvironment):
     group_size: int = 4
     weight: float = 1.0
     max_tokens: int = 160
+    parser: str = "hermes"
 
     def tokenizer(self) -> ChatTokenizer:
         return local_tokenizer()

@@ -28,24 +28,26 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         return {"type": _SCALARS[tp]}
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
-        kinds = {_SCALARS.get(type(a), "string") for a in args}
-        return {"type": kinds.pop() if len(kinds) == 1 else sorted(kinds), "enum": list(args)}
+        kinds = sorted({_SCALARS.get(type(a), "string") for a in args})
+        return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": list(args)}
     if origin in (Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
-        out = _type_schema(rest[0]) if len(rest) == 1 else {"type": sorted({_type_schema(a)["type"] for a in rest})}
+        out: dict[str, Any] = (
+            _type_schema(rest[0]) if len(rest) == 1 else {"type": sorted({_type_schema(a)["type"] for a in rest})}
+        )
         if len(rest) < len(args):
             out["nullable"] = True
         return out
     if origin in (list, tuple, set, Sequence) or tp in (list, tuple, set):
-        out = {"type": "array"}
+        array: dict[str, Any] = {"type": "array"}
         if args and args[0] is not Ellipsis:
-            out["items"] = _type_schema(args[0])
-        return out
+            array["items"] = _type_schema(args[0])
+        return array
     if origin is dict or tp is dict:
-        out = {"type": "object"}
+        obj: dict[str, Any] = {"type": "object"}
         if len(args) == 2:
-            out["additionalProperties"] = _type_schema(args[1])
-        return out
+            obj["additionalProperties"] = _type_schema(args[1])
+        return obj
     if tp is Any or tp is inspect.Parameter.empty:
         return {}
     raise TypeError(f"no JSON schema for the annotation {tp!r}: use int, float, str, bool, list, dict, Literal")

@@ -63,6 +63,8 @@ def create_app() -> Starlette:
                               "overlong_marker": None, "chat": None, "chat_stop": None}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
+    answers: Counter[str] = Counter()
+    """Chat mode: each completion's text, as sampled."""
     forever = asyncio.Event()
 
     async def models(request: Request) -> JSONResponse:
@@ -127,6 +129,8 @@ def create_app() -> Starlette:
             "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs},
         }
         stats["200"] += 1
+        if chat:
+            answers[choice["text"]] += 1
         reply = {"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]}
         return Response(json.dumps(reply), media_type="application/json")  # NaN as vLLM writes it, not refused
 
@@ -135,7 +139,7 @@ def create_app() -> Starlette:
         return JSONResponse(faults)
 
     async def get_stats(request: Request) -> JSONResponse:
-        return JSONResponse({**stats, "prompts": dict(prompts)})
+        return JSONResponse({**stats, "prompts": dict(prompts), "answers": dict(answers)})
 
     return Starlette(
         routes=[

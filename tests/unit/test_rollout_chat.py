@@ -123,7 +123,7 @@ def test_a_tool_using_conversation_renders_as_qwen_does() -> None:
                         + "<|im_end|>", answer], [calculate])  # fmt: skip
     text = ByteChatCodec.decode(chat.session.tokens)
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions")
-    assert '\n{"type": "function", "function": {"name": "calculate", "description": "Compute a + b or a * b exactly."' in text
+    assert '{"type": "function", "function": {"name": "calculate", "description": "Compute a + b or a * b' in text
     assert text.endswith(
         '<|im_start|>user\nQ: 12 * 34 =<|im_end|>\n<|im_start|>assistant\nLet me compute. <tool_call>\n{"name": '
         '"calculate", "arguments": {"a": 12, "op": "*", "b": 34}}\n</tool_call><|im_end|>\n<|im_start|>user\n'

@@ -74,6 +74,7 @@ def test_async_tools_are_awaited_and_names_are_unique() -> None:
     assert asyncio.run(call_tool(tool, bind(tool, {"host": "a"}))) == "pong a"
     with pytest.raises(ValueError, match="two tools named 'ping'"):
         as_tools([ping, Tool(ping)])
+
     def bad(x: complex) -> None:
         """No."""
 
