@@ -19,7 +19,8 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 Chat mode, also set with /control: `chat` "hermes" | "llama3" | "mistral" makes it a tool-calling chat model
 (`rollout_client.chat_examples.chat_script`) on `local_tokenizer()`'s ids (bytes, then special tokens from 256,
 decoded and encoded with `ByteChatCodec`), writing its tool calls in that family's format and ending each turn
-with `chat_stop` (default: the family's own end-of-turn token).
+with `chat_stop` (default: the family's own end-of-turn token). GET /stats counts each answer's text under
+`answers`.
 
     python -m tests.fake_vllm --port 8001
 """
