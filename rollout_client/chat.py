@@ -131,6 +131,8 @@ class ChatSession:
         if not text:
             return
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.tokenizer.decode(ids, skip_special_tokens=False) != text:
+            self._mismatch("the tokenizer does not decode a template delta back to its text")
         kept = self.session.observe_tokens(ids)
         self._text += text if len(kept) == len(ids) else str(self.tokenizer.decode(kept, skip_special_tokens=False))
 
