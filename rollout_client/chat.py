@@ -34,7 +34,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from rollout_client.env import Environment, Session, Task
 from rollout_client.policy import Completion
@@ -73,6 +73,8 @@ class AssistantTurn:
     parsed: Parsed
     """`content` split into text for the user and tool calls (`Malformed` for those that cannot be read)."""
     template_mismatch: bool
+    call_ids: tuple[str, ...] = ()
+    """One per call: the `tool_call_id` of its answer (and of the call, with `calls_as="tool_calls"`)."""
 
     @property
     def calls(self) -> list[ToolCall | Malformed]:
@@ -91,6 +93,7 @@ class ChatSession:
         tools: Sequence[Callable[..., Any] | Tool] = (),
         parser: str | Callable[[str], Parsed] = "hermes",
         template_kwargs: dict[str, Any] | None = None,
+        calls_as: Literal["text", "tool_calls"] = "text",
     ) -> None:
         self.session = session
         self.tokenizer = tokenizer
@@ -100,6 +103,13 @@ class ChatSession:
             raise ValueError(f"parser {parser!r}: not one of {sorted(PARSERS)}")
         self.parse = PARSERS[parser] if isinstance(parser, str) else parser
         self.template_kwargs = template_kwargs or {}
+        if calls_as not in ("text", "tool_calls"):
+            raise ValueError(f'calls_as={calls_as!r}: "text" or "tool_calls"')
+        self.calls_as = calls_as
+        """How the assistant's calls are put in its message for the template: "text", as sampled, in `content`
+        (templates that render content as is: Qwen, Hermes); "tool_calls", parsed into the message's
+        `tool_calls` with the rest of the text as `content` (templates that write calls themselves from that
+        field: Llama 3.1). A turn with a call that cannot be read keeps its text either way."""
         self.messages: list[Message] = []
         self.mismatches = 0
         """Turns where the template's rendering differed from the tokens (see the module's docstring)."""
@@ -198,7 +208,15 @@ class ChatSession:
         else:
             content = str(self.tokenizer.decode(ids, skip_special_tokens=False))
         self._text += content + stop
-        self.messages.append({"role": "assistant", "content": content})
+        parsed = self.parse(content) if self.tools else Parsed(content, [])
+        call_ids = tuple(f"call{next(self._call_ids):05d}" for _ in parsed.calls)  # 9 alphanumerics, as Mistral's
+        message: Message = {"role": "assistant", "content": content}
+        if self.calls_as == "tool_calls" and parsed.calls and all(isinstance(c, ToolCall) for c in parsed.calls):
+            message = {"role": "assistant", "content": parsed.content, "tool_calls": [
+                {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in zip(call_ids, parsed.calls, strict=True) if isinstance(c, ToolCall)
+            ]}  # fmt: skip
+        self.messages.append(message)
         self._rendered = len(self.messages)
         rendered = self.render(self.messages, False)
         if rendered.startswith(self._text):  # the template renders what was sampled: its closing follows
@@ -207,7 +225,6 @@ class ChatSession:
             if not self.session.truncated:
                 self._mismatch("assistant turn rendered differently from the sampled tokens")
             self._observe(self._closing(stop))
-        parsed = self.parse(content) if self.tools else Parsed(content, [])
         malformed = sum(isinstance(c, Malformed) for c in parsed.calls)
         self.malformed += malformed
         self.mismatches += int(self._flag)
@@ -215,7 +232,7 @@ class ChatSession:
             self.session.turns[-1].update(
                 template_mismatch=int(self._flag), tool_calls=len(parsed.calls), malformed=malformed, tool_s=0.0
             )
-        return AssistantTurn(out, content, parsed, self._flag)
+        return AssistantTurn(out, content, parsed, self._flag, call_ids)
 
     async def run_tools(self, turn: AssistantTurn) -> list[Message]:
         """Run the turn's calls in order and add their answers as tool messages (returned): a tool's result, or
@@ -223,8 +240,7 @@ class ChatSession:
         replies: list[Message] = []
         malformed = 0
         t0 = time.perf_counter()
-        for call in turn.calls:
-            call_id = f"call{next(self._call_ids):05d}"  # 9 alphanumerics: what Mistral's template requires
+        for call, call_id in zip(turn.calls, turn.call_ids, strict=True):
             name = call.name if isinstance(call, ToolCall) else "invalid"
             if isinstance(call, Malformed):
                 text = f"Error: the tool call could not be read: {call.error}."
@@ -268,7 +284,7 @@ class ChatSession:
         """The last assistant message's text without its tool calls."""
         for m in reversed(self.messages):
             if m["role"] == "assistant":
-                return self.parse(m["content"]).content
+                return str(self.parse(m["content"]).content)
         return ""
 
 
@@ -291,6 +307,8 @@ class ChatEnvironment(Environment):
     parser: str = "hermes"
     """The model family's tool-call format: "hermes" (Qwen 2.5/3, Hermes), "llama3", "mistral"."""
     max_turns: int = 8
+    calls_as: Literal["text", "tool_calls"] = "text"
+    """How calls go into the assistant message for the template (see `ChatSession.calls_as`)."""
 
     def tokenizer(self) -> ChatTokenizer:
         if self.tokenizer_name is None:
@@ -311,7 +329,8 @@ class ChatEnvironment(Environment):
         """The rollout's chat session (made on first use, kept in `session.state["chat"]`)."""
         if "chat" not in session.state:
             session.state["chat"] = ChatSession(session, self.tokenizer(), tools=self.tools(), parser=self.parser,
-                                                template_kwargs=self.template_kwargs())  # fmt: skip
+                                                template_kwargs=self.template_kwargs(),
+                                                calls_as=self.calls_as)  # fmt: skip
         chat: ChatSession = session.state["chat"]
         return chat
 

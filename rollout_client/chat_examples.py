@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollout_client.chat import ChatEnvironment, ChatTokenizer, Message
@@ -95,6 +95,135 @@ LLAMA3_TEMPLATE = (
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 """Meta-Llama-3-8B-Instruct's chat template, verbatim: it trims each message's content."""
+
+LLAMA31_JSON_TEMPLATE = """{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {#- Llama 3.1 doesn't pass all tests if the tools are in the system prompt #}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- if messages[0]['content'] is string %}
+        {%- set system_message = messages[0]['content']|trim %}
+    {%- else %}
+        {%- set system_message = messages[0]['content'][0]['text']|trim %}
+    {%- endif %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- if tools is not none %}
+        {%- set system_message = "You are a helpful assistant with tool calling capabilities. Only reply with a tool call if the function exists in the library provided by the user. If it doesn't exist, just reply directly in natural language. When you receive a tool call response, use the output to format an answer to the original user question." %}
+    {%- else %}
+        {%- set system_message = "" %}
+    {%- endif %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call. " }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. ' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- if messages[0]['content'] is string %}
+            {%- set first_user_message = messages[0]['content']|trim %}
+        {%- else %}
+            {%- set first_user_message = messages[0]['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | map('trim') | join('\n') %}
+        {%- endif %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+    {%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. ' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}
+        {%- if message['content'] is string %}
+            {{- message['content'] | trim}}
+        {%- else %}
+            {%- for content in message['content'] %}
+                {%- if content['type'] == 'text' %}
+                    {{- content['text'] | trim }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if message.tool_calls|length > 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- elif message.tool_calls|length == 0 %}
+            {{- "No tool calls found." }}
+        {%- else %}
+            {%- set tool_call = message.tool_calls[0].function %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name|trim + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is string %}
+            {{- { "output": message.content } | tojson }}
+        {%- else %}
+            {%- for content in message['content']  %}
+                {%- if content['type']  == 'text' %}
+                    {{- { "output": content['text']  } | tojson }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""  # noqa: E501 (verbatim)
+"""Llama 3.1's chat template for JSON tool calls (vLLM's examples/tool_chat_template_llama3.1_json.jinja, from
+Meta's): tools in the first user message, calls written from the assistant message's `tool_calls`, tool
+results as `ipython` turns. Pass `date_string` in the template kwargs for a rendering that does not change
+with the day."""
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -190,8 +319,8 @@ def tool_call_text(fmt: str, name: str, arguments: dict[str, Any]) -> str:
     """A tool call as the family writes it."""
     if fmt == "hermes":
         return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-    if fmt == "llama3":
-        return "<|python_tag|>" + json.dumps({"name": name, "parameters": arguments})
+    if fmt == "llama3":  # JSON tool calling (custom tools): the bare object; built-in tools add <|python_tag|>
+        return json.dumps({"name": name, "parameters": arguments})
     return "[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": arguments}])
 
 
@@ -220,17 +349,26 @@ def answer_of(text: str) -> str | None:
 
 @dataclass
 class ToolChat(ChatEnvironment):
-    """Sums and products asked in a chat; the model calls `calculate` (Qwen2.5's template, Hermes tool calls)
-    and answers; exact match scores 1. The tokenizer is `local_tokenizer()`: no download."""
+    """Sums and products asked in a chat; the model calls `calculate` and answers; exact match scores 1. By
+    default Qwen2.5's template with Hermes tool calls; `LLAMA31_JSON_TEMPLATE` with `eos="<|eot_id|>"`,
+    `parser="llama3"`, `calls_as="tool_calls"` for Llama 3.1's. The tokenizer is `local_tokenizer()`: no
+    download."""
 
     name: str = "tool_chat"
     group_size: int = 4
     weight: float = 1.0
     max_tokens: int = 160
     parser: str = "hermes"
+    template: str = QWEN25_TEMPLATE
+    eos: str = "<|im_end|>"
+    calls_as: Literal["text", "tool_calls"] = "text"
+    template_vars: dict[str, Any] = field(default_factory=dict)
 
     def tokenizer(self) -> ChatTokenizer:
-        return local_tokenizer()
+        return local_tokenizer(self.template, self.eos)
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return dict(self.template_vars)
 
     def tools(self) -> list[Any]:
         return [calculate]

@@ -19,6 +19,7 @@ from rollout_client import Completion, EpisodeTruncated, Session
 from rollout_client.chat import ChatSession
 from rollout_client.chat_examples import (
     LLAMA3_TEMPLATE,
+    LLAMA31_JSON_TEMPLATE,
     SPECIAL_TOKENS,
     ByteChatCodec,
     calculate,
@@ -80,7 +81,7 @@ def check_masks(chat: ChatSession, policy: Replies) -> None:
 
 def the_template_renders(chat: ChatSession) -> list[int]:
     tok: Any = chat.tokenizer
-    text = tok.apply_chat_template(chat.messages, tools=chat.schemas, tokenize=False)
+    text = tok.apply_chat_template(chat.messages, tools=chat.schemas, tokenize=False, **chat.template_kwargs)
     return list(tok.encode(text, add_special_tokens=False))
 
 
@@ -180,6 +181,22 @@ def test_each_family_s_calls_are_parsed_and_run(parser: str) -> None:
     chat, policy = run([call + "<|im_end|>", "4<|im_end|>"], [calculate], parser=parser)
     assert [m["content"] for m in chat.messages if m["role"] == "tool"] == ["RESULT 4"]
     check_masks(chat, policy)
+
+
+@pytest.mark.parametrize("calls_as", ["tool_calls", "text"])
+def test_llama31_writes_the_calls_itself_from_the_message(calls_as: str) -> None:
+    """Llama 3.1's template renders a call from the message's `tool_calls` and tool results as `ipython` turns:
+    with the calls parsed into the message, the conversation renders as exactly the tokens sampled."""
+    tok = local_tokenizer(LLAMA31_JSON_TEMPLATE, "<|eot_id|>")
+    call = tool_call_text("llama3", "calculate", {"a": 12, "op": "*", "b": 34})
+    chat, policy = run([call + "<|eot_id|>", "The answer is 408.<|eot_id|>"], [calculate], tokenizer=tok,
+                       parser="llama3", calls_as=calls_as, template_kwargs={"date_string": "26 Jul 2024"})  # fmt: skip
+    check_masks(chat, policy)
+    assert chat.mismatches == 0 and chat.session.tokens == the_template_renders(chat)
+    assert ("tool_calls" in chat.messages[2]) == (calls_as == "tool_calls")
+    text = ByteChatCodec.decode(chat.session.tokens)
+    assert '<|start_header_id|>ipython<|end_header_id|>\n\n{"output": "RESULT 408"}<|eot_id|>' in text
+    assert "Today Date: 26 Jul 2024" in text
 
 
 def test_a_template_that_rewrites_the_assistant_turn_is_flagged() -> None:
