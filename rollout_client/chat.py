@@ -122,6 +122,9 @@ class ChatSession:
         self._flag = False
         self._call_ids = itertools.count()
         self._special = set(getattr(tokenizer, "all_special_ids", None) or [])
+        """Ids that end a turn when sampled last: the tokenizer's special tokens (or at least its eos)."""
+        if isinstance(eos := getattr(tokenizer, "eos_token_id", None), int):
+            self._special.add(eos)
 
     # ------------------------------------------------------------------------------------------ rendering
 
@@ -161,7 +164,8 @@ class ChatSession:
         if full.startswith(self._text):
             delta = full[len(self._text) :]
         else:  # earlier turns render differently now: keep their tokens, append what the template adds
-            self._mismatch("earlier turns re-rendered differently")
+            if not self.session.truncated:  # (text clipped at the budget differs from the template's anyway)
+                self._mismatch("earlier turns re-rendered differently")
             base = self.render(self.messages[: self._rendered], False)
             if not full.startswith(base):
                 raise ChatTemplateError(

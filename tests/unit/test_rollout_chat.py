@@ -238,3 +238,27 @@ def test_tool_results_are_json_unless_text() -> None:
 
     chat, _ = run([tool_call_text("hermes", "listing", {}) + "<|im_end|>", "ok<|im_end|>"], [listing])
     assert [m["content"] for m in chat.messages if m["role"] == "tool"] == [json.dumps([1, 2])]
+
+
+class ChatML:
+    """Not a transformers tokenizer: a ChatML formatter over `ByteChatCodec`, as any tokenizer object may be."""
+
+    eos_token_id = 256 + SPECIAL_TOKENS.index("<|im_end|>")
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kw: Any) -> str:
+        out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
+        return out + ("<|im_start|>assistant\n" if kw.get("add_generation_prompt") else "")
+
+    def encode(self, text: str, **kw: Any) -> list[int]:
+        return ByteChatCodec.encode(text)
+
+    def decode(self, token_ids: list[int], **kw: Any) -> str:
+        return ByteChatCodec.decode(token_ids)
+
+
+def test_any_object_with_a_chat_template_will_do() -> None:
+    call = tool_call_text("hermes", "calculate", {"a": 1, "op": "+", "b": 2})
+    chat, policy = run([call + "<|im_end|>", "3<|im_end|>"], [calculate], tokenizer=ChatML())
+    check_masks(chat, policy)
+    assert chat.mismatches == 0 and chat.session.tokens == the_template_renders(chat)
+    assert [m["content"] for m in chat.messages if m["role"] == "tool"] == ["RESULT 3"]
