@@ -1,10 +1,12 @@
 """`rollbuf demo`: the whole loop on one machine in under a minute, no GPU, no internet.
 
 It starts the service in-process (a temporary SQLite store, a free loopback port), registers a small
-trainer through `trainer_client`, and runs three environments through `rollout_client.RolloutRunner`:
-single-turn sums (G=4, weight 2), single-turn products (G=8, weight 1) and a two-turn calculator-tool env
+trainer through `trainer_client`, and runs four environments through `rollout_client.RolloutRunner`:
+single-turn sums (G=4, weight 2), single-turn products (G=8, weight 1), a two-turn calculator-tool env
 (G=8, weight 1), all played by a scripted policy with a byte-level tokenizer (one token per UTF-8 byte; a
-stand-in for a real model and tokenizer). Each "training step" pauses generation, swaps the (pretend)
+stand-in for a real model and tokenizer), and a tool-calling chat env (G=4, weight 1: Qwen2.5's chat template
+on a tokenizer built locally, Hermes tool calls, `rollout_client.chat`), played by a scripted chat model; it
+is left out where `transformers` is not installed. Each "training step" pauses generation, swaps the (pretend)
 weights and resumes, so groups carry the policy step that produced them and the staleness is visible.
 """
 
@@ -13,24 +15,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 import httpx
 import numpy as np
 
 from demos.service import serve_in_thread
-from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client import Completion, Environment, RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.chat_examples import SPECIAL_ID, ByteChatCodec, ToolChat, chat_script
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
 from trainer_client import AsyncTrainerClient, Batch
 
 BATCH_SIZE = 32
-MAX_TOKEN_LEN = 256
+MAX_TOKEN_LEN = 2048
+"""Room for the chat env: Qwen2.5's tool prompt alone is ~850 byte-level tokens."""
 MAX_STALENESS = 2
 """Groups more than 2 steps older than the batch they would join are dropped by the server, and the runner
 holds back rather than produce them."""
@@ -45,14 +50,46 @@ class Tally:
     seqs_by_env: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
     last_mix: str = ""
+    chat: Counter[str] = field(default_factory=Counter)
+    """The chat env's rollouts trained on: turns, tool calls, malformed calls, template mismatches."""
+    tools: Counter[str] = field(default_factory=Counter)
+    """Per tool: calls, failures, malformed (from each sequence's `tools` record)."""
 
 
-def _envs() -> list[tuple[Arithmetic | Calculator, Tasks]]:
-    return [
+def _envs() -> list[tuple[Environment, Tasks]]:
+    envs: list[tuple[Environment, Tasks]] = [
         (Arithmetic(name="add", group_size=4, weight=2.0), Tasks(partial(arithmetic_task, digits=2, op="+"))),
         (Arithmetic(name="mul", group_size=8, weight=1.0), Tasks(partial(arithmetic_task, digits=2, op="*"))),
         (Calculator(name="calculator", group_size=8, weight=1.0), Tasks(partial(arithmetic_task, digits=3, op="*"))),
     ]
+    if _chat_available():
+        chat = ToolChat(name="tool_chat", group_size=4, weight=1.0)
+        envs.append((chat, Tasks(partial(arithmetic_task, digits=3, op="*"))))
+    return envs
+
+
+def _chat_available() -> bool:
+    """The tool-calling chat env needs `tokenizers` and `transformers` (the trl or dev extra) for its template."""
+    return all(importlib.util.find_spec(m) is not None for m in ("tokenizers", "transformers"))
+
+
+class DemoPolicy:
+    """The scripted policy of the text envs and, for the chat env, a scripted chat model on its tokenizer's ids
+    (Hermes tool calls in Qwen2.5's template): one policy, as one inference server serves every env."""
+
+    def __init__(self) -> None:
+        self.text = ScriptedPolicy(arithmetic_script)
+        self.chat = ScriptedPolicy(chat_script, tokenizer=ByteChatCodec()) if _chat_available() else None
+
+    async def tokenize(self, text: str) -> list[int]:
+        return await self.text.tokenize(text)
+
+    async def generate(
+        self, prompt_ids: list[int], *, max_tokens: int, token_limit: int | None = None, seed: int | None = None
+    ) -> Completion:
+        chatty = self.chat is not None and prompt_ids[:1] == [SPECIAL_ID["<|im_start|>"]]
+        policy = self.chat if chatty and self.chat is not None else self.text
+        return await policy.generate(prompt_ids, max_tokens=max_tokens, token_limit=token_limit, seed=seed)
 
 
 async def _train(url: str, runner: RolloutRunner, steps: int, tally: Tally, names: dict[int, str]) -> None:
@@ -77,8 +114,25 @@ def _count(batch: Batch, tally: Tally, names: dict[int, str]) -> None:
     tally.seqs_by_env.update(envs)
     share = Counter(envs)
     tally.last_mix = " ".join(f"{n} {100 * c / batch.n_seqs:.0f}%" for n, c in sorted(share.items()))
+    for meta in batch.meta:
+        for o in meta.get("overrides") or []:
+            _count_chat(o, tally)
     stale = (batch.step or 0) - batch.policy_steps
     tally.staleness.update(int(s) for s in np.asarray(stale))
+
+
+def _count_chat(overrides: dict[str, Any], tally: Tally) -> None:
+    """A chat rollout's per-turn and per-tool metrics (rollout_client.chat writes them in each turn)."""
+    turns = overrides.get("turns") or []
+    if not any("tool_calls" in t for t in turns):
+        return
+    tally.chat["rollouts"] += 1
+    tally.chat["turns"] += len(turns)
+    for key in ("tool_calls", "malformed", "template_mismatch"):
+        tally.chat[key] += sum(int(t.get(key, 0)) for t in turns)
+    for name, rec in (overrides.get("tools") or {}).items():
+        for key in ("calls", "failures", "malformed"):
+            tally.tools[f"{name}.{key}"] += int(rec.get(key, 0))
 
 
 async def _progress(runner: RolloutRunner, tally: Tally, started: float) -> None:
@@ -99,9 +153,14 @@ async def run_demo(steps: int, workers: int) -> int:
     with tempfile.TemporaryDirectory(prefix="rollbuf-demo-") as tmp, serve_in_thread(f"sqlite:///{tmp}/demo.db") as url:
         print(f"rollbuf demo: service on {url} (SQLite in {tmp}); {steps} training steps of {BATCH_SIZE} sequences")
         print("  envs: add (G=4, weight 2), mul (G=8, weight 1), calculator (two turns with a tool, G=8, weight 1)")
-        print("  policy: scripted, byte-level tokenizer (1 token per byte); trainer: trainer_client, pause/resume\n")
         envs = _envs()
-        runner = RolloutRunner(url, envs, ScriptedPolicy(arithmetic_script), max_in_flight=64, num_workers=workers,
+        if len(envs) > 3:
+            print("        tool_chat (a chat model calling a calculator tool: Qwen2.5's chat template on a tokenizer "
+                  "built locally, Hermes tool calls, G=4, weight 1)")  # fmt: skip
+        else:
+            print("        (tool_chat left out: it needs tokenizers and transformers, pip install -e '.[trl]')")
+        print("  policy: scripted, byte-level tokenizer (1 token per byte); trainer: trainer_client, pause/resume\n")
+        runner = RolloutRunner(url, envs, DemoPolicy(), max_in_flight=64, num_workers=workers,
                                max_staleness=MAX_STALENESS, poll_interval=0.1)  # fmt: skip
         tally = Tally()
         names: dict[int, str] = {}
@@ -145,6 +204,12 @@ def summary(runner: RolloutRunner, tally: Tally, status: dict[str, object], elap
         lines.append(f"  {name:11} {got:5d} seqs  {share:5.1f}%  (target {target:.0f}%)  mean score {score:.2f}")
     hist = ", ".join(f"{k}: {100 * v / stale_n:.0f}%" for k, v in sorted(tally.staleness.items()))
     lines.append(f"staleness (batch step - policy step) of sequences trained on: {hist or '-'}")
+    if c := tally.chat:
+        calc = {k: tally.tools[f"calculate.{k}"] for k in ("calls", "failures")}
+        lines.append(f"tool_chat: {c['rollouts']} rollouts trained on, {c['turns']} turns, {c['tool_calls']} tool "
+                     f"calls ({c['malformed']} malformed, answered to the model), calculate ran {calc['calls']} times "
+                     f"({calc['failures']} failures), template mismatches "
+                     f"{c['template_mismatch']}")  # fmt: skip
     queued = status.get("queue_size")
     lines.append(f"server: {queued} groups still queued, {n_dropped} dropped {dropped or ''}")
     balanced = s.accepted == tally.groups + (queued if isinstance(queued, int) else 0) + n_dropped

@@ -1,6 +1,7 @@
 """The environment's side of rollbuf: `RolloutClient` to register and submit groups, `RolloutRunner` to run
 environments concurrently (optionally in worker processes) as a well-behaved producer (docs/rollout-client.md)."""
 
+from rollout_client.chat import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, Gate, Session, Task
 from rollout_client.errors import (
@@ -34,9 +35,14 @@ from rollout_client.policy import (
 from rollout_client.runner import RolloutRunner
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import Curriculum, Tasks, TaskSource
+from rollout_client.tools import Tool, tool_schema
 
 __all__ = [
+    "AssistantTurn",
     "CharTokenizer",
+    "ChatEnvironment",
+    "ChatSession",
+    "ChatTemplateError",
     "ClientError",
     "Completion",
     "Curriculum",
@@ -68,6 +74,7 @@ __all__ = [
     "Task",
     "TaskSource",
     "Tasks",
+    "Tool",
     "TrainerNotStarted",
     "TransportError",
     "TurnTimeout",
@@ -80,4 +87,5 @@ __all__ = [
     "is_retryable",
     "run_group",
     "run_in_thread",
+    "tool_schema",
 ]

@@ -143,7 +143,8 @@ class Session:
         self.truncated = False
         """The episode reached the token budget: tool output was clipped or a completion stopped at it."""
         self.tools: dict[str, dict[str, float | int]] = {}
-        """Per tool name: `calls`, `failures`, `seconds` (recorded by `async with session.tool(name)`)."""
+        """Per tool name: `calls`, `failures`, `seconds` (recorded by `async with session.tool(name)`), and
+        `malformed` (calls a chat session refused before running the tool: `rollout_client.chat`)."""
 
     @property
     def room(self) -> int | None:
@@ -162,7 +163,11 @@ class Session:
 
         Once the policy has generated, whatever does not fit the token budget is cut off (the episode is
         then `truncated`); the prompt itself is never cut (a prompt too long skips the group)."""
-        ids = await self.policy.tokenize(text)
+        return self.observe_tokens(await self.policy.tokenize(text))
+
+    def observe_tokens(self, ids: list[int]) -> list[int]:
+        """`observe` for text already tokenised (a chat template's turn): clipped to the budget as `observe`
+        clips, and returns the ids kept."""
         room = self.room
         if self.turns and room is not None and len(ids) > room:
             ids = ids[: max(0, room)]
@@ -232,10 +237,15 @@ class Session:
             yield
             failed = False
         finally:
-            rec = self.tools.setdefault(name, {"calls": 0, "failures": 0, "seconds": 0.0})
+            rec = self.tool_record(name)
             rec["calls"] += 1
             rec["failures"] += int(failed)
             rec["seconds"] = round(rec["seconds"] + time.perf_counter() - t0, 6)
+
+    def tool_record(self, name: str) -> dict[str, float | int]:
+        """The tool's entry in `tools`: `calls`, `failures` (it raised), `seconds`, `malformed` (called with
+        arguments that do not fit it: never run)."""
+        return self.tools.setdefault(name, {"calls": 0, "failures": 0, "seconds": 0.0, "malformed": 0})
 
     @property
     def last_text(self) -> str:

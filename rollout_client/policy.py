@@ -75,6 +75,14 @@ def clip_max_tokens(prompt_len: int, max_tokens: int, *limits: int | None) -> in
 # ------------------------------------------------------------------------------------------- scripted
 
 
+class TextCodec(Protocol):
+    """Text to token ids and back: all a scripted policy needs of a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
 class CharTokenizer:
     """A deterministic byte-level tokenizer: one token per UTF-8 byte (ids 0-255). A stand-in for a real
     tokenizer in tests and the demo; it needs no download."""
@@ -102,9 +110,11 @@ class ScriptedPolicy:
     (the runner gives each rollout of a group its own) let a script answer differently within a group.
     """
 
-    def __init__(self, script: Callable[[str, int], str]) -> None:
+    def __init__(self, script: Callable[[str, int], str], tokenizer: TextCodec | None = None) -> None:
         self.script = script
-        self.tokenizer = CharTokenizer()
+        self.tokenizer: TextCodec = tokenizer or CharTokenizer()
+        """`CharTokenizer` by default; a chat model's tokenizer (its special tokens decoded as text) for a
+        scripted chat policy."""
         self.context_length: int | None = None
 
     async def tokenize(self, text: str) -> list[int]:

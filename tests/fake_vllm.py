@@ -16,6 +16,12 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 - `null_logprob_marker` / `nan_logprob_marker` / `overlong_marker`: a prompt containing it gets a null
   logprob / a NaN logprob / 5 tokens more than `max_tokens`.
 
+Chat mode, also set with /control: `chat` "hermes" | "llama3" | "mistral" makes it a tool-calling chat model
+(`rollout_client.chat_examples.chat_script`) on `local_tokenizer()`'s ids (bytes, then special tokens from 256,
+decoded and encoded with `ByteChatCodec`), writing its tool calls in that family's format and ending each turn
+with `chat_stop` (default: the family's own end-of-turn token). GET /stats counts each answer's text under
+`answers`.
+
     python -m tests.fake_vllm --port 8001
 """
 
@@ -42,6 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from rollout_client.chat_examples import ByteChatCodec, chat_script
 from rollout_client.examples import arithmetic_script
 from rollout_client.policy import stable_unit
 from tests.servers import READY_TIMEOUT_S, free_port
@@ -54,9 +61,11 @@ def create_app() -> Starlette:
     faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
-                              "overlong_marker": None}  # fmt: skip
+                              "overlong_marker": None, "chat": None, "chat_stop": None}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
+    answers: Counter[str] = Counter()
+    """Chat mode: each completion's text, as sampled."""
     forever = asyncio.Event()
 
     async def models(request: Request) -> JSONResponse:
@@ -73,7 +82,8 @@ def create_app() -> Starlette:
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         stats["requests"] += 1
-        text = bytes(body["prompt"]).decode(errors="replace")
+        chat = faults["chat"]
+        text = ByteChatCodec.decode(body["prompt"]) if chat else bytes(body["prompt"]).decode(errors="replace")
         prompts[text] += 1
         if faults["hang_all"] or (faults["hang_marker"] and faults["hang_marker"] in text):
             stats["hung"] += 1
@@ -97,7 +107,10 @@ def create_app() -> Starlette:
                        "completion). Please reduce the length of the messages or completion.")  # fmt: skip
             return JSONResponse({"object": "error", "message": message, "code": 400}, status_code=400)
         seed = body.get("seed") or 0
-        ids = list(arithmetic_script(text, seed).encode())
+        if chat:
+            ids = ByteChatCodec.encode(chat_script(text, seed, chat, faults["chat_stop"]))
+        else:
+            ids = list(arithmetic_script(text, seed).encode())
         finish = "stop"
         room = min(body["max_tokens"], context - len(body["prompt"]))
         if len(ids) > room:
@@ -112,11 +125,13 @@ def create_app() -> Starlette:
             logprobs[-1] = float("nan")
         choice = {
             "index": 0,
-            "text": bytes(ids).decode(errors="replace"),
+            "text": ByteChatCodec.decode(ids) if chat else bytes(ids).decode(errors="replace"),
             "finish_reason": finish,
             "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": logprobs},
         }
         stats["200"] += 1
+        if chat:
+            answers[choice["text"]] += 1
         reply = {"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]}
         return Response(json.dumps(reply), media_type="application/json")  # NaN as vLLM writes it, not refused
 
@@ -125,7 +140,7 @@ def create_app() -> Starlette:
         return JSONResponse(faults)
 
     async def get_stats(request: Request) -> JSONResponse:
-        return JSONResponse({**stats, "prompts": dict(prompts)})
+        return JSONResponse({**stats, "prompts": dict(prompts), "answers": dict(answers)})
 
     return Starlette(
         routes=[

@@ -35,7 +35,7 @@ def test_all_is_sorted_and_complete(name: str) -> None:
 
 @pytest.mark.parametrize("name", PACKAGES)
 def test_importing_a_client_does_not_import_the_server_stack(name: str) -> None:
-    heavy = ("fastapi", "uvicorn", "starlette", "redis", "torch")
+    heavy = ("fastapi", "uvicorn", "starlette", "redis", "torch", "transformers", "tokenizers")
     code = f"import sys, {name}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

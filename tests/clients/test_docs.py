@@ -1,4 +1,4 @@
-"""The Python examples in docs/trainer-client.md and docs/binary-format.md run as written."""
+"""The Python examples in docs/trainer-client.md, docs/binary-format.md and docs/agentic.md run as written."""
 
 from __future__ import annotations
 
@@ -55,3 +55,12 @@ def test_rollout_client_quotes_the_errors_it_raises() -> None:
                 with pytest.raises(Rejected) as raised:
                     env.submit(bad)
             assert str(raised.value) == message
+
+
+def test_agentic_example_prints_what_the_page_says(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/agentic.md: the tool-using chat environment, on the local tokenizer with Qwen2.5's template."""
+    page = (DOCS / "agentic.md").read_text()
+    example = python_blocks("agentic.md")[0]
+    printed = page.split("prints\n\n```\n", 1)[1].split("```", 1)[0]
+    exec(compile(example, "agentic.md", "exec"), {"__name__": "agentic_example"})
+    assert capsys.readouterr().out == printed

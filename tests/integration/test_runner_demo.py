@@ -24,5 +24,7 @@ def test_demo_runs_and_accounts_for_every_group(workers: int) -> None:
     assert any(line.startswith("done in") and "6 batches of 32 sequences" in line for line in lines), out.stdout
     [accounting] = [line for line in lines if line.startswith("accounting:")]
     assert accounting.endswith(": ok"), accounting
-    for env in ("add", "mul", "calculator"):
+    for env in ("add", "mul", "calculator", "tool_chat"):
         assert any(line.split()[:1] == [env] for line in lines), f"no mix line for {env}:\n{out.stdout}"
+    [chat] = [line for line in lines if line.startswith("tool_chat:")]  # its tool metrics, from the batches
+    assert " tool calls (" in chat and "template mismatches 0" in chat and "calculate ran 0 " not in chat, chat
