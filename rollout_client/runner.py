@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from api.schema import EnvStatus
+from api.schema import EnvRegistered, Info
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
@@ -35,7 +35,6 @@ from rollout_client.errors import (
     RunFailed,
     WorkerDied,
     failure_reason,
-    registration_lost,
 )
 from rollout_client.failures import (
     ERROR_WINDOW,
@@ -49,10 +48,12 @@ from rollout_client.failures import (
 from rollout_client.group import RELEASE_S, GroupOutcome, Limits, exited, run_group
 from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
-from rollout_client.pacing import AHEAD, is_stale, pick_env
+from rollout_client.pacing import pick_env
 from rollout_client.recycling import STUCK, RecyclePolicy
-from rollout_client.stats import RunnerHealth, RunnerStats
+from rollout_client.registration import Registrations, register
+from rollout_client.stats import RunnerStats
 from rollout_client.tasks import TaskSource
+from rollout_client.watching import Watching
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
 
 log = logging.getLogger("rollout_client.runner")
@@ -83,11 +84,9 @@ INFERENCE_OUTAGE_S = 600.0
 STALL_WARN_S = 60.0
 """With `max_staleness`: held back `ahead_of_trainer` this long without a `resume()` is reported (a log line
 every this often, and `health().stalled`): the runner waits for `resume()` to learn of new weights."""
-REREGISTER_TRIES = 3
-"""Submits of one group that find its env's registration gone (and register it again) before giving up."""
 
 
-class RolloutRunner:
+class RolloutRunner(Watching):
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
@@ -174,9 +173,7 @@ class RolloutRunner:
         self._inference = Breaker()
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
-        self._reregistering: list[asyncio.Lock] = [asyncio.Lock() for _ in self.envs]
-        self._registrations = [0] * len(self.envs)
-        """Per env: how many times it registered (a new run may hand out the same env id again)."""
+        self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
         self._held_since: float | None = None
         self._stall_logged: float | None = None
         self._resumed = False
@@ -271,32 +268,6 @@ class RolloutRunner:
         self._dispatch_open.set()
         self._changed.set()
 
-    def health(self) -> RunnerHealth:
-        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
-        runner's loop (or through `RunnerHandle.health()` from another thread)."""
-        s = self.stats
-        s.workers_alive = len(self.pool.workers) if self.pool is not None else 0
-        return RunnerHealth(
-            running=self._running,
-            paused=self.paused,
-            workers_alive=s.workers_alive,
-            in_flight=s.in_flight,
-            accepted=s.accepted,
-            failed={env: dict(c) for env, c in s.failed.items()},
-            failed_total=s.failed_total,
-            error_rate=s.error_rate,
-            skipped=dict(s.skipped),
-            held_back=dict(s.paused),
-            trainer_step=s.trainer_step,
-            policy_step=self.policy_step,
-            lag=max(0, s.trainer_step - self.policy_step),
-            error=None if self._error is None else str(self._error),
-            inference_reachable=s.inference_reachable,
-            inference_outages=s.inference_outages,
-            workers_recycled=dict(s.workers_recycled),
-            stalled=s.stalled,
-        )
-
     # ------------------------------------------------------------------------------------------- run
 
     async def run(self, max_groups: int | None = None) -> RunnerStats:
@@ -340,10 +311,7 @@ class RolloutRunner:
         for env in self.envs:
             client = RolloutClient(self.base_url, **self.client_options)
             self.clients.append(client)
-            reg = await client.register(
-                env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-                wait_timeout=self.register_wait,
-            )  # fmt: skip
+            reg = await register(client, env, self.register_wait)
             if self._policy_step is None:
                 self._policy_step = reg.starting_step
         info = await self.clients[0].info()
@@ -406,27 +374,13 @@ class RolloutRunner:
                 g.deadline.reschedule(now + g.remaining)
                 g.remaining = None
 
-    async def _reregister(self, i: int, lost: int) -> None:
-        """Register env `i` again: the server lost its registration (a trainer's /reset_data and /register, a
-        memory store restarted). Waits for the trainer like the first registration; the weights generating
-        from now on are stamped with the step the new registration gives."""
-        client = self.clients[i]
-        async with self._reregistering[i]:
-            if self._registrations[i] != lost:
-                return  # another group or the monitor did it meanwhile
-            env = self.envs[i]
-            log.warning("env %s: the server no longer knows env_id %s: registering again", env.name, client.env_id)
-            reg = await client.register(
-                env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-                wait_timeout=self.register_wait,
-            )  # fmt: skip
-            self.stats.reregistered += 1
-            self._registrations[i] += 1
-            self._policy_step = reg.starting_step
-            self.stats.policy_step = reg.starting_step
-            info = await client.info()
-            self._backpressure.batch_size = info.batch_size
-            self._changed.set()
+    def _registered_again(self, reg: EnvRegistered, info: Info) -> None:
+        """An env registered again: the weights generating from now on are stamped with the new run's step."""
+        self.stats.reregistered = self._registrations.reregistered
+        self._policy_step = reg.starting_step
+        self.stats.policy_step = reg.starting_step
+        self._backpressure.batch_size = info.batch_size
+        self._changed.set()
 
     # ------------------------------------------------------------------------------------------- dispatch
 
@@ -511,7 +465,7 @@ class RolloutRunner:
             self._in_flight.groups[group_id].submitting = True
             group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
             try:
-                reply = await self._submit(i, group)
+                reply = await self._registrations.submit(i, group)
             except RetriesExhausted as exc:
                 log.warning("group %s of %s not submitted: %s", group_id, env.name, exc)
                 self.stats.skipped["unsent"] += 1
@@ -544,18 +498,6 @@ class RolloutRunner:
                 self._discard(i, task)
             self._in_flight.remove(group_id)
             self._changed.set()
-
-    async def _submit(self, i: int, group: Any) -> Any:
-        """Submit, registering the env again (and submitting again, same group id) if its registration is gone."""
-        for _ in range(REREGISTER_TRIES):
-            lost = self._registrations[i]
-            try:
-                return await self.clients[i].submit(group)
-            except Rejected as exc:
-                if not registration_lost(exc):
-                    raise
-                await self._reregister(i, lost)
-        return await self.clients[i].submit(group)
 
     # ------------------------------------------------------------------------------------------- failures
 
@@ -665,74 +607,6 @@ class RolloutRunner:
             self._end("the rollbuf server stayed unreachable", exc)
         except Exception as exc:  # never a bare error out of run(), never a skipped shutdown
             self._end(f"the runner's monitor failed: {type(exc).__name__}", exc)
-
-    async def _status(self, i: int) -> EnvStatus:
-        """Env `i`'s /status-env, registering it again first if the server lost its registration."""
-        for _ in range(REREGISTER_TRIES):
-            lost = self._registrations[i]
-            try:
-                return await self.clients[i].status()
-            except Rejected as exc:
-                if not registration_lost(exc):
-                    raise
-                await self._reregister(i, lost)
-        return await self.clients[i].status()
-
-    async def _watch(self) -> None:
-        while True:
-            mark = self._backpressure.mark()
-            statuses: list[EnvStatus] = await asyncio.gather(*(self._status(i) for i in range(len(self.clients))))
-            trainer_step = self._backpressure.observed(statuses, mark)
-            self._refresh_blocked()
-            self.stats.trainer_step = trainer_step
-            self._check_stall()
-            now = time.monotonic()
-            if self.inference_outage_timeout is not None and (
-                self._inference.down_for(now) > self.inference_outage_timeout
-            ):
-                self._end(f"the inference server stayed unreachable for {self.inference_outage_timeout} s", None)
-                return
-            if self.pool is not None:
-                self.stats.workers_alive = len(self.pool.workers)
-                self.stats.worker_deaths = self.pool.deaths
-                self.stats.workers_recycled = Counter(self.pool.recycled)
-            for g in self._in_flight:
-                if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
-                    self._in_flight.cancel(g, "stale")
-            self._changed.set()
-            await asyncio.sleep(self.poll_interval)
-
-    def _check_stall(self) -> None:
-        """Held back `ahead_of_trainer` for `stall_warning` s with nobody calling `resume()`: the trainer moves
-        on but this runner believes its weights are old. Say so (a log line, `health().stalled`)."""
-        now = time.monotonic()
-        ahead = AHEAD in self.stats.paused.values() and not self.paused
-        if not ahead or self.stall_warning is None:
-            self._held_since = None
-            self.stats.stalled = None
-            return
-        if self._held_since is None:
-            self._held_since = now
-        held = now - self._held_since
-        if held < self.stall_warning:
-            return
-        self.stats.stalled = (
-            f"held back ahead_of_trainer for {held:.0f} s at policy step {self.policy_step} (trainer at "
-            f"{self.stats.trainer_step}): call resume() after each weight sync, or resume(policy_step=N)"
-        )
-        if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
-            self._stall_logged = now
-            log.warning("the runner is stalled: %s%s", self.stats.stalled,
-                        "" if self._resumed else " (resume() was never called)")  # fmt: skip
-
-    def _refresh_blocked(self) -> None:
-        """Which envs must wait, from the last status read and what this runner has in flight now."""
-        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
-        for i, reason in enumerate(held):
-            if reason is None:
-                self.stats.paused.pop(self.envs[i].name, None)
-            else:
-                self.stats.paused[self.envs[i].name] = reason
 
     # ------------------------------------------------------------------------------------------- shutdown
 
