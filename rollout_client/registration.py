@@ -14,6 +14,7 @@ from api.schema import EnvRegistered, EnvStatus, Info, ScoredData, ScoredReply
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment
 from rollout_client.errors import Rejected, registration_lost
+from rollout_client.group import needed
 
 log = logging.getLogger("rollout_client.runner")
 
@@ -25,10 +26,12 @@ before giving up."""
 
 
 async def register(client: RolloutClient, env: Environment, wait_timeout: float | None) -> EnvRegistered:
-    """Register `env` through `client`, waiting for the trainer up to `wait_timeout` s (None: forever)."""
+    """Register `env` through `client`, waiting for the trainer up to `wait_timeout` s (None: forever). An
+    env that keeps groups of survivors (`min_group_size` below `group_size`) registers `variable_group_size`:
+    the server queues such a group whole instead of combining it with other prompts' groups."""
     return await client.register(
         env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-        wait_timeout=wait_timeout,
+        wait_timeout=wait_timeout, variable_group_size=needed(env) < env.group_size,
     )  # fmt: skip
 
 
