@@ -20,7 +20,14 @@ from typing import Any, Protocol, TypeVar
 
 from api.schema import ScoredData
 from rollout_client.env import Environment, Gate, Session, Task
-from rollout_client.errors import EnvExited, EpisodeTruncated, PromptTooLong, RolloutTimeout, failure_reason
+from rollout_client.errors import (
+    EnvExited,
+    EpisodeTruncated,
+    PromptTooLong,
+    ResourceExhausted,
+    RolloutTimeout,
+    failure_reason,
+)
 from rollout_client.policy import Policy
 from rollout_client.resources import acquire_backing_off
 
@@ -158,8 +165,9 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
     """Enter every context manager concurrently; all succeed or none is held.
 
     On a failure the others are cancelled, whatever was entered is exited, and the first real error (not a
-    cancellation it caused) is raised, with any error from the exits attached as notes. On success the
-    returned stack exits them all.
+    cancellation it caused) is raised, with any error from the exits attached as notes. A ResourceExhausted
+    ("not now") cancels nothing: the others finish entering, then all are exited and it is raised. On success
+    the returned stack exits them all.
     """
     entered: dict[int, Any] = {}
     held: list[AbstractAsyncContextManager[Any]] = []
@@ -179,8 +187,14 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
 
     stack.push_async_exit(exit_all)
 
+    exhausted: list[ResourceExhausted] = []
+
     async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
-        value = await cm.__aenter__()
+        try:
+            value = await cm.__aenter__()
+        except ResourceExhausted as exc:  # "not now": the others finish entering (a cancelled acquire could
+            exhausted.append(exc)  # leave its resource taken at the pool), then all are released
+            return
         entered[i] = value  # no await between entering and recording: a cancellation cannot lose it
         held.append(cm)
 
@@ -188,6 +202,8 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
         async with asyncio.TaskGroup() as tg:
             for i, cm in enumerate(cms):
                 tg.create_task(enter(i, cm))
+        if exhausted:
+            raise exhausted[0]
     except BaseExceptionGroup as group:
         real = first_error(group)
         await release(stack, real or group)
