@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -131,8 +132,10 @@ def report(results: list[dict[str, Any]]) -> str:
 def _side(root: Path) -> dict[str, Any]:
     """One run of bench/scheduling.py (this checkout's script) against `root`'s rollout_client."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "scheduling.py"), "--json"], cwd=root, env=env,
-                         capture_output=True, text=True, check=True, timeout=300).stdout  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:  # run from a folder of its own: bench/http.py would shadow http
+        script = shutil.copy(ROOT / "bench" / "scheduling.py", tmp)
+        out = subprocess.run([sys.executable, script, "--json"], cwd=root, env=env, capture_output=True, text=True,
+                             check=True, timeout=300).stdout  # fmt: skip
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
