@@ -416,15 +416,17 @@ async def run_rollout(
     turn_timeout: float | None = None,
     rollout_timeout: float | None = None,
     release_timeout: float | None = RELEASE_S,
+    owner: asyncio.Task[Any] | None = None,
 ) -> Rollout:
     """Rollout `index` of a group on its own (for `env.scores_each_rollout`): its resource, the rollout, its
-    score, the release; the runner assembles the group from them (`assemble`). Bounded like `run_group`."""
+    score, the release; the runner assembles the group from them (`assemble`). Bounded like `run_group`.
+    `owner` (default: the current task) is what a pause that runs out of time cancels: the group's task."""
     gate = gate or Gate()
     (resource,), stack = await acquire_resources(env, task, 1)
     try:
         session = Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
                           seed=rollout_seed(group_key, index), resource=resource, turn_timeout=turn_timeout,
-                          owner=asyncio.current_task())  # fmt: skip
+                          owner=owner or asyncio.current_task())  # fmt: skip
         elapsed = await play(env, task, session, rollout_timeout)
         t0 = time.perf_counter()
         (score,) = await in_daemon_thread(lambda: [float(env.score(task, session))])

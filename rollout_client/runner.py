@@ -119,10 +119,9 @@ def check_env(env: Environment, max_in_flight: int) -> None:
     if env.max_resources is not None:
         least = 1 if env.scores_each_rollout else env.group_size
         if env.max_resources < least:
-            raise ValueError(
-                f"max_resources {env.max_resources} of {env.name!r} < {least}: "
-                + ("a group's rollouts hold theirs together, so it could never start" if least > 1 else "")
-            )
+            why = "a group's rollouts hold theirs together" if least > 1 else "a rollout holds one"
+            raise ValueError(f"max_resources {env.max_resources} of {env.name!r} < {least}: {why}, so it could "
+                             "never start")  # fmt: skip
 
 
 class RolloutRunner(Watching):
@@ -666,6 +665,7 @@ class RolloutRunner(Watching):
         """The group's rollouts one by one, each on the least-busy worker (or here), each taking a unit of the
         env's pool as it starts and giving it and its slot back as it ends; then the group of the survivors."""
         env, capacity = self.envs[i], self._capacity[i]
+        owner = asyncio.current_task()  # the group's: what a pause that runs out of time cancels
 
         async def one(k: int) -> Rollout:
             try:
@@ -673,7 +673,7 @@ class RolloutRunner(Watching):
                 try:
                     if self.pool is None:
                         return await run_rollout(env, task, self._policy, k, gate=self._gate, group_key=group_id,
-                                                 **self.limits.kwargs())  # fmt: skip
+                                                 owner=owner, **self.limits.kwargs())  # fmt: skip
                     return await self.pool.run_one(i, task, group_id, k)
                 finally:
                     capacity.give(1)
