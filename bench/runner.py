@@ -151,11 +151,15 @@ def scheduling(base: Path | None, rounds: int) -> list[dict[str, Any]]:
     rows = []
     for name, results in runs.items():
         tail = [x["long_tail"] for x in results]
+        grouped = [x["long_tail_group"] for x in results]
         g64 = [x["g64_2_workers"] for x in results]
         rows.append({"bench": "runner_scheduling", "side": name, "rounds": rounds,
                      "long_tail_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in tail),
                      "long_tail_running_of_held": statistics.median(t["running_of_held"] for t in tail),
                      "long_tail_running_of_slots": statistics.median(t["running_of_slots"] for t in tail),
+                     "grouped_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in grouped),
+                     "grouped_running_of_held": statistics.median(t["running_of_held"] for t in grouped),
+                     "grouped_running_of_slots": statistics.median(t["running_of_slots"] for t in grouped),
                      "g64_rollouts_per_s": statistics.median(g["rollouts_per_s"] for g in g64),
                      "g64_mean_worker_idle": statistics.median(g["mean_idle"] for g in g64),
                      "g64_most_idle_worker": statistics.median(g["worker_idle"][-1] for g in g64)})  # fmt: skip
@@ -163,12 +167,15 @@ def scheduling(base: Path | None, rounds: int) -> list[dict[str, Any]]:
 
 
 def scheduling_report(rows: list[dict[str, Any]]) -> str:
-    cols = [("long_tail_rollouts_per_s", "long tail rollouts/s"), ("long_tail_running_of_held", "running/held"),
+    cols = [("grouped_rollouts_per_s", "tail, per group: rollouts/s"), ("grouped_running_of_held", "running/held"),
+            ("grouped_running_of_slots", "running/32 slots"),
+            ("long_tail_rollouts_per_s", "tail, per rollout: rollouts/s"),
+            ("long_tail_running_of_held", "running/held"),
             ("long_tail_running_of_slots", "running/32 slots"), ("g64_rollouts_per_s", "G=64 2w rollouts/s"),
             ("g64_mean_worker_idle", "mean worker idle"), ("g64_most_idle_worker", "most idle worker")]  # fmt: skip
     lines = ["\nrollout scheduling (medians): " + "".join(f"{r['side']:>10}" for r in rows)]
     for key, label in cols:
-        lines.append(f"  {label:>22}: " + "".join(f"{r[key]:>10}" for r in rows))
+        lines.append(f"  {label:>30}: " + "".join(f"{r[key]:>10}" for r in rows))
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ turns against this checkout and another (its `rollout_client` first on PYTHONPAT
 
 - long tail: G=8, 32 slots, in the runner's process; a rollout waits 20 ms / u (u uniform in [0.02, 1],
   so 20 ms to 1 s, median 40 ms): rollouts/s, and every 10 ms the rollouts running (counted by the env)
-  against the slots held (`stats.in_flight`) and against all 32.
+  against the slots held (`stats.in_flight`) and against all 32. Twice: scored per group (the rollouts run
+  and are scored together) and scored per rollout (`scores_each_rollout`, scheduled one by one).
 - G=64 on 2 workers (64 slots, one group at a time): a rollout is 2 x (10 ms CPU + 10 ms wait); rollouts/s
   and each worker's idle share (the time no rollout ran in it, from the rollouts' own start and end times).
   The env scores each rollout alone (`scores_each_rollout`), which a checkout without it ignores.
@@ -96,8 +97,9 @@ async def _measure(runner: RolloutRunner, size: int, sample: Any = None) -> tupl
     return (a1 - a0) * size / (t1 - t0), t0, t1, samples
 
 
-async def long_tail(url: str) -> dict[str, Any]:
-    runner = RolloutRunner(url, [(LongTail(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+async def long_tail(url: str, per_rollout: bool) -> dict[str, Any]:
+    env = LongTail(name=f"long_tail_{int(per_rollout)}", scores_each_rollout=per_rollout)
+    runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                            max_in_flight=32)  # fmt: skip
     rate, _, _, samples = await _measure(runner, 8, lambda: (RUNNING["now"], runner.stats.in_flight))
     held = [r / h for r, h in samples if h > 0]
@@ -127,7 +129,8 @@ async def main_async(url: str, tmp: Path) -> dict[str, Any]:
                                      "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 0,
                                      "starting_step": 0, "num_steps": 1})  # fmt: skip
         http.get("/batch")
-    return {"long_tail": await long_tail(url), "g64_2_workers": await two_workers(url, tmp / "spans.log")}
+    return {"long_tail": await long_tail(url, True), "long_tail_group": await long_tail(url, False),
+            "g64_2_workers": await two_workers(url, tmp / "spans.log")}  # fmt: skip
 
 
 def main() -> None:
