@@ -7,8 +7,9 @@ turns against this checkout and another (its `rollout_client` first on PYTHONPAT
   against the slots held (`stats.in_flight`) and against all 32. Twice: scored per group (the rollouts run
   and are scored together) and scored per rollout (`scores_each_rollout`, scheduled one by one).
 - G=64 on 2 workers (64 slots, one group at a time): a rollout is 2 x (10 ms CPU + 10 ms wait); rollouts/s
-  and each worker's idle share (the time no rollout ran in it, from the rollouts' own start and end times).
-  The env scores each rollout alone (`scores_each_rollout`), which a checkout without it ignores.
+  (rollouts that ended in the window) and each worker's idle share (the time no rollout ran in it, from the
+  rollouts' own start and end times). The env scores each rollout alone (`scores_each_rollout`), which a
+  checkout without it ignores.
 
     python bench/scheduling.py --json
 """
@@ -112,11 +113,13 @@ async def two_workers(url: str, log: Path) -> dict[str, Any]:
     env = Heavy(log=str(log))
     runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                            max_in_flight=64, num_workers=2)  # fmt: skip
-    rate, t0, t1, _ = await _measure(runner, 64)
+    _, t0, t1, _ = await _measure(runner, 64)
     spans: dict[str, list[tuple[float, float]]] = {}
     for line in log.read_text().splitlines():
         pid, a, b = line.split()
         spans.setdefault(pid, []).append((float(a), float(b)))
+    ended = sum(t0 <= b <= t1 for s in spans.values() for _, b in s)
+    rate = ended / (t1 - t0)  # rollouts, not groups x 64: a 6 s window holds only a few groups
     idle = sorted(1 - _union(s, t0, t1) / (t1 - t0) for s in spans.values())
     idle += [1.0] * max(0, 2 - len(idle))  # a worker that never ran a rollout was idle throughout
     return {"rollouts_per_s": round(rate, 1), "worker_idle": [round(x, 3) for x in idle],
