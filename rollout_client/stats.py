@@ -96,3 +96,7 @@ class RunnerHealth:
     workers_recycled: dict[str, int] = field(default_factory=dict)
     stalled: str | None = None
     """Set when production is stalled for a reason only the caller can fix (see `RunnerStats.stalled`)."""
+    rollouts_failed: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Env name -> failed rollouts by reason (see `RunnerStats.rollouts_failed`)."""
+    partial_groups: int = 0
+    """Groups submitted with the survivors of failed rollouts (`min_group_size`)."""

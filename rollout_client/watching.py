@@ -85,6 +85,8 @@ class Watching:
             inference_outages=s.inference_outages,
             workers_recycled=dict(s.workers_recycled),
             stalled=s.stalled,
+            rollouts_failed={env: dict(c) for env, c in s.rollouts_failed.items()},
+            partial_groups=s.partial_groups,
         )
 
     async def _watch(self) -> None:

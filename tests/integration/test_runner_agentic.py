@@ -72,6 +72,7 @@ async def test_two_percent_crashing_rollouts_at_g64_keep_the_survivors_queued_wh
                                max_in_flight=128)  # fmt: skip
         stats = await finish(runner.run(max_groups=12))
         crashed = stats.rollouts_failed["crashing"]["env_error"]
+        assert runner.health().rollouts_failed == {"crashing": {"env_error": crashed}}
         assert stats.accepted == 12 and not stats.failed, "no group lost to a crashed rollout"
         assert crashed > 0 and stats.partial_groups > 0
         st = status(server.url)
