@@ -23,6 +23,7 @@ from rollout_client.env import Environment, Gate, Session, Task
 from rollout_client.errors import (
     EnvExited,
     EpisodeTruncated,
+    GroupDropped,
     PromptTooLong,
     ResourceExhausted,
     RolloutTimeout,
@@ -272,11 +273,16 @@ def failures_of(exc: BaseException) -> dict[str, int]:
     return dict(getattr(exc, "rollout_failures", {}))
 
 
+FATAL = (PromptTooLong, GroupDropped)
+"""A rollout error that ends its whole group at once, survivors or not: the same prompt is too long for all,
+or the group was dropped on purpose (a pause that ran out of time)."""
+
+
 async def survive(runs: Sequence[Awaitable[T]], need: int) -> tuple[list[tuple[int, T]], dict[str, int]]:
     """Run `runs` concurrently; keep the (index, result) of those that succeed and count the others by
-    reason. As soon as fewer than `need` can succeed (or one raises PromptTooLong: the same prompt for all),
-    the rest are cancelled and the first real error is raised, the others as notes and every failure counted
-    in its `rollout_failures`. Cancelling this cancels them all."""
+    reason. As soon as fewer than `need` can succeed (or one raises one of FATAL), the rest are cancelled
+    and the first real error is raised (a FATAL one first), the others as notes and every failure counted in
+    its `rollout_failures`. Cancelling this cancels them all."""
     tasks = [asyncio.ensure_future(r) for r in runs]
     errors: list[BaseException] = []
     failures: Counter[str] = Counter()
@@ -285,23 +291,28 @@ async def survive(runs: Sequence[Awaitable[T]], need: int) -> tuple[list[tuple[i
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                if t.cancelled() or (exc := t.exception()) is None:
+                if t.cancelled():  # not by this function: environment code cancelled its own rollout
+                    exc: BaseException = exited(asyncio.CancelledError("a rollout was cancelled"))
+                elif (raised := t.exception()) is not None:
+                    exc = raised
+                else:
                     continue
                 errors.append(exc)
-                failures[failure_reason(exc)] += 1
-            fatal = any(isinstance(e, PromptTooLong) for e in errors)
-            if fatal or len(tasks) - len(errors) < need:
+                if not isinstance(exc, FATAL):
+                    failures[failure_reason(exc)] += 1
+            if any(isinstance(e, FATAL) for e in errors) or len(tasks) - len(errors) < need:
                 break
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    if errors and (len(tasks) - len(errors) < need or any(isinstance(e, PromptTooLong) for e in errors)):
-        first = next((e for e in errors if isinstance(e, PromptTooLong)), errors[0])
+    fatal = next((e for e in errors if isinstance(e, FATAL)), None)
+    if fatal is not None or len(tasks) - len(errors) < need:
+        first = fatal or errors[0]
         for other in errors:
             if other is not first:
                 first.add_note(f"also, in another rollout of the group: {type(other).__name__}: {other}")
-        if need < len(tasks) and not isinstance(first, PromptTooLong):
+        if need < len(tasks) and fatal is None:
             first.add_note(f"{len(errors)} of {len(tasks)} rollouts failed: fewer than min_group_size={need} left")
         first.rollout_failures = dict(failures)  # type: ignore[attr-defined]
         raise first

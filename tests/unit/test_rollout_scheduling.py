@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_client import ResourceExhausted, ResourceTimeout
+from rollout_client.errors import EnvExited, GroupDropped
 from rollout_client.group import acquire_all, failures_of, survive
 from rollout_client.inflight import Group, InFlight
 from rollout_client.resources import MAX_BACKOFF_S, Capacity, acquire_backing_off, backoff
@@ -71,6 +72,25 @@ async def test_too_few_survivors_cancel_the_rest_and_raise_the_first_error_with_
     assert hanging.cancelled(), "no point running the rest: the group cannot be kept"
     assert failures_of(info.value) == {"env_error": 2}
     assert any("fewer than min_group_size=3" in n for n in info.value.__notes__)
+
+
+async def test_a_dropped_group_is_dropped_whatever_survives() -> None:
+    async def dropped() -> int:
+        raise GroupDropped("pause_timeout")
+
+    with pytest.raises(GroupDropped) as info:
+        await survive([ok(0), dropped(), ok(2), ok(3)], need=1)
+    assert failures_of(info.value) == {}, "not a rollout's failure"
+
+
+async def test_a_rollout_cancelled_from_inside_is_a_failure_not_a_silent_gap() -> None:
+    async def cancelled() -> int:
+        raise asyncio.CancelledError
+
+    kept, failures = await survive([ok(0), cancelled(), ok(2)], need=2)
+    assert [i for i, _ in kept] == [0, 2] and failures == {"env_error": 1}
+    with pytest.raises(EnvExited):
+        await survive([ok(0), cancelled()], need=2)
 
 
 async def test_every_rollout_needed_is_the_old_rule() -> None:
