@@ -6,12 +6,22 @@ Measured: the serial figure (one rollout at a time), then RolloutRunner at 8, 64
 rollouts, in-process and with 1 and 2 worker processes. Bounded: about a minute and a half.
 
     .venv/bin/python -m bench.runner          (or: make bench, part "runner")
+
+`--scheduling [--base DIR] [--rounds N]`: slot use with long-tail rollouts (G=8, 32 slots) and worker
+balance at G=64 on 2 workers (`bench/scheduling.py`), this checkout and DIR (another checkout, e.g. `git
+worktree add /tmp/base main`) in turns, N rounds each (default 3); medians.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,7 +129,71 @@ def report(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _side(root: Path) -> dict[str, Any]:
+    """One run of bench/scheduling.py (this checkout's script) against `root`'s rollout_client."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with tempfile.TemporaryDirectory() as tmp:  # run from a folder of its own: bench/http.py would shadow http
+        script = shutil.copy(ROOT / "bench" / "scheduling.py", tmp)
+        out = subprocess.run([sys.executable, script, "--json"], cwd=root, env=env, capture_output=True, text=True,
+                             check=True, timeout=300).stdout  # fmt: skip
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def scheduling(base: Path | None, rounds: int) -> list[dict[str, Any]]:
+    """This checkout and `base` in turns, `rounds` runs each; one row per side with the medians."""
+    sides = [("after", ROOT)] + ([("before", base)] if base is not None else [])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in sides}
+    for r in range(rounds):
+        for name, root in sides if r % 2 == 0 else reversed(sides):
+            runs[name].append(_side(root))
+            print(f"  round {r + 1} {name}: {json.dumps(runs[name][-1])}", flush=True)
+    rows = []
+    for name, results in runs.items():
+        tail = [x["long_tail"] for x in results]
+        grouped = [x["long_tail_group"] for x in results]
+        g64 = [x["g64_2_workers"] for x in results]
+        rows.append({"bench": "runner_scheduling", "side": name, "rounds": rounds,
+                     "long_tail_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in tail),
+                     "long_tail_running_of_held": statistics.median(t["running_of_held"] for t in tail),
+                     "long_tail_running_of_slots": statistics.median(t["running_of_slots"] for t in tail),
+                     "grouped_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in grouped),
+                     "grouped_running_of_held": statistics.median(t["running_of_held"] for t in grouped),
+                     "grouped_running_of_slots": statistics.median(t["running_of_slots"] for t in grouped),
+                     "g64_rollouts_per_s": statistics.median(g["rollouts_per_s"] for g in g64),
+                     "g64_mean_worker_idle": statistics.median(g["mean_idle"] for g in g64),
+                     "g64_most_idle_worker": statistics.median(g["worker_idle"][-1] for g in g64)})  # fmt: skip
+    return rows
+
+
+def scheduling_report(rows: list[dict[str, Any]]) -> str:
+    cols = [("grouped_rollouts_per_s", "tail, per group: rollouts/s"), ("grouped_running_of_held", "running/held"),
+            ("grouped_running_of_slots", "running/32 slots"),
+            ("long_tail_rollouts_per_s", "tail, per rollout: rollouts/s"),
+            ("long_tail_running_of_held", "running/held"),
+            ("long_tail_running_of_slots", "running/32 slots"), ("g64_rollouts_per_s", "G=64 2w rollouts/s"),
+            ("g64_mean_worker_idle", "mean worker idle"), ("g64_most_idle_worker", "most idle worker")]  # fmt: skip
+    lines = ["\nrollout scheduling (medians): " + "".join(f"{r['side']:>10}" for r in rows)]
+    for key, label in cols:
+        lines.append(f"  {label:>30}: " + "".join(f"{r[key]:>10}" for r in rows))
+    return "\n".join(lines)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--scheduling", action="store_true", help="slot use and worker balance (bench/scheduling.py)")
+    ap.add_argument("--base", type=Path, help="with --scheduling: another checkout, run in turns")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if args.scheduling:
+        rows = scheduling(args.base, args.rounds)
+        out_dir = ROOT / "bench" / "results"
+        out_dir.mkdir(exist_ok=True)
+        out = out_dir / time.strftime("runner-scheduling-%Y%m%dT%H%M%S.jsonl")
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(scheduling_report(rows))
+        print(f"\nJSON lines: {out.relative_to(ROOT)}")
+        return
     results = run()
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)

@@ -267,9 +267,35 @@ class Environment(ABC):
     """How many times a group that failed is run again (fresh sessions, same task) before it counts as
     failed. Leave 0 unless a rollout has no effect outside itself (rerunning it is safe)."""
 
+    min_group_size: int | None = None
+    """Keep a group when at least this many of its rollouts succeed: the failed ones are left out (counted
+    in `RunnerStats.rollouts_failed`) and the survivors submitted as one group. Fewer: the group fails.
+    None (default): every rollout must succeed. Below `group_size`, the runner registers the env with
+    `variable_group_size` so that the server queues such groups whole (never combined with other prompts)."""
+    scores_each_rollout: bool = False
+    """True when `score(task, session)` reads that rollout alone (no group-relative scoring, nothing shared
+    across the group): the runner then schedules the rollouts one by one, spread over the worker processes,
+    each acquiring its own resource. False (default): a group's rollouts run and are scored in one process."""
+    max_resources: int | None = None
+    """Capacity of the shared pool `resource()` draws from (sandboxes on a capped server): at most this many
+    rollouts of this env hold a resource at once, over every worker. A group that runs together is admitted
+    only when all its G fit, so groups never each hold part of the pool and wait for the rest."""
+    acquire_timeout: float | None = 300.0
+    """How long a group (or a rollout run on its own) keeps retrying `resource()` that raises
+    ResourceExhausted, with backoff, before it fails (`resource_timeout`)."""
+
     def resource(self, task: Task) -> AbstractAsyncContextManager[Any]:
         """Per-rollout resources (a sandbox, a browser): entered before the rollout, exited after. The G
-        rollouts of a group acquire theirs all-or-nothing."""
+        rollouts of a group acquire theirs all-or-nothing. Raise ResourceExhausted when the pool has none
+        free now: the runner releases what the group holds, backs off and tries again."""
+        return nullcontext()
+
+    def worker_setup(self) -> AbstractAsyncContextManager[Any]:
+        """What the rollouts of one process share (a client, a tool server, a connection pool): entered once
+        per worker process before its first rollout (once in the runner's process without workers), exited
+        when that process stops: on shutdown and when a worker is recycled (not when it is killed: out of
+        memory, a group past its deadline). Keep what it sets up on `self`: each worker has its own copy of
+        the environment."""
         return nullcontext()
 
     @abstractmethod

@@ -15,6 +15,8 @@ ClientError (= RolloutClientError)
  ├─ RolloutTimeout        one rollout ran past `rollout_timeout`: the group fails
  ├─ GroupTimeout          a whole group (rollouts, scoring, release) ran past `group_timeout`: it fails
  ├─ EnvExited             environment code raised SystemExit (`exit()`) or the like: the group fails
+ ├─ ResourceExhausted     raised by an env's `resource()`: its pool is full now; the runner waits and retries
+ ├─ ResourceTimeout       a resource stayed exhausted past the env's `acquire_timeout`: the group fails
  ├─ WorkerDied / WorkerFailed  a worker exited / raised an error that does not pickle
  └─ RunFailed(reason, counts)  what ends a run: too many failed groups (or rejected ones, or the server
                           unreachable); `__cause__` is the original error
@@ -51,6 +53,8 @@ __all__ = [
     "InferenceError",
     "PromptTooLong",
     "Rejected",
+    "ResourceExhausted",
+    "ResourceTimeout",
     "RetriesExhausted",
     "RolloutClientError",
     "RolloutTimeout",
@@ -150,6 +154,23 @@ class EnvExited(ClientError):
     KeyboardInterrupt, GeneratorExit): its group fails like any other; only a real signal stops a run."""
 
 
+class ResourceExhausted(ClientError):
+    """Raised by an environment's `resource()` when its pool has nothing free now (a capped sandbox server
+    answering "exhausted"): it means wait, not fail. The runner lets go of whatever the group holds, backs off
+    (at least `retry_after` s when given) and tries again, up to the env's `acquire_timeout`."""
+
+    def __init__(self, message: str = "resource pool exhausted", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.retry_after), self.__dict__)
+
+
+class ResourceTimeout(ClientError, TimeoutError):
+    """A rollout's resources stayed exhausted past the environment's `acquire_timeout`: the group fails."""
+
+
 def registration_lost(exc: BaseException) -> bool:
     """The server no longer knows this env (the trainer reset the run, or a memory store restarted): 404 on
     JSON routes, 422 naming `env_id` on the binary one."""
@@ -176,6 +197,7 @@ FAILURE_REASONS = (
     "inference_error",
     "inference_unreachable",
     "worker_died",
+    "resource_timeout",
     "env_error",
 )
 """Why a group failed, as counted in `RunnerStats.failed[env][reason]`."""
@@ -194,4 +216,6 @@ def failure_reason(exc: BaseException) -> str:
         return "inference_unreachable" if exc.transport else "inference_error"
     if isinstance(exc, WorkerDied):
         return "worker_died"
+    if isinstance(exc, ResourceTimeout):
+        return "resource_timeout"
     return "env_error"

@@ -1,5 +1,7 @@
-"""One group: acquire G per-rollout resources all-or-nothing, run G rollouts of one task together, score
-them and assemble the wire group. Runs the same in the runner's process and in a worker process."""
+"""One group: acquire G per-rollout resources all-or-nothing, run G rollouts of one task together, keep the
+survivors (`min_group_size`), score them and assemble the wire group; or one rollout on its own, for an
+environment that scores each rollout alone (`run_rollout`, `assemble`). Runs the same in the runner's
+process and in a worker process."""
 
 from __future__ import annotations
 
@@ -10,15 +12,25 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from api.schema import ScoredData
 from rollout_client.env import Environment, Gate, Session, Task
-from rollout_client.errors import EnvExited, EpisodeTruncated, PromptTooLong, RolloutTimeout
+from rollout_client.errors import (
+    EnvExited,
+    EpisodeTruncated,
+    GroupDropped,
+    PromptTooLong,
+    ResourceExhausted,
+    RolloutTimeout,
+    failure_reason,
+)
 from rollout_client.policy import Policy
+from rollout_client.resources import acquire_backing_off
 
 log = logging.getLogger("rollout_client.group")
 
@@ -38,6 +50,8 @@ class GroupOutcome:
     skipped: str | None = None
     release_timeouts: int = 0
     """Releases of this group's resources abandoned after `release_timeout`."""
+    rollout_failures: dict[str, int] = field(default_factory=dict)
+    """Rollouts left out of the group (it kept `min_group_size` or more survivors), by failure reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +166,9 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
     """Enter every context manager concurrently; all succeed or none is held.
 
     On a failure the others are cancelled, whatever was entered is exited, and the first real error (not a
-    cancellation it caused) is raised, with any error from the exits attached as notes. On success the
-    returned stack exits them all.
+    cancellation it caused) is raised, with any error from the exits attached as notes. A ResourceExhausted
+    ("not now") cancels nothing: the others finish entering, then all are exited and it is raised. On success
+    the returned stack exits them all.
     """
     entered: dict[int, Any] = {}
     held: list[AbstractAsyncContextManager[Any]] = []
@@ -173,8 +188,14 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
 
     stack.push_async_exit(exit_all)
 
+    exhausted: list[ResourceExhausted] = []
+
     async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
-        value = await cm.__aenter__()
+        try:
+            value = await cm.__aenter__()
+        except ResourceExhausted as exc:  # "not now": the others finish entering (a cancelled acquire could
+            exhausted.append(exc)  # leave its resource taken at the pool), then all are released
+            return
         entered[i] = value  # no await between entering and recording: a cancellation cannot lose it
         held.append(cm)
 
@@ -182,6 +203,8 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
         async with asyncio.TaskGroup() as tg:
             for i, cm in enumerate(cms):
                 tg.create_task(enter(i, cm))
+        if exhausted:
+            raise exhausted[0]
     except BaseExceptionGroup as group:
         real = first_error(group)
         await release(stack, real or group)
@@ -199,6 +222,137 @@ def rollout_seed(group_key: str, index: int) -> int:
     return int.from_bytes(hashlib.blake2b(f"{group_key}/{index}".encode(), digest_size=4).digest(), "little")
 
 
+@dataclass(slots=True)
+class Rollout:
+    """One finished rollout apart from its session (it travels from a worker): what `build_group` reads."""
+
+    tokens: list[int]
+    masks: list[int]
+    logprobs: list[float]
+    turns: list[dict[str, float | int]]
+    truncated: bool
+    finish_reason: str | None
+    tools: dict[str, dict[str, float | int]]
+    score: float = 0.0
+    elapsed: float = 0.0
+    score_s: float = 0.0
+    release_timeout: bool = False
+    """Releasing its resource was abandoned after `release_timeout`."""
+
+    @classmethod
+    def of(cls, s: Session, score: float, elapsed: float, score_s: float) -> Rollout:
+        return cls(s.tokens, s.masks, s.logprobs, s.turns, s.truncated, s.finish_reason, s.tools, score, elapsed,
+                   score_s)  # fmt: skip
+
+
+class Transcript(Protocol):
+    """What `build_group` reads from a rollout: a `Session` or a `Rollout`."""
+
+    tokens: list[int]
+    masks: list[int]
+    logprobs: list[float]
+    turns: list[dict[str, float | int]]
+    tools: dict[str, dict[str, float | int]]
+
+    @property
+    def truncated(self) -> bool: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+
+def needed(env: Environment) -> int:
+    """How many of a group's rollouts must succeed for it to be kept."""
+    if env.min_group_size is None:
+        return env.group_size
+    return max(1, min(env.group_size, env.min_group_size))
+
+
+def failures_of(exc: BaseException) -> dict[str, int]:
+    """The failed rollouts, by reason, of the group `exc` failed (attached by `survive`; survives pickling)."""
+    return dict(getattr(exc, "rollout_failures", {}))
+
+
+FATAL = (PromptTooLong, GroupDropped)
+"""A rollout error that ends its whole group at once, survivors or not: the same prompt is too long for all,
+or the group was dropped on purpose (a pause that ran out of time)."""
+
+
+async def survive(runs: Sequence[Awaitable[T]], need: int) -> tuple[list[tuple[int, T]], dict[str, int]]:
+    """Run `runs` concurrently; keep the (index, result) of those that succeed and count the others by
+    reason. As soon as fewer than `need` can succeed (or one raises one of FATAL), the rest are cancelled
+    and the first real error is raised (a FATAL one first), the others as notes and every failure counted in
+    its `rollout_failures`. Cancelling this cancels them all."""
+    tasks = [asyncio.ensure_future(r) for r in runs]
+    errors: list[BaseException] = []
+    failures: Counter[str] = Counter()
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t.cancelled():  # not by this function: environment code cancelled its own rollout
+                    exc: BaseException = exited(asyncio.CancelledError("a rollout was cancelled"))
+                elif (raised := t.exception()) is not None:
+                    exc = raised
+                else:
+                    continue
+                errors.append(exc)
+                if not isinstance(exc, FATAL):
+                    failures[failure_reason(exc)] += 1
+            if any(isinstance(e, FATAL) for e in errors) or len(tasks) - len(errors) < need:
+                break
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    fatal = next((e for e in errors if isinstance(e, FATAL)), None)
+    if fatal is not None or len(tasks) - len(errors) < need:
+        first = fatal or errors[0]
+        for other in errors:
+            if other is not first:
+                first.add_note(f"also, in another rollout of the group: {type(other).__name__}: {other}")
+        if need < len(tasks) and fatal is None:
+            first.add_note(f"{len(errors)} of {len(tasks)} rollouts failed: fewer than min_group_size={need} left")
+        first.rollout_failures = dict(failures)  # type: ignore[attr-defined]
+        raise first
+    kept = [(i, t.result()) for i, t in enumerate(tasks) if not t.cancelled() and t.exception() is None]
+    return kept, dict(failures)
+
+
+async def acquire_resources(env: Environment, task: Task, n: int) -> tuple[list[Any], AsyncExitStack]:
+    """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again."""
+    return await acquire_backing_off(lambda: acquire_all([env.resource(task) for _ in range(n)]), env.acquire_timeout)
+
+
+async def play(env: Environment, task: Task, session: Session, rollout_timeout: float | None) -> float:
+    """One rollout within `rollout_timeout` (time paused excluded); returns how long it took. A truncated
+    episode is kept; a BaseException from env code (`exit()`) becomes EnvExited."""
+    t0 = time.perf_counter()
+    deadline = None
+    try:
+        async with asyncio.timeout(rollout_timeout) as deadline:
+            session.deadline = deadline
+            await env.rollout(task, session)
+    except EpisodeTruncated:
+        pass  # kept as it is, marked truncated
+    except TimeoutError:
+        if deadline is not None and deadline.expired():
+            raise RolloutTimeout(f"rollout took more than rollout_timeout={rollout_timeout} s") from None
+        raise
+    except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
+        raise exited(exc) from exc
+    finally:
+        session.deadline = None
+    return time.perf_counter() - t0
+
+
+def check_scores(scores: Sequence[float]) -> None:
+    for i, score in enumerate(scores):
+        if not math.isfinite(score):
+            raise ValueError(f"score() returned {score} for rollout {i}: scores must be finite numbers")
+
+
 async def run_group(
     env: Environment,
     task: Task,
@@ -210,73 +364,101 @@ async def run_group(
     turn_timeout: float | None = None,
     rollout_timeout: float | None = None,
     release_timeout: float | None = RELEASE_S,
+    on_rollout_end: Callable[[], None] | None = None,
 ) -> GroupOutcome:
     """G rollouts of `task`, run together, each with its own session and resource; then scored.
 
-    A rollout that raises fails the group: the first real error is raised (the others as notes), after the
-    resources are released. `turn_timeout` bounds each generation request (TurnTimeout), `rollout_timeout`
-    each rollout, time paused at the gate excluded (RolloutTimeout). An episode that reaches `token_limit`
-    after its first turn ends there and is kept, marked truncated. Scoring runs in a daemon thread (off the
-    loop); a score that is not a finite number fails the group; releasing the resources is bounded by
-    `release_timeout`. A BaseException from the environment's code (`exit()`) fails the group as EnvExited.
+    A rollout that raises fails the group unless `env.min_group_size` of them still succeed (then the group
+    is the survivors, the failures counted by reason in `rollout_failures`): the first real error is raised
+    (the others as notes), after the resources are released. `turn_timeout` bounds each generation request
+    (TurnTimeout), `rollout_timeout` each rollout, time paused at the gate excluded (RolloutTimeout). An
+    episode that reaches `token_limit` after its first turn ends there and is kept, marked truncated.
+    Resources are acquired all-or-nothing, backing off while `resource()` raises ResourceExhausted. Scoring
+    runs in a daemon thread (off the loop); a score that is not a finite number fails the group; releasing
+    the resources is bounded by `release_timeout`. `on_rollout_end()` is called as each rollout ends (its
+    slot is free). A BaseException from the environment's code (`exit()`) fails the group as EnvExited.
     """
     gate = gate or Gate()
     owner = asyncio.current_task()
-    resources, stack = await acquire_all([env.resource(task) for _ in range(env.group_size)])
+    resources, stack = await acquire_resources(env, task, env.group_size)
     try:
         sessions = [
             Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
                     seed=rollout_seed(group_key, i), resource=res, turn_timeout=turn_timeout, owner=owner)
             for i, res in enumerate(resources)
         ]  # fmt: skip
-        elapsed = [0.0] * len(sessions)
 
-        async def one(i: int, session: Session) -> None:
-            t0 = time.perf_counter()
+        async def one(session: Session) -> float:
             try:
-                async with asyncio.timeout(rollout_timeout) as deadline:
-                    session.deadline = deadline
-                    await env.rollout(task, session)
-            except EpisodeTruncated:
-                pass  # kept as it is, marked truncated
-            except TimeoutError:
-                if deadline.expired():
-                    raise RolloutTimeout(f"rollout took more than rollout_timeout={rollout_timeout} s") from None
-                raise
-            except (SystemExit, KeyboardInterrupt, GeneratorExit) as exc:
-                raise exited(exc) from exc
+                return await play(env, task, session, rollout_timeout)
             finally:
-                session.deadline = None
-                elapsed[i] = time.perf_counter() - t0
+                if on_rollout_end is not None:
+                    on_rollout_end()
 
         try:
-            async with asyncio.TaskGroup() as tg:
-                for i, s in enumerate(sessions):
-                    tg.create_task(one(i, s))
-        except BaseExceptionGroup as group:
-            real = first_error(group)
-            if isinstance(real, PromptTooLong):  # the same prompt for all G: one too long means the whole group
-                closed = await bounded_close(stack, release_timeout)
-                return GroupOutcome(None, PROMPT_TOO_LONG, release_timeouts=int(not closed))
-            if real is None:
-                raise
-            raise real from None
+            kept, failures = await survive([one(s) for s in sessions], needed(env))
+        except PromptTooLong:  # the same prompt for all G: one too long means the whole group
+            closed = await bounded_close(stack, release_timeout)
+            return GroupOutcome(None, PROMPT_TOO_LONG, release_timeouts=int(not closed))
+        survivors = [sessions[i] for i, _ in kept]
+        elapsed = [t for _, t in kept]
         t0 = time.perf_counter()
         # resources still held: a verifier may need them; off the loop: a verifier may never return
-        scores = await in_daemon_thread(lambda: [float(env.score(task, s)) for s in sessions])
-        score_s = (time.perf_counter() - t0) / len(sessions)
-        for i, score in enumerate(scores):
-            if not math.isfinite(score):
-                raise ValueError(f"score() returned {score} for rollout {i}: scores must be finite numbers")
+        scores = await in_daemon_thread(lambda: [float(env.score(task, s)) for s in survivors])
+        score_s = (time.perf_counter() - t0) / len(survivors)
+        check_scores(scores)
     except BaseException as exc:
         await release(stack, exc, release_timeout)
         raise
     closed = await bounded_close(stack, release_timeout)
-    return GroupOutcome(build_group(task, sessions, scores, elapsed, score_s), release_timeouts=int(not closed))
+    group = build_group(task, survivors, scores, elapsed, score_s)
+    return GroupOutcome(group, release_timeouts=int(not closed), rollout_failures=failures)
+
+
+async def run_rollout(
+    env: Environment,
+    task: Task,
+    policy: Policy,
+    index: int,
+    *,
+    gate: Gate | None = None,
+    token_limit: int | None = None,
+    group_key: str = "",
+    turn_timeout: float | None = None,
+    rollout_timeout: float | None = None,
+    release_timeout: float | None = RELEASE_S,
+    owner: asyncio.Task[Any] | None = None,
+) -> Rollout:
+    """Rollout `index` of a group on its own (for `env.scores_each_rollout`): its resource, the rollout, its
+    score, the release; the runner assembles the group from them (`assemble`). Bounded like `run_group`.
+    `owner` (default: the current task) is what a pause that runs out of time cancels: the group's task."""
+    gate = gate or Gate()
+    (resource,), stack = await acquire_resources(env, task, 1)
+    try:
+        session = Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
+                          seed=rollout_seed(group_key, index), resource=resource, turn_timeout=turn_timeout,
+                          owner=owner or asyncio.current_task())  # fmt: skip
+        elapsed = await play(env, task, session, rollout_timeout)
+        t0 = time.perf_counter()
+        (score,) = await in_daemon_thread(lambda: [float(env.score(task, session))])
+        check_scores([score])
+        rollout = Rollout.of(session, score, elapsed, time.perf_counter() - t0)
+    except BaseException as exc:
+        await release(stack, exc, release_timeout)
+        raise
+    rollout.release_timeout = not await bounded_close(stack, release_timeout)
+    return rollout
+
+
+def assemble(task: Task, rollouts: Sequence[Rollout], failures: dict[str, int]) -> GroupOutcome:
+    """The group of the rollouts that survived, run one by one."""
+    score_s = sum(r.score_s for r in rollouts) / len(rollouts)
+    group = build_group(task, rollouts, [r.score for r in rollouts], [r.elapsed for r in rollouts], score_s)
+    return GroupOutcome(group, release_timeouts=sum(r.release_timeout for r in rollouts), rollout_failures=failures)
 
 
 def build_group(
-    task: Task, sessions: Sequence[Session], scores: Sequence[float], elapsed: Sequence[float], score_s: float
+    task: Task, sessions: Sequence[Transcript], scores: Sequence[float], elapsed: Sequence[float], score_s: float
 ) -> ScoredData:
     """The wire group: tokens, masks (-100 where not generated), inference logprobs, scores, and per-rollout
     record in `overrides`: `turns` (prompt/completion tokens, gate wait and generation seconds per turn),

@@ -1,8 +1,10 @@
 """The groups a runner has in flight and the rollout slots they hold.
 
-A group takes its G slots together when it starts (its rollouts run together) and gives them back once,
-when its rollouts end, before its submit: the next group can start generating while this one is sent. A
-group is cancelled at most once, and counted once under the reason it was cancelled for.
+Slots count rollouts, not groups. A group takes its G slots together when it starts (its rollouts start
+together) and gives each back as that rollout ends: a long-tail rollout holds its own slot, not its
+group's. Whatever it still holds when its rollouts are over goes back before its submit. A group run again
+(a retry) takes back the slots its rollouts gave up, waiting for them like a new group. A group is
+cancelled at most once, and counted once under the reason it was cancelled for.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ class Group:
     size: int
     policy_step: int
     submitting: bool = False
-    released: bool = False
+    held: int = 0
+    """Slots it holds now: its rollouts still running (or about to run)."""
     cancelled: bool = False
     deadline: asyncio.Timeout | None = None
     """Its `group_timeout`, while it runs (a pause stops it)."""
@@ -37,6 +40,7 @@ class InFlight:
         self.free = slots
         self.stats = stats
         self.groups: dict[str, Group] = {}
+        self._freed = asyncio.Event()
 
     def __iter__(self) -> Iterator[Group]:
         """A snapshot: groups may end while the caller goes through it."""
@@ -47,21 +51,45 @@ class InFlight:
         return ((g.env, g.size) for g in self.groups.values())
 
     def add(self, group_id: str, group: Group) -> None:
-        self.free -= group.size
         self.stats.dispatched += 1
-        self.stats.in_flight += group.size
-        self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
         self.groups[group_id] = group
+        self._take(group, group.size)
+
+    def _take(self, g: Group, n: int) -> None:
+        g.held += n
+        self.free -= n
+        self.stats.in_flight += n
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
+
+    def _give(self, g: Group, n: int) -> bool:
+        n = min(n, g.held)
+        if n <= 0:
+            return False
+        g.held -= n
+        self.free += n
+        self.stats.in_flight -= n
+        self._freed.set()
+        return True
+
+    def ended(self, group_id: str) -> bool:
+        """One rollout of the group ended: give back its slot. True if a slot was given back."""
+        g = self.groups.get(group_id)
+        return g is not None and self._give(g, 1)
 
     def release(self, group_id: str) -> bool:
-        """Give back a group's slots, once: True if this call gave them back."""
+        """Give back every slot the group still holds: True if this call gave any back."""
         g = self.groups.get(group_id)
-        if g is None or g.released:
-            return False
-        g.released = True
-        self.free += g.size
-        self.stats.in_flight -= g.size
-        return True
+        return g is not None and self._give(g, g.held)
+
+    async def refill(self, group_id: str) -> None:
+        """Take back the slots a group's rollouts gave up, for it to run again: waits until they are free."""
+        g = self.groups.get(group_id)
+        if g is None:
+            return
+        while self.free < g.size - g.held:  # all at once: groups holding part each, waiting, would deadlock
+            self._freed.clear()
+            await self._freed.wait()
+        self._take(g, g.size - g.held)
 
     def remove(self, group_id: str) -> None:
         self.release(group_id)

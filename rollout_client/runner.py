@@ -1,11 +1,16 @@
 """`RolloutRunner`: turns environments into a steady, well-behaved producer for rollbuf.
 
-Many groups run at once under a bound on in-flight rollouts (a group's G rollouts start together); with
-`num_workers` they run in worker processes. The runner holds production back while the server's queue is
-full or the trainer is too far behind, cancels groups that became too stale, pauses around weight updates,
-and stops within a bounded time on SIGINT/SIGTERM or `stop()`. A group that fails (an environment's error,
-an inference error after retries, a timeout) is dropped and counted; the run ends, with `RunFailed`, only
-when failures pass the error rate the user allows.
+Many groups run at once under a bound on in-flight rollouts (a group's G rollouts start together, and each
+gives its slot back as it ends); with `num_workers` they run in worker processes, a group on one worker,
+or, for an environment that scores each rollout alone, its rollouts spread over the workers. A group keeps
+its survivors when `min_group_size` of its rollouts succeed; an environment's shared resource pool
+(`max_resources`) admits only what fits whole, and "exhausted" answers are waited out with backoff.
+
+The runner holds production back while the server's queue is full or the trainer is too far behind,
+cancels groups that became too stale, pauses around weight updates, and stops within a bounded time on
+SIGINT/SIGTERM or `stop()`. A group that fails (an environment's error, an inference error after retries, a
+timeout, too few survivors) is dropped and counted; the run ends, with `RunFailed`, only when failures pass
+the error rate the user allows.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from api.schema import EnvStatus
+from api.schema import EnvRegistered, Info
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
@@ -29,13 +34,13 @@ from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import (
     GroupDropped,
     GroupTimeout,
+    PromptTooLong,
     Rejected,
     RetriesExhausted,
     RolloutClientError,
     RunFailed,
     WorkerDied,
     failure_reason,
-    registration_lost,
 )
 from rollout_client.failures import (
     ERROR_WINDOW,
@@ -46,13 +51,30 @@ from rollout_client.failures import (
     Refused,
     Stored,
 )
-from rollout_client.group import RELEASE_S, GroupOutcome, Limits, exited, run_group
+from rollout_client.group import (
+    PROMPT_TOO_LONG,
+    RELEASE_S,
+    GroupOutcome,
+    Limits,
+    Rollout,
+    assemble,
+    bounded_close,
+    exited,
+    failures_of,
+    needed,
+    run_group,
+    run_rollout,
+    survive,
+)
 from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
-from rollout_client.pacing import AHEAD, is_stale, pick_env
+from rollout_client.pacing import pick_env
 from rollout_client.recycling import STUCK, RecyclePolicy
-from rollout_client.stats import RunnerHealth, RunnerStats
+from rollout_client.registration import Registrations, register
+from rollout_client.resources import Capacity
+from rollout_client.stats import RunnerStats
 from rollout_client.tasks import TaskSource
+from rollout_client.watching import Watching
 from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
 
 log = logging.getLogger("rollout_client.runner")
@@ -83,11 +105,26 @@ INFERENCE_OUTAGE_S = 600.0
 STALL_WARN_S = 60.0
 """With `max_staleness`: held back `ahead_of_trainer` this long without a `resume()` is reported (a log line
 every this often, and `health().stalled`): the runner waits for `resume()` to learn of new weights."""
-REREGISTER_TRIES = 3
-"""Submits of one group that find its env's registration gone (and register it again) before giving up."""
 
 
-class RolloutRunner:
+def check_env(env: Environment, max_in_flight: int) -> None:
+    """Settings of `env` that could never run, as a ValueError naming them."""
+    if env.group_size > max_in_flight:
+        raise ValueError(
+            f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
+            "a group's rollouts start together, so it could never start"
+        )
+    if env.min_group_size is not None and not 1 <= env.min_group_size <= env.group_size:
+        raise ValueError(f"min_group_size of {env.name!r} must be between 1 and group_size {env.group_size}")
+    if env.max_resources is not None:
+        least = 1 if env.scores_each_rollout else env.group_size
+        if env.max_resources < least:
+            why = "a group's rollouts hold theirs together" if least > 1 else "a rollout holds one"
+            raise ValueError(f"max_resources {env.max_resources} of {env.name!r} < {least}: {why}, so it could "
+                             "never start")  # fmt: skip
+
+
+class RolloutRunner(Watching):
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
@@ -125,11 +162,7 @@ class RolloutRunner:
         if not envs:
             raise ValueError("envs: give at least one (environment, task source) pair")
         for env, _ in envs:
-            if env.group_size > max_in_flight:
-                raise ValueError(
-                    f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
-                    "a group's rollouts run together, so it could never start"
-                )
+            check_env(env, max_in_flight)
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
@@ -164,6 +197,10 @@ class RolloutRunner:
         self._changed = asyncio.Event()
         self._in_flight = InFlight(max_in_flight, self.stats)
         self._backpressure = Backpressure([e.group_size for e in self.envs], max_staleness)
+        self._capacity = [Capacity(e.max_resources) for e in self.envs]
+        self._shared = contextlib.AsyncExitStack()
+        """The envs' `worker_setup`, entered in this process when there are no workers."""
+        """Per env: its shared pool's units (`max_resources`), over every worker."""
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
@@ -174,9 +211,7 @@ class RolloutRunner:
         self._inference = Breaker()
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
-        self._reregistering: list[asyncio.Lock] = [asyncio.Lock() for _ in self.envs]
-        self._registrations = [0] * len(self.envs)
-        """Per env: how many times it registered (a new run may hand out the same env id again)."""
+        self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
         self._held_since: float | None = None
         self._stall_logged: float | None = None
         self._resumed = False
@@ -271,32 +306,6 @@ class RolloutRunner:
         self._dispatch_open.set()
         self._changed.set()
 
-    def health(self) -> RunnerHealth:
-        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
-        runner's loop (or through `RunnerHandle.health()` from another thread)."""
-        s = self.stats
-        s.workers_alive = len(self.pool.workers) if self.pool is not None else 0
-        return RunnerHealth(
-            running=self._running,
-            paused=self.paused,
-            workers_alive=s.workers_alive,
-            in_flight=s.in_flight,
-            accepted=s.accepted,
-            failed={env: dict(c) for env, c in s.failed.items()},
-            failed_total=s.failed_total,
-            error_rate=s.error_rate,
-            skipped=dict(s.skipped),
-            held_back=dict(s.paused),
-            trainer_step=s.trainer_step,
-            policy_step=self.policy_step,
-            lag=max(0, s.trainer_step - self.policy_step),
-            error=None if self._error is None else str(self._error),
-            inference_reachable=s.inference_reachable,
-            inference_outages=s.inference_outages,
-            workers_recycled=dict(s.workers_recycled),
-            stalled=s.stalled,
-        )
-
     # ------------------------------------------------------------------------------------------- run
 
     async def run(self, max_groups: int | None = None) -> RunnerStats:
@@ -340,10 +349,7 @@ class RolloutRunner:
         for env in self.envs:
             client = RolloutClient(self.base_url, **self.client_options)
             self.clients.append(client)
-            reg = await client.register(
-                env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-                wait_timeout=self.register_wait,
-            )  # fmt: skip
+            reg = await register(client, env, self.register_wait)
             if self._policy_step is None:
                 self._policy_step = reg.starting_step
         info = await self.clients[0].info()
@@ -359,6 +365,8 @@ class RolloutRunner:
             self.stats.workers_alive = len(self.pool.workers)
         else:
             self._policy = make_policy(self.policy_spec)
+            for env in self.envs:  # what this process's rollouts share, as a worker would set it up
+                await self._shared.enter_async_context(env.worker_setup())
             if hasattr(self._policy, "on_reachability"):  # OpenAIPolicy's circuit breaker
 
                 def changed(up: bool) -> None:
@@ -406,27 +414,13 @@ class RolloutRunner:
                 g.deadline.reschedule(now + g.remaining)
                 g.remaining = None
 
-    async def _reregister(self, i: int, lost: int) -> None:
-        """Register env `i` again: the server lost its registration (a trainer's /reset_data and /register, a
-        memory store restarted). Waits for the trainer like the first registration; the weights generating
-        from now on are stamped with the step the new registration gives."""
-        client = self.clients[i]
-        async with self._reregistering[i]:
-            if self._registrations[i] != lost:
-                return  # another group or the monitor did it meanwhile
-            env = self.envs[i]
-            log.warning("env %s: the server no longer knows env_id %s: registering again", env.name, client.env_id)
-            reg = await client.register(
-                env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-                wait_timeout=self.register_wait,
-            )  # fmt: skip
-            self.stats.reregistered += 1
-            self._registrations[i] += 1
-            self._policy_step = reg.starting_step
-            self.stats.policy_step = reg.starting_step
-            info = await client.info()
-            self._backpressure.batch_size = info.batch_size
-            self._changed.set()
+    def _registered_again(self, reg: EnvRegistered, info: Info) -> None:
+        """An env registered again: the weights generating from now on are stamped with the new run's step."""
+        self.stats.reregistered = self._registrations.reregistered
+        self._policy_step = reg.starting_step
+        self.stats.policy_step = reg.starting_step
+        self._backpressure.batch_size = info.batch_size
+        self._changed.set()
 
     # ------------------------------------------------------------------------------------------- dispatch
 
@@ -449,7 +443,7 @@ class RolloutRunner:
                     return
                 await self._wait_change()
                 continue
-            if self._in_flight.free < sizes[i]:
+            if self._in_flight.free < sizes[i] or not self._capacity[i].fits(self._need(i)):
                 await self._wait_change()
                 continue
             task = self.sources[i].next_task()
@@ -480,17 +474,34 @@ class RolloutRunner:
             for w in waits:
                 w.cancel()
 
+    def _need(self, i: int) -> int:
+        """Units of env `i`'s pool a group takes when it starts: all G when its rollouts run together (a group
+        that held part of the pool and waited for the rest could deadlock with another); none when they run
+        one by one (each takes its own as it starts)."""
+        return 0 if self.envs[i].scores_each_rollout else self.envs[i].group_size
+
     def _launch(self, i: int, task: Task) -> None:
         group_id = uuid.uuid4().hex
-        handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step), name=f"group-{group_id}")
+        taken = self._need(i)
+        self._capacity[i].try_take(taken)  # fits: checked just before, nothing awaited since
+        handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step, taken), name=f"group-{group_id}")
         self._in_flight.add(group_id, Group(handle, i, self.envs[i].group_size, self.policy_step))
 
-    async def _group(self, i: int, task: Task, group_id: str, step: int) -> None:
+    def _rollout_ended(self, group_id: str) -> None:
+        """One rollout of the group ended: its slot is free for the next group."""
+        if self._in_flight.ended(group_id):
+            self._changed.set()
+
+    async def _group(self, i: int, task: Task, group_id: str, step: int, taken: int = 0) -> None:
         env = self.envs[i]
         reported = False
         try:
             try:
-                outcome = await self._execute(i, task, group_id)
+                try:
+                    outcome = await self._execute(i, task, group_id)
+                finally:
+                    if taken:
+                        self._capacity[i].give(taken)
             except GroupDropped as exc:
                 self.stats.skipped[exc.reason] += 1
                 return
@@ -504,14 +515,17 @@ class RolloutRunner:
                 return
             self.stats.release_timeouts += outcome.release_timeouts
             self._release(group_id)
+            self._rollouts_failed(i, outcome.rollout_failures)
             if outcome.group is None:
                 self.stats.skipped[outcome.skipped or "skipped"] += 1
                 return
             self.stats.produced += 1
+            if len(outcome.group.tokens) < env.group_size:
+                self.stats.partial_groups += 1
             self._in_flight.groups[group_id].submitting = True
             group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
             try:
-                reply = await self._submit(i, group)
+                reply = await self._registrations.submit(i, group)
             except RetriesExhausted as exc:
                 log.warning("group %s of %s not submitted: %s", group_id, env.name, exc)
                 self.stats.skipped["unsent"] += 1
@@ -545,24 +559,13 @@ class RolloutRunner:
             self._in_flight.remove(group_id)
             self._changed.set()
 
-    async def _submit(self, i: int, group: Any) -> Any:
-        """Submit, registering the env again (and submitting again, same group id) if its registration is gone."""
-        for _ in range(REREGISTER_TRIES):
-            lost = self._registrations[i]
-            try:
-                return await self.clients[i].submit(group)
-            except Rejected as exc:
-                if not registration_lost(exc):
-                    raise
-                await self._reregister(i, lost)
-        return await self.clients[i].submit(group)
-
     # ------------------------------------------------------------------------------------------- failures
 
     def _failed(self, i: int, task: Task, group_id: str, exc: BaseException) -> None:
         """Count a failed group, quarantine its task if it keeps failing, end the run past the error rate."""
         env = self.envs[i].name
         reason = failure_reason(exc)
+        self._rollouts_failed(i, failures_of(exc))
         self.stats.failed[env][reason] += 1
         self.stats.last_error[env] = f"{type(exc).__name__}: {exc}"
         log.warning("group %s of %s failed (%s): %s: %s", group_id, env, reason, type(exc).__name__, exc)
@@ -575,6 +578,10 @@ class RolloutRunner:
             log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, verdict.failures)
         if verdict.stop is not None:
             self._end(f"{verdict.stop}; failed so far: {self._failed_counts()}", exc)
+
+    def _rollouts_failed(self, i: int, failures: dict[str, int]) -> None:
+        for reason, n in failures.items():
+            self.stats.rollouts_failed[self.envs[i].name][reason] += n
 
     def _failed_counts(self) -> dict[str, dict[str, int]]:
         return {env: dict(c) for env, c in self.stats.failed.items()}
@@ -606,6 +613,7 @@ class RolloutRunner:
         retries = self.envs[i].group_retries
         worker_deaths = 0
         while True:
+            await self._in_flight.refill(group_id)  # a retry's rollouts take their slots again
             try:
                 return await self._attempt(i, task, group_id)
             except (asyncio.CancelledError, GroupDropped, GroupTimeout):
@@ -626,34 +634,57 @@ class RolloutRunner:
         """One run of the group within `group_timeout` (paused time excluded): past it the group fails, and a
         worker running it is replaced (a verifier that never returns may still hold it)."""
         g = self._in_flight.groups.get(group_id)
-        placed = None
         try:
             async with asyncio.timeout(self.group_timeout) as deadline:
                 if g is not None:
                     g.deadline = deadline
                     if self.paused:
                         self._hold_deadlines()
+                if self.envs[i].scores_each_rollout:
+                    return await self._spread(i, task, group_id)
                 if self.pool is None:
-                    return await run_group(
-                        self.envs[i], task, self._policy, gate=self._gate, group_key=group_id, **self.limits.kwargs()
-                    )
-                run = asyncio.ensure_future(self.pool.run(i, task, group_id))
-                try:
-                    await asyncio.sleep(0)  # placed on a worker by now
-                    placed = self.pool.placed(group_id)
-                    return await run
-                finally:
-                    run.cancel()  # a no-op once it is done
+                    return await run_group(self.envs[i], task, self._policy, gate=self._gate, group_key=group_id,
+                                           on_rollout_end=lambda: self._rollout_ended(group_id),
+                                           **self.limits.kwargs())  # fmt: skip
+                return await self.pool.run(i, task, group_id, lambda: self._rollout_ended(group_id))
         except TimeoutError:
             if not deadline.expired():
                 raise
-            if self.pool is not None and placed is not None:
-                await self.pool.retire(placed, STUCK, now=True)
+            if self.pool is not None:
+                for worker in self.pool.placed(group_id):
+                    await self.pool.retire(worker, STUCK, now=True)
                 self.stats.workers_recycled = Counter(self.pool.recycled)
             raise GroupTimeout(f"group took more than group_timeout={self.group_timeout} s") from None
         finally:
+            if self.pool is not None:
+                self.pool.forget(group_id)
             if g is not None:
                 g.deadline = None
+
+    async def _spread(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+        """The group's rollouts one by one, each on the least-busy worker (or here), each taking a unit of the
+        env's pool as it starts and giving it and its slot back as it ends; then the group of the survivors."""
+        env, capacity = self.envs[i], self._capacity[i]
+        owner = asyncio.current_task()  # the group's: what a pause that runs out of time cancels
+
+        async def one(k: int) -> Rollout:
+            try:
+                await capacity.take(1)
+                try:
+                    if self.pool is None:
+                        return await run_rollout(env, task, self._policy, k, gate=self._gate, group_key=group_id,
+                                                 owner=owner, **self.limits.kwargs())  # fmt: skip
+                    return await self.pool.run_one(i, task, group_id, k)
+                finally:
+                    capacity.give(1)
+            finally:
+                self._rollout_ended(group_id)
+
+        try:
+            kept, failures = await survive([one(k) for k in range(env.group_size)], needed(env))
+        except PromptTooLong:
+            return GroupOutcome(None, PROMPT_TOO_LONG)
+        return assemble(task, [r for _, r in kept], failures)
 
     # ------------------------------------------------------------------------------------------- monitor
 
@@ -665,74 +696,6 @@ class RolloutRunner:
             self._end("the rollbuf server stayed unreachable", exc)
         except Exception as exc:  # never a bare error out of run(), never a skipped shutdown
             self._end(f"the runner's monitor failed: {type(exc).__name__}", exc)
-
-    async def _status(self, i: int) -> EnvStatus:
-        """Env `i`'s /status-env, registering it again first if the server lost its registration."""
-        for _ in range(REREGISTER_TRIES):
-            lost = self._registrations[i]
-            try:
-                return await self.clients[i].status()
-            except Rejected as exc:
-                if not registration_lost(exc):
-                    raise
-                await self._reregister(i, lost)
-        return await self.clients[i].status()
-
-    async def _watch(self) -> None:
-        while True:
-            mark = self._backpressure.mark()
-            statuses: list[EnvStatus] = await asyncio.gather(*(self._status(i) for i in range(len(self.clients))))
-            trainer_step = self._backpressure.observed(statuses, mark)
-            self._refresh_blocked()
-            self.stats.trainer_step = trainer_step
-            self._check_stall()
-            now = time.monotonic()
-            if self.inference_outage_timeout is not None and (
-                self._inference.down_for(now) > self.inference_outage_timeout
-            ):
-                self._end(f"the inference server stayed unreachable for {self.inference_outage_timeout} s", None)
-                return
-            if self.pool is not None:
-                self.stats.workers_alive = len(self.pool.workers)
-                self.stats.worker_deaths = self.pool.deaths
-                self.stats.workers_recycled = Counter(self.pool.recycled)
-            for g in self._in_flight:
-                if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
-                    self._in_flight.cancel(g, "stale")
-            self._changed.set()
-            await asyncio.sleep(self.poll_interval)
-
-    def _check_stall(self) -> None:
-        """Held back `ahead_of_trainer` for `stall_warning` s with nobody calling `resume()`: the trainer moves
-        on but this runner believes its weights are old. Say so (a log line, `health().stalled`)."""
-        now = time.monotonic()
-        ahead = AHEAD in self.stats.paused.values() and not self.paused
-        if not ahead or self.stall_warning is None:
-            self._held_since = None
-            self.stats.stalled = None
-            return
-        if self._held_since is None:
-            self._held_since = now
-        held = now - self._held_since
-        if held < self.stall_warning:
-            return
-        self.stats.stalled = (
-            f"held back ahead_of_trainer for {held:.0f} s at policy step {self.policy_step} (trainer at "
-            f"{self.stats.trainer_step}): call resume() after each weight sync, or resume(policy_step=N)"
-        )
-        if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
-            self._stall_logged = now
-            log.warning("the runner is stalled: %s%s", self.stats.stalled,
-                        "" if self._resumed else " (resume() was never called)")  # fmt: skip
-
-    def _refresh_blocked(self) -> None:
-        """Which envs must wait, from the last status read and what this runner has in flight now."""
-        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
-        for i, reason in enumerate(held):
-            if reason is None:
-                self.stats.paused.pop(self.envs[i].name, None)
-            else:
-                self.stats.paused[self.envs[i].name] = reason
 
     # ------------------------------------------------------------------------------------------- shutdown
 
@@ -753,6 +716,10 @@ class RolloutRunner:
         for g in self._in_flight:  # ignored its cancellation (user cleanup that hangs): abandoned, not awaited
             log.warning("group %s did not end within shutdown_timeout: abandoned", g.task.get_name())
         self._gate.open()
+        try:
+            await bounded_close(self._shared, self.limits.release_timeout)
+        except Exception:  # a teardown that fails must not keep the run from shutting down
+            log.exception("an environment's worker_setup failed to exit")
         if self._policy is not None and self._policy is not self.policy_spec:  # built here from a factory
             await close_policy(self._policy)
         if self.pool is not None:

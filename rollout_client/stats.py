@@ -24,6 +24,11 @@ class RunnerStats:
     failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     """Groups that failed, per env name and reason (turn_timeout, rollout_timeout, inference_error,
     worker_died, env_error): dropped, never submitted."""
+    rollouts_failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    """Rollouts that failed, per env name and reason (the reasons of `failed`), in groups kept with their
+    survivors (`min_group_size`) and in groups that failed."""
+    partial_groups: int = 0
+    """Groups produced with fewer than `group_size` sequences: the survivors of failed rollouts."""
     retried: int = 0
     """Failed groups run again because their environment allows it (`Environment.group_retries`)."""
     quarantined: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
@@ -91,3 +96,7 @@ class RunnerHealth:
     workers_recycled: dict[str, int] = field(default_factory=dict)
     stalled: str | None = None
     """Set when production is stalled for a reason only the caller can fix (see `RunnerStats.stalled`)."""
+    rollouts_failed: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Env name -> failed rollouts by reason (see `RunnerStats.rollouts_failed`)."""
+    partial_groups: int = 0
+    """Groups submitted with the survivors of failed rollouts (`min_group_size`)."""

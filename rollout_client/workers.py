@@ -2,15 +2,20 @@
 stall the others or the runner's loop. The runner feeds the least-busy worker.
 
 Messages (pickled tuples over a `Channel`, which never blocks either event loop, whatever their size).
-Parent to worker: ("run", job, env_index, task, group_key), ("cancel", job), ("pause", token, timeout),
-("resume",), ("stop",). Worker to parent: ("ready",) once its policy is built, ("fatal", exception) when it
-cannot be (then it exits), ("done", job, GroupOutcome), ("error", job, exception), ("dropped", job, reason),
+Parent to worker: ("run", job, env_index, task, group_key), ("run_one", job, env_index, task, group_key,
+index) (one rollout of a group whose env scores each rollout alone), ("cancel", job), ("pause", token,
+timeout), ("resume",), ("stop",). Worker to parent: ("ready",) once its policy is built and its envs'
+`worker_setup` entered, ("fatal", exception) when they cannot be (then it exits), ("ended", job) when one
+rollout of a group ends (its slot is free), ("done", job, GroupOutcome | Rollout), ("error", job, exception),
+("dropped", job, reason),
 ("cancelled", job), ("paused", token, drained), ("inference", reachable) when its policy's circuit breaker
 changes, ("retire", reason) when it must be replaced (`recycling.RecyclePolicy`: a MemoryError, N groups,
 an RSS cap). A worker being replaced gets no new group; after a MemoryError it is killed at once (its
 groups run again elsewhere), otherwise it finishes what it holds and stops. A worker exits on "stop" or when
-the channel closes, which is also what happens when its parent dies: no orphans. It ignores SIGINT and
-SIGTERM (a Ctrl-C or a `kill` of the process group reaches the runner too, which stops its workers in order).
+the channel closes, which is also what happens when its parent dies: no orphans; either way it cancels its
+groups and exits its envs' `worker_setup` (bounded by `release_timeout`) before it closes its policy. It
+ignores SIGINT and SIGTERM (a Ctrl-C or a `kill` of the process group reaches the runner too, which stops
+its workers in order).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import Any
 
 from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import GroupDropped, WorkerDied, WorkerFailed
-from rollout_client.group import GroupOutcome, Limits, exited, run_group
+from rollout_client.group import GroupOutcome, Limits, Rollout, bounded_close, exited, run_group, run_rollout
 from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.policy import Policy
 from rollout_client.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes
@@ -91,6 +96,13 @@ def make_policy(spec: PolicySpec) -> Policy:
 # ------------------------------------------------------------------------------------------- worker side
 
 
+def size(outcome: GroupOutcome | Rollout) -> int:
+    """Tokens in a finished group or rollout: what its pickling costs."""
+    if isinstance(outcome, Rollout):
+        return len(outcome.tokens)
+    return sum(map(len, outcome.group.tokens)) if outcome.group is not None else 0
+
+
 def worker_main(
     conn: Connection,
     envs: Sequence[Environment],
@@ -133,10 +145,14 @@ async def _serve(
         except ChannelClosed:
             pass  # the parent is gone; the reader below sees it and ends the loop
 
+    shared = contextlib.AsyncExitStack()
     try:
         policy = make_policy(spec)
+        for env in envs:
+            await shared.enter_async_context(env.worker_setup())
     except BaseException as exc:  # the parent carries it in the run's error (it is not only on stderr)
         send(("fatal", portable(exc if isinstance(exc, Exception) else exited(exc))))
+        await bounded_close(shared, limits.release_timeout)
         await channel.aclose()
         return
     if hasattr(policy, "on_reachability"):  # OpenAIPolicy's circuit breaker: the parent holds dispatch
@@ -149,10 +165,16 @@ async def _serve(
             retiring = True
             send(("retire", reason))
 
-    async def run(job: int, env_index: int, task: Task, key: str) -> None:
+    async def run(job: int, env_index: int, task: Task, key: str, index: int | None = None) -> None:
         nonlocal done
+        outcome: GroupOutcome | Rollout
         try:
-            outcome = await run_group(envs[env_index], task, policy, gate=gate, group_key=key, **limits.kwargs())
+            if index is None:
+                outcome = await run_group(envs[env_index], task, policy, gate=gate, group_key=key,
+                                          on_rollout_end=lambda: send(("ended", job)), **limits.kwargs())  # fmt: skip
+            else:
+                outcome = await run_rollout(envs[env_index], task, policy, index, gate=gate, group_key=key,
+                                            **limits.kwargs())  # fmt: skip
         except asyncio.CancelledError:
             reason = dropped.pop(job, None)
             send(("dropped", job, reason) if reason else ("cancelled", job))
@@ -167,7 +189,7 @@ async def _serve(
             jobs.pop(job, None)
             done += 1
             try:
-                if outcome.group is not None and sum(map(len, outcome.group.tokens)) >= LARGE_GROUP_TOKENS:
+                if size(outcome) >= LARGE_GROUP_TOKENS:
                     await channel.send_large(("done", job, outcome))  # pickled off the loop
                 else:
                     channel.send(("done", job, outcome))
@@ -197,7 +219,7 @@ async def _serve(
         except ChannelClosed:
             break
         kind = msg[0]
-        if kind == "run":
+        if kind in ("run", "run_one"):
             jobs[msg[1]] = loop.create_task(run(*msg[1:]))
         elif kind == "cancel" and msg[1] in jobs:
             jobs[msg[1]].cancel()
@@ -210,6 +232,10 @@ async def _serve(
     for t in list(jobs.values()):
         t.cancel()
     await asyncio.gather(*jobs.values(), return_exceptions=True)
+    try:
+        await bounded_close(shared, limits.release_timeout)
+    except Exception:  # a teardown that fails must not keep the worker from exiting
+        log.exception("an environment's worker_setup failed to exit")
     await close_policy(policy)
     await channel.aclose()
 
@@ -223,7 +249,8 @@ class _Worker:
     channel: Channel
     reader: asyncio.Task[None] | None = None
     jobs: dict[int, int] = field(default_factory=dict)
-    """Job id -> rollouts it holds (its group size): how busy this worker is."""
+    """Job id -> rollouts of it still running (its group size, less the rollouts that ended; 1 for a rollout
+    run on its own): how busy this worker is."""
     retiring: str | None = None
     """Why it is being replaced (it gets no new group), or None."""
     fatal: BaseException | None = None
@@ -252,7 +279,9 @@ class WorkerPool:
         self._envs = list(envs)
         self._n = n
         self.workers: list[_Worker] = []
-        self._futures: dict[int, asyncio.Future[GroupOutcome]] = {}
+        self._futures: dict[int, asyncio.Future[Any]] = {}
+        self._ended: dict[int, Callable[[], None]] = {}
+        """Job id -> what to call as each of its rollouts ends."""
         self._paused: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count()
         self.deaths = 0
@@ -275,10 +304,12 @@ class WorkerPool:
         self.on_change: Callable[[], None] = lambda: None
         """Called when the pool's state the runner acts on changes (reachability, a fatal failure)."""
         self._background: set[asyncio.Task[None]] = set()
-        self._keys: dict[str, int] = {}
+        self._keys: dict[str, set[int]] = {}
+        """Group key -> its job ids (one, or one per rollout), while they run."""
+        self._placed: dict[str, list[_Worker]] = {}
+        """Group key -> the workers it was placed on, until the runner forgets it (after its deadline)."""
         self._changed = asyncio.Event()
         """Set when a worker is added, or the pool fails or closes: what a group waiting for one waits on."""
-        """Group key -> its job id, while it runs."""
 
     async def start(self, timeout: float = STARTUP_S) -> None:
         """Start the workers and wait (up to `timeout`) until each has built its policy: the first groups'
@@ -352,6 +383,12 @@ class WorkerPool:
             if fut is not None and not fut.done():
                 fut.set_result(bool(msg[2]))
             return
+        if kind == "ended":
+            if msg[1] in worker.jobs:
+                worker.jobs[msg[1]] = max(0, worker.jobs[msg[1]] - 1)
+            if (ended := self._ended.get(msg[1])) is not None:
+                ended()
+            return
         job = msg[1]
         worker.jobs.pop(job, None)
         if worker.retiring and not worker.jobs:
@@ -394,10 +431,12 @@ class WorkerPool:
             self._stop_worker(worker)
         await self._spawn()
 
-    def placed(self, key: str) -> _Worker | None:
-        """The worker running the group `key` (None if none is)."""
-        job = self._keys.get(key)
-        return next((w for w in self.workers if job in w.jobs), None) if job is not None else None
+    def placed(self, key: str) -> list[_Worker]:
+        """The workers the group `key` (or one of its rollouts) was placed on, still running, until `forget`."""
+        return [w for w in self._placed.get(key, []) if w in self.workers]
+
+    def forget(self, key: str) -> None:
+        self._placed.pop(key, None)
 
     async def _died(self, worker: _Worker) -> None:
         if worker not in self.workers or self.closing:
@@ -438,8 +477,23 @@ class WorkerPool:
                     worker.process.exitcode)  # fmt: skip
         await self._spawn()
 
-    async def run(self, env_index: int, task: Task, key: str) -> GroupOutcome:
-        """Run one group on the least-busy worker; cancelling this cancels it in the worker."""
+    async def run(
+        self, env_index: int, task: Task, key: str, on_rollout_end: Callable[[], None] | None = None
+    ) -> GroupOutcome:
+        """Run one group on the least-busy worker; cancelling this cancels it in the worker. `on_rollout_end()`
+        is called as each of its rollouts ends."""
+        outcome: GroupOutcome = await self._job(("run", env_index, task, key), env_index, key, on_rollout_end)
+        return outcome
+
+    async def run_one(self, env_index: int, task: Task, key: str, index: int) -> Rollout:
+        """Run rollout `index` of the group `key` on its own, on the least-busy worker (the env scores each
+        rollout alone): a group's rollouts spread over the workers."""
+        rollout: Rollout = await self._job(("run_one", env_index, task, key, index), env_index, key, None)
+        return rollout
+
+    async def _job(
+        self, what: tuple[Any, ...], env_index: int, key: str, on_rollout_end: Callable[[], None] | None
+    ) -> Any:
         while not (ready := [w for w in self.workers if not w.retiring]):
             if self.failed is not None:
                 raise self.failed
@@ -451,14 +505,17 @@ class WorkerPool:
             raise self.failed
         worker = min(ready, key=lambda w: w.load)
         job = next(self._ids)
-        fut: asyncio.Future[GroupOutcome] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
-            worker.channel.send(("run", job, env_index, task, key))  # pickles here: a task may not pickle
+            worker.channel.send((what[0], job, *what[1:]))  # pickles here: a task may not pickle
         except ChannelClosed:
             raise WorkerDied(f"worker pid {worker.process.pid} is gone") from None
         self._futures[job] = fut
-        worker.jobs[job] = self._envs[env_index].group_size
-        self._keys[key] = job
+        worker.jobs[job] = self._envs[env_index].group_size if what[0] == "run" else 1
+        self._keys.setdefault(key, set()).add(job)
+        self._placed.setdefault(key, []).append(worker)
+        if on_rollout_end is not None:
+            self._ended[job] = on_rollout_end
         try:
             return await fut
         except asyncio.CancelledError:
@@ -470,8 +527,12 @@ class WorkerPool:
             raise
         finally:
             self._futures.pop(job, None)
+            self._ended.pop(job, None)
             worker.jobs.pop(job, None)
-            self._keys.pop(key, None)
+            if (jobs := self._keys.get(key)) is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del self._keys[key]
             if worker.retiring and not worker.jobs and worker in self.workers:
                 self._stop_worker(worker)
 

@@ -22,6 +22,12 @@ decoded and encoded with `ByteChatCodec`), writing its tool calls in that family
 with `chat_stop` (default: the family's own end-of-turn token). GET /stats counts each answer's text under
 `answers`.
 
+It also serves a capped sandbox pool, as an environment server would (POST /sandbox/acquire, /release,
+/open, /close): `sandboxes` N is its capacity (default 8); with `sandbox_exhausted` true an acquire past it
+answers 429 `{"error": "exhausted"}` at once, else it waits until one is released (a blocking pool). Counted
+in /stats: `sandbox_acquired`, `sandbox_exhausted`, `sandbox_max_held`, and `sandbox_opened` /
+`sandbox_closed` (per-process clients of the pool saying hello and goodbye).
+
     python -m tests.fake_vllm --port 8001
 """
 
@@ -61,7 +67,8 @@ def create_app() -> Starlette:
     faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
-                              "overlong_marker": None, "chat": None, "chat_stop": None}  # fmt: skip
+                              "overlong_marker": None, "chat": None, "chat_stop": None,
+                              "sandboxes": 8, "sandbox_exhausted": False}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     answers: Counter[str] = Counter()
@@ -135,6 +142,33 @@ def create_app() -> Starlette:
         reply = {"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]}
         return Response(json.dumps(reply), media_type="application/json")  # NaN as vLLM writes it, not refused
 
+    held: set[int] = set()
+    released = asyncio.Condition()
+
+    async def sandbox_acquire(request: Request) -> JSONResponse:
+        async with released:
+            while len(held) >= faults["sandboxes"]:
+                if faults["sandbox_exhausted"]:
+                    stats["sandbox_exhausted"] += 1
+                    return JSONResponse({"error": "exhausted"}, status_code=429)
+                await released.wait()
+            stats["sandbox_acquired"] += 1
+            sandbox = stats["sandbox_acquired"]
+            held.add(sandbox)
+            stats["sandbox_max_held"] = max(stats["sandbox_max_held"], len(held))
+        return JSONResponse({"id": sandbox})
+
+    async def sandbox_release(request: Request) -> JSONResponse:
+        body = await request.json()
+        async with released:
+            held.discard(body["id"])
+            released.notify_all()
+        return JSONResponse({"held": len(held)})
+
+    async def sandbox_hello(request: Request) -> JSONResponse:
+        stats["sandbox_opened" if request.url.path.endswith("open") else "sandbox_closed"] += 1
+        return JSONResponse({})
+
     async def control(request: Request) -> JSONResponse:
         faults.update(await request.json())
         return JSONResponse(faults)
@@ -148,6 +182,10 @@ def create_app() -> Starlette:
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/control", control, methods=["POST"]),
+            Route("/sandbox/acquire", sandbox_acquire, methods=["POST"]),
+            Route("/sandbox/release", sandbox_release, methods=["POST"]),
+            Route("/sandbox/open", sandbox_hello, methods=["POST"]),
+            Route("/sandbox/close", sandbox_hello, methods=["POST"]),
             Route("/stats", get_stats),
         ]
     )

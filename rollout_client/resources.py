@@ -1,0 +1,114 @@
+"""Shared resource pools: admission against a known capacity, and acquiring from a pool that answers
+"exhausted".
+
+Two ways a pool of sandboxes deadlocks or fails a run: groups that each hold part of it and wait for the
+rest (G=8 on a pool of 8, two groups in flight: 4 each, forever), and a capped server that answers
+"exhausted" (every group that meets it fails). `Capacity` admits work only when its whole need fits (the
+runner takes a group-scored group's G units at once, a rollout run on its own one unit), so no holder ever
+waits for a unit another holder has. `acquire_backing_off` treats ResourceExhausted as "wait": it lets go
+of everything the attempt holds (no hold-and-wait), backs off with jitter and tries again, up to a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+from rollout_client.errors import ResourceExhausted, ResourceTimeout
+
+log = logging.getLogger("rollout_client.resources")
+
+BACKOFF_S = 0.05
+"""First wait after an "exhausted" answer; doubled per answer in a row, up to MAX_BACKOFF_S, jittered."""
+MAX_BACKOFF_S = 2.0
+
+
+def backoff(attempt: int, retry_after: float | None, rng: random.Random) -> float:
+    """Seconds to wait after the `attempt`-th exhausted answer in a row (from 0): exponential, capped,
+    full jitter above half (waiters that met the same full pool do not come back in step), never under the
+    pool's own `retry_after`."""
+    ceiling = min(MAX_BACKOFF_S, BACKOFF_S * 2.0**attempt)
+    wait = ceiling / 2 + rng.random() * ceiling / 2
+    return max(wait, retry_after or 0.0)
+
+
+async def acquire_backing_off(
+    acquire: Callable[[], Any],
+    timeout: float | None,
+    rng: random.Random | None = None,
+) -> tuple[list[Any], AsyncExitStack]:
+    """`await acquire()` (an all-or-nothing acquire: it holds nothing when it raises) again after each
+    ResourceExhausted, backing off, until it succeeds or `timeout` s have passed (then ResourceTimeout, its
+    `__cause__` the last exhausted answer). Any other error is raised at once."""
+    rng = rng or random.Random()
+    loop = asyncio.get_running_loop()
+    give_up = None if timeout is None else loop.time() + timeout
+    attempt = 0
+    while True:
+        try:
+            result: tuple[list[Any], AsyncExitStack] = await acquire()
+            return result
+        except ResourceExhausted as exc:
+            wait = backoff(attempt, exc.retry_after, rng)
+            attempt += 1
+            if give_up is not None and loop.time() + wait > give_up:
+                raise ResourceTimeout(
+                    f"resources stayed exhausted for acquire_timeout={timeout} s ({attempt} tries)"
+                ) from exc
+            await asyncio.sleep(wait)
+
+
+class Capacity:
+    """`size` units of a shared pool (None: unbounded). `take(n)` waits, first come first served, until `n`
+    are free and takes them all at once; `try_take(n)` takes them only if free now; `give(n)` returns them."""
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+        self.used = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def fits(self, n: int) -> bool:
+        return self.size is None or (self.used + n <= self.size and not self._waiters)
+
+    def try_take(self, n: int) -> bool:
+        if not self.fits(n):
+            return False
+        self.used += n
+        return True
+
+    async def take(self, n: int) -> None:
+        if self.try_take(n):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, fut)
+        self._waiters.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+            elif fut.done() and not fut.cancelled():
+                self.give(n)  # granted as it was cancelled: hand the units on
+            self._wake()
+            raise
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.size is not None:
+            n, fut = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            if self.used + n > self.size:
+                return
+            self._waiters.popleft()
+            self.used += n
+            fut.set_result(None)
