@@ -35,6 +35,20 @@ class Task:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ExternalSequence:
+    """A finished sequence a rollout generated outside its session (an agent harness that calls inference
+    itself, such as verifiers'): recorded with `Session.record_sequence`, submitted as it is."""
+
+    tokens: list[int]
+    masks: list[int]
+    """-100 where not trained on, else the token id (Atropos's convention)."""
+    logprobs: list[float]
+    """Inference logprobs, 1.0 (`PROMPT_LOGPROB`) where the policy did not sample."""
+    score: float
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
 class Gate:
     """Lets generation requests through while open; `close()` returns once none is in flight.
 
@@ -144,6 +158,12 @@ class Session:
         """The episode reached the token budget: tool output was clipped or a completion stopped at it."""
         self.tools: dict[str, dict[str, float | int]] = {}
         """Per tool name: `calls`, `failures`, `seconds` (recorded by `async with session.tool(name)`)."""
+        self.external: list[ExternalSequence] | None = None
+        """Sequences recorded with `record_sequence` (None: none). When set, they are this rollout's part of
+        the group, 0 or more sequences with their own scores, in place of the session's own transcript."""
+        self.left_out: Counter[str] = Counter()
+        """What this rollout left out of the group (traces, branches), by reason: summed over the group into
+        its `group_overrides["left_out"]`."""
 
     @property
     def room(self) -> int | None:
@@ -237,6 +257,18 @@ class Session:
             rec["failures"] += int(failed)
             rec["seconds"] = round(rec["seconds"] + time.perf_counter() - t0, 6)
 
+    def record_sequence(self, sequence: ExternalSequence) -> None:
+        """Contribute a sequence generated outside this session (see `external`). Its lengths must agree."""
+        n = len(sequence.tokens)
+        if not n or len(sequence.masks) != n or len(sequence.logprobs) != n:
+            raise ValueError(
+                f"record_sequence: tokens ({n}), masks ({len(sequence.masks)}) and logprobs "
+                f"({len(sequence.logprobs)}) must be non-empty and of one length"
+            )
+        if self.external is None:
+            self.external = []
+        self.external.append(sequence)
+
     @property
     def last_text(self) -> str:
         return self.completions[-1].text if self.completions else ""
@@ -256,6 +288,15 @@ class Environment(ABC):
     group_retries: int = 0
     """How many times a group that failed is run again (fresh sessions, same task) before it counts as
     failed. Leave 0 unless a rollout has no effect outside itself (rerunning it is safe)."""
+
+    variable_group_size: bool = False
+    """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
+    rollout that records 0 or several sequences with `Session.record_sequence`)."""
+
+    def skip_reason(self, sequences: int, scores: list[float]) -> str | None:
+        """Why a finished group is not submitted (None: it is); the runner counts it in `skipped[reason]`.
+        Called with the group's sequence count and scores once every rollout is scored."""
+        return None
 
     def resource(self, task: Task) -> AbstractAsyncContextManager[Any]:
         """Per-rollout resources (a sandbox, a browser): entered before the rollout, exited after. The G

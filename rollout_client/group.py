@@ -10,6 +10,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
@@ -272,7 +273,21 @@ async def run_group(
         await release(stack, exc, release_timeout)
         raise
     closed = await bounded_close(stack, release_timeout)
+    final = sequence_scores(sessions, scores)
+    if not final:
+        return GroupOutcome(None, "no_sequences", release_timeouts=int(not closed))
+    if (skip := env.skip_reason(len(final), final)) is not None:
+        return GroupOutcome(None, skip, release_timeouts=int(not closed))
     return GroupOutcome(build_group(task, sessions, scores, elapsed, score_s), release_timeouts=int(not closed))
+
+
+def sequence_scores(sessions: Sequence[Session], scores: Sequence[float]) -> list[float]:
+    """The group's scores, one per sequence it will hold: a session's own score, or the scores of the
+    sequences it recorded (`Session.external`)."""
+    out: list[float] = []
+    for s, score in zip(sessions, scores, strict=True):
+        out.extend([float(seq.score) for seq in s.external] if s.external is not None else [score])
+    return out
 
 
 def build_group(
@@ -280,23 +295,53 @@ def build_group(
 ) -> ScoredData:
     """The wire group: tokens, masks (-100 where not generated), inference logprobs, scores, and per-rollout
     record in `overrides`: `turns` (prompt/completion tokens, gate wait and generation seconds per turn),
-    `num_turns`, `truncated`, `finish_reason`, `tools` (calls, failures, seconds per tool), timings."""
+    `num_turns`, `truncated`, `finish_reason`, `tools` (calls, failures, seconds per tool), timings.
+
+    A session with recorded `external` sequences contributes those instead (0 or more, each with its own
+    score and overrides, plus the rollout's timings); its `scores[i]` is not used."""
+    tokens: list[list[int]] = []
+    masks: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    out_scores: list[float] = []
+    overrides: list[dict[str, Any]] = []
+    for s, t, score in zip(sessions, elapsed, scores, strict=True):
+        timing = {"rollout_s": round(t, 6), "score_s": round(score_s, 6)}
+        if s.external is not None:
+            for seq in s.external:
+                tokens.append(seq.tokens)
+                masks.append(seq.masks)
+                logprobs.append(seq.logprobs)
+                out_scores.append(float(seq.score))
+                overrides.append({**timing, **seq.overrides})
+            continue
+        tokens.append(s.tokens)
+        masks.append(s.masks)
+        logprobs.append(s.logprobs)
+        out_scores.append(score)
+        overrides.append({
+            **timing,
+            "turns": s.turns,
+            "num_turns": len(s.turns),
+            "truncated": s.truncated,
+            "finish_reason": s.finish_reason,
+            "tools": s.tools,
+        })  # fmt: skip
     return ScoredData(
-        tokens=[s.tokens for s in sessions],
-        masks=[s.masks for s in sessions],
-        scores=list(scores),
-        inference_logprobs=[s.logprobs for s in sessions],
-        overrides=[
-            {
-                "rollout_s": round(t, 6),
-                "score_s": round(score_s, 6),
-                "turns": s.turns,
-                "num_turns": len(s.turns),
-                "truncated": s.truncated,
-                "finish_reason": s.finish_reason,
-                "tools": s.tools,
-            }
-            for s, t in zip(sessions, elapsed, strict=True)
-        ],
-        group_overrides={"task_id": task.id},
+        tokens=tokens,
+        masks=masks,
+        scores=out_scores,
+        inference_logprobs=logprobs,
+        overrides=overrides,
+        group_overrides=group_overrides(task, sessions),
     )
+
+
+def group_overrides(task: Task, sessions: Sequence[Session]) -> dict[str, Any]:
+    """The group's record: its task, and what its rollouts left out, by reason (when they left out any)."""
+    out: dict[str, Any] = {"task_id": task.id}
+    left_out: Counter[str] = Counter()
+    for s in sessions:
+        left_out.update(s.left_out)
+    if left_out:
+        out["left_out"] = dict(sorted(left_out.items()))
+    return out

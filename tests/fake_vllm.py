@@ -2,7 +2,8 @@
 misbehaves on request. It speaks vLLM's shape (`/v1/models` with `max_model_len`, `/tokenize`,
 `/v1/completions` with `return_tokens_as_token_ids`), tokenises byte by byte and answers with
 `arithmetic_script` (the scripted policy of the example envs), so the runner's tests can use `OpenAIPolicy`
-end to end over HTTP.
+end to end over HTTP. It also speaks vLLM's token-in/token-out `/inference/v1/generate`, which verifiers'
+train client calls (`generate_reply`: the verifiers producer's tests).
 
 Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 - `fail_every` N: every Nth completion request answers 503;
@@ -48,6 +49,23 @@ from tests.servers import READY_TIMEOUT_S, free_port
 
 MODEL = "fake"
 CONTEXT = 1 << 20
+
+
+GENERATE_END = 258
+"""The end-of-turn id of `/inference/v1/generate`'s replies (`tests.verifiers_tiny`'s `<|im_end|>`)."""
+
+
+def generate_reply(prompt: str, nth: int) -> list[int]:
+    """`/inference/v1/generate`'s completion (byte ids, then the end of turn) for the `nth` request with this
+    prompt: for "Say <word>." the word on odd requests and "no" on even ones, so G rollouts of a task score
+    half 1.0 and half 0.0 (`tests.verifiers_tiny` rewards saying the word)."""
+    word = prompt.rsplit("Say ", 1)[-1].split(".", 1)[0] if "Say " in prompt else "ok"
+    return [*(word if nth % 2 else "no").encode(), GENERATE_END]
+
+
+def generate_logprob(i: int) -> float:
+    """The logprob `/inference/v1/generate` reports at completion position `i` (exact in float32)."""
+    return -(i + 1) / 64
 
 
 def create_app() -> Starlette:
@@ -120,6 +138,22 @@ def create_app() -> Starlette:
         reply = {"id": "cmpl", "object": "text_completion", "model": MODEL, "choices": [choice]}
         return Response(json.dumps(reply), media_type="application/json")  # NaN as vLLM writes it, not refused
 
+    async def generate(request: Request) -> JSONResponse:
+        """vLLM's token-in/token-out `/inference/v1/generate` (what verifiers' train client calls): the
+        prompt's ids in, `generate_reply`'s completion ids out with a logprob per token."""
+        body = await request.json()
+        stats["generate"] += 1
+        prompt = bytes(t for t in body["token_ids"] if t < 256).decode(errors="replace")
+        prompts[prompt] += 1
+        if faults["reject_marker"] and faults["reject_marker"] in prompt:
+            stats["400"] += 1
+            return JSONResponse({"object": "error", "message": "bad request", "code": 400}, status_code=400)
+        ids = generate_reply(prompt, prompts[prompt])[: body["sampling_params"].get("max_tokens") or 1 << 20]
+        content = [{"token": f"token_id:{t}", "logprob": generate_logprob(i)} for i, t in enumerate(ids)]
+        choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1:] == [GENERATE_END] else "length",
+                  "logprobs": {"content": content}}  # fmt: skip
+        return JSONResponse({"request_id": f"gen-{stats['generate']}", "choices": [choice]})
+
     async def control(request: Request) -> JSONResponse:
         faults.update(await request.json())
         return JSONResponse(faults)
@@ -132,6 +166,7 @@ def create_app() -> Starlette:
             Route("/v1/models", models),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/inference/v1/generate", generate, methods=["POST"]),
             Route("/control", control, methods=["POST"]),
             Route("/stats", get_stats),
         ]
