@@ -123,10 +123,12 @@ class RolloutClient:
         min_batch_allocation: float | None = None,
         wait_timeout: float | None = None,
         on_wait: Callable[[str], None] | None = None,
+        variable_group_size: bool = False,
     ) -> EnvRegistered:
         """Register this environment, waiting (with backoff, up to `wait_timeout` s; None: forever) while the
         trainer has not registered or not asked for its first batch. `max_token_length` defaults to the
-        trainer's `max_token_len`."""
+        trainer's `max_token_len`; `variable_group_size`: its groups are complete at any size (see
+        `Environment.variable_group_size`)."""
         loop = asyncio.get_running_loop()
         give_up = None if wait_timeout is None else loop.time() + wait_timeout
         attempt = 0
@@ -139,6 +141,7 @@ class RolloutClient:
                     weight=weight,
                     group_size=group_size,
                     min_batch_allocation=min_batch_allocation,
+                    variable_group_size=variable_group_size,
                 )
                 raw = await self._call("POST", "/register-env", json=body.model_dump(exclude_none=True))
                 if raw.get("status") != "wait for trainer to start":

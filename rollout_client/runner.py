@@ -342,6 +342,7 @@ class RolloutRunner:
             self.clients.append(client)
             reg = await client.register(
                 env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
+                variable_group_size=env.variable_group_size,
                 wait_timeout=self.register_wait,
             )  # fmt: skip
             if self._policy_step is None:
@@ -418,6 +419,7 @@ class RolloutRunner:
             log.warning("env %s: the server no longer knows env_id %s: registering again", env.name, client.env_id)
             reg = await client.register(
                 env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
+                variable_group_size=env.variable_group_size,
                 wait_timeout=self.register_wait,
             )  # fmt: skip
             self.stats.reregistered += 1

@@ -46,12 +46,18 @@ class MappedEpisode:
 
 def episode_failure(episode: Any) -> str | None:
     """Why a finished episode is not a result (None: it is): `episode_timeout` when the env's own deadline
-    expired, else `episode_error:<type of its last error>` (`episode_error` when it names none)."""
+    expired, else `episode_error:<type of its last error>` (the episode's, else its first failed trace's;
+    `episode_error` when none names one)."""
     if getattr(episode, "ok", False):
         return None
     if getattr(episode, "is_timeout", False):
         return "episode_timeout"
     errors = list(getattr(episode, "errors", None) or [])
+    if not errors:  # the env's hooks ran fine: a trace failed (its own errors say why)
+        for trace in getattr(episode, "traces", None) or []:
+            if not getattr(trace, "ok", True) and getattr(trace, "errors", None):
+                errors = list(trace.errors)
+                break
     kind = getattr(errors[-1], "type", None) if errors else None
     return f"episode_error:{kind}" if kind else "episode_error"
 

@@ -16,6 +16,8 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
   `context` alone: listed and enforced (a completion stops at it, finish_reason "length");
 - `null_logprob_marker` / `nan_logprob_marker` / `overlong_marker`: a prompt containing it gets a null
   logprob / a NaN logprob / 5 tokens more than `max_tokens`.
+- `generate_echo`: `/inference/v1/generate` always says the word (no reward variance within a group);
+  `reject_marker` applies there too.
 
     python -m tests.fake_vllm --port 8001
 """
@@ -72,7 +74,7 @@ def create_app() -> Starlette:
     faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
-                              "overlong_marker": None}  # fmt: skip
+                              "overlong_marker": None, "generate_echo": False}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     forever = asyncio.Event()
@@ -148,7 +150,8 @@ def create_app() -> Starlette:
         if faults["reject_marker"] and faults["reject_marker"] in prompt:
             stats["400"] += 1
             return JSONResponse({"object": "error", "message": "bad request", "code": 400}, status_code=400)
-        ids = generate_reply(prompt, prompts[prompt])[: body["sampling_params"].get("max_tokens") or 1 << 20]
+        nth = 1 if faults["generate_echo"] else prompts[prompt]
+        ids = generate_reply(prompt, nth)[: body["sampling_params"].get("max_tokens") or 1 << 20]
         content = [{"token": f"token_id:{t}", "logprob": generate_logprob(i)} for i, t in enumerate(ids)]
         choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1:] == [GENERATE_END] else "length",
                   "logprobs": {"content": content}}  # fmt: skip

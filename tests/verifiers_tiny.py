@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,8 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TASKSET_ID = "rollbuf_tiny_vf"
-"""verifiers imports a taskset by id as a top-level module: `tests/vf_envs/rollbuf_tiny_vf.py` (on sys.path
-once `ENVS_DIR` is, see `use_envs_dir`)."""
+"""verifiers imports a taskset by id as a top-level module: `tests/vf_envs/rollbuf_tiny_vf.py` (importable once
+`ENVS_DIR` is on sys.path / PYTHONPATH: `offline_environ`)."""
 ENVS_DIR = Path(__file__).resolve().parent / "vf_envs"
 
 
@@ -80,7 +81,7 @@ def prompt_ids(prompt: str) -> list[int]:
 
 
 
-def env_config_data(tokenizer: Path, *, harness: str = "null") -> dict[str, Any]:
+def env_config_data(harness: str = "null") -> dict[str, Any]:
     """The env config (as `serve_env`'s `config_data`): the tiny taskset, one agent on verifiers' chat harness
     in a local subprocess runtime."""
     return {
@@ -100,17 +101,21 @@ def client_config(base_url: str, tokenizer: Path) -> dict[str, Any]:
     }
 
 
-def offline_environ(wheelhouse: Path) -> dict[str, str]:
-    """What the harness's `uv sync --script` needs to run with no network: the local index, no Python
-    downloads, `uv` on PATH (it is installed in the test venv)."""
-    bin_dir = str(Path(os.__file__).parents[0])  # placeholder replaced below
-    del bin_dir
-    import sys
+WHEELHOUSE = Path(os.environ.get("ROLLBUF_WHEELHOUSE", Path(__file__).resolve().parents[1] / ".venv" / "wheelhouse"))
+"""The harness's offline index, built by `make install` (`python -m tests.wheelhouse`)."""
 
-    venv_bin = str(Path(sys.executable).parent)
+
+def offline_environ(wheelhouse: Path = WHEELHOUSE) -> dict[str, str]:
+    """What the harness's `uv sync --script` needs to run with no network: the local index (`make install`
+    builds it), no Python downloads, `uv` on PATH (the `verifiers` extra installs it in the venv), and our
+    taskset importable in verifiers' worker processes."""
+    simple = wheelhouse / "simple"
+    if not (simple / "index.html").is_file():
+        raise RuntimeError(f"no offline index at {simple}: `make install` builds it (python -m tests.wheelhouse)")
+    path = os.environ.get("PYTHONPATH", "")
     return {
-        "UV_DEFAULT_INDEX": (wheelhouse / "simple").resolve().as_uri(),
+        "UV_DEFAULT_INDEX": simple.resolve().as_uri(),
         "UV_PYTHON_DOWNLOADS": "never",
-        "UV_NO_CONFIG": "1",
-        "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": f"{ENVS_DIR}:{path}" if path else str(ENVS_DIR),
     }

@@ -1,0 +1,104 @@
+"""The verifiers producer end to end, offline: a real verifiers v1 environment (`tests/verifiers_tiny.py`, its
+chat harness run by `uv` from the local index `make install` builds) on the stand-in `/inference/v1/generate`
+(`tests/fake_vllm.py`), run by `RolloutRunner` in process and through verifiers' `serve_env(max_workers=2)`,
+submitted to a real rollbuf server and read back from /batch: exact tokens, masks, sentinels, scores, group
+ids and the counts of what was dropped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_client import RolloutRunner, RunnerStats
+from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
+from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
+from tests.integration.test_runner import drain, start_trainer
+from tests.servers import running_server
+from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ, prompt_ids
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+RUN_S = 150.0
+"""Bound on one run (a harness `uv` set-up per process, then a few seconds a group): a hang fails, never stalls."""
+G = 4
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The harness's offline set-up in this process's environment; the tokenizer directory."""
+    for k, v in offline_environ().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.syspath_prepend(str(ENVS_DIR))
+    return build_tokenizer(tmp_path / "tokenizer")
+
+
+async def produce(url: str, vllm_url: str, tokenizer: Path, *, workers: int, words: int, **kw: Any) -> RunnerStats:
+    """Run the tiny env's first `words` tasks once each through the runner."""
+    config = env_config_data()
+    env = VerifiersEnvironment(config, client=client_config(vllm_url, tokenizer), model="fake", group_size=G,
+                               workers=workers, pool={"elastic": False}, **kw)  # fmt: skip
+    async with env:
+        runner = RolloutRunner(url, [(env, verifiers_tasks(config, cycle=False, limit=words))], ExternalInference(),
+                               max_in_flight=2 * G)  # fmt: skip
+        return await asyncio.wait_for(runner.run(), RUN_S)
+
+
+def expected_sequences(word: str) -> list[tuple[list[int], list[int], list[float], float]]:
+    """What G rollouts of "Say <word>." must give, sorted: the stand-in says the word on every other request."""
+    prompt = prompt_ids(f"Say {word}.")
+    out = []
+    for nth in range(1, G + 1):
+        completion = generate_reply(f"Say {word}.", nth)
+        tokens = prompt + completion
+        masks = [-100] * len(prompt) + completion
+        logprobs = [1.0] * len(prompt) + [generate_logprob(i) for i in range(len(completion))]
+        out.append((tokens, masks, logprobs, 1.0 if nth % 2 else 0.0))
+    return sorted(out)
+
+
+def check_group(group: dict[str, Any], word: str) -> None:
+    got = sorted(zip(group["tokens"], group["masks"], group["inference_logprobs"], group["scores"], strict=True))
+    assert [list(map(list, g[:3])) + [g[3]] for g in got] == [list(e[:3]) + [e[3]] for e in expected_sequences(word)]
+    traces = [o["trace_id"] for o in group["overrides"]]
+    assert len(set(traces)) == G and all(len(t) == 32 for t in traces)
+    assert {(o["stop_condition"], o["num_turns"], o["branch"], o["agent"], o["truncated"]) for o in group["overrides"]} \
+        == {("agent_completed", 1, 0, "agent", False)}  # fmt: skip
+    assert "left_out" not in (group["group_overrides"] or {})
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in_process", "serve_env_pool"])
+async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, workers: int) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        stats = await produce(server.url, vllm.url, offline, workers=workers, words=2)
+        assert stats.accepted == 2 and stats.duplicates == 0 and not stats.failed and not stats.skipped
+        served = drain(server.url)
+    assert len(served) == 2
+    by_word = {g["group_overrides"]["task_id"]: g for g in served}
+    assert len(by_word) == 2
+    words = sorted(bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0]
+                   for g in served)  # fmt: skip
+    assert words == ["apple", "river"]
+    for g in served:
+        word = bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0]
+        check_group(g, word)
+    ids = [g["group_id"] for g in served]
+    assert len(set(ids)) == 2 and all(ids)
+    assert {g["policy_step"] for g in served} == {0}
+
+
+async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
+    """An episode the inference server refuses fails its group (counted by reason); with
+    `require_reward_variance`, a group whose rollouts all score the same is counted, not submitted."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        vllm.control(reject_marker="river", generate_echo=True)
+        stats = await produce(server.url, vllm.url, offline, workers=0, words=3, require_reward_variance=True)
+        served = drain(server.url)
+    assert served == []
+    assert stats.accepted == 0
+    assert dict(stats.failed["verifiers"]) == {"episode_error": 1}, stats.failed
+    assert dict(stats.skipped) == {"no_reward_variance": 2}
