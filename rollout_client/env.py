@@ -12,7 +12,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -256,6 +256,14 @@ class Session:
             rec["calls"] += 1
             rec["failures"] += int(failed)
             rec["seconds"] = round(rec["seconds"] + time.perf_counter() - t0, 6)
+
+    def record_sequences(self, sequences: Iterable[ExternalSequence]) -> None:
+        """This rollout's part of the group is what it generated outside the session: `sequences`, possibly
+        none (then it adds nothing to the group). See `record_sequence`."""
+        if self.external is None:
+            self.external = []
+        for sequence in sequences:
+            self.record_sequence(sequence)
 
     def record_sequence(self, sequence: ExternalSequence) -> None:
         """Contribute a sequence generated outside this session (see `external`). Its lengths must agree."""

@@ -30,7 +30,7 @@ from rollout_client.env import Environment, ExternalSequence, Session, Task
 from rollout_client.errors import EpisodeFailed
 from rollout_client.policy import Completion
 from rollout_client.tasks import Tasks
-from rollout_client.verifiers_mapping import episode_failure, group_verdict, map_episode
+from rollout_client.verifiers_mapping import episode_failure, failure_detail, group_verdict, map_episode
 
 log = logging.getLogger("rollout_client.verifiers")
 
@@ -70,8 +70,7 @@ def verifiers_tasks(env_config: Mapping[str, Any], *, cycle: bool = True, limit:
     if limit is not None:
         taskset = taskset.take(limit)
     tasks = [
-        Task(id=str(t.key), prompt=t.data.prompt_text, meta={TASK_KEY: t.data.model_dump(mode="json")})
-        for t in taskset
+        Task(id=str(t.key), prompt=t.data.prompt_text, meta={TASK_KEY: t.data.model_dump(mode="json")}) for t in taskset
     ]
     return Tasks(tasks, cycle=cycle)
 
@@ -265,12 +264,12 @@ class VerifiersEnvironment(Environment):
             self.live.pop(key, None)
         failure = episode_failure(episode)
         if failure is not None:
-            last = episode.errors[-1].message if episode.errors else ""
-            raise EpisodeFailed(failure, last)
+            raise EpisodeFailed(failure, failure_detail(episode))
         mapped = map_episode(episode)
         session.left_out.update(mapped.left_out)
-        for seq in mapped.sequences:
-            session.record_sequence(ExternalSequence(seq.tokens, seq.masks, seq.logprobs, seq.score, seq.overrides))
+        session.record_sequences(
+            ExternalSequence(seq.tokens, seq.masks, seq.logprobs, seq.score, seq.overrides) for seq in mapped.sequences
+        )
 
     def _relay(self, key: int, task_id: str) -> Callable[[dict[str, Any]], None]:
         live = self.live[key] = LiveRollout(task_id)
@@ -295,4 +294,3 @@ class VerifiersEnvironment(Environment):
 
 
 __all__ = ["ExternalInference", "LiveRollout", "VerifiersEnvironment", "verifiers_tasks"]
-

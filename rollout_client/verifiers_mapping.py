@@ -44,6 +44,22 @@ class MappedEpisode:
     left_out: Counter[str] = field(default_factory=Counter)
 
 
+def _failure_errors(episode: Any) -> list[Any]:
+    """The errors that explain a failed episode: its own, else its first failed trace's."""
+    errors = list(getattr(episode, "errors", None) or [])
+    if not errors:  # the env's hooks ran fine: a trace failed (its own errors say why)
+        for trace in getattr(episode, "traces", None) or []:
+            if not getattr(trace, "ok", True) and getattr(trace, "errors", None):
+                return list(trace.errors)
+    return errors
+
+
+def failure_detail(episode: Any) -> str:
+    """The last error message of a failed episode (see `episode_failure`), for logs; "" when none."""
+    errors = _failure_errors(episode)
+    return str(getattr(errors[-1], "message", "")) if errors else ""
+
+
 def episode_failure(episode: Any) -> str | None:
     """Why a finished episode is not a result (None: it is): `episode_timeout` when the env's own deadline
     expired, else `episode_error:<type of its last error>` (the episode's, else its first failed trace's;
@@ -52,12 +68,7 @@ def episode_failure(episode: Any) -> str | None:
         return None
     if getattr(episode, "is_timeout", False):
         return "episode_timeout"
-    errors = list(getattr(episode, "errors", None) or [])
-    if not errors:  # the env's hooks ran fine: a trace failed (its own errors say why)
-        for trace in getattr(episode, "traces", None) or []:
-            if not getattr(trace, "ok", True) and getattr(trace, "errors", None):
-                errors = list(trace.errors)
-                break
+    errors = _failure_errors(episode)
     kind = getattr(errors[-1], "type", None) if errors else None
     return f"episode_error:{kind}" if kind else "episode_error"
 

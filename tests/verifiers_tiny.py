@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 """Token ids 256, 257, 258: after the 256 byte tokens (id = byte value)."""
 END = 258
@@ -77,8 +76,6 @@ def encode(text: str) -> list[int]:
 def prompt_ids(prompt: str) -> list[int]:
     """The rendered prompt of a one-user-message chat, as the template writes it (generation prompt added)."""
     return [257, *encode(f"user\n{prompt}"), 258, *encode("\n"), 257, *encode("assistant\n")]
-
-
 
 
 def env_config_data(harness: str = "null") -> dict[str, Any]:

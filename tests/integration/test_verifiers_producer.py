@@ -64,8 +64,10 @@ def check_group(group: dict[str, Any], word: str) -> None:
     assert [list(map(list, g[:3])) + [g[3]] for g in got] == [list(e[:3]) + [e[3]] for e in expected_sequences(word)]
     traces = [o["trace_id"] for o in group["overrides"]]
     assert len(set(traces)) == G and all(len(t) == 32 for t in traces)
-    assert {(o["stop_condition"], o["num_turns"], o["branch"], o["agent"], o["truncated"]) for o in group["overrides"]} \
-        == {("agent_completed", 1, 0, "agent", False)}  # fmt: skip
+    records = {
+        (o["stop_condition"], o["num_turns"], o["branch"], o["agent"], o["truncated"]) for o in group["overrides"]
+    }
+    assert records == {("agent_completed", 1, 0, "agent", False)}
     assert "left_out" not in (group["group_overrides"] or {})
 
 
@@ -100,5 +102,5 @@ async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_pat
         served = drain(server.url)
     assert served == []
     assert stats.accepted == 0
-    assert dict(stats.failed["verifiers"]) == {"episode_error": 1}, stats.failed
+    assert dict(stats.failed["verifiers"]) == {"episode_error:ProviderError": 1}, stats.failed
     assert dict(stats.skipped) == {"no_reward_variance": 2}
