@@ -79,7 +79,9 @@ def main() -> None:
     results = run()
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
-    (out_dir / time.strftime("verifiers-%Y%m%dT%H%M%S.jsonl")).write_text("".join(json.dumps(r) + "\n" for r in results))
+    (out_dir / time.strftime("verifiers-%Y%m%dT%H%M%S.jsonl")).write_text(
+        "".join(json.dumps(r) + "\n" for r in results)
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import queue as queue_module
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
@@ -132,11 +133,17 @@ class Pool:
         )  # fmt: skip
         self.proc.start()
         loop = asyncio.get_running_loop()
-        try:
-            address = await loop.run_in_executor(None, lambda: queue.get(timeout=POOL_START_S))
-        except Exception:
-            await self.aclose()
-            raise RuntimeError(f"verifiers' env server did not start within {POOL_START_S} s") from None
+        give_up = loop.time() + POOL_START_S
+        address = None
+        while address is None:  # its address, or its exit (a config error) as soon as it happens
+            try:
+                address = await loop.run_in_executor(None, lambda: queue.get(timeout=0.5))
+            except queue_module.Empty:
+                if not self.proc.is_alive() or loop.time() > give_up:
+                    code = self.proc.exitcode
+                    await self.aclose()
+                    why = f"exited with {code}" if code is not None else f"did not start within {POOL_START_S} s"
+                    raise RuntimeError(f"verifiers' env server {why} (its log: stderr)") from None
         self.client = EnvClient(address)
         await self.client.wait_for_server_startup(timeout=POOL_START_S)
 
@@ -195,6 +202,8 @@ class VerifiersEnvironment(Environment):
         self.workers, self.pool = workers, dict(pool or {})
         self.require_reward_variance = require_reward_variance
         self.on_delta = on_delta
+        self.running = 0
+        """Episodes running now (in this process or at the pool): 0 once a `pause()` has returned True."""
         self.live: dict[int, LiveRollout] = {}
         """Rollouts in flight (pool mode: from their `on_delta` streams), by rollout."""
         self._backend: InProcess | Pool | None = None
@@ -259,13 +268,17 @@ class VerifiersEnvironment(Environment):
             async with session.gate.generation(session.owner):
                 if remaining is not None and session.deadline is not None:
                     session.deadline.reschedule(loop.time() + remaining)
-                episode = await self._backend.run(data, relay)
+                self.running += 1
+                try:
+                    episode = await self._backend.run(data, relay)
+                finally:
+                    self.running -= 1
         finally:
             self.live.pop(key, None)
         failure = episode_failure(episode)
         if failure is not None:
             raise EpisodeFailed(failure, failure_detail(episode))
-        mapped = map_episode(episode)
+        mapped = map_episode(episode, session.token_limit)
         session.left_out.update(mapped.left_out)
         session.record_sequences(
             ExternalSequence(seq.tokens, seq.masks, seq.logprobs, seq.score, seq.overrides) for seq in mapped.sequences

@@ -141,9 +141,11 @@ def weight_versions(branch: Any) -> list[int]:
     return out
 
 
-def map_episode(episode: Any) -> MappedEpisode:
-    """Every trainable branch of every kept trace of a successful episode, as sequences. Call it only on an
-    episode `episode_failure` passed (a failed episode's traces are partial)."""
+def map_episode(episode: Any, token_limit: int | None = None) -> MappedEpisode:
+    """Every trainable branch of every kept trace of a successful episode, as sequences; a branch longer than
+    `token_limit` (the trainer's `max_token_len`, which the server enforces) is left out as `too_long`, not
+    sent to have the whole group refused. Call it only on an episode `episode_failure` passed (a failed
+    episode's traces are partial)."""
     sequences: list[MappedSequence] = []
     left_out: Counter[str] = Counter()
     episode_id = getattr(episode, "id", None)
@@ -163,6 +165,9 @@ def map_episode(episode: Any) -> MappedEpisode:
             tokens, masks, logprobs = branch_streams(branch.token_ids, branch.sampled_mask, branch.logprobs)
             if not tokens or all(m == MASK_IGNORE for m in masks):
                 left_out["nothing_sampled"] += 1
+                continue
+            if token_limit is not None and len(tokens) > token_limit:
+                left_out["too_long"] += 1
                 continue
             sequences.append(
                 MappedSequence(tokens, masks, logprobs, reward, trace_overrides(trace, branch, episode_id))

@@ -17,7 +17,8 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 - `null_logprob_marker` / `nan_logprob_marker` / `overlong_marker`: a prompt containing it gets a null
   logprob / a NaN logprob / 5 tokens more than `max_tokens`.
 - `generate_echo`: `/inference/v1/generate` always says the word (no reward variance within a group);
-  `reject_marker` applies there too.
+  `generate_text`: it always answers this text (for other environments); `reject_marker` and `hang_all`
+  apply there too.
 
     python -m tests.fake_vllm --port 8001
 """
@@ -74,7 +75,7 @@ def create_app() -> Starlette:
     faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
-                              "overlong_marker": None, "generate_echo": False}  # fmt: skip
+                              "overlong_marker": None, "generate_echo": False, "generate_text": None}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     forever = asyncio.Event()
@@ -147,11 +148,19 @@ def create_app() -> Starlette:
         stats["generate"] += 1
         prompt = bytes(t for t in body["token_ids"] if t < 256).decode(errors="replace")
         prompts[prompt] += 1
+        if faults["hang_all"]:
+            stats["hung"] += 1
+            await forever.wait()
         if faults["reject_marker"] and faults["reject_marker"] in prompt:
             stats["400"] += 1
             return JSONResponse({"object": "error", "message": "bad request", "code": 400}, status_code=400)
         nth = 1 if faults["generate_echo"] else prompts[prompt]
-        ids = generate_reply(prompt, nth)[: body["sampling_params"].get("max_tokens") or 1 << 20]
+        reply = (
+            [*faults["generate_text"].encode(), GENERATE_END]
+            if faults["generate_text"]
+            else generate_reply(prompt, nth)
+        )
+        ids = reply[: body["sampling_params"].get("max_tokens") or 1 << 20]
         content = [{"token": f"token_id:{t}", "logprob": generate_logprob(i)} for i, t in enumerate(ids)]
         choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1:] == [GENERATE_END] else "length",
                   "logprobs": {"content": content}}  # fmt: skip

@@ -7,6 +7,7 @@ ids and the counts of what was dropped."""
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
-from tests.integration.test_runner import drain, start_trainer
+from tests.integration.test_runner import drain, start_trainer, until
 from tests.servers import running_server
 from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ, prompt_ids
 
@@ -104,3 +105,28 @@ async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_pat
     assert stats.accepted == 0
     assert dict(stats.failed["verifiers"]) == {"episode_error:ProviderError": 1}, stats.failed
     assert dict(stats.skipped) == {"no_reward_variance": 2}
+
+
+async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_it(
+    tmp_path: Path, offline: Path
+) -> None:
+    """verifiers' harness calls inference itself: `pause()` returns once no episode runs (none starts until
+    `resume()`); episodes still running at its timeout are cancelled, their groups counted `pause_timeout`."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        config = env_config_data()
+        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G)
+        async with env:
+            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=G)
+            run = asyncio.create_task(runner.run())
+            await until(lambda: runner.stats.accepted >= 1, "a first group")
+            assert await runner.pause(timeout=math.inf)
+            assert env.running == 0 and runner.paused
+            runner.resume()
+            vllm.control(hang_all=True)
+            await until(lambda: env.running == G, "episodes at a hung inference server")
+            assert not await runner.pause(timeout=0.5)
+            assert env.running == 0 and runner.stats.skipped["pause_timeout"] == 1
+            runner.stop()
+            stats = await asyncio.wait_for(run, RUN_S)
+    assert stats.accepted >= 1 and not stats.failed

@@ -175,6 +175,14 @@ def test_group_verdict(scores: list[float], variance: bool) -> None:
         assert verdict is None
 
 
+@given(st.lists(st.integers(1, 10), min_size=1, max_size=5), st.integers(1, 10))
+def test_branches_past_the_token_limit_are_left_out(lengths: list[int], limit: int) -> None:
+    bs = [Branch(k, [1] * n, [True] * n, [-0.5] * n) for k, n in enumerate(lengths)]
+    mapped = map_episode(Episode([Trace("t", 1.0, bs)]), token_limit=limit)
+    assert [s.overrides["branch"] for s in mapped.sequences] == [k for k, n in enumerate(lengths) if n <= limit]
+    assert mapped.left_out["too_long"] == sum(n > limit for n in lengths)
+
+
 def test_weight_versions_recorded_where_the_server_reports_them() -> None:
     b = Branch(0, [1, 2], [False, True], [0.0, -0.5], nodes=[Node(), Node([7, 9])])
     (seq,) = map_episode(Episode([Trace("t", 1.0, [b])])).sequences
