@@ -76,7 +76,9 @@ def check_group(group: dict[str, Any], word: str) -> None:
 async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, workers: int) -> None:
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
-        stats = await produce(server.url, vllm.url, offline, workers=workers, words=2)
+        deltas: list[tuple[str, dict[str, Any]]] = []
+        stats = await produce(server.url, vllm.url, offline, workers=workers, words=2,
+                              on_delta=lambda task, delta: deltas.append((task, delta)))  # fmt: skip
         assert stats.accepted == 2 and stats.duplicates == 0 and not stats.failed and not stats.skipped
         served = drain(server.url)
     assert len(served) == 2
@@ -91,6 +93,10 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
     ids = [g["group_id"] for g in served]
     assert len(set(ids)) == 2 and all(ids)
     assert {g["policy_step"] for g in served} == {0}
+    if workers:  # the pool streams each trace turn by turn: relayed, one `open` per trace
+        assert sum("open" in d for _, d in deltas) == 2 * G and {t for t, _ in deltas} == set(by_word)
+    else:
+        assert deltas == []
 
 
 async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
