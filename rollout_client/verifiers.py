@@ -39,6 +39,8 @@ TASK_KEY = "verifiers_task"
 """Where a rollbuf `Task` carries the verifiers task's wire data (`TaskData.model_dump(mode="json")`)."""
 POOL_START_S = 120.0
 """Bound on the env-server pool's start (its first worker imports verifiers and builds the env)."""
+Delta = Callable[[str, dict[str, Any]], None]
+"""An `on_delta` relay: (the rollbuf task id, one verifiers delta as `EnvClient` decoded it)."""
 POOL_STOP_S = 30.0
 """Bound on the pool's graceful stop (SIGTERM) before it is killed."""
 
@@ -78,13 +80,22 @@ def verifiers_tasks(env_config: Mapping[str, Any], *, cycle: bool = True, limit:
 
 @dataclass
 class LiveRollout:
-    """One rollout in flight as its `on_delta` stream shows it (pool mode): for the operator's view."""
+    """One rollout in flight, for an operator's view: in process from its live traces, through the pool from
+    its `on_delta` stream."""
 
     task_id: str
     started: float = field(default_factory=time.monotonic)
     deltas: int = 0
-    turns: int = 0
+    """Deltas received (pool mode)."""
     traces: int = 0
+    sampled_turns: int = 0
+    """Sampled turns seen in the stream (pool mode); see `turns()`."""
+    watched: list[Any] = field(default_factory=list, repr=False)
+    """The episode's live traces (in process)."""
+
+    def turns(self) -> int:
+        """Sampled turns so far, over the episode's traces."""
+        return self.sampled_turns + sum(int(t.num_turns) for t in self.watched)
 
 
 class InProcess:
@@ -102,10 +113,15 @@ class InProcess:
     async def start(self) -> None:
         await self._stack.enter_async_context(self.env.serving())
 
-    async def run(self, task_data: dict[str, Any], on_delta: Callable[[dict[str, Any]], None] | None) -> Any:
+    async def run(self, task_data: dict[str, Any], live: LiveRollout, on_delta: Delta | None) -> Any:
         task = self._task_cls(self._data_cls.model_validate(task_data), self.env.config.taskset.task)
         (slot,) = self.env.slots(task)
-        return await self.env.run_slot(slot, self.context)
+
+        def minted(trace: Any) -> None:
+            live.traces += 1
+            live.watched.append(trace)
+
+        return await self.env.run_slot(slot, self.context, on_trace=minted)
 
     async def aclose(self) -> None:
         await self._stack.aclose()
@@ -147,9 +163,17 @@ class Pool:
         self.client = EnvClient(address)
         await self.client.wait_for_server_startup(timeout=POOL_START_S)
 
-    async def run(self, task_data: dict[str, Any], on_delta: Callable[[dict[str, Any]], None] | None) -> Any:
+    async def run(self, task_data: dict[str, Any], live: LiveRollout, on_delta: Delta | None) -> Any:
+        def relay(delta: dict[str, Any]) -> None:
+            # verifiers' stream: per trace, `open` (its header) once, then appended `nodes`/`calls` and `set`
+            live.deltas += 1
+            live.traces += int("open" in delta) - int(bool(delta.get("discard")))
+            live.sampled_turns += sum(1 for n in delta.get("nodes") or [] if isinstance(n, dict) and n.get("sampled"))
+            if on_delta is not None:
+                on_delta(live.task_id, delta)
+
         ctx = self.context
-        return await self.client.run(ctx.client, ctx.model, ctx.sampling, task_data, on_delta=on_delta)
+        return await self.client.run(ctx.client, ctx.model, ctx.sampling, task_data, on_delta=relay)
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -176,7 +200,8 @@ class VerifiersEnvironment(Environment):
     each episode samples with. Use it as an async context manager around the run (it builds and tears down
     the env or the pool); it does not pickle: use it with the runner's `num_workers=0` (verifiers' pool is the
     parallelism). `require_reward_variance`: a group whose sequences all score the same is counted
-    (`skipped["no_reward_variance"]`), not submitted. `on_delta`: see `live` (pool mode).
+    (`skipped["no_reward_variance"]`), not submitted. `on_delta(task_id, delta)`: each verifiers
+    delta, relayed (pool mode: the env server streams each trace turn by turn; in process there is no stream).
     """
 
     variable_group_size = True  # a group holds each episode's trainable branches: not always G sequences
@@ -194,7 +219,7 @@ class VerifiersEnvironment(Environment):
         workers: int = 0,
         pool: Mapping[str, Any] | None = None,
         require_reward_variance: bool = False,
-        on_delta: Callable[[str, dict[str, Any]], None] | None = None,
+        on_delta: Delta | None = None,
     ) -> None:
         self.env_config = dict(env_config)
         self.client_config, self.model, self.sampling = dict(client), model, dict(sampling or {})
@@ -205,8 +230,14 @@ class VerifiersEnvironment(Environment):
         self.running = 0
         """Episodes running now (in this process or at the pool): 0 once a `pause()` has returned True."""
         self.live: dict[int, LiveRollout] = {}
-        """Rollouts in flight (pool mode: from their `on_delta` streams), by rollout."""
+        """Rollouts in flight, by rollout: task, start, traces and sampled turns so far."""
         self._backend: InProcess | Pool | None = None
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "VerifiersEnvironment does not pickle (it holds a live env or env-server pool): use RolloutRunner's "
+            "num_workers=0; verifiers' pool (workers=N) is the parallelism"
+        )
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -258,7 +289,7 @@ class VerifiersEnvironment(Environment):
         if not isinstance(data, dict):
             raise ValueError(f"task {task.id!r} has no meta[{TASK_KEY!r}]: make tasks with verifiers_tasks()")
         key = id(session)
-        relay = self._relay(key, task.id) if self.workers > 0 else None
+        live = self.live[key] = LiveRollout(task.id)
         loop = asyncio.get_running_loop()
         remaining = None
         if session.deadline is not None and not session.gate.is_open and (when := session.deadline.when()):
@@ -270,7 +301,7 @@ class VerifiersEnvironment(Environment):
                     session.deadline.reschedule(loop.time() + remaining)
                 self.running += 1
                 try:
-                    episode = await self._backend.run(data, relay)
+                    episode = await self._backend.run(data, live, self.on_delta)
                 finally:
                     self.running -= 1
         finally:
@@ -283,19 +314,6 @@ class VerifiersEnvironment(Environment):
         session.record_sequences(
             ExternalSequence(seq.tokens, seq.masks, seq.logprobs, seq.score, seq.overrides) for seq in mapped.sequences
         )
-
-    def _relay(self, key: int, task_id: str) -> Callable[[dict[str, Any]], None]:
-        live = self.live[key] = LiveRollout(task_id)
-
-        def on_delta(delta: dict[str, Any]) -> None:
-            # verifiers' stream: per trace, `open` (its header) once, then appended `nodes`/`calls` and `set`
-            live.deltas += 1
-            live.traces += int("open" in delta) - int(bool(delta.get("discard")))
-            live.turns += sum(1 for n in delta.get("nodes") or [] if isinstance(n, dict) and n.get("sampled"))
-            if self.on_delta is not None:
-                self.on_delta(task_id, delta)
-
-        return on_delta
 
     def score(self, task: Task, session: Session) -> float:
         """Not used for the group (each recorded sequence carries its trace's reward); the mean, for logs."""

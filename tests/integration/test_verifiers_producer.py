@@ -131,8 +131,10 @@ async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_i
             runner.resume()
             vllm.control(hang_all=True)
             await until(lambda: env.running == G, "episodes at a hung inference server")
+            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "their traces, live")
+            assert all(r.turns() == 0 for r in env.live.values())  # no turn committed: the model never answered
             assert not await runner.pause(timeout=0.5)
-            assert env.running == 0 and runner.stats.skipped["pause_timeout"] == 1
+            assert env.running == 0 and env.live == {} and runner.stats.skipped["pause_timeout"] == 1
             runner.stop()
             stats = await asyncio.wait_for(run, RUN_S)
     assert stats.accepted >= 1 and not stats.failed
