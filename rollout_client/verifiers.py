@@ -65,17 +65,18 @@ def _resolve(env_config: Mapping[str, Any]) -> Any:
 
 
 def verifiers_tasks(env_config: Mapping[str, Any], *, cycle: bool = True, limit: int | None = None) -> Tasks:
-    """The environment's taskset as rollbuf tasks (loaded here, once): id = the task's stable key, prompt =
-    its prompt text, the wire data under `meta["verifiers_task"]`. Cycled by default (RL samples forever)."""
+    """The environment's taskset as rollbuf tasks: id = the task's stable key, prompt = its prompt text, the
+    wire data under `meta["verifiers_task"]`. A finite taskset is loaded once and cycled by default (RL samples
+    forever); an infinite one (`Taskset.INFINITE`, generated on demand) is read lazily, as it goes."""
     from verifiers.v1.utils.loaders import load_taskset
 
     taskset = load_taskset(_resolve(env_config).taskset)
     if limit is not None:
         taskset = taskset.take(limit)
-    tasks = [
+    tasks = (
         Task(id=str(t.key), prompt=t.data.prompt_text, meta={TASK_KEY: t.data.model_dump(mode="json")}) for t in taskset
-    ]
-    return Tasks(tasks, cycle=cycle)
+    )
+    return Tasks(list(tasks), cycle=cycle) if taskset.bounded else Tasks(tasks)
 
 
 @dataclass
@@ -307,6 +308,8 @@ class VerifiersEnvironment(Environment):
         finally:
             self.live.pop(key, None)
         failure = episode_failure(episode)
+        # The issue's first rule: a failed episode fails its group. Once the runner has `min_group_size` (a group
+        # keeps its survivors), this raise fails only this rollout: no change here.
         if failure is not None:
             raise EpisodeFailed(failure, failure_detail(episode))
         mapped = map_episode(episode, session.token_limit)

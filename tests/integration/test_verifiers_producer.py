@@ -138,3 +138,12 @@ async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_i
             runner.stop()
             stats = await asyncio.wait_for(run, RUN_S)
     assert stats.accepted >= 1 and not stats.failed
+
+
+def test_tasks_from_a_finite_taskset_cycle_and_an_endless_one_streams(offline: Path) -> None:
+    finite = verifiers_tasks(env_config_data(), limit=2)
+    got = [finite.next_task() for _ in range(5)]
+    assert [t.prompt for t in got if t] == ["Say apple.", "Say river.", "Say apple.", "Say river.", "Say apple."]
+    assert got[0] is not None and got[0].meta["verifiers_task"]["answer"] == "apple"
+    endless = verifiers_tasks({**env_config_data(), "taskset": {"id": "rollbuf_endless_vf"}})
+    assert [t.prompt for t in (endless.next_task() for _ in range(3)) if t] == ["Say w0.", "Say w1.", "Say w2."]
