@@ -3,7 +3,7 @@
 `VerifiersEnvironment` is a rollbuf `Environment` whose rollout is one verifiers episode: run in this process
 (`env.slots` / `env.run_slot` inside `env.serving()`), or by verifiers' own env-server pool
 (`serve_env(max_workers=N)` in a child process, driven by `EnvClient.run`). Each episode's trainable branches
-become the group's sequences (`rollout_client.verifiers_mapping`), recorded with `Session.record_sequence`;
+become the group's sequences (`rollout_client.verifiers_mapping`), recorded with `Session.record_sequences`;
 rollbuf's `RolloutRunner` runs it like any environment: weighted pick, backpressure, staleness, timeouts,
 the failure policy, stats and bounded shutdown (docs/bring-your-environment.md).
 
@@ -17,7 +17,6 @@ verifiers is imported here only, lazily: `rollout_client` itself never needs it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import multiprocessing as mp
 import queue as queue_module
 import time
@@ -33,16 +32,14 @@ from rollout_client.policy import Completion
 from rollout_client.tasks import Tasks
 from rollout_client.verifiers_mapping import episode_failure, failure_detail, group_verdict, map_episode
 
-log = logging.getLogger("rollout_client.verifiers")
-
 TASK_KEY = "verifiers_task"
 """Where a rollbuf `Task` carries the verifiers task's wire data (`TaskData.model_dump(mode="json")`)."""
 POOL_START_S = 120.0
 """Bound on the env-server pool's start (its first worker imports verifiers and builds the env)."""
-Delta = Callable[[str, dict[str, Any]], None]
-"""An `on_delta` relay: (the rollbuf task id, one verifiers delta as `EnvClient` decoded it)."""
 POOL_STOP_S = 30.0
 """Bound on the pool's graceful stop (SIGTERM) before it is killed."""
+Delta = Callable[[str, dict[str, Any]], None]
+"""An `on_delta` relay: (the rollbuf task id, one verifiers delta as `EnvClient` decoded it)."""
 
 
 class ExternalInference:
