@@ -147,3 +147,20 @@ def test_tasks_from_a_finite_taskset_cycle_and_an_endless_one_streams(offline: P
     assert got[0] is not None and got[0].meta["verifiers_task"]["answer"] == "apple"
     endless = verifiers_tasks({**env_config_data(), "taskset": {"id": "rollbuf_endless_vf"}})
     assert [t.prompt for t in (endless.next_task() for _ in range(3)) if t] == ["Say w0.", "Say w1.", "Say w2."]
+
+
+async def test_a_group_left_short_is_submitted_whole_with_its_left_out_counts(tmp_path: Path, offline: Path) -> None:
+    """A trainer's max_token_len between the two answers' lengths leaves the long answers out (`too_long`): each
+    group holds the G/2 short ones, submitted as a complete group (`variable_group_size`), not held."""
+    prompt = len(prompt_ids("Say apple."))
+    short, long = prompt + len(generate_reply("Say apple.", 2)), prompt + len(generate_reply("Say apple.", 1))
+    assert short < long
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G, max_token_len=short)
+        stats = await produce(server.url, vllm.url, offline, workers=0, words=2)
+        served = drain(server.url)
+    assert stats.accepted == 2 and not stats.failed and not stats.skipped
+    assert sorted(len(g["tokens"]) for g in served) == [G // 2, G // 2]
+    for g in served:
+        assert g["scores"] == [0.0] * (G // 2) and all(len(t) == short for t in g["tokens"])
+        assert g["group_overrides"]["left_out"] == {"too_long": G // 2}
