@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SERVE_STAMP := $(VENV)/.installed-serve
 DEV_STAMP   := $(VENV)/.installed-dev
+WHEELHOUSE  := $(VENV)/wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/simple/index.html
 
 .DEFAULT_GOAL := all
 .PHONY: all install install-serve browser serve test lint format typecheck bench demo demo-learn clean
@@ -24,9 +26,14 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(DEV_STAMP) $(SERVE_STAMP)
 
+# verifiers' harness runs `uv sync --script` in every worker process with UV_OFFLINE=false forced: the tests
+# point it (UV_DEFAULT_INDEX) at this local PEP 503 index of its script's dependencies, built once here.
+$(WHEELHOUSE_STAMP): tests/wheelhouse.py | $(DEV_STAMP)
+	$(BIN)/python -m tests.wheelhouse $(WHEELHOUSE)
+
 install-serve: $(SERVE_STAMP)
 
-install: $(DEV_STAMP)
+install: $(DEV_STAMP) $(WHEELHOUSE_STAMP)
 
 serve: install-serve  ## run the service on 127.0.0.1:8000 with the embedded durable store (Swagger UI at /docs)
 	$(BIN)/rollbuf serve

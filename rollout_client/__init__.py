@@ -3,9 +3,10 @@ environments concurrently (optionally in worker processes) as a well-behaved pro
 
 from rollout_client.chat import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
-from rollout_client.env import Environment, Episode, EpisodeEnvironment, Gate, Session, Task
+from rollout_client.env import Environment, Episode, EpisodeEnvironment, ExternalSequence, Gate, Session, Task
 from rollout_client.errors import (
     ClientError,
+    EpisodeFailed,
     EpisodeTruncated,
     InferenceError,
     PromptTooLong,
@@ -51,7 +52,9 @@ __all__ = [
     "Environment",
     "Episode",
     "EpisodeEnvironment",
+    "EpisodeFailed",
     "EpisodeTruncated",
+    "ExternalSequence",
     "Gate",
     "GroupOutcome",
     "InferenceError",

@@ -127,8 +127,9 @@ class RolloutClient:
     ) -> EnvRegistered:
         """Register this environment, waiting (with backoff, up to `wait_timeout` s; None: forever) while the
         trainer has not registered or not asked for its first batch. `max_token_length` defaults to the
-        trainer's `max_token_len`. `variable_group_size`: this env's groups may have fewer sequences than
-        `group_size` (survivors of failed rollouts); the server queues each whole."""
+        trainer's `max_token_len`. `variable_group_size`: its groups are complete at any size (survivors of
+        failed rollouts, `min_group_size`; several sequences per rollout, `Environment.variable_group_size`): the
+        server queues each whole."""
         loop = asyncio.get_running_loop()
         give_up = None if wait_timeout is None else loop.time() + wait_timeout
         attempt = 0

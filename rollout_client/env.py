@@ -12,7 +12,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,6 +33,20 @@ class Task:
     prompt: str
     answer: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalSequence:
+    """A finished sequence a rollout generated outside its session (an agent harness that calls inference
+    itself, such as verifiers'): recorded with `Session.record_sequence`, submitted as it is."""
+
+    tokens: list[int]
+    masks: list[int]
+    """-100 where not trained on, else the token id (Atropos's convention)."""
+    logprobs: list[float]
+    """Inference logprobs, 1.0 (`PROMPT_LOGPROB`) where the policy did not sample."""
+    score: float
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 class Gate:
@@ -145,6 +159,12 @@ class Session:
         self.tools: dict[str, dict[str, float | int]] = {}
         """Per tool name: `calls`, `failures`, `seconds` (recorded by `async with session.tool(name)`), and
         `malformed` (calls a chat session refused before running the tool: `rollout_client.chat`)."""
+        self.external: list[ExternalSequence] | None = None
+        """Sequences recorded with `record_sequence` (None: none). When set, they are this rollout's part of
+        the group, 0 or more sequences with their own scores, in place of the session's own transcript."""
+        self.left_out: Counter[str] = Counter()
+        """What this rollout left out of the group (traces, branches), by reason: summed over the group into
+        its `group_overrides["left_out"]`."""
 
     @property
     def room(self) -> int | None:
@@ -247,6 +267,26 @@ class Session:
         arguments that do not fit it: never run)."""
         return self.tools.setdefault(name, {"calls": 0, "failures": 0, "seconds": 0.0, "malformed": 0})
 
+    def record_sequences(self, sequences: Iterable[ExternalSequence]) -> None:
+        """This rollout's part of the group is what it generated outside the session: `sequences`, possibly
+        none (then it adds nothing to the group). See `record_sequence`."""
+        if self.external is None:
+            self.external = []
+        for sequence in sequences:
+            self.record_sequence(sequence)
+
+    def record_sequence(self, sequence: ExternalSequence) -> None:
+        """Contribute a sequence generated outside this session (see `external`). Its lengths must agree."""
+        n = len(sequence.tokens)
+        if not n or len(sequence.masks) != n or len(sequence.logprobs) != n:
+            raise ValueError(
+                f"record_sequence: tokens ({n}), masks ({len(sequence.masks)}) and logprobs "
+                f"({len(sequence.logprobs)}) must be non-empty and of one length"
+            )
+        if self.external is None:
+            self.external = []
+        self.external.append(sequence)
+
     @property
     def last_text(self) -> str:
         return self.completions[-1].text if self.completions else ""
@@ -283,6 +323,14 @@ class Environment(ABC):
     acquire_timeout: float | None = 300.0
     """How long a group (or a rollout run on its own) keeps retrying `resource()` that raises
     ResourceExhausted, with backoff, before it fails (`resource_timeout`)."""
+    variable_group_size: bool = False
+    """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
+    rollout that records 0 or several sequences with `Session.record_sequence`)."""
+
+    def skip_reason(self, sequences: int, scores: list[float]) -> str | None:
+        """Why a finished group is not submitted (None: it is); the runner counts it in `skipped[reason]`.
+        Called with the group's sequence count and scores once every rollout is scored."""
+        return None
 
     def resource(self, task: Task) -> AbstractAsyncContextManager[Any]:
         """Per-rollout resources (a sandbox, a browser): entered before the rollout, exited after. The G

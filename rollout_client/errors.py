@@ -100,6 +100,15 @@ class GroupDropped(ClientError):
         super().__init__(reason)
 
 
+class EpisodeFailed(ClientError):
+    """An episode an external harness ran (verifiers) did not succeed: its group fails, counted in the
+    runner's `failed[env][reason]` (`episode_timeout`, `episode_error:<error type>`)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
 class EpisodeTruncated(ClientError):
     """A turn after the first found no room in the token budget: the episode ends here, truncated (the runner
     keeps and submits it, marked `truncated` in its overrides)."""
@@ -218,4 +227,6 @@ def failure_reason(exc: BaseException) -> str:
         return "worker_died"
     if isinstance(exc, ResourceTimeout):
         return "resource_timeout"
+    if isinstance(exc, EpisodeFailed):
+        return exc.reason
     return "env_error"

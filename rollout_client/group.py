@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from api.schema import ScoredData
-from rollout_client.env import Environment, Gate, Session, Task
+from rollout_client.env import Environment, ExternalSequence, Gate, Session, Task
 from rollout_client.errors import (
     EnvExited,
     EpisodeTruncated,
@@ -238,11 +238,14 @@ class Rollout:
     score_s: float = 0.0
     release_timeout: bool = False
     """Releasing its resource was abandoned after `release_timeout`."""
+    external: list[ExternalSequence] | None = None
+    """`Session.external`: the sequences it recorded in place of its transcript."""
+    left_out: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def of(cls, s: Session, score: float, elapsed: float, score_s: float) -> Rollout:
         return cls(s.tokens, s.masks, s.logprobs, s.turns, s.truncated, s.finish_reason, s.tools, score, elapsed,
-                   score_s)  # fmt: skip
+                   score_s, external=s.external, left_out=s.left_out)  # fmt: skip
 
 
 class Transcript(Protocol):
@@ -253,6 +256,8 @@ class Transcript(Protocol):
     logprobs: list[float]
     turns: list[dict[str, float | int]]
     tools: dict[str, dict[str, float | int]]
+    external: list[ExternalSequence] | None
+    left_out: Counter[str]
 
     @property
     def truncated(self) -> bool: ...
@@ -411,8 +416,7 @@ async def run_group(
         await release(stack, exc, release_timeout)
         raise
     closed = await bounded_close(stack, release_timeout)
-    group = build_group(task, survivors, scores, elapsed, score_s)
-    return GroupOutcome(group, release_timeouts=int(not closed), rollout_failures=failures)
+    return finish(env, task, survivors, scores, elapsed, score_s, int(not closed), failures)
 
 
 async def run_rollout(
@@ -450,11 +454,41 @@ async def run_rollout(
     return rollout
 
 
-def assemble(task: Task, rollouts: Sequence[Rollout], failures: dict[str, int]) -> GroupOutcome:
+def assemble(env: Environment, task: Task, rollouts: Sequence[Rollout], failures: dict[str, int]) -> GroupOutcome:
     """The group of the rollouts that survived, run one by one."""
     score_s = sum(r.score_s for r in rollouts) / len(rollouts)
-    group = build_group(task, rollouts, [r.score for r in rollouts], [r.elapsed for r in rollouts], score_s)
-    return GroupOutcome(group, release_timeouts=sum(r.release_timeout for r in rollouts), rollout_failures=failures)
+    scores = [r.score for r in rollouts]
+    released = sum(r.release_timeout for r in rollouts)
+    return finish(env, task, rollouts, scores, [r.elapsed for r in rollouts], score_s, released, failures)
+
+
+def finish(
+    env: Environment,
+    task: Task,
+    rollouts: Sequence[Transcript],
+    scores: Sequence[float],
+    elapsed: Sequence[float],
+    score_s: float,
+    release_timeouts: int,
+    failures: dict[str, int],
+) -> GroupOutcome:
+    """The group of the finished rollouts, or why it is not submitted: no sequence at all (rollouts that
+    recorded none), or the env's `skip_reason` (no reward variance, ...)."""
+    final = sequence_scores(rollouts, scores)
+    skip = "no_sequences" if not final else env.skip_reason(len(final), final)
+    if skip is not None:
+        return GroupOutcome(None, skip, release_timeouts=release_timeouts, rollout_failures=failures)
+    group = build_group(task, rollouts, scores, elapsed, score_s)
+    return GroupOutcome(group, release_timeouts=release_timeouts, rollout_failures=failures)
+
+
+def sequence_scores(sessions: Sequence[Transcript], scores: Sequence[float]) -> list[float]:
+    """The group's scores, one per sequence it will hold: a session's own score, or the scores of the
+    sequences it recorded (`Session.external`)."""
+    out: list[float] = []
+    for s, score in zip(sessions, scores, strict=True):
+        out.extend([float(seq.score) for seq in s.external] if s.external is not None else [score])
+    return out
 
 
 def build_group(
@@ -462,23 +496,53 @@ def build_group(
 ) -> ScoredData:
     """The wire group: tokens, masks (-100 where not generated), inference logprobs, scores, and per-rollout
     record in `overrides`: `turns` (prompt/completion tokens, gate wait and generation seconds per turn),
-    `num_turns`, `truncated`, `finish_reason`, `tools` (calls, failures, seconds per tool), timings."""
+    `num_turns`, `truncated`, `finish_reason`, `tools` (calls, failures, seconds per tool), timings.
+
+    A session with recorded `external` sequences contributes those instead (0 or more, each with its own
+    score and overrides, plus the rollout's timings); its `scores[i]` is not used."""
+    tokens: list[list[int]] = []
+    masks: list[list[int]] = []
+    logprobs: list[list[float]] = []
+    out_scores: list[float] = []
+    overrides: list[dict[str, Any]] = []
+    for s, t, score in zip(sessions, elapsed, scores, strict=True):
+        timing = {"rollout_s": round(t, 6), "score_s": round(score_s, 6)}
+        if s.external is not None:
+            for seq in s.external:
+                tokens.append(seq.tokens)
+                masks.append(seq.masks)
+                logprobs.append(seq.logprobs)
+                out_scores.append(float(seq.score))
+                overrides.append({**timing, **seq.overrides})
+            continue
+        tokens.append(s.tokens)
+        masks.append(s.masks)
+        logprobs.append(s.logprobs)
+        out_scores.append(score)
+        overrides.append({
+            **timing,
+            "turns": s.turns,
+            "num_turns": len(s.turns),
+            "truncated": s.truncated,
+            "finish_reason": s.finish_reason,
+            "tools": s.tools,
+        })  # fmt: skip
     return ScoredData(
-        tokens=[s.tokens for s in sessions],
-        masks=[s.masks for s in sessions],
-        scores=list(scores),
-        inference_logprobs=[s.logprobs for s in sessions],
-        overrides=[
-            {
-                "rollout_s": round(t, 6),
-                "score_s": round(score_s, 6),
-                "turns": s.turns,
-                "num_turns": len(s.turns),
-                "truncated": s.truncated,
-                "finish_reason": s.finish_reason,
-                "tools": s.tools,
-            }
-            for s, t in zip(sessions, elapsed, strict=True)
-        ],
-        group_overrides={"task_id": task.id},
+        tokens=tokens,
+        masks=masks,
+        scores=out_scores,
+        inference_logprobs=logprobs,
+        overrides=overrides,
+        group_overrides=group_overrides(task, sessions),
     )
+
+
+def group_overrides(task: Task, sessions: Sequence[Transcript]) -> dict[str, Any]:
+    """The group's record: its task, and what its rollouts left out, by reason (when they left out any)."""
+    out: dict[str, Any] = {"task_id": task.id}
+    left_out: Counter[str] = Counter()
+    for s in sessions:
+        left_out.update(s.left_out)
+    if left_out:
+        out["left_out"] = dict(sorted(left_out.items()))
+    return out

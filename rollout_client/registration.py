@@ -31,7 +31,7 @@ async def register(client: RolloutClient, env: Environment, wait_timeout: float 
     the server queues such a group whole instead of combining it with other prompts' groups."""
     return await client.register(
         env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-        wait_timeout=wait_timeout, variable_group_size=needed(env) < env.group_size,
+        wait_timeout=wait_timeout, variable_group_size=env.variable_group_size or needed(env) < env.group_size,
     )  # fmt: skip
 
 

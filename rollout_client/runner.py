@@ -684,7 +684,7 @@ class RolloutRunner(Watching):
             kept, failures = await survive([one(k) for k in range(env.group_size)], needed(env))
         except PromptTooLong:
             return GroupOutcome(None, PROMPT_TOO_LONG)
-        return assemble(task, [r for _, r in kept], failures)
+        return assemble(env, task, [r for _, r in kept], failures)
 
     # ------------------------------------------------------------------------------------------- monitor
 

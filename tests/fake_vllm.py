@@ -2,7 +2,8 @@
 misbehaves on request. It speaks vLLM's shape (`/v1/models` with `max_model_len`, `/tokenize`,
 `/v1/completions` with `return_tokens_as_token_ids`), tokenises byte by byte and answers with
 `arithmetic_script` (the scripted policy of the example envs), so the runner's tests can use `OpenAIPolicy`
-end to end over HTTP.
+end to end over HTTP. It also speaks vLLM's token-in/token-out `/inference/v1/generate`, which verifiers'
+train client calls (`generate_reply`: the verifiers producer's tests).
 
 Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 - `fail_every` N: every Nth completion request answers 503;
@@ -15,6 +16,9 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
   `context` alone: listed and enforced (a completion stops at it, finish_reason "length");
 - `null_logprob_marker` / `nan_logprob_marker` / `overlong_marker`: a prompt containing it gets a null
   logprob / a NaN logprob / 5 tokens more than `max_tokens`.
+- `generate_echo`: `/inference/v1/generate` always says the word (no reward variance within a group);
+  `generate_text`: it always answers this text (for other environments); `reject_marker` and `hang_all`
+  apply there too.
 
 Chat mode, also set with /control: `chat` "hermes" | "llama3" | "mistral" makes it a tool-calling chat model
 (`rollout_client.chat_examples.chat_script`) on `local_tokenizer()`'s ids (bytes, then special tokens from 256,
@@ -63,12 +67,30 @@ MODEL = "fake"
 CONTEXT = 1 << 20
 
 
+GENERATE_END = 258
+"""The end-of-turn id of `/inference/v1/generate`'s replies (`tests.verifiers_tiny`'s `<|im_end|>`)."""
+
+
+def generate_reply(prompt: str, nth: int) -> list[int]:
+    """`/inference/v1/generate`'s completion (byte ids, then the end of turn) for the `nth` request with this
+    prompt: for "Say <word>." the word on odd requests and "no" on even ones, so G rollouts of a task score
+    half 1.0 and half 0.0 (`tests.verifiers_tiny` rewards saying the word)."""
+    word = prompt.rsplit("Say ", 1)[-1].split(".", 1)[0] if "Say " in prompt else "ok"
+    return [*(word if nth % 2 else "no").encode(), GENERATE_END]
+
+
+def generate_logprob(i: int) -> float:
+    """The logprob `/inference/v1/generate` reports at completion position `i` (exact in float32)."""
+    return -(i + 1) / 64
+
+
 def create_app() -> Starlette:
     faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
                               "overlong_marker": None, "chat": None, "chat_stop": None,
-                              "sandboxes": 8, "sandbox_exhausted": False}  # fmt: skip
+                              "sandboxes": 8, "sandbox_exhausted": False,
+                              "generate_echo": False, "generate_text": None}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     answers: Counter[str] = Counter()
@@ -169,6 +191,31 @@ def create_app() -> Starlette:
         stats["sandbox_opened" if request.url.path.endswith("open") else "sandbox_closed"] += 1
         return JSONResponse({})
 
+    async def generate(request: Request) -> JSONResponse:
+        """vLLM's token-in/token-out `/inference/v1/generate` (what verifiers' train client calls): the
+        prompt's ids in, `generate_reply`'s completion ids out with a logprob per token."""
+        body = await request.json()
+        stats["generate"] += 1
+        prompt = bytes(t for t in body["token_ids"] if t < 256).decode(errors="replace")
+        prompts[prompt] += 1
+        if faults["hang_all"]:
+            stats["hung"] += 1
+            await forever.wait()
+        if faults["reject_marker"] and faults["reject_marker"] in prompt:
+            stats["400"] += 1
+            return JSONResponse({"object": "error", "message": "bad request", "code": 400}, status_code=400)
+        nth = 1 if faults["generate_echo"] else prompts[prompt]
+        reply = (
+            [*faults["generate_text"].encode(), GENERATE_END]
+            if faults["generate_text"]
+            else generate_reply(prompt, nth)
+        )
+        ids = reply[: body["sampling_params"].get("max_tokens") or 1 << 20]
+        content = [{"token": f"token_id:{t}", "logprob": generate_logprob(i)} for i, t in enumerate(ids)]
+        choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1:] == [GENERATE_END] else "length",
+                  "logprobs": {"content": content}}  # fmt: skip
+        return JSONResponse({"request_id": f"gen-{stats['generate']}", "choices": [choice]})
+
     async def control(request: Request) -> JSONResponse:
         faults.update(await request.json())
         return JSONResponse(faults)
@@ -181,6 +228,7 @@ def create_app() -> Starlette:
             Route("/v1/models", models),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/inference/v1/generate", generate, methods=["POST"]),
             Route("/control", control, methods=["POST"]),
             Route("/sandbox/acquire", sandbox_acquire, methods=["POST"]),
             Route("/sandbox/release", sandbox_release, methods=["POST"]),

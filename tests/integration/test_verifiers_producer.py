@@ -1,0 +1,166 @@
+"""The verifiers producer end to end, offline: a real verifiers v1 environment (`tests/verifiers_tiny.py`, its
+chat harness run by `uv` from the local index `make install` builds) on the stand-in `/inference/v1/generate`
+(`tests/fake_vllm.py`), run by `RolloutRunner` in process and through verifiers' `serve_env(max_workers=2)`,
+submitted to a real rollbuf server and read back from /batch: exact tokens, masks, sentinels, scores, group
+ids and the counts of what was dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollout_client import RolloutRunner, RunnerStats
+from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
+from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
+from tests.integration.test_runner import drain, start_trainer, until
+from tests.servers import running_server
+from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ, prompt_ids
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+RUN_S = 150.0
+"""Bound on one run (a harness `uv` set-up per process, then a few seconds a group): a hang fails, never stalls."""
+G = 4
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The harness's offline set-up in this process's environment; the tokenizer directory."""
+    for k, v in offline_environ().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.syspath_prepend(str(ENVS_DIR))
+    return build_tokenizer(tmp_path / "tokenizer")
+
+
+async def produce(url: str, vllm_url: str, tokenizer: Path, *, workers: int, words: int, **kw: Any) -> RunnerStats:
+    """Run the tiny env's first `words` tasks once each through the runner."""
+    config = env_config_data()
+    env = VerifiersEnvironment(config, client=client_config(vllm_url, tokenizer), model="fake", group_size=G,
+                               workers=workers, pool={"elastic": False}, **kw)  # fmt: skip
+    async with env:
+        runner = RolloutRunner(url, [(env, verifiers_tasks(config, cycle=False, limit=words))], ExternalInference(),
+                               max_in_flight=2 * G)  # fmt: skip
+        return await asyncio.wait_for(runner.run(), RUN_S)
+
+
+def expected_sequences(word: str) -> list[tuple[list[int], list[int], list[float], float]]:
+    """What G rollouts of "Say <word>." must give, sorted: the stand-in says the word on every other request."""
+    prompt = prompt_ids(f"Say {word}.")
+    out = []
+    for nth in range(1, G + 1):
+        completion = generate_reply(f"Say {word}.", nth)
+        tokens = prompt + completion
+        masks = [-100] * len(prompt) + completion
+        logprobs = [1.0] * len(prompt) + [generate_logprob(i) for i in range(len(completion))]
+        out.append((tokens, masks, logprobs, 1.0 if nth % 2 else 0.0))
+    return sorted(out)
+
+
+def check_group(group: dict[str, Any], word: str) -> None:
+    got = sorted(zip(group["tokens"], group["masks"], group["inference_logprobs"], group["scores"], strict=True))
+    assert [list(map(list, g[:3])) + [g[3]] for g in got] == [list(e[:3]) + [e[3]] for e in expected_sequences(word)]
+    traces = [o["trace_id"] for o in group["overrides"]]
+    assert len(set(traces)) == G and all(len(t) == 32 for t in traces)
+    records = {
+        (o["stop_condition"], o["num_turns"], o["branch"], o["agent"], o["truncated"]) for o in group["overrides"]
+    }
+    assert records == {("agent_completed", 1, 0, "agent", False)}
+    assert "left_out" not in (group["group_overrides"] or {})
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in_process", "serve_env_pool"])
+async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, workers: int) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        deltas: list[tuple[str, dict[str, Any]]] = []
+        stats = await produce(server.url, vllm.url, offline, workers=workers, words=2,
+                              on_delta=lambda task, delta: deltas.append((task, delta)))  # fmt: skip
+        assert stats.accepted == 2 and stats.duplicates == 0 and not stats.failed and not stats.skipped
+        served = drain(server.url)
+    assert len(served) == 2
+    by_word = {g["group_overrides"]["task_id"]: g for g in served}
+    assert len(by_word) == 2
+    words = sorted(bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0]
+                   for g in served)  # fmt: skip
+    assert words == ["apple", "river"]
+    for g in served:
+        word = bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0]
+        check_group(g, word)
+    ids = [g["group_id"] for g in served]
+    assert len(set(ids)) == 2 and all(ids)
+    assert {g["policy_step"] for g in served} == {0}
+    if workers:  # the pool streams each trace turn by turn: relayed, one `open` per trace
+        assert sum("open" in d for _, d in deltas) == 2 * G and {t for t, _ in deltas} == set(by_word)
+    else:
+        assert deltas == []
+
+
+async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
+    """An episode the inference server refuses fails its group (counted by reason); with
+    `require_reward_variance`, a group whose rollouts all score the same is counted, not submitted."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        vllm.control(reject_marker="river", generate_echo=True)
+        stats = await produce(server.url, vllm.url, offline, workers=0, words=3, require_reward_variance=True)
+        served = drain(server.url)
+    assert served == []
+    assert stats.accepted == 0
+    assert dict(stats.failed["verifiers"]) == {"episode_error:ProviderError": 1}, stats.failed
+    assert dict(stats.skipped) == {"no_reward_variance": 2}
+
+
+async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_it(
+    tmp_path: Path, offline: Path
+) -> None:
+    """verifiers' harness calls inference itself: `pause()` returns once no episode runs (none starts until
+    `resume()`); episodes still running at its timeout are cancelled, their groups counted `pause_timeout`."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        config = env_config_data()
+        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G)
+        async with env:
+            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=G)
+            run = asyncio.create_task(runner.run())
+            await until(lambda: runner.stats.accepted >= 1, "a first group")
+            assert await runner.pause(timeout=math.inf)
+            assert env.running == 0 and runner.paused
+            runner.resume()
+            vllm.control(hang_all=True)
+            await until(lambda: env.running == G, "episodes at a hung inference server")
+            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "their traces, live")
+            assert all(r.turns() == 0 for r in env.live.values())  # no turn committed: the model never answered
+            assert not await runner.pause(timeout=0.5)
+            assert env.running == 0 and env.live == {} and runner.stats.skipped["pause_timeout"] == 1
+            runner.stop()
+            stats = await asyncio.wait_for(run, RUN_S)
+    assert stats.accepted >= 1 and not stats.failed
+
+
+def test_tasks_from_a_finite_taskset_cycle_and_an_endless_one_streams(offline: Path) -> None:
+    finite = verifiers_tasks(env_config_data(), limit=2)
+    got = [finite.next_task() for _ in range(5)]
+    assert [t.prompt for t in got if t] == ["Say apple.", "Say river.", "Say apple.", "Say river.", "Say apple."]
+    assert got[0] is not None and got[0].meta["verifiers_task"]["answer"] == "apple"
+    endless = verifiers_tasks({**env_config_data(), "taskset": {"id": "rollbuf_endless_vf"}})
+    assert [t.prompt for t in (endless.next_task() for _ in range(3)) if t] == ["Say w0.", "Say w1.", "Say w2."]
+
+
+async def test_a_group_left_short_is_submitted_whole_with_its_left_out_counts(tmp_path: Path, offline: Path) -> None:
+    """A trainer's max_token_len between the two answers' lengths leaves the long answers out (`too_long`): each
+    group holds the G/2 short ones, submitted as a complete group (`variable_group_size`), not held."""
+    prompt = len(prompt_ids("Say apple."))
+    short, long = prompt + len(generate_reply("Say apple.", 2)), prompt + len(generate_reply("Say apple.", 1))
+    assert short < long
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G, max_token_len=short)
+        stats = await produce(server.url, vllm.url, offline, workers=0, words=2)
+        served = drain(server.url)
+    assert stats.accepted == 2 and not stats.failed and not stats.skipped
+    assert sorted(len(g["tokens"]) for g in served) == [G // 2, G // 2]
+    for g in served:
+        assert g["scores"] == [0.0] * (G // 2) and all(len(t) == short for t in g["tokens"])
+        assert g["group_overrides"]["left_out"] == {"too_long": G // 2}
