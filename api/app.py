@@ -27,7 +27,7 @@ from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, ops, trainer
+from api.routes import admin, envs, ledger, ops, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
 from api.side_buffer import SideLimits
@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router, dependencies=secured, responses=SECURED)
     app.include_router(trainer.router, dependencies=secured, responses=SECURED)
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
+    app.include_router(ledger.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)

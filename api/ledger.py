@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from api import state
-from api.records import GroupRecord
-from api.store.base import KeptPayload, LedgerGroup, LedgerStep, Txn
+from api.records import GroupRecord, decode, to_atropos
+from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, Txn
 
 RETAINED = "retained"
 """Counter kind of the retained payloads: `groups` and `bytes` (what the byte budget is checked against)."""
@@ -142,3 +143,92 @@ def prune_txn(txn: Txn, settings: LedgerSettings) -> tuple[int, int]:
     next_id = txn.next_item_id() if first else 0
     below_id, below_step = ledger_bounds(next_id, first[0].id if first else 0, run.step, settings)
     return pruned, txn.ledger_prune(below_id, below_step)
+
+
+# ------------------------------------------------------------------------------------------ reading it back
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What one read of the ledger found: rows, their envs' names, which served steps are committed, and
+    the retained payloads asked for (`view` turns them into replies, outside the transaction)."""
+
+    groups: list[LedgerGroup]
+    env_names: dict[int, str]
+    committed: dict[int, bool]
+    payloads: dict[int, bytes]
+    step: LedgerStep | None = None
+
+
+def _found(txn: Txn, groups: list[LedgerGroup], data: bool, step: LedgerStep | None = None) -> Found:
+    run = state.load(txn)
+    names = {g.env_id: run.env_name(g.env_id) for g in groups}
+    served = sorted({g.step for g in groups if g.fate == SERVED and g.step is not None})
+    committed: dict[int, bool] = {}
+    if step is not None:
+        committed[step.step] = step.committed_at is not None
+    else:
+        for n in served:  # the rows of one group id: a few steps
+            rows = txn.ledger_steps(n, n)
+            committed[n] = bool(rows) and rows[0].committed_at is not None
+    payloads = txn.kept_payloads([g.id for g in groups if g.kept]) if data else {}
+    return Found(groups, names, committed, payloads, step)
+
+
+def read_step(txn: Txn, n: int, data: bool) -> Found | None:
+    """Step `n`'s row and its groups' rows (None: no such row, never formed or pruned)."""
+    rows = txn.ledger_steps(n, n)
+    if not rows:
+        return None
+    return _found(txn, txn.ledger_groups(rows[0].group_ids), data, rows[0])
+
+
+def read_named(txn: Txn, group_id: str, data: bool) -> Found:
+    """The rows of every group sent under `group_id`."""
+    return _found(txn, txn.ledger_named(group_id), data)
+
+
+def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
+    """A row as GET /ledger answers it (`LedgerGroupReply`)."""
+    payload = found.payloads.get(g.id)
+    return {
+        "id": g.id,
+        "env_id": None if g.env_id == ANON_ENV else g.env_id,
+        "env": found.env_names.get(g.env_id, str(g.env_id)),
+        "group_id": g.group_id,
+        "handler": g.handler,
+        "acked_at": g.acked_at,
+        "policy_step": g.policy_step,
+        "seqs": g.seqs,
+        "tokens": g.tokens,
+        "bytes": g.bytes,
+        "score_mean": g.score_mean,
+        "score_min": g.score_min,
+        "score_max": g.score_max,
+        "score_std": g.score_std,
+        "fate": g.fate,
+        "step": g.step,
+        "reason": g.reason,
+        "decided_at": g.decided_at,
+        "committed": found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
+        "kept": g.kept,
+        "data": None if payload is None else to_atropos(decode(payload)),
+    }
+
+
+def step_view(found: Found) -> dict[str, Any]:
+    """A step as GET /ledger/steps/{step} answers it (`LedgerStepReply`)."""
+    s = found.step
+    assert s is not None
+    return {
+        "step": s.step,
+        "formed_at": s.formed_at,
+        "formation_s": s.formation_s,
+        "committed_at": s.committed_at,
+        "seqs": s.seqs,
+        "tokens": s.tokens,
+        "groups_by_env": s.groups_by_env,
+        "seqs_by_env": s.seqs_by_env,
+        "staleness": {str(k): v for k, v in sorted(s.staleness.items())},
+        "groups": [group_view(g, found) for g in found.groups],
+    }

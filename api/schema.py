@@ -506,6 +506,70 @@ class BatchReply(_Wire):
     """With "error": what to do."""
 
 
+class LedgerGroupReply(_Wire):
+    """One acknowledged group's ledger row (docs/ledger.md)."""
+
+    id: int
+    """The ledger id (the item id the group is stored under)."""
+    env_id: int | None
+    """Null for groups posted with `env_id: null`."""
+    env: str
+    """The env's name in views and counters (`wandb_name`)."""
+    group_id: str | None
+    handler: str | None
+    """The name of the API key that sent it; null without auth."""
+    acked_at: float
+    """Unix time it was acknowledged."""
+    policy_step: int
+    seqs: int
+    tokens: int
+    bytes: int
+    """Its payload as stored."""
+    score_mean: float
+    score_min: float
+    score_max: float
+    score_std: float
+    fate: Literal["queued", "held", "served", "dropped"]
+    """"held": in its env's side buffer."""
+    step: int | None
+    """Served: the batch's step. Dropped: the step formed next when it was dropped."""
+    reason: str | None
+    """Dropped: why (`zero_variance`, `score_range`, `stale`, `side_buffer_expired`)."""
+    decided_at: float | None
+    committed: bool | None
+    """Served: whether its batch is acknowledged (trained); null otherwise."""
+    kept: bool
+    """Its payload is retained (`retain_steps`, `retain_bytes`)."""
+    data: BatchGroup | None = None
+    """With `?data=true` and a retained payload: the group as GET /batch serves it."""
+
+
+class LedgerGroupsReply(_Wire):
+    """GET /ledger/groups/{group_id}: the rows of every group sent under this id (one per env that used it)."""
+
+    groups: list[LedgerGroupReply]
+
+
+class LedgerStepReply(_Wire):
+    """GET /ledger/steps/{step}: a formed batch's ledger row, and its groups' rows in the batch's order."""
+
+    step: int
+    formed_at: float
+    formation_s: float
+    """Seconds batch formation took."""
+    committed_at: float | None
+    """When the batch was acknowledged (committed, or a later step asked for); null while it is not."""
+    seqs: int
+    tokens: int
+    groups_by_env: dict[str, int]
+    seqs_by_env: dict[str, int]
+    staleness: dict[str, int]
+    """Groups by staleness (the step minus the group's policy step), keys as strings."""
+    groups: list[LedgerGroupReply]
+    """In batch order (a rank's share is `?rank=`'s cut of this order); rows pruned by `ledger_max_groups` are
+    left out."""
+
+
 class ErrorItem(_Wire):
     loc: list[str | int]
     """Where: `body`, `query` or `header`, then the field's path (list positions as integers); empty when
