@@ -23,7 +23,9 @@ DATA = Query(description="Include each retained group's data, as GET /batch serv
     responses={200: {"model": LedgerStepReply, "description": "The batch's row and its groups'"}, **errors(404, 422)},
 )
 async def ledger_step(
-    service: ServiceDep, step: Annotated[int, Path(ge=0)], data: Annotated[bool, DATA] = False
+    service: ServiceDep,
+    step: Annotated[int, Path(ge=0, description="The batch's step")],
+    data: Annotated[bool, DATA] = False,
 ) -> Response:
     """What batch `step` held: its groups (in batch order) with their envs, policy steps, sizes and scores, the
     mix by env, the staleness histogram, when it was formed and committed."""
@@ -35,7 +37,11 @@ async def ledger_step(
     response_class=Response,
     responses={200: {"model": LedgerGroupsReply, "description": "The groups' rows"}, **errors(404, 422)},
 )
-async def ledger_group(service: ServiceDep, group_id: str, data: Annotated[bool, DATA] = False) -> Response:
+async def ledger_group(
+    service: ServiceDep,
+    group_id: Annotated[str, Path(description="The handler's group id, URL-encoded")],
+    data: Annotated[bool, DATA] = False,
+) -> Response:
     """What became of the group sent under `group_id` (URL-encoded; it may hold `/`): queued, side-buffered
     ("held"), served in step N (and whether that batch is committed) or dropped, and why."""
     rows = await service.ledger_named(group_id, data=data)
