@@ -14,6 +14,8 @@ from api.schema import LedgerGroupsReply, LedgerStepReply
 
 router = APIRouter(tags=["ledger"])
 
+LEDGER_EXAMPLE = "conformance"
+"""The group id the description's example names (tests/integration/test_openapi_conformance.py sends one)."""
 DATA = Query(description="Include each retained group's data, as GET /batch serves it (`retain_steps`, `retain_bytes`)")
 
 
@@ -24,7 +26,7 @@ DATA = Query(description="Include each retained group's data, as GET /batch serv
 )
 async def ledger_step(
     service: ServiceDep,
-    step: Annotated[int, Path(ge=0, description="The batch's step")],
+    step: Annotated[int, Path(ge=0, description="The batch's step", openapi_examples={"first": {"value": 0}})],
     data: Annotated[bool, DATA] = False,
 ) -> Response:
     """What batch `step` held: its groups (in batch order) with their envs, policy steps, sizes and scores, the
@@ -39,7 +41,12 @@ async def ledger_step(
 )
 async def ledger_group(
     service: ServiceDep,
-    group_id: Annotated[str, Path(description="The handler's group id, URL-encoded")],
+    group_id: Annotated[
+        str,
+        Path(
+            description="The handler's group id, URL-encoded", openapi_examples={"a group": {"value": LEDGER_EXAMPLE}}
+        ),
+    ],
     data: Annotated[bool, DATA] = False,
 ) -> Response:
     """What became of the group sent under `group_id` (URL-encoded; it may hold `/`): queued, side-buffered
