@@ -8,11 +8,10 @@ The rows are written by the transaction that makes the decision they record (`ap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from api import state
 from api.records import GroupRecord, decode, to_atropos
@@ -54,16 +53,23 @@ def group_row(
     item_id: int, env_id: int, rec: GroupRecord, size: int, handler: str | None, fate: str, now: float
 ) -> LedgerGroup:
     """A newly acknowledged group's row (its fate as decided at ingest)."""
-    scores = rec.scores
-    if scores.size:
-        mean, lo, hi, std = float(scores.mean()), float(scores.min()), float(scores.max()), float(np.std(scores))
-    else:
-        mean = lo = hi = std = 0.0
+    mean, lo, hi, std = score_summary(rec.scores.tolist())
     return LedgerGroup(
         id=item_id, env_id=env_id, group_id=rec.group_id, handler=handler, acked_at=now, policy_step=rec.policy_step,
         seqs=rec.seqs, tokens=rec.n_tokens, bytes=size, score_mean=mean, score_min=lo, score_max=hi, score_std=std,
         fate=fate,
     )  # fmt: skip
+
+
+def score_summary(scores: list[float]) -> tuple[float, float, float, float]:
+    """Mean, min, max and population standard deviation (zeros for no scores). Plain Python: a group holds a
+    few scores, where numpy's per-call cost is most of ingest's share of the ledger."""
+    n = len(scores)
+    if not n:
+        return 0.0, 0.0, 0.0, 0.0
+    mean = math.fsum(scores) / n
+    var = math.fsum((x - mean) ** 2 for x in scores) / n
+    return mean, min(scores), max(scores), math.sqrt(var)
 
 
 def step_row(
