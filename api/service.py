@@ -344,7 +344,7 @@ class Service:
 
     async def _prune(self) -> None:
         try:
-            payloads, rows = await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
+            payloads, rows = await self.prune()
             if payloads or rows:
                 log.debug("ledger: pruned %d retained payloads and %d rows", payloads, rows)
         except Unavailable:
