@@ -127,17 +127,18 @@ def ledger_bounds(next_id: int, first_id: int, step: int, settings: LedgerSettin
 
 
 def prune_txn(txn: Txn, settings: LedgerSettings) -> tuple[int, int]:
-    """One background prune: retained payloads past their bound, then ledger rows past theirs, each at most
-    PRUNE_CHUNK; (payloads, rows) forgotten."""
+    """One background prune: retained payloads past their bound (all of them, of batches no longer kept, once
+    retention is off), then ledger rows past theirs, each at most PRUNE_CHUNK; (payloads, rows) forgotten."""
     run = state.load(txn)
     if run.registration is None:
         return 0, 0
     pruned = 0
-    if settings.retaining:
+    kept = txn.kept_oldest(PRUNE_CHUNK)  # retention turned off: what it retained goes too
+    if kept:
+        rule = settings if settings.retaining else LedgerSettings(retain_steps=0)
         committed = state.load_kept(txn, run).committed
         total = txn.get_counts(RETAINED).get("bytes", 0)
-        kept = txn.kept_oldest(PRUNE_CHUNK)
-        ids = payloads_to_prune(kept, total, run.step, committed, settings)
+        ids = payloads_to_prune(kept, total, run.step, committed, rule)
         if ids:
             txn.prune_payloads(ids)
             size = {k.id: k.bytes for k in kept}

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from api.app import create_app
-from api.ledger import RETAINED
+from api.ledger import RETAINED, LedgerSettings
 from api.service import Service
 from api.settings import Settings
 from tests.factories import env, group, registration
@@ -131,3 +131,18 @@ async def test_with_the_ledger_off_nothing_is_written(settings: Settings) -> Non
         assert (await c.get("/ledger/groups/A0")).status_code == 404
         assert (await c.get("/ledger/steps/0")).status_code == 404
         assert await service.store.read(lambda t: t.ledger_scan(-1, 10)) == []
+
+
+async def test_retention_turned_off_lets_go_of_what_it_kept(settings: Settings) -> None:
+    async with serving(settings, retain_steps=100) as (c, service):
+        await start(c)
+        for gid in ("A0", "A1", "A2", "A3"):
+            await post(c, gid)
+        await c.get("/batch", params={"step": 0})
+        await c.get("/batch", params={"step": 1})
+        assert await service.prune() == (0, 0)  # within 100 steps
+        service.books = LedgerSettings()  # as a restart without retain_steps would have it
+        assert await service.prune() == (2, 0)  # batch 0's; batch 1 is still kept for serving again
+        assert [(await row(c, g))["kept"] for g in ("A0", "A1", "A2", "A3")] == [False, False, True, True]
+        assert (await row(c, "A2"))["data"] is not None
+        assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A2", "A3")])
