@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -58,7 +59,13 @@ class _State:
         self.ledger: dict[int, LedgerGroup] = {}
         self.named: dict[str, frozenset[int]] = {}
         """Ledger ids by group id (`ledger_named` costs the rows it finds)."""
+        self.order: list[int] = []
+        """Ledger ids, ascending, including some no longer in the ledger (skipped, compacted by pruning): pages
+        and prunes cost what they walk, not the ledger."""
+        self.kept_ids: dict[int, None] = {}
+        """Ledger ids whose payload is retained."""
         self.steps: dict[int, LedgerStep] = {}
+        """Step rows, in the order they were formed."""
         self.next_id = 1
 
 
@@ -238,11 +245,28 @@ class MemoryTxn(Txn):
         ids = named.get(group_id, frozenset())
         named[group_id] = (ids - {remove}) | ({add} if add is not None else set())
 
+    def _order(self, item_id: int) -> None:
+        order = self._s.order  # not undone: an id whose row is gone is skipped
+        if not order or order[-1] < item_id:
+            order.append(item_id)
+        else:
+            bisect.insort(order, item_id)
+
+    def _keep(self, item_id: int, kept: bool) -> None:
+        if kept != (item_id in self._s.kept_ids):
+            self._restore(self._s.kept_ids, item_id)
+            if kept:
+                self._s.kept_ids[item_id] = None
+            else:
+                del self._s.kept_ids[item_id]
+
     def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
         for row in rows:
             self._restore(self._s.ledger, row.id)
             self._s.ledger[row.id] = row
             self._name(row.group_id, add=row.id)
+            self._order(row.id)
+            self._keep(row.id, row.kept)
 
     def ledger_decide(
         self,
@@ -260,6 +284,7 @@ class MemoryTxn(Txn):
             if row is not None:
                 self._restore(ledger, i)
                 ledger[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
+                self._keep(i, kept)
 
     def ledger_requeue(self, old_id: int, new_id: int) -> None:
         row = self._s.ledger.get(old_id)
@@ -270,6 +295,9 @@ class MemoryTxn(Txn):
         del self._s.ledger[old_id]
         self._s.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
         self._name(row.group_id, add=new_id, remove=old_id)
+        self._order(new_id)
+        self._keep(old_id, False)
+        self._keep(new_id, row.kept)
 
     def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
         return [row for i in ids if (row := self._s.ledger.get(i)) is not None]
@@ -278,8 +306,15 @@ class MemoryTxn(Txn):
         return [self._s.ledger[i] for i in sorted(self._s.named.get(group_id, ()))]
 
     def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
-        ids = sorted(i for i in self._s.ledger if i > after_id)[:limit]
-        return [self._s.ledger[i] for i in ids]
+        ledger, order = self._s.ledger, self._s.order
+        out: list[LedgerGroup] = []
+        k = bisect.bisect_right(order, after_id)
+        while k < len(order) and len(out) < limit:
+            row = ledger.get(order[k])
+            if row is not None and (not out or out[-1].id != row.id):
+                out.append(row)
+            k += 1
+        return out
 
     def ledger_put_step(self, row: LedgerStep) -> None:
         self._restore(self._s.steps, row.step)
@@ -293,17 +328,36 @@ class MemoryTxn(Txn):
                 self._s.steps[step] = replace(row, committed_at=at)
 
     def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
-        return [self._s.steps[s] for s in sorted(self._s.steps) if first <= s <= last]
+        steps = self._s.steps
+        if last - first < len(steps):
+            return [steps[s] for s in range(first, last + 1) if s in steps]
+        return [steps[s] for s in sorted(steps) if first <= s <= last]
 
     def ledger_prune(self, below_id: int, below_step: int) -> int:
-        ledger = self._s.ledger
-        gone = [i for i, r in ledger.items() if i < below_id and r.fate in (SERVED, DROPPED) and not r.kept]
+        ledger, order = self._s.ledger, self._s.order
+        end = bisect.bisect_left(order, below_id)
+        gone = [
+            i for i in order[:end] if (r := ledger.get(i)) is not None and r.fate in (SERVED, DROPPED) and not r.kept
+        ]
         for i in gone:
             self._restore(ledger, i)
             self._name(ledger.pop(i).group_id, remove=i)
-        for step in [s for s in self._s.steps if s < below_step]:
-            self._restore(self._s.steps, step)
-            del self._s.steps[step]
+        order[:end] = [i for i in order[:end] if i in ledger]  # the walk costs what is left below below_id
+
+        def undo() -> None:
+            for i in gone:
+                bisect.insort(order, i)
+
+        self._undo.append(undo)
+        steps = self._s.steps
+        old = []
+        for step in steps:  # formed in order: the old ones come first
+            if step >= below_step:
+                break
+            old.append(step)
+        for step in old:
+            self._restore(steps, step)
+            del steps[step]
         return len(gone)
 
     # --- retained payloads ---
@@ -321,7 +375,8 @@ class MemoryTxn(Txn):
         return out
 
     def kept_oldest(self, limit: int) -> list[KeptPayload]:
-        kept = sorted((r.step if r.step is not None else 0, i, r.bytes) for i, r in self._s.ledger.items() if r.kept)
+        ledger = self._s.ledger
+        kept = sorted((ledger[i].step or 0, i, ledger[i].bytes) for i in self._s.kept_ids if i in ledger)
         return [KeptPayload(i, step, size) for step, i, size in kept[:limit]]
 
     def prune_payloads(self, ids: Sequence[int]) -> None:
@@ -333,6 +388,7 @@ class MemoryTxn(Txn):
             if row is not None and row.kept:
                 self._restore(self._s.ledger, i)
                 self._s.ledger[i] = replace(row, kept=False)
+            self._keep(i, False)
 
     def clear(self) -> None:
         old = self._s.__dict__.copy()
