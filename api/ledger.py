@@ -62,14 +62,19 @@ def group_row(
 
 
 def score_summary(scores: list[float]) -> tuple[float, float, float, float]:
-    """Mean, min, max and population standard deviation (zeros for no scores). Plain Python: a group holds a
-    few scores, where numpy's per-call cost is most of ingest's share of the ledger."""
+    """Mean, min, max and population standard deviation (zeros for no scores), finite for any finite scores
+    (scaled by the largest, so no sum overflows). Plain Python: a group holds a few scores, where numpy's
+    per-call cost is most of ingest's share of the ledger."""
     n = len(scores)
     if not n:
         return 0.0, 0.0, 0.0, 0.0
-    mean = math.fsum(scores) / n
-    var = math.fsum((x - mean) ** 2 for x in scores) / n
-    return mean, min(scores), max(scores), math.sqrt(var)
+    lo, hi = min(scores), max(scores)
+    scale = max(-lo, hi)
+    if scale == 0.0:
+        return 0.0, lo, hi, 0.0
+    mean = math.fsum(x / n for x in scores)
+    var = math.fsum(((x - mean) / scale) ** 2 for x in scores) / n
+    return mean, lo, hi, scale * math.sqrt(var)
 
 
 def step_row(

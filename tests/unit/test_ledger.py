@@ -14,6 +14,11 @@ from api.store.base import KeptPayload
 finite = st.floats(-1e6, 1e6, allow_nan=False)
 
 
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=16))
+def test_score_summary_is_finite_for_any_finite_scores(scores: list[float]) -> None:
+    assert all(math.isfinite(x) for x in score_summary(scores))  # scores of 1e300 once made it overflow
+
+
 @given(st.lists(finite, max_size=64))
 def test_score_summary_is_numpys(scores: list[float]) -> None:
     got = score_summary(scores)
