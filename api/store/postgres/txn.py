@@ -26,7 +26,7 @@ from api.store.base import (
     held_slot,
 )
 from api.store.jobs import head_chunk_sizes
-from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, step_of, step_values
+from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, step_of
 from api.store.postgres.cache import Group, db_key
 from api.store.postgres.schema import CLEARED
 
@@ -350,20 +350,19 @@ class PostgresTxn(Txn):
         rows.update((r.id, r) for r in self._p.ledger.values() if r.id > after_id)
         return [rows[i] for i in sorted(rows)[:limit]]
 
+    # Step rows and their commit marks wait for the COMMIT too: a batch's formation and a commit cost no round
+    # trip of their own for them.
     def ledger_put_step(self, row: LedgerStep) -> None:
-        cols = STEP_COLUMNS.split(", ")
-        sets = ", ".join(f"{c} = excluded.{c}" for c in cols[1:])
-        self._write(
-            f"INSERT INTO ledger_steps ({STEP_COLUMNS}) VALUES ({', '.join(['%b'] * len(cols))}) "
-            f"ON CONFLICT (step) DO UPDATE SET {sets}",
-            step_values(row),
-        )
+        self._writable()
+        self._p.steps[row.step] = row
 
     def ledger_committed(self, first: int, before: int, at: float) -> None:
-        self._write(
-            "UPDATE ledger_steps SET committed_at = %b WHERE step >= %b AND step < %b AND committed_at IS NULL",
-            (at, first, before),
-        )
+        self._writable()
+        p = self._p
+        for step, row in p.steps.items():
+            if first <= step < before and row.committed_at is None:
+                p.steps[step] = replace(row, committed_at=at)
+        p.committed.append((first, before, at))
 
     def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
         cur = self._db.execute(
@@ -371,7 +370,14 @@ class PostgresTxn(Txn):
             (first, last),
             binary=True,
         )
-        return [step_of(r) for r in cur.fetchall()]
+        rows = {r.step: r for r in map(step_of, cur.fetchall())}
+        for step, row in rows.items():  # marks not written yet
+            if row.committed_at is None:
+                at = next((at for f, b, at in self._p.committed if f <= step < b), None)
+                if at is not None:
+                    rows[step] = replace(row, committed_at=at)
+        rows.update((s, r) for s, r in self._p.steps.items() if first <= s <= last)
+        return [rows[s] for s in sorted(rows)]
 
     def ledger_prune(self, below_id: int, below_step: int) -> int:
         cur = self._write(
@@ -379,6 +385,8 @@ class PostgresTxn(Txn):
         )
         gone = cur.rowcount
         self._write("DELETE FROM ledger_steps WHERE step < %b", (below_step,))
+        for step in [s for s in self._p.steps if s < below_step]:
+            del self._p.steps[step]
         return gone
 
     # --- retained payloads: rows of payloads, under their group's id ---
@@ -436,3 +444,5 @@ class PostgresTxn(Txn):
         p.fetched_replies = {}
         p.counters.clear()
         p.ledger.clear()
+        p.steps.clear()
+        p.committed.clear()
