@@ -20,13 +20,14 @@ from api.commits import ReadAhead
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
+from api.ledger import LedgerSettings
 from api.limits import QueueLimits
 from api.logs import log_client_gone, log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, ops, trainer
+from api.routes import admin, envs, ledger, ops, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
 from api.side_buffer import SideLimits
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             TimedStore(store),
             limits=queue_limits(settings),
             read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
+            books=ledger_settings(settings),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
@@ -107,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router, dependencies=secured, responses=SECURED)
     app.include_router(trainer.router, dependencies=secured, responses=SECURED)
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
+    app.include_router(ledger.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
@@ -120,6 +123,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     return app
+
+
+def ledger_settings(settings: Settings) -> LedgerSettings:
+    return LedgerSettings(
+        enabled=settings.ledger,
+        max_groups=settings.ledger_max_groups,
+        max_steps=settings.ledger_max_steps,
+        retain_steps=settings.retain_steps,
+        retain_bytes=settings.retain_bytes,
+    )
 
 
 def queue_limits(settings: Settings) -> QueueLimits:

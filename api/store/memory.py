@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
-from api.store.base import HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Store, Txn
+from api.store.base import (
+    DROPPED,
+    QUEUED,
+    SERVED,
+    HeldGroup,
+    HeldMeta,
+    ItemMeta,
+    KeptPayload,
+    LedgerGroup,
+    LedgerStep,
+    QueueCounts,
+    QueuedItem,
+    Store,
+    Txn,
+)
 
 T = TypeVar("T")
 
@@ -38,6 +54,18 @@ class _State:
         self.batches: dict[int, tuple[bytes, list[int]]] = {}
         self.kept: dict[int, bytes] = {}
         """Payloads of popped items that a kept batch refers to, by item id."""
+        self.retained: dict[int, bytes] = {}
+        """Retained payloads of served and dropped groups, by ledger id."""
+        self.ledger: dict[int, LedgerGroup] = {}
+        self.named: dict[str, frozenset[int]] = {}
+        """Ledger ids by group id (`ledger_named` costs the rows it finds)."""
+        self.order: list[int] = []
+        """Ledger ids, ascending, including some no longer in the ledger (skipped, compacted by pruning): pages
+        and prunes cost what they walk, not the ledger."""
+        self.kept_ids: dict[int, None] = {}
+        """Ledger ids whose payload is retained."""
+        self.steps: dict[int, LedgerStep] = {}
+        """Step rows, in the order they were formed."""
         self.next_id = 1
 
 
@@ -82,7 +110,9 @@ class MemoryTxn(Txn):
     def head(self, env_id: int) -> Iterator[ItemMeta]:
         return (item.meta for item in self._s.queues.get(env_id, ()))
 
-    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+    def pop(
+        self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None, retain: bool = False
+    ) -> list[QueuedItem]:
         wanted = list(item_ids)
         if not wanted:
             return []
@@ -111,10 +141,11 @@ class MemoryTxn(Txn):
 
         self._undo.append(undo)
         removed = [item for item in found if item is not None]
-        if keep_for is not None:
+        if keep_for is not None or retain:
+            where = self._s.kept if keep_for is not None else self._s.retained
             for item in removed:
-                self._restore(self._s.kept, item.meta.item_id)
-                self._s.kept[item.meta.item_id] = item.payload
+                self._restore(where, item.meta.item_id)
+                where[item.meta.item_id] = item.payload
         self._restore(self._s.counts, env_id)
         total = QueueCounts()
         for item in removed:
@@ -194,13 +225,170 @@ class MemoryTxn(Txn):
         header, item_ids = kept
         return b"".join([header, *(self._s.kept[i] for i in item_ids)])
 
-    def drop_batches_before(self, step: int) -> None:
+    def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
         for old in [s for s in self._s.batches if s < step]:
             for item_id in self._s.batches[old][1]:
                 self._restore(self._s.kept, item_id)
-                del self._s.kept[item_id]
+                payload = self._s.kept.pop(item_id)
+                if retain:
+                    self._restore(self._s.retained, item_id)
+                    self._s.retained[item_id] = payload
             self._restore(self._s.batches, old)
             del self._s.batches[old]
+
+    # --- the ledger ---
+    def _name(self, group_id: str | None, add: int | None = None, remove: int | None = None) -> None:
+        if group_id is None:
+            return
+        named = self._s.named
+        self._restore(named, group_id)
+        ids = named.get(group_id, frozenset())
+        named[group_id] = (ids - {remove}) | ({add} if add is not None else set())
+
+    def _order(self, item_id: int) -> None:
+        order = self._s.order  # not undone: an id whose row is gone is skipped
+        if not order or order[-1] < item_id:
+            order.append(item_id)
+        else:
+            bisect.insort(order, item_id)
+
+    def _keep(self, item_id: int, kept: bool) -> None:
+        if kept != (item_id in self._s.kept_ids):
+            self._restore(self._s.kept_ids, item_id)
+            if kept:
+                self._s.kept_ids[item_id] = None
+            else:
+                del self._s.kept_ids[item_id]
+
+    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
+        for row in rows:
+            self._restore(self._s.ledger, row.id)
+            self._s.ledger[row.id] = row
+            self._name(row.group_id, add=row.id)
+            self._order(row.id)
+            self._keep(row.id, row.kept)
+
+    def ledger_decide(
+        self,
+        ids: Sequence[int],
+        fate: str,
+        *,
+        step: int | None = None,
+        reason: str | None = None,
+        at: float | None = None,
+        kept: bool = False,
+    ) -> None:
+        ledger = self._s.ledger
+        for i in ids:
+            row = ledger.get(i)
+            if row is not None:
+                self._restore(ledger, i)
+                ledger[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
+                self._keep(i, kept)
+
+    def ledger_requeue(self, old_id: int, new_id: int) -> None:
+        row = self._s.ledger.get(old_id)
+        if row is None:
+            return
+        self._restore(self._s.ledger, old_id)
+        self._restore(self._s.ledger, new_id)
+        del self._s.ledger[old_id]
+        self._s.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
+        self._name(row.group_id, add=new_id, remove=old_id)
+        self._order(new_id)
+        self._keep(old_id, False)
+        self._keep(new_id, row.kept)
+
+    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
+        return [row for i in ids if (row := self._s.ledger.get(i)) is not None]
+
+    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
+        return [self._s.ledger[i] for i in sorted(self._s.named.get(group_id, ()))]
+
+    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
+        ledger, order = self._s.ledger, self._s.order
+        out: list[LedgerGroup] = []
+        k = bisect.bisect_right(order, after_id)
+        while k < len(order) and len(out) < limit:
+            row = ledger.get(order[k])
+            if row is not None and (not out or out[-1].id != row.id):
+                out.append(row)
+            k += 1
+        return out
+
+    def ledger_put_step(self, row: LedgerStep) -> None:
+        self._restore(self._s.steps, row.step)
+        self._s.steps[row.step] = row
+
+    def ledger_committed(self, first: int, before: int, at: float) -> None:
+        for step in range(first, before):
+            row = self._s.steps.get(step)
+            if row is not None and row.committed_at is None:
+                self._restore(self._s.steps, step)
+                self._s.steps[step] = replace(row, committed_at=at)
+
+    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
+        steps = self._s.steps
+        if last - first < len(steps):
+            return [steps[s] for s in range(first, last + 1) if s in steps]
+        return [steps[s] for s in sorted(steps) if first <= s <= last]
+
+    def ledger_prune(self, below_id: int, below_step: int) -> int:
+        ledger, order = self._s.ledger, self._s.order
+        end = bisect.bisect_left(order, below_id)
+        gone = [
+            i for i in order[:end] if (r := ledger.get(i)) is not None and r.fate in (SERVED, DROPPED) and not r.kept
+        ]
+        for i in gone:
+            self._restore(ledger, i)
+            self._name(ledger.pop(i).group_id, remove=i)
+        order[:end] = [i for i in order[:end] if i in ledger]  # the walk costs what is left below below_id
+
+        def undo() -> None:
+            for i in gone:
+                bisect.insort(order, i)
+
+        self._undo.append(undo)
+        steps = self._s.steps
+        old = []
+        for step in steps:  # formed in order: the old ones come first
+            if step >= below_step:
+                break
+            old.append(step)
+        for step in old:
+            self._restore(steps, step)
+            del steps[step]
+        return len(gone)
+
+    # --- retained payloads ---
+    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
+        for item_id, payload in items:
+            self._restore(self._s.retained, item_id)
+            self._s.retained[item_id] = payload
+
+    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for i in ids:
+            payload = self._s.retained.get(i, self._s.kept.get(i))
+            if payload is not None:
+                out[i] = payload
+        return out
+
+    def kept_oldest(self, limit: int) -> list[KeptPayload]:
+        ledger = self._s.ledger
+        kept = sorted((ledger[i].step or 0, i, ledger[i].bytes) for i in self._s.kept_ids if i in ledger)
+        return [KeptPayload(i, step, size) for step, i, size in kept[:limit]]
+
+    def prune_payloads(self, ids: Sequence[int]) -> None:
+        for i in ids:
+            if i in self._s.retained:
+                self._restore(self._s.retained, i)
+                del self._s.retained[i]
+            row = self._s.ledger.get(i)
+            if row is not None and row.kept:
+                self._restore(self._s.ledger, i)
+                self._s.ledger[i] = replace(row, kept=False)
+            self._keep(i, False)
 
     def clear(self) -> None:
         old = self._s.__dict__.copy()

@@ -17,7 +17,8 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql
 
-from api.store.base import ItemMeta
+from api.store.base import ItemMeta, LedgerGroup, LedgerStep
+from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, group_values, step_values
 from api.store.postgres.config import PostgresConfig
 
 _FLUSH_QUEUE = (
@@ -39,6 +40,20 @@ _FLUSH_VALUES = (
     "INSERT INTO kv (key, value) SELECT * FROM unnest(%b::text[], %b::text[]) "
     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
+
+_FLUSH_LEDGER = (
+    f"INSERT INTO ledger ({GROUP_COLUMNS}) SELECT * FROM unnest(%b::int8[], %b::int8[], %b::bytea[], %b::text[], "
+    "%b::float8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::float8[], %b::float8[], %b::float8[], "
+    "%b::float8[], %b::text[], %b::int8[], %b::text[], %b::float8[], %b::bool[])"
+)
+
+_FLUSH_STEP = (
+    f"INSERT INTO ledger_steps ({STEP_COLUMNS}) VALUES (%b, %b, %b, %b, %b, %b, %b, %b, %b, %b) ON CONFLICT (step) "
+    "DO UPDATE SET formed_at = excluded.formed_at, formation_s = excluded.formation_s, group_ids = excluded.group_ids, "
+    "seqs = excluded.seqs, tokens = excluded.tokens, groups_by_env = excluded.groups_by_env, "
+    "seqs_by_env = excluded.seqs_by_env, staleness = excluded.staleness, committed_at = excluded.committed_at"
+)
+_FLUSH_COMMITTED = "UPDATE ledger_steps SET committed_at = %b WHERE step >= %b AND step < %b AND committed_at IS NULL"
 
 _FLUSH_COUNTERS = (
     "INSERT INTO counters (kind, name, n) SELECT * FROM unnest(%b::text[], %b::text[], %b::int8[]) "
@@ -74,6 +89,12 @@ class Pending:
     appended: bool = False
     counters: dict[tuple[str, str], int] = field(default_factory=dict)
     """Deltas to add to the counters table, by (kind, name)."""
+    ledger: dict[int, LedgerGroup] = field(default_factory=dict)
+    """Ledger rows added (and decided since) in this group, by id: inserted with the COMMIT."""
+    steps: dict[int, LedgerStep] = field(default_factory=dict)
+    """Step rows written in this group (formed batches), by step: written with the COMMIT."""
+    committed: list[tuple[int, int, float]] = field(default_factory=list)
+    """Commit marks of stored step rows, (first, before, at) as `ledger_committed` took them: with the COMMIT."""
 
     def copy(self) -> Pending:
         return Pending(
@@ -87,6 +108,9 @@ class Pending:
             self.fetched_replies,
             self.appended,
             dict(self.counters),
+            dict(self.ledger),
+            dict(self.steps),
+            list(self.committed),
         )
 
 
@@ -167,6 +191,13 @@ class Group:
                     _FLUSH_COUNTERS,
                     [[k for k, _ in counted], [n for _, n in counted], [p.counters[k] for k in counted]],
                 )
+            if p.ledger:
+                rows = [group_values(r) for r in p.ledger.values()]
+                conn.execute(_FLUSH_LEDGER, [list(col) for col in zip(*rows, strict=True)], binary=True)
+            if p.steps:
+                conn.cursor().executemany(_FLUSH_STEP, [step_values(r) for r in p.steps.values()])
+            for first, before, at in p.committed:
+                conn.execute(_FLUSH_COMMITTED, [at, first, before])
             if self.next_id != self.stored_next_id:
                 conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
             if notify is not None and (p.appended or p.dirty_values):  # data queued, or the run or an env changed
