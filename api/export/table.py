@@ -1,0 +1,218 @@
+"""Groups and ledger rows as Arrow record batches of bounded size: the export's pure conversion (no I/O).
+
+One row per *sequence* in the `sequences` table, so that `datasets`, pandas, Polars and DuckDB read a run as
+the trainer saw it: the group it came from, its env and policy step, its fate (trained in step N, or dropped
+and why, or still queued), its tokens, masks, score and per-token floats. Token ids and masks are int32
+lists holding the stored bytes unchanged; per-token floats are float64 lists, which hold every value exactly
+whether the group stored it as float32 or float64 (docs/binary-format.md).
+
+Record batches are cut at `max_rows` rows or `max_bytes` of array data, whichever comes first (a group is
+never split: a batch exceeds `max_bytes` by at most one group), so that writing a run larger than memory
+holds one row group at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from api.records import FLOAT_FIELDS, F64, I32, GroupRecord
+
+ROW_GROUP_ROWS = 8192
+"""Most sequences in one record batch (one Parquet row group)."""
+ROW_GROUP_BYTES = 32 << 20
+"""Most array bytes (tokens, masks, floats) in one record batch before it is cut: what the export holds in
+memory at once, apart from one page of groups read from the store."""
+
+TRAINED = "trained"
+DROPPED = "dropped"
+QUEUED = "queued"
+HELD = "held"
+FATES = (TRAINED, DROPPED, QUEUED, HELD)
+"""A group's fate as the export writes it: trained in a step, dropped with a reason, still queued, or held in
+its env's side buffer."""
+
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True, slots=True)
+class Fate:
+    """What the ledger says of one group, as each of its sequence rows carries it."""
+
+    group: int
+    """The ledger's id of the group (unique in the run); joins `sequences` to `groups`."""
+    group_id: str | None
+    """The client's group id, if it sent one."""
+    env: str
+    env_id: int | None
+    policy_step: int
+    fate: str
+    step: int | None = None
+    """The step that trained it (fate `trained`)."""
+    reason: str | None = None
+    """Why it was dropped (fate `dropped`): a filter, the staleness bound or the side buffer's expiry."""
+    acked_at: float | None = None
+    """Wall-clock seconds when it was acknowledged."""
+
+
+def sequences_schema() -> pa.Schema:
+    floats = [pa.field(name, pa.list_(pa.float64())) for name in FLOAT_FIELDS]
+    return pa.schema(
+        [
+            pa.field("group", pa.int64(), nullable=False),
+            pa.field("group_id", pa.string()),
+            pa.field("env", pa.string(), nullable=False),
+            pa.field("env_id", pa.int32()),
+            pa.field("policy_step", pa.int64(), nullable=False),
+            pa.field("fate", pa.string(), nullable=False),
+            pa.field("trained_step", pa.int64()),
+            pa.field("drop_reason", pa.string()),
+            pa.field("acked_at", TIMESTAMP),
+            pa.field("seq", pa.int32(), nullable=False),
+            pa.field("length", pa.int32(), nullable=False),
+            pa.field("tokens", pa.list_(pa.int32()), nullable=False),
+            pa.field("masks", pa.list_(pa.int32()), nullable=False),
+            pa.field("score", pa.float64(), nullable=False),
+            *floats,
+            pa.field("meta", pa.string()),
+        ]
+    )
+
+
+def _micros(t: float | None) -> int | None:
+    return None if t is None else round(t * 1_000_000)
+
+
+@dataclass(slots=True)
+class _Pending:
+    fates: list[Fate] = field(default_factory=list)
+    records: list[GroupRecord] = field(default_factory=list)
+    rows: int = 0
+    size: int = 0
+
+
+def record_bytes(rec: GroupRecord) -> int:
+    """Array bytes a group adds to a record batch (its float fields as float64)."""
+    return rec.n_tokens * (2 * I32.itemsize + F64.itemsize * len(rec.floats)) + rec.seqs * 64
+
+
+class SequenceBatcher:
+    """Collects groups and cuts them into record batches of the `sequences` table, bounded in rows and bytes."""
+
+    def __init__(self, max_rows: int = ROW_GROUP_ROWS, max_bytes: int = ROW_GROUP_BYTES) -> None:
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.schema = sequences_schema()
+        self._pending = _Pending()
+
+    def add(self, fate: Fate, rec: GroupRecord) -> pa.RecordBatch | None:
+        """Add one group's sequences; returns a record batch once the rows or bytes held reach the bound."""
+        p = self._pending
+        p.fates.append(fate)
+        p.records.append(rec)
+        p.rows += rec.seqs
+        p.size += record_bytes(rec)
+        if p.rows >= self.max_rows or p.size >= self.max_bytes:
+            return self.flush()
+        return None
+
+    def flush(self) -> pa.RecordBatch | None:
+        """The groups held so far as one record batch (None if none)."""
+        p, self._pending = self._pending, _Pending()
+        if not p.records:
+            return None
+        return sequences_batch(p.fates, p.records, self.schema)
+
+
+def _lists(values: Sequence[np.ndarray], lengths: np.ndarray, dtype: pa.DataType) -> pa.Array:
+    """A list array whose row i is the next lengths[i] values (values concatenated, never copied per row)."""
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(values) if values else np.empty(0, I32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, dtype))
+
+
+def _float_lists(records: Sequence[GroupRecord], name: str) -> pa.Array:
+    """A float field as float64 lists; null for the sequences of groups that did not send it."""
+    values: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    nulls: list[np.ndarray] = []
+    for rec in records:
+        arr = rec.floats.get(name)
+        if arr is None:
+            lengths.append(np.zeros(rec.seqs, np.int64))
+            nulls.append(np.ones(rec.seqs, np.bool_))
+        else:
+            values.append(arr.astype(F64, copy=False))
+            lengths.append(rec.lengths.astype(np.int64))
+            nulls.append(np.zeros(rec.seqs, np.bool_))
+    n = np.concatenate(lengths)
+    offsets = np.zeros(len(n) + 1, np.int32)
+    np.cumsum(n, out=offsets[1:])
+    flat = np.concatenate(values) if values else np.empty(0, F64)
+    mask = np.concatenate(nulls)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), mask=pa.array(mask))
+
+
+def sequences_batch(fates: Sequence[Fate], records: Sequence[GroupRecord], schema: pa.Schema) -> pa.RecordBatch:
+    """The `sequences` rows of these groups (fates[i] says what became of records[i])."""
+    per_seq = np.fromiter((r.seqs for r in records), np.int64, count=len(records))
+
+    def repeat(values: Sequence[Any]) -> list[Any]:
+        return [v for v, n in zip(values, per_seq, strict=True) for _ in range(n)]
+
+    lengths = np.concatenate([r.lengths for r in records]).astype(np.int64)
+    columns: dict[str, Any] = {
+        "group": repeat([f.group for f in fates]),
+        "group_id": repeat([f.group_id for f in fates]),
+        "env": repeat([f.env for f in fates]),
+        "env_id": repeat([f.env_id for f in fates]),
+        "policy_step": repeat([f.policy_step for f in fates]),
+        "fate": repeat([f.fate for f in fates]),
+        "trained_step": repeat([f.step for f in fates]),
+        "drop_reason": repeat([f.reason for f in fates]),
+        "acked_at": repeat([_micros(f.acked_at) for f in fates]),
+        "seq": np.concatenate([np.arange(r.seqs, dtype=I32) for r in records]),
+        "length": lengths.astype(I32),
+        "score": np.concatenate([r.scores for r in records]),
+        "meta": repeat([orjson.dumps(r.meta).decode() if r.meta else None for r in records]),
+    }
+    arrays = []
+    for f in schema:
+        if f.name == "tokens":
+            arrays.append(_lists([r.tokens for r in records], lengths, pa.int32()))
+        elif f.name == "masks":
+            arrays.append(_lists([r.masks for r in records], lengths, pa.int32()))
+        elif f.name in FLOAT_FIELDS:
+            arrays.append(_float_lists(records, f.name))
+        else:
+            arrays.append(pa.array(columns[f.name], f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# ------------------------------------------------------------------------------------------- ledger tables
+
+
+class RowBatcher:
+    """Ledger rows (one dict each, keys as the schema's fields) cut into record batches of `max_rows`."""
+
+    def __init__(self, schema: pa.Schema, max_rows: int = ROW_GROUP_ROWS) -> None:
+        self.schema = schema
+        self.max_rows = max_rows
+        self._rows: list[Mapping[str, Any]] = []
+
+    def add(self, row: Mapping[str, Any]) -> pa.RecordBatch | None:
+        self._rows.append(row)
+        return self.flush() if len(self._rows) >= self.max_rows else None
+
+    def flush(self) -> pa.RecordBatch | None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return None
+        return pa.RecordBatch.from_pylist(list(rows), schema=self.schema)
+
