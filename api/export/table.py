@@ -21,7 +21,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from api.records import FLOAT_FIELDS, F64, I32, GroupRecord
+from api.records import F64, FLOAT_FIELDS, I32, GroupRecord
+from api.store.base import ANON_ENV, DROPPED, SERVED, LedgerGroup, LedgerStep
 
 ROW_GROUP_ROWS = 8192
 """Most sequences in one record batch (one Parquet row group)."""
@@ -29,35 +30,47 @@ ROW_GROUP_BYTES = 32 << 20
 """Most array bytes (tokens, masks, floats) in one record batch before it is cut: what the export holds in
 memory at once, apart from one page of groups read from the store."""
 
-TRAINED = "trained"
-DROPPED = "dropped"
-QUEUED = "queued"
-HELD = "held"
-FATES = (TRAINED, DROPPED, QUEUED, HELD)
-"""A group's fate as the export writes it: trained in a step, dropped with a reason, still queued, or held in
-its env's side buffer."""
-
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True, slots=True)
 class Fate:
-    """What the ledger says of one group, as each of its sequence rows carries it."""
+    """What the ledger says of one group, as each of its sequence rows carries it (`fate_of`)."""
 
     group: int
-    """The ledger's id of the group (unique in the run); joins `sequences` to `groups`."""
+    """The ledger's id of the group (`LedgerGroup.id`, unique in the run): joins `sequences` to `groups`."""
     group_id: str | None
-    """The client's group id, if it sent one."""
+    """The handler's group id, if it sent one."""
     env: str
     env_id: int | None
+    """None for groups posted with `env_id: null`, as on the wire."""
     policy_step: int
     fate: str
-    step: int | None = None
-    """The step that trained it (fate `trained`)."""
-    reason: str | None = None
+    """One of the ledger's FATES: served, dropped, queued, held."""
+    trained_step: int | None = None
+    """The step whose batch held it (fate `served`)."""
+    drop_reason: str | None = None
     """Why it was dropped (fate `dropped`): a filter, the staleness bound or the side buffer's expiry."""
+    dropped_step: int | None = None
+    """The step to be formed next when it was dropped (fate `dropped`)."""
     acked_at: float | None = None
     """Wall-clock seconds when it was acknowledged."""
+
+
+def fate_of(row: LedgerGroup, env: str) -> Fate:
+    """The sequence rows' view of a ledger row (`env` its env's name)."""
+    return Fate(
+        group=row.id,
+        group_id=row.group_id,
+        env=env,
+        env_id=None if row.env_id == ANON_ENV else row.env_id,
+        policy_step=row.policy_step,
+        fate=row.fate,
+        trained_step=row.step if row.fate == SERVED else None,
+        drop_reason=row.reason if row.fate == DROPPED else None,
+        dropped_step=row.step if row.fate == DROPPED else None,
+        acked_at=row.acked_at,
+    )
 
 
 def sequences_schema() -> pa.Schema:
@@ -72,6 +85,7 @@ def sequences_schema() -> pa.Schema:
             pa.field("fate", pa.string(), nullable=False),
             pa.field("trained_step", pa.int64()),
             pa.field("drop_reason", pa.string()),
+            pa.field("dropped_step", pa.int64()),
             pa.field("acked_at", TIMESTAMP),
             pa.field("seq", pa.int32(), nullable=False),
             pa.field("length", pa.int32(), nullable=False),
@@ -174,8 +188,9 @@ def sequences_batch(fates: Sequence[Fate], records: Sequence[GroupRecord], schem
         "env_id": repeat([f.env_id for f in fates]),
         "policy_step": repeat([f.policy_step for f in fates]),
         "fate": repeat([f.fate for f in fates]),
-        "trained_step": repeat([f.step for f in fates]),
-        "drop_reason": repeat([f.reason for f in fates]),
+        "trained_step": repeat([f.trained_step for f in fates]),
+        "drop_reason": repeat([f.drop_reason for f in fates]),
+        "dropped_step": repeat([f.dropped_step for f in fates]),
         "acked_at": repeat([_micros(f.acked_at) for f in fates]),
         "seq": np.concatenate([np.arange(r.seqs, dtype=I32) for r in records]),
         "length": lengths.astype(I32),
@@ -198,6 +213,99 @@ def sequences_batch(fates: Sequence[Fate], records: Sequence[GroupRecord], schem
 # ------------------------------------------------------------------------------------------- ledger tables
 
 
+def groups_schema() -> pa.Schema:
+    """The `groups` table: the ledger's row of every group, kept payload or not."""
+    return pa.schema(
+        [
+            pa.field("group", pa.int64(), nullable=False),
+            pa.field("group_id", pa.string()),
+            pa.field("env", pa.string(), nullable=False),
+            pa.field("env_id", pa.int32()),
+            pa.field("handler", pa.string()),
+            pa.field("acked_at", TIMESTAMP, nullable=False),
+            pa.field("policy_step", pa.int64(), nullable=False),
+            pa.field("seqs", pa.int32(), nullable=False),
+            pa.field("tokens", pa.int64(), nullable=False),
+            pa.field("bytes", pa.int64(), nullable=False),
+            pa.field("score_mean", pa.float64(), nullable=False),
+            pa.field("score_min", pa.float64(), nullable=False),
+            pa.field("score_max", pa.float64(), nullable=False),
+            pa.field("score_std", pa.float64(), nullable=False),
+            pa.field("fate", pa.string(), nullable=False),
+            pa.field("trained_step", pa.int64()),
+            pa.field("drop_reason", pa.string()),
+            pa.field("dropped_step", pa.int64()),
+            pa.field("decided_at", TIMESTAMP),
+            pa.field("kept", pa.bool_(), nullable=False),
+        ]
+    )
+
+
+def group_row(row: LedgerGroup, env: str) -> dict[str, Any]:
+    f = fate_of(row, env)
+    return {
+        "group": row.id,
+        "group_id": row.group_id,
+        "env": env,
+        "env_id": f.env_id,
+        "handler": row.handler,
+        "acked_at": _micros(row.acked_at),
+        "policy_step": row.policy_step,
+        "seqs": row.seqs,
+        "tokens": row.tokens,
+        "bytes": row.bytes,
+        "score_mean": row.score_mean,
+        "score_min": row.score_min,
+        "score_max": row.score_max,
+        "score_std": row.score_std,
+        "fate": row.fate,
+        "trained_step": f.trained_step,
+        "drop_reason": f.drop_reason,
+        "dropped_step": f.dropped_step,
+        "decided_at": _micros(row.decided_at),
+        "kept": row.kept,
+    }
+
+
+_BY_ENV = pa.list_(
+    pa.struct([pa.field("env", pa.string()), pa.field("groups", pa.int64()), pa.field("seqs", pa.int64())])
+)
+_STALENESS = pa.list_(pa.struct([pa.field("staleness", pa.int64()), pa.field("groups", pa.int64())]))
+
+
+def steps_schema() -> pa.Schema:
+    """The `steps` table: one row per formed batch. Its mix and staleness histogram are lists of structs (not
+    maps), which every reader the export promises takes as they are."""
+    return pa.schema(
+        [
+            pa.field("step", pa.int64(), nullable=False),
+            pa.field("formed_at", TIMESTAMP, nullable=False),
+            pa.field("formation_s", pa.float64(), nullable=False),
+            pa.field("committed_at", TIMESTAMP),
+            pa.field("groups", pa.list_(pa.int64()), nullable=False),
+            pa.field("seqs", pa.int64(), nullable=False),
+            pa.field("tokens", pa.int64(), nullable=False),
+            pa.field("mix", _BY_ENV, nullable=False),
+            pa.field("staleness", _STALENESS, nullable=False),
+        ]
+    )
+
+
+def step_row(row: LedgerStep) -> dict[str, Any]:
+    envs = sorted(set(row.groups_by_env) | set(row.seqs_by_env))
+    return {
+        "step": row.step,
+        "formed_at": _micros(row.formed_at),
+        "formation_s": row.formation_s,
+        "committed_at": _micros(row.committed_at),
+        "groups": list(row.group_ids),
+        "seqs": row.seqs,
+        "tokens": row.tokens,
+        "mix": [{"env": e, "groups": row.groups_by_env.get(e, 0), "seqs": row.seqs_by_env.get(e, 0)} for e in envs],
+        "staleness": [{"staleness": int(k), "groups": v} for k, v in sorted(row.staleness.items())],
+    }
+
+
 class RowBatcher:
     """Ledger rows (one dict each, keys as the schema's fields) cut into record batches of `max_rows`."""
 
@@ -215,4 +323,3 @@ class RowBatcher:
         if not rows:
             return None
         return pa.RecordBatch.from_pylist(list(rows), schema=self.schema)
-
