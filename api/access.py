@@ -140,6 +140,7 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("POST", "/commit"): TRAINER_SIDE,
     ("GET", "/reset_data"): TRAINER_SIDE,
     ("GET", "/latest_example"): TRAINER_SIDE,
+    ("GET", "/export"): TRAINER_SIDE,  # the run's data, as the trainer reads it
     # views anyone with a key reads
     ("GET", "/status"): ANY_KEY,
     ("GET", "/info"): ANY_KEY,

@@ -18,6 +18,7 @@ from api import connections, wandb_stats
 from api.auth import require_api_key
 from api.commits import ReadAhead
 from api.errors import HTTP_CODES, RollbufError, error_body
+from api.export import PARQUET
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
 from api.limits import QueueLimits
@@ -26,7 +27,7 @@ from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, ops, trainer
+from api.routes import admin, envs, export, ops, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
 from api.side_buffer import SideLimits
@@ -90,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         GZipMiddleware,
         minimum_size=1000,
         compresslevel=settings.gzip_level,
-        exclude_content_types=MSGPACK_TYPES,
+        exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
     door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(trainer.router, dependencies=secured, responses=SECURED)
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
+    app.include_router(export.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
     if door.keys is None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from importlib.util import find_spec
 
+PARQUET = "application/vnd.apache.parquet"
+"""The media type of an exported table."""
 MISSING = "the export needs pyarrow, an optional extra: pip install 'rollbuf[export]'"
 """What the endpoint (501) and the command (exit 2) say when pyarrow is not installed."""
 
