@@ -21,6 +21,7 @@ from api.errors import HTTP_CODES, RollbufError, error_body
 from api.export import PARQUET
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
+from api.ledger import LedgerSettings
 from api.limits import QueueLimits
 from api.logs import log_client_gone, log_error, log_validation_errors
 from api.metrics import TimedStore
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             TimedStore(store),
             limits=queue_limits(settings),
             read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
+            books=ledger_settings(settings),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
@@ -122,6 +124,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     return app
+
+
+def ledger_settings(settings: Settings) -> LedgerSettings:
+    return LedgerSettings(
+        enabled=settings.ledger,
+        max_groups=settings.ledger_max_groups,
+        max_steps=settings.ledger_max_steps,
+        retain_steps=settings.retain_steps,
+        retain_bytes=settings.retain_bytes,
+    )
 
 
 def queue_limits(settings: Settings) -> QueueLimits:

@@ -9,7 +9,7 @@ import time
 
 import orjson
 
-from api import state, stats
+from api import ledger, state, stats
 from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
 from api.batches import BatchWaiting, Formation, FormedBatch
 from api.commits import COMMIT, ReadAhead, read_ahead_full
@@ -17,7 +17,7 @@ from api.errors import Conflict, Gone, RollbufError
 from api.filters import STALE
 from api.records import decode_meta
 from api.state import RunState
-from api.store.base import ANON_ENV, QueueCounts, Txn
+from api.store.base import ANON_ENV, DROPPED, SERVED, QueueCounts, Txn
 
 DEFAULT_READ_AHEAD = ReadAhead()
 
@@ -50,13 +50,14 @@ def batch_txn(
     *,
     as_json: bool = False,
     read_ahead: ReadAhead = DEFAULT_READ_AHEAD,
+    books: ledger.LedgerSettings = ledger.OFF,
 ) -> FormedBatch | BatchWaiting:
     """Batch `step` (served again until it is acknowledged), or the next one formed; without `step`, the next
     one formed (in "next" mode not kept: Atropos). The first call marks the run as started. `known`: a run
     state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
     batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
     (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
-    (`api/commits.py`)."""
+    (`api/commits.py`). `books`: the ledger's settings (its rows are written here, with the decisions)."""
     run = state.load(txn, known)
     reg = run.registration
     if reg is None:
@@ -65,7 +66,7 @@ def batch_txn(
         state.save_run(txn, reg, started=True)
     commit_mode = reg.acknowledge == COMMIT
     if step is None and not commit_mode:
-        return form(txn, run, keep=False, as_json=as_json)
+        return form(txn, run, keep=False, as_json=as_json, books=books)
     if step is None:
         step = run.step
     if step > run.step:
@@ -74,8 +75,10 @@ def batch_txn(
         )
     kept = before = state.load_kept(txn, run)
     if not commit_mode:  # asking for N acknowledges every batch before it
-        txn.drop_batches_before(step)
+        txn.drop_batches_before(step, retain=books.retaining)
         kept = kept.acknowledge(step)
+        if books.enabled and kept.committed > before.committed:
+            txn.ledger_committed(before.committed, kept.committed, time.time())
     elif step < kept.committed:
         raise Gone(
             f"batch {step} is no longer available: every batch before {kept.committed} was committed",
@@ -94,7 +97,7 @@ def batch_txn(
         return FormedBatch.unpack(step, stored)
     if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
         return BatchWaiting(reason=why, read_ahead=True)
-    result = form(txn, run, keep=True, as_json=as_json)
+    result = form(txn, run, keep=True, as_json=as_json, books=books)
     if isinstance(result, FormedBatch):
         kept = kept.keep(result.step, len(result.stored))
     if kept != before:
@@ -102,10 +105,13 @@ def batch_txn(
     return result
 
 
-def form(txn: Txn, run: RunState, *, keep: bool, as_json: bool = False) -> FormedBatch | BatchWaiting:
+def form(
+    txn: Txn, run: RunState, *, keep: bool, as_json: bool = False, books: ledger.LedgerSettings = ledger.OFF
+) -> FormedBatch | BatchWaiting:
     """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
     why not (`BatchWaiting`, the reason kept for /status)."""
     start = time.perf_counter()
+    now = time.time()
     reg = run.registration
     assert reg is not None
     spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill)
@@ -122,21 +128,36 @@ def form(txn: Txn, run: RunState, *, keep: bool, as_json: bool = False) -> Forme
         win = take_window(txn.head(env_id), min_step=min_step, max_seqs=spec.batch_size, max_tokens=spec.max_tokens)
         name = run.env_name(env_id)
         if win.stale:
-            txn.pop(env_id, [m.item_id for m in win.stale])
+            ids = [m.item_id for m in win.stale]
+            gone = txn.pop(env_id, ids, retain=books.retaining)
             state.count_dropped(txn, name, STALE, len(win.stale))
+            if books.enabled:
+                txn.ledger_decide(ids, DROPPED, step=run.step, reason=STALE, at=now, kept=books.retaining)
+                if books.retaining:
+                    ledger.count_retained(txn, len(gone), sum(len(g.payload) for g in gone))
         windows.append(EnvWindow(env_id, name, env.weight if env else 1.0, share, win.items))
     plan = plan_batch(windows, spec, state.load_credits(txn))
     if isinstance(plan, NoBatch):
         state.save_blocked(txn, plan.reason if plan.blocked else None)
         return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
-    batch, seqs_by_env = take(txn, run, plan, keep, as_json)
+    batch, seqs_by_env = take(txn, run, plan, keep, as_json, books, now, start)
     return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
 
 
-def take(txn: Txn, run: RunState, plan: Plan, keep: bool, as_json: bool = False) -> tuple[FormedBatch, dict[str, int]]:
+def take(
+    txn: Txn,
+    run: RunState,
+    plan: Plan,
+    keep: bool,
+    as_json: bool = False,
+    books: ledger.LedgerSettings = ledger.OFF,
+    now: float = 0.0,
+    start: float = 0.0,
+) -> tuple[FormedBatch, dict[str, int]]:
     """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
     the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
-    taken per env."""
+    taken per env. With the ledger on, the groups' rows say served and the batch's row is written (`start`:
+    `perf_counter` when formation began, `now`: its wall-clock time)."""
     payloads: list[bytes] = []
     order: list[int] = []
     n_groups = 0
@@ -145,7 +166,7 @@ def take(txn: Txn, run: RunState, plan: Plan, keep: bool, as_json: bool = False)
     staleness: dict[int, int] = {}
     for env_id, item_ids in plan.take.items():
         name = run.env_name(env_id)
-        for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None):
+        for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None, retain=books.retaining):
             if as_json:
                 check_servable(item.payload, run.step, name)
             payloads.append(item.payload)
@@ -162,4 +183,13 @@ def take(txn: Txn, run: RunState, plan: Plan, keep: bool, as_json: bool = False)
     batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
+    if books.enabled:
+        txn.ledger_decide(order, SERVED, step=run.step, at=now, kept=books.retaining)
+        seconds = time.perf_counter() - start
+        txn.ledger_put_step(
+            ledger.step_row(run.step, now, seconds, order, plan.seqs, plan.tokens, groups_by_env, seqs_by_env,
+                            staleness, committed=not keep)
+        )  # fmt: skip
+        if books.retaining:
+            ledger.count_retained(txn, len(payloads), sum(len(p) for p in payloads))
     return batch, seqs_by_env

@@ -6,15 +6,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
-from api import side_buffer, state, stats
+from api import ledger, side_buffer, state, stats
 from api.errors import Conflict, InvalidData, Unavailable
 from api.filters import filter_reason
 from api.idempotency import remember, same_content
 from api.limits import QueueLimits
 from api.schema import ScoredReply
 from api.state import ANON_NAME, EnvRecord, RunState
-from api.store.base import ANON_ENV, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.base import (
+    ANON_ENV,
+    DROPPED,
+    HELD,
+    QUEUED,
+    HeldGroup,
+    HeldMeta,
+    ItemMeta,
+    LedgerGroup,
+    QueueCounts,
+    QueuedItem,
+    Txn,
+)
 from api.submissions import Submission
 from api.validation import check_policy_step
 
@@ -37,11 +50,17 @@ VALIDATION_ROUNDS = 3
 
 
 def submit_txn(
-    txn: Txn, subs: Sequence[Submission], seen_run: RunState, limits: QueueLimits
+    txn: Txn,
+    subs: Sequence[Submission],
+    seen_run: RunState,
+    limits: QueueLimits,
+    books: ledger.LedgerSettings = ledger.OFF,
+    handler: str | None = None,
 ) -> tuple[list[ScoredReply], RunState]:
     """Store validated submissions all-or-nothing, with the run state found: `StaleRun` if what they were
     validated against (`seen_run`) no longer holds, `QueueFull` past a limit, a 409 for a reused key with
-    other content. A key already stored answers its first reply, marked `duplicate`."""
+    other content. A key already stored answers its first reply, marked `duplicate`. With the ledger on
+    (`books`), each new group's row is written too, with its fate (`handler`: the key that sent them)."""
     run = state.load(txn, seen_run)
     if not still_valid(subs, seen_run, run):
         raise StaleRun(run)
@@ -74,11 +93,13 @@ def submit_txn(
                 first_in_request[sub.key] = i
     held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}
     for env_id in sorted(held_envs):  # room that expired groups leave counts for what arrives now
-        expire_held(txn, run, env_id, now, limits.side)
+        expire_held(txn, run, env_id, now, limits.side, books)
     check_capacity(limits, txn.counts(), txn.held_counts(), [s for _, s in fresh])
     reg = run.registration
     assert reg is not None
     received: dict[str, int] = {}
+    rows: list[LedgerGroup] = []
+    retained = [0, 0]
     for i, sub in fresh:
         env_id = ANON_ENV if sub.env_id is None else sub.env_id
         env = run.env(env_id)
@@ -89,11 +110,26 @@ def submit_txn(
         if reason is not None:
             state.count_dropped(txn, name, reason)
             reply = ScoredReply(status="received")
+            if books.enabled:
+                row = ledger.group_row(txn.next_item_id(), env_id, sub.record, len(sub.payload), handler, DROPPED, now)
+                row = replace(row, step=run.step, reason=reason, decided_at=now, kept=books.retaining)
+                rows.append(row)
+                if books.retaining:  # what keeping dropped groups costs: a payload written that is never queued
+                    txn.keep_payloads([(row.id, sub.payload)])
+                    retained[0] += 1
+                    retained[1] += len(sub.payload)
         elif env is not None and held_env(run, sub) is env:
-            reply = hold_group(txn, env, sub, step, now, limits)
+            if rows:  # a released group's row must be there to move (`ledger_requeue`)
+                txn.ledger_add(rows)
+                rows = []
+            reply, item_id, fate = hold_group(txn, env, sub, step, now, limits, books)
+            if books.enabled:
+                rows.append(ledger.group_row(item_id, env_id, sub.record, len(sub.payload), handler, fate, now))
         else:
-            enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
+            item_id = enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
             reply = ScoredReply(status="received")
+            if books.enabled:
+                rows.append(ledger.group_row(item_id, env_id, sub.record, len(sub.payload), handler, QUEUED, now))
         if sub.key:
             txn.put_reply(sub.key, remember(reply.model_dump_json(exclude_none=True), sub.digest))
         replies[i] = reply
@@ -102,6 +138,9 @@ def submit_txn(
         assert first_reply is not None
         replies[i] = first_reply.model_copy(update={"duplicate": True})
     stats.count_received(txn, received)
+    if rows:
+        txn.ledger_add(rows)
+    ledger.count_retained(txn, *retained)
     return [r for r in replies if r is not None], run
 
 
@@ -151,16 +190,27 @@ def check_capacity(
         raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
 
 
-def enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: bytes) -> None:
-    """Queue one stored group (or a released side-buffer group) behind its env's others."""
+def enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: bytes) -> int:
+    """Queue one stored group (or a released side-buffer group) behind its env's others; its item id."""
     meta = ItemMeta(item_id=txn.next_item_id(), seqs=seqs, tokens=tokens, policy_step=step)
     txn.append(env_id, QueuedItem(meta=meta, n_groups=1, payload=payload))
+    return meta.item_id
 
 
-def hold_group(txn: Txn, env: EnvRecord, sub: Submission, step: int, now: float, limits: QueueLimits) -> ScoredReply:
+def hold_group(
+    txn: Txn,
+    env: EnvRecord,
+    sub: Submission,
+    step: int,
+    now: float,
+    limits: QueueLimits,
+    books: ledger.LedgerSettings = ledger.OFF,
+) -> tuple[ScoredReply, int, str]:
     """Hold a group whose size is not its env's group_size aside, or queue it with held groups that together
     with it make whole groups (Atropos's mixed-size buffering). Costs the group, not what the buffer holds.
-    QueueFull if holding it would pass the side buffer's bound (one that completes held groups always fits)."""
+    QueueFull if holding it would pass the side buffer's bound (one that completes held groups always fits).
+    Returns the reply, and the new group's item id and ledger fate (HELD or QUEUED); the ledger rows of held
+    groups released with it move to their queue ids."""
     held = txn.held(env.env_id)
     meta = ItemMeta(txn.next_item_id(), sub.record.seqs, sub.record.n_tokens, step)
     picked = side_buffer.to_release(held, meta.seqs, env.group_size)
@@ -175,34 +225,58 @@ def hold_group(txn: Txn, env: EnvRecord, sub: Submission, step: int, now: float,
                 limits.retry_after,
             )
         txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
-        return ScoredReply(status="buffered", buffer_size=sum(h.meta.seqs for h in held) + meta.seqs)
+        reply = ScoredReply(status="buffered", buffer_size=sum(h.meta.seqs for h in held) + meta.seqs)
+        return reply, meta.item_id, HELD
     old = [held[i].meta.item_id for i in picked if i < len(held)]
     released = {g.meta.item_id: g for g in txn.release(env.env_id, old)}
+    new_id, fate = meta.item_id, HELD
     for i in picked:
         if i < len(held):
             g = released[held[i].meta.item_id]
-            enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
+            item_id = enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
+            if books.enabled:
+                txn.ledger_requeue(g.meta.item_id, item_id)
         else:
-            enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload)
+            new_id, fate = enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload), QUEUED
     if len(held) not in picked:  # the new group stays held (only if older ones already added up: a migration)
         txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
     left = sum(h.meta.seqs for i, h in enumerate(held) if i not in set(picked))
-    return ScoredReply(status="buffered", buffer_size=left + (0 if len(held) in picked else meta.seqs))
+    reply = ScoredReply(status="buffered", buffer_size=left + (0 if len(held) in picked else meta.seqs))
+    return reply, new_id, fate
 
 
-def expire_held(txn: Txn, run: RunState, env_id: int, now: float, limits: side_buffer.SideLimits) -> int:
-    """Drop env_id's held groups past the ttl, counted as `side_buffer_expired`; how many."""
+def expire_held(
+    txn: Txn,
+    run: RunState,
+    env_id: int,
+    now: float,
+    limits: side_buffer.SideLimits,
+    books: ledger.LedgerSettings = ledger.OFF,
+) -> int:
+    """Drop env_id's held groups past the ttl, counted as `side_buffer_expired` (and so in the ledger); how many."""
     gone: list[HeldMeta] = side_buffer.expired(txn.held(env_id), now, limits)
     if gone:
-        txn.release(env_id, [h.meta.item_id for h in gone])
+        released = txn.release(env_id, [h.meta.item_id for h in gone])
         state.count_dropped(txn, run.env_name(env_id), side_buffer.EXPIRED, len(gone))
+        if books.enabled:
+            ids = [g.meta.item_id for g in released]
+            txn.ledger_decide(ids, DROPPED, step=run.step, reason=side_buffer.EXPIRED, at=now, kept=books.retaining)
+            if books.retaining:
+                txn.keep_payloads([(g.meta.item_id, g.payload) for g in released])
+                ledger.count_retained(txn, len(released), sum(len(g.payload) for g in released))
     return len(gone)
 
 
-def expire_txn(txn: Txn, now: float, limits: side_buffer.SideLimits, known: RunState | None = None) -> int:
+def expire_txn(
+    txn: Txn,
+    now: float,
+    limits: side_buffer.SideLimits,
+    known: RunState | None = None,
+    books: ledger.LedgerSettings = ledger.OFF,
+) -> int:
     """The sweep: drop every env's expired held groups; how many (reads only the envs that hold some)."""
     run = state.load(txn, known)
-    return sum(expire_held(txn, run, env_id, now, limits) for env_id in sorted(txn.held_counts()))
+    return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held_counts()))
 
 
 def still_valid(subs: Sequence[Submission], seen: RunState, run: RunState) -> bool:

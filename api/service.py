@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from api import state, stats, submissions
+from api import ledger, state, stats, submissions
 from api.access import ANONYMOUS, Identity
 from api.acks import commit_txn
 from api.batches import BatchWaiting, FormedBatch
@@ -75,6 +75,11 @@ class Service:
     _swept_at: float = field(default_factory=time.monotonic)
     """When (monotonic) this process last swept the side buffers for expired groups, or started (`_sweep_soon`)."""
     _sweeping: asyncio.Task[None] | None = None
+    books: ledger.LedgerSettings = field(default_factory=ledger.LedgerSettings)
+    """The ledger: whether it is written, how long it and retained payloads are kept (docs/ledger.md)."""
+    _pruned_at: float = field(default_factory=time.monotonic)
+    """When (monotonic) this process last pruned the ledger and retained payloads (`_prune_soon`)."""
+    _pruning: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -234,7 +239,7 @@ class Service:
                 if env is not None:
                     check_owner(caller, env, (*sub.loc, "env_id"))
             try:
-                return await self.store_submissions(subs, run)
+                return await self.store_submissions(subs, run, None if caller is ANONYMOUS else caller.name)
             except StaleRun as stale:
                 run, remembered = stale.run, False
         raise Unavailable("the run kept changing while this request was validated; send it again", 0)
@@ -253,12 +258,16 @@ class Service:
         finally:
             request_env.set(ctx.get(request_env))
 
-    async def store_submissions(self, subs: Sequence[Submission], run: RunState) -> list[ScoredReply]:
+    async def store_submissions(
+        self, subs: Sequence[Submission], run: RunState, handler: str | None = None
+    ) -> list[ScoredReply]:
         """Store groups validated against `run` all-or-nothing (the JSON and binary paths both end here);
-        `StaleRun` if the store's run state no longer agrees with `run` on what validation used."""
+        `StaleRun` if the store's run state no longer agrees with `run` on what validation used. `handler`: the
+        name of the key that sent them, for the ledger."""
         try:
             replies, self._run = await self.store.transact(
-                lambda txn: submit_txn(txn, subs, run, self.limits), replies=[s.key for s in subs if s.key]
+                lambda txn: submit_txn(txn, subs, run, self.limits, self.books, handler),
+                replies=[s.key for s in subs if s.key],
             )
         except StaleRun as stale:
             self._run = stale.run
@@ -311,7 +320,9 @@ class Service:
         try:
             if not await self.store.read(lambda txn: bool(txn.held_counts())):
                 return  # the common case: nothing held, nothing written
-            n = await self.store.transact(lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run))
+            n = await self.store.transact(
+                lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, self.books)
+            )
             if n:
                 log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
                          n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
@@ -320,11 +331,37 @@ class Service:
         finally:
             self._sweeping = None
 
+    def _prune_soon(self) -> None:
+        """Prune retained payloads and the ledger past their bounds at most every `LedgerSettings.prune_every`
+        seconds, in a task of its own, from a trainer's calls: each prune is one transaction of bounded size
+        (`ledger.PRUNE_CHUNK`), so ingest waits for it no longer than for a batch's formation."""
+        books = self.books
+        now = time.monotonic()
+        if not books.enabled or self._pruning is not None or now - self._pruned_at < books.prune_every:
+            return
+        self._pruned_at = now
+        self._pruning = asyncio.get_running_loop().create_task(self._prune())
+
+    async def _prune(self) -> None:
+        try:
+            payloads, rows = await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
+            if payloads or rows:
+                log.debug("ledger: pruned %d retained payloads and %d rows", payloads, rows)
+        except Unavailable:
+            pass  # the next prune tries again
+        finally:
+            self._pruning = None
+
+    async def prune(self) -> tuple[int, int]:
+        """One prune now (tests, and `_prune_soon`'s work): (retained payloads, ledger rows) forgotten."""
+        return await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
+
     async def close(self) -> None:
         """Write what is counted in memory (refusals) before the store closes."""
-        if self._sweeping is not None:
-            self._sweeping.cancel()
-            self._sweeping = None
+        for task in (self._sweeping, self._pruning):
+            if task is not None:
+                task.cancel()
+        self._sweeping = self._pruning = None
         if self._flushing is not None:
             self._flushing.cancel()
             self._flushing = None
@@ -345,8 +382,9 @@ class Service:
         kind marks the run as started (environments may register from then on).
         """
         self._sweep_soon()
+        self._prune_soon()
         result = await self.store.transact(
-            lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead)
+            lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books)
         )
         if isinstance(result, FormedBatch) and result.formation is not None:
             formed = result.formation
@@ -360,7 +398,7 @@ class Service:
 
     async def commit(self, step: int) -> CommitReply:
         """Acknowledge every batch before `step` (POST /commit); wakes a trainer waiting at its read-ahead bound."""
-        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run))
+        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run, self.books))
         self.wakeups.changed()
         return reply
 

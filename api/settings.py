@@ -90,6 +90,19 @@ class Settings(BaseSettings):
     side_buffer_ttl_s: float | None = Field(1800.0, gt=0)
     """Seconds a group waits in a side buffer before it is dropped and counted (`side_buffer_expired`): held
     sizes that never add up (an env that loses one rollout of every group) are not held for ever."""
+    ledger: bool = True
+    """Write the ledger: every acknowledged group's fate and every formed batch's contents (docs/ledger.md),
+    in the transaction that decides them."""
+    ledger_max_groups: int | None = Field(1_000_000, gt=0)
+    """Ledger rows of groups kept: rows of groups acknowledged before the last this many are pruned in the
+    background once served or dropped. None: all (the ledger grows with the run)."""
+    ledger_max_steps: int | None = Field(100_000, gt=0)
+    """Ledger rows of formed batches kept: those of the last this many steps. None: all."""
+    retain_steps: int | None = Field(None, ge=0)
+    """Keep served and dropped groups' payloads (readable at /ledger) for this many steps after their fate.
+    With `retain_bytes` unset too: none are kept (the default: retaining costs a write per dropped group)."""
+    retain_bytes: int | None = Field(None, ge=0)
+    """Keep served and dropped groups' payloads while they hold at most this many bytes (the oldest go first)."""
     retry_after: float = Field(2.0, gt=0)
     """Seconds a client is told to wait (Retry-After) when the queue is full."""
 

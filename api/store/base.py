@@ -358,9 +358,9 @@ class Txn(ABC):
 
     @abstractmethod
     def ledger_prune(self, below_id: int, below_step: int) -> int:
-        """Forget group rows with id below `below_id` whose fate is final (served, dropped; a retained payload
-        stays until `prune_payloads`) and step rows below `below_step`; the group rows forgotten. Costs what
-        it forgets, not the ledger."""
+        """Forget group rows with id below `below_id` whose fate is final (served, dropped) and whose payload is
+        not retained (`kept`), and step rows below `below_step`; the group rows forgotten. Costs the rows below
+        `below_id`, not the ledger."""
 
     # --- retained payloads (retention, docs/ledger.md): payloads of served and dropped groups, by ledger id ---
     @abstractmethod

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
-from api.store.base import HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Store, Txn
+from api.store.base import (
+    DROPPED,
+    QUEUED,
+    SERVED,
+    HeldGroup,
+    HeldMeta,
+    ItemMeta,
+    KeptPayload,
+    LedgerGroup,
+    LedgerStep,
+    QueueCounts,
+    QueuedItem,
+    Store,
+    Txn,
+)
 
 T = TypeVar("T")
 
@@ -38,6 +53,10 @@ class _State:
         self.batches: dict[int, tuple[bytes, list[int]]] = {}
         self.kept: dict[int, bytes] = {}
         """Payloads of popped items that a kept batch refers to, by item id."""
+        self.retained: dict[int, bytes] = {}
+        """Retained payloads of served and dropped groups, by ledger id."""
+        self.ledger: dict[int, LedgerGroup] = {}
+        self.steps: dict[int, LedgerStep] = {}
         self.next_id = 1
 
 
@@ -82,7 +101,9 @@ class MemoryTxn(Txn):
     def head(self, env_id: int) -> Iterator[ItemMeta]:
         return (item.meta for item in self._s.queues.get(env_id, ()))
 
-    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+    def pop(
+        self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None, retain: bool = False
+    ) -> list[QueuedItem]:
         wanted = list(item_ids)
         if not wanted:
             return []
@@ -111,10 +132,11 @@ class MemoryTxn(Txn):
 
         self._undo.append(undo)
         removed = [item for item in found if item is not None]
-        if keep_for is not None:
+        if keep_for is not None or retain:
+            where = self._s.kept if keep_for is not None else self._s.retained
             for item in removed:
-                self._restore(self._s.kept, item.meta.item_id)
-                self._s.kept[item.meta.item_id] = item.payload
+                self._restore(where, item.meta.item_id)
+                where[item.meta.item_id] = item.payload
         self._restore(self._s.counts, env_id)
         total = QueueCounts()
         for item in removed:
@@ -194,13 +216,111 @@ class MemoryTxn(Txn):
         header, item_ids = kept
         return b"".join([header, *(self._s.kept[i] for i in item_ids)])
 
-    def drop_batches_before(self, step: int) -> None:
+    def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
         for old in [s for s in self._s.batches if s < step]:
             for item_id in self._s.batches[old][1]:
                 self._restore(self._s.kept, item_id)
-                del self._s.kept[item_id]
+                payload = self._s.kept.pop(item_id)
+                if retain:
+                    self._restore(self._s.retained, item_id)
+                    self._s.retained[item_id] = payload
             self._restore(self._s.batches, old)
             del self._s.batches[old]
+
+    # --- the ledger ---
+    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
+        for row in rows:
+            self._restore(self._s.ledger, row.id)
+            self._s.ledger[row.id] = row
+
+    def ledger_decide(
+        self,
+        ids: Sequence[int],
+        fate: str,
+        *,
+        step: int | None = None,
+        reason: str | None = None,
+        at: float | None = None,
+        kept: bool = False,
+    ) -> None:
+        ledger = self._s.ledger
+        for i in ids:
+            row = ledger.get(i)
+            if row is not None:
+                self._restore(ledger, i)
+                ledger[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
+
+    def ledger_requeue(self, old_id: int, new_id: int) -> None:
+        row = self._s.ledger.get(old_id)
+        if row is None:
+            return
+        self._restore(self._s.ledger, old_id)
+        self._restore(self._s.ledger, new_id)
+        del self._s.ledger[old_id]
+        self._s.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
+
+    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
+        return [row for i in ids if (row := self._s.ledger.get(i)) is not None]
+
+    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
+        return sorted((r for r in self._s.ledger.values() if r.group_id == group_id), key=lambda r: r.id)
+
+    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
+        ids = sorted(i for i in self._s.ledger if i > after_id)[:limit]
+        return [self._s.ledger[i] for i in ids]
+
+    def ledger_put_step(self, row: LedgerStep) -> None:
+        self._restore(self._s.steps, row.step)
+        self._s.steps[row.step] = row
+
+    def ledger_committed(self, first: int, before: int, at: float) -> None:
+        for step in range(first, before):
+            row = self._s.steps.get(step)
+            if row is not None and row.committed_at is None:
+                self._restore(self._s.steps, step)
+                self._s.steps[step] = replace(row, committed_at=at)
+
+    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
+        return [self._s.steps[s] for s in sorted(self._s.steps) if first <= s <= last]
+
+    def ledger_prune(self, below_id: int, below_step: int) -> int:
+        ledger = self._s.ledger
+        gone = [i for i, r in ledger.items() if i < below_id and r.fate in (SERVED, DROPPED) and not r.kept]
+        for i in gone:
+            self._restore(ledger, i)
+            del ledger[i]
+        for step in [s for s in self._s.steps if s < below_step]:
+            self._restore(self._s.steps, step)
+            del self._s.steps[step]
+        return len(gone)
+
+    # --- retained payloads ---
+    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
+        for item_id, payload in items:
+            self._restore(self._s.retained, item_id)
+            self._s.retained[item_id] = payload
+
+    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for i in ids:
+            payload = self._s.retained.get(i, self._s.kept.get(i))
+            if payload is not None:
+                out[i] = payload
+        return out
+
+    def kept_oldest(self, limit: int) -> list[KeptPayload]:
+        kept = sorted((r.step if r.step is not None else 0, i, r.bytes) for i, r in self._s.ledger.items() if r.kept)
+        return [KeptPayload(i, step, size) for step, i, size in kept[:limit]]
+
+    def prune_payloads(self, ids: Sequence[int]) -> None:
+        for i in ids:
+            if i in self._s.retained:
+                self._restore(self._s.retained, i)
+                del self._s.retained[i]
+            row = self._s.ledger.get(i)
+            if row is not None and row.kept:
+                self._restore(self._s.ledger, i)
+                self._s.ledger[i] = replace(row, kept=False)
 
     def clear(self) -> None:
         old = self._s.__dict__.copy()

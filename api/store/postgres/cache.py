@@ -17,7 +17,8 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql
 
-from api.store.base import ItemMeta
+from api.store.base import ItemMeta, LedgerGroup
+from api.store.ledger_rows import GROUP_COLUMNS, group_values
 from api.store.postgres.config import PostgresConfig
 
 _FLUSH_QUEUE = (
@@ -38,6 +39,12 @@ _FLUSH_COUNTS = (
 _FLUSH_VALUES = (
     "INSERT INTO kv (key, value) SELECT * FROM unnest(%b::text[], %b::text[]) "
     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+_FLUSH_LEDGER = (
+    f"INSERT INTO ledger ({GROUP_COLUMNS}) SELECT * FROM unnest(%b::int8[], %b::int8[], %b::bytea[], %b::text[], "
+    "%b::float8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::float8[], %b::float8[], %b::float8[], "
+    "%b::float8[], %b::text[], %b::int8[], %b::text[], %b::float8[], %b::bool[])"
 )
 
 _FLUSH_COUNTERS = (
@@ -74,6 +81,8 @@ class Pending:
     appended: bool = False
     counters: dict[tuple[str, str], int] = field(default_factory=dict)
     """Deltas to add to the counters table, by (kind, name)."""
+    ledger: dict[int, LedgerGroup] = field(default_factory=dict)
+    """Ledger rows added (and decided since) in this group, by id: inserted with the COMMIT."""
 
     def copy(self) -> Pending:
         return Pending(
@@ -87,6 +96,7 @@ class Pending:
             self.fetched_replies,
             self.appended,
             dict(self.counters),
+            dict(self.ledger),
         )
 
 
@@ -167,6 +177,9 @@ class Group:
                     _FLUSH_COUNTERS,
                     [[k for k, _ in counted], [n for _, n in counted], [p.counters[k] for k in counted]],
                 )
+            if p.ledger:
+                rows = [group_values(r) for r in p.ledger.values()]
+                conn.execute(_FLUSH_LEDGER, [list(col) for col in zip(*rows, strict=True)], binary=True)
             if self.next_id != self.stored_next_id:
                 conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
             if notify is not None and (p.appended or p.dirty_values):  # data queued, or the run or an env changed

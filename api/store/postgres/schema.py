@@ -120,10 +120,40 @@ STEPS = (
         ),
         convert=_held_rows,
     ),
+    Step(
+        "the ledger: one row per acknowledged group and its fate, one per formed batch (docs/ledger.md); retained "
+        "payloads stay in payloads, under their group's id",
+        (
+            "CREATE TABLE {s}.ledger (id bigint PRIMARY KEY, env_id bigint NOT NULL, group_id bytea, handler text, "
+            "acked_at double precision NOT NULL, policy_step bigint NOT NULL, seqs bigint NOT NULL, "
+            "tokens bigint NOT NULL, bytes bigint NOT NULL, score_mean double precision NOT NULL, "
+            "score_min double precision NOT NULL, score_max double precision NOT NULL, "
+            "score_std double precision NOT NULL, fate text NOT NULL, step bigint, reason text, "
+            "decided_at double precision, kept boolean NOT NULL DEFAULT false)",
+            "CREATE INDEX ledger_by_group_id ON {s}.ledger (group_id) WHERE group_id IS NOT NULL",
+            "CREATE INDEX ledger_kept ON {s}.ledger (step, id) WHERE kept",
+            "CREATE TABLE {s}.ledger_steps (step bigint PRIMARY KEY, formed_at double precision NOT NULL, "
+            "formation_s double precision NOT NULL, group_ids bytea NOT NULL, seqs bigint NOT NULL, "
+            "tokens bigint NOT NULL, groups_by_env text NOT NULL, seqs_by_env text NOT NULL, staleness text NOT NULL, "
+            "committed_at double precision)",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
-CLEARED = ("kv", "queue", "payloads", "counts", "held", "replies", "batches", "envs", "counters")
+CLEARED = (
+    "kv",
+    "queue",
+    "payloads",
+    "counts",
+    "held",
+    "replies",
+    "batches",
+    "envs",
+    "counters",
+    "ledger",
+    "ledger_steps",
+)
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
 

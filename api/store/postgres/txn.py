@@ -6,12 +6,27 @@ database under the function's own savepoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import psycopg
 
-from api.store.base import ANON_ENV, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn, held_slot
+from api.store.base import (
+    ANON_ENV,
+    QUEUED,
+    HeldGroup,
+    HeldMeta,
+    ItemMeta,
+    KeptPayload,
+    LedgerGroup,
+    LedgerStep,
+    QueueCounts,
+    QueuedItem,
+    Txn,
+    held_slot,
+)
 from api.store.jobs import head_chunk_sizes
+from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, step_of, step_values
 from api.store.postgres.cache import Group, db_key
 from api.store.postgres.schema import CLEARED
 
@@ -45,6 +60,13 @@ _RELEASE = """
 DELETE FROM held WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
   AND (SELECT count(*) FROM held WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
 RETURNING item_id, seqs, tokens, policy_step, held_at, payload
+"""
+_DROP_BATCHES_RETAINING = """
+WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items)
+SELECT coalesce(array_agg(id), '{{}}') FROM (SELECT unnest(items) AS id FROM old) AS ids
+"""
+_LEDGER_DECIDE = """
+UPDATE ledger SET fate = %b, step = %b, reason = %b, decided_at = %b, kept = %b WHERE id = ANY(%b)
 """
 _DROP_BATCHES = """
 WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items),
@@ -121,7 +143,9 @@ class PostgresTxn(Txn):
             if meta.item_id in self._p.queued.get(env_id, {}):
                 yield meta
 
-    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+    def pop(
+        self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None, retain: bool = False
+    ) -> list[QueuedItem]:
         wanted = list(item_ids)
         if not wanted:
             return []
@@ -134,7 +158,7 @@ class PostgresTxn(Txn):
         found: dict[int, QueuedItem] = {}
         if stored:
             rows = self._write(
-                _POP_KEEP if keep_for is not None else _POP, {"env": env_id, "ids": stored, "n": len(stored)}
+                _POP_KEEP if keep_for is not None or retain else _POP, {"env": env_id, "ids": stored, "n": len(stored)}
             ).fetchall()
             if len(rows) != len(stored):  # nothing was deleted
                 missing = sorted(set(stored) - {row[0] for row in rows})
@@ -144,7 +168,7 @@ class PostgresTxn(Txn):
         for item_id in wanted:
             if item_id in local:
                 meta, n_groups = local.pop(item_id)
-                payload = p.payloads[item_id] if keep_for is not None else p.payloads.pop(item_id)
+                payload = p.payloads[item_id] if keep_for is not None or retain else p.payloads.pop(item_id)
                 found[item_id] = QueuedItem(meta, n_groups, payload)
         items = [found[i] for i in wanted]
         gone = QueueCounts.of(items)
@@ -257,13 +281,145 @@ class PostgresTxn(Txn):
             payloads.update(cur.fetchall())
         return b"".join([header, *(payloads[i] for i in ids)])
 
-    def drop_batches_before(self, step: int) -> None:
-        self._drop_batches("<", step)
+    def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
+        self._drop_batches("<", step, retain)
 
-    def _drop_batches(self, op: str, step: int) -> None:
+    def _drop_batches(self, op: str, step: int, retain: bool = False) -> None:
+        if retain:
+            self._write(_DROP_BATCHES_RETAINING.format(op=op), (step,))
+            return
         row = self._write(_DROP_BATCHES.format(op=op), (step,)).fetchone()
         for item_id in row[0] if row else ():
             self._p.payloads.pop(item_id, None)
+
+    # --- the ledger: rows added wait for the COMMIT (the ingest path); decisions on stored rows write through ---
+    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
+        self._writable()
+        for r in rows:
+            self._p.ledger[r.id] = r
+
+    def ledger_decide(
+        self,
+        ids: Sequence[int],
+        fate: str,
+        *,
+        step: int | None = None,
+        reason: str | None = None,
+        at: float | None = None,
+        kept: bool = False,
+    ) -> None:
+        self._writable()
+        pending = self._p.ledger
+        stored = []
+        for i in ids:
+            row = pending.get(i)
+            if row is None:
+                stored.append(i)
+            else:
+                pending[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
+        if stored:
+            self._write(_LEDGER_DECIDE, (fate, step, reason, at, kept, stored))
+
+    def ledger_requeue(self, old_id: int, new_id: int) -> None:
+        self._writable()
+        row = self._p.ledger.pop(old_id, None)
+        if row is not None:
+            self._p.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
+        else:
+            self._write("UPDATE ledger SET id = %b, fate = %b WHERE id = %b", (new_id, QUEUED, old_id))
+
+    def _ledger_query(self, where: str, params: Sequence[Any]) -> list[LedgerGroup]:
+        cur = self._db.execute(f"SELECT {GROUP_COLUMNS} FROM ledger WHERE {where}", params, binary=True)
+        return [group_of(r) for r in cur.fetchall()]
+
+    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
+        wanted = list(ids)
+        found = {i: self._p.ledger[i] for i in wanted if i in self._p.ledger}
+        stored = [i for i in wanted if i not in found]
+        if stored:
+            found.update((r.id, r) for r in self._ledger_query("id = ANY(%b)", (stored,)))
+        return [found[i] for i in wanted if i in found]
+
+    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
+        rows = {r.id: r for r in self._ledger_query("group_id = %b", (gid_bytes(group_id),))}
+        rows.update((r.id, r) for r in self._p.ledger.values() if r.group_id == group_id)
+        return [rows[i] for i in sorted(rows)]
+
+    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
+        rows = {r.id: r for r in self._ledger_query("id > %b ORDER BY id LIMIT %b", (after_id, limit))}
+        rows.update((r.id, r) for r in self._p.ledger.values() if r.id > after_id)
+        return [rows[i] for i in sorted(rows)[:limit]]
+
+    def ledger_put_step(self, row: LedgerStep) -> None:
+        cols = STEP_COLUMNS.split(", ")
+        sets = ", ".join(f"{c} = excluded.{c}" for c in cols[1:])
+        self._write(
+            f"INSERT INTO ledger_steps ({STEP_COLUMNS}) VALUES ({', '.join(['%b'] * len(cols))}) "
+            f"ON CONFLICT (step) DO UPDATE SET {sets}",
+            step_values(row),
+        )
+
+    def ledger_committed(self, first: int, before: int, at: float) -> None:
+        self._write(
+            "UPDATE ledger_steps SET committed_at = %b WHERE step >= %b AND step < %b AND committed_at IS NULL",
+            (at, first, before),
+        )
+
+    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
+        cur = self._db.execute(
+            f"SELECT {STEP_COLUMNS} FROM ledger_steps WHERE step >= %b AND step <= %b ORDER BY step",
+            (first, last),
+            binary=True,
+        )
+        return [step_of(r) for r in cur.fetchall()]
+
+    def ledger_prune(self, below_id: int, below_step: int) -> int:
+        cur = self._write(
+            "DELETE FROM ledger WHERE id < %b AND fate IN ('served', 'dropped') AND NOT kept", (below_id,)
+        )
+        gone = cur.rowcount
+        self._write("DELETE FROM ledger_steps WHERE step < %b", (below_step,))
+        return gone
+
+    # --- retained payloads: rows of payloads, under their group's id ---
+    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
+        self._writable()
+        for item_id, payload in items:
+            self._p.payloads[item_id] = payload
+
+    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
+        wanted = list(ids)
+        out = {i: self._p.payloads[i] for i in wanted if i in self._p.payloads}
+        stored = [i for i in wanted if i not in out]
+        if stored:
+            cur = self._db.execute(
+                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
+            )
+            out.update((int(i), bytes(p)) for i, p in cur.fetchall())
+        return out
+
+    def kept_oldest(self, limit: int) -> list[KeptPayload]:
+        cur = self._db.execute(
+            "SELECT id, coalesce(step, 0), bytes FROM ledger WHERE kept ORDER BY step, id LIMIT %b",
+            (limit,),
+            binary=True,
+        )
+        out = {int(r[0]): KeptPayload(int(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()}
+        out.update((r.id, KeptPayload(r.id, r.step or 0, r.bytes)) for r in self._p.ledger.values() if r.kept)
+        return sorted(out.values(), key=lambda k: (k.step, k.id))[:limit]
+
+    def prune_payloads(self, ids: Sequence[int]) -> None:
+        wanted = list(ids)
+        if not wanted:
+            return
+        self._writable()
+        for i in wanted:
+            self._p.payloads.pop(i, None)
+            row = self._p.ledger.get(i)
+            if row is not None:
+                self._p.ledger[i] = replace(row, kept=False)
+        self._write("DELETE FROM payloads WHERE item_id = ANY(%b)", (wanted,))
+        self._write("UPDATE ledger SET kept = false WHERE id = ANY(%b)", (wanted,))
 
     def clear(self) -> None:
         self._writable()
@@ -279,3 +435,4 @@ class PostgresTxn(Txn):
         p.replies.clear()
         p.fetched_replies = {}
         p.counters.clear()
+        p.ledger.clear()

@@ -113,10 +113,38 @@ STEPS = (
         ),
         convert=_held_rows,
     ),
+    Step(
+        "the ledger: one row per acknowledged group and its fate, one per formed batch (docs/ledger.md); retained "
+        "payloads stay in payloads, under their group's id",
+        (
+            "CREATE TABLE ledger (id INTEGER PRIMARY KEY, env_id INTEGER NOT NULL, group_id BLOB, handler TEXT, "
+            "acked_at REAL NOT NULL, policy_step INTEGER NOT NULL, seqs INTEGER NOT NULL, tokens INTEGER NOT NULL, "
+            "bytes INTEGER NOT NULL, score_mean REAL NOT NULL, score_min REAL NOT NULL, score_max REAL NOT NULL, "
+            "score_std REAL NOT NULL, fate TEXT NOT NULL, step INTEGER, reason TEXT, decided_at REAL, "
+            "kept INTEGER NOT NULL DEFAULT 0)",
+            "CREATE INDEX ledger_by_group_id ON ledger (group_id) WHERE group_id IS NOT NULL",
+            "CREATE INDEX ledger_kept ON ledger (step, id) WHERE kept = 1",
+            "CREATE TABLE ledger_steps (step INTEGER PRIMARY KEY, formed_at REAL NOT NULL, formation_s REAL NOT NULL, "
+            "group_ids BLOB NOT NULL, seqs INTEGER NOT NULL, tokens INTEGER NOT NULL, groups_by_env TEXT NOT NULL, "
+            "seqs_by_env TEXT NOT NULL, staleness TEXT NOT NULL, committed_at REAL)",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
-CLEARED = ("kv", "queue", "payloads", "counts", "held", "replies", "batches", "envs", "counters")
+CLEARED = (
+    "kv",
+    "queue",
+    "payloads",
+    "counts",
+    "held",
+    "replies",
+    "batches",
+    "envs",
+    "counters",
+    "ledger",
+    "ledger_steps",
+)
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
 

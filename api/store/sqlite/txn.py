@@ -13,8 +13,22 @@ from typing import cast
 
 import numpy as np
 
-from api.store.base import ANON_ENV, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn, held_slot
+from api.store.base import (
+    ANON_ENV,
+    QUEUED,
+    HeldGroup,
+    HeldMeta,
+    ItemMeta,
+    KeptPayload,
+    LedgerGroup,
+    LedgerStep,
+    QueueCounts,
+    QueuedItem,
+    Txn,
+    held_slot,
+)
 from api.store.jobs import head_chunk_sizes
+from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, group_values, step_of, step_values
 from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.schema import CLEARED
 
@@ -42,6 +56,9 @@ _HOLD = (
     "INSERT INTO held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) VALUES (?,?,?,?,?,?,?,?)"
 )
 _HELD = "SELECT item_id, seqs, tokens, policy_step, held_at, bytes FROM held WHERE env_id = ? ORDER BY item_id"
+
+_LEDGER_ADD = f"INSERT INTO ledger ({GROUP_COLUMNS}) VALUES ({','.join('?' * 18)})"
+_LEDGER_DECIDE = "UPDATE ledger SET fate = ?, step = ?, reason = ?, decided_at = ?, kept = ? WHERE id = ?"
 
 _ADD_COUNTER = (
     "INSERT INTO counters (kind, name, n) VALUES (?,?,?) ON CONFLICT (kind, name) DO UPDATE SET n = n + excluded.n"
@@ -195,7 +212,9 @@ class SqliteTxn(Txn):
                 return
             after = rows[-1][0]
 
-    def pop(self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None) -> list[QueuedItem]:
+    def pop(
+        self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None, retain: bool = False
+    ) -> list[QueuedItem]:
         wanted = list(item_ids)
         if not wanted:
             return []
@@ -212,7 +231,8 @@ class SqliteTxn(Txn):
             # Kept for a batch: read, and left where they are until the batch is acknowledged.
             payloads: dict[int, bytes] = {}
             for chunk in _chunks(wanted):
-                payloads.update(db.execute(_payloads_sql(len(chunk), keep_for is None), chunk).fetchall())
+                delete = keep_for is None and not retain
+                payloads.update(db.execute(_payloads_sql(len(chunk), delete), chunk).fetchall())
         except BaseException:
             db.execute("ROLLBACK TO rollbuf_pop")
             db.execute("RELEASE rollbuf_pop")
@@ -305,14 +325,99 @@ class SqliteTxn(Txn):
             payloads.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
         return b"".join([row[0], *(payloads[i] for i in ids)])
 
-    def drop_batches_before(self, step: int) -> None:
-        self._drop_batches("step < ?", step)
+    def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
+        self._drop_batches("step < ?", step, retain)
 
-    def _drop_batches(self, where: str, step: int) -> None:
+    def _drop_batches(self, where: str, step: int, retain: bool = False) -> None:
         rows = self._db.execute(f"DELETE FROM batches WHERE {where} RETURNING items", (step,)).fetchall()
+        if retain:
+            return
         ids = [i for (items,) in rows for i in np.frombuffer(items, _I64).tolist()]
         for chunk in _chunks(ids):
             self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({','.join('?' * len(chunk))})", chunk)
+
+    # --- the ledger ---
+    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
+        if rows:
+            self._db.executemany(_LEDGER_ADD, [group_values(r) for r in rows])
+
+    def ledger_decide(
+        self,
+        ids: Sequence[int],
+        fate: str,
+        *,
+        step: int | None = None,
+        reason: str | None = None,
+        at: float | None = None,
+        kept: bool = False,
+    ) -> None:
+        if ids:
+            self._db.executemany(_LEDGER_DECIDE, [(fate, step, reason, at, int(kept), i) for i in ids])
+
+    def ledger_requeue(self, old_id: int, new_id: int) -> None:
+        self._db.execute("UPDATE ledger SET id = ?, fate = ? WHERE id = ?", (new_id, QUEUED, old_id))
+
+    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
+        wanted = list(ids)
+        found: dict[int, LedgerGroup] = {}
+        for chunk in _chunks(wanted):
+            sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE id IN ({','.join('?' * len(chunk))})"
+            found.update((r.id, r) for r in map(group_of, self._db.execute(sql, chunk).fetchall()))
+        return [found[i] for i in wanted if i in found]
+
+    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
+        sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE group_id = ? ORDER BY id"
+        return [group_of(r) for r in self._db.execute(sql, (gid_bytes(group_id),)).fetchall()]
+
+    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
+        sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE id > ? ORDER BY id LIMIT ?"
+        return [group_of(r) for r in self._db.execute(sql, (after_id, limit)).fetchall()]
+
+    def ledger_put_step(self, row: LedgerStep) -> None:
+        self._db.execute(f"INSERT OR REPLACE INTO ledger_steps ({STEP_COLUMNS}) VALUES ({','.join('?' * 10)})",
+                         step_values(row))  # fmt: skip
+
+    def ledger_committed(self, first: int, before: int, at: float) -> None:
+        self._db.execute(
+            "UPDATE ledger_steps SET committed_at = ? WHERE step >= ? AND step < ? AND committed_at IS NULL",
+            (at, first, before),
+        )
+
+    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
+        sql = f"SELECT {STEP_COLUMNS} FROM ledger_steps WHERE step >= ? AND step <= ? ORDER BY step"
+        return [step_of(r) for r in self._db.execute(sql, (first, last)).fetchall()]
+
+    def ledger_prune(self, below_id: int, below_step: int) -> int:
+        cur = self._db.execute(
+            "DELETE FROM ledger WHERE id < ? AND fate IN ('served', 'dropped') AND kept = 0", (below_id,)
+        )
+        self._db.execute("DELETE FROM ledger_steps WHERE step < ?", (below_step,))
+        return cur.rowcount
+
+    # --- retained payloads: rows of payloads, under their group's id ---
+    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
+        if items:
+            self._flush_items()
+            self._db.executemany(_APPEND_PAYLOAD, items)
+
+    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
+        self._flush_items()
+        out: dict[int, bytes] = {}
+        for chunk in _chunks(list(ids)):
+            out.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
+        return out
+
+    def kept_oldest(self, limit: int) -> list[KeptPayload]:
+        rows = self._db.execute(
+            "SELECT id, coalesce(step, 0), bytes FROM ledger WHERE kept = 1 ORDER BY step, id LIMIT ?", (limit,)
+        ).fetchall()
+        return [KeptPayload(*r) for r in rows]
+
+    def prune_payloads(self, ids: Sequence[int]) -> None:
+        for chunk in _chunks(list(ids)):
+            marks = ",".join("?" * len(chunk))
+            self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({marks})", chunk)
+            self._db.execute(f"UPDATE ledger SET kept = 0 WHERE id IN ({marks})", chunk)
 
     # --- envs ---
     def put_env(self, env_id: int, name: str, version: int, record: str) -> None:

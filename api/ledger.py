@@ -1,0 +1,144 @@
+"""The ledger's decisions, apart from any store: what a group's row says when it is acknowledged, what a formed
+batch's row says, and which retained payloads and ledger rows retention lets go (docs/ledger.md).
+
+The rows are written by the transaction that makes the decision they record (`api/ingest.py`,
+`api/formation.py`, `api/acks.py`), through `Txn`'s ledger methods; pruning runs in the background
+(`Service._prune_soon`), in transactions of bounded size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from api import state
+from api.records import GroupRecord
+from api.store.base import KeptPayload, LedgerGroup, LedgerStep, Txn
+
+RETAINED = "retained"
+"""Counter kind of the retained payloads: `groups` and `bytes` (what the byte budget is checked against)."""
+PRUNE_CHUNK = 10_000
+"""Most ledger rows or retained payloads one pruning transaction forgets: a prune never holds the store long."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSettings:
+    """Whether the ledger is written, how much of it is kept, and which payloads are retained past their fate."""
+
+    enabled: bool = True
+    max_groups: int | None = 1_000_000
+    """Group rows kept: those of groups acknowledged before the last `max_groups` are pruned once their fate is
+    final (queued and side-buffered rows are never pruned). None: all."""
+    max_steps: int | None = 100_000
+    """Step rows kept: those of the last `max_steps` steps. None: all."""
+    retain_steps: int | None = None
+    """Retain served and dropped groups' payloads for this many steps after their fate (None: no step bound)."""
+    retain_bytes: int | None = None
+    """Retain served and dropped groups' payloads while they hold at most this many bytes (None: no byte bound)."""
+    prune_every: float = 10.0
+    """Seconds between two background prunes (each bounded by PRUNE_CHUNK)."""
+
+    @property
+    def retaining(self) -> bool:
+        """Payloads are retained: a bound in steps or bytes is set (neither: none are, today's cost)."""
+        return self.enabled and (self.retain_steps is not None or self.retain_bytes is not None)
+
+
+OFF = LedgerSettings(enabled=False)
+
+
+def group_row(
+    item_id: int, env_id: int, rec: GroupRecord, size: int, handler: str | None, fate: str, now: float
+) -> LedgerGroup:
+    """A newly acknowledged group's row (its fate as decided at ingest)."""
+    scores = rec.scores
+    if scores.size:
+        mean, lo, hi, std = float(scores.mean()), float(scores.min()), float(scores.max()), float(np.std(scores))
+    else:
+        mean = lo = hi = std = 0.0
+    return LedgerGroup(
+        id=item_id, env_id=env_id, group_id=rec.group_id, handler=handler, acked_at=now, policy_step=rec.policy_step,
+        seqs=rec.seqs, tokens=rec.n_tokens, bytes=size, score_mean=mean, score_min=lo, score_max=hi, score_std=std,
+        fate=fate,
+    )  # fmt: skip
+
+
+def step_row(
+    step: int,
+    now: float,
+    seconds: float,
+    order: Sequence[int],
+    seqs: int,
+    tokens: int,
+    groups_by_env: Mapping[str, int],
+    seqs_by_env: Mapping[str, int],
+    staleness: Mapping[int, int],
+    *,
+    committed: bool,
+) -> LedgerStep:
+    """A formed batch's row; `committed` when nothing acknowledges it later (Atropos's `/batch` without `step`)."""
+    return LedgerStep(
+        step, now, seconds, tuple(order), seqs, tokens, dict(groups_by_env), dict(seqs_by_env), dict(staleness),
+        now if committed else None,
+    )  # fmt: skip
+
+
+def count_retained(txn: Txn, groups: int, size: int) -> None:
+    """Count payloads retained (or, negative, pruned) against the byte budget."""
+    if groups:
+        txn.add_counts(RETAINED, {"groups": groups, "bytes": size})
+
+
+def payloads_to_prune(
+    kept: Sequence[KeptPayload], retained_bytes: int, step: int, committed: int, settings: LedgerSettings
+) -> list[int]:
+    """Which of the oldest retained payloads (`kept`, oldest step first) retention lets go: those decided more
+    than `retain_steps` steps before `step`, then the oldest while the rest holds more than `retain_bytes`.
+    Never one of a batch still kept for serving again (`step >= committed`): it is part of that batch."""
+    out: list[int] = []
+    left = retained_bytes
+    for k in kept:
+        if k.step >= committed:
+            break
+        too_old = settings.retain_steps is not None and k.step < step - settings.retain_steps
+        too_big = settings.retain_bytes is not None and left > settings.retain_bytes
+        if not (too_old or too_big):
+            break
+        out.append(k.id)
+        left -= k.bytes
+    return out
+
+
+def ledger_bounds(next_id: int, first_id: int, step: int, settings: LedgerSettings) -> tuple[int, int]:
+    """(below_id, below_step) for `Txn.ledger_prune`: rows past `max_groups` / `max_steps`, at most PRUNE_CHUNK
+    ids past the oldest row (`first_id`) per prune."""
+    below_id = -1 if settings.max_groups is None else min(next_id - settings.max_groups, first_id + PRUNE_CHUNK)
+    below_step = -1 if settings.max_steps is None else step - settings.max_steps
+    return below_id, below_step
+
+
+def prune_txn(txn: Txn, settings: LedgerSettings) -> tuple[int, int]:
+    """One background prune: retained payloads past their bound, then ledger rows past theirs, each at most
+    PRUNE_CHUNK; (payloads, rows) forgotten."""
+    run = state.load(txn)
+    if run.registration is None:
+        return 0, 0
+    pruned = 0
+    if settings.retaining:
+        committed = state.load_kept(txn, run).committed
+        total = txn.get_counts(RETAINED).get("bytes", 0)
+        kept = txn.kept_oldest(PRUNE_CHUNK)
+        ids = payloads_to_prune(kept, total, run.step, committed, settings)
+        if ids:
+            txn.prune_payloads(ids)
+            size = {k.id: k.bytes for k in kept}
+            count_retained(txn, -len(ids), -sum(size[i] for i in ids))
+            pruned = len(ids)
+    if settings.max_groups is None and settings.max_steps is None:
+        return pruned, 0
+    first = txn.ledger_scan(-1, 1)
+    next_id = txn.next_item_id() if first else 0
+    below_id, below_step = ledger_bounds(next_id, first[0].id if first else 0, run.step, settings)
+    return pruned, txn.ledger_prune(below_id, below_step)
