@@ -11,7 +11,10 @@ batch. The monitor compares, per env, over a window of recent steps and decision
 
 It flags, with the thresholds of `Thresholds` (docs/ledger.md, "Drop-bias monitor"):
 
-- **starved**: its share was below its minimum share in each of the last `starve_steps` batches;
+- **starved**: its share was below its *floor* in each of the last `starve_steps` batches. The floor is its
+  minimum share, or `weight_fraction` (half) of its weight's share if that is more: formation never forms a
+  batch below a connected env's minimum (it waits instead, and /status says why), so what a run hides is an
+  env far below its weight, its groups dropped as stale or never arriving;
 - **length skew**: the mean length of dropped groups differs from that of trained ones by more than
   `length_skew` (relative);
 - **reward skew**: the mean rewards differ by more than `reward_skew` pooled standard deviations (a
@@ -48,7 +51,9 @@ CONDITIONS = (STARVED, LENGTH_SKEW, REWARD_SKEW)
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     starve_steps: int = 10
-    """Consecutive batches below the env's minimum share before it is starved (K)."""
+    """Consecutive batches below the env's floor before it is starved (K)."""
+    weight_fraction: float = 0.5
+    """The floor's part of the weight's share: an env below half of what its weight asks for is starved."""
     length_skew: float = 0.2
     """Relative difference of mean tokens per sequence, dropped against trained, that counts as a skew."""
     reward_skew: float = 0.5
@@ -161,11 +166,13 @@ class EnvBias:
     weight_share: float
     """Its weight over the connected envs' weights: the share the mix aims at."""
     min_share: float
+    floor: float
+    """The share below which a batch counts towards starvation: max(min_share, weight_fraction * weight_share)."""
     share: float | None
     """Its mean share of the window's batches (None before any batch)."""
     last_share: float | None
-    below_min_steps: int
-    """Consecutive latest batches in which it had less than its minimum share."""
+    below_floor_steps: int
+    """Consecutive latest batches in which it had less than its floor."""
     trained: int
     dropped: dict[str, int]
     """Groups dropped in the window, by reason (filters included)."""
@@ -190,9 +197,10 @@ class EnvBias:
             "env": self.env,
             "weight_share": self.weight_share,
             "min_share": self.min_share,
+            "floor": self.floor,
             "share": self.share,
             "last_share": self.last_share,
-            "below_min_steps": self.below_min_steps,
+            "below_floor_steps": self.below_floor_steps,
             "trained": self.trained,
             "dropped": dict(self.dropped),
             "length": {"trained": self.length_trained.to_json(), "dropped": self.length_dropped.to_json()},
@@ -221,6 +229,7 @@ class Report:
             "steps": self.steps,
             "thresholds": {
                 "starve_steps": t.starve_steps,
+                "weight_fraction": t.weight_fraction,
                 "length_skew": t.length_skew,
                 "reward_skew": t.reward_skew,
                 "min_groups": t.min_groups,
@@ -232,9 +241,9 @@ class Report:
         }
 
 
-def required_seqs(min_share: float, batch_seqs: int) -> int:
-    """Sequences a minimum share asks for in a batch of `batch_seqs` (as formation rounds it: up)."""
-    return math.ceil(min_share * batch_seqs - 1e-9) if min_share > 0 else 0
+def required_seqs(share: float, batch_seqs: int) -> int:
+    """Sequences a share asks for in a batch of `batch_seqs` (rounded up, as formation rounds a minimum)."""
+    return math.ceil(share * batch_seqs - 1e-9) if share > 0 else 0
 
 
 @dataclass(slots=True)
@@ -288,9 +297,10 @@ class DropBias:
     def _env(self, name: str, weight_share: float, min_share: float) -> EnvBias:
         t = self.thresholds
         shares = [m.seqs_by_env.get(name, 0) / m.seqs for m in self._steps if m.seqs > 0]
+        floor = max(min_share, t.weight_fraction * weight_share)
         below = 0
         for m in reversed(self._steps):
-            if min_share <= 0 or m.seqs_by_env.get(name, 0) >= required_seqs(min_share, m.seqs):
+            if floor <= 0 or m.seqs_by_env.get(name, 0) >= required_seqs(floor, m.seqs):
                 break
             below += 1
         decisions = self._decisions.get(name, ())
@@ -313,7 +323,7 @@ class DropBias:
         length_skew = relative_difference(lengths(unintended), lengths(trained))
         reward_skew = standardised_difference(rewards(unintended), rewards(trained))
         flags: list[str] = []
-        if min_share > 0 and below >= t.starve_steps:
+        if floor > 0 and below >= t.starve_steps:
             flags.append(STARVED)
         judged = (
             len(trained) >= t.min_groups
@@ -328,9 +338,10 @@ class DropBias:
             env=name,
             weight_share=weight_share,
             min_share=min_share,
+            floor=floor,
             share=math.fsum(shares) / len(shares) if shares else None,
             last_share=shares[-1] if shares else None,
-            below_min_steps=below,
+            below_floor_steps=below,
             trained=len(trained),
             dropped=by_reason,
             length_trained=lengths(trained),
@@ -349,8 +360,9 @@ def describe(env: EnvBias, condition: str, t: Thresholds) -> str:
     """The log line's words for one condition of one env."""
     if condition == STARVED:
         return (
-            f"env {env.env!r} is starved: below its minimum share {env.min_share:.3g} in the last "
-            f"{env.below_min_steps} batches (threshold {t.starve_steps}); last share {env.last_share or 0:.3g}"
+            f"env {env.env!r} is starved: below its floor share {env.floor:.3g} (minimum {env.min_share:.3g}, "
+            f"weight share {env.weight_share:.3g}) in the last {env.below_floor_steps} batches (threshold "
+            f"{t.starve_steps}); last share {env.last_share or 0:.3g}"
         )
     if condition == LENGTH_SKEW:
         return (
@@ -365,6 +377,13 @@ def describe(env: EnvBias, condition: str, t: Thresholds) -> str:
     )
 
 
+def describe_end(key: tuple[str, str]) -> str:
+    env, condition = key
+    if condition == STARVED:
+        return f"env {env!r} is no longer starved"
+    return f"dropping no longer skews env {env!r} by {condition.split('_')[0]}"
+
+
 @dataclass(slots=True)
 class Episodes:
     """Which conditions hold, remembered between reports, so that each episode is logged once when it starts
@@ -372,13 +391,17 @@ class Episodes:
 
     active: set[tuple[str, str]] = field(default_factory=set)
 
-    def update(self, report: Report) -> tuple[list[str], list[str]]:
-        """(warnings for conditions that started, notes for conditions that ended) since the last report."""
+    def update(self, report: Report) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(env, condition) of the conditions that started, and of those that ended, since the last report."""
         now = report.flagged()
-        by_name = {e.env: e for e in report.envs}
-        started = [describe(by_name[env], cond, report.thresholds) for env, cond in sorted(now - self.active)]
-        ended = [f"env {env!r} is no longer starved" if cond == STARVED
-                 else f"dropping no longer skews env {env!r} by {cond.split('_')[0]}"
-                 for env, cond in sorted(self.active - now)]  # fmt: skip
+        started, ended = sorted(now - self.active), sorted(self.active - now)
         self.active = now
         return started, ended
+
+    def lines(self, report: Report) -> tuple[list[str], list[str]]:
+        """`update`, in words: warnings for what started, notes for what ended."""
+        started, ended = self.update(report)
+        by_name = {e.env: e for e in report.envs}
+        return [describe(by_name[env], cond, report.thresholds) for env, cond in started], [
+            describe_end(key) for key in ended
+        ]

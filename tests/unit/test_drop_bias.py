@@ -37,23 +37,36 @@ def dropped(env: str, reason: str = "stale", tokens: int = 100, reward: float = 
     return Decision(env, False, reason, seqs=4, tokens=tokens, reward=reward, latency=9.0)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 16), min_size=0, max_size=30))
-def test_starved_exactly_when_the_last_k_batches_were_below_the_minimum(a_seqs: list[int]) -> None:
-    monitor = DropBias(T)
-    for step, n in enumerate(a_seqs):
-        monitor.observe_step(StepMix(step, {"a": n, "b": 16 - n}))
-    env = monitor.report(TARGETS).envs[0]
-    need = required_seqs(0.25, 16)
-    window = a_seqs[-T.window_steps :]
+def tail_below(seqs: list[int], need: int) -> int:
     tail = 0
-    for n in reversed(window):
+    for n in reversed(seqs[-T.window_steps :]):
         if n >= need:
             break
         tail += 1
-    assert env.below_min_steps == tail
-    assert (STARVED in env.flags) == (tail >= T.starve_steps)
-    assert monitor.report(TARGETS).envs[1].flags == ()  # no minimum share: never starved
+    return tail
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 16), min_size=0, max_size=30))
+def test_starved_exactly_when_the_last_k_batches_were_below_the_floor(a_seqs: list[int]) -> None:
+    """a: minimum 0.25, weight share 0.25 (floor 0.25); b: no minimum, weight share 0.75 (floor 0.375)."""
+    monitor = DropBias(T)
+    for step, n in enumerate(a_seqs):
+        monitor.observe_step(StepMix(step, {"a": n, "b": 16 - n}))
+    a, b = monitor.report(TARGETS).envs
+    assert (a.floor, b.floor) == (0.25, 0.375)
+    tail_a = tail_below(a_seqs, required_seqs(0.25, 16))
+    tail_b = tail_below([16 - n for n in a_seqs], required_seqs(0.375, 16))
+    assert (a.below_floor_steps, b.below_floor_steps) == (tail_a, tail_b)
+    assert (STARVED in a.flags, STARVED in b.flags) == (tail_a >= T.starve_steps, tail_b >= T.starve_steps)
+
+
+def test_a_disconnected_env_is_never_starved() -> None:
+    monitor = DropBias(T)
+    for step in range(10):
+        monitor.observe_step(StepMix(step, {"b": 16}))
+    [a, _] = monitor.report([EnvTarget("a", 1.0, 0.25, connected=False), EnvTarget("b", 3.0)]).envs
+    assert (a.floor, a.flags) == (0.0, ())
 
 
 @settings(max_examples=100, deadline=None)
@@ -149,15 +162,15 @@ def test_an_episode_is_logged_once_when_it_starts_and_once_when_it_ends() -> Non
     episodes = Episodes()
     for step in range(5):
         monitor.observe_step(StepMix(step, {"a": 0, "b": 16}))
-    started, ended = episodes.update(monitor.report(TARGETS))
+    started, ended = episodes.lines(monitor.report(TARGETS))
     assert len(started) == 1 and "env 'a' is starved" in started[0] and ended == []
     for _ in range(10):  # polled again and again: nothing more to say
-        assert episodes.update(monitor.report(TARGETS)) == ([], [])
+        assert episodes.lines(monitor.report(TARGETS)) == ([], [])
     monitor.observe_step(StepMix(5, {"a": 4, "b": 12}))
-    assert episodes.update(monitor.report(TARGETS)) == ([], ["env 'a' is no longer starved"])
+    assert episodes.lines(monitor.report(TARGETS)) == ([], ["env 'a' is no longer starved"])
     for step in range(6, 9):
         monitor.observe_step(StepMix(step, {"a": 0, "b": 16}))
-    started, _ = episodes.update(monitor.report(TARGETS))
+    started, _ = episodes.lines(monitor.report(TARGETS))
     assert len(started) == 1  # a new episode: said again
 
 
