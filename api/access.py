@@ -141,6 +141,9 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/reset_data"): TRAINER_SIDE,
     ("GET", "/latest_example"): TRAINER_SIDE,
     ("GET", "/export"): TRAINER_SIDE,  # the run's data, as the trainer reads it
+    # the ledger: what steps trained on, and retained groups' data
+    ("GET", "/ledger/steps/{step}"): TRAINER_SIDE,
+    ("GET", "/ledger/groups/{group_id}"): TRAINER_SIDE,
     # views anyone with a key reads
     ("GET", "/status"): ANY_KEY,
     ("GET", "/info"): ANY_KEY,
@@ -152,6 +155,10 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
 added to the app must be added here (tests/unit/test_access.py checks that the two agree)."""
 PUBLIC_PREFIXES = ("/static-offline-docs/",)
 """The files the API's description pages load."""
+TEMPLATES: tuple[tuple[str, str, frozenset[Role] | str], ...] = tuple(
+    (method, path[: path.index("{")], rule) for (method, path), rule in ROUTES.items() if "{" in path
+)
+"""Routes ending with a path parameter (which may hold `/`): method, the path before it, and its rule."""
 
 
 def admits(method: str, path: str) -> frozenset[Role] | str:
@@ -163,4 +170,7 @@ def admits(method: str, path: str) -> frozenset[Role] | str:
         return rule
     if method == "GET" and path.startswith(PUBLIC_PREFIXES):
         return PUBLIC
+    for m, prefix, templated in TEMPLATES:
+        if m == method and path.startswith(prefix) and len(path) > len(prefix):
+            return templated
     return ANY_KEY

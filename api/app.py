@@ -28,7 +28,7 @@ from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, export, ops, trainer
+from api.routes import admin, envs, export, ledger, ops, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
 from api.side_buffer import SideLimits
@@ -110,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router, dependencies=secured, responses=SECURED)
     app.include_router(trainer.router, dependencies=secured, responses=SECURED)
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
+    app.include_router(ledger.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     app.include_router(export.router, dependencies=secured, responses=SECURED)
     if settings.metrics:

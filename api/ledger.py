@@ -8,14 +8,14 @@ The rows are written by the transaction that makes the decision they record (`ap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Any
 
 from api import state
-from api.records import GroupRecord
-from api.store.base import KeptPayload, LedgerGroup, LedgerStep, Txn
+from api.records import GroupRecord, decode, to_atropos
+from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, Txn
 
 RETAINED = "retained"
 """Counter kind of the retained payloads: `groups` and `bytes` (what the byte budget is checked against)."""
@@ -53,16 +53,23 @@ def group_row(
     item_id: int, env_id: int, rec: GroupRecord, size: int, handler: str | None, fate: str, now: float
 ) -> LedgerGroup:
     """A newly acknowledged group's row (its fate as decided at ingest)."""
-    scores = rec.scores
-    if scores.size:
-        mean, lo, hi, std = float(scores.mean()), float(scores.min()), float(scores.max()), float(np.std(scores))
-    else:
-        mean = lo = hi = std = 0.0
+    mean, lo, hi, std = score_summary(rec.scores.tolist())
     return LedgerGroup(
         id=item_id, env_id=env_id, group_id=rec.group_id, handler=handler, acked_at=now, policy_step=rec.policy_step,
         seqs=rec.seqs, tokens=rec.n_tokens, bytes=size, score_mean=mean, score_min=lo, score_max=hi, score_std=std,
         fate=fate,
     )  # fmt: skip
+
+
+def score_summary(scores: list[float]) -> tuple[float, float, float, float]:
+    """Mean, min, max and population standard deviation (zeros for no scores). Plain Python: a group holds a
+    few scores, where numpy's per-call cost is most of ingest's share of the ledger."""
+    n = len(scores)
+    if not n:
+        return 0.0, 0.0, 0.0, 0.0
+    mean = math.fsum(scores) / n
+    var = math.fsum((x - mean) ** 2 for x in scores) / n
+    return mean, min(scores), max(scores), math.sqrt(var)
 
 
 def step_row(
@@ -142,3 +149,92 @@ def prune_txn(txn: Txn, settings: LedgerSettings) -> tuple[int, int]:
     next_id = txn.next_item_id() if first else 0
     below_id, below_step = ledger_bounds(next_id, first[0].id if first else 0, run.step, settings)
     return pruned, txn.ledger_prune(below_id, below_step)
+
+
+# ------------------------------------------------------------------------------------------ reading it back
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What one read of the ledger found: rows, their envs' names, which served steps are committed, and
+    the retained payloads asked for (`view` turns them into replies, outside the transaction)."""
+
+    groups: list[LedgerGroup]
+    env_names: dict[int, str]
+    committed: dict[int, bool]
+    payloads: dict[int, bytes]
+    step: LedgerStep | None = None
+
+
+def _found(txn: Txn, groups: list[LedgerGroup], data: bool, step: LedgerStep | None = None) -> Found:
+    run = state.load(txn)
+    names = {g.env_id: run.env_name(g.env_id) for g in groups}
+    served = sorted({g.step for g in groups if g.fate == SERVED and g.step is not None})
+    committed: dict[int, bool] = {}
+    if step is not None:
+        committed[step.step] = step.committed_at is not None
+    else:
+        for n in served:  # the rows of one group id: a few steps
+            rows = txn.ledger_steps(n, n)
+            committed[n] = bool(rows) and rows[0].committed_at is not None
+    payloads = txn.kept_payloads([g.id for g in groups if g.kept]) if data else {}
+    return Found(groups, names, committed, payloads, step)
+
+
+def read_step(txn: Txn, n: int, data: bool) -> Found | None:
+    """Step `n`'s row and its groups' rows (None: no such row, never formed or pruned)."""
+    rows = txn.ledger_steps(n, n)
+    if not rows:
+        return None
+    return _found(txn, txn.ledger_groups(rows[0].group_ids), data, rows[0])
+
+
+def read_named(txn: Txn, group_id: str, data: bool) -> Found:
+    """The rows of every group sent under `group_id`."""
+    return _found(txn, txn.ledger_named(group_id), data)
+
+
+def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
+    """A row as GET /ledger answers it (`LedgerGroupReply`)."""
+    payload = found.payloads.get(g.id)
+    return {
+        "id": g.id,
+        "env_id": None if g.env_id == ANON_ENV else g.env_id,
+        "env": found.env_names.get(g.env_id, str(g.env_id)),
+        "group_id": g.group_id,
+        "handler": g.handler,
+        "acked_at": g.acked_at,
+        "policy_step": g.policy_step,
+        "seqs": g.seqs,
+        "tokens": g.tokens,
+        "bytes": g.bytes,
+        "score_mean": g.score_mean,
+        "score_min": g.score_min,
+        "score_max": g.score_max,
+        "score_std": g.score_std,
+        "fate": g.fate,
+        "step": g.step,
+        "reason": g.reason,
+        "decided_at": g.decided_at,
+        "committed": found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
+        "kept": g.kept,
+        "data": None if payload is None else to_atropos(decode(payload)),
+    }
+
+
+def step_view(found: Found) -> dict[str, Any]:
+    """A step as GET /ledger/steps/{step} answers it (`LedgerStepReply`)."""
+    s = found.step
+    assert s is not None
+    return {
+        "step": s.step,
+        "formed_at": s.formed_at,
+        "formation_s": s.formation_s,
+        "committed_at": s.committed_at,
+        "seqs": s.seqs,
+        "tokens": s.tokens,
+        "groups_by_env": s.groups_by_env,
+        "seqs_by_env": s.seqs_by_env,
+        "staleness": {str(k): v for k, v in sorted(s.staleness.items())},
+        "groups": [group_view(g, found) for g in found.groups],
+    }

@@ -402,6 +402,23 @@ class Service:
         self.wakeups.changed()
         return reply
 
+    # ----------------------------------------------------------------------------- the ledger
+
+    async def ledger_step(self, step: int, *, data: bool = False) -> dict[str, object]:
+        """Step `step`'s ledger row and its groups' (GET /ledger/steps/{step}); 404 if there is none."""
+        found = await self.store.read(lambda txn: ledger.read_step(txn, step, data))
+        if found is None:
+            raise NotFound(f"the ledger has no batch {step}: not formed yet, pruned (ledger_max_steps), or the "
+                           "ledger is off", loc=("path", "step"))  # fmt: skip
+        return await off_loop(sum(len(p) for p in found.payloads.values()), INLINE_PARSE, ledger.step_view, found)
+
+    async def ledger_named(self, group_id: str, *, data: bool = False) -> list[dict[str, object]]:
+        """The ledger rows of groups sent under `group_id` (GET /ledger/groups/{group_id}); 404 if none."""
+        found = await self.store.read(lambda txn: ledger.read_named(txn, group_id, data))
+        if not found.groups:
+            raise NotFound(f"the ledger has no group with group_id {group_id!r}", loc=("path", "group_id"))
+        return [ledger.group_view(g, found) for g in found.groups]
+
     # ----------------------------------------------------------------------------- status
 
     async def status(self) -> Status:

@@ -56,6 +56,8 @@ class _State:
         self.retained: dict[int, bytes] = {}
         """Retained payloads of served and dropped groups, by ledger id."""
         self.ledger: dict[int, LedgerGroup] = {}
+        self.named: dict[str, frozenset[int]] = {}
+        """Ledger ids by group id (`ledger_named` costs the rows it finds)."""
         self.steps: dict[int, LedgerStep] = {}
         self.next_id = 1
 
@@ -228,10 +230,19 @@ class MemoryTxn(Txn):
             del self._s.batches[old]
 
     # --- the ledger ---
+    def _name(self, group_id: str | None, add: int | None = None, remove: int | None = None) -> None:
+        if group_id is None:
+            return
+        named = self._s.named
+        self._restore(named, group_id)
+        ids = named.get(group_id, frozenset())
+        named[group_id] = (ids - {remove}) | ({add} if add is not None else set())
+
     def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
         for row in rows:
             self._restore(self._s.ledger, row.id)
             self._s.ledger[row.id] = row
+            self._name(row.group_id, add=row.id)
 
     def ledger_decide(
         self,
@@ -258,12 +269,13 @@ class MemoryTxn(Txn):
         self._restore(self._s.ledger, new_id)
         del self._s.ledger[old_id]
         self._s.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
+        self._name(row.group_id, add=new_id, remove=old_id)
 
     def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
         return [row for i in ids if (row := self._s.ledger.get(i)) is not None]
 
     def ledger_named(self, group_id: str) -> list[LedgerGroup]:
-        return sorted((r for r in self._s.ledger.values() if r.group_id == group_id), key=lambda r: r.id)
+        return [self._s.ledger[i] for i in sorted(self._s.named.get(group_id, ()))]
 
     def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
         ids = sorted(i for i in self._s.ledger if i > after_id)[:limit]
@@ -288,7 +300,7 @@ class MemoryTxn(Txn):
         gone = [i for i, r in ledger.items() if i < below_id and r.fate in (SERVED, DROPPED) and not r.kept]
         for i in gone:
             self._restore(ledger, i)
-            del ledger[i]
+            self._name(ledger.pop(i).group_id, remove=i)
         for step in [s for s in self._s.steps if s < below_step]:
             self._restore(self._s.steps, step)
             del self._s.steps[step]

@@ -109,6 +109,8 @@ async def served(store: str) -> None:
             batch = (await c.get("/batch")).json()["batch"]  # batch_size 8: the two oldest groups
             assert [g["tokens"] for g in batch] == [group(4, seed=1)["tokens"], group(4, seed=2)["tokens"]]
             assert (await c.get("/status")).json()["current_step"] == 1
+            step = (await c.get("/ledger/steps/0")).json()  # the ledger starts at the migration: groups from
+            assert (step["groups_by_env"], step["seqs"], step["groups"]) == ({"math_0": 2}, 8, [])  # before, no rows
             assert len((await c.get("/batch")).json()["batch"]) == 3  # the last group and the two halves
             served = {e["name"]: e for e in (await c.get("/dashboard/data")).json()["envs"]}
             assert (served["math_0"]["received"], served["math_0"]["served_groups"]) == (5, 5)

@@ -1,0 +1,55 @@
+"""Reading the ledger back: what a step trained on, and what became of a group (docs/ledger.md)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
+
+from api.deps import ServiceDep
+from api.openapi import errors
+from api.records import dumps
+from api.schema import LedgerGroupsReply, LedgerStepReply
+
+router = APIRouter(tags=["ledger"])
+
+LEDGER_EXAMPLE = "conformance"
+"""The group id the description's example names (tests/integration/test_openapi_conformance.py sends one)."""
+DATA = Query(description="Include each retained group's data, as GET /batch serves it (`retain_steps`, `retain_bytes`)")
+
+
+@router.get(
+    "/ledger/steps/{step}",
+    response_class=Response,
+    responses={200: {"model": LedgerStepReply, "description": "The batch's row and its groups'"}, **errors(404, 422)},
+)
+async def ledger_step(
+    service: ServiceDep,
+    step: Annotated[int, Path(ge=0, description="The batch's step", openapi_examples={"first": {"value": 0}})],
+    data: Annotated[bool, DATA] = False,
+) -> Response:
+    """What batch `step` held: its groups (in batch order) with their envs, policy steps, sizes and scores, the
+    mix by env, the staleness histogram, when it was formed and committed."""
+    return Response(dumps(await service.ledger_step(step, data=data)), media_type="application/json")
+
+
+@router.get(
+    "/ledger/groups/{group_id:path}",
+    response_class=Response,
+    responses={200: {"model": LedgerGroupsReply, "description": "The groups' rows"}, **errors(404, 422)},
+)
+async def ledger_group(
+    service: ServiceDep,
+    group_id: Annotated[
+        str,
+        Path(
+            description="The handler's group id, URL-encoded", openapi_examples={"a group": {"value": LEDGER_EXAMPLE}}
+        ),
+    ],
+    data: Annotated[bool, DATA] = False,
+) -> Response:
+    """What became of the group sent under `group_id` (URL-encoded; it may hold `/`): queued, side-buffered
+    ("held"), served in step N (and whether that batch is committed) or dropped, and why."""
+    rows = await service.ledger_named(group_id, data=data)
+    return Response(dumps({"groups": rows}), media_type="application/json")

@@ -1,0 +1,161 @@
+"""What the ledger and retention cost on the hot path, as an A/B on one store (docs/ledger.md).
+
+Part 1, the served path: the same server started with the ledger off (`--no-ledger`), on (the default) and on
+with retention (`--retain-steps 1000`), in alternating order, `--reps` times; each start runs ingest at 8
+clients (groups/s, server CPU ms per group) and `/batch` 256 x 2048 tokens (p50 ms). Medians, and each side
+against "ledger off" (the budget is 5%).
+
+Part 2, the dropped path: groups the trainer's filter drops (`drop_zero_variance`, every score equal) posted
+one after another in process (the app behind httpx, no socket), 8 x 2048 tokens each, with retention off and
+on, alternately: groups/s. Retention writes a dropped group's payload that today is never written, so this is
+where it costs most.
+
+    python -m bench.ledger_ab [--reps 3] [--store sqlite|postgresql] [--dropped 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench import pg
+from bench.http import run_harness, run_ingest
+from bench.servers import ROOT, Target, rollbuf, serve
+
+INGEST_ARGS = ["--ingest-requests", "480"]
+BATCH_ARGS = ["--batch-sizes", "256", "--batch-reps", "256:5"]
+SIDES = {"ledger off": ["--no-ledger"], "ledger on": [], "retention on": ["--retain-steps", "1000"]}
+
+
+def _store(kind: str, tmp: Path, key: str, dbs: contextlib.ExitStack) -> str:
+    if kind == "postgresql":
+        return str(dbs.enter_context(pg.database()))
+    return f"sqlite:///{tmp}/{key}.db"
+
+
+def _measure(target: Target) -> dict[str, Any]:
+    ingest = run_ingest(target, [8], INGEST_ARGS)
+    batch = run_harness(target, "batch", BATCH_ARGS)
+    lat = [r["latency"]["p50_ms"] for r in batch if r.get("phase") == "batch" and "latency" in r]
+    return {
+        "groups_per_s": ingest[0].get("groups_per_s") if ingest else None,
+        "cpu_ms_per_group": ingest[0].get("server_cpu_ms_per_group") if ingest else None,
+        "batch_p50_ms": lat[0] if lat else None,
+    }
+
+
+def served_path(reps: int, store: str) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            sides = list(SIDES.items())
+            if rep % 2:
+                sides.reverse()
+            for name, extra in sides:
+                key = name.replace(" ", "-") + f"-{rep}"
+                with contextlib.ExitStack() as dbs:
+                    label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs), Path(tmp) / f"{key}.log")
+                    with serve(label, [*cmd, *extra], port, Path(tmp) / f"{key}.out", cwd=ROOT) as target:
+                        row = {"bench": "ledger_ab", "part": "served", "store": store, "side": name, "rep": rep,
+                               **_measure(target)}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    return results
+
+
+async def _dropped_rate(url: str, retain: bool, n: int) -> float:
+    from api.app import create_app  # the service in process: only part 2 imports it
+    from api.schema import REGISTRATION_EXAMPLE
+    from api.settings import Settings
+
+    app = create_app(Settings(store=url, retain_steps=1000 if retain else None))
+    rng = np.random.default_rng(1)
+    tokens = [rng.integers(0, 150_000, 2048).tolist() for _ in range(8)]
+    body = {"tokens": tokens, "masks": tokens, "scores": [1.0] * 8, "env_id": 0}  # zero variance: dropped
+    env = {"max_token_length": 4096, "desired_name": "math", "weight": 1.0, "group_size": 8}
+    reg = REGISTRATION_EXAMPLE | {"batch_size": 64, "max_token_len": 4096, "drop_zero_variance": True}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            assert (await c.post("/register", json=reg)).status_code == 200
+            await c.get("/batch")
+            assert (await c.post("/register-env", json=env)).status_code == 200
+            raw = json.dumps(body).encode()
+            headers = {"Content-Type": "application/json"}
+            start = time.perf_counter()
+            for _ in range(n):
+                reply = await c.post("/scored_data", content=raw, headers=headers)
+                assert reply.status_code == 200, reply.text
+            return n / (time.perf_counter() - start)
+
+
+def dropped_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            sides = [("retention off", False), ("retention on", True)]
+            if rep % 2:
+                sides.reverse()
+            for name, retain in sides:
+                key = name.replace(" ", "-") + f"-d{rep}"
+                with contextlib.ExitStack() as dbs:
+                    rate = asyncio.run(_dropped_rate(_store(store, Path(tmp), key, dbs), retain, n))
+                row = {"bench": "ledger_ab", "part": "dropped", "store": store, "side": name, "rep": rep,
+                       "dropped_groups_per_s": rate}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    return results
+
+
+def _median(rows: list[dict[str, Any]], part: str, side: str, key: str) -> float | None:
+    vals = [r[key] for r in rows if r["part"] == part and r["side"] == side and r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'served path':28} {'ingest 8 cl g/s':>16} {'CPU ms/group':>13} {'/batch 256 p50 ms':>18}"]
+    off = {k: _median(rows, "served", "ledger off", k) for k in ("groups_per_s", "cpu_ms_per_group", "batch_p50_ms")}
+    for side in SIDES:
+        vals = {k: _median(rows, "served", side, k) for k in off}
+        cells = []
+        for k, v in vals.items():
+            base = off[k]
+            ratio = f" ({v / base:.2f})" if v and base and side != "ledger off" else ""
+            cells.append(("-" if v is None else f"{v:.2f}") + ratio)
+        lines.append(f"{side:28} {cells[0]:>16} {cells[1]:>13} {cells[2]:>18}")
+    lines.append("")
+    lines.append(f"{'dropped path (in process)':28} {'dropped groups/s':>16}")
+    for side in ("retention off", "retention on"):
+        v = _median(rows, "dropped", side, "dropped_groups_per_s")
+        lines.append(f"{side:28} {'-' if v is None else f'{v:.1f}':>16}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--dropped", type=int, default=300, help="dropped groups posted per side and rep (part 2)")
+    ap.add_argument("--skip-served", action="store_true")
+    args = ap.parse_args()
+    rows = [] if args.skip_served else served_path(args.reps, args.store)
+    rows += dropped_path(args.reps, args.store, args.dropped)
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    with (out / "ledger_ab.jsonl").open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()

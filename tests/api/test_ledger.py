@@ -1,0 +1,133 @@
+"""The ledger read back over HTTP, and retention on every store: retained payloads of served and dropped groups
+are readable as served, byte for byte, until the bound in steps or bytes prunes them (and nothing else); the
+ledger's own rows are pruned past their bounds, open fates never; with the ledger off nothing is written."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.ledger import RETAINED
+from api.service import Service
+from api.settings import Settings
+from tests.factories import env, group, registration
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def serving(settings: Settings, **update: Any) -> AsyncIterator[tuple[httpx.AsyncClient, Service]]:
+    app = create_app(settings.model_copy(update=update))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            yield c, app.state.service
+
+
+async def start(c: httpx.AsyncClient) -> None:
+    assert (await c.post("/register", json=registration(batch_size=8, drop_zero_variance=True))).status_code == 200
+    await c.get("/batch", params={"step": 0})
+    assert (await c.post("/register-env", json=env("math", group_size=4))).status_code == 200
+
+
+async def post(c: httpx.AsyncClient, gid: str, **fields: Any) -> dict[str, Any]:
+    body = group(4, seed=sum(map(ord, gid)), group_id=gid, **fields)
+    assert (await c.post("/scored_data", json=body)).status_code == 200
+    return body
+
+
+async def row(c: httpx.AsyncClient, gid: str, data: bool = True) -> dict[str, Any]:
+    reply = await c.get(f"/ledger/groups/{gid}", params={"data": data})
+    assert reply.status_code == 200, reply.text
+    [only] = reply.json()["groups"]
+    return only  # type: ignore[no-any-return]
+
+
+async def retained_bytes(service: Service) -> int:
+    return await service.store.read(lambda t: t.get_counts(RETAINED).get("bytes", 0))
+
+
+async def test_retained_groups_read_back_as_served_until_their_steps_pass(settings: Settings) -> None:
+    async with serving(settings, retain_steps=1) as (c, service):
+        await start(c)
+        sent = {gid: await post(c, gid) for gid in ("A0", "A1", "A2", "A3", "A4", "A5")}
+        sent["Z/0"] = await post(c, "Z/0", scores=[1.0] * 4)  # dropped by the filter: its payload kept all the same
+        served = {}
+        for step in range(3):
+            for g in (await c.get("/batch", params={"step": step})).json()["batch"]:
+                served[g["group_id"]] = g
+        assert sorted(served) == ["A0", "A1", "A2", "A3", "A4", "A5"]
+        for gid in ("A0", "A3", "A5"):
+            got = await row(c, gid)
+            assert got["kept"] and got["data"] == served[gid], gid  # as /batch served it: tokens, masks, all
+        z = await row(c, "Z/0")
+        assert (z["fate"], z["reason"], z["kept"]) == ("dropped", "zero_variance", True)
+        assert z["data"]["tokens"] == sent["Z/0"]["tokens"] and z["data"]["masks"] == sent["Z/0"]["masks"]
+        assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in sent])
+
+        assert await service.prune() == (5, 0)  # steps 0 and 1 are past the bound (step 3 is next), 2 is not
+        for gid in ("A0", "A1", "A2", "A3", "Z/0"):
+            got = await row(c, gid)
+            assert (got["kept"], got["data"]) == (False, None), gid
+            assert got["fate"] in ("served", "dropped")  # the row stays: only the payload went
+        assert (await row(c, "A4"))["data"] == served["A4"]
+        assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A4", "A5")])
+        assert await service.prune() == (0, 0)  # nothing more to prune
+
+
+async def test_a_byte_budget_keeps_the_newest_that_fit(settings: Settings) -> None:
+    async with serving(settings, retain_bytes=1) as (c, service):
+        await start(c)
+        for gid in ("A0", "A1", "A2", "A3"):
+            await post(c, gid)
+        await c.get("/batch", params={"step": 0})
+        await c.get("/batch", params={"step": 1})  # batch 0 acknowledged: retained; batch 1 is still kept
+        payloads, _ = await service.prune()
+        assert payloads == 2  # batch 0's two groups, over the budget; batch 1's are part of a kept batch
+        assert [(await row(c, g))["kept"] for g in ("A0", "A1", "A2", "A3")] == [False, False, True, True]
+        assert (await row(c, "A2"))["data"] is not None
+
+
+async def test_without_retention_no_payload_outlives_its_batch(settings: Settings) -> None:
+    async with serving(settings) as (c, service):
+        await start(c)
+        for gid in ("A0", "A1", "Z"):
+            await post(c, gid, **({"scores": [1.0] * 4} if gid == "Z" else {}))
+        await c.get("/batch", params={"step": 0})
+        await c.get("/batch", params={"step": 1})
+        assert [(await row(c, g))["kept"] for g in ("A0", "Z")] == [False, False]
+        ids = [(await row(c, g))["id"] for g in ("A0", "A1", "Z")]
+        assert await service.store.read(lambda t: t.kept_payloads(ids)) == {}
+        assert await retained_bytes(service) == 0
+
+
+async def test_the_ledgers_own_rows_are_pruned_past_their_bounds(settings: Settings) -> None:
+    async with serving(settings, ledger_max_groups=2, ledger_max_steps=1) as (c, service):
+        await start(c)
+        for gid in ("A0", "A1", "A2", "A3", "Q0", "Q1"):
+            await post(c, gid)
+        await c.get("/batch", params={"step": 0})
+        await c.get("/batch", params={"step": 1})
+        _, rows = await service.prune()
+        assert rows == 4  # the served ones: Q0 and Q1 are queued, their rows stay whatever the bound
+        for gid in ("A0", "A3"):
+            assert (await c.get(f"/ledger/groups/{gid}")).status_code == 404
+        assert (await row(c, "Q1"))["fate"] == "queued"
+        assert (await c.get("/ledger/steps/0")).status_code == 404  # step 2 is next: only step 1's row stays
+        assert (await c.get("/ledger/steps/1")).json()["groups"] == []  # its groups' rows are gone
+
+
+async def test_with_the_ledger_off_nothing_is_written(settings: Settings) -> None:
+    async with serving(settings, ledger=False) as (c, service):
+        await start(c)
+        await post(c, "A0")
+        await post(c, "A1")
+        assert len((await c.get("/batch", params={"step": 0})).json()["batch"]) == 2
+        assert (await c.get("/ledger/groups/A0")).status_code == 404
+        assert (await c.get("/ledger/steps/0")).status_code == 404
+        assert await service.store.read(lambda t: t.ledger_scan(-1, 10)) == []
