@@ -17,6 +17,8 @@ from starlette.requests import ClientDisconnect
 from api import connections, wandb_stats
 from api.auth import require_api_key
 from api.commits import ReadAhead
+from api.drop_bias import Thresholds
+from api.drop_bias_watch import BiasWatch
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.export import PARQUET
 from api.frontdoor import Door, FrontDoor
@@ -57,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             limits=queue_limits(settings),
             read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
             books=ledger_settings(settings),
+            bias=BiasWatch(drop_bias_thresholds(settings)),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
@@ -134,6 +137,14 @@ def ledger_settings(settings: Settings) -> LedgerSettings:
         max_steps=settings.ledger_max_steps,
         retain_steps=settings.retain_steps,
         retain_bytes=settings.retain_bytes,
+    )
+
+
+def drop_bias_thresholds(settings: Settings) -> Thresholds:
+    return Thresholds(
+        starve_steps=settings.drop_bias_starve_steps,
+        length_skew=settings.drop_bias_length_skew,
+        reward_skew=settings.drop_bias_reward_skew,
     )
 
 

@@ -189,6 +189,26 @@ class EnvBias:
     flags: tuple[str, ...] = ()
     """Which of CONDITIONS hold."""
 
+    def to_status(self) -> dict[str, object]:
+        """The fields of /status's `drop_bias` entries (non-finite skews as null: JSON has no infinity)."""
+
+        def finite(x: float | None) -> float | None:
+            return x if x is not None and math.isfinite(x) else None
+
+        return {
+            "env": self.env,
+            "weight_share": self.weight_share,
+            "min_share": self.min_share,
+            "floor": self.floor,
+            "share": self.share,
+            "below_floor_steps": self.below_floor_steps,
+            "trained": self.trained,
+            "dropped": dict(self.dropped),
+            "length_skew": finite(self.length_skew),
+            "reward_skew": finite(self.reward_skew),
+            "flags": list(self.flags),
+        }
+
     def to_json(self) -> dict[str, object]:
         def num(x: float | None) -> float | str | None:
             return x if x is None or math.isfinite(x) else ("inf" if x > 0 else "-inf")

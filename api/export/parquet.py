@@ -56,7 +56,14 @@ class ParquetChunks:
 
     def __init__(self, schema: pa.Schema, compression: str = COMPRESSION) -> None:
         self.sink = Chunks()
-        self.writer = pq.ParquetWriter(self.sink, schema, compression=compression)
+        strings = [f.name for f in schema if pa.types.is_string(f.type)]
+        scalars = [f.name for f in schema if not pa.types.is_nested(f.type)]
+        # Dictionary encoding only where values repeat (env names, fates, reasons): on token ids it builds a
+        # dictionary it then abandons, at twice the time of the whole write. Statistics (min/max per row
+        # group, what readers prune with) only on scalar columns.
+        self.writer = pq.ParquetWriter(
+            self.sink, schema, compression=compression, use_dictionary=strings, write_statistics=scalars
+        )
         self.bytes = 0
 
     def write(self, batch: pa.RecordBatch) -> bytes:
