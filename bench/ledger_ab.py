@@ -10,7 +10,12 @@ one after another in process (the app behind httpx, no socket), 8 x 2048 tokens 
 on, alternately: groups/s. Retention writes a dropped group's payload that today is never written, so this is
 where it costs most.
 
-    python -m bench.ledger_ab [--reps 3] [--store sqlite|postgresql] [--dropped 300]
+Part 3, CPU in process: the app behind httpx (no socket, no load generator), ledger off / on / retention in
+turns: process CPU ms per group ingested (8 x 512 tokens, one per request) and per `/batch?step=` of 64
+sequences, the store's writer thread included (PostgreSQL's server is not). CPU time is what a shared
+machine disturbs least, so this is the steadiest of the three figures.
+
+    python -m bench.ledger_ab [--reps 3] [--store sqlite|postgresql] [--dropped 300] [--only served|dropped|cpu]
 """
 
 from __future__ import annotations
@@ -117,6 +122,58 @@ def dropped_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
     return results
 
 
+async def _cpu(url: str, extra: dict[str, Any], n: int) -> tuple[float, float]:
+    from api.app import create_app
+    from api.schema import REGISTRATION_EXAMPLE
+    from api.settings import Settings
+
+    app = create_app(Settings(store=url, **extra))
+    rng = np.random.default_rng(2)
+    env = {"max_token_length": 1024, "desired_name": "math", "weight": 1.0, "group_size": 8}
+    reg = REGISTRATION_EXAMPLE | {"batch_size": 64, "max_token_len": 1024}
+    bodies = []
+    for i in range(n):
+        tokens = [rng.integers(0, 150_000, 512).tolist() for _ in range(8)]
+        bodies.append(json.dumps({"tokens": tokens, "masks": tokens, "scores": [float(i % 2), 1.0] * 4, "env_id": 0,
+                                  "group_id": f"g{i}"}).encode())  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            assert (await c.post("/register", json=reg)).status_code == 200
+            await c.get("/batch", params={"step": 0})
+            assert (await c.post("/register-env", json=env)).status_code == 200
+            start = time.process_time()
+            for body in bodies:
+                assert (await c.post("/scored_data", content=body, headers=headers)).status_code == 200
+            ingest = (time.process_time() - start) / n * 1000
+            batches = n // 8
+            start = time.process_time()
+            for step in range(batches):
+                reply = await c.get("/batch", params={"step": step}, headers={"Accept": "application/msgpack"})
+                assert reply.status_code == 200 and reply.content
+            return ingest, (time.process_time() - start) / batches * 1000
+
+
+def cpu_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    sides = {"ledger off": {"ledger": False}, "ledger on": {}, "retention on": {"retain_steps": 1000}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(reps):
+            order = list(sides.items())
+            if rep % 2:
+                order.reverse()
+            for name, extra in order:
+                key = name.replace(" ", "-") + f"-c{rep}"
+                with contextlib.ExitStack() as dbs:
+                    ingest, batch = asyncio.run(_cpu(_store(store, Path(tmp), key, dbs), extra, n))
+                row = {"bench": "ledger_ab", "part": "cpu", "store": store, "side": name, "rep": rep,
+                       "ingest_cpu_ms_per_group": ingest, "batch_cpu_ms": batch}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                results.append(row)
+    return results
+
+
 def _median(rows: list[dict[str, Any]], part: str, side: str, key: str) -> float | None:
     vals = [r[key] for r in rows if r["part"] == part and r["side"] == side and r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -134,6 +191,16 @@ def report(rows: list[dict[str, Any]]) -> str:
             cells.append(("-" if v is None else f"{v:.2f}") + ratio)
         lines.append(f"{side:28} {cells[0]:>16} {cells[1]:>13} {cells[2]:>18}")
     lines.append("")
+    lines.append(f"{'CPU in process':28} {'ingest ms/group':>16} {'/batch 64 ms':>13}")
+    base = {k: _median(rows, "cpu", "ledger off", k) for k in ("ingest_cpu_ms_per_group", "batch_cpu_ms")}
+    for side in SIDES:
+        cells = []
+        for k, b in base.items():
+            v = _median(rows, "cpu", side, k)
+            ratio = f" ({v / b:.2f})" if v and b and side != "ledger off" else ""
+            cells.append(("-" if v is None else f"{v:.3f}") + ratio)
+        lines.append(f"{side:28} {cells[0]:>16} {cells[1]:>13}")
+    lines.append("")
     lines.append(f"{'dropped path (in process)':28} {'dropped groups/s':>16}")
     for side in ("retention off", "retention on"):
         v = _median(rows, "dropped", side, "dropped_groups_per_s")
@@ -146,10 +213,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite")
     ap.add_argument("--dropped", type=int, default=300, help="dropped groups posted per side and rep (part 2)")
-    ap.add_argument("--skip-served", action="store_true")
+    ap.add_argument("--cpu-groups", type=int, default=400, help="groups ingested per side and rep (part 3)")
+    ap.add_argument("--only", choices=["served", "dropped", "cpu"], action="append", help="run only these parts")
     args = ap.parse_args()
-    rows = [] if args.skip_served else served_path(args.reps, args.store)
-    rows += dropped_path(args.reps, args.store, args.dropped)
+    parts = args.only or ["served", "dropped", "cpu"]
+    rows = served_path(args.reps, args.store) if "served" in parts else []
+    rows += dropped_path(args.reps, args.store, args.dropped) if "dropped" in parts else []
+    rows += cpu_path(args.reps, args.store, args.cpu_groups) if "cpu" in parts else []
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     with (out / "ledger_ab.jsonl").open("a") as f:
