@@ -125,6 +125,12 @@ async def from_server(url: str, api_key: str | None, tables: Sequence[str], out:
             bar.close(path, None)
 
 
+async def write_from_server(url: str, api_key: str | None, out: Path) -> None:
+    """Every table of a running server's run into `out` (created if missing): what `rollbuf demo --export` does."""
+    out.mkdir(parents=True, exist_ok=True)
+    await from_server(url, api_key, ("sequences", "groups", "steps"), out)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(
         prog=PROG,
