@@ -27,7 +27,7 @@ from api.store.base import LedgerGroup, LedgerStep, Store, Txn
 
 log = logging.getLogger("rollbuf")
 
-REFRESH_S = 2.0
+REFRESH_S = 1.0
 """Shortest time between two refreshes of one process's monitor."""
 EPISODES_KEY = "drop_bias:episodes"
 """The conditions in force, as the last process to log one saw them: `[[env, condition], ...]`."""

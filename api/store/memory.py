@@ -59,6 +59,8 @@ class _State:
         self.named: dict[str, frozenset[int]] = {}
         """Ledger ids by group id (`ledger_named` costs the rows it finds)."""
         self.steps: dict[int, LedgerStep] = {}
+        self.dropped: dict[int, frozenset[int]] = {}
+        """Ledger ids of dropped groups by their `step` (`ledger_dropped` costs the rows it finds)."""
         self.next_id = 1
 
 
@@ -238,9 +240,24 @@ class MemoryTxn(Txn):
         ids = named.get(group_id, frozenset())
         named[group_id] = (ids - {remove}) | ({add} if add is not None else set())
 
+    def _drop_index(self, old: LedgerGroup | None, new: LedgerGroup | None) -> None:
+        """Keep `dropped` (ids of dropped rows by step) in step with a row that changes from `old` to `new`."""
+        for row, adding in ((old, False), (new, True)):
+            if row is None or row.fate != DROPPED or row.step is None:
+                continue
+            index = self._s.dropped
+            self._restore(index, row.step)
+            ids = index.get(row.step, frozenset())
+            ids = ids | {row.id} if adding else ids - {row.id}
+            if ids:
+                index[row.step] = ids
+            else:
+                index.pop(row.step, None)
+
     def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
         for row in rows:
             self._restore(self._s.ledger, row.id)
+            self._drop_index(self._s.ledger.get(row.id), row)
             self._s.ledger[row.id] = row
             self._name(row.group_id, add=row.id)
 
@@ -260,6 +277,7 @@ class MemoryTxn(Txn):
             if row is not None:
                 self._restore(ledger, i)
                 ledger[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
+                self._drop_index(row, ledger[i])
 
     def ledger_requeue(self, old_id: int, new_id: int) -> None:
         row = self._s.ledger.get(old_id)
@@ -269,6 +287,7 @@ class MemoryTxn(Txn):
         self._restore(self._s.ledger, new_id)
         del self._s.ledger[old_id]
         self._s.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
+        self._drop_index(row, None)
         self._name(row.group_id, add=new_id, remove=old_id)
 
     def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
@@ -280,6 +299,17 @@ class MemoryTxn(Txn):
     def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
         ids = sorted(i for i in self._s.ledger if i > after_id)[:limit]
         return [self._s.ledger[i] for i in ids]
+
+    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
+        index = self._s.dropped
+        steps = range(first_step, last_step + 1) if last_step - first_step < len(index) else sorted(index)
+        out: list[LedgerGroup] = []
+        for step in steps:
+            if first_step <= step <= last_step:
+                out += [self._s.ledger[i] for i in sorted(index.get(step, ()))]
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     def ledger_put_step(self, row: LedgerStep) -> None:
         self._restore(self._s.steps, row.step)
@@ -300,7 +330,9 @@ class MemoryTxn(Txn):
         gone = [i for i, r in ledger.items() if i < below_id and r.fate in (SERVED, DROPPED) and not r.kept]
         for i in gone:
             self._restore(ledger, i)
-            self._name(ledger.pop(i).group_id, remove=i)
+            row = ledger.pop(i)
+            self._name(row.group_id, remove=i)
+            self._drop_index(row, None)
         for step in [s for s in self._s.steps if s < below_step]:
             self._restore(self._s.steps, step)
             del self._s.steps[step]
