@@ -2,8 +2,9 @@
 
 Each refresh is one read transaction costing what was decided since the last one: the step rows formed since
 (`ledger_steps`), the groups they served (`ledger_groups`) and the groups dropped meanwhile
-(`ledger_dropped`); the monitor's windows keep the rest. Refreshes happen at most every `REFRESH_S`, when a
-view asks (/metrics, /status, /dashboard/data) or in the background of a trainer's `/batch` calls.
+(`ledger_dropped`); the monitor's windows keep the rest, and its report is recomputed only when something new
+was read. A view refreshes when it is asked (/metrics, /status, /dashboard/data); a trainer's `/batch` calls
+refresh it in the background at most every `REFRESH_S`, so that episodes are logged when nobody looks.
 
 An episode (a condition starting, then ending) is logged once for the whole run, not once per process or per
 poll: the conditions in force are kept in the store (`EPISODES_KEY`), and only the process whose transaction
@@ -28,7 +29,7 @@ from api.store.base import LedgerGroup, LedgerStep, Store, Txn
 log = logging.getLogger("rollbuf")
 
 REFRESH_S = 1.0
-"""Shortest time between two refreshes of one process's monitor."""
+"""Shortest time between two background refreshes (from `/batch` calls); a view refreshes when it is asked."""
 EPISODES_KEY = "drop_bias:episodes"
 """The conditions in force, as the last process to log one saw them: `[[env, condition], ...]`."""
 MAX_DROPPED = 10_000
@@ -92,6 +93,7 @@ class BiasWatch:
     """The first step this monitor has not seen."""
     report: Report | None = None
     refreshed_at: float = float("-inf")
+    _targets: list[EnvTarget] = field(default_factory=list)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
@@ -100,19 +102,20 @@ class BiasWatch:
     def due(self, now: float) -> bool:
         return now - self.refreshed_at >= REFRESH_S
 
-    async def refresh(self, store: Store, *, force: bool = False) -> Report:
-        """Read what was decided since the last refresh (at most every REFRESH_S unless `force`), report, and log
-        the episodes that started or ended."""
+    async def refresh(self, store: Store) -> Report:
+        """Read what was decided since the last refresh (one read transaction, nothing when nothing was), report
+        (recomputed only when something was read or the envs changed), and log the episodes that started or
+        ended."""
         async with self._lock:
-            now = time.monotonic()
-            if self.report is not None and not force and not self.due(now):
-                return self.report
-            self.refreshed_at = now
+            self.refreshed_at = time.monotonic()
             window = self.thresholds.window_steps
             fresh = await store.read(lambda txn: read_fresh(txn, self.next_step, window))
             if fresh.run.step < self.next_step:  # the run was reset: a new monitor
                 self.monitor, self.episodes, self.next_step = DropBias(self.thresholds), Episodes(), 0
                 fresh = await store.read(lambda txn: read_fresh(txn, 0, window))
+            targets = targets_of(fresh.run)
+            if self.report is not None and not (fresh.steps or fresh.dropped) and targets == self._targets:
+                return self.report
             names = fresh.run.env_name
             for step in fresh.steps:
                 self.monitor.observe_step(StepMix(step.step, step.seqs_by_env))
@@ -121,8 +124,8 @@ class BiasWatch:
             for row in fresh.dropped:
                 self.monitor.observe(decision(row, names(row.env_id)))
             self.next_step = max(self.next_step, fresh.run.step)
-            report = self.monitor.report(targets_of(fresh.run))
-            self.report = report
+            self._targets = targets
+            report = self.report = self.monitor.report(targets)
             started, ended = self.episodes.update(report)
             if started or ended:
                 await self._log(store, report)

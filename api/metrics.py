@@ -11,6 +11,7 @@ Two kinds, so that the numbers are right with `--workers N` and with replicas on
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -245,7 +246,7 @@ class DropBiasCollector(Collector):
         )
         length = GaugeMetricFamily(
             "rollbuf_drop_bias_length_skew",
-            "Mean length of unintentionally dropped groups against trained ones, relative (absent until both exist).",
+            "Mean length of unintentionally dropped groups against trained ones, relative (NaN until both exist).",
             labels=["env"],
         )
         reward = GaugeMetricFamily(
@@ -270,10 +271,8 @@ class DropBiasCollector(Collector):
             weight.add_metric([e.env], e.weight_share)
             floor.add_metric([e.env], e.floor)
             below.add_metric([e.env], e.below_floor_steps)
-            if e.length_skew is not None:
-                length.add_metric([e.env], e.length_skew)
-            if e.reward_skew is not None:
-                reward.add_metric([e.env], e.reward_skew)
+            length.add_metric([e.env], math.nan if e.length_skew is None else e.length_skew)
+            reward.add_metric([e.env], math.nan if e.reward_skew is None else e.reward_skew)
             for quantity, trained, dropped in (
                 ("length", e.length_trained, e.length_dropped),
                 ("reward", e.reward_trained, e.reward_dropped),
