@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import resource
+import os
 import subprocess
 import sys
 import tempfile
@@ -110,20 +110,24 @@ async def build(url: str, groups: int, seqs: int, tokens: int) -> int:
 
 
 def export(url: str, out: Path, tables: str) -> dict[str, Any]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "api", "export", str(out), "--store", url, "--tables", tables],
-                          cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "api", "export", str(out), "--store", url, "--tables", tables],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        _, status, usage = os.wait4(proc.pid, 0)  # this process's own peak RSS and CPU, not its siblings'
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+    if proc.returncode:
+        raise RuntimeError(f"rollbuf export failed ({proc.returncode}): {lines}")
     written = sum(p.stat().st_size for p in out.glob("*.parquet"))
-    lines = proc.stderr.strip().splitlines()
     inside = sum(float(line.split(" in ")[1].split(" s")[0]) for line in lines)  # the command's own timing
     return {
         "tables": tables,
         "wall_s": round(wall, 2),
-        "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
-        "peak_rss_mb": round(after.ru_maxrss / 1024, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
         "parquet_mb": round(written / 1e6, 1),
         "export_s": round(inside, 2),
         "parquet_mb_per_s": round(written / 1e6 / inside, 1),

@@ -151,62 +151,61 @@ def _lists(values: Sequence[np.ndarray], lengths: np.ndarray, dtype: pa.DataType
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, dtype))
 
 
-def _float_lists(records: Sequence[GroupRecord], name: str) -> pa.Array:
-    """A float field as float64 lists; null for the sequences of groups that did not send it."""
-    values: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
-    nulls: list[np.ndarray] = []
-    for rec in records:
-        arr = rec.floats.get(name)
-        if arr is None:
-            lengths.append(np.zeros(rec.seqs, np.int64))
-            nulls.append(np.ones(rec.seqs, np.bool_))
-        else:
-            values.append(arr.astype(F64, copy=False))
-            lengths.append(rec.lengths.astype(np.int64))
-            nulls.append(np.zeros(rec.seqs, np.bool_))
-    n = np.concatenate(lengths)
-    offsets = np.zeros(len(n) + 1, np.int32)
-    np.cumsum(n, out=offsets[1:])
+def _float_lists(records: Sequence[GroupRecord], name: str, lengths: np.ndarray, per_seq: np.ndarray) -> pa.Array:
+    """A float field as float64 lists; null (and empty) for the sequences of groups that did not send it."""
+    sent = np.fromiter((name in r.floats for r in records), np.bool_, count=len(records))
+    present = np.repeat(sent, per_seq)
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(np.where(present, lengths, 0), out=offsets[1:])
+    values = [r.floats[name].astype(F64, copy=False) for r in records if name in r.floats]
     flat = np.concatenate(values) if values else np.empty(0, F64)
-    mask = np.concatenate(nulls)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), mask=pa.array(mask))
+    mask = None if sent.all() else pa.array(~present)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), mask=mask)
+
+
+_SCALARS = ("group", "group_id", "env", "env_id", "policy_step", "fate", "trained_step", "drop_reason",
+            "dropped_step", "acked_at", "meta")  # fmt: skip
+"""Columns that hold one value per group, repeated for each of its sequences."""
+_PER_SEQ = ("seq", "length", "score", "tokens", "masks", *FLOAT_FIELDS)
 
 
 def sequences_batch(fates: Sequence[Fate], records: Sequence[GroupRecord], schema: pa.Schema) -> pa.RecordBatch:
-    """The `sequences` rows of these groups (fates[i] says what became of records[i])."""
-    per_seq = np.fromiter((r.seqs for r in records), np.int64, count=len(records))
-
-    def repeat(values: Sequence[Any]) -> list[Any]:
-        return [v for v, n in zip(values, per_seq, strict=True) for _ in range(n)]
-
-    lengths = np.concatenate([r.lengths for r in records]).astype(np.int64)
-    columns: dict[str, Any] = {
-        "group": repeat([f.group for f in fates]),
-        "group_id": repeat([f.group_id for f in fates]),
-        "env": repeat([f.env for f in fates]),
-        "env_id": repeat([f.env_id for f in fates]),
-        "policy_step": repeat([f.policy_step for f in fates]),
-        "fate": repeat([f.fate for f in fates]),
-        "trained_step": repeat([f.trained_step for f in fates]),
-        "drop_reason": repeat([f.drop_reason for f in fates]),
-        "dropped_step": repeat([f.dropped_step for f in fates]),
-        "acked_at": repeat([_micros(f.acked_at) for f in fates]),
-        "seq": np.concatenate([np.arange(r.seqs, dtype=I32) for r in records]),
-        "length": lengths.astype(I32),
-        "score": np.concatenate([r.scores for r in records]),
-        "meta": repeat([orjson.dumps(r.meta).decode() if r.meta else None for r in records]),
+    """The `sequences` rows of these groups (fates[i] says what became of records[i]). Per-group values are
+    built once per group and repeated by index (`take`), per-token arrays concatenated once: no Python loop
+    runs per sequence or per token."""
+    per_seq = np.fromiter((r.lengths.shape[0] for r in records), np.int64, count=len(records))
+    lengths = np.concatenate([r.lengths for r in records])
+    by_group: dict[str, list[Any]] = {
+        "group": [f.group for f in fates],
+        "group_id": [f.group_id for f in fates],
+        "env": [f.env for f in fates],
+        "env_id": [f.env_id for f in fates],
+        "policy_step": [f.policy_step for f in fates],
+        "fate": [f.fate for f in fates],
+        "trained_step": [f.trained_step for f in fates],
+        "drop_reason": [f.drop_reason for f in fates],
+        "dropped_step": [f.dropped_step for f in fates],
+        "acked_at": [_micros(f.acked_at) for f in fates],
+        "meta": [orjson.dumps(r.meta).decode() if r.meta else None for r in records],
     }
+    index = pa.array(np.repeat(np.arange(len(records)), per_seq))
+    starts = np.cumsum(per_seq) - per_seq
     arrays = []
     for f in schema:
-        if f.name == "tokens":
-            arrays.append(_lists([r.tokens for r in records], lengths, pa.int32()))
-        elif f.name == "masks":
-            arrays.append(_lists([r.masks for r in records], lengths, pa.int32()))
-        elif f.name in FLOAT_FIELDS:
-            arrays.append(_float_lists(records, f.name))
+        assert f.name in _SCALARS or f.name in _PER_SEQ, f.name
+        if f.name in _SCALARS:
+            values = pa.array(by_group[f.name], pa.int64() if f.type == TIMESTAMP else f.type)
+            arrays.append(values.take(index).cast(f.type) if f.type == TIMESTAMP else values.take(index))
+        elif f.name == "seq":
+            arrays.append(pa.array((np.arange(len(lengths)) - np.repeat(starts, per_seq)).astype(I32)))
+        elif f.name == "length":
+            arrays.append(pa.array(lengths.astype(I32, copy=False)))
+        elif f.name == "score":
+            arrays.append(pa.array(np.concatenate([r.scores for r in records])))
+        elif f.name in ("tokens", "masks"):
+            arrays.append(_lists([getattr(r, f.name) for r in records], lengths, pa.int32()))
         else:
-            arrays.append(pa.array(columns[f.name], f.type))
+            arrays.append(_float_lists(records, f.name, lengths, per_seq))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
