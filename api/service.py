@@ -445,7 +445,8 @@ class Service:
         found = await self.store.read(lambda txn: ledger.read_named(txn, group_id, data))
         if not found.groups:
             raise NotFound(f"the ledger has no group with group_id {group_id!r}", loc=("path", "group_id"))
-        return [ledger.group_view(g, found) for g in found.groups]
+        size = sum(len(p) for p in found.payloads.values())
+        return await off_loop(size, INLINE_PARSE, lambda: [ledger.group_view(g, found) for g in found.groups])
 
     # ----------------------------------------------------------------------------- status
 

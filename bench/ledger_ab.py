@@ -15,7 +15,10 @@ turns: process CPU ms per group ingested (8 x 512 tokens, one per request) and p
 sequences, the store's writer thread included (PostgreSQL's server is not). CPU time is what a shared
 machine disturbs least, so this is the steadiest of the three figures.
 
-    python -m bench.ledger_ab [--reps 3] [--store sqlite|postgresql] [--dropped 300] [--only served|dropped|cpu]
+Part 4, the store alone: median µs of the ledger's own writes inside a transaction, per group ingested and per
+batch (no HTTP, no load generator: the most precise figure, and what the ledger adds to each transaction).
+
+    python -m bench.ledger_ab [--reps 3] [--store sqlite|postgresql] [--dropped 300] [--only served|dropped|cpu|store]
 """
 
 from __future__ import annotations
@@ -174,6 +177,61 @@ def cpu_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
     return results
 
 
+async def _store_costs(url: str, n: int = 400) -> dict[str, float]:
+    """Median µs the ledger's own writes take inside a transaction: a group's row as one /scored_data writes it
+    (its summary included), and a batch's (8 groups served, the step's row, a commit mark)."""
+    from api.ledger import group_row, step_row
+    from api.records import GroupRecord
+    from api.store import make_store
+    from api.store.base import SERVED, ItemMeta, QueuedItem, Txn
+
+    store = make_store(url)
+    rec = GroupRecord(0, np.full(8, 512, np.int32), np.zeros(4096, np.int32), np.zeros(4096, np.int32),
+                      np.arange(8, dtype=np.float64), 0, "g")  # fmt: skip
+    ingest: list[float] = []
+    batch: list[float] = []
+    ids: list[int] = []
+    try:
+        for _ in range(n):
+
+            def add(t: Txn) -> float:
+                item_id = t.next_item_id()
+                t.append(0, QueuedItem(ItemMeta(item_id, 8, 4096, 0), 1, b"x" * 100))
+                start = time.perf_counter()
+                t.ledger_add([group_row(item_id, 0, rec, 100, None, "queued", 1.0)])
+                ids.append(item_id)
+                return time.perf_counter() - start
+
+            ingest.append(await store.transact(add))
+        for k in range(n // 8):
+            chunk = ids[k * 8 : (k + 1) * 8]
+
+            def serve(t: Txn, chunk: list[int] = chunk, k: int = k) -> float:
+                start = time.perf_counter()
+                t.ledger_decide(chunk, SERVED, step=k, at=1.0)
+                t.ledger_put_step(
+                    step_row(k, 1.0, 0.001, chunk, 64, 32768, {"a": 8}, {"a": 64}, {0: 8}, committed=False)
+                )
+                t.ledger_committed(k, k + 1, 2.0)
+                return time.perf_counter() - start
+
+            batch.append(await store.transact(serve))
+    finally:
+        await store.close()
+    return {
+        "ledger_us_per_group": statistics.median(ingest) * 1e6,
+        "ledger_us_per_batch": statistics.median(batch) * 1e6,
+    }
+
+
+def store_path(store: str) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as dbs:
+        costs = asyncio.run(_store_costs(_store(store, Path(tmp), "store-costs", dbs)))
+    row = {"bench": "ledger_ab", "part": "store", "store": store, "side": "ledger on", "rep": 0, **costs}
+    print(json.dumps(row), flush=True)
+    return [row]
+
+
 def _median(rows: list[dict[str, Any]], part: str, side: str, key: str) -> float | None:
     vals = [r[key] for r in rows if r["part"] == part and r["side"] == side and r.get(key) is not None]
     return statistics.median(vals) if vals else None
@@ -200,6 +258,10 @@ def report(rows: list[dict[str, Any]]) -> str:
             ratio = f" ({v / b:.2f})" if v and b and side != "ledger off" else ""
             cells.append(("-" if v is None else f"{v:.3f}") + ratio)
         lines.append(f"{side:28} {cells[0]:>16} {cells[1]:>13}")
+    for r in rows:
+        if r["part"] == "store":
+            lines.append(f"\nthe ledger's writes in a transaction: {r['ledger_us_per_group']:.1f} us per group "
+                         f"ingested, {r['ledger_us_per_batch']:.1f} us per batch of 8 groups")  # fmt: skip
     lines.append("")
     lines.append(f"{'dropped path (in process)':28} {'dropped groups/s':>16}")
     for side in ("retention off", "retention on"):
@@ -214,12 +276,13 @@ def main() -> None:
     ap.add_argument("--store", choices=["sqlite", "postgresql"], default="sqlite")
     ap.add_argument("--dropped", type=int, default=300, help="dropped groups posted per side and rep (part 2)")
     ap.add_argument("--cpu-groups", type=int, default=400, help="groups ingested per side and rep (part 3)")
-    ap.add_argument("--only", choices=["served", "dropped", "cpu"], action="append", help="run only these parts")
+    ap.add_argument("--only", choices=["served", "dropped", "cpu", "store"], action="append", help="only these parts")
     args = ap.parse_args()
-    parts = args.only or ["served", "dropped", "cpu"]
+    parts = args.only or ["served", "dropped", "cpu", "store"]
     rows = served_path(args.reps, args.store) if "served" in parts else []
     rows += dropped_path(args.reps, args.store, args.dropped) if "dropped" in parts else []
     rows += cpu_path(args.reps, args.store, args.cpu_groups) if "cpu" in parts else []
+    rows += store_path(args.store) if "store" in parts else []
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     with (out / "ledger_ab.jsonl").open("a") as f:

@@ -90,8 +90,9 @@ def versions(backend: str) -> dict[int, Path]:
 
 async def served(store: str) -> None:
     """What tests/store/old_files/write.py put in: a registered run, env 0 (math, groups of 4), three queued
-    groups (the first with group id g-1), half a group in the side buffer."""
-    app = create_app(Settings(store=store))
+    groups (the first with group id g-1), half a group in the side buffer (held since the file was written, in a
+    layout that keeps when: no ttl here, or it would expire as the file ages)."""
+    app = create_app(Settings(store=store, side_buffer_ttl_s=None))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
