@@ -28,7 +28,6 @@ from api.export.table import (
     fate_of,
     group_row,
     groups_schema,
-    sequences_schema,
     step_row,
     steps_schema,
 )
@@ -196,7 +195,3 @@ async def totals(store: Store) -> dict[str, int]:
         return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step}
 
     return await store.read(read)
-
-
-def schema_of(table: str) -> pa.Schema:
-    return {SEQUENCES: sequences_schema, GROUPS: groups_schema, STEPS: steps_schema}[table]()
