@@ -224,6 +224,7 @@ class EnvDropBias(_Wire):
     """The drop-bias monitor's view of one env over its window (docs/ledger.md, "Drop-bias monitor")."""
 
     env: str
+    """The env's name (as in `dropped` and the metrics' `env` label)."""
     weight_share: float
     """Its weight over the connected envs' weights: the share of sequences the mix aims at."""
     min_share: float
