@@ -140,6 +140,7 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("POST", "/commit"): TRAINER_SIDE,
     ("GET", "/reset_data"): TRAINER_SIDE,
     ("GET", "/latest_example"): TRAINER_SIDE,
+    ("GET", "/export"): TRAINER_SIDE,  # the run's data, as the trainer reads it
     # the ledger: what steps trained on, and retained groups' data
     ("GET", "/ledger/steps/{step}"): TRAINER_SIDE,
     ("GET", "/ledger/groups/{group_id}"): TRAINER_SIDE,

@@ -17,7 +17,10 @@ from starlette.requests import ClientDisconnect
 from api import connections, wandb_stats
 from api.auth import require_api_key
 from api.commits import ReadAhead
+from api.drop_bias import Thresholds
+from api.drop_bias_watch import BiasWatch
 from api.errors import HTTP_CODES, RollbufError, error_body
+from api.export import PARQUET
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
 from api.ledger import LedgerSettings
@@ -27,7 +30,7 @@ from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, ledger, ops, trainer
+from api.routes import admin, envs, export, ledger, ops, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
 from api.side_buffer import SideLimits
@@ -56,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             limits=queue_limits(settings),
             read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
             books=ledger_settings(settings),
+            bias=BiasWatch(drop_bias_thresholds(settings)),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
@@ -92,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         GZipMiddleware,
         minimum_size=1000,
         compresslevel=settings.gzip_level,
-        exclude_content_types=MSGPACK_TYPES,
+        exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
     door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
@@ -111,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
     app.include_router(ledger.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
+    app.include_router(export.router, dependencies=secured, responses=SECURED)
     if settings.metrics:
         app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
     if door.keys is None:
@@ -132,6 +137,14 @@ def ledger_settings(settings: Settings) -> LedgerSettings:
         max_steps=settings.ledger_max_steps,
         retain_steps=settings.retain_steps,
         retain_bytes=settings.retain_bytes,
+    )
+
+
+def drop_bias_thresholds(settings: Settings) -> Thresholds:
+    return Thresholds(
+        starve_steps=settings.drop_bias_starve_steps,
+        length_skew=settings.drop_bias_length_skew,
+        reward_skew=settings.drop_bias_reward_skew,
     )
 
 

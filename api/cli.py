@@ -171,9 +171,17 @@ def _describe(err: Any) -> str:
     return f"--{str(err['loc'][0]).replace('_', '-')}: {msg}"
 
 
+def export(args: list[str]) -> None:
+    """write the run's ledger and kept groups as Parquet (needs rollbuf[export]; rollbuf export --help)"""
+    from api.export.cli import main as export_main  # pyarrow is imported only by this command
+
+    export_main(args)
+
+
 def commands() -> dict[str, Callable[[list[str]], None]]:
-    """Every `rollbuf` command: `serve`, then those registered by installed packages (loaded when listed)."""
-    found: dict[str, Callable[[list[str]], None]] = {"serve": serve}
+    """Every `rollbuf` command: `serve` and `export`, then those registered by installed packages (loaded when
+    listed)."""
+    found: dict[str, Callable[[list[str]], None]] = {"serve": serve, "export": export}
     for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         found.setdefault(ep.name, ep.load())
     return found

@@ -100,6 +100,13 @@ class Unavailable(RollbufError):
         super().__init__(detail, headers={"Retry-After": str(max(1, round(retry_after)))})
 
 
+class NotInstalled(RollbufError):
+    """The server lacks an optional extra this route needs (the export's pyarrow): installing it is the fix."""
+
+    status_code = 501
+    code = "not_installed"
+
+
 HTTP_CODES = {
     400: "bad_request",
     401: "unauthorized",
@@ -112,6 +119,7 @@ HTTP_CODES = {
     415: "unsupported_media_type",
     422: "invalid",
     500: "internal",
+    501: "not_installed",
     503: "unavailable",
 }
 """`code` of an error raised by FastAPI or Starlette rather than by rollbuf, by HTTP status."""

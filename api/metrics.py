@@ -11,6 +11,7 @@ Two kinds, so that the numbers are right with `--workers N` and with replicas on
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -22,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from api.drop_bias import CONDITIONS, Report
 from api.stats import Snapshot
 from api.store.base import Store, Txn
 
@@ -221,13 +223,76 @@ class SnapshotCollector(Collector):
         )
 
 
+class DropBiasCollector(Collector):
+    """The drop-bias monitor's report (docs/ledger.md, "Drop-bias monitor"): per env over its window."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    def collect(self) -> Iterator[Metric]:
+        share = GaugeMetricFamily(
+            "rollbuf_drop_bias_share", "Mean share of the window's batches' sequences, by env.", labels=["env"]
+        )
+        weight = GaugeMetricFamily(
+            "rollbuf_drop_bias_weight_share", "Share of sequences the env's weight asks for.", labels=["env"]
+        )
+        floor = GaugeMetricFamily(
+            "rollbuf_drop_bias_floor_share",
+            "max(minimum share, half the weight share): the share below which a batch counts towards starvation.",
+            labels=["env"],
+        )
+        below = GaugeMetricFamily(
+            "rollbuf_drop_bias_below_floor_steps", "Latest consecutive batches below the floor.", labels=["env"]
+        )
+        length = GaugeMetricFamily(
+            "rollbuf_drop_bias_length_skew",
+            "Mean length of unintentionally dropped groups against trained ones, relative (NaN until both exist).",
+            labels=["env"],
+        )
+        reward = GaugeMetricFamily(
+            "rollbuf_drop_bias_reward_skew",
+            "Mean reward of unintentionally dropped groups minus trained ones, in pooled standard deviations.",
+            labels=["env"],
+        )
+        means = GaugeMetricFamily(
+            "rollbuf_drop_bias_mean",
+            "Mean length (tokens per sequence), reward and latency (seconds, acknowledged to decided) of the "
+            "window's groups, trained or unintentionally dropped.",
+            labels=["env", "quantity", "fate"],
+        )
+        flag = GaugeMetricFamily(
+            "rollbuf_drop_bias_condition",
+            "1 while a condition holds (starved, length_skew, reward_skew), by env.",
+            labels=["env", "condition"],
+        )
+        for e in self.report.envs:
+            if e.share is not None:
+                share.add_metric([e.env], e.share)
+            weight.add_metric([e.env], e.weight_share)
+            floor.add_metric([e.env], e.floor)
+            below.add_metric([e.env], e.below_floor_steps)
+            length.add_metric([e.env], math.nan if e.length_skew is None else e.length_skew)
+            reward.add_metric([e.env], math.nan if e.reward_skew is None else e.reward_skew)
+            for quantity, trained, dropped in (
+                ("length", e.length_trained, e.length_dropped),
+                ("reward", e.reward_trained, e.reward_dropped),
+                ("latency", e.latency_trained, e.latency_dropped),
+            ):
+                for fate, dist in (("trained", trained), ("dropped", dropped)):
+                    if dist.mean is not None:
+                        means.add_metric([e.env, quantity, fate], dist.mean)
+            for condition in CONDITIONS:
+                flag.add_metric([e.env, condition], 1 if condition in e.flags else 0)
+        yield from (share, weight, floor, below, length, reward, means, flag)
+
+
 class _Process(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from PROCESS.collect()
 
 
-def render(snap: Snapshot) -> bytes:
-    """The exposition text for one scrape."""
+def render(snap: Snapshot, bias: Report | None = None) -> bytes:
+    """The exposition text for one scrape (with the drop-bias monitor's report, when the ledger is on)."""
     sample_process(time.monotonic())
     registry = CollectorRegistry(auto_describe=False)
     if multiprocess():
@@ -235,4 +300,6 @@ def render(snap: Snapshot) -> bytes:
     else:
         registry.register(_Process())
     registry.register(SnapshotCollector(snap))
+    if bias is not None:
+        registry.register(DropBiasCollector(bias))
     return generate_latest(registry)

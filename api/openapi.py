@@ -21,6 +21,7 @@ ERROR_DESCRIPTIONS = {
     413: "Body over `max_body_bytes`, or gzip that inflates past `max_decompressed_bytes`.",
     422: "The data breaks a rule: each of `errors` names the field (`loc`) and the rule (`msg`). Nothing of the "
     "request was applied; fix it rather than resend it.",
+    501: "The server lacks an optional extra this route needs (`pip install 'rollbuf[export]'` for the export).",
     503: "Try again after `Retry-After` seconds: no trainer has registered yet, the queue is full (`unavailable`), "
     "the server holds too many request bytes (`busy`), or the store is unreachable or its disk full "
     "(`store_unavailable`). Nothing was stored.",

@@ -220,6 +220,35 @@ class WandbInfo(_Wire):
     """The trainer's `wandb_project`; null before it registers."""
 
 
+class EnvDropBias(_Wire):
+    """The drop-bias monitor's view of one env over its window (docs/ledger.md, "Drop-bias monitor")."""
+
+    env: str
+    """The env's name (as in `dropped` and the metrics' `env` label)."""
+    weight_share: float
+    """Its weight over the connected envs' weights: the share of sequences the mix aims at."""
+    min_share: float
+    """Its minimum share (`min_batch_allocation`, scaled as formation scales them)."""
+    floor: float
+    """max(min_share, half its weight share): below it in `drop_bias_starve_steps` batches in a row, it is starved."""
+    share: float | None = None
+    """Its mean share of the window's batches (null before any batch)."""
+    below_floor_steps: int = 0
+    """Consecutive latest batches in which its share was below the floor."""
+    trained: int = 0
+    """Groups trained (served) in the window."""
+    dropped: dict[str, int] = Field(default_factory=dict)
+    """Groups dropped in the window, by reason."""
+    length_skew: float | None = None
+    """Mean tokens per sequence of unintentionally dropped groups (stale, expired) against trained ones, relative
+    (+0.5: dropped ones are 50% longer); null until both exist."""
+    reward_skew: float | None = None
+    """Their mean rewards' difference in pooled standard deviations (null until both exist, or when both are
+    constant and differ: see `flags`)."""
+    flags: list[str] = Field(default_factory=list)
+    """Conditions in force: `starved`, `length_skew`, `reward_skew`."""
+
+
 class Status(_Wire):
     current_step: int
     """Batches handed out so far, counted from the trainer's `starting_step` (0 before it registers)."""
@@ -251,6 +280,9 @@ class Status(_Wire):
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Groups dropped per environment name and reason (stale, zero_variance, score_range, side_buffer_expired)."""
+    drop_bias: list[EnvDropBias] = Field(default_factory=list)
+    """Per env: its share of recent batches against its weight and minimum, and how the groups dropped compare with
+    those trained (docs/ledger.md, "Drop-bias monitor"); empty with the ledger off."""
 
 
 # ----------------------------------------------------------------------------------------------- envs

@@ -24,6 +24,8 @@ from api.acks import commit_txn
 from api.batches import BatchWaiting, FormedBatch
 from api.body import INLINE_PARSE, off_loop
 from api.commits import Kept, ReadAhead
+from api.drop_bias import Report
+from api.drop_bias_watch import BiasWatch
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
 from api.formation import batch_txn
 from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
@@ -33,6 +35,7 @@ from api.metrics import FORMATION_SECONDS
 from api.records import GroupRecord, decode
 from api.schema import (
     CommitReply,
+    EnvDropBias,
     EnvRegistered,
     EnvStatus,
     Info,
@@ -80,6 +83,9 @@ class Service:
     _pruned_at: float = field(default_factory=time.monotonic)
     """When (monotonic) this process last pruned the ledger and retained payloads (`_prune_soon`)."""
     _pruning: asyncio.Task[None] | None = None
+    bias: BiasWatch = field(default_factory=BiasWatch)
+    """The drop-bias monitor, fed from the ledger (`api.drop_bias_watch`)."""
+    _watching: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -356,12 +362,33 @@ class Service:
         """One prune now (tests, and `_prune_soon`'s work): (retained payloads, ledger rows) forgotten."""
         return await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
 
+    def _watch_soon(self) -> None:
+        """Refresh the drop-bias monitor in the background of a trainer's calls (at most every
+        `drop_bias_watch.REFRESH_S`), so that an episode is logged even when nobody looks at the views."""
+        if not self.books.enabled or self._watching is not None or not self.bias.due(time.monotonic()):
+            return
+        self._watching = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        try:
+            await self.bias.refresh(self.store)
+        except Unavailable:
+            pass  # the next refresh tries again
+        finally:
+            self._watching = None
+
+    async def drop_bias(self) -> Report | None:
+        """The drop-bias monitor's report, refreshed if it is older than `REFRESH_S`; None without the ledger."""
+        if not self.books.enabled:
+            return None
+        return await self.bias.refresh(self.store)
+
     async def close(self) -> None:
         """Write what is counted in memory (refusals) before the store closes."""
-        for task in (self._sweeping, self._pruning):
+        for task in (self._sweeping, self._pruning, self._watching):
             if task is not None:
                 task.cancel()
-        self._sweeping = self._pruning = None
+        self._sweeping = self._pruning = self._watching = None
         if self._flushing is not None:
             self._flushing.cancel()
             self._flushing = None
@@ -383,6 +410,7 @@ class Service:
         """
         self._sweep_soon()
         self._prune_soon()
+        self._watch_soon()
         result = await self.store.transact(
             lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books)
         )
@@ -424,7 +452,11 @@ class Service:
 
     async def status(self) -> Status:
         self._sweep_soon()
-        return await self.store.read(lambda txn: status_txn(txn, self._run))
+        status = await self.store.read(lambda txn: status_txn(txn, self._run))
+        report = await self.drop_bias()
+        if report is None:
+            return status
+        return status.model_copy(update={"drop_bias": [EnvDropBias.model_validate(e.to_status()) for e in report.envs]})
 
     async def env_status(self, env_id: int) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:

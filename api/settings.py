@@ -141,6 +141,18 @@ class Settings(BaseSettings):
     max_connections: int = Field(1000, ge=16)
     """Connections held at once (lowered to what the process's descriptor limit leaves); past it the
     connection idle longest is closed to make room."""
+    max_exports: int = Field(2, ge=1)
+    """`GET /export` streams this server process sends at once (503 + Retry-After beyond): each holds a page of the
+    ledger and one Parquet row group (at most `api.export.table.ROW_GROUP_BYTES` of arrays) while it runs."""
+    drop_bias_starve_steps: int = Field(10, ge=1)
+    """The drop-bias monitor calls an env starved when its share of each of this many consecutive batches was
+    below its minimum share (docs/ledger.md, "Drop-bias monitor")."""
+    drop_bias_length_skew: float = Field(0.2, gt=0)
+    """Relative difference of mean tokens per sequence, unintentionally dropped groups against trained ones, past
+    which the drop-bias monitor warns of a length skew."""
+    drop_bias_reward_skew: float = Field(0.5, gt=0)
+    """Difference of mean rewards, dropped against trained, in pooled standard deviations, past which the
+    drop-bias monitor warns of a reward skew."""
     shutdown_timeout: int = Field(5, gt=0)
     """Seconds a stopping server (SIGTERM) waits for requests in flight, long-polls included, before it cancels
     them (their clients retry): inside a container runtime's stop grace period (10 s), so a stop is clean

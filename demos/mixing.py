@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -148,9 +149,11 @@ async def _progress(runner: RolloutRunner, tally: Tally, started: float) -> None
               flush=True)  # fmt: skip
 
 
-async def run_demo(steps: int, workers: int) -> int:
+async def run_demo(steps: int, workers: int, export: Path | None = None) -> int:
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="rollbuf-demo-") as tmp, serve_in_thread(f"sqlite:///{tmp}/demo.db") as url:
+    keep = {"retain_steps": steps + 1} if export else {}  # every group's data kept, for the export
+    with tempfile.TemporaryDirectory(prefix="rollbuf-demo-") as tmp, serve_in_thread(f"sqlite:///{tmp}/demo.db",
+                                                                                      **keep) as url:  # fmt: skip
         print(f"rollbuf demo: service on {url} (SQLite in {tmp}); {steps} training steps of {BATCH_SIZE} sequences")
         print("  envs: add (G=4, weight 2), mul (G=8, weight 1), calculator (two turns with a tool, G=8, weight 1)")
         envs = _envs()
@@ -180,6 +183,11 @@ async def run_demo(steps: int, workers: int) -> int:
         with httpx.Client(base_url=url) as http:
             status = http.get("/status").json()
         print("\n" + "\n".join(summary(runner, tally, status, time.monotonic() - started)))
+        if export is not None:
+            print(f"\nexporting the run (rollbuf export {export} --url {url}):", flush=True)
+            from api.export.cli import write_from_server  # pyarrow: only with --export
+
+            await write_from_server(url, None, export)
         return 0
 
 
@@ -226,5 +234,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--steps", type=int, default=40, help="training steps to run (default 40)")
     ap.add_argument("--workers", type=int, default=0, help="rollout worker processes (default 0: in-process)")
+    ap.add_argument("--export", type=Path, metavar="DIR",
+                    help="keep every group's data, and write the run as Parquet into DIR when it ends (rollbuf "
+                    "export: the ledger and the groups, docs/ledger.md; needs pip install -e '.[export]')")  # fmt: skip
     args = ap.parse_args(argv)
-    raise SystemExit(asyncio.run(run_demo(args.steps, args.workers)))
+    if args.export is not None:
+        from api import export
+
+        if not export.available():
+            ap.error(export.MISSING)
+    raise SystemExit(asyncio.run(run_demo(args.steps, args.workers, args.export)))

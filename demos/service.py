@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -15,9 +16,11 @@ from api.settings import Settings
 
 
 @contextlib.contextmanager
-def serve_in_thread(store: str) -> Iterator[str]:
-    """The rollbuf app under uvicorn on a free loopback port, in a thread of this process."""
-    config = uvicorn.Config(create_app(Settings(store=store)), host="127.0.0.1", port=0, log_level="warning")
+def serve_in_thread(store: str, **settings: Any) -> Iterator[str]:
+    """The rollbuf app under uvicorn on a free loopback port, in a thread of this process (`settings`: others
+    than the store, as `Settings` takes them)."""
+    app = create_app(Settings(store=store, **settings))
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="rollbuf-server", daemon=True)
     thread.start()

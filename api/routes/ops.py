@@ -62,7 +62,7 @@ async def readyz(service: ServiceDep) -> JSONResponse:
 async def prometheus_metrics(service: ServiceDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
-    return Response(metrics.render(snap), media_type=metrics.CONTENT_TYPE)
+    return Response(metrics.render(snap, await service.drop_bias()), media_type=metrics.CONTENT_TYPE)
 
 
 @probes.get("/dashboard", response_class=HTMLResponse)
@@ -76,6 +76,8 @@ async def dashboard_data(service: ServiceDep) -> Response:
     """What the dashboard polls: one consistent snapshot of the buffer."""
     snap = await service.snapshot()
     body: dict[str, Any] = snap.to_json()
+    bias = await service.drop_bias()
+    body["drop_bias"] = None if bias is None else bias.to_json()
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

@@ -345,6 +345,12 @@ class Txn(ABC):
         the page, not the ledger."""
 
     @abstractmethod
+    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
+        """Up to `limit` rows of dropped groups whose `step` is in [first_step, last_step], by step then id: what
+        the drop-bias monitor compares with the groups trained. Costs the rows returned (an index on dropped
+        rows only: the write cost lands on drops, not on every group)."""
+
+    @abstractmethod
     def ledger_put_step(self, row: LedgerStep) -> None:
         """Write a formed batch's row (replacing one of the same step: a reset run forms step N again)."""
 

@@ -66,6 +66,8 @@ class _State:
         """Ledger ids whose payload is retained."""
         self.steps: dict[int, LedgerStep] = {}
         """Step rows, in the order they were formed."""
+        self.dropped: dict[int, frozenset[int]] = {}
+        """Ledger ids of dropped groups by their `step` (`ledger_dropped` costs the rows it finds)."""
         self.next_id = 1
 
 
@@ -260,9 +262,24 @@ class MemoryTxn(Txn):
             else:
                 del self._s.kept_ids[item_id]
 
+    def _drop_index(self, old: LedgerGroup | None, new: LedgerGroup | None) -> None:
+        """Keep `dropped` (ids of dropped rows by step) in step with a row that changes from `old` to `new`."""
+        for row, adding in ((old, False), (new, True)):
+            if row is None or row.fate != DROPPED or row.step is None:
+                continue
+            index = self._s.dropped
+            self._restore(index, row.step)
+            ids = index.get(row.step, frozenset())
+            ids = ids | {row.id} if adding else ids - {row.id}
+            if ids:
+                index[row.step] = ids
+            else:
+                index.pop(row.step, None)
+
     def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
         for row in rows:
             self._restore(self._s.ledger, row.id)
+            self._drop_index(self._s.ledger.get(row.id), row)
             self._s.ledger[row.id] = row
             self._name(row.group_id, add=row.id)
             self._order(row.id)
@@ -285,6 +302,7 @@ class MemoryTxn(Txn):
                 self._restore(ledger, i)
                 ledger[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
                 self._keep(i, kept)
+                self._drop_index(row, ledger[i])
 
     def ledger_requeue(self, old_id: int, new_id: int) -> None:
         row = self._s.ledger.get(old_id)
@@ -294,6 +312,7 @@ class MemoryTxn(Txn):
         self._restore(self._s.ledger, new_id)
         del self._s.ledger[old_id]
         self._s.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
+        self._drop_index(row, None)
         self._name(row.group_id, add=new_id, remove=old_id)
         self._order(new_id)
         self._keep(old_id, False)
@@ -315,6 +334,17 @@ class MemoryTxn(Txn):
                 out.append(row)
             k += 1
         return out
+
+    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
+        index = self._s.dropped
+        steps = range(first_step, last_step + 1) if last_step - first_step < len(index) else sorted(index)
+        out: list[LedgerGroup] = []
+        for step in steps:
+            if first_step <= step <= last_step:
+                out += [self._s.ledger[i] for i in sorted(index.get(step, ()))]
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     def ledger_put_step(self, row: LedgerStep) -> None:
         self._restore(self._s.steps, row.step)
@@ -341,7 +371,9 @@ class MemoryTxn(Txn):
         ]
         for i in gone:
             self._restore(ledger, i)
-            self._name(ledger.pop(i).group_id, remove=i)
+            row = ledger.pop(i)
+            self._name(row.group_id, remove=i)
+            self._drop_index(row, None)
         order[:end] = [i for i in order[:end] if i in ledger]  # the walk costs what is left below below_id
 
         def undo() -> None:

@@ -23,12 +23,13 @@ def rollbuf(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 def test_rollbuf_lists_serve_and_the_commands_installed_packages_register() -> None:
-    """`demo` lives in the demos (a client of the service) and reaches `rollbuf` through the `rollbuf.commands`
-    entry-point group, so the service's command lists it without importing it."""
+    """`serve` and `export` are the service's own; `demo` lives in the demos (a client of the service) and reaches
+    `rollbuf` through the `rollbuf.commands` entry-point group, so the service's command lists it without
+    importing it."""
     out = rollbuf("--help")
     assert out.returncode == 0, out.stderr
     commands = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]
-    assert commands == ["serve", "demo"]
+    assert commands == ["serve", "export", "demo"]
     unknown = rollbuf("frobnicate")
     assert unknown.returncode == 2
     assert "unknown command 'frobnicate'" in unknown.stderr

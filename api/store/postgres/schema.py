@@ -132,6 +132,7 @@ STEPS = (
             "decided_at double precision, kept boolean NOT NULL DEFAULT false)",
             "CREATE INDEX ledger_by_group_id ON {s}.ledger (group_id) WHERE group_id IS NOT NULL",
             "CREATE INDEX ledger_kept ON {s}.ledger (step, id) WHERE kept",
+            "CREATE INDEX ledger_dropped ON {s}.ledger (step, id) WHERE fate = 'dropped'",  # the drop-bias monitor's
             "CREATE TABLE {s}.ledger_steps (step bigint PRIMARY KEY, formed_at double precision NOT NULL, "
             "formation_s double precision NOT NULL, group_ids bytea NOT NULL, seqs bigint NOT NULL, "
             "tokens bigint NOT NULL, groups_by_env text NOT NULL, seqs_by_env text NOT NULL, staleness text NOT NULL, "

@@ -13,6 +13,7 @@ import psycopg
 
 from api.store.base import (
     ANON_ENV,
+    DROPPED,
     QUEUED,
     HeldGroup,
     HeldMeta,
@@ -349,6 +350,13 @@ class PostgresTxn(Txn):
         rows = {r.id: r for r in self._ledger_query("id > %b ORDER BY id LIMIT %b", (after_id, limit))}
         rows.update((r.id, r) for r in self._p.ledger.values() if r.id > after_id)
         return [rows[i] for i in sorted(rows)[:limit]]
+
+    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
+        where = "fate = 'dropped' AND step >= %b AND step <= %b ORDER BY step, id LIMIT %b"
+        rows = {r.id: r for r in self._ledger_query(where, (first_step, last_step, limit))}
+        rows.update((r.id, r) for r in self._p.ledger.values())  # rows written by this transaction, as they are now
+        found = [(r.step, r.id, r) for r in rows.values() if r.fate == DROPPED and r.step is not None]
+        return [r for step, _, r in sorted(found, key=lambda f: f[:2]) if first_step <= step <= last_step][:limit]
 
     # Step rows and their commit marks wait for the COMMIT too: a batch's formation and a commit cost no round
     # trip of their own for them.

@@ -124,6 +124,7 @@ STEPS = (
             "kept INTEGER NOT NULL DEFAULT 0)",
             "CREATE INDEX ledger_by_group_id ON ledger (group_id) WHERE group_id IS NOT NULL",
             "CREATE INDEX ledger_kept ON ledger (step, id) WHERE kept = 1",
+            "CREATE INDEX ledger_dropped ON ledger (step, id) WHERE fate = 'dropped'",  # the drop-bias monitor's
             "CREATE TABLE ledger_steps (step INTEGER PRIMARY KEY, formed_at REAL NOT NULL, formation_s REAL NOT NULL, "
             "group_ids BLOB NOT NULL, seqs INTEGER NOT NULL, tokens INTEGER NOT NULL, groups_by_env TEXT NOT NULL, "
             "seqs_by_env TEXT NOT NULL, staleness TEXT NOT NULL, committed_at REAL)",

@@ -373,6 +373,13 @@ class SqliteTxn(Txn):
         sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE id > ? ORDER BY id LIMIT ?"
         return [group_of(r) for r in self._db.execute(sql, (after_id, limit)).fetchall()]
 
+    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
+        sql = (
+            f"SELECT {GROUP_COLUMNS} FROM ledger WHERE fate = 'dropped' AND step >= ? AND step <= ? "
+            "ORDER BY step, id LIMIT ?"
+        )
+        return [group_of(r) for r in self._db.execute(sql, (first_step, last_step, limit)).fetchall()]
+
     def ledger_put_step(self, row: LedgerStep) -> None:
         self._db.execute(f"INSERT OR REPLACE INTO ledger_steps ({STEP_COLUMNS}) VALUES ({','.join('?' * 10)})",
                          step_values(row))  # fmt: skip

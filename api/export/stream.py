@@ -1,0 +1,197 @@
+"""The export's reads: the ledger paged from a store, converted (`api.export.table`) and written as Parquet
+chunks (`api.export.parquet`), one page of the store and one row group in memory at a time.
+
+Each page is one read transaction (`Store.read`), and its conversion and compression run in a worker thread:
+the export runs beside a live service without holding its event loop or its store. A run being exported goes
+on, so the tables are a walk through the ledger, not one snapshot: a group read as queued in one page may be
+served by the time a later page is read. Group rows are read by ledger id (`ledger_scan`) until a page comes
+back short; step rows by step, up to the run's step when the export began.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+import anyio.to_thread
+import msgpack
+import pyarrow as pa
+
+from api import state, stats
+from api.export.parquet import ParquetChunks
+from api.export.table import (
+    ROW_GROUP_BYTES,
+    ROW_GROUP_ROWS,
+    RowBatcher,
+    SequenceBatcher,
+    fate_of,
+    group_row,
+    groups_schema,
+    step_row,
+    steps_schema,
+)
+from api.records import Buffer, decode
+from api.state import RunState
+from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
+
+SEQUENCES = "sequences"
+GROUPS = "groups"
+STEPS = "steps"
+TABLES = (SEQUENCES, GROUPS, STEPS)
+"""The export's tables, each one Parquet file `<name>.parquet`."""
+
+PAGE_GROUPS = 256
+"""Ledger rows (and their kept payloads) read per transaction."""
+PAGE_STEPS = 1024
+"""Step rows read per transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How much the export holds at once: a page of the store, and a record batch (Parquet row group)."""
+
+    page_groups: int = PAGE_GROUPS
+    page_steps: int = PAGE_STEPS
+    row_group_rows: int = ROW_GROUP_ROWS
+    row_group_bytes: int = ROW_GROUP_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One read transaction's worth of the ledger."""
+
+    groups: list[LedgerGroup]
+    steps: list[LedgerStep]
+    payloads: dict[int, bytes]
+    """Payloads the store still holds of these groups (retained, or in a kept batch)."""
+    run: RunState
+
+    @property
+    def size(self) -> int:
+        return len(self.groups) + len(self.steps)
+
+
+def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool) -> Page:
+    rows = txn.ledger_scan(after_id, limit)
+    wanted = [r.id for r in rows if r.kept or r.fate == SERVED] if payloads else []
+    return Page(rows, [], txn.kept_payloads(wanted) if wanted else {}, state.load(txn))
+
+
+def read_steps(txn: Txn, first: int, last: int) -> Page:
+    return Page([], txn.ledger_steps(first, last), {}, state.load(txn))
+
+
+async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]:
+    """The store's pages a table is written from, each read in its own transaction."""
+    if table == STEPS:
+        end = await store.read(lambda txn: state.load(txn).step)
+        first = 0
+        while first < end:
+            last = min(end, first + limits.page_steps) - 1
+            yield await store.read(partial(read_steps, first=first, last=last))
+            first = last + 1
+        return
+    after = -(1 << 62)
+    while True:
+        read = partial(read_groups, after_id=after, limit=limits.page_groups, payloads=table == SEQUENCES)
+        page = await store.read(read)
+        if page.groups:
+            yield page
+            after = page.groups[-1].id
+        if len(page.groups) < limits.page_groups:
+            return
+
+
+def records_of(payload: Buffer) -> Iterator[Buffer]:
+    """The group records of a payload: one, or several back to back (a queue item may hold more than one)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1))
+    unpacker.feed(payload)
+    start = 0
+    while start < len(payload):
+        unpacker.skip()
+        end = unpacker.tell()
+        yield payload[start:end]
+        start = end
+
+
+class TableWriter:
+    """One table's Parquet file, fed page by page (synchronous: the driver runs it in a worker thread).
+    `feed` and `finish` return the file's bytes written since the last call."""
+
+    def __init__(self, table: str, limits: Limits = Limits()) -> None:
+        if table not in TABLES:
+            raise ValueError(f"table {table!r}: one of {', '.join(TABLES)}")
+        self.table = table
+        self.seqs = SequenceBatcher(limits.row_group_rows, limits.row_group_bytes)
+        self.rows = RowBatcher(groups_schema() if table == GROUPS else steps_schema(), limits.row_group_rows)
+        schema = {SEQUENCES: self.seqs.schema, GROUPS: self.rows.schema, STEPS: self.rows.schema}[table]
+        self.out = ParquetChunks(schema)
+        self.written_rows = 0
+
+    def feed(self, page: Page) -> bytes:
+        chunks: list[bytes] = []
+        for batch in self._batches(page):
+            self.written_rows += batch.num_rows
+            chunks.append(self.out.write(batch))
+        return b"".join(chunks)
+
+    def finish(self) -> bytes:
+        last = self.seqs.flush() if self.table == SEQUENCES else self.rows.flush()
+        head = b""
+        if last is not None:
+            self.written_rows += last.num_rows
+            head = self.out.write(last)
+        return head + self.out.close()
+
+    def _batches(self, page: Page) -> Iterator[pa.RecordBatch]:
+        if self.table == STEPS:
+            for step in page.steps:
+                if (batch := self.rows.add(step_row(step))) is not None:
+                    yield batch
+            return
+        for row in page.groups:
+            env = page.run.env_name(row.env_id)
+            if self.table == GROUPS:
+                if (batch := self.rows.add(group_row(row, env))) is not None:
+                    yield batch
+                continue
+            payload = page.payloads.get(row.id)
+            if payload is None:
+                continue
+            fate = fate_of(row, env)
+            for raw in records_of(payload):
+                if (batch := self.seqs.add(fate, decode(raw))) is not None:
+                    yield batch
+
+
+Progress = Callable[[int], None]
+"""Called with the number of ledger rows (groups, or steps) just written."""
+
+
+def _quiet(_: int) -> None:
+    return None
+
+
+async def parquet_stream(
+    table: str, store: Store, limits: Limits = Limits(), progress: Progress = _quiet
+) -> AsyncIterator[bytes]:
+    """One table as a Parquet file, chunk by chunk (row groups as they fill, then the footer)."""
+    writer = TableWriter(table, limits)
+    async for page in pages(table, store, limits):
+        chunk = await anyio.to_thread.run_sync(writer.feed, page)
+        progress(page.size)
+        if chunk:
+            yield chunk
+    yield await anyio.to_thread.run_sync(writer.finish)
+
+
+async def totals(store: Store) -> dict[str, int]:
+    """Roughly how many ledger rows each table is written from (groups acknowledged, steps formed, before
+    pruning): a progress bar's totals."""
+
+    def read(txn: Txn) -> dict[str, int]:
+        received = sum(stats.load(txn).received.values())
+        return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step}
+
+    return await store.read(read)
