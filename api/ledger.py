@@ -72,9 +72,10 @@ def score_summary(scores: list[float]) -> tuple[float, float, float, float]:
     scale = max(-lo, hi)
     if scale == 0.0:
         return 0.0, lo, hi, 0.0
-    mean = math.fsum(x / n for x in scores)
-    var = math.fsum(((x - mean) / scale) ** 2 for x in scores) / n
-    return mean, lo, hi, scale * math.sqrt(var)
+    unit = [x / scale for x in scores]  # in [-1, 1]: neither the sums nor the differences can overflow
+    m = math.fsum(unit) / n
+    var = math.fsum((u - m) ** 2 for u in unit) / n
+    return scale * m, lo, hi, scale * min(1.0, math.sqrt(var))  # std <= (hi - lo) / 2 <= scale
 
 
 def step_row(

@@ -363,7 +363,7 @@ class Service:
         return await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
 
     def _watch_soon(self) -> None:
-        """Refresh the drop-bias monitor in the background of a trainer's calls (at most every
+        """Refresh the drop-bias monitor in the background when a batch is formed (at most every
         `drop_bias_watch.REFRESH_S`), so that an episode is logged even when nobody looks at the views."""
         if not self.books.enabled or self._watching is not None or not self.bias.due(time.monotonic()):
             return
@@ -410,11 +410,11 @@ class Service:
         """
         self._sweep_soon()
         self._prune_soon()
-        self._watch_soon()
         result = await self.store.transact(
             lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books)
         )
         if isinstance(result, FormedBatch) and result.formation is not None:
+            self._watch_soon()  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
             formed = result.formation
             FORMATION_SECONDS.observe(formed.seconds)
             mix = " ".join(f"{name}={n}" for name, n in formed.seqs_by_env.items())
