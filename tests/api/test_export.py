@@ -1,6 +1,7 @@
 """GET /export on every store: a scripted run whose filters and staleness bound drop groups, exported as
-Parquet and read back with pyarrow, `datasets` and pandas: the tokens and masks of every served sequence are
-what /batch served, byte for byte; every acknowledged group is in the ledger's table once, with its fate."""
+Parquet and read back with pyarrow, `datasets`, pandas, Polars and DuckDB: the tokens and masks of every
+served sequence are what /batch served, byte for byte; every acknowledged group is in the ledger's table
+once, with its fate."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 
 import anyio
 import datasets
+import duckdb
 import httpx
 import numpy as np
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
@@ -109,6 +112,11 @@ async def test_the_export_reads_back_as_served(settings: Settings, tmp_path: Pat
         assert_sequences_match(list(ds), served)
         frame = table.to_pandas()
         assert frame.groupby("env")["seq"].count().to_dict() == {"code_0": 12, "math_0": 16}
+        assert_sequences_match(pl.read_parquet(path).to_dicts(), served)
+        with duckdb.connect() as db:
+            cur = db.execute("SELECT * FROM read_parquet(?)", [str(path)])
+            names = [d[0] for d in cur.description]
+            assert_sequences_match([dict(zip(names, row, strict=True)) for row in cur.fetchall()], served)
 
         groups = pq.read_table(io.BytesIO(await export(c, "groups"))).to_pylist()
         fates = {g["group_id"]: (g["fate"], g["trained_step"], g["drop_reason"]) for g in groups}
