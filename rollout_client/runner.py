@@ -33,15 +33,13 @@ from rollout_client.client import RolloutClient
 from rollout_client.env import Environment, Gate, Task
 from rollout_client.errors import (
     GroupDropped,
-    GroupTimeout,
-    PromptTooLong,
     Rejected,
     RetriesExhausted,
     RolloutClientError,
     RunFailed,
-    WorkerDied,
     failure_reason,
 )
+from rollout_client.execution import Execution
 from rollout_client.failures import (
     ERROR_WINDOW,
     MAX_ERROR_RATE,
@@ -52,24 +50,16 @@ from rollout_client.failures import (
     Stored,
 )
 from rollout_client.group import (
-    PROMPT_TOO_LONG,
     RELEASE_S,
-    GroupOutcome,
     Limits,
-    Rollout,
-    assemble,
     bounded_close,
     exited,
     failures_of,
-    needed,
-    run_group,
-    run_rollout,
-    survive,
 )
 from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import pick_env
-from rollout_client.recycling import STUCK, RecyclePolicy
+from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
 from rollout_client.stats import RunnerStats
@@ -84,8 +74,6 @@ POLL_S = 0.2
 SHUTDOWN_S = 10.0
 """Bound on `stop()`: groups still submitting after this are cancelled (their group ids keep a later retry
 from storing them twice)."""
-WORKER_RETRIES = 3
-"""A group whose worker died is run again on another worker this many times before it counts as failed."""
 STEP_READ_S = 2.0
 """Bound on the trainer-step read at the end of `pause()`."""
 TURN_TIMEOUT_S = 600.0
@@ -124,7 +112,7 @@ def check_env(env: Environment, max_in_flight: int) -> None:
                              "never start")  # fmt: skip
 
 
-class RolloutRunner(Watching):
+class RolloutRunner(Watching, Execution):
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
@@ -198,9 +186,9 @@ class RolloutRunner(Watching):
         self._in_flight = InFlight(max_in_flight, self.stats)
         self._backpressure = Backpressure([e.group_size for e in self.envs], max_staleness)
         self._capacity = [Capacity(e.max_resources) for e in self.envs]
+        """Per env: its shared pool's units (`max_resources`), over every worker."""
         self._shared = contextlib.AsyncExitStack()
         """The envs' `worker_setup`, entered in this process when there are no workers."""
-        """Per env: its shared pool's units (`max_resources`), over every worker."""
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
         self._scores: list[list[float]] = [[] for _ in self.envs]
@@ -606,85 +594,6 @@ class RolloutRunner(Watching):
         """Give back a group's rollout slots when its rollouts end (before its submit): a group may start."""
         if self._in_flight.release(group_id):
             self._changed.set()
-
-    async def _execute(self, i: int, task: Task, group_id: str) -> GroupOutcome:
-        """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
-        `group_retries` times after any other failure."""
-        retries = self.envs[i].group_retries
-        worker_deaths = 0
-        while True:
-            await self._in_flight.refill(group_id)  # a retry's rollouts take their slots again
-            try:
-                return await self._attempt(i, task, group_id)
-            except (asyncio.CancelledError, GroupDropped, GroupTimeout):
-                raise
-            except WorkerDied:
-                assert self.pool is not None
-                self.stats.worker_deaths = self.pool.deaths
-                worker_deaths += 1
-                if worker_deaths > WORKER_RETRIES or self._stopping.is_set():
-                    raise
-            except Exception:
-                if retries <= 0 or self._stopping.is_set():
-                    raise
-                retries -= 1
-                self.stats.retried += 1
-
-    async def _attempt(self, i: int, task: Task, group_id: str) -> GroupOutcome:
-        """One run of the group within `group_timeout` (paused time excluded): past it the group fails, and a
-        worker running it is replaced (a verifier that never returns may still hold it)."""
-        g = self._in_flight.groups.get(group_id)
-        try:
-            async with asyncio.timeout(self.group_timeout) as deadline:
-                if g is not None:
-                    g.deadline = deadline
-                    if self.paused:
-                        self._hold_deadlines()
-                if self.envs[i].scores_each_rollout:
-                    return await self._spread(i, task, group_id)
-                if self.pool is None:
-                    return await run_group(self.envs[i], task, self._policy, gate=self._gate, group_key=group_id,
-                                           on_rollout_end=lambda: self._rollout_ended(group_id),
-                                           **self.limits.kwargs())  # fmt: skip
-                return await self.pool.run(i, task, group_id, lambda: self._rollout_ended(group_id))
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            if self.pool is not None:
-                for worker in self.pool.placed(group_id):
-                    await self.pool.retire(worker, STUCK, now=True)
-                self.stats.workers_recycled = Counter(self.pool.recycled)
-            raise GroupTimeout(f"group took more than group_timeout={self.group_timeout} s") from None
-        finally:
-            if self.pool is not None:
-                self.pool.forget(group_id)
-            if g is not None:
-                g.deadline = None
-
-    async def _spread(self, i: int, task: Task, group_id: str) -> GroupOutcome:
-        """The group's rollouts one by one, each on the least-busy worker (or here), each taking a unit of the
-        env's pool as it starts and giving it and its slot back as it ends; then the group of the survivors."""
-        env, capacity = self.envs[i], self._capacity[i]
-        owner = asyncio.current_task()  # the group's: what a pause that runs out of time cancels
-
-        async def one(k: int) -> Rollout:
-            try:
-                await capacity.take(1)
-                try:
-                    if self.pool is None:
-                        return await run_rollout(env, task, self._policy, k, gate=self._gate, group_key=group_id,
-                                                 owner=owner, **self.limits.kwargs())  # fmt: skip
-                    return await self.pool.run_one(i, task, group_id, k)
-                finally:
-                    capacity.give(1)
-            finally:
-                self._rollout_ended(group_id)
-
-        try:
-            kept, failures = await survive([one(k) for k in range(env.group_size)], needed(env))
-        except PromptTooLong:
-            return GroupOutcome(None, PROMPT_TOO_LONG)
-        return assemble(env, task, [r for _, r in kept], failures)
 
     # ------------------------------------------------------------------------------------------- monitor
 

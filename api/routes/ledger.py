@@ -8,9 +8,9 @@ from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
 from api.deps import ServiceDep
+from api.ledger_replies import LedgerGroupsReply, LedgerStepReply
 from api.openapi import errors
 from api.records import dumps
-from api.schema import LedgerGroupsReply, LedgerStepReply
 
 router = APIRouter(tags=["ledger"])
 
