@@ -132,7 +132,7 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("POST", "/register-env"): ENV_SIDE,
     ("POST", "/scored_data"): ENV_SIDE,
     ("POST", "/scored_data_list"): ENV_SIDE,
-    ("POST", "/disconnect-env"): ENV_SIDE,
+    ("POST", "/disconnect-env"): ANY_KEY,  # an env key its own envs; trainer and admin keys any env
     ("GET", "/status-env"): ANY_KEY,
     # the trainer's (Atropos trainers call /reset_data to start a run)
     ("POST", "/register"): TRAINER_SIDE,

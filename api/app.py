@@ -16,11 +16,13 @@ from starlette.requests import ClientDisconnect
 
 from api import connections, wandb_stats
 from api.auth import require_api_key
+from api.batcher import LookAhead
 from api.commits import ReadAhead
 from api.drop_bias import Thresholds
 from api.drop_bias_watch import BiasWatch
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.export import PARQUET
+from api.formation import FormationRules
 from api.frontdoor import Door, FrontDoor
 from api.inflight import BodyBudget
 from api.ledger import LedgerSettings
@@ -59,6 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             limits=queue_limits(settings),
             read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
             books=ledger_settings(settings),
+            rules=formation_rules(settings),
             bias=BiasWatch(drop_bias_thresholds(settings)),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
@@ -146,6 +149,13 @@ def drop_bias_thresholds(settings: Settings) -> Thresholds:
         length_skew=settings.drop_bias_length_skew,
         reward_skew=settings.drop_bias_reward_skew,
     )
+
+
+def formation_rules(settings: Settings) -> FormationRules:
+    look = LookAhead(
+        settings.formation_look_ahead_groups, settings.formation_look_ahead_sequences, settings.formation_due_after
+    )
+    return FormationRules(look, settings.quiet_share_seconds)
 
 
 def queue_limits(settings: Settings) -> QueueLimits:

@@ -8,7 +8,13 @@ Exact mode (no token budget): a batch is exactly `batch_size` sequences of whole
 credit in proportion to its weight on every batch it has data for (deficit round-robin); a dynamic
 program over per-env FIFO prefixes finds the exact fill closest to those credits that honours every
 minimum allocation. Only when no prefix combination adds up exactly does a subset-sum fallback skip
-items, so FIFO order within an env is broken only where an exact fill needs it.
+items, so FIFO order within an env is broken only where an exact fill needs it. When the window holds no
+exact fill at all, the store reads further (`LookAhead`, bounded in groups and sequences) and the planner
+runs again on that longer window (`NoBatch.look_further`).
+
+An env's oldest item passed over (a newer one of its env taken) becomes *due* `LookAhead.due_after` batches
+later: from then on a batch must hold it, exactly if it can, else under the trainer's `no_exact_fill` policy
+("smaller": the fullest batch under `batch_size` that holds it; "wait": it waits for a fill that holds it).
 
 Token mode (`max_batch_tokens`): whole items are taken greedily, env with the most credit first, while
 they fit both the sequence and the token budget; see `_plan_tokens` for when such a batch is released.
@@ -29,11 +35,30 @@ CREDIT_CAP_BATCHES = 2.0
 env returning after a long pause cannot take over the mix."""
 
 
+WAIT = "wait"
+SMALLER = "smaller"
+
+
 @dataclass(frozen=True, slots=True)
 class BatchSpec:
     batch_size: int
     max_tokens: int | None = None
     min_fill: float = 0.9
+    no_exact_fill: str = SMALLER
+    """Exact mode, when no exact fill exists (or none holds a due item): "smaller" forms the fullest batch
+    under `batch_size`, "wait" forms none (docs/batching.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LookAhead:
+    """How far formation reads into each queue when its window holds no exact fill: the cost stays flat in
+    the queue's depth (at most `groups` items per env are read and planned over)."""
+
+    groups: int = 256
+    sequences: int = 8192
+    due_after: int = 4
+    """Batches an env's oldest item may be passed over (newer items of its env taken) before a batch must
+    hold it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +72,10 @@ class EnvWindow:
     """Share of each batch reserved for this env (already scaled so that all shares add up to at most 1)."""
     items: Sequence[ItemMeta]
     """Oldest first; stale items already removed."""
+    due: bool = False
+    """The oldest item was passed over for `LookAhead.due_after` batches: a batch must hold it."""
+    more: bool = False
+    """More of the queue lies beyond these items (its read stopped at a bound): arrivals land beyond it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +85,10 @@ class Plan:
     seqs: int
     tokens: int
     credits: dict[int, float]
+    passed_over: dict[int, int] = field(default_factory=dict)
+    """Per env whose oldest item stays queued while newer ones of its env are taken: that item's id."""
+    smaller: bool = False
+    """Fewer than `batch_size` sequences in exact mode: no exact fill (holding the due items) existed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +97,10 @@ class NoBatch:
     blocked: bool
     """True when waiting for more data alone will not help: a minimum allocation or group sizes block it."""
     credits: dict[int, float] = field(default_factory=dict)
+    look_further: bool = False
+    """No exact fill in these windows: a longer read of the queues (`LookAhead`) may hold one."""
+    holding: int | None = None
+    """The env whose minimum allocation holds the batch back, if that is what blocks it."""
 
 
 # ------------------------------------------------------------------------------------------- windows
@@ -73,15 +110,22 @@ class NoBatch:
 class Window:
     items: list[ItemMeta]
     stale: list[ItemMeta]
+    more: bool = False
+    """The read stopped at a bound, not at the queue's end (more may be queued)."""
 
 
 def take_window(
-    head: Iterable[ItemMeta], *, min_step: int | None, max_seqs: int, max_tokens: int | None = None
+    head: Iterable[ItemMeta],
+    *,
+    min_step: int | None,
+    max_seqs: int,
+    max_tokens: int | None = None,
+    max_items: int | None = None,
 ) -> Window:
     """Read an env's queue from the head until it holds enough fresh items for any batch; set stale ones aside.
 
-    Reads `max_seqs` sequences' worth of fresh items (or `max_tokens` tokens' worth), plus the stale items
-    met on the way, which are to be dropped.
+    Reads `max_seqs` sequences' worth of fresh items (or `max_tokens` tokens' worth, or `max_items` items),
+    plus the stale items met on the way, which are to be dropped.
     """
     items: list[ItemMeta] = []
     stale: list[ItemMeta] = []
@@ -93,8 +137,12 @@ def take_window(
         items.append(meta)
         seqs += meta.seqs
         tokens += meta.tokens
-        if seqs >= max_seqs or (max_tokens is not None and tokens >= max_tokens):
-            break
+        if (
+            seqs >= max_seqs
+            or (max_tokens is not None and tokens >= max_tokens)
+            or (max_items is not None and len(items) >= max_items)
+        ):
+            return Window(items, stale, more=True)
     return Window(items, stale)
 
 
@@ -109,8 +157,12 @@ def scale_shares(shares: Mapping[int, float | None]) -> dict[int, float]:
 # ------------------------------------------------------------------------------------------- planning
 
 
-def plan_batch(windows: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[int, float]) -> Plan | NoBatch:
-    """The next batch from these windows, or why there is none."""
+def plan_batch(
+    windows: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[int, float], *, looked_further: bool = True
+) -> Plan | NoBatch:
+    """The next batch from these windows, or why there is none. `looked_further`: the windows are the longer
+    read (`LookAhead`), or all that is queued; without it, a window with no exact fill asks for the longer read
+    (`NoBatch.look_further`) before any policy for no exact fill applies."""
     active = [w for w in windows if w.items]
     credits_now = _earn(active, spec.batch_size, credits)
     lacking = [w for w in windows if w.min_share > 0 and _seqs(w.items) < _required(w, spec.batch_size)]
@@ -122,9 +174,9 @@ def plan_batch(windows: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[i
             f"env {w.name!r} has {_seqs(w.items)} sequences queued; its min_batch_allocation of "
             f"{w.min_share:.3g} needs {need} in every batch"
         )
-        return NoBatch(reason, blocked=available >= spec.batch_size, credits=dict(credits))
+        return NoBatch(reason, blocked=available >= spec.batch_size, credits=dict(credits), holding=w.env_id)
     if spec.max_tokens is None:
-        return _plan_exact(active, spec.batch_size, credits, credits_now)
+        return _plan_exact(active, spec, credits, credits_now, looked_further)
     return _plan_tokens(active, spec, credits, credits_now)
 
 
@@ -154,42 +206,85 @@ def _spend(credits: dict[int, float], take: Mapping[int, Sequence[ItemMeta]], ba
     return credits
 
 
-def _plan_from(take: Mapping[int, Sequence[ItemMeta]], credits_now: dict[int, float], batch_size: int) -> Plan:
+def _plan_from(
+    take: Mapping[int, Sequence[ItemMeta]],
+    credits_now: dict[int, float],
+    batch_size: int,
+    windows: Sequence[EnvWindow] = (),
+) -> Plan:
     chosen = {env: items for env, items in take.items() if items}
+    passed = {}
+    for w in windows:
+        got = chosen.get(w.env_id)
+        if got and got[0].item_id != w.items[0].item_id:
+            passed[w.env_id] = w.items[0].item_id
+    seqs = sum(_seqs(items) for items in chosen.values())
     return Plan(
         take={env: [m.item_id for m in items] for env, items in chosen.items()},
-        seqs=sum(_seqs(items) for items in chosen.values()),
+        seqs=seqs,
         tokens=sum(m.tokens for items in chosen.values() for m in items),
         credits=_spend(credits_now, chosen, batch_size),
+        passed_over=passed,
+        smaller=bool(windows) and seqs < batch_size,  # exact mode passes its windows; token mode none
     )
 
 
 def _plan_exact(
-    active: Sequence[EnvWindow], batch_size: int, credits: Mapping[int, float], credits_now: dict[int, float]
+    active: Sequence[EnvWindow],
+    spec: BatchSpec,
+    credits: Mapping[int, float],
+    credits_now: dict[int, float],
+    looked_further: bool,
 ) -> Plan | NoBatch:
+    """Exactly `batch_size` sequences holding every due item; else, once the longer read was planned over, the
+    trainer's `no_exact_fill` policy (see the module's docstring)."""
+    batch_size = spec.batch_size
     available = sum(_seqs(w.items) for w in active)
     if available < batch_size:
         return NoBatch(
             f"waiting for data: {available} of {batch_size} sequences queued", blocked=False, credits=dict(credits)
         )
     take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size, credits_now)
-    if take is None:
-        sizes = sorted({m.seqs for w in active for m in w.items})
-        shares = " while meeting the minimum allocations" if any(w.min_share for w in active) else ""
-        if not shares and (more := arrival_that_fills([m.seqs for w in active for m in w.items], batch_size)):
-            # Not a stall: groups of the sizes already seen can still end it (mixed sizes 6 and 8 fill 64).
-            return NoBatch(
-                f"waiting for data: queued group sizes {sizes} do not add up to exactly batch_size {batch_size} "
-                f"yet; {more} would form a batch",
-                blocked=False,
-                credits=dict(credits),
-            )
+    if take is not None:
+        return _plan_from(take, credits_now, batch_size, active)
+    if not looked_further:
+        return NoBatch("no exact fill in the window", blocked=False, credits=dict(credits), look_further=True)
+    due = [w for w in active if w.due]
+    smaller = spec.no_exact_fill == SMALLER
+    if due:
+        if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
+            return _plan_from(take, credits_now, batch_size, active)
+        # "wait": an exact fill without the due items, if there is one (they are passed over again)
+        undue = [EnvWindow(w.env_id, w.name, w.weight, w.min_share, w.items) for w in active]
+        take = _prefix_fill(undue, batch_size, credits_now) or _subset_fill(undue, batch_size, credits_now)
+        if take is not None:
+            return _plan_from(take, credits_now, batch_size, active)
+    sizes = sorted({m.seqs for w in active for m in w.items})
+    shares = " while meeting the minimum allocations" if any(w.min_share for w in active) else ""
+    more = None if shares else arrival_that_fills([m.seqs for w in active for m in w.items], batch_size)
+    if more and not any(w.more for w in active):
+        # Not a stall: groups of the sizes already seen can still end it (mixed sizes 6 and 8 fill 64).
         return NoBatch(
-            f"queued group sizes {sizes} cannot add up to exactly batch_size {batch_size}{shares}",
-            blocked=True,
+            f"waiting for data: queued group sizes {sizes} do not add up to exactly batch_size {batch_size} "
+            f"yet; {more} would form a batch",
+            blocked=False,
             credits=dict(credits),
         )
-    return _plan_from(take, credits_now, batch_size)
+    if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
+        return _plan_from(take, credits_now, batch_size, active)
+    groups = sum(len(w.items) for w in active)
+    read = " (the oldest, as far as formation looks ahead)" if any(w.more for w in active) else ""
+    policy = (
+        "no_exact_fill is 'wait': register no_exact_fill 'smaller' to train on them in batches of fewer sequences"
+        if not smaller
+        else "no smaller batch meets the minimum allocations either"
+    )
+    return NoBatch(
+        f"no choice of the {groups} queued groups{read} (sizes {sizes}) adds up to exactly batch_size "
+        f"{batch_size}{shares}; {policy}",
+        blocked=True,
+        credits=dict(credits),
+    )
 
 
 def arrival_that_fills(queued: Sequence[int], batch_size: int) -> str | None:
@@ -237,7 +332,7 @@ def _prefix_fill(
         nxt = np.full(size, inf)
         choice = np.full(size, -1, dtype=np.int64)
         for k, s in enumerate(prefix.tolist()):
-            if s < need:
+            if s < need or (k == 0 and w.due):
                 continue
             cand = np.full(size, inf)
             cand[s:] = best[: size - s] + (s - target) ** 2
@@ -258,37 +353,47 @@ def _prefix_fill(
 
 
 def _subset_fill(
-    active: Sequence[EnvWindow], batch_size: int, targets: Mapping[int, float]
+    active: Sequence[EnvWindow], batch_size: int, targets: Mapping[int, float], *, exact: bool = True
 ) -> dict[int, list[ItemMeta]] | None:
-    """Any items adding up to exactly batch_size with every minimum met, if such a choice exists at all.
+    """Any items adding up to exactly batch_size (`exact`; else the most sequences up to it, at least one) with
+    every minimum met and every due item held, if such a choice exists at all.
 
     Used only when no FIFO-prefix combination exists (mixed group sizes within an env). Per env, a bitset
     of the subset sums its window can make (at least its minimum); envs combine by shifting bitsets. Each
     env's sum is then picked closest to its credit, and its items oldest first.
     """
     full = (1 << (batch_size + 1)) - 1
-    per_env: list[tuple[EnvWindow, list[int], int]] = []  # window, per-item prefix reach, sums allowed
+    per_env: list[tuple[EnvWindow, int]] = []  # window, sums allowed
     combined = [1]  # combined[i]: totals reachable with the first i envs
     for w in active:
-        reach = [1]
-        for m in w.items:
-            reach.append((reach[-1] | (reach[-1] << m.seqs)) & full)
+        rest = w.items[1:] if w.due else w.items
+        reach = 1
+        for m in rest:
+            reach = (reach | (reach << m.seqs)) & full
+        if w.due:
+            reach = (reach << w.items[0].seqs) & full
         need = _required(w, batch_size)
-        allowed = reach[-1] & ~((1 << need) - 1)
-        per_env.append((w, reach, allowed))
+        allowed = reach & ~((1 << need) - 1)
+        per_env.append((w, allowed))
         total = 0
         for s in _bits(allowed):
             total |= combined[-1] << s
         combined.append(total & full)
-    if not (combined[-1] >> batch_size) & 1:
-        return None
+    reachable = combined[-1] & full
+    if exact:
+        if not (reachable >> batch_size) & 1:
+            return None
+        remaining = batch_size
+    else:
+        if reachable <= 1:
+            return None
+        remaining = reachable.bit_length() - 1
     take: dict[int, list[ItemMeta]] = {}
-    remaining = batch_size
     for i in range(len(active) - 1, -1, -1):
-        w, reach, allowed = per_env[i]
+        w, allowed = per_env[i]
         options = [s for s in _bits(allowed) if s <= remaining and (combined[i] >> (remaining - s)) & 1]
         s = min(options, key=lambda x: (abs(x - targets.get(w.env_id, 0.0)), x))
-        take[w.env_id] = _oldest_subset(w.items, reach, s)
+        take[w.env_id] = _oldest_subset(w.items, s, w.due, full)
         remaining -= s
     return take
 
@@ -304,15 +409,22 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def _oldest_subset(items: Sequence[ItemMeta], reach: Sequence[int], total: int) -> list[ItemMeta]:
-    """Items adding up to `total`, preferring older ones: a later item is used only when needed."""
+def _oldest_subset(items: Sequence[ItemMeta], total: int, first: bool, full: int) -> list[ItemMeta]:
+    """Items adding up to `total`, oldest first: each item is taken when the newer ones can still complete the
+    sum (so the oldest item is held whenever any such choice holds it). `first`: the oldest item is taken."""
+    n = len(items)
+    suffix = [1] * (n + 1)  # suffix[i]: the sums items[i:] can make
+    for i in range(n - 1, -1, -1):
+        suffix[i] = (suffix[i + 1] | (suffix[i + 1] << items[i].seqs)) & full
     picked: list[ItemMeta] = []
-    for i in range(len(items), 0, -1):
-        if (reach[i - 1] >> total) & 1:
-            continue
-        picked.append(items[i - 1])
-        total -= items[i - 1].seqs
-    return picked[::-1]
+    for i, m in enumerate(items):
+        if total == 0:
+            break
+        if (i == 0 and first) or (m.seqs <= total and (suffix[i + 1] >> (total - m.seqs)) & 1):
+            picked.append(m)
+            total -= m.seqs
+    assert total == 0, "a sum the bitsets allowed was not found"
+    return picked
 
 
 def _plan_tokens(
@@ -362,3 +474,25 @@ def _plan_tokens(
         blocked=False,
         credits=dict(credits),
     )
+
+
+# ------------------------------------------------------------------------------------------- aging
+
+PassedOver = dict[int, tuple[int, int]]
+"""Per env: its oldest item passed over (a newer item of its env taken) and the step it was first passed over."""
+
+
+def is_due(passed: PassedOver, env_id: int, head: ItemMeta | None, step: int, due_after: int) -> bool:
+    """Whether the env's oldest item has been passed over for `due_after` batches: a batch must now hold it."""
+    got = passed.get(env_id)
+    return head is not None and got is not None and got[0] == head.item_id and step - got[1] >= due_after
+
+
+def age(passed: PassedOver, plan: Plan, step: int) -> PassedOver:
+    """The record after batch `step` was formed by `plan`: an env whose oldest item was taken starts afresh; one
+    whose oldest item was passed over keeps the step it was first passed over (or starts counting now)."""
+    out = {env: rec for env, rec in passed.items() if env not in plan.take or env in plan.passed_over}
+    for env, item_id in plan.passed_over.items():
+        rec = passed.get(env)
+        out[env] = rec if rec is not None and rec[0] == item_id else (item_id, step)
+    return out

@@ -69,3 +69,5 @@ class BatchWaiting:
     not_registered: bool = False
     read_ahead: bool = False
     """A trainer in commit mode read as far ahead as the bound allows: `reason` says so; a commit ends it."""
+    recheck_in: float | None = None
+    """Seconds after which forming may succeed with no change of data (a minimum share's hold runs out)."""

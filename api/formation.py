@@ -5,12 +5,24 @@ kept for serving again). Written once over `Txn`, for every store."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import orjson
 
 from api import ledger, state, stats
-from api.batcher import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch, scale_shares, take_window
+from api.batcher import (
+    BatchSpec,
+    EnvWindow,
+    LookAhead,
+    NoBatch,
+    Plan,
+    age,
+    is_due,
+    plan_batch,
+    scale_shares,
+    take_window,
+)
 from api.batches import BatchWaiting, Formation, FormedBatch
 from api.commits import COMMIT, ReadAhead, read_ahead_full
 from api.errors import Conflict, Gone, RollbufError
@@ -19,7 +31,25 @@ from api.records import decode_meta
 from api.state import RunState
 from api.store.base import ANON_ENV, DROPPED, SERVED, QueueCounts, Txn
 
+log = logging.getLogger("rollbuf")
+
 DEFAULT_READ_AHEAD = ReadAhead()
+QUIET_SHARES = "quiet_shares"
+"""Counter kind: episodes in which an env's minimum allocation held batches back past `quiet_share_seconds`,
+by env name."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FormationRules:
+    """The server's settings for forming batches (`api/settings.py`)."""
+
+    look_ahead: LookAhead = LookAhead()
+    quiet_share_seconds: float = 30.0
+    """How long an env's minimum allocation may hold a batch back (it has too little queued while others have
+    enough) before it stops holding it, until it queues enough again."""
+
+
+DEFAULT_RULES = FormationRules()
 
 
 class Unservable(RollbufError):
@@ -51,13 +81,15 @@ def batch_txn(
     as_json: bool = False,
     read_ahead: ReadAhead = DEFAULT_READ_AHEAD,
     books: ledger.LedgerSettings = ledger.OFF,
+    rules: FormationRules = DEFAULT_RULES,
 ) -> FormedBatch | BatchWaiting:
     """Batch `step` (served again until it is acknowledged), or the next one formed; without `step`, the next
-    one formed (in "next" mode not kept: Atropos). The first call marks the run as started. `known`: a run
-    state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
-    batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
-    (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
-    (`api/commits.py`). `books`: the ledger's settings (its rows are written here, with the decisions)."""
+        one formed (in "next" mode not kept: Atropos). The first call marks the run as started. `known`: a run
+        state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
+        batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
+        (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
+        (`api/commits.py`). `books`: the ledger's settings (its rows are written here, with the decisions). `rules`:
+    how far to look ahead and how long a quiet minimum share may hold a batch."""
     run = state.load(txn, known)
     reg = run.registration
     if reg is None:
@@ -66,7 +98,7 @@ def batch_txn(
         state.save_run(txn, reg, started=True)
     commit_mode = reg.acknowledge == COMMIT
     if step is None and not commit_mode:
-        return form(txn, run, keep=False, as_json=as_json, books=books)
+        return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules)
     if step is None:
         step = run.step
     if step > run.step:
@@ -97,7 +129,7 @@ def batch_txn(
         return FormedBatch.unpack(step, stored)
     if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
         return BatchWaiting(reason=why, read_ahead=True)
-    result = form(txn, run, keep=True, as_json=as_json, books=books)
+    result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules)
     if isinstance(result, FormedBatch):
         kept = kept.keep(result.step, len(result.stored))
     if kept != before:
@@ -106,26 +138,77 @@ def batch_txn(
 
 
 def form(
-    txn: Txn, run: RunState, *, keep: bool, as_json: bool = False, books: ledger.LedgerSettings = ledger.OFF
+    txn: Txn,
+    run: RunState,
+    *,
+    keep: bool,
+    as_json: bool = False,
+    books: ledger.LedgerSettings = ledger.OFF,
+    rules: FormationRules = DEFAULT_RULES,
 ) -> FormedBatch | BatchWaiting:
     """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
-    why not (`BatchWaiting`, the reason kept for /status)."""
+    why not (`BatchWaiting`, the reason kept for /status). When the heads (a batch's worth) hold no exact fill,
+    the queues are read further, as far as `rules.look_ahead` allows, and planned over again."""
     start = time.perf_counter()
     now = time.time()
     reg = run.registration
     assert reg is not None
-    spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill)
+    spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill, reg.no_exact_fill)
+    look = rules.look_ahead
+    quiet = state.load_quiet(txn)
+    released = {e for e, (since, _) in quiet.items() if now - since >= rules.quiet_share_seconds}
+    given = {e.env_id: e.min_batch_allocation for e in run.envs if e.connected}
+    shares = scale_shares({e: s for e, s in given.items() if e not in released})
+    windows = _read(txn, run, spec, shares, books, now, max_seqs=spec.batch_size, max_items=None,
+                    due_after=look.due_after)  # fmt: skip
+    credits = state.load_credits(txn)
+    plan = plan_batch(windows, spec, credits, looked_further=False)
+    if isinstance(plan, NoBatch) and plan.look_further:
+        windows = _read(txn, run, spec, shares, books, now, max_seqs=look.sequences, max_items=look.groups,
+                        due_after=look.due_after)  # fmt: skip
+        plan = plan_batch(windows, spec, credits)
+    recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
+    if isinstance(plan, NoBatch):
+        state.save_blocked(txn, plan.reason if plan.blocked else None)
+        return BatchWaiting(reason=plan.reason, blocked=plan.blocked, recheck_in=recheck)
+    passed = state.load_passed(txn)
+    aged = age(passed, plan, run.step)
+    if aged != passed:
+        state.save_passed(txn, aged)
+    if plan.passed_over or plan.smaller:
+        stats.count_passed_over(txn, {run.env_name(e): 1 for e in plan.passed_over}, smaller=plan.smaller)
+    batch, seqs_by_env = take(txn, run, plan, keep, as_json, books, now, start)
+    return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
+
+
+def _read(
+    txn: Txn,
+    run: RunState,
+    spec: BatchSpec,
+    shares: dict[int, float],
+    books: ledger.LedgerSettings,
+    now: float,
+    *,
+    max_seqs: int,
+    max_items: int | None,
+    due_after: int,
+) -> list[EnvWindow]:
+    """Each env's queue head as far as the bounds, stale items dropped on the way; each env's oldest item marked
+    due when it was passed over for `due_after` batches."""
+    reg = run.registration
+    assert reg is not None
     min_step = None if reg.max_staleness is None else run.step - reg.max_staleness
-    connected_shares = scale_shares({e.env_id: e.min_batch_allocation for e in run.envs if e.connected})
+    passed = state.load_passed(txn)
     windows: list[EnvWindow] = []
-    env_ids = [ANON_ENV, *(e.env_id for e in run.envs)]
     counts = txn.counts()
-    for env_id in env_ids:
+    for env_id in [ANON_ENV, *(e.env_id for e in run.envs)]:
         env = run.env(env_id)
-        share = connected_shares.get(env_id, 0.0)
+        share = shares.get(env_id, 0.0)
         if counts.get(env_id, QueueCounts()).items == 0 and share == 0.0:
             continue
-        win = take_window(txn.head(env_id), min_step=min_step, max_seqs=spec.batch_size, max_tokens=spec.max_tokens)
+        win = take_window(
+            txn.head(env_id), min_step=min_step, max_seqs=max_seqs, max_tokens=spec.max_tokens, max_items=max_items
+        )
         name = run.env_name(env_id)
         if win.stale:
             ids = [m.item_id for m in win.stale]
@@ -135,13 +218,56 @@ def form(
                 txn.ledger_decide(ids, DROPPED, step=run.step, reason=STALE, at=now, kept=books.retaining)
                 if books.retaining:
                     ledger.count_retained(txn, len(gone), sum(len(g.payload) for g in gone))
-        windows.append(EnvWindow(env_id, name, env.weight if env else 1.0, share, win.items))
-    plan = plan_batch(windows, spec, state.load_credits(txn))
-    if isinstance(plan, NoBatch):
-        state.save_blocked(txn, plan.reason if plan.blocked else None)
-        return BatchWaiting(reason=plan.reason, blocked=plan.blocked)
-    batch, seqs_by_env = take(txn, run, plan, keep, as_json, books, now, start)
-    return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
+        head = win.items[0] if win.items else None
+        due = is_due(passed, env_id, head, run.step, due_after)
+        windows.append(EnvWindow(env_id, name, env.weight if env else 1.0, share, win.items, due, win.more))
+    return windows
+
+
+def _hold(
+    txn: Txn,
+    run: RunState,
+    quiet: dict[int, tuple[float, bool]],
+    released: set[int],
+    windows: list[EnvWindow],
+    plan: Plan | NoBatch,
+    now: float,
+    limit: float,
+    given: dict[int, float | None],
+) -> float | None:
+    """Track the episodes in which an env's minimum allocation holds batches back: one starts when it first
+    holds a batch, is released (counted, logged once) after `limit` seconds, and ends once the env queues its
+    share again (or is disconnected, or no longer holds). Returns the seconds until the current hold is released
+    (for a waiting trainer to try again then), or None."""
+    assert run.registration is not None
+    batch_size = run.registration.batch_size
+    full = scale_shares(given)
+    queued = {w.env_id: sum(m.seqs for m in w.items) for w in windows}
+    holding = plan.holding if isinstance(plan, NoBatch) else None
+    out: dict[int, tuple[float, bool]] = {}
+    for env_id, (since, counted) in quiet.items():
+        need = full.get(env_id, 0.0) * batch_size
+        if env_id not in full or queued.get(env_id, 0) >= need - 1e-9:
+            continue  # disconnected, or live again: the episode ends
+        if env_id in released:
+            if not counted:
+                name = run.env_name(env_id)
+                txn.add_counts(QUIET_SHARES, {name: 1})
+                log.warning(
+                    "env %r has held batches back for %.0f s with its min_batch_allocation (it queues too little): "
+                    "its minimum no longer holds them until it queues its share again",
+                    name, now - since,
+                )  # fmt: skip
+            out[env_id] = (since, True)
+        elif env_id == holding:
+            out[env_id] = (since, counted)
+    if holding is not None and holding not in out:
+        out[holding] = (now, False)
+    if out != quiet:
+        state.save_quiet(txn, out)
+    if holding is None:
+        return None
+    return max(0.0, out[holding][0] + limit - now)
 
 
 def take(

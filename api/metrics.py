@@ -162,6 +162,26 @@ class SnapshotCollector(Collector):
         )
         blocked.add_metric([], 1 if snap.blocked_reason else 0)
         yield blocked
+        holding = GaugeMetricFamily(
+            "rollbuf_batch_blocked_seconds",
+            "Seconds an env's min_batch_allocation has held batches back (it queues too little), this episode.",
+            labels=["env"],
+        )
+        released = CounterMetricFamily(
+            "rollbuf_min_share_releases",
+            "Holds of an env's min_batch_allocation released after quiet_share_seconds.",
+            labels=["env"],
+        )
+        passed = CounterMetricFamily(
+            "rollbuf_batches_passed_over", "Batches that passed over an env's oldest group.", labels=["env"]
+        )
+        for e in snap.envs:
+            holding.add_metric([e.name], e.holding_seconds)
+            released.add_metric([e.name], e.released_shares)
+            passed.add_metric([e.name], e.passed_over)
+        yield holding
+        yield released
+        yield passed
 
         received = CounterMetricFamily(
             "rollbuf_groups_received", "Groups acknowledged (not duplicates).", labels=["env"]

@@ -165,6 +165,10 @@ class Registration(_Request, _Text):
     """Drop groups whose mean score is below this."""
     max_score: float | None = Field(default=None, allow_inf_nan=False)
     """Drop groups whose mean score is above this."""
+    no_exact_fill: Literal["smaller", "wait"] = "smaller"
+    """Exact mode, when no choice of queued groups adds up to exactly `batch_size` (groups of 63 towards 256), or
+    none holds a group passed over for `formation_due_after` batches: "smaller" serves the fullest batch of fewer
+    sequences; "wait" serves none (the reply's `blocked_reason` says why). docs/batching.md has the trade-offs."""
     acknowledge: Literal["next", "commit"] = "next"
     """How served batches are acknowledged (freed). "next" (Atropos): asking for batch N acknowledges every
     batch before it. "commit": `POST /commit` acknowledges them, and batches from the last commit on are served
@@ -280,6 +284,14 @@ class Status(_Wire):
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Groups dropped per environment name and reason (stale, zero_variance, score_range, side_buffer_expired)."""
+    passed_over: dict[str, int] = Field(default_factory=dict)
+    """Per env name: batches that passed over its oldest group (newer ones of it taken; docs/batching.md)."""
+    smaller_batches: int = 0
+    """Exact-mode batches of fewer than `batch_size` sequences (`no_exact_fill: "smaller"`)."""
+    min_share_holds: dict[str, float] = Field(default_factory=dict)
+    """Per env name: seconds its `min_batch_allocation` has held batches back so far (it queues too little)."""
+    min_share_releases: dict[str, int] = Field(default_factory=dict)
+    """Per env name: holds released after `quiet_share_seconds` (its minimum applies again once it queues enough)."""
     drop_bias: list[EnvDropBias] = Field(default_factory=list)
     """Per env: its share of recent batches against its weight and minimum, and how the groups dropped compare with
     those trained (docs/ledger.md, "Drop-bias monitor"); empty with the ledger off."""

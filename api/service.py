@@ -27,7 +27,7 @@ from api.commits import Kept, ReadAhead
 from api.drop_bias import Report
 from api.drop_bias_watch import BiasWatch
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
-from api.formation import batch_txn
+from api.formation import FormationRules, batch_txn
 from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
 from api.limits import QueueLimits
 from api.logs import request_env
@@ -64,6 +64,8 @@ class Service:
     limits: QueueLimits = field(default_factory=QueueLimits)
     read_ahead: ReadAhead = field(default_factory=ReadAhead)
     """How far a trainer in commit mode may read past its last commit."""
+    rules: FormationRules = field(default_factory=FormationRules)
+    """How far formation looks ahead, when a passed-over group is due, how long a quiet minimum share holds."""
     _latest: bytes | None = None
     """The stored record of the last group of at most `LATEST_MAX_BYTES` this process queued."""
     _run: RunState | None = None
@@ -411,7 +413,9 @@ class Service:
         self._sweep_soon()
         self._prune_soon()
         result = await self.store.transact(
-            lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books)
+            lambda txn: batch_txn(
+                txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books, rules=self.rules
+            )  # fmt: skip
         )
         if isinstance(result, FormedBatch) and result.formation is not None:
             self._watch_soon()  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
@@ -471,7 +475,8 @@ class Service:
 
 
 def check_owner(caller: Identity, env: EnvRecord, loc: tuple[str | int, ...]) -> None:
-    """An env key uses only the envs it registered (bound to its name, so rotating its secret keeps them)."""
+    """An env key uses only the envs it registered (bound to its name, so rotating its secret keeps them); trainer
+    and admin keys may act on any env (a trainer disconnects an env that holds its batches back)."""
     if caller.role == "env" and env.owner != caller.name:
         owner = "no key" if env.owner is None else f"key {env.owner!r}"
         raise Forbidden(f"env {env.env_id} was registered by {owner}, not by {caller.name!r}", loc=loc)

@@ -126,6 +126,18 @@ class Settings(BaseSettings):
     max_read_ahead_bytes: int | None = Field(4096 * MiB, gt=0)
     """With `acknowledge: "commit"`: bytes of served, uncommitted batches past which no further batch is formed
     (one always is: the bound is checked before forming)."""
+    formation_look_ahead_groups: int = Field(256, ge=1)
+    """When the oldest groups (a batch's worth) hold no exact fill, formation reads each env's queue further, up to
+    this many groups: a batch forms whenever a choice among them adds up (its cost is bounded by this, not by the
+    queue's depth)."""
+    formation_look_ahead_sequences: int = Field(8192, ge=1)
+    """The same read's bound in sequences, per env."""
+    formation_due_after: int = Field(4, ge=1)
+    """Batches an env's oldest group may be passed over (newer groups of its env taken) before a batch must hold
+    it: exactly if some choice can, else as the trainer's `no_exact_fill` says (docs/batching.md)."""
+    quiet_share_seconds: float = Field(30.0, ge=0)
+    """How long an env's `min_batch_allocation` may hold batches back while it queues too little; past it, its
+    minimum stops holding them (counted, logged once) until it queues its share again."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
     max_world_size: int = Field(4096, ge=1)

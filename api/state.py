@@ -23,6 +23,10 @@ KEPT_KEY = "kept"
 """The acknowledged mark and the sizes of the batches kept past it (`api.commits.Kept`)."""
 CREDITS_KEY = "credits"
 BLOCKED_KEY = "blocked"
+PASSED_KEY = "passed_over"
+"""Per env: its oldest item passed over by formation and the step it was first passed over (`api.batcher.age`)."""
+QUIET_KEY = "quiet_shares"
+"""Per env whose minimum allocation holds batches back: since when (wall clock), and whether it was released."""
 ANON_NAME = "(no env_id)"
 """How views and counters name groups sent without an env_id."""
 
@@ -188,3 +192,19 @@ def save_blocked(txn: Txn, reason: str | None) -> None:
             log.warning("no batch can be formed: %s", reason)
         else:
             log.info("batches can be formed again")
+
+
+def load_passed(txn: Txn) -> dict[int, tuple[int, int]]:
+    return {int(k): (int(v[0]), int(v[1])) for k, v in _get(txn, PASSED_KEY, {}).items()}
+
+
+def save_passed(txn: Txn, passed: dict[int, tuple[int, int]]) -> None:
+    _put(txn, PASSED_KEY, {str(k): list(v) for k, v in passed.items()})
+
+
+def load_quiet(txn: Txn) -> dict[int, tuple[float, bool]]:
+    return {int(k): (float(v[0]), bool(v[1])) for k, v in _get(txn, QUIET_KEY, {}).items()}
+
+
+def save_quiet(txn: Txn, quiet: dict[int, tuple[float, bool]]) -> None:
+    _put(txn, QUIET_KEY, {str(k): list(v) for k, v in quiet.items()})

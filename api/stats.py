@@ -8,6 +8,7 @@ them with everything else (Prometheus reads that as a counter reset).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,12 @@ RECEIVED = "received"
 BACKPRESSURE = "backpressure"
 SERVED_GROUPS = "served_groups"
 SERVED_SEQS = "served_seqs"
+PASSED_OVER = "passed_over"
 """Counter kinds (`Txn.add_counts`), by env name: a request adds to its env's counters, never reads the others'."""
+SMALLER = "smaller_batches"
+"""Counter kind: exact-mode batches of fewer than `batch_size` sequences (`no_exact_fill: "smaller"`), under ""."""
+RELEASED_SHARES = "quiet_shares"
+"""Counter kind (`api.formation.QUIET_SHARES`): holds of a minimum allocation released, by env name."""
 SERVED_KEY = "stats:served"
 """The batch count and the staleness histogram (bounded by STALENESS_CAP)."""
 STALENESS_CAP = 1024
@@ -71,6 +77,20 @@ def count_backpressure(txn: Txn, names: set[str]) -> None:
     txn.add_counts(BACKPRESSURE, dict.fromkeys(names, 1))
 
 
+def count_passed_over(txn: Txn, per_env: dict[str, int], *, smaller: bool) -> None:
+    """A batch passed over the oldest item of these envs (newer ones taken), or held fewer than batch_size."""
+    if per_env:
+        txn.add_counts(PASSED_OVER, per_env)
+    if smaller:
+        txn.add_counts(SMALLER, {"": 1})
+
+
+def holds(txn: Txn, run: state.RunState, now: float) -> tuple[dict[str, float], dict[str, int]]:
+    """Seconds each env's minimum allocation has held batches back so far (this episode), and holds released."""
+    held = {run.env_name(e): now - since for e, (since, _) in state.load_quiet(txn).items()}
+    return held, txn.get_counts(RELEASED_SHARES)
+
+
 def count_batch(txn: Txn, groups: dict[str, int], seqs: dict[str, int], staleness: dict[int, int]) -> None:
     txn.add_counts(SERVED_GROUPS, groups)
     txn.add_counts(SERVED_SEQS, seqs)
@@ -98,6 +118,12 @@ class EnvSnapshot:
     dropped: dict[str, int]
     held: QueueCounts = QueueCounts()
     """What its side buffer holds (groups of another size than its group_size)."""
+    passed_over: int = 0
+    """Batches that passed over its oldest group (took newer ones of it)."""
+    holding_seconds: float = 0.0
+    """How long its minimum allocation has held batches back (this episode; 0 when it does not)."""
+    released_shares: int = 0
+    """Episodes in which its minimum held batches back past `quiet_share_seconds` and was released."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +175,9 @@ class Snapshot:
                     "served_seqs": e.served_seqs,
                     "backpressure": e.backpressure,
                     "dropped": e.dropped,
+                    "passed_over": e.passed_over,
+                    "holding_seconds": e.holding_seconds,
+                    "released_shares": e.released_shares,
                 }
                 for e in self.envs
             ],
@@ -164,6 +193,8 @@ def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | 
     for name, n in (unwritten_backpressure or {}).items():
         stats.backpressure[name] = stats.backpressure.get(name, 0) + n
     dropped = state.load_dropped(txn)
+    passed = txn.get_counts(PASSED_OVER)
+    holding, released = holds(txn, run, time.time())
     counts = txn.counts()
     held = txn.held_counts()
     envs: list[tuple[int, str, float, int, bool, float | None]] = [
@@ -195,6 +226,9 @@ def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | 
                 served_seqs=stats.served_seqs.get(name, 0),
                 backpressure=stats.backpressure.get(name, 0),
                 dropped=dropped.get(name, {}),
+                passed_over=passed.get(name, 0),
+                holding_seconds=holding.get(name, 0.0),
+                released_shares=released.get(name, 0),
             )
             for env_id, name, weight, group_size, connected, share in envs
         ],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from api import state
+import time
+
+from api import state, stats
 from api.limits import QueueLimits, capacity_groups
 from api.schema import EnvStatus, Status
 from api.state import EnvRecord, RunState
@@ -18,6 +20,7 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
     total = sum(txn.counts().values(), QueueCounts())
     held = sum(txn.held_counts().values(), QueueCounts())
     kept = state.load_kept(txn, run)
+    holding, released = stats.holds(txn, run, time.time())
     return Status(
         current_step=run.step if run.registration else 0,
         queue_size=total.groups,
@@ -33,6 +36,10 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
         held_bytes=held.bytes,
         blocked_reason=state.load_blocked(txn),
         dropped=state.load_dropped(txn),
+        passed_over=txn.get_counts(stats.PASSED_OVER),
+        smaller_batches=txn.get_counts(stats.SMALLER).get("", 0),
+        min_share_holds=holding,
+        min_share_releases=released,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Annotated
 
@@ -123,6 +124,7 @@ async def batch(
     wakeups = service.wakeups
     tried_at = wakeups.count
     result = await service.next_batch(step, as_json=not binary)
+    recheck_at = _recheck_at(result)
     while True:
         if isinstance(result, FormedBatch):
             wakeups.pass_on()  # another waiter may find a batch too
@@ -150,8 +152,8 @@ async def batch(
         # woken were another waiter's to try (it found no batch, or it took one and woke the next).
         if wakeups.count == tried_at:
             with WAITING_LONG_POLLS.track_inprogress():
-                woken = await wakeups.wait(min(remaining, warn_at - now))
-            if not woken:
+                woken = await wakeups.wait(min(remaining, warn_at - now, max(0.0, recheck_at - now)))
+            if not woken and time.monotonic() < recheck_at:
                 continue  # the deadline or the stall warning
         # Checked before forming again: a batch formed for a client that has gone would be lost (without ?step=).
         if await request.is_disconnected():
@@ -160,6 +162,13 @@ async def batch(
             return _json(_no_batch(result))
         tried_at = wakeups.count
         result = await service.next_batch(step, as_json=not binary)
+        recheck_at = _recheck_at(result)
+
+
+def _recheck_at(result: FormedBatch | BatchWaiting) -> float:
+    """When (monotonic) to form again though nothing changed: a minimum share's hold runs out then."""
+    recheck = result.recheck_in if isinstance(result, BatchWaiting) else None
+    return math.inf if recheck is None else time.monotonic() + recheck + 0.05
 
 
 async def _render(

@@ -31,8 +31,10 @@ def ops() -> st.SearchStrategy[list[Op]]:
 async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool) -> None:
     service = Service(MemoryStore())
     reg = Registration.model_validate(
-        registration(batch_size=8, max_staleness=max_staleness, drop_zero_variance=drop_zero_variance)
-    )
+        registration(
+            batch_size=8, max_staleness=max_staleness, drop_zero_variance=drop_zero_variance, no_exact_fill="wait"
+        )
+    )  # "wait": every batch exactly 8 (the default serves fewer when nothing queued adds up)
     await service.register_trainer(reg)
     await service.next_batch()
     for name, gs in [("a", 4), ("b", 2), ("c", 3)]:

@@ -10,11 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.batcher import (
+    SMALLER,
+    WAIT,
     BatchSpec,
     EnvWindow,
+    LookAhead,
     NoBatch,
+    PassedOver,
     Plan,
+    age,
     arrival_that_fills,
+    is_due,
     plan_batch,
     scale_shares,
     take_window,
@@ -81,7 +87,7 @@ def taken(plan: Plan, windows: list[EnvWindow]) -> dict[int, list[ItemMeta]]:
 @given(queues())
 def test_exact_fill_is_found_whenever_one_exists(case: tuple[list[EnvWindow], int]) -> None:
     windows, batch_size = case
-    plan = plan_batch(windows, BatchSpec(batch_size), {})
+    plan = plan_batch(windows, BatchSpec(batch_size, no_exact_fill=WAIT), {})
     exists = brute_force_exists(windows, batch_size, prefix_only=False)
     assert isinstance(plan, Plan) == exists, plan
     if isinstance(plan, Plan):
@@ -109,15 +115,22 @@ def test_fifo_prefixes_are_used_when_they_suffice(case: tuple[list[EnvWindow], i
 
 
 def test_blocked_when_sizes_can_never_add_up() -> None:
-    plan = plan_batch([window(0, [3] * 10)], BatchSpec(16), {})
+    plan = plan_batch([window(0, [3] * 10)], BatchSpec(16, no_exact_fill=WAIT), {})
     assert isinstance(plan, NoBatch) and plan.blocked
-    assert "cannot add up to exactly batch_size 16" in plan.reason
+    assert "no choice of the 10 queued groups (sizes [3]) adds up to exactly batch_size 16" in plan.reason
+    assert "no_exact_fill is 'wait'" in plan.reason
+
+
+def test_no_exact_fill_at_all_forms_a_smaller_batch_by_default() -> None:
+    plan = plan_batch([window(0, [63] * 6)], BatchSpec(256), {})
+    assert isinstance(plan, Plan) and plan.smaller and plan.seqs == 252 and len(plan.take[0]) == 4
 
 
 def test_mixed_sizes_that_one_more_group_completes_are_waiting_not_blocked() -> None:
     """Groups of 6 and 8 filling 64: a queue that cannot add up now is no stall when arrivals can end it."""
-    plan = plan_batch([window(0, [6] * 7 + [8] * 3)], BatchSpec(64), {})  # 66 queued, no subset is 64
-    assert isinstance(plan, NoBatch) and not plan.blocked
+    for policy in (WAIT, SMALLER):
+        plan = plan_batch([window(0, [6] * 7 + [8] * 3)], BatchSpec(64, no_exact_fill=policy), {})  # 66, no 64
+        assert isinstance(plan, NoBatch) and not plan.blocked
     assert "one more group of" in plan.reason and "would form a batch" in plan.reason
 
 
@@ -226,3 +239,131 @@ def test_window_reads_only_what_a_batch_needs() -> None:
 def test_shares_scaled_down_past_one() -> None:
     assert scale_shares({0: 0.6, 1: 0.9, 2: None}) == {0: 0.6 / 1.5, 1: 0.9 / 1.5}
     assert scale_shares({0: 0.2}) == {0: 0.2}
+
+
+# ------------------------------------------------------------------------------- beyond the window, aging
+
+
+def form(queues: list[EnvWindow], spec: BatchSpec, credits: dict[int, float], look: LookAhead) -> Plan | NoBatch:
+    """What api/formation.py does with a store: the window first, then the longer read when it holds no fill."""
+
+    def read(max_seqs: int, max_items: int | None) -> list[EnvWindow]:
+        out = []
+        for q in queues:
+            win = take_window(iter(q.items), min_step=None, max_seqs=max_seqs, max_items=max_items)
+            out.append(EnvWindow(q.env_id, q.name, q.weight, q.min_share, win.items, q.due, win.more))
+        return out
+
+    plan = plan_batch(read(spec.batch_size, None), spec, credits, looked_further=False)
+    if isinstance(plan, NoBatch) and plan.look_further:
+        plan = plan_batch(read(look.sequences, look.groups), spec, credits)
+    return plan
+
+
+@st.composite
+def deep_queues(draw: st.DrawFn) -> tuple[list[EnvWindow], int]:
+    """Queues several windows deep, sizes mixed (survivor-like runs of near-equal sizes included)."""
+    batch_size = draw(st.integers(4, 32))
+    n_envs = draw(st.integers(1, 3))
+    shares = scale_shares({e: draw(st.one_of(st.none(), st.floats(0.05, 0.5))) for e in range(n_envs)})
+    windows = []
+    for e in range(n_envs):
+        top = draw(st.integers(1, min(9, batch_size)))
+        sizes = draw(st.lists(st.integers(max(1, top - 3), top), max_size=12))
+        windows.append(window(e, sizes, draw(st.sampled_from([0.5, 1.0, 2.0])), shares.get(e, 0.0)))
+    return windows, batch_size
+
+
+@settings(max_examples=300, deadline=None)
+@given(deep_queues())
+def test_a_batch_forms_whenever_any_choice_of_the_whole_queue_is_an_exact_fill(
+    case: tuple[list[EnvWindow], int],
+) -> None:
+    """Brute force over the whole queue (within the look-ahead), not only the window of the oldest items."""
+    queues, batch_size = case
+    plan = form(queues, BatchSpec(batch_size, no_exact_fill=WAIT), {}, LookAhead())
+    exists = brute_force_exists(queues, batch_size, prefix_only=False)
+    assert (isinstance(plan, Plan) and plan.seqs == batch_size) == exists, plan
+    if isinstance(plan, Plan):
+        got = taken(plan, queues)
+        for w in queues:
+            assert sum(m.seqs for m in got.get(w.env_id, [])) >= required(w, batch_size), "minimum not met"
+
+
+@settings(max_examples=200, deadline=None)
+@given(deep_queues())
+def test_the_oldest_item_is_taken_whenever_an_exact_fill_of_its_env_s_share_holds_it(
+    case: tuple[list[EnvWindow], int],
+) -> None:
+    """The fill is the oldest one: an env's oldest item is passed over only when no choice of its items (up to the
+    newest one taken) with the same total holds it."""
+    queues, batch_size = case
+    plan = form(queues, BatchSpec(batch_size, no_exact_fill=WAIT), {}, LookAhead())
+    if not isinstance(plan, Plan):
+        return
+    for w in queues:
+        ids = plan.take.get(w.env_id, [])
+        if not ids or ids[0] == w.items[0].item_id:
+            continue
+        total = sum(m.seqs for m in w.items if m.item_id in set(ids))
+        rest = [m.seqs for m in w.items[1:] if m.item_id <= ids[-1]]
+        sums = {w.items[0].seqs + sum(c) for r in range(len(rest) + 1) for c in itertools.combinations(rest, r)}
+        assert total not in sums, "passed over the oldest item though a choice of the same total held it"
+        assert plan.passed_over[w.env_id] == w.items[0].item_id
+
+
+def test_survivor_groups_behind_the_window_form_a_batch() -> None:
+    """The issue's queue: five odd survivor groups, then whole groups of 64: the window alone never fills 256."""
+    queue = window(0, [59, 60, 61, 62, 63, 64, 64, 63, 64, 64, 61, 64])
+    spec = BatchSpec(256, no_exact_fill=WAIT)
+    assert isinstance(plan_batch([window(0, [59, 60, 61, 62, 63])], spec, {}), NoBatch)
+    plan = form([queue], spec, {}, LookAhead())
+    assert isinstance(plan, Plan) and plan.seqs == 256 and len(plan.take[0]) == 4
+    assert plan.passed_over == {0: queue.items[0].item_id}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([16, 32, 64]),
+    st.integers(1, 3),
+    st.integers(1, 3),
+)
+def test_no_item_is_passed_over_more_than_due_after_batches(seed: int, batch_size: int, n_envs: int, due: int) -> None:
+    """Formation run batch after batch with arrivals of survivor-like sizes (most whole, some short): once an env's
+    oldest item is first passed over at step s, it is in a batch by step s + due_after ("smaller" policy)."""
+    import random
+
+    rng = random.Random(seed)
+    look = LookAhead(groups=64, sequences=8 * batch_size, due_after=due)
+    group = batch_size // 4
+    queues: dict[int, list[ItemMeta]] = {e: [] for e in range(n_envs)}
+    weights = {e: rng.choice([0.5, 1.0, 2.0]) for e in range(n_envs)}
+    passed: PassedOver = {}
+    credits: dict[int, float] = {}
+    first_passed: dict[int, int] = {}
+    step = 0  # batches formed: what the run's step counts
+    for _ in range(60):
+        for e in range(n_envs):
+            for _ in range(rng.randint(0, 5)):
+                queues[e].append(items([group if rng.random() < 0.6 else rng.randint(group - 3, group)])[0])
+        windows = [
+            EnvWindow(e, f"env{e}", weights[e], 0.0, q, is_due(passed, e, q[0] if q else None, step, due))
+            for e, q in queues.items()
+        ]
+        plan = form(windows, BatchSpec(batch_size), credits, look)
+        if isinstance(plan, NoBatch):
+            continue
+        for item_id in plan.passed_over.values():
+            first_passed.setdefault(item_id, step)
+        served = {i for ids in plan.take.values() for i in ids}
+        for e, q in queues.items():
+            queues[e] = [m for m in q if m.item_id not in served]
+        for item_id, since in list(first_passed.items()):
+            if item_id in served:
+                assert step - since <= due, (item_id, since, step)
+                del first_passed[item_id]
+            else:
+                assert step - since < due, f"item {item_id} passed over since step {since}, still queued at {step}"
+        passed, credits = age(passed, plan, step), plan.credits
+        step += 1
