@@ -37,6 +37,10 @@ env returning after a long pause cannot take over the mix."""
 
 WAIT = "wait"
 SMALLER = "smaller"
+WAIT_FOR_ARRIVALS_BATCHES = 2
+"""No exact fill among queued groups whose sizes could still add up with more arrivals (6s and 8s towards 64) is
+waited out only while fewer than this many batches' worth are queued: past it, arrivals are evidently not
+completing one (survivor groups of 59-63 piling up behind rare whole ones), and it is treated as a stall."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +266,7 @@ def _plan_exact(
     sizes = sorted({m.seqs for w in active for m in w.items})
     shares = " while meeting the minimum allocations" if any(w.min_share for w in active) else ""
     more = None if shares else arrival_that_fills([m.seqs for w in active for m in w.items], batch_size)
-    if more and not any(w.more for w in active):
+    if more and not any(w.more for w in active) and available < WAIT_FOR_ARRIVALS_BATCHES * batch_size:
         # Not a stall: groups of the sizes already seen can still end it (mixed sizes 6 and 8 fill 64).
         return NoBatch(
             f"waiting for data: queued group sizes {sizes} do not add up to exactly batch_size {batch_size} "

@@ -1,0 +1,128 @@
+"""Batches form whenever any choice could: survivor groups behind the window, no exact fill at all, and minimum
+shares of envs that go quiet (issue 33). Every store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from pydantic import SecretStr
+
+from api.app import create_app
+from api.settings import Settings
+from tests.factories import env, group, registration
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def quick(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with a quiet minimum share released after 0.3 s, and keys for an env, a trainer and an admin."""
+    keys = "runner env runner-secret-0123456789; trainer trainer trainer-secret-012345"
+    app = create_app(settings.model_copy(update={"quiet_share_seconds": 0.3, "api_keys": SecretStr(keys)}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            yield c
+
+
+RUNNER = {"Authorization": "Bearer runner-secret-0123456789"}
+TRAINER = {"Authorization": "Bearer trainer-secret-012345"}
+
+
+async def start(client: httpx.AsyncClient, envs: list[dict[str, Any]], headers: dict[str, str] | None = None,
+                **reg: Any) -> None:  # fmt: skip
+    await client.post("/register", json=registration(**reg), headers=TRAINER if headers else None)
+    await client.get("/batch", params={"step": 0}, headers=TRAINER if headers else None)
+    for e in envs:
+        assert (await client.post("/register-env", json=e, headers=headers)).json()["status"] == "success"
+
+
+def survivor(size: int, i: int) -> dict[str, Any]:
+    return group(size, length=4, seed=i, group_id=f"g{i}", logprobs=False)
+
+
+async def drain(client: httpx.AsyncClient, start: int = 0) -> list[list[dict[str, Any]]]:
+    batches = []
+    for step in range(start, start + 1000):
+        body = (await client.get("/batch", params={"step": step})).json()
+        if body["batch"] is None:
+            return batches
+        batches.append(body["batch"])
+    raise AssertionError("never drained")
+
+
+@pytest.mark.parametrize("crash", [0.02, 0.10])
+async def test_survivor_groups_all_train_in_exact_mode(client: httpx.AsyncClient, crash: float) -> None:
+    """G=64, each rollout crashing with probability `crash`, groups of at least 48 kept (min_group_size), batch 256:
+    every kept group is trained, in batches of exactly 256 whenever a choice adds up, else (no_exact_fill
+    "smaller", the default) the fullest batch under it."""
+    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64)
+    rng = np.random.default_rng(int(crash * 100))
+    sizes = [int(s) for s in 64 - rng.binomial(64, crash, 48) if s >= 48]
+    for i, s in enumerate(sizes):
+        assert (await client.post("/scored_data", json=survivor(s, i))).json()["status"] == "received"
+    batches = await drain(client)
+    left = (await client.get("/status")).json()["queued_sequences"]
+    assert left == sum(sizes) - sum(len(g["tokens"]) for b in batches for g in b) < 256, "stopped too early"
+    for k in range(30):  # the run goes on: whole groups keep coming, and the odd ones left are served with them
+        served = {g["group_id"] for b in batches for g in b}
+        if served >= {f"g{i}" for i in range(len(sizes))}:
+            break
+        for j in range(4):
+            await client.post("/scored_data", json=survivor(64, 1000 + 4 * k + j))
+        batches += await drain(client, start=len(batches))
+    served_list = [g["group_id"] for b in batches for g in b]
+    assert len(served_list) == len(set(served_list)), "a group served twice"
+    assert set(served_list) >= {f"g{i}" for i in range(len(sizes))}, "a kept group never trained"
+    assert all(sum(len(g["tokens"]) for g in b) <= 256 for b in batches)
+    exact = sum(sum(len(g["tokens"]) for g in b) == 256 for b in batches)
+    assert (await client.get("/status")).json()["smaller_batches"] == len(batches) - exact
+    assert exact > 0
+
+
+async def test_odd_groups_ahead_of_whole_ones_do_not_stop_the_run(client: httpx.AsyncClient) -> None:
+    """The issue's queue, under "wait": five odd groups fill the window; the four 64s behind them form a batch."""
+    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
+                no_exact_fill="wait")  # fmt: skip
+    for i, s in enumerate([59, 60, 61, 62, 63, 64, 64, 64, 64]):
+        await client.post("/scored_data", json=survivor(s, i))
+    body = (await client.get("/batch", params={"step": 0})).json()
+    assert [g["group_id"] for g in body["batch"]] == ["g5", "g6", "g7", "g8"]
+    assert (await client.get("/status")).json()["passed_over"] == {"math_0": 1}
+
+
+async def test_no_exact_fill_at_all_is_said_or_served_smaller(client: httpx.AsyncClient) -> None:
+    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
+                no_exact_fill="wait")  # fmt: skip
+    for i in range(5):
+        await client.post("/scored_data", json=survivor(63, i))
+    body = (await client.get("/batch", params={"step": 0})).json()
+    reason = "no choice of the 5 queued groups (sizes [63]) adds up to exactly batch_size 256"
+    assert body["batch"] is None and reason in body["blocked_reason"] and "no_exact_fill" in body["blocked_reason"]
+    assert reason in (await client.get("/status")).json()["blocked_reason"]
+
+
+async def test_a_quiet_minimum_share_holds_batches_at_most_the_setting_and_a_trainer_disconnects_it(
+    quick: httpx.AsyncClient,
+) -> None:
+    await start(quick, [env("math"), env("squatter", min_batch_allocation=1.0)], headers=RUNNER, batch_size=8)
+    await quick.post("/scored_data_list", json=[group(4, seed=i, group_id=f"g{i}") for i in range(4)], headers=RUNNER)
+    first = (await quick.get("/batch", params={"step": 0}, headers=TRAINER)).json()
+    assert first["batch"] is None and "'squatter_0'" in first["blocked_reason"]
+    t0 = time.monotonic()
+    body = (await quick.get("/batch", params={"step": 0, "wait": 10}, headers=TRAINER)).json()
+    assert body["batch"] is not None and time.monotonic() - t0 < 5
+    status = (await quick.get("/status", headers=TRAINER)).json()
+    assert status["min_share_releases"] == {"squatter_0": 1} and status["blocked_reason"] is None
+    metrics = (await quick.get("/metrics", headers=TRAINER)).text
+    assert 'rollbuf_min_share_releases_total{env="squatter_0"} 1.0' in metrics
+    # the trainer's key may disconnect any env (an env key only its own)
+    reply = await quick.post("/disconnect-env", json={"env_id": 1}, headers=TRAINER)
+    assert reply.status_code == 200 and reply.json()["status"] == "success", reply.text
+    envs = {e["name"]: e["connected"] for e in (await quick.get("/dashboard/data", headers=TRAINER)).json()["envs"]}
+    assert envs["squatter_0"] is False
