@@ -382,6 +382,10 @@ class EnvStatus(_Wire):
     # rollbuf extensions
     queue_capacity_groups: int | None = None
     """How many more groups of this env's size the server accepts before answering 503, or null."""
+    blocked_reason: str | None = None
+    """Why the server can form no batch from what is queued (the sizes cannot add up under `no_exact_fill:
+    "wait"`, a minimum share holds batches back), as /status says; null when batches form or only data is
+    missing. The rollout client logs it once and shows it in `health()`."""
 
 
 # ----------------------------------------------------------------------------------------------- data

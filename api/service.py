@@ -468,7 +468,8 @@ class Service:
             env = run.env(env_id)
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
-            return env_status(run, env, txn.counts(), txn.held_counts(), self.limits), run
+            blocked = state.load_blocked(txn)
+            return env_status(run, env, txn.counts(), txn.held_counts(), self.limits, blocked), run
 
         reply, self._run = await self.store.read(txn_fn)
         return reply

@@ -59,7 +59,12 @@ def _connected_totals(run: RunState) -> tuple[float, float]:
 
 
 def env_status(
-    run: RunState, env: EnvRecord, counts: dict[int, QueueCounts], held: dict[int, QueueCounts], limits: QueueLimits
+    run: RunState,
+    env: EnvRecord,
+    counts: dict[int, QueueCounts],
+    held: dict[int, QueueCounts],
+    limits: QueueLimits,
+    blocked: str | None = None,
 ) -> EnvStatus:
     """/status-env as Atropos computes it, from per-env counts instead of a scan of the queue."""
     total_weight, min_total = _connected_totals(run)
@@ -87,4 +92,5 @@ def env_status(
         max_group_size=max([1, *sizes]),
         env_weight=max(MIN_ENV_WEIGHT, weight),
         queue_capacity_groups=capacity,
+        blocked_reason=blocked,
     )

@@ -93,11 +93,14 @@ def report(results: list[dict[str, Any]]) -> str:
     lines = []
     form = [r for r in results if r.get("bench") == "formation"]
     if form:
-        lines.append("batch formation, batch_size 256, 4 envs (median ms per batch):")
-        for store in ("memory", "sqlite", "postgresql"):
-            row = [f"{r['queued_groups']:>7} queued: {r['median_ms']:6.2f}" for r in form if r["store"] == store]
-            if row:
-                lines.append(f"  {store:10} " + " | ".join(row))
+        lines.append("batch formation, batch_size 256 (median ms per call; formed/exact of the calls):")
+        for scenario in sorted({r.get("scenario", "mixed") for r in form}):
+            lines.append(f"  {scenario}:")
+            for store in ("memory", "sqlite", "postgresql"):
+                row = [f"{r['queued_groups']:>7} queued: {r['median_ms']:6.2f} ({r['formed']}/{r['exact']})"
+                       for r in form if r["store"] == store and r.get("scenario", "mixed") == scenario]  # fmt: skip
+                if row:
+                    lines.append(f"    {store:10} " + " | ".join(row))
     targets = sorted({r["target"] for r in results if "target" in r})
     if targets:
         lines.append("\ningest at 1 / 8 / 32 clients, 8 x 512-4096 tokens per group (JSON; gzip: as stock Atropos")

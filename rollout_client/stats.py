@@ -62,6 +62,8 @@ class RunnerStats:
     """Times an env registered again because the server lost its registration (reset, restart)."""
     stalled: str | None = None
     """Why production is stalled (held ahead_of_trainer with no `resume()`), or None."""
+    server_blocked: str | None = None
+    """Why the server can form no batch from what is queued (its /status-env `blocked_reason`), or None."""
 
     @property
     def failed_total(self) -> int:
@@ -100,3 +102,6 @@ class RunnerHealth:
     """Env name -> failed rollouts by reason (see `RunnerStats.rollouts_failed`)."""
     partial_groups: int = 0
     """Groups submitted with the survivors of failed rollouts (`min_group_size`)."""
+    server_blocked: str | None = None
+    """Why the server can form no batch from what is queued (group sizes that cannot add up under its trainer's
+    `no_exact_fill: "wait"`, a minimum share holding batches back), as it says; None while batches form."""

@@ -87,6 +87,7 @@ class Watching:
             stalled=s.stalled,
             rollouts_failed={env: dict(c) for env, c in s.rollouts_failed.items()},
             partial_groups=s.partial_groups,
+            server_blocked=s.server_blocked,
         )
 
     async def _watch(self) -> None:
@@ -99,6 +100,7 @@ class Watching:
             self._refresh_blocked()
             self.stats.trainer_step = trainer_step
             self._check_stall()
+            self._check_server(statuses)
             now = time.monotonic()
             if self.inference_outage_timeout is not None and (
                 self._inference.down_for(now) > self.inference_outage_timeout
@@ -137,6 +139,16 @@ class Watching:
             self._stall_logged = now
             log.warning("the runner is stalled: %s%s", self.stats.stalled,
                         "" if self._resumed else " (resume() was never called)")  # fmt: skip
+
+    def _check_server(self, statuses: Sequence[EnvStatus]) -> None:
+        """The server cannot form a batch from what is queued: log its reason once (each new one), show it in
+        `health()`, so the user learns in seconds what to change (a mode, a policy, a group size)."""
+        reason = next((st.blocked_reason for st in statuses if st.blocked_reason), None)
+        if reason is not None and reason != self.stats.server_blocked:
+            log.warning("the server can form no batch from what is queued: %s", reason)
+        elif reason is None and self.stats.server_blocked is not None:
+            log.info("the server forms batches again")
+        self.stats.server_blocked = reason
 
     def _refresh_blocked(self) -> None:
         """Which envs must wait, from the last status read and what this runner has in flight now."""

@@ -254,3 +254,67 @@ async def test_a_pool_that_answers_exhausted_is_waited_out_without_failing_group
         assert seen["sandbox_exhausted"] > 0, "the pool did run out"
         assert stats.accepted == 6 and not stats.failed
         assert seen["sandbox_opened"] == seen["sandbox_closed"] == 1, "set up once in the runner's process"
+
+
+# ------------------------------------------------------------------------- survivors reach the trainer (33)
+
+
+@dataclass
+class CrashingTen(Crashing):
+    """G=64, about 10% of rollouts crash."""
+
+    name: str = "crashing10"
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        await session.observe(task.prompt)
+        await session.generate()
+        async with session.tool("python"):
+            if stable_unit("crash", session.seed or 0) < 0.10:
+                raise RuntimeError("the tool crashed")
+
+
+@pytest.mark.parametrize("env", [Crashing(), CrashingTen()], ids=["2pct", "10pct"])
+async def test_survivor_groups_train_in_exact_mode(tmp_path: Path, env: Crashing) -> None:
+    """Issue 33: G=64 survivor groups (min_group_size 48), batch 256, exact mode, the default no_exact_fill
+    ("smaller"): every kept group reaches the trainer but a remainder smaller than one batch; before, exact fills
+    lay beyond the window and no batch formed at all."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=256)
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=256)  # fmt: skip
+        stats = await finish(runner.run(max_groups=16))
+        assert stats.accepted == 16 and stats.partial_groups > 0
+        trained = drain(server.url)
+        st = status(server.url)
+        assert len(trained) + st["queue_size"] == 16
+        assert st["queued_sequences"] < 256, "a batch could still be formed from what is queued"
+        assert len(trained) >= 12
+
+
+@dataclass
+class Odd(Arithmetic):
+    """Groups of 63 sequences: no number of them adds up to 256."""
+
+    name: str = "odd"
+    group_size: int = 63
+
+
+async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 33: a trainer that waits for exact fills (no_exact_fill "wait") and an env whose sizes cannot add up:
+    the runner logs the server's reason once and `health()` shows it."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=256, no_exact_fill="wait")
+        runner = RolloutRunner(server.url, [(Odd(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=64, poll_interval=0.05)  # fmt: skip
+        task = asyncio.create_task(runner.run(max_groups=8))
+        try:
+            async with httpx.AsyncClient(base_url=server.url) as http:
+                await until(lambda: status(server.url)["queue_size"] >= 5, "five groups queued")
+                reply = (await http.get("/batch")).json()
+                assert reply["batch"] is None and "adds up to exactly batch_size 256" in reply["blocked_reason"]
+            await until(lambda: runner.health().server_blocked is not None, "the runner to see the reason")
+            assert "no_exact_fill is 'wait'" in (runner.health().server_blocked or "")
+        finally:
+            await finish(task)
+        told = [r for r in caplog.records if "the server can form no batch" in r.getMessage()]
+        assert len(told) == 1, told
