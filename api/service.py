@@ -460,7 +460,11 @@ class Service:
         report = await self.drop_bias()
         if report is None:
             return status
-        return status.model_copy(update={"drop_bias": [EnvDropBias.model_validate(e.to_status()) for e in report.envs]})
+        envs = [
+            EnvDropBias.model_validate({**e.to_status(), "passed_over": status.passed_over.get(e.env, 0)})
+            for e in report.envs
+        ]
+        return status.model_copy(update={"drop_bias": envs})
 
     async def env_status(self, env_id: int) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:

@@ -118,3 +118,19 @@ async def test_without_the_ledger_the_monitor_is_off() -> None:
         await c.post("/register", json=registration(batch_size=8))
         assert (await c.get("/status")).json()["drop_bias"] == []
         assert "rollbuf_drop_bias" not in (await c.get("/metrics")).text
+
+
+async def test_the_monitor_counts_groups_passed_over(settings: Settings) -> None:
+    """Issue 33: a survivor group passed over for whole ones behind it shows in the env's drop_bias entry."""
+    async with serving(settings) as c:
+        reg = registration(batch_size=256, max_token_len=64, no_exact_fill="wait")
+        assert (await c.post("/register", json=reg)).status_code == 200
+        await c.get("/batch")
+        await c.post("/register-env", json=env("surv", 64, variable_group_size=True))
+        for i, s in enumerate([61, 64, 64, 64, 64]):
+            await c.post("/scored_data", json=group(s, length=4, seed=i, group_id=f"g{i}", logprobs=False))
+        assert [g["group_id"] for g in (await c.get("/batch")).json()["batch"]] == ["g1", "g2", "g3", "g4"]
+        with anyio.fail_after(15):
+            while not (bias := (await c.get("/status")).json()["drop_bias"]):
+                await anyio.sleep(0.05)  # polling for the monitor's next refresh
+        assert {e["env"]: e["passed_over"] for e in bias} == {"surv_0": 1}
