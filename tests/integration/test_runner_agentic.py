@@ -306,7 +306,7 @@ async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pyt
         start_trainer(server.url, batch_size=256, no_exact_fill="wait")
         runner = RolloutRunner(server.url, [(Odd(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                                max_in_flight=64, poll_interval=0.05)  # fmt: skip
-        task = asyncio.create_task(runner.run(max_groups=8))
+        task = asyncio.create_task(runner.run())  # until stopped: the watch goes on while the test asks
         try:
             async with httpx.AsyncClient(base_url=server.url) as http:
                 await until(lambda: status(server.url)["queue_size"] >= 5, "five groups queued")
@@ -315,6 +315,7 @@ async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pyt
             await until(lambda: runner.health().server_blocked is not None, "the runner to see the reason")
             assert "no_exact_fill is 'wait'" in (runner.health().server_blocked or "")
         finally:
+            runner.stop()
             await finish(task)
         told = [r for r in caplog.records if "the server can form no batch" in r.getMessage()]
         assert len(told) == 1, told
