@@ -63,8 +63,8 @@ async def test_survivor_groups_all_train_in_exact_mode(client: httpx.AsyncClient
     await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64)
     rng = np.random.default_rng(int(crash * 100))
     sizes = [int(s) for s in 64 - rng.binomial(64, crash, 48) if s >= 48]
-    for i, s in enumerate(sizes):
-        assert (await client.post("/scored_data", json=survivor(s, i))).json()["status"] == "received"
+    reply = await client.post("/scored_data_list", json=[survivor(s, i) for i, s in enumerate(sizes)])
+    assert reply.status_code == 200, reply.text
     batches = await drain(client)
     left = (await client.get("/status")).json()["queued_sequences"]
     assert left == sum(sizes) - sum(len(g["tokens"]) for b in batches for g in b) < 256, "stopped too early"
@@ -72,8 +72,7 @@ async def test_survivor_groups_all_train_in_exact_mode(client: httpx.AsyncClient
         served = {g["group_id"] for b in batches for g in b}
         if served >= {f"g{i}" for i in range(len(sizes))}:
             break
-        for j in range(4):
-            await client.post("/scored_data", json=survivor(64, 1000 + 4 * k + j))
+        await client.post("/scored_data_list", json=[survivor(64, 1000 + 4 * k + j) for j in range(4)])
         batches += await drain(client, start=len(batches))
     served_list = [g["group_id"] for b in batches for g in b]
     assert len(served_list) == len(set(served_list)), "a group served twice"
