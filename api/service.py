@@ -32,17 +32,21 @@ from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submi
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
+from api.producer_state import ProducerReport, ProducerSettings, announce_txn, heartbeat_txn, load_weights, report_txn
 from api.records import GroupRecord, decode
 from api.schema import (
     CommitReply,
     EnvDropBias,
     EnvRegistered,
     EnvStatus,
+    Heartbeat,
+    HeartbeatReply,
     Info,
     RegisterEnv,
     Registration,
     ScoredReply,
     Status,
+    WeightsReply,
 )
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn
@@ -86,6 +90,8 @@ class Service:
     bias: BiasWatch = field(default_factory=BiasWatch)
     """The drop-bias monitor, fed from the ledger (`api.drop_bias_watch`)."""
     _watching: asyncio.Task[None] | None = None
+    producers: ProducerSettings = field(default_factory=ProducerSettings)
+    """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers`)."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -452,11 +458,41 @@ class Service:
 
     async def status(self) -> Status:
         self._sweep_soon()
-        status = await self.store.read(lambda txn: status_txn(txn, self._run))
+        now = time.time()
+        status, seen = await self.store.read(
+            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers))
+        )
+        status = status.model_copy(
+            update={"weights_step": seen.weights_step, "producers": seen.producers, "stall_reason": seen.stall_reason}
+        )
         report = await self.drop_bias()
         if report is None:
             return status
         return status.model_copy(update={"drop_bias": [EnvDropBias.model_validate(e.to_status()) for e in report.envs]})
+
+    # ----------------------------------------------------------------------------- producers and weights
+
+    async def announce_weights(self, step: int) -> WeightsReply:
+        """POST /weights: the weights of `step` are live; producers read it in /status-env and heartbeats."""
+        return WeightsReply(weights_step=await self.store.transact(lambda txn: announce_txn(txn, step)))
+
+    async def weights(self) -> WeightsReply:
+        return WeightsReply(weights_step=await self.store.read(load_weights))
+
+    async def heartbeat(self, beat: Heartbeat, caller: Identity = ANONYMOUS) -> HeartbeatReply:
+        """Record a producer's heartbeat (one small write; wakes no long-poll in this process)."""
+        now = time.time()
+
+        def check(env: EnvRecord) -> None:
+            check_owner(caller, env, ("body", "env_ids"))
+
+        weights = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, check))
+        return HeartbeatReply(weights_step=weights, gone_after=self.producers.gone_after)
+
+    async def producer_report(self) -> ProducerReport:
+        """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None)."""
+        now = time.time()
+        return await self.store.read(lambda txn: report_txn(txn, now, self.producers))
 
     async def env_status(self, env_id: int) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:
@@ -464,7 +500,8 @@ class Service:
             env = run.env(env_id)
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
-            return env_status(run, env, txn.counts(), txn.held_counts(), self.limits), run
+            reply = env_status(run, env, txn.counts(), txn.held_counts(), self.limits)
+            return reply.model_copy(update={"weights_step": load_weights(txn)}), run
 
         reply, self._run = await self.store.read(txn_fn)
         return reply
