@@ -61,6 +61,9 @@ class Watching:
     def _end(self, reason: str, exc: BaseException | None) -> None:
         raise NotImplementedError
 
+    def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
+        raise NotImplementedError
+
     def health(self) -> RunnerHealth:
         """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
         runner's loop (or through `RunnerHandle.health()` from another thread)."""
@@ -96,6 +99,7 @@ class Watching:
                 *(self._registrations.status(i) for i in range(len(self.clients)))
             )
             trainer_step = self._backpressure.observed(list(statuses), mark)
+            self._weights_observed(statuses)
             self._refresh_blocked()
             self.stats.trainer_step = trainer_step
             self._check_stall()

@@ -1,0 +1,122 @@
+"""The run across processes (issue 37): a trainer process, the rollbuf server, the fake vLLM and a producer
+process, each its own process as in a deployment. The trainer syncs its weights to the inference server and
+announces them through rollbuf; the producer follows without pause/resume: groups carry the weights that
+generated them across 20 syncs, `max_staleness` never stalls the run, and a producer killed -9 is marked gone
+within `producer_gone_after`, after which the trainer is told why nothing comes and raises."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.fake_vllm import fake_vllm
+from tests.servers import running_server
+
+pytestmark = pytest.mark.integration
+
+GONE_AFTER = 2.0
+HANG_GUARD_S = 120.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def until(cond: Callable[[], bool], what: str, limit: float = HANG_GUARD_S) -> float:
+    """Poll `cond` until it holds (never a fixed sleep as a wait); the seconds it took. Fails after `limit`."""
+    started = time.monotonic()
+    while not cond():
+        if time.monotonic() - started > limit:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@contextmanager
+def process(module: str, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m module args` in its own process group, stopped (killed) by its group at the end."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=ROOT)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def status(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/status", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def result(path: Path) -> dict[str, Any]:
+    return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
+
+
+def test_groups_carry_the_weights_that_generated_them_across_20_syncs_and_max_staleness_never_stalls(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "trainer.json"
+    with (
+        running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
+        fake_vllm(tmp_path / "vllm.log", latency=0.01) as vllm,
+        process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
+                "--steps", "20", "--max-staleness", "1", "--no-progress-timeout", "60", "--out", str(out)) as trainer,
+        process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+                vllm.url, "--turns", "2", "--max-staleness", "1"),
+    ):  # fmt: skip
+        until(lambda: trainer.poll() is not None, "the trainer's 20 steps")
+        assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+        seen = status(server.url)
+    steps = result(out)["steps"]
+    assert [s["step"] for s in steps] == list(range(20))
+    groups = [(s["step"], g) for s in steps for g in s["groups"]]
+    for step, g in groups:
+        lo, hi = g["weight_versions"]
+        assert lo == g["policy_step"] <= hi <= step, g
+        # never newer than the weights that generated it: staleness is never under-counted
+        assert g["policy_step"] <= min(g["generated_with"]), g
+        assert step - g["policy_step"] <= 1  # max_staleness held
+    assert len({g["policy_step"] for _, g in groups}) >= 10  # the producer followed the syncs
+    assert sum(g["policy_step"] == min(g["generated_with"]) for _, g in groups) >= len(groups) // 2
+    [producer] = seen["producers"]
+    assert producer["live"] and producer["envs"] == ["turns_0"] and producer["weights_step"] >= 18
+    assert seen["weights_step"] == 19
+
+
+def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_then_raises(tmp_path: Path) -> None:
+    out = tmp_path / "trainer.json"
+    no_progress = 3.0
+    with (
+        running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
+        fake_vllm(tmp_path / "vllm.log") as vllm,
+        process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
+                "--steps", "100000", "--no-progress-timeout", str(no_progress), "--out", str(out)) as trainer,
+        process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+                vllm.url) as producer,
+    ):  # fmt: skip
+        until(lambda: status(server.url)["current_step"] >= 3 and bool(status(server.url)["producers"]), "batches")
+        assert status(server.url)["stall_reason"] is None
+        os.killpg(producer.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        gone = until(lambda: not status(server.url)["producers"][0]["live"], "the producer marked gone", 30)
+        assert gone <= GONE_AFTER + 2.0
+        reply = httpx.get(server.url + "/batch", timeout=10).json()
+        assert reply["batch"] is None and "no live producer for env(s) turns_0" in reply["stall_reason"]
+        until(lambda: trainer.poll() is not None, "the trainer to give up", 60)
+        waited = time.monotonic() - killed
+    assert trainer.returncode == 3
+    error = result(out)["error"]
+    assert error.startswith("no batch can come: for ") and "no live producer for env(s) turns_0" in error
+    assert waited <= GONE_AFTER + no_progress + 10  # a poll (2 s long-poll) and the process's exit on a busy machine
+    log = (tmp_path / "trainer.log").read_text()
+    assert "nothing can arrive: no live producer" in log
