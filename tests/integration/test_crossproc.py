@@ -7,6 +7,8 @@ within `producer_gone_after`, after which the trainer is told why nothing comes 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,7 +23,7 @@ import orjson
 import pytest
 
 from tests.fake_vllm import fake_vllm
-from tests.servers import running_server
+from tests.servers import free_port, running_server
 
 pytestmark = pytest.mark.integration
 
@@ -62,21 +64,54 @@ def result(path: Path) -> dict[str, Any]:
     return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
 
 
-def test_groups_carry_the_weights_that_generated_them_across_20_syncs_and_max_staleness_never_stalls(
+def layout(tmp: Path) -> list[list[str]]:
+    """The four command lines of docs/bring-your-environment.md's "The four-process layout", as written but for
+    free ports, files in `tmp`, and `python -m api` for the `rollbuf` script (what it runs)."""
+    page = (ROOT / "docs" / "bring-your-environment.md").read_text()
+    section = page.split("## The four-process layout", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    ports = {"8000": str(free_port()), "9000": str(free_port())}
+    lines = []
+    for line in block.group(1).strip().splitlines():
+        for old, new in ports.items():
+            line = line.replace(f":{old}", f":{new}").replace(f"--port {old}", f"--port {new}")
+        line = line.replace("sqlite:///buffer.db", f"sqlite:///{tmp}/buffer.db")
+        line = line.replace("--out trainer.json", f"--out {tmp}/trainer.json")
+        args = shlex.split(line)
+        lines.append(["-m", "api", *args[1:]] if args[0] == "rollbuf" else args[1:])
+        assert args[0] in ("rollbuf", "python"), line
+    return lines
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_the_documented_four_process_layout_carries_the_weights_that_generated_each_group_across_20_syncs(
     tmp_path: Path,
 ) -> None:
+    """The layout as documented, with `max_staleness` 1: the run never stalls."""
+    server, inference, trainer_line, producer_line = layout(tmp_path)
+    url = "http://127.0.0.1:" + server[server.index("--port") + 1]
+    vllm_url = "http://127.0.0.1:" + inference[inference.index("--port") + 1]
     out = tmp_path / "trainer.json"
     with (
-        running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
-        fake_vllm(tmp_path / "vllm.log", latency=0.01) as vllm,
-        process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
-                "--steps", "20", "--max-staleness", "1", "--no-progress-timeout", "60", "--out", str(out)) as trainer,
-        process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
-                vllm.url, "--turns", "2", "--max-staleness", "1"),
-    ):  # fmt: skip
-        until(lambda: trainer.poll() is not None, "the trainer's 20 steps")
-        assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
-        seen = status(server.url)
+        process(server[1], tmp_path / "server.log", *server[2:]),
+        process(inference[1], tmp_path / "vllm.log", *inference[2:]),
+    ):
+        until(lambda: ready(url + "/") and ready(vllm_url + "/v1/models"), "the server and the inference server", 30)
+        httpx.post(vllm_url + "/control", json={"latency": 0.01}).raise_for_status()
+        with (
+            process(trainer_line[1], tmp_path / "trainer.log", *trainer_line[2:]) as trainer,
+            process(producer_line[1], tmp_path / "producer.log", *producer_line[2:]),
+        ):
+            until(lambda: trainer.poll() is not None, "the trainer's 20 steps")
+            assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+            seen = status(url)
     steps = result(out)["steps"]
     assert [s["step"] for s in steps] == list(range(20))
     groups = [(s["step"], g) for s in steps for g in s["groups"]]
