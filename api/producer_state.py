@@ -90,9 +90,10 @@ class ProducerReport:
     stall_reason: str | None
 
 
-def report_txn(txn: Txn, now: float, settings: ProducerSettings) -> ProducerReport:
-    """Producers as views (live or gone, by env name), the weights step, and why a waiting trainer stalls."""
-    run = state.load(txn)
+def report_txn(txn: Txn, now: float, settings: ProducerSettings, known: state.RunState | None = None) -> ProducerReport:
+    """Producers as views (live or gone, by env name), the weights step, and why a waiting trainer stalls. `known`:
+    a run state this process read (the envs are read only as far as they changed since)."""
+    run = state.load(txn, known)
     table = load_producers(txn)
     views = [
         ProducerView(

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+NOTHING_YET = "no environment is registered and no producer has reported"
+"""The start of `stall_reason` for a run nothing has joined yet: a stall only once that has lasted `gone_after`
+(producers wait for the trainer's first poll to register, so a fresh run always starts this way)."""
 NOT_WAITING_ON_TRAINER = frozenset({"queue_full"})
 """Hold-back reasons that are not a wait for the trainer: a full queue means data is there to form batches."""
 
@@ -80,8 +83,7 @@ def stall_reason(connected: dict[int, str], table: dict[str, Producer], now: flo
         if live:
             return None  # a live producer between registrations (re-registering after a reset)
         if not table:
-            return ("no environment is registered and no producer has reported: start a producer "
-                    "(docs/bring-your-environment.md)")  # fmt: skip
+            return f"{NOTHING_YET}: start a producer (docs/bring-your-environment.md)"
         last = max(table.values(), key=lambda p: p.last_seen)
         return (f"no environment is connected and no producer is live: the last, {last.producer_id} on "
                 f"{last.host}, was last seen {_ago(now, last.last_seen)} (gone after {gone_after:g} s)")  # fmt: skip

@@ -435,8 +435,12 @@ class HeartbeatReply(_Wire):
 
 
 class ProducerView(_Wire):
+    """A producer as the server last heard of it (GET /producers, /status)."""
+
     producer_id: str
+    """Its id (one per process)."""
     host: str
+    """Where it runs, as it names itself."""
     envs: list[str]
     """The names of the envs it produces for."""
     live: bool
@@ -446,12 +450,19 @@ class ProducerView(_Wire):
     last_seen_s: float
     """Seconds since then."""
     in_flight: int
+    """Rollouts in flight, as of its last heartbeat."""
     groups_per_s: float
+    """Groups accepted per second lately."""
     accepted: int
+    """Groups accepted since it started."""
     failures: int
+    """Groups failed since it started."""
     weights_step: int | None
+    """The step of the weights it generates with."""
     held: dict[str, str]
+    """Env name -> why it starts no group of it now."""
     waiting_for: str | None
+    """What it says it waits for, or null."""
 
 
 # ----------------------------------------------------------------------------------------------- data

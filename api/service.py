@@ -33,6 +33,7 @@ from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
 from api.producer_state import ProducerReport, ProducerSettings, announce_txn, heartbeat_txn, load_weights, report_txn
+from api.producers import NOTHING_YET
 from api.records import GroupRecord, decode
 from api.schema import (
     CommitReply,
@@ -92,6 +93,11 @@ class Service:
     _watching: asyncio.Task[None] | None = None
     producers: ProducerSettings = field(default_factory=ProducerSettings)
     """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers`)."""
+    stall_reason: str | None = None
+    """Why nothing can arrive for a waiting trainer, as this process's last batch attempt that found no batch
+    read it (in the same transaction: a waiting long-poll costs no read of its own)."""
+    _nothing_since: float | None = None
+    """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -416,9 +422,15 @@ class Service:
         """
         self._sweep_soon()
         self._prune_soon()
-        result = await self.store.transact(
-            lambda txn: batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books)
-        )
+        now = time.time()
+
+        def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
+            result = batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books)
+            waiting = isinstance(result, BatchWaiting) and not result.not_registered
+            return result, report_txn(txn, now, self.producers, self._run) if waiting else None
+
+        result, report = await self.store.transact(txn_fn)
+        self.stall_reason = None if report is None else self._graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
             self._watch_soon()  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
             formed = result.formation
@@ -462,6 +474,7 @@ class Service:
         status, seen = await self.store.read(
             lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers))
         )
+        seen = self._graced(seen, now)
         status = status.model_copy(
             update={"weights_step": seen.weights_step, "producers": seen.producers, "stall_reason": seen.stall_reason}
         )
@@ -490,9 +503,20 @@ class Service:
         return HeartbeatReply(weights_step=weights, gone_after=self.producers.gone_after)
 
     async def producer_report(self) -> ProducerReport:
-        """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None)."""
+        """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None). A run
+        nothing has joined yet is a stall only once that has lasted `gone_after` s (as seen by this process)."""
         now = time.time()
-        return await self.store.read(lambda txn: report_txn(txn, now, self.producers))
+        return self._graced(await self.store.read(lambda txn: report_txn(txn, now, self.producers)), now)
+
+    def _graced(self, report: ProducerReport, now: float) -> ProducerReport:
+        if report.stall_reason is None or not report.stall_reason.startswith(NOTHING_YET):
+            self._nothing_since = None
+            return report
+        if self._nothing_since is None:
+            self._nothing_since = now
+        if now - self._nothing_since < self.producers.gone_after:
+            return replace(report, stall_reason=None)
+        return report
 
     async def env_status(self, env_id: int) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:

@@ -137,7 +137,7 @@ async def batch(
             if held is not None:
                 which = "the next batch" if step is None else f"batch {step}"
                 more = f" ({held} similar lines held back)" if held else ""
-                why = result.reason or (await service.producer_report()).stall_reason or "no data"
+                why = result.reason or service.stall_reason or "no data"
                 log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which, why, more)
         remaining = deadline - now
         if remaining <= 0:
@@ -145,7 +145,7 @@ async def batch(
                 wakeups.pass_on()  # woken, and leaving without trying: the next waiter tries
             if result.read_ahead:  # not now: a commit ends it (clients retry a 503; a 4xx they would not)
                 raise ReadAheadFull(result.reason, settings.retry_after)
-            return _json(_no_batch(result, (await service.producer_report()).stall_reason))
+            return _json(_no_batch(result, service.stall_reason))
         # Nothing changed since the last try: wait, at no cost, to be woken. Changes while waiting without being
         # woken were another waiter's to try (it found no batch, or it took one and woke the next).
         if wakeups.count == tried_at:

@@ -66,3 +66,15 @@ async def test_producers_show_live_then_gone_and_a_waiting_trainer_is_told_why(s
         held = {**beat, "held": {"math_0": "ahead_of_trainer"}, "weights_step": 0}
         await c.post("/producers/heartbeat", json=held)
         assert "held back (ahead_of_trainer)" in (await c.get("/batch")).json()["stall_reason"]
+
+
+async def test_a_fresh_run_nothing_joined_is_a_stall_only_after_gone_after(settings: Settings) -> None:
+    settings.producer_gone_after = 0.3
+    async with serving(settings) as c:
+        assert (await c.post("/register", json=registration(batch_size=4))).status_code == 200
+        assert (await c.get("/batch")).json() == {"batch": None}  # producers register after this first poll
+        deadline = time.monotonic() + 10
+        while "stall_reason" not in (reply := (await c.get("/batch")).json()) and time.monotonic() < deadline:
+            pass  # each poll reads the clock again; nothing else to wait for
+        assert reply["stall_reason"].startswith("no environment is registered and no producer has reported")
+        assert (await c.get("/status")).json()["stall_reason"] == reply["stall_reason"]

@@ -168,9 +168,10 @@ def test_registration_conflict_is_rejected(http: httpx.Client) -> None:
 
 
 def test_a_trainer_told_nothing_can_arrive_logs_it_at_once_and_raises_after_no_progress_timeout(
-    http: httpx.Client, caplog: pytest.LogCaptureFixture
+    settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with TrainerClient(str(http.base_url)) as rb:
+    settings.producer_gone_after = 0.2  # a run nothing joined within it: a stall
+    with serve_in_thread(settings) as url, httpx.Client(base_url=url) as http, TrainerClient(url) as rb:
         rb.register(batch_size=4, max_token_len=64)
         started = time.monotonic()
         with caplog.at_level("WARNING", logger="trainer_client"), pytest.raises(NoProgress) as exc:
