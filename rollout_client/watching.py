@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rollout_client.breaker import Breaker
     from rollout_client.client import RolloutClient
     from rollout_client.env import Environment
+    from rollout_client.following import Follower
     from rollout_client.inflight import InFlight
     from rollout_client.registration import Registrations
     from rollout_client.stats import RunnerStats
@@ -49,6 +50,7 @@ class Watching:
     _held_since: float | None
     _stall_logged: float | None
     _resumed: bool
+    _follow: Follower
 
     @property
     def policy_step(self) -> int:
@@ -133,9 +135,12 @@ class Watching:
         held = now - self._held_since
         if held < self.stall_warning:
             return
+        fix = "call resume() after each weight sync, or resume(policy_step=N)"
+        if self._follow.weights_step is not None:
+            fix = f"the trainer announced no weights after step {self._follow.weights_step} (POST /weights)"
         self.stats.stalled = (
             f"held back ahead_of_trainer for {held:.0f} s at policy step {self.policy_step} (trainer at "
-            f"{self.stats.trainer_step}): call resume() after each weight sync, or resume(policy_step=N)"
+            f"{self.stats.trainer_step}): {fix}"
         )
         if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
             self._stall_logged = now

@@ -6,6 +6,7 @@ within `producer_gone_after`, after which the trainer is told why nothing comes 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shlex
@@ -22,6 +23,9 @@ import httpx
 import orjson
 import pytest
 
+from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
+from tests.factories import registration
 from tests.fake_vllm import fake_vllm
 from tests.servers import free_port, running_server
 
@@ -155,3 +159,32 @@ def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_th
     assert waited <= GONE_AFTER + no_progress + 10  # a poll (2 s long-poll) and the process's exit on a busy machine
     log = (tmp_path / "trainer.log").read_text()
     assert "nothing can arrive: no live producer" in log
+
+
+@pytest.mark.anyio
+async def test_a_producer_held_back_by_weights_never_announced_says_so_and_so_does_the_trainers_reply(
+    tmp_path: Path,
+) -> None:
+    """The trainer announced step 0 once, then moves on without announcing: with `max_staleness` the producer is
+    held back; its health says what is missing, and the trainer's /batch says every live producer is held back."""
+    with running_server("memory://", tmp_path / "s.log", "--producer-gone-after", "1.2") as server:
+        with httpx.Client(base_url=server.url) as http:
+            assert http.post("/register", json=registration(batch_size=8)).status_code == 200
+            http.get("/batch")
+            http.post("/weights", json={"step": 0}).raise_for_status()
+        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
+                               ScriptedPolicy(arithmetic_script), max_in_flight=8, max_staleness=1,
+                               stall_warning=0.5, poll_interval=0.05)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        reply: dict[str, Any] = {}
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
+            while runner.health().stalled is None or "stall_reason" not in reply:  # the trainer takes what it gets
+                assert asyncio.get_running_loop().time() < deadline, ("no stall reported", reply)
+                reply = (await http.get("/batch")).json()
+                await asyncio.sleep(0.05)  # polling interval
+        assert "the trainer announced no weights after step 0 (POST /weights)" in (runner.health().stalled or "")
+        assert reply["stall_reason"].startswith("every live producer is held back waiting for the trainer")
+        assert "arithmetic_0 held back (ahead_of_trainer)" in reply["stall_reason"]
+        runner.stop()
+        await asyncio.wait_for(run, HANG_GUARD_S)
