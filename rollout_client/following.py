@@ -107,6 +107,12 @@ class Follower:
         """A task of env `i` to run again (cancelled by new weights), before any new one."""
         return self._restarts[i].pop(0) if self._restarts[i] else None
 
+    def drop_restarts(self) -> list[tuple[int, Task]]:
+        """The tasks still waiting to run again (the run stops): the runner tells their sources they are discarded."""
+        out = [(i, t) for i, tasks in enumerate(self._restarts) for t in tasks]
+        self._restarts = [[] for _ in self.envs]
+        return out
+
     def stamp(self, group_id: str, group: ScoredData, step: int) -> ScoredData:
         """With announced weights: the range of weight versions the group's episodes spanned, `[min, max]`, in its
         `generation_params` (`policy_step`, the oldest, is what staleness counts from)."""

@@ -646,6 +646,8 @@ class RolloutRunner(Watching, Execution):
         await self._in_flight.wait(max(0.0, deadline - reserve / 2 - loop.time()))
         for g in self._in_flight:  # ignored its cancellation (user cleanup that hangs): abandoned, not awaited
             log.warning("group %s did not end within shutdown_timeout: abandoned", g.task.get_name())
+        for i, task in self._follow.drop_restarts():  # cancelled by new weights, never run again
+            self._discard(i, task)
         self._gate.open()
         try:
             await bounded_close(self._shared, self.limits.release_timeout)

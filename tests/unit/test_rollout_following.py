@@ -46,6 +46,12 @@ async def test_continue_records_the_span_and_restart_runs_the_task_again() -> No
     assert follow.ended("g1") is True  # cancelled to run again: its task is not discarded
     restarted = follow.restart(1)
     assert restarted is not None and restarted.id == "t1" and follow.restart(1) is None
+    again = asyncio.create_task(forever.wait())
+    in_flight.add("g2", Group(again, 1, 2, policy_step=5))
+    follow.launched("g2", 1, restarted)
+    assert follow.observed([status(6)], in_flight) == 6
+    assert [(i, t.id) for i, t in follow.drop_restarts()] == [(1, "t1")]  # the run stops first: discarded
+    assert follow.restart(1) is None
     assert follow.ended("g0") is False
     assert follow.stamp("fresh", GROUP, 5).generation_params == {"temperature": 1.0, "weight_versions": [5, 5]}
     forever.set()
