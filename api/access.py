@@ -134,10 +134,12 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("POST", "/scored_data_list"): ENV_SIDE,
     ("POST", "/disconnect-env"): ANY_KEY,  # an env key its own envs; trainer and admin keys any env
     ("GET", "/status-env"): ANY_KEY,
+    ("POST", "/producers/heartbeat"): ENV_SIDE,
     # the trainer's (Atropos trainers call /reset_data to start a run)
     ("POST", "/register"): TRAINER_SIDE,
     ("GET", "/batch"): TRAINER_SIDE,
     ("POST", "/commit"): TRAINER_SIDE,
+    ("POST", "/weights"): TRAINER_SIDE,
     ("GET", "/reset_data"): TRAINER_SIDE,
     ("GET", "/latest_example"): TRAINER_SIDE,
     ("GET", "/export"): TRAINER_SIDE,  # the run's data, as the trainer reads it
@@ -148,6 +150,8 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/status"): ANY_KEY,
     ("GET", "/info"): ANY_KEY,
     ("GET", "/wandb_info"): ANY_KEY,
+    ("GET", "/weights"): ANY_KEY,
+    ("GET", "/producers"): ANY_KEY,
     ("GET", "/metrics"): ANY_KEY,
     ("GET", "/dashboard/data"): ANY_KEY,
 }

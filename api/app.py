@@ -31,8 +31,9 @@ from api.logs import log_client_gone, log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
+from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, export, ledger, ops, trainer
+from api.routes import admin, envs, export, ledger, ops, producers, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys
 from api.side_buffer import SideLimits
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             books=ledger_settings(settings),
             rules=formation_rules(settings),
             bias=BiasWatch(drop_bias_thresholds(settings)),
+            producers=ProducerSettings(settings.producer_gone_after, settings.max_producers),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         stats_logger = None
@@ -116,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router, dependencies=secured, responses=SECURED)
     app.include_router(trainer.router, dependencies=secured, responses=SECURED)
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
+    app.include_router(producers.router, dependencies=secured, responses=SECURED)
     app.include_router(ledger.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     app.include_router(export.router, dependencies=secured, responses=SECURED)

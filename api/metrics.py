@@ -24,6 +24,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from api.drop_bias import CONDITIONS, Report
+from api.producer_state import ProducerReport
 from api.stats import Snapshot
 from api.store.base import Store, Txn
 
@@ -306,12 +307,40 @@ class DropBiasCollector(Collector):
         yield from (share, weight, floor, below, length, reward, means, flag)
 
 
+class ProducersCollector(Collector):
+    """Producers per env (live, gone), each producer's last-seen age, and the weights step announced."""
+
+    def __init__(self, report: ProducerReport) -> None:
+        self.report = report
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.report
+        if r.weights_step is not None:
+            yield GaugeMetricFamily("rollbuf_weights_step", "The step of the weights announced live (POST /weights).",
+                                    r.weights_step)  # fmt: skip
+        per_env = GaugeMetricFamily("rollbuf_producers", "Producers per env, live or gone.", labels=["env", "state"])
+        counts: dict[tuple[str, str], int] = {}
+        for p in r.producers:
+            for env in p.envs:
+                key = (env, "live" if p.live else "gone")
+                counts[key] = counts.get(key, 0) + 1
+        for (env, state), n in sorted(counts.items()):
+            per_env.add_metric([env, state], n)
+        seen = GaugeMetricFamily("rollbuf_producer_last_seen_seconds", "Seconds since a producer's last heartbeat.",
+                                 labels=["producer", "host"])  # fmt: skip
+        for p in r.producers:
+            seen.add_metric([p.producer_id, p.host], p.last_seen_s)
+        stalled = GaugeMetricFamily("rollbuf_stalled", "1 while nothing can arrive for a waiting trainer "
+                                    "(/status stall_reason), else 0.", 1 if r.stall_reason else 0)  # fmt: skip
+        yield from (per_env, seen, stalled)
+
+
 class _Process(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from PROCESS.collect()
 
 
-def render(snap: Snapshot, bias: Report | None = None) -> bytes:
+def render(snap: Snapshot, bias: Report | None = None, producers: ProducerReport | None = None) -> bytes:
     """The exposition text for one scrape (with the drop-bias monitor's report, when the ledger is on)."""
     sample_process(time.monotonic())
     registry = CollectorRegistry(auto_describe=False)
@@ -322,4 +351,6 @@ def render(snap: Snapshot, bias: Report | None = None) -> bytes:
     registry.register(SnapshotCollector(snap))
     if bias is not None:
         registry.register(DropBiasCollector(bias))
+    if producers is not None:
+        registry.register(ProducersCollector(producers))
     return generate_latest(registry)

@@ -298,6 +298,13 @@ class Status(_Wire):
     drop_bias: list[EnvDropBias] = Field(default_factory=list)
     """Per env: its share of recent batches against its weight and minimum, and how the groups dropped compare with
     those trained (docs/ledger.md, "Drop-bias monitor"); empty with the ledger off."""
+    weights_step: int | None = None
+    """The step of the weights last announced live (POST /weights), or null before any."""
+    producers: list[ProducerView] = Field(default_factory=list)
+    """Every producer that heartbeats (POST /producers/heartbeat), live or gone, with its last-seen time."""
+    stall_reason: str | None = None
+    """Why nothing can arrive for a waiting trainer (no live producer for the connected envs, or every live one
+    held back waiting for the trainer), or null when something may."""
 
 
 # ----------------------------------------------------------------------------------------------- envs
@@ -389,6 +396,92 @@ class EnvStatus(_Wire):
     """Why the server can form no batch from what is queued (the sizes cannot add up under `no_exact_fill:
     "wait"`, a minimum share holds batches back), as /status says; null when batches form or only data is
     missing. The rollout client logs it once and shows it in `health()`."""
+    weights_step: int | None = None
+    """The step of the weights the trainer last announced live on the inference servers (POST /weights), or null
+    before any announcement: producers stamp it on the groups they start from then on."""
+
+
+# ----------------------------------------------------------------------------------------------- producers
+
+
+class WeightsAnnounce(_Request):
+    """POST /weights: the weights of trainer step `step` are live on the inference servers."""
+
+    integer_fields = frozenset(["step"])
+
+    step: int = Field(ge=0, le=SAFE_INT_MAX)
+    """The trainer step whose weights now generate (at most the trainer's current step: 422 beyond). A step at or
+    below the one announced last changes nothing, so a retry is safe."""
+
+
+class WeightsReply(_Wire):
+    weights_step: int | None
+    """The step of the weights announced live last, or null before any announcement."""
+
+
+class Heartbeat(_Request, _Text):
+    """POST /producers/heartbeat: a producer says it is alive and what it does."""
+
+    integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step"])
+
+    producer_id: str = Field(min_length=1, max_length=200)
+    """Chosen by the producer once per process (a restart is a new producer)."""
+    host: str = Field(default="", max_length=255)
+    """Where it runs, as it names itself."""
+    env_ids: list[int] = Field(default_factory=list, max_length=1024)
+    """The envs it produces for (ids from /register-env)."""
+    in_flight: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
+    """Rollouts in flight."""
+    groups_per_s: float = Field(default=0.0, ge=0.0, le=1e9, allow_inf_nan=False)
+    """Groups accepted per second lately."""
+    accepted: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
+    """Groups accepted since it started."""
+    failures: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
+    """Groups failed since it started."""
+    weights_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
+    """The step of the weights it generates with now."""
+    held: dict[str, str] = Field(default_factory=dict, max_length=1024)
+    """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...)."""
+    waiting_for: str | None = Field(default=None, max_length=1000)
+    """What it waits for, in words."""
+
+
+class HeartbeatReply(_Wire):
+    weights_step: int | None
+    """The weights announced live last (as `GET /weights`)."""
+    gone_after: float
+    """Seconds without a heartbeat after which the server counts a producer gone: beat well within it."""
+
+
+class ProducerView(_Wire):
+    """A producer as the server last heard of it (GET /producers, /status)."""
+
+    producer_id: str
+    """Its id (one per process)."""
+    host: str
+    """Where it runs, as it names itself."""
+    envs: list[str]
+    """The names of the envs it produces for."""
+    live: bool
+    """Heard of within `producer_gone_after` s."""
+    last_seen: float
+    """Unix time of its last heartbeat."""
+    last_seen_s: float
+    """Seconds since then."""
+    in_flight: int
+    """Rollouts in flight, as of its last heartbeat."""
+    groups_per_s: float
+    """Groups accepted per second lately."""
+    accepted: int
+    """Groups accepted since it started."""
+    failures: int
+    """Groups failed since it started."""
+    weights_step: int | None
+    """The step of the weights it generates with."""
+    held: dict[str, str]
+    """Env name -> why it starts no group of it now."""
+    waiting_for: str | None
+    """What it says it waits for, or null."""
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -551,6 +644,9 @@ class BatchReply(_Wire):
     """With `?rank=`: the batch's step."""
     blocked_reason: str | None = None
     """With a null batch: why no batch can be formed, when it is something other than data still coming."""
+    stall_reason: str | None = None
+    """With a null batch: why no data can arrive (no live producer for the connected envs, or every live one held
+    back waiting for the trainer); null when some may. Atropos clients ignore it."""
     status: Literal["error"] | None = None
     """"error" before a trainer registered (Atropos's answer, HTTP 200)."""
     message: str | None = None
@@ -579,3 +675,6 @@ class ErrorBody(_Wire):
     """Each error with where it is and the rule."""
     detail: str | list[ErrorItem]
     """As FastAPI (and so Atropos) writes it: the list of errors for a 422, a string otherwise."""
+
+
+Status.model_rebuild()  # `producers` names ProducerView, defined after it

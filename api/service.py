@@ -32,17 +32,22 @@ from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submi
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
+from api.producer_state import ProducerReport, ProducerSettings, announce_txn, heartbeat_txn, load_weights, report_txn
+from api.producers import NOTHING_YET
 from api.records import GroupRecord, decode
 from api.schema import (
     CommitReply,
     EnvDropBias,
     EnvRegistered,
     EnvStatus,
+    Heartbeat,
+    HeartbeatReply,
     Info,
     RegisterEnv,
     Registration,
     ScoredReply,
     Status,
+    WeightsReply,
 )
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn
@@ -88,6 +93,13 @@ class Service:
     bias: BiasWatch = field(default_factory=BiasWatch)
     """The drop-bias monitor, fed from the ledger (`api.drop_bias_watch`)."""
     _watching: asyncio.Task[None] | None = None
+    producers: ProducerSettings = field(default_factory=ProducerSettings)
+    """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers`)."""
+    stall_reason: str | None = None
+    """Why nothing can arrive for a waiting trainer, as this process's last batch attempt that found no batch
+    read it (in the same transaction: a waiting long-poll costs no read of its own)."""
+    _nothing_since: float | None = None
+    """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -412,11 +424,17 @@ class Service:
         """
         self._sweep_soon()
         self._prune_soon()
-        result = await self.store.transact(
-            lambda txn: batch_txn(
+        now = time.time()
+
+        def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
+            result = batch_txn(
                 txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books, rules=self.rules
             )  # fmt: skip
-        )
+            waiting = isinstance(result, BatchWaiting) and not result.not_registered
+            return result, report_txn(txn, now, self.producers, self._run) if waiting else None
+
+        result, report = await self.store.transact(txn_fn)
+        self.stall_reason = None if report is None else self._graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
             self._watch_soon()  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
             formed = result.formation
@@ -456,7 +474,14 @@ class Service:
 
     async def status(self) -> Status:
         self._sweep_soon()
-        status = await self.store.read(lambda txn: status_txn(txn, self._run))
+        now = time.time()
+        status, seen = await self.store.read(
+            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers))
+        )
+        seen = self._graced(seen, now)
+        status = status.model_copy(
+            update={"weights_step": seen.weights_step, "producers": seen.producers, "stall_reason": seen.stall_reason}
+        )
         report = await self.drop_bias()
         if report is None:
             return status
@@ -466,6 +491,41 @@ class Service:
         ]
         return status.model_copy(update={"drop_bias": envs})
 
+    # ----------------------------------------------------------------------------- producers and weights
+
+    async def announce_weights(self, step: int) -> WeightsReply:
+        """POST /weights: the weights of `step` are live; producers read it in /status-env and heartbeats."""
+        return WeightsReply(weights_step=await self.store.transact(lambda txn: announce_txn(txn, step)))
+
+    async def weights(self) -> WeightsReply:
+        return WeightsReply(weights_step=await self.store.read(load_weights))
+
+    async def heartbeat(self, beat: Heartbeat, caller: Identity = ANONYMOUS) -> HeartbeatReply:
+        """Record a producer's heartbeat (one small write; wakes no long-poll in this process)."""
+        now = time.time()
+
+        def check(env: EnvRecord) -> None:
+            check_owner(caller, env, ("body", "env_ids"))
+
+        weights = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, check))
+        return HeartbeatReply(weights_step=weights, gone_after=self.producers.gone_after)
+
+    async def producer_report(self) -> ProducerReport:
+        """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None). A run
+        nothing has joined yet is a stall only once that has lasted `gone_after` s (as seen by this process)."""
+        now = time.time()
+        return self._graced(await self.store.read(lambda txn: report_txn(txn, now, self.producers)), now)
+
+    def _graced(self, report: ProducerReport, now: float) -> ProducerReport:
+        if report.stall_reason is None or not report.stall_reason.startswith(NOTHING_YET):
+            self._nothing_since = None
+            return report
+        if self._nothing_since is None:
+            self._nothing_since = now
+        if now - self._nothing_since < self.producers.gone_after:
+            return replace(report, stall_reason=None)
+        return report
+
     async def env_status(self, env_id: int) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:
             run = state.load(txn, self._run)
@@ -473,7 +533,8 @@ class Service:
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
             blocked = state.load_blocked(txn)
-            return env_status(run, env, txn.counts(), txn.held_counts(), self.limits, blocked), run
+            reply = env_status(run, env, txn.counts(), txn.held_counts(), self.limits, blocked)
+            return reply.model_copy(update={"weights_step": load_weights(txn)}), run
 
         reply, self._run = await self.store.read(txn_fn)
         return reply

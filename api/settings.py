@@ -140,6 +140,12 @@ class Settings(BaseSettings):
     minimum stops holding them (counted, logged once) until it queues its share again."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
+    producer_gone_after: float = Field(30.0, gt=0)
+    """Seconds without a heartbeat after which a producer counts as gone (/status, /metrics, and a waiting
+    trainer's `stall_reason`); producers beat every `producer_gone_after / 6` s, as the heartbeat reply tells them."""
+    max_producers: int = Field(1024, ge=1)
+    """Producers the server keeps track of; a new one forgets the longest-gone, and with every one live it is
+    refused (503) until one goes."""
     max_world_size: int = Field(4096, ge=1)
     """Largest `world_size` of `GET /batch` (422 beyond): ranks cost memory and time when a batch is split."""
     max_header_bytes: int = Field(64 * 1024, ge=4096)

@@ -20,7 +20,7 @@ from tenacity import RetryError
 
 from api import records
 from api.records import MSGPACK
-from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
+from api.schema import EnvRegistered, EnvStatus, Heartbeat, HeartbeatReply, Info, RegisterEnv, ScoredData, ScoredReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
 from client_core.retry import RetryPolicy
@@ -28,6 +28,8 @@ from client_core.retry import RetryPolicy
 REGISTER_BACKOFF = RetryPolicy(deadline=0.0)
 """The backoff between registration attempts while the trainer has not started (their deadline is
 `wait_timeout`); each wait is also capped at 2 s so a starting trainer is noticed quickly."""
+HEARTBEAT_DEADLINE_S = 2.0
+"""How long one heartbeat is retried: the next is due within seconds."""
 GZIP_MIN_BYTES = 1024
 """JSON bodies from this size up are gzipped; below it gzip's header costs more than it saves."""
 
@@ -178,6 +180,12 @@ class RolloutClient:
     async def status(self) -> EnvStatus:
         """This env's view of the queue (GET /status-env): step, backlog, weight, remaining capacity."""
         return await self._model(EnvStatus, "GET", "/status-env", params={"env_id": self._require_env()})
+
+    async def heartbeat(self, beat: Heartbeat, *, deadline: float = HEARTBEAT_DEADLINE_S) -> HeartbeatReply:
+        """Tell the server this producer is alive and what it does (POST /producers/heartbeat); retried for
+        `deadline` s only: the next beat is due soon."""
+        body = beat.model_dump(exclude_none=True)
+        return HeartbeatReply.model_validate(await self._call("POST", "/producers/heartbeat", deadline, json=body))
 
     async def disconnect(self) -> None:
         """Tell the server this env is gone (its reserved batch share is released; queued data stays)."""

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from api.schema import MASK_IGNORE
 from rollout_client.errors import EpisodeTruncated, PromptTooLong, TurnTimeout
@@ -326,6 +326,11 @@ class Environment(ABC):
     variable_group_size: bool = False
     """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
     rollout that records 0 or several sequences with `Session.record_sequence`)."""
+    on_new_weights: Literal["continue", "restart"] = "continue"
+    """What its groups in flight do when the trainer announces new weights (`rollout_client.following`):
+    "continue" (their episodes span versions; stamped with the oldest, `generation_params["weight_versions"]`
+    holds [min, max]) or "restart" (cancelled and run again with the new weights). Draining instead is
+    `RolloutRunner.pause()`/`resume()` around the sync (docs/bring-your-environment.md)."""
 
     def skip_reason(self, sequences: int, scores: list[float]) -> str | None:
         """Why a finished group is not submitted (None: it is); the runner counts it in `skipped[reason]`.

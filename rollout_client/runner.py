@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from api.schema import EnvRegistered, Info
+from api.schema import EnvRegistered, EnvStatus, Info
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
@@ -49,6 +49,7 @@ from rollout_client.failures import (
     Refused,
     Stored,
 )
+from rollout_client.following import Beats, Follower
 from rollout_client.group import (
     RELEASE_S,
     Limits,
@@ -203,6 +204,8 @@ class RolloutRunner(Watching, Execution):
         self._held_since: float | None = None
         self._stall_logged: float | None = None
         self._resumed = False
+        self._follow = Follower(self.envs)
+        """The weights the trainer announces, followed (`rollout_client.following`)."""
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -283,7 +286,8 @@ class RolloutRunner(Watching, Execution):
         weights a trainer loads are those of its current step, however many steps it takes between syncs.
         Groups begun before stay stamped with their older step."""
         if policy_step is None:
-            policy_step = max(self.policy_step, self.stats.trainer_step)
+            announced = self._follow.weights_step
+            policy_step = max(self.policy_step, self.stats.trainer_step if announced is None else announced)
         self._resumed = True
         self._release_deadlines()
         self._policy_step = policy_step
@@ -405,6 +409,7 @@ class RolloutRunner(Watching, Execution):
     def _registered_again(self, reg: EnvRegistered, info: Info) -> None:
         """An env registered again: the weights generating from now on are stamped with the new run's step."""
         self.stats.reregistered = self._registrations.reregistered
+        self._follow.weights_step = None  # a new run announces its own weights
         self._policy_step = reg.starting_step
         self.stats.policy_step = reg.starting_step
         self._backpressure.batch_size = info.batch_size
@@ -434,7 +439,7 @@ class RolloutRunner(Watching, Execution):
             if self._in_flight.free < sizes[i] or not self._capacity[i].fits(self._need(i)):
                 await self._wait_change()
                 continue
-            task = self.sources[i].next_task()
+            task = self._follow.restart(i) or self.sources[i].next_task()
             if task is None:
                 self._exhausted[i] = True
                 continue
@@ -474,6 +479,7 @@ class RolloutRunner(Watching, Execution):
         self._capacity[i].try_take(taken)  # fits: checked just before, nothing awaited since
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step, taken), name=f"group-{group_id}")
         self._in_flight.add(group_id, Group(handle, i, self.envs[i].group_size, self.policy_step))
+        self._follow.launched(group_id, i, task)
 
     def _rollout_ended(self, group_id: str) -> None:
         """One rollout of the group ended: its slot is free for the next group."""
@@ -512,6 +518,7 @@ class RolloutRunner(Watching, Execution):
                 self.stats.partial_groups += 1
             self._in_flight.groups[group_id].submitting = True
             group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
+            group = self._follow.stamp(group_id, group, step)
             try:
                 reply = await self._registrations.submit(i, group)
             except RetriesExhausted as exc:
@@ -542,7 +549,7 @@ class RolloutRunner(Watching, Execution):
         except Exception as exc:  # the runner's own bookkeeping failed (a task source's report...): end the run
             self._end(f"group {group_id} of {env.name}: the runner failed", exc)
         finally:
-            if not reported:
+            if not self._follow.ended(group_id) and not reported:  # a restarted task runs again: not discarded
                 self._discard(i, task)
             self._in_flight.remove(group_id)
             self._changed.set()
@@ -598,13 +605,28 @@ class RolloutRunner(Watching, Execution):
     # ------------------------------------------------------------------------------------------- monitor
 
     async def _monitor(self) -> None:
-        """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale."""
+        """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale; and
+        heartbeat meanwhile."""
+        beats = Beats(self.clients, [e.name for e in self.envs], self.stats, lambda: self.policy_step)
+        beating = asyncio.create_task(beats.run())
         try:
             await self._watch()
         except RetriesExhausted as exc:
             self._end("the rollbuf server stayed unreachable", exc)
         except Exception as exc:  # never a bare error out of run(), never a skipped shutdown
             self._end(f"the runner's monitor failed: {type(exc).__name__}", exc)
+        finally:
+            beating.cancel()
+
+    def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
+        """New weights announced: stamped on the groups started from now on (groups in flight meet them by their
+        env's `on_new_weights`), and what `max_staleness` is judged against."""
+        step = self._follow.observed(statuses, self._in_flight)
+        if step is not None and (self._policy_step is None or step > self._policy_step):
+            self._policy_step = step
+            self.stats.policy_step = step
+            self._resumed = True
+            self._changed.set()
 
     # ------------------------------------------------------------------------------------------- shutdown
 
@@ -624,6 +646,8 @@ class RolloutRunner(Watching, Execution):
         await self._in_flight.wait(max(0.0, deadline - reserve / 2 - loop.time()))
         for g in self._in_flight:  # ignored its cancellation (user cleanup that hangs): abandoned, not awaited
             log.warning("group %s did not end within shutdown_timeout: abandoned", g.task.get_name())
+        for i, task in self._follow.drop_restarts():  # cancelled by new weights, never run again
+            self._discard(i, task)
         self._gate.open()
         try:
             await bounded_close(self._shared, self.limits.release_timeout)

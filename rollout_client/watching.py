@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rollout_client.breaker import Breaker
     from rollout_client.client import RolloutClient
     from rollout_client.env import Environment
+    from rollout_client.following import Follower
     from rollout_client.inflight import InFlight
     from rollout_client.registration import Registrations
     from rollout_client.stats import RunnerStats
@@ -49,6 +50,7 @@ class Watching:
     _held_since: float | None
     _stall_logged: float | None
     _resumed: bool
+    _follow: Follower
 
     @property
     def policy_step(self) -> int:
@@ -59,6 +61,9 @@ class Watching:
         raise NotImplementedError
 
     def _end(self, reason: str, exc: BaseException | None) -> None:
+        raise NotImplementedError
+
+    def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
         raise NotImplementedError
 
     def health(self) -> RunnerHealth:
@@ -97,6 +102,7 @@ class Watching:
                 *(self._registrations.status(i) for i in range(len(self.clients)))
             )
             trainer_step = self._backpressure.observed(list(statuses), mark)
+            self._weights_observed(statuses)
             self._refresh_blocked()
             self.stats.trainer_step = trainer_step
             self._check_stall()
@@ -131,9 +137,12 @@ class Watching:
         held = now - self._held_since
         if held < self.stall_warning:
             return
+        fix = "call resume() after each weight sync, or resume(policy_step=N)"
+        if self._follow.weights_step is not None:
+            fix = f"the trainer announced no weights after step {self._follow.weights_step} (POST /weights)"
         self.stats.stalled = (
             f"held back ahead_of_trainer for {held:.0f} s at policy step {self.policy_step} (trainer at "
-            f"{self.stats.trainer_step}): call resume() after each weight sync, or resume(policy_step=N)"
+            f"{self.stats.trainer_step}): {fix}"
         )
         if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
             self._stall_logged = now

@@ -16,6 +16,9 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
   `context` alone: listed and enforced (a completion stops at it, finish_reason "length");
 - `null_logprob_marker` / `nan_logprob_marker` / `overlong_marker`: a prompt containing it gets a null
   logprob / a NaN logprob / 5 tokens more than `max_tokens`.
+- `weights` N: the weights version it serves (a trainer's weight sync sets it); every completion's logprobs
+  are `weights_logprob(N)`, so the trainer can read which weights generated each token;
+- `latency` S: each completion answers after S seconds (a model that takes time: the syncs' benchmark).
 - `generate_echo`: `/inference/v1/generate` always says the word (no reward variance within a group);
   `generate_text`: it always answers this text (for other environments); `reject_marker` and `hang_all`
   apply there too.
@@ -84,13 +87,24 @@ def generate_logprob(i: int) -> float:
     return -(i + 1) / 64
 
 
+def weights_logprob(version: int) -> float:
+    """The logprob of every token sampled with weights `version` (exact in float32 up to 2^16 versions)."""
+    return -(version + 1) / 256
+
+
+def weights_of(logprob: float) -> int:
+    """The weights version a token was sampled with, from its logprob (`weights_logprob`'s inverse)."""
+    return round(-logprob * 256) - 1
+
+
 def create_app() -> Starlette:
     faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
                               "overlong_marker": None, "chat": None, "chat_stop": None,
                               "sandboxes": 8, "sandbox_exhausted": False,
-                              "generate_echo": False, "generate_text": None}  # fmt: skip
+                              "generate_echo": False, "generate_text": None, "weights": None,
+                              "latency": 0.0}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     answers: Counter[str] = Counter()
@@ -144,7 +158,11 @@ def create_app() -> Starlette:
         room = min(body["max_tokens"], context - len(body["prompt"]))
         if len(ids) > room:
             ids, finish = ids[:room], "length"
+        if faults["latency"]:
+            await asyncio.sleep(faults["latency"])  # the model's time: what a weight sync meets in flight
         logprobs: list[float | None] = [-stable_unit(seed, i) for i in range(len(ids))]
+        if faults["weights"] is not None:
+            logprobs = [weights_logprob(faults["weights"])] * len(ids)
         if faults["overlong_marker"] and faults["overlong_marker"] in text:
             ids = ids + [32] * (body["max_tokens"] + 5 - len(ids))
             logprobs = [-0.5] * len(ids)

@@ -46,7 +46,8 @@ async def _batch(c: httpx.AsyncClient) -> dict[str, object]:
 
 
 async def small_run(c: httpx.AsyncClient) -> Expected:
-    """Three batches from two envs, two drops (zero variance, stale), one 503 and one 422."""
+    """Three batches from two envs, two drops (zero variance, stale), one 503 and one 422; weights announced, one
+    producer heartbeating."""
     (
         await c.post("/register", json=registration(batch_size=8, max_staleness=1, drop_zero_variance=True))
     ).raise_for_status()
@@ -75,6 +76,10 @@ async def small_run(c: httpx.AsyncClient) -> Expected:
     for seed in (10, 11):
         (await _submit(c, 0, seed, 3)).raise_for_status()
     assert (await _submit(c, 0, 12, 3)).status_code == 503
+    # the trainer announces its weights, and math's producer heartbeats
+    (await c.post("/weights", json={"step": 2})).raise_for_status()
+    beat = {"producer_id": "p0", "host": "h0", "env_ids": [0], "weights_step": 2}
+    (await c.post("/producers/heartbeat", json=beat)).raise_for_status()
     return Expected()
 
 

@@ -12,6 +12,7 @@ from trainer_client.client import TrainerClient
 from trainer_client.errors import (
     BatchGone,
     ClientError,
+    NoProgress,
     NotRegistered,
     Rejected,
     RetriesExhausted,
@@ -27,6 +28,7 @@ __all__ = [
     "Batch",
     "BatchGone",
     "ClientError",
+    "NoProgress",
     "NotRegistered",
     "Packed",
     "Padded",

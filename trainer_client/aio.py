@@ -9,12 +9,13 @@ from typing import Any
 
 import httpx
 
-from api.schema import CommitReply, Info, RegisterReply, Status
+from api.schema import CommitReply, Info, RegisterReply, Status, WeightsReply
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
+    NO_PROGRESS_S,
     Balance,
     BatchQuery,
     Cursor,
@@ -71,6 +72,10 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
         reply = await self._request("POST", "/commit", json={"step": step})
         return CommitReply.model_validate_json(reply.content)
 
+    async def announce_weights(self, step: int) -> WeightsReply:
+        """See `TrainerClient.announce_weights`."""
+        return WeightsReply.model_validate_json((await self._request("POST", "/weights", json={"step": step})).content)
+
     async def batches(
         self,
         *,
@@ -80,6 +85,7 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
         world_size: int | None = None,
         encoding: Encoding = "msgpack",
         balance: Balance = "tokens",
+        no_progress_timeout: float | None = NO_PROGRESS_S,
     ) -> AsyncIterator[Batch]:
         """See `TrainerClient.batches`."""
         server = Server.from_info(await self.info())
@@ -87,6 +93,7 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else (await self.status()).current_step
         cursor = Cursor(query, step)
+        cursor.progress.no_progress_timeout = no_progress_timeout
         while True:
             request = cursor.request()
             reply = await self._request("GET", "/batch", **request)

@@ -89,8 +89,12 @@ def align(
 class RollbufWeightSync:
     """TRL's `WeightTransferProtocol` without vLLM: the hook where a deployment pushes its weights to its inference
     servers. `push` receives `(name, tensor)` pairs (full tensors on rank 0); without one, the weights are only
-    walked (every rank must walk them: FSDP gathers collectively). Producers learn the new policy step from
-    rollbuf (`/status-env`'s `current_step`), so no second channel is needed. `syncs` counts completed syncs."""
+    walked (every rank must walk them: FSDP gathers collectively). Producers in other processes learn that new
+    weights are live from rollbuf: TRL tells the worker after each sync (`update_model_version`), and
+    `RollbufRolloutWorker` announces that step (POST /weights), which producers stamp on new groups and pace
+    by. `pause`/`resume` are for a producer in this process that drains around syncs (`RolloutRunner.pause`);
+    `client` and `step`, when given, announce `step()` at `resume` instead, for loops without the worker.
+    `syncs` counts completed syncs."""
 
     def __init__(
         self,
@@ -98,10 +102,16 @@ class RollbufWeightSync:
         *,
         pause: Callable[[], None] | None = None,
         resume: Callable[[], None] | None = None,
+        client: TrainerClient | None = None,
+        step: Callable[[], int] | None = None,
     ) -> None:
+        if (client is None) != (step is None):
+            raise ValueError("client and step go together: the step of the weights to announce, and where")
         self._push = push
         self._pause = pause
         self._resume = resume
+        self._client = client
+        self._step = step
         self.syncs = 0
 
     def init_weight_transfer(self) -> None:
@@ -122,6 +132,8 @@ class RollbufWeightSync:
     def resume(self) -> None:
         if self._resume is not None:
             self._resume()
+        if self._client is not None and self._step is not None:
+            self._client.announce_weights(self._step())
 
     def destroy(self) -> None:
         return None

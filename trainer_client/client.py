@@ -10,12 +10,13 @@ from typing import Any
 
 import httpx
 
-from api.schema import CommitReply, Info, RegisterReply, Status
+from api.schema import CommitReply, Info, RegisterReply, Status, WeightsReply
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
+    NO_PROGRESS_S,
     Balance,
     BatchQuery,
     Cursor,
@@ -86,6 +87,13 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         A commit at or below the last one changes nothing, so it is retried like any request."""
         return CommitReply.model_validate_json(self._request("POST", "/commit", json={"step": step}).content)
 
+    def announce_weights(self, step: int) -> WeightsReply:
+        """Tell rollbuf that the weights of `step` are live on the inference servers (POST /weights): call it
+        after each weight sync, with the step of the next batch to train (the weights trained on every batch
+        before it). Producers stamp it on the groups they start from then on and judge `max_staleness` against
+        it; an older step changes nothing, so it is retried like any request."""
+        return WeightsReply.model_validate_json(self._request("POST", "/weights", json={"step": step}).content)
+
     def batches(
         self,
         *,
@@ -96,6 +104,7 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         encoding: Encoding = "msgpack",
         balance: Balance = "tokens",
         stop: threading.Event | None = None,
+        no_progress_timeout: float | None = NO_PROGRESS_S,
     ) -> Iterator[Batch]:
         """Batches, one per step, forever (stop iterating to stop).
 
@@ -113,7 +122,11 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         `stop`: the iterator ends once it is set, checked after every reply (a reader thread stops within one
         long-poll, even while no batch comes).
 
-        Raises NotRegistered, BatchGone (batch N was acknowledged already), Rejected, or
+        No silent waits: when the server says nothing can arrive (its `stall_reason`: no live producer for the
+        run's envs, or every live one held back waiting for the trainer) it is logged at once, and after
+        `no_progress_timeout` s of it (None: never) NoProgress is raised with the reason.
+
+        Raises NoProgress, NotRegistered, BatchGone (batch N was acknowledged already), Rejected, or
         ServerUnreachable once a request got no answer until the retry deadline.
         """
         server = Server.from_info(self.info())
@@ -121,6 +134,7 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
         cursor = Cursor(query, step)
+        cursor.progress.no_progress_timeout = no_progress_timeout
         while stop is None or not stop.is_set():
             request = cursor.request()
             batch = cursor.receive(parse_batch_reply(self._request("GET", "/batch", **request), request["step"]))

@@ -40,6 +40,7 @@ __all__ = [
     "RetriesExhausted",
     "ServerError",
     "ServerUnreachable",
+    "NoProgress",
     "TrainerClientError",
     "Unavailable",
     "error_for",
@@ -76,3 +77,13 @@ def error_for(response: httpx.Response, step: int | None = None) -> ServerError:
     if response.status_code == 410 and step is not None:
         return BatchGone(error, step)
     return error
+
+
+class NoProgress(TrainerClientError):
+    """The server said for `no_progress_timeout` s that nothing can arrive (its `stall_reason`: no live producer
+    for the run's envs, or every live one held back waiting for the trainer); the message is its reason."""
+
+    def __init__(self, reason: str, waited: float) -> None:
+        super().__init__(f"no batch can come: for {waited:.0f} s the server has said: {reason}")
+        self.reason = reason
+        self.waited = waited

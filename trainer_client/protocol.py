@@ -20,7 +20,7 @@ from api.schema import Info, Registration
 from client_core.config import DEFAULT_URL, auth_headers
 from client_core.retry import RetryPolicy
 from trainer_client.arrays import Batch, from_json, from_records
-from trainer_client.errors import NotRegistered, error_for
+from trainer_client.errors import NoProgress, NotRegistered, error_for
 
 Encoding = Literal["msgpack", "json"]
 Balance = Literal["tokens", "squared"]
@@ -39,6 +39,9 @@ READ_AHEAD_FULL = "read_ahead_full"
 error (the training loop commits, and the prefetcher goes on)."""
 PROGRESS_EVERY_S = 30.0
 """While waiting for a batch, how often to log that it is still waiting."""
+NO_PROGRESS_S = 600.0
+"""Default `no_progress_timeout` of `batches()`: how long the server may say that nothing can arrive (no live
+producer, every one held back) before the iterator raises `NoProgress` instead of waiting on."""
 
 log = logging.getLogger("trainer_client")
 
@@ -149,6 +152,8 @@ class Waiting:
     reason: str | None = None
     read_ahead: bool = False
     """The server's read-ahead bound (commit mode): the next batch comes once the trainer commits."""
+    stall: str | None = None
+    """The server's `stall_reason`: why no data can arrive (no live producer, every one held back)."""
 
 
 def is_read_ahead_full(response: httpx.Response) -> bool:
@@ -180,7 +185,7 @@ def parse_batch_reply(response: httpx.Response, step: int | None) -> Batch | Wai
         raise NotRegistered(body.get("message") or "the trainer is not registered: call register() first")
     groups = body.get("batch")
     if not groups:
-        return Waiting(body.get("blocked_reason"))
+        return Waiting(body.get("blocked_reason"), stall=body.get("stall_reason"))
     return from_json(groups, body.get("step", served_step))
 
 
@@ -234,11 +239,17 @@ class Progress:
     clock: Any = time.monotonic
     _since: float | None = None
     _last_log: float = 0.0
+    no_progress_timeout: float | None = NO_PROGRESS_S
+    _stalled_since: float | None = None
+    _stall: str | None = None
 
     def waiting(self, step: int | None, how: str, result: Waiting) -> None:
+        """Log the wait; raise NoProgress once the server has said for `no_progress_timeout` s that nothing can
+        arrive (logged at once, as a warning, when it starts saying so or its reason changes)."""
         now = self.clock()
         what = "the next batch" if step is None else f"batch {step}"
-        why = result.reason or "not enough data queued yet"
+        self._stalled(now, what, result.stall)
+        why = result.reason or result.stall or "not enough data queued yet"
         if self._since is None:
             self._since = self._last_log = now
             self.logger.info("waiting for %s (%s): %s", what, how, why)
@@ -246,7 +257,22 @@ class Progress:
             self._last_log = now
             self.logger.info("still waiting for %s after %.0f s: %s", what, now - self._since, why)
 
+    def _stalled(self, now: float, what: str, stall: str | None) -> None:
+        if stall is None:
+            self._stalled_since = self._stall = None
+            return
+        if self._stalled_since is None:
+            self._stalled_since = now
+        if stall != self._stall:
+            self._stall = stall
+            limit = "" if self.no_progress_timeout is None else f" (raising after {self.no_progress_timeout:g} s)"
+            self.logger.warning("waiting for %s, but nothing can arrive: %s%s", what, stall, limit)
+        waited = now - self._stalled_since
+        if self.no_progress_timeout is not None and waited >= self.no_progress_timeout:
+            raise NoProgress(stall, waited)
+
     def got(self, batch: Batch) -> None:
+        self._stalled_since = self._stall = None
         waited = "" if self._since is None else f" after waiting {self.clock() - self._since:.1f} s"
         self._since = None
         label = "batch" if batch.step is None else f"batch {batch.step}"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer_client.client import TrainerClient
-from trainer_client.protocol import READ_MARGIN_S
+from trainer_client.protocol import NO_PROGRESS_S, READ_MARGIN_S
 from trainer_client.rollout_samples import Sample, samples_of, version_offset
 
 if TYPE_CHECKING:
@@ -80,6 +80,8 @@ class RollbufRolloutWorker:
         wait: float = 5.0,
         buffered_batches: int = BUFFERED_BATCHES,
         convert: Convert | None = None,
+        announce_weights: bool = True,
+        no_progress_timeout: float | None = NO_PROGRESS_S,
     ) -> None:
         self.client = client
         self.start_step = start_step
@@ -99,6 +101,14 @@ class RollbufRolloutWorker:
         self.first_step_read: int | None = None
         """The first step read: where the run resumed."""
         self.trainer_version: int | None = None
+        self.announce_weights = announce_weights
+        """Announce each weight sync to rollbuf (POST /weights), so producers stamp and pace by it."""
+        self.no_progress_timeout = no_progress_timeout
+        """The reader stops with `NoProgress` (`check_health` raises it) once rollbuf has said this long that
+        nothing can arrive (no live producer, every one held back); None: it waits on."""
+        self.weights_step: int | None = None
+        """The rollbuf step of the weights last synced (announced when `announce_weights`)."""
+        self._first_version = 0
         self._offset = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,11 +134,20 @@ class RollbufRolloutWorker:
                 log.warning("rollbuf reader still in a request after %.0f s; left to end on its own", self.wait)
 
     def update_model_version(self, model_version: int) -> None:
-        """TRL's weight-sync counter. The first value (the cold sync, before `start`) lines absolute versions up
-        with it: the weights of `start_step` get this version."""
+        """TRL's weight-sync counter, told right after each sync. The first value (the cold sync, before `start`)
+        lines absolute versions up with it: the weights of `start_step` get this version. Each sync's weights step
+        (`start_step` plus `sync_every` per sync since) is announced to rollbuf (POST /weights), which producers
+        follow."""
         if self.trainer_version is None:
             self._offset = version_offset(model_version, self.start_step, self.sync_every)
+            self._first_version = model_version
         self.trainer_version = model_version
+        self.weights_step = self.start_step + (model_version - self._first_version) * self.sync_every
+        if self.announce_weights:
+            try:
+                self.client.announce_weights(self.weights_step)
+            except Exception as exc:  # training goes on; producers then pace by the trainer's step (and say so)
+                log.error("announcing the weights of step %d to rollbuf failed: %s", self.weights_step, exc)
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise with the cause when the reader died, or when no batch came for `stale_after_s`."""
@@ -146,7 +165,9 @@ class RollbufRolloutWorker:
     def _read(self) -> None:
         convert = self._convert or to_trl_sample()
         try:
-            for batch in self.client.batches(start_step=self.start_step, wait=self.wait, stop=self._stop):
+            batches = self.client.batches(start_step=self.start_step, wait=self.wait, stop=self._stop,
+                                          no_progress_timeout=self.no_progress_timeout)  # fmt: skip
+            for batch in batches:
                 assert batch.step is not None
                 samples = samples_of(batch, sync_every=self.sync_every, offset=self._offset)
                 enqueued = time.time()
@@ -186,4 +207,8 @@ class RollbufRolloutWorker:
             status = self.client.status()
         except Exception as exc:  # the reason is a courtesy: the health verdict stands without it
             return f"/status unreachable ({exc})"
-        return status.blocked_reason or f"current step {status.current_step}, {status.queue_size} groups queued"
+        return (
+            status.blocked_reason
+            or status.stall_reason
+            or f"current step {status.current_step}, {status.queue_size} groups queued"
+        )

@@ -62,7 +62,8 @@ async def readyz(service: ServiceDep) -> JSONResponse:
 async def prometheus_metrics(service: ServiceDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
-    return Response(metrics.render(snap, await service.drop_bias()), media_type=metrics.CONTENT_TYPE)
+    body = metrics.render(snap, await service.drop_bias(), await service.producer_report())
+    return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
 @probes.get("/dashboard", response_class=HTMLResponse)
@@ -78,6 +79,10 @@ async def dashboard_data(service: ServiceDep) -> Response:
     body: dict[str, Any] = snap.to_json()
     bias = await service.drop_bias()
     body["drop_bias"] = None if bias is None else bias.to_json()
+    seen = await service.producer_report()
+    body["weights_step"] = seen.weights_step
+    body["stall_reason"] = seen.stall_reason
+    body["producers"] = [p.model_dump() for p in seen.producers]
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

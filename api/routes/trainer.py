@@ -139,15 +139,15 @@ async def batch(
             if held is not None:
                 which = "the next batch" if step is None else f"batch {step}"
                 more = f" ({held} similar lines held back)" if held else ""
-                log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which,
-                            result.reason or "no data", more)  # fmt: skip
+                why = result.reason or service.stall_reason or "no data"
+                log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which, why, more)
         remaining = deadline - now
         if remaining <= 0:
             if wakeups.count != tried_at:
                 wakeups.pass_on()  # woken, and leaving without trying: the next waiter tries
             if result.read_ahead:  # not now: a commit ends it (clients retry a 503; a 4xx they would not)
                 raise ReadAheadFull(result.reason, settings.retry_after)
-            return _json(_no_batch(result))
+            return _json(_no_batch(result, service.stall_reason))
         # Nothing changed since the last try: wait, at no cost, to be woken. Changes while waiting without being
         # woken were another waiter's to try (it found no batch, or it took one and woke the next).
         if wakeups.count == tried_at:
@@ -206,10 +206,13 @@ def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None, gzip_l
     return body if gzip_level is None else gzip_compress(body, gzip_level)
 
 
-def _no_batch(result: BatchWaiting) -> dict[str, object]:
+def _no_batch(result: BatchWaiting, stall: str | None = None) -> dict[str, object]:
+    """`{"batch": null}`, with why no batch can be formed and why no data can arrive, when known."""
     out: dict[str, object] = {"batch": None}
     if result.blocked:
         out["blocked_reason"] = result.reason
+    if stall is not None:
+        out["stall_reason"] = stall
     return out
 
 

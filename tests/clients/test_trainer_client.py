@@ -25,6 +25,7 @@ from trainer_client import (
     AsyncTrainerClient,
     Batch,
     BatchGone,
+    NoProgress,
     NotRegistered,
     Rejected,
     ServerUnreachable,
@@ -164,6 +165,23 @@ def test_registration_conflict_is_rejected(http: httpx.Client) -> None:
     with pytest.raises(Rejected, match="batch_size") as exc:
         rb.register(batch_size=16, max_token_len=64)
     assert exc.value.status == 409
+
+
+def test_a_trainer_told_nothing_can_arrive_logs_it_at_once_and_raises_after_no_progress_timeout(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.producer_gone_after = 0.2  # a run nothing joined within it: a stall
+    with serve_in_thread(settings) as url, httpx.Client(base_url=url) as http, TrainerClient(url) as rb:
+        rb.register(batch_size=4, max_token_len=64)
+        started = time.monotonic()
+        with caplog.at_level("WARNING", logger="trainer_client"), pytest.raises(NoProgress) as exc:
+            take(rb, 1, no_progress_timeout=1.0)
+        assert time.monotonic() - started < 10
+        assert "no environment is registered and no producer has reported" in str(exc.value)
+        warned = [r.getMessage() for r in caplog.records if "nothing can arrive" in r.getMessage()]
+        assert len(warned) == 1 and "raising after 1 s" in warned[0]
+        submit(http, 1)
+        assert len(take(rb, 1, no_progress_timeout=0.0)) == 1  # data queued: no stall, whatever the bound
 
 
 @pytest.mark.anyio

@@ -164,3 +164,17 @@ def test_align_refuses_what_cannot_line_up() -> None:
         align(config(save_steps=6), batch_size=8, read_ahead_bound=8)
     with pytest.raises(Misaligned, match="set max_steps"):
         align(config(max_steps=-1), batch_size=8)
+
+
+def test_each_weight_sync_is_announced_to_rollbuf_at_its_step(url: str) -> None:
+    rb = start(url, groups=6, starting_step=10)
+    assert len(list(itertools.islice(rb.batches(start_step=10, wait=0), 5))) == 5  # the trainer is at step 15
+    worker = RollbufRolloutWorker(rb, start_step=10, sync_every=2, wait=1.0, convert=SAMPLE)
+    with httpx.Client(base_url=url) as c:
+        worker.update_model_version(1)  # the cold sync: the weights of start_step
+        assert c.get("/weights").json() == {"weights_step": 10}
+        worker.update_model_version(3)  # two syncs later, every 2 steps
+        assert c.get("/weights").json() == {"weights_step": 14} and worker.weights_step == 14
+    quiet = RollbufRolloutWorker(rb, start_step=10, announce_weights=False, convert=SAMPLE)
+    quiet.update_model_version(9)
+    assert rb.status().weights_step == 14

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from rollout_client import RolloutRunner, RunnerStats
@@ -76,6 +77,7 @@ def check_group(group: dict[str, Any], word: str) -> None:
 async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, workers: int) -> None:
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
+        httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()  # the trainer's weights announced
         deltas: list[tuple[str, dict[str, Any]]] = []
         stats = await produce(server.url, vllm.url, offline, workers=workers, words=2,
                               on_delta=lambda task, delta: deltas.append((task, delta)))  # fmt: skip
@@ -93,6 +95,7 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
     ids = [g["group_id"] for g in served]
     assert len(set(ids)) == 2 and all(ids)
     assert {g["policy_step"] for g in served} == {0}
+    assert all(g["generation_params"]["weight_versions"] == [0, 0] for g in served)  # following the announcement
     if workers:  # the pool streams each trace turn by turn: relayed, one `open` per trace
         assert sum("open" in d for _, d in deltas) == 2 * G and {t for t, _ in deltas} == set(by_word)
     else:

@@ -1,0 +1,115 @@
+"""Producers seen live, and the weights they follow: pure logic over plain records (no I/O).
+
+Every producer (a `RolloutRunner`) heartbeats with what it does: its envs, in flight, groups/s, failures, the
+weights step it generates with, what holds it back. The table of them is kept bounded (`max_producers`; the
+longest-gone is forgotten first) and judged against the clock: a producer not heard of for `gone_after` s is
+gone. From it, `stall_reason` says when a waiting trainer can get nothing: no live producer for the envs it
+needs, or every live one held back waiting for the trainer. Envs fed by a handler that never heartbeats (an
+Atropos handler, a hand-written loop) are never judged: something unknown may still send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+NOTHING_YET = "no environment is registered and no producer has reported"
+"""The start of `stall_reason` for a run nothing has joined yet: a stall only once that has lasted `gone_after`
+(producers wait for the trainer's first poll to register, so a fresh run always starts this way)."""
+NOT_WAITING_ON_TRAINER = frozenset({"queue_full"})
+"""Hold-back reasons that are not a wait for the trainer: a full queue means data is there to form batches."""
+
+
+@dataclass(slots=True)
+class Producer:
+    """One producer as its last heartbeat described it; `last_seen` and `first_seen` are Unix times."""
+
+    producer_id: str
+    host: str
+    env_ids: list[int]
+    last_seen: float
+    first_seen: float
+    in_flight: int = 0
+    groups_per_s: float = 0.0
+    accepted: int = 0
+    failures: int = 0
+    weights_step: int | None = None
+    held: dict[str, str] = field(default_factory=dict)
+    """Env name -> why the producer does not start groups of it now (ahead_of_trainer, queue_full, ...)."""
+    waiting_for: str | None = None
+    """What the producer says it waits for, in words, or None."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Producer:
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+
+    def live(self, now: float, gone_after: float) -> bool:
+        return now - self.last_seen <= gone_after
+
+
+class TooManyProducers(Exception):
+    """The table is full of live producers: a new one is refused until one goes."""
+
+
+def record(table: dict[str, Producer], beat: Producer, now: float, gone_after: float, max_producers: int) -> None:
+    """Take in one heartbeat (in place). A new producer in a full table forgets the longest-gone one; with
+    every one live, `TooManyProducers`."""
+    old = table.get(beat.producer_id)
+    if old is not None:
+        beat.first_seen = old.first_seen
+        table[beat.producer_id] = beat
+        return
+    if len(table) >= max_producers:
+        gone = [p for p in table.values() if not p.live(now, gone_after)]
+        if not gone:
+            raise TooManyProducers(f"{len(table)} live producers, the most the server keeps (max_producers)")
+        oldest = min(gone, key=lambda p: p.last_seen)
+        del table[oldest.producer_id]
+    table[beat.producer_id] = beat
+
+
+def _ago(now: float, then: float) -> str:
+    return f"{max(0.0, now - then):.0f} s ago"
+
+
+def stall_reason(connected: dict[int, str], table: dict[str, Producer], now: float, gone_after: float) -> str | None:
+    """Why nothing can arrive for a waiting trainer, or None when something may. `connected`: the connected
+    envs, id -> name."""
+    live = [p for p in table.values() if p.live(now, gone_after)]
+    if not connected:
+        if live:
+            return None  # a live producer between registrations (re-registering after a reset)
+        if not table:
+            return f"{NOTHING_YET}: start a producer (docs/bring-your-environment.md)"
+        last = max(table.values(), key=lambda p: p.last_seen)
+        return (f"no environment is connected and no producer is live: the last, {last.producer_id} on "
+                f"{last.host}, was last seen {_ago(now, last.last_seen)} (gone after {gone_after:g} s)")  # fmt: skip
+    watched = {e for p in table.values() for e in p.env_ids}
+    if any(env_id not in watched for env_id in connected):
+        return None  # a handler that does not heartbeat may send
+    feeding = {e for p in live for e in p.env_ids if e in connected}
+    if not feeding:
+        names = ", ".join(sorted(connected.values()))
+        last = max((p for p in table.values() if set(p.env_ids) & set(connected)), key=lambda p: p.last_seen)
+        return (f"no live producer for env(s) {names}: the last, {last.producer_id} on {last.host}, was last "
+                f"seen {_ago(now, last.last_seen)} (producers are gone after {gone_after:g} s without a "
+                "heartbeat)")  # fmt: skip
+    held: list[str] = []
+    for p in live:
+        for env_id in p.env_ids:
+            if env_id not in connected:
+                continue
+            why = p.held.get(connected[env_id])
+            if why is None or why in NOT_WAITING_ON_TRAINER:
+                return None  # this producer may start a group of a needed env
+            held.append(f"{p.producer_id} on {p.host}: {connected[env_id]} held back ({why})")
+    weights = {p.weights_step for p in live}
+    detail = "; ".join(held[:5]) + (f"; and {len(held) - 5} more" if len(held) > 5 else "")
+    hint = ""
+    if any("ahead_of_trainer" in h for h in held):
+        hint = (f" (they generate with weights step {', '.join(map(str, sorted(w for w in weights if w is not None)))}"
+                " or older: announce new weights with POST /weights, or raise max_staleness)")  # fmt: skip
+    return f"every live producer is held back waiting for the trainer: {detail}{hint}"

@@ -1,0 +1,39 @@
+"""Producers and weights: the trainer announces which weights are live, producers heartbeat, anyone reads both."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from api.deps import ServiceDep
+from api.frontdoor import identity_of
+from api.openapi import errors
+from api.schema import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply
+
+router = APIRouter(tags=["producers"])
+
+
+@router.post("/weights", response_model=WeightsReply, responses=errors(409, 422))
+async def announce_weights(body: WeightsAnnounce, service: ServiceDep) -> WeightsReply:
+    """The weights of trainer step `step` are live on the inference servers (the trainer sends it after each
+    weight sync). Producers read it in `/status-env` and heartbeat replies, and stamp it on the groups they start
+    from then on; `max_staleness` is judged against it. Never goes back: an older step changes nothing."""
+    return await service.announce_weights(body.step)
+
+
+@router.get("/weights", response_model=WeightsReply)
+async def weights(service: ServiceDep) -> WeightsReply:
+    """The step of the weights announced live last (null before any)."""
+    return await service.weights()
+
+
+@router.post("/producers/heartbeat", response_model=HeartbeatReply, responses=errors(403, 422, 503))
+async def heartbeat(body: Heartbeat, request: Request, service: ServiceDep) -> HeartbeatReply:
+    """A producer is alive: its envs, in flight, rate, failures, weights, what holds it back. One not heard of
+    for `producer_gone_after` s is gone (/status, /metrics; a waiting trainer's `stall_reason`)."""
+    return await service.heartbeat(body, identity_of(request.scope))
+
+
+@router.get("/producers", response_model=list[ProducerView])
+async def producers(service: ServiceDep) -> list[ProducerView]:
+    """Every producer that heartbeats, live or gone, with its last-seen time (oldest first)."""
+    return (await service.producer_report()).producers

@@ -1,0 +1,211 @@
+"""Following the trainer across processes: the weights it announces, and this producer's heartbeat.
+
+The trainer tells rollbuf which weights are live (POST /weights); every /status-env the runner already reads
+carries that step (`weights_step`). `Follower` turns it into the runner's policy step: groups started from then
+on are stamped with it, and `max_staleness` is judged against it, so a producer in another process needs no
+pause/resume calls and never stalls while the trainer announces. Groups in flight when new weights arrive meet
+them by their env's `on_new_weights` policy:
+
+- `continue` (default): they go on; their episodes span several weight versions. The group is stamped with the
+  oldest (`policy_step`, which staleness counts from) and carries `generation_params["weight_versions"] = [min,
+  max]`, the range it spanned (PipelineRL's in-flight updates, verifiers' per-token `weight_versions`).
+- `restart`: they are cancelled and their tasks started again at once with the new weights: every episode is
+  on-policy for one version, at the cost of the work thrown away.
+- Draining (no episode spans a sync, nothing thrown away, production stops while in-flight episodes finish) is
+  `RolloutRunner.pause()`/`resume()` around the sync, in the trainer's process.
+
+`Heartbeat` tells rollbuf that this producer is alive, every `gone_after / 6` s (the server's setting, from its
+reply): its envs, in flight, groups/s, failures, weights, what holds it back. It logs, rate-limited, while the
+server is unreachable and while this producer waits for the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from api.schema import EnvStatus, Heartbeat, ScoredData
+from client_core.errors import ClientError
+from rollout_client.pacing import AHEAD, QUEUE_FULL
+
+if TYPE_CHECKING:
+    from rollout_client.client import RolloutClient
+    from rollout_client.env import Environment, Task
+    from rollout_client.inflight import InFlight
+    from rollout_client.stats import RunnerStats
+
+log = logging.getLogger("rollout_client.runner")
+
+OnNewWeights = Literal["continue", "restart"]
+RESTARTED = "restarted"
+"""`skipped` reason of a group cancelled by new weights (`restart`); its task runs again."""
+BEAT_S = 1.0
+"""Heartbeat interval until the server's first reply says `gone_after`."""
+BEAT_MIN_S, BEAT_MAX_S = 0.1, 10.0
+LOG_EVERY_S = 30.0
+"""Rate limit of the 'waiting for the trainer' and 'server unreachable' log lines."""
+RATE_WINDOW_S = 60.0
+"""groups/s in the heartbeat is over about this long."""
+
+
+@dataclass(slots=True)
+class Follower:
+    """The weights announced, as the runner follows them: stamps, spans and restarts. Pure state over the runner's
+    in-flight table; the runner calls `observed` after each status read."""
+
+    envs: Sequence[Environment]
+    weights_step: int | None = None
+    """The last weights step announced, or None: then the runner's own policy step (resume()) rules."""
+    _spans: dict[str, int] = field(default_factory=dict)
+    """Group id -> the newest weights step seen while its rollouts ran."""
+    _restarts: list[list[Task]] = field(default_factory=list)
+    _restarting: set[str] = field(default_factory=set)
+    _tasks: dict[str, tuple[int, Task]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._restarts = [[] for _ in self.envs]
+
+    def launched(self, group_id: str, i: int, task: Task) -> None:
+        self._tasks[group_id] = (i, task)
+
+    def ended(self, group_id: str) -> bool:
+        """The group is over; True when it was cancelled to run again (its task is not discarded)."""
+        self._spans.pop(group_id, None)
+        self._tasks.pop(group_id, None)
+        if group_id in self._restarting:
+            self._restarting.discard(group_id)
+            return True
+        return False
+
+    def observed(self, statuses: Sequence[EnvStatus], in_flight: InFlight) -> int | None:
+        """Take in the weights step the statuses show; returns it when it is new (the runner stamps it from then
+        on), after marking the spans of groups in flight and cancelling those whose env restarts."""
+        seen = [st.weights_step for st in statuses if st.weights_step is not None]
+        if not seen or (self.weights_step is not None and max(seen) <= self.weights_step):
+            return None
+        self.weights_step = step = max(seen)
+        for group_id, g in list(in_flight.groups.items()):
+            if g.submitting or g.policy_step >= step:
+                continue
+            if self.envs[g.env].on_new_weights == "restart" and group_id in self._tasks and not g.cancelled:
+                i, task = self._tasks[group_id]
+                self._restarting.add(group_id)
+                self._restarts[i].append(task)
+                in_flight.cancel(g, RESTARTED)
+            else:
+                self._spans[group_id] = step
+        return step
+
+    def restart(self, i: int) -> Task | None:
+        """A task of env `i` to run again (cancelled by new weights), before any new one."""
+        return self._restarts[i].pop(0) if self._restarts[i] else None
+
+    def drop_restarts(self) -> list[tuple[int, Task]]:
+        """The tasks still waiting to run again (the run stops): the runner tells their sources they are discarded."""
+        out = [(i, t) for i, tasks in enumerate(self._restarts) for t in tasks]
+        self._restarts = [[] for _ in self.envs]
+        return out
+
+    def stamp(self, group_id: str, group: ScoredData, step: int) -> ScoredData:
+        """With announced weights: the range of weight versions the group's episodes spanned, `[min, max]`, in its
+        `generation_params` (`policy_step`, the oldest, is what staleness counts from)."""
+        if self.weights_step is None:
+            return group
+        newest = max(step, self._spans.get(group_id, step))
+        params = {**(group.generation_params or {}), "weight_versions": [step, newest]}
+        return group.model_copy(update={"generation_params": params})
+
+
+def producer_id() -> str:
+    """This process's producer id: host, pid and a random part (a restart is a new producer)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(slots=True)
+class Beats:
+    """Beats for the runner until cancelled; never raises (a server that cannot be reached is logged)."""
+
+    clients: Sequence[RolloutClient]
+    names: Sequence[str]
+    """The envs' names, in the clients' order (what `stats.paused` is keyed by)."""
+    stats: RunnerStats
+    policy_step: Callable[[], int]
+    producer_id: str = field(default_factory=producer_id)
+    host: str = field(default_factory=socket.gethostname)
+    interval: float = BEAT_S
+    gone_after: float | None = None
+    _window: list[tuple[float, int]] = field(default_factory=list)
+    _down_since: float | None = None
+    _logged: dict[str, float] = field(default_factory=dict)
+
+    def beat_body(self, now: float) -> Heartbeat:
+        s = self.stats
+        self._window = [(t, n) for t, n in self._window if now - t <= RATE_WINDOW_S] + [(now, s.accepted)]
+        t0, n0 = self._window[0]
+        rate = (s.accepted - n0) / (now - t0) if now > t0 else 0.0
+        return Heartbeat(
+            producer_id=self.producer_id, host=self.host,
+            env_ids=[c.env_id for c in self.clients if c.env_id is not None],
+            in_flight=s.in_flight, groups_per_s=max(0.0, rate), accepted=s.accepted, failures=s.failed_total,
+            weights_step=self.policy_step(), held=self.held(), waiting_for=self.waiting_for(),
+        )  # fmt: skip
+
+    def held(self) -> dict[str, str]:
+        """Why each registered env starts no group now, by its registered (wandb) name, as the server names it."""
+        out = {}
+        for c, name in zip(self.clients, self.names, strict=True):
+            why = self.stats.paused.get(name)
+            if why is not None and c.registration is not None:
+                out[c.registration.wandb_name] = why
+        return out
+
+    def waiting_for(self) -> str | None:
+        """What this producer waits for, in words, when every env is held back."""
+        held = self.stats.paused
+        if not self.names or not all(n in held for n in self.names):
+            return None
+        reasons = set(held.values())
+        if reasons <= {QUEUE_FULL}:
+            return "the trainer to take batches: every env's queue is full"
+        if AHEAD in reasons:
+            return (f"new weights: generating with step {self.policy_step()}, the trainer is at step "
+                    f"{self.stats.trainer_step}; more would arrive stale (the trainer announces weights with "
+                    "POST /weights after each sync)")  # fmt: skip
+        return f"the trainer: {', '.join(sorted(reasons))}"
+
+    def _log(self, kind: str, now: float, msg: str, *args: object) -> None:
+        if now - self._logged.get(kind, -LOG_EVERY_S) >= LOG_EVERY_S:
+            self._logged[kind] = now
+            log.warning(msg, *args)
+
+    async def run(self) -> None:
+        client = self.clients[0]
+        while True:
+            now = time.monotonic()
+            try:
+                reply = await client.heartbeat(self.beat_body(now))
+            except ClientError as exc:
+                if self._down_since is None:
+                    self._down_since = now
+                self._log("down", now, "the rollbuf server is unreachable (for %.0f s): %s; still producing and "
+                          "retrying", now - self._down_since, exc)  # fmt: skip
+            else:
+                if self._down_since is not None:
+                    log.warning("the rollbuf server answers again (after %.0f s)", now - self._down_since)
+                    self._down_since = None
+                    self._logged.pop("down", None)
+                self.gone_after = reply.gone_after
+                self.interval = min(BEAT_MAX_S, max(BEAT_MIN_S, reply.gone_after / 6))
+            waiting = self.waiting_for()
+            if waiting is not None:
+                self._log("wait", now, "waiting for %s", waiting)
+            else:
+                self._logged.pop("wait", None)
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,80 @@
+"""Weights announced through rollbuf and producers seen live, through the ASGI app on every store: POST /weights
+reaches /status-env and heartbeat replies; producers show in /status, /producers, /metrics and the dashboard's
+data; a waiting trainer's /batch says why nothing can arrive (`stall_reason`)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from api.settings import Settings
+from tests.asgi import serving
+from tests.factories import env, registration
+
+pytestmark = pytest.mark.anyio
+
+
+async def start(c: httpx.AsyncClient) -> int:
+    assert (await c.post("/register", json=registration(batch_size=4))).status_code == 200
+    await c.get("/batch")
+    reply = await c.post("/register-env", json=env(group_size=4))
+    return int(reply.json()["env_id"])
+
+
+async def test_announced_weights_reach_env_status_and_heartbeats_and_never_go_back(settings: Settings) -> None:
+    async with serving(settings) as c:
+        assert (await c.post("/weights", json={"step": 0})).status_code == 409  # no trainer yet
+        env_id = await start(c)
+        assert (await c.get("/status-env", params={"env_id": env_id})).json()["weights_step"] is None
+        assert (await c.get("/weights")).json() == {"weights_step": None}
+        assert (await c.post("/weights", json={"step": 0})).json() == {"weights_step": 0}
+        past = await c.post("/weights", json={"step": 5})
+        assert past.status_code == 422 and past.json()["errors"][0]["loc"] == ["body", "step"]
+        assert (await c.get("/status-env", params={"env_id": env_id})).json()["weights_step"] == 0
+        hb = await c.post("/producers/heartbeat", json={"producer_id": "p1", "host": "h1", "env_ids": [env_id]})
+        assert hb.json()["weights_step"] == 0 and hb.json()["gone_after"] == settings.producer_gone_after
+        bad = await c.post("/producers/heartbeat", json={"producer_id": "p1", "env_ids": [99]})
+        assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "env_ids", 0]
+
+
+async def test_producers_show_live_then_gone_and_a_waiting_trainer_is_told_why(settings: Settings) -> None:
+    settings.producer_gone_after = 0.5
+    async with serving(settings) as c:
+        env_id = await start(c)
+        beat = {"producer_id": "p1", "host": "h1", "env_ids": [env_id], "in_flight": 4, "groups_per_s": 1.5}
+        assert (await c.post("/producers/heartbeat", json=beat)).status_code == 200
+        status = (await c.get("/status")).json()
+        [p] = status["producers"]
+        assert (p["producer_id"], p["envs"], p["live"], p["in_flight"]) == ("p1", ["math_0"], True, 4)
+        assert status["stall_reason"] is None
+        assert "stall_reason" not in (await c.get("/batch")).json()
+        metrics = (await c.get("/metrics")).text
+        assert 'rollbuf_producers{env="math_0",state="live"} 1.0' in metrics
+        deadline = time.monotonic() + 10
+        while (await c.get("/producers")).json()[0]["live"] and time.monotonic() < deadline:
+            await c.get("/healthz")  # the clock moves on; nothing to wait for but time
+        status = (await c.get("/status")).json()
+        assert status["producers"][0]["live"] is False
+        assert "no live producer for env(s) math_0" in status["stall_reason"]
+        reply = (await c.get("/batch")).json()
+        assert reply["batch"] is None and "no live producer" in reply["stall_reason"]
+        assert 'state="gone"' in (await c.get("/metrics")).text
+        data = (await c.get("/dashboard/data")).json()
+        assert data["producers"][0]["producer_id"] == "p1" and data["stall_reason"]
+        held = {**beat, "held": {"math_0": "ahead_of_trainer"}, "weights_step": 0}
+        await c.post("/producers/heartbeat", json=held)
+        assert "held back (ahead_of_trainer)" in (await c.get("/batch")).json()["stall_reason"]
+
+
+async def test_a_fresh_run_nothing_joined_is_a_stall_only_after_gone_after(settings: Settings) -> None:
+    settings.producer_gone_after = 0.3
+    async with serving(settings) as c:
+        assert (await c.post("/register", json=registration(batch_size=4))).status_code == 200
+        assert (await c.get("/batch")).json() == {"batch": None}  # producers register after this first poll
+        deadline = time.monotonic() + 10
+        while "stall_reason" not in (reply := (await c.get("/batch")).json()) and time.monotonic() < deadline:
+            pass  # each poll reads the clock again; nothing else to wait for
+        assert reply["stall_reason"].startswith("no environment is registered and no producer has reported")
+        assert (await c.get("/status")).json()["stall_reason"] == reply["stall_reason"]

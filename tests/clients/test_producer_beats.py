@@ -1,0 +1,41 @@
+"""`rollout_client.following.Beats`, the producer's heartbeat, against a port nothing listens on: one log line
+while the server is unreachable (rate-limited), and one saying what the producer waits for."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from rollout_client.client import HEARTBEAT_DEADLINE_S, RolloutClient
+from rollout_client.following import Beats
+from rollout_client.stats import RunnerStats
+from tests.servers import free_port
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_beats_log_once_while_the_server_is_unreachable_and_say_what_they_wait_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stats = RunnerStats()
+    stats.paused["turns"] = "ahead_of_trainer"
+    stats.trainer_step = 7
+    async with RolloutClient(f"http://127.0.0.1:{free_port()}", retry_deadline=0.0) as client:  # nothing listens
+        beats = Beats([client], ["turns"], stats, lambda: 3, interval=0.05)
+        with caplog.at_level(logging.WARNING, logger="rollout_client.runner"):
+            running = asyncio.create_task(beats.run())
+            while sum("unreachable" in r.getMessage() for r in caplog.records) < 1 or beats._down_since is None:
+                await asyncio.sleep(0.05)  # polling: the first beat's retries end within HEARTBEAT_DEADLINE_S
+            first = beats._down_since
+            while time.monotonic() - first < 2 * HEARTBEAT_DEADLINE_S + 0.5:
+                await asyncio.sleep(0.05)  # more beats fail meanwhile: rate-limited, not logged again
+            running.cancel()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("the rollbuf server is unreachable" in m for m in lines) == 1, lines
+    waits = [m for m in lines if m.startswith("waiting for new weights")]
+    assert len(waits) == 1 and "generating with step 3, the trainer is at step 7" in waits[0]
+    body = beats.beat_body(time.monotonic())
+    assert body.held == {} and body.env_ids == [] and body.weights_step == 3  # not registered: no env to name

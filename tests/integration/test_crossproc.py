@@ -1,0 +1,190 @@
+"""The run across processes (issue 37): a trainer process, the rollbuf server, the fake vLLM and a producer
+process, each its own process as in a deployment. The trainer syncs its weights to the inference server and
+announces them through rollbuf; the producer follows without pause/resume: groups carry the weights that
+generated them across 20 syncs, `max_staleness` never stalls the run, and a producer killed -9 is marked gone
+within `producer_gone_after`, after which the trainer is told why nothing comes and raises."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
+from tests.factories import registration
+from tests.fake_vllm import fake_vllm
+from tests.servers import free_port, running_server
+
+pytestmark = pytest.mark.integration
+
+GONE_AFTER = 2.0
+HANG_GUARD_S = 120.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def until(cond: Callable[[], bool], what: str, limit: float = HANG_GUARD_S) -> float:
+    """Poll `cond` until it holds (never a fixed sleep as a wait); the seconds it took. Fails after `limit`."""
+    started = time.monotonic()
+    while not cond():
+        if time.monotonic() - started > limit:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@contextmanager
+def process(module: str, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m module args` in its own process group, stopped (killed) by its group at the end."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=ROOT)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def status(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/status", timeout=10).json()  # type: ignore[no-any-return]
+
+
+def result(path: Path) -> dict[str, Any]:
+    return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
+
+
+def layout(tmp: Path) -> list[list[str]]:
+    """The four command lines of docs/bring-your-environment.md's "The four-process layout", as written but for
+    free ports, files in `tmp`, and `python -m api` for the `rollbuf` script (what it runs)."""
+    page = (ROOT / "docs" / "bring-your-environment.md").read_text()
+    section = page.split("## The four-process layout", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    ports = {"8000": str(free_port()), "9000": str(free_port())}
+    lines = []
+    for line in block.group(1).strip().splitlines():
+        for old, new in ports.items():
+            line = line.replace(f":{old}", f":{new}").replace(f"--port {old}", f"--port {new}")
+        line = line.replace("sqlite:///buffer.db", f"sqlite:///{tmp}/buffer.db")
+        line = line.replace("--out trainer.json", f"--out {tmp}/trainer.json")
+        args = shlex.split(line)
+        lines.append(["-m", "api", *args[1:]] if args[0] == "rollbuf" else args[1:])
+        assert args[0] in ("rollbuf", "python"), line
+    return lines
+
+
+def ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_the_documented_four_process_layout_carries_the_weights_that_generated_each_group_across_20_syncs(
+    tmp_path: Path,
+) -> None:
+    """The layout as documented, with `max_staleness` 1: the run never stalls."""
+    server, inference, trainer_line, producer_line = layout(tmp_path)
+    url = "http://127.0.0.1:" + server[server.index("--port") + 1]
+    vllm_url = "http://127.0.0.1:" + inference[inference.index("--port") + 1]
+    out = tmp_path / "trainer.json"
+    with (
+        process(server[1], tmp_path / "server.log", *server[2:]),
+        process(inference[1], tmp_path / "vllm.log", *inference[2:]),
+    ):
+        until(lambda: ready(url + "/") and ready(vllm_url + "/v1/models"), "the server and the inference server", 30)
+        httpx.post(vllm_url + "/control", json={"latency": 0.01}).raise_for_status()
+        with (
+            process(trainer_line[1], tmp_path / "trainer.log", *trainer_line[2:]) as trainer,
+            process(producer_line[1], tmp_path / "producer.log", *producer_line[2:]),
+        ):
+            until(lambda: trainer.poll() is not None, "the trainer's 20 steps")
+            assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+            seen = status(url)
+    steps = result(out)["steps"]
+    assert [s["step"] for s in steps] == list(range(20))
+    groups = [(s["step"], g) for s in steps for g in s["groups"]]
+    for step, g in groups:
+        lo, hi = g["weight_versions"]
+        assert lo == g["policy_step"] <= hi <= step, g
+        # never newer than the weights that generated it: staleness is never under-counted
+        assert g["policy_step"] <= min(g["generated_with"]), g
+        assert step - g["policy_step"] <= 1  # max_staleness held
+    assert len({g["policy_step"] for _, g in groups}) >= 10  # the producer followed the syncs
+    assert sum(g["policy_step"] == min(g["generated_with"]) for _, g in groups) >= len(groups) // 2
+    [producer] = seen["producers"]
+    assert producer["live"] and producer["envs"] == ["turns_0"]  # its weights: as of its last beat (every 5 s)
+    assert seen["weights_step"] == 19
+
+
+def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_then_raises(tmp_path: Path) -> None:
+    out = tmp_path / "trainer.json"
+    no_progress = 3.0
+    with (
+        running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
+        fake_vllm(tmp_path / "vllm.log") as vllm,
+        process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
+                "--steps", "100000", "--no-progress-timeout", str(no_progress), "--out", str(out)) as trainer,
+        process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+                vllm.url) as producer,
+    ):  # fmt: skip
+        until(lambda: status(server.url)["current_step"] >= 3 and bool(status(server.url)["producers"]), "batches")
+        assert status(server.url)["stall_reason"] is None
+        os.killpg(producer.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        gone = until(lambda: not status(server.url)["producers"][0]["live"], "the producer marked gone", 30)
+        assert gone <= GONE_AFTER + 2.0
+        reply = httpx.get(server.url + "/batch", timeout=10).json()
+        assert reply["batch"] is None and "no live producer for env(s) turns_0" in reply["stall_reason"]
+        until(lambda: trainer.poll() is not None, "the trainer to give up", 60)
+        waited = time.monotonic() - killed
+    assert trainer.returncode == 3
+    error = result(out)["error"]
+    assert error.startswith("no batch can come: for ") and "no live producer for env(s) turns_0" in error
+    assert waited <= GONE_AFTER + no_progress + 10  # a poll (2 s long-poll) and the process's exit on a busy machine
+    log = (tmp_path / "trainer.log").read_text()
+    assert "nothing can arrive: no live producer" in log
+
+
+@pytest.mark.anyio
+async def test_a_producer_held_back_by_weights_never_announced_says_so_and_so_does_the_trainers_reply(
+    tmp_path: Path,
+) -> None:
+    """The trainer announced step 0 once, then moves on without announcing: with `max_staleness` the producer is
+    held back; its health says what is missing, and the trainer's /batch says every live producer is held back."""
+    with running_server("memory://", tmp_path / "s.log", "--producer-gone-after", "1.2") as server:
+        with httpx.Client(base_url=server.url) as http:
+            assert http.post("/register", json=registration(batch_size=8)).status_code == 200
+            http.get("/batch")
+            http.post("/weights", json={"step": 0}).raise_for_status()
+        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
+                               ScriptedPolicy(arithmetic_script), max_in_flight=8, max_staleness=1,
+                               stall_warning=0.5, poll_interval=0.05)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        reply: dict[str, Any] = {}
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+            deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
+            while runner.health().stalled is None or "stall_reason" not in reply:  # the trainer takes what it gets
+                assert asyncio.get_running_loop().time() < deadline, ("no stall reported", reply)
+                reply = (await http.get("/batch")).json()
+                await asyncio.sleep(0.05)  # polling interval
+        assert "the trainer announced no weights after step 0 (POST /weights)" in (runner.health().stalled or "")
+        assert reply["stall_reason"].startswith("every live producer is held back waiting for the trainer")
+        assert "arithmetic_0 held back (ahead_of_trainer)" in reply["stall_reason"]
+        runner.stop()
+        await asyncio.wait_for(run, HANG_GUARD_S)

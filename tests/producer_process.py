@@ -1,0 +1,61 @@
+"""A producer process, as a deployment runs one apart from the trainer: a `RolloutRunner` of multi-turn
+arithmetic episodes against an inference server (the fake vLLM), following the weights the trainer announces
+through rollbuf and heartbeating. It runs until SIGTERM/SIGINT (or SIGKILL: a producer that dies).
+
+    python -m tests.producer_process --server URL --inference URL [--on-new-weights continue|restart]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollout_client import RolloutRunner, Session, Task, Tasks
+from rollout_client.examples import Arithmetic, arithmetic_task
+from rollout_client.policy import OpenAIPolicy
+
+
+@dataclass
+class Turns(Arithmetic):
+    """`turns` turns per episode (each a completion): a multi-turn episode that a weight sync meets in flight."""
+
+    name: str = "turns"
+    turns: int = 1
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        await session.observe(task.prompt)
+        for _ in range(self.turns - 1):
+            await session.generate()
+            await session.observe(" Again:")
+        await session.generate()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--inference", required=True)
+    ap.add_argument("--on-new-weights", default="continue", choices=["continue", "restart"])
+    ap.add_argument("--group-size", type=int, default=2)
+    ap.add_argument("--turns", type=int, default=1)
+    ap.add_argument("--max-staleness", type=int, default=None)
+    ap.add_argument("--max-in-flight", type=int, default=8)
+    ap.add_argument("--stats", type=Path, default=None, help="write the runner's stats here at exit")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    env = Turns(group_size=args.group_size, turns=args.turns, max_tokens=8)
+    env.on_new_weights = args.on_new_weights
+    runner = RolloutRunner(
+        args.server, [(env, Tasks(arithmetic_task))], lambda: OpenAIPolicy(args.inference, "fake"),
+        max_in_flight=args.max_in_flight, max_staleness=args.max_staleness, poll_interval=0.1,
+    )  # fmt: skip
+    stats = asyncio.run(runner.run())
+    if args.stats is not None:
+        args.stats.write_text(json.dumps({"accepted": stats.accepted, "skipped": dict(stats.skipped)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""`api.producers`: the table of producers stays bounded, and `stall_reason` speaks only when nothing can
+arrive (no live producer for the connected envs, or every live one held back waiting for the trainer)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from api.producers import Producer, TooManyProducers, record, stall_reason
+
+GONE = 30.0
+
+
+def beat(pid: str, envs: list[int], at: float, **kw: object) -> Producer:
+    return Producer(pid, "h", envs, last_seen=at, first_seen=at, **kw)  # type: ignore[arg-type]
+
+
+def test_a_heartbeat_keeps_the_first_seen_time() -> None:
+    table: dict[str, Producer] = {}
+    record(table, beat("a", [0], 1.0), 1.0, GONE, 4)
+    record(table, beat("a", [0], 5.0, in_flight=3), 5.0, GONE, 4)
+    assert (table["a"].first_seen, table["a"].last_seen, table["a"].in_flight) == (1.0, 5.0, 3)
+
+
+@given(st.lists(st.tuples(st.integers(0, 20), st.floats(0, 1000)), max_size=60), st.integers(1, 8))
+def test_the_table_never_passes_its_bound_and_refuses_only_when_every_one_is_live(
+    beats: list[tuple[int, float]], bound: int
+) -> None:
+    table: dict[str, Producer] = {}
+    now = 0.0
+    for pid, dt in beats:
+        now += dt
+        try:
+            record(table, beat(str(pid), [0], now), now, GONE, bound)
+        except TooManyProducers:
+            assert len(table) == bound and all(p.live(now, GONE) for p in table.values())
+        assert len(table) <= bound
+
+
+def test_no_env_and_no_producer_is_a_stall_and_a_live_producer_is_not() -> None:
+    assert "no environment is registered" in (stall_reason({}, {}, 0.0, GONE) or "")
+    assert stall_reason({}, {"a": beat("a", [], 0.0)}, 1.0, GONE) is None
+    assert "no producer is live" in (stall_reason({}, {"a": beat("a", [0], 0.0)}, 100.0, GONE) or "")
+
+
+def test_an_env_no_producer_reports_for_is_never_judged() -> None:
+    table = {"a": beat("a", [0], 0.0)}
+    assert stall_reason({0: "math", 1: "atropos"}, table, 100.0, GONE) is None  # env 1's handler may send
+
+
+def test_gone_producers_of_every_connected_env_are_a_stall_naming_the_last_one() -> None:
+    table = {"a": beat("a", [0], 0.0), "b": beat("b", [0], 50.0)}
+    why = stall_reason({0: "math_0"}, table, 50.0 + GONE + 1, GONE)
+    assert why is not None and "no live producer for env(s) math_0" in why and "b on h" in why and "31 s ago" in why
+    assert stall_reason({0: "math_0"}, table, 50.0 + GONE, GONE) is None
+
+
+def test_every_live_producer_held_back_on_the_trainer_is_a_stall_but_a_full_queue_is_not() -> None:
+    held = {"a": beat("a", [0], 0.0, held={"math_0": "ahead_of_trainer"}, weights_step=3)}
+    why = stall_reason({0: "math_0"}, held, 1.0, GONE)
+    assert why is not None and "held back (ahead_of_trainer)" in why and "POST /weights" in why
+    full = {"a": beat("a", [0], 0.0, held={"math_0": "queue_full"})}
+    assert stall_reason({0: "math_0"}, full, 1.0, GONE) is None
+    one_free = {**held, "b": beat("b", [0], 0.0)}
+    assert stall_reason({0: "math_0"}, one_free, 1.0, GONE) is None
+
+
+@pytest.mark.parametrize("now", [0.0, 10.0, GONE])
+def test_a_producer_is_live_within_gone_after(now: float) -> None:
+    assert beat("a", [0], 0.0).live(now, GONE)
+    assert not beat("a", [0], 0.0).live(now + GONE + 0.001, GONE)

@@ -1,0 +1,58 @@
+"""`rollout_client.following.Follower`: announced weights become the stamp of new groups; groups in flight meet
+them by their env's `on_new_weights` (continue: the span is recorded; restart: cancelled, the task run again)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from api.schema import EnvStatus, ScoredData
+from rollout_client.env import Task
+from rollout_client.examples import Arithmetic
+from rollout_client.following import RESTARTED, Follower
+from rollout_client.inflight import Group, InFlight
+from rollout_client.stats import RunnerStats
+
+pytestmark = pytest.mark.anyio
+
+
+def status(weights: int | None) -> EnvStatus:
+    return EnvStatus(current_step=9, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=2,
+                     env_weight=1.0, weights_step=weights)  # fmt: skip
+
+
+GROUP = ScoredData(tokens=[[1, 2]], masks=[[-100, 2]], scores=[1.0], generation_params={"temperature": 1.0})
+
+
+async def test_continue_records_the_span_and_restart_runs_the_task_again() -> None:
+    keep, again = Arithmetic(name="keep"), Arithmetic(name="again")
+    again.on_new_weights = "restart"
+    follow = Follower([keep, again])
+    in_flight = InFlight(16, RunnerStats())
+    forever = asyncio.Event()
+    tasks = [asyncio.create_task(forever.wait()) for _ in range(2)]
+    for n, (env, t) in enumerate(zip((0, 1), tasks, strict=True)):
+        in_flight.add(f"g{n}", Group(t, env, 2, policy_step=3))
+        follow.launched(f"g{n}", env, Task(id=f"t{n}", prompt="Q"))
+    assert follow.observed([status(None)], in_flight) is None  # nothing announced: the runner's own step rules
+    assert follow.stamp("g0", GROUP, 3) is GROUP
+    assert follow.observed([status(5), status(4)], in_flight) == 5
+    assert follow.observed([status(5)], in_flight) is None  # not new
+    assert follow.stamp("g0", GROUP, 3).generation_params == {"temperature": 1.0, "weight_versions": [3, 5]}
+    await asyncio.sleep(0)
+    assert tasks[1].cancelled() and not tasks[0].done()
+    assert in_flight.stats.skipped[RESTARTED] == 1
+    assert follow.ended("g1") is True  # cancelled to run again: its task is not discarded
+    restarted = follow.restart(1)
+    assert restarted is not None and restarted.id == "t1" and follow.restart(1) is None
+    again = asyncio.create_task(forever.wait())
+    in_flight.add("g2", Group(again, 1, 2, policy_step=5))
+    follow.launched("g2", 1, restarted)
+    assert follow.observed([status(6)], in_flight) == 6
+    assert [(i, t.id) for i, t in follow.drop_restarts()] == [(1, "t1")]  # the run stops first: discarded
+    assert follow.restart(1) is None
+    assert follow.ended("g0") is False
+    assert follow.stamp("fresh", GROUP, 5).generation_params == {"temperature": 1.0, "weight_versions": [5, 5]}
+    forever.set()
+    await tasks[0]
