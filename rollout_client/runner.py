@@ -306,6 +306,7 @@ class RolloutRunner(Watching, Execution):
         self._running = True
         handled = stop_on_signals(self._loop, self.stop)
         deadline: float | None = None
+        cancelled = False
         try:
             try:
                 if await unless_stopped(self._stopping, self._start()):
@@ -320,15 +321,24 @@ class RolloutRunner(Watching, Execution):
                             await monitor
             except Exception as exc:  # whatever ends the run ends it through RunFailed and the shutdown
                 self._end(f"the runner failed: {type(exc).__name__}", exc)
+            except asyncio.CancelledError:  # wait_for(run(), T), a TaskGroup ended by an error beside it:
+                cancelled = True  # the same bounded shutdown, then the cancellation goes on
+                if (me := asyncio.current_task()) is not None:
+                    me.uncancel()  # the shutdown's own timeouts must not read as this cancellation
+                self._on_stop()
             deadline = self._loop.time() + self.shutdown_timeout
             await self._shutdown(deadline)
         finally:
+            if self.pool is not None and self.pool.workers:  # the shutdown itself was cancelled: no orphan
+                self.pool.kill()
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
             if deadline is None:
                 deadline = self._loop.time() + self.shutdown_timeout
             await disconnect_all(self.clients, deadline)
             self._running = False
+        if cancelled:
+            raise asyncio.CancelledError
         if self._error is not None:
             raise self._error
         return self.stats

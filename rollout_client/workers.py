@@ -569,6 +569,20 @@ class WorkerPool:
             except ChannelClosed:
                 pass
 
+    def kill(self) -> None:
+        """Kill every worker by pid at once, without awaiting: the last resort of a shutdown that was itself
+        cancelled (a worker ignores SIGTERM, so multiprocessing's exit hook would wait for it forever)."""
+        self.closing = True
+        for w in list(self.workers):
+            if w.process.is_alive() and w.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.process.pid, signal.SIGKILL)
+            w.process.join(1.0)
+            self.exitcodes.append(w.process.exitcode)
+            if w.reader is not None:
+                w.reader.cancel()
+            self.workers.remove(w)
+
     async def close(self, timeout: float = STOP_GRACE_S) -> None:
         """Stop every worker: ask, wait up to `timeout`, then kill by pid (workers ignore SIGTERM)."""
         self.closing = True
