@@ -90,7 +90,15 @@ class Gate:
     async def close(self, timeout: float | None = None) -> bool:
         """Stop new requests and wait until none is in flight: True, or False once `timeout` s have passed
         with some still in flight (the gate stays closed)."""
+        self.shut()
+        return await self.drained(timeout)
+
+    def shut(self) -> None:
+        """Stop new requests now, without waiting: an `open()` after this wins, whatever waits on `drained`."""
         self._open.clear()
+
+    async def drained(self, timeout: float | None = None) -> bool:
+        """Wait until no request is in flight: True, or False after `timeout` s."""
         if timeout is None:
             await self._idle.wait()
             return True

@@ -201,8 +201,8 @@ async def _serve(
             jobs.pop(job, None)
 
     async def pause(token: int, timeout: float | None) -> None:
-        drained = await gate.close(timeout)
-        if not drained:
+        drained = await gate.drained(timeout)  # shut when the message came: a "resume" read since has opened it
+        if not drained and not gate.is_open:
             cancelled = []
             for job, t in list(jobs.items()):
                 if t in gate.holders():
@@ -223,7 +223,8 @@ async def _serve(
             jobs[msg[1]] = loop.create_task(run(*msg[1:]))
         elif kind == "cancel" and msg[1] in jobs:
             jobs[msg[1]].cancel()
-        elif kind == "pause":
+        elif kind == "pause":  # shut in message order: a "resume" right behind it (a replacement started
+            gate.shut()  # during a pause reads both at once) must leave the gate open, not closed for good
             loop.create_task(pause(msg[1], msg[2]))
         elif kind == "resume":
             gate.open()
@@ -255,6 +256,8 @@ class _Worker:
     """Why it is being replaced (it gets no new group), or None."""
     fatal: BaseException | None = None
     """What it failed to start with (its policy factory's error)."""
+    pausing: set[int] = field(default_factory=set)
+    """Tokens of the pauses sent to it and not yet answered."""
     started: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its policy is built (or it failed to start, or it exited)."""
 
@@ -379,6 +382,7 @@ class WorkerPool:
             self._in_background(self.retire(worker, msg[1], now=msg[1] == MEMORY_ERROR))
             return
         if kind == "paused":
+            worker.pausing.discard(msg[1])
             fut = self._paused.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_result(bool(msg[2]))
@@ -456,10 +460,10 @@ class WorkerPool:
                 died = WorkerDied(what)
                 died.__cause__ = worker.fatal
                 fut.set_exception(died)
-        for token, fut_p in list(self._paused.items()):
-            if not fut_p.done():
+        for token in worker.pausing:  # its own pauses only: the others' workers still answer theirs
+            fut_p = self._paused.pop(token, None)
+            if fut_p is not None and not fut_p.done():
                 fut_p.set_result(True)  # a dead worker generates nothing
-            self._paused.pop(token, None)
         self.on_change()
         if self.closing or worker.retiring:
             return  # a retired worker's replacement is already started
@@ -546,6 +550,7 @@ class WorkerPool:
             token = next(self._ids)
             fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._paused[token] = fut
+            w.pausing.add(token)
             try:
                 w.channel.send(("pause", token, timeout))
             except ChannelClosed:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 from tests.integration.test_runner import HANG_GUARD_S, _gone, start_trainer, until
 from tests.servers import running_server
 
@@ -87,3 +89,30 @@ async def test_a_cancelled_run_stops_its_workers_and_the_process_exits(tmp_path:
             for f in (proc.stdout, proc.stderr):
                 if f is not None:
                     f.close()
+
+
+async def test_a_worker_replaced_during_a_pause_follows_resume(tmp_path: Path) -> None:
+    """A worker killed while the runner is paused: its replacement is told "pause" as it starts, and
+    `resume()` right after; both wait in its pipe while it imports. Before: "pause" closed its gate only once a
+    task ran, after "resume" had opened it, so the gate stayed shut and its groups hung until group_timeout
+    (1 h); now the gate follows the messages' order and groups flow again."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=16)
+        runner = RolloutRunner(server.url, [(Synthetic(group_size=4, wait_s=0.02), Tasks(arithmetic_task))],
+                               ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=1)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        try:
+            await until(lambda: runner.stats.accepted >= 2, "first groups")
+            assert runner.pool is not None
+            assert await runner.pause(timeout=10.0)
+            [pid] = runner.pool.pids
+            os.kill(pid, signal.SIGKILL)
+            pool = runner.pool
+            await until(lambda: pool.spawned == 2 and len(pool.workers) == 1, "the replacement to start")
+            runner.resume()
+            before = runner.stats.accepted
+            await until(lambda: runner.stats.accepted >= before + 4, "groups on the replacement after resume()")
+            assert runner.pool.deaths == 1
+        finally:
+            runner.stop()
+            await asyncio.wait_for(run, HANG_GUARD_S)
