@@ -162,8 +162,37 @@ async def release(stack: AsyncExitStack, error: BaseException, timeout: float | 
                     close_error)  # fmt: skip
 
 
-async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[list[Any], AsyncExitStack]:
+async def let_go(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any], timeout: float | None) -> None:
+    """An acquire cancelled mid-way may already hold its unit (a remote pool took it; its answer is on the
+    way): let it finish, within `timeout`, and release what it got. Past `timeout` it is abandoned, logged."""
+    try:
+        done, _ = await asyncio.wait([entering], timeout=timeout)
+    except asyncio.CancelledError:
+        entering.cancel()
+        raise
+    if not done:
+        entering.cancel()
+        log.warning("a cancelled resource acquire did not finish within release_timeout=%s s: abandoned (the "
+                    "pool may still hold its unit)", timeout)  # fmt: skip
+        return
+    if entering.cancelled() or entering.exception() is not None:
+        return  # it holds nothing
+    exiting = asyncio.ensure_future(cm.__aexit__(None, None, None))
+    done, _ = await asyncio.wait([exiting], timeout=timeout)
+    if not done:
+        exiting.cancel()
+        log.warning("releasing a resource after a cancelled acquire took more than %s s: abandoned", timeout)
+    elif not exiting.cancelled() and (err := exiting.exception()) is not None:
+        log.warning("releasing a resource after a cancelled acquire: %s: %s", type(err).__name__, err)
+
+
+async def acquire_all(
+    cms: Sequence[AbstractAsyncContextManager[Any]], release_timeout: float | None = RELEASE_S
+) -> tuple[list[Any], AsyncExitStack]:
     """Enter every context manager concurrently; all succeed or none is held.
+
+    A cancellation (`stop()`, a stale group, a timeout) does not cut an acquire short: each one in progress
+    finishes (within `release_timeout`) and what it got is released, so a remote pool keeps no unit for it.
 
     On a failure the others are cancelled, whatever was entered is exited, and the first real error (not a
     cancellation it caused) is raised, with any error from the exits attached as notes. A ResourceExhausted
@@ -191,8 +220,12 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
     exhausted: list[ResourceExhausted] = []
 
     async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
+        entering = asyncio.ensure_future(cm.__aenter__())
         try:
-            value = await cm.__aenter__()
+            value = await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            await let_go(entering, cm, release_timeout)
+            raise
         except ResourceExhausted as exc:  # "not now": the others finish entering (a cancelled acquire could
             exhausted.append(exc)  # leave its resource taken at the pool), then all are released
             return
@@ -325,9 +358,13 @@ async def survive(runs: Sequence[Awaitable[T]], need: int) -> tuple[list[tuple[i
     return kept, dict(failures)
 
 
-async def acquire_resources(env: Environment, task: Task, n: int) -> tuple[list[Any], AsyncExitStack]:
+async def acquire_resources(
+    env: Environment, task: Task, n: int, release_timeout: float | None = RELEASE_S
+) -> tuple[list[Any], AsyncExitStack]:
     """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again."""
-    return await acquire_backing_off(lambda: acquire_all([env.resource(task) for _ in range(n)]), env.acquire_timeout)
+    return await acquire_backing_off(
+        lambda: acquire_all([env.resource(task) for _ in range(n)], release_timeout), env.acquire_timeout
+    )
 
 
 async def play(env: Environment, task: Task, session: Session, rollout_timeout: float | None) -> float:
@@ -385,7 +422,7 @@ async def run_group(
     """
     gate = gate or Gate()
     owner = asyncio.current_task()
-    resources, stack = await acquire_resources(env, task, env.group_size)
+    resources, stack = await acquire_resources(env, task, env.group_size, release_timeout)
     try:
         sessions = [
             Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
@@ -437,7 +474,7 @@ async def run_rollout(
     score, the release; the runner assembles the group from them (`assemble`). Bounded like `run_group`.
     `owner` (default: the current task) is what a pause that runs out of time cancels: the group's task."""
     gate = gate or Gate()
-    (resource,), stack = await acquire_resources(env, task, 1)
+    (resource,), stack = await acquire_resources(env, task, 1, release_timeout)
     try:
         session = Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
                           seed=rollout_seed(group_key, index), resource=resource, turn_timeout=turn_timeout,

@@ -254,3 +254,31 @@ async def test_a_pool_that_answers_exhausted_is_waited_out_without_failing_group
         assert seen["sandbox_exhausted"] > 0, "the pool did run out"
         assert stats.accepted == 6 and not stats.failed
         assert seen["sandbox_opened"] == seen["sandbox_closed"] == 1, "set up once in the runner's process"
+
+
+@pytest.mark.parametrize("how", ["stop", "group_timeout"])
+async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: Path, how: str) -> None:
+    """Issue 36: the pool takes a sandbox, then answers a second later; the group is cancelled meanwhile
+    (`stop()` with a worker process, or `group_timeout` in process). Before: the cancelled request's sandbox
+    stayed held at the pool (8 of 8 after a stop); now each acquire in progress finishes and is released."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+        pool.control(sandbox_delay=1.0)
+        start_trainer(server.url, batch_size=8)
+        env = Sandboxed(pool_url=pool.url, max_resources=8)
+        if how == "stop":
+            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                                   max_in_flight=8, num_workers=1)  # fmt: skip
+            run = asyncio.create_task(runner.run())
+            await until(
+                lambda: pool.stats().get("sandbox_acquired", 0) >= 8, "the pool to take the first group's units"
+            )
+            runner.stop()
+            await finish(run)
+        else:
+            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                                   max_in_flight=8, group_timeout=0.5, max_error_rate=None)  # fmt: skip
+            stats = await finish(runner.run(max_groups=2))
+            assert stats.failed["sandboxed"]["group_timeout"] == 2
+        seen = pool.stats()
+        assert seen["sandbox_acquired"] >= 8
+        assert seen["sandbox_held"] == 0, f"{seen['sandbox_held']} of {seen['sandbox_acquired']} sandboxes leaked"
