@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from api.schema import MASK_IGNORE
 from rollout_client.errors import EpisodeTruncated, PromptTooLong, TurnTimeout
 from rollout_client.policy import Completion, Policy
+from rollout_client.tools import valid_text
 
 PROMPT_LOGPROB = 1.0
 """Logprob recorded at positions the policy did not sample (prompt, tool output), as Atropos handlers do."""
@@ -191,7 +192,7 @@ class Session:
 
         Once the policy has generated, whatever does not fit the token budget is cut off (the episode is
         then `truncated`); the prompt itself is never cut (a prompt too long skips the group)."""
-        return self.observe_tokens(await self.policy.tokenize(text))
+        return self.observe_tokens(await self.policy.tokenize(valid_text(text)))
 
     def observe_tokens(self, ids: list[int]) -> list[int]:
         """`observe` for text already tokenised (a chat template's turn): clipped to the budget as `observe`

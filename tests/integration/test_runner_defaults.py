@@ -5,6 +5,7 @@ failed before its fix; each runs real worker processes against a real server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client import OpenAIPolicy, RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.errors import InferenceError
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
+from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, _gone, start_trainer, until
 from tests.servers import running_server
 
@@ -24,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CANCELLED_RUN = """
 import asyncio, sys
-from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client import OpenAIPolicy, RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client.errors import InferenceError
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 
 async def beside(runner):
@@ -116,3 +120,27 @@ async def test_a_worker_replaced_during_a_pause_follows_resume(tmp_path: Path) -
         finally:
             runner.stop()
             await asyncio.wait_for(run, HANG_GUARD_S)
+
+
+async def test_the_breaker_judges_a_hung_engine_by_completions_not_its_model_list(tmp_path: Path) -> None:
+    """An engine that hangs while /v1/models answers: before, each probe of /v1/models closed the breaker and
+    the next completion opened it again (many "reachable again"/"unreachable" pairs); now the probe is a
+    completion, which hangs too: the breaker stays open, one change, until the engine answers again."""
+    with fake_vllm(tmp_path / "v.log") as server:
+        policy = OpenAIPolicy(server.url, MODEL, timeout=0.3, max_attempts=1, retry_deadline=0.5)
+        changes: list[bool] = []
+        policy.on_reachability = changes.append
+        try:
+            server.control(hang_all=True)
+            with pytest.raises(InferenceError):
+                await policy.generate([1, 2, 3], max_tokens=4)
+            await until(lambda: policy._probe is not None and policy._probe.done() is False, "the probe")
+            deadline = asyncio.get_running_loop().time() + 3.0
+            while asyncio.get_running_loop().time() < deadline and len(changes) < 3:
+                with contextlib.suppress(InferenceError):
+                    await policy.generate([1, 2, 3], max_tokens=4)
+            assert changes == [False], f"{changes.count(True)} reachable-again flips while the engine hung"
+            server.control(hang_all=False)
+            await until(lambda: changes == [False, True], "the probe to find the engine answering again")
+        finally:
+            await policy.aclose()
