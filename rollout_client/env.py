@@ -13,12 +13,12 @@ import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from api.schema import MASK_IGNORE
-from rollout_client.errors import EpisodeTruncated, PromptTooLong, TurnTimeout
+from rollout_client.errors import EpisodeTruncated, PromptTooLong, SetupTimeout, TurnTimeout
 from rollout_client.policy import Completion, Policy
 from rollout_client.tools import valid_text
 
@@ -301,6 +301,19 @@ class Session:
         return self.completions[-1].text if self.completions else ""
 
 
+async def enter_worker_setup(stack: AsyncExitStack, env: Environment) -> None:
+    """Enter `env.worker_setup()` on `stack` within `env.setup_timeout` (SetupTimeout past it)."""
+    try:
+        async with asyncio.timeout(env.setup_timeout) as deadline:
+            await stack.enter_async_context(env.worker_setup())
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise SetupTimeout(
+            f"worker_setup() of env {env.name!r} did not finish within setup_timeout={env.setup_timeout} s"
+        ) from None
+
+
 class Environment(ABC):
     """Subclass and set the class attributes; instances must pickle (they are sent to worker processes)."""
 
@@ -332,6 +345,9 @@ class Environment(ABC):
     acquire_timeout: float | None = 300.0
     """How long a group (or a rollout run on its own) keeps retrying `resource()` that raises
     ResourceExhausted, with backoff, before it fails (`resource_timeout`)."""
+    setup_timeout: float | None = 120.0
+    """Bound on entering `worker_setup()` (a tool server that never comes up): past it the process cannot
+    start (SetupTimeout, naming the env): the run fails with it, not a silent stall."""
     variable_group_size: bool = False
     """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
     rollout that records 0 or several sequences with `Session.record_sequence`)."""

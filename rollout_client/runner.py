@@ -30,7 +30,7 @@ from api.schema import EnvRegistered, Info
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
-from rollout_client.env import Environment, Gate, Task
+from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import (
     GroupDropped,
     Rejected,
@@ -364,7 +364,7 @@ class RolloutRunner(Watching, Execution):
         else:
             self._policy = make_policy(self.policy_spec)
             for env in self.envs:  # what this process's rollouts share, as a worker would set it up
-                await self._shared.enter_async_context(env.worker_setup())
+                await enter_worker_setup(self._shared, env)
             if hasattr(self._policy, "on_reachability"):  # OpenAIPolicy's circuit breaker
 
                 def changed(up: bool) -> None:

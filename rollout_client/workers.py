@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from rollout_client.env import Environment, Gate, Task
+from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import GroupDropped, WorkerDied, WorkerFailed
 from rollout_client.group import GroupOutcome, Limits, Rollout, bounded_close, exited, run_group, run_rollout
 from rollout_client.ipc import Channel, ChannelClosed
@@ -149,7 +149,7 @@ async def _serve(
     try:
         policy = make_policy(spec)
         for env in envs:
-            await shared.enter_async_context(env.worker_setup())
+            await enter_worker_setup(shared, env)
     except BaseException as exc:  # the parent carries it in the run's error (it is not only on stderr)
         send(("fatal", portable(exc if isinstance(exc, Exception) else exited(exc))))
         await bounded_close(shared, limits.release_timeout)

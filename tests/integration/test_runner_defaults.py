@@ -10,12 +10,15 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from rollout_client import OpenAIPolicy, RolloutRunner, ScriptedPolicy, Tasks
-from rollout_client.errors import InferenceError
+from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolicy, Tasks
+from rollout_client.errors import InferenceError, SetupTimeout
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, _gone, start_trainer, until
@@ -27,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CANCELLED_RUN = """
 import asyncio, sys
-from rollout_client import OpenAIPolicy, RolloutRunner, ScriptedPolicy, Tasks
-from rollout_client.errors import InferenceError
+from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolicy, Tasks
+from rollout_client.errors import InferenceError, SetupTimeout
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 
 async def beside(runner):
@@ -144,3 +147,33 @@ async def test_the_breaker_judges_a_hung_engine_by_completions_not_its_model_lis
             await until(lambda: changes == [False, True], "the probe to find the engine answering again")
         finally:
             await policy.aclose()
+
+
+@dataclass
+class SetupHangs(Synthetic):
+    """A tool server that never comes up: `worker_setup()` never returns."""
+
+    name: str = "setup_hangs"
+    setup_timeout: float | None = 0.5
+
+    def worker_setup(self) -> AbstractAsyncContextManager[None]:
+        @asynccontextmanager
+        async def forever() -> AsyncIterator[None]:
+            await asyncio.Event().wait()
+            yield
+
+        return forever()
+
+
+async def test_a_worker_setup_that_hangs_ends_the_run_with_an_error_naming_it(tmp_path: Path) -> None:
+    """Before: the run stalled with no error, log or timeout. Now `setup_timeout` bounds it and the run ends
+    with RunFailed, its cause a SetupTimeout naming the env. (In the runner's process: a worker that fails so
+    reports it as a fatal start, and 3 in a row end the run the same way: 25 s more of test for one path.)"""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=16)
+        runner = RolloutRunner(server.url, [(SetupHangs(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=8)  # fmt: skip
+        with pytest.raises(RunFailed) as info:
+            await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
+        assert isinstance(info.value.__cause__, SetupTimeout)
+        assert "worker_setup() of env 'setup_hangs'" in str(info.value.__cause__)
