@@ -164,3 +164,18 @@ def test_align_refuses_what_cannot_line_up() -> None:
         align(config(save_steps=6), batch_size=8, read_ahead_bound=8)
     with pytest.raises(Misaligned, match="set max_steps"):
         align(config(max_steps=-1), batch_size=8)
+
+
+def test_align_names_the_supported_trl_releases() -> None:
+    """Issue 36: TRL 1.18 removed the rollout_worker= / weight_transfer= seam; align() says so by name."""
+    from trainer_client.async_grpo import Misaligned, check_trl_version
+
+    check_trl_version("1.16.0")
+    check_trl_version("1.17.2")  # in the pinned range, not the tested release: a warning only
+    for too_new in ("1.18.0", "2.0.1"):
+        with pytest.raises(
+            Misaligned, match=r"TRL 1\.18 removed .*rollout_worker= / weight_transfer=.*trl>=1\.16,<1\.18"
+        ):
+            check_trl_version(too_new)
+    with pytest.raises(Misaligned, match="predates"):
+        check_trl_version("1.15.3")
