@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from client_core import outage
+from client_core.errors import RetriesExhausted
 from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolicy, Tasks
+from rollout_client.client import RolloutClient
 from rollout_client.errors import InferenceError, SetupTimeout
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 from tests.fake_vllm import MODEL, fake_vllm
@@ -30,7 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CANCELLED_RUN = """
 import asyncio, sys
+from client_core import outage
+from client_core.errors import RetriesExhausted
 from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolicy, Tasks
+from rollout_client.client import RolloutClient
 from rollout_client.errors import InferenceError, SetupTimeout
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 
@@ -177,3 +184,25 @@ async def test_a_worker_setup_that_hangs_ends_the_run_with_an_error_naming_it(tm
             await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert isinstance(info.value.__cause__, SetupTimeout)
         assert "worker_setup() of env 'setup_hangs'" in str(info.value.__cause__)
+
+
+async def test_a_producer_says_what_it_waits_for(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: a producer waited silently for the trainer's first batch request (290 s with no output), and
+    retried an unreachable server silently. Now both are logged (rate-limited)."""
+    with caplog.at_level(logging.WARNING), running_server("memory://", tmp_path / "s.log") as server:
+        runner = RolloutRunner(server.url, [(Synthetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script))
+        run = asyncio.create_task(runner.run())
+        await until(lambda: "waiting to register" in caplog.text, "the waiting line")
+        runner.stop()
+        await asyncio.wait_for(run, HANG_GUARD_S)
+        assert "env synthetic: waiting to register (0 s so far): no trainer has registered yet" in caplog.text
+        port = server.port
+    outage.AFTER_S, saved = 0.0, outage.AFTER_S
+    try:
+        client = RolloutClient(f"http://127.0.0.1:{port}", retry_deadline=1.0)  # the server is gone
+        with pytest.raises(RetriesExhausted):
+            await client.info()
+        await client.aclose()
+    finally:
+        outage.AFTER_S = saved
+    assert f"rollbuf server http://127.0.0.1:{port} unreachable for 0 s, retrying: GET /info" in caplog.text
