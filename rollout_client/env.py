@@ -332,8 +332,10 @@ class Environment(ABC):
     min_group_size: int | None = None
     """Keep a group when at least this many of its rollouts succeed: the failed ones are left out (counted
     in `RunnerStats.rollouts_failed`) and the survivors submitted as one group. Fewer: the group fails.
-    None (default): every rollout must succeed. Below `group_size`, the runner registers the env with
-    `variable_group_size` so that the server queues such groups whole (never combined with other prompts)."""
+    None (default): half the group, at least 2 (`group.default_min_group_size`: a crash in one rollout of a
+    large group does not cost the other 63); `group_size` to require every rollout. Below `group_size`, the
+    runner registers the env with `variable_group_size` so that the server queues such groups whole (never
+    combined with other prompts)."""
     scores_each_rollout: bool = False
     """True when `score(task, session)` reads that rollout alone (no group-relative scoring, nothing shared
     across the group): the runner then schedules the rollouts one by one, spread over the worker processes,
