@@ -125,9 +125,10 @@ class Gate:
 class Session:
     """One rollout's transcript. Each rollout gets its own session: no state leaks between rollouts.
 
-    Within the token budget (`token_limit`): once the policy has generated, text observed past the budget
-    (a long tool output) is clipped and the episode is marked `truncated`; the next `generate()` then
-    raises `EpisodeTruncated`, which ends the rollout and keeps what it has (the runner submits it).
+    Within the token budget (`token_limit`, or the model's context when smaller): once the policy has
+    generated, text observed past the budget (a long tool output) is clipped and the episode is marked
+    `truncated`; the next `generate()` then raises `EpisodeTruncated`, which ends the rollout and keeps what
+    it has (the runner submits it).
     """
 
     def __init__(
@@ -177,8 +178,12 @@ class Session:
 
     @property
     def room(self) -> int | None:
-        """Tokens left within `token_limit` (None: no limit)."""
-        return None if self.token_limit is None else self.token_limit - len(self.tokens)
+        """Tokens left within `token_limit` and the model's context (the policy's `context_length`, once known;
+        None: no limit): text observed past the context is clipped there, not at a larger trainer budget,
+        where the next turn could not be sampled anyway."""
+        context = getattr(self.policy, "context_length", None)
+        limits = [n for n in (self.token_limit, context) if isinstance(n, int)]
+        return min(limits) - len(self.tokens) if limits else None
 
     @property
     def finish_reason(self) -> str | None:

@@ -330,3 +330,31 @@ def test_a_tool_that_hangs_is_stopped_at_its_timeout_and_the_model_told() -> Non
             "Error: hang took more than 0.05 s and was stopped."
         ]
         assert chat.session.tools["hang"]["failures"] == 1
+
+
+class SmallContext(Replies):
+    context_length = 900
+    """As OpenAIPolicy reads it from the server: the model's context, smaller than the trainer's budget."""
+
+
+def test_tool_output_is_clipped_to_the_model_s_context_not_the_trainer_s_budget() -> None:
+    """Issue 36: a 1,103-token tool output in a 900-token context was clipped to the trainer's 4,096 budget
+    (the next turn could never be sampled: the context was overfull). Now at the context, marked truncated."""
+
+    def dump() -> str:
+        """A long output."""
+        return "x" * 1103
+
+    policy = SmallContext([tool_call_text("hermes", "dump", {}) + "<|im_end|>", "never<|im_end|>"])
+    session = Session(policy, max_tokens=100, token_limit=4096)
+    chat = ChatSession(session, local_tokenizer(), tools=[dump])
+
+    async def go() -> None:
+        chat.add({"role": "user", "content": "Q: 12 * 34 ="})
+        with pytest.raises(EpisodeTruncated):
+            while True:
+                await chat.step()
+
+    asyncio.run(go())
+    assert len(session.tokens) == 900 and session.truncated
+    assert len(policy.sampled) == 1, "no turn sampled past the context"
