@@ -39,7 +39,7 @@ from rollout_client.errors import (
     RunFailed,
     failure_reason,
 )
-from rollout_client.execution import Execution
+from rollout_client.execution import Execution, spread_hint
 from rollout_client.failures import (
     ERROR_WINDOW,
     MAX_ERROR_RATE,
@@ -151,6 +151,8 @@ class RolloutRunner(Watching, Execution):
             raise ValueError("envs: give at least one (environment, task source) pair")
         for env, _ in envs:
             check_env(env, max_in_flight)
+            if (hint := spread_hint(env, max_in_flight, num_workers)) is not None:
+                log.warning("%s", hint)
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
