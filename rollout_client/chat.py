@@ -27,6 +27,7 @@ name is given.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import logging
@@ -39,7 +40,7 @@ from typing import Any, Literal, Protocol
 from rollout_client.env import Environment, Session, Task
 from rollout_client.policy import Completion
 from rollout_client.tool_calls import PARSERS, Malformed, Parsed, ToolCall
-from rollout_client.tools import BadArguments, Tool, as_tools, bind, call_tool
+from rollout_client.tools import TOOL_TIMEOUT_S, BadArguments, Tool, as_tools, bind, call_tool, valid_text
 
 log = logging.getLogger("rollout_client.chat")
 
@@ -94,8 +95,12 @@ class ChatSession:
         parser: str | Callable[[str], Parsed] = "hermes",
         template_kwargs: dict[str, Any] | None = None,
         calls_as: Literal["text", "tool_calls"] = "text",
+        tool_timeout: float | None = TOOL_TIMEOUT_S,
     ) -> None:
         self.session = session
+        self.tool_timeout = tool_timeout
+        """Bound on one tool call (a `Tool`'s own `timeout` wins): past it the model is told, the tool's
+        failure counted, and the rollout goes on."""
         self.tokenizer = tokenizer
         self.tools = as_tools(tools)
         self.schemas = [t.schema for t in self.tools.values()]
@@ -167,12 +172,15 @@ class ChatSession:
             if not self.session.truncated:  # (text clipped at the budget differs from the template's anyway)
                 self._mismatch("earlier turns re-rendered differently")
             base = self.render(self.messages[: self._rendered], False)
-            if not full.startswith(base):
+            if full.startswith(base):
+                delta = full[len(base) :]
+            elif (end := _end_of_old(base, full)) is not None:  # the template drops text of earlier turns
+                delta = full[end:]  # (Qwen 3 drops earlier reasoning): what it adds after them is the delta
+            else:
                 raise ChatTemplateError(
                     f"adding {len(self.messages) - self._rendered} message(s) changes how the template renders the "
                     "ones before them: the conversation cannot continue on the same tokens"
                 )
-            delta = full[len(base) :]
         self._rendered = len(self.messages)
         self._observe(delta)
 
@@ -270,11 +278,17 @@ class ChatSession:
         except BadArguments as exc:
             self.session.tool_record(tool.name)["malformed"] += 1
             return f"Error: bad arguments: {exc}", True
+        limit = tool.timeout if tool.timeout is not None else self.tool_timeout
         try:
             async with self.session.tool(tool.name):  # timed; an error is the tool's failure
-                return await call_tool(tool, bound), False
+                async with asyncio.timeout(limit) as deadline:
+                    return valid_text(await call_tool(tool, bound)), False
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            return f"Error: {tool.name} took more than {limit} s and was stopped.", False
         except Exception as exc:  # told to the model, like any tool output; cancellation still propagates
-            return f"Error: {type(exc).__name__}: {exc}", False
+            return valid_text(f"Error: {type(exc).__name__}: {exc}"), False
 
     async def step(self, max_tokens: int | None = None) -> AssistantTurn:
         """`generate()`, then `run_tools()` if the turn called any."""
@@ -290,6 +304,28 @@ class ChatSession:
             if m["role"] == "assistant":
                 return str(self.parse(m["content"]).content)
         return ""
+
+
+def _end_of_old(base: str, full: str) -> int | None:
+    """Where the earlier messages end in `full`, a rendering that changed them (dropped a turn's reasoning):
+    after the first occurrence, past where the two first differ, of the longest tail of `base` found there
+    (the last earlier message's closing, at least). None when not even its last character is found."""
+    c = 0
+    for a, b in zip(base, full, strict=False):
+        if a != b:
+            break
+        c += 1
+    tail, rest = base[c:], full[c:]
+    lo, hi = 0, len(tail)  # a tail found means every shorter tail is found: search its length by halves
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tail[len(tail) - mid :] in rest:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        return None
+    return c + rest.index(tail[len(tail) - lo :]) + lo
 
 
 @functools.lru_cache(maxsize=8)
@@ -313,6 +349,8 @@ class ChatEnvironment(Environment):
     max_turns: int = 8
     calls_as: Literal["text", "tool_calls"] = "text"
     """How calls go into the assistant message for the template (see `ChatSession.calls_as`)."""
+    tool_timeout: float | None = TOOL_TIMEOUT_S
+    """Bound on one tool call (see `ChatSession.tool_timeout`)."""
 
     def tokenizer(self) -> ChatTokenizer:
         if self.tokenizer_name is None:
@@ -334,7 +372,7 @@ class ChatEnvironment(Environment):
         if "chat" not in session.state:
             session.state["chat"] = ChatSession(session, self.tokenizer(), tools=self.tools(), parser=self.parser,
                                                 template_kwargs=self.template_kwargs(),
-                                                calls_as=self.calls_as)  # fmt: skip
+                                                calls_as=self.calls_as, tool_timeout=self.tool_timeout)  # fmt: skip
         chat: ChatSession = session.state["chat"]
         return chat
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 import uuid
 from collections.abc import Callable
 from types import TracebackType
@@ -23,7 +24,10 @@ from api.records import MSGPACK
 from api.schema import EnvRegistered, EnvStatus, Heartbeat, HeartbeatReply, Info, RegisterEnv, ScoredData, ScoredReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
+from client_core.outage import Outage
 from client_core.retry import RetryPolicy
+
+log = logging.getLogger("rollout_client")
 
 REGISTER_BACKOFF = RetryPolicy(deadline=0.0)
 """The backoff between registration attempts while the trainer has not started (their deadline is
@@ -79,6 +83,7 @@ class RolloutClient:
         """Submit msgpack when the server offers it (`content_types` in /info); JSON otherwise."""
         self.binary = False
         """True once /info advertised msgpack submissions (and `prefer_binary`)."""
+        self._outage = Outage(f"rollbuf server {base_url}", log)
 
     # ------------------------------------------------------------------------------------------- plumbing
 
@@ -98,7 +103,13 @@ class RolloutClient:
             policy = RetryPolicy(self.retry_deadline if deadline is None else deadline)
             async for attempt in policy.aretrying():
                 with attempt:
-                    return await self._send(method, path, **kwargs)
+                    try:
+                        reply = await self._send(method, path, **kwargs)
+                    except TransportError as exc:
+                        self._outage.failed(f"{method} {path}: {exc}")
+                        raise
+                    self._outage.answered()
+                    return reply
         except RetryError as exc:
             last = exc.last_attempt.exception()
             raise RetriesExhausted(f"{method} {path}: still failing after retrying: {last}") from last

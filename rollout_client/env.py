@@ -13,13 +13,14 @@ import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from api.schema import MASK_IGNORE
-from rollout_client.errors import EpisodeTruncated, PromptTooLong, TurnTimeout
+from rollout_client.errors import EpisodeTruncated, PromptTooLong, SetupTimeout, TurnTimeout
 from rollout_client.policy import Completion, Policy
+from rollout_client.tools import valid_text
 
 PROMPT_LOGPROB = 1.0
 """Logprob recorded at positions the policy did not sample (prompt, tool output), as Atropos handlers do."""
@@ -90,7 +91,15 @@ class Gate:
     async def close(self, timeout: float | None = None) -> bool:
         """Stop new requests and wait until none is in flight: True, or False once `timeout` s have passed
         with some still in flight (the gate stays closed)."""
+        self.shut()
+        return await self.drained(timeout)
+
+    def shut(self) -> None:
+        """Stop new requests now, without waiting: an `open()` after this wins, whatever waits on `drained`."""
         self._open.clear()
+
+    async def drained(self, timeout: float | None = None) -> bool:
+        """Wait until no request is in flight: True, or False after `timeout` s."""
         if timeout is None:
             await self._idle.wait()
             return True
@@ -116,9 +125,10 @@ class Gate:
 class Session:
     """One rollout's transcript. Each rollout gets its own session: no state leaks between rollouts.
 
-    Within the token budget (`token_limit`): once the policy has generated, text observed past the budget
-    (a long tool output) is clipped and the episode is marked `truncated`; the next `generate()` then
-    raises `EpisodeTruncated`, which ends the rollout and keeps what it has (the runner submits it).
+    Within the token budget (`token_limit`, or the model's context when smaller): once the policy has
+    generated, text observed past the budget (a long tool output) is clipped and the episode is marked
+    `truncated`; the next `generate()` then raises `EpisodeTruncated`, which ends the rollout and keeps what
+    it has (the runner submits it).
     """
 
     def __init__(
@@ -168,8 +178,12 @@ class Session:
 
     @property
     def room(self) -> int | None:
-        """Tokens left within `token_limit` (None: no limit)."""
-        return None if self.token_limit is None else self.token_limit - len(self.tokens)
+        """Tokens left within `token_limit` and the model's context (the policy's `context_length`, once known;
+        None: no limit): text observed past the context is clipped there, not at a larger trainer budget,
+        where the next turn could not be sampled anyway."""
+        context = getattr(self.policy, "context_length", None)
+        limits = [n for n in (self.token_limit, context) if isinstance(n, int)]
+        return min(limits) - len(self.tokens) if limits else None
 
     @property
     def finish_reason(self) -> str | None:
@@ -183,7 +197,7 @@ class Session:
 
         Once the policy has generated, whatever does not fit the token budget is cut off (the episode is
         then `truncated`); the prompt itself is never cut (a prompt too long skips the group)."""
-        return self.observe_tokens(await self.policy.tokenize(text))
+        return self.observe_tokens(await self.policy.tokenize(valid_text(text)))
 
     def observe_tokens(self, ids: list[int]) -> list[int]:
         """`observe` for text already tokenised (a chat template's turn): clipped to the budget as `observe`
@@ -292,6 +306,19 @@ class Session:
         return self.completions[-1].text if self.completions else ""
 
 
+async def enter_worker_setup(stack: AsyncExitStack, env: Environment) -> None:
+    """Enter `env.worker_setup()` on `stack` within `env.setup_timeout` (SetupTimeout past it)."""
+    try:
+        async with asyncio.timeout(env.setup_timeout) as deadline:
+            await stack.enter_async_context(env.worker_setup())
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise SetupTimeout(
+            f"worker_setup() of env {env.name!r} did not finish within setup_timeout={env.setup_timeout} s"
+        ) from None
+
+
 class Environment(ABC):
     """Subclass and set the class attributes; instances must pickle (they are sent to worker processes)."""
 
@@ -310,8 +337,10 @@ class Environment(ABC):
     min_group_size: int | None = None
     """Keep a group when at least this many of its rollouts succeed: the failed ones are left out (counted
     in `RunnerStats.rollouts_failed`) and the survivors submitted as one group. Fewer: the group fails.
-    None (default): every rollout must succeed. Below `group_size`, the runner registers the env with
-    `variable_group_size` so that the server queues such groups whole (never combined with other prompts)."""
+    None (default): half the group, at least 2 (`group.default_min_group_size`: a crash in one rollout of a
+    large group does not cost the other 63); `group_size` to require every rollout. Below `group_size`, the
+    runner registers the env with `variable_group_size` so that the server queues such groups whole (never
+    combined with other prompts)."""
     scores_each_rollout: bool = False
     """True when `score(task, session)` reads that rollout alone (no group-relative scoring, nothing shared
     across the group): the runner then schedules the rollouts one by one, spread over the worker processes,
@@ -323,6 +352,9 @@ class Environment(ABC):
     acquire_timeout: float | None = 300.0
     """How long a group (or a rollout run on its own) keeps retrying `resource()` that raises
     ResourceExhausted, with backoff, before it fails (`resource_timeout`)."""
+    setup_timeout: float | None = 120.0
+    """Bound on entering `worker_setup()` (a tool server that never comes up): past it the process cannot
+    start (SetupTimeout, naming the env): the run fails with it, not a silent stall."""
     variable_group_size: bool = False
     """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
     rollout that records 0 or several sequences with `Session.record_sequence`)."""

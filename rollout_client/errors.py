@@ -92,6 +92,10 @@ class WorkerFailed(ClientError):
     the message carries the worker's traceback."""
 
 
+class SetupTimeout(ClientError, TimeoutError):
+    """An environment's `worker_setup()` did not finish within its `setup_timeout`."""
+
+
 class GroupDropped(ClientError):
     """A group cancelled on purpose (a pause that ran out of time): dropped and counted under `reason`."""
 

@@ -30,6 +30,23 @@ if TYPE_CHECKING:
     from rollout_client.stats import RunnerStats
     from rollout_client.workers import WorkerPool
 
+
+def spread_hint(env: Environment, max_in_flight: int, num_workers: int) -> str | None:
+    """What to tell the user when a group run whole on one worker leaves workers idle: fewer of its groups
+    fit in `max_in_flight` than there are workers (G=64, 64 slots, 2 workers: one works, one waits). A
+    group's rollouts spread over the workers only when its env scores each rollout alone, which the runner
+    cannot see: the env must say so (`scores_each_rollout`)."""
+    if num_workers < 2 or env.scores_each_rollout:
+        return None
+    fit = max_in_flight // env.group_size
+    if fit >= num_workers:
+        return None
+    return (f"env {env.name!r}: a group of {env.group_size} rollouts runs on one worker and {fit} fit in "
+            f"max_in_flight={max_in_flight}, so {num_workers - fit} of {num_workers} workers wait; if score() reads "
+            "each rollout alone, set scores_each_rollout = True to spread a group's rollouts over the workers "
+            "(or raise max_in_flight)")  # fmt: skip
+
+
 WORKER_RETRIES = 3
 """A group whose worker died is run again on another worker this many times before it counts as failed."""
 

@@ -30,7 +30,7 @@ from rollout_client.errors import (
     failure_reason,
 )
 from rollout_client.policy import Policy
-from rollout_client.resources import acquire_backing_off
+from rollout_client.resources import acquire_backing_off, let_go, warn_unbounded_pool
 
 log = logging.getLogger("rollout_client.group")
 
@@ -162,8 +162,15 @@ async def release(stack: AsyncExitStack, error: BaseException, timeout: float | 
                     close_error)  # fmt: skip
 
 
-async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[list[Any], AsyncExitStack]:
+async def acquire_all(
+    cms: Sequence[AbstractAsyncContextManager[Any]],
+    release_timeout: float | None = RELEASE_S,
+    on_stuck: tuple[float, Callable[[int, int], None]] | None = None,
+) -> tuple[list[Any], AsyncExitStack]:
     """Enter every context manager concurrently; all succeed or none is held.
+
+    A cancellation (`stop()`, a stale group, a timeout) does not cut an acquire short: each one in progress
+    finishes (within `release_timeout`) and what it got is released, so a remote pool keeps no unit for it.
 
     On a failure the others are cancelled, whatever was entered is exited, and the first real error (not a
     cancellation it caused) is raised, with any error from the exits attached as notes. A ResourceExhausted
@@ -191,27 +198,39 @@ async def acquire_all(cms: Sequence[AbstractAsyncContextManager[Any]]) -> tuple[
     exhausted: list[ResourceExhausted] = []
 
     async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
+        entering = asyncio.ensure_future(cm.__aenter__())
         try:
-            value = await cm.__aenter__()
+            value = await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            await let_go(entering, cm, release_timeout)
+            raise
         except ResourceExhausted as exc:  # "not now": the others finish entering (a cancelled acquire could
             exhausted.append(exc)  # leave its resource taken at the pool), then all are released
             return
         entered[i] = value  # no await between entering and recording: a cancellation cannot lose it
         held.append(cm)
 
+    def stuck() -> None:
+        if on_stuck is not None and 0 < len(held) < len(cms):
+            on_stuck[1](len(held), len(cms))
+
+    watch = asyncio.get_running_loop().call_later(on_stuck[0] if on_stuck else math.inf, stuck)
     try:
         async with asyncio.TaskGroup() as tg:
             for i, cm in enumerate(cms):
                 tg.create_task(enter(i, cm))
+        watch.cancel()
         if exhausted:
             raise exhausted[0]
     except BaseExceptionGroup as group:
+        watch.cancel()
         real = first_error(group)
         await release(stack, real or group)
         if real is not None:
             raise real from None
         raise
     except BaseException as exc:
+        watch.cancel()
         await release(stack, exc)
         raise
     return [entered[i] for i in range(len(cms))], stack
@@ -266,10 +285,20 @@ class Transcript(Protocol):
     def finish_reason(self) -> str | None: ...
 
 
+def default_min_group_size(group_size: int) -> int:
+    """`min_group_size` unless set: half the group, and at least 2 (a group-relative advantage needs two).
+    A group then fails only when most of its rollouts do: at G=64 with 2% of rollouts crashing, all 64
+    succeed only 27% of the time, so "every rollout must succeed" failed 73% of groups and ended the run
+    (error rate 0.5); with half, a group fails about never, and the run's error rate follows the rollouts'
+    own once it passes one in two. Survivor groups are queued whole (`variable_group_size`), and the batcher
+    fills exact batches with them (issue 33's exact-fill search)."""
+    return min(group_size, max(2, math.ceil(group_size / 2)))
+
+
 def needed(env: Environment) -> int:
     """How many of a group's rollouts must succeed for it to be kept."""
     if env.min_group_size is None:
-        return env.group_size
+        return default_min_group_size(env.group_size)
     return max(1, min(env.group_size, env.min_group_size))
 
 
@@ -325,9 +354,14 @@ async def survive(runs: Sequence[Awaitable[T]], need: int) -> tuple[list[tuple[i
     return kept, dict(failures)
 
 
-async def acquire_resources(env: Environment, task: Task, n: int) -> tuple[list[Any], AsyncExitStack]:
+async def acquire_resources(
+    env: Environment, task: Task, n: int, release_timeout: float | None = RELEASE_S
+) -> tuple[list[Any], AsyncExitStack]:
     """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again."""
-    return await acquire_backing_off(lambda: acquire_all([env.resource(task) for _ in range(n)]), env.acquire_timeout)
+    on_stuck = warn_unbounded_pool(env)
+    return await acquire_backing_off(
+        lambda: acquire_all([env.resource(task) for _ in range(n)], release_timeout, on_stuck), env.acquire_timeout
+    )
 
 
 async def play(env: Environment, task: Task, session: Session, rollout_timeout: float | None) -> float:
@@ -385,7 +419,7 @@ async def run_group(
     """
     gate = gate or Gate()
     owner = asyncio.current_task()
-    resources, stack = await acquire_resources(env, task, env.group_size)
+    resources, stack = await acquire_resources(env, task, env.group_size, release_timeout)
     try:
         sessions = [
             Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
@@ -437,7 +471,7 @@ async def run_rollout(
     score, the release; the runner assembles the group from them (`assemble`). Bounded like `run_group`.
     `owner` (default: the current task) is what a pause that runs out of time cancels: the group's task."""
     gate = gate or Gate()
-    (resource,), stack = await acquire_resources(env, task, 1)
+    (resource,), stack = await acquire_resources(env, task, 1, release_timeout)
     try:
         session = Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
                           seed=rollout_seed(group_key, index), resource=resource, turn_timeout=turn_timeout,

@@ -196,9 +196,9 @@ class OpenAIPolicy:
     backoff until `retry_deadline` (and `max_attempts`, if set); another 4xx never is. `timeout` bounds one
     HTTP request; the runner's `turn_timeout` bounds a whole turn, retries included.
 
-    `breaker` opens on a connection failure and closes on the next reply; while it is open one probe
-    (GET /v1/models, with backoff) looks for the server, and `on_reachability(up)` is told of each change
-    (the runner holds dispatch meanwhile).
+    `breaker` opens on a connection failure and closes on the next reply; while it is open one probe (a
+    one-token completion, with backoff: the engine must answer, not only its API) looks for the server, and
+    `on_reachability(up)` is told of each change (the runner holds dispatch meanwhile).
     """
 
     def __init__(
@@ -227,6 +227,8 @@ class OpenAIPolicy:
         self.breaker = Breaker()
         self.on_reachability: Callable[[bool], None] | None = None
         self._probe: asyncio.Task[None] | None = None
+        self._probe_prompt: list[int] = [0]
+        """What the breaker's probe asks to continue: the first id of the last prompt sent (a valid id)."""
 
     def _reached(self) -> None:
         if self.breaker.success(time.monotonic()):
@@ -244,14 +246,17 @@ class OpenAIPolicy:
                 self._probe = asyncio.get_running_loop().create_task(self._probe_until_reached())
 
     async def _probe_until_reached(self) -> None:
-        """While the breaker is open: GET /v1/models with backoff until the server answers (whatever it says)."""
+        """While the breaker is open: a one-token completion, with backoff, until the engine answers it. Not
+        GET /v1/models: a server whose engine hangs still lists its models, and the breaker would flap
+        (reachable, unreachable, ...) until the outage ended the run."""
         policy = RetryPolicy(self.retry_deadline)
         attempt = 0
         while not self.breaker.closed:
             attempt += 1
             await asyncio.sleep(policy.delay(attempt, None))
+            body = {"model": self.model, "prompt": self._probe_prompt, "max_tokens": 1, "temperature": 0.0}
             try:
-                await self._http.get("/v1/models")
+                await self._http.post("/v1/completions", json=body)
             except httpx.TransportError:
                 continue
             self._reached()
@@ -318,6 +323,7 @@ class OpenAIPolicy:
     ) -> Completion:
         context = await self.context()
         budget = clip_max_tokens(len(prompt_ids), max_tokens, token_limit, context)
+        self._probe_prompt = prompt_ids[:1] or self._probe_prompt
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt_ids,

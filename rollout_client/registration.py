@@ -20,6 +20,8 @@ log = logging.getLogger("rollout_client.runner")
 
 T = TypeVar("T")
 
+WAIT_LOG_S = 30.0
+"""While an env waits to register (no trainer, or none has asked for its first batch), a log line this often."""
 REREGISTER_TRIES = 3
 """Submits of one group (or status reads) that find its env's registration gone (and register it again)
 before giving up."""
@@ -29,9 +31,21 @@ async def register(client: RolloutClient, env: Environment, wait_timeout: float 
     """Register `env` through `client`, waiting for the trainer up to `wait_timeout` s (None: forever). An
     env that keeps groups of survivors (`min_group_size` below `group_size`) registers `variable_group_size`:
     the server queues such a group whole instead of combining it with other prompts' groups."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    logged: float | None = None
+
+    def waiting(reason: str) -> None:  # a producer never waits silently: at once, then every WAIT_LOG_S
+        nonlocal logged
+        now = loop.time()
+        if logged is None or now - logged >= WAIT_LOG_S:
+            logged = now
+            log.warning("env %s: waiting to register (%.0f s so far): %s", env.name, now - started, reason)
+
     return await client.register(
         env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
         wait_timeout=wait_timeout, variable_group_size=env.variable_group_size or needed(env) < env.group_size,
+        on_wait=waiting,
     )  # fmt: skip
 
 

@@ -16,12 +16,19 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable
-from contextlib import AsyncExitStack
-from typing import Any
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import TYPE_CHECKING, Any
 
 from rollout_client.errors import ResourceExhausted, ResourceTimeout
 
+if TYPE_CHECKING:
+    from rollout_client.env import Environment
+
 log = logging.getLogger("rollout_client.resources")
+
+HOLD_WARN_S = 30.0
+"""A group that has held part of its resources this long, waiting for the rest, is reported (once per env and
+process) as the likely deadlock of a shared pool used without `max_resources`."""
 
 BACKOFF_S = 0.05
 """First wait after an "exhausted" answer; doubled per answer in a row, up to MAX_BACKOFF_S, jittered."""
@@ -112,3 +119,52 @@ class Capacity:
             self._waiters.popleft()
             self.used += n
             fut.set_result(None)
+
+
+async def let_go(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any], timeout: float | None) -> None:
+    """An acquire cancelled mid-way may already hold its unit (a remote pool took it; its answer is on the
+    way): let it finish, within `timeout`, and release what it got. Past `timeout` it is abandoned, logged."""
+    try:
+        done, _ = await asyncio.wait([entering], timeout=timeout)
+    except asyncio.CancelledError:
+        entering.cancel()
+        raise
+    if not done:
+        entering.cancel()
+        log.warning("a cancelled resource acquire did not finish within release_timeout=%s s: abandoned (the "
+                    "pool may still hold its unit)", timeout)  # fmt: skip
+        return
+    if entering.cancelled() or entering.exception() is not None:
+        return  # it holds nothing
+    exiting = asyncio.ensure_future(cm.__aexit__(None, None, None))
+    done, _ = await asyncio.wait([exiting], timeout=timeout)
+    if not done:
+        exiting.cancel()
+        log.warning("releasing a resource after a cancelled acquire took more than %s s: abandoned", timeout)
+    elif not exiting.cancelled() and (err := exiting.exception()) is not None:
+        log.warning("releasing a resource after a cancelled acquire: %s: %s", type(err).__name__, err)
+
+
+def warn_unbounded_pool(env: Environment) -> tuple[float, Callable[[int, int], None]] | None:
+    """For an env without `max_resources`: what warns, once per process, that a group has held part of its
+    resources for HOLD_WARN_S while waiting for the rest: the mark of a shared pool smaller than the rollouts
+    in flight, where groups holding parts of it wait for each other forever. The warning names the fix."""
+    if env.max_resources is not None:
+        return None
+
+    def warn(held: int, n: int) -> None:
+        if env.name in _warned_pools:
+            return
+        _warned_pools.add(env.name)
+        log.warning(
+            "env %r: a group has held %d of its %d resources for %.0f s, waiting for the rest: resource() seems to "
+            "draw from a shared pool smaller than the rollouts in flight, and groups that each hold part of it wait "
+            "for each other forever. Set max_resources = <the pool's capacity> on %s (the runner then admits a "
+            "group only when all its units are free), or raise ResourceExhausted from resource() when the pool is "
+            "full", env.name, held, n, HOLD_WARN_S, type(env).__name__,
+        )  # fmt: skip
+
+    return HOLD_WARN_S, warn
+
+
+_warned_pools: set[str] = set()

@@ -30,7 +30,7 @@ from api.schema import EnvRegistered, EnvStatus, Info
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
-from rollout_client.env import Environment, Gate, Task
+from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import (
     GroupDropped,
     Rejected,
@@ -39,7 +39,7 @@ from rollout_client.errors import (
     RunFailed,
     failure_reason,
 )
-from rollout_client.execution import Execution
+from rollout_client.execution import Execution, spread_hint
 from rollout_client.failures import (
     ERROR_WINDOW,
     MAX_ERROR_RATE,
@@ -152,6 +152,8 @@ class RolloutRunner(Watching, Execution):
             raise ValueError("envs: give at least one (environment, task source) pair")
         for env, _ in envs:
             check_env(env, max_in_flight)
+            if (hint := spread_hint(env, max_in_flight, num_workers)) is not None:
+                log.warning("%s", hint)
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
@@ -310,6 +312,7 @@ class RolloutRunner(Watching, Execution):
         self._running = True
         handled = stop_on_signals(self._loop, self.stop)
         deadline: float | None = None
+        cancelled = False
         try:
             try:
                 if await unless_stopped(self._stopping, self._start()):
@@ -324,15 +327,24 @@ class RolloutRunner(Watching, Execution):
                             await monitor
             except Exception as exc:  # whatever ends the run ends it through RunFailed and the shutdown
                 self._end(f"the runner failed: {type(exc).__name__}", exc)
+            except asyncio.CancelledError:  # wait_for(run(), T), a TaskGroup ended by an error beside it:
+                cancelled = True  # the same bounded shutdown, then the cancellation goes on
+                if (me := asyncio.current_task()) is not None:
+                    me.uncancel()  # the shutdown's own timeouts must not read as this cancellation
+                self._on_stop()
             deadline = self._loop.time() + self.shutdown_timeout
             await self._shutdown(deadline)
         finally:
+            if self.pool is not None and self.pool.workers:  # the shutdown itself was cancelled: no orphan
+                self.pool.kill()
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
             if deadline is None:
                 deadline = self._loop.time() + self.shutdown_timeout
             await disconnect_all(self.clients, deadline)
             self._running = False
+        if cancelled:
+            raise asyncio.CancelledError
         if self._error is not None:
             raise self._error
         return self.stats
@@ -358,7 +370,7 @@ class RolloutRunner(Watching, Execution):
         else:
             self._policy = make_policy(self.policy_spec)
             for env in self.envs:  # what this process's rollouts share, as a worker would set it up
-                await self._shared.enter_async_context(env.worker_setup())
+                await enter_worker_setup(self._shared, env)
             if hasattr(self._policy, "on_reachability"):  # OpenAIPolicy's circuit breaker
 
                 def changed(up: bool) -> None:

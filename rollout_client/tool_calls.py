@@ -41,6 +41,20 @@ class Parsed:
     calls: list[ToolCall | Malformed]
 
 
+MAX_DEPTH = "JSON nested too deeply to read"
+
+
+def _decode(text: str) -> tuple[Any, str | None]:
+    """`text` as JSON, or why not: a sampled call is untrusted (1,000 nested brackets overflow json's
+    recursion; that is a malformed call, not a failed rollout)."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON: {exc.msg} at character {exc.pos}"
+    except RecursionError:
+        return None, MAX_DEPTH
+
+
 def _call(obj: Any, args_key: str, text: str) -> ToolCall | Malformed:
     if not isinstance(obj, dict):
         return Malformed(text, f"a tool call is a JSON object, not {type(obj).__name__}")
@@ -49,20 +63,18 @@ def _call(obj: Any, args_key: str, text: str) -> ToolCall | Malformed:
         return Malformed(text, 'a tool call needs a "name" string')
     args = obj.get(args_key, obj.get("arguments", {}))
     if isinstance(args, str):  # some models send the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError as exc:
-            return Malformed(text, f'"{args_key}" is not valid JSON: {exc.msg}')
+        args, error = _decode(args)
+        if error is not None:
+            return Malformed(text, f'"{args_key}" is {error}')
     if not isinstance(args, dict):
         return Malformed(text, f'"{args_key}" must be a JSON object')
     return ToolCall(name, args)
 
 
 def _loads(text: str, args_key: str) -> ToolCall | Malformed:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return Malformed(text, f"not valid JSON: {exc.msg} at character {exc.pos}")
+    obj, error = _decode(text)
+    if error is not None:
+        return Malformed(text, error)
     return _call(obj, args_key, text)
 
 
@@ -102,10 +114,9 @@ def parse_mistral(text: str) -> Parsed:
     if at < 0:
         return Parsed(text.strip(), [])
     content, body = text[:at].strip(), text[at + len(_MISTRAL) :].strip()
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return Parsed(content, [Malformed(body, f"not valid JSON: {exc.msg} at character {exc.pos}")])
+    obj, error = _decode(body)
+    if error is not None:
+        return Parsed(content, [Malformed(body, error)])
     items = obj if isinstance(obj, list) else [obj]
     return Parsed(content, [_call(item, "arguments", json.dumps(item)) for item in items])
 

@@ -95,12 +95,30 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": fn.__name__, "description": description, "parameters": parameters}}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+TOOL_TIMEOUT_S = 60.0
+"""Default bound on one call of an async tool: past it the call is cancelled and the model told so."""
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate (a tool echoing bytes decoded with `surrogateescape`, a bad
+    JSON escape) cannot be tokenised, and would fail the rollout; it becomes "\ufffd"."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
 @dataclass(frozen=True)
 class Tool:
-    """A function the model may call, with the schema it is shown (`tool_schema(fn)` unless given)."""
+    """A function the model may call, with the schema it is shown (`tool_schema(fn)` unless given). `timeout`
+    bounds one call of an async tool (None: the chat session's `tool_timeout`); a sync tool runs on the event
+    loop and cannot be cut short: make a slow one async (`asyncio.to_thread`)."""
 
     fn: Callable[..., Any]
     schema: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not self.schema:

@@ -305,8 +305,7 @@ class VerifiersEnvironment(Environment):
         finally:
             self.live.pop(key, None)
         failure = episode_failure(episode)
-        # The first rule: a failed episode fails its group. Once the runner has `min_group_size` (a group
-        # keeps its survivors), this raise fails only this rollout: no change here.
+        # A failed episode fails this rollout; its group keeps the others while `min_group_size` of them succeed.
         if failure is not None:
             raise EpisodeFailed(failure, failure_detail(episode))
         mapped = map_episode(episode, session.token_limit)

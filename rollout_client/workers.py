@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from rollout_client.env import Environment, Gate, Task
+from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import GroupDropped, WorkerDied, WorkerFailed
 from rollout_client.group import GroupOutcome, Limits, Rollout, bounded_close, exited, run_group, run_rollout
 from rollout_client.ipc import Channel, ChannelClosed
@@ -149,7 +149,7 @@ async def _serve(
     try:
         policy = make_policy(spec)
         for env in envs:
-            await shared.enter_async_context(env.worker_setup())
+            await enter_worker_setup(shared, env)
     except BaseException as exc:  # the parent carries it in the run's error (it is not only on stderr)
         send(("fatal", portable(exc if isinstance(exc, Exception) else exited(exc))))
         await bounded_close(shared, limits.release_timeout)
@@ -201,8 +201,8 @@ async def _serve(
             jobs.pop(job, None)
 
     async def pause(token: int, timeout: float | None) -> None:
-        drained = await gate.close(timeout)
-        if not drained:
+        drained = await gate.drained(timeout)  # shut when the message came: a "resume" read since has opened it
+        if not drained and not gate.is_open:
             cancelled = []
             for job, t in list(jobs.items()):
                 if t in gate.holders():
@@ -223,7 +223,8 @@ async def _serve(
             jobs[msg[1]] = loop.create_task(run(*msg[1:]))
         elif kind == "cancel" and msg[1] in jobs:
             jobs[msg[1]].cancel()
-        elif kind == "pause":
+        elif kind == "pause":  # shut in message order: a "resume" right behind it (a replacement started
+            gate.shut()  # during a pause reads both at once) must leave the gate open, not closed for good
             loop.create_task(pause(msg[1], msg[2]))
         elif kind == "resume":
             gate.open()
@@ -255,6 +256,8 @@ class _Worker:
     """Why it is being replaced (it gets no new group), or None."""
     fatal: BaseException | None = None
     """What it failed to start with (its policy factory's error)."""
+    pausing: set[int] = field(default_factory=set)
+    """Tokens of the pauses sent to it and not yet answered."""
     started: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its policy is built (or it failed to start, or it exited)."""
 
@@ -379,6 +382,7 @@ class WorkerPool:
             self._in_background(self.retire(worker, msg[1], now=msg[1] == MEMORY_ERROR))
             return
         if kind == "paused":
+            worker.pausing.discard(msg[1])
             fut = self._paused.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_result(bool(msg[2]))
@@ -456,10 +460,10 @@ class WorkerPool:
                 died = WorkerDied(what)
                 died.__cause__ = worker.fatal
                 fut.set_exception(died)
-        for token, fut_p in list(self._paused.items()):
-            if not fut_p.done():
+        for token in worker.pausing:  # its own pauses only: the others' workers still answer theirs
+            fut_p = self._paused.pop(token, None)
+            if fut_p is not None and not fut_p.done():
                 fut_p.set_result(True)  # a dead worker generates nothing
-            self._paused.pop(token, None)
         self.on_change()
         if self.closing or worker.retiring:
             return  # a retired worker's replacement is already started
@@ -546,6 +550,7 @@ class WorkerPool:
             token = next(self._ids)
             fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._paused[token] = fut
+            w.pausing.add(token)
             try:
                 w.channel.send(("pause", token, timeout))
             except ChannelClosed:
@@ -568,6 +573,20 @@ class WorkerPool:
                 w.channel.send(("resume",))
             except ChannelClosed:
                 pass
+
+    def kill(self) -> None:
+        """Kill every worker by pid at once, without awaiting: the last resort of a shutdown that was itself
+        cancelled (a worker ignores SIGTERM, so multiprocessing's exit hook would wait for it forever)."""
+        self.closing = True
+        for w in list(self.workers):
+            if w.process.is_alive() and w.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.process.pid, signal.SIGKILL)
+            w.process.join(1.0)
+            self.exitcodes.append(w.process.exitcode)
+            if w.reader is not None:
+                w.reader.cancel()
+            self.workers.remove(w)
 
     async def close(self, timeout: float = STOP_GRACE_S) -> None:
         """Stop every worker: ask, wait up to `timeout`, then kill by pid (workers ignore SIGTERM)."""

@@ -32,8 +32,10 @@ with `chat_stop` (default: the family's own end-of-turn token). GET /stats count
 It also serves a capped sandbox pool, as an environment server would (POST /sandbox/acquire, /release,
 /open, /close): `sandboxes` N is its capacity (default 8); with `sandbox_exhausted` true an acquire past it
 answers 429 `{"error": "exhausted"}` at once, else it waits until one is released (a blocking pool). Counted
-in /stats: `sandbox_acquired`, `sandbox_exhausted`, `sandbox_max_held`, and `sandbox_opened` /
-`sandbox_closed` (per-process clients of the pool saying hello and goodbye).
+in /stats: `sandbox_acquired`, `sandbox_exhausted`, `sandbox_max_held`, `sandbox_held` (now), and
+`sandbox_opened` / `sandbox_closed` (per-process clients of the pool saying hello and goodbye). With
+`sandbox_delay` S an acquire takes its sandbox, then answers S seconds later (a client that gives up
+meanwhile leaves it held unless it waits for the answer and releases it).
 
     python -m tests.fake_vllm --port 8001
 """
@@ -102,7 +104,7 @@ def create_app() -> Starlette:
                               "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
                               "null_logprob_marker": None, "nan_logprob_marker": None,
                               "overlong_marker": None, "chat": None, "chat_stop": None,
-                              "sandboxes": 8, "sandbox_exhausted": False,
+                              "sandboxes": 8, "sandbox_exhausted": False, "sandbox_delay": 0.0,
                               "generate_echo": False, "generate_text": None, "weights": None,
                               "latency": 0.0}  # fmt: skip
     stats: Counter[str] = Counter()
@@ -196,12 +198,16 @@ def create_app() -> Starlette:
             sandbox = stats["sandbox_acquired"]
             held.add(sandbox)
             stats["sandbox_max_held"] = max(stats["sandbox_max_held"], len(held))
+            stats["sandbox_held"] = len(held)
+        if faults["sandbox_delay"]:  # taken, the reply still on its way: a client that gives up now leaks it
+            await asyncio.sleep(faults["sandbox_delay"])
         return JSONResponse({"id": sandbox})
 
     async def sandbox_release(request: Request) -> JSONResponse:
         body = await request.json()
         async with released:
             held.discard(body["id"])
+            stats["sandbox_held"] = len(held)
             released.notify_all()
         return JSONResponse({"held": len(held)})
 

@@ -123,7 +123,12 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
             async for attempt in self.endpoint.retry_for(kwargs["timeout"]).aretrying(reraise=True):
                 tries = attempt.retry_state.attempt_number
                 with attempt:
-                    reply = await self._http.request(method, self.base_url + path, headers=headers, **kwargs)
+                    try:
+                        reply = await self._http.request(method, self.base_url + path, headers=headers, **kwargs)
+                    except httpx.TransportError as exc:
+                        self._outage.failed(f"{method} {path}: {type(exc).__name__}: {exc}")
+                        raise
+                    self._outage.answered()
                     if reply.status_code >= 400 and not (answer is not None and answer(reply)):
                         raise error_for(reply, step)
                     return reply

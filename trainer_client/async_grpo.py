@@ -14,6 +14,7 @@ import copy
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -29,6 +30,30 @@ log = logging.getLogger("trainer_client")
 TESTED_TRL = ("1.16",)
 """TRL releases whose async GRPO seam (`RolloutWorkerProtocol`, `WeightTransferProtocol`, `RolloutSample`, the
 fixed-count batcher) this module was tested with."""
+SUPPORTED_TRL = ((1, 16), (1, 18))
+"""[from, to): the releases with that seam, as the `trl` extra pins them (`trl>=1.16,<1.18`). TRL 1.18 removed
+the `rollout_worker=` / `weight_transfer=` arguments and the experimental modules this adapter imports."""
+
+
+def check_trl_version(trl_version: str) -> None:
+    """Misaligned, naming the supported range, for a TRL release outside it."""
+    m = re.match(r"(\d+)\.(\d+)", trl_version)
+    at = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    low, high = SUPPORTED_TRL
+    if at >= high:
+        raise Misaligned(
+            f"trl {trl_version}: TRL 1.18 removed the AsyncGRPOTrainer's rollout_worker= / weight_transfer= seam "
+            "(and the trl.experimental.async_grpo modules) this adapter plugs into; install 'trl>=1.16,<1.18' "
+            "(pip install 'rollbuf[trl]')"
+        )
+    if at < low:
+        raise Misaligned(f"trl {trl_version} predates the async GRPO seam this adapter uses; install "
+                         "'trl>=1.16,<1.18' (pip install 'rollbuf[trl]')")  # fmt: skip
+    if not trl_version.startswith(TESTED_TRL):
+        log.warning("trl %s: within the supported range (>=1.16,<1.18) but not the tested release (%s.x)",
+                    trl_version, ", ".join(TESTED_TRL))  # fmt: skip
+
+
 STATE_FILE = "rollbuf_state.json"
 """Written into each checkpoint: the rollbuf step it resumes at, and the run's starting step."""
 
@@ -50,10 +75,7 @@ def align(
     """Check (and, for the staleness bound, set) `args`, an `AsyncGRPOConfig`, against the rollbuf run; raise
     `Misaligned` naming what to change. Staleness stays rollbuf's job: TRL's `max_staleness` is set above
     rollbuf's (counted in weight syncs), so TRL drops nothing rollbuf already let through."""
-    trl_version = version("trl")
-    if not trl_version.startswith(TESTED_TRL):
-        raise Misaligned(f"trl {trl_version} is not a tested release ({', '.join(TESTED_TRL)}.x): its async GRPO seam "
-                         "may differ; install rollbuf[trl]")  # fmt: skip
+    check_trl_version(version("trl"))
     if max_batch_tokens is not None:
         raise Misaligned(
             "the rollbuf run is token-budgeted (max_batch_tokens): its batches hold varying numbers of sequences, "

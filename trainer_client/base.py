@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Generic, TypeVar
 
 import httpx
 
 from client_core.config import DEFAULT_TIMEOUT, RETRY_DEADLINE_S
+from client_core.outage import Outage
 from trainer_client.protocol import Endpoint
+
+log = logging.getLogger("trainer_client")
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
@@ -30,6 +34,8 @@ class BaseTrainerClient(Generic[H]):
                                       retry_deadline, tries)  # fmt: skip
         self.base_url, self.timeout = self.endpoint.base_url, self.endpoint.timeout
         self._own = http_client is None
+        self._outage = Outage(f"rollbuf server {self.base_url}", log)
+        """Logged while the server does not answer (the retries are silent), and when it answers again."""
         """The client's own http client is closed with it; one passed in is the caller's."""
         self._http: H = http_client or self._default_http()
 

@@ -178,3 +178,18 @@ def test_each_weight_sync_is_announced_to_rollbuf_at_its_step(url: str) -> None:
     quiet = RollbufRolloutWorker(rb, start_step=10, announce_weights=False, convert=SAMPLE)
     quiet.update_model_version(9)
     assert rb.status().weights_step == 14
+
+
+def test_align_names_the_supported_trl_releases() -> None:
+    """Issue 36: TRL 1.18 removed the rollout_worker= / weight_transfer= seam; align() says so by name."""
+    from trainer_client.async_grpo import Misaligned, check_trl_version
+
+    check_trl_version("1.16.0")
+    check_trl_version("1.17.2")  # in the pinned range, not the tested release: a warning only
+    for too_new in ("1.18.0", "2.0.1"):
+        with pytest.raises(
+            Misaligned, match=r"TRL 1\.18 removed .*rollout_worker= / weight_transfer=.*trl>=1\.16,<1\.18"
+        ):
+            check_trl_version(too_new)
+    with pytest.raises(Misaligned, match="predates"):
+        check_trl_version("1.15.3")

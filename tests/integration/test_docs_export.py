@@ -43,3 +43,18 @@ def test_the_export_example_runs_as_written(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     assert re.fullmatch(r"6 steps, \d+ groups dropped, \d+ sequences trained on\n", ran.stdout), ran.stdout
     assert (tmp_path / "run-mix.png").stat().st_size > 10_000
+
+
+def test_the_export_columns_the_page_names_are_the_files_columns() -> None:
+    """Issue 36: docs/ledger.md named `id` and `reason` for groups.parquet, which has `group` and `drop_reason`.
+    Each file's row of the page's table names exactly its columns, in order (what is in parentheses explains)."""
+    from api.export.table import groups_schema, sequences_schema, steps_schema
+
+    text = (ROOT / "docs" / "ledger.md").read_text()
+    for name, schema in (("sequences", sequences_schema()), ("groups", groups_schema()), ("steps", steps_schema())):
+        [row] = [line for line in text.splitlines() if line.startswith(f"| `{name}.parquet` |")]
+        cell = row.rstrip(" |").rsplit(" | ", 1)[1]
+        while re.search(r"\([^()]*\)", cell):
+            cell = re.sub(r"\([^()]*\)", "", cell)
+        named = [n for n in re.findall(r"`([a-z_]+)`", cell)]
+        assert named == schema.names, f"{name}.parquet: the page names {named}, the file has {schema.names}"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_client import ResourceExhausted, RolloutRunner, ScriptedPolicy, Session, Task, Tasks
+from rollout_client import ResourceExhausted, RolloutRunner, ScriptedPolicy, Session, Task, Tasks, resources
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.policy import stable_unit
 from tests.fake_vllm import fake_vllm
@@ -78,6 +78,24 @@ async def test_two_percent_crashing_rollouts_at_g64_keep_the_survivors_queued_wh
         st = status(server.url)
         assert st["held_groups"] == 0, "partial groups are queued whole, never side-buffered"
         assert (st["queue_size"], st["queued_sequences"]) == (12, 12 * 64 - crashed)
+
+
+@dataclass
+class CrashingOnDefaults(Crashing):
+    name: str = "crashing"
+    min_group_size: int | None = None
+
+
+async def test_on_defaults_2_percent_crashing_rollouts_at_g64_do_not_end_the_run(tmp_path: Path) -> None:
+    """Issue 36: without min_group_size, every rollout had to succeed: 73% of G=64 groups failed at 2% of
+    rollouts crashing and the run ended (RunFailed past the error rate). The default keeps half the group."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=64 * 4)
+        runner = RolloutRunner(server.url, [(CrashingOnDefaults(), Tasks(arithmetic_task))],
+                               ScriptedPolicy(arithmetic_script), max_in_flight=128, error_window=8)  # fmt: skip
+        stats = await finish(runner.run(max_groups=12))
+        assert stats.accepted == 12 and not stats.failed and stats.error_rate == 0.0
+        assert stats.rollouts_failed["crashing"]["env_error"] > 0 and stats.partial_groups > 0
 
 
 @dataclass
@@ -319,3 +337,58 @@ async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pyt
             await finish(task)
         told = [r for r in caplog.records if "the server can form no batch" in r.getMessage()]
         assert len(told) == 1, told
+
+
+@pytest.mark.parametrize("how", ["stop", "group_timeout"])
+async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: Path, how: str) -> None:
+    """Issue 36: the pool takes a sandbox, then answers a second later; the group is cancelled meanwhile
+    (`stop()` with a worker process, or `group_timeout` in process). Before: the cancelled request's sandbox
+    stayed held at the pool (8 of 8 after a stop); now each acquire in progress finishes and is released."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+        pool.control(sandbox_delay=1.0)
+        start_trainer(server.url, batch_size=8)
+        env = Sandboxed(pool_url=pool.url, max_resources=8)
+        if how == "stop":
+            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                                   max_in_flight=8, num_workers=1)  # fmt: skip
+            run = asyncio.create_task(runner.run())
+            await until(
+                lambda: pool.stats().get("sandbox_acquired", 0) >= 8, "the pool to take the first group's units"
+            )
+            runner.stop()
+            await finish(run)
+        else:
+            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                                   max_in_flight=8, group_timeout=0.5, max_error_rate=None)  # fmt: skip
+            stats = await finish(runner.run(max_groups=2))
+            assert stats.failed["sandboxed"]["group_timeout"] == 2
+        seen = pool.stats()
+        assert seen["sandbox_acquired"] >= 8
+        assert seen["sandbox_held"] == 0, f"{seen['sandbox_held']} of {seen['sandbox_acquired']} sandboxes leaked"
+
+
+async def test_a_shared_pool_used_without_max_resources_is_named_in_a_warning_with_the_fix(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: the docs' Sandboxed env without max_resources on a blocking pool of 8, G=8, 16 in flight: two
+    groups each hold part of the pool and wait for the rest. Before: a silent deadlock (no error, no log); now
+    a warning names the env and the fix (max_resources) once a group has held part of its units too long."""
+    monkeypatch.setattr(resources, "HOLD_WARN_S", 1.0)
+    resources._warned_pools.clear()
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+        start_trainer(server.url, batch_size=8)
+        env = Sandboxed(pool_url=pool.url)
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=16, release_timeout=1.0)  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        try:
+            await until(lambda: "max_resources" in caplog.text, "the warning")
+        finally:
+            runner.stop()
+            await finish(run)
+        [record] = [r for r in caplog.records if "max_resources" in r.getMessage()]
+        assert record.levelname == "WARNING"
+        assert (
+            "env 'sandboxed'" in record.getMessage()
+            and "Set max_resources = <the pool's capacity> on Sandboxed" in (record.getMessage())
+        )

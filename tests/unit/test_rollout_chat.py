@@ -28,6 +28,7 @@ from rollout_client.chat_examples import (
 )
 from rollout_client.env import PROMPT_LOGPROB
 from rollout_client.policy import clip_max_tokens
+from rollout_client.tools import Tool
 
 
 class Replies:
@@ -262,3 +263,98 @@ def test_any_object_with_a_chat_template_will_do() -> None:
     check_masks(chat, policy)
     assert chat.mismatches == 0 and chat.session.tokens == the_template_renders(chat)
     assert [m["content"] for m in chat.messages if m["role"] == "tool"] == ["RESULT 3"]
+
+
+class Qwen3Like(ChatML):
+    """Qwen 3's rule: an assistant turn before the last user message is rendered without its reasoning."""
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kw: Any) -> str:
+        last_user = max((i for i, m in enumerate(conversation) if m["role"] == "user"), default=-1)
+        out = ""
+        for i, m in enumerate(conversation):
+            content = m["content"]
+            if m["role"] == "assistant" and i < last_user and "</think>" in content:
+                content = content.split("</think>", 1)[1].lstrip("\n")
+            out += f"<|im_start|>{m['role']}\n{content}<|im_end|>\n"
+        return out + ("<|im_start|>assistant\n" if kw.get("add_generation_prompt") else "")
+
+
+def test_a_template_that_drops_earlier_reasoning_is_flagged_not_an_error() -> None:
+    """Issue 36: a second user message makes a Qwen 3-style template drop the first answer's reasoning. Before:
+    ChatTemplateError, every multi-user-turn rollout failed; now the turn is flagged, the sampled tokens kept,
+    and the new user turn is what the template adds after the earlier ones."""
+    policy = Replies(["<think>\nsum it\n</think>\n\n408<|im_end|>", "<think>\nagain\n</think>\n\n409<|im_end|>"])
+    chat = ChatSession(Session(policy, max_tokens=400), Qwen3Like())
+
+    async def go() -> None:
+        chat.add({"role": "user", "content": "Q: 12 * 34 ="})
+        await chat.step()
+        chat.add({"role": "user", "content": "And plus one?"})
+        await chat.step()
+
+    asyncio.run(go())
+    check_masks(chat, policy)
+    assert chat.mismatches == 1 and [t["template_mismatch"] for t in chat.session.turns] == [0, 1]
+    text = ByteChatCodec.decode(chat.session.tokens)
+    assert text.endswith("408<|im_end|>\n<|im_start|>user\nAnd plus one?<|im_end|>\n<|im_start|>assistant\n"
+                         "<think>\nagain\n</think>\n\n409<|im_end|>\n")  # fmt: skip
+    assert text.count("sum it") == 1, "the sampled reasoning is kept in the tokens"
+
+
+def test_a_lone_surrogate_in_tool_output_does_not_fail_the_rollout() -> None:
+    """Issue 36: a tool echoing undecodable bytes (`surrogateescape`) returned a lone surrogate; tokenising it
+    raised and failed the rollout. Now it reaches the model as U+FFFD."""
+
+    def echo(text: str) -> str:
+        """Echo."""
+        return b"caf\xe9".decode("utf-8", "surrogateescape") + text
+
+    chat, policy = run([tool_call_text("hermes", "echo", {"text": "!"}) + "<|im_end|>", "ok<|im_end|>"], [echo])
+    check_masks(chat, policy)
+    assert [m["content"] for m in chat.messages if m["role"] == "tool"] == ["caf\ufffd!"]
+
+
+def test_a_tool_that_hangs_is_stopped_at_its_timeout_and_the_model_told() -> None:
+    """Issue 36: there was no per-tool timeout (a hung tool held the rollout until rollout_timeout). Now the
+    call is cancelled at `tool_timeout` (or the tool's own `timeout`), told to the model, counted as a failure."""
+
+    async def hang() -> str:
+        """Never answers."""
+        await asyncio.Event().wait()
+        return ""
+
+    for kw, tools in (({"tool_timeout": 0.05}, [hang]), ({}, [Tool(hang, timeout=0.05)])):
+        chat, policy = run([tool_call_text("hermes", "hang", {}) + "<|im_end|>", "ok<|im_end|>"], tools, **kw)
+        check_masks(chat, policy)
+        assert [m["content"] for m in chat.messages if m["role"] == "tool"] == [
+            "Error: hang took more than 0.05 s and was stopped."
+        ]
+        assert chat.session.tools["hang"]["failures"] == 1
+
+
+class SmallContext(Replies):
+    context_length = 900
+    """As OpenAIPolicy reads it from the server: the model's context, smaller than the trainer's budget."""
+
+
+def test_tool_output_is_clipped_to_the_model_s_context_not_the_trainer_s_budget() -> None:
+    """Issue 36: a 1,103-token tool output in a 900-token context was clipped to the trainer's 4,096 budget
+    (the next turn could never be sampled: the context was overfull). Now at the context, marked truncated."""
+
+    def dump() -> str:
+        """A long output."""
+        return "x" * 1103
+
+    policy = SmallContext([tool_call_text("hermes", "dump", {}) + "<|im_end|>", "never<|im_end|>"])
+    session = Session(policy, max_tokens=100, token_limit=4096)
+    chat = ChatSession(session, local_tokenizer(), tools=[dump])
+
+    async def go() -> None:
+        chat.add({"role": "user", "content": "Q: 12 * 34 ="})
+        with pytest.raises(EpisodeTruncated):
+            while True:
+                await chat.step()
+
+    asyncio.run(go())
+    assert len(session.tokens) == 900 and session.truncated
+    assert len(policy.sampled) == 1, "no turn sampled past the context"

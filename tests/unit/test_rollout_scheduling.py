@@ -178,3 +178,18 @@ async def test_exhausted_past_the_timeout_is_a_resource_timeout() -> None:
     with pytest.raises(ResourceTimeout) as info:
         await acquire_backing_off(lambda: acquire_all([Slot([], 10**6)]), timeout=0.2)
     assert isinstance(info.value.__cause__, ResourceExhausted)
+
+
+@given(st.integers(1, 128), st.integers(1, 512), st.integers(0, 8), st.booleans())
+def test_the_user_is_told_when_whole_groups_leave_workers_idle(g: int, slots: int, workers: int, each: bool) -> None:
+    """Issue 36: G=64 on 64 slots and 2 workers pinned one worker, silently. The hint comes exactly when fewer
+    groups fit than there are workers, names the env and the setting that spreads a group."""
+    from rollout_client.examples import Arithmetic
+    from rollout_client.execution import spread_hint
+
+    env = Arithmetic(name="big", group_size=g)
+    env.scores_each_rollout = each
+    hint = spread_hint(env, slots, workers)
+    assert (hint is not None) == (workers >= 2 and not each and slots // g < workers)
+    if hint is not None:
+        assert "env 'big'" in hint and "scores_each_rollout = True" in hint

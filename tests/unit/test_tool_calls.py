@@ -76,3 +76,16 @@ def test_calls_that_cannot_be_read_say_why() -> None:
     assert parse_llama3('<|python_tag|>{"name": "f", "parameters": {"s": "a;b"}}').calls == [
         ToolCall("f", {"s": "a;b"})
     ]
+
+
+def test_a_thousand_nested_brackets_are_a_malformed_call_not_a_recursion_error() -> None:
+    """Issue 36: json's parser recurses per bracket; a sampled call 1,000 deep raised RecursionError out of
+    every parser (the rollout failed). Now it is a malformed call, told to the model."""
+    deep = "[" * 1000 + "]" * 1000
+    nested = '{"name": "f", "arguments": ' + deep + "}"
+    for parsed in (parse_hermes(f"<tool_call>{nested}</tool_call>"), parse_llama3(nested),
+                   parse_mistral(f"[TOOL_CALLS]{deep}")):  # fmt: skip
+        [call] = parsed.calls
+        assert isinstance(call, Malformed) and "nested too deeply" in call.error
+    [call] = parse_hermes('<tool_call>{"name": "f", "arguments": ' + json.dumps(deep) + "}</tool_call>").calls
+    assert isinstance(call, Malformed) and "nested too deeply" in call.error
