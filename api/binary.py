@@ -102,14 +102,30 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
         floats=floats,
         meta=meta,
     )
-    canonical = (
-        policy_step is not None
-        and tuple(m) == RECORD_KEYS
+    stored_form = (
+        tuple(m) == RECORD_KEYS
         and version == version_of(floats)
         and all(len(m[name]) == floats[name].nbytes for name in floats)  # no float64 that float32 holds
         and raw_meta == meta
     )
-    return BinaryGroup(record, raw if canonical else encode(record), canonical, policy_step)
+    if stored_form and policy_step is not None:
+        return BinaryGroup(record, raw, True, policy_step)
+    payload = _stamped(raw, current_step) if stored_form else None
+    return BinaryGroup(record, encode(record) if payload is None else payload, False, policy_step)
+
+
+_NIL_STEP = msgpack.packb("policy_step") + b"\xc0"
+
+
+def _stamped(raw: bytes, step: int) -> bytes | None:
+    """A record in the stored form but for a nil `policy_step` (Atropos handlers send none), with the step
+    written in: a splice, not a re-encoding of the whole group. Its keys are in `RECORD_KEYS` order, so the
+    first match is the key itself (only `v` and `env_id`, two small ints, come before it)."""
+    at = raw.find(_NIL_STEP)
+    if at < 0:
+        return None
+    cut = at + len(_NIL_STEP) - 1
+    return b"".join((raw[:cut], msgpack.packb(step), raw[cut + 1 :]))
 
 
 def _float_field(m: dict[str, Any], name: str, total: int, lengths: np.ndarray) -> np.ndarray:

@@ -254,6 +254,7 @@ def run(sides: list[str], rounds: int, seconds: float, base: Path | None) -> lis
                     for w in WORKLOADS:  # a fresh server per workload: no queue depth carried over
                         with contextlib.ExitStack() as dbs, _server(side, tmp, cwd, dbs) as target:
                             row = measure(target, w, seconds, tmp if side == "sqlite" else None)
+                        label = label if side != "sink" else "-"
                         row = {"bench": "limit", "round": rnd, "side": side, "checkout": label, **row}
                         print(json.dumps(row), flush=True)
                         out.append(row)
