@@ -24,6 +24,7 @@ from api.records import (
     META_FIELDS,
     RECORD_KEYS,
     VERSIONS,
+    Buffer,
     GroupRecord,
     encode,
     narrowest,
@@ -50,19 +51,19 @@ def check_body(
     """A /scored_data body (one record) or /scored_data_list body (an array of them), every group checked;
     errors are located in the request (`["body", i, field]` in a list)."""
     try:
-        parts = split_records(raw, array=many)
+        parts = split_records(memoryview(raw), array=many)  # views: a record is copied once, into its payload
     except ValueError as exc:
         raise InvalidData(("body",), str(exc)) from None
     groups = []
     for i, part in enumerate(parts):
         try:
-            groups.append(check_record(bytes(part), env_ids=env_ids, current_step=current_step, limits=limits))
+            groups.append(check_record(part, env_ids=env_ids, current_step=current_step, limits=limits))
         except InvalidData as exc:
             raise (exc.at("body", i) if many else exc.at("body")) from None
     return groups
 
 
-def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limits: GroupLimits) -> BinaryGroup:
+def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, limits: GroupLimits) -> BinaryGroup:
     """Validate one record's bytes; raise InvalidData located relative to the record."""
     try:
         m = msgpack.unpackb(raw, raw=False)
@@ -102,14 +103,30 @@ def check_record(raw: bytes, *, env_ids: Container[int], current_step: int, limi
         floats=floats,
         meta=meta,
     )
-    canonical = (
-        policy_step is not None
-        and tuple(m) == RECORD_KEYS
+    stored_form = (
+        tuple(m) == RECORD_KEYS
         and version == version_of(floats)
         and all(len(m[name]) == floats[name].nbytes for name in floats)  # no float64 that float32 holds
         and raw_meta == meta
     )
-    return BinaryGroup(record, raw if canonical else encode(record), canonical, policy_step)
+    if stored_form and policy_step is not None:
+        return BinaryGroup(record, raw if isinstance(raw, bytes) else bytes(raw), True, policy_step)
+    payload = _stamped(raw, current_step) if stored_form else None
+    return BinaryGroup(record, encode(record) if payload is None else payload, False, policy_step)
+
+
+_NIL_STEP = msgpack.packb("policy_step") + b"\xc0"
+
+
+def _stamped(raw: Buffer, step: int) -> bytes | None:
+    """A record in the stored form but for a nil `policy_step` (Atropos handlers send none), with the step
+    written in: a splice, not a re-encoding of the whole group. Its keys are in `RECORD_KEYS` order, so the
+    first match is the key itself, within the first bytes (only `v` and `env_id`, two ints, come before it)."""
+    at = bytes(raw[:64]).find(_NIL_STEP)
+    if at < 0:
+        return None
+    cut = at + len(_NIL_STEP) - 1
+    return b"".join((raw[:cut], msgpack.packb(step), raw[cut + 1 :]))
 
 
 def _float_field(m: dict[str, Any], name: str, total: int, lengths: np.ndarray) -> np.ndarray:

@@ -85,11 +85,31 @@ def _put(txn: Txn, key: str, value: Any) -> None:
     txn.set_value(key, orjson.dumps(value).decode())
 
 
+_last_run: tuple[str, Registration | None, bool] = ("", None, False)
+"""The run's row as last read and what it says: every submission reads it, and it changes once per run."""
+
+
+def _run_row(txn: Txn) -> tuple[Registration | None, bool]:
+    """The trainer's registration and whether it started, parsed only when the row changed since the last read
+    (a registration is validated by pydantic: most of what reading the run state cost a submission)."""
+    global _last_run
+    raw = txn.get_value(RUN_KEY)
+    if raw is None:
+        return None, False
+    last = _last_run
+    if raw == last[0]:
+        return last[1], last[2]
+    run = orjson.loads(raw)
+    parsed = Registration.model_validate(run["registration"]), bool(run.get("started"))
+    _last_run = (raw, *parsed)
+    return parsed
+
+
 def load(txn: Txn, known: RunState | None = None) -> RunState:
     """The run state. The envs are read from the store only as far as they changed since `known` (a state this
     process read in a transaction that committed: versions within an epoch only grow): a request costs the
     same with 10,000 envs as with 10."""
-    run = _get(txn, RUN_KEY, None)
+    registration, started = _run_row(txn)
     directory = _get(txn, ENV_DIR_KEY, None)
     at = None if directory is None else EnvsVersion(directory["epoch"], directory["version"])
     if at is None:
@@ -103,9 +123,9 @@ def load(txn: Txn, known: RunState | None = None) -> RunState:
         envs = []
         _apply(envs, txn.envs_since(-1))
     return RunState(
-        registration=None if run is None else Registration.model_validate(run["registration"]),
+        registration=registration,
         step=_get(txn, STEP_KEY, 0),
-        started=bool(run and run.get("started")),
+        started=started,
         envs=envs,
         envs_at=at,
     )

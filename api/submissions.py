@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from api.binary import check_body
 from api.errors import InvalidData, Loc
-from api.idempotency import content_digest
+from api.idempotency import content_digest, legacy_digest
 from api.json_groups import JsonGroup, read_groups
 from api.limits import QueueLimits, group_limits
 from api.logs import request_env
@@ -39,6 +39,10 @@ class Submission:
     def where(self) -> str:
         """How a 409 names this group: "the group", or "body[3]" in a list."""
         return f"body[{self.loc[1]}]" if len(self.loc) > 1 else "the group"
+
+    def legacy_digest(self) -> str:
+        """The digest in the form replies were remembered with before (`api.idempotency.legacy_digest`)."""
+        return legacy_digest(self.record, self.sent_policy_step)
 
     @classmethod
     def of(

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import arrays, formation, ipc, metrics_ab, pg, replicas, rss, runner, transport
+from bench import arrays, formation, ipc, limit, metrics_ab, pg, replicas, rss, runner, transport
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
 from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
 
@@ -27,7 +27,7 @@ HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--mem
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["arrays", "formation", "http", "ipc", "metrics", "replicas", "rss",
+    ap.add_argument("--only", choices=["arrays", "formation", "http", "ipc", "limit", "metrics", "replicas", "rss",
                                        "runner", "transport"],
                     help="run one part")  # fmt: skip
     args = ap.parse_args()
@@ -64,6 +64,10 @@ def main() -> None:
                         results += [{**r, "target": f"{name} msgpack"} for r in binary]
             with serve(*ceiling(Path(tmp) / "c.log"), Path(tmp) / "c.log", ready_path="/ping") as target:
                 results += run_ingest(target, INGEST_CLIENTS, INGEST_ARGS)
+    limits: list[dict[str, Any]] = []
+    if args.only in (None, "limit"):  # ingest against the machine's limit (bench/limit.py), one round
+        limits = limit.summary(limit.run(limit.SIDES, rounds=1, seconds=3.0, base=None))
+        results += [{"bench": "limit-summary", **r} for r in limits]
     if args.only in (None, "arrays"):
         results += arrays.run()
     if args.only in (None, "metrics"):
@@ -86,6 +90,8 @@ def main() -> None:
           + arrays.report(results))  # fmt: skip
     print(metrics_ab.report(results))
     print(replicas.report(results))
+    if limits:
+        print("\ningest against the machine's limit (bench/limit.py):\n" + limit.report(limits))
     print(f"\nJSON lines: {out.relative_to(ROOT)}")
 
 

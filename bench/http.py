@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.servers import ATROPOS_VENV, ROOT, Target
+from bench.servers import ATROPOS_VENV, ROOT, SHARED_BENCH, Target
 
-HARNESS = ROOT.parent / "shared" / "bench" / "buffer_bench.py"
+HARNESS = SHARED_BENCH / "buffer_bench.py"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 

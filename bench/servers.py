@@ -17,6 +17,11 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 ATROPOS_VENV = ROOT / ".bench-venv"
+SHARED_BENCH = next(
+    (d / "shared" / "bench" for d in ROOT.parents if (d / "shared" / "bench").is_dir()),
+    ROOT.parent / "shared" / "bench",
+)
+"""The shared harness's directory: beside the checkout, or beside the directory of worktrees holding it."""
 
 
 @dataclass
@@ -83,7 +88,7 @@ def atropos(log: Path) -> tuple[str, list[str], int] | None:
 def ceiling(log: Path) -> tuple[str, list[str], int]:
     """The shared harness's do-nothing server: the ingest ceiling of this client, HTTP and framework."""
     port = _free_port()
-    app_dir = ROOT.parent / "shared" / "bench"
+    app_dir = SHARED_BENCH
     cmd = [sys.executable, "-m", "uvicorn", "trivial_server:app", "--app-dir", str(app_dir), "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "warning"]  # fmt: skip
     return "do-nothing", cmd, port

@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
 from api.body import parse_json, read_body
-from api.deps import BodyHoldDep, ServiceDep, SettingsDep
+from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
 from api.frontdoor import identity_of
 from api.openapi import errors
 from api.records import MSGPACK, dumps
+from api.routes.direct import DirectRoute, served_by
 from api.schema import (
     ENV_EXAMPLE,
     GROUP_EXAMPLE,
@@ -27,9 +29,11 @@ from api.schema import (
     ScoredListReply,
     ScoredReply,
 )
+from api.service import Service
+from api.settings import Settings
 from api.submissions import request_key
 
-router = APIRouter(tags=["environments"])
+router = APIRouter(tags=["environments"], route_class=DirectRoute)
 
 _ENV_ID = TypeAdapter(EnvIdentifier)
 _INGEST_ERRORS = errors(400, 409, 413, 422, 503)
@@ -96,6 +100,58 @@ async def status_env(
     return await service.env_status(env_id)
 
 
+IDEMPOTENCY_KEY_MAX = 200
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The Idempotency-Key header, checked as FastAPI checks the declared `Header` (a 422 past its length)."""
+    key = request.headers.get("idempotency-key")
+    if key is not None and len(key) > IDEMPOTENCY_KEY_MAX:
+        raise RequestValidationError([{
+            "type": "string_too_long", "loc": ("header", "idempotency-key"),
+            "msg": f"String should have at most {IDEMPOTENCY_KEY_MAX} characters",
+            "ctx": {"max_length": IDEMPOTENCY_KEY_MAX},
+        }])  # fmt: skip
+    return key
+
+
+async def _submitted(request: Request, *, many: bool, key: str | None = None) -> list[ScoredReply]:
+    """A submission's body read within the body limits and the process's byte budget, then stored."""
+    state = request.app.state
+    settings: Settings = state.settings
+    hold = state.body_budget.hold()
+    try:
+        raw = await read_body(
+            request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
+        )
+        service: Service = state.service
+        return await service.ingest(
+            raw, request.headers.get("content-type"), many=many, key=key, caller=identity_of(request.scope)
+        )
+    finally:
+        hold.release()
+
+
+async def submit_group(request: Request) -> Response:
+    """POST /scored_data, served directly (`api.routes.direct`)."""
+    [reply] = await _submitted(request, many=False, key=request_key(_idempotency_key(request)))
+    return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
+
+
+async def submit_list(request: Request) -> Response:
+    """POST /scored_data_list, served directly (`api.routes.direct`)."""
+    replies = await _submitted(request, many=True)
+    buffered = [r for r in replies if r.status == "buffered"]
+    duplicates = sum(1 for r in replies if r.duplicate)
+    out = ScoredListReply(
+        groups_processed=len(replies),
+        buffered=len(buffered) or None,
+        last_buffer_size=buffered[-1].buffer_size if buffered else None,
+        duplicates=duplicates or None,
+    )
+    return Response(dumps(out.model_dump(exclude_none=True)), media_type="application/json")
+
+
 @router.post(
     "/scored_data",
     response_model=ScoredReply,
@@ -105,28 +161,20 @@ async def status_env(
     ),
     responses=_INGEST_ERRORS,
 )
+@served_by(submit_group)
 async def scored_data(
     request: Request,
-    service: ServiceDep,
-    settings: SettingsDep,
-    hold: BodyHoldDep,
     idempotency_key: Annotated[
         str | None,
         Header(
-            max_length=200,
+            max_length=IDEMPOTENCY_KEY_MAX,
             description="Makes a retry safe without a group_id: the same key with the same group is stored once "
             "(`duplicate: true`); with a different group it is a 409.",
         ),
     ] = None,
 ) -> Response:
     """Submit one scored group, as JSON or msgpack. A group id or Idempotency-Key makes retries safe."""
-    raw = await read_body(
-        request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
-    )
-    content_type = request.headers.get("content-type")
-    caller = identity_of(request.scope)
-    [reply] = await service.ingest(raw, content_type, many=False, key=request_key(idempotency_key), caller=caller)
-    return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
+    return await submit_group(request)
 
 
 @router.post(
@@ -140,20 +188,7 @@ async def scored_data(
     ),
     responses=_INGEST_ERRORS,
 )
-async def scored_data_list(request: Request, service: ServiceDep, settings: SettingsDep, hold: BodyHoldDep) -> Response:
+@served_by(submit_list)
+async def scored_data_list(request: Request) -> Response:
     """Submit several groups at once, as JSON or msgpack: all are stored, or (on any invalid group) none."""
-    raw = await read_body(
-        request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
-    )
-    replies = await service.ingest(
-        raw, request.headers.get("content-type"), many=True, caller=identity_of(request.scope)
-    )
-    buffered = [r for r in replies if r.status == "buffered"]
-    duplicates = sum(1 for r in replies if r.duplicate)
-    out = ScoredListReply(
-        groups_processed=len(replies),
-        buffered=len(buffered) or None,
-        last_buffer_size=buffered[-1].buffer_size if buffered else None,
-        duplicates=duplicates or None,
-    )
-    return Response(dumps(out.model_dump(exclude_none=True)), media_type="application/json")
+    return await submit_list(request)

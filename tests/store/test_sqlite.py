@@ -110,3 +110,50 @@ async def test_wal_is_checkpointed_into_the_database_while_open(tmp_path: Path) 
             await asyncio.sleep(0.05)  # polling interval
     finally:
         await store.close()
+
+
+def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_failed_wrote(tmp_path: Path) -> None:
+    """The writer reads the run state once per group commit (`SqliteTxn.get_value`): a function after one that
+    was undone sees the value as it was before that one, and a value set before sees it set."""
+    from api.store.commit import run
+    from api.store.jobs import Job
+    from api.store.sqlite.checkpoint import Checkpointer
+    from api.store.sqlite.config import connect
+    from api.store.sqlite.schema import create_or_migrate
+    from api.store.sqlite.store import _Driver
+    from api.store.sqlite.txn import ItemIds
+
+    config = parse_url(f"sqlite:///{tmp_path}/values.db")
+    db = connect(config)
+    db.execute("BEGIN IMMEDIATE")
+    create_or_migrate(db, config.path)
+    db.execute("COMMIT")
+    checkpointer = Checkpointer(config.path, config.wal_limit)
+    driver = _Driver(db, config, ItemIds(), checkpointer, lambda: None)
+
+    def first(t: Txn) -> str | None:
+        t.set_value("x", "1")
+        return t.get_value("x")
+
+    def undone(t: Txn) -> None:
+        t.set_value("x", "2")
+        assert t.get_value("x") == "2"
+        raise ValueError("undone")
+
+    def last(t: Txn) -> str | None:
+        return t.get_value("x")
+
+    async def main() -> list[object]:
+        loop = asyncio.get_running_loop()
+        jobs = [Job(fn, loop.create_future(), loop) for fn in (first, undone, last)]  # type: ignore[arg-type]
+        run(driver, jobs)
+        await asyncio.sleep(0)
+        return [j.future.exception() or j.future.result() for j in jobs]
+
+    try:
+        got = asyncio.run(main())
+        assert got[0] == "1" and isinstance(got[1], ValueError) and got[2] == "1"
+        assert db.execute("SELECT value FROM kv WHERE key = 'x'").fetchone()[0] == "1"
+    finally:
+        checkpointer.stop()
+        db.close()

@@ -52,6 +52,17 @@ def test_other_valid_records_are_reencoded_to_the_same_group(variant: Any) -> No
     assert decode(checked.payload).tokens.tolist() == decode(raw).tokens.tolist()
 
 
+def test_an_unstamped_record_gets_the_step_written_in() -> None:
+    body = group(3, length=[3, 9, 1], env_id=0)
+    sent = encode_submission(**body, messages=[[{"role": "u", "content": "policy_step"}]] * 3)
+    checked = check(sent)
+    assert not checked.passthrough and checked.sent_policy_step is None
+    assert checked.payload == encode_submission(
+        **body, policy_step=7, messages=[[{"role": "u", "content": "policy_step"}]] * 3
+    )
+    assert decode(checked.payload).policy_step == 7
+
+
 def test_body_errors_are_located_in_the_request() -> None:
     good = encode_submission(**group(4, env_id=0))
     bad = encode_submission(**group(4, env_id=0), group_id="x" * 201)

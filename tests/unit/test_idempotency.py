@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.idempotency import content_digest, remember, same_content
+from api.idempotency import DIGEST_VERSION, content_digest, legacy_digest, remember, same_content
 from api.records import decode, encode_submission
 from api.schema import ScoredData
 from api.validation import GroupLimits, pack_group
@@ -50,3 +52,22 @@ def test_remembered_replies_carry_the_digest_and_legacy_ones_match_anything() ->
     text = remember('{"status":"received"}', "abc")
     assert same_content(text, "abc") and not same_content(text, "abd")
     assert same_content('{"status":"received"}', "abc")  # remembered before digests existed
+
+
+def test_digests_remembered_in_the_legacy_form_still_tell_duplicates_from_conflicts() -> None:
+    body = group(2, length=4, group_id="g")
+    rec, other = packed(body), packed({**body, "scores": [9.0, 9.0]})
+    text = remember('{"status":"received"}', legacy_digest(rec, None))
+    assert content_digest(rec, None).startswith(DIGEST_VERSION) and content_digest(rec, None) != legacy_digest(
+        rec, None
+    )
+    assert same_content(text, content_digest(rec, None), lambda: legacy_digest(rec, None))
+    assert not same_content(text, content_digest(other, None), lambda: legacy_digest(other, None))
+
+
+def test_float64_values_float32_holds_have_the_digest_of_float32() -> None:
+    body = group(2, length=4, group_id="g")
+    rec = packed(body)
+    wide = replace(rec, floats={k: v.astype(np.float64) for k, v in rec.floats.items()})
+    assert rec.floats and all(v.dtype == np.float32 for v in rec.floats.values())
+    assert content_digest(wide, None) == content_digest(rec, None)

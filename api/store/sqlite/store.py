@@ -199,14 +199,18 @@ class _Driver(Driver):
         self.checkpointer = checkpointer
         self.wrote = wrote
         self.changes_at_begin = db.total_changes
+        self.values: dict[str, str | None] = {}
+        """The kv values this transaction read or wrote (`SqliteTxn.get_value`): valid until it ends or a
+        function's savepoint is undone (another process cannot write while it holds the write lock)."""
 
     def begin(self, jobs: Sequence[Job]) -> None:
+        self.values.clear()
         self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
         self.changes_at_begin = self.db.total_changes  # it counts rows rolled back too
         self.ids.begin()
 
     def call(self, job: Job) -> Any:
-        txn = SqliteTxn(self.db, self.config, self.ids)
+        txn = SqliteTxn(self.db, self.config, self.ids, self.values)
         value = job.fn(txn)
         txn.finish()
         return value
@@ -218,15 +222,18 @@ class _Driver(Driver):
         self.db.execute("RELEASE rollbuf_fn")
 
     def rollback_to(self) -> None:
+        self.values.clear()
         self.db.execute("ROLLBACK TO rollbuf_fn")
         self.db.execute("RELEASE rollbuf_fn")
 
     def rollback(self) -> None:
+        self.values.clear()
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.save_ids()
 
     def commit(self) -> None:
+        self.values.clear()
         self.ids.save(self.db)
         self.db.execute("COMMIT")
         self.ids.committed()

@@ -138,10 +138,15 @@ class SqliteTxn(Txn):
     """Writes to the queue are batched until something reads it (or the function returns), then written
     with executemany; per-env counts are kept as deltas and written once per transaction."""
 
-    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta")
+    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta", "_values")
 
-    def __init__(self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds) -> None:
+    def __init__(
+        self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds, values: dict[str, str | None] | None = None
+    ) -> None:
         self._db = db
+        self._values = {} if values is None else values
+        """Values read or written in this SQLite transaction, shared by the functions of one group commit (the
+        driver forgets them when one is undone): the run state is read once per commit, not once per request."""
         self._config = config
         self._ids = ids
         self._now = time.time()
@@ -180,11 +185,16 @@ class SqliteTxn(Txn):
 
     # --- values ---
     def get_value(self, key: str) -> str | None:
+        if key in self._values:
+            return self._values[key]
         row = self._db.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        return None if row is None else cast(str, row[0])
+        value = None if row is None else cast(str, row[0])
+        self._values[key] = value
+        return value
 
     def set_value(self, key: str, value: str) -> None:
         self._db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+        self._values[key] = value
 
     # --- the queue ---
     def next_item_id(self) -> int:
@@ -451,6 +461,7 @@ class SqliteTxn(Txn):
     def clear(self) -> None:
         self._rows.clear()
         self._delta.clear()
+        self._values.clear()
         for table in CLEARED:
             self._db.execute(f"DELETE FROM {table}")  # meta (next_item_id) stays: ids keep increasing
 

@@ -1,0 +1,324 @@
+"""Ingest against the machine's limit (issue 38): what a group costs the server next to reading its bytes.
+
+One table in one run: a do-nothing FastAPI endpoint that reads the body (the shared harness's
+`trivial_server.py`, the framework's ceiling), rollbuf on the memory store, SQLite and PostgreSQL, and the
+machine itself (sequential append + fsync per MiB on the disk the SQLite file lives on; a TCP transfer over
+loopback). Workloads, all msgpack as `rollout_client` sends them, each group with a fresh `group_id` (so the
+idempotency path runs, as it does for every group the rollout client submits):
+
+- small: groups of 8 x 64 tokens (tokens, masks, float64 logprobs: 8.4 KB) to /scored_data,
+- large: groups of 8 x 2048 tokens (262 KB) to /scored_data,
+- list16: small groups in lists of 16 to /scored_data_list.
+
+The client is a bare asyncio HTTP/1.1 keep-alive loop over pre-encoded requests (8 connections), so it costs
+little beside the server on 2 cores. Server CPU per group (user + system of the server process, from /proc,
+around the measured requests) is the steady figure on a shared machine; groups/s and MB/s are given too.
+With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) each rollbuf side runs from
+there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
+
+    python -m bench.limit [--rounds 2] [--base DIR] [--sides sink,memory,sqlite,postgresql] [--seconds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from api.records import MSGPACK, encode_submission, encode_submission_list
+from bench import pg
+from bench.http import cpu_seconds
+from bench.servers import ROOT, Target, ceiling, rollbuf, serve
+
+CLIENTS = 8
+LIST = 16
+SIDES = ["sink", "memory", "sqlite", "postgresql"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    seq_len: int
+    per_request: int  # 1: /scored_data; more: /scored_data_list
+    requests: int  # pre-encoded requests (upper bound of one measurement)
+
+
+WORKLOADS = [
+    Workload("small", 64, 1, 12_000),
+    Workload("large", 2048, 1, 1_200),
+    Workload("list16", 64, LIST, 1_200),
+]
+
+
+def _group(rng: np.random.Generator, seq_len: int, env_id: int) -> bytes:
+    tokens = rng.integers(0, 150_000, size=(8, seq_len), dtype=np.int32)
+    masks = np.where(rng.random((8, seq_len)) < 0.3, -100, tokens).astype(np.int32)
+    logprobs = -rng.random((8, seq_len))  # float64 that float32 does not hold: 8 bytes a token, as vLLM's JSON
+    return encode_submission(tokens, masks, rng.random(8), env_id=env_id, group_id=uuid.uuid4().hex,
+                             inference_logprobs=logprobs)  # fmt: skip
+
+
+def _requests(w: Workload, env_id: int, port: int, rng: np.random.Generator) -> list[tuple[bytes, int]]:
+    """Pre-encoded HTTP requests (head + body) and the body's size. Arrays are drawn once per 64 groups (the
+    client's CPU is not what is measured); every group has its own group_id."""
+    base = [_group(rng, w.seq_len, env_id) for _ in range(64)]
+    out = []
+    for i in range(w.requests):
+        groups = [_regroup(base[(i * w.per_request + j) % 64]) for j in range(w.per_request)]
+        body, path = (groups[0], "/scored_data") if w.per_request == 1 else (encode_submission_list(groups),
+                                                                             "/scored_data_list")  # fmt: skip
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {MSGPACK}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        out.append((head + body, len(body)))
+    return out
+
+
+def _regroup(record: bytes) -> bytes:
+    """The same record under a fresh group id (32 hex digits, in place: msgpack keeps the length)."""
+    at = record.index(b"group_id") + len(b"group_id") + 2  # a str8 header (0xd9, 32) follows the key
+    return record[:at] + uuid.uuid4().hex.encode() + record[at + 32 :]
+
+
+async def _load(port: int, reqs: list[tuple[bytes, int]], seconds: float) -> tuple[int, int, int, list[float]]:
+    """CLIENTS keep-alive connections posting `reqs` in order until they run out or `seconds` pass:
+    (requests answered 200, other answers, body bytes of the 200s, latencies)."""
+    state = {"next": 0, "ok": 0, "bad": 0, "bytes": 0}
+    lat: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while state["next"] < len(reqs) and time.perf_counter() < deadline:
+                raw, size = reqs[state["next"]]
+                state["next"] += 1
+                t0 = time.perf_counter()
+                writer.write(raw)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))  # fmt: skip
+                await reader.readexactly(length)
+                lat.append(time.perf_counter() - t0)
+                if head.startswith(b"HTTP/1.1 200"):
+                    state["ok"] += 1
+                    state["bytes"] += size
+                else:
+                    state["bad"] += 1
+        finally:
+            writer.close()
+
+    await asyncio.gather(*[client() for _ in range(CLIENTS)])
+    return state["ok"], state["bad"], state["bytes"], lat
+
+
+def _setup(url: str, max_len: int) -> int:
+    """A trainer registered (and its first /batch asked), one env of groups of 8: its env_id."""
+    with httpx.Client(base_url=url, timeout=30) as c:
+        c.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": 10**9,
+                                  "max_token_len": max_len, "checkpoint_dir": "x", "save_checkpoint_interval": 1000,
+                                  "starting_step": 0, "num_steps": 10_000})  # fmt: skip
+        c.get("/batch")
+        r = c.post("/register-env", json={"max_token_length": max_len, "desired_name": "limit", "weight": 1.0,
+                                          "group_size": 8})  # fmt: skip
+        return int(r.json().get("env_id", 0))
+
+
+def measure(target: Target, w: Workload, seconds: float, db_dir: Path | None) -> dict[str, Any]:
+    port = int(target.url.rsplit(":", 1)[1])
+    env_id = _setup(target.url, w.seq_len + 1)
+    reqs = _requests(w, env_id, port, np.random.default_rng(0))
+    asyncio.run(_load(port, reqs[-CLIENTS * 4 :], 60))  # warm-up: connections, caches, the run state
+    reqs = reqs[: -CLIENTS * 4]
+    io0 = _written(target.pid)
+    cpu0, t0 = cpu_seconds(target.pid), time.perf_counter()
+    ok, bad, size, lat = asyncio.run(_load(port, reqs, seconds))
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(target.pid) - cpu0
+    groups = ok * w.per_request
+    written = _written(target.pid) - io0
+    return {
+        "workload": w.name,
+        "groups": groups,
+        "errors": bad,
+        "groups_per_s": round(groups / wall, 1),
+        "MB_per_s": round(size / wall / 1e6, 1),
+        "server_cpu_ms_per_group": round(cpu * 1e3 / groups, 4) if groups else None,
+        "server_cpu_ms_per_MB": round(cpu * 1e3 / (size / 1e6), 2) if size else None,
+        "p50_ms": round(statistics.median(lat) * 1e3, 2) if lat else None,
+        "write_amplification": round(written / size, 2) if size and db_dir is not None and written else None,
+    }
+
+
+def _written(pid: int) -> int:
+    """Bytes the process (its threads included) caused to be written to storage."""
+    try:
+        text = Path(f"/proc/{pid}/io").read_text()
+    except OSError:
+        return 0
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("write_bytes"))
+
+
+def disk(directory: Path, total: int = 256 << 20, chunk: int = 262_144) -> dict[str, Any]:
+    """Sequential appends of `chunk` bytes with an fsync every MiB: the disk's durable bandwidth."""
+    buf = os.urandom(chunk)
+    path = directory / "disk.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    t0, since = time.perf_counter(), 0
+    try:
+        for _ in range(total // chunk):
+            os.write(fd, buf)
+            since += chunk
+            if since >= 1 << 20:
+                os.fsync(fd)
+                since = 0
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {
+        "side": "disk",
+        "workload": "append+fsync/MiB",
+        "MB_per_s": round(total / (time.perf_counter() - t0) / 1e6, 1),
+    }
+
+
+def loopback(total: int = 512 << 20, chunk: int = 1 << 20) -> dict[str, Any]:
+    """One TCP stream over 127.0.0.1, sender and receiver in two threads: the wire's ceiling."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+
+    def sink() -> None:
+        conn, _ = srv.accept()
+        buf = bytearray(chunk)
+        got = 0
+        while got < total and (n := conn.recv_into(buf)):
+            got += n
+        conn.close()
+
+    th = threading.Thread(target=sink)
+    th.start()
+    data = bytes(chunk)
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        for _ in range(total // chunk):
+            s.sendall(data)
+        th.join()
+    srv.close()
+    return {"side": "loopback", "workload": "TCP", "MB_per_s": round(total / (time.perf_counter() - t0) / 1e6, 1)}
+
+
+@contextlib.contextmanager
+def _server(side: str, tmp: Path, cwd: Path, dbs: contextlib.ExitStack) -> Iterator[Target]:
+    log = tmp / f"{side}.log"
+    if side == "sink":
+        name, cmd, port = ceiling(log)
+        with serve(name, cmd, port, log, ready_path="/ping") as t:
+            yield t
+        return
+    store = {"memory": "memory://", "sqlite": f"sqlite:///{tmp}/{side}-{time.monotonic_ns()}.db"}.get(side)
+    if side == "postgresql":
+        store = dbs.enter_context(pg.database())
+    assert store is not None
+    name, cmd, port = rollbuf(store, log)
+    with serve(name, cmd, port, log, cwd=cwd) as t:
+        yield t
+
+
+def run(sides: list[str], rounds: int, seconds: float, base: Path | None) -> list[dict[str, Any]]:
+    if "postgresql" in sides and not pg.available():
+        sides = [s for s in sides if s != "postgresql"]
+    checkouts = [("after", ROOT)] + ([("before", base)] if base else [])
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for rnd in range(rounds):
+            out.append({"round": rnd, **disk(tmp)})
+            out.append({"round": rnd, **loopback()})
+            order = checkouts if rnd % 2 == 0 else checkouts[::-1]
+            for side in sides:
+                for label, cwd in order if side != "sink" else order[:1]:
+                    for w in WORKLOADS:  # a fresh server per workload: no queue depth carried over
+                        with contextlib.ExitStack() as dbs, _server(side, tmp, cwd, dbs) as target:
+                            row = measure(target, w, seconds, tmp if side == "sqlite" else None)
+                        label = label if side != "sink" else "-"
+                        row = {"bench": "limit", "round": rnd, "side": side, "checkout": label, **row}
+                        print(json.dumps(row), flush=True)
+                        out.append(row)
+    return out
+
+
+def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians over rounds per (side, checkout, workload), with the ratio of server CPU per group to the sink's."""
+    rows = [r for r in results if r.get("bench") == "limit"]
+    keys = list(dict.fromkeys((r["side"], r["checkout"], r["workload"]) for r in rows))
+    out = []
+    sink: dict[str, float] = {}
+    for side, checkout, wl in keys:
+        got = [r for r in rows if (r["side"], r["checkout"], r["workload"]) == (side, checkout, wl)]
+
+        def med(field: str, got: list[dict[str, Any]] = got) -> float | None:
+            vals = [r[field] for r in got if r.get(field) is not None]
+            return round(statistics.median(vals), 4) if vals else None
+
+        row = {"side": side, "checkout": checkout, "workload": wl, "rounds": len(got)}
+        for field in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "server_cpu_ms_per_MB", "p50_ms",
+                      "write_amplification"):  # fmt: skip
+            row[field] = med(field)
+        if side == "sink" and row["server_cpu_ms_per_group"]:
+            sink[wl] = row["server_cpu_ms_per_group"]
+        out.append(row)
+    for row in out:
+        cpu = row["server_cpu_ms_per_group"]
+        row["cpu_x_sink"] = round(cpu / sink[row["workload"]], 2) if cpu and row["workload"] in sink else None
+    for kind in ("disk", "loopback"):
+        vals = [r["MB_per_s"] for r in results if r.get("side") == kind and "bench" not in r]
+        if vals:
+            out.append({"side": kind, "checkout": "-", "workload": "bytes", "MB_per_s": statistics.median(vals)})
+    return out
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'side':11} {'checkout':8} {'workload':8} {'groups/s':>9} {'MB/s':>7} {'CPU ms/group':>12} "
+             f"{'x sink':>6} {'CPU ms/MB':>9} {'p50 ms':>7} {'write amp':>9}"]  # fmt: skip
+    for r in rows:
+        cells = [r.get(f) for f in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "cpu_x_sink",
+                                    "server_cpu_ms_per_MB", "p50_ms", "write_amplification")]  # fmt: skip
+        g, mb, cpu, x, permb, p50, wa = ("-" if c is None else c for c in cells)
+        lines.append(f"{r['side']:11} {r['checkout']:8} {r['workload']:8} {g:>9} {mb:>7} {cpu:>12} {x:>6} "
+                     f"{permb:>9} {p50:>7} {wa:>9}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=4.0, help="time cap of one measurement")
+    ap.add_argument("--base", type=Path, help="another checkout, run in turns with this one (the 'before' side)")
+    ap.add_argument("--sides", default=",".join(SIDES))
+    args = ap.parse_args()
+    results = run(args.sides.split(","), args.rounds, args.seconds, args.base.resolve() if args.base else None)
+    rows = summary(results)
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / time.strftime("limit-%Y%m%dT%H%M%S.json")
+    out.write_text(json.dumps({"results": results, "summary": rows}, indent=1))
+    print(report(rows))
+    print(f"\nJSON: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
