@@ -32,7 +32,7 @@ from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, export, ledger, ops, trainer
 from api.service import Service
-from api.settings import Settings, door_hosts, door_keys
+from api.settings import Settings, door_hosts, door_keys, log_keys
 from api.side_buffer import SideLimits
 from api.store import make_store
 
@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             bias=BiasWatch(drop_bias_thresholds(settings)),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
+        log_keys(settings, app.state.door.keys)
         stats_logger = None
         if wandb_stats.configured():
             stats_logger = wandb_stats.BufferStatsLogger(service.store, service.snapshot, settings.wandb_interval)
@@ -99,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
     door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
+    app.state.door = door
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
     if settings.metrics:
         app.add_middleware(ObserveRequests)  # outermost: times the whole request, gzip and refusals included

@@ -69,6 +69,12 @@ WAITING_LONG_POLLS = Gauge(
 )
 
 
+KEY_FILE_STALE = Gauge(
+    "rollbuf_key_file_stale",
+    "1 while api_keys_file cannot be used (gone, unparsable, no key) and the last good keys stay in use.",
+    registry=PROCESS,
+    multiprocess_mode="max",
+)
 PROCESS_RSS = Gauge(
     "rollbuf_process_resident_memory_bytes",
     "Resident memory of this server process (with --workers N, one series per live worker: label pid).",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -12,8 +13,11 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.access import MIN_SECRET, Key, KeyFile, parse_keys
+from api.access import MIN_SECRET, Key
+from api.keyring import KeyFile, NoKey, describe, fixed_keys, parse_key_file, read_bounded
 from api.store import redacted
+
+log = logging.getLogger("rollbuf")
 
 MiB = 1024 * 1024
 SHARED_STORES = ("sqlite:///", "postgresql://", "postgres://")
@@ -186,8 +190,18 @@ class Settings(BaseSettings):
                 f"api_key is shorter than {MIN_SECRET} characters on {self.host}, reachable from other machines: "
                 "a key that can be guessed is no key"
             )
-        if self.api_keys is not None:
-            parse_keys(self.api_keys.get_secret_value(), "api_keys")
+        fixed, _ = _fixed(self)
+        if self.api_keys_file is not None:
+            try:
+                parse_key_file(self.api_keys_file, read_bounded(self.api_keys_file), fixed)
+            except NoKey:
+                if not _is_loopback(self.host):
+                    raise ValueError(
+                        f"api_keys_file {self.api_keys_file} holds no key: on a host other machines reach, a key "
+                        "source must hold a key (give it one, or unset it)"
+                    ) from None
+            except OSError as exc:
+                raise ValueError(f"api_keys_file: {exc}") from None
         if not keyed and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is reachable from other machines and no api_key is set: "
@@ -222,17 +236,37 @@ def to_environ(settings: Settings) -> dict[str, str]:
     return out
 
 
+def _fixed(settings: Settings) -> tuple[list[Key], list[str]]:
+    """`api_key`'s and `api_keys`' keys, checked (`api.keyring.fixed_keys`), and warnings."""
+    return fixed_keys(
+        None if settings.api_key is None else settings.api_key.get_secret_value(),
+        None if settings.api_keys is None else settings.api_keys.get_secret_value(),
+        required=not _is_loopback(settings.host),
+    )
+
+
 def door_keys(settings: Settings) -> Callable[[], list[Key]] | None:
-    """The keys the front door checks, as a function (a key file is read again when it changes); None: none."""
-    fixed: list[Key] = []
-    if settings.api_key is not None:
-        fixed.append(Key("admin", "admin", settings.api_key.get_secret_value().encode()))
-    if settings.api_keys is not None:
-        fixed += parse_keys(settings.api_keys.get_secret_value(), "api_keys")
+    """The keys the front door checks, as a function (a key file is read again when it changes); None only when
+    no key source is set. A source set but empty leaves a keyed server with no keys, which refuses every
+    request needing one: keys fail closed."""
+    keyed = settings.api_key is not None or settings.api_keys is not None or settings.api_keys_file is not None
+    if not keyed:
+        return None
+    fixed, _ = _fixed(settings)
     if settings.api_keys_file is not None:
-        keyfile = KeyFile(settings.api_keys_file)
-        return lambda: [*fixed, *keyfile.current()]
-    return (lambda: fixed) if fixed else None
+        return KeyFile(settings.api_keys_file, fixed, required=not _is_loopback(settings.host))
+    return lambda: fixed
+
+
+def log_keys(settings: Settings, keys: Callable[[], list[Key]] | None) -> None:
+    """At start: the active keys' names and roles (never a secret), and why a key source gives none."""
+    if keys is None:
+        return
+    for warning in _fixed(settings)[1]:
+        log.warning("%s", warning)
+    if isinstance(keys, KeyFile) and keys.error is not None:
+        log.error("api_keys_file %s: %s", keys.path, keys.error)
+    log.info("keys in use: %s", describe(keys()) or "none (every request needing a key is refused)")
 
 
 def door_hosts(settings: Settings) -> tuple[str, ...] | None:

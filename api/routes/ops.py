@@ -8,12 +8,13 @@ import logging
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api import metrics
 from api.deps import ServiceDep
 from api.errors import Unavailable
+from api.keyring import KeyFile
 from api.openapi import errors
 from api.records import dumps
 
@@ -43,7 +44,7 @@ async def healthz() -> dict[str, str]:
         **errors(503),
     },
 )
-async def readyz(service: ServiceDep) -> JSONResponse:
+async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     """Readiness: the store answers a read within 2 s, and takes writes as far as it knows (a full disk, a
     failing checkpoint); 503 otherwise."""
     try:
@@ -55,6 +56,14 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     trouble = service.store.not_ready()
     if trouble:
         raise Unavailable(f"the store cannot take writes: {trouble}", retry_after=READY_TIMEOUT_S)
+    door = getattr(request.app.state, "door", None)
+    keyfile = door.keys if door is not None and isinstance(door.keys, KeyFile) else None
+    if keyfile is not None:
+        keyfile.current()  # a probe starts a due read of the file, as a keyed request does
+    if keyfile is not None and keyfile.error is not None:
+        # Ready (the last good keys serve), but an operator must see that a rotation did not take.
+        warning = f"api_keys_file cannot be used ({keyfile.error}): the last good keys stay in use"
+        return JSONResponse({"status": "ok", "warnings": [warning]})
     return JSONResponse({"status": "ok"})
 
 
