@@ -163,3 +163,13 @@ async def test_a_plain_atropos_trainer_acknowledges_what_it_asked_past(settings:
         assert await service.prune() == (4, 0)  # batches 0 and 1, over the budget; batch 2 is not acknowledged yet
         assert [(await row(c, g))["kept"] for g in ("A0", "A3", "A4", "A5")] == [False, False, True, True]
         assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A4", "A5")])
+
+
+async def test_a_step_beyond_64_bits_is_refused_on_every_store(settings: Settings) -> None:
+    async with serving(settings) as (c, _):
+        await start(c)
+        assert (await c.get(f"/ledger/steps/{2**63 - 1}")).status_code == 404
+        for step in (2**63, 2**64, 10**30):
+            reply = await c.get(f"/ledger/steps/{step}")
+            assert reply.status_code == 422, (step, reply.text)  # was 500 on SQLite
+            assert reply.json()["detail"][0]["loc"] == ["path", "step"]
