@@ -32,7 +32,7 @@ from api.openapi import SECURED, declare_limits, drop_auth
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, export, ledger, ops, trainer
 from api.service import Service
-from api.settings import Settings, door_hosts, door_keys, log_keys
+from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.side_buffer import SideLimits
 from api.store import make_store
 
@@ -90,9 +90,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     connections.configure(
-        settings.max_header_bytes, settings.header_timeout, settings.body_timeout, settings.max_connections
+        settings.max_header_bytes,
+        settings.header_timeout,
+        settings.body_timeout,
+        settings.max_connections,
+        settings.min_body_rate,
     )
-    app.state.body_budget = BodyBudget(settings.max_inflight_bytes, settings.retry_after)
+    app.state.body_budget = BodyBudget(
+        settings.max_inflight_bytes,
+        settings.retry_after,
+        per_holder=inflight_per_client(settings),
+        reserve=settings.body_reserve_bytes,
+    )
     app.add_middleware(
         GZipMiddleware,
         minimum_size=1000,

@@ -120,6 +120,14 @@ class Settings(BaseSettings):
     """Bytes of request bodies (as received and as inflated) one server process holds at once, over all
     requests; a request that would pass it gets 503 + Retry-After. At least `max_body_bytes` +
     `max_decompressed_bytes`, so that any one valid request fits."""
+    max_inflight_bytes_per_client: int | None = Field(None, gt=0)
+    """Of `max_inflight_bytes`, the most one API key (by name), or on a keyless server one client address, holds
+    at once (503 + Retry-After beyond), so that one holder's slow or many uploads cannot take it all. None: half
+    of `max_inflight_bytes`, and at least `max_body_bytes` + `max_decompressed_bytes`."""
+    body_reserve_bytes: int = Field(16 * MiB, gt=0)
+    """Most bytes a request's declared Content-Length takes from the budgets before they arrive (a body that
+    cannot fit is refused early); the rest is counted as it arrives, so a client that declares 256 MiB and
+    sends a byte now and then holds what it sent and this much."""
     gzip_level: int = Field(1, ge=1, le=9)
     """Compression level of gzip responses (1-9; JSON batches use ISA-L, capped at its 3); 1 is several times
     faster than Atropos's 9 at a slightly larger size."""
@@ -140,6 +148,10 @@ class Settings(BaseSettings):
     """Seconds a request head may take to arrive, from the connection or its first byte (408 beyond)."""
     body_timeout: float = Field(30.0, gt=0)
     """Seconds a request body may pause between two chunks before the connection is closed."""
+    min_body_rate: int = Field(1 * MiB, gt=0)
+    """Bytes per second a request body must average: it must have arrived within `body_timeout` plus its bytes
+    so far over this rate (408 and closed beyond), so a body sent a byte at a time ends within `body_timeout`,
+    and 256 MiB may take about 4.8 minutes."""
     keepalive_timeout: int = Field(5, gt=0)
     """Seconds an idle keep-alive connection is held open."""
     max_connections: int = Field(1000, ge=16)
@@ -181,6 +193,12 @@ class Settings(BaseSettings):
         if self.max_inflight_bytes < self.max_body_bytes + self.max_decompressed_bytes:
             raise ValueError(
                 f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes + max_decompressed_bytes "
+                f"({self.max_body_bytes + self.max_decompressed_bytes}): a valid gzip request could never be read"
+            )
+        per_client = self.max_inflight_bytes_per_client
+        if per_client is not None and per_client < self.max_body_bytes + self.max_decompressed_bytes:
+            raise ValueError(
+                f"max_inflight_bytes_per_client ({per_client}) is below max_body_bytes + max_decompressed_bytes "
                 f"({self.max_body_bytes + self.max_decompressed_bytes}): a valid gzip request could never be read"
             )
         keyed = self.api_key is not None or self.api_keys is not None or self.api_keys_file is not None
@@ -267,6 +285,14 @@ def log_keys(settings: Settings, keys: Callable[[], list[Key]] | None) -> None:
     if isinstance(keys, KeyFile) and keys.error is not None:
         log.error("api_keys_file %s: %s", keys.path, keys.error)
     log.info("keys in use: %s", describe(keys()) or "none (every request needing a key is refused)")
+
+
+def inflight_per_client(settings: Settings) -> int:
+    """`max_inflight_bytes_per_client`, or its default: half the budget, at least one valid request's bytes."""
+    if settings.max_inflight_bytes_per_client is not None:
+        return settings.max_inflight_bytes_per_client
+    one_request = settings.max_body_bytes + settings.max_decompressed_bytes
+    return min(settings.max_inflight_bytes, max(settings.max_inflight_bytes // 2, one_request))
 
 
 def door_hosts(settings: Settings) -> tuple[str, ...] | None:
