@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     """Server log lines: plain text with timestamps, or one JSON object per line."""
     metrics: bool = True
     """Serve Prometheus metrics at /metrics and time every request into them."""
+    metrics_max_envs: int = Field(100, ge=1)
+    """Envs with their own series in /metrics (the first registered); the rest are summed under
+    `env="(other envs)"` (counters and gauges) or left out (the drop-bias monitor's, flagged envs first), so
+    that a scrape stays small with thousands of envs."""
     wandb_interval: float = Field(5.0, gt=0)
     """Seconds between two W&B logs of the buffer's stats (only when wandb is installed and configured: an
     API key or WANDB_MODE in the environment)."""

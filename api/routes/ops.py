@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api import metrics
-from api.deps import ServiceDep
+from api.deps import ServiceDep, SettingsDep
 from api.errors import Unavailable
 from api.keyring import KeyFile
 from api.openapi import errors
@@ -68,10 +68,11 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
 
 
 @prometheus.get("/metrics", response_class=Response, responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})
-async def prometheus_metrics(service: ServiceDep) -> Response:
+async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
-    return Response(metrics.render(snap, await service.drop_bias()), media_type=metrics.CONTENT_TYPE)
+    text = metrics.render(snap, await service.drop_bias(), settings.metrics_max_envs)
+    return Response(text, media_type=metrics.CONTENT_TYPE)
 
 
 @probes.get("/dashboard", response_class=HTMLResponse)
