@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any, cast
 
 from api import ledger, state, stats, submissions
 from api.access import ANONYMOUS, Identity
@@ -86,6 +87,8 @@ class Service:
     bias: BiasWatch = field(default_factory=BiasWatch)
     """The drop-bias monitor, fed from the ledger (`api.drop_bias_watch`)."""
     _watching: asyncio.Task[None] | None = None
+    _bias_entries: tuple[object, list[EnvDropBias]] = (None, [])
+    """The last drop-bias report and /status's entries for it (`status`)."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -381,6 +384,8 @@ class Service:
         """The drop-bias monitor's report, refreshed if it is older than `REFRESH_S`; None without the ledger."""
         if not self.books.enabled:
             return None
+        if self.bias.report is not None and not self.bias.due(time.monotonic()):
+            return self.bias.report  # a view polled often (10,000 envs' /status) reads and recomputes nothing
         return await self.bias.refresh(self.store)
 
     async def close(self) -> None:
@@ -456,7 +461,10 @@ class Service:
         report = await self.drop_bias()
         if report is None:
             return status
-        return status.model_copy(update={"drop_bias": [EnvDropBias.model_validate(e.to_status()) for e in report.envs]})
+        if self._bias_entries[0] is not report:  # converted once per report, not once per request
+            entries = [EnvDropBias.model_construct(**cast(dict[str, Any], e.to_status())) for e in report.envs]
+            self._bias_entries = (report, entries)
+        return status.model_copy(update={"drop_bias": self._bias_entries[1]})
 
     async def env_status(self, env_id: int) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:
