@@ -105,7 +105,7 @@ def retention(root: Path) -> str:
             with httpx.Client(base_url=url, timeout=30) as c:
                 env_id = start_run(c, batch_size=4)
                 pad = "x" * (100 * 1024)
-                for i in range(300):  # 30 MB of payloads, served by a plain GET /batch loop
+                for i in range(300):  # 120 MB of payloads, served by a plain GET /batch loop
                     c.post("/scored_data", json=group(env_id, scores=[0, 1, 0, 1], group_id=f"g{i}",
                                                       overrides=[{"pad": pad}] * 4))  # fmt: skip
                     c.get("/batch")
@@ -114,7 +114,7 @@ def retention(root: Path) -> str:
                 kept = sum(1 for i in range(300) if c.get(f"/ledger/groups/g{i}").json()["groups"][0]["kept"])
         size = db.stat().st_size + sum(p.stat().st_size for p in Path(d).glob("r.db-*"))
     return (
-        f"retain_bytes 2 MB, 30 MB served by GET /batch: committed_step {committed}, {kept}/300 payloads kept, "
+        f"retain_bytes 2 MB, 120 MB served by GET /batch: committed_step {committed}, {kept}/300 payloads kept, "
         f"store {size / 1e6:.1f} MB"
     )
 
