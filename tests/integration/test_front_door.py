@@ -4,6 +4,7 @@ without a key, huge heads, idle connections past the descriptor limit)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -100,6 +101,33 @@ def test_a_key_file_replaced_or_lost_keeps_working_keys_and_says_so(keyed: Serve
     keyfile.write_text(f"admin-1 admin {KEYS['admin']}\n")
     until(lambda: "warnings" not in httpx.get(keyed.url + "/readyz").json())
     assert status_with(KEYS["env"] + "-rotated") == 401
+
+
+def test_a_revoked_trainers_waiting_long_poll_gets_no_batch(tmp_path: Path) -> None:
+    """A trainer's long-poll that began before its key was removed from the file ends at its next step with 401,
+    instead of taking the batch its key no longer admits."""
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("".join(f"{role}-1 {role} {secret}\n" for role, secret in KEYS.items()))
+    with running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile)) as server:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            trainer, env_key = headers(KEYS["trainer"]), headers(KEYS["env"])
+            c.post("/register", json=registration(batch_size=8), headers=trainer)
+            c.get("/batch", headers=trainer)
+            env_id = c.post("/register-env", json=env(group_size=4), headers=env_key).json()["env_id"]
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(c.get, "/batch", params={"wait": 25}, headers=trainer)
+                keyfile.write_text("".join(f"{role}-1 {role} {KEYS[role]}\n" for role in ("env", "admin")))
+                deadline = time.monotonic() + 20
+                while c.get("/status", headers=trainer).status_code != 401:  # the file read again
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)  # polling interval
+                for seed in range(2):  # a whole batch: the waiting long-poll wakes to it
+                    reply = c.post("/scored_data", json=group(4, env_id=env_id, seed=seed), headers=env_key)
+                    assert reply.status_code == 200, reply.text
+                got = waiting.result(timeout=30)
+            assert got.status_code == 401 and "revoked" in got.text
+            admin = headers(KEYS["admin"])
+            assert c.get("/status", headers=admin).json()["queue_size"] == 2  # the batch was not taken
 
 
 def test_every_route_admits_exactly_its_roles(keyed: ServerProcess) -> None:
