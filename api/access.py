@@ -1,5 +1,5 @@
-"""Who may do what: API keys with roles, and which roles each route admits. Pure: no request, no I/O but reading
-a key file (`KeyFile`), so the matrix is tested alone (tests/unit/test_access.py).
+"""Who may do what: API keys with roles, and which roles each route admits. Pure: no request, no I/O (the key
+sources are `api.keyring`'s), so the matrix is tested alone (tests/unit/test_access.py).
 
 Three roles (docs/security.md): `env` (a rollout handler: register envs, submit to its own, read status),
 `trainer` (register the run, take batches, reset it), `admin` (everything). A key has a name, a role and a
@@ -10,19 +10,15 @@ every request is the anonymous caller, as with Atropos, and may do everything.
 from __future__ import annotations
 
 import hmac
-import os
-import time
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 Role = Literal["env", "trainer", "admin"]
 ROLES: tuple[Role, ...] = ("env", "trainer", "admin")
 MIN_SECRET = 16
 """Shortest secret accepted: a key that can be guessed is no key."""
-RELOAD_CHECK_S = 1.0
-"""A key file is checked for changes at most this often (a stat), so a rotation needs no restart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +40,48 @@ class Key:
     secret: bytes
 
 
+COMMENT = re.compile(r"(?:^|(?<=\s))#.*")
+"""A comment: `#` at the start of a line or after whitespace, to the line's end. A `#` inside a secret is part
+of it (a secret cut at its `#` would let its prefix authenticate)."""
+
+
 def parse_keys(text: str, where: str) -> list[Key]:
-    """Keys, one per line (or separated by `;`): `name role secret`; `#` starts a comment. Raises ValueError
-    naming the line for anything else, a short secret, or a name or secret used twice."""
+    """Keys, one per line (or separated by `;`): `name role secret`; a `#` at the start of a line or after
+    whitespace starts a comment. A secret is taken whole and may hold no whitespace. Raises ValueError naming
+    the entry for anything else, a short secret, or a name or secret used twice."""
     keys: list[Key] = []
     for n, line in enumerate(text.replace(";", "\n").splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
+        line = COMMENT.sub("", line).strip()
         if not line:
             continue
         parts = line.split()
         if len(parts) != 3:
-            raise ValueError(f"{where}, entry {n}: expected 'name role secret', got {len(parts)} fields")
+            raise ValueError(
+                f"{where}, entry {n}: expected 'name role secret' (a secret holds no whitespace), got "
+                f"{len(parts)} fields"
+            )
         name, role, secret = parts
         if role not in ROLES:
             raise ValueError(f"{where}, entry {n}: role {role!r} is not one of {', '.join(ROLES)}")
         if len(secret) < MIN_SECRET:
             raise ValueError(f"{where}, entry {n}: the secret of {name!r} is shorter than {MIN_SECRET} characters")
         keys.append(Key(name, role, secret.encode()))
-    for attr in ("name", "secret"):
-        seen = [getattr(k, attr) for k in keys]
-        if len(seen) != len(set(seen)):
-            raise ValueError(f"{where}: a key {attr} is used twice")
+    check_distinct(keys, where)
     return keys
+
+
+def check_distinct(keys: Sequence[Key], where: str) -> None:
+    """No name used twice and no secret used twice (one secret holding two names or roles would act as
+    whichever matched last): raises ValueError naming the name (never the secret)."""
+    names: set[str] = set()
+    secrets: dict[bytes, str] = {}
+    for key in keys:
+        if key.name in names:
+            raise ValueError(f"{where}: the key name {key.name!r} is used twice")
+        names.add(key.name)
+        other = secrets.setdefault(key.secret, key.name)
+        if other != key.name:
+            raise ValueError(f"{where}: keys {other!r} and {key.name!r} have the same secret (used twice)")
 
 
 def identify(keys: Iterable[Key], token: str | None) -> Identity | None:
@@ -76,39 +92,6 @@ def identify(keys: Iterable[Key], token: str | None) -> Identity | None:
         if hmac.compare_digest(sent, key.secret) and token:
             found = Identity(key.name, key.role)
     return found
-
-
-class KeyFile:
-    """Keys from a file, read again when it changes (checked at most every RELOAD_CHECK_S): a rotation is
-    writing the new file. A file that stops parsing keeps the keys last read, and says why once."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._stamp: tuple[float, int] | None = None
-        self._checked = 0.0
-        self.keys: list[Key] = []
-        self.error: str | None = None
-        self._read()
-        if self.error:
-            raise ValueError(self.error)
-
-    def current(self) -> list[Key]:
-        now = time.monotonic()
-        if now - self._checked >= RELOAD_CHECK_S:
-            self._checked = now
-            self._read()
-        return self.keys
-
-    def _read(self) -> None:
-        try:
-            st = os.stat(self.path)
-            if (st.st_mtime, st.st_size) == self._stamp:
-                return
-            keys = parse_keys(self.path.read_text(), str(self.path))
-        except (OSError, ValueError) as exc:
-            self.error = str(exc)
-            return
-        self._stamp, self.keys, self.error = (st.st_mtime, st.st_size), keys, None
 
 
 # ------------------------------------------------------------------------------------------------ the matrix

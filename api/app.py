@@ -35,7 +35,7 @@ from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, export, ledger, ops, producers, trainer
 from api.service import Service
-from api.settings import Settings, door_hosts, door_keys
+from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.side_buffer import SideLimits
 from api.store import make_store
 
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             producers=ProducerSettings(settings.producer_gone_after, settings.max_producers),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
+        log_keys(settings, app.state.door.keys)
         stats_logger = None
         if wandb_stats.configured():
             stats_logger = wandb_stats.BufferStatsLogger(service.store, service.snapshot, settings.wandb_interval)
@@ -94,9 +95,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     connections.configure(
-        settings.max_header_bytes, settings.header_timeout, settings.body_timeout, settings.max_connections
+        settings.max_header_bytes,
+        settings.header_timeout,
+        settings.body_timeout,
+        settings.max_connections,
+        settings.min_body_rate,
     )
-    app.state.body_budget = BodyBudget(settings.max_inflight_bytes, settings.retry_after)
+    app.state.body_budget = BodyBudget(
+        settings.max_inflight_bytes,
+        settings.retry_after,
+        per_holder=inflight_per_client(settings),
+        reserve=settings.body_reserve_bytes,
+    )
     app.add_middleware(
         GZipMiddleware,
         minimum_size=1000,
@@ -104,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
     door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
+    app.state.door = door
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
     if settings.metrics:
         app.add_middleware(ObserveRequests)  # outermost: times the whole request, gzip and refusals included

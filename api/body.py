@@ -55,20 +55,24 @@ async def read_body(
     buffer (joining its chunks would hold it twice).
 
     Its bytes, as received and as inflated, are taken from `hold` (the process's budget across requests) as
-    they arrive, before they are read when Content-Length declares them: past the budget, 503 (`Busy`)."""
+    they arrive: past the budget, 503 (`Busy`). A declared Content-Length reserves at most the budget's
+    `reserve` before any byte is read (so a body that cannot fit is refused early, and one that declares much
+    and sends little holds little)."""
     hold = hold or UNBOUNDED.hold()
     declared = request.headers.get("content-length")
     expected = int(declared) if declared is not None and declared.isdigit() else None
     if expected is not None and expected > max_bytes:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes}")
-    if expected is not None:
-        hold.take(expected)
+    taken = min(expected, hold.budget.reserve) if expected is not None else 0
+    hold.take(taken)
     body = bytearray()
     async for chunk in request.stream():
-        if len(body) + len(chunk) > max_bytes:
+        size = len(body) + len(chunk)
+        if size > max_bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
-        if expected is None or len(body) + len(chunk) > expected:
-            hold.take(len(chunk))
+        if size > taken:
+            hold.take(size - taken)
+            taken = size
         body += chunk
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):

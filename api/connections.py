@@ -6,8 +6,12 @@ byte per second, or a body that never ends, held a connection forever) and none 
 sends anything; and nothing bounds the connections held (1,100 idle ones used up a 1,024-descriptor limit,
 and innocent clients got resets). Here: a head is at most `max_header_bytes` (431 past it), must be complete
 within `header_timeout` of its first byte or of the connection (408), a body may pause at most `body_timeout`
-between two chunks, and past `max_connections` the connection idle longest makes room for a new one (one that
-has not sent a whole head counts as idle). Refusals use the service's one error shape.
+between two chunks and must average `min_body_rate` (it must have arrived within `body_timeout` plus its bytes
+over that rate: 408 beyond, so a body dribbled a byte every 20 s ends within `body_timeout`), and past
+`max_connections` a connection is closed to make room for a new one, whatever its state: the one idle longest,
+else the one sending its head or body slowest (bytes per second since it began). A connection whose request is
+whole and waits for its answer (a long-poll) is the server's to finish and is never closed for room.
+Refusals use the service's one error shape.
 """
 
 from __future__ import annotations
@@ -37,15 +41,23 @@ class Limits:
     header_timeout = 10.0
     body_timeout = 30.0
     max_connections = 1000
+    min_body_rate = 1 << 20
 
 
-def configure(max_header_bytes: int, header_timeout: float, body_timeout: float, max_connections: int) -> int:
+def configure(
+    max_header_bytes: int,
+    header_timeout: float,
+    body_timeout: float,
+    max_connections: int,
+    min_body_rate: int = 1 << 20,
+) -> int:
     """Set this process's bounds; `max_connections` is lowered to what the descriptor limit leaves. Returns it."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     room = max(16, soft - RESERVED_FDS) if soft != resource.RLIM_INFINITY else max_connections
     Limits.max_header_bytes = max_header_bytes
     Limits.header_timeout = header_timeout
     Limits.body_timeout = body_timeout
+    Limits.min_body_rate = min_body_rate
     Limits.max_connections = min(max_connections, room)
     return Limits.max_connections
 
@@ -62,6 +74,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._idle_since = time.monotonic()
+        self._began = self._idle_since  # when the head or body now arriving began
+        self._body_bytes = 0
+        self._in_body = False
 
     # --- connections ---
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -77,16 +92,30 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _idle(self) -> bool:
         return (self.cycle is None or self.cycle.response_complete) and (self._in_head or self._head_bytes == 0)
 
+    def _progress(self, now: float) -> float | None:
+        """Bytes per second of the head or body now arriving; None for a connection waiting on the server (its
+        request whole, its answer not yet sent: never closed for room)."""
+        if self._in_body:
+            return self._body_bytes / max(now - self._began, 1e-3)
+        if self._in_head and self._head_bytes:
+            return self._head_bytes / max(now - self._began, 1e-3)
+        return None
+
     def _make_room(self) -> None:
-        idle = [c for c in self.connections if isinstance(c, BoundedHttpToolsProtocol) and c is not self and c._idle()]
-        if not idle:
-            return  # every connection is busy: this one waits its turn in the kernel's buffers
-        oldest = min(idle, key=lambda c: c._idle_since)
+        others = [c for c in self.connections if isinstance(c, BoundedHttpToolsProtocol) and c is not self]
+        idle = [c for c in others if c._idle()]
         now = time.monotonic()
+        if idle:
+            victim, why = min(idle, key=lambda c: c._idle_since), "the longest idle"
+        else:
+            sending = [(rate, c) for c in others if (rate := c._progress(now)) is not None]
+            if not sending:
+                return  # every connection waits on the server: this one waits its turn in the kernel's buffers
+            victim, why = min(sending, key=lambda rc: rc[0])[1], "the slowest sending a request"
         if now - BoundedHttpToolsProtocol._last_evict_log > 10:
             BoundedHttpToolsProtocol._last_evict_log = now
-            log.warning("%d connections (max_connections): closing the longest idle ones", len(self.connections))
-        oldest.transport.close()
+            log.warning("%d connections (max_connections): closing %s to make room", len(self.connections), why)
+        victim.transport.close()
 
     # --- the head ---
     def data_received(self, data: bytes) -> None:
@@ -95,10 +124,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._in_head and self._head_bytes > Limits.max_header_bytes and not self.transport.is_closing():
             self._refuse(431, "headers_too_large", f"request head over {Limits.max_header_bytes} bytes")
+        elif self._in_body:
+            self._too_slow(time.monotonic())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
+        self._began = time.monotonic()
         self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
@@ -109,6 +141,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer = None
         super().on_headers_complete()
         if not self.transport.is_closing() and self.cycle is not None and self.cycle.more_body:
+            self._in_body = True
+            self._body_bytes = 0
+            self._began = time.monotonic()
             self._arm_body_timer()
 
     def _arm_head_timer(self) -> None:
@@ -127,9 +162,27 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # --- the body ---
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
+        self._body_bytes += len(body)
         self._arm_body_timer()
 
+    def _too_slow(self, now: float) -> bool:
+        """Refuse (408) a body behind `min_body_rate` (see the module); True if it was."""
+        allowed = Limits.body_timeout + self._body_bytes / Limits.min_body_rate
+        if now - self._began <= allowed or self.transport.is_closing() or self.flow.read_paused:
+            return False
+        msg = (
+            f"request body too slow: {self._body_bytes} bytes in {now - self._began:.0f} s, below the minimum rate "
+            f"(min_body_rate {Limits.min_body_rate} bytes/s after body_timeout {Limits.body_timeout:g} s)"
+        )
+        log.info("%s", msg)
+        if self.cycle is not None and not self.cycle.response_started:
+            self._refuse(408, "timeout", msg)
+        else:
+            self.transport.close()
+        return True
+
     def on_message_complete(self) -> None:
+        self._in_body = False
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -148,6 +201,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.flow.read_paused:  # the server is behind, not the client: wait on
             self._arm_body_timer()
+            return
+        if self._too_slow(time.monotonic()):
             return
         log.info("closing a connection whose body paused over %g s (body_timeout)", Limits.body_timeout)
         self.transport.close()

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.access import ANONYMOUS
+from api.frontdoor import identity_of
 from api.inflight import Hold
 from api.service import Service
 from api.settings import Settings
@@ -24,9 +26,17 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
 
 
+def holder(request: Request) -> str:
+    """Whose share of the body budget a request takes: its key's name, or on a keyless server its address."""
+    identity = identity_of(request.scope)
+    if identity is not ANONYMOUS:
+        return f"key {identity.name!r}"
+    return f"client {request.client.host}" if request.client else "client ?"
+
+
 async def body_hold(request: Request) -> AsyncIterator[Hold]:
     """The request's share of the process's body budget (`api.inflight`), given back when the request ends."""
-    hold: Hold = request.app.state.body_budget.hold()
+    hold: Hold = request.app.state.body_budget.hold(holder(request))
     try:
         yield hold
     finally:

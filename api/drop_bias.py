@@ -119,43 +119,65 @@ class Dist:
 
     @staticmethod
     def of(values: Sequence[float]) -> Dist:
+        """The summary, finite for any finite values (1e200, ±max, subnormals): they are scaled by the largest
+        magnitude first, so no sum, square or difference overflows (`api.ledger.score_summary`'s way)."""
         if not values:
             return Dist()
         n = len(values)
-        mean = math.fsum(values) / n
-        var = math.fsum((v - mean) ** 2 for v in values) / n
         ordered = sorted(values)
-        return Dist(n, mean, math.sqrt(var), _quantile(ordered, 0.5), _quantile(ordered, 0.9))
+        scale = max(-ordered[0], ordered[-1])
+        if scale == 0.0:
+            return Dist(n, 0.0, 0.0, 0.0, 0.0)
+        unit = [v / scale for v in values]  # in [-1, 1]
+        m = math.fsum(unit) / n
+        var = math.fsum((u - m) ** 2 for u in unit) / n
+        std = scale * min(1.0, math.sqrt(var))  # std <= (max - min) / 2 <= scale
+        return Dist(n, scale * m, std, _quantile(ordered, 0.5), _quantile(ordered, 0.9))
 
     def to_json(self) -> dict[str, float | int | None]:
         return {"n": self.n, "mean": self.mean, "std": self.std, "p50": self.p50, "p90": self.p90}
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+    """Linear interpolation between closest ranks (numpy's default), as a weighted sum of the two: their
+    difference could overflow (max - -max)."""
     pos = q * (len(ordered) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    frac, a, b = pos - lo, ordered[lo], ordered[hi]
+    if frac == 0 or a == b:
+        return a
+    return min(b, max(a, a * (1 - frac) + b * frac))  # clamped: subnormals round out of [a, b]
 
 
 def relative_difference(dropped: Dist, trained: Dist) -> float | None:
-    """(dropped mean - trained mean) / trained mean; None without both means or with a zero trained mean."""
+    """(dropped mean - trained mean) / trained mean; None without both means, with a zero trained mean or when
+    the ratio is past any float (a trained mean of a subnormal against a large one)."""
     if dropped.mean is None or trained.mean is None or trained.mean == 0:
         return None
-    return (dropped.mean - trained.mean) / abs(trained.mean)
+    # Halved first: the difference of two finite means may pass the largest float, their halves' cannot.
+    return _finite((dropped.mean / 2 - trained.mean / 2) / abs(trained.mean) * 2)
 
 
 def standardised_difference(dropped: Dist, trained: Dist) -> float | None:
     """(dropped mean - trained mean) / pooled standard deviation (Cohen's d); ±inf when both are constant and
-    differ, 0 when they are equal; None without both."""
+    differ, 0 when they are equal; None without both. No step overflows for finite inputs (the deviations are
+    scaled by the larger before squaring); a quotient past any float is ±inf, as a constant pair's."""
     if dropped.mean is None or trained.mean is None or dropped.std is None or trained.std is None:
         return None
-    diff = dropped.mean - trained.mean
-    pooled = math.sqrt((dropped.n * dropped.std**2 + trained.n * trained.std**2) / (dropped.n + trained.n))
-    if pooled == 0:
-        return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-    return diff / pooled
+    half_diff = dropped.mean / 2 - trained.mean / 2
+    scale = max(dropped.std, trained.std)
+    if scale == 0:
+        return 0.0 if half_diff == 0 else math.copysign(math.inf, half_diff)
+    a, b = dropped.std / scale, trained.std / scale
+    pooled = scale * math.sqrt((dropped.n * a * a + trained.n * b * b) / (dropped.n + trained.n))
+    if pooled == 0:  # underflowed: subnormal deviations
+        return 0.0 if half_diff == 0 else math.copysign(math.inf, half_diff)
+    return half_diff / pooled * 2
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,15 @@ def batch_txn(
         state.save_run(txn, reg, started=True)
     commit_mode = reg.acknowledge == COMMIT
     if step is None and not commit_mode:
+        # Atropos's loop: asking for the next batch acknowledges every one before it, so retention and the
+        # ledger prune by it (the mark stayed at 0, and retain_bytes kept every served payload).
+        kept = state.load_kept(txn, run)
+        if run.step > kept.committed:
+            if kept.sizes:  # batches kept by an earlier `?step=`: acknowledged now, as asking for one would
+                txn.drop_batches_before(run.step, retain=books.retaining)
+                if books.enabled:
+                    txn.ledger_committed(kept.committed, run.step, time.time())
+            state.save_kept(txn, kept.acknowledge(run.step))
         return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules)
     if step is None:
         step = run.step

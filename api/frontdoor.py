@@ -190,6 +190,18 @@ async def _refuse(
     await send({"type": "http.response.body", "body": body})
 
 
+def still_admitted(door: Door | None, scope: Scope) -> bool:
+    """Whether the request's key still admits it (a long request asks again at each step: a key revoked or
+    rotated in the key file meanwhile ends it). True without keys."""
+    if door is None or door.keys is None or identity_of(scope) is ANONYMOUS:
+        return True
+    auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = auth.partition(" ")
+    found = identify(door.keys(), token.strip() if scheme.lower() == "bearer" else None)
+    rule = admits(scope["method"], scope["path"])
+    return found is not None and (rule == PUBLIC or found.role in rule)
+
+
 def identity_of(scope: Scope) -> Identity:
     """The caller the front door let in (ANONYMOUS without keys, or in an app built without the door)."""
     found = scope.get("state", {}).get("identity")

@@ -20,50 +20,67 @@ class Busy(Unavailable):
 
 
 class BodyBudget:
-    """A count of bytes held, bounded by `limit`; thread-safe (gzip bodies inflate in worker threads)."""
+    """A count of bytes held, bounded by `limit` over all requests and by `per_holder` for one holder (an API
+    key's name, or a keyless client's address), so that one holder cannot take it all; thread-safe (gzip bodies
+    inflate in worker threads). `reserve`: the most a request's declared length takes before its bytes arrive
+    (`api.body.read_body`): a client that declares 256 MiB and dribbles holds only what it sent and this."""
 
-    def __init__(self, limit: int, retry_after: float = 1.0) -> None:
+    def __init__(
+        self, limit: int, retry_after: float = 1.0, *, per_holder: int | None = None, reserve: int | None = None
+    ) -> None:
         self.limit = limit
+        self.per_holder = limit if per_holder is None else per_holder
+        self.reserve = limit if reserve is None else reserve
         self.retry_after = retry_after
         self.held = 0
+        self.by_holder: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def take(self, n: int) -> None:
-        """Hold `n` more bytes, or raise `Busy` (holding nothing more) when that would pass the limit."""
+    def take(self, n: int, holder: str = "") -> None:
+        """Hold `n` more bytes, or raise `Busy` (holding nothing more) when that would pass a limit."""
         with self._lock:
-            held = self.held
-            if held + n <= self.limit:
+            held, mine = self.held, self.by_holder.get(holder, 0)
+            if held + n <= self.limit and mine + n <= self.per_holder:
                 self.held = held + n
+                self.by_holder[holder] = mine + n
                 return
-        raise Busy(
-            f"the server holds {held} bytes of request bodies; this request needs {n} more and the limit "
-            f"(max_inflight_bytes) is {self.limit}: retry later",
-            self.retry_after,
-        )
+        if held + n > self.limit:
+            why = f"the server holds {held} bytes of request bodies; this request needs {n} more and the limit " \
+                  f"(max_inflight_bytes) is {self.limit}"  # fmt: skip
+        else:
+            why = f"{holder or 'this client'} holds {mine} bytes of request bodies; this request needs {n} more " \
+                  f"and one key's or client's share (max_inflight_bytes_per_client) is {self.per_holder}"  # fmt: skip
+        raise Busy(f"{why}: retry later", self.retry_after)
 
-    def give(self, n: int) -> None:
+    def give(self, n: int, holder: str = "") -> None:
         with self._lock:
             self.held -= n
+            left = self.by_holder.get(holder, 0) - n
+            if left > 0:
+                self.by_holder[holder] = left
+            else:
+                self.by_holder.pop(holder, None)
 
-    def hold(self) -> Hold:
-        return Hold(self)
+    def hold(self, holder: str = "") -> Hold:
+        return Hold(self, holder)
 
 
 class Hold:
     """One request's share of a `BodyBudget`: what it took, given back all at once by `release`."""
 
-    def __init__(self, budget: BodyBudget) -> None:
+    def __init__(self, budget: BodyBudget, holder: str = "") -> None:
         self.budget = budget
+        self.holder = holder
         self.bytes = 0
 
     def take(self, n: int) -> None:
-        self.budget.take(n)
+        self.budget.take(n, self.holder)
         self.bytes += n
 
     def give(self, n: int) -> None:
         """Give back part of what was taken (a compressed body, once inflated)."""
         n = min(n, self.bytes)
-        self.budget.give(n)
+        self.budget.give(n, self.holder)
         self.bytes -= n
 
     def release(self) -> None:

@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector
 
 from api.drop_bias import CONDITIONS, Report
 from api.producer_state import ProducerReport
-from api.stats import Snapshot
-from api.store.base import Store, Txn
+from api.stats import EnvSnapshot, Snapshot
+from api.store.base import QueueCounts, Store, Txn
 
 T = TypeVar("T")
 
@@ -70,6 +70,12 @@ WAITING_LONG_POLLS = Gauge(
 )
 
 
+KEY_FILE_STALE = Gauge(
+    "rollbuf_key_file_stale",
+    "1 while api_keys_file cannot be used (gone, unparsable, no key) and the last good keys stay in use.",
+    registry=PROCESS,
+    multiprocess_mode="max",
+)
 PROCESS_RSS = Gauge(
     "rollbuf_process_resident_memory_bytes",
     "Resident memory of this server process (with --workers N, one series per live worker: label pid).",
@@ -139,14 +145,45 @@ class TimedStore(Store):
         await self.inner.close()
 
 
-class SnapshotCollector(Collector):
-    """The run's state and counters, as one store transaction read them."""
+OTHER_ENVS = "(other envs)"
+"""The `env` label of the envs past `metrics_max_envs`, summed (env names end in `_<n>`: no env has it)."""
+MAX_ENVS = 100
 
-    def __init__(self, snap: Snapshot) -> None:
+
+def itemised(envs: Sequence[EnvSnapshot], cap: int) -> list[EnvSnapshot]:
+    """The first `cap` envs (in registration order, so series do not come and go between scrapes) and the rest
+    summed into one `OTHER_ENVS`: 10,000 envs made a 12.9 MB scrape."""
+    if len(envs) <= cap:
+        return list(envs)
+    rest = envs[cap:]
+    dropped: dict[str, int] = {}
+    queue = held = QueueCounts()
+    for e in rest:
+        for reason, n in e.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+        queue, held = queue + e.queue, held + e.held
+    other = EnvSnapshot(
+        OTHER_ENVS, sum(e.weight for e in rest), 0, any(e.connected for e in rest), None, queue,
+        sum(e.received for e in rest), sum(e.served_groups for e in rest), sum(e.served_seqs for e in rest),
+        sum(e.backpressure for e in rest), dropped, held,
+    )  # fmt: skip
+    return [*envs[:cap], other]
+
+
+class SnapshotCollector(Collector):
+    """The run's state and counters, as one store transaction read them; per env for the first `max_envs`."""
+
+    def __init__(self, snap: Snapshot, max_envs: int = MAX_ENVS) -> None:
         self.snap = snap
+        self.max_envs = max_envs
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snap
+        yield GaugeMetricFamily(
+            "rollbuf_envs",
+            'Envs registered; past metrics_max_envs, the per-env series sum the rest under env="(other envs)".',
+            len(snap.envs),
+        )
         yield GaugeMetricFamily("rollbuf_step", "The next batch's step (0 before a trainer registers).", snap.step)
         yield GaugeMetricFamily(
             "rollbuf_committed_step", "Every batch before this step is acknowledged (committed).", snap.committed
@@ -205,7 +242,7 @@ class SnapshotCollector(Collector):
         )
         held_bytes = GaugeMetricFamily("rollbuf_side_buffer_bytes", "Bytes held in the side buffer.", labels=["env"])
         weight = GaugeMetricFamily("rollbuf_env_weight", "The env's registered weight.", labels=["env"])
-        for env in snap.envs:
+        for env in itemised(snap.envs, self.max_envs):
             received.add_metric([env.name], env.received)
             for reason, n in sorted(env.dropped.items()):
                 dropped.add_metric([env.name, reason], n)
@@ -247,8 +284,9 @@ class SnapshotCollector(Collector):
 class DropBiasCollector(Collector):
     """The drop-bias monitor's report (docs/ledger.md, "Drop-bias monitor"): per env over its window."""
 
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, max_envs: int = MAX_ENVS) -> None:
         self.report = report
+        self.max_envs = max_envs
 
     def collect(self) -> Iterator[Metric]:
         share = GaugeMetricFamily(
@@ -286,7 +324,8 @@ class DropBiasCollector(Collector):
             "1 while a condition holds (starved, length_skew, reward_skew), by env.",
             labels=["env", "condition"],
         )
-        for e in self.report.envs:
+        flagged_first = sorted(self.report.envs, key=lambda e: not e.flags)  # stable: an env flagged is shown
+        for e in flagged_first[: self.max_envs]:
             if e.share is not None:
                 share.add_metric([e.env], e.share)
             weight.add_metric([e.env], e.weight_share)
@@ -310,8 +349,9 @@ class DropBiasCollector(Collector):
 class ProducersCollector(Collector):
     """Producers per env (live, gone), each producer's last-seen age, and the weights step announced."""
 
-    def __init__(self, report: ProducerReport) -> None:
+    def __init__(self, report: ProducerReport, max_envs: int = MAX_ENVS) -> None:
         self.report = report
+        self.max_envs = max_envs
 
     def collect(self) -> Iterator[Metric]:
         r = self.report
@@ -324,7 +364,12 @@ class ProducersCollector(Collector):
             for env in p.envs:
                 key = (env, "live" if p.live else "gone")
                 counts[key] = counts.get(key, 0) + 1
-        for (env, state), n in sorted(counts.items()):
+        named = sorted({env for env, _ in counts})[: self.max_envs]  # past the cap, summed as the other series are
+        capped: dict[tuple[str, str], int] = {}
+        for (env, state), n in counts.items():
+            key = (env if env in named else OTHER_ENVS, state)
+            capped[key] = capped.get(key, 0) + n
+        for (env, state), n in sorted(capped.items()):
             per_env.add_metric([env, state], n)
         seen = GaugeMetricFamily("rollbuf_producer_last_seen_seconds", "Seconds since a producer's last heartbeat.",
                                  labels=["producer", "host"])  # fmt: skip
@@ -340,17 +385,20 @@ class _Process(Collector):
         yield from PROCESS.collect()
 
 
-def render(snap: Snapshot, bias: Report | None = None, producers: ProducerReport | None = None) -> bytes:
-    """The exposition text for one scrape (with the drop-bias monitor's report, when the ledger is on)."""
+def render(
+    snap: Snapshot, bias: Report | None = None, producers: ProducerReport | None = None, max_envs: int = MAX_ENVS
+) -> bytes:
+    """The exposition text for one scrape (with the drop-bias monitor's report, when the ledger is on, and the
+    producers), per env for at most `max_envs` envs (`metrics_max_envs`)."""
     sample_process(time.monotonic())
     registry = CollectorRegistry(auto_describe=False)
     if multiprocess():
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry.register(_Process())
-    registry.register(SnapshotCollector(snap))
+    registry.register(SnapshotCollector(snap, max_envs))
     if bias is not None:
-        registry.register(DropBiasCollector(bias))
+        registry.register(DropBiasCollector(bias, max_envs))
     if producers is not None:
-        registry.register(ProducersCollector(producers))
+        registry.register(ProducersCollector(producers, max_envs))
     return generate_latest(registry)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any, cast
 
 from api import ledger, state, stats, submissions
 from api.access import ANONYMOUS, Identity
@@ -100,6 +101,8 @@ class Service:
     read it (in the same transaction: a waiting long-poll costs no read of its own)."""
     _nothing_since: float | None = None
     """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
+    _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
+    """The last drop-bias report and /status's entries for it (`status`)."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -395,6 +398,8 @@ class Service:
         """The drop-bias monitor's report, refreshed if it is older than `REFRESH_S`; None without the ledger."""
         if not self.books.enabled:
             return None
+        if self.bias.report is not None and not self.bias.due(time.monotonic()):
+            return self.bias.report  # a view polled often (10,000 envs' /status) reads and recomputes nothing
         return await self.bias.refresh(self.store)
 
     async def close(self) -> None:
@@ -485,11 +490,17 @@ class Service:
         report = await self.drop_bias()
         if report is None:
             return status
-        envs = [
-            EnvDropBias.model_validate({**e.to_status(), "passed_over": status.passed_over.get(e.env, 0)})
-            for e in report.envs
-        ]
-        return status.model_copy(update={"drop_bias": envs})
+        passed_over = tuple(sorted(status.passed_over.items()))
+        cached, cached_over, entries = self._bias_entries
+        if cached is not report or cached_over != passed_over:  # converted once per report, not once per request
+            entries = [
+                EnvDropBias.model_construct(
+                    **{**cast(dict[str, Any], e.to_status()), "passed_over": status.passed_over.get(e.env, 0)}
+                )
+                for e in report.envs
+            ]
+            self._bias_entries = (report, passed_over, entries)
+        return status.model_copy(update={"drop_bias": entries})
 
     # ----------------------------------------------------------------------------- producers and weights
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -12,8 +13,11 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from api.access import MIN_SECRET, Key, KeyFile, parse_keys
+from api.access import MIN_SECRET, Key
+from api.keyring import KeyFile, NoKey, describe, fixed_keys, parse_key_file, read_bounded
 from api.store import redacted
+
+log = logging.getLogger("rollbuf")
 
 MiB = 1024 * 1024
 SHARED_STORES = ("sqlite:///", "postgresql://", "postgres://")
@@ -43,6 +47,10 @@ class Settings(BaseSettings):
     """Server log lines: plain text with timestamps, or one JSON object per line."""
     metrics: bool = True
     """Serve Prometheus metrics at /metrics and time every request into them."""
+    metrics_max_envs: int = Field(100, ge=1)
+    """Envs with their own series in /metrics (the first registered); the rest are summed under
+    `env="(other envs)"` (counters and gauges) or left out (the drop-bias monitor's, flagged envs first), so
+    that a scrape stays small with thousands of envs."""
     wandb_interval: float = Field(5.0, gt=0)
     """Seconds between two W&B logs of the buffer's stats (only when wandb is installed and configured: an
     API key or WANDB_MODE in the environment)."""
@@ -116,6 +124,14 @@ class Settings(BaseSettings):
     """Bytes of request bodies (as received and as inflated) one server process holds at once, over all
     requests; a request that would pass it gets 503 + Retry-After. At least `max_body_bytes` +
     `max_decompressed_bytes`, so that any one valid request fits."""
+    max_inflight_bytes_per_client: int | None = Field(None, gt=0)
+    """Of `max_inflight_bytes`, the most one API key (by name), or on a keyless server one client address, holds
+    at once (503 + Retry-After beyond), so that one holder's slow or many uploads cannot take it all. None: half
+    of `max_inflight_bytes`, and at least `max_body_bytes` + `max_decompressed_bytes`."""
+    body_reserve_bytes: int = Field(16 * MiB, gt=0)
+    """Most bytes a request's declared Content-Length takes from the budgets before they arrive (a body that
+    cannot fit is refused early); the rest is counted as it arrives, so a client that declares 256 MiB and
+    sends a byte now and then holds what it sent and this much."""
     gzip_level: int = Field(1, ge=1, le=9)
     """Compression level of gzip responses (1-9; JSON batches use ISA-L, capped at its 3); 1 is several times
     faster than Atropos's 9 at a slightly larger size."""
@@ -154,6 +170,10 @@ class Settings(BaseSettings):
     """Seconds a request head may take to arrive, from the connection or its first byte (408 beyond)."""
     body_timeout: float = Field(30.0, gt=0)
     """Seconds a request body may pause between two chunks before the connection is closed."""
+    min_body_rate: int = Field(1 * MiB, gt=0)
+    """Bytes per second a request body must average: it must have arrived within `body_timeout` plus its bytes
+    so far over this rate (408 and closed beyond), so a body sent a byte at a time ends within `body_timeout`,
+    and 256 MiB may take about 4.8 minutes."""
     keepalive_timeout: int = Field(5, gt=0)
     """Seconds an idle keep-alive connection is held open."""
     max_connections: int = Field(1000, ge=16)
@@ -197,6 +217,12 @@ class Settings(BaseSettings):
                 f"max_inflight_bytes ({self.max_inflight_bytes}) is below max_body_bytes + max_decompressed_bytes "
                 f"({self.max_body_bytes + self.max_decompressed_bytes}): a valid gzip request could never be read"
             )
+        per_client = self.max_inflight_bytes_per_client
+        if per_client is not None and per_client < self.max_body_bytes + self.max_decompressed_bytes:
+            raise ValueError(
+                f"max_inflight_bytes_per_client ({per_client}) is below max_body_bytes + max_decompressed_bytes "
+                f"({self.max_body_bytes + self.max_decompressed_bytes}): a valid gzip request could never be read"
+            )
         keyed = self.api_key is not None or self.api_keys is not None or self.api_keys_file is not None
         short = self.api_key is not None and len(self.api_key.get_secret_value()) < MIN_SECRET
         if short and not _is_loopback(self.host):
@@ -204,8 +230,18 @@ class Settings(BaseSettings):
                 f"api_key is shorter than {MIN_SECRET} characters on {self.host}, reachable from other machines: "
                 "a key that can be guessed is no key"
             )
-        if self.api_keys is not None:
-            parse_keys(self.api_keys.get_secret_value(), "api_keys")
+        fixed, _ = _fixed(self)
+        if self.api_keys_file is not None:
+            try:
+                parse_key_file(self.api_keys_file, read_bounded(self.api_keys_file), fixed)
+            except NoKey:
+                if not _is_loopback(self.host):
+                    raise ValueError(
+                        f"api_keys_file {self.api_keys_file} holds no key: on a host other machines reach, a key "
+                        "source must hold a key (give it one, or unset it)"
+                    ) from None
+            except OSError as exc:
+                raise ValueError(f"api_keys_file: {exc}") from None
         if not keyed and not self.allow_unauthenticated and not _is_loopback(self.host):
             raise ValueError(
                 f"host {self.host!r} is reachable from other machines and no api_key is set: "
@@ -240,17 +276,45 @@ def to_environ(settings: Settings) -> dict[str, str]:
     return out
 
 
+def _fixed(settings: Settings) -> tuple[list[Key], list[str]]:
+    """`api_key`'s and `api_keys`' keys, checked (`api.keyring.fixed_keys`), and warnings."""
+    return fixed_keys(
+        None if settings.api_key is None else settings.api_key.get_secret_value(),
+        None if settings.api_keys is None else settings.api_keys.get_secret_value(),
+        required=not _is_loopback(settings.host),
+    )
+
+
 def door_keys(settings: Settings) -> Callable[[], list[Key]] | None:
-    """The keys the front door checks, as a function (a key file is read again when it changes); None: none."""
-    fixed: list[Key] = []
-    if settings.api_key is not None:
-        fixed.append(Key("admin", "admin", settings.api_key.get_secret_value().encode()))
-    if settings.api_keys is not None:
-        fixed += parse_keys(settings.api_keys.get_secret_value(), "api_keys")
+    """The keys the front door checks, as a function (a key file is read again when it changes); None only when
+    no key source is set. A source set but empty leaves a keyed server with no keys, which refuses every
+    request needing one: keys fail closed."""
+    keyed = settings.api_key is not None or settings.api_keys is not None or settings.api_keys_file is not None
+    if not keyed:
+        return None
+    fixed, _ = _fixed(settings)
     if settings.api_keys_file is not None:
-        keyfile = KeyFile(settings.api_keys_file)
-        return lambda: [*fixed, *keyfile.current()]
-    return (lambda: fixed) if fixed else None
+        return KeyFile(settings.api_keys_file, fixed, required=not _is_loopback(settings.host))
+    return lambda: fixed
+
+
+def log_keys(settings: Settings, keys: Callable[[], list[Key]] | None) -> None:
+    """At start: the active keys' names and roles (never a secret), and why a key source gives none."""
+    if keys is None:
+        return
+    for warning in _fixed(settings)[1]:
+        log.warning("%s", warning)
+    if isinstance(keys, KeyFile) and keys.error is not None:
+        log.error("api_keys_file %s: %s", keys.path, keys.error)
+    log.info("keys in use: %s", describe(keys()) or "none (every request needing a key is refused)")
+
+
+def inflight_per_client(settings: Settings) -> int:
+    """`max_inflight_bytes_per_client`, or its default: half the budget, at least one valid request's bytes."""
+    if settings.max_inflight_bytes_per_client is not None:
+        return settings.max_inflight_bytes_per_client
+    one_request = settings.max_body_bytes + settings.max_decompressed_bytes
+    return min(settings.max_inflight_bytes, max(settings.max_inflight_bytes // 2, one_request))
 
 
 def door_hosts(settings: Settings) -> tuple[str, ...] | None:

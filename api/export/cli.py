@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import BinaryIO, NoReturn, TextIO
 
 import httpx
 
@@ -74,6 +76,21 @@ class Bar:
         self.out.flush()
 
 
+@contextmanager
+def written(path: Path) -> Iterator[BinaryIO]:
+    """A file written as `path`.part and renamed to `path` once whole. A write that fails (a full disk, a
+    read-only directory) is one line and exit 2, not a traceback, and leaves no part behind."""
+    part = path.with_name(path.name + ".part")
+    try:
+        with open(part, "wb") as f:
+            yield f
+        os.replace(part, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            part.unlink()
+        fail(f"{path}: cannot write the export: {exc.strerror or exc} (nothing of this table was left behind)")
+
+
 async def from_store(url: str, tables: Sequence[str], out: Path) -> None:
     from api.export.stream import Limits, TableWriter, pages, totals
     from api.store import make_store, redacted, without_password
@@ -91,8 +108,7 @@ async def from_store(url: str, tables: Sequence[str], out: Path) -> None:
             writer = TableWriter(table, limits)
             bar = Bar(table, counts[table], "steps" if table == "steps" else "groups")
             path = out / f"{table}.parquet"
-            part = path.with_name(path.name + ".part")
-            with open(part, "wb") as f:
+            with written(path) as f:
                 async for page in pages(table, store, limits):
                     chunk = await asyncio.to_thread(writer.feed, page)
                     f.write(chunk)
@@ -100,7 +116,6 @@ async def from_store(url: str, tables: Sequence[str], out: Path) -> None:
                 chunk = writer.finish()
                 f.write(chunk)
                 bar.advance(0, len(chunk))
-            os.replace(part, path)
             bar.close(path, writer.written_rows)
     finally:
         await store.close()
@@ -112,16 +127,14 @@ async def from_server(url: str, api_key: str | None, tables: Sequence[str], out:
         for table in tables:
             bar = Bar(table, None, "chunks")
             path = out / f"{table}.parquet"
-            part = path.with_name(path.name + ".part")
             async with client.stream("GET", "/export", params={"table": table}) as reply:
                 if reply.status_code != 200:
                     body = (await reply.aread()).decode(errors="replace")
                     fail(f"{url}/export?table={table}: HTTP {reply.status_code}: {body[:500]}")
-                with open(part, "wb") as f:
+                with written(path) as f:
                     async for chunk in reply.aiter_raw():
                         f.write(chunk)
                         bar.advance(1, len(chunk))
-            os.replace(part, path)
             bar.close(path, None)
 
 

@@ -45,6 +45,9 @@ PAGE_GROUPS = 256
 """Ledger rows (and their kept payloads) read per transaction."""
 PAGE_STEPS = 1024
 """Step rows read per transaction."""
+PAGE_BYTES = 16 << 20
+"""Payload bytes (as stored) read per transaction: a page of groups shrinks for large payloads (256 groups of
+1 MB images held 256 MB, several times that decoded), down to one group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class Limits:
 
     page_groups: int = PAGE_GROUPS
     page_steps: int = PAGE_STEPS
+    page_bytes: int = PAGE_BYTES
     row_group_rows: int = ROW_GROUP_ROWS
     row_group_bytes: int = ROW_GROUP_BYTES
 
@@ -66,16 +70,31 @@ class Page:
     payloads: dict[int, bytes]
     """Payloads the store still holds of these groups (retained, or in a kept batch)."""
     run: RunState
+    last: bool = False
+    """The scan reached the ledger's end: no further page."""
 
     @property
     def size(self) -> int:
         return len(self.groups) + len(self.steps)
 
 
-def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool) -> Page:
+def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool, max_bytes: int = PAGE_BYTES) -> Page:
+    """Up to `limit` group rows after `after_id`; with their `payloads`, only as many rows as hold `max_bytes`
+    of them (at least one): the page's memory is bounded by bytes, not rows."""
     rows = txn.ledger_scan(after_id, limit)
-    wanted = [r.id for r in rows if r.kept or r.fate == SERVED] if payloads else []
-    return Page(rows, [], txn.kept_payloads(wanted) if wanted else {}, state.load(txn))
+    last = len(rows) < limit
+    wanted: list[int] = []
+    if payloads:
+        size = 0
+        for n, r in enumerate(rows):
+            if not (r.kept or r.fate == SERVED):
+                continue
+            if wanted and size + r.bytes > max_bytes:
+                rows, last = rows[:n], False
+                break
+            wanted.append(r.id)
+            size += r.bytes
+    return Page(rows, [], txn.kept_payloads(wanted) if wanted else {}, state.load(txn), last)
 
 
 def read_steps(txn: Txn, first: int, last: int) -> Page:
@@ -94,12 +113,15 @@ async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]
         return
     after = -(1 << 62)
     while True:
-        read = partial(read_groups, after_id=after, limit=limits.page_groups, payloads=table == SEQUENCES)
+        read = partial(
+            read_groups, after_id=after, limit=limits.page_groups, payloads=table == SEQUENCES,
+            max_bytes=limits.page_bytes,
+        )  # fmt: skip
         page = await store.read(read)
         if page.groups:
             yield page
             after = page.groups[-1].id
-        if len(page.groups) < limits.page_groups:
+        if page.last:
             return
 
 

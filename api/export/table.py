@@ -106,13 +106,21 @@ def _micros(t: float | None) -> int | None:
 class _Pending:
     fates: list[Fate] = field(default_factory=list)
     records: list[GroupRecord] = field(default_factory=list)
+    metas: list[str | None] = field(default_factory=list)
     rows: int = 0
     size: int = 0
 
 
-def record_bytes(rec: GroupRecord) -> int:
-    """Array bytes a group adds to a record batch (its float fields as float64)."""
-    return rec.n_tokens * (2 * I32.itemsize + F64.itemsize * len(rec.floats)) + rec.seqs * 64
+def meta_text(rec: GroupRecord) -> str | None:
+    """The group's metadata (`images`, `messages`, ...) as the `meta` column holds it."""
+    return orjson.dumps(rec.meta).decode() if rec.meta else None
+
+
+def record_bytes(rec: GroupRecord, meta: str | None = None) -> int:
+    """Bytes a group adds to a record batch: its arrays (float fields as float64), and its metadata's text,
+    repeated on each of its sequence rows (1 MB of `images` in a group of 4 is 4 MB of the batch)."""
+    arrays = rec.n_tokens * (2 * I32.itemsize + F64.itemsize * len(rec.floats)) + rec.seqs * 64
+    return arrays + (len(meta) * rec.seqs if meta else 0)
 
 
 class SequenceBatcher:
@@ -127,10 +135,12 @@ class SequenceBatcher:
     def add(self, fate: Fate, rec: GroupRecord) -> pa.RecordBatch | None:
         """Add one group's sequences; returns a record batch once the rows or bytes held reach the bound."""
         p = self._pending
+        meta = meta_text(rec)
         p.fates.append(fate)
         p.records.append(rec)
+        p.metas.append(meta)
         p.rows += rec.seqs
-        p.size += record_bytes(rec)
+        p.size += record_bytes(rec, meta)
         if p.rows >= self.max_rows or p.size >= self.max_bytes:
             return self.flush()
         return None
@@ -140,7 +150,7 @@ class SequenceBatcher:
         p, self._pending = self._pending, _Pending()
         if not p.records:
             return None
-        return sequences_batch(p.fates, p.records, self.schema)
+        return sequences_batch(p.fates, p.records, self.schema, p.metas)
 
 
 def _lists(values: Sequence[np.ndarray], lengths: np.ndarray, dtype: pa.DataType) -> pa.Array:
@@ -169,7 +179,12 @@ _SCALARS = ("group", "group_id", "env", "env_id", "policy_step", "fate", "traine
 _PER_SEQ = ("seq", "length", "score", "tokens", "masks", *FLOAT_FIELDS)
 
 
-def sequences_batch(fates: Sequence[Fate], records: Sequence[GroupRecord], schema: pa.Schema) -> pa.RecordBatch:
+def sequences_batch(
+    fates: Sequence[Fate],
+    records: Sequence[GroupRecord],
+    schema: pa.Schema,
+    metas: Sequence[str | None] | None = None,
+) -> pa.RecordBatch:
     """The `sequences` rows of these groups (fates[i] says what became of records[i]). Per-group values are
     built once per group and repeated by index (`take`), per-token arrays concatenated once: no Python loop
     runs per sequence or per token."""
@@ -186,7 +201,7 @@ def sequences_batch(fates: Sequence[Fate], records: Sequence[GroupRecord], schem
         "drop_reason": [f.drop_reason for f in fates],
         "dropped_step": [f.dropped_step for f in fates],
         "acked_at": [_micros(f.acked_at) for f in fates],
-        "meta": [orjson.dumps(r.meta).decode() if r.meta else None for r in records],
+        "meta": list(metas) if metas is not None else [meta_text(r) for r in records],
     }
     index = pa.array(np.repeat(np.arange(len(records)), per_seq))
     starts = np.cumsum(per_seq) - per_seq

@@ -14,6 +14,8 @@ from api.records import dumps
 
 router = APIRouter(tags=["ledger"])
 
+MAX_STEP = 2**63 - 1
+"""The largest step a store holds (a signed 64-bit integer): a larger one is 422, never a store's overflow."""
 LEDGER_EXAMPLE = "conformance"
 """The group id the description's example names (tests/integration/test_openapi_conformance.py sends one)."""
 DATA = Query(description="Include each retained group's data, as GET /batch serves it (`retain_steps`, `retain_bytes`)")
@@ -26,7 +28,9 @@ DATA = Query(description="Include each retained group's data, as GET /batch serv
 )
 async def ledger_step(
     service: ServiceDep,
-    step: Annotated[int, Path(ge=0, description="The batch's step", openapi_examples={"first": {"value": 0}})],
+    step: Annotated[
+        int, Path(ge=0, le=MAX_STEP, description="The batch's step", openapi_examples={"first": {"value": 0}})
+    ],
     data: Annotated[bool, DATA] = False,
 ) -> Response:
     """What batch `step` held: its groups (in batch order) with their envs, policy steps, sizes and scores, the

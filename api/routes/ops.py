@@ -8,12 +8,13 @@ import logging
 from importlib import resources
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api import metrics
-from api.deps import ServiceDep
+from api.deps import ServiceDep, SettingsDep
 from api.errors import Unavailable
+from api.keyring import KeyFile
 from api.openapi import errors
 from api.records import dumps
 
@@ -43,7 +44,7 @@ async def healthz() -> dict[str, str]:
         **errors(503),
     },
 )
-async def readyz(service: ServiceDep) -> JSONResponse:
+async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     """Readiness: the store answers a read within 2 s, and takes writes as far as it knows (a full disk, a
     failing checkpoint); 503 otherwise."""
     try:
@@ -55,14 +56,22 @@ async def readyz(service: ServiceDep) -> JSONResponse:
     trouble = service.store.not_ready()
     if trouble:
         raise Unavailable(f"the store cannot take writes: {trouble}", retry_after=READY_TIMEOUT_S)
+    door = getattr(request.app.state, "door", None)
+    keyfile = door.keys if door is not None and isinstance(door.keys, KeyFile) else None
+    if keyfile is not None:
+        keyfile.current()  # a probe starts a due read of the file, as a keyed request does
+    if keyfile is not None and keyfile.error is not None:
+        # Ready (the last good keys serve), but an operator must see that a rotation did not take.
+        warning = f"api_keys_file cannot be used ({keyfile.error}): the last good keys stay in use"
+        return JSONResponse({"status": "ok", "warnings": [warning]})
     return JSONResponse({"status": "ok"})
 
 
 @prometheus.get("/metrics", response_class=Response, responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})
-async def prometheus_metrics(service: ServiceDep) -> Response:
+async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
-    body = metrics.render(snap, await service.drop_bias(), await service.producer_report())
+    body = metrics.render(snap, await service.drop_bias(), await service.producer_report(), settings.metrics_max_envs)
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
 

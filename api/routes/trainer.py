@@ -11,11 +11,13 @@ import anyio
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
+from api.auth import Unauthorized
 from api.batches import BatchWaiting, FormedBatch
 from api.body import accepts_gzip, gzip_compress
 from api.commits import ReadAheadFull
 from api.deps import ServiceDep, SettingsDep
 from api.errors import InvalidData
+from api.frontdoor import still_admitted
 from api.logs import RateLimiter
 from api.metrics import WAITING_LONG_POLLS
 from api.openapi import errors
@@ -160,6 +162,9 @@ async def batch(
             wakeups.pass_on()
             log.info("GET /batch: client went away after %.1f s of long-poll", time.monotonic() - started)
             return _json(_no_batch(result))
+        if not still_admitted(getattr(request.app.state, "door", None), request.scope):
+            wakeups.pass_on()  # a key revoked while it waited takes no batch (it would be lost to it)
+            raise Unauthorized("the key of this request was revoked or rotated while it waited")
         tried_at = wakeups.count
         result = await service.next_batch(step, as_json=not binary)
         recheck_at = _recheck_at(result)

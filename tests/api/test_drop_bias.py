@@ -134,3 +134,28 @@ async def test_the_monitor_counts_groups_passed_over(settings: Settings) -> None
             while not (bias := (await c.get("/status")).json()["drop_bias"]):
                 await anyio.sleep(0.05)  # polling for the monitor's next refresh
         assert {e["env"]: e["passed_over"] for e in bias} == {"surv_0": 1}
+
+
+async def test_no_accepted_score_breaks_a_view(settings: Settings) -> None:
+    """A group scoring 1e200 made GET /status 500 for good (OverflowError in the monitor), on every store: every
+    view answers, with finite numbers or nulls, whatever finite scores were accepted."""
+    big = 1.7976931348623157e308
+    async with serving(settings) as c:
+        assert (await c.post("/register", json=registration(batch_size=4))).status_code == 200
+        await c.get("/batch")
+        assert (await c.post("/register-env", json=env("math", 4))).status_code == 200
+        for i, scores in enumerate([[1e200] * 4, [0.0, 1e200, -1e200, 1.0], [big, -big, big, -big], [5e-324] * 4]):
+            body = group(4, env_id=0, seed=i, scores=scores)
+            assert (await c.post("/scored_data", json=body)).status_code == 200
+            assert (await c.get("/batch")).status_code == 200
+        with anyio.fail_after(15):
+            while not (bias := (await c.get("/status")).json()["drop_bias"]) or bias[0]["trained"] < 4:
+                await anyio.sleep(0.05)  # polling for the monitor's next refresh
+        for path in ("/status", "/metrics", "/dashboard/data", "/ledger/steps/1"):
+            reply = await c.get(path)
+            assert reply.status_code == 200, (path, reply.text)
+            if path == "/metrics":  # NaN is Prometheus's stated "none yet"; an infinite value is no answer
+                values = [line.rsplit(" ", 1)[1] for line in reply.text.splitlines() if not line.startswith("#")]
+                assert not {"+Inf", "-Inf", "inf", "-inf"} & set(values)
+            else:
+                assert "NaN" not in reply.text and "Infinity" not in reply.text, path

@@ -146,3 +146,30 @@ async def test_retention_turned_off_lets_go_of_what_it_kept(settings: Settings) 
         assert [(await row(c, g))["kept"] for g in ("A0", "A1", "A2", "A3")] == [False, False, True, True]
         assert (await row(c, "A2"))["data"] is not None
         assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A2", "A3")])
+
+
+async def test_a_plain_atropos_trainer_acknowledges_what_it_asked_past(settings: Settings) -> None:
+    """An Atropos trainer loops on `GET /batch` (next mode, no `step`): asking for batch N+1 acknowledges N, so
+    `retain_bytes` bounds what is kept (it kept every served payload: committed_step stayed 0)."""
+    async with serving(settings, retain_bytes=1) as (c, service):
+        assert (await c.post("/register", json=registration(batch_size=8))).status_code == 200
+        assert (await c.get("/batch")).json()["batch"] is None  # the run starts
+        assert (await c.post("/register-env", json=env("math", group_size=4))).status_code == 200
+        for gid in ("A0", "A1", "A2", "A3", "A4", "A5"):
+            await post(c, gid)
+        for _ in range(3):
+            assert len((await c.get("/batch")).json()["batch"]) == 2
+        assert (await c.get("/status")).json()["committed_step"] == 2  # asking for batch 2 acknowledged 0 and 1
+        assert await service.prune() == (4, 0)  # batches 0 and 1, over the budget; batch 2 is not acknowledged yet
+        assert [(await row(c, g))["kept"] for g in ("A0", "A3", "A4", "A5")] == [False, False, True, True]
+        assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A4", "A5")])
+
+
+async def test_a_step_beyond_64_bits_is_refused_on_every_store(settings: Settings) -> None:
+    async with serving(settings) as (c, _):
+        await start(c)
+        assert (await c.get(f"/ledger/steps/{2**63 - 1}")).status_code == 404
+        for step in (2**63, 2**64, 10**30):
+            reply = await c.get(f"/ledger/steps/{step}")
+            assert reply.status_code == 422, (step, reply.text)  # was 500 on SQLite
+            assert reply.json()["detail"][0]["loc"] == ["path", "step"]

@@ -147,3 +147,24 @@ async def test_grafana_dashboard_and_docs_name_only_metrics_that_exist(run_clien
     documented = set(re.findall(r"^\| `(rollbuf_[a-z_]+)` \|", (DOCS / "observability.md").read_text(), re.M))
     families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in served}
     assert documented == families, documented ^ families
+
+
+async def test_per_env_series_are_capped_and_the_rest_summed() -> None:
+    """10,000 envs made /metrics 12.9 MB: past `metrics_max_envs` the rest are summed under one label."""
+    from tests.factories import env, group
+
+    app = create_app(Settings(store="memory://", metrics_max_envs=3))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            await c.post("/register", json=registration(batch_size=64))
+            await c.get("/batch")
+            for i in range(10):
+                env_id = (await c.post("/register-env", json=env(f"e{i}", 4))).json()["env_id"]
+                assert (await c.post("/scored_data", json=group(4, env_id=env_id, seed=i))).status_code == 200
+            samples = parse_metrics((await c.get("/metrics")).text)
+    received = {k[1]: v for k, v in samples.items() if k[0] == "rollbuf_groups_received_total"}
+    assert received == {
+        (("env", "e0_0"),): 1, (("env", "e1_0"),): 1, (("env", "e2_0"),): 1, (("env", "(other envs)"),): 7,
+    }  # fmt: skip
+    assert samples[("rollbuf_envs", ())] == 10
+    assert sum(v for k, v in samples.items() if k[0] == "rollbuf_queue_groups") == 10

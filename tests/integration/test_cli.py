@@ -60,6 +60,9 @@ def test_log_level_help_lists_the_levels() -> None:
     ("args", "message"),
     [
         (["--host", "0.0.0.0"], "no api_key is set: set --api-key"),
+        (["--host", "0.0.0.0", "--api-keys", "# todo"], "api_keys holds no key"),  # keys fail closed
+        (["--host", "0.0.0.0", "--api-keys", ";"], "api_keys holds no key"),
+        (["--host", "0.0.0.0", "--api-key", "x" * 16, "--api-keys", f"admin env {'y' * 16}"], "'admin' is used twice"),
         (["--store", "mysql://db/rollbuf"], "store 'mysql://db/rollbuf'"),
         (["--port", "0"], "--port: Input should be greater than or equal to 1"),
         (["--port", "eighty"], "--port: Input should be a valid integer"),

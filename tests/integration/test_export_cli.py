@@ -33,6 +33,14 @@ async def test_export_from_the_store_and_from_the_server(tmp_path: Path) -> None
         assert direct.returncode == 0, direct.stderr
         remote = rollbuf_export(str(tmp_path / "remote"), "--url", server.url)
         assert remote.returncode == 0, remote.stderr
+        for source in (("--store", store), ("--url", server.url)):  # a full disk: one line, exit 2, no traceback
+            full = tmp_path / f"full{source[0]}"
+            full.mkdir()
+            (full / "sequences.parquet.part").symlink_to("/dev/full")  # every write: ENOSPC
+            out = rollbuf_export(str(full), *source)
+            assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+            assert out.stderr.strip().splitlines()[-1].endswith("(nothing of this table was left behind)")
+            assert "No space left on device" in out.stderr and list(full.iterdir()) == []
     lines = direct.stderr.splitlines()  # not a terminal: one line per table, when it is done
     assert [line.split()[:3] for line in lines] == [["sequences", "28", "rows,"], ["groups", "8", "rows,"],
                                                     ["steps", "2", "rows,"]]  # fmt: skip

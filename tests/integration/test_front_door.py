@@ -4,10 +4,14 @@ without a key, huge heads, idle connections past the descriptor limit)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -43,6 +47,87 @@ def keyed(tmp_path: Path) -> Iterator[ServerProcess]:
     with running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile),
                         "--max-batch-wait", "0") as server:  # fmt: skip
         yield server
+
+
+def test_an_empty_key_source_fails_closed(tmp_path: Path) -> None:
+    """`ROLLBUF_API_KEYS=""` used to start a keyless server that called itself keyed: on a host other machines
+    reach it is now an error at start; on loopback a warning, and every request needing a key is refused."""
+    env = {**os.environ, "ROLLBUF_API_KEYS": ""}
+    out = subprocess.run([sys.executable, "-m", "api", "serve", "--host", "0.0.0.0", "--store", "memory://"],
+                         capture_output=True, text=True, timeout=60, env=env, check=False)  # fmt: skip
+    assert out.returncode == 2 and "api_keys holds no key" in out.stderr, out.stderr
+    log = tmp_path / "server.log"
+    with running_server("memory://", log, "--api-keys", "# todo", "--log-level", "info") as server:
+        reply = httpx.get(server.url + "/reset_data", headers={"Host": "evil.example"})
+        assert reply.status_code == 401, reply.text
+        assert httpx.get(server.url + "/status").status_code == 401
+    text = log.read_text()
+    assert "api_keys holds no key" in text and "keys in use: none" in text
+    log.write_text("")
+    with running_server("memory://", log, "--api-keys", f"math env {KEYS['env']}#x", "--api-key", KEYS["admin"],
+                        "--log-level", "info") as server:  # fmt: skip
+        assert httpx.get(server.url + "/status", headers=headers(KEYS["env"])).status_code == 401  # no cut at `#`
+        assert httpx.get(server.url + "/status", headers=headers(KEYS["env"] + "#x")).status_code == 200
+    text = log.read_text()
+    assert "keys in use: admin (admin), math (env)" in text and KEYS["admin"] not in text
+
+
+def test_a_key_file_replaced_or_lost_keeps_working_keys_and_says_so(keyed: ServerProcess, tmp_path: Path) -> None:
+    """Replaced by a rename (as operators do), the file's new keys are used; deleted or broken, the last good
+    keys stay, and the log, /readyz and a metric say so until it is fixed."""
+    keyfile = tmp_path / "keys"
+
+    def status_with(key: str) -> int:
+        return httpx.get(keyed.url + "/status", headers=headers(key)).status_code
+
+    def until(check: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 20
+        while not check():  # the file is read again about every second, off the event loop
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    new = tmp_path / "keys.new"
+    new.write_text(f"env-1 env {KEYS['env']}-rotated\nadmin-1 admin {KEYS['admin']}\n")
+    new.rename(keyfile)
+    until(lambda: status_with(KEYS["env"] + "-rotated") == 200)
+    assert status_with(KEYS["env"]) == 401 and status_with(KEYS["trainer"]) == 401
+    keyfile.unlink()
+    until(lambda: "warnings" in httpx.get(keyed.url + "/readyz").json())
+    assert "No such file" in httpx.get(keyed.url + "/readyz").json()["warnings"][0]
+    assert status_with(KEYS["env"] + "-rotated") == 200  # the last good keys stay
+    metrics = httpx.get(keyed.url + "/metrics", headers=headers(KEYS["admin"])).text
+    assert "rollbuf_key_file_stale 1.0" in metrics
+    assert "cannot be used" in keyed.log.read_text() and KEYS["admin"] not in keyed.log.read_text()
+    keyfile.write_text(f"admin-1 admin {KEYS['admin']}\n")
+    until(lambda: "warnings" not in httpx.get(keyed.url + "/readyz").json())
+    assert status_with(KEYS["env"] + "-rotated") == 401
+
+
+def test_a_revoked_trainers_waiting_long_poll_gets_no_batch(tmp_path: Path) -> None:
+    """A trainer's long-poll that began before its key was removed from the file ends at its next step with 401,
+    instead of taking the batch its key no longer admits."""
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("".join(f"{role}-1 {role} {secret}\n" for role, secret in KEYS.items()))
+    with running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile)) as server:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            trainer, env_key = headers(KEYS["trainer"]), headers(KEYS["env"])
+            c.post("/register", json=registration(batch_size=8), headers=trainer)
+            c.get("/batch", headers=trainer)
+            env_id = c.post("/register-env", json=env(group_size=4), headers=env_key).json()["env_id"]
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(c.get, "/batch", params={"wait": 25}, headers=trainer)
+                keyfile.write_text("".join(f"{role}-1 {role} {KEYS[role]}\n" for role in ("env", "admin")))
+                deadline = time.monotonic() + 20
+                while c.get("/status", headers=trainer).status_code != 401:  # the file read again
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)  # polling interval
+                for seed in range(2):  # a whole batch: the waiting long-poll wakes to it
+                    reply = c.post("/scored_data", json=group(4, env_id=env_id, seed=seed), headers=env_key)
+                    assert reply.status_code == 200, reply.text
+                got = waiting.result(timeout=30)
+            assert got.status_code == 401 and "revoked" in got.text
+            admin = headers(KEYS["admin"])
+            assert c.get("/status", headers=admin).json()["queue_size"] == 2  # the batch was not taken
 
 
 def test_every_route_admits_exactly_its_roles(keyed: ServerProcess) -> None:

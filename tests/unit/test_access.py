@@ -3,15 +3,16 @@ has), hosts, cross-site requests."""
 
 from __future__ import annotations
 
-import time
+import os
 from pathlib import Path
 
 import pytest
 
-from api import access
-from api.access import ANY_KEY, PUBLIC, ROUTES, Identity, KeyFile, admits, identify, parse_keys
+from api import keyring
+from api.access import ANY_KEY, PUBLIC, ROUTES, Identity, Key, admits, identify, parse_keys
 from api.app import create_app
 from api.frontdoor import cross_site, host_allowed, loopback_host
+from api.keyring import KeyFile, fixed_keys
 from api.settings import Settings
 
 SECRET = "0123456789abcdef"
@@ -26,8 +27,9 @@ def test_keys_parse_with_roles_and_refuse_what_is_not_a_key() -> None:
         ("math env", "expected 'name role secret'"),
         (f"math root {SECRET}", "role 'root' is not one of env, trainer, admin"),
         ("math env short", "shorter than 16"),
-        (f"a env {SECRET}1\na trainer {SECRET}2", "a key name is used twice"),
-        (f"a env {SECRET}\nb trainer {SECRET}", "a key secret is used twice"),
+        (f"a env {SECRET}1\na trainer {SECRET}2", "the key name 'a' is used twice"),
+        (f"a env {SECRET} x", "got 4 fields"),
+        (f"a env {SECRET}\nb trainer {SECRET}", "have the same secret"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_keys(bad, "keys")
@@ -36,17 +38,54 @@ def test_keys_parse_with_roles_and_refuse_what_is_not_a_key() -> None:
 def test_a_key_file_is_read_again_when_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "keys"
     path.write_text(f"math env {SECRET}old\n")
-    keys = KeyFile(path)
+    keys = KeyFile(path, [], required=True)
     assert identify(keys.current(), f"{SECRET}old") == Identity("math", "env")
-    monkeypatch.setattr(access, "RELOAD_CHECK_S", 0.0)
-    path.write_text(f"math env {SECRET}new-rotated\n")  # a rotation: the same name, a new secret
-    deadline = time.monotonic() + 5
-    while identify(keys.current(), f"{SECRET}old") is not None:  # the mtime may need a tick to differ
-        assert time.monotonic() < deadline
-        path.touch()
-    assert identify(keys.current(), f"{SECRET}new-rotated") == Identity("math", "env")
-    path.write_text("not a key file")
-    assert identify(keys.current(), f"{SECRET}new-rotated") is not None and keys.error  # the last good keys stay
+    monkeypatch.setattr(keyring, "RELOAD_CHECK_S", 0.0)
+    stat = path.stat()
+    path.write_text(f"math env {SECRET}new\n")  # a rotation: the same name, a new secret, the same size and mtime
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert identify(keys.current(), f"{SECRET}new") == Identity("math", "env")  # noticed by content
+    assert identify(keys.current(), f"{SECRET}old") is None
+    for broken in ("not a key file", "", f"math env {SECRET}new\nmath env {SECRET}two\n"):
+        path.write_text(broken)  # a truncate-then-write caught half way, or a broken edit
+        assert identify(keys.current(), f"{SECRET}new") is not None and keys.error  # the last good keys stay
+    path.unlink()
+    assert identify(keys.current(), f"{SECRET}new") is not None and "No such file" in (keys.error or "")
+    replacement = tmp_path / "keys.new"
+    replacement.write_text(f"math env {SECRET}newer\n")
+    replacement.rename(path)  # how operators replace a file atomically
+    assert identify(keys.current(), f"{SECRET}newer") == Identity("math", "env") and keys.error is None
+    path.write_text("x" * (keyring.MAX_KEY_FILE + 1))
+    assert identify(keys.current(), f"{SECRET}newer") is not None and "larger than" in (keys.error or "")
+
+
+def test_a_hash_starts_a_comment_only_at_a_line_start_or_after_whitespace() -> None:
+    [key] = parse_keys(f"# a comment\nmath env {SECRET}#tail # a comment", "keys")
+    assert key.secret == f"{SECRET}#tail".encode()  # taken whole: its prefix does not authenticate
+    assert identify([key], SECRET) is None
+    assert parse_keys("# todo", "keys") == [] and parse_keys(";", "keys") == [] and parse_keys("", "keys") == []
+
+
+def test_key_sources_fail_closed_and_are_checked_against_each_other(tmp_path: Path) -> None:
+    for empty in ("", "# todo", ";", "  "):
+        with pytest.raises(ValueError, match="must hold a key"):
+            Settings(store="memory://", host="0.0.0.0", api_keys=empty)
+        assert fixed_keys(None, empty, required=False)[1]  # on loopback: a warning
+        app = create_app(Settings(store="memory://", api_keys=empty))
+        assert app.state.door.keys is not None and app.state.door.keys() == []  # keyed, with no key: refuses all
+    with pytest.raises(ValueError, match="'admin' is used twice"):
+        Settings(store="memory://", api_key=f"{SECRET}1", api_keys=f"admin env {SECRET}2")
+    with pytest.raises(ValueError, match="have the same secret"):
+        Settings(store="memory://", api_key=f"{SECRET}1", api_keys=f"math env {SECRET}1")
+    path = tmp_path / "keys"
+    path.write_text(f"ops env {SECRET}1\n")
+    with pytest.raises(ValueError, match="have the same secret"):
+        Settings(store="memory://", api_key=f"{SECRET}1", api_keys_file=path)
+    path.write_text("# nothing yet\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        Settings(store="memory://", host="0.0.0.0", api_keys_file=path)
+    keys = KeyFile(path, [Key("admin", "admin", b"x" * 16)], required=False)  # loopback: starts, says why
+    assert [k.name for k in keys()] == ["admin"] and "holds no key" in (keys.error or "")
 
 
 def test_the_matrix_names_every_route_of_the_app() -> None:

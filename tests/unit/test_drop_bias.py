@@ -182,3 +182,36 @@ def test_report_json_has_no_infinities_for_json() -> None:
     env = monitor.report(TARGETS).envs[0]
     assert env.reward_skew == math.inf and REWARD_SKEW in env.flags
     assert env.to_json()["reward_skew"] == "inf"
+
+
+MAX = 1.7976931348623157e308
+EXTREME = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e200, -1e200, MAX, -MAX, 5e-324, -5e-324, 2.2250738585072014e-308, 0.0, -0.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(EXTREME, max_size=12), st.lists(EXTREME, max_size=12), st.lists(st.floats(0, 1e9), max_size=4))
+def test_every_statistic_is_finite_or_a_stated_null_for_any_finite_input(
+    kept: list[float], gone: list[float], latencies: list[float]
+) -> None:
+    """One group scoring 1e200 made GET /status 500 for good (an OverflowError squaring a deviation)."""
+    for values in (kept, gone):
+        dist = Dist.of(values)
+        for x in (dist.mean, dist.std, dist.p50, dist.p90):
+            assert x is None or math.isfinite(x)
+        if values:
+            assert dist.mean is not None and min(values) <= dist.mean <= max(values)
+            assert dist.p50 is not None and min(values) <= dist.p50 <= max(values)
+    monitor = DropBias(T)
+    for i, reward in enumerate(kept):
+        monitor.observe(Decision("a", True, None, 4, 100, reward, latencies[i % len(latencies)] if latencies else None))
+    for reward in gone:
+        monitor.observe(dropped("a", reward=reward))
+    report = monitor.report(TARGETS)
+    for env in report.envs:
+        status = env.to_status()
+        assert all(v is None or math.isfinite(v) for v in status.values() if isinstance(v, float))
+        assert env.reward_skew is None or not math.isnan(env.reward_skew)
+    assert "nan" not in str(report.to_json()).lower()

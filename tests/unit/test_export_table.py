@@ -140,3 +140,13 @@ def test_ledger_tables_convert_every_field() -> None:
 def test_an_empty_table_is_a_valid_file() -> None:
     table = read_back(b"".join(parquet_bytes(sequences_schema(), [])))
     assert table.num_rows == 0 and table.schema == sequences_schema()
+
+
+def test_metadata_counts_against_the_row_group_bound() -> None:
+    """1 MB of `images` per group is 4 MB of a batch of 4-sequence groups (the `meta` column repeats it per
+    sequence): it counts, so a row group of such groups is cut at the byte bound, not at 8,192 rows."""
+    rec = decode(encode_submission([[1, 2]] * 4, [[1, 1]] * 4, [0.0, 1.0, 0.0, 1.0], env_id=0, images=["i" * 10**6]))
+    batcher = SequenceBatcher(max_bytes=32 << 20)
+    batches = [b for i in range(20) if (b := batcher.add(fate(i, rec), rec)) is not None]
+    assert batches and batches[0].num_rows == 4 * 9  # the 9th group of 4 MB passes 32 MiB: cut there
+    assert batches[0].column("meta")[0].as_py() == '{"images":["' + "i" * 10**6 + '"]}'

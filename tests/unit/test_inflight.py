@@ -44,3 +44,23 @@ def test_holds_never_pass_the_limit_and_release_everything(ops: list[tuple[int, 
     for hold in holds:
         hold.release()
     assert budget.held == 0
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 50), st.booleans()), max_size=60))
+def test_no_holder_passes_its_share_and_each_gives_back_what_it_took(ops: list[tuple[int, int, bool]]) -> None:
+    budget = BodyBudget(limit=120, per_holder=70)
+    holds = [budget.hold(f"key {i % 2}") for i in range(4)]  # two holders, two requests each
+    for which, n, give in ops:
+        hold = holds[which]
+        if give:
+            hold.give(n)
+        else:
+            try:
+                hold.take(n)
+            except Busy as refused:
+                assert "max_inflight_bytes" in refused.detail
+        assert budget.held <= 120 and all(v <= 70 for v in budget.by_holder.values())
+        assert budget.held == sum(h.bytes for h in holds) == sum(budget.by_holder.values())
+    for hold in holds:
+        hold.release()
+    assert budget.held == 0 and budget.by_holder == {}
