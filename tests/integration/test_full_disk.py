@@ -72,5 +72,7 @@ def test_a_full_disk_is_503_and_readyz_says_so_until_space_returns(small_disk: P
                 time.sleep(0.05)  # polling interval, not a wait for the result
             assert c.get("/status").json()["queue_size"] == acknowledged + 1
     log = (tmp_path / "server.log").read_text()
-    # the episode's warning, one rate-limited refusal line per route: not one per attempt
-    assert log.count("disk is full") <= 4 and "Traceback" not in log, log
+    # Lines per episode, not per attempt: the write's warning, /readyz's, one rate-limited refusal line per route
+    # and reason (POST /scored_data; /readyz for the write), and, when a WAL checkpoint round fell inside the
+    # episode, the checkpoint's warning and /readyz's refusal for it (a loaded machine makes that likely).
+    assert log.count("disk is full") <= 6 and "Traceback" not in log, log
