@@ -50,8 +50,14 @@ browser:
 	  fi; \
 	fi
 
+# The suite runs on TEST_WORKERS pytest-xdist workers: most of its time is spent waiting on real processes, so
+# workers overlap well even on 2 cores. The tests that stop the machine's PostgreSQL (marker pg_cluster) run
+# after, alone: beside the others they would take the database from under them. tests/README.md: "In parallel".
+TEST_WORKERS ?= 4
+
 test: install browser  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not pg_cluster"
+	$(BIN)/python -m pytest -m pg_cluster
 	$(MAKE) --no-print-directory image-test
 
 lint: install

@@ -8,10 +8,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from api.app import create_app
 from api.settings import Settings
 from tests import pg
+
+# Hypothesis's default 200 ms deadline per example is a timing assert: on a loaded machine (make test runs the
+# suite on several workers beside each other) a slow example fails as "Unreliable test timings". Time belongs in
+# bench/, never in a test's verdict.
+hypothesis_settings.register_profile("rollbuf", deadline=None)
+hypothesis_settings.load_profile("rollbuf")
 
 
 @pytest.fixture(autouse=True)

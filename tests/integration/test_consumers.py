@@ -37,7 +37,7 @@ import pytest
 from api.schema import SCORED_DATA_KEYS
 from tests.servers import ServerProcess, running_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("consumers")]  # one worker: one module-scoped server
 
 MASK_IGNORE = -100
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from tests.servers import running_server
 
 pytestmark = pytest.mark.integration
 DISK = "6m"
+READY_AGAIN_S = 30.0
+"""Bound on /readyz turning 200 once space is back (the checkpoint thread retries every second)."""
 
 
 @pytest.fixture
@@ -61,8 +64,15 @@ def test_a_full_disk_is_503_and_readyz_says_so_until_space_returns(small_disk: P
             filler.unlink()  # space comes back: the same process goes on
             r = c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=10_000))
             assert r.status_code == 200, r.text
-            assert c.get("/readyz").status_code == 200
+            # Writes clear at once; a WAL checkpoint that failed on the full disk clears on its thread's next round
+            # (within a second of the write), and /readyz says 503 until then: polled, with a bound.
+            deadline = time.monotonic() + READY_AGAIN_S
+            while (ready := c.get("/readyz")).status_code != 200:
+                assert time.monotonic() < deadline, f"/readyz still {ready.status_code}: {ready.text}"
+                time.sleep(0.05)  # polling interval, not a wait for the result
             assert c.get("/status").json()["queue_size"] == acknowledged + 1
     log = (tmp_path / "server.log").read_text()
-    # the episode's warning, one rate-limited refusal line per route: not one per attempt
-    assert log.count("disk is full") <= 4 and "Traceback" not in log, log
+    # Lines per episode, not per attempt: the write's warning, /readyz's, one rate-limited refusal line per route
+    # and reason (POST /scored_data; /readyz for the write), and, when a WAL checkpoint round fell inside the
+    # episode, the checkpoint's warning and /readyz's refusal for it (a loaded machine makes that likely).
+    assert log.count("disk is full") <= 6 and "Traceback" not in log, log

@@ -16,7 +16,7 @@ from tests.factories import registration
 from tests.servers import running_server
 from tests.unit.test_records import any_value, bits, body_with, float32_values, rows_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("numbers")]  # one worker: one module-scoped server
 JSON = {"Content-Type": "application/json"}
 
 

@@ -17,7 +17,7 @@ from api.schema import ErrorBody
 from tests.factories import env, group, registration
 from tests.servers import ServerProcess, running_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("openapi_docs")]  # one worker: one module-scoped server
 
 KEY = "docs-key"
 

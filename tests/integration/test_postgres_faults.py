@@ -5,6 +5,7 @@ have no gaps, and the service answers 503 (never 500) while it cannot be sure.""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -219,6 +220,12 @@ def cluster_restarted() -> Iterator[None]:
         pytest.skip(
             "stops the machine's PostgreSQL cluster, which other developers' tests on this machine use: runs in "
             "CI (CI=true), or locally with ROLLBUF_TEST_PG_CLUSTER=1"
+        )
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.fail(
+            "stops the machine's PostgreSQL, which tests on the other pytest-xdist workers use: run it alone, "
+            "`pytest -m pg_cluster` (make test does, after the parallel run)",
+            pytrace=False,
         )
     try:
         yield
