@@ -39,10 +39,7 @@ def content_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
     values give the same bytes. SHA-256 (with the CPU's SHA instructions) runs about 3x faster than BLAKE2b
     here, which for a large group was most of what the digest cost (issue 38)."""
     h = hashlib.sha256()
-    h.update(msgpack.packb([rec.env_id, sent_policy_step, rec.group_id, rec.seqs, rec.n_tokens]))
-    for arr in (rec.lengths, rec.tokens, rec.masks):
-        h.update(np.ascontiguousarray(arr, "<i4").data)
-    h.update(np.ascontiguousarray(rec.scores, _F64).data)
+    _hash_ids(h, rec, sent_policy_step)
     for name in FLOAT_FIELDS:
         values = rec.floats.get(name)
         if values is None:
@@ -55,13 +52,18 @@ def content_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
     return DIGEST_VERSION + h.hexdigest()[:32]
 
 
-def legacy_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
-    """The digest replies were remembered with before `DIGEST_VERSION` (BLAKE2b over float64 floats)."""
-    h = hashlib.blake2b(digest_size=16)
+def _hash_ids(h: Any, rec: GroupRecord, sent_policy_step: int | None) -> None:
+    """What both digest versions hash alike: the ids, the shape, the integer arrays and the scores."""
     h.update(msgpack.packb([rec.env_id, sent_policy_step, rec.group_id, rec.seqs, rec.n_tokens]))
     for arr in (rec.lengths, rec.tokens, rec.masks):
         h.update(np.ascontiguousarray(arr, "<i4").data)
     h.update(np.ascontiguousarray(rec.scores, _F64).data)
+
+
+def legacy_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
+    """The digest replies were remembered with before `DIGEST_VERSION` (BLAKE2b over float64 floats)."""
+    h = hashlib.blake2b(digest_size=16)
+    _hash_ids(h, rec, sent_policy_step)
     for name in FLOAT_FIELDS:
         values = rec.floats.get(name)
         h.update(b"\x00" if values is None else b"\x01" + np.asarray(values, _F64).tobytes())
