@@ -41,7 +41,13 @@ SMALLER = "smaller"
 WAIT_FOR_ARRIVALS_BATCHES = 2
 """No exact fill among queued groups whose sizes could still add up with more arrivals (6s and 8s towards 64) is
 waited out only while fewer than this many batches' worth are queued: past it, arrivals are evidently not
-completing one (survivor groups of 59-63 piling up behind rare whole ones), and it is treated as a stall."""
+completing one (survivor groups of 59-63 piling up behind rare whole ones), and it is treated as a stall.
+
+Deliberately not a setting: it bounds no resource (the queue limits do), and the trade-off it touches is the
+trainer's, made with `no_exact_fill`: under "wait" it changes only whether the reason is reported as a stall, under
+"smaller" how long a fill of the arriving sizes is waited for before a smaller batch is served. A trainer that
+wants exact batches however long they take registers "wait"; one that registers "smaller" wants progress, and two
+batches' worth queued with no fill is already the evidence that arrivals are not completing one."""
 
 
 @dataclass(frozen=True, slots=True)
