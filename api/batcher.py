@@ -22,6 +22,7 @@ they fit both the sequence and the token budget; see `_plan_tokens` for when suc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,13 @@ SMALLER = "smaller"
 WAIT_FOR_ARRIVALS_BATCHES = 2
 """No exact fill among queued groups whose sizes could still add up with more arrivals (6s and 8s towards 64) is
 waited out only while fewer than this many batches' worth are queued: past it, arrivals are evidently not
-completing one (survivor groups of 59-63 piling up behind rare whole ones), and it is treated as a stall."""
+completing one (survivor groups of 59-63 piling up behind rare whole ones), and it is treated as a stall.
+
+Deliberately not a setting: it bounds no resource (the queue limits do), and the trade-off it touches is the
+trainer's, made with `no_exact_fill`: under "wait" it changes only whether the reason is reported as a stall, under
+"smaller" how long a fill of the arriving sizes is waited for before a smaller batch is served. A trainer that
+wants exact batches however long they take registers "wait"; one that registers "smaller" wants progress, and two
+batches' worth queued with no fill is already the evidence that arrivals are not completing one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,8 @@ class EnvWindow:
     """The oldest item was passed over for `LookAhead.due_after` batches: a batch must hold it."""
     more: bool = False
     """More of the queue lies beyond these items (its read stopped at a bound): arrivals land beyond it."""
+    stale: int = 0
+    """Groups of this env dropped as stale while its queue was read for this batch (`max_staleness`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +183,44 @@ def plan_batch(
     if lacking:
         w = lacking[0]
         need = _required(w, spec.batch_size)
+        short = {x.env_id for x in lacking}
+        if spec.max_tokens is None:
+            blocked = available >= spec.batch_size
+        else:  # token mode: blocked when the others would release a batch (budgets, not batch_size, bound it)
+            unreserved = [dataclasses.replace(x, min_share=0.0) if x.env_id in short else x for x in active]
+            blocked = isinstance(
+                _plan_tokens(unreserved, spec, credits, _earn(unreserved, spec.batch_size, credits)), Plan
+            )
+        stale = f" ({_stale(w.stale)} just now)" if w.stale else ""
         reason = (
-            f"env {w.name!r} has {_seqs(w.items)} sequences queued; its min_batch_allocation of "
+            f"env {w.name!r} has {_seqs(w.items)} sequences queued{stale}; its min_batch_allocation of "
             f"{w.min_share:.3g} needs {need} in every batch"
         )
-        return NoBatch(reason, blocked=available >= spec.batch_size, credits=dict(credits), holding=w.env_id)
+        if blocked:
+            return NoBatch(reason, blocked=True, credits=dict(credits), holding=w.env_id)
+        return NoBatch(f"waiting for data: {reason}", blocked=False, credits=dict(credits))
     if spec.max_tokens is None:
-        return _plan_exact(active, spec, credits, credits_now, looked_further)
-    return _plan_tokens(active, spec, credits, credits_now)
+        plan = _plan_exact(active, spec, credits, credits_now, looked_further)
+    else:
+        plan = _plan_tokens(active, spec, credits, credits_now)
+    if isinstance(plan, NoBatch) and not plan.blocked and (note := _stale_note(windows)):
+        return dataclasses.replace(plan, reason=f"{plan.reason}; {note}")
+    return plan
+
+
+def _stale(n: int) -> str:
+    return f"{n} stale group{'s' if n != 1 else ''} dropped"
+
+
+def _stale_note(windows: Sequence[EnvWindow]) -> str:
+    """What staleness removed while the queues were read for this batch (groups generated more than
+    `max_staleness` steps behind the trainer), so waiting for data says why queued data did not count."""
+    dropped = [(w.name, w.stale) for w in windows if w.stale]
+    if not dropped:
+        return ""
+    total = sum(n for _, n in dropped)
+    per_env = ", ".join(f"{n} of {name!r}" for name, n in dropped)
+    return f"{_stale(total)} just now ({per_env}): generated more than max_staleness steps behind the trainer"
 
 
 def _seqs(items: Iterable[ItemMeta]) -> int:
@@ -473,8 +512,20 @@ def _plan_tokens(
     stuck = all(pos[w.env_id] < len(w.items) for w in active)  # every env's next item is too big
     if seqs > 0 and (full or stuck):
         return _plan_from(take, credits_now, spec.batch_size)
+    if stuck and active:  # nothing fits even an empty batch: every env's oldest group exceeds a budget (FIFO)
+        heads = ", ".join(f"{w.name!r} {w.items[0].seqs} sequences, {w.items[0].tokens} tokens" for w in active)
+        return NoBatch(
+            f"the oldest group of every env is larger than a batch may hold ({heads}; batch_size {budget_seqs}, "
+            f"max_batch_tokens {budget_tokens}): queues are served in order, so no batch can form; register "
+            "larger budgets",
+            blocked=True,
+            credits=dict(credits),
+        )
+    waiting = [w.name for w in active if pos[w.env_id] == len(w.items)]
+    more = f" (more from {', '.join(map(repr, waiting))} would fit)" if waiting and seqs else ""
     return NoBatch(
-        f"waiting for data: {tokens} of {budget_tokens} tokens ({seqs} sequences) fit so far",
+        f"waiting for data: {tokens} of {budget_tokens} tokens ({seqs} sequences) fit so far, under "
+        f"min_batch_fill {spec.min_fill:.3g}{more}",
         blocked=False,
         credits=dict(credits),
     )

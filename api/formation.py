@@ -137,7 +137,8 @@ def batch_txn(
             )
         return FormedBatch.unpack(step, stored)
     if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
-        return BatchWaiting(reason=why, read_ahead=True)
+        state.save_blocked(txn, why, warn=False)  # /status (and the producers' /status-env) say what holds batches back
+        return BatchWaiting(reason=why, blocked=True, read_ahead=True)
     result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules)
     if isinstance(result, FormedBatch):
         kept = kept.keep(result.step, len(result.stored))
@@ -173,8 +174,10 @@ def form(
     credits = state.load_credits(txn)
     plan = plan_batch(windows, spec, credits, looked_further=False)
     if isinstance(plan, NoBatch) and plan.look_further:
+        dropped = {w.env_id: w.stale for w in windows}  # the first read dropped them: still this batch's
         windows = _read(txn, run, spec, shares, books, now, max_seqs=look.sequences, max_items=look.groups,
                         due_after=look.due_after)  # fmt: skip
+        windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
         plan = plan_batch(windows, spec, credits)
     recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
     if isinstance(plan, NoBatch):
@@ -229,7 +232,8 @@ def _read(
                     ledger.count_retained(txn, len(gone), sum(len(g.payload) for g in gone))
         head = win.items[0] if win.items else None
         due = is_due(passed, env_id, head, run.step, due_after)
-        windows.append(EnvWindow(env_id, name, env.weight if env else 1.0, share, win.items, due, win.more))
+        weight = env.weight if env else 1.0
+        windows.append(EnvWindow(env_id, name, weight, share, win.items, due, win.more, len(win.stale)))
     return windows
 
 

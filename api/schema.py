@@ -252,8 +252,9 @@ class EnvDropBias(_Wire):
     flags: list[str] = Field(default_factory=list)
     """Conditions in force: `starved`, `length_skew`, `reward_skew`."""
     passed_over: int = 0
-    """Batches that passed over its oldest group to form an exact fill (newer groups of it taken), over the run: a
-    group held back this way is trained late, like one that took long to generate (docs/batching.md)."""
+    """Batches that passed over its oldest group to form an exact fill (newer groups of it taken), over the run, not
+    the window (the ledger's step rows do not record it: docs/ledger.md): a group held back this way is trained
+    late, like one that took long to generate (docs/batching.md)."""
 
 
 class Status(_Wire):

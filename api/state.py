@@ -205,11 +205,13 @@ def load_blocked(txn: Txn) -> str | None:
     return _get(txn, BLOCKED_KEY, None)  # type: ignore[no-any-return]
 
 
-def save_blocked(txn: Txn, reason: str | None) -> None:
+def save_blocked(txn: Txn, reason: str | None, *, warn: bool = True) -> None:
+    """Why no batch can be formed, for /status; `warn=False` logs it at info (a bound a trainer reaches in normal
+    use, such as the read-ahead bound before its next commit)."""
     if reason != load_blocked(txn):
         _put(txn, BLOCKED_KEY, reason)
         if reason:
-            log.warning("no batch can be formed: %s", reason)
+            log.log(logging.WARNING if warn else logging.INFO, "no batch can be formed: %s", reason)
         else:
             log.info("batches can be formed again")
 

@@ -63,13 +63,16 @@ async def test_the_read_ahead_bound_answers_503_and_a_commit_ends_it(settings: S
         full = await batch(c, 2)
         assert full.status_code == 503 and full.headers["Retry-After"] == "2"
         assert full.json()["code"] == "read_ahead_full" and "max_read_ahead_batches" in full.text
-        assert (await c.get("/status")).json()["queue_size"] == 3  # nothing taken
+        status = (await c.get("/status")).json()
+        assert status["queue_size"] == 3  # nothing taken
+        assert "read-ahead bound" in status["blocked_reason"]  # /status says what holds batches back (#33)
         waiting = asyncio.create_task(batch(c, 2, wait=30))
         await asyncio.sleep(0.2)
         assert not waiting.done()  # long-polling at the bound
         await c.post("/commit", json={"step": 1})
         reply = await asyncio.wait_for(waiting, 10)  # the commit woke it
         assert reply.status_code == 200 and reply.headers["X-Rollbuf-Step"] == "2"
+        assert (await c.get("/status")).json()["blocked_reason"] is None
 
 
 async def test_without_commit_mode_asking_for_the_next_batch_acknowledges_as_before(settings: Settings) -> None:

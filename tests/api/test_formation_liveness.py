@@ -124,3 +124,22 @@ async def test_a_quiet_minimum_share_holds_batches_at_most_the_setting_and_a_tra
     assert reply.status_code == 200 and reply.json()["status"] == "success", reply.text
     envs = {e["name"]: e["connected"] for e in (await quick.get("/dashboard/data", headers=TRAINER)).json()["envs"]}
     assert envs["squatter_0"] is False
+
+
+async def test_token_mode_names_a_minimum_share_and_its_stale_drops_as_what_blocks(client: httpx.AsyncClient) -> None:
+    """Token budget 1,000, batch_size 64: math queues a full token budget in 12 sequences, and code (minimum 0.25)
+    queues only groups too stale to train. The reply and /status name code's minimum and its stale drops (it was
+    reported as waiting for data: fewer than batch_size sequences were queued)."""
+    await start(client, [env("math"), env("code", min_batch_allocation=0.25)], batch_size=64, max_batch_tokens=1000,
+                max_staleness=0)  # fmt: skip
+    math = [group(4, length=100, seed=i, env_id=0) for i in range(3)]
+    code = [group(4, length=10, seed=10 + i, env_id=1) for i in range(4)]
+    assert (await client.post("/scored_data_list", json=math + code)).status_code == 200
+    assert (await client.get("/batch", params={"step": 0})).json()["batch"] is not None  # step 0 -> 1
+    math = [group(4, length=100, seed=20 + i, env_id=0) for i in range(3)]
+    stale = [group(4, length=10, seed=30 + i, env_id=1, policy_step=0) for i in range(2)]
+    assert (await client.post("/scored_data_list", json=math + stale)).status_code == 200
+    body = (await client.get("/batch", params={"step": 1})).json()
+    reason = "env 'code_0' has 0 sequences queued (2 stale groups dropped just now)"
+    assert body["batch"] is None and reason in body["blocked_reason"], body
+    assert reason in (await client.get("/status")).json()["blocked_reason"]

@@ -367,3 +367,79 @@ def test_no_item_is_passed_over_more_than_due_after_batches(seed: int, batch_siz
                 assert step - since < due, f"item {item_id} passed over since step {since}, still queued at {step}"
         passed, credits = age(passed, plan, step), plan.credits
         step += 1
+
+
+# --------------------------------------------------------------------- truthful reasons (issue 33, item 5)
+
+
+def token_items(sizes: list[tuple[int, int]]) -> list[ItemMeta]:
+    return [ItemMeta(next(_ids), s, t, 0) for s, t in sizes]
+
+
+def test_token_mode_minimum_blocks_when_the_others_fill_the_token_budget() -> None:
+    """The others hold a full token budget in far fewer than batch_size sequences: the minimum is what blocks (it
+    was reported as waiting for data, since fewer than batch_size sequences were queued)."""
+    others = EnvWindow(0, "math", 1.0, 0.0, token_items([(4, 400)] * 3))  # 1,200 tokens, 12 sequences
+    plan = plan_batch([others, EnvWindow(1, "code", 1.0, 0.25, [])], BatchSpec(64, 1000, 0.9), {})
+    assert isinstance(plan, NoBatch) and plan.blocked and plan.holding == 1
+    assert "env 'code' has 0 sequences queued" in plan.reason and "needs 16" in plan.reason
+
+
+def test_a_minimum_that_is_not_what_holds_the_batch_is_waiting_and_no_hold() -> None:
+    """Too little data anywhere: the batch waits for data whatever the minimum; no quiet-share hold starts."""
+    for spec, sizes in ((BatchSpec(64, 1000, 0.9), [(4, 100)]), (BatchSpec(16), [(4, 40)])):
+        windows = [EnvWindow(0, "math", 1.0, 0.0, token_items(sizes)), EnvWindow(1, "code", 1.0, 0.25, [])]
+        plan = plan_batch(windows, spec, {})
+        assert isinstance(plan, NoBatch) and not plan.blocked and plan.holding is None
+        assert plan.reason.startswith("waiting for data: env 'code' has 0 sequences queued")
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 8), st.integers(10, 400)), max_size=8),
+    st.lists(st.tuples(st.integers(1, 8), st.integers(10, 400)), max_size=3),
+    st.floats(0.05, 0.9),
+)
+def test_token_mode_minimum_blocks_exactly_when_the_others_would_release_a_batch(
+    others: list[tuple[int, int]], reserved: list[tuple[int, int]], share: float
+) -> None:
+    spec = BatchSpec(16, 800, 0.9)
+    a, b = token_items(others), token_items(reserved)
+    plan = plan_batch([EnvWindow(0, "a", 1.0, 0.0, a), EnvWindow(1, "b", 1.0, share, b)], spec, {})
+    if not (isinstance(plan, NoBatch) and "env 'b'" in plan.reason):
+        return
+    free = plan_batch([EnvWindow(0, "a", 1.0, 0.0, a), EnvWindow(1, "b", 1.0, 0.0, b)], spec, {})
+    assert plan.blocked == isinstance(free, Plan)
+    assert (plan.holding == 1) == plan.blocked
+
+
+def test_token_mode_groups_larger_than_any_batch_block_with_reason() -> None:
+    """Queued before the trainer registered smaller budgets: FIFO means no batch ever forms; said, not 'waiting'."""
+    windows = [EnvWindow(0, "math", 1.0, 0.0, token_items([(4, 2000)])), EnvWindow(1, "code", 1.0, 0.0, [])]
+    plan = plan_batch(windows, BatchSpec(64, 1000, 0.9), {})
+    assert isinstance(plan, NoBatch) and plan.blocked
+    assert "larger than a batch may hold ('math' 4 sequences, 2000 tokens" in plan.reason
+
+
+def test_token_mode_waiting_says_which_env_more_data_would_fill_from() -> None:
+    windows = [EnvWindow(0, "math", 1.0, 0.0, token_items([(2, 100)]))]
+    plan = plan_batch(windows, BatchSpec(64, 1000, 0.9), {})
+    assert isinstance(plan, NoBatch) and not plan.blocked
+    assert plan.reason == (
+        "waiting for data: 100 of 1000 tokens (2 sequences) fit so far, under min_batch_fill 0.9 (more from 'math' "
+        "would fit)"
+    )
+
+
+def test_stale_drops_are_named_in_both_modes() -> None:
+    """Queued data dropped as stale while the queues were read: the reason says so, for a minimum (blocked) and
+    for waiting (whose reason the server's stall warning logs)."""
+    for spec in (BatchSpec(16), BatchSpec(16, 1000, 0.9)):
+        lacking = EnvWindow(1, "code", 1.0, 0.5, [], stale=3)
+        plan = plan_batch([window(0, [4] * 4), lacking], spec, {})
+        assert isinstance(plan, NoBatch) and plan.blocked
+        assert "env 'code' has 0 sequences queued (3 stale groups dropped just now)" in plan.reason
+        plan = plan_batch([EnvWindow(0, "math", 1.0, 0.0, items([4]), stale=1)], spec, {})
+        assert isinstance(plan, NoBatch) and not plan.blocked
+        assert plan.reason.endswith(
+            "; 1 stale group dropped just now (1 of 'math'): generated more than max_staleness steps behind the trainer"
+        )
