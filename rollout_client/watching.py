@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from rollout_client.stats import RunnerStats
     from rollout_client.workers import WorkerPool
 
+_DIGITS = re.compile(r"\d+")
 log = logging.getLogger("rollout_client.runner")
 
 
@@ -153,7 +155,7 @@ class Watching:
         """The server cannot form a batch from what is queued: log its reason once (each new one), show it in
         `health()`, so the user learns in seconds what to change (a mode, a policy, a group size)."""
         reason = next((st.blocked_reason for st in statuses if st.blocked_reason), None)
-        if reason is not None and reason != self.stats.server_blocked:
+        if reason is not None and _kind(reason) != _kind(self.stats.server_blocked or ""):
             log.warning("the server can form no batch from what is queued: %s", reason)
         elif reason is None and self.stats.server_blocked is not None:
             log.info("the server forms batches again")
@@ -167,3 +169,9 @@ class Watching:
                 self.stats.paused.pop(self.envs[i].name, None)
             else:
                 self.stats.paused[self.envs[i].name] = reason
+
+
+def _kind(reason: str) -> str:
+    """A reason with its numbers left out: the same block with a new step or count in it is not news (a
+    commit-mode trainer at its read-ahead bound names a new step every episode)."""
+    return _DIGITS.sub("N", reason)
