@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -216,3 +217,16 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
             runner.stop()
             stats = await asyncio.wait_for(run, RUN_S)
     assert stats.accepted >= 1 and dict(stats.failed["verifiers"]) == {"pool_worker_died": 1}
+
+
+def test_the_docs_taskset_is_found_by_its_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/bring-your-environment.md's taskset module, as written, is found by the id `my-taskset` once its
+    directory is importable (`my_taskset`, its one `Taskset` in `__all__`)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bring-your-environment.md").read_text()
+    [module] = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if b.startswith("# my_taskset.py")]
+    (tmp_path / "my_taskset.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = {"taskset": {"id": "my-taskset"}, "agent": {"harness": {"id": "null"}}}
+    tasks = verifiers_tasks(config, cycle=False)
+    task = tasks.next_task()
+    assert task is not None and task.prompt == "Say apple." and tasks.next_task() is None
