@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_vllm import fake_vllm
+from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import start_trainer
 from tests.integration.test_runner_faults import finish
 from tests.servers import running_server
@@ -18,7 +18,11 @@ from tests.servers import running_server
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = {"sandboxed_pool.py": "rollout-client.md"}
+EXAMPLES = {
+    "sandboxed_pool.py": "rollout-client.md",
+    "submit_groups.py": "rollout-client.md",
+    "sums.py": "rollout-client.md",
+}
 """Each example, and the page that shows it in a python block."""
 
 
@@ -42,3 +46,30 @@ def test_the_sandboxed_pool_example_runs_as_written(tmp_path: Path) -> None:
         assert out.strip() == "4 groups accepted, 0 failed"
         seen = pool.stats()
         assert seen["sandbox_acquired"] == 32 and seen["sandbox_held"] == 0 and seen["sandbox_max_held"] <= 8
+
+
+def run_example(example: str, tmp_path: Path, **env: str) -> str:
+    """Run docs/examples/<example> as a user would (its own process, env vars for the URLs); its stdout."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / example)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, env=environ, cwd=tmp_path)  # fmt: skip
+    code, out, err = finish(proc, 120)
+    assert code == 0, err[-3000:]
+    return out
+
+
+def test_the_rollout_client_example_submits_a_group_as_written(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=8)
+        assert run_example("submit_groups.py", tmp_path, ROLLBUF_URL=server.url).strip() == "received 1"
+
+
+def test_the_environment_example_runs_with_its_workers_as_written(tmp_path: Path) -> None:
+    """docs/rollout-client.md's `Sums` and its runner (2 worker processes, an OpenAI-compatible policy) against
+    the stand-in inference server: every group accepted."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        out = run_example("sums.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
+                          MAX_GROUPS="4")  # fmt: skip
+        assert out.strip() == "4 groups accepted, 0 failed"
+        assert vllm.stats()["200"] >= 16  # 4 groups of G=4, each a completion
