@@ -73,3 +73,13 @@ def test_the_environment_example_runs_with_its_workers_as_written(tmp_path: Path
                           MAX_GROUPS="4")  # fmt: skip
         assert out.strip() == "4 groups accepted, 0 failed"
         assert vllm.stats()["200"] >= 16  # 4 groups of G=4, each a completion
+
+
+def test_the_synchronous_trainer_example_trains_and_syncs_as_written(tmp_path: Path) -> None:
+    """docs/rollout-client.md's synchronous trainer: its producer in a thread, paused around each of two weight
+    syncs (announced through rollbuf), 4 batches of 8 sequences, nothing failed; the lag back to 0 each sync."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        out = run_example("sync_trainer.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL)
+    lines = out.strip().splitlines()
+    assert [line.split()[:3] for line in lines[:4]] == [[str(s), "8", "0"] for s in range(4)], out
+    assert lines[4].endswith("groups accepted") and int(lines[4].split()[0]) >= 8
