@@ -76,6 +76,8 @@ class Life:
     client: Any
     down: asyncio.Event = field(default_factory=asyncio.Event)
     why: str = ""
+    closed: bool = False
+    """Stopped on purpose (`aclose` while episodes ran), not by a death."""
 
 
 class Pool:
@@ -195,7 +197,7 @@ class Pool:
                 await asyncio.gather(call, return_exceptions=True)
         if call.done() and not call.cancelled() and (call.exception() is None or not life.down.is_set()):
             return call.result()
-        raise EpisodeFailed(WORKER_DIED, life.why)
+        raise EpisodeFailed(POOL_DOWN if life.closed else WORKER_DIED, life.why)
 
     async def aclose(self) -> None:
         watcher, self._watcher = self._watcher, None
@@ -204,7 +206,7 @@ class Pool:
             await asyncio.gather(watcher, return_exceptions=True)
         life, self.life = self.life, None
         if life is not None:
-            life.why = "the pool was closed"
+            life.why, life.closed = "the pool was closed while episodes ran", True
             life.down.set()
             await _stop(life)
 
