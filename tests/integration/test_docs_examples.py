@@ -3,10 +3,13 @@ inference process's capped sandbox pool, and the pages that show them show them 
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +86,28 @@ def test_the_synchronous_trainer_example_trains_and_syncs_as_written(tmp_path: P
     lines = out.strip().splitlines()
     assert [line.split()[:3] for line in lines[:4]] == [[str(s), "8", "0"] for s in range(4)], out
     assert lines[4].endswith("groups accepted") and int(lines[4].split()[0]) >= 8
+
+
+def test_bring_your_environment_sums_runs_as_written(tmp_path: Path) -> None:
+    """docs/bring-your-environment.md's own-Environment block, as written but for its two addresses and the
+    model's name, builds a runner that produces groups against a real server and the stand-in inference."""
+    page = (ROOT / "docs" / "bring-your-environment.md").read_text()
+    section = page.split("## 3. rollbuf's own Environment", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        code = (block.group(1).replace("http://127.0.0.1:8000", server.url)
+                .replace("http://127.0.0.1:9000", vllm.url).replace('"my-model"', repr(MODEL)))  # fmt: skip
+        scope: dict[str, Any] = {"__name__": "docs_byo_env"}
+        exec(compile(code, "bring-your-environment.md", "exec"), scope)
+        runner = scope["runner"]
+
+        async def produce() -> Any:
+            try:
+                return await asyncio.wait_for(runner.run(max_groups=2), 60)
+            finally:  # the page's policy is the caller's to close (the runner closes only what it built)
+                await runner.policy_spec.aclose()
+
+        stats = asyncio.run(produce())
+    assert stats.accepted == 2 and stats.failed_total == 0
