@@ -92,7 +92,8 @@ class RunnerHandle:
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until every env is registered and the workers are started (False after `timeout` s, or if
-        the run ended first)."""
+        the run ended first). An env registers only once the trainer has asked for its first batch: a trainer
+        must not wait here, in its own thread, before that request."""
 
         async def ready() -> None:
             await self.runner.ready.wait()

@@ -17,10 +17,8 @@ verifiers is imported here only, lazily: `rollout_client` itself never needs it.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
-import queue as queue_module
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -31,15 +29,10 @@ from rollout_client.errors import EpisodeFailed
 from rollout_client.policy import Completion
 from rollout_client.tasks import Tasks
 from rollout_client.verifiers_mapping import episode_failure, failure_detail, group_verdict, map_episode
+from rollout_client.verifiers_pool import Delta, Pool, resolve
 
 TASK_KEY = "verifiers_task"
 """Where a rollbuf `Task` carries the verifiers task's wire data (`TaskData.model_dump(mode="json")`)."""
-POOL_START_S = 120.0
-"""Bound on the env-server pool's start (its first worker imports verifiers and builds the env)."""
-POOL_STOP_S = 30.0
-"""Bound on the pool's graceful stop (SIGTERM) before it is killed."""
-Delta = Callable[[str, dict[str, Any]], None]
-"""An `on_delta` relay: (the rollbuf task id, one verifiers delta as `EnvClient` decoded it)."""
 
 
 class ExternalInference:
@@ -55,19 +48,13 @@ class ExternalInference:
         raise RuntimeError("ExternalInference: this environment's harness tokenizes and generates itself")
 
 
-def _resolve(env_config: Mapping[str, Any]) -> Any:
-    from verifiers.v1.utils.loaders import resolve_env_config
-
-    return resolve_env_config(dict(env_config))
-
-
 def verifiers_tasks(env_config: Mapping[str, Any], *, cycle: bool = True, limit: int | None = None) -> Tasks:
     """The environment's taskset as rollbuf tasks: id = the task's stable key, prompt = its prompt text, the
     wire data under `meta["verifiers_task"]`. A finite taskset is loaded once and cycled by default (RL samples
     forever); an infinite one (`Taskset.INFINITE`, generated on demand) is read lazily, as it goes."""
     from verifiers.v1.utils.loaders import load_taskset
 
-    taskset = load_taskset(_resolve(env_config).taskset)
+    taskset = load_taskset(resolve(env_config).taskset)
     if limit is not None:
         taskset = taskset.take(limit)
     tasks = (
@@ -102,7 +89,7 @@ class InProcess:
     def __init__(self, env_config: Mapping[str, Any], context: Any) -> None:
         from verifiers.v1.utils.loaders import load_environment
 
-        self.env = load_environment(_resolve(env_config))
+        self.env = load_environment(resolve(env_config))
         self.context = context
         task_cls = type(self.env.taskset).task_type()
         self._task_cls, self._data_cls = task_cls, task_cls.data_type()
@@ -125,70 +112,6 @@ class InProcess:
         await self._stack.aclose()
 
 
-class Pool:
-    """Episodes run by verifiers' env-server pool, `serve_env(max_workers=N)` in a spawned child process,
-    through one `EnvClient`; the pool balances each rollout onto its least busy worker."""
-
-    def __init__(self, env_config: Mapping[str, Any], context: Any, max_workers: int, **pool: Any) -> None:
-        self.env_config, self.context, self.max_workers, self.pool = dict(env_config), context, max_workers, pool
-        self.proc: Any = None
-        self.client: Any = None
-
-    async def start(self) -> None:
-        from verifiers.v1.serve import EnvClient, env_config_data, serve_env
-
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        self.proc = ctx.Process(
-            target=serve_env,
-            kwargs={"max_workers": self.max_workers, "address": "tcp://127.0.0.1:0", "address_queue": queue,
-                    "config_data": env_config_data(_resolve(self.env_config)), **self.pool},
-            daemon=False,
-        )  # fmt: skip
-        self.proc.start()
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + POOL_START_S
-        address = None
-        while address is None:  # its address, or its exit (a config error) as soon as it happens
-            try:
-                address = await loop.run_in_executor(None, lambda: queue.get(timeout=0.5))
-            except queue_module.Empty:
-                if not self.proc.is_alive() or loop.time() > give_up:
-                    code = self.proc.exitcode
-                    await self.aclose()
-                    why = f"exited with {code}" if code is not None else f"did not start within {POOL_START_S} s"
-                    raise RuntimeError(f"verifiers' env server {why} (its log: stderr)") from None
-        self.client = EnvClient(address)
-        await self.client.wait_for_server_startup(timeout=POOL_START_S)
-
-    async def run(self, task_data: dict[str, Any], live: LiveRollout, on_delta: Delta | None) -> Any:
-        def relay(delta: dict[str, Any]) -> None:
-            # verifiers' stream: per trace, `open` (its header) once, then appended `nodes`/`calls` and `set`
-            live.deltas += 1
-            live.traces += int("open" in delta) - int(bool(delta.get("discard")))
-            live.sampled_turns += sum(1 for n in delta.get("nodes") or [] if isinstance(n, dict) and n.get("sampled"))
-            if on_delta is not None:
-                on_delta(live.task_id, delta)
-
-        ctx = self.context
-        return await self.client.run(ctx.client, ctx.model, ctx.sampling, task_data, on_delta=relay)
-
-    async def aclose(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-            self.client = None
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        loop = asyncio.get_running_loop()
-        if proc.is_alive():
-            proc.terminate()  # SIGTERM: verifiers' servers unwind their serving() and stop their workers
-            await loop.run_in_executor(None, proc.join, POOL_STOP_S)
-        if proc.is_alive():
-            proc.kill()
-            await loop.run_in_executor(None, proc.join, POOL_STOP_S)
-
-
 class VerifiersEnvironment(Environment):
     """A verifiers v1 environment (its env config, as `--env.*`/TOML would give it) as a rollbuf environment.
 
@@ -200,6 +123,12 @@ class VerifiersEnvironment(Environment):
     parallelism). `require_reward_variance`: a group whose sequences all score the same is counted
     (`skipped["no_reward_variance"]`), not submitted. `on_delta(task_id, delta)`: each verifiers
     delta, relayed (pool mode: the env server streams each trace turn by turn; in process there is no stream).
+
+    A pool process that dies (a worker killed -9: verifiers' broker neither notices nor replaces it) is
+    logged, counted (`pool_worker_deaths`), fails the episodes in flight at the pool at once (counted as
+    failures, `pool_worker_died`) and the pool is restarted (`pool_restarts`); past `MAX_RESTARTS` deaths in
+    `RESTART_WINDOW_S`, or when a restart fails, episodes fail as `pool_down` and the run ends with RunFailed
+    (rollout_client/verifiers_pool.py).
     """
 
     variable_group_size = True  # a group holds each episode's trainable branches: not always G sequences
@@ -230,6 +159,17 @@ class VerifiersEnvironment(Environment):
         self.live: dict[int, LiveRollout] = {}
         """Rollouts in flight, by rollout: task, start, traces and sampled turns so far."""
         self._backend: InProcess | Pool | None = None
+        self._pool: Pool | None = None  # kept after aclose, for its counts
+
+    @property
+    def pool_worker_deaths(self) -> int:
+        """verifiers' pool processes that died while serving this env (0 in process)."""
+        return self._pool.worker_deaths if self._pool is not None else 0
+
+    @property
+    def pool_restarts(self) -> int:
+        """Times verifiers' pool was restarted after one of its processes died."""
+        return self._pool.restarts if self._pool is not None else 0
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -253,7 +193,7 @@ class VerifiersEnvironment(Environment):
             return
         backend: InProcess | Pool
         if self.workers > 0:
-            backend = Pool(self.env_config, self._context(), self.workers, **self.pool)
+            backend = self._pool = Pool(self.env_config, self._context(), self.workers, **self.pool)
         else:
             backend = InProcess(self.env_config, self._context())
         await backend.start()

@@ -3,14 +3,17 @@ inference process's capped sandbox pool, and the pages that show them show them 
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.fake_vllm import fake_vllm
+from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import start_trainer
 from tests.integration.test_runner_faults import finish
 from tests.servers import running_server
@@ -18,7 +21,11 @@ from tests.servers import running_server
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = {"sandboxed_pool.py": "rollout-client.md"}
+EXAMPLES = {
+    "sandboxed_pool.py": "rollout-client.md",
+    "submit_groups.py": "rollout-client.md",
+    "sums.py": "rollout-client.md",
+}
 """Each example, and the page that shows it in a python block."""
 
 
@@ -42,3 +49,65 @@ def test_the_sandboxed_pool_example_runs_as_written(tmp_path: Path) -> None:
         assert out.strip() == "4 groups accepted, 0 failed"
         seen = pool.stats()
         assert seen["sandbox_acquired"] == 32 and seen["sandbox_held"] == 0 and seen["sandbox_max_held"] <= 8
+
+
+def run_example(example: str, tmp_path: Path, **env: str) -> str:
+    """Run docs/examples/<example> as a user would (its own process, env vars for the URLs); its stdout."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / example)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, env=environ, cwd=tmp_path)  # fmt: skip
+    code, out, err = finish(proc, 120)
+    assert code == 0, err[-3000:]
+    return out
+
+
+def test_the_rollout_client_example_submits_a_group_as_written(tmp_path: Path) -> None:
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=8)
+        assert run_example("submit_groups.py", tmp_path, ROLLBUF_URL=server.url).strip() == "received 1"
+
+
+def test_the_environment_example_runs_with_its_workers_as_written(tmp_path: Path) -> None:
+    """docs/rollout-client.md's `Sums` and its runner (2 worker processes, an OpenAI-compatible policy) against
+    the stand-in inference server: every group accepted."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        out = run_example("sums.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
+                          MAX_GROUPS="4")  # fmt: skip
+        assert out.strip() == "4 groups accepted, 0 failed"
+        assert vllm.stats()["200"] >= 16  # 4 groups of G=4, each a completion
+
+
+def test_the_synchronous_trainer_example_trains_and_syncs_as_written(tmp_path: Path) -> None:
+    """docs/rollout-client.md's synchronous trainer: its producer in a thread, paused around each of two weight
+    syncs (announced through rollbuf), 4 batches of 8 sequences, nothing failed; the lag back to 0 each sync."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        out = run_example("sync_trainer.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL)
+    lines = out.strip().splitlines()
+    assert [line.split()[:3] for line in lines[:4]] == [[str(s), "8", "0"] for s in range(4)], out
+    assert lines[4].endswith("groups accepted") and int(lines[4].split()[0]) >= 8
+
+
+def test_bring_your_environment_sums_runs_as_written(tmp_path: Path) -> None:
+    """docs/bring-your-environment.md's own-Environment block, as written but for its two addresses and the
+    model's name, builds a runner that produces groups against a real server and the stand-in inference."""
+    page = (ROOT / "docs" / "bring-your-environment.md").read_text()
+    section = page.split("## 3. rollbuf's own Environment", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        code = (block.group(1).replace("http://127.0.0.1:8000", server.url)
+                .replace("http://127.0.0.1:9000", vllm.url).replace('"my-model"', repr(MODEL)))  # fmt: skip
+        scope: dict[str, Any] = {"__name__": "docs_byo_env"}
+        exec(compile(code, "bring-your-environment.md", "exec"), scope)
+        runner = scope["runner"]
+
+        async def produce() -> Any:
+            try:
+                return await asyncio.wait_for(runner.run(max_groups=2), 60)
+            finally:  # the page's policy is the caller's to close (the runner closes only what it built)
+                await runner.policy_spec.aclose()
+
+        stats = asyncio.run(produce())
+    assert stats.accepted == 2 and stats.failed_total == 0

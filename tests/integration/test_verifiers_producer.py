@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import re
+import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ import pytest
 
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
+from rollout_client.verifiers_pool import children
 from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
 from tests.integration.test_runner import drain, start_trainer, until
 from tests.servers import running_server
@@ -167,3 +172,61 @@ async def test_a_group_left_short_is_submitted_whole_with_its_left_out_counts(tm
     for g in served:
         assert g["scores"] == [0.0] * (G // 2) and all(len(t) == short for t in g["tokens"])
         assert g["group_overrides"]["left_out"] == {"too_long": G // 2}
+
+
+async def until_run_s(cond: Callable[[], bool]) -> None:
+    while not cond():
+        await asyncio.sleep(0.05)
+
+
+def pool_workers(broker: int) -> set[int]:
+    """The broker's worker processes (verifiers' spawned `serve_env`s, not its resource tracker)."""
+    return {p for p in children(broker) or set() if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()}
+
+
+async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_restarts(
+    tmp_path: Path, offline: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool worker killed -9 (verifiers' broker neither notices nor replaces it: its episodes hung until a
+    pause or a rollout timeout, counted as skipped): it is logged, its group's episodes fail at once and are
+    counted as failures (`pool_worker_died`, in stats and health), and the pool is restarted and serves."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        config = env_config_data()
+        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G,
+                                   workers=2)  # fmt: skip
+        # elastic, verifiers' default: the pool starts one worker (cheaper here than two)
+        vllm.control(hang_all=True)  # the episodes stay in flight at the pool's workers
+        async with env:
+            assert env._pool is not None and env._pool.life is not None
+            broker = env._pool.life.proc.pid
+            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=G)
+            run = asyncio.create_task(runner.run())
+            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "a group's episodes at the workers")
+            victim = min(pool_workers(broker))
+            os.kill(victim, signal.SIGKILL)
+            await until(lambda: runner.stats.failed["verifiers"]["pool_worker_died"] == 1, "the group failed")
+            assert runner.health().rollouts_failed["verifiers"] == {"pool_worker_died": G}
+            assert runner.health().failed["verifiers"] == {"pool_worker_died": 1} and not runner.stats.skipped
+            assert f"pool worker pid {victim} died" in caplog.text
+            vllm.control(hang_all=False)
+            served = asyncio.create_task(until_run_s(lambda: runner.stats.accepted >= 1))
+            await asyncio.wait_for(served, RUN_S)  # a fresh worker sets its harness up again: not HANG_GUARD_S
+            assert env.pool_worker_deaths == 1 and env.pool_restarts == 1
+            assert env._pool.life.proc.pid != broker and len(pool_workers(env._pool.life.proc.pid)) == 1
+            runner.stop()
+            stats = await asyncio.wait_for(run, RUN_S)
+    assert stats.accepted >= 1 and dict(stats.failed["verifiers"]) == {"pool_worker_died": 1}
+
+
+def test_the_docs_taskset_is_found_by_its_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/bring-your-environment.md's taskset module, as written, is found by the id `my-taskset` once its
+    directory is importable (`my_taskset`, its one `Taskset` in `__all__`)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bring-your-environment.md").read_text()
+    [module] = [b for b in re.findall(r"```python\n(.*?)```", page, flags=re.S) if b.startswith("# my_taskset.py")]
+    (tmp_path / "my_taskset.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = {"taskset": {"id": "my-taskset"}, "agent": {"harness": {"id": "null"}}}
+    tasks = verifiers_tasks(config, cycle=False)
+    task = tasks.next_task()
+    assert task is not None and task.prompt == "Say apple." and tasks.next_task() is None
