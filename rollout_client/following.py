@@ -245,7 +245,8 @@ class Beats:
                 self.gone_after = reply.gone_after
                 self.interval = min(BEAT_MAX_S, max(BEAT_MIN_S, reply.gone_after / 6))
             waiting = self.waiting_for()
-            if waiting is not None:
+            if waiting is not None and not set(self.stats.paused.values()) <= {DRAINING, QUEUE_FULL}:
+                # (a drain for a sync is the handshake at work: the trainer logs whom it waits for)
                 self._log("wait", now, "waiting for %s", waiting)
             else:
                 self._logged.pop("wait", None)
