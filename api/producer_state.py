@@ -152,6 +152,8 @@ def report_txn(txn: Txn, now: float, settings: ProducerSettings, known: state.Ru
             weights_step=p.weights_step,
             held=p.held,
             waiting_for=p.waiting_for,
+            drains=p.drains,
+            drained_for=p.drained_for,
         )  # fmt: skip
         for p in sorted(table.values(), key=lambda p: p.first_seen)
     ]

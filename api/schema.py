@@ -505,6 +505,10 @@ class ProducerView(_Wire):
     """Env name -> why it starts no group of it now."""
     waiting_for: str | None
     """What it says it waits for, or null."""
+    drains: bool = False
+    """It produces for a drain env (`on_new_weights="drain"`): a pending weight sync waits for it."""
+    drained_for: int | None = None
+    """The pending sync's step it has drained for, or null."""
 
 
 # ----------------------------------------------------------------------------------------------- data

@@ -104,6 +104,8 @@ async def test_a_pending_sync_reaches_producers_waits_for_live_drain_producers_a
         assert (await c.post("/producers/heartbeat", json=drains)).json()["weights_pending"] == 1
         await c.post("/producers/heartbeat", json={**drains, "drained_for": 1})
         assert (await c.get("/weights/pending")).json()["drained"] is True
+        seen = {p["producer_id"]: (p["drains"], p["drained_for"]) for p in (await c.get("/producers")).json()}
+        assert seen == {"d1": (True, 1), "c1": (False, None)}
         await c.post("/producers/heartbeat", json={**drains, "drained_for": None})
         deadline = time.monotonic() + 10
         while not (await c.get("/weights/pending")).json()["drained"] and time.monotonic() < deadline:
