@@ -123,6 +123,7 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/batch"): TRAINER_SIDE,
     ("POST", "/commit"): TRAINER_SIDE,
     ("POST", "/weights"): TRAINER_SIDE,
+    ("POST", "/weights/pending"): TRAINER_SIDE,
     ("GET", "/reset_data"): TRAINER_SIDE,
     ("GET", "/latest_example"): TRAINER_SIDE,
     ("GET", "/export"): TRAINER_SIDE,  # the run's data, as the trainer reads it
@@ -134,6 +135,7 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/info"): ANY_KEY,
     ("GET", "/wandb_info"): ANY_KEY,
     ("GET", "/weights"): ANY_KEY,
+    ("GET", "/weights/pending"): ANY_KEY,
     ("GET", "/producers"): ANY_KEY,
     ("GET", "/metrics"): ANY_KEY,
     ("GET", "/dashboard/data"): ANY_KEY,

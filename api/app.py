@@ -211,7 +211,12 @@ async def _render_http_error(request: Request, exc: HTTPException) -> JSONRespon
     code = HTTP_CODES.get(exc.status_code, "error")
     loc = ["body"] if exc.status_code == 400 else []
     body = error_body(code, [{"loc": loc, "msg": str(exc.detail), "type": code}], exc.detail)
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+    headers = exc.headers
+    if exc.status_code == 405:  # Starlette names the first route of the path only (/weights: POST, not GET too)
+        allowed = {m.upper() for m in request.app.openapi().get("paths", {}).get(request.url.path, {})}
+        if allowed:
+            headers = {**(headers or {}), "Allow": ", ".join(sorted(allowed))}
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 
 async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:

@@ -11,12 +11,14 @@ import orjson
 from api import producers, state
 from api.errors import Conflict, InvalidData, Unavailable
 from api.producers import Producer
-from api.schema import Heartbeat, ProducerView
+from api.schema import Heartbeat, ProducerView, WeightSyncReply
 from api.state import EnvRecord
 from api.store.base import Txn
 
 PRODUCERS_KEY = "producers"
 WEIGHTS_KEY = "weights"
+PENDING_KEY = "weights_pending"
+"""The step of a weight sync begun (POST /weights/pending) and not yet announced; "null" when none."""
 
 
 def load_producers(txn: Txn) -> dict[str, Producer]:
@@ -39,6 +41,15 @@ def save_weights(txn: Txn, step: int) -> None:
     txn.set_value(WEIGHTS_KEY, orjson.dumps(step).decode())
 
 
+def load_pending(txn: Txn) -> int | None:
+    raw = txn.get_value(PENDING_KEY)
+    return None if raw is None else orjson.loads(raw)
+
+
+def load_weights_and_pending(txn: Txn) -> tuple[int | None, int | None]:
+    return load_weights(txn), load_pending(txn)
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerSettings:
     gone_after: float = 30.0
@@ -48,12 +59,10 @@ class ProducerSettings:
 
 def announce_txn(txn: Txn, step: int) -> int:
     """Record that the weights of `step` are live; the weights step never goes back (a retry changes nothing)."""
-    run = state.load(txn)
-    if run.registration is None:
-        raise Conflict("no trainer is registered: POST /register first", loc=("body", "step"))
-    if step > run.step:
-        raise InvalidData(("body", "step"), f"step {step} is past the trainer's current step {run.step}: groups "
-                          "stamped with it would be refused")  # fmt: skip
+    _check_step(txn, step)
+    pending = load_pending(txn)
+    if pending is not None and pending <= step:
+        txn.set_value(PENDING_KEY, "null")  # the sync is over: drain envs start groups again
     current = load_weights(txn)
     if current is not None and current >= step:
         return current
@@ -61,10 +70,43 @@ def announce_txn(txn: Txn, step: int) -> int:
     return step
 
 
+def _check_step(txn: Txn, step: int) -> state.RunState:
+    run = state.load(txn)
+    if run.registration is None:
+        raise Conflict("no trainer is registered: POST /register first", loc=("body", "step"))
+    if step > run.step:
+        raise InvalidData(("body", "step"), f"step {step} is past the trainer's current step {run.step}: groups "
+                          "stamped with it would be refused")  # fmt: skip
+    return run
+
+
+def begin_txn(txn: Txn, step: int, now: float, settings: ProducerSettings) -> WeightSyncReply:
+    """A weight sync to `step` begins: drain envs stop starting groups until it is announced (POST /weights). A
+    step at or below the weights announced changes nothing (a retry after the announcement); a later pending
+    step replaces an earlier one."""
+    _check_step(txn, step)
+    current = load_weights(txn)
+    pending = load_pending(txn)
+    if (current is None or step > current) and (pending is None or step > pending):
+        txn.set_value(PENDING_KEY, orjson.dumps(step).decode())
+    return sync_txn(txn, now, settings)
+
+
+def sync_txn(txn: Txn, now: float, settings: ProducerSettings) -> WeightSyncReply:
+    """The pending sync and the live producers it still waits for."""
+    current, pending = load_weights_and_pending(txn)
+    if pending is None:
+        return WeightSyncReply(weights_step=current, pending_step=None, waiting_on=[], drained=False)
+    waiting = producers.undrained(load_producers(txn), pending, now, settings.gone_after)
+    names = [f"{p.producer_id} on {p.host}" for p in waiting]
+    return WeightSyncReply(weights_step=current, pending_step=pending, waiting_on=names, drained=not waiting)
+
+
 def heartbeat_txn(
     txn: Txn, beat: Heartbeat, now: float, settings: ProducerSettings, check: Callable[[EnvRecord], None]
-) -> int | None:
-    """Record a heartbeat (after `check`ing each env it names exists and may be used); the weights step."""
+) -> tuple[int | None, int | None]:
+    """Record a heartbeat (after `check`ing each env it names exists and may be used); the weights step and the
+    pending sync's."""
     run = state.load(txn)
     for i, env_id in enumerate(beat.env_ids):
         env = run.env(env_id)
@@ -80,7 +122,7 @@ def heartbeat_txn(
         raise Unavailable(f"{exc}; one is forgotten once it is gone ({settings.gone_after:g} s)",
                           settings.gone_after) from None  # fmt: skip
     save_producers(txn, table)
-    return load_weights(txn)
+    return load_weights_and_pending(txn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +152,8 @@ def report_txn(txn: Txn, now: float, settings: ProducerSettings, known: state.Ru
             weights_step=p.weights_step,
             held=p.held,
             waiting_for=p.waiting_for,
+            drains=p.drains,
+            drained_for=p.drained_for,
         )  # fmt: skip
         for p in sorted(table.values(), key=lambda p: p.first_seen)
     ]

@@ -38,6 +38,10 @@ class Producer:
     """Env name -> why the producer does not start groups of it now (ahead_of_trainer, queue_full, ...)."""
     waiting_for: str | None = None
     """What the producer says it waits for, in words, or None."""
+    drains: bool = False
+    """It produces for a drain env (`on_new_weights="drain"`): a pending weight sync waits for it."""
+    drained_for: int | None = None
+    """The pending sync's step it has drained for (its drain envs idle), or None."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,3 +117,13 @@ def stall_reason(connected: dict[int, str], table: dict[str, Producer], now: flo
         hint = (f" (they generate with weights step {', '.join(map(str, sorted(w for w in weights if w is not None)))}"
                 " or older: announce new weights with POST /weights, or raise max_staleness)")  # fmt: skip
     return f"every live producer is held back waiting for the trainer: {detail}{hint}"
+
+
+def undrained(table: dict[str, Producer], pending: int, now: float, gone_after: float) -> list[Producer]:
+    """The live producers a weight sync to `pending` still waits for: those of drain envs that have not reported
+    drained for it (or a later sync). A gone producer is not waited for: it samples nothing."""
+    return sorted(
+        (p for p in table.values()
+         if p.drains and p.live(now, gone_after) and (p.drained_for is None or p.drained_for < pending)),
+        key=lambda p: p.first_seen,
+    )  # fmt: skip

@@ -400,6 +400,9 @@ class EnvStatus(_Wire):
     weights_step: int | None = None
     """The step of the weights the trainer last announced live on the inference servers (POST /weights), or null
     before any announcement: producers stamp it on the groups they start from then on."""
+    weights_pending: int | None = None
+    """The step of a weight sync the trainer has begun (POST /weights/pending) and not yet announced, or null:
+    producers of `on_new_weights="drain"` envs start no new group of them and report drained in their heartbeat."""
 
 
 # ----------------------------------------------------------------------------------------------- producers
@@ -420,10 +423,24 @@ class WeightsReply(_Wire):
     """The step of the weights announced live last, or null before any announcement."""
 
 
+class WeightSyncReply(_Wire):
+    """A weight sync begun and not yet announced (POST/GET /weights/pending): who the trainer still waits for."""
+
+    weights_step: int | None
+    """The step of the weights announced live last, or null."""
+    pending_step: int | None
+    """The step of the sync begun and not yet announced (null: none pending)."""
+    waiting_on: list[str]
+    """The live producers of drain envs (`on_new_weights="drain"`) not yet drained for `pending_step`, as
+    "producer_id on host"; producers gone (`producer_gone_after`) are not waited for."""
+    drained: bool
+    """A sync is pending and no live producer is waited for: push the weights, then POST /weights."""
+
+
 class Heartbeat(_Request, _Text):
     """POST /producers/heartbeat: a producer says it is alive and what it does."""
 
-    integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step"])
+    integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step", "drained_for"])
 
     producer_id: str = Field(min_length=1, max_length=200)
     """Chosen by the producer once per process (a restart is a new producer)."""
@@ -445,11 +462,17 @@ class Heartbeat(_Request, _Text):
     """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...)."""
     waiting_for: str | None = Field(default=None, max_length=1000)
     """What it waits for, in words."""
+    drains: bool = False
+    """It produces for an env whose `on_new_weights` is "drain": a pending weight sync waits for it."""
+    drained_for: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
+    """The pending sync's step once its drain envs have no episode in flight and start none (null otherwise)."""
 
 
 class HeartbeatReply(_Wire):
     weights_step: int | None
     """The weights announced live last (as `GET /weights`)."""
+    weights_pending: int | None = None
+    """The step of a weight sync begun and not yet announced, or null (as `/status-env`)."""
     gone_after: float
     """Seconds without a heartbeat after which the server counts a producer gone: beat well within it."""
 
@@ -483,6 +506,10 @@ class ProducerView(_Wire):
     """Env name -> why it starts no group of it now."""
     waiting_for: str | None
     """What it says it waits for, or null."""
+    drains: bool = False
+    """It produces for a drain env (`on_new_weights="drain"`): a pending weight sync waits for it."""
+    drained_for: int | None = None
+    """The pending sync's step it has drained for, or null."""
 
 
 # ----------------------------------------------------------------------------------------------- data

@@ -33,7 +33,17 @@ from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submi
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
-from api.producer_state import ProducerReport, ProducerSettings, announce_txn, heartbeat_txn, load_weights, report_txn
+from api.producer_state import (
+    ProducerReport,
+    ProducerSettings,
+    announce_txn,
+    begin_txn,
+    heartbeat_txn,
+    load_weights,
+    load_weights_and_pending,
+    report_txn,
+    sync_txn,
+)
 from api.producers import NOTHING_YET
 from api.records import GroupRecord, decode
 from api.schema import (
@@ -49,6 +59,7 @@ from api.schema import (
     ScoredReply,
     Status,
     WeightsReply,
+    WeightSyncReply,
 )
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn
@@ -511,6 +522,16 @@ class Service:
     async def weights(self) -> WeightsReply:
         return WeightsReply(weights_step=await self.store.read(load_weights))
 
+    async def begin_weights(self, step: int) -> WeightSyncReply:
+        """POST /weights/pending: a sync to `step` begins; drain envs' producers stop and report drained."""
+        now = time.time()
+        return await self.store.transact(lambda txn: begin_txn(txn, step, now, self.producers))
+
+    async def weight_sync(self) -> WeightSyncReply:
+        """GET /weights/pending: the pending sync and who it waits for."""
+        now = time.time()
+        return await self.store.read(lambda txn: sync_txn(txn, now, self.producers))
+
     async def heartbeat(self, beat: Heartbeat, caller: Identity = ANONYMOUS) -> HeartbeatReply:
         """Record a producer's heartbeat (one small write; wakes no long-poll in this process)."""
         now = time.time()
@@ -518,8 +539,8 @@ class Service:
         def check(env: EnvRecord) -> None:
             check_owner(caller, env, ("body", "env_ids"))
 
-        weights = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, check))
-        return HeartbeatReply(weights_step=weights, gone_after=self.producers.gone_after)
+        weights, pending = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, check))
+        return HeartbeatReply(weights_step=weights, weights_pending=pending, gone_after=self.producers.gone_after)
 
     async def producer_report(self) -> ProducerReport:
         """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None). A run
@@ -545,7 +566,8 @@ class Service:
                 raise NotFound(f"no environment with env_id {env_id}")
             blocked = state.load_blocked(txn)
             reply = env_status(run, env, txn.counts(), txn.held_counts(), self.limits, blocked)
-            return reply.model_copy(update={"weights_step": load_weights(txn)}), run
+            weights, pending = load_weights_and_pending(txn)
+            return reply.model_copy(update={"weights_step": weights, "weights_pending": pending}), run
 
         reply, self._run = await self.store.read(txn_fn)
         return reply

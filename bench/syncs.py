@@ -5,7 +5,9 @@ A real rollbuf server process, the tests' stand-in inference server (`tests.fake
 LATENCY_S) and a `RolloutRunner` of long-tail multi-turn episodes (1 to MAX_TURNS turns, G=4, 32 rollouts in
 flight). The trainer loop takes batch N (8 sequences), trains TRAIN_S, then syncs: it pushes the weights of
 step N+1 to the inference server and
-- `drain`: `runner.pause()` before the push, `resume()` after (today's way: no episode spans a sync);
+- `drain`: `runner.pause()` before the push, `resume()` after (in the trainer's process: no episode spans a sync);
+- `drain_handshake`: the env's `on_new_weights="drain"`, across processes: the trainer begins the sync (POST
+  /weights/pending), waits until the producer heartbeats drained (GET /weights/pending), pushes, announces;
 - `continue`: announces them through rollbuf (POST /weights); episodes in flight go on, spanning versions;
 - `restart`: announces them; episodes in flight of older weights are cancelled and run again.
 Reported per policy: groups accepted per second over STEPS steps, the trainer's steps/s, the mean staleness
@@ -41,7 +43,7 @@ GROUP_SIZE = 4
 BATCH_SIZE = 8
 TRAIN_S = 0.05
 STEPS = 15
-POLICIES = ("drain", "continue", "restart")
+POLICIES = ("drain", "drain_handshake", "continue", "restart")
 
 
 @dataclass
@@ -68,7 +70,7 @@ async def one(policy: str, url: str, inference: str) -> dict[str, Any]:
         await http.post(inference + "/control", json={"weights": 0, "latency": LATENCY_S})
         await http.get("/batch", params={"step": 0})
         env = LongTail()
-        env.on_new_weights = "restart" if policy == "restart" else "continue"
+        env.on_new_weights = {"restart": "restart", "drain_handshake": "drain"}.get(policy, "continue")  # type: ignore[assignment]
         runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], lambda: OpenAIPolicy(inference, "fake"),
                                max_in_flight=32, poll_interval=0.1)  # fmt: skip
         running = asyncio.create_task(runner.run())
@@ -82,6 +84,11 @@ async def one(policy: str, url: str, inference: str) -> dict[str, Any]:
             await asyncio.sleep(TRAIN_S)  # training
             if policy == "drain":
                 await runner.pause()
+            if policy == "drain_handshake":
+                (await http.post("/weights/pending", json={"step": step + 1})).raise_for_status()
+                deadline = time.monotonic() + 60
+                while not (await http.get("/weights/pending")).json()["drained"] and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)  # the trainer's poll, as TrainerClient.wait_drained
             await http.post(inference + "/control", json={"weights": step + 1})
             if policy == "drain":
                 runner.resume(policy_step=step + 1)

@@ -358,11 +358,12 @@ class Environment(ABC):
     variable_group_size: bool = False
     """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
     rollout that records 0 or several sequences with `Session.record_sequence`)."""
-    on_new_weights: Literal["continue", "restart"] = "continue"
+    on_new_weights: Literal["continue", "restart", "drain"] = "continue"
     """What its groups in flight do when the trainer announces new weights (`rollout_client.following`):
     "continue" (their episodes span versions; stamped with the oldest, `generation_params["weight_versions"]`
-    holds [min, max]) or "restart" (cancelled and run again with the new weights). Draining instead is
-    `RolloutRunner.pause()`/`resume()` around the sync (docs/bring-your-environment.md)."""
+    holds [min, max]), "restart" (cancelled and run again with the new weights) or "drain" (when the trainer
+    begins a sync with `TrainerClient.weight_sync`, no new group starts, those in flight finish, and the trainer
+    pushes the weights once every live producer has drained: no episode spans a sync, production pauses)."""
 
     def skip_reason(self, sequences: int, scores: list[float]) -> str | None:
         """Why a finished group is not submitted (None: it is); the runner counts it in `skipped[reason]`.

@@ -11,8 +11,13 @@ them by their env's `on_new_weights` policy:
   max]`, the range it spanned (PipelineRL's in-flight updates, verifiers' per-token `weight_versions`).
 - `restart`: they are cancelled and their tasks started again at once with the new weights: every episode is
   on-policy for one version, at the cost of the work thrown away.
-- Draining (no episode spans a sync, nothing thrown away, production stops while in-flight episodes finish) is
-  `RolloutRunner.pause()`/`resume()` around the sync, in the trainer's process.
+- `drain`: no episode spans a sync and nothing is thrown away, but production of the env stops while its
+  episodes in flight finish. The trainer begins the sync (POST /weights/pending, `TrainerClient.weight_sync`);
+  the pending step reaches the runner in /status-env (`weights_pending`); it starts no new group of a drain env,
+  and once none of theirs is generating it says `drained_for` in its heartbeat (at once, not at the next
+  interval). The trainer waits for every live drain producer, pushes the weights and announces them (POST
+  /weights); the runner then starts groups again, stamped with them. In one process, `RolloutRunner.pause()` /
+  `resume()` around the sync does the same for every env.
 
 `Heartbeat` tells rollbuf that this producer is alive, every `gone_after / 6` s (the server's setting, from its
 reply): its envs, in flight, groups/s, failures, weights, what holds it back. It logs, rate-limited, while the
@@ -22,6 +27,7 @@ server is unreachable and while this producer waits for the trainer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -33,7 +39,7 @@ from typing import TYPE_CHECKING, Literal
 
 from api.schema import EnvStatus, Heartbeat, ScoredData
 from client_core.errors import ClientError
-from rollout_client.pacing import AHEAD, QUEUE_FULL
+from rollout_client.pacing import AHEAD, DRAINING, QUEUE_FULL
 
 if TYPE_CHECKING:
     from rollout_client.client import RolloutClient
@@ -43,7 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rollout_client.runner")
 
-OnNewWeights = Literal["continue", "restart"]
+OnNewWeights = Literal["continue", "restart", "drain"]
+
 RESTARTED = "restarted"
 """`skipped` reason of a group cancelled by new weights (`restart`); its task runs again."""
 BEAT_S = 1.0
@@ -63,6 +70,8 @@ class Follower:
     envs: Sequence[Environment]
     weights_step: int | None = None
     """The last weights step announced, or None: then the runner's own policy step (resume()) rules."""
+    pending: int | None = None
+    """The step of a weight sync the trainer has begun and not announced yet (drain envs hold), or None."""
     _spans: dict[str, int] = field(default_factory=dict)
     """Group id -> the newest weights step seen while its rollouts ran."""
     _restarts: list[list[Task]] = field(default_factory=list)
@@ -87,6 +96,8 @@ class Follower:
     def observed(self, statuses: Sequence[EnvStatus], in_flight: InFlight) -> int | None:
         """Take in the weights step the statuses show; returns it when it is new (the runner stamps it from then
         on), after marking the spans of groups in flight and cancelling those whose env restarts."""
+        pending = [st.weights_pending for st in statuses if st.weights_pending is not None]
+        self.pending = max(pending) if pending else None
         seen = [st.weights_step for st in statuses if st.weights_step is not None]
         if not seen or (self.weights_step is not None and max(seen) <= self.weights_step):
             return None
@@ -102,6 +113,28 @@ class Follower:
             else:
                 self._spans[group_id] = step
         return step
+
+    @property
+    def drains(self) -> bool:
+        """Some env drains on a weight sync: a pending sync waits for this producer."""
+        return any(e.on_new_weights == "drain" for e in self.envs)
+
+    def holds(self, i: int) -> bool:
+        """Env `i` starts no group now: it drains and a sync to newer weights is pending."""
+        return (
+            self.envs[i].on_new_weights == "drain"
+            and self.pending is not None
+            and (self.weights_step is None or self.pending > self.weights_step)
+        )
+
+    def drained_for(self, in_flight: InFlight) -> int | None:
+        """The pending sync's step once no group of a drain env is generating (one submitting sampled its
+        tokens already), else None."""
+        if not any(self.holds(i) for i in range(len(self.envs))):
+            return None
+        if any(self.holds(g.env) and not g.submitting for g in in_flight.groups.values()):
+            return None
+        return self.pending
 
     def restart(self, i: int) -> Task | None:
         """A task of env `i` to run again (cancelled by new weights), before any new one."""
@@ -137,6 +170,10 @@ class Beats:
     """The envs' names, in the clients' order (what `stats.paused` is keyed by)."""
     stats: RunnerStats
     policy_step: Callable[[], int]
+    drain: Callable[[], tuple[bool, int | None]] = lambda: (False, None)
+    """Whether this producer drains on syncs, and the pending sync's step it has drained for (or None)."""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set to beat now (the runner drained for a pending sync: the trainer waits for that beat)."""
     producer_id: str = field(default_factory=producer_id)
     host: str = field(default_factory=socket.gethostname)
     interval: float = BEAT_S
@@ -150,11 +187,13 @@ class Beats:
         self._window = [(t, n) for t, n in self._window if now - t <= RATE_WINDOW_S] + [(now, s.accepted)]
         t0, n0 = self._window[0]
         rate = (s.accepted - n0) / (now - t0) if now > t0 else 0.0
+        drains, drained_for = self.drain()
         return Heartbeat(
             producer_id=self.producer_id, host=self.host,
             env_ids=[c.env_id for c in self.clients if c.env_id is not None],
             in_flight=s.in_flight, groups_per_s=max(0.0, rate), accepted=s.accepted, failures=s.failed_total,
             weights_step=self.policy_step(), held=self.held(), waiting_for=self.waiting_for(),
+            drains=drains, drained_for=drained_for,
         )  # fmt: skip
 
     def held(self) -> dict[str, str]:
@@ -174,6 +213,8 @@ class Beats:
         reasons = set(held.values())
         if reasons <= {QUEUE_FULL}:
             return "the trainer to take batches: every env's queue is full"
+        if reasons <= {DRAINING, QUEUE_FULL}:
+            return f"the trainer to announce the weights of step {self.drain()[1]} (drained for its sync)"
         if AHEAD in reasons:
             return (f"new weights: generating with step {self.policy_step()}, the trainer is at step "
                     f"{self.stats.trainer_step}; more would arrive stale (the trainer announces weights with "
@@ -204,8 +245,11 @@ class Beats:
                 self.gone_after = reply.gone_after
                 self.interval = min(BEAT_MAX_S, max(BEAT_MIN_S, reply.gone_after / 6))
             waiting = self.waiting_for()
-            if waiting is not None:
+            if waiting is not None and not set(self.stats.paused.values()) <= {DRAINING, QUEUE_FULL}:
+                # (a drain for a sync is the handshake at work: the trainer logs whom it waits for)
                 self._log("wait", now, "waiting for %s", waiting)
             else:
                 self._logged.pop("wait", None)
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.interval)
+            self.wake.clear()

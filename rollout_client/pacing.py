@@ -8,6 +8,8 @@ from api.schema import EnvStatus
 
 QUEUE_FULL = "queue_full"
 AHEAD = "ahead_of_trainer"
+DRAINING = "draining"
+"""A drain env (`on_new_weights="drain"`) while a weight sync is pending."""
 
 
 def pause_reason(

@@ -208,6 +208,8 @@ class RolloutRunner(Watching, Execution):
         self._resumed = False
         self._follow = Follower(self.envs)
         """The weights the trainer announces, followed (`rollout_client.following`)."""
+        self._beat_now = asyncio.Event()
+        self._drained_for: int | None = None
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -439,7 +441,10 @@ class RolloutRunner(Watching, Execution):
                 await self._wait_change()
                 continue
             self._refresh_blocked()
-            eligible = [b is None and not x for b, x in zip(self._backpressure.held, self._exhausted, strict=True)]
+            eligible = [
+                b is None and not x and not self._follow.holds(i)
+                for i, (b, x) in enumerate(zip(self._backpressure.held, self._exhausted, strict=True))
+            ]
             sizes = [e.group_size for e in self.envs]
             credit = list(self._credit)  # committed only if the pick launches: a wait must not cost an env its turn
             i = pick_env(credit, [e.weight / e.group_size for e in self.envs], eligible)
@@ -619,7 +624,8 @@ class RolloutRunner(Watching, Execution):
     async def _monitor(self) -> None:
         """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale; and
         heartbeat meanwhile."""
-        beats = Beats(self.clients, [e.name for e in self.envs], self.stats, lambda: self.policy_step)
+        beats = Beats(self.clients, [e.name for e in self.envs], self.stats, lambda: self.policy_step,
+                      lambda: (self._follow.drains, self._drained_for), self._beat_now)  # fmt: skip
         beating = asyncio.create_task(beats.run())
         try:
             await self._watch()
@@ -639,6 +645,15 @@ class RolloutRunner(Watching, Execution):
             self.stats.policy_step = step
             self._resumed = True
             self._changed.set()
+
+    def _drained_now(self) -> None:
+        """Drained for a pending sync (or no longer): heartbeat at once, the trainer waits for it."""
+        drained = self._follow.drained_for(self._in_flight)
+        if drained != self._drained_for:
+            self._drained_for = drained
+            self._beat_now.set()
+            if drained is not None:
+                log.info("drained for the weight sync to step %d: no drain env's episode in flight", drained)
 
     # ------------------------------------------------------------------------------------------- shutdown
 

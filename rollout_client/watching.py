@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from api.schema import EnvStatus
-from rollout_client.pacing import AHEAD, is_stale
+from rollout_client.pacing import AHEAD, DRAINING, is_stale
 from rollout_client.stats import RunnerHealth
 
 if TYPE_CHECKING:
@@ -68,6 +68,9 @@ class Watching:
     def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
         raise NotImplementedError
 
+    def _drained_now(self) -> None:
+        raise NotImplementedError
+
     def health(self) -> RunnerHealth:
         """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
         runner's loop (or through `RunnerHandle.health()` from another thread)."""
@@ -106,6 +109,7 @@ class Watching:
             trainer_step = self._backpressure.observed(list(statuses), mark)
             self._weights_observed(statuses)
             self._refresh_blocked()
+            self._drained_now()
             self.stats.trainer_step = trainer_step
             self._check_stall()
             self._check_server(statuses)
@@ -165,6 +169,8 @@ class Watching:
         """Which envs must wait, from the last status read and what this runner has in flight now."""
         held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
         for i, reason in enumerate(held):
+            if reason is None and self._follow.holds(i):
+                reason = DRAINING
             if reason is None:
                 self.stats.paused.pop(self.envs[i].name, None)
             else:

@@ -13,6 +13,8 @@ the schema with another valid one, and never add a field, so a request that brea
 - `group_size` is at most the trainer's `batch_size`: the test registers the largest, 2^31 - 1;
 - `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
 - `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither);
+- `/weights`, `/weights/pending`: `step` is at most the trainer's step (0); a heartbeat's `env_ids` name
+  registered environments (none here);
 - free-form fields (`overrides`, `images`, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
@@ -96,6 +98,12 @@ def _align_body(path: str, body: Any) -> None:
     if path in ("/scored_data", "/scored_data_list"):
         for group in body if isinstance(body, list) else [body]:
             _align_group(group)
+    elif path in ("/weights", "/weights/pending") and isinstance(body, dict):
+        if _int(body.get("step"), 0, SAFE_INT_MAX):
+            body["step"] = 0
+    elif path == "/producers/heartbeat" and isinstance(body, dict):
+        if isinstance(body.get("env_ids"), list) and all(_int(e, -SAFE_INT_MAX, SAFE_INT_MAX) for e in body["env_ids"]):
+            body["env_ids"] = []
 
 
 def _query_int(value: Any) -> int | None:
@@ -114,7 +122,7 @@ def map_body(context: Any, body: Any) -> Any:
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
     path = case.operation.path
-    if path in ("/scored_data", "/scored_data_list"):
+    if path in ("/scored_data", "/scored_data_list", "/weights", "/weights/pending", "/producers/heartbeat"):
         _align_body(path, case.body)
         if case.meta is not None:
             case.meta.mark_dirty(ParameterLocation.BODY)

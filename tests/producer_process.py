@@ -2,7 +2,7 @@
 arithmetic episodes against an inference server (the fake vLLM), following the weights the trainer announces
 through rollbuf and heartbeating. It runs until SIGTERM/SIGINT (or SIGKILL: a producer that dies).
 
-    python -m tests.producer_process --server URL --inference URL [--on-new-weights continue|restart]
+    python -m tests.producer_process --server URL --inference URL [--on-new-weights continue|restart|drain]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server", required=True)
     ap.add_argument("--inference", required=True)
-    ap.add_argument("--on-new-weights", default="continue", choices=["continue", "restart"])
+    ap.add_argument("--on-new-weights", default="continue", choices=["continue", "restart", "drain"])
     ap.add_argument("--group-size", type=int, default=2)
     ap.add_argument("--turns", type=int, default=1)
     ap.add_argument("--max-staleness", type=int, default=None)

@@ -23,10 +23,16 @@ from tests.fake_vllm import weights_of
 from trainer_client import NoProgress, TrainerClient
 
 
-def sync(inference: str, rb: TrainerClient, step: int) -> None:
-    """Push the weights of `step` to the inference server, then tell rollbuf they are live."""
+def sync(inference: str, rb: TrainerClient, step: int, drain: bool) -> bool:
+    """Push the weights of `step` to the inference server, then tell rollbuf they are live; with `drain`, inside
+    `weight_sync` (drain envs' producers finish their episodes first). Whether every drain producer drained."""
+    if drain:
+        with rb.weight_sync(step, timeout=30.0) as drained:
+            httpx.post(inference + "/control", json={"weights": step}, timeout=10).raise_for_status()
+        return drained
     httpx.post(inference + "/control", json={"weights": step}, timeout=10).raise_for_status()
     rb.announce_weights(step)
+    return True
 
 
 def groups_of(batch: Any) -> list[dict[str, Any]]:
@@ -55,13 +61,14 @@ def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=None)
     ap.add_argument("--no-progress-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--drain", action="store_true", help="sync inside weight_sync (drain envs wait it out)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     started = time.monotonic()
-    result: dict[str, Any] = {"steps": [], "error": None}
+    result: dict[str, Any] = {"steps": [], "error": None, "undrained_syncs": 0}
     with TrainerClient(args.server) as rb:
         rb.register(batch_size=args.batch_size, max_token_len=256, max_staleness=args.max_staleness)
-        sync(args.inference, rb, 0)
+        sync(args.inference, rb, 0, args.drain)
         try:
             batches = rb.batches(start_step=0, wait=2.0, no_progress_timeout=args.no_progress_timeout)
             for batch in batches:
@@ -70,7 +77,8 @@ def main() -> None:
                                         "at": time.monotonic() - started})  # fmt: skip
                 if batch.step + 1 >= args.steps:
                     break
-                sync(args.inference, rb, batch.step + 1)  # trained on batch N: the weights of step N + 1
+                # trained on batch N: the weights of step N + 1
+                result["undrained_syncs"] += not sync(args.inference, rb, batch.step + 1, args.drain)
         except NoProgress as exc:
             result["error"] = str(exc)
         result["elapsed"] = time.monotonic() - started

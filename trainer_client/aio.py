@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from api.schema import CommitReply, Info, RegisterReply, Status, WeightsReply
+from api.schema import CommitReply, Info, RegisterReply, Status, WeightsReply, WeightSyncReply
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
+    DRAIN_POLL_S,
+    DRAIN_TIMEOUT_S,
     NO_PROGRESS_S,
     Balance,
     BatchQuery,
     Cursor,
+    DrainWait,
     Encoding,
     Server,
     parse_batch_reply,
@@ -75,6 +79,32 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
     async def announce_weights(self, step: int) -> WeightsReply:
         """See `TrainerClient.announce_weights`."""
         return WeightsReply.model_validate_json((await self._request("POST", "/weights", json={"step": step})).content)
+
+    async def begin_weights(self, step: int) -> WeightSyncReply:
+        """See `TrainerClient.begin_weights`."""
+        reply = await self._request("POST", "/weights/pending", json={"step": step})
+        return WeightSyncReply.model_validate_json(reply.content)
+
+    async def weight_sync_state(self) -> WeightSyncReply:
+        """GET /weights/pending: the sync begun and not yet announced, and who it waits for."""
+        return WeightSyncReply.model_validate_json((await self._request("GET", "/weights/pending")).content)
+
+    async def wait_drained(self, step: int, timeout: float | None = DRAIN_TIMEOUT_S) -> bool:
+        """See `TrainerClient.wait_drained`."""
+        wait = DrainWait(step, timeout, asyncio.get_running_loop().time())
+        while True:
+            verdict = wait.verdict(await self.weight_sync_state(), asyncio.get_running_loop().time())
+            if verdict != "wait":
+                return verdict == "drained"
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    @asynccontextmanager
+    async def weight_sync(self, step: int, timeout: float | None = DRAIN_TIMEOUT_S) -> AsyncIterator[bool]:
+        """See `TrainerClient.weight_sync`."""
+        await self.begin_weights(step)
+        drained = await self.wait_drained(step, timeout)
+        yield drained
+        await self.announce_weights(step)
 
     async def batches(
         self,

@@ -23,6 +23,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from trainer_client.client import TrainerClient
+from trainer_client.protocol import DRAIN_TIMEOUT_S
 from trainer_client.trl_worker import RollbufRolloutWorker
 
 log = logging.getLogger("trainer_client")
@@ -115,8 +116,10 @@ class RollbufWeightSync:
     weights are live from rollbuf: TRL tells the worker after each sync (`update_model_version`), and
     `RollbufRolloutWorker` announces that step (POST /weights), which producers stamp on new groups and pace
     by. `pause`/`resume` are for a producer in this process that drains around syncs (`RolloutRunner.pause`);
-    `client` and `step`, when given, announce `step()` at `resume` instead, for loops without the worker.
-    `syncs` counts completed syncs."""
+    `client` and `step`, when given, announce `step()` at `resume` instead, for loops without the worker; with
+    `drain=True` too, `pause` begins the sync through rollbuf and waits (at most `drain_timeout` s) until every
+    live producer of an `on_new_weights="drain"` env in any process has finished its episodes in flight
+    (`TrainerClient.weight_sync`'s handshake). `syncs` counts completed syncs."""
 
     def __init__(
         self,
@@ -126,9 +129,15 @@ class RollbufWeightSync:
         resume: Callable[[], None] | None = None,
         client: TrainerClient | None = None,
         step: Callable[[], int] | None = None,
+        drain: bool = False,
+        drain_timeout: float | None = DRAIN_TIMEOUT_S,
     ) -> None:
         if (client is None) != (step is None):
             raise ValueError("client and step go together: the step of the weights to announce, and where")
+        if drain and client is None:
+            raise ValueError("drain=True needs client and step: producers drain for a sync begun through rollbuf")
+        self._drain = drain
+        self._drain_timeout = drain_timeout
         self._push = push
         self._pause = pause
         self._resume = resume
@@ -142,6 +151,10 @@ class RollbufWeightSync:
     def pause(self) -> None:
         if self._pause is not None:
             self._pause()
+        if self._drain and self._client is not None and self._step is not None:
+            step = self._step()
+            self._client.begin_weights(step)
+            self._client.wait_drained(step, self._drain_timeout)
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
         if self._push is not None:

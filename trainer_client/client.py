@@ -5,21 +5,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from api.schema import CommitReply, Info, RegisterReply, Status, WeightsReply
+from api.schema import CommitReply, Info, RegisterReply, Status, WeightsReply, WeightSyncReply
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for
 from trainer_client.protocol import (
     DEFAULT_WAIT,
+    DRAIN_POLL_S,
+    DRAIN_TIMEOUT_S,
     NO_PROGRESS_S,
     Balance,
     BatchQuery,
     Cursor,
+    DrainWait,
     Encoding,
     Server,
     parse_batch_reply,
@@ -93,6 +97,46 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         before it). Producers stamp it on the groups they start from then on and judge `max_staleness` against
         it; an older step changes nothing, so it is retried like any request."""
         return WeightsReply.model_validate_json(self._request("POST", "/weights", json={"step": step}).content)
+
+    def begin_weights(self, step: int) -> WeightSyncReply:
+        """Begin a weight sync to `step` (POST /weights/pending), before pushing weights: producers of
+        `on_new_weights="drain"` envs start no new group of them and report drained once their episodes in flight
+        end. `announce_weights(step)` ends it. Usually through `weight_sync`."""
+        reply = self._request("POST", "/weights/pending", json={"step": step})
+        return WeightSyncReply.model_validate_json(reply.content)
+
+    def weight_sync_state(self) -> WeightSyncReply:
+        """GET /weights/pending: the sync begun and not yet announced, and who it waits for."""
+        return WeightSyncReply.model_validate_json((self._request("GET", "/weights/pending")).content)
+
+    def wait_drained(self, step: int, timeout: float | None = DRAIN_TIMEOUT_S) -> bool:
+        """Wait until every live producer of a drain env has drained for the pending sync to `step`
+        (producers gone do not count), logging who it waits for at once and every 5 s; True once drained, False
+        after `timeout` s (None: no bound), when the sync should go on without them."""
+        wait = DrainWait(step, timeout, time.monotonic())
+        while True:
+            verdict = wait.verdict(self.weight_sync_state(), time.monotonic())
+            if verdict != "wait":
+                return verdict == "drained"
+            time.sleep(DRAIN_POLL_S)
+
+    @contextmanager
+    def weight_sync(self, step: int, timeout: float | None = DRAIN_TIMEOUT_S) -> Iterator[bool]:
+        """A weight sync to `step` that drain envs' producers wait out, across processes:
+
+        ```python
+        with rb.weight_sync(step):  # producers of drain envs stop and finish their episodes in flight
+            push_weights_to_inference(step)
+        # announced (POST /weights): producers start again, stamped with `step`
+        ```
+
+        Yields whether every live drain producer drained within `timeout` s. When the block raises, nothing is
+        announced and the sync stays pending (drain envs held, as /status says) until the next sync's
+        announcement."""
+        self.begin_weights(step)
+        drained = self.wait_drained(step, timeout)
+        yield drained
+        self.announce_weights(step)
 
     def batches(
         self,

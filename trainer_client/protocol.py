@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from api.records import MSGPACK, decode_batch, is_msgpack
-from api.schema import Info, Registration
+from api.schema import Info, Registration, WeightSyncReply
 from client_core.config import DEFAULT_URL, auth_headers
 from client_core.retry import RetryPolicy
 from trainer_client.arrays import Batch, from_json, from_records
@@ -320,3 +320,40 @@ class Cursor:
             return 0.0
         self._polls += 1
         return poll_delay(self._polls - 1)
+
+
+# ----------------------------------------------------------------------------------------------- weight syncs
+
+DRAIN_TIMEOUT_S = 60.0
+"""Default bound of `weight_sync`'s wait for drain producers: past it the sync goes on without them."""
+DRAIN_POLL_S = 0.05
+DRAIN_LOG_EVERY_S = 5.0
+
+
+@dataclass(slots=True)
+class DrainWait:
+    """The trainer's wait for drain producers before a weight sync to `step`: what each GET /weights/pending reply
+    means, and the log lines (who it waits for at once and every few seconds; the outcome). Pure: no I/O."""
+
+    step: int
+    timeout: float | None
+    started: float
+    _logged: float | None = None
+
+    def verdict(self, reply: WeightSyncReply, now: float) -> Literal["drained", "wait", "timeout"]:
+        waited = now - self.started
+        if reply.pending_step is None or reply.pending_step != self.step or reply.drained:
+            # none pending: announced already (a retry) or no sync; another step pending: a newer sync replaced it
+            if self._logged is not None:
+                log.info("weight sync to step %d: every drain producer drained after %.1f s", self.step, waited)
+            return "drained"
+        if self.timeout is not None and waited >= self.timeout:
+            log.warning("weight sync to step %d: %s not drained after %.0f s; syncing without them (their episodes "
+                        "in flight span the sync)", self.step, ", ".join(reply.waiting_on), waited)  # fmt: skip
+            return "timeout"
+        if self._logged is None or now - self._logged >= DRAIN_LOG_EVERY_S:
+            self._logged = now
+            log.info("weight sync to step %d waits for %d producer(s) to drain (%.0f s so far%s): %s", self.step,
+                     len(reply.waiting_on), waited, "" if self.timeout is None else f", at most {self.timeout:g} s",
+                     ", ".join(reply.waiting_on))  # fmt: skip
+        return "wait"

@@ -7,12 +7,12 @@ from fastapi import APIRouter, Request
 from api.deps import ServiceDep
 from api.frontdoor import identity_of
 from api.openapi import errors
-from api.schema import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply
+from api.schema import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
 
 router = APIRouter(tags=["producers"])
 
 
-@router.post("/weights", response_model=WeightsReply, responses=errors(409, 422))
+@router.post("/weights", response_model=WeightsReply, responses=errors(400, 409, 422))
 async def announce_weights(body: WeightsAnnounce, service: ServiceDep) -> WeightsReply:
     """The weights of trainer step `step` are live on the inference servers (the trainer sends it after each
     weight sync). Producers read it in `/status-env` and heartbeat replies, and stamp it on the groups they start
@@ -26,7 +26,23 @@ async def weights(service: ServiceDep) -> WeightsReply:
     return await service.weights()
 
 
-@router.post("/producers/heartbeat", response_model=HeartbeatReply, responses=errors(403, 422, 503))
+@router.post("/weights/pending", response_model=WeightSyncReply, responses=errors(400, 409, 422))
+async def begin_weights(body: WeightsAnnounce, service: ServiceDep) -> WeightSyncReply:
+    """A weight sync to `step` begins (the trainer sends it before pushing weights; POST /weights ends it).
+    Producers of envs with `on_new_weights="drain"` learn it from `/status-env` or their heartbeat's reply, start
+    no new group of those envs, finish the episodes in flight and report drained in their heartbeat. The reply
+    says which live producers the sync still waits for (`waiting_on`); `drained` once none. A retry is safe."""
+    return await service.begin_weights(body.step)
+
+
+@router.get("/weights/pending", response_model=WeightSyncReply)
+async def weight_sync(service: ServiceDep) -> WeightSyncReply:
+    """The weight sync begun and not yet announced (`pending_step`, null when none) and the live producers it
+    still waits for."""
+    return await service.weight_sync()
+
+
+@router.post("/producers/heartbeat", response_model=HeartbeatReply, responses=errors(400, 403, 422, 503))
 async def heartbeat(body: Heartbeat, request: Request, service: ServiceDep) -> HeartbeatReply:
     """A producer is alive: its envs, in flight, rate, failures, weights, what holds it back. One not heard of
     for `producer_gone_after` s is gone (/status, /metrics; a waiting trainer's `stall_reason`)."""

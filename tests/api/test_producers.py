@@ -11,7 +11,7 @@ import pytest
 
 from api.settings import Settings
 from tests.asgi import serving
-from tests.factories import env, registration
+from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
 
@@ -78,3 +78,41 @@ async def test_a_fresh_run_nothing_joined_is_a_stall_only_after_gone_after(setti
             pass  # each poll reads the clock again; nothing else to wait for
         assert reply["stall_reason"].startswith("no environment is registered and no producer has reported")
         assert (await c.get("/status")).json()["stall_reason"] == reply["stall_reason"]
+
+
+async def test_a_pending_sync_reaches_producers_waits_for_live_drain_producers_and_ends_when_announced(
+    settings: Settings,
+) -> None:
+    settings.producer_gone_after = 0.5
+    async with serving(settings) as c:
+        assert (await c.post("/weights/pending", json={"step": 0})).status_code == 409  # no trainer yet
+        env_id = await start(c)
+        await c.post("/weights", json={"step": 0})
+        assert (await c.get("/weights/pending")).json()["pending_step"] is None
+        # step 0 is announced already: beginning a sync to it changes nothing (a retry after the announcement)
+        assert (await c.post("/weights/pending", json={"step": 0})).json()["pending_step"] is None
+        await c.post("/scored_data", json=group(4, env_id=env_id))
+        assert (await c.get("/batch")).json()["batch"] is not None  # the trainer is at step 1
+        past = await c.post("/weights/pending", json={"step": 2})
+        assert past.status_code == 422 and past.json()["errors"][0]["loc"] == ["body", "step"]
+        drains = {"producer_id": "d1", "host": "h1", "env_ids": [env_id], "drains": True}
+        await c.post("/producers/heartbeat", json=drains)
+        await c.post("/producers/heartbeat", json={"producer_id": "c1", "host": "h2", "env_ids": [env_id]})
+        begun = (await c.post("/weights/pending", json={"step": 1})).json()
+        assert begun == {"weights_step": 0, "pending_step": 1, "waiting_on": ["d1 on h1"], "drained": False}
+        assert (await c.get("/status-env", params={"env_id": env_id})).json()["weights_pending"] == 1
+        assert (await c.post("/producers/heartbeat", json=drains)).json()["weights_pending"] == 1
+        await c.post("/producers/heartbeat", json={**drains, "drained_for": 1})
+        assert (await c.get("/weights/pending")).json()["drained"] is True
+        seen = {p["producer_id"]: (p["drains"], p["drained_for"]) for p in (await c.get("/producers")).json()}
+        assert seen == {"d1": (True, 1), "c1": (False, None)}
+        await c.post("/producers/heartbeat", json={**drains, "drained_for": None})
+        deadline = time.monotonic() + 10
+        while not (await c.get("/weights/pending")).json()["drained"] and time.monotonic() < deadline:
+            await c.get("/healthz")  # the producer goes quiet: once gone it is not waited for
+        assert (await c.get("/weights/pending")).json()["waiting_on"] == []
+        assert (await c.post("/weights", json={"step": 1})).json() == {"weights_step": 1}
+        assert (await c.get("/weights/pending")).json() == {
+            "weights_step": 1, "pending_step": None, "waiting_on": [], "drained": False
+        }  # fmt: skip
+        assert (await c.get("/status-env", params={"env_id": env_id})).json()["weights_pending"] is None

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from api.records import MSGPACK, encode_submission, encode_submission_list
-from api.schema import Info
+from api.schema import Info, WeightSyncReply
 from trainer_client.arrays import Batch, from_json
 from trainer_client.errors import (
     BatchGone,
@@ -23,6 +23,7 @@ from trainer_client.errors import (
 from trainer_client.protocol import (
     BatchQuery,
     Cursor,
+    DrainWait,
     Endpoint,
     Progress,
     Server,
@@ -161,3 +162,23 @@ def test_a_request_that_used_its_whole_timeout_is_still_retried() -> None:
     assert read > 60
     assert endpoint.retry_for(httpx.Timeout(30.0, read=read)).deadline == pytest.approx(120.0 + read)
     assert endpoint.retry_for(None).deadline == 120.0
+
+
+def test_a_drain_wait_says_who_it_waits_for_then_ends_drained_replaced_or_timed_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def reply(pending: int | None, waiting: list[str]) -> WeightSyncReply:
+        return WeightSyncReply(weights_step=2, pending_step=pending, waiting_on=waiting, drained=not waiting)
+
+    caplog.set_level(logging.INFO, "trainer_client")
+    wait = DrainWait(3, timeout=10.0, started=0.0)
+    assert wait.verdict(reply(3, ["p on h"]), 0.0) == "wait"
+    assert wait.verdict(reply(3, ["p on h"]), 1.0) == "wait"  # logged at once, then every 5 s
+    assert sum("waits for 1 producer(s) to drain" in r.message and "p on h" in r.message for r in caplog.records) == 1
+    assert wait.verdict(reply(3, []), 2.0) == "drained"
+    assert "every drain producer drained after 2.0 s" in caplog.text
+    assert DrainWait(3, 10.0, 0.0).verdict(reply(None, []), 0.0) == "drained"  # announced already: a retry
+    assert DrainWait(3, 10.0, 0.0).verdict(reply(4, ["p on h"]), 0.0) == "drained"  # a newer sync replaced it
+    assert DrainWait(3, 10.0, 0.0).verdict(reply(3, ["p on h"]), 10.0) == "timeout"
+    assert "p on h not drained after 10 s; syncing without them" in caplog.text
+    assert DrainWait(3, None, 0.0).verdict(reply(3, ["p on h"]), 1e9) == "wait"

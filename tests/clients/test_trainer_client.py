@@ -281,3 +281,25 @@ def test_api_key_is_sent() -> None:
         with TrainerClient(url) as anonymous, pytest.raises(Rejected) as refused:
             anonymous.status()
         assert refused.value.status == 401 and refused.value.code == "unauthorized"
+
+
+@pytest.mark.anyio
+async def test_async_weight_sync_waits_for_a_live_drain_producer_within_its_bound_then_announces(
+    settings: Settings,
+) -> None:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            async with AsyncTrainerClient(http_client=http) as rb:
+                await rb.register(batch_size=8, max_token_len=64)
+                await rb.status()
+                await http.get("/batch")
+                env_id = (await http.post("/register-env", json=env())).json()["env_id"]
+                beat = {"producer_id": "p", "host": "h", "env_ids": [env_id], "drains": True}
+                await http.post("/producers/heartbeat", json=beat)
+                async with rb.weight_sync(0, timeout=0.2) as drained:
+                    assert (await rb.weight_sync_state()).waiting_on == ["p on h"]
+                assert drained is False  # never drained: the sync went on after its bound
+                state = await rb.weight_sync_state()
+                assert (state.weights_step, state.pending_step) == (0, None)  # announced: the hold is over

@@ -193,3 +193,25 @@ def test_align_names_the_supported_trl_releases() -> None:
             check_trl_version(too_new)
     with pytest.raises(Misaligned, match="predates"):
         check_trl_version("1.15.3")
+
+
+def test_the_weight_sync_hook_with_drain_waits_for_drain_producers_then_announces(url: str) -> None:
+    from trainer_client.async_grpo import RollbufWeightSync
+
+    rb = start(url, groups=2)
+    assert len(list(itertools.islice(rb.batches(start_step=0, wait=0), 1))) == 1  # the trainer is at step 1
+    with httpx.Client(base_url=url) as c:
+        env_id = 0  # the one env start() registered
+        beat = {"producer_id": "p", "host": "h", "env_ids": [env_id], "drains": True}
+        c.post("/producers/heartbeat", json=beat).raise_for_status()
+        hook = RollbufWeightSync(client=rb, step=lambda: 1, drain=True, drain_timeout=0.2)
+        hook.pause()  # not drained within 0.2 s: the sync goes on
+        assert c.get("/weights/pending").json()["waiting_on"] == ["p on h"]
+        c.post("/producers/heartbeat", json={**beat, "drained_for": 1}).raise_for_status()
+        assert c.get("/weights/pending").json()["drained"] is True
+        hook.send_weights(iter([]))
+        hook.resume()
+        assert c.get("/weights/pending").json() == {"weights_step": 1, "pending_step": None, "waiting_on": [],
+                                                    "drained": False}  # fmt: skip
+    with pytest.raises(ValueError, match="drain=True needs client and step"):
+        RollbufWeightSync(drain=True)

@@ -161,6 +161,36 @@ def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_th
     assert "nothing can arrive: no live producer" in log
 
 
+def test_with_drain_no_token_of_a_group_is_sampled_by_weights_other_than_its_stamp(tmp_path: Path) -> None:
+    """on_new_weights="drain" across processes: the trainer syncs inside `weight_sync`, the producer (3-turn
+    episodes, several groups in flight) finishes its episodes before each push and starts none until the
+    announcement, so every trained token of every group comes from the weights it is stamped with."""
+    out = tmp_path / "trainer.json"
+    with (
+        running_server("memory://", tmp_path / "server.log") as server,
+        fake_vllm(tmp_path / "vllm.log") as vllm,
+    ):
+        httpx.post(vllm.url + "/control", json={"latency": 0.01}).raise_for_status()
+        with (
+            process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference",
+                    vllm.url, "--steps", "8", "--drain", "--max-staleness", "1", "--out", str(out)) as trainer,
+            process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+                    vllm.url, "--on-new-weights", "drain", "--turns", "3", "--max-staleness", "1") as producer,
+        ):  # fmt: skip
+            until(lambda: trainer.poll() is not None, "the trainer's 8 steps")
+            assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+            assert producer.poll() is None
+    run = result(out)
+    assert run["undrained_syncs"] == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    groups = [g for s in run["steps"] for g in s["groups"]]
+    for g in groups:
+        assert g["generated_with"] == [g["policy_step"]], g  # one version, the stamp's: no episode spans a sync
+        assert g["weight_versions"] == [g["policy_step"]] * 2, g
+    assert len({g["policy_step"] for g in groups}) >= 4  # the producer followed the syncs
+    assert "drained for the weight sync to step" in (tmp_path / "producer.log").read_text()
+    assert "waits for 1 producer(s) to drain" in (tmp_path / "trainer.log").read_text()  # who it waits for
+
+
 @pytest.mark.anyio
 async def test_a_producer_held_back_by_weights_never_announced_says_so_and_so_does_the_trainers_reply(
     tmp_path: Path,

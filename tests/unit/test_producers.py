@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.producers import Producer, TooManyProducers, record, stall_reason
+from api.producers import Producer, TooManyProducers, record, stall_reason, undrained
 
 GONE = 30.0
 
@@ -70,3 +70,24 @@ def test_every_live_producer_held_back_on_the_trainer_is_a_stall_but_a_full_queu
 def test_a_producer_is_live_within_gone_after(now: float) -> None:
     assert beat("a", [0], 0.0).live(now, GONE)
     assert not beat("a", [0], 0.0).live(now + GONE + 0.001, GONE)
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.integers(0, 6)), st.floats(0, 100)), max_size=12),
+    st.integers(0, 6),
+)
+def test_a_sync_waits_exactly_for_the_live_drain_producers_not_drained_for_it(
+    rows: list[tuple[bool, int | None, float]], pending: int
+) -> None:
+    now = 100.0
+    table = {f"p{i}": beat(f"p{i}", [0], at, drains=d, drained_for=f) for i, (d, f, at) in enumerate(rows)}
+    waited = {p.producer_id for p in undrained(table, pending, now, GONE)}
+    for pid, p in table.items():
+        expected = p.drains and now - p.last_seen <= GONE and (p.drained_for is None or p.drained_for < pending)
+        assert (pid in waited) == expected
+
+
+def test_a_producer_drained_for_an_earlier_sync_is_waited_for_and_a_gone_one_is_not() -> None:
+    table = {"a": beat("a", [0], 99.0, drains=True, drained_for=3), "b": beat("b", [0], 1.0, drains=True)}
+    assert [p.producer_id for p in undrained(table, 4, 100.0, GONE)] == ["a"]
+    assert undrained(table, 3, 100.0, GONE) == []

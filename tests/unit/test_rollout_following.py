@@ -17,9 +17,9 @@ from rollout_client.stats import RunnerStats
 pytestmark = pytest.mark.anyio
 
 
-def status(weights: int | None) -> EnvStatus:
+def status(weights: int | None, pending: int | None = None) -> EnvStatus:
     return EnvStatus(current_step=9, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=2,
-                     env_weight=1.0, weights_step=weights)  # fmt: skip
+                     env_weight=1.0, weights_step=weights, weights_pending=pending)  # fmt: skip
 
 
 GROUP = ScoredData(tokens=[[1, 2]], masks=[[-100, 2]], scores=[1.0], generation_params={"temperature": 1.0})
@@ -56,3 +56,28 @@ async def test_continue_records_the_span_and_restart_runs_the_task_again() -> No
     assert follow.stamp("fresh", GROUP, 5).generation_params == {"temperature": 1.0, "weight_versions": [5, 5]}
     forever.set()
     await tasks[0]
+
+
+async def test_a_pending_sync_holds_only_drain_envs_which_are_drained_once_none_of_theirs_generates() -> None:
+    keep, drain = Arithmetic(name="keep"), Arithmetic(name="drain")
+    drain.on_new_weights = "drain"
+    follow = Follower([keep, drain])
+    assert follow.drains and not Follower([keep]).drains
+    in_flight = InFlight(16, RunnerStats())
+    forever = asyncio.Event()
+    tasks = [asyncio.create_task(forever.wait()) for _ in range(2)]
+    for n, t in enumerate(tasks):
+        in_flight.add(f"g{n}", Group(t, n, 2, policy_step=3))
+    follow.observed([status(3)], in_flight)
+    assert not follow.holds(1) and follow.drained_for(in_flight) is None  # no sync pending
+    follow.observed([status(3, pending=4)], in_flight)
+    assert follow.holds(1) and not follow.holds(0)
+    assert follow.drained_for(in_flight) is None  # the drain env's group still generates
+    in_flight.groups["g1"].submitting = True  # its tokens are sampled: it no longer holds the sync
+    assert follow.drained_for(in_flight) == 4  # the continue env's group in flight does not count
+    assert follow.observed([status(4)], in_flight) == 4  # announced: the sync is over
+    assert not follow.holds(1) and follow.drained_for(in_flight) is None
+    follow.observed([status(4, pending=4)], in_flight)  # a stale pending read beside the announcement
+    assert not follow.holds(1)
+    forever.set()
+    await asyncio.gather(*tasks)
