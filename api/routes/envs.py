@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from pydantic import TypeAdapter
 
 from api.body import parse_json, read_body
-from api.deps import ServiceDep, SettingsDep
+from api.deps import ServiceDep, SettingsDep, holder
 from api.errors import InvalidData
 from api.frontdoor import identity_of
 from api.openapi import errors
@@ -119,7 +119,7 @@ async def _submitted(request: Request, *, many: bool, key: str | None = None) ->
     """A submission's body read within the body limits and the process's byte budget, then stored."""
     state = request.app.state
     settings: Settings = state.settings
-    hold = state.body_budget.hold()
+    hold = state.body_budget.hold(holder(request))  # the caller's share: one key cannot hold it all
     try:
         raw = await read_body(
             request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
