@@ -83,6 +83,30 @@ async def test_survivor_groups_all_train_in_exact_mode(client: httpx.AsyncClient
     assert exact > 0
 
 
+@pytest.mark.parametrize("crash", [0.02, 0.10])
+async def test_survivor_groups_all_train_in_token_budget_mode(client: httpx.AsyncClient, crash: float) -> None:
+    """The same survivors under a token budget (`max_batch_tokens`): taken as they are, every kept group trains,
+    each batch within both budgets; only a remainder under `min_batch_fill` waits for the next groups."""
+    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
+                max_batch_tokens=1024)  # fmt: skip
+    rng = np.random.default_rng(7 + int(crash * 100))
+    sizes = [int(s) for s in 64 - rng.binomial(64, crash, 48) if s >= 48]
+    reply = await client.post("/scored_data_list", json=[survivor(s, i) for i, s in enumerate(sizes)])
+    assert reply.status_code == 200, reply.text
+    batches = await drain(client)
+    for k in range(30):  # whole groups keep coming: the remainder is served with them
+        if {g["group_id"] for b in batches for g in b} >= {f"g{i}" for i in range(len(sizes))}:
+            break
+        await client.post("/scored_data_list", json=[survivor(64, 1000 + 4 * k + j) for j in range(4)])
+        batches += await drain(client, start=len(batches))
+    served = [g["group_id"] for b in batches for g in b]
+    assert len(served) == len(set(served)), "a group served twice"
+    assert set(served) >= {f"g{i}" for i in range(len(sizes))}, "a kept group never trained"
+    for b in batches:
+        assert sum(len(g["tokens"]) for g in b) <= 256
+        assert sum(len(t) for g in b for t in g["tokens"]) <= 1024
+
+
 async def test_odd_groups_ahead_of_whole_ones_do_not_stop_the_run(client: httpx.AsyncClient) -> None:
     """The issue's queue, under "wait": five odd groups fill the window; the four 64s behind them form a batch."""
     await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
