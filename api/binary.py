@@ -32,7 +32,14 @@ from api.records import (
     version_of,
 )
 from api.schema import GROUP_ID_MAX, ScoredData
-from api.validation import GroupLimits, check_distill, check_lengths, check_printable, check_values
+from api.validation import (
+    GroupLimits,
+    check_distill,
+    check_lengths,
+    check_printable,
+    check_producer_id,
+    check_values,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +88,7 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
     group_id = m.get("group_id")
     if group_id is not None and not (isinstance(group_id, str) and 1 <= len(group_id) <= GROUP_ID_MAX):
         raise InvalidData(("group_id",), f"must be a string of 1 to {GROUP_ID_MAX} characters, or nil")
+    producer_id = check_producer_id(m.get("producer_id"))  # not stored in the record: a key beyond RECORD_KEYS
 
     lengths = _array(m, "lengths", I32)
     total = check_lengths(lengths, limits, "lengths")
@@ -102,6 +110,7 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
         group_id=group_id,
         floats=floats,
         meta=meta,
+        producer_id=producer_id,
     )
     stored_form = (
         tuple(m) == RECORD_KEYS

@@ -57,7 +57,7 @@ def group_row(
     return LedgerGroup(
         id=item_id, env_id=env_id, group_id=rec.group_id, handler=handler, acked_at=now, policy_step=rec.policy_step,
         seqs=rec.seqs, tokens=rec.n_tokens, bytes=size, score_mean=mean, score_min=lo, score_max=hi, score_std=std,
-        fate=fate,
+        fate=fate, producer_id=rec.producer_id,
     )  # fmt: skip
 
 
@@ -210,6 +210,7 @@ def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
         "env": found.env_names.get(g.env_id, str(g.env_id)),
         "group_id": g.group_id,
         "handler": g.handler,
+        "producer_id": g.producer_id,
         "acked_at": g.acked_at,
         "policy_step": g.policy_step,
         "seqs": g.seqs,

@@ -21,6 +21,8 @@ class LedgerGroupReply(_Wire):
     """The handler's group id, as sent."""
     handler: str | None
     """The name of the API key that sent it; null without auth."""
+    producer_id: str | None = None
+    """The producer that made it (the group's `producer_id`: its heartbeat id), if it sent one."""
     acked_at: float
     """Unix time it was acknowledged."""
     policy_step: int

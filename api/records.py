@@ -72,6 +72,8 @@ class GroupRecord:
     group_id: str | None = None
     floats: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    producer_id: str | None = None
+    """Who made it, as sent: the ledger row keeps it; the stored record (`encode`) does not (it is not served)."""
 
     @property
     def seqs(self) -> int:
@@ -231,6 +233,7 @@ def encode_submission(
     env_id: int | None = None,
     policy_step: int | None = None,
     group_id: str | None = None,
+    producer_id: str | None = None,
     advantages: Sequence[Any] | np.ndarray | None = None,
     ref_logprobs: Sequence[Any] | np.ndarray | None = None,
     inference_logprobs: Sequence[Any] | np.ndarray | None = None,
@@ -242,7 +245,8 @@ def encode_submission(
     ScoredData fields (messages, overrides, ...). The server checks everything; this only converts types
     (an id outside int32 raises OverflowError; float32 arrays stay float32, other floats are float32 where
     that is exact, else float64). With `policy_step` set, the bytes are already in the form
-    the server stores, so it stores them as they are.
+    the server stores, so it stores them as they are (unless `producer_id` is set: the server keeps it apart,
+    in the ledger, and re-encodes the record without it).
     """
     flat_tokens, lengths = _flat_rows(tokens, I32)
     flat_masks, _ = _flat_rows(masks, I32)
@@ -265,6 +269,8 @@ def encode_submission(
     if unknown:
         raise TypeError(f"unknown group fields {unknown}; known: {', '.join(META_FIELDS)}")
     body["meta"] = {k: v for k, v in meta.items() if v is not None}
+    if producer_id is not None:
+        body["producer_id"] = producer_id
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 

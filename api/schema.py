@@ -22,6 +22,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 """Largest finite float32: per-token floats are stored as float32."""
 GROUP_ID_MAX = 200
 """Longest group id, on both paths (`ScoredData.group_id` here, `api.binary` on msgpack)."""
+PRODUCER_ID_MAX = 200
+"""Longest producer id, on heartbeats and groups (both paths)."""
 ENV_NAME_MAX = 200
 """Longest env name (`desired_name`): every view and counter carries it."""
 
@@ -442,7 +444,7 @@ class Heartbeat(_Request, _Text):
 
     integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step", "drained_for"])
 
-    producer_id: str = Field(min_length=1, max_length=200)
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """Chosen by the producer once per process (a restart is a new producer)."""
     host: str = Field(default="", max_length=255)
     """Where it runs, as it names itself."""
@@ -566,6 +568,8 @@ class ScoredData(_Wire):
     group_id: str | None = Field(default=None, min_length=1, max_length=GROUP_ID_MAX)
     """Client-chosen id, scoped by env: a resubmission with an id already seen and the same content is
     acknowledged (`duplicate: true`) and not stored twice; with different content it is a 409."""
+    producer_id: str | None = Field(default=None, min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that made it (its heartbeat `producer_id`): kept in the group's ledger row, not served."""
 
     @field_validator("messages")
     @classmethod

@@ -17,7 +17,7 @@ import numpy as np
 
 from api.errors import InvalidData
 from api.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, GroupRecord, narrowest
-from api.schema import INT32_MAX, INT32_MIN, ScoredData
+from api.schema import INT32_MAX, INT32_MIN, PRODUCER_ID_MAX, ScoredData
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,7 @@ def pack_group(
         group_id=sd.group_id,
         floats=floats,
         meta=meta,
+        producer_id=check_producer_id(sd.producer_id),
     )
 
 
@@ -166,6 +167,13 @@ MAX_META_DEPTH = 32
 """Deepest nesting of lists and maps in a group's free-form fields (`images`, `overrides`, ...)."""
 INT64 = (-(2**63), 2**63 - 1)
 _SCALARS = (str, int, float, bool, type(None))
+
+
+def check_producer_id(value: object) -> str | None:
+    """A group's `producer_id` (both paths): printable text, as the ledger stores and every view prints it."""
+    if value is None or (isinstance(value, str) and 1 <= len(value) <= PRODUCER_ID_MAX and value.isprintable()):
+        return value
+    raise InvalidData(("producer_id",), f"must be a string of 1 to {PRODUCER_ID_MAX} printable characters, or null")
 
 
 def check_printable(meta: Mapping[str, Any]) -> None:

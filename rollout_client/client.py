@@ -236,7 +236,8 @@ def encode_msgpack(group: ScoredData) -> tuple[bytes, dict[str, str]]:
     body = records.encode_submission(
         fields.pop("tokens"), fields.pop("masks"), fields.pop("scores"),
         env_id=fields.pop("env_id", None), policy_step=fields.pop("policy_step", None),
-        group_id=fields.pop("group_id", None), advantages=fields.pop("advantages", None),
+        group_id=fields.pop("group_id", None), producer_id=fields.pop("producer_id", None),
+        advantages=fields.pop("advantages", None),
         ref_logprobs=fields.pop("ref_logprobs", None), inference_logprobs=fields.pop("inference_logprobs", None),
         **fields,
     )  # fmt: skip

@@ -49,7 +49,7 @@ from rollout_client.failures import (
     Refused,
     Stored,
 )
-from rollout_client.following import Beats, Follower
+from rollout_client.following import Beats, Follower, producer_id
 from rollout_client.group import (
     RELEASE_S,
     Limits,
@@ -210,6 +210,9 @@ class RolloutRunner(Watching, Execution):
         """The weights the trainer announces, followed (`rollout_client.following`)."""
         self._beat_now = asyncio.Event()
         self._drained_for: int | None = None
+        self.producer_id = producer_id()
+        """This run's id as a producer: its heartbeats carry it, and so does every group it submits (the ledger
+        names the producer of each group)."""
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -534,7 +537,8 @@ class RolloutRunner(Watching, Execution):
             if len(outcome.group.tokens) < env.group_size:
                 self.stats.partial_groups += 1
             self._in_flight.groups[group_id].submitting = True
-            group = outcome.group.model_copy(update={"group_id": group_id, "policy_step": step})
+            update = {"group_id": group_id, "policy_step": step, "producer_id": self.producer_id}
+            group = outcome.group.model_copy(update=update)
             group = self._follow.stamp(group_id, group, step)
             try:
                 reply = await self._registrations.submit(i, group)
@@ -625,7 +629,7 @@ class RolloutRunner(Watching, Execution):
         """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale; and
         heartbeat meanwhile."""
         beats = Beats(self.clients, [e.name for e in self.envs], self.stats, lambda: self.policy_step,
-                      lambda: (self._follow.drains, self._drained_for), self._beat_now)  # fmt: skip
+                      lambda: (self._follow.drains, self._drained_for), self._beat_now, self.producer_id)  # fmt: skip
         beating = asyncio.create_task(beats.run())
         try:
             await self._watch()

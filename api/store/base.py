@@ -167,6 +167,8 @@ class LedgerGroup:
     """Wall-clock seconds of the served or dropped decision."""
     kept: bool = False
     """Its payload is retained past its fate (retention): readable with `kept_payloads` until pruned."""
+    producer_id: str | None = None
+    """The producer that made it (the group's `producer_id`, a rollbuf extension: its heartbeat id), if sent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ _I64 = np.dtype("<i8")
 
 GROUP_COLUMNS = (
     "id, env_id, group_id, handler, acked_at, policy_step, seqs, tokens, bytes, score_mean, score_min, score_max, "
-    "score_std, fate, step, reason, decided_at, kept"
+    "score_std, fate, step, reason, decided_at, kept, producer_id"
 )
 STEP_COLUMNS = (
     "step, formed_at, formation_s, group_ids, seqs, tokens, groups_by_env, seqs_by_env, staleness, committed_at"
@@ -33,6 +33,7 @@ def group_values(r: LedgerGroup) -> tuple[Any, ...]:
     return (
         r.id, r.env_id, gid_bytes(r.group_id), r.handler, r.acked_at, r.policy_step, r.seqs, r.tokens, r.bytes,
         r.score_mean, r.score_min, r.score_max, r.score_std, r.fate, r.step, r.reason, r.decided_at, bool(r.kept),
+        r.producer_id,
     )  # fmt: skip
 
 
@@ -57,6 +58,7 @@ def group_of(row: Sequence[Any]) -> LedgerGroup:
         reason=row[15],
         decided_at=None if row[16] is None else float(row[16]),
         kept=bool(row[17]),
+        producer_id=row[18],
     )
 
 

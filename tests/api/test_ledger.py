@@ -4,15 +4,19 @@ ledger's own rows are pruned past their bounds, open fates never; with the ledge
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import orjson
+import pyarrow.parquet as pq
 import pytest
 
 from api.app import create_app
 from api.ledger import RETAINED, LedgerSettings
+from api.records import MSGPACK, encode_submission
 from api.service import Service
 from api.settings import Settings
 from tests.factories import env, group, registration
@@ -173,3 +177,31 @@ async def test_a_step_beyond_64_bits_is_refused_on_every_store(settings: Setting
             reply = await c.get(f"/ledger/steps/{step}")
             assert reply.status_code == 422, (step, reply.text)  # was 500 on SQLite
             assert reply.json()["detail"][0]["loc"] == ["path", "step"]
+
+
+async def test_the_ledger_and_the_export_name_each_groups_producer(settings: Settings) -> None:
+    """A group's `producer_id` (JSON or msgpack) is kept in its ledger row, read back by /ledger and the export's
+    groups table; it is not served to the trainer, and a group without one (an Atropos handler's) has null."""
+    async with serving(settings) as (c, _):
+        await start(c)
+        await post(c, "J", producer_id="host-1-abc")
+        binary = encode_submission(**group(4, seed=2, group_id="B", producer_id="h\u00f4te-2"))
+        assert (await c.post("/scored_data", content=binary, headers={"Content-Type": MSGPACK})).status_code == 200
+        await post(c, "N")
+        for body, headers in [
+            (orjson.dumps(group(4, seed=3, producer_id="bad\x00id")), {"Content-Type": "application/json"}),
+            (encode_submission(**group(4, seed=3, producer_id="")), {"Content-Type": MSGPACK}),
+        ]:
+            refused = await c.post("/scored_data", content=body, headers=headers)
+            assert refused.status_code == 422 and "producer_id" in refused.text, refused.text
+        producers = {"J": "host-1-abc", "B": "h\u00f4te-2", "N": None}
+        assert {gid: (await row(c, gid, False))["producer_id"] for gid in producers} == producers
+        served = (await c.get("/batch", params={"step": 0})).json()["batch"]
+        assert served and not any("producer_id" in g for g in served)
+        step = (await c.get("/ledger/steps/0")).json()
+        assert {g["group_id"]: g["producer_id"] for g in step["groups"]} == {
+            g["group_id"]: producers[g["group_id"]] for g in served}  # fmt: skip
+        exported = await c.get("/export", params={"table": "groups"})
+        assert exported.status_code == 200, exported.text
+        groups = pq.read_table(io.BytesIO(exported.content)).to_pylist()
+        assert {g["group_id"]: g["producer_id"] for g in groups} == producers

@@ -94,10 +94,15 @@ async def test_bound_held_and_accounting_exact(tmp_path: Path) -> None:
         assert stats.produced == stats.accepted == 60 and stats.duplicates == 0 and not stats.skipped
         assert stats.accepted_by_env.keys() == {"tracked", "arithmetic"}
         served = drain(server.url)
+        g0 = served[-1]["group_id"]
         st = status(server.url)
         dropped = sum(n for reasons in st["dropped"].values() for n in reasons.values())
         assert len(served) + st["queue_size"] + dropped == stats.accepted
         assert len({g["group_id"] for g in served}) == len(served)
+        assert [p["producer_id"] for p in st["producers"]] == [runner.producer_id]  # its heartbeats' id, and
+        with httpx.Client(base_url=server.url) as http:  # the ledger names it as the producer of its groups
+            rows = http.get("/ledger/steps/0").json()["groups"] + http.get(f"/ledger/groups/{g0}").json()["groups"]
+        assert rows and {r["producer_id"] for r in rows} == {runner.producer_id}
         g = served[0]
         assert all(
             len(t) == len(m) == len(lp)

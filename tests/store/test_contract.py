@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -431,15 +432,19 @@ async def test_announced_replies_with_any_key(store: Store, keys: list[str]) -> 
 # --------------------------------------------------------------------------------------------- the ledger
 
 
-def ledger_row(item_id: int, *, env_id: int = 0, group_id: str | None = None, fate: str = QUEUED) -> LedgerGroup:
+def ledger_row(
+    item_id: int, *, env_id: int = 0, group_id: str | None = None, fate: str = QUEUED, producer_id: str | None = None
+) -> LedgerGroup:
     return LedgerGroup(
         id=item_id, env_id=env_id, group_id=group_id, handler="h", acked_at=100.0 + item_id, policy_step=3,
         seqs=4, tokens=40, bytes=len(f"payload-{item_id}"), score_mean=0.5, score_min=0.0, score_max=1.0,
-        score_std=0.5, fate=fate,
+        score_std=0.5, fate=fate, producer_id=producer_id,
     )  # fmt: skip
 
 
-async def queued_with_rows(store: Store, n: int, group_ids: list[str | None] | None = None) -> list[int]:
+async def queued_with_rows(
+    store: Store, n: int, group_ids: list[str | None] | None = None, producers: list[str | None] | None = None
+) -> list[int]:
     """Queue n items on env 0 with their ledger rows, in one transaction (as ingest does)."""
 
     def fn(txn: Txn) -> list[int]:
@@ -449,7 +454,8 @@ async def queued_with_rows(store: Store, n: int, group_ids: list[str | None] | N
             it = item(txn)
             txn.append(0, it)
             ids.append(it.meta.item_id)
-            rows.append(ledger_row(it.meta.item_id, group_id=None if group_ids is None else group_ids[k]))
+            gid, producer = None if group_ids is None else group_ids[k], None if producers is None else producers[k]
+            rows.append(ledger_row(it.meta.item_id, group_id=gid, producer_id=producer))
         txn.ledger_add(rows)
         return ids
 
@@ -495,6 +501,21 @@ async def test_ledger_rows_are_written_and_decided_with_their_transaction(store:
     await store.transact(lambda t: t.ledger_committed(7, 8, 9.0))
     await store.transact(lambda t: t.ledger_committed(7, 8, 10.0))  # marked once
     assert (await store.read(lambda t: t.ledger_steps(0, 10)))[0].committed_at == 9.0
+
+
+async def test_ledger_rows_keep_the_producer_that_made_each_group(store: Store) -> None:
+    ids = await queued_with_rows(store, 3, producers=["host-1-a1b2c3", None, "h\u00e9te 2"])
+    assert [r.producer_id for r in await store.read(lambda t: t.ledger_groups(ids))] == [
+        "host-1-a1b2c3", None, "h\u00e9te 2"]  # fmt: skip
+
+    def serve(txn: Txn) -> None:
+        txn.pop(0, ids[:2], keep_for=1)
+        txn.ledger_decide(ids[:2], SERVED, step=1, at=5.0)
+
+    await store.transact(serve)
+    got = {r.id: r for r in await store.read(lambda t: t.ledger_scan(-1, 10))}
+    assert got[ids[0]] == replace(ledger_row(ids[0], producer_id="host-1-a1b2c3"), fate=SERVED, step=1, decided_at=5.0)
+    assert (got[ids[1]].producer_id, got[ids[2]].producer_id) == (None, "h\u00e9te 2")
 
 
 async def test_ledger_scan_pages_by_id(store: Store) -> None:

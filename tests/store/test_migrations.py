@@ -26,6 +26,8 @@ from tests import pg
 from tests.factories import env, group
 
 OLD_FILES = Path(__file__).parent / "old_files"
+SQLITE_LEDGER, POSTGRES_LEDGER = 6, 5
+"""The first layout version of each backend with the ledger (its files hold rows of their groups)."""
 
 
 class FakeDatabase:
@@ -88,10 +90,11 @@ def versions(backend: str) -> dict[int, Path]:
     return found
 
 
-async def served(store: str) -> None:
+async def served(store: str, *, ledgered: bool = False) -> None:
     """What tests/store/old_files/write.py put in: a registered run, env 0 (math, groups of 4), three queued
     groups (the first with group id g-1), half a group in the side buffer (held since the file was written, in a
-    layout that keeps when: no ttl here, or it would expire as the file ages)."""
+    layout that keeps when: no ttl here, or it would expire as the file ages). `ledgered`: the file's layout
+    has the ledger, so those groups have rows (with no producer: that column came later)."""
     app = create_app(Settings(store=store, side_buffer_ttl_s=None))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -111,12 +114,18 @@ async def served(store: str) -> None:
             assert [g["tokens"] for g in batch] == [group(4, seed=1)["tokens"], group(4, seed=2)["tokens"]]
             assert (await c.get("/status")).json()["current_step"] == 1
             step = (await c.get("/ledger/steps/0")).json()  # the ledger starts at the migration: groups from
-            assert (step["groups_by_env"], step["seqs"], step["groups"]) == ({"math_0": 2}, 8, [])  # before, no rows
+            assert (step["groups_by_env"], step["seqs"]) == ({"math_0": 2}, 8)  # before, no rows
+            rows = [(g["group_id"], g["fate"], g["producer_id"]) for g in step["groups"]]
+            assert rows == ([("g-1", "served", None), (None, "served", None)] if ledgered else [])
             assert len((await c.get("/batch")).json()["batch"]) == 3  # the last group and the two halves
             served = {e["name"]: e for e in (await c.get("/dashboard/data")).json()["envs"]}
             assert (served["math_0"]["received"], served["math_0"]["served_groups"]) == (5, 5)
             drained = (await c.get("/status")).json()
             assert (drained["queue_size"], drained["queued_bytes"]) == (0, 0), "queued bytes miscounted"
+            sent = await c.post("/scored_data", json=group(4, seed=9, group_id="g-new", producer_id="host-1-abc"))
+            assert sent.status_code == 200, sent.text
+            [row] = (await c.get("/ledger/groups/g-new")).json()["groups"]
+            assert row["producer_id"] == "host-1-abc", "the migrated ledger lost a new group's producer"
 
 
 @pytest.fixture
@@ -130,7 +139,7 @@ def test_a_sqlite_file_of_an_earlier_version_opens_and_serves_what_it_held(versi
     path = tmp_path / "rollbuf.db"
     with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    asyncio.run(served(f"sqlite:///{path}"))
+    asyncio.run(served(f"sqlite:///{path}", ledgered=version >= SQLITE_LEDGER))
     fresh = tmp_path / "fresh.db"
     asyncio.run(sqlite.SqliteStore(f"sqlite:///{fresh}").close())
     assert _sqlite_layout(path) == _sqlite_layout(fresh), "a migrated file differs from a new one"
@@ -157,7 +166,7 @@ def test_a_postgres_schema_of_an_earlier_version_opens_and_serves_what_it_held(v
     dump = gzip.decompress(versions("postgres")[version].read_bytes()).decode()
     with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
         conn.execute(dump.encode())  # several statements, no parameters: sent as one simple query
-    asyncio.run(served(pg.url_of(dbname, schema="old_run")))
+    asyncio.run(served(pg.url_of(dbname, schema="old_run"), ledgered=version >= POSTGRES_LEDGER))
     asyncio.run(postgres.PostgresStore(pg.url_of(dbname, schema="fresh")).close())
     assert _postgres_layout(dbname, "old_run") == _postgres_layout(dbname, "fresh")
 

@@ -44,7 +44,7 @@ _FLUSH_VALUES = (
 _FLUSH_LEDGER = (
     f"INSERT INTO ledger ({GROUP_COLUMNS}) SELECT * FROM unnest(%b::int8[], %b::int8[], %b::bytea[], %b::text[], "
     "%b::float8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::float8[], %b::float8[], %b::float8[], "
-    "%b::float8[], %b::text[], %b::int8[], %b::text[], %b::float8[], %b::bool[])"
+    "%b::float8[], %b::text[], %b::int8[], %b::text[], %b::float8[], %b::bool[], %b::text[])"
 )
 
 _FLUSH_STEP = (

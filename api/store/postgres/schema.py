@@ -139,6 +139,10 @@ STEPS = (
             "committed_at double precision)",
         ),
     ),
+    Step(
+        "the ledger names the producer of each group (its heartbeat id, when the group carried one)",
+        ("ALTER TABLE {s}.ledger ADD COLUMN producer_id text",),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

@@ -130,6 +130,10 @@ STEPS = (
             "seqs_by_env TEXT NOT NULL, staleness TEXT NOT NULL, committed_at REAL)",
         ),
     ),
+    Step(
+        "the ledger names the producer of each group (its heartbeat id, when the group carried one)",
+        ("ALTER TABLE ledger ADD COLUMN producer_id TEXT",),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

@@ -57,7 +57,7 @@ _HOLD = (
 )
 _HELD = "SELECT item_id, seqs, tokens, policy_step, held_at, bytes FROM held WHERE env_id = ? ORDER BY item_id"
 
-_LEDGER_ADD = f"INSERT INTO ledger ({GROUP_COLUMNS}) VALUES ({','.join('?' * 18)})"
+_LEDGER_ADD = f"INSERT INTO ledger ({GROUP_COLUMNS}) VALUES ({','.join('?' * 19)})"
 _LEDGER_DECIDE = "UPDATE ledger SET fate = ?, step = ?, reason = ?, decided_at = ?, kept = ? WHERE id = ?"
 
 _ADD_COUNTER = (
