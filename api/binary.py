@@ -112,8 +112,13 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
         meta=meta,
         producer_id=producer_id,
     )
+    keys = tuple(m)
+    if producer_id is not None and keys == _WITH_PRODUCER:  # the stored form but for its last key: cut it off
+        cut = _without_producer(raw, producer_id)
+        if cut is not None:
+            raw, keys = cut, RECORD_KEYS
     stored_form = (
-        tuple(m) == RECORD_KEYS
+        keys == RECORD_KEYS
         and version == version_of(floats)
         and all(len(m[name]) == floats[name].nbytes for name in floats)  # no float64 that float32 holds
         and raw_meta == meta
@@ -125,6 +130,19 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
 
 
 _NIL_STEP = msgpack.packb("policy_step") + b"\xc0"
+_WITH_PRODUCER = (*RECORD_KEYS, "producer_id")
+_STORED_MAP = 0x80 | len(RECORD_KEYS)  # a fixmap header: the stored form has fewer than 16 keys
+
+
+def _without_producer(raw: Buffer, producer_id: str) -> bytes | None:
+    """A record in the stored form plus `producer_id` as its last key (as `encode_submission` writes it), with
+    that key cut off: the ledger keeps the producer apart, and the group's bytes are still stored as sent
+    rather than re-encoded. None when the bytes are not laid out so."""
+    tail = msgpack.packb("producer_id") + msgpack.packb(producer_id)
+    view = memoryview(raw)
+    if view[0] != _STORED_MAP + 1 or bytes(view[-len(tail) :]) != tail:
+        return None
+    return b"".join((bytes((_STORED_MAP,)), view[1 : -len(tail)]))
 
 
 def _stamped(raw: Buffer, step: int) -> bytes | None:

@@ -245,8 +245,8 @@ def encode_submission(
     ScoredData fields (messages, overrides, ...). The server checks everything; this only converts types
     (an id outside int32 raises OverflowError; float32 arrays stay float32, other floats are float32 where
     that is exact, else float64). With `policy_step` set, the bytes are already in the form
-    the server stores, so it stores them as they are (unless `producer_id` is set: the server keeps it apart,
-    in the ledger, and re-encodes the record without it).
+    the server stores, so it stores them as they are (`producer_id`, written last, is cut off by the server and
+    kept apart, in the ledger).
     """
     flat_tokens, lengths = _flat_rows(tokens, I32)
     flat_masks, _ = _flat_rows(masks, I32)

@@ -63,6 +63,19 @@ def test_an_unstamped_record_gets_the_step_written_in() -> None:
     assert decode(checked.payload).policy_step == 7
 
 
+@pytest.mark.parametrize("step", [5, None])
+def test_a_producer_id_is_cut_off_not_re_encoded(step: int | None) -> None:
+    """The runner names its producer on every group: the ledger keeps it apart, and the record is still stored
+    as sent (its last key cut off, the step spliced in when the producer sent none), byte for byte what the
+    same group without a producer would be stored as."""
+    body = group(3, length=[3, 9, 1], env_id=0)
+    checked = check(encode_submission(**body, policy_step=step, producer_id="host-1:42:ab"))
+    assert checked.record.producer_id == "host-1:42:ab"
+    assert checked.passthrough == (step is not None) and checked.sent_policy_step == step
+    assert checked.payload == encode_submission(**body, policy_step=7 if step is None else step)
+    assert decode(checked.payload).producer_id is None
+
+
 def test_body_errors_are_located_in_the_request() -> None:
     good = encode_submission(**group(4, env_id=0))
     bad = encode_submission(**group(4, env_id=0), group_id="x" * 201)
