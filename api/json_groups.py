@@ -24,7 +24,7 @@ import numpy as np
 import simdjson
 from pydantic import TypeAdapter
 
-from api.body import parse_json, validate
+from api.body import parse_json, validate, validate_list
 from api.schema import ScoredData, lenient_group
 from api.validation import COLUMN_DTYPES, Column
 
@@ -48,9 +48,9 @@ def read_groups(raw: bytes | bytearray, *, many: bool) -> list[JsonGroup]:
     direct = _read_direct(raw, many=many)
     if direct is not None:
         shells, columns = direct
-        data = validate(_LIST, shells, lenient_group) if many else [validate(_ONE, shells[0], lenient_group)]
+        data = validate_list(_LIST, shells, lenient_group) if many else [validate(_ONE, shells[0], lenient_group)]
         return [JsonGroup(sd, cols) for sd, cols in zip(data, columns, strict=True)]
-    data = parse_json(_LIST, raw, lenient_group) if many else [parse_json(_ONE, raw, lenient_group)]
+    data = parse_json(_LIST, raw, lenient_group, many=True) if many else [parse_json(_ONE, raw, lenient_group)]
     return [JsonGroup(sd) for sd in data]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request
@@ -9,10 +11,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
-from api.body import parse_json, read_body
+from api.body import INLINE_PARSE, parse_json, read_body
 from api.deps import ServiceDep, SettingsDep, holder
 from api.errors import InvalidData
 from api.frontdoor import identity_of
+from api.gc_pause import collection_paused
 from api.openapi import errors
 from api.records import MSGPACK, dumps
 from api.routes.direct import DirectRoute, served_by
@@ -115,8 +118,12 @@ def _idempotency_key(request: Request) -> str | None:
     return key
 
 
-async def _submitted(request: Request, *, many: bool, key: str | None = None) -> list[ScoredReply]:
-    """A submission's body read within the body limits and the process's byte budget, then stored."""
+async def _submitted(
+    request: Request, answer: Callable[[list[ScoredReply]], Response], *, many: bool, key: str | None = None
+) -> Response:
+    """A submission's body read within the body limits and the process's byte budget, then stored, and the
+    answer made of its replies. A large body is ingested and answered with the cyclic collector held off
+    (`api.gc_pause`): its objects are gone before the collector is back, so no collection walks them."""
     state = request.app.state
     settings: Settings = state.settings
     hold = state.body_budget.hold(holder(request))  # the caller's share: one key cannot hold it all
@@ -125,22 +132,23 @@ async def _submitted(request: Request, *, many: bool, key: str | None = None) ->
             request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
         )
         service: Service = state.service
-        return await service.ingest(
-            raw, request.headers.get("content-type"), many=many, key=key, caller=identity_of(request.scope)
-        )
+        with collection_paused() if len(raw) > INLINE_PARSE else nullcontext():
+            replies = await service.ingest(
+                raw, request.headers.get("content-type"), many=many, key=key, caller=identity_of(request.scope)
+            )
+            response = answer(replies)
+            del replies, raw
+        return response
     finally:
         hold.release()
 
 
-async def submit_group(request: Request) -> Response:
-    """POST /scored_data, served directly (`api.routes.direct`)."""
-    [reply] = await _submitted(request, many=False, key=request_key(_idempotency_key(request)))
+def _one(replies: list[ScoredReply]) -> Response:
+    [reply] = replies
     return Response(dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
 
 
-async def submit_list(request: Request) -> Response:
-    """POST /scored_data_list, served directly (`api.routes.direct`)."""
-    replies = await _submitted(request, many=True)
+def _many(replies: list[ScoredReply]) -> Response:
     buffered = [r for r in replies if r.status == "buffered"]
     duplicates = sum(1 for r in replies if r.duplicate)
     out = ScoredListReply(
@@ -150,6 +158,16 @@ async def submit_list(request: Request) -> Response:
         duplicates=duplicates or None,
     )
     return Response(dumps(out.model_dump(exclude_none=True)), media_type="application/json")
+
+
+async def submit_group(request: Request) -> Response:
+    """POST /scored_data, served directly (`api.routes.direct`)."""
+    return await _submitted(request, _one, many=False, key=request_key(_idempotency_key(request)))
+
+
+async def submit_list(request: Request) -> Response:
+    """POST /scored_data_list, served directly (`api.routes.direct`)."""
+    return await _submitted(request, _many, many=True)
 
 
 @router.post(

@@ -90,6 +90,9 @@ def serve(jobs: Jobs, driver: Driver) -> Stop | None:
             run(driver, group)
         except BaseException as exc:  # never leave a caller waiting
             driver.broken(exc, group)
+        # Not kept while waiting for the next: a job holds its caller's data (a list's 100,000 groups), which
+        # would outlive its request until another came (and be walked by the cyclic collector meanwhile).
+        del group
     return stop
 
 
