@@ -184,11 +184,15 @@ class Snapshot:
         }
 
 
-def snapshot(txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | None = None) -> Snapshot:
+def snapshot(
+    txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | None = None, known: state.RunState | None = None
+) -> Snapshot:
     """Read everything the operator's views show, in one transaction (so the numbers agree), plus refusals this
-    process counted and has not written yet."""
+    process counted and has not written yet. `known`: the run state this process read last, so that only envs
+    changed since are read (`state.load`: every env re-read and parsed made /dashboard/data 0.2 s longer with
+    10,000 envs)."""
 
-    run = state.load(txn)
+    run = state.load(txn, known)
     stats = load(txn)
     for name, n in (unwritten_backpressure or {}).items():
         stats.backpressure[name] = stats.backpressure.get(name, 0) + n

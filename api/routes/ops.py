@@ -86,8 +86,7 @@ async def dashboard_data(service: ServiceDep) -> Response:
     """What the dashboard polls: one consistent snapshot of the buffer."""
     snap = await service.snapshot()
     body: dict[str, Any] = snap.to_json()
-    bias = await service.drop_bias()
-    body["drop_bias"] = None if bias is None else bias.to_json()
+    body["drop_bias"] = await service.drop_bias_json()
     seen = await service.producer_report()
     body["weights_step"] = seen.weights_step
     body["stall_reason"] = seen.stall_reason

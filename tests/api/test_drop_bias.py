@@ -159,3 +159,33 @@ async def test_no_accepted_score_breaks_a_view(settings: Settings) -> None:
                 assert not {"+Inf", "-Inf", "inf", "-inf"} & set(values)
             else:
                 assert "NaN" not in reply.text and "Infinity" not in reply.text, path
+
+
+async def test_the_dashboard_reads_no_unchanged_env_and_converts_a_report_once(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: /dashboard/data with 10,000 envs took 0.47 s: each poll re-read and parsed every env (twice)
+    and converted the drop-bias report's 10,000 entries again. Envs unchanged since this process read them are
+    not read, and a report is converted once."""
+    import api.drop_bias
+    import api.state
+
+    await client.post("/register", json=registration(batch_size=4))
+    await client.get("/batch")
+    for i in range(3):
+        await client.post("/register-env", json=env(desired_name=f"e{i}", group_size=4))
+    applied: list[int] = []
+    real_apply = api.state._apply
+    monkeypatch.setattr(
+        api.state, "_apply", lambda envs, changed: (applied.append(len(changed)), real_apply(envs, changed))
+    )
+    converted: list[int] = []
+    real_json = api.drop_bias.Report.to_json
+    monkeypatch.setattr(api.drop_bias.Report, "to_json", lambda self: (converted.append(1), real_json(self))[1])
+    first = (await client.get("/dashboard/data")).json()  # may refresh the drop-bias report (it reads the envs)
+    applied.clear()
+    second = (await client.get("/dashboard/data")).json()
+    assert [e["name"] for e in second["envs"]] == [e["name"] for e in first["envs"]] == ["e0_0", "e1_0", "e2_0"]
+    assert first["drop_bias"] is not None and second["drop_bias"] == first["drop_bias"]
+    assert sum(applied) == 0  # every env was known to this process already (2 x 3 parsed before)
+    assert len(converted) <= 1  # once per report (the first poll may refresh it)
