@@ -31,7 +31,7 @@ from api.records import (
     split_records,
     version_of,
 )
-from api.schema import GROUP_ID_MAX, ScoredData
+from api.schema import ScoredData
 from api.validation import (
     GroupLimits,
     check_distill,
@@ -40,6 +40,7 @@ from api.validation import (
     check_producer_id,
     check_values,
 )
+from api.wire import GROUP_ID_MAX
 
 
 @dataclass(frozen=True, slots=True)

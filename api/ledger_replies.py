@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from api.schema import BatchGroup, _Wire
+from api.schema import BatchGroup
+from api.wire import _Wire
 
 
 class LedgerGroupReply(_Wire):

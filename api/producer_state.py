@@ -10,8 +10,8 @@ import orjson
 
 from api import producers, state
 from api.errors import Conflict, InvalidData, Unavailable
+from api.producer_schema import Heartbeat, ProducerView, WeightSyncReply
 from api.producers import Producer
-from api.schema import Heartbeat, ProducerView, WeightSyncReply
 from api.state import EnvRecord
 from api.store.base import Txn
 

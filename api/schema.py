@@ -1,4 +1,6 @@
-"""The wire schema: every request and reply body, shared by the service and both clients.
+"""The wire schema: the request and reply bodies of the Atropos protocol and rollbuf's extensions to it,
+shared by the service and both clients (the common rules in `api.wire`, the producers' heartbeats and weight
+syncs in `api.producer_schema`).
 
 Field names, defaults and reply shapes follow the AtroposLib API so that Atropos rollout handlers and
 trainers work unchanged; rollbuf's extensions are optional fields that Atropos clients never send.
@@ -9,88 +11,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-# Token ids and masks travel as int32 on the binary path and in the store.
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
-SAFE_INT_MAX = 2**53 - 1
-"""Bound of step counts and ids: stored as JSON, and exact in a double (so in every JSON parser)."""
-MASK_IGNORE = -100
-"""Mask value of a position the trainer does not train on (the prompt)."""
-FLOAT32_MAX = 3.4028234663852886e38
-"""Largest finite float32: per-token floats are stored as float32."""
-GROUP_ID_MAX = 200
-"""Longest group id, on both paths (`ScoredData.group_id` here, `api.binary` on msgpack)."""
-PRODUCER_ID_MAX = 200
-"""Longest producer id, on heartbeats and groups (both paths)."""
-ENV_NAME_MAX = 200
-"""Longest env name (`desired_name`): every view and counter carries it."""
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True, extra="ignore")
-
-
-def integral_floats(value: Any) -> Any:
-    """JSON Schema counts `8.0` as an integer, so rollbuf does: integral floats in an integer field (or in
-    lists of them, at any depth) become ints. Everything else is left to strict validation."""
-    if type(value) is float and value.is_integer():
-        return int(value)
-    if isinstance(value, list) and any(type(x) is float or isinstance(x, list) for x in value):
-        return [integral_floats(x) for x in value]
-    return value
-
-
-class _Integers(_Wire):
-    """Integral floats in integer fields become ints (`integral_floats`), before any other validation."""
-
-    integer_fields: ClassVar[frozenset[str]] = frozenset()
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _integers(cls, value: Any, info: ValidationInfo) -> Any:
-        return integral_floats(value) if info.field_name in cls.integer_fields else value
-
-
-class _Text(BaseModel):
-    """A model whose strings are stored and printed: each must be valid Unicode (JSON's `\\ud800` escape
-    decodes to a lone surrogate that no store, log or JSON reply can hold: a 422, not a 500)."""
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _unicode(cls, value: Any) -> Any:
-        if isinstance(value, str) and not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("must be valid Unicode (no lone surrogates)") from None
-        return value
-
-
-class _Request(_Integers):
-    """A request body FastAPI validates, strictly: a string or boolean where a number belongs is a 422, not
-    coerced, so the OpenAPI description is exact. Scored groups are validated the same way by
-    `api.body.validate`, while clients may still build a `ScoredData` from tuples or numpy ints."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True, extra="ignore", strict=True)
-
-
-# Per-token values and rows, as the OpenAPI description states them. They are checked by `api.validation`
-# on arrays, once for both ways a group is read (JSON straight into arrays, or through this schema) and the
-# binary path, so the schema only describes them.
-TokenId = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": INT32_MAX})]
-MaskValue = Annotated[
-    int,
-    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX}, {"type": "boolean"}]}),
-]
-"""A mask value; `true`/`false` (verl's Atropos recipe sends boolean masks, which Atropos coerces) is 1/0."""
-TokenFloat = Annotated[float, WithJsonSchema({"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX})]
-NON_EMPTY = Field(json_schema_extra={"minItems": 1})
-Message = Annotated[
-    dict[str, Any],
-    WithJsonSchema({"type": "object", "required": ["role", "content"], "additionalProperties": True}),
-]
+from api.producer_schema import ProducerView
+from api.wire import (
+    ENV_NAME_MAX,
+    GROUP_ID_MAX,
+    INT32_MAX,
+    NON_EMPTY,
+    PRODUCER_ID_MAX,
+    SAFE_INT_MAX,
+    MaskValue,
+    Message,
+    TokenFloat,
+    TokenId,
+    _Request,
+    _Text,
+    _Wire,
+    integral_floats,
+)
 
 ENV_EXAMPLE: dict[str, Any] = {"max_token_length": 2048, "desired_name": "math", "weight": 1.0, "group_size": 2}
 """An environment that POST /register-env accepts once the trainer polled /batch (GROUP_EXAMPLE's size)."""
@@ -407,113 +346,6 @@ class EnvStatus(_Wire):
     producers of `on_new_weights="drain"` envs start no new group of them and report drained in their heartbeat."""
 
 
-# ----------------------------------------------------------------------------------------------- producers
-
-
-class WeightsAnnounce(_Request):
-    """POST /weights: the weights of trainer step `step` are live on the inference servers."""
-
-    integer_fields = frozenset(["step"])
-
-    step: int = Field(ge=0, le=SAFE_INT_MAX)
-    """The trainer step whose weights now generate (at most the trainer's current step: 422 beyond). A step at or
-    below the one announced last changes nothing, so a retry is safe."""
-
-
-class WeightsReply(_Wire):
-    weights_step: int | None
-    """The step of the weights announced live last, or null before any announcement."""
-
-
-class WeightSyncReply(_Wire):
-    """A weight sync begun and not yet announced (POST/GET /weights/pending): who the trainer still waits for."""
-
-    weights_step: int | None
-    """The step of the weights announced live last, or null."""
-    pending_step: int | None
-    """The step of the sync begun and not yet announced (null: none pending)."""
-    waiting_on: list[str]
-    """The live producers of drain envs (`on_new_weights="drain"`) not yet drained for `pending_step`, as
-    "producer_id on host"; producers gone (`producer_gone_after`) are not waited for."""
-    drained: bool
-    """A sync is pending and no live producer is waited for: push the weights, then POST /weights."""
-
-
-class Heartbeat(_Request, _Text):
-    """POST /producers/heartbeat: a producer says it is alive and what it does."""
-
-    integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step", "drained_for"])
-
-    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
-    """Chosen by the producer once per process (a restart is a new producer)."""
-    host: str = Field(default="", max_length=255)
-    """Where it runs, as it names itself."""
-    env_ids: list[int] = Field(default_factory=list, max_length=1024)
-    """The envs it produces for (ids from /register-env)."""
-    in_flight: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
-    """Rollouts in flight."""
-    groups_per_s: float = Field(default=0.0, ge=0.0, le=1e9, allow_inf_nan=False)
-    """Groups accepted per second lately."""
-    accepted: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
-    """Groups accepted since it started."""
-    failures: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
-    """Groups failed since it started."""
-    weights_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
-    """The step of the weights it generates with now."""
-    held: dict[str, str] = Field(default_factory=dict, max_length=1024)
-    """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...)."""
-    waiting_for: str | None = Field(default=None, max_length=1000)
-    """What it waits for, in words."""
-    drains: bool = False
-    """It produces for an env whose `on_new_weights` is "drain": a pending weight sync waits for it."""
-    drained_for: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
-    """The pending sync's step once its drain envs have no episode in flight and start none (null otherwise)."""
-
-
-class HeartbeatReply(_Wire):
-    weights_step: int | None
-    """The weights announced live last (as `GET /weights`)."""
-    weights_pending: int | None = None
-    """The step of a weight sync begun and not yet announced, or null (as `/status-env`)."""
-    gone_after: float
-    """Seconds without a heartbeat after which the server counts a producer gone: beat well within it."""
-
-
-class ProducerView(_Wire):
-    """A producer as the server last heard of it (GET /producers, /status)."""
-
-    producer_id: str
-    """Its id (one per process)."""
-    host: str
-    """Where it runs, as it names itself."""
-    envs: list[str]
-    """The names of the envs it produces for."""
-    live: bool
-    """Heard of within `producer_gone_after` s."""
-    last_seen: float
-    """Unix time of its last heartbeat."""
-    last_seen_s: float
-    """Seconds since then."""
-    in_flight: int
-    """Rollouts in flight, as of its last heartbeat."""
-    groups_per_s: float
-    """Groups accepted per second lately."""
-    accepted: int
-    """Groups accepted since it started."""
-    failures: int
-    """Groups failed since it started."""
-    weights_step: int | None
-    """The step of the weights it generates with."""
-    held: dict[str, str]
-    """Env name -> why it starts no group of it now."""
-    waiting_for: str | None
-    """What it says it waits for, or null."""
-    drains: bool = False
-    """It produces for a drain env (`on_new_weights="drain"`): a pending weight sync waits for it."""
-    drained_for: int | None = None
-    """The pending sync's step it has drained for, or null."""
-
-
 # ----------------------------------------------------------------------------------------------- data
 
 
@@ -707,6 +539,3 @@ class ErrorBody(_Wire):
     """Each error with where it is and the rule."""
     detail: str | list[ErrorItem]
     """As FastAPI (and so Atropos) writes it: the list of errors for a 422, a string otherwise."""
-
-
-Status.model_rebuild()  # `producers` names ProducerView, defined after it

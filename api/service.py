@@ -33,6 +33,7 @@ from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submi
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
+from api.producer_schema import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply
 from api.producer_state import (
     ProducerReport,
     ProducerSettings,
@@ -51,15 +52,11 @@ from api.schema import (
     EnvDropBias,
     EnvRegistered,
     EnvStatus,
-    Heartbeat,
-    HeartbeatReply,
     Info,
     RegisterEnv,
     Registration,
     ScoredReply,
     Status,
-    WeightsReply,
-    WeightSyncReply,
 )
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.status import env_status, status_txn

@@ -17,7 +17,8 @@ import numpy as np
 
 from api.errors import InvalidData
 from api.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, GroupRecord, narrowest
-from api.schema import INT32_MAX, INT32_MIN, PRODUCER_ID_MAX, ScoredData
+from api.schema import ScoredData
+from api.wire import INT32_MAX, INT32_MIN, PRODUCER_ID_MAX
 
 
 @dataclass(frozen=True, slots=True)

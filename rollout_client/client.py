@@ -20,8 +20,9 @@ from pydantic import BaseModel
 from tenacity import RetryError
 
 from api import records
+from api.producer_schema import Heartbeat, HeartbeatReply
 from api.records import MSGPACK
-from api.schema import EnvRegistered, EnvStatus, Heartbeat, HeartbeatReply, Info, RegisterEnv, ScoredData, ScoredReply
+from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
 from client_core.outage import Outage

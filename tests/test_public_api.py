@@ -61,3 +61,27 @@ def test_the_client_core_stays_a_client_library() -> None:
     code = f"import sys, {modules}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+WIRE_MODULES = {"api.schema", "api.wire", "api.producer_schema", "api.records"}
+"""What of `api` the clients may use: the wire (bodies, their shared rules, the binary record), nothing of the
+service (issue 34)."""
+
+
+def test_the_clients_import_only_the_wire_modules_of_api() -> None:
+    root = Path(__file__).resolve().parents[1]
+    offenders = []
+    for package in [*PACKAGES, "client_core"]:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    modules = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module == "api":
+                    modules = [f"api.{a.name}" for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    modules = [node.module]
+                else:
+                    continue
+                bad = [m for m in modules if m.split(".")[0] == "api" and m not in WIRE_MODULES]
+                offenders += [f"{path.relative_to(root)}: {m}" for m in bad]
+    assert offenders == []

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from api.records import FLOAT_FIELDS, GroupRecord
-from api.schema import MASK_IGNORE
+from api.wire import MASK_IGNORE
 from trainer_client.tensors import to_tensors
 
 I32 = np.dtype(np.int32)

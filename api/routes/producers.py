@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from api.deps import ServiceDep
 from api.frontdoor import identity_of
 from api.openapi import errors
-from api.schema import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
+from api.producer_schema import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
 
 router = APIRouter(tags=["producers"])
 

@@ -16,9 +16,9 @@ from api.schema import (
     RegisterEnv,
     Registration,
     ScoredData,
-    integral_floats,
     lenient_group,
 )
+from api.wire import integral_floats
 
 nested_numbers: st.SearchStrategy[Any] = st.recursive(
     st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False),
