@@ -66,7 +66,8 @@ from rollout_client.resources import Capacity
 from rollout_client.stats import RunnerStats
 from rollout_client.tasks import TaskSource
 from rollout_client.watching import Watching
-from rollout_client.workers import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, WorkerPool, close_policy, make_policy
+from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
+from rollout_client.workers import WorkerPool
 
 log = logging.getLogger("rollout_client.runner")
 
