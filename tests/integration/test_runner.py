@@ -4,6 +4,7 @@ and worker death, shutdown under load, pause/resume, staleness, a server restart
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,14 +66,18 @@ class Tracked(Environment):
 
     name: str = "tracked"
     group_size: int = 4
-    wait_s: float = 0.01
 
     async def rollout(self, task: Task, session: Session) -> None:
         TRACK["now"] += 1
         TRACK["max"] = max(TRACK["max"], TRACK["now"])
+        if TRACK["now"] > self.group_size:
+            OVERLAP.set()
         try:
             await session.observe(task.prompt)
-            await asyncio.sleep(self.wait_s)
+            # The first groups wait (bounded) for another group's rollouts to run beside them: that the runner
+            # runs more than one group at once is then shown whatever the machine's load, not by luck.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(OVERLAP.wait(), OVERLAP_WAIT_S)
             await session.generate()
         finally:
             TRACK["now"] -= 1
@@ -82,9 +87,13 @@ class Tracked(Environment):
 
 
 TRACK = {"now": 0, "max": 0}
+OVERLAP = asyncio.Event()  # set once more than one group of Tracked runs at once
+OVERLAP_WAIT_S = 20.0
 
 
 async def test_bound_held_and_accounting_exact(tmp_path: Path) -> None:
+    global OVERLAP
+    OVERLAP = asyncio.Event()
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
         envs = [(Tracked(), Tasks(arithmetic_task)), (Arithmetic(group_size=8, weight=2.0), Tasks(arithmetic_task))]
