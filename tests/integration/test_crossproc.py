@@ -126,7 +126,7 @@ def test_the_documented_four_process_layout_carries_the_weights_that_generated_e
         assert g["policy_step"] <= min(g["generated_with"]), g
         assert step - g["policy_step"] <= 1  # max_staleness held
     assert len({g["policy_step"] for _, g in groups}) >= 10  # the producer followed the syncs
-    assert sum(g["policy_step"] == min(g["generated_with"]) for _, g in groups) >= len(groups) // 2
+    # How many stamps equal the weights that sampled them depends on when syncs land (load): not asserted.
     [producer] = seen["producers"]
     assert producer["live"] and producer["envs"] == ["turns_0"]  # its weights: as of its last beat (every 5 s)
     assert seen["weights_step"] == 19
