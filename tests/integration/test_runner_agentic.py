@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.batcher import WAIT_FOR_ARRIVALS_BATCHES
 from rollout_client import ResourceExhausted, RolloutRunner, ScriptedPolicy, Session, Task, Tasks, resources
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.policy import stable_unit
@@ -296,19 +297,24 @@ class CrashingTen(Crashing):
 @pytest.mark.parametrize("env", [Crashing(), CrashingTen()], ids=["2pct", "10pct"])
 async def test_survivor_groups_train_in_exact_mode(tmp_path: Path, env: Crashing) -> None:
     """Issue 33: G=64 survivor groups (min_group_size 48), batch 256, exact mode, the default no_exact_fill
-    ("smaller"): every kept group reaches the trainer but a remainder smaller than one batch; before, exact fills
-    lay beyond the window and no batch formed at all."""
+    ("smaller"): every kept group reaches the trainer but a remainder that holds no exact fill and that "smaller"
+    still waits on arrivals to complete; before, exact fills lay beyond the window and no batch formed at all."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=256)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                                max_in_flight=256)  # fmt: skip
         stats = await finish(runner.run(max_groups=16))
-        assert stats.accepted == 16 and stats.partial_groups > 0
+        # a group fails when more than 16 of its 64 rollouts crash: at 10%, about once in 7,000 groups
+        lost = stats.failed_total
+        assert stats.accepted + lost == 16 and lost <= 1 and stats.partial_groups > 0
         trained = drain(server.url)
         st = status(server.url)
-        assert len(trained) + st["queue_size"] == 16
-        assert st["queued_sequences"] < 256, "a batch could still be formed from what is queued"
-        assert len(trained) >= 12
+        assert len(trained) + st["queue_size"] == stats.accepted
+        # what stays queued holds no exact fill and is under WAIT_FOR_ARRIVALS_BATCHES batches' worth, where
+        # "smaller" still waits for arrivals to complete one (a run that stops producing leaves it queued)
+        bound = WAIT_FOR_ARRIVALS_BATCHES * 256
+        assert st["queued_sequences"] < bound, "a batch could still be formed from what is queued"
+        assert st["queue_size"] <= bound // 48
 
 
 @dataclass
