@@ -125,7 +125,7 @@ def payloads_to_prune(
 
 
 def ledger_bounds(next_id: int, first_id: int, step: int, settings: LedgerSettings) -> tuple[int, int]:
-    """(below_id, below_step) for `Txn.ledger_prune`: rows past `max_groups` / `max_steps`, at most PRUNE_CHUNK
+    """(below_id, below_step) for `txn.ledger.prune`: rows past `max_groups` / `max_steps`, at most PRUNE_CHUNK
     ids past the oldest row (`first_id`) per prune."""
     below_id = -1 if settings.max_groups is None else min(next_id - settings.max_groups, first_id + PRUNE_CHUNK)
     below_step = -1 if settings.max_steps is None else step - settings.max_steps
@@ -139,23 +139,23 @@ def prune_txn(txn: Txn, settings: LedgerSettings) -> tuple[int, int]:
     if run.registration is None:
         return 0, 0
     pruned = 0
-    kept = txn.kept_oldest(PRUNE_CHUNK)  # retention turned off: what it retained goes too
+    kept = txn.ledger.kept_oldest(PRUNE_CHUNK)  # retention turned off: what it retained goes too
     if kept:
         rule = settings if settings.retaining else LedgerSettings(retain_steps=0)
         committed = state.load_kept(txn, run).committed
         total = txn.get_counts(RETAINED).get("bytes", 0)
         ids = payloads_to_prune(kept, total, run.step, committed, rule)
         if ids:
-            txn.prune_payloads(ids)
+            txn.ledger.prune_payloads(ids)
             size = {k.id: k.bytes for k in kept}
             count_retained(txn, -len(ids), -sum(size[i] for i in ids))
             pruned = len(ids)
     if settings.max_groups is None and settings.max_steps is None:
         return pruned, 0
-    first = txn.ledger_scan(-1, 1)
+    first = txn.ledger.scan(-1, 1)
     next_id = txn.next_item_id() if first else 0
     below_id, below_step = ledger_bounds(next_id, first[0].id if first else 0, run.step, settings)
-    return pruned, txn.ledger_prune(below_id, below_step)
+    return pruned, txn.ledger.prune(below_id, below_step)
 
 
 # ------------------------------------------------------------------------------------------ reading it back
@@ -182,23 +182,23 @@ def _found(txn: Txn, groups: list[LedgerGroup], data: bool, step: LedgerStep | N
         committed[step.step] = step.committed_at is not None
     else:
         for n in served:  # the rows of one group id: a few steps
-            rows = txn.ledger_steps(n, n)
+            rows = txn.ledger.steps(n, n)
             committed[n] = bool(rows) and rows[0].committed_at is not None
-    payloads = txn.kept_payloads([g.id for g in groups if g.kept]) if data else {}
+    payloads = txn.ledger.kept_payloads([g.id for g in groups if g.kept]) if data else {}
     return Found(groups, names, committed, payloads, step)
 
 
 def read_step(txn: Txn, n: int, data: bool) -> Found | None:
     """Step `n`'s row and its groups' rows (None: no such row, never formed or pruned)."""
-    rows = txn.ledger_steps(n, n)
+    rows = txn.ledger.steps(n, n)
     if not rows:
         return None
-    return _found(txn, txn.ledger_groups(rows[0].group_ids), data, rows[0])
+    return _found(txn, txn.ledger.groups(rows[0].group_ids), data, rows[0])
 
 
 def read_named(txn: Txn, group_id: str, data: bool) -> Found:
     """The rows of every group sent under `group_id`."""
-    return _found(txn, txn.ledger_named(group_id), data)
+    return _found(txn, txn.ledger.named(group_id), data)
 
 
 def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
