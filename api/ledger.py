@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import state
+from api.ledger_replies import GROUP_FIELDS
 from api.records import GroupRecord, decode, to_atropos
 from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, Txn
+from api.store.ledger_contract import GROUP_RECORD
 
 RETAINED = "retained"
 """Counter kind of the retained payloads: `groups` and `bytes` (what the byte budget is checked against)."""
@@ -201,33 +203,22 @@ def read_named(txn: Txn, group_id: str, data: bool) -> Found:
     return _found(txn, txn.ledger.named(group_id), data)
 
 
+_COPIED = tuple(c.name for c in GROUP_RECORD if c.reply is not None)
+"""The ledger's columns a reply copies as they are (the declaration's `Column.reply`)."""
+
+
 def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
-    """A row as GET /ledger answers it (`LedgerGroupReply`)."""
+    """A row as GET /ledger answers it (`LedgerGroupReply`, whose order it keeps)."""
     payload = found.payloads.get(g.id)
-    return {
-        "id": g.id,
-        "env_id": None if g.env_id == ANON_ENV else g.env_id,
-        "env": found.env_names.get(g.env_id, str(g.env_id)),
-        "group_id": g.group_id,
-        "handler": g.handler,
-        "producer_id": g.producer_id,
-        "acked_at": g.acked_at,
-        "policy_step": g.policy_step,
-        "seqs": g.seqs,
-        "tokens": g.tokens,
-        "bytes": g.bytes,
-        "score_mean": g.score_mean,
-        "score_min": g.score_min,
-        "score_max": g.score_max,
-        "score_std": g.score_std,
-        "fate": g.fate,
-        "step": g.step,
-        "reason": g.reason,
-        "decided_at": g.decided_at,
-        "committed": found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
-        "kept": g.kept,
-        "data": None if payload is None else to_atropos(decode(payload)),
-    }
+    values: dict[str, Any] = {name: getattr(g, name) for name in _COPIED}
+    values.update(
+        env_id=None if g.env_id == ANON_ENV else g.env_id,
+        env=found.env_names.get(g.env_id, str(g.env_id)),
+        fate=g.fate,
+        committed=found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
+        data=None if payload is None else to_atropos(decode(payload)),
+    )
+    return {name: values[name] for name in GROUP_FIELDS}
 
 
 def step_view(found: Found) -> dict[str, Any]:

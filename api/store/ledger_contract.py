@@ -38,11 +38,13 @@ class Column:
     """Its type in the export's `groups` table (api/export/table.py), copied under its name: int32, int64,
     float64, string, bool or timestamp (seconds become UTC microseconds). None: the export derives columns of
     its own from it (`id` is `group`; `step` and `reason` split by fate)."""
-    reply: bool = True
-    """GET /ledger's rows copy it as it is (api/ledger_replies.py); False: the reply says it in its own way."""
+    reply: str | None
+    """GET /ledger's rows copy it as it is (api/ledger_replies.py), described so; None: the reply says it in its
+    own way (`env_id` null for anonymous groups, `fate` one of FATES)."""
     added: int = 0
     """Which change of the ledger table added it: 0 with the table, then one per later migration step; a
-    table's columns lie in this order (`ledger_rows.ledger_ddl`)."""
+    table's columns lie in this order (`ledger_rows.ledger_columns`). A column added later is optional in the
+    reply, so that clients written before it still read replies."""
     name: str = ""
     """Filled in by `group_columns` from the field's name."""
 
@@ -51,7 +53,7 @@ class Column:
         return "NOT NULL" not in self.sqlite and "PRIMARY KEY" not in self.sqlite
 
 
-def _col(sqlite: str, postgres: str, arrow: str | None, *, reply: bool = True, added: int = 0) -> dict[str, Any]:
+def _col(sqlite: str, postgres: str, arrow: str | None, reply: str | None, *, added: int = 0) -> dict[str, Any]:
     return {COLUMN: Column(sqlite, postgres, arrow, reply, added)}
 
 
@@ -65,40 +67,72 @@ class LedgerGroup:
     acknowledged it, and changed only in the transaction that decided its fate. Fields are in the order the
     export and the reply list them."""
 
-    id: int = field(metadata=_col("INTEGER PRIMARY KEY", "bigint PRIMARY KEY", None))
+    id: int = field(
+        metadata=_col(
+            "INTEGER PRIMARY KEY", "bigint PRIMARY KEY", None, "The ledger id (the item id the group is stored under)."
+        )
+    )
     """The item id the group is stored under (`next_item_id`): a group released from a side buffer is queued
     under a new id, and its row moves with it (`ledger.requeue`), so one group is always one row."""
-    env_id: int = field(metadata=_col(*_INT, None, reply=False))
+    env_id: int = field(metadata=_col(*_INT, None, None))
     """ANON_ENV for groups posted with `env_id: null`."""
-    group_id: str | None = field(metadata=_col("BLOB", "bytea", None))
+    group_id: str | None = field(metadata=_col("BLOB", "bytea", None, "The handler's group id, as sent."))
     """The handler's group id, as sent (stored as its UTF-8 bytes: `ledger_rows.gid_bytes`)."""
-    handler: str | None = field(metadata=_col("TEXT", "text", "string"))
+    handler: str | None = field(
+        metadata=_col("TEXT", "text", "string", "The name of the API key that sent it; null without auth.")
+    )
     """The API key that sent it (its name), when the service knows it: None without auth."""
-    producer_id: str | None = field(default=None, metadata=_col("TEXT", "text", "string", added=1))
+    producer_id: str | None = field(
+        default=None,
+        metadata=_col(
+            "TEXT", "text", "string", "The producer that made it (the group's `producer_id`: its heartbeat id), if it "
+            "sent one.", added=1,
+        ),
+    )  # fmt: skip
     """The producer that made it (the group's `producer_id`, a rollbuf extension: its heartbeat id), if sent."""
-    acked_at: float = field(metadata=_col(*_REAL, "timestamp"))
+    acked_at: float = field(metadata=_col(*_REAL, "timestamp", "Unix time it was acknowledged."))
     """Wall-clock seconds when it was acknowledged."""
-    policy_step: int = field(metadata=_col(*_INT, "int64"))
-    seqs: int = field(metadata=_col(*_INT, "int32"))
-    tokens: int = field(metadata=_col(*_INT, "int64"))
-    bytes: int = field(metadata=_col(*_INT, "int64"))
+    policy_step: int = field(
+        metadata=_col(*_INT, "int64", "The trainer step whose weights generated it (stamped at ingest when not sent).")
+    )
+    seqs: int = field(metadata=_col(*_INT, "int32", "Its sequences."))
+    tokens: int = field(metadata=_col(*_INT, "int64", "Its tokens, over all sequences."))
+    bytes: int = field(metadata=_col(*_INT, "int64", "Its payload as stored: what retaining it costs."))
     """Payload bytes as stored (what keeping it costs)."""
-    score_mean: float = field(metadata=_col(*_REAL, "float64"))
-    score_min: float = field(metadata=_col(*_REAL, "float64"))
-    score_max: float = field(metadata=_col(*_REAL, "float64"))
-    score_std: float = field(metadata=_col(*_REAL, "float64"))
+    score_mean: float = field(metadata=_col(*_REAL, "float64", "Mean of its sequences' scores."))
+    score_min: float = field(metadata=_col(*_REAL, "float64", "Lowest score."))
+    score_max: float = field(metadata=_col(*_REAL, "float64", "Highest score."))
+    score_std: float = field(metadata=_col(*_REAL, "float64", "Population standard deviation of the scores."))
     """Population standard deviation of its sequences' scores (0 for one sequence)."""
-    fate: str = field(metadata=_col("TEXT NOT NULL", "text NOT NULL", "string", reply=False))
+    fate: str = field(metadata=_col("TEXT NOT NULL", "text NOT NULL", "string", None))
     """One of FATES."""
-    step: int | None = field(default=None, metadata=_col("INTEGER", "bigint", None))
+    step: int | None = field(
+        default=None,
+        metadata=_col(
+            "INTEGER", "bigint", None, "Served: the batch's step. Dropped: the step formed next when it was dropped. "
+            "Else null.",
+        ),
+    )  # fmt: skip
     """Served: the batch's step. Dropped: the step to be formed next when it was dropped. Else None."""
-    reason: str | None = field(default=None, metadata=_col("TEXT", "text", None))
+    reason: str | None = field(
+        default=None,
+        metadata=_col(
+            "TEXT", "text", None, "Dropped: why (`zero_variance`, `score_range`, `stale`, `side_buffer_expired`). "
+            "Else null.",
+        ),
+    )  # fmt: skip
     """Dropped: why (a filter's name, `stale`, `side_buffer_expired`). Else None."""
-    decided_at: float | None = field(default=None, metadata=_col("REAL", "double precision", "timestamp"))
+    decided_at: float | None = field(
+        default=None, metadata=_col("REAL", "double precision", "timestamp", "Unix time it was served or dropped.")
+    )
     """Wall-clock seconds of the served or dropped decision."""
     kept: bool = field(
-        default=False, metadata=_col("INTEGER NOT NULL DEFAULT 0", "boolean NOT NULL DEFAULT false", "bool")
-    )
+        default=False,
+        metadata=_col(
+            "INTEGER NOT NULL DEFAULT 0", "boolean NOT NULL DEFAULT false", "bool",
+            "Its payload is retained (`retain_steps`, `retain_bytes`).",
+        ),
+    )  # fmt: skip
     """Its payload is retained past its fate (retention): readable with `ledger.kept_payloads` until pruned."""
 
 
