@@ -5,7 +5,6 @@ the ledger table's definition are derived from `LedgerGroup`'s declaration (`GRO
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -33,39 +32,36 @@ def _gid_text(gid: Any) -> str | None:
     return None if gid is None else bytes(gid).decode("utf-8", "surrogatepass")
 
 
-def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda v: None if v is None else convert(v)
-
-
-def _reader(c: Column) -> Callable[[Any], Any]:
-    """What turns the column's stored value into the field's."""
+def _read(c: Column, k: int) -> str:
+    """The expression that turns column k of a row into the field's value."""
     if c.name == "group_id":
-        return _gid_text
+        return f"_gid_text(row[{k}])"
     if c.name == "kept":
-        return bool
-    kind = c.sqlite.split()[0]
-    convert: Callable[[Any], Any] = {"INTEGER": int, "REAL": float}.get(kind, lambda v: v)
-    return _optional(convert) if c.nullable else convert
+        return f"bool(row[{k}])"
+    convert = {"INTEGER": "int", "REAL": "float"}.get(c.sqlite.split()[0])
+    if convert is None:
+        return f"row[{k}]"
+    return f"None if row[{k}] is None else {convert}(row[{k}])" if c.nullable else f"{convert}(row[{k}])"
 
 
-_NAMES = tuple(c.name for c in GROUP_RECORD)
-_READERS = tuple(_reader(c) for c in GROUP_RECORD)
-_FIELDS = attrgetter(*_NAMES)
-_GID = _NAMES.index("group_id")
-_KEPT = _NAMES.index("kept")
+def _write(c: Column) -> str:
+    """The expression that turns the field of row `r` into its column's value."""
+    return {"group_id": "gid_bytes(r.group_id)", "kept": "bool(r.kept)"}.get(c.name, f"r.{c.name}")
 
 
-def group_values(r: LedgerGroup) -> tuple[Any, ...]:
-    """The columns of GROUP_COLUMNS, in order."""
-    values = list(_FIELDS(r))
-    values[_GID] = gid_bytes(r.group_id)
-    values[_KEPT] = bool(r.kept)
-    return tuple(values)
+def _compiled() -> tuple[Callable[[LedgerGroup], tuple[Any, ...]], Callable[[Sequence[Any]], LedgerGroup]]:
+    """`group_values` and `group_of`, written out from the declaration as plain expressions: they run once per
+    row stored or read (the ingest path, the export's pages), where a loop over the columns would cost twice."""
+    values = ", ".join(_write(c) for c in GROUP_RECORD)
+    fields = ", ".join(f"{c.name}={_read(c, k)}" for k, c in enumerate(GROUP_RECORD))
+    source = f"def group_values(r):\n    return ({values},)\ndef group_of(row):\n    return LedgerGroup({fields})\n"
+    scope: dict[str, Any] = {"LedgerGroup": LedgerGroup, "gid_bytes": gid_bytes, "_gid_text": _gid_text}
+    exec(compile(source, "<ledger_rows>", "exec"), scope)  # noqa: S102 - our own text, from the declaration
+    return scope["group_values"], scope["group_of"]
 
 
-def group_of(row: Sequence[Any]) -> LedgerGroup:
-    """A row read as GROUP_COLUMNS."""
-    return LedgerGroup(**{name: read(v) for name, read, v in zip(_NAMES, _READERS, row, strict=True)})
+group_values, group_of = _compiled()
+"""`group_values(r)`: the columns of GROUP_COLUMNS, in order; `group_of(row)`: a row read as GROUP_COLUMNS."""
 
 
 def column_type(c: Column, dialect: Dialect) -> str:

@@ -9,8 +9,9 @@ from typing import Any
 import psycopg
 
 from api.store import sql
-from api.store.base import ANON_ENV, HeldGroup, HeldMeta, HeldTxn, ItemMeta, QueueCounts, held_slot
+from api.store.base import ANON_ENV, HeldGroup, ItemMeta, QueueCounts, held_slot
 from api.store.postgres.cache import Pending
+from api.store.sql.held import AddCounts, SqlHeld
 
 # Releases all of these groups or, if one of them is not held for this env, none.
 _RELEASE = """
@@ -20,30 +21,25 @@ RETURNING item_id, seqs, tokens, policy_step, held_at, payload
 """
 
 
-class PostgresHeld(HeldTxn):
+class PostgresHeld(SqlHeld):
     def __init__(
         self,
         conn: psycopg.Connection[Any],
         pending: Pending,
         write: Callable[[str, Sequence[Any] | dict[str, Any]], psycopg.Cursor[Any]],
-        add_counts: Callable[[int, int, int, int, int, int], None],
+        add_counts: AddCounts,
     ) -> None:
+        super().__init__(add_counts)
         self._db = conn
         self._p = pending
         self._write = write
         """Runs a write under the function's savepoint (`PostgresTxn._write`)."""
-        self._add_counts = add_counts
 
-    def add(self, env_id: int, group: HeldGroup) -> None:
-        m = group.meta
-        size = len(group.payload)
-        row = (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, group.held_at, size, group.payload)
-        self._write(sql.postgres("held_add"), row)
-        self._add_counts(held_slot(env_id), 1, 1, m.seqs, m.tokens, size)
-
-    def groups(self, env_id: int) -> list[HeldMeta]:
-        rows = self._db.execute(sql.postgres("held_groups"), (env_id,), binary=True).fetchall()
-        return [HeldMeta(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5]) for r in rows]
+    def _run(self, name: str, params: Sequence[Any], *, write: bool) -> list[Sequence[Any]]:
+        if write:
+            self._write(sql.postgres(name), params)
+            return []
+        return self._db.execute(sql.postgres(name), params, binary=True).fetchall()
 
     def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
         wanted = list(item_ids)
@@ -55,10 +51,7 @@ class PostgresHeld(HeldTxn):
         if len(rows) != len(wanted):
             raise KeyError(f"groups {wanted} are not all held for env {env_id}")
         found = {r[0]: HeldGroup(ItemMeta(r[0], r[1], r[2], r[3]), r[4], bytes(r[5])) for r in rows}
-        out = [found[i] for i in wanted]
-        for g in out:
-            self._add_counts(held_slot(env_id), -1, -1, -g.meta.seqs, -g.meta.tokens, -len(g.payload))
-        return out
+        return self._released(env_id, [found[i] for i in wanted])
 
     def counts(self) -> dict[int, QueueCounts]:
         return {held_slot(env): QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0 and env < ANON_ENV}

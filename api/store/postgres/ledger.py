@@ -27,7 +27,6 @@ class PostgresLedger(SqlLedger):
     ) -> None:
         super().__init__(pending)
         self._db = conn
-        self._p = pending
         self._write_through = write
         """Runs a write under the function's savepoint (`PostgresTxn._write`)."""
         self._check = writable
@@ -54,15 +53,15 @@ class PostgresLedger(SqlLedger):
     def add(self, rows: Sequence[LedgerGroup]) -> None:
         self._writable()
         for r in rows:
-            self._p.ledger[r.id] = r
+            self._local.ledger[r.id] = r
 
     def put_step(self, row: LedgerStep) -> None:
         self._writable()
-        self._p.steps[row.step] = row
+        self._local.steps[row.step] = row
 
     def committed(self, first: int, before: int, at: float) -> None:
         self._writable()
-        p = self._p
+        p = self._local
         for step, row in p.steps.items():
             if first <= step < before and row.committed_at is None:
                 p.steps[step] = replace(row, committed_at=at)
@@ -71,4 +70,4 @@ class PostgresLedger(SqlLedger):
     def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
         self._writable()
         for item_id, payload in items:
-            self._p.payloads[item_id] = payload
+            self._local.payloads[item_id] = payload

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
+from typing import Any
 
 from api.store import sql
-from api.store.base import ANON_ENV, HeldGroup, HeldMeta, HeldTxn, ItemMeta, QueueCounts, held_slot
+from api.store.base import ANON_ENV, HeldGroup, ItemMeta, QueueCounts, held_slot
+from api.store.sql.held import AddCounts, SqlHeld
 from api.store.sqlite.ledger import chunks
 
 
@@ -23,30 +25,16 @@ def _held_sql(n: int, delete: bool) -> str:
     )
 
 
-class SqliteHeld(HeldTxn):
-    def __init__(
-        self,
-        db: sqlite3.Connection,
-        add_counts: Callable[[int, int, int, int, int, int], None],
-        flush_counts: Callable[[], None],
-    ) -> None:
+class SqliteHeld(SqlHeld):
+    def __init__(self, db: sqlite3.Connection, add_counts: AddCounts, flush_counts: Callable[[], None]) -> None:
+        super().__init__(add_counts)
         self._db = db
-        self._add_counts = add_counts
-        """Adds to the transaction's count deltas (written once, with its other counts)."""
         self._flush_counts = flush_counts
+        """Writes the transaction's count deltas, which `counts` reads."""
 
-    def add(self, env_id: int, group: HeldGroup) -> None:
-        m = group.meta
-        size = len(group.payload)
-        self._db.execute(
-            sql.sqlite("held_add"),
-            (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, group.held_at, size, group.payload),
-        )
-        self._add_counts(held_slot(env_id), 1, 1, m.seqs, m.tokens, size)
-
-    def groups(self, env_id: int) -> list[HeldMeta]:
-        rows = self._db.execute(sql.sqlite("held_groups"), (env_id,)).fetchall()
-        return [HeldMeta(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5]) for r in rows]
+    def _run(self, name: str, params: Sequence[Any], *, write: bool) -> list[Sequence[Any]]:
+        cur = self._db.execute(sql.sqlite(name), params)
+        return [] if write else cur.fetchall()
 
     def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
         wanted = list(item_ids)
@@ -60,10 +48,7 @@ class SqliteHeld(HeldTxn):
             raise KeyError(f"groups {wanted} are not all held (once) for env {env_id}")
         for chunk in chunks(wanted):  # found them all: nothing fails past this point
             self._db.execute(_held_sql(len(chunk), True), (env_id, *chunk))
-        out = [found[i] for i in wanted]
-        for g in out:
-            self._add_counts(held_slot(env_id), -1, -1, -g.meta.seqs, -g.meta.tokens, -len(g.payload))
-        return out
+        return self._released(env_id, [found[i] for i in wanted])
 
     def counts(self) -> dict[int, QueueCounts]:
         self._flush_counts()
