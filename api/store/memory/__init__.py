@@ -11,9 +11,7 @@ from api.store.memory.txn import MemoryTxn
 
 T = TypeVar("T")
 
-_State = State  # the name tests know it by
-
-__all__ = ["MemoryStore", "MemoryTxn", "State", "_State"]
+__all__ = ["MemoryStore", "MemoryTxn", "State"]
 
 
 class MemoryStore(Store):

@@ -10,6 +10,8 @@ from api.store.base import HeldGroup, LedgerGroup, LedgerStep, QueueCounts, Queu
 
 
 class State:
+    """Everything the store holds, shared by its transactions (one at a time: they never await)."""
+
     def __init__(self) -> None:
         self.values: dict[str, str] = {}
         self.queues: dict[int, deque[QueuedItem]] = {}
