@@ -29,7 +29,7 @@ def commit_txn(
         txn.drop_batches_before(after.committed, retain=books.retaining)
         state.save_kept(txn, after)
         if books.enabled:
-            txn.ledger_committed(kept.committed, after.committed, time.time())
+            txn.ledger.committed(kept.committed, after.committed, time.time())
     reply = CommitReply(
         committed_step=after.committed, next_step=run.step, kept_batches=len(after.sizes), kept_bytes=after.bytes
     )

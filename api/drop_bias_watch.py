@@ -1,8 +1,8 @@
 """The drop-bias monitor fed from the ledger (`api.drop_bias` decides; this reads and logs).
 
 Each refresh is one read transaction costing what was decided since the last one: the step rows formed since
-(`ledger_steps`), the groups they served (`ledger_groups`) and the groups dropped meanwhile
-(`ledger_dropped`); the monitor's windows keep the rest, and its report is recomputed only when something new
+(`ledger.steps`), the groups they served (`ledger.groups`) and the groups dropped meanwhile
+(`ledger.dropped`); the monitor's windows keep the rest, and its report is recomputed only when something new
 was read. A view refreshes when it is asked (/metrics, /status, /dashboard/data); a trainer's `/batch` calls
 refresh it in the background at most every `REFRESH_S`, so that episodes are logged when nobody looks.
 
@@ -65,9 +65,9 @@ def read_fresh(txn: Txn, first: int, window: int) -> Fresh:
     first = max(first, run.step - window)
     if first >= run.step:
         return Fresh(run, [], [], [])
-    steps = txn.ledger_steps(first, run.step - 1)
-    served = txn.ledger_groups([i for s in steps for i in s.group_ids])
-    dropped = txn.ledger_dropped(first, run.step - 1, MAX_DROPPED)
+    steps = txn.ledger.steps(first, run.step - 1)
+    served = txn.ledger.groups([i for s in steps for i in s.group_ids])
+    dropped = txn.ledger.dropped(first, run.step - 1, MAX_DROPPED)
     return Fresh(run, steps, served, dropped)
 
 

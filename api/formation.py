@@ -105,7 +105,7 @@ def batch_txn(
             if kept.sizes:  # batches kept by an earlier `?step=`: acknowledged now, as asking for one would
                 txn.drop_batches_before(run.step, retain=books.retaining)
                 if books.enabled:
-                    txn.ledger_committed(kept.committed, run.step, time.time())
+                    txn.ledger.committed(kept.committed, run.step, time.time())
             state.save_kept(txn, kept.acknowledge(run.step))
         return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules)
     if step is None:
@@ -119,7 +119,7 @@ def batch_txn(
         txn.drop_batches_before(step, retain=books.retaining)
         kept = kept.acknowledge(step)
         if books.enabled and kept.committed > before.committed:
-            txn.ledger_committed(before.committed, kept.committed, time.time())
+            txn.ledger.committed(before.committed, kept.committed, time.time())
     elif step < kept.committed:
         raise Gone(
             f"batch {step} is no longer available: every batch before {kept.committed} was committed",
@@ -227,7 +227,7 @@ def _read(
             gone = txn.pop(env_id, ids, retain=books.retaining)
             state.count_dropped(txn, name, STALE, len(win.stale))
             if books.enabled:
-                txn.ledger_decide(ids, DROPPED, step=run.step, reason=STALE, at=now, kept=books.retaining)
+                txn.ledger.decide(ids, DROPPED, step=run.step, reason=STALE, at=now, kept=books.retaining)
                 if books.retaining:
                     ledger.count_retained(txn, len(gone), sum(len(g.payload) for g in gone))
         head = win.items[0] if win.items else None
@@ -323,9 +323,9 @@ def take(
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
     if books.enabled:
-        txn.ledger_decide(order, SERVED, step=run.step, at=now, kept=books.retaining)
+        txn.ledger.decide(order, SERVED, step=run.step, at=now, kept=books.retaining)
         seconds = time.perf_counter() - start
-        txn.ledger_put_step(
+        txn.ledger.put_step(
             ledger.step_row(run.step, now, seconds, order, plan.seqs, plan.tokens, groups_by_env, seqs_by_env,
                             staleness, committed=not keep)
         )  # fmt: skip

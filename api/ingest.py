@@ -94,7 +94,7 @@ def submit_txn(
     held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}
     for env_id in sorted(held_envs):  # room that expired groups leave counts for what arrives now
         expire_held(txn, run, env_id, now, limits.side, books)
-    check_capacity(limits, txn.counts(), txn.held_counts(), [s for _, s in fresh])
+    check_capacity(limits, txn.counts(), txn.held.counts(), [s for _, s in fresh])
     reg = run.registration
     assert reg is not None
     received: dict[str, int] = {}
@@ -115,12 +115,12 @@ def submit_txn(
                 row = replace(row, step=run.step, reason=reason, decided_at=now, kept=books.retaining)
                 rows.append(row)
                 if books.retaining:  # what keeping dropped groups costs: a payload written that is never queued
-                    txn.keep_payloads([(row.id, sub.payload)])
+                    txn.ledger.keep_payloads([(row.id, sub.payload)])
                     retained[0] += 1
                     retained[1] += len(sub.payload)
         elif env is not None and held_env(run, sub) is env:
-            if rows:  # a released group's row must be there to move (`ledger_requeue`)
-                txn.ledger_add(rows)
+            if rows:  # a released group's row must be there to move (`ledger.requeue`)
+                txn.ledger.add(rows)
                 rows = []
             reply, item_id, fate = hold_group(txn, env, sub, step, now, limits, books)
             if books.enabled:
@@ -139,7 +139,7 @@ def submit_txn(
         replies[i] = first_reply.model_copy(update={"duplicate": True})
     stats.count_received(txn, received)
     if rows:
-        txn.ledger_add(rows)
+        txn.ledger.add(rows)
     ledger.count_retained(txn, *retained)
     return [r for r in replies if r is not None], run
 
@@ -211,7 +211,7 @@ def hold_group(
     QueueFull if holding it would pass the side buffer's bound (one that completes held groups always fits).
     Returns the reply, and the new group's item id and ledger fate (HELD or QUEUED); the ledger rows of held
     groups released with it move to their queue ids."""
-    held = txn.held(env.env_id)
+    held = txn.held.groups(env.env_id)
     meta = ItemMeta(txn.next_item_id(), sub.record.seqs, sub.record.n_tokens, step)
     picked = side_buffer.to_release(held, meta.seqs, env.group_size)
     if picked is None:
@@ -224,22 +224,22 @@ def hold_group(
                 "retry later, or send whole groups",
                 limits.retry_after,
             )
-        txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
+        txn.held.add(env.env_id, HeldGroup(meta, now, sub.payload))
         reply = ScoredReply(status="buffered", buffer_size=sum(h.meta.seqs for h in held) + meta.seqs)
         return reply, meta.item_id, HELD
     old = [held[i].meta.item_id for i in picked if i < len(held)]
-    released = {g.meta.item_id: g for g in txn.release(env.env_id, old)}
+    released = {g.meta.item_id: g for g in txn.held.release(env.env_id, old)}
     new_id, fate = meta.item_id, HELD
     for i in picked:
         if i < len(held):
             g = released[held[i].meta.item_id]
             item_id = enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
             if books.enabled:
-                txn.ledger_requeue(g.meta.item_id, item_id)
+                txn.ledger.requeue(g.meta.item_id, item_id)
         else:
             new_id, fate = enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload), QUEUED
     if len(held) not in picked:  # the new group stays held (only if older ones already added up: a migration)
-        txn.hold(env.env_id, HeldGroup(meta, now, sub.payload))
+        txn.held.add(env.env_id, HeldGroup(meta, now, sub.payload))
     left = sum(h.meta.seqs for i, h in enumerate(held) if i not in set(picked))
     reply = ScoredReply(status="buffered", buffer_size=left + (0 if len(held) in picked else meta.seqs))
     return reply, new_id, fate
@@ -254,15 +254,15 @@ def expire_held(
     books: ledger.LedgerSettings = ledger.OFF,
 ) -> int:
     """Drop env_id's held groups past the ttl, counted as `side_buffer_expired` (and so in the ledger); how many."""
-    gone: list[HeldMeta] = side_buffer.expired(txn.held(env_id), now, limits)
+    gone: list[HeldMeta] = side_buffer.expired(txn.held.groups(env_id), now, limits)
     if gone:
-        released = txn.release(env_id, [h.meta.item_id for h in gone])
+        released = txn.held.release(env_id, [h.meta.item_id for h in gone])
         state.count_dropped(txn, run.env_name(env_id), side_buffer.EXPIRED, len(gone))
         if books.enabled:
             ids = [g.meta.item_id for g in released]
-            txn.ledger_decide(ids, DROPPED, step=run.step, reason=side_buffer.EXPIRED, at=now, kept=books.retaining)
+            txn.ledger.decide(ids, DROPPED, step=run.step, reason=side_buffer.EXPIRED, at=now, kept=books.retaining)
             if books.retaining:
-                txn.keep_payloads([(g.meta.item_id, g.payload) for g in released])
+                txn.ledger.keep_payloads([(g.meta.item_id, g.payload) for g in released])
                 ledger.count_retained(txn, len(released), sum(len(g.payload) for g in released))
     return len(gone)
 
@@ -276,7 +276,7 @@ def expire_txn(
 ) -> int:
     """The sweep: drop every env's expired held groups; how many (reads only the envs that hold some)."""
     run = state.load(txn, known)
-    return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held_counts()))
+    return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held.counts()))
 
 
 def still_valid(subs: Sequence[Submission], seen: RunState, run: RunState) -> bool:

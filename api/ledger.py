@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import state
+from api.ledger_replies import GROUP_FIELDS
 from api.records import GroupRecord, decode, to_atropos
 from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, Txn
+from api.store.ledger_contract import GROUP_RECORD
 
 RETAINED = "retained"
 """Counter kind of the retained payloads: `groups` and `bytes` (what the byte budget is checked against)."""
@@ -125,7 +127,7 @@ def payloads_to_prune(
 
 
 def ledger_bounds(next_id: int, first_id: int, step: int, settings: LedgerSettings) -> tuple[int, int]:
-    """(below_id, below_step) for `Txn.ledger_prune`: rows past `max_groups` / `max_steps`, at most PRUNE_CHUNK
+    """(below_id, below_step) for `txn.ledger.prune`: rows past `max_groups` / `max_steps`, at most PRUNE_CHUNK
     ids past the oldest row (`first_id`) per prune."""
     below_id = -1 if settings.max_groups is None else min(next_id - settings.max_groups, first_id + PRUNE_CHUNK)
     below_step = -1 if settings.max_steps is None else step - settings.max_steps
@@ -139,23 +141,23 @@ def prune_txn(txn: Txn, settings: LedgerSettings) -> tuple[int, int]:
     if run.registration is None:
         return 0, 0
     pruned = 0
-    kept = txn.kept_oldest(PRUNE_CHUNK)  # retention turned off: what it retained goes too
+    kept = txn.ledger.kept_oldest(PRUNE_CHUNK)  # retention turned off: what it retained goes too
     if kept:
         rule = settings if settings.retaining else LedgerSettings(retain_steps=0)
         committed = state.load_kept(txn, run).committed
         total = txn.get_counts(RETAINED).get("bytes", 0)
         ids = payloads_to_prune(kept, total, run.step, committed, rule)
         if ids:
-            txn.prune_payloads(ids)
+            txn.ledger.prune_payloads(ids)
             size = {k.id: k.bytes for k in kept}
             count_retained(txn, -len(ids), -sum(size[i] for i in ids))
             pruned = len(ids)
     if settings.max_groups is None and settings.max_steps is None:
         return pruned, 0
-    first = txn.ledger_scan(-1, 1)
+    first = txn.ledger.scan(-1, 1)
     next_id = txn.next_item_id() if first else 0
     below_id, below_step = ledger_bounds(next_id, first[0].id if first else 0, run.step, settings)
-    return pruned, txn.ledger_prune(below_id, below_step)
+    return pruned, txn.ledger.prune(below_id, below_step)
 
 
 # ------------------------------------------------------------------------------------------ reading it back
@@ -182,52 +184,41 @@ def _found(txn: Txn, groups: list[LedgerGroup], data: bool, step: LedgerStep | N
         committed[step.step] = step.committed_at is not None
     else:
         for n in served:  # the rows of one group id: a few steps
-            rows = txn.ledger_steps(n, n)
+            rows = txn.ledger.steps(n, n)
             committed[n] = bool(rows) and rows[0].committed_at is not None
-    payloads = txn.kept_payloads([g.id for g in groups if g.kept]) if data else {}
+    payloads = txn.ledger.kept_payloads([g.id for g in groups if g.kept]) if data else {}
     return Found(groups, names, committed, payloads, step)
 
 
 def read_step(txn: Txn, n: int, data: bool) -> Found | None:
     """Step `n`'s row and its groups' rows (None: no such row, never formed or pruned)."""
-    rows = txn.ledger_steps(n, n)
+    rows = txn.ledger.steps(n, n)
     if not rows:
         return None
-    return _found(txn, txn.ledger_groups(rows[0].group_ids), data, rows[0])
+    return _found(txn, txn.ledger.groups(rows[0].group_ids), data, rows[0])
 
 
 def read_named(txn: Txn, group_id: str, data: bool) -> Found:
     """The rows of every group sent under `group_id`."""
-    return _found(txn, txn.ledger_named(group_id), data)
+    return _found(txn, txn.ledger.named(group_id), data)
+
+
+_COPIED = tuple(c.name for c in GROUP_RECORD if c.reply is not None)
+"""The ledger's columns a reply copies as they are (the declaration's `Column.reply`)."""
 
 
 def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
-    """A row as GET /ledger answers it (`LedgerGroupReply`)."""
+    """A row as GET /ledger answers it (`LedgerGroupReply`, whose order it keeps)."""
     payload = found.payloads.get(g.id)
-    return {
-        "id": g.id,
-        "env_id": None if g.env_id == ANON_ENV else g.env_id,
-        "env": found.env_names.get(g.env_id, str(g.env_id)),
-        "group_id": g.group_id,
-        "handler": g.handler,
-        "producer_id": g.producer_id,
-        "acked_at": g.acked_at,
-        "policy_step": g.policy_step,
-        "seqs": g.seqs,
-        "tokens": g.tokens,
-        "bytes": g.bytes,
-        "score_mean": g.score_mean,
-        "score_min": g.score_min,
-        "score_max": g.score_max,
-        "score_std": g.score_std,
-        "fate": g.fate,
-        "step": g.step,
-        "reason": g.reason,
-        "decided_at": g.decided_at,
-        "committed": found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
-        "kept": g.kept,
-        "data": None if payload is None else to_atropos(decode(payload)),
-    }
+    values: dict[str, Any] = {name: getattr(g, name) for name in _COPIED}
+    values.update(
+        env_id=None if g.env_id == ANON_ENV else g.env_id,
+        env=found.env_names.get(g.env_id, str(g.env_id)),
+        fate=g.fate,
+        committed=found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
+        data=None if payload is None else to_atropos(decode(payload)),
+    )
+    return {name: values[name] for name in GROUP_FIELDS}
 
 
 def step_view(found: Found) -> dict[str, Any]:

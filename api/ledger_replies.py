@@ -3,59 +3,63 @@ view for operators, apart from the Atropos protocol's schema (`api.schema`) that
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, get_type_hints
+
+from pydantic import Field, create_model
+from pydantic_core import PydanticUndefined
 
 from api.schema import BatchGroup
+from api.store.ledger_contract import GROUP_RECORD, LedgerGroup
 from api.wire import _Wire
 
 
-class LedgerGroupReply(_Wire):
+def _group_fields() -> dict[str, Any]:
+    """The reply's fields from the ledger's declaration (`LedgerGroup`), in its order: columns copied as they
+    are (`Column.reply`), and those the reply says in its own way, in their place."""
+    hints = get_type_hints(LedgerGroup)
+    own: dict[str, dict[str, Any]] = {
+        "env_id": {
+            "env_id": (int | None, Field(description="Null for groups posted with `env_id: null`.")),
+            "env": (str, Field(description="The env's name in views and counters (`wandb_name`).")),
+        },
+        "fate": {
+            "fate": (
+                Literal["queued", "held", "served", "dropped"],
+                Field(description='What became of it: queued, "held" in its env\'s side buffer, served in a batch, '
+                      "or dropped."),
+            ),
+        },
+        "kept": {
+            "committed": (
+                bool | None, Field(description="Served: whether its batch is acknowledged (trained); null otherwise.")
+            ),
+        },
+    }  # fmt: skip
+    out: dict[str, Any] = {}
+    for c in GROUP_RECORD:
+        out.update(own.get(c.name, {}))
+        if c.reply is not None:
+            default = None if c.added else PydanticUndefined  # added later: optional, for clients written before
+            out[c.name] = (hints[c.name], Field(default, description=c.reply))
+    return out
+
+
+if TYPE_CHECKING:
+    _GroupFields = _Wire
+else:
+    _GroupFields = create_model("_GroupFields", __base__=_Wire, **_group_fields())
+
+
+# The ledger's columns (api/store/ledger_contract.py `LedgerGroup`, in its order: `_group_fields`), then its payload.
+class LedgerGroupReply(_GroupFields):
     """One acknowledged group's ledger row (docs/ledger.md)."""
 
-    id: int
-    """The ledger id (the item id the group is stored under)."""
-    env_id: int | None
-    """Null for groups posted with `env_id: null`."""
-    env: str
-    """The env's name in views and counters (`wandb_name`)."""
-    group_id: str | None
-    """The handler's group id, as sent."""
-    handler: str | None
-    """The name of the API key that sent it; null without auth."""
-    producer_id: str | None = None
-    """The producer that made it (the group's `producer_id`: its heartbeat id), if it sent one."""
-    acked_at: float
-    """Unix time it was acknowledged."""
-    policy_step: int
-    """The trainer step whose weights generated it (stamped at ingest when not sent)."""
-    seqs: int
-    """Its sequences."""
-    tokens: int
-    """Its tokens, over all sequences."""
-    bytes: int
-    """Its payload as stored: what retaining it costs."""
-    score_mean: float
-    """Mean of its sequences' scores."""
-    score_min: float
-    """Lowest score."""
-    score_max: float
-    """Highest score."""
-    score_std: float
-    """Population standard deviation of the scores."""
-    fate: Literal["queued", "held", "served", "dropped"]
-    """What became of it: queued, "held" in its env's side buffer, served in a batch, or dropped."""
-    step: int | None
-    """Served: the batch's step. Dropped: the step formed next when it was dropped. Else null."""
-    reason: str | None
-    """Dropped: why (`zero_variance`, `score_range`, `stale`, `side_buffer_expired`). Else null."""
-    decided_at: float | None
-    """Unix time it was served or dropped."""
-    committed: bool | None
-    """Served: whether its batch is acknowledged (trained); null otherwise."""
-    kept: bool
-    """Its payload is retained (`retain_steps`, `retain_bytes`)."""
     data: BatchGroup | None = None
     """With `?data=true` and a retained payload: the group as GET /batch serves it."""
+
+
+GROUP_FIELDS = tuple(LedgerGroupReply.model_fields)
+"""The reply's fields, in the order GET /ledger writes them (`api.ledger.group_view`)."""
 
 
 class LedgerGroupsReply(_Wire):

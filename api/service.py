@@ -352,7 +352,7 @@ class Service:
 
     async def _sweep(self) -> None:
         try:
-            if not await self.store.read(lambda txn: bool(txn.held_counts())):
+            if not await self.store.read(lambda txn: bool(txn.held.counts())):
                 return  # the common case: nothing held, nothing written
             n = await self.store.transact(
                 lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, self.books)
@@ -578,7 +578,7 @@ class Service:
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
             blocked = state.load_blocked(txn)
-            reply = env_status(run, env, txn.counts(), txn.held_counts(), self.limits, blocked)
+            reply = env_status(run, env, txn.counts(), txn.held.counts(), self.limits, blocked)
             weights, pending = load_weights_and_pending(txn)
             return reply.model_copy(update={"weights_step": weights, "weights_pending": pending}), run
 

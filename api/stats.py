@@ -200,7 +200,7 @@ def snapshot(
     passed = txn.get_counts(PASSED_OVER)
     holding, released = holds(txn, run, time.time())
     counts = txn.counts()
-    held = txn.held_counts()
+    held = txn.held.counts()
     envs: list[tuple[int, str, float, int, bool, float | None]] = [
         (e.env_id, e.wandb_name, e.weight, e.group_size, e.connected, e.min_batch_allocation) for e in run.envs
     ]

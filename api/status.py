@@ -18,7 +18,7 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
     """/status: the step, what is queued, why no batch can be formed, what was dropped."""
     run = state.load(txn, known)
     total = sum(txn.counts().values(), QueueCounts())
-    held = sum(txn.held_counts().values(), QueueCounts())
+    held = sum(txn.held.counts().values(), QueueCounts())
     kept = state.load_kept(txn, run)
     holding, released = stats.holds(txn, run, time.time())
     return Status(

@@ -79,8 +79,8 @@ def _chunk(txn: Txn, start: int, n: int, seqs: int, tokens: int, rng: np.random.
         ))  # fmt: skip
         payloads.append((gid, payload))
         size += len(payload)
-    txn.ledger_add(rows)
-    txn.keep_payloads(payloads)
+    txn.ledger.add(rows)
+    txn.ledger.keep_payloads(payloads)
     for step in range(start // PER_STEP, (start + n) // PER_STEP):
         ids = [i for i in range(step * PER_STEP, (step + 1) * PER_STEP) if i % 10 != 9]
         by_env: dict[str, int] = {}
@@ -91,7 +91,7 @@ def _chunk(txn: Txn, start: int, n: int, seqs: int, tokens: int, rng: np.random.
         n_seqs = len(ids) * seqs
         row = ledger.step_row(step, now, 0.001, ids, n_seqs, n_seqs * tokens, by_env, by_seqs, {1: len(ids)},
                               committed=True)  # fmt: skip
-        txn.ledger_put_step(row)
+        txn.ledger.put_step(row)
     return size
 
 

@@ -198,7 +198,7 @@ async def _store_costs(url: str, n: int = 400) -> dict[str, float]:
                 item_id = t.next_item_id()
                 t.append(0, QueuedItem(ItemMeta(item_id, 8, 4096, 0), 1, b"x" * 100))
                 start = time.perf_counter()
-                t.ledger_add([group_row(item_id, 0, rec, 100, None, "queued", 1.0)])
+                t.ledger.add([group_row(item_id, 0, rec, 100, None, "queued", 1.0)])
                 ids.append(item_id)
                 return time.perf_counter() - start
 
@@ -208,11 +208,11 @@ async def _store_costs(url: str, n: int = 400) -> dict[str, float]:
 
             def serve(t: Txn, chunk: list[int] = chunk, k: int = k) -> float:
                 start = time.perf_counter()
-                t.ledger_decide(chunk, SERVED, step=k, at=1.0)
-                t.ledger_put_step(
+                t.ledger.decide(chunk, SERVED, step=k, at=1.0)
+                t.ledger.put_step(
                     step_row(k, 1.0, 0.001, chunk, 64, 32768, {"a": 8}, {"a": 64}, {0: 8}, committed=False)
                 )
-                t.ledger_committed(k, k + 1, 2.0)
+                t.ledger.committed(k, k + 1, 2.0)
                 return time.perf_counter() - start
 
             batch.append(await store.transact(serve))

@@ -4,7 +4,7 @@ chunks (`api.export.parquet`), one page of the store and one row group in memory
 Each page is one read transaction (`Store.read`), and its conversion and compression run in a worker thread:
 the export runs beside a live service without holding its event loop or its store. A run being exported goes
 on, so the tables are a walk through the ledger, not one snapshot: a group read as queued in one page may be
-served by the time a later page is read. Group rows are read by ledger id (`ledger_scan`) until a page comes
+served by the time a later page is read. Group rows are read by ledger id (`ledger.scan`) until a page comes
 back short; step rows by step, up to the run's step when the export began.
 """
 
@@ -81,7 +81,7 @@ class Page:
 def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool, max_bytes: int = PAGE_BYTES) -> Page:
     """Up to `limit` group rows after `after_id`; with their `payloads`, only as many rows as hold `max_bytes`
     of them (at least one): the page's memory is bounded by bytes, not rows."""
-    rows = txn.ledger_scan(after_id, limit)
+    rows = txn.ledger.scan(after_id, limit)
     last = len(rows) < limit
     wanted: list[int] = []
     if payloads:
@@ -94,11 +94,11 @@ def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool, max_bytes: 
                 break
             wanted.append(r.id)
             size += r.bytes
-    return Page(rows, [], txn.kept_payloads(wanted) if wanted else {}, state.load(txn), last)
+    return Page(rows, [], txn.ledger.kept_payloads(wanted) if wanted else {}, state.load(txn), last)
 
 
 def read_steps(txn: Txn, first: int, last: int) -> Page:
-    return Page([], txn.ledger_steps(first, last), {}, state.load(txn))
+    return Page([], txn.ledger.steps(first, last), {}, state.load(txn))
 
 
 async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]:

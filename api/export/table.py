@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from api.records import F64, FLOAT_FIELDS, I32, GroupRecord
 from api.store.base import ANON_ENV, DROPPED, SERVED, LedgerGroup, LedgerStep
+from api.store.ledger_contract import GROUP_RECORD
 
 ROW_GROUP_ROWS = 8192
 """Most sequences in one record batch (one Parquet row group)."""
@@ -227,60 +228,49 @@ def sequences_batch(
 # ------------------------------------------------------------------------------------------- ledger tables
 
 
+_ARROW = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
+          "bool": pa.bool_(), "timestamp": TIMESTAMP}  # fmt: skip
+"""The Arrow types a ledger column's `Column.arrow` names."""
+_DERIVED: dict[str, list[pa.Field]] = {
+    "id": [pa.field("group", pa.int64(), nullable=False)],
+    "env_id": [],
+    "group_id": [pa.field("group_id", pa.string()), pa.field("env", pa.string(), nullable=False),
+                 pa.field("env_id", pa.int32())],
+    "step": [pa.field("trained_step", pa.int64()), pa.field("drop_reason", pa.string()),
+             pa.field("dropped_step", pa.int64())],
+    "reason": [],
+}  # fmt: skip
+"""The `groups` columns the export derives from a ledger column (`Column.arrow` None), in its place: the
+group's ledger id is `group`, its env's name follows its group id, `step` and `reason` split by fate."""
+
+
 def groups_schema() -> pa.Schema:
-    """The `groups` table: the ledger's row of every group, kept payload or not."""
-    return pa.schema(
-        [
-            pa.field("group", pa.int64(), nullable=False),
-            pa.field("group_id", pa.string()),
-            pa.field("env", pa.string(), nullable=False),
-            pa.field("env_id", pa.int32()),
-            pa.field("handler", pa.string()),
-            pa.field("producer_id", pa.string()),
-            pa.field("acked_at", TIMESTAMP, nullable=False),
-            pa.field("policy_step", pa.int64(), nullable=False),
-            pa.field("seqs", pa.int32(), nullable=False),
-            pa.field("tokens", pa.int64(), nullable=False),
-            pa.field("bytes", pa.int64(), nullable=False),
-            pa.field("score_mean", pa.float64(), nullable=False),
-            pa.field("score_min", pa.float64(), nullable=False),
-            pa.field("score_max", pa.float64(), nullable=False),
-            pa.field("score_std", pa.float64(), nullable=False),
-            pa.field("fate", pa.string(), nullable=False),
-            pa.field("trained_step", pa.int64()),
-            pa.field("drop_reason", pa.string()),
-            pa.field("dropped_step", pa.int64()),
-            pa.field("decided_at", TIMESTAMP),
-            pa.field("kept", pa.bool_(), nullable=False),
-        ]
-    )
+    """The `groups` table: the ledger's row of every group, kept payload or not; its columns are the ledger's
+    (api/store/ledger_contract.py `LedgerGroup`), in their order."""
+    out: list[pa.Field] = []
+    for c in GROUP_RECORD:
+        out += _DERIVED[c.name] if c.arrow is None else [pa.field(c.name, _ARROW[c.arrow], nullable=c.nullable)]
+    return pa.schema(out)
+
+
+_COPIED = tuple((c.name, c.arrow == "timestamp") for c in GROUP_RECORD if c.arrow is not None)
 
 
 def group_row(row: LedgerGroup, env: str) -> dict[str, Any]:
     f = fate_of(row, env)
-    return {
+    out: dict[str, Any] = {
         "group": row.id,
         "group_id": row.group_id,
         "env": env,
         "env_id": f.env_id,
-        "handler": row.handler,
-        "producer_id": row.producer_id,
-        "acked_at": _micros(row.acked_at),
-        "policy_step": row.policy_step,
-        "seqs": row.seqs,
-        "tokens": row.tokens,
-        "bytes": row.bytes,
-        "score_mean": row.score_mean,
-        "score_min": row.score_min,
-        "score_max": row.score_max,
-        "score_std": row.score_std,
-        "fate": row.fate,
         "trained_step": f.trained_step,
         "drop_reason": f.drop_reason,
         "dropped_step": f.dropped_step,
-        "decided_at": _micros(row.decided_at),
-        "kept": row.kept,
     }
+    for name, timestamp in _COPIED:
+        value = getattr(row, name)
+        out[name] = _micros(value) if timestamp else value
+    return out
 
 
 _BY_ENV = pa.list_(

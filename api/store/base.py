@@ -16,6 +16,17 @@ from typing import TypeVar
 
 from api.errors import Unavailable
 from api.items import ItemMeta
+from api.store.ledger_contract import (
+    DROPPED,
+    FATES,
+    HELD,
+    QUEUED,
+    SERVED,
+    KeptPayload,
+    LedgerGroup,
+    LedgerStep,
+    LedgerTxn,
+)
 
 T = TypeVar("T")
 
@@ -28,10 +39,12 @@ __all__ = [
     "SERVED",
     "HeldGroup",
     "HeldMeta",
+    "HeldTxn",
     "ItemMeta",
     "KeptPayload",
     "LedgerGroup",
     "LedgerStep",
+    "LedgerTxn",
     "QueueCounts",
     "QueuedItem",
     "Store",
@@ -122,84 +135,27 @@ class QueueCounts:
         )
 
 
-QUEUED = "queued"
-HELD = "held"
-"""In its env's side buffer (`side-buffered`)."""
-SERVED = "served"
-DROPPED = "dropped"
-FATES = (QUEUED, HELD, SERVED, DROPPED)
-"""A group's fate in the ledger: queued and held are open (they change), served and dropped are final."""
+class HeldTxn(ABC):
+    """The side buffers inside one transaction (`txn.held`): groups held per env until they add up to its group
+    size (bounded by the service)."""
 
+    @abstractmethod
+    def add(self, env_id: int, group: HeldGroup) -> None:
+        """Hold `group` in env_id's side buffer. Costs the group, not what the buffer holds."""
 
-@dataclass(frozen=True, slots=True)
-class LedgerGroup:
-    """The ledger's row for one acknowledged group (docs/ledger.md): written in the transaction that
-    acknowledged it, and changed only in the transaction that decided its fate."""
+    @abstractmethod
+    def groups(self, env_id: int) -> list[HeldMeta]:
+        """env_id's held groups, oldest first, without payloads."""
 
-    id: int
-    """The item id the group is stored under (`next_item_id`): a group released from a side buffer is queued
-    under a new id, and its row moves with it (`ledger_requeue`), so one group is always one row."""
-    env_id: int
-    """ANON_ENV for groups posted with `env_id: null`."""
-    group_id: str | None
-    """The handler's group id, as sent."""
-    handler: str | None
-    """The API key that sent it (its name), when the service knows it: None without auth."""
-    acked_at: float
-    """Wall-clock seconds when it was acknowledged."""
-    policy_step: int
-    seqs: int
-    tokens: int
-    bytes: int
-    """Payload bytes as stored (what keeping it costs)."""
-    score_mean: float
-    score_min: float
-    score_max: float
-    score_std: float
-    """Population standard deviation of its sequences' scores (0 for one sequence)."""
-    fate: str
-    """One of FATES."""
-    step: int | None = None
-    """Served: the batch's step. Dropped: the step to be formed next when it was dropped. Else None."""
-    reason: str | None = None
-    """Dropped: why (a filter's name, `stale`, `side_buffer_expired`). Else None."""
-    decided_at: float | None = None
-    """Wall-clock seconds of the served or dropped decision."""
-    kept: bool = False
-    """Its payload is retained past its fate (retention): readable with `kept_payloads` until pruned."""
-    producer_id: str | None = None
-    """The producer that made it (the group's `producer_id`, a rollbuf extension: its heartbeat id), if sent."""
+    @abstractmethod
+    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
+        """Remove these held groups of env_id and return them, with payloads, in the order asked for; KeyError
+        (and nothing removed) if one of them is not held there."""
 
-
-@dataclass(frozen=True, slots=True)
-class LedgerStep:
-    """The ledger's row for one formed batch: written in the transaction that formed it."""
-
-    step: int
-    formed_at: float
-    formation_s: float
-    """Seconds batch formation took (inside the transaction)."""
-    group_ids: tuple[int, ...]
-    """Ledger ids (`LedgerGroup.id`) of its groups, in the order the batch holds them: any rank's share is
-    `api.sharding.rank_share` of the batch in this order (shares are cut on reads, not recorded: docs/ledger.md)."""
-    seqs: int
-    tokens: int
-    groups_by_env: dict[str, int]
-    """Groups per env name (`wandb_name`)."""
-    seqs_by_env: dict[str, int]
-    staleness: dict[int, int]
-    """Groups by staleness (the step minus the group's policy step)."""
-    committed_at: float | None = None
-    """When the batch was acknowledged (commit, or asking for a later step); None while it is not."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeptPayload:
-    """A retained payload's place in the retention order (`kept_oldest`)."""
-
-    id: int
-    step: int
-    bytes: int
+    @abstractmethod
+    def counts(self) -> dict[int, QueueCounts]:
+        """Held groups (as items and groups), sequences, tokens and payload bytes per env (envs holding nothing
+        may be absent). Kept incrementally: O(envs), not O(held groups)."""
 
 
 class Txn(ABC):
@@ -207,8 +163,12 @@ class Txn(ABC):
 
     Every method may be called any number of times; writes are visible to later reads of the same
     transaction. Nothing a transaction wrote is visible to others or survives a crash unless the
-    transaction function returned normally.
+    transaction function returned normally. The side buffers and the ledger are concerns of their own, behind
+    `held` and `ledger`: each backend supplies them as objects sharing this transaction.
     """
+
+    held: HeldTxn
+    ledger: LedgerTxn
 
     # --- small named values: run config, step, scheduler credits, counters (JSON text) ---
     @abstractmethod
@@ -238,32 +198,13 @@ class Txn(ABC):
 
         With `keep_for=N` their payloads stay in the store for batch N (`put_batch`) until
         `drop_batches_before` passes N: a kept batch refers to payloads, it never copies them.
-        With `retain` (and no `keep_for`), their payloads stay as retained payloads (`kept_payloads`), under
-        their item ids, until `prune_payloads`: no copy either."""
+        With `retain` (and no `keep_for`), their payloads stay as retained payloads (`ledger.kept_payloads`), under
+        their item ids, until `ledger.prune_payloads`: no copy either."""
 
     @abstractmethod
     def counts(self) -> dict[int, QueueCounts]:
         """Queued items, groups, sequences, tokens and payload bytes per env (envs with nothing queued may be absent).
         Kept incrementally: O(envs), not O(queue)."""
-
-    # --- the side buffer: groups held per env until they add up to its group size (bounded by the service) ---
-    @abstractmethod
-    def hold(self, env_id: int, group: HeldGroup) -> None:
-        """Hold `group` in env_id's side buffer. Costs the group, not what the buffer holds."""
-
-    @abstractmethod
-    def held(self, env_id: int) -> list[HeldMeta]:
-        """env_id's held groups, oldest first, without payloads."""
-
-    @abstractmethod
-    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
-        """Remove these held groups of env_id and return them, with payloads, in the order asked for; KeyError
-        (and nothing removed) if one of them is not held there."""
-
-    @abstractmethod
-    def held_counts(self) -> dict[int, QueueCounts]:
-        """Held groups (as items and groups), sequences, tokens and payload bytes per env (envs holding nothing
-        may be absent). Kept incrementally: O(envs), not O(held groups)."""
 
     # --- envs: one record per env, each with the version of the change that last wrote it ---
     @abstractmethod
@@ -307,87 +248,7 @@ class Txn(ABC):
     @abstractmethod
     def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
         """Forget every batch before `step`, and the payloads kept for them; with `retain`, those payloads stay
-        as retained payloads (`kept_payloads`) until `prune_payloads`."""
-
-    # --- the ledger (docs/ledger.md): one row per acknowledged group, one per formed batch ---
-    # Every write lands in the same transaction as the decision it records: a row is never ahead of or behind
-    # the queue. Ledger rows of ids that are absent (pruned) are skipped by every update, never an error.
-    @abstractmethod
-    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
-        """Add rows for newly acknowledged groups (ids not in the ledger). Costs the rows."""
-
-    @abstractmethod
-    def ledger_decide(
-        self,
-        ids: Sequence[int],
-        fate: str,
-        *,
-        step: int | None = None,
-        reason: str | None = None,
-        at: float | None = None,
-        kept: bool = False,
-    ) -> None:
-        """Set these rows' fate, `step`, `reason`, `decided_at=at` and `kept`. Costs the rows (id lookups)."""
-
-    @abstractmethod
-    def ledger_requeue(self, old_id: int, new_id: int) -> None:
-        """A held group released into its queue under `new_id`: its row moves to that id, fate QUEUED."""
-
-    @abstractmethod
-    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
-        """The rows of these ids that exist, in the order asked for."""
-
-    @abstractmethod
-    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
-        """Rows whose `group_id` is this one (one per env that used it, or more), by id. Costs those rows."""
-
-    @abstractmethod
-    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
-        """Up to `limit` rows with id above `after_id`, by id: page through the ledger (the export) at a cost of
-        the page, not the ledger."""
-
-    @abstractmethod
-    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
-        """Up to `limit` rows of dropped groups whose `step` is in [first_step, last_step], by step then id: what
-        the drop-bias monitor compares with the groups trained. Costs the rows returned (an index on dropped
-        rows only: the write cost lands on drops, not on every group)."""
-
-    @abstractmethod
-    def ledger_put_step(self, row: LedgerStep) -> None:
-        """Write a formed batch's row (replacing one of the same step: a reset run forms step N again)."""
-
-    @abstractmethod
-    def ledger_committed(self, first: int, before: int, at: float) -> None:
-        """Mark the step rows in [first, before) not marked yet as committed at `at`. Costs that range."""
-
-    @abstractmethod
-    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
-        """Step rows in [first, last], by step."""
-
-    @abstractmethod
-    def ledger_prune(self, below_id: int, below_step: int) -> int:
-        """Forget group rows with id below `below_id` whose fate is final (served, dropped) and whose payload is
-        not retained (`kept`), and step rows below `below_step`; the group rows forgotten. Costs the rows below
-        `below_id`, not the ledger."""
-
-    # --- retained payloads (retention, docs/ledger.md): payloads of served and dropped groups, by ledger id ---
-    @abstractmethod
-    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
-        """Retain payloads of groups that are not stored otherwise (dropped at ingest, expired when held)."""
-
-    @abstractmethod
-    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
-        """The retained payloads of these ids (absent ones left out); also payloads of kept batches."""
-
-    @abstractmethod
-    def kept_oldest(self, limit: int) -> list[KeptPayload]:
-        """Up to `limit` retained payloads, oldest step first (then id), from the ledger rows marked `kept`:
-        what retention prunes first. Costs the rows returned."""
-
-    @abstractmethod
-    def prune_payloads(self, ids: Sequence[int]) -> None:
-        """Forget these retained payloads and unmark their rows' `kept`. The caller never names one that is
-        queued or in a kept batch."""
+        as retained payloads (`ledger.kept_payloads`) until `ledger.prune_payloads`."""
 
     # --- everything ---
     @abstractmethod

@@ -1,22 +1,22 @@
 """How the SQL stores write the ledger's rows (`LedgerGroup`, `LedgerStep`) as columns and read them back: one
-layout for SQLite and PostgreSQL, so both answer the contract alike."""
+layout for SQLite and PostgreSQL, so both answer the contract alike. The group columns, their conversions and
+the ledger table's definition are derived from `LedgerGroup`'s declaration (`GROUP_RECORD`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import orjson
 
-from api.store.base import LedgerGroup, LedgerStep
+from api.store.ledger_contract import GROUP_RECORD, Column, LedgerGroup, LedgerStep
 
 _I64 = np.dtype("<i8")
 
-GROUP_COLUMNS = (
-    "id, env_id, group_id, handler, acked_at, policy_step, seqs, tokens, bytes, score_mean, score_min, score_max, "
-    "score_std, fate, step, reason, decided_at, kept, producer_id"
-)
+Dialect = Literal["sqlite", "postgres"]
+
+GROUP_COLUMNS = ", ".join(c.name for c in GROUP_RECORD)
 STEP_COLUMNS = (
     "step, formed_at, formation_s, group_ids, seqs, tokens, groups_by_env, seqs_by_env, staleness, committed_at"
 )
@@ -28,37 +28,83 @@ def gid_bytes(group_id: str | None) -> bytes | None:
     return None if group_id is None else group_id.encode("utf-8", "surrogatepass")
 
 
-def group_values(r: LedgerGroup) -> tuple[Any, ...]:
-    """The columns of GROUP_COLUMNS, in order."""
-    return (
-        r.id, r.env_id, gid_bytes(r.group_id), r.handler, r.acked_at, r.policy_step, r.seqs, r.tokens, r.bytes,
-        r.score_mean, r.score_min, r.score_max, r.score_std, r.fate, r.step, r.reason, r.decided_at, bool(r.kept),
-        r.producer_id,
-    )  # fmt: skip
+def _gid_text(gid: Any) -> str | None:
+    return None if gid is None else bytes(gid).decode("utf-8", "surrogatepass")
 
 
-def group_of(row: Sequence[Any]) -> LedgerGroup:
-    gid = row[2]
-    return LedgerGroup(
-        id=int(row[0]),
-        env_id=int(row[1]),
-        group_id=None if gid is None else bytes(gid).decode("utf-8", "surrogatepass"),
-        handler=row[3],
-        acked_at=float(row[4]),
-        policy_step=int(row[5]),
-        seqs=int(row[6]),
-        tokens=int(row[7]),
-        bytes=int(row[8]),
-        score_mean=float(row[9]),
-        score_min=float(row[10]),
-        score_max=float(row[11]),
-        score_std=float(row[12]),
-        fate=str(row[13]),
-        step=None if row[14] is None else int(row[14]),
-        reason=row[15],
-        decided_at=None if row[16] is None else float(row[16]),
-        kept=bool(row[17]),
-        producer_id=row[18],
+def _read(c: Column, k: int) -> str:
+    """The expression that turns column k of a row into the field's value."""
+    if c.name == "group_id":
+        return f"_gid_text(row[{k}])"
+    if c.name == "kept":
+        return f"bool(row[{k}])"
+    convert = {"INTEGER": "int", "REAL": "float"}.get(c.sqlite.split()[0])
+    if convert is None:
+        return f"row[{k}]"
+    return f"None if row[{k}] is None else {convert}(row[{k}])" if c.nullable else f"{convert}(row[{k}])"
+
+
+def _write(c: Column) -> str:
+    """The expression that turns the field of row `r` into its column's value."""
+    return {"group_id": "gid_bytes(r.group_id)", "kept": "bool(r.kept)"}.get(c.name, f"r.{c.name}")
+
+
+def _compiled() -> tuple[Callable[[LedgerGroup], tuple[Any, ...]], Callable[[Sequence[Any]], LedgerGroup]]:
+    """`group_values` and `group_of`, written out from the declaration as plain expressions: they run once per
+    row stored or read (the ingest path, the export's pages), where a loop over the columns would cost twice."""
+    values = ", ".join(_write(c) for c in GROUP_RECORD)
+    fields = ", ".join(f"{c.name}={_read(c, k)}" for k, c in enumerate(GROUP_RECORD))
+    source = f"def group_values(r):\n    return ({values},)\ndef group_of(row):\n    return LedgerGroup({fields})\n"
+    scope: dict[str, Any] = {"LedgerGroup": LedgerGroup, "gid_bytes": gid_bytes, "_gid_text": _gid_text}
+    exec(compile(source, "<ledger_rows>", "exec"), scope)  # noqa: S102 - our own text, from the declaration
+    return scope["group_values"], scope["group_of"]
+
+
+group_values, group_of = _compiled()
+"""`group_values(r)`: the columns of GROUP_COLUMNS, in order; `group_of(row)`: a row read as GROUP_COLUMNS."""
+
+
+def column_type(c: Column, dialect: Dialect) -> str:
+    """The column's type alone (no constraints): `INTEGER`, `double precision`, ..."""
+    decl = c.sqlite if dialect == "sqlite" else c.postgres
+    for constraint in (" NOT NULL", " PRIMARY KEY", " DEFAULT"):
+        decl = decl.split(constraint)[0]
+    return decl
+
+
+PG_ARRAYS = {"bigint": "int8", "double precision": "float8", "bytea": "bytea", "text": "text", "boolean": "bool"}
+"""The array element type PostgreSQL's bulk insert (unnest) casts each column type's values to."""
+
+
+def pg_unnest() -> str:
+    """`unnest(...)` of one array per group column, cast to its type: PostgreSQL inserts many rows at once."""
+    return "unnest(" + ", ".join(f"%b::{PG_ARRAYS[column_type(c, 'postgres')]}[]" for c in GROUP_RECORD) + ")"
+
+
+def _table(dialect: Dialect) -> str:
+    return "ledger" if dialect == "sqlite" else "{s}.ledger"
+
+
+def _definition(c: Column, dialect: Dialect) -> str:
+    return f"{c.name} {c.sqlite if dialect == 'sqlite' else c.postgres}"
+
+
+def ledger_columns(dialect: Dialect) -> list[str]:
+    """The group columns' definitions in the order the table holds them (by the change that added each)."""
+    ordered = sorted(GROUP_RECORD, key=lambda c: c.added)  # stable: fields' order within one change
+    return [_definition(c, dialect) for c in ordered]
+
+
+def ledger_ddl(dialect: Dialect) -> str:
+    """CREATE TABLE of the ledger as its first layout declared it (the columns of change 0)."""
+    cols = ", ".join(_definition(c, dialect) for c in GROUP_RECORD if c.added == 0)
+    return f"CREATE TABLE {_table(dialect)} ({cols})"
+
+
+def ledger_added(dialect: Dialect, added: int) -> tuple[str, ...]:
+    """The ALTER TABLE statements of change `added` (> 0): a migration step adding those columns."""
+    return tuple(
+        f"ALTER TABLE {_table(dialect)} ADD COLUMN {_definition(c, dialect)}" for c in GROUP_RECORD if c.added == added
     )
 
 

@@ -106,7 +106,7 @@ async def test_without_retention_no_payload_outlives_its_batch(settings: Setting
         await c.get("/batch", params={"step": 1})
         assert [(await row(c, g))["kept"] for g in ("A0", "Z")] == [False, False]
         ids = [(await row(c, g))["id"] for g in ("A0", "A1", "Z")]
-        assert await service.store.read(lambda t: t.kept_payloads(ids)) == {}
+        assert await service.store.read(lambda t: t.ledger.kept_payloads(ids)) == {}
         assert await retained_bytes(service) == 0
 
 
@@ -134,7 +134,7 @@ async def test_with_the_ledger_off_nothing_is_written(settings: Settings) -> Non
         assert len((await c.get("/batch", params={"step": 0})).json()["batch"]) == 2
         assert (await c.get("/ledger/groups/A0")).status_code == 404
         assert (await c.get("/ledger/steps/0")).status_code == 404
-        assert await service.store.read(lambda t: t.ledger_scan(-1, 10)) == []
+        assert await service.store.read(lambda t: t.ledger.scan(-1, 10)) == []
 
 
 async def test_retention_turned_off_lets_go_of_what_it_kept(settings: Settings) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,15 +12,9 @@ from hypothesis import strategies as st
 
 from api.store import Store, make_store
 from api.store.base import (
-    DROPPED,
-    HELD,
-    QUEUED,
-    SERVED,
     HeldGroup,
     HeldMeta,
     ItemMeta,
-    LedgerGroup,
-    LedgerStep,
     QueueCounts,
     QueuedItem,
     Txn,
@@ -88,7 +81,7 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
         txn.pop(0, [ids[1]])
         txn.pop(0, [ids[2]], keep_for=3)
         txn.set_value("k", "v")
-        txn.hold(0, HeldGroup(ItemMeta(txn.next_item_id(), 2, 20, 0), 1.0, b"x"))
+        txn.held.add(0, HeldGroup(ItemMeta(txn.next_item_id(), 2, 20, 0), 1.0, b"x"))
         txn.put_reply("key", "reply")
         txn.put_batch(3, b"batch", [ids[2]])
         txn.put_env(0, "math", 1, "{}")
@@ -103,7 +96,8 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     def snapshot(t: Txn) -> tuple[object, ...]:
         return (
             [m.item_id for m in t.head(0)], list(t.head(7)), t.counts(), t.get_value("k"), t.get_value("after-clear"),
-            t.held(0), t.held_counts(), t.get_reply("key"), t.get_batch(3), t.envs_since(-1), t.get_counts("received"),
+            t.held.groups(0), t.held.counts(), t.get_reply("key"), t.get_batch(3), t.envs_since(-1),
+            t.get_counts("received"),
         )  # fmt: skip
 
     counts = {0: QueueCounts(3, 3, 12, 120, size(ids))}
@@ -133,39 +127,39 @@ async def test_held_groups_are_rows_counted_apart_from_the_queue(store: Store) -
         ids = []
         for seqs, payload in [(2, b"aa"), (1, b"b"), (3, b"ccc")]:
             meta = ItemMeta(t.next_item_id(), seqs, 10 * seqs, 5)
-            t.hold(3, HeldGroup(meta, 100.0 + seqs, payload))
+            t.held.add(3, HeldGroup(meta, 100.0 + seqs, payload))
             ids.append(meta.item_id)
-        t.hold(4, HeldGroup(ItemMeta(t.next_item_id(), 1, 7, 6), 50.0, b"d"))
+        t.held.add(4, HeldGroup(ItemMeta(t.next_item_id(), 1, 7, 6), 50.0, b"d"))
         return ids
 
     ids = await store.transact(hold)
-    held = await store.transact(lambda t: t.held(3))
+    held = await store.transact(lambda t: t.held.groups(3))
     assert held == [
         HeldMeta(ItemMeta(ids[0], 2, 20, 5), 102.0, 2),
         HeldMeta(ItemMeta(ids[1], 1, 10, 5), 101.0, 1),
         HeldMeta(ItemMeta(ids[2], 3, 30, 5), 103.0, 3),
     ]
-    counts, held_counts = await store.transact(lambda t: (t.counts(), t.held_counts()))
+    counts, held_counts = await store.transact(lambda t: (t.counts(), t.held.counts()))
     assert counts == {3: QueueCounts(1, 1, 4, 40, size(queued))}
     assert held_counts == {3: QueueCounts(3, 3, 6, 60, 6), 4: QueueCounts(1, 1, 1, 7, 1)}
 
     def release_missing(t: Txn) -> None:
         with pytest.raises(KeyError):
-            t.release(3, [ids[0], 999_999])
+            t.held.release(3, [ids[0], 999_999])
 
     await store.transact(release_missing)  # caught inside: nothing was released
-    assert len(await store.transact(lambda t: t.held(3))) == 3
-    out = await store.transact(lambda t: t.release(3, [ids[2], ids[0]]))
+    assert len(await store.transact(lambda t: t.held.groups(3))) == 3
+    out = await store.transact(lambda t: t.held.release(3, [ids[2], ids[0]]))
     assert [(g.meta.item_id, g.payload, g.held_at) for g in out] == [(ids[2], b"ccc", 103.0), (ids[0], b"aa", 102.0)]
-    assert [h.meta.item_id for h in await store.transact(lambda t: t.held(3))] == [ids[1]]
-    assert await store.transact(lambda t: t.held_counts()) == {
+    assert [h.meta.item_id for h in await store.transact(lambda t: t.held.groups(3))] == [ids[1]]
+    assert await store.transact(lambda t: t.held.counts()) == {
         3: QueueCounts(1, 1, 1, 10, 1),
         4: QueueCounts(1, 1, 1, 7, 1),
     }
-    await store.transact(lambda t: t.release(3, [ids[1]]))
-    assert await store.transact(lambda t: (t.held(3), t.held_counts())) == ([], {4: QueueCounts(1, 1, 1, 7, 1)})
+    await store.transact(lambda t: t.held.release(3, [ids[1]]))
+    assert await store.transact(lambda t: (t.held.groups(3), t.held.counts())) == ([], {4: QueueCounts(1, 1, 1, 7, 1)})
     await store.transact(lambda t: t.clear())
-    assert await store.transact(lambda t: (t.held(4), t.held_counts())) == ([], {})
+    assert await store.transact(lambda t: (t.held.groups(4), t.held.counts())) == ([], {})
 
 
 async def test_envs_are_read_as_far_as_they_changed(store: Store) -> None:
@@ -427,168 +421,3 @@ async def test_announced_replies_with_any_key(store: Store, keys: list[str]) -> 
     await store.transact(lambda t: [t.put_reply(k, f"reply {i}") for i, k in enumerate(keys[::2])])
     got = await store.transact(lambda t: [t.get_reply(k) for k in keys], replies=keys)
     assert got == [f"reply {i // 2}" if i % 2 == 0 else None for i in range(len(keys))]
-
-
-# --------------------------------------------------------------------------------------------- the ledger
-
-
-def ledger_row(
-    item_id: int, *, env_id: int = 0, group_id: str | None = None, fate: str = QUEUED, producer_id: str | None = None
-) -> LedgerGroup:
-    return LedgerGroup(
-        id=item_id, env_id=env_id, group_id=group_id, handler="h", acked_at=100.0 + item_id, policy_step=3,
-        seqs=4, tokens=40, bytes=len(f"payload-{item_id}"), score_mean=0.5, score_min=0.0, score_max=1.0,
-        score_std=0.5, fate=fate, producer_id=producer_id,
-    )  # fmt: skip
-
-
-async def queued_with_rows(
-    store: Store, n: int, group_ids: list[str | None] | None = None, producers: list[str | None] | None = None
-) -> list[int]:
-    """Queue n items on env 0 with their ledger rows, in one transaction (as ingest does)."""
-
-    def fn(txn: Txn) -> list[int]:
-        ids = []
-        rows = []
-        for k in range(n):
-            it = item(txn)
-            txn.append(0, it)
-            ids.append(it.meta.item_id)
-            gid, producer = None if group_ids is None else group_ids[k], None if producers is None else producers[k]
-            rows.append(ledger_row(it.meta.item_id, group_id=gid, producer_id=producer))
-        txn.ledger_add(rows)
-        return ids
-
-    return await store.transact(fn)
-
-
-async def test_ledger_rows_are_written_and_decided_with_their_transaction(store: Store) -> None:
-    ids = await queued_with_rows(store, 4, ["g0", "g\x00nul", None, "g0"])
-    rows = await store.read(lambda t: t.ledger_groups([ids[2], ids[0], 10**9]))
-    assert rows == [ledger_row(ids[2]), ledger_row(ids[0], group_id="g0")]
-
-    def serve(txn: Txn) -> None:
-        txn.pop(0, ids[:2], keep_for=7)
-        txn.ledger_decide(ids[:2], SERVED, step=7, at=5.0)
-        txn.ledger_decide([10**9], DROPPED, reason="nothing there")  # absent: skipped
-        txn.ledger_put_step(LedgerStep(7, 5.0, 0.01, (ids[1], ids[0]), 8, 80, {"math": 2}, {"math": 8}, {0: 1, 4: 1}))
-        raise RuntimeError("rolled back")
-
-    with pytest.raises(RuntimeError):
-        await store.transact(serve)
-    assert [r.fate for r in await store.read(lambda t: t.ledger_groups(ids))] == [QUEUED] * 4
-    assert await store.read(lambda t: t.ledger_steps(0, 100)) == []
-
-    def serve_for_real(txn: Txn) -> None:
-        txn.pop(0, ids[:2], keep_for=7)
-        txn.ledger_decide(ids[:2], SERVED, step=7, at=5.0)
-        txn.ledger_put_step(LedgerStep(7, 5.0, 0.01, (ids[1], ids[0]), 8, 80, {"math": 2}, {"math": 8}, {0: 1, 4: 1}))
-        txn.pop(0, [ids[2]])
-        txn.ledger_decide([ids[2]], DROPPED, step=7, reason="stale", at=6.0)
-
-    await store.transact(serve_for_real)
-    got = {r.id: r for r in await store.read(lambda t: t.ledger_groups(ids))}
-    assert (got[ids[0]].fate, got[ids[0]].step, got[ids[0]].decided_at) == (SERVED, 7, 5.0)
-    assert (got[ids[2]].fate, got[ids[2]].reason, got[ids[2]].step) == (DROPPED, "stale", 7)
-    assert got[ids[3]].fate == QUEUED
-    assert [r.id for r in await store.read(lambda t: t.ledger_named("g0"))] == [ids[0], ids[3]]
-    assert [r.id for r in await store.read(lambda t: t.ledger_named("g\x00nul"))] == [ids[1]]
-    assert await store.read(lambda t: t.ledger_named("nope")) == []
-    (step,) = await store.read(lambda t: t.ledger_steps(7, 7))
-    assert step == LedgerStep(7, 5.0, 0.01, (ids[1], ids[0]), 8, 80, {"math": 2}, {"math": 8}, {0: 1, 4: 1})
-    await store.transact(lambda t: t.ledger_committed(0, 7, 9.0))
-    assert (await store.read(lambda t: t.ledger_steps(7, 7)))[0].committed_at is None
-    await store.transact(lambda t: t.ledger_committed(7, 8, 9.0))
-    await store.transact(lambda t: t.ledger_committed(7, 8, 10.0))  # marked once
-    assert (await store.read(lambda t: t.ledger_steps(0, 10)))[0].committed_at == 9.0
-
-
-async def test_ledger_rows_keep_the_producer_that_made_each_group(store: Store) -> None:
-    ids = await queued_with_rows(store, 3, producers=["host-1-a1b2c3", None, "h\u00e9te 2"])
-    assert [r.producer_id for r in await store.read(lambda t: t.ledger_groups(ids))] == [
-        "host-1-a1b2c3", None, "h\u00e9te 2"]  # fmt: skip
-
-    def serve(txn: Txn) -> None:
-        txn.pop(0, ids[:2], keep_for=1)
-        txn.ledger_decide(ids[:2], SERVED, step=1, at=5.0)
-
-    await store.transact(serve)
-    got = {r.id: r for r in await store.read(lambda t: t.ledger_scan(-1, 10))}
-    assert got[ids[0]] == replace(ledger_row(ids[0], producer_id="host-1-a1b2c3"), fate=SERVED, step=1, decided_at=5.0)
-    assert (got[ids[1]].producer_id, got[ids[2]].producer_id) == (None, "h\u00e9te 2")
-
-
-async def test_ledger_scan_pages_by_id(store: Store) -> None:
-    ids = await queued_with_rows(store, 7)
-    more = await queued_with_rows(store, 3)  # another transaction: on PostgreSQL, maybe the same group
-    seen: list[int] = []
-    after = -1
-    while page := await store.read(lambda t, after=after: t.ledger_scan(after, 3)):  # type: ignore[misc]
-        assert len(page) <= 3
-        seen += [r.id for r in page]
-        after = page[-1].id
-    assert seen == ids + more
-
-
-async def test_a_released_groups_row_moves_to_its_queue_id(store: Store) -> None:
-    def hold(txn: Txn) -> int:
-        meta = ItemMeta(txn.next_item_id(), 2, 20, 0)
-        txn.hold(0, HeldGroup(meta, 1.0, b"held"))
-        txn.ledger_add([ledger_row(meta.item_id, fate=HELD)])
-        return meta.item_id
-
-    held_id = await store.transact(hold)
-
-    def release(txn: Txn) -> int:
-        (g,) = txn.release(0, [held_id])
-        new = ItemMeta(txn.next_item_id(), g.meta.seqs, g.meta.tokens, g.meta.policy_step)
-        txn.append(0, QueuedItem(new, 1, g.payload))
-        txn.ledger_requeue(held_id, new.item_id)
-        return new.item_id
-
-    new_id = await store.transact(release)
-    assert await store.read(lambda t: t.ledger_groups([held_id])) == []
-    (row,) = await store.read(lambda t: t.ledger_groups([new_id]))
-    assert (row.id, row.fate, row.acked_at) == (new_id, QUEUED, 100.0 + held_id)
-
-
-async def test_retained_payloads_outlive_their_queue_and_batch_until_pruned(store: Store) -> None:
-    ids = await queued_with_rows(store, 4)
-
-    def decide(txn: Txn) -> None:
-        txn.pop(0, [ids[0]], keep_for=1)
-        txn.put_batch(1, b"batch-1", [ids[0]])
-        txn.ledger_decide([ids[0]], SERVED, step=1, at=1.0, kept=True)
-        txn.pop(0, [ids[1]], retain=True)
-        txn.ledger_decide([ids[1]], DROPPED, step=1, reason="stale", at=1.0, kept=True)
-        txn.pop(0, [ids[2]])  # not retained
-        txn.ledger_decide([ids[2]], SERVED, step=2, at=1.0)
-        dropped = txn.next_item_id()
-        txn.ledger_add([ledger_row(dropped)])
-        txn.ledger_decide([dropped], DROPPED, step=3, reason="zero_variance", at=1.0, kept=True)
-        txn.keep_payloads([(dropped, b"dropped-at-ingest")])
-
-    await store.transact(decide)
-    await store.transact(lambda t: t.drop_batches_before(2, retain=True))
-    assert await store.read(lambda t: t.get_batch(1)) is None
-    kept = await store.read(lambda t: t.kept_payloads([*ids[:3], ids[3] + 1]))
-    assert kept == {
-        ids[0]: f"payload-{ids[0]}".encode(),
-        ids[1]: f"payload-{ids[1]}".encode(),
-        ids[3] + 1: b"dropped-at-ingest",
-    }
-    oldest = await store.read(lambda t: t.kept_oldest(10))
-    assert [(k.id, k.step) for k in oldest] == [(ids[0], 1), (ids[1], 1), (ids[3] + 1, 3)]
-    assert oldest[0].bytes == len(f"payload-{ids[0]}")
-    # the ledger's own pruning leaves rows whose payload is retained, and open fates
-    assert await store.transact(lambda t: t.ledger_prune(10**9, 10**9)) == 1  # ids[2]: served, not kept
-    await store.transact(lambda t: t.prune_payloads([ids[0], ids[3] + 1]))
-    assert await store.read(lambda t: t.kept_payloads([ids[0], ids[1], ids[3] + 1])) == {
-        ids[1]: f"payload-{ids[1]}".encode()
-    }
-    assert [k.id for k in await store.read(lambda t: t.kept_oldest(10))] == [ids[1]]
-    assert await store.transact(lambda t: t.ledger_prune(10**9, 10**9)) == 2
-    assert [r.id for r in await store.read(lambda t: t.ledger_scan(-1, 10))] == [ids[1], ids[3]]
-    await store.transact(lambda t: t.clear())
-    assert await store.read(lambda t: t.ledger_scan(-1, 10)) == []
-    assert await store.read(lambda t: t.kept_payloads([ids[1]])) == {}

@@ -8,14 +8,14 @@ from dataclasses import replace
 from api import state
 from api.schema import Registration
 from api.state import EnvRecord, RunState
-from api.store.memory import MemoryTxn, _State
+from api.store.memory import MemoryTxn, State
 from tests.factories import registration
 
 
 class CountingTxn(MemoryTxn):
     """The memory store's transaction, counting the env rows it hands out."""
 
-    def __init__(self, s: _State) -> None:
+    def __init__(self, s: State) -> None:
         super().__init__(s)
         self.env_rows = 0
 
@@ -29,7 +29,7 @@ def env(env_id: int, name: str = "math") -> EnvRecord:
     return EnvRecord(env_id, name, f"{name}_{env_id}", 1.0, 4, 512, None)
 
 
-def registered(s: _State, n: int) -> RunState:
+def registered(s: State, n: int) -> RunState:
     txn = CountingTxn(s)
     state.save_run(txn, Registration.model_validate(registration()), started=True)
     run = state.load(txn)
@@ -40,7 +40,7 @@ def registered(s: _State, n: int) -> RunState:
 
 
 def test_an_unchanged_env_list_is_not_read_again() -> None:
-    s = _State()
+    s = State()
     run = registered(s, 1000)
     txn = CountingTxn(s)
     again = state.load(txn, run)
@@ -50,7 +50,7 @@ def test_an_unchanged_env_list_is_not_read_again() -> None:
 
 
 def test_only_what_changed_is_read_and_applied_to_a_copy() -> None:
-    s = _State()
+    s = State()
     run = registered(s, 100)
     writer = CountingTxn(s)
     state.save_env(writer, run, replace(run.envs[7], connected=False))
@@ -63,7 +63,7 @@ def test_only_what_changed_is_read_and_applied_to_a_copy() -> None:
 
 
 def test_a_reset_starts_a_new_env_list_even_at_the_same_version() -> None:
-    s = _State()
+    s = State()
     first = registered(s, 3)
     txn = CountingTxn(s)
     txn.clear()
@@ -75,6 +75,6 @@ def test_a_reset_starts_a_new_env_list_even_at_the_same_version() -> None:
 
 
 def test_names_count_registrations_without_reading_the_list() -> None:
-    s = _State()
+    s = State()
     registered(s, 5)
     assert CountingTxn(s).count_named("math") == 5

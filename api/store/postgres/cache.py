@@ -17,8 +17,9 @@ from typing import Any, cast
 import psycopg
 from psycopg import sql
 
+from api.store import sql as queries
 from api.store.base import ItemMeta, LedgerGroup, LedgerStep
-from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, group_values, step_values
+from api.store.ledger_rows import GROUP_COLUMNS, group_values, pg_unnest, step_values
 from api.store.postgres.config import PostgresConfig
 
 _FLUSH_QUEUE = (
@@ -41,19 +42,9 @@ _FLUSH_VALUES = (
     "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
 
-_FLUSH_LEDGER = (
-    f"INSERT INTO ledger ({GROUP_COLUMNS}) SELECT * FROM unnest(%b::int8[], %b::int8[], %b::bytea[], %b::text[], "
-    "%b::float8[], %b::int8[], %b::int8[], %b::int8[], %b::int8[], %b::float8[], %b::float8[], %b::float8[], "
-    "%b::float8[], %b::text[], %b::int8[], %b::text[], %b::float8[], %b::bool[], %b::text[])"
-)
-
-_FLUSH_STEP = (
-    f"INSERT INTO ledger_steps ({STEP_COLUMNS}) VALUES (%b, %b, %b, %b, %b, %b, %b, %b, %b, %b) ON CONFLICT (step) "
-    "DO UPDATE SET formed_at = excluded.formed_at, formation_s = excluded.formation_s, group_ids = excluded.group_ids, "
-    "seqs = excluded.seqs, tokens = excluded.tokens, groups_by_env = excluded.groups_by_env, "
-    "seqs_by_env = excluded.seqs_by_env, staleness = excluded.staleness, committed_at = excluded.committed_at"
-)
-_FLUSH_COMMITTED = "UPDATE ledger_steps SET committed_at = %b WHERE step >= %b AND step < %b AND committed_at IS NULL"
+_FLUSH_LEDGER = f"INSERT INTO ledger ({GROUP_COLUMNS}) SELECT * FROM {pg_unnest()}"
+_FLUSH_STEP = queries.postgres("ledger_put_step")
+_FLUSH_COMMITTED = queries.postgres("ledger_committed")
 
 _FLUSH_COUNTERS = (
     "INSERT INTO counters (kind, name, n) SELECT * FROM unnest(%b::text[], %b::text[], %b::int8[]) "
@@ -94,7 +85,7 @@ class Pending:
     steps: dict[int, LedgerStep] = field(default_factory=dict)
     """Step rows written in this group (formed batches), by step: written with the COMMIT."""
     committed: list[tuple[int, int, float]] = field(default_factory=list)
-    """Commit marks of stored step rows, (first, before, at) as `ledger_committed` took them: with the COMMIT."""
+    """Commit marks of stored step rows, (first, before, at) as `ledger.committed` took them: with the COMMIT."""
 
     def copy(self) -> Pending:
         return Pending(

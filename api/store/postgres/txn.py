@@ -6,29 +6,15 @@ database under the function's own savepoint.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, cast
 
 import psycopg
 
-from api.store.base import (
-    ANON_ENV,
-    DROPPED,
-    QUEUED,
-    HeldGroup,
-    HeldMeta,
-    ItemMeta,
-    KeptPayload,
-    LedgerGroup,
-    LedgerStep,
-    QueueCounts,
-    QueuedItem,
-    Txn,
-    held_slot,
-)
+from api.store.base import ANON_ENV, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.store.jobs import head_chunk_sizes
-from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, step_of
 from api.store.postgres.cache import Group, db_key
+from api.store.postgres.held import PostgresHeld
+from api.store.postgres.ledger import PostgresLedger
 from api.store.postgres.schema import CLEARED
 
 _HEAD = (
@@ -51,23 +37,9 @@ WITH q AS (
 )
 SELECT q.item_id, q.seqs, q.tokens, q.policy_step, q.n_groups, p.payload FROM q JOIN payloads p USING (item_id)
 """
-_HOLD = (
-    "INSERT INTO held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) "
-    "VALUES (%b, %b, %b, %b, %b, %b, %b, %b)"
-)
-_HELD = "SELECT item_id, seqs, tokens, policy_step, held_at, bytes FROM held WHERE env_id = %b ORDER BY item_id"
-# Releases all of these groups or, if one of them is not held for this env, none.
-_RELEASE = """
-DELETE FROM held WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)
-  AND (SELECT count(*) FROM held WHERE env_id = %(env)b AND item_id = ANY(%(ids)b)) = %(n)b
-RETURNING item_id, seqs, tokens, policy_step, held_at, payload
-"""
 _DROP_BATCHES_RETAINING = """
 WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items)
 SELECT coalesce(array_agg(id), '{{}}') FROM (SELECT unnest(items) AS id FROM old) AS ids
-"""
-_LEDGER_DECIDE = """
-UPDATE ledger SET fate = %b, step = %b, reason = %b, decided_at = %b, kept = %b WHERE id = ANY(%b)
 """
 _DROP_BATCHES = """
 WITH old AS (DELETE FROM batches WHERE step {op} %b RETURNING items),
@@ -86,6 +58,8 @@ class PostgresTxn(Txn):
         self._p = group.pending
         self._db = group.conn
         self._savepoint = savepoint
+        self.held = PostgresHeld(self._db, self._p, self._write, self._add)
+        self.ledger = PostgresLedger(self._db, self._p, self._write, self._writable)
 
     def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
         self._writable()
@@ -179,35 +153,6 @@ class PostgresTxn(Txn):
     def counts(self) -> dict[int, QueueCounts]:
         return {env: QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0 and env >= ANON_ENV}
 
-    # --- side buffers: rows written through (a rare path), counted in the cache beside the queues ---
-    def hold(self, env_id: int, group: HeldGroup) -> None:
-        m = group.meta
-        size = len(group.payload)
-        self._write(_HOLD, (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, group.held_at, size, group.payload))
-        self._add(held_slot(env_id), 1, 1, m.seqs, m.tokens, size)
-
-    def held(self, env_id: int) -> list[HeldMeta]:
-        rows = self._db.execute(_HELD, (env_id,), binary=True).fetchall()
-        return [HeldMeta(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5]) for r in rows]
-
-    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
-        wanted = list(item_ids)
-        if not wanted:
-            return []
-        if len(set(wanted)) != len(wanted):
-            raise KeyError(f"groups {wanted} are not all held (once) for env {env_id}")
-        rows = self._write(_RELEASE, {"env": env_id, "ids": wanted, "n": len(wanted)}).fetchall()
-        if len(rows) != len(wanted):
-            raise KeyError(f"groups {wanted} are not all held for env {env_id}")
-        found = {r[0]: HeldGroup(ItemMeta(r[0], r[1], r[2], r[3]), r[4], bytes(r[5])) for r in rows}
-        out = [found[i] for i in wanted]
-        for g in out:
-            self._add(held_slot(env_id), -1, -1, -g.meta.seqs, -g.meta.tokens, -len(g.payload))
-        return out
-
-    def held_counts(self) -> dict[int, QueueCounts]:
-        return {held_slot(env): QueueCounts(*c) for env, c in self._p.counts.items() if c[0] > 0 and env < ANON_ENV}
-
     # --- envs: written through to the database (rare), read from it ---
     def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
         self._write(
@@ -292,150 +237,6 @@ class PostgresTxn(Txn):
         row = self._write(_DROP_BATCHES.format(op=op), (step,)).fetchone()
         for item_id in row[0] if row else ():
             self._p.payloads.pop(item_id, None)
-
-    # --- the ledger: rows added wait for the COMMIT (the ingest path); decisions on stored rows write through ---
-    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
-        self._writable()
-        for r in rows:
-            self._p.ledger[r.id] = r
-
-    def ledger_decide(
-        self,
-        ids: Sequence[int],
-        fate: str,
-        *,
-        step: int | None = None,
-        reason: str | None = None,
-        at: float | None = None,
-        kept: bool = False,
-    ) -> None:
-        self._writable()
-        pending = self._p.ledger
-        stored = []
-        for i in ids:
-            row = pending.get(i)
-            if row is None:
-                stored.append(i)
-            else:
-                pending[i] = replace(row, fate=fate, step=step, reason=reason, decided_at=at, kept=kept)
-        if stored:
-            self._write(_LEDGER_DECIDE, (fate, step, reason, at, kept, stored))
-
-    def ledger_requeue(self, old_id: int, new_id: int) -> None:
-        self._writable()
-        row = self._p.ledger.pop(old_id, None)
-        if row is not None:
-            self._p.ledger[new_id] = replace(row, id=new_id, fate=QUEUED)
-        else:
-            self._write("UPDATE ledger SET id = %b, fate = %b WHERE id = %b", (new_id, QUEUED, old_id))
-
-    def _ledger_query(self, where: str, params: Sequence[Any]) -> list[LedgerGroup]:
-        cur = self._db.execute(f"SELECT {GROUP_COLUMNS} FROM ledger WHERE {where}", params, binary=True)
-        return [group_of(r) for r in cur.fetchall()]
-
-    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
-        wanted = list(ids)
-        found = {i: self._p.ledger[i] for i in wanted if i in self._p.ledger}
-        stored = [i for i in wanted if i not in found]
-        if stored:
-            found.update((r.id, r) for r in self._ledger_query("id = ANY(%b)", (stored,)))
-        return [found[i] for i in wanted if i in found]
-
-    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
-        rows = {r.id: r for r in self._ledger_query("group_id = %b", (gid_bytes(group_id),))}
-        rows.update((r.id, r) for r in self._p.ledger.values() if r.group_id == group_id)
-        return [rows[i] for i in sorted(rows)]
-
-    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
-        rows = {r.id: r for r in self._ledger_query("id > %b ORDER BY id LIMIT %b", (after_id, limit))}
-        rows.update((r.id, r) for r in self._p.ledger.values() if r.id > after_id)
-        return [rows[i] for i in sorted(rows)[:limit]]
-
-    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
-        where = "fate = 'dropped' AND step >= %b AND step <= %b ORDER BY step, id LIMIT %b"
-        rows = {r.id: r for r in self._ledger_query(where, (first_step, last_step, limit))}
-        rows.update((r.id, r) for r in self._p.ledger.values())  # rows written by this transaction, as they are now
-        found = [(r.step, r.id, r) for r in rows.values() if r.fate == DROPPED and r.step is not None]
-        return [r for step, _, r in sorted(found, key=lambda f: f[:2]) if first_step <= step <= last_step][:limit]
-
-    # Step rows and their commit marks wait for the COMMIT too: a batch's formation and a commit cost no round
-    # trip of their own for them.
-    def ledger_put_step(self, row: LedgerStep) -> None:
-        self._writable()
-        self._p.steps[row.step] = row
-
-    def ledger_committed(self, first: int, before: int, at: float) -> None:
-        self._writable()
-        p = self._p
-        for step, row in p.steps.items():
-            if first <= step < before and row.committed_at is None:
-                p.steps[step] = replace(row, committed_at=at)
-        p.committed.append((first, before, at))
-
-    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
-        cur = self._db.execute(
-            f"SELECT {STEP_COLUMNS} FROM ledger_steps WHERE step >= %b AND step <= %b ORDER BY step",
-            (first, last),
-            binary=True,
-        )
-        rows = {r.step: r for r in map(step_of, cur.fetchall())}
-        for step, row in rows.items():  # marks not written yet
-            if row.committed_at is None:
-                at = next((at for f, b, at in self._p.committed if f <= step < b), None)
-                if at is not None:
-                    rows[step] = replace(row, committed_at=at)
-        rows.update((s, r) for s, r in self._p.steps.items() if first <= s <= last)
-        return [rows[s] for s in sorted(rows)]
-
-    def ledger_prune(self, below_id: int, below_step: int) -> int:
-        cur = self._write(
-            "DELETE FROM ledger WHERE id < %b AND fate IN ('served', 'dropped') AND NOT kept", (below_id,)
-        )
-        gone = cur.rowcount
-        self._write("DELETE FROM ledger_steps WHERE step < %b", (below_step,))
-        for step in [s for s in self._p.steps if s < below_step]:
-            del self._p.steps[step]
-        return gone
-
-    # --- retained payloads: rows of payloads, under their group's id ---
-    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
-        self._writable()
-        for item_id, payload in items:
-            self._p.payloads[item_id] = payload
-
-    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
-        wanted = list(ids)
-        out = {i: self._p.payloads[i] for i in wanted if i in self._p.payloads}
-        stored = [i for i in wanted if i not in out]
-        if stored:
-            cur = self._db.execute(
-                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
-            )
-            out.update((int(i), bytes(p)) for i, p in cur.fetchall())
-        return out
-
-    def kept_oldest(self, limit: int) -> list[KeptPayload]:
-        cur = self._db.execute(
-            "SELECT id, coalesce(step, 0), bytes FROM ledger WHERE kept ORDER BY step, id LIMIT %b",
-            (limit,),
-            binary=True,
-        )
-        out = {int(r[0]): KeptPayload(int(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()}
-        out.update((r.id, KeptPayload(r.id, r.step or 0, r.bytes)) for r in self._p.ledger.values() if r.kept)
-        return sorted(out.values(), key=lambda k: (k.step, k.id))[:limit]
-
-    def prune_payloads(self, ids: Sequence[int]) -> None:
-        wanted = list(ids)
-        if not wanted:
-            return
-        self._writable()
-        for i in wanted:
-            self._p.payloads.pop(i, None)
-            row = self._p.ledger.get(i)
-            if row is not None:
-                self._p.ledger[i] = replace(row, kept=False)
-        self._write("DELETE FROM payloads WHERE item_id = ANY(%b)", (wanted,))
-        self._write("UPDATE ledger SET kept = false WHERE id = ANY(%b)", (wanted,))
 
     def clear(self) -> None:
         self._writable()

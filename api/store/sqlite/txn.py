@@ -13,27 +13,13 @@ from typing import cast
 
 import numpy as np
 
-from api.store.base import (
-    ANON_ENV,
-    QUEUED,
-    HeldGroup,
-    HeldMeta,
-    ItemMeta,
-    KeptPayload,
-    LedgerGroup,
-    LedgerStep,
-    QueueCounts,
-    QueuedItem,
-    Txn,
-    held_slot,
-)
+from api.store.base import ANON_ENV, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.store.jobs import head_chunk_sizes
-from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, group_values, step_of, step_values
 from api.store.sqlite.config import SqliteConfig
+from api.store.sqlite.held import SqliteHeld
+from api.store.sqlite.ledger import SqliteLedger, chunks
 from api.store.sqlite.schema import CLEARED
 
-POP_CHUNK = 500
-"""Ids per DELETE statement: stays under SQLite's host-parameter limit on any build."""
 REPLY_TRIM_EVERY = 1024
 """Old replies are trimmed every this many inserted replies, not on every insert."""
 
@@ -52,14 +38,6 @@ _ADD_COUNTS = (
     "tokens = tokens + excluded.tokens, bytes = bytes + excluded.bytes"
 )
 
-_HOLD = (
-    "INSERT INTO held (item_id, env_id, seqs, tokens, policy_step, held_at, bytes, payload) VALUES (?,?,?,?,?,?,?,?)"
-)
-_HELD = "SELECT item_id, seqs, tokens, policy_step, held_at, bytes FROM held WHERE env_id = ? ORDER BY item_id"
-
-_LEDGER_ADD = f"INSERT INTO ledger ({GROUP_COLUMNS}) VALUES ({','.join('?' * 19)})"
-_LEDGER_DECIDE = "UPDATE ledger SET fate = ?, step = ?, reason = ?, decided_at = ?, kept = ? WHERE id = ?"
-
 _ADD_COUNTER = (
     "INSERT INTO counters (kind, name, n) VALUES (?,?,?) ON CONFLICT (kind, name) DO UPDATE SET n = n + excluded.n"
 )
@@ -75,27 +53,11 @@ def _pop_sql(n: int) -> str:
 
 
 @cache
-def _held_sql(n: int, delete: bool) -> str:
-    marks = ",".join("?" * n)
-    if delete:
-        return f"DELETE FROM held WHERE env_id = ? AND item_id IN ({marks})"
-    return (
-        "SELECT item_id, seqs, tokens, policy_step, held_at, payload FROM held "
-        f"WHERE env_id = ? AND item_id IN ({marks})"
-    )
-
-
-@cache
 def _payloads_sql(n: int, delete: bool) -> str:
     marks = ",".join("?" * n)
     if delete:
         return f"DELETE FROM payloads WHERE item_id IN ({marks}) RETURNING item_id, payload"
     return f"SELECT item_id, payload FROM payloads WHERE item_id IN ({marks})"
-
-
-def _chunks(ids: list[int]) -> Iterator[list[int]]:
-    for i in range(0, len(ids), POP_CHUNK):
-        yield ids[i : i + POP_CHUNK]
 
 
 class ItemIds:
@@ -138,7 +100,7 @@ class SqliteTxn(Txn):
     """Writes to the queue are batched until something reads it (or the function returns), then written
     with executemany; per-env counts are kept as deltas and written once per transaction."""
 
-    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta", "_values")
+    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta", "_values", "held", "ledger")
 
     def __init__(
         self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds, values: dict[str, str | None] | None = None
@@ -153,6 +115,8 @@ class SqliteTxn(Txn):
         self._rows: list[tuple[int, int, int, int, int, int]] = []
         self._payloads: list[tuple[int, bytes]] = []
         self._delta: dict[int, list[int]] = {}
+        self.held = SqliteHeld(db, self._add, self._flush_counts)
+        self.ledger = SqliteLedger(db, self._flush_items)
 
     # --- bookkeeping the store calls around the transaction function ---
     def finish(self) -> None:
@@ -233,14 +197,14 @@ class SqliteTxn(Txn):
         db.execute("SAVEPOINT rollbuf_pop")  # all or nothing, even if the caller catches the KeyError
         try:
             rows: list[tuple[int, int, int, int, int]] = []
-            for chunk in _chunks(wanted):
+            for chunk in chunks(wanted):
                 rows += db.execute(_pop_sql(len(chunk)), (env_id, *chunk)).fetchall()
             if len(rows) != len(wanted):
                 missing = sorted(set(wanted) - {row[0] for row in rows})
                 raise KeyError(f"items {missing or wanted} are not all queued (once) for env {env_id}")
             # Kept for a batch: read, and left where they are until the batch is acknowledged.
             payloads: dict[int, bytes] = {}
-            for chunk in _chunks(wanted):
+            for chunk in chunks(wanted):
                 delete = keep_for is None and not retain
                 payloads.update(db.execute(_payloads_sql(len(chunk), delete), chunk).fetchall())
         except BaseException:
@@ -261,43 +225,6 @@ class SqliteTxn(Txn):
         )
         return {row[0]: QueueCounts(*row[1:]) for row in rows}
 
-    # --- side buffers: rows of their own, counted beside the queues (`held_slot`) ---
-    def hold(self, env_id: int, group: HeldGroup) -> None:
-        m = group.meta
-        size = len(group.payload)
-        self._db.execute(
-            _HOLD, (m.item_id, env_id, m.seqs, m.tokens, m.policy_step, group.held_at, size, group.payload)
-        )
-        self._add(held_slot(env_id), 1, 1, m.seqs, m.tokens, size)
-
-    def held(self, env_id: int) -> list[HeldMeta]:
-        rows = self._db.execute(_HELD, (env_id,)).fetchall()
-        return [HeldMeta(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5]) for r in rows]
-
-    def release(self, env_id: int, item_ids: Iterable[int]) -> list[HeldGroup]:
-        wanted = list(item_ids)
-        if not wanted:
-            return []
-        found: dict[int, HeldGroup] = {}
-        for chunk in _chunks(wanted):
-            for r in self._db.execute(_held_sql(len(chunk), False), (env_id, *chunk)).fetchall():
-                found[r[0]] = HeldGroup(ItemMeta(r[0], r[1], r[2], r[3]), r[4], r[5])
-        if len(found) != len(wanted) or len(set(wanted)) != len(wanted):
-            raise KeyError(f"groups {wanted} are not all held (once) for env {env_id}")
-        for chunk in _chunks(wanted):  # found them all: nothing fails past this point
-            self._db.execute(_held_sql(len(chunk), True), (env_id, *chunk))
-        out = [found[i] for i in wanted]
-        for g in out:
-            self._add(held_slot(env_id), -1, -1, -g.meta.seqs, -g.meta.tokens, -len(g.payload))
-        return out
-
-    def held_counts(self) -> dict[int, QueueCounts]:
-        self._flush_counts()
-        rows = self._db.execute(
-            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0 AND env_id < ?", (ANON_ENV,)
-        )
-        return {held_slot(row[0]): QueueCounts(*row[1:]) for row in rows}
-
     # --- idempotency replies ---
     def get_reply(self, key: str) -> str | None:
         row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
@@ -317,7 +244,7 @@ class SqliteTxn(Txn):
             self._db.execute(
                 f"SELECT count(*) FROM payloads WHERE item_id IN ({','.join('?' * len(c))})", c
             ).fetchone()[0]
-            for c in _chunks(ids)
+            for c in chunks(ids)
         )
         if present != len(set(ids)):
             raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
@@ -331,7 +258,7 @@ class SqliteTxn(Txn):
             return None
         ids = np.frombuffer(row[1], _I64).tolist()
         payloads: dict[int, bytes] = {}
-        for chunk in _chunks(ids):
+        for chunk in chunks(ids):
             payloads.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
         return b"".join([row[0], *(payloads[i] for i in ids)])
 
@@ -343,98 +270,8 @@ class SqliteTxn(Txn):
         if retain:
             return
         ids = [i for (items,) in rows for i in np.frombuffer(items, _I64).tolist()]
-        for chunk in _chunks(ids):
+        for chunk in chunks(ids):
             self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({','.join('?' * len(chunk))})", chunk)
-
-    # --- the ledger ---
-    def ledger_add(self, rows: Sequence[LedgerGroup]) -> None:
-        if rows:
-            self._db.executemany(_LEDGER_ADD, [group_values(r) for r in rows])
-
-    def ledger_decide(
-        self,
-        ids: Sequence[int],
-        fate: str,
-        *,
-        step: int | None = None,
-        reason: str | None = None,
-        at: float | None = None,
-        kept: bool = False,
-    ) -> None:
-        if ids:
-            self._db.executemany(_LEDGER_DECIDE, [(fate, step, reason, at, int(kept), i) for i in ids])
-
-    def ledger_requeue(self, old_id: int, new_id: int) -> None:
-        self._db.execute("UPDATE ledger SET id = ?, fate = ? WHERE id = ?", (new_id, QUEUED, old_id))
-
-    def ledger_groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
-        wanted = list(ids)
-        found: dict[int, LedgerGroup] = {}
-        for chunk in _chunks(wanted):
-            sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE id IN ({','.join('?' * len(chunk))})"
-            found.update((r.id, r) for r in map(group_of, self._db.execute(sql, chunk).fetchall()))
-        return [found[i] for i in wanted if i in found]
-
-    def ledger_named(self, group_id: str) -> list[LedgerGroup]:
-        sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE group_id = ? ORDER BY id"
-        return [group_of(r) for r in self._db.execute(sql, (gid_bytes(group_id),)).fetchall()]
-
-    def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
-        sql = f"SELECT {GROUP_COLUMNS} FROM ledger WHERE id > ? ORDER BY id LIMIT ?"
-        return [group_of(r) for r in self._db.execute(sql, (after_id, limit)).fetchall()]
-
-    def ledger_dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
-        sql = (
-            f"SELECT {GROUP_COLUMNS} FROM ledger WHERE fate = 'dropped' AND step >= ? AND step <= ? "
-            "ORDER BY step, id LIMIT ?"
-        )
-        return [group_of(r) for r in self._db.execute(sql, (first_step, last_step, limit)).fetchall()]
-
-    def ledger_put_step(self, row: LedgerStep) -> None:
-        self._db.execute(f"INSERT OR REPLACE INTO ledger_steps ({STEP_COLUMNS}) VALUES ({','.join('?' * 10)})",
-                         step_values(row))  # fmt: skip
-
-    def ledger_committed(self, first: int, before: int, at: float) -> None:
-        self._db.execute(
-            "UPDATE ledger_steps SET committed_at = ? WHERE step >= ? AND step < ? AND committed_at IS NULL",
-            (at, first, before),
-        )
-
-    def ledger_steps(self, first: int, last: int) -> list[LedgerStep]:
-        sql = f"SELECT {STEP_COLUMNS} FROM ledger_steps WHERE step >= ? AND step <= ? ORDER BY step"
-        return [step_of(r) for r in self._db.execute(sql, (first, last)).fetchall()]
-
-    def ledger_prune(self, below_id: int, below_step: int) -> int:
-        cur = self._db.execute(
-            "DELETE FROM ledger WHERE id < ? AND fate IN ('served', 'dropped') AND kept = 0", (below_id,)
-        )
-        self._db.execute("DELETE FROM ledger_steps WHERE step < ?", (below_step,))
-        return cur.rowcount
-
-    # --- retained payloads: rows of payloads, under their group's id ---
-    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
-        if items:
-            self._flush_items()
-            self._db.executemany(_APPEND_PAYLOAD, items)
-
-    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
-        self._flush_items()
-        out: dict[int, bytes] = {}
-        for chunk in _chunks(list(ids)):
-            out.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
-        return out
-
-    def kept_oldest(self, limit: int) -> list[KeptPayload]:
-        rows = self._db.execute(
-            "SELECT id, coalesce(step, 0), bytes FROM ledger WHERE kept = 1 ORDER BY step, id LIMIT ?", (limit,)
-        ).fetchall()
-        return [KeptPayload(*r) for r in rows]
-
-    def prune_payloads(self, ids: Sequence[int]) -> None:
-        for chunk in _chunks(list(ids)):
-            marks = ",".join("?" * len(chunk))
-            self._db.execute(f"DELETE FROM payloads WHERE item_id IN ({marks})", chunk)
-            self._db.execute(f"UPDATE ledger SET kept = 0 WHERE id IN ({marks})", chunk)
 
     # --- envs ---
     def put_env(self, env_id: int, name: str, version: int, record: str) -> None:
