@@ -167,6 +167,14 @@ class EnvExited(ClientError):
     KeyboardInterrupt, GeneratorExit): its group fails like any other; only a real signal stops a run."""
 
 
+def exited(exc: BaseException) -> EnvExited:
+    """A BaseException from environment code that is not an error (SystemExit, a stray KeyboardInterrupt) as
+    the group's error: the group boundary holds it, only a real signal stops a run."""
+    error = EnvExited(f"environment code raised {type(exc).__name__}({exc})")
+    error.__cause__ = exc
+    return error
+
+
 class ResourceExhausted(ClientError):
     """Raised by an environment's `resource()` when its pool has nothing free now (a capped sandbox server
     answering "exhausted"): it means wait, not fail. The runner lets go of whatever the group holds, backs off
