@@ -1,6 +1,6 @@
 """Generic asyncio helpers the runner's group machinery is built on, none of them about rollouts: a blocking
-call off the loop in a daemon thread, the first real error of a task group, bounded closes of an exit stack,
-and an all-or-nothing acquire of async context managers."""
+call off the loop in a daemon thread, waiting for an event or anything else, the first real error of a task
+group, bounded closes of an exit stack, and an all-or-nothing acquire of async context managers."""
 
 from __future__ import annotations
 
