@@ -1,6 +1,7 @@
 """The environment's side of rollbuf: `RolloutClient` to register and submit groups, `RolloutRunner` to run
 environments concurrently (optionally in worker processes) as a well-behaved producer (docs/rollout-client.md)."""
 
+from rollout_client.aio import acquire_all
 from rollout_client.chat import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, ExternalSequence, Gate, Session, Task
@@ -25,7 +26,8 @@ from rollout_client.errors import (
     WorkerFailed,
     is_retryable,
 )
-from rollout_client.group import GroupOutcome, Limits, acquire_all, build_group, run_group
+from rollout_client.failures import FailurePolicy
+from rollout_client.group import GroupOutcome, Limits, build_group, run_group
 from rollout_client.handle import RunnerHandle, run_in_thread
 from rollout_client.policy import (
     CharTokenizer,
@@ -35,9 +37,11 @@ from rollout_client.policy import (
     ScriptedPolicy,
     clip_max_tokens,
 )
+from rollout_client.recycling import RecyclePolicy
 from rollout_client.runner import RolloutRunner
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import Curriculum, Tasks, TaskSource
+from rollout_client.timeouts import Timeouts
 from rollout_client.tools import Tool, tool_schema
 
 __all__ = [
@@ -55,6 +59,7 @@ __all__ = [
     "EpisodeFailed",
     "EpisodeTruncated",
     "ExternalSequence",
+    "FailurePolicy",
     "Gate",
     "GroupOutcome",
     "InferenceError",
@@ -62,6 +67,7 @@ __all__ = [
     "OpenAIPolicy",
     "Policy",
     "PromptTooLong",
+    "RecyclePolicy",
     "Rejected",
     "ResourceExhausted",
     "ResourceTimeout",
@@ -81,6 +87,7 @@ __all__ = [
     "Task",
     "TaskSource",
     "Tasks",
+    "Timeouts",
     "Tool",
     "TrainerNotStarted",
     "TransportError",

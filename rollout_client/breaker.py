@@ -49,6 +49,10 @@ class Breaker:
         self._closed_at = now
         return True
 
+    def observe(self, down: bool, now: float) -> bool:
+        """`failure` (when `down`) or `success` at `now`; True if the breaker changed on it."""
+        return self.failure(now) if down else self.success(now)
+
     def down_for(self, now: float) -> float:
         """Seconds the current outage has lasted (0 while reachable)."""
         return 0.0 if self.closed or self.down_since is None else now - self.down_since

@@ -11,9 +11,9 @@ ClientError (= RolloutClientError)
  ├─ PromptTooLong         a prompt leaves no room for a completion; the group is skipped and counted
  ├─ EpisodeTruncated      a later turn has no room left: the rollout ends, kept and marked truncated
  ├─ InferenceError(status)  the inference server failed (retried on transport errors and 5xx, never 4xx)
- ├─ TurnTimeout           one generate() ran past `turn_timeout`: the group fails
- ├─ RolloutTimeout        one rollout ran past `rollout_timeout`: the group fails
- ├─ GroupTimeout          a whole group (rollouts, scoring, release) ran past `group_timeout`: it fails
+ ├─ TurnTimeout           one generate() ran past `timeouts.turn`: the group fails
+ ├─ RolloutTimeout        one rollout ran past `timeouts.rollout`: the group fails
+ ├─ GroupTimeout          a whole group (rollouts, scoring, release) ran past `timeouts.group`: it fails
  ├─ EnvExited             environment code raised SystemExit (`exit()`) or the like: the group fails
  ├─ ResourceExhausted     raised by an env's `resource()`: its pool is full now; the runner waits and retries
  ├─ ResourceTimeout       a resource stayed exhausted past the env's `acquire_timeout`: the group fails
@@ -150,21 +150,29 @@ def _inference_error(message: str, status: int | None, transport: bool, retry_af
 
 
 class TurnTimeout(ClientError, TimeoutError):
-    """One generation request ran past the runner's `turn_timeout`."""
+    """One generation request ran past the runner's `timeouts.turn`."""
 
 
 class RolloutTimeout(ClientError, TimeoutError):
-    """One rollout (its turns, tools and waits, pauses excluded) ran past the runner's `rollout_timeout`."""
+    """One rollout (its turns, tools and waits, pauses excluded) ran past the runner's `timeouts.rollout`."""
 
 
 class GroupTimeout(ClientError, TimeoutError):
     """A whole group (its rollouts, scoring and resource release, pauses excluded) ran past the runner's
-    `group_timeout`."""
+    `timeouts.group`."""
 
 
 class EnvExited(ClientError):
     """Environment code raised a BaseException that is not an error (SystemExit from `exit()`, a stray
     KeyboardInterrupt, GeneratorExit): its group fails like any other; only a real signal stops a run."""
+
+
+def exited(exc: BaseException) -> EnvExited:
+    """A BaseException from environment code that is not an error (SystemExit, a stray KeyboardInterrupt) as
+    the group's error: the group boundary holds it, only a real signal stops a run."""
+    error = EnvExited(f"environment code raised {type(exc).__name__}({exc})")
+    error.__cause__ = exc
+    return error
 
 
 class ResourceExhausted(ClientError):

@@ -6,7 +6,7 @@ for an environment that scores each rollout alone."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rollout_client.errors import GroupDropped, GroupTimeout, PromptTooLong, WorkerDied
@@ -31,6 +31,30 @@ if TYPE_CHECKING:
     from rollout_client.workers import WorkerPool
 
 
+def check_env(env: Environment, max_in_flight: int) -> None:
+    """Settings of `env` that could never run, as a ValueError naming them."""
+    if env.group_size > max_in_flight:
+        raise ValueError(
+            f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
+            "a group's rollouts start together, so it could never start"
+        )
+    if env.min_group_size is not None and not 1 <= env.min_group_size <= env.group_size:
+        raise ValueError(f"min_group_size of {env.name!r} must be between 1 and group_size {env.group_size}")
+    if env.max_resources is not None:
+        least = 1 if env.scores_each_rollout else env.group_size
+        if env.max_resources < least:
+            why = "a group's rollouts hold theirs together" if least > 1 else "a rollout holds one"
+            raise ValueError(f"max_resources {env.max_resources} of {env.name!r} < {least}: {why}, so it could "
+                             "never start")  # fmt: skip
+
+
+def units_at_start(env: Environment) -> int:
+    """Units of the env's pool a group takes when it starts: all G when its rollouts run together (a group
+    that held part of the pool and waited for the rest could deadlock with another); none when they run one
+    by one (each takes its own as it starts)."""
+    return 0 if env.scores_each_rollout else env.group_size
+
+
 def spread_hint(env: Environment, max_in_flight: int, num_workers: int) -> str | None:
     """What to tell the user when a group run whole on one worker leaves workers idle: fewer of its groups
     fit in `max_in_flight` than there are workers (G=64, 64 slots, 2 workers: one works, one waits). A
@@ -51,49 +75,58 @@ WORKER_RETRIES = 3
 """A group whose worker died is run again on another worker this many times before it counts as failed."""
 
 
-class Execution:
-    """Mixed into `RolloutRunner`: running a group, and the state it reads (declared here for the types)."""
+class GroupExecutor:
+    """Runs the groups the runner dispatches: `run()` takes a group to its outcome (or raises why it failed),
+    calling `on_rollout_end(group_id)` as each of its rollouts ends (its slot is free). Built once the run has
+    started: groups run on `pool`'s workers, or here with `policy` when there is no pool."""
 
-    envs: list[Environment]
-    stats: RunnerStats
-    pool: WorkerPool | None
-    limits: Limits
-    group_timeout: float | None
-    _policy: Any
-    _gate: Gate
-    _in_flight: InFlight
-    _capacity: list[Capacity]
-    _stopping: asyncio.Event
+    def __init__(
+        self,
+        envs: Sequence[Environment],
+        *,
+        pool: WorkerPool | None,
+        policy: Any,
+        limits: Limits,
+        group_timeout: float | None,
+        in_flight: InFlight,
+        capacity: Sequence[Capacity],
+        gate: Gate,
+        stats: RunnerStats,
+        stopping: asyncio.Event,
+        on_rollout_end: Callable[[str], None],
+    ) -> None:
+        self.envs = envs
+        self.pool = pool
+        self.policy = policy
+        self.limits = limits
+        self.group_timeout = group_timeout
+        self.in_flight = in_flight
+        self.capacity = capacity
+        self.gate = gate
+        self.stats = stats
+        self.stopping = stopping
+        """Set once the run stops: a failed group is not run again."""
+        self.on_rollout_end = on_rollout_end
 
-    @property
-    def paused(self) -> bool:
-        raise NotImplementedError
-
-    def _hold_deadlines(self) -> None:
-        raise NotImplementedError
-
-    def _rollout_ended(self, group_id: str) -> None:
-        raise NotImplementedError
-
-    async def _execute(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+    async def run(self, i: int, task: Task, group_id: str) -> GroupOutcome:
         """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
         `group_retries` times after any other failure."""
         retries = self.envs[i].group_retries
         worker_deaths = 0
         while True:
-            await self._in_flight.refill(group_id)  # a retry's rollouts take their slots again
+            await self.in_flight.refill(group_id)  # a retry's rollouts take their slots again
             try:
                 return await self._attempt(i, task, group_id)
             except (asyncio.CancelledError, GroupDropped, GroupTimeout):
                 raise
             except WorkerDied:
                 assert self.pool is not None
-                self.stats.worker_deaths = self.pool.deaths
+                self.stats.count_workers(self.pool)
                 worker_deaths += 1
-                if worker_deaths > WORKER_RETRIES or self._stopping.is_set():
+                if worker_deaths > WORKER_RETRIES or self.stopping.is_set():
                     raise
             except Exception:
-                if retries <= 0 or self._stopping.is_set():
+                if retries <= 0 or self.stopping.is_set():
                     raise
                 retries -= 1
                 self.stats.retried += 1
@@ -101,27 +134,27 @@ class Execution:
     async def _attempt(self, i: int, task: Task, group_id: str) -> GroupOutcome:
         """One run of the group within `group_timeout` (paused time excluded): past it the group fails, and a
         worker running it is replaced (a verifier that never returns may still hold it)."""
-        g = self._in_flight.groups.get(group_id)
+        g = self.in_flight.groups.get(group_id)
         try:
             async with asyncio.timeout(self.group_timeout) as deadline:
                 if g is not None:
                     g.deadline = deadline
-                    if self.paused:
-                        self._hold_deadlines()
+                    if not self.gate.is_open:  # started during a pause: its clock waits like the others'
+                        self.in_flight.hold_deadlines(asyncio.get_running_loop().time())
                 if self.envs[i].scores_each_rollout:
                     return await self._spread(i, task, group_id)
                 if self.pool is None:
-                    return await run_group(self.envs[i], task, self._policy, gate=self._gate, group_key=group_id,
-                                           on_rollout_end=lambda: self._rollout_ended(group_id),
+                    return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
+                                           on_rollout_end=lambda: self.on_rollout_end(group_id),
                                            **self.limits.kwargs())  # fmt: skip
-                return await self.pool.run(i, task, group_id, lambda: self._rollout_ended(group_id))
+                return await self.pool.run(i, task, group_id, lambda: self.on_rollout_end(group_id))
         except TimeoutError:
             if not deadline.expired():
                 raise
             if self.pool is not None:
                 for worker in self.pool.placed(group_id):
                     await self.pool.retire(worker, STUCK, now=True)
-                self.stats.workers_recycled = Counter(self.pool.recycled)
+                self.stats.count_workers(self.pool)
             raise GroupTimeout(f"group took more than group_timeout={self.group_timeout} s") from None
         finally:
             if self.pool is not None:
@@ -132,7 +165,7 @@ class Execution:
     async def _spread(self, i: int, task: Task, group_id: str) -> GroupOutcome:
         """The group's rollouts one by one, each on the least-busy worker (or here), each taking a unit of the
         env's pool as it starts and giving it and its slot back as it ends; then the group of the survivors."""
-        env, capacity = self.envs[i], self._capacity[i]
+        env, capacity = self.envs[i], self.capacity[i]
         owner = asyncio.current_task()  # the group's: what a pause that runs out of time cancels
 
         async def one(k: int) -> Rollout:
@@ -140,13 +173,13 @@ class Execution:
                 await capacity.take(1)
                 try:
                     if self.pool is None:
-                        return await run_rollout(env, task, self._policy, k, gate=self._gate, group_key=group_id,
+                        return await run_rollout(env, task, self.policy, k, gate=self.gate, group_key=group_id,
                                                  owner=owner, **self.limits.kwargs())  # fmt: skip
                     return await self.pool.run_one(i, task, group_id, k)
                 finally:
                     capacity.give(1)
             finally:
-                self._rollout_ended(group_id)
+                self.on_rollout_end(group_id)
 
         try:
             kept, failures = await survive([one(k) for k in range(env.group_size)], needed(env))

@@ -107,7 +107,7 @@ class RunnerHandle:
     def pause(self, timeout: float | None = None) -> bool:
         """Block until no generation request is in flight (see `RolloutRunner.pause`): True if everything
         stopped in time, False if groups still generating after `timeout` s were cancelled and counted."""
-        bound = self.runner.pause_timeout if timeout is None else timeout
+        bound = self.runner.timeouts.pause if timeout is None else timeout
         wait = None if math.isinf(bound) else bound + 10.0  # the runner bounds itself; this guards a dead loop
         return self._call(self.runner.pause(timeout), wait)
 

@@ -10,10 +10,14 @@ cancelled at most once, and counted once under the reason it was cancelled for.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from rollout_client.stats import RunnerStats
+
+log = logging.getLogger("rollout_client.runner")
 
 
 @dataclass(eq=False)
@@ -100,6 +104,41 @@ class InFlight:
             g.cancelled = True
             g.task.cancel()
             self.stats.skipped[reason] += 1
+
+    def hold_deadlines(self, now: float) -> None:
+        """A pause stops the groups' deadlines (a weight sync is not the groups' time); `now` is the loop's."""
+        for g in self:
+            if g.deadline is not None and (when := g.deadline.when()) is not None:
+                g.remaining = max(0.0, when - now)
+                g.deadline.reschedule(None)
+
+    def release_deadlines(self, now: float) -> None:
+        """After a pause: each held deadline runs again with the time it had left."""
+        for g in self:
+            if g.deadline is not None and g.remaining is not None:
+                g.deadline.reschedule(now + g.remaining)
+                g.remaining = None
+
+    def cancel_holders(self, holders: set[asyncio.Task[Any]], reason: str) -> None:
+        """Cancel the groups whose tasks are among `holders` (those still at a gate that would not close)."""
+        for g in self:
+            if g.task in holders:
+                self.cancel(g, reason)
+
+    async def stop(self, submits_by: float, abandon_by: float) -> None:
+        """Shut down what is in flight: cancel groups still generating (their data is not needed), let
+        submits in progress finish until `submits_by`, cancel what is left, and past `abandon_by` (loop time)
+        abandon, logged, the groups that ignored their cancellation (user cleanup that hangs)."""
+        loop = asyncio.get_running_loop()
+        for g in self:
+            if not g.submitting:
+                self.cancel(g, "stopped")
+        await self.wait(max(0.0, submits_by - loop.time()))
+        for g in self:
+            self.cancel(g, "unsent")
+        await self.wait(max(0.0, abandon_by - loop.time()))
+        for g in self:
+            log.warning("group %s did not end within the shutdown timeout: abandoned", g.task.get_name())
 
     async def wait(self, timeout: float | None) -> None:
         """Until every group now in flight has ended, or `timeout` s."""

@@ -194,7 +194,7 @@ class OpenAIPolicy:
     The model's context length comes from `context_length`, the server (`max_model_len` of /v1/models), or
     the first 400 that names it. Connection errors, 429 (after its Retry-After) and 5xx are retried with
     backoff until `retry_deadline` (and `max_attempts`, if set); another 4xx never is. `timeout` bounds one
-    HTTP request; the runner's `turn_timeout` bounds a whole turn, retries included.
+    HTTP request; the runner's `timeouts.turn` bounds a whole turn, retries included.
 
     `breaker` opens on a connection failure and closes on the next reply; while it is open one probe (a
     one-token completion, with backoff: the engine must answer, not only its API) looks for the server, and

@@ -24,9 +24,9 @@ class RecyclePolicy:
 
     def __post_init__(self) -> None:
         if self.max_groups is not None and self.max_groups < 1:
-            raise ValueError(f"recycle_after_groups must be at least 1, got {self.max_groups}")
+            raise ValueError(f"RecyclePolicy max_groups (recycle_after_groups) must be >= 1, got {self.max_groups}")
         if self.max_rss_bytes is not None and self.max_rss_bytes < 1:
-            raise ValueError(f"max_worker_rss_bytes must be positive, got {self.max_rss_bytes}")
+            raise ValueError(f"RecyclePolicy max_rss_bytes (max_worker_rss_bytes) must be > 0: {self.max_rss_bytes}")
 
     def reason(self, groups_done: int, rss_bytes: int | None, memory_error: bool = False) -> str | None:
         """Why a worker that has run `groups_done` groups and holds `rss_bytes` must be replaced, or None."""

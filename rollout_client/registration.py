@@ -13,7 +13,7 @@ from typing import TypeVar
 from api.schema import EnvRegistered, EnvStatus, Info, ScoredData, ScoredReply
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment
-from rollout_client.errors import Rejected, registration_lost
+from rollout_client.errors import Rejected, RolloutClientError, registration_lost
 from rollout_client.group import needed
 
 log = logging.getLogger("rollout_client.runner")
@@ -76,6 +76,18 @@ class Registrations:
     async def submit(self, i: int, group: ScoredData) -> ScoredReply:
         """Submit, registering the env again (and submitting again, same group id) if its registration is gone."""
         return await self._again(i, lambda: self.clients[i].submit(group))
+
+    async def trainer_step(self, timeout: float) -> int | None:
+        """The trainer's step now, read within `timeout` s (best effort: None if no env is registered yet or
+        the read fails)."""
+        registered = [c for c in self.clients if c.env_id is not None]
+        if not registered:
+            return None
+        try:
+            return (await asyncio.wait_for(registered[0].status(), timeout)).current_step
+        except (TimeoutError, RolloutClientError) as exc:
+            log.info("reading the trainer's step at pause: %s", exc)
+            return None
 
     async def _again(self, i: int, call: Callable[[], Awaitable[T]]) -> T:
         for _ in range(REREGISTER_TRIES):

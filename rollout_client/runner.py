@@ -17,55 +17,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import time
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 from api.schema import EnvRegistered, EnvStatus, Info
+from rollout_client.accounting import Tally
+from rollout_client.aio import bounded_close, wait_first
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
+from rollout_client.deprecated import resolve
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
-from rollout_client.errors import (
-    GroupDropped,
-    Rejected,
-    RetriesExhausted,
-    RolloutClientError,
-    RunFailed,
-    failure_reason,
-)
-from rollout_client.execution import Execution, spread_hint
-from rollout_client.failures import (
-    ERROR_WINDOW,
-    MAX_ERROR_RATE,
-    QUARANTINE_AFTER,
-    Failed,
-    FailurePolicy,
-    Refused,
-    Stored,
-)
+from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited
+from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
+from rollout_client.failures import FailurePolicy
 from rollout_client.following import Beats, Follower, producer_id
-from rollout_client.group import (
-    RELEASE_S,
-    Limits,
-    bounded_close,
-    exited,
-    failures_of,
-)
 from rollout_client.inflight import Group, InFlight
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import pick_env
 from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
-from rollout_client.stats import RunnerStats
+from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource
-from rollout_client.watching import Watching
+from rollout_client.timeouts import Timeouts
+from rollout_client.watching import Monitor, Sight, held_back
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
 from rollout_client.workers import WorkerPool
 
@@ -73,54 +53,27 @@ log = logging.getLogger("rollout_client.runner")
 
 POLL_S = 0.2
 """How often /status-env is read per env: backpressure reacts within this, at 5 cheap requests/s per env."""
-SHUTDOWN_S = 10.0
-"""Bound on `stop()`: groups still submitting after this are cancelled (their group ids keep a later retry
-from storing them twice)."""
 STEP_READ_S = 2.0
 """Bound on the trainer-step read at the end of `pause()`."""
-TURN_TIMEOUT_S = 600.0
-"""Default bound on one generation request (retries included), time paused excluded."""
-ROLLOUT_TIMEOUT_S = 1800.0
-"""Default bound on one rollout (all its turns and tools), time paused excluded."""
 QUARANTINED_IN_A_ROW = 1000
 """A source that hands out only quarantined tasks this many times in a row is treated as exhausted."""
-GROUP_TIMEOUT_S = 3600.0
-"""Default bound on one whole group: its rollouts, scoring and resource release, time paused excluded. Past
-it the group fails (`group_timeout`); a worker running it is replaced (it may hold a verifier that never
-returns)."""
-PAUSE_S = 60.0
-"""Default bound on `pause()`: an inference server that hangs must not stall a weight sync forever."""
-INFERENCE_OUTAGE_S = 600.0
-"""An inference server unreachable this long (the circuit breaker open) ends the run."""
 STALL_WARN_S = 60.0
 """With `max_staleness`: held back `ahead_of_trainer` this long without a `resume()` is reported (a log line
 every this often, and `health().stalled`): the runner waits for `resume()` to learn of new weights."""
 
 
-def check_env(env: Environment, max_in_flight: int) -> None:
-    """Settings of `env` that could never run, as a ValueError naming them."""
-    if env.group_size > max_in_flight:
-        raise ValueError(
-            f"max_in_flight {max_in_flight} < group_size {env.group_size} of {env.name!r}: "
-            "a group's rollouts start together, so it could never start"
-        )
-    if env.min_group_size is not None and not 1 <= env.min_group_size <= env.group_size:
-        raise ValueError(f"min_group_size of {env.name!r} must be between 1 and group_size {env.group_size}")
-    if env.max_resources is not None:
-        least = 1 if env.scores_each_rollout else env.group_size
-        if env.max_resources < least:
-            why = "a group's rollouts hold theirs together" if least > 1 else "a rollout holds one"
-            raise ValueError(f"max_resources {env.max_resources} of {env.name!r} < {least}: {why}, so it could "
-                             "never start")  # fmt: skip
-
-
-class RolloutRunner(Watching, Execution):
+class RolloutRunner:
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
     weight updates; or `rollout_client.handle.run_in_thread(runner)` for a blocking handle from synchronous
     code. `policy` is a Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker
     builds its own from it), and so must the environments and tasks.
+
+    `timeouts` bounds every wait (`Timeouts`), `failures` says which failures end the run (`FailurePolicy`;
+    it keeps this run's counts, so give each runner its own), `recycle` when a worker is replaced
+    (`RecyclePolicy`). The keywords these replace (`turn_timeout=`, `max_error_rate=`,
+    `recycle_after_groups=`...) still work for one release, with a DeprecationWarning.
     """
 
     def __init__(
@@ -133,21 +86,13 @@ class RolloutRunner(Watching, Execution):
         num_workers: int = 0,
         max_staleness: int | None = None,
         poll_interval: float = POLL_S,
-        shutdown_timeout: float = SHUTDOWN_S,
         register_wait: float | None = None,
         client_options: dict[str, Any] | None = None,
-        turn_timeout: float | None = TURN_TIMEOUT_S,
-        rollout_timeout: float | None = ROLLOUT_TIMEOUT_S,
-        max_error_rate: float | None = MAX_ERROR_RATE,
-        error_window: int = ERROR_WINDOW,
-        quarantine_after: int | None = QUARANTINE_AFTER,
-        group_timeout: float | None = GROUP_TIMEOUT_S,
-        release_timeout: float | None = RELEASE_S,
-        pause_timeout: float = PAUSE_S,
-        inference_outage_timeout: float | None = INFERENCE_OUTAGE_S,
         stall_warning: float | None = STALL_WARN_S,
-        recycle_after_groups: int | None = None,
-        max_worker_rss_bytes: int | None = None,
+        timeouts: Timeouts | None = None,
+        failures: FailurePolicy | None = None,
+        recycle: RecyclePolicy | None = None,
+        **deprecated: Any,
     ) -> None:
         if not envs:
             raise ValueError("envs: give at least one (environment, task source) pair")
@@ -158,25 +103,19 @@ class RolloutRunner(Watching, Execution):
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
+        self._names = [e.name for e in self.envs]
         self.policy_spec = policy
         self.max_in_flight = max_in_flight
         self.num_workers = num_workers
         self.max_staleness = max_staleness
         self.poll_interval = poll_interval
-        self.shutdown_timeout = shutdown_timeout
         self.register_wait = register_wait
         self.client_options = client_options or {}
-        self.limits = Limits(None, turn_timeout, rollout_timeout, release_timeout)
+        self.timeouts, self.failures, self.recycle = resolve(timeouts, failures, recycle, deprecated)
+        self.limits = self.timeouts.limits()
         """What bounds a group's rollouts; the token limit is the server's, read when the run starts."""
-        self.group_timeout = group_timeout
-        self.pause_timeout = pause_timeout
-        self.inference_outage_timeout = inference_outage_timeout
-        self.stall_warning = stall_warning
-        self.recycle = RecyclePolicy(recycle_after_groups, max_worker_rss_bytes)
-        self.failures = FailurePolicy(
-            max_error_rate=max_error_rate, error_window=error_window, quarantine_after=quarantine_after
-        )
         self.stats = RunnerStats()
+        self._tally = Tally(self._names, self.stats, self.failures)
         self.clients: list[RolloutClient] = []
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()
@@ -195,7 +134,6 @@ class RolloutRunner(Watching, Execution):
         """The envs' `worker_setup`, entered in this process when there are no workers."""
         self._exhausted = [False] * len(self.envs)
         self._credit = [0.0] * len(self.envs)
-        self._scores: list[list[float]] = [[] for _ in self.envs]
         self._policy: Any = None
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -204,8 +142,9 @@ class RolloutRunner(Watching, Execution):
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
         self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
-        self._held_since: float | None = None
-        self._stall_logged: float | None = None
+        self._monitor = Monitor(max_staleness, stall_warning, self.timeouts.inference_outage)
+        self._executor: GroupExecutor | None = None
+        """What runs the groups, once the run has started (`_start`)."""
         self._resumed = False
         self._follow = Follower(self.envs)
         """The weights the trainer announces, followed (`rollout_client.following`)."""
@@ -223,7 +162,7 @@ class RolloutRunner(Watching, Execution):
         return self._policy_step or 0
 
     def stop(self) -> None:
-        """Stop dispatching and shut down (returns at once; `run()` returns within `shutdown_timeout`).
+        """Stop dispatching and shut down (returns at once; `run()` returns within `timeouts.shutdown`).
         Safe to call from another thread or a signal handler."""
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -241,24 +180,22 @@ class RolloutRunner(Watching, Execution):
         """Stop new generation before a weight update. Returns once no generation request is in flight, in
         this process or any worker; none starts until `resume()`.
 
-        It returns within about `timeout` s (default: the runner's `pause_timeout`, 60 s; `math.inf` waits as
+        It returns within about `timeout` s (default: the runner's `timeouts.pause`, 60 s; `math.inf` waits as
         long as the requests take) whatever the inference server does: groups whose requests are still in
         flight then are cancelled, dropped and counted as `skipped["pause_timeout"]`, and it returns False
         (True when everything stopped in time). It then reads the trainer's step (within 2 s), for
         `resume()` to stamp."""
         if timeout is None:
-            timeout = self.pause_timeout
+            timeout = self.timeouts.pause
         timeout = None if math.isinf(timeout) else timeout
         self._dispatch_open.clear()
-        self._hold_deadlines()
+        if self._loop is not None:
+            self._in_flight.hold_deadlines(self._loop.time())
 
         async def here() -> bool:
             if await self._gate.close(timeout):
                 return True
-            holders = self._gate.holders()
-            for g in self._in_flight:
-                if g.task in holders:
-                    self._in_flight.cancel(g, PAUSE_TIMEOUT)
+            self._in_flight.cancel_holders(self._gate.holders(), PAUSE_TIMEOUT)
             await self._gate.close(CANCEL_GRACE_S)
             return False
 
@@ -274,15 +211,8 @@ class RolloutRunner(Watching, Execution):
     async def _read_trainer_step(self) -> None:
         """Read the trainer's step now (bounded, best effort), so that a `resume()` right after a pause stamps
         the step the trainer reached while it paused, not one read up to `poll_interval` ago."""
-        registered = [c for c in self.clients if c.env_id is not None]
-        if not registered:
-            return
-        try:
-            st = await asyncio.wait_for(registered[0].status(), STEP_READ_S)
-        except (TimeoutError, RolloutClientError) as exc:
-            log.info("reading the trainer's step at pause: %s", exc)
-            return
-        self.stats.trainer_step = max(self.stats.trainer_step, st.current_step)
+        if (step := await self._registrations.trainer_step(STEP_READ_S)) is not None:
+            self.stats.trainer_step = max(self.stats.trainer_step, step)
 
     @property
     def paused(self) -> bool:
@@ -297,7 +227,8 @@ class RolloutRunner(Watching, Execution):
             announced = self._follow.weights_step
             policy_step = max(self.policy_step, self.stats.trainer_step if announced is None else announced)
         self._resumed = True
-        self._release_deadlines()
+        if self._loop is not None:
+            self._in_flight.release_deadlines(self._loop.time())
         self._policy_step = policy_step
         self.stats.policy_step = self._policy_step
         if self.pool is not None:
@@ -310,7 +241,7 @@ class RolloutRunner(Watching, Execution):
 
     async def run(self, max_groups: int | None = None) -> RunnerStats:
         """Register, produce until `stop()` / SIGINT / SIGTERM / `max_groups` dispatched groups are done, shut
-        down within `shutdown_timeout` (workers stopped, envs disconnected) and return the stats.
+        down within `timeouts.shutdown` (workers stopped, envs disconnected) and return the stats.
 
         Raises RunFailed, after the shutdown, when failures passed `max_error_rate`, ten groups in a row were
         rejected by the server, or the server stayed unreachable; its `__cause__` is the original error."""
@@ -322,7 +253,7 @@ class RolloutRunner(Watching, Execution):
         try:
             try:
                 if await unless_stopped(self._stopping, self._start()):
-                    monitor = asyncio.create_task(self._monitor())
+                    monitor = asyncio.create_task(self._monitoring())
                     try:
                         await self._dispatch(max_groups)
                         if not self._stopping.is_set():
@@ -338,7 +269,7 @@ class RolloutRunner(Watching, Execution):
                 if (me := asyncio.current_task()) is not None:
                     me.uncancel()  # the shutdown's own timeouts must not read as this cancellation
                 self._on_stop()
-            deadline = self._loop.time() + self.shutdown_timeout
+            deadline = self._loop.time() + self.timeouts.shutdown
             await self._shutdown(deadline)
         finally:
             if self.pool is not None and self.pool.workers:  # the shutdown itself was cancelled: no orphan
@@ -346,7 +277,7 @@ class RolloutRunner(Watching, Execution):
             for sig in handled:
                 self._loop.remove_signal_handler(sig)
             if deadline is None:
-                deadline = self._loop.time() + self.shutdown_timeout
+                deadline = self._loop.time() + self.timeouts.shutdown
             await disconnect_all(self.clients, deadline)
             self._running = False
         if cancelled:
@@ -364,7 +295,7 @@ class RolloutRunner(Watching, Execution):
                 self._policy_step = reg.starting_step
         info = await self.clients[0].info()
         self._backpressure.batch_size = info.batch_size
-        self.limits = dataclasses.replace(self.limits, token_limit=info.max_token_len)
+        self.limits = self.timeouts.limits(info.max_token_len)
         self.stats.policy_step = self.policy_step
         if self.num_workers > 0:
             self.pool = WorkerPool(self.num_workers, self.envs, self.policy_spec, self.limits, self.recycle)
@@ -372,7 +303,7 @@ class RolloutRunner(Watching, Execution):
             if self._stopping.is_set():
                 self.pool.closing = True
             await self.pool.start()
-            self.stats.workers_alive = len(self.pool.workers)
+            self.stats.count_workers(self.pool)
         else:
             self._policy = make_policy(self.policy_spec)
             for env in self.envs:  # what this process's rollouts share, as a worker would set it up
@@ -384,6 +315,11 @@ class RolloutRunner(Watching, Execution):
                     self._reachability()
 
                 self._policy.on_reachability = changed
+        self._executor = GroupExecutor(
+            self.envs, pool=self.pool, policy=self._policy, limits=self.limits, group_timeout=self.timeouts.group,
+            in_flight=self._in_flight, capacity=self._capacity, gate=self._gate, stats=self.stats,
+            stopping=self._stopping, on_rollout_end=self._rollout_ended,
+        )  # fmt: skip
         self.ready.set()
 
     # ------------------------------------------------------------------------------------------- supervision
@@ -398,31 +334,11 @@ class RolloutRunner(Watching, Execution):
         """One circuit breaker over every policy: open while any says the inference server is unreachable.
         Dispatch holds while it is open; one outage is counted once, however many groups it touched."""
         down = self._policy_down or (self.pool is not None and bool(self.pool.unreachable))
-        now = time.monotonic()
-        changed = self._inference.failure(now) if down else self._inference.success(now)
+        changed = self._inference.observe(down, time.monotonic())
         self.stats.inference_reachable = self._inference.closed
         self.stats.inference_outages = self._inference.outages
         if changed:
             self._changed.set()
-
-    def _hold_deadlines(self) -> None:
-        """A pause stops the groups' deadlines (a weight sync is not the group's time)."""
-        if self._loop is None:
-            return
-        now = self._loop.time()
-        for g in self._in_flight:
-            if g.deadline is not None and (when := g.deadline.when()) is not None:
-                g.remaining = max(0.0, when - now)
-                g.deadline.reschedule(None)
-
-    def _release_deadlines(self) -> None:
-        if self._loop is None:
-            return
-        now = self._loop.time()
-        for g in self._in_flight:
-            if g.deadline is not None and g.remaining is not None:
-                g.deadline.reschedule(now + g.remaining)
-                g.remaining = None
 
     def _registered_again(self, reg: EnvRegistered, info: Info) -> None:
         """An env registered again: the weights generating from now on are stamped with the new run's step."""
@@ -439,26 +355,26 @@ class RolloutRunner(Watching, Execution):
         quarantined_in_a_row = [0] * len(self.envs)
         while not self._stopping.is_set() and (max_groups is None or self.stats.dispatched < max_groups):
             if not self._dispatch_open.is_set():
-                await self._wait_change(self._dispatch_open.wait())
+                await wait_first(self._changed, self._dispatch_open.wait())
                 continue
             if not self._inference.closed:  # new groups would only fail: wait for the server
-                await self._wait_change()
+                await wait_first(self._changed)  # until a group ends, a status read, a signal
                 continue
             self._refresh_blocked()
             eligible = [
                 b is None and not x and not self._follow.holds(i)
                 for i, (b, x) in enumerate(zip(self._backpressure.held, self._exhausted, strict=True))
             ]
-            sizes = [e.group_size for e in self.envs]
             credit = list(self._credit)  # committed only if the pick launches: a wait must not cost an env its turn
             i = pick_env(credit, [e.weight / e.group_size for e in self.envs], eligible)
             if i is None:
                 if all(self._exhausted):
                     return
-                await self._wait_change()
+                await wait_first(self._changed)
                 continue
-            if self._in_flight.free < sizes[i] or not self._capacity[i].fits(self._need(i)):
-                await self._wait_change()
+            fits = self._capacity[i].fits(units_at_start(self.envs[i]))  # its pool's units, if it has one
+            if self._in_flight.free < self.envs[i].group_size or not fits:
+                await wait_first(self._changed)
                 continue
             task = self._follow.restart(i) or self.sources[i].next_task()
             if task is None:
@@ -478,25 +394,9 @@ class RolloutRunner(Watching, Execution):
             self._credit = credit
             self._launch(i, task)
 
-    async def _wait_change(self, *also: Any) -> None:
-        """Sleep until something the dispatcher depends on changes (a group ends, a status read, a signal)."""
-        self._changed.clear()
-        waits = [asyncio.ensure_future(self._changed.wait()), *(asyncio.ensure_future(a) for a in also)]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    def _need(self, i: int) -> int:
-        """Units of env `i`'s pool a group takes when it starts: all G when its rollouts run together (a group
-        that held part of the pool and waited for the rest could deadlock with another); none when they run
-        one by one (each takes its own as it starts)."""
-        return 0 if self.envs[i].scores_each_rollout else self.envs[i].group_size
-
     def _launch(self, i: int, task: Task) -> None:
         group_id = uuid.uuid4().hex
-        taken = self._need(i)
+        taken = units_at_start(self.envs[i])
         self._capacity[i].try_take(taken)  # fits: checked just before, nothing awaited since
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step, taken), name=f"group-{group_id}")
         self._in_flight.add(group_id, Group(handle, i, self.envs[i].group_size, self.policy_step))
@@ -513,7 +413,8 @@ class RolloutRunner(Watching, Execution):
         try:
             try:
                 try:
-                    outcome = await self._execute(i, task, group_id)
+                    assert self._executor is not None  # groups are launched once the run started
+                    outcome = await self._executor.run(i, task, group_id)
                 finally:
                     if taken:
                         self._capacity[i].give(taken)
@@ -528,18 +429,12 @@ class RolloutRunner(Watching, Execution):
             except BaseException as exc:  # exit() in env code: the group fails; a real Ctrl-C is a signal
                 self._failed(i, task, group_id, exited(exc))
                 return
-            self.stats.release_timeouts += outcome.release_timeouts
             self._release(group_id)
-            self._rollouts_failed(i, outcome.rollout_failures)
-            if outcome.group is None:
-                self.stats.skipped[outcome.skipped or "skipped"] += 1
+            if (produced := self._tally.finished(i, outcome, env.group_size)) is None:
                 return
-            self.stats.produced += 1
-            if len(outcome.group.tokens) < env.group_size:
-                self.stats.partial_groups += 1
             self._in_flight.groups[group_id].submitting = True
             update = {"group_id": group_id, "policy_step": step, "producer_id": self.producer_id}
-            group = outcome.group.model_copy(update=update)
+            group = produced.model_copy(update=update)
             group = self._follow.stamp(group_id, group, step)
             try:
                 reply = await self._registrations.submit(i, group)
@@ -548,23 +443,11 @@ class RolloutRunner(Watching, Execution):
                 self.stats.skipped["unsent"] += 1
                 return
             except Rejected as exc:
-                self.stats.skipped["rejected"] += 1
-                log.error("group %s of %s rejected by the server: %s", group_id, env.name, exc)
-                if stop := self.failures.record(Refused()).stop:
+                if stop := self._tally.rejected(i, group_id, exc):
                     self._end(stop, exc)
                 return
-            self.failures.record(Stored(i, task.id))
-            self.stats.error_rate = self.failures.error_rate
             self._backpressure.acked(i, len(group.tokens))
-            if reply.duplicate:
-                self.stats.duplicates += 1
-            else:
-                self.stats.accepted += 1
-                self.stats.accepted_by_env[env.name] += 1
-            mean = sum(group.scores) / len(group.scores)
-            self._scores[i] = [*self._scores[i][-63:], mean]
-            self.stats.mean_score[env.name] = sum(self._scores[i]) / len(self._scores[i])
-            self.sources[i].report(task, mean)
+            self.sources[i].report(task, self._tally.stored(i, task.id, group, bool(reply.duplicate)))
             reported = True
         except asyncio.CancelledError:
             raise
@@ -579,34 +462,13 @@ class RolloutRunner(Watching, Execution):
     # ------------------------------------------------------------------------------------------- failures
 
     def _failed(self, i: int, task: Task, group_id: str, exc: BaseException) -> None:
-        """Count a failed group, quarantine its task if it keeps failing, end the run past the error rate."""
-        env = self.envs[i].name
-        reason = failure_reason(exc)
-        self._rollouts_failed(i, failures_of(exc))
-        self.stats.failed[env][reason] += 1
-        self.stats.last_error[env] = f"{type(exc).__name__}: {exc}"
-        log.warning("group %s of %s failed (%s): %s: %s", group_id, env, reason, type(exc).__name__, exc)
-        if reason == "inference_unreachable":
-            return  # the outage is counted once (inference_outages); neither the task nor the rate is to blame
-        verdict = self.failures.record(Failed(i, task.id))
-        self.stats.error_rate = self.failures.error_rate
-        if verdict.quarantined:
-            self.stats.quarantined[env].add(task.id)
-            log.error("task %s of %s failed %d times in a row: quarantined", task.id, env, verdict.failures)
-        if verdict.stop is not None:
-            self._end(f"{verdict.stop}; failed so far: {self._failed_counts()}", exc)
-
-    def _rollouts_failed(self, i: int, failures: dict[str, int]) -> None:
-        for reason, n in failures.items():
-            self.stats.rollouts_failed[self.envs[i].name][reason] += n
-
-    def _failed_counts(self) -> dict[str, dict[str, int]]:
-        return {env: dict(c) for env, c in self.stats.failed.items()}
+        if (stop := self._tally.failed(i, task.id, group_id, exc)) is not None:
+            self._end(stop, exc)
 
     def _end(self, reason: str, exc: BaseException | None) -> None:
         """End the run with RunFailed (the first cause wins), after the usual shutdown."""
         if self._error is None:
-            error = RunFailed(reason, exc, self._failed_counts())
+            error = RunFailed(reason, exc, self._tally.failed_counts())
             error.__cause__ = exc
             self._error = error
             log.error("ending the run: %s", error)
@@ -626,9 +488,8 @@ class RolloutRunner(Watching, Execution):
 
     # ------------------------------------------------------------------------------------------- monitor
 
-    async def _monitor(self) -> None:
-        """Read every env's /status-env: hold back envs that should wait, cancel groups that became stale; and
-        heartbeat meanwhile."""
+    async def _monitoring(self) -> None:
+        """Watch the server (`_watch`) and heartbeat meanwhile; whatever goes wrong here ends the run."""
         beats = Beats(self.clients, [e.name for e in self.envs], self.stats, lambda: self.policy_step,
                       lambda: (self._follow.drains, self._drained_for), self._beat_now, self.producer_id)  # fmt: skip
         beating = asyncio.create_task(beats.run())
@@ -640,6 +501,54 @@ class RolloutRunner(Watching, Execution):
             self._end(f"the runner's monitor failed: {type(exc).__name__}", exc)
         finally:
             beating.cancel()
+
+    async def _watch(self) -> None:
+        """Every `poll_interval`: read every env's /status-env, take in what it says, and apply the monitor's
+        verdict (hold envs back, cancel groups that became stale, end the run)."""
+        while True:
+            mark = self._backpressure.mark()
+            statuses: Sequence[EnvStatus] = await asyncio.gather(
+                *(self._registrations.status(i) for i in range(len(self.clients)))
+            )
+            trainer_step = self._backpressure.observed(list(statuses), mark)
+            self._weights_observed(statuses)
+            held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
+            self._drained_now()
+            self.stats.trainer_step = trainer_step
+            sight = Sight(
+                held, self._draining(), [(k, g.policy_step, g.submitting) for k, g in self._in_flight.groups.items()],
+                self.policy_step, trainer_step, paused=self.paused, resumed=self._resumed,
+                weights_step=self._follow.weights_step,
+                blocked_reason=next((st.blocked_reason for st in statuses if st.blocked_reason), None),
+                inference_down_for=self._inference.down_for(time.monotonic()),
+            )  # fmt: skip
+            tick = self._monitor.tick(sight, time.monotonic())
+            self.stats.hold(self._names, tick.held)
+            self.stats.stalled, self.stats.server_blocked = tick.stalled, tick.server_blocked
+            if tick.end is not None:
+                self._end(tick.end, None)
+                return
+            self.stats.count_workers(self.pool)
+            for key in tick.stale:
+                if (g := self._in_flight.groups.get(key)) is not None:
+                    self._in_flight.cancel(g, "stale")
+            self._changed.set()
+            await asyncio.sleep(self.poll_interval)
+
+    def _draining(self) -> list[bool]:
+        return [self._follow.holds(i) for i in range(len(self.envs))]
+
+    def _refresh_blocked(self) -> None:
+        """Which envs must wait, from the last status read and what this runner has in flight now."""
+        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
+        self.stats.hold(self._names, held_back(held, self._draining()))
+
+    def health(self) -> RunnerHealth:
+        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
+        runner's loop (or through `RunnerHandle.health()` from another thread)."""
+        self.stats.count_workers(self.pool)
+        error = None if self._error is None else str(self._error)
+        return self.stats.health(running=self._running, paused=self.paused, policy_step=self.policy_step, error=error)
 
     def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
         """New weights announced: stamped on the groups started from now on (groups in flight meet them by their
@@ -668,27 +577,17 @@ class RolloutRunner(Watching, Execution):
         loop = asyncio.get_running_loop()
         if self.pool is not None:
             self.pool.closing = True
-        reserve = min(1.0, 0.2 * self.shutdown_timeout)
-        for g in self._in_flight:
-            if not g.submitting:
-                self._in_flight.cancel(g, "stopped")
-        await self._in_flight.wait(max(0.0, deadline - reserve - loop.time()))
-        for g in self._in_flight:
-            self._in_flight.cancel(g, "unsent")
-        await self._in_flight.wait(max(0.0, deadline - reserve / 2 - loop.time()))
-        for g in self._in_flight:  # ignored its cancellation (user cleanup that hangs): abandoned, not awaited
-            log.warning("group %s did not end within shutdown_timeout: abandoned", g.task.get_name())
+        reserve = min(1.0, 0.2 * self.timeouts.shutdown)
+        await self._in_flight.stop(deadline - reserve, deadline - reserve / 2)
         for i, task in self._follow.drop_restarts():  # cancelled by new weights, never run again
             self._discard(i, task)
         self._gate.open()
         try:
-            await bounded_close(self._shared, self.limits.release_timeout)
+            await bounded_close(self._shared, self.timeouts.release)
         except Exception:  # a teardown that fails must not keep the run from shutting down
             log.exception("an environment's worker_setup failed to exit")
         if self._policy is not None and self._policy is not self.policy_spec:  # built here from a factory
             await close_policy(self._policy)
         if self.pool is not None:
             await self.pool.close(timeout=max(0.0, deadline - reserve / 2 - loop.time()))
-            self.stats.workers_alive = 0
-            self.stats.worker_deaths = self.pool.deaths
-            self.stats.workers_recycled = Counter(self.pool.recycled)
+            self.stats.count_workers(self.pool)

@@ -5,7 +5,12 @@ the runner's machinery."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rollout_client.workers import WorkerPool
 
 
 @dataclass
@@ -68,6 +73,34 @@ class RunnerStats:
     @property
     def failed_total(self) -> int:
         return sum(sum(c.values()) for c in self.failed.values())
+
+    def count_workers(self, pool: WorkerPool | None) -> None:
+        """Take in the worker pool's counts (the one place they are copied): alive now, deaths, recycled."""
+        self.workers_alive = 0 if pool is None else len(pool.workers)
+        if pool is not None:
+            self.worker_deaths = pool.deaths
+            self.workers_recycled = Counter(pool.recycled)
+
+    def hold(self, names: Sequence[str], held: Sequence[str | None]) -> None:
+        """`paused` from why each env (by name) waits now, or None where it does not."""
+        for name, reason in zip(names, held, strict=True):
+            if reason is None:
+                self.paused.pop(name, None)
+            else:
+                self.paused[name] = reason
+
+    def health(self, *, running: bool, paused: bool, policy_step: int, error: str | None) -> RunnerHealth:
+        """The snapshot of these counts a trainer checks, with what only the runner knows."""
+        return RunnerHealth(
+            running=running, paused=paused, workers_alive=self.workers_alive, in_flight=self.in_flight,
+            accepted=self.accepted, failed={env: dict(c) for env, c in self.failed.items()},
+            failed_total=self.failed_total, error_rate=self.error_rate, skipped=dict(self.skipped),
+            held_back=dict(self.paused), trainer_step=self.trainer_step, policy_step=policy_step,
+            lag=max(0, self.trainer_step - policy_step), error=error, inference_reachable=self.inference_reachable,
+            inference_outages=self.inference_outages, workers_recycled=dict(self.workers_recycled),
+            stalled=self.stalled, rollouts_failed={env: dict(c) for env, c in self.rollouts_failed.items()},
+            partial_groups=self.partial_groups, server_blocked=self.server_blocked,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,180 +1,125 @@
-"""The runner's watch over a run: every `poll_interval`, each env's /status-env (held back while the queue is
-full or the trainer too far behind), stale groups cancelled, an inference outage that lasts, a runner held
-ahead of a trainer that never calls `resume()`; and `health()`, the snapshot a trainer checks."""
+"""The runner's watch over a run, as a value: every `poll_interval` the runner reads each env's /status-env
+and hands what it sees (`Sight`) to `Monitor.tick`, which says (`Tick`) which envs to hold back and why,
+which groups became too stale to finish, why the run must end (an inference outage that lasts), whether the
+runner is stalled ahead of a trainer that never calls `resume()`, and what the server says blocks its
+batches. The runner applies it; the monitor does no I/O but its log lines, so it is tested alone."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import time
-from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from api.schema import EnvStatus
 from rollout_client.pacing import AHEAD, DRAINING, is_stale
-from rollout_client.stats import RunnerHealth
-
-if TYPE_CHECKING:
-    from rollout_client.backpressure import Backpressure
-    from rollout_client.breaker import Breaker
-    from rollout_client.client import RolloutClient
-    from rollout_client.env import Environment
-    from rollout_client.following import Follower
-    from rollout_client.inflight import InFlight
-    from rollout_client.registration import Registrations
-    from rollout_client.stats import RunnerStats
-    from rollout_client.workers import WorkerPool
 
 _DIGITS = re.compile(r"\d+")
 log = logging.getLogger("rollout_client.runner")
 
 
-class Watching:
-    """Mixed into `RolloutRunner`: what it watches, and the state it reads (declared here for the types)."""
+@dataclass(frozen=True)
+class Sight:
+    """What the runner sees at one tick."""
 
-    envs: list[Environment]
-    clients: list[RolloutClient]
-    stats: RunnerStats
-    pool: WorkerPool | None
-    max_staleness: int | None
-    poll_interval: float
-    stall_warning: float | None
-    inference_outage_timeout: float | None
-    _registrations: Registrations
-    _backpressure: Backpressure
-    _in_flight: InFlight
-    _inference: Breaker
-    _changed: asyncio.Event
-    _running: bool
-    _error: BaseException | None
-    _held_since: float | None
-    _stall_logged: float | None
-    _resumed: bool
-    _follow: Follower
+    held: Sequence[str | None]
+    """Per env: why backpressure holds it back (queue_full, ahead_of_trainer), or None."""
+    draining: Sequence[bool]
+    """Per env: held for a weight sync's drain (`on_new_weights="drain"`)."""
+    groups: Sequence[tuple[str, int, bool]]
+    """Groups in flight: (group id, the policy step they were started at, submitting already)."""
+    policy_step: int
+    trainer_step: int
+    paused: bool = False
+    """Between `pause()` and `resume()`."""
+    resumed: bool = False
+    """`resume()` was called, or the trainer announced weights, at least once."""
+    weights_step: int | None = None
+    """The step of the weights the trainer last announced (POST /weights), if any."""
+    blocked_reason: str | None = None
+    """Why the server forms no batch from what is queued (the first env's /status-env that says so)."""
+    inference_down_for: float = 0.0
+    """Seconds the inference server has been unreachable (its circuit breaker open)."""
 
-    @property
-    def policy_step(self) -> int:
-        raise NotImplementedError
 
-    @property
-    def paused(self) -> bool:
-        raise NotImplementedError
+@dataclass(frozen=True)
+class Tick:
+    """What the runner must do after a tick."""
 
-    def _end(self, reason: str, exc: BaseException | None) -> None:
-        raise NotImplementedError
+    held: tuple[str | None, ...]
+    """Per env: why it waits now (queue_full, ahead_of_trainer, draining), or None: `stats.paused`."""
+    stale: tuple[str, ...] = ()
+    """Group ids to cancel: too stale to finish (`max_staleness`)."""
+    end: str | None = None
+    """Why the run must end now, or None."""
+    stalled: str | None = None
+    """Why production is stalled (`health().stalled`), or None."""
+    server_blocked: str | None = None
+    """The server's reason it forms no batch (`health().server_blocked`), or None."""
 
-    def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
-        raise NotImplementedError
 
-    def _drained_now(self) -> None:
-        raise NotImplementedError
+def held_back(held: Sequence[str | None], draining: Sequence[bool]) -> tuple[str | None, ...]:
+    """Why each env waits: its backpressure, else a drain for a weight sync, else nothing."""
+    return tuple(h if h is not None else DRAINING if d else None for h, d in zip(held, draining, strict=True))
 
-    def health(self) -> RunnerHealth:
-        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
-        runner's loop (or through `RunnerHandle.health()` from another thread)."""
-        s = self.stats
-        s.workers_alive = len(self.pool.workers) if self.pool is not None else 0
-        return RunnerHealth(
-            running=self._running,
-            paused=self.paused,
-            workers_alive=s.workers_alive,
-            in_flight=s.in_flight,
-            accepted=s.accepted,
-            failed={env: dict(c) for env, c in s.failed.items()},
-            failed_total=s.failed_total,
-            error_rate=s.error_rate,
-            skipped=dict(s.skipped),
-            held_back=dict(s.paused),
-            trainer_step=s.trainer_step,
-            policy_step=self.policy_step,
-            lag=max(0, s.trainer_step - self.policy_step),
-            error=None if self._error is None else str(self._error),
-            inference_reachable=s.inference_reachable,
-            inference_outages=s.inference_outages,
-            workers_recycled=dict(s.workers_recycled),
-            stalled=s.stalled,
-            rollouts_failed={env: dict(c) for env, c in s.rollouts_failed.items()},
-            partial_groups=s.partial_groups,
-            server_blocked=s.server_blocked,
-        )
 
-    async def _watch(self) -> None:
-        while True:
-            mark = self._backpressure.mark()
-            statuses: Sequence[EnvStatus] = await asyncio.gather(
-                *(self._registrations.status(i) for i in range(len(self.clients)))
-            )
-            trainer_step = self._backpressure.observed(list(statuses), mark)
-            self._weights_observed(statuses)
-            self._refresh_blocked()
-            self._drained_now()
-            self.stats.trainer_step = trainer_step
-            self._check_stall()
-            self._check_server(statuses)
-            now = time.monotonic()
-            if self.inference_outage_timeout is not None and (
-                self._inference.down_for(now) > self.inference_outage_timeout
-            ):
-                self._end(f"the inference server stayed unreachable for {self.inference_outage_timeout} s", None)
-                return
-            if self.pool is not None:
-                self.stats.workers_alive = len(self.pool.workers)
-                self.stats.worker_deaths = self.pool.deaths
-                self.stats.workers_recycled = Counter(self.pool.recycled)
-            for g in self._in_flight:
-                if not g.submitting and is_stale(g.policy_step, trainer_step, self.max_staleness):
-                    self._in_flight.cancel(g, "stale")
-            self._changed.set()
-            await asyncio.sleep(self.poll_interval)
+class Monitor:
+    """Judges each tick against `max_staleness`, `stall_warning` and `inference_outage_timeout` (None turns
+    each off), remembering what it needs across ticks: since when the runner is held ahead, when that was
+    last logged, the server's last reason."""
 
-    def _check_stall(self) -> None:
+    def __init__(
+        self, max_staleness: int | None, stall_warning: float | None, inference_outage_timeout: float | None
+    ) -> None:
+        self.max_staleness = max_staleness
+        self.stall_warning = stall_warning
+        self.inference_outage_timeout = inference_outage_timeout
+        self._held_since: float | None = None
+        self._stall_logged: float | None = None
+        self._server_blocked: str | None = None
+
+    def tick(self, sight: Sight, now: float) -> Tick:
+        """What to do about `sight`, seen at `now` (monotonic seconds)."""
+        held = held_back(sight.held, sight.draining)
+        stalled = self._stall(sight, AHEAD in held, now)
+        blocked = self._server(sight.blocked_reason)
+        end = None
+        limit = self.inference_outage_timeout
+        if limit is not None and sight.inference_down_for > limit:
+            end = f"the inference server stayed unreachable for {limit} s"
+        stale = tuple(g for g, step, submitting in sight.groups
+                      if not submitting and is_stale(step, sight.trainer_step, self.max_staleness))  # fmt: skip
+        return Tick(held, stale, end, stalled, blocked)
+
+    def _stall(self, sight: Sight, ahead: bool, now: float) -> str | None:
         """Held back `ahead_of_trainer` for `stall_warning` s with nobody calling `resume()`: the trainer moves
-        on but this runner believes its weights are old. Say so (a log line, `health().stalled`)."""
-        now = time.monotonic()
-        ahead = AHEAD in self.stats.paused.values() and not self.paused
-        if not ahead or self.stall_warning is None:
+        on but this runner believes its weights are old. Say so (a log line every `stall_warning` s)."""
+        if not ahead or sight.paused or self.stall_warning is None:
             self._held_since = None
-            self.stats.stalled = None
-            return
+            return None
         if self._held_since is None:
             self._held_since = now
         held = now - self._held_since
         if held < self.stall_warning:
-            return
+            return None
         fix = "call resume() after each weight sync, or resume(policy_step=N)"
-        if self._follow.weights_step is not None:
-            fix = f"the trainer announced no weights after step {self._follow.weights_step} (POST /weights)"
-        self.stats.stalled = (
-            f"held back ahead_of_trainer for {held:.0f} s at policy step {self.policy_step} (trainer at "
-            f"{self.stats.trainer_step}): {fix}"
-        )
+        if sight.weights_step is not None:
+            fix = f"the trainer announced no weights after step {sight.weights_step} (POST /weights)"
+        stalled = (f"held back ahead_of_trainer for {held:.0f} s at policy step {sight.policy_step} (trainer at "
+                   f"{sight.trainer_step}): {fix}")  # fmt: skip
         if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
             self._stall_logged = now
-            log.warning("the runner is stalled: %s%s", self.stats.stalled,
-                        "" if self._resumed else " (resume() was never called)")  # fmt: skip
+            log.warning("the runner is stalled: %s%s", stalled, "" if sight.resumed else " (resume() was never called)")
+        return stalled
 
-    def _check_server(self, statuses: Sequence[EnvStatus]) -> None:
-        """The server cannot form a batch from what is queued: log its reason once (each new one), show it in
-        `health()`, so the user learns in seconds what to change (a mode, a policy, a group size)."""
-        reason = next((st.blocked_reason for st in statuses if st.blocked_reason), None)
-        if reason is not None and _kind(reason) != _kind(self.stats.server_blocked or ""):
+    def _server(self, reason: str | None) -> str | None:
+        """The server cannot form a batch from what is queued: log its reason once (each new kind), so the user
+        learns in seconds what to change (a mode, a policy, a group size)."""
+        if reason is not None and _kind(reason) != _kind(self._server_blocked or ""):
             log.warning("the server can form no batch from what is queued: %s", reason)
-        elif reason is None and self.stats.server_blocked is not None:
+        elif reason is None and self._server_blocked is not None:
             log.info("the server forms batches again")
-        self.stats.server_blocked = reason
-
-    def _refresh_blocked(self) -> None:
-        """Which envs must wait, from the last status read and what this runner has in flight now."""
-        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
-        for i, reason in enumerate(held):
-            if reason is None and self._follow.holds(i):
-                reason = DRAINING
-            if reason is None:
-                self.stats.paused.pop(self.envs[i].name, None)
-            else:
-                self.stats.paused[self.envs[i].name] = reason
+        self._server_blocked = reason
+        return reason
 
 
 def _kind(reason: str) -> str:

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from rollout_client.aio import bounded_close
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
-from rollout_client.errors import WorkerFailed
-from rollout_client.group import GroupOutcome, Limits, Rollout, bounded_close, exited, run_group, run_rollout
+from rollout_client.errors import WorkerFailed, exited
+from rollout_client.group import GroupOutcome, Limits, Rollout, run_group, run_rollout
 from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.policy import Policy
 from rollout_client.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes

@@ -18,7 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from rollout_client import Environment, Rejected, RolloutRunner, RunFailed, ScriptedPolicy, Session, Task, Tasks
+from rollout_client import (
+    Environment,
+    Rejected,
+    RolloutRunner,
+    RunFailed,
+    ScriptedPolicy,
+    Session,
+    Task,
+    Tasks,
+    Timeouts,
+)
 from rollout_client.examples import Arithmetic, Synthetic, arithmetic_script, arithmetic_task
 from rollout_client.pacing import AHEAD, QUEUE_FULL
 from tests.factories import group, registration
@@ -143,7 +153,7 @@ async def test_shutdown_under_load_on_a_full_queue(tmp_path: Path) -> None:
         start_trainer(server.url, batch_size=64)
         env = Synthetic(group_size=4, steps=1, wait_s=0.01)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, shutdown_timeout=0.5)  # fmt: skip
+                               max_in_flight=16, timeouts=Timeouts(shutdown=0.5))  # fmt: skip
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.paused.get(env.name) == QUEUE_FULL, "the runner to see the full queue")
         runner.stop()

@@ -19,7 +19,18 @@ import httpx
 import pytest
 
 from api.batcher import WAIT_FOR_ARRIVALS_BATCHES
-from rollout_client import ResourceExhausted, RolloutRunner, ScriptedPolicy, Session, Task, Tasks, resources
+from rollout_client import (
+    FailurePolicy,
+    RecyclePolicy,
+    ResourceExhausted,
+    RolloutRunner,
+    ScriptedPolicy,
+    Session,
+    Task,
+    Tasks,
+    Timeouts,
+    resources,
+)
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.policy import stable_unit
 from tests.fake_vllm import fake_vllm
@@ -95,7 +106,8 @@ async def test_on_defaults_2_percent_crashing_rollouts_at_g64_do_not_end_the_run
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=64 * 4)
         runner = RolloutRunner(server.url, [(CrashingOnDefaults(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=128, error_window=8)  # fmt: skip
+                               ScriptedPolicy(arithmetic_script), max_in_flight=128,
+                               failures=FailurePolicy(error_window=8))  # fmt: skip
         stats = await finish(runner.run(max_groups=12))
         assert stats.accepted == 12 and not stats.failed and stats.error_rate == 0.0
         assert stats.rollouts_failed["crashing"]["env_error"] > 0 and stats.partial_groups > 0
@@ -121,7 +133,7 @@ async def test_a_group_with_too_few_survivors_is_dropped_and_counted(tmp_path: P
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Fragile(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, max_error_rate=None)  # fmt: skip
+                               max_in_flight=16, failures=FailurePolicy(max_error_rate=None))  # fmt: skip
         stats = await finish(runner.run(max_groups=6))
         dropped = stats.failed["fragile"]["env_error"]
         assert dropped + stats.accepted == 6 and dropped > 0
@@ -251,7 +263,7 @@ async def test_a_shared_pool_of_8_with_g8_and_16_in_flight_makes_progress(tmp_pa
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url, max_resources=8)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, num_workers=2, recycle_after_groups=2)  # fmt: skip
+                               max_in_flight=16, num_workers=2, recycle=RecyclePolicy(max_groups=2))  # fmt: skip
         stats = await finish(runner.run(max_groups=6))
         assert stats.accepted == 6 and not stats.failed
         seen = pool.stats()
@@ -367,7 +379,8 @@ async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: 
             await finish(run)
         else:
             runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                                   max_in_flight=8, group_timeout=0.5, max_error_rate=None)  # fmt: skip
+                                   max_in_flight=8, timeouts=Timeouts(group=0.5),
+                                   failures=FailurePolicy(max_error_rate=None))  # fmt: skip
             stats = await finish(runner.run(max_groups=2))
             assert stats.failed["sandboxed"]["group_timeout"] == 2
         seen = pool.stats()
@@ -387,7 +400,7 @@ async def test_a_shared_pool_used_without_max_resources_is_named_in_a_warning_wi
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, release_timeout=1.0)  # fmt: skip
+                               max_in_flight=16, timeouts=Timeouts(release=1.0))  # fmt: skip
         run = asyncio.create_task(runner.run())
         try:
             await until(lambda: "max_resources" in caplog.text, "the warning")

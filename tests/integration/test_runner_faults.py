@@ -27,6 +27,7 @@ import pytest
 
 from rollout_client import (
     Curriculum,
+    FailurePolicy,
     InferenceError,
     OpenAIPolicy,
     RolloutRunner,
@@ -35,6 +36,7 @@ from rollout_client import (
     Session,
     Task,
     Tasks,
+    Timeouts,
 )
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
 from rollout_client.handle import run_in_thread
@@ -187,7 +189,7 @@ async def test_past_the_error_rate_the_run_ends_with_run_failed_carrying_the_ori
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Flaky(every=2), Tasks(arithmetic_task))],
                                ScriptedPolicy(arithmetic_script), max_in_flight=4, num_workers=workers,
-                               max_error_rate=0.4, error_window=10)  # fmt: skip
+                               failures=FailurePolicy(max_error_rate=0.4, error_window=10))  # fmt: skip
         with pytest.raises(RunFailed, match="max_error_rate") as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         assert isinstance(info.value.__cause__, ValueError) and info.value.error is info.value.__cause__
@@ -204,7 +206,7 @@ async def test_retried_inference_that_keeps_failing_ends_the_run_with_the_infere
         start_trainer(server.url, batch_size=8)
         policy = partial(OpenAIPolicy, vllm.url, MODEL, max_attempts=2)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], policy, max_in_flight=8,
-                               error_window=4)  # fmt: skip
+                               failures=FailurePolicy(error_window=4))  # fmt: skip
         with pytest.raises(RunFailed) as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         cause = info.value.__cause__
@@ -224,7 +226,7 @@ async def test_a_hanging_generate_times_out_and_frees_its_slot(tmp_path: Path, w
         # turn_timeout leaves a healthy turn room on a loaded machine (one took over 0.5 s in CI)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(partial(marked_task, marker="HANG", every=4)))],
                                openai(vllm.url), max_in_flight=8, num_workers=workers,
-                               turn_timeout=2.0)  # fmt: skip
+                               timeouts=Timeouts(turn=2.0))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
         assert stats.failed == {"arithmetic": {"turn_timeout": 3}} and stats.accepted == 7
         assert stats.in_flight == 0
@@ -247,7 +249,7 @@ async def test_a_rollout_past_rollout_timeout_fails_its_group(tmp_path: Path) ->
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Slow(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, rollout_timeout=0.3)  # fmt: skip
+                               max_in_flight=8, timeouts=Timeouts(rollout=0.3))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert stats.failed == {"slow": {"rollout_timeout": 4}} and stats.accepted == 0
 
@@ -285,7 +287,7 @@ async def test_run_returns_within_shutdown_timeout_when_the_server_hangs(tmp_pat
         start_trainer(server.url, batch_size=8)
         envs = [(Arithmetic(name=f"e{k}"), Tasks(arithmetic_task)) for k in range(3)]
         runner = RolloutRunner(server.url, envs, ScriptedPolicy(arithmetic_script), max_in_flight=12,
-                               shutdown_timeout=2.0)  # fmt: skip
+                               timeouts=Timeouts(shutdown=2.0))  # fmt: skip
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.accepted >= 6, "first groups")
         os.killpg(server.proc.pid, signal.SIGSTOP)
@@ -297,7 +299,7 @@ async def test_run_returns_within_shutdown_timeout_when_the_server_hangs(tmp_pat
             elapsed = time.monotonic() - t0
         finally:
             os.killpg(server.proc.pid, signal.SIGCONT)
-        assert elapsed < runner.shutdown_timeout + 1.0, f"run() took {elapsed:.1f} s to return"
+        assert elapsed < runner.timeouts.shutdown + 1.0, f"run() took {elapsed:.1f} s to return"
 
 
 # ------------------------------------------------------------------------------------------- 5. rollback
@@ -339,7 +341,8 @@ async def test_a_failed_rollback_keeps_the_original_error(tmp_path: Path, worker
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Sandboxed(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=4, num_workers=workers, max_error_rate=0.0, error_window=1)  # fmt: skip
+                               max_in_flight=4, num_workers=workers,
+                               failures=FailurePolicy(max_error_rate=0.0, error_window=1))  # fmt: skip
         with pytest.raises(RunFailed) as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         cause = info.value.__cause__
@@ -469,7 +472,7 @@ async def test_the_curriculum_forgets_groups_that_are_never_reported(tmp_path: P
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Mixed(), curriculum)], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, max_error_rate=None)  # fmt: skip
+                               max_in_flight=8, failures=FailurePolicy(max_error_rate=None))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
         assert stats.failed_total > 0 and stats.skipped["rejected"] > 0
         assert curriculum._level_of == {}, "every handed-out task was reported or discarded"

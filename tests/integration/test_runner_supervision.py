@@ -23,13 +23,16 @@ import pytest
 
 from rollout_client import (
     Curriculum,
+    FailurePolicy,
     OpenAIPolicy,
+    RecyclePolicy,
     RolloutRunner,
     RunFailed,
     ScriptedPolicy,
     Session,
     Task,
     Tasks,
+    Timeouts,
 )
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.group import Limits
@@ -141,7 +144,7 @@ async def test_a_verifier_that_never_returns_fails_its_group_and_its_worker_is_r
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Spinning(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, num_workers=1, group_timeout=5.0)  # fmt: skip
+                               max_in_flight=8, num_workers=1, timeouts=Timeouts(group=5.0))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=8), HANG_GUARD_S)
         assert stats.failed == {"spinning": {"group_timeout": 1}}
         assert stats.workers_recycled["stuck"] == 1 and stats.worker_deaths == 0
@@ -150,13 +153,13 @@ async def test_a_verifier_that_never_returns_fails_its_group_and_its_worker_is_r
 
 IN_PROCESS_SPIN = """
 import asyncio, sys
-from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client import RolloutRunner, ScriptedPolicy, Tasks, Timeouts
 from rollout_client.examples import arithmetic_script, arithmetic_task
 from tests.integration.test_runner_supervision import Spinning
 
 async def main():
     runner = RolloutRunner(sys.argv[1], [(Spinning(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=8, group_timeout=2.0)
+                           max_in_flight=8, timeouts=Timeouts(group=2.0))
     run = asyncio.create_task(runner.run())
     while not runner.stats.failed:
         await asyncio.sleep(0.02)
@@ -218,12 +221,14 @@ async def test_a_hanging_sandbox_close_is_abandoned_and_stop_still_returns(tmp_p
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(HangingClose(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, release_timeout=0.5)  # fmt: skip
+                               ScriptedPolicy(arithmetic_script), max_in_flight=8,
+                               timeouts=Timeouts(release=0.5))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=6), HANG_GUARD_S)
         assert stats.accepted == 6 and stats.release_timeouts == 6
 
         runner = RolloutRunner(server.url, [(HangingClose(hang_rollout=True), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, shutdown_timeout=2.0)  # fmt: skip
+                               ScriptedPolicy(arithmetic_script), max_in_flight=8,
+                               timeouts=Timeouts(shutdown=2.0))  # fmt: skip
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.in_flight == 8, "rollouts to hang")
         runner.stop()
@@ -267,7 +272,7 @@ async def test_workers_are_recycled_after_n_groups(tmp_path: Path) -> None:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
                                ScriptedPolicy(arithmetic_script), max_in_flight=4, num_workers=1,
-                               recycle_after_groups=4)  # fmt: skip
+                               recycle=RecyclePolicy(max_groups=4))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
         assert not stats.failed and stats.accepted == 10 and stats.worker_deaths == 0
         assert stats.workers_recycled["max_groups"] == 2
@@ -279,7 +284,7 @@ async def test_workers_are_recycled_after_n_groups(tmp_path: Path) -> None:
 EXITING = """
 import asyncio, sys
 from dataclasses import dataclass
-from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
+from rollout_client import FailurePolicy, RolloutRunner, ScriptedPolicy, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 
 @dataclass
@@ -298,7 +303,7 @@ class Exiting(Arithmetic):
 
 async def main():
     runner = RolloutRunner(sys.argv[1], [(Exiting(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=8, max_error_rate=None)
+                           max_in_flight=8, failures=FailurePolicy(max_error_rate=None))
     stats = await runner.run(max_groups=12)
     print(dict(stats.failed["exiting"]), stats.accepted, flush=True)
 
@@ -328,7 +333,7 @@ async def test_pause_without_a_timeout_is_bounded_by_the_runners_default(tmp_pat
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
-                               max_in_flight=8, pause_timeout=0.5)  # fmt: skip
+                               max_in_flight=8, timeouts=Timeouts(pause=0.5))  # fmt: skip
         vllm.control(hang_all=True)
         run = asyncio.create_task(runner.run())
         await until(lambda: vllm.stats().get("hung", 0) >= 4, "requests to hang")
@@ -422,7 +427,8 @@ async def test_inference_replies_are_validated_and_nan_scores_fail_as_env_errors
         vllm.control(null_logprob_marker="NULLLP", nan_logprob_marker="NANLP", overlong_marker="LONG")
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(NanScore(), Tasks(marked))], openai_default(vllm.url),
-                               max_in_flight=8, max_error_rate=None, quarantine_after=None)  # fmt: skip
+                               max_in_flight=8,
+                               failures=FailurePolicy(max_error_rate=None, quarantine_after=None))  # fmt: skip
         stats = await asyncio.wait_for(runner.run(max_groups=16), HANG_GUARD_S)
         assert stats.failed == {"checked": {"inference_error": 6, "env_error": 2}}
         assert stats.accepted == 8 and stats.skipped["rejected"] == 0

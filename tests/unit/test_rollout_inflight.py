@@ -38,3 +38,63 @@ async def test_a_group_holds_its_slots_until_its_rollouts_end_and_gives_them_bac
     ledger.remove("b")
     assert (ledger.free, stats.in_flight, list(ledger)) == (8, 0, [])
     tasks[0].cancel()
+
+
+async def test_a_stop_cancels_what_generates_lets_submits_finish_then_cancels_them() -> None:
+    """`stop`: groups still generating are cancelled (`stopped`); one submitting is left until `submits_by`,
+    then cancelled (`unsent`); each counted once, under one reason."""
+    stats = RunnerStats()
+    ledger = InFlight(8, stats)
+    submitted = asyncio.Event()
+
+    async def generating() -> None:
+        await asyncio.Event().wait()
+
+    async def submitting() -> None:
+        await submitted.wait()
+
+    def launch(key: str, task: asyncio.Task[None], submitting: bool) -> None:
+        """As the runner's groups do: in the ledger until their task ends."""
+        ledger.add(key, Group(task, env=0, size=2, policy_step=0, submitting=submitting))
+        task.add_done_callback(lambda _: ledger.remove(key))
+
+    gen, sub = asyncio.create_task(generating()), asyncio.create_task(submitting())
+    launch("gen", gen, False)
+    launch("sub", sub, True)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.create_task(ledger.stop(loop.time() + 60.0, loop.time() + 60.0))
+    await asyncio.wait([gen])
+    assert gen.cancelled() and not sub.done() and stats.skipped == {"stopped": 1}
+    submitted.set()  # its submit finishes in time: not cancelled
+    await stopping
+    assert not sub.cancelled() and stats.skipped == {"stopped": 1}
+
+    late = asyncio.create_task(generating())
+    launch("late", late, True)
+    await ledger.stop(loop.time(), loop.time() + 60.0)  # no time left for submits
+    assert late.cancelled() and stats.skipped == {"stopped": 1, "unsent": 1}
+
+
+async def test_a_pause_holds_every_deadline_with_what_it_had_left_and_the_resume_restores_it() -> None:
+    ledger = InFlight(8, RunnerStats())
+    loop = asyncio.get_running_loop()
+
+    async def timed() -> None:
+        async with asyncio.timeout(30.0) as deadline:
+            ledger.groups["a"].deadline = deadline
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(timed())
+    ledger.add("a", Group(task, env=0, size=1, policy_step=0))
+    await asyncio.sleep(0)
+    g = ledger.groups["a"]
+    assert g.deadline is not None and (when := g.deadline.when()) is not None
+    ledger.hold_deadlines(when - 10.0)
+    assert g.deadline.when() is None and g.remaining == 10.0
+    ledger.hold_deadlines(loop.time())  # held already: holding again changes nothing
+    assert g.remaining == 10.0
+    now = loop.time()
+    ledger.release_deadlines(now)
+    assert g.deadline.when() == now + 10.0 and g.remaining is None
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

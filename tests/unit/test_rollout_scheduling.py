@@ -12,8 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_client import ResourceExhausted, ResourceTimeout
+from rollout_client.aio import acquire_all
 from rollout_client.errors import EnvExited, GroupDropped
-from rollout_client.group import acquire_all, failures_of, survive
+from rollout_client.group import failures_of, survive
 from rollout_client.inflight import Group, InFlight
 from rollout_client.resources import MAX_BACKOFF_S, Capacity, acquire_backing_off, backoff
 from rollout_client.stats import RunnerStats

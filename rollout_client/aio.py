@@ -1,0 +1,196 @@
+"""Generic asyncio helpers the runner's group machinery is built on, none of them about rollouts: a blocking
+call off the loop in a daemon thread, waiting for an event or anything else, the first real error of a task
+group, bounded closes of an exit stack, and an all-or-nothing acquire of async context managers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from typing import Any, TypeVar
+
+from rollout_client.errors import ResourceExhausted, exited
+from rollout_client.resources import let_go
+
+log = logging.getLogger("rollout_client.group")
+
+RELEASE_S = 30.0
+"""Default bound on releasing a group's resources (a sandbox's close): past it the release is abandoned
+(cancelled, logged, counted) and the group goes on; a close that hangs must not hold slots or a shutdown."""
+
+T = TypeVar("T")
+
+
+async def in_daemon_thread(fn: Callable[[], T]) -> T:
+    """`fn()` in a daemon thread, off the event loop: a verifier that never returns cannot block the loop
+    (signals, timeouts, submits still run) nor, being a daemon, the process's exit. Cancelling this abandons
+    the thread (Python cannot stop it); the worker watchdog replaces a worker that has one."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            result: T | None = fn()
+            error: BaseException | None = None
+        except Exception as exc:
+            result, error = None, exc
+        except BaseException as exc:  # exit() in a verifier fails its group only
+            result, error = None, exited(exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name="rollout-score", daemon=True).start()
+    return await fut
+
+
+async def wait_first(event: asyncio.Event, *also: Awaitable[Any]) -> None:
+    """Clear `event`, then sleep until it is set again or any of `also` completes (the rest cancelled)."""
+    event.clear()
+    waits = [asyncio.ensure_future(event.wait()), *(asyncio.ensure_future(a) for a in also)]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The first real error in a task group's failure (not a cancellation it caused), with the others
+    attached to it as notes; None if there are only cancellations."""
+    flat: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for e in exc.exceptions:
+                walk(e)
+        elif not isinstance(exc, asyncio.CancelledError):
+            flat.append(exc)
+
+    walk(group)
+    if not flat:
+        return None
+    for other in flat[1:]:
+        flat[0].add_note(f"also, in another rollout of the group: {type(other).__name__}: {other}")
+    return flat[0]
+
+
+async def bounded_close(stack: AsyncExitStack, timeout: float | None) -> bool:
+    """Exit `stack` within `timeout` s: True if it did; else its exits are cancelled and abandoned (False).
+    Run as its own task, so that a close that hangs holds neither its group nor a cancellation of it."""
+    closing = asyncio.ensure_future(stack.aclose())
+    try:
+        done, _ = await asyncio.wait([closing], timeout=timeout)
+    except asyncio.CancelledError:
+        closing.cancel()
+        raise
+    if done:
+        closing.result()  # re-raise what the exits raised
+        return True
+    closing.cancel()
+    closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" noise
+    log.warning("releasing a group's resources took more than release_timeout=%s s: abandoned", timeout)
+    return False
+
+
+async def release(stack: AsyncExitStack, error: BaseException, timeout: float | None = RELEASE_S) -> None:
+    """Exit `stack` after `error`, which stays the error: whatever the exits raise is attached to it as notes
+    (a sandbox that fails to close must not hide why the group failed). Bounded by `timeout`."""
+    try:
+        if not await bounded_close(stack, timeout):
+            error.add_note(f"releasing its resources took more than {timeout} s: abandoned")
+    except BaseException as close_error:
+        chain: list[BaseException] = []
+        e: BaseException | None = close_error
+        while e is not None and e is not error and e not in chain:
+            chain.append(e)
+            e = e.__context__
+        for c in reversed(chain):
+            error.add_note(f"while releasing resources after this error: {type(c).__name__}: {c}")
+        log.warning("releasing resources after %s: %s: %s", type(error).__name__, type(close_error).__name__,
+                    close_error)  # fmt: skip
+
+
+async def acquire_all(
+    cms: Sequence[AbstractAsyncContextManager[Any]],
+    release_timeout: float | None = RELEASE_S,
+    on_stuck: tuple[float, Callable[[int, int], None]] | None = None,
+) -> tuple[list[Any], AsyncExitStack]:
+    """Enter every context manager concurrently; all succeed or none is held.
+
+    A cancellation (`stop()`, a stale group, a timeout) does not cut an acquire short: each one in progress
+    finishes (within `release_timeout`) and what it got is released, so a remote pool keeps no unit for it.
+
+    On a failure the others are cancelled, whatever was entered is exited, and the first real error (not a
+    cancellation it caused) is raised, with any error from the exits attached as notes. A ResourceExhausted
+    ("not now") cancels nothing: the others finish entering, then all are exited and it is raised. On success
+    the returned stack exits them all.
+    """
+    entered: dict[int, Any] = {}
+    held: list[AbstractAsyncContextManager[Any]] = []
+    stack = AsyncExitStack()
+
+    async def exit_all(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        """Exit every held one at once: one cancellation reaches every exit (a bounded release that gives
+        up on closes that hang cancels them all, not one after another)."""
+        results = await asyncio.gather(*(cm.__aexit__(exc_type, exc, tb) for cm in reversed(held)),
+                                       return_exceptions=True)  # fmt: skip
+        errors = [r for r in results if isinstance(r, BaseException) and r is not exc]
+        for other in errors[1:]:
+            errors[0].add_note(f"also, releasing another resource: {type(other).__name__}: {other}")
+        if errors:
+            raise errors[0]
+        return False
+
+    stack.push_async_exit(exit_all)
+
+    exhausted: list[ResourceExhausted] = []
+
+    async def enter(i: int, cm: AbstractAsyncContextManager[Any]) -> None:
+        entering = asyncio.ensure_future(cm.__aenter__())
+        try:
+            value = await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            await let_go(entering, cm, release_timeout)
+            raise
+        except ResourceExhausted as exc:  # "not now": the others finish entering (a cancelled acquire could
+            exhausted.append(exc)  # leave its resource taken at the pool), then all are released
+            return
+        entered[i] = value  # no await between entering and recording: a cancellation cannot lose it
+        held.append(cm)
+
+    def stuck() -> None:
+        if on_stuck is not None and 0 < len(held) < len(cms):
+            on_stuck[1](len(held), len(cms))
+
+    watch = asyncio.get_running_loop().call_later(on_stuck[0] if on_stuck else math.inf, stuck)
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for i, cm in enumerate(cms):
+                tg.create_task(enter(i, cm))
+        watch.cancel()
+        if exhausted:
+            raise exhausted[0]
+    except BaseExceptionGroup as group:
+        watch.cancel()
+        real = first_error(group)
+        await release(stack, real or group)
+        if real is not None:
+            raise real from None
+        raise
+    except BaseException as exc:
+        watch.cancel()
+        await release(stack, exc)
+        raise
+    return [entered[i] for i in range(len(cms))], stack
