@@ -16,7 +16,6 @@ from starlette.requests import ClientDisconnect
 
 from api import connections, wandb_stats
 from api.auth import require_api_key
-from api.batcher import LookAhead
 from api.commits import ReadAhead
 from api.drop_bias import Thresholds
 from api.drop_bias_watch import BiasWatch
@@ -36,7 +35,6 @@ from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, export, ledger, ops, producers, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
-from api.side_buffer import SideLimits
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
@@ -59,12 +57,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = make_store(settings.store)
         app.state.service = service = Service(
             TimedStore(store),
-            limits=queue_limits(settings),
-            read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
-            books=ledger_settings(settings),
-            rules=formation_rules(settings),
-            bias=BiasWatch(drop_bias_thresholds(settings)),
-            producers=ProducerSettings(settings.producer_gone_after, settings.max_producers),
+            limits=QueueLimits.of(settings),
+            read_ahead=ReadAhead.of(settings),
+            books=LedgerSettings.of(settings),
+            rules=FormationRules.of(settings),
+            bias=BiasWatch(Thresholds.of(settings)),
+            producers=ProducerSettings.of(settings),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         log_keys(settings, app.state.door.keys)
@@ -145,45 +143,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     return app
-
-
-def ledger_settings(settings: Settings) -> LedgerSettings:
-    return LedgerSettings(
-        enabled=settings.ledger,
-        max_groups=settings.ledger_max_groups,
-        max_steps=settings.ledger_max_steps,
-        retain_steps=settings.retain_steps,
-        retain_bytes=settings.retain_bytes,
-    )
-
-
-def drop_bias_thresholds(settings: Settings) -> Thresholds:
-    return Thresholds(
-        starve_steps=settings.drop_bias_starve_steps,
-        length_skew=settings.drop_bias_length_skew,
-        reward_skew=settings.drop_bias_reward_skew,
-    )
-
-
-def formation_rules(settings: Settings) -> FormationRules:
-    look = LookAhead(
-        settings.formation_look_ahead_groups, settings.formation_look_ahead_sequences, settings.formation_due_after
-    )
-    return FormationRules(look, settings.quiet_share_seconds)
-
-
-def queue_limits(settings: Settings) -> QueueLimits:
-    return QueueLimits(
-        max_groups=settings.max_queue_groups,
-        max_tokens=settings.max_queue_tokens,
-        max_env_groups=settings.max_env_queue_groups,
-        max_env_tokens=settings.max_env_queue_tokens,
-        max_bytes=settings.max_queue_bytes,
-        max_env_bytes=settings.max_env_queue_bytes,
-        max_group_seqs=settings.max_group_seqs,
-        retry_after=settings.retry_after,
-        side=SideLimits(settings.side_buffer_max_groups, settings.side_buffer_max_bytes, settings.side_buffer_ttl_s),
-    )
 
 
 # One shape for every error reply (api.errors.error_body), whoever raised it.

@@ -26,6 +26,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.errors import error_body
+from api.setting_groups import REQUESTS
 
 log = logging.getLogger("rollbuf")
 
@@ -49,7 +50,7 @@ def configure(
     header_timeout: float,
     body_timeout: float,
     max_connections: int,
-    min_body_rate: int = 1 << 20,
+    min_body_rate: int = REQUESTS.min_body_rate,
 ) -> int:
     """Set this process's bounds; `max_connections` is lowered to what the descriptor limit leaves. Returns it."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
