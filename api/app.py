@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
@@ -15,7 +15,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from api import connections, wandb_stats
-from api.auth import require_api_key
 from api.commits import ReadAhead
 from api.drop_bias import Thresholds
 from api.drop_bias_watch import BiasWatch
@@ -29,10 +28,11 @@ from api.limits import QueueLimits
 from api.logs import log_client_gone, log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
-from api.openapi import SECURED, declare_limits, drop_auth
+from api.openapi import declare_limits, drop_auth
 from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, export, ledger, ops, producers, trainer
+from api.routes import ops
+from api.routes.table import ROUTERS, TABLE
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.store import make_store
@@ -111,7 +111,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         compresslevel=settings.gzip_level,
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
-    door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
+    door = Door(
+        door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes, TABLE
+    )
     app.state.door = door
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
     if settings.metrics:
@@ -121,18 +123,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, _render_http_error)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _render_crash)
-    app.include_router(admin.health)
-    app.include_router(ops.probes)
-    secured = [Depends(require_api_key)]
-    app.include_router(admin.router, dependencies=secured, responses=SECURED)
-    app.include_router(trainer.router, dependencies=secured, responses=SECURED)
-    app.include_router(envs.router, dependencies=secured, responses=SECURED)
-    app.include_router(producers.router, dependencies=secured, responses=SECURED)
-    app.include_router(ledger.router, dependencies=secured, responses=SECURED)
-    app.include_router(ops.router, dependencies=secured, responses=SECURED)
-    app.include_router(export.router, dependencies=secured, responses=SECURED)
+    for router in ROUTERS:  # each route declares its roles, body and statuses (api.routes.spec)
+        app.include_router(router)
     if settings.metrics:
-        app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
+        app.include_router(ops.prometheus)
     if door.keys is None:
         drop_auth(app)
     declare_limits(
