@@ -34,6 +34,7 @@ from api.records import MSGPACK_TYPES
 from api.routes import ops
 from api.routes.table import ROUTERS, TABLE
 from api.service import Service
+from api.setting_groups import built
 from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.store import make_store
 
@@ -57,12 +58,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = make_store(settings.store)
         app.state.service = service = Service(
             TimedStore(store),
-            limits=QueueLimits.of(settings),
-            read_ahead=ReadAhead.of(settings),
-            books=LedgerSettings.of(settings),
-            rules=FormationRules.of(settings),
-            bias=BiasWatch(Thresholds.of(settings)),
-            producers=ProducerSettings.of(settings),
+            limits=built(QueueLimits, settings),
+            read_ahead=built(ReadAhead, settings),
+            books=built(LedgerSettings, settings),
+            rules=built(FormationRules, settings),
+            bias=BiasWatch(built(Thresholds, settings)),
+            producers=built(ProducerSettings, settings),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         log_keys(settings, app.state.door.keys)

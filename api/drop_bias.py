@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from api.filters import SCORE_RANGE, ZERO_VARIANCE
-from api.setting_groups import DROP_BIAS, DropBiasSettings
+from api.setting_groups import setting
 
 FILTER_REASONS = frozenset({ZERO_VARIANCE, SCORE_RANGE})
 """Drop reasons that are the trainer's own choice (its group filters): left out of the skew comparisons."""
@@ -51,13 +51,13 @@ CONDITIONS = (STARVED, LENGTH_SKEW, REWARD_SKEW)
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    starve_steps: int = DROP_BIAS.drop_bias_starve_steps
+    starve_steps: int = setting("drop_bias_starve_steps")
     """Consecutive batches below the env's floor before it is starved (K)."""
     weight_fraction: float = 0.5
     """The floor's part of the weight's share: an env below half of what its weight asks for is starved."""
-    length_skew: float = DROP_BIAS.drop_bias_length_skew
+    length_skew: float = setting("drop_bias_length_skew")
     """Relative difference of mean tokens per sequence, dropped against trained, that counts as a skew."""
-    reward_skew: float = DROP_BIAS.drop_bias_reward_skew
+    reward_skew: float = setting("drop_bias_reward_skew")
     """Difference of mean rewards, in pooled standard deviations, that counts as a skew."""
     min_groups: int = 20
     """Trained groups, and unintentionally dropped groups, a window needs before a skew is judged."""
@@ -67,14 +67,6 @@ class Thresholds:
     """Batches the share is averaged over (and starvation looked for in)."""
     window_groups: int = 2000
     """Decisions (trained or dropped groups) kept per env."""
-
-    @staticmethod
-    def of(s: DropBiasSettings) -> Thresholds:
-        return Thresholds(
-            starve_steps=s.drop_bias_starve_steps,
-            length_skew=s.drop_bias_length_skew,
-            reward_skew=s.drop_bias_reward_skew,
-        )
 
 
 @dataclass(frozen=True, slots=True)

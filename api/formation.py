@@ -28,7 +28,7 @@ from api.commits import COMMIT, ReadAhead, read_ahead_full
 from api.errors import Conflict, Gone, RollbufError
 from api.filters import STALE
 from api.records import decode_meta
-from api.setting_groups import BATCHING, BatchSettings
+from api.setting_groups import part, setting
 from api.state import RunState
 from api.store.base import ANON_ENV, DROPPED, SERVED, QueueCounts, Txn
 
@@ -44,15 +44,10 @@ by env name."""
 class FormationRules:
     """The server's settings for forming batches (`api/settings.py`)."""
 
-    look_ahead: LookAhead = LookAhead()
-    quiet_share_seconds: float = BATCHING.quiet_share_seconds
+    look_ahead: LookAhead = part(LookAhead)
+    quiet_share_seconds: float = setting("quiet_share_seconds")
     """How long an env's minimum allocation may hold a batch back (it has too little queued while others have
     enough) before it stops holding it, until it queues enough again."""
-
-    @staticmethod
-    def of(s: BatchSettings) -> FormationRules:
-        look = LookAhead(s.formation_look_ahead_groups, s.formation_look_ahead_sequences, s.formation_due_after)
-        return FormationRules(look, s.quiet_share_seconds)
 
 
 DEFAULT_RULES = FormationRules()

@@ -1,15 +1,17 @@
 """Every server setting, declared once, by concern: its name (the `ROLLBUF_*` variable and the `rollbuf serve`
 flag), type, bound, default and meaning. `api.settings.Settings` is all of them together (flat, so that names
-stay `--max-queue-tokens`, not `--queue.max-tokens`); the service's config objects (`QueueLimits`, `ReadAhead`,
-`LedgerSettings`, ...) take their defaults from here, so that a `Service()` built in process holds the server's
-defaults; docs/settings.md's table is generated from here (`python -m api.settings_doc`).
+stay `--max-queue-tokens`, not `--queue.max-tokens`); each field of the service's config objects
+(`QueueLimits`, `ReadAhead`, `LedgerSettings`, ...) names the setting it takes (`setting`), so that a `Service()`
+built in process holds the server's defaults, and the server builds them from its settings (`built`);
+docs/settings.md's tables are generated from here (`python -m api.settings_doc`).
 
 Pure pydantic, no other module of `api`: the config objects' modules import it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -285,10 +287,34 @@ GROUPS: tuple[type[Group], ...] = (
 """Every concern, in the order docs/settings.md and `rollbuf serve --help` list them."""
 
 SERVER = ServerSettings()
-QUEUE = QueueSettings()
-BATCHING = BatchSettings()
-LEDGER = LedgerRetention()
-PRODUCERS = ProducerLimits()
-DROP_BIAS = DropBiasSettings()
 REQUESTS = RequestLimits()
-"""The defaults, as the service's config objects take them."""
+DEFAULTS: dict[str, Any] = {name: info.default for group in GROUPS for name, info in group.model_fields.items()}
+
+# The service's config objects (frozen dataclasses: `QueueLimits`, `ReadAhead`, ...) name the setting each field
+# takes, once: its default is the setting's, and `built` fills it from the server's settings.
+
+T = TypeVar("T")
+_SETTING = "setting"
+_PART = "part"
+
+
+def setting(name: str) -> Any:
+    """A config object's field that takes the setting `name` (its default: the setting's)."""
+    return dataclasses.field(default=DEFAULTS[name], metadata={_SETTING: name})
+
+
+def part(cls: type[Any]) -> Any:
+    """A config object's field holding another one, built from the same settings."""
+    return dataclasses.field(default_factory=cls, metadata={_PART: cls})
+
+
+def built(cls: type[T], settings: BaseModel) -> T:
+    """A config object with each field that names a setting taken from `settings`, each part built alike, and
+    its other fields (constants, not settings) left at their defaults."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if _SETTING in f.metadata:
+            values[f.name] = getattr(settings, f.metadata[_SETTING])
+        elif _PART in f.metadata:
+            values[f.name] = built(f.metadata[_PART], settings)
+    return cls(**values)

@@ -8,15 +8,18 @@ import pytest
 from pydantic import SecretStr, ValidationError
 
 from api.app import create_app
+from api.batcher import LookAhead
 from api.commits import ReadAhead
 from api.drop_bias import Thresholds
 from api.formation import FormationRules
 from api.ledger import LedgerSettings
 from api.limits import QueueLimits
+from api.metrics import MAX_ENVS as METRICS_MAX_ENVS
 from api.producer_state import ProducerSettings
 from api.service import Service
-from api.setting_groups import GROUPS
+from api.setting_groups import GROUPS, built
 from api.settings import Settings, to_environ
+from api.side_buffer import SideLimits
 from api.store import make_store
 
 
@@ -64,13 +67,16 @@ def test_in_process_defaults_are_the_servers(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.delenv(key)
     server = Settings()
     service = Service(make_store("memory://"))
-    assert service.limits == QueueLimits.of(server)
+    assert service.limits == built(QueueLimits, server)
     assert (service.limits.max_tokens, service.limits.max_bytes) == (2**28, 4 << 30)  # bounded, as the server
-    assert service.read_ahead == ReadAhead.of(server)
-    assert service.books == LedgerSettings.of(server)
-    assert service.rules == FormationRules.of(server)
-    assert service.bias.thresholds == Thresholds.of(server)
-    assert service.producers == ProducerSettings.of(server)
+    assert service.limits.side == built(SideLimits, server)
+    assert service.read_ahead == built(ReadAhead, server)
+    assert service.books == built(LedgerSettings, server)
+    assert service.rules == built(FormationRules, server)
+    assert service.rules.look_ahead == built(LookAhead, server)
+    assert service.bias.thresholds == built(Thresholds, server)
+    assert service.producers == built(ProducerSettings, server)
+    assert METRICS_MAX_ENVS == server.metrics_max_envs
 
 
 @pytest.mark.anyio
