@@ -36,13 +36,13 @@ REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header F
 
 
 class Limits:
-    """The bounds, set once per process from the settings (`configure`)."""
+    """The bounds, set once per process from the settings (`configure`); until then, the settings' defaults."""
 
-    max_header_bytes = 64 * 1024
-    header_timeout = 10.0
-    body_timeout = 30.0
-    max_connections = 1000
-    min_body_rate = 1 << 20
+    max_header_bytes = REQUESTS.max_header_bytes
+    header_timeout = REQUESTS.header_timeout
+    body_timeout = REQUESTS.body_timeout
+    max_connections = REQUESTS.max_connections
+    min_body_rate = REQUESTS.min_body_rate
 
 
 def configure(
