@@ -1,5 +1,6 @@
-"""Who may do what: API keys with roles, and which roles each route admits. Pure: no request, no I/O (the key
-sources are `api.keyring`'s), so the matrix is tested alone (tests/unit/test_access.py).
+"""Who may do what: API keys with roles, and how a table of the roles each route admits is read (the routes
+declare theirs beside them: `api.routes.spec`, `api.routes.table`). Pure: no request, no I/O (the key sources
+are `api.keyring`'s), so the matrix is tested alone (tests/unit/test_access.py).
 
 Three roles (docs/security.md): `env` (a rollout handler: register envs, submit to its own, read status),
 `trainer` (register the run, take batches, reset it), `admin` (everything). A key has a name, a role and a
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -101,65 +102,40 @@ ANY_KEY: frozenset[Role] = frozenset(ROLES)
 ENV_SIDE: frozenset[Role] = frozenset({"env", "admin"})
 TRAINER_SIDE: frozenset[Role] = frozenset({"trainer", "admin"})
 
-ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
-    # health checks, the API's description and the dashboard's page: no data, no key
-    ("GET", "/"): PUBLIC,
-    ("GET", "/healthz"): PUBLIC,
-    ("GET", "/readyz"): PUBLIC,
-    ("GET", "/docs"): PUBLIC,
-    ("GET", "/docs/oauth2-redirect"): PUBLIC,
-    ("GET", "/redoc"): PUBLIC,
-    ("GET", "/openapi.json"): PUBLIC,
-    ("GET", "/dashboard"): PUBLIC,
-    # a rollout handler's
-    ("POST", "/register-env"): ENV_SIDE,
-    ("POST", "/scored_data"): ENV_SIDE,
-    ("POST", "/scored_data_list"): ENV_SIDE,
-    ("POST", "/disconnect-env"): ANY_KEY,  # an env key its own envs; trainer and admin keys any env
-    ("GET", "/status-env"): ANY_KEY,
-    ("POST", "/producers/heartbeat"): ENV_SIDE,
-    # the trainer's (Atropos trainers call /reset_data to start a run)
-    ("POST", "/register"): TRAINER_SIDE,
-    ("GET", "/batch"): TRAINER_SIDE,
-    ("POST", "/commit"): TRAINER_SIDE,
-    ("POST", "/weights"): TRAINER_SIDE,
-    ("POST", "/weights/pending"): TRAINER_SIDE,
-    ("GET", "/reset_data"): TRAINER_SIDE,
-    ("GET", "/latest_example"): TRAINER_SIDE,
-    ("GET", "/export"): TRAINER_SIDE,  # the run's data, as the trainer reads it
-    # the ledger: what steps trained on, and retained groups' data
-    ("GET", "/ledger/steps/{step}"): TRAINER_SIDE,
-    ("GET", "/ledger/groups/{group_id}"): TRAINER_SIDE,
-    # views anyone with a key reads
-    ("GET", "/status"): ANY_KEY,
-    ("GET", "/info"): ANY_KEY,
-    ("GET", "/wandb_info"): ANY_KEY,
-    ("GET", "/weights"): ANY_KEY,
-    ("GET", "/weights/pending"): ANY_KEY,
-    ("GET", "/producers"): ANY_KEY,
-    ("GET", "/metrics"): ANY_KEY,
-    ("GET", "/dashboard/data"): ANY_KEY,
-}
-"""Every route and the roles it admits. A path not listed (a 404, a wrong method) needs any valid key; a route
-added to the app must be added here (tests/unit/test_access.py checks that the two agree)."""
+Rule = frozenset[Role] | str
+"""The roles that may call a route, or PUBLIC."""
+Body = Literal["small", "json", "ingest"]
+"""What a route's body may be, as the front door checks it on its headers: `small` (any type, at most
+`frontdoor.SMALL_BODY`), `json` (that, and not a type a browser sends cross-site without asking), `ingest`
+(JSON up to `max_body_bytes`)."""
 PUBLIC_PREFIXES = ("/static-offline-docs/",)
 """The files the API's description pages load."""
-TEMPLATES: tuple[tuple[str, str, frozenset[Role] | str], ...] = tuple(
-    (method, path[: path.index("{")], rule) for (method, path), rule in ROUTES.items() if "{" in path
-)
-"""Routes ending with a path parameter (which may hold `/`): method, the path before it, and its rule."""
 
 
-def admits(method: str, path: str) -> frozenset[Role] | str:
-    """The roles that may call this route (or PUBLIC)."""
-    if method == "HEAD":
-        method = "GET"
-    rule = ROUTES.get((method, path))
-    if rule is not None:
-        return rule
-    if method == "GET" and path.startswith(PUBLIC_PREFIXES):
-        return PUBLIC
-    for m, prefix, templated in TEMPLATES:
-        if m == method and path.startswith(prefix) and len(path) > len(prefix):
-            return templated
-    return ANY_KEY
+class RouteTable:
+    """Every route's roles (declared beside the route, `api.routes.spec`; the table is `api.routes.table`) and
+    the body rule of each path that takes more than a small body."""
+
+    def __init__(self, roles: Mapping[tuple[str, str], Rule], bodies: Mapping[str, Body]) -> None:
+        self.roles = dict(roles)
+        self.bodies = dict(bodies)
+        self.templates = tuple((m, path[: path.index("{")], rule) for (m, path), rule in roles.items() if "{" in path)
+        """Routes ending with a path parameter (which may hold `/`): method, the path before it, and its rule."""
+
+    def admits(self, method: str, path: str) -> Rule:
+        """The roles that may call this route (or PUBLIC). A path not listed (a 404, a wrong method) needs any
+        valid key: scanners learn nothing."""
+        if method == "HEAD":
+            method = "GET"
+        rule = self.roles.get((method, path))
+        if rule is not None:
+            return rule
+        if method == "GET" and path.startswith(PUBLIC_PREFIXES):
+            return PUBLIC
+        for m, prefix, templated in self.templates:
+            if m == method and path.startswith(prefix) and len(path) > len(prefix):
+                return templated
+        return ANY_KEY
+
+    def body(self, path: str) -> Body:
+        return self.bodies.get(path, "small")

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse, Response
@@ -15,8 +15,6 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from api import connections, wandb_stats
-from api.auth import require_api_key
-from api.batcher import LookAhead
 from api.commits import ReadAhead
 from api.drop_bias import Thresholds
 from api.drop_bias_watch import BiasWatch
@@ -30,13 +28,14 @@ from api.limits import QueueLimits
 from api.logs import log_client_gone, log_error, log_validation_errors
 from api.metrics import TimedStore
 from api.middleware import ObserveRequests
-from api.openapi import SECURED, declare_limits, drop_auth
+from api.openapi import declare_limits, drop_auth
 from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, export, ledger, ops, producers, trainer
+from api.routes import ops
+from api.routes.table import ROUTERS, TABLE
 from api.service import Service
+from api.setting_groups import built
 from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
-from api.side_buffer import SideLimits
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
@@ -59,12 +58,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = make_store(settings.store)
         app.state.service = service = Service(
             TimedStore(store),
-            limits=queue_limits(settings),
-            read_ahead=ReadAhead(settings.max_read_ahead_batches, settings.max_read_ahead_bytes),
-            books=ledger_settings(settings),
-            rules=formation_rules(settings),
-            bias=BiasWatch(drop_bias_thresholds(settings)),
-            producers=ProducerSettings(settings.producer_gone_after, settings.max_producers),
+            limits=built(QueueLimits, settings),
+            read_ahead=built(ReadAhead, settings),
+            books=built(LedgerSettings, settings),
+            rules=built(FormationRules, settings),
+            bias=BiasWatch(built(Thresholds, settings)),
+            producers=built(ProducerSettings, settings),
         )
         log.info("rollbuf store: %s", store.url)  # without its password
         log_keys(settings, app.state.door.keys)
@@ -113,7 +112,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         compresslevel=settings.gzip_level,
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
-    door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
+    door = Door(
+        door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes, TABLE
+    )
     app.state.door = door
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
     if settings.metrics:
@@ -123,18 +124,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, _render_http_error)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_gone)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _render_crash)
-    app.include_router(admin.health)
-    app.include_router(ops.probes)
-    secured = [Depends(require_api_key)]
-    app.include_router(admin.router, dependencies=secured, responses=SECURED)
-    app.include_router(trainer.router, dependencies=secured, responses=SECURED)
-    app.include_router(envs.router, dependencies=secured, responses=SECURED)
-    app.include_router(producers.router, dependencies=secured, responses=SECURED)
-    app.include_router(ledger.router, dependencies=secured, responses=SECURED)
-    app.include_router(ops.router, dependencies=secured, responses=SECURED)
-    app.include_router(export.router, dependencies=secured, responses=SECURED)
+    for router in ROUTERS:  # each route declares its roles, body and statuses (api.routes.spec)
+        app.include_router(router)
     if settings.metrics:
-        app.include_router(ops.prometheus, dependencies=secured, responses=SECURED)
+        app.include_router(ops.prometheus)
     if door.keys is None:
         drop_auth(app)
     declare_limits(
@@ -145,45 +138,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     return app
-
-
-def ledger_settings(settings: Settings) -> LedgerSettings:
-    return LedgerSettings(
-        enabled=settings.ledger,
-        max_groups=settings.ledger_max_groups,
-        max_steps=settings.ledger_max_steps,
-        retain_steps=settings.retain_steps,
-        retain_bytes=settings.retain_bytes,
-    )
-
-
-def drop_bias_thresholds(settings: Settings) -> Thresholds:
-    return Thresholds(
-        starve_steps=settings.drop_bias_starve_steps,
-        length_skew=settings.drop_bias_length_skew,
-        reward_skew=settings.drop_bias_reward_skew,
-    )
-
-
-def formation_rules(settings: Settings) -> FormationRules:
-    look = LookAhead(
-        settings.formation_look_ahead_groups, settings.formation_look_ahead_sequences, settings.formation_due_after
-    )
-    return FormationRules(look, settings.quiet_share_seconds)
-
-
-def queue_limits(settings: Settings) -> QueueLimits:
-    return QueueLimits(
-        max_groups=settings.max_queue_groups,
-        max_tokens=settings.max_queue_tokens,
-        max_env_groups=settings.max_env_queue_groups,
-        max_env_tokens=settings.max_env_queue_tokens,
-        max_bytes=settings.max_queue_bytes,
-        max_env_bytes=settings.max_env_queue_bytes,
-        max_group_seqs=settings.max_group_seqs,
-        retry_after=settings.retry_after,
-        side=SideLimits(settings.side_buffer_max_groups, settings.side_buffer_max_bytes, settings.side_buffer_ttl_s),
-    )
 
 
 # One shape for every error reply (api.errors.error_body), whoever raised it.

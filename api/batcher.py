@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from api.items import ItemMeta
+from api.setting_groups import setting
 
 CREDIT_CAP_BATCHES = 2.0
 """Credit an env may bank, in batches: enough to smooth a few batches of imbalance, small enough that an
@@ -65,9 +66,9 @@ class LookAhead:
     """How far formation reads into each queue when its window holds no exact fill: the cost stays flat in
     the queue's depth (at most `groups` items per env are read and planned over)."""
 
-    groups: int = 256
-    sequences: int = 8192
-    due_after: int = 4
+    groups: int = setting("formation_look_ahead_groups")
+    sequences: int = setting("formation_look_ahead_sequences")
+    due_after: int = setting("formation_due_after")
     """Batches an env's oldest item may be passed over (newer items of its env taken) before a batch must
     hold it."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from api.errors import Conflict, Unavailable
+from api.setting_groups import setting
 
 NEXT = "next"
 COMMIT = "commit"
@@ -31,8 +32,8 @@ class ReadAhead:
     """How far a trainer in commit mode may read past its last commit: a batch is formed only while fewer than
     `max_batches` are served and not committed, and they hold less than `max_bytes` (so one always fits)."""
 
-    max_batches: int = 8
-    max_bytes: int | None = 4 << 30
+    max_batches: int = setting("max_read_ahead_batches")
+    max_bytes: int | None = setting("max_read_ahead_bytes")
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.errors import error_body
+from api.setting_groups import REQUESTS
 
 log = logging.getLogger("rollbuf")
 
@@ -35,13 +36,13 @@ REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header F
 
 
 class Limits:
-    """The bounds, set once per process from the settings (`configure`)."""
+    """The bounds, set once per process from the settings (`configure`); until then, the settings' defaults."""
 
-    max_header_bytes = 64 * 1024
-    header_timeout = 10.0
-    body_timeout = 30.0
-    max_connections = 1000
-    min_body_rate = 1 << 20
+    max_header_bytes = REQUESTS.max_header_bytes
+    header_timeout = REQUESTS.header_timeout
+    body_timeout = REQUESTS.body_timeout
+    max_connections = REQUESTS.max_connections
+    min_body_rate = REQUESTS.min_body_rate
 
 
 def configure(
@@ -49,7 +50,7 @@ def configure(
     header_timeout: float,
     body_timeout: float,
     max_connections: int,
-    min_body_rate: int = 1 << 20,
+    min_body_rate: int = REQUESTS.min_body_rate,
 ) -> int:
     """Set this process's bounds; `max_connections` is lowered to what the descriptor limit leaves. Returns it."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

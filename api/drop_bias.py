@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from api.filters import SCORE_RANGE, ZERO_VARIANCE
+from api.setting_groups import setting
 
 FILTER_REASONS = frozenset({ZERO_VARIANCE, SCORE_RANGE})
 """Drop reasons that are the trainer's own choice (its group filters): left out of the skew comparisons."""
@@ -50,13 +51,13 @@ CONDITIONS = (STARVED, LENGTH_SKEW, REWARD_SKEW)
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    starve_steps: int = 10
+    starve_steps: int = setting("drop_bias_starve_steps")
     """Consecutive batches below the env's floor before it is starved (K)."""
     weight_fraction: float = 0.5
     """The floor's part of the weight's share: an env below half of what its weight asks for is starved."""
-    length_skew: float = 0.2
+    length_skew: float = setting("drop_bias_length_skew")
     """Relative difference of mean tokens per sequence, dropped against trained, that counts as a skew."""
-    reward_skew: float = 0.5
+    reward_skew: float = setting("drop_bias_reward_skew")
     """Difference of mean rewards, in pooled standard deviations, that counts as a skew."""
     min_groups: int = 20
     """Trained groups, and unintentionally dropped groups, a window needs before a skew is judged."""

@@ -28,6 +28,7 @@ from api.commits import COMMIT, ReadAhead, read_ahead_full
 from api.errors import Conflict, Gone, RollbufError
 from api.filters import STALE
 from api.records import decode_meta
+from api.setting_groups import part, setting
 from api.state import RunState
 from api.store.base import ANON_ENV, DROPPED, SERVED, QueueCounts, Txn
 
@@ -43,8 +44,8 @@ by env name."""
 class FormationRules:
     """The server's settings for forming batches (`api/settings.py`)."""
 
-    look_ahead: LookAhead = LookAhead()
-    quiet_share_seconds: float = 30.0
+    look_ahead: LookAhead = part(LookAhead)
+    quiet_share_seconds: float = setting("quiet_share_seconds")
     """How long an env's minimum allocation may hold a batch back (it has too little queued while others have
     enough) before it stops holding it, until it queues enough again."""
 

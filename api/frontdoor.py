@@ -19,13 +19,11 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.access import ANONYMOUS, PUBLIC, Identity, Key, admits, identify
+from api.access import ANONYMOUS, PUBLIC, Identity, Key, RouteTable, identify
 from api.errors import error_body
 
 SMALL_BODY = 64 * 1024
 """Body limit of every route but the ingest ones: registrations and env ids are a few hundred bytes."""
-INGEST = frozenset({"/scored_data", "/scored_data_list"})
-JSON_ROUTES = frozenset({"/scored_data", "/scored_data_list", "/register", "/register-env", "/disconnect-env"})
 SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 """Body types a browser sends cross-site without a CORS preflight."""
 LOOPBACK_NAMES = ("localhost",)
@@ -41,6 +39,8 @@ class Door:
     """`Host` names accepted (`*.example.com` for subdomains), or None: any."""
     allow_simple_types: bool
     max_ingest_body: int
+    routes: RouteTable
+    """Each route's roles and body rule, as declared beside it (`api.routes.table`)."""
 
 
 def loopback_host(host: str) -> bool:
@@ -104,7 +104,8 @@ class FrontDoor:
         method, path = scope["method"], scope["path"]
         raw_host = headers.get(b"host")
         host = None if raw_host is None else raw_host.decode("latin-1")
-        rule = admits(method, path)
+        rule = door.routes.admits(method, path)
+        body = door.routes.body(path)
         if not host_allowed(host, door.allowed_hosts):
             await _refuse(
                 send, 421, "misdirected", f"Host {host!r} is not one this server answers to", ["header", "host"]
@@ -131,14 +132,14 @@ class FrontDoor:
                 return
             identity = found
         scope.setdefault("state", {})["identity"] = identity
-        if path in JSON_ROUTES and not door.allow_simple_types:
+        if body != "small" and not door.allow_simple_types:
             ctype = headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
             if ctype in SIMPLE_TYPES:
                 await _refuse(send, 415, "unsupported_media_type", f"Content-Type {ctype} is refused on {path} (a "
                               "browser sends it cross-site without asking): send application/json",
                               ["header", "content-type"])  # fmt: skip
                 return
-        limit = door.max_ingest_body if path in INGEST else SMALL_BODY
+        limit = door.max_ingest_body if body == "ingest" else SMALL_BODY
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _refuse(send, 413, "payload_too_large", f"request body of {int(declared)} bytes exceeds the "
@@ -198,7 +199,7 @@ def still_admitted(door: Door | None, scope: Scope) -> bool:
     auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
     scheme, _, token = auth.partition(" ")
     found = identify(door.keys(), token.strip() if scheme.lower() == "bearer" else None)
-    rule = admits(scope["method"], scope["path"])
+    rule = door.routes.admits(scope["method"], scope["path"])
     return found is not None and (rule == PUBLIC or found.role in rule)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from api import state
 from api.ledger_replies import GROUP_FIELDS
 from api.records import GroupRecord, decode, to_atropos
+from api.setting_groups import setting
 from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, Txn
 from api.store.ledger_contract import GROUP_RECORD
 
@@ -29,15 +30,15 @@ PRUNE_CHUNK = 10_000
 class LedgerSettings:
     """Whether the ledger is written, how much of it is kept, and which payloads are retained past their fate."""
 
-    enabled: bool = True
-    max_groups: int | None = 1_000_000
+    enabled: bool = setting("ledger")
+    max_groups: int | None = setting("ledger_max_groups")
     """Group rows kept: those of groups acknowledged before the last `max_groups` are pruned once their fate is
     final (queued and side-buffered rows are never pruned). None: all."""
-    max_steps: int | None = 100_000
+    max_steps: int | None = setting("ledger_max_steps")
     """Step rows kept: those of the last `max_steps` steps. None: all."""
-    retain_steps: int | None = None
+    retain_steps: int | None = setting("retain_steps")
     """Retain served and dropped groups' payloads for this many steps after their fate (None: no step bound)."""
-    retain_bytes: int | None = None
+    retain_bytes: int | None = setting("retain_bytes")
     """Retain served and dropped groups' payloads while they hold at most this many bytes (None: no byte bound)."""
     prune_every: float = 10.0
     """Seconds between two background prunes (each bounded by PRUNE_CHUNK)."""

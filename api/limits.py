@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from api.errors import Unavailable
+from api.setting_groups import part, setting
 from api.side_buffer import SideLimits
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts
@@ -14,17 +15,18 @@ from api.validation import GroupLimits
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
-    """Backpressure: beyond these, submissions get 503 + Retry-After and nothing is stored."""
+    """Backpressure: beyond these, submissions get 503 + Retry-After and nothing is stored. Each field takes
+    the setting it names (`api.setting_groups`), and its default."""
 
-    max_groups: int | None = None
-    max_tokens: int | None = None
-    max_env_groups: int | None = None
-    max_env_tokens: int | None = None
-    max_bytes: int | None = None
-    max_env_bytes: int | None = None
-    max_group_seqs: int = 4096
-    retry_after: float = 2.0
-    side: SideLimits = field(default_factory=SideLimits)
+    max_groups: int | None = setting("max_queue_groups")
+    max_tokens: int | None = setting("max_queue_tokens")
+    max_env_groups: int | None = setting("max_env_queue_groups")
+    max_env_tokens: int | None = setting("max_env_queue_tokens")
+    max_bytes: int | None = setting("max_queue_bytes")
+    max_env_bytes: int | None = setting("max_env_queue_bytes")
+    max_group_seqs: int = setting("max_group_seqs")
+    retry_after: float = setting("retry_after")
+    side: SideLimits = part(SideLimits)
     """Each env's side buffer; what it holds also counts against the limits above."""
 
 

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from api.drop_bias import CONDITIONS, Report
 from api.producer_state import ProducerReport
+from api.setting_groups import SERVER
 from api.stats import EnvSnapshot, Snapshot
 from api.store.base import QueueCounts, Store, Txn
 
@@ -147,7 +148,7 @@ class TimedStore(Store):
 
 OTHER_ENVS = "(other envs)"
 """The `env` label of the envs past `metrics_max_envs`, summed (env names end in `_<n>`: no env has it)."""
-MAX_ENVS = 100
+MAX_ENVS = SERVER.metrics_max_envs
 
 
 def itemised(envs: Sequence[EnvSnapshot], cap: int) -> list[EnvSnapshot]:

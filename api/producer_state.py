@@ -12,6 +12,7 @@ from api import producers, state
 from api.errors import Conflict, InvalidData, Unavailable
 from api.producer_schema import Heartbeat, ProducerView, WeightSyncReply
 from api.producers import Producer
+from api.setting_groups import setting
 from api.state import EnvRecord
 from api.store.base import Txn
 
@@ -52,9 +53,9 @@ def load_weights_and_pending(txn: Txn) -> tuple[int | None, int | None]:
 
 @dataclass(frozen=True, slots=True)
 class ProducerSettings:
-    gone_after: float = 30.0
-    """Seconds without a heartbeat after which a producer is gone (`producer_gone_after`)."""
-    max_producers: int = 1024
+    gone_after: float = setting("producer_gone_after")
+    """Seconds without a heartbeat after which a producer is gone."""
+    max_producers: int = setting("max_producers")
 
 
 def announce_txn(txn: Txn, step: int) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from api.filters import release_from_buffer
+from api.setting_groups import setting
 from api.store.base import HeldMeta, QueueCounts
 
 EXPIRED = "side_buffer_expired"
@@ -20,9 +21,9 @@ class SideLimits:
     refused with 503 + Retry-After (nothing acknowledged is dropped for room); after `ttl` seconds a held group
     is dropped and counted: its sizes may never add up (a handler that lost one rollout of every group)."""
 
-    max_groups: int | None = 256
-    max_bytes: int | None = 256 << 20
-    ttl: float | None = 1800.0
+    max_groups: int | None = setting("side_buffer_max_groups")
+    max_bytes: int | None = setting("side_buffer_max_bytes")
+    ttl: float | None = setting("side_buffer_ttl_s")
 
     def sweep_every(self) -> float | None:
         """Seconds between two sweeps of every env's side buffer for expired groups (ingest also expires an env's

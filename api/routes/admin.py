@@ -7,13 +7,15 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
+from api.access import PUBLIC, TRAINER_SIDE
 from api.deps import ServiceDep
 from api.openapi import ERROR_DESCRIPTIONS, ERROR_REF
 from api.records import dumps, to_atropos
+from api.routes.spec import route
 
 router = APIRouter(tags=["admin"])
 health = APIRouter(tags=["admin"])
-"""Routes that stay open when auth is on."""
+"""The health check, first of all routes."""
 
 _EMPTY_EXAMPLE: dict[str, list[Any]] = {
     k: []
@@ -31,21 +33,24 @@ _EMPTY_EXAMPLE: dict[str, list[Any]] = {
 }
 
 
-@health.get("/")
+@route(health, "GET", "/", PUBLIC)
 async def root() -> dict[str, str]:
     """Health check (Atropos tools call it)."""
     return {"message": "AtroposLib API"}
 
 
-@router.get("/latest_example")
+@route(router, "GET", "/latest_example", TRAINER_SIDE)
 async def latest_example(service: ServiceDep) -> Response:
     """The last group this server process queued, for eyeballing what envs send."""
     body = _EMPTY_EXAMPLE if service.latest is None else to_atropos(service.latest)
     return Response(dumps(body), media_type="application/json")
 
 
-@router.get(
+@route(
+    router,
+    "GET",
     "/reset_data",
+    TRAINER_SIDE,  # Atropos trainers call it to start a run
     response_class=PlainTextResponse,
     responses={401: {"description": ERROR_DESCRIPTIONS[401], "content": {"application/json": {"schema": ERROR_REF}}}},
 )

@@ -11,14 +11,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
+from api.access import ANY_KEY, ENV_SIDE
 from api.body import INLINE_PARSE, parse_json, read_body
 from api.deps import ServiceDep, SettingsDep, holder
 from api.errors import InvalidData
 from api.frontdoor import identity_of
 from api.gc_pause import collection_paused
-from api.openapi import errors
 from api.records import MSGPACK, dumps
 from api.routes.direct import DirectRoute, served_by
+from api.routes.spec import route
 from api.schema import (
     ENV_EXAMPLE,
     GROUP_EXAMPLE,
@@ -39,7 +40,7 @@ from api.submissions import request_key
 router = APIRouter(tags=["environments"], route_class=DirectRoute)
 
 _ENV_ID = TypeAdapter(EnvIdentifier)
-_INGEST_ERRORS = errors(400, 409, 413, 422, 503)
+_INGEST_ERRORS = (400, 409, 413, 422, 503)
 
 
 def _body_doc(
@@ -54,7 +55,9 @@ def _body_doc(
     return {"requestBody": {"required": required, "content": content}}
 
 
-@router.post("/register-env", response_model=EnvRegistered | EnvWait, responses=errors(400, 422))
+@route(
+    router, "POST", "/register-env", ENV_SIDE, body="json", statuses=(400, 422), response_model=EnvRegistered | EnvWait
+)
 async def register_env(
     body: Annotated[RegisterEnv, Body(openapi_examples={"env": {"summary": "Groups of 2", "value": ENV_EXAMPLE}})],
     service: ServiceDep,
@@ -67,8 +70,9 @@ async def register_env(
     return registered.model_dump(exclude_none=True)
 
 
-@router.post("/disconnect-env", response_model=DisconnectReply, response_model_exclude_none=True,
-             responses=errors(400, 422))  # fmt: skip
+# ANY_KEY: an env key disconnects its own envs; trainer and admin keys any env
+@route(router, "POST", "/disconnect-env", ANY_KEY, body="json", statuses=(400, 422), response_model=DisconnectReply,
+       response_model_exclude_none=True)  # fmt: skip
 async def disconnect_env(
     body: Annotated[
         EnvIdentifier, Body(openapi_examples={"env": {"summary": "The first env", "value": {"env_id": 0}}})
@@ -81,11 +85,14 @@ async def disconnect_env(
     return {"status": "success"} if error is None else {"status": "failure", "error": error}
 
 
-@router.get(
+@route(
+    router,
+    "GET",
     "/status-env",
+    ANY_KEY,
+    statuses=(400, 404, 413, 422),
     response_model=EnvStatus,
     openapi_extra=_body_doc(EnvIdentifier.model_json_schema(), example={"env_id": 0}, required=False),
-    responses=errors(400, 404, 413, 422),
 )
 async def status_env(
     request: Request,
@@ -170,14 +177,18 @@ async def submit_list(request: Request) -> Response:
     return await _submitted(request, _many, many=True)
 
 
-@router.post(
+@route(
+    router,
+    "POST",
     "/scored_data",
+    ENV_SIDE,
+    body="ingest",
+    statuses=_INGEST_ERRORS,
     response_model=ScoredReply,
     response_model_exclude_none=True,
     openapi_extra=_body_doc(
         ScoredData.model_json_schema(), "One group record (docs/binary-format.md)", example=GROUP_EXAMPLE
     ),
-    responses=_INGEST_ERRORS,
 )
 @served_by(submit_group)
 async def scored_data(
@@ -195,8 +206,13 @@ async def scored_data(
     return await submit_group(request)
 
 
-@router.post(
+@route(
+    router,
+    "POST",
     "/scored_data_list",
+    ENV_SIDE,
+    body="ingest",
+    statuses=_INGEST_ERRORS,
     response_model=ScoredListReply,
     response_model_exclude_none=True,
     openapi_extra=_body_doc(
@@ -204,7 +220,6 @@ async def scored_data(
         "A msgpack array of group records",
         example=[GROUP_EXAMPLE | {"group_id": "example-1"}, GROUP_EXAMPLE | {"group_id": "example-2"}],
     ),
-    responses=_INGEST_ERRORS,
 )
 @served_by(submit_list)
 async def scored_data_list(request: Request) -> Response:

@@ -13,9 +13,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api import export
+from api.access import TRAINER_SIDE
 from api.deps import ServiceDep, SettingsDep
 from api.errors import NotInstalled, Unavailable
-from api.openapi import errors
+from api.routes.spec import route
 
 router = APIRouter(tags=["trainer"])
 
@@ -36,15 +37,18 @@ def _streams(request: Request) -> Streams:
     return streams
 
 
-@router.get(
+@route(
+    router,
+    "GET",
     "/export",
+    TRAINER_SIDE,  # the run's data, as the trainer reads it
+    statuses=(422, 501, 503),
     response_class=StreamingResponse,
     responses={
         200: {
             "description": "The table as a Parquet file, streamed (one row group at a time, the footer last).",
             "content": {export.PARQUET: {"schema": {"type": "string", "format": "binary"}}},
         },
-        **errors(422, 501, 503),
     },
 )
 async def export_table(

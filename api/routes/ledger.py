@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
+from api.access import TRAINER_SIDE
 from api.deps import ServiceDep
 from api.ledger_replies import LedgerGroupsReply, LedgerStepReply
-from api.openapi import errors
 from api.records import dumps
+from api.routes.spec import route
 
 router = APIRouter(tags=["ledger"])
 
@@ -21,10 +22,14 @@ LEDGER_EXAMPLE = "conformance"
 DATA = Query(description="Include each retained group's data, as GET /batch serves it (`retain_steps`, `retain_bytes`)")
 
 
-@router.get(
+@route(
+    router,
+    "GET",
     "/ledger/steps/{step}",
+    TRAINER_SIDE,
+    statuses=(404, 422),
     response_class=Response,
-    responses={200: {"model": LedgerStepReply, "description": "The batch's row and its groups'"}, **errors(404, 422)},
+    responses={200: {"model": LedgerStepReply, "description": "The batch's row and its groups'"}},
 )
 async def ledger_step(
     service: ServiceDep,
@@ -38,10 +43,14 @@ async def ledger_step(
     return Response(dumps(await service.ledger_step(step, data=data)), media_type="application/json")
 
 
-@router.get(
+@route(
+    router,
+    "GET",
     "/ledger/groups/{group_id:path}",
+    TRAINER_SIDE,
+    statuses=(404, 422),
     response_class=Response,
-    responses={200: {"model": LedgerGroupsReply, "description": "The groups' rows"}, **errors(404, 422)},
+    responses={200: {"model": LedgerGroupsReply, "description": "The groups' rows"}},
 )
 async def ledger_group(
     service: ServiceDep,

@@ -12,11 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api import metrics
+from api.access import ANY_KEY, PUBLIC
 from api.deps import ServiceDep, SettingsDep
 from api.errors import Unavailable
 from api.keyring import KeyFile
-from api.openapi import errors
 from api.records import dumps
+from api.routes.spec import route
 
 log = logging.getLogger("rollbuf")
 
@@ -31,18 +32,19 @@ prometheus = APIRouter(tags=["operations"])
 """/metrics, behind the API key when one is set (Prometheus sends it with `authorization:` in its scrape config)."""
 
 
-@probes.get("/healthz")
+@route(probes, "GET", "/healthz", PUBLIC)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers (it does not touch the store)."""
     return {"status": "ok"}
 
 
-@probes.get(
+@route(
+    probes,
+    "GET",
     "/readyz",
-    responses={
-        200: {"description": "Ready.", "content": {"application/json": {"example": {"status": "ok"}}}},
-        **errors(503),
-    },
+    PUBLIC,
+    statuses=(503,),
+    responses={200: {"description": "Ready.", "content": {"application/json": {"example": {"status": "ok"}}}}},
 )
 async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     """Readiness: the store answers a read within 2 s, and takes writes as far as it knows (a full disk, a
@@ -67,7 +69,8 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@prometheus.get("/metrics", response_class=Response, responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})
+@route(prometheus, "GET", "/metrics", ANY_KEY, response_class=Response,
+       responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})  # fmt: skip
 async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
@@ -75,13 +78,13 @@ async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Resp
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
-@probes.get("/dashboard", response_class=HTMLResponse)
+@route(probes, "GET", "/dashboard", PUBLIC, response_class=HTMLResponse)  # the page: no data
 async def dashboard() -> HTMLResponse:
     """A live page for people: step, rates, queues and mix, staleness, drops, backpressure."""
     return HTMLResponse(_DASHBOARD)
 
 
-@router.get("/dashboard/data")
+@route(router, "GET", "/dashboard/data", ANY_KEY)
 async def dashboard_data(service: ServiceDep) -> Response:
     """What the dashboard polls: one consistent snapshot of the buffer."""
     snap = await service.snapshot()

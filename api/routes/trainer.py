@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
+from api.access import ANY_KEY, TRAINER_SIDE
 from api.auth import Unauthorized
 from api.batches import BatchWaiting, FormedBatch
 from api.body import accepts_gzip, gzip_compress
@@ -20,7 +21,6 @@ from api.errors import InvalidData
 from api.frontdoor import still_admitted
 from api.logs import RateLimiter
 from api.metrics import WAITING_LONG_POLLS
-from api.openapi import errors
 from api.records import (
     MSGPACK,
     Buffer,
@@ -34,6 +34,7 @@ from api.records import (
     split_records,
     to_atropos,
 )
+from api.routes.spec import route
 from api.schema import (
     REGISTRATION_EXAMPLE,
     BatchReply,
@@ -59,7 +60,7 @@ STALLS = RateLimiter(interval=STALL_WARN_S, burst=1)
 """A long-poll that has waited this long without a batch logs a warning with the reason (then every 30 s)."""
 
 
-@router.post("/register", response_model=RegisterReply, responses=errors(400, 409, 422))
+@route(router, "POST", "/register", TRAINER_SIDE, body="json", statuses=(400, 409, 422), response_model=RegisterReply)
 async def register(
     registration: Annotated[
         Registration,
@@ -71,8 +72,12 @@ async def register(
     return RegisterReply(uuid=await service.register_trainer(registration))
 
 
-@router.get(
+@route(
+    router,
+    "GET",
     "/batch",
+    TRAINER_SIDE,
+    statuses=(409, 410, 422, 503),
     responses={
         200: {
             "model": BatchReply,
@@ -83,7 +88,6 @@ async def register(
                 STEP_HEADER: {"description": "The batch's step (with a batch).", "schema": {"type": "integer"}}
             },
         },
-        **errors(409, 410, 422, 503),
     },
 )
 async def batch(
@@ -225,7 +229,7 @@ def _json(obj: object) -> Response:
     return Response(dumps(obj), media_type="application/json")
 
 
-@router.post("/commit", response_model=CommitReply, responses=errors(400, 409, 422))
+@route(router, "POST", "/commit", TRAINER_SIDE, statuses=(400, 409, 422), response_model=CommitReply)
 async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
     """Acknowledge every batch before `step`: trained and saved, so they are freed (the trainer's checkpoint
     hook sends it; one commit for all data-parallel ranks). With `acknowledge: "commit"` this is how batches are
@@ -233,13 +237,13 @@ async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
     return await service.commit(body.step)
 
 
-@router.get("/status", response_model=Status)
+@route(router, "GET", "/status", ANY_KEY, response_model=Status)
 async def status(service: ServiceDep) -> Status:
     """Step, queue size, and why no batch can be formed (if something other than data is missing)."""
     return await service.status()
 
 
-@router.get("/info", response_model=Info)
+@route(router, "GET", "/info", ANY_KEY, response_model=Info)
 async def info(service: ServiceDep) -> Info:
     """The trainer's batch size and max token length (-1 before registration), the encodings spoken, and the
     read-ahead bound of commit mode."""
@@ -249,7 +253,7 @@ async def info(service: ServiceDep) -> Info:
     )
 
 
-@router.get("/wandb_info", response_model=WandbInfo)
+@route(router, "GET", "/wandb_info", ANY_KEY, response_model=WandbInfo)
 async def wandb_info(service: ServiceDep) -> WandbInfo:
     """The trainer's wandb group and project."""
     run = await service.run_state()

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.access import ROUTES
+from api.routes.table import ROUTES
 from tests.factories import env, group, registration
 from tests.servers import ServerProcess, running_server, start_server
 

@@ -7,12 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
+from fastapi import APIRouter
 
 from api import keyring
-from api.access import ANY_KEY, PUBLIC, ROUTES, Identity, Key, admits, identify, parse_keys
+from api.access import ANY_KEY, PUBLIC, Identity, Key, identify, parse_keys
 from api.app import create_app
 from api.frontdoor import cross_site, host_allowed, loopback_host
 from api.keyring import KeyFile, fixed_keys
+from api.routes.spec import route
+from api.routes.table import ROUTES, TABLE
 from api.settings import Settings
 
 SECRET = "0123456789abcdef"
@@ -93,10 +96,12 @@ def test_the_matrix_names_every_route_of_the_app() -> None:
     schema = app.openapi()
     routes = {(method.upper(), path) for path, ops in schema["paths"].items() for method in ops}
     routes |= {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"), ("GET", "/redoc")}
-    assert routes == set(ROUTES), "a route is missing from api.access.ROUTES (or one listed no longer exists)"
+    assert routes == set(ROUTES), "a route without its roles (api.routes.spec.route), or one listed no longer exists"
+    admits = TABLE.admits
     assert admits("GET", "/no/such/path") == ANY_KEY and admits("HEAD", "/healthz") == PUBLIC
     assert admits("GET", "/static-offline-docs/swagger-ui.css") == PUBLIC
     assert admits("POST", "/batch") == ANY_KEY  # a wrong method needs a key too: scanners learn nothing
+    assert admits("GET", "/ledger/groups/a/b") == admits("GET", "/ledger/groups/{group_id}") != PUBLIC
 
 
 @pytest.mark.parametrize(
@@ -124,3 +129,22 @@ def test_browser_cross_site_requests_are_recognised() -> None:
     assert cross_site({b"origin": b"http://evil.example"}, host) == "Origin 'http://evil.example'"
     assert cross_site({b"sec-fetch-site": b"cross-site"}, host) == "Sec-Fetch-Site: cross-site"  # <img src=...>
     assert cross_site({b"origin": b"null"}, host) == "Origin null"  # a sandboxed frame, a file:// page
+
+
+def test_the_openapi_lock_and_body_rules_follow_each_routes_declaration() -> None:
+    """A route behind a key shows the lock (security) and documents the front door's 401 and 403; a public one
+    neither. The front door's body rules are the routes' declared ones."""
+    schema = create_app(Settings(store="memory://", api_key="k" * 16)).openapi()
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            secured = ROUTES[(method.upper(), path)] != PUBLIC
+            assert ("security" in op) is secured, (method, path)
+            assert {"401", "403"} <= set(op["responses"]) if secured else "403" not in op["responses"], (method, path)
+    assert TABLE.body("/scored_data") == TABLE.body("/scored_data_list") == "ingest"
+    assert TABLE.body("/register") == TABLE.body("/register-env") == TABLE.body("/disconnect-env") == "json"
+    assert TABLE.body("/commit") == TABLE.body("/no/such/path") == "small"
+
+
+def test_a_route_is_declared_once() -> None:
+    with pytest.raises(ValueError, match="declared twice"):
+        route(APIRouter(), "GET", "/status", ANY_KEY)

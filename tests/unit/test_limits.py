@@ -21,9 +21,9 @@ from tests.unit.test_status import ENVS, counts
 def test_capacity_is_what_every_limit_still_admits(
     a: int, b: int, max_groups: int | None, max_tokens: int | None, env_groups: int | None, env_tokens: int | None
 ) -> None:
-    limits = QueueLimits(max_groups, max_tokens, env_groups, env_tokens)
+    limits = QueueLimits(max_groups, max_tokens, env_groups, env_tokens, max_bytes=None, max_env_bytes=None)
     room = capacity_groups(counts(a, b), ENVS[0], limits)
-    if limits == QueueLimits():
+    if limits == QueueLimits(None, None, None, None, None, None):
         assert room is None
         return
     assert room is not None and room >= 0

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from api.app import create_app
+from api.batcher import LookAhead
+from api.commits import ReadAhead
+from api.drop_bias import Thresholds
+from api.formation import FormationRules
+from api.ledger import LedgerSettings
+from api.limits import QueueLimits
+from api.metrics import MAX_ENVS as METRICS_MAX_ENVS
+from api.producer_state import ProducerSettings
+from api.service import Service
+from api.setting_groups import GROUPS, built
 from api.settings import Settings, to_environ
+from api.side_buffer import SideLimits
+from api.store import make_store
 
 
 def test_environment_round_trip_rebuilds_the_same_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,3 +52,40 @@ def test_null_unsets_an_optional_limit(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unsafe_or_impossible_settings_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_every_setting_is_declared_once_in_one_concern() -> None:
+    names = [name for group in GROUPS for name in group.model_fields]
+    assert len(names) == len(set(names))
+    assert list(Settings.model_fields) == names  # flat: `--max-queue-tokens`, `ROLLBUF_MAX_QUEUE_TOKENS`
+
+
+def test_in_process_defaults_are_the_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `Service()` built in process (tests, embedding) holds what `rollbuf serve` holds with no flags: its
+    config objects take their defaults from the settings' concerns."""
+    for key in [k for k in os.environ if k.startswith("ROLLBUF_")]:
+        monkeypatch.delenv(key)
+    server = Settings()
+    service = Service(make_store("memory://"))
+    assert service.limits == built(QueueLimits, server)
+    assert (service.limits.max_tokens, service.limits.max_bytes) == (2**28, 4 << 30)  # bounded, as the server
+    assert service.limits.side == built(SideLimits, server)
+    assert service.read_ahead == built(ReadAhead, server)
+    assert service.books == built(LedgerSettings, server)
+    assert service.rules == built(FormationRules, server)
+    assert service.rules.look_ahead == built(LookAhead, server)
+    assert service.bias.thresholds == built(Thresholds, server)
+    assert service.producers == built(ProducerSettings, server)
+    assert METRICS_MAX_ENVS == server.metrics_max_envs
+
+
+@pytest.mark.anyio
+async def test_the_app_builds_its_service_from_its_settings() -> None:
+    settings = Settings(store="memory://", max_queue_tokens=None, max_read_ahead_batches=3, ledger=False,
+                        formation_due_after=9, drop_bias_starve_steps=4, max_producers=7)  # fmt: skip
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        service: Service = app.state.service
+        assert service.limits.max_tokens is None and service.read_ahead.max_batches == 3
+        assert not service.books.enabled and service.rules.look_ahead.due_after == 9
+        assert service.bias.thresholds.starve_steps == 4 and service.producers.max_producers == 7

@@ -24,7 +24,14 @@ def test_env_status_counts_others_beyond_their_reserved_share() -> None:
     assert status.current_step == 5 and status.self_queue_size == 2
     assert status.queue_size == (16 + max(0, 12 - 8)) // 8  # a's 12 sequences less its 8 reserved (32 * 0.25)
     assert status.unallocated_fraction == 0.75 and status.max_group_size == 8
-    assert status.env_weight == 1 / 3 and status.queue_capacity_groups is None
+    assert status.env_weight == 1 / 3
+    assert status.queue_capacity_groups == (2**28 - 2800) // 800  # the default token bound, b's 800-token groups
+    assert (
+        env_status(
+            RUN, ENVS[1], counts(3, 2), {}, QueueLimits(None, None, None, None, None, None)
+        ).queue_capacity_groups
+        is None
+    )
 
 
 def test_a_disconnected_env_no_longer_weighs_or_reserves() -> None:
