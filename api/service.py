@@ -30,6 +30,7 @@ from api.drop_bias_watch import BiasWatch
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
 from api.formation import FormationRules, batch_txn
 from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
+from api.ledger_recorder import recorder
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
@@ -300,7 +301,7 @@ class Service:
         name of the key that sent them, for the ledger."""
         try:
             replies, self._run = await self.store.transact(
-                lambda txn: submit_txn(txn, subs, run, self.limits, self.books, handler),
+                lambda txn: submit_txn(txn, subs, run, self.limits, recorder(self.books), handler),
                 replies=[s.key for s in subs if s.key],
             )
         except StaleRun as stale:
@@ -355,7 +356,7 @@ class Service:
             if not await self.store.read(lambda txn: bool(txn.held_counts())):
                 return  # the common case: nothing held, nothing written
             n = await self.store.transact(
-                lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, self.books)
+                lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, recorder(self.books))
             )
             if n:
                 log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
@@ -455,8 +456,9 @@ class Service:
         now = time.time()
 
         def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
+            books = recorder(self.books)
             result = batch_txn(
-                txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books, rules=self.rules
+                txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books, rules=self.rules
             )  # fmt: skip
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers, self._run) if waiting else None
@@ -476,7 +478,7 @@ class Service:
 
     async def commit(self, step: int) -> CommitReply:
         """Acknowledge every batch before `step` (POST /commit); wakes a trainer waiting at its read-ahead bound."""
-        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run, self.books))
+        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run, recorder(self.books)))
         self.wakeups.changed()
         return reply
 
