@@ -64,7 +64,8 @@ async def run_ops(books: LedgerSettings, mode: str, ops: list[tuple[Any, ...]]) 
         if kind == "post":
             n, flat, old = args
             scores = [1.0] * n if flat else [float(j % 2) for j in range(n)]
-            body = group(n, seed=i, scores=scores, **({"policy_step": 0} if old else {}))
+            extra: dict[str, Any] = {"policy_step": 0} if old else {}
+            body = group(n, seed=i, scores=scores, **extra)
             out.append(await outcome(service.ingest(orjson.dumps(body), "application/json", many=False)))
         elif kind == "batch":
             run = await service.run_state()
