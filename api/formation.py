@@ -10,7 +10,7 @@ import time
 
 import orjson
 
-from api import state, stats
+from api import ledger, state, stats
 from api.acks import acknowledge
 from api.batcher import (
     BatchSpec,
@@ -313,8 +313,7 @@ def take(
     batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
-    books.served(
-        txn, run.step, order, payloads, at=now, start=start, seqs=plan.seqs, tokens=plan.tokens,
-        groups_by_env=groups_by_env, seqs_by_env=seqs_by_env, staleness=staleness, committed=not keep,
-    )  # fmt: skip
+    row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, plan.tokens,
+                          groups_by_env, seqs_by_env, staleness, committed=not keep)  # fmt: skip
+    books.served(txn, row, payloads)
     return batch, seqs_by_env

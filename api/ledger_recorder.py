@@ -9,12 +9,11 @@ to `Txn`'s ledger methods is a change to this module only (docs/ledger.md).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from api import ledger, state
-from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
+from api.store.base import DROPPED, SERVED, LedgerGroup, LedgerStep, Txn
 from api.submissions import Submission
 
 
@@ -106,31 +105,23 @@ class Recorder:
         """Stored groups (`ids`, their `payloads`) dropped for `reason` at step `step`. `popped`: they left the
         queue by `Txn.pop` with `retain=self.retain`, which kept their payloads already."""
         state.count_dropped(txn, env_name, reason, len(ids))
+        self._decided(txn, ids, DROPPED, reason, step, at)
+        self._retained(txn, ids, payloads, popped)
 
-    def served(
-        self,
-        txn: Txn,
-        step: int,
-        order: Sequence[int],
-        payloads: Sequence[bytes],
-        *,
-        at: float,
-        start: float,
-        seqs: int,
-        tokens: int,
-        groups_by_env: Mapping[str, int],
-        seqs_by_env: Mapping[str, int],
-        staleness: Mapping[int, int],
-        committed: bool,
-    ) -> None:
-        """Batch `step` formed of the groups `order` (popped with `retain`), at `at` (`start`: `perf_counter`
-        when its formation began); `committed` when nothing acknowledges it later (Atropos's `/batch`)."""
+    def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
+        """A batch formed (`row`: the ledger's row of it) of groups popped with `retain`, whose `payloads`."""
 
     def committed(self, txn: Txn, first: int, before: int, at: float) -> None:
         """The steps in [first, before) acknowledged at `at`."""
 
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         """A side-buffered group released into the queue under a new id."""
+
+    def _decided(self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float) -> None:
+        """The ledger's share of a decision on stored groups: none."""
+
+    def _retained(self, txn: Txn, ids: Sequence[int], payloads: Sequence[bytes], popped: bool) -> None:
+        """Retention's share of a decision: none."""
 
 
 class Ledger(Recorder):
@@ -141,45 +132,10 @@ class Ledger(Recorder):
     def arrivals(self, txn: Txn, handler: str | None, now: float) -> Arrivals:
         return LedgerArrivals(txn, handler, now, self.retain)
 
-    def dropped(
-        self,
-        txn: Txn,
-        env_name: str,
-        reason: str,
-        ids: Sequence[int],
-        payloads: Sequence[bytes],
-        *,
-        step: int,
-        at: float,
-        popped: bool = False,
-    ) -> None:
-        super().dropped(txn, env_name, reason, ids, payloads, step=step, at=at, popped=popped)
-        txn.ledger_decide(ids, DROPPED, step=step, reason=reason, at=at, kept=self.retain)
-        self._retained(txn, ids, payloads, popped)
-
-    def served(
-        self,
-        txn: Txn,
-        step: int,
-        order: Sequence[int],
-        payloads: Sequence[bytes],
-        *,
-        at: float,
-        start: float,
-        seqs: int,
-        tokens: int,
-        groups_by_env: Mapping[str, int],
-        seqs_by_env: Mapping[str, int],
-        staleness: Mapping[int, int],
-        committed: bool,
-    ) -> None:
-        txn.ledger_decide(order, SERVED, step=step, at=at, kept=self.retain)
-        seconds = time.perf_counter() - start
-        txn.ledger_put_step(
-            ledger.step_row(step, at, seconds, order, seqs, tokens, groups_by_env, seqs_by_env, staleness,
-                            committed=committed)
-        )  # fmt: skip
-        self._retained(txn, order, payloads, popped=True)
+    def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
+        self._decided(txn, row.group_ids, SERVED, None, row.step, row.formed_at)
+        txn.ledger_put_step(row)
+        self._retained(txn, row.group_ids, payloads, popped=True)
 
     def committed(self, txn: Txn, first: int, before: int, at: float) -> None:
         txn.ledger_committed(first, before, at)
@@ -187,8 +143,8 @@ class Ledger(Recorder):
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         txn.ledger_requeue(old_id, new_id)
 
-    def _retained(self, txn: Txn, ids: Sequence[int], payloads: Sequence[bytes], popped: bool) -> None:
-        """Retention's share of a decision: nothing here (`Retaining` keeps the payloads)."""
+    def _decided(self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float) -> None:
+        txn.ledger_decide(ids, fate, step=step, reason=reason, at=at, kept=self.retain)
 
 
 class Retaining(Ledger):
