@@ -11,6 +11,7 @@ import time
 import orjson
 
 from api import ledger, state, stats
+from api.acks import acknowledge
 from api.batcher import (
     BatchSpec,
     EnvWindow,
@@ -27,10 +28,11 @@ from api.batches import BatchWaiting, Formation, FormedBatch
 from api.commits import COMMIT, ReadAhead, read_ahead_full
 from api.errors import Conflict, Gone, RollbufError
 from api.filters import STALE
+from api.ledger_recorder import OFF, Recorder
 from api.records import decode_meta
 from api.setting_groups import part, setting
 from api.state import RunState
-from api.store.base import ANON_ENV, DROPPED, SERVED, QueueCounts, Txn
+from api.store.base import ANON_ENV, QueueCounts, Txn
 
 log = logging.getLogger("rollbuf")
 
@@ -81,7 +83,7 @@ def batch_txn(
     *,
     as_json: bool = False,
     read_ahead: ReadAhead = DEFAULT_READ_AHEAD,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
     rules: FormationRules = DEFAULT_RULES,
 ) -> FormedBatch | BatchWaiting:
     """Batch `step` (served again until it is acknowledged), or the next one formed; without `step`, the next
@@ -89,7 +91,7 @@ def batch_txn(
         state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
         batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
         (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
-        (`api/commits.py`). `books`: the ledger's settings (its rows are written here, with the decisions). `rules`:
+        (`api/commits.py`). `books`: the ledger's recorder (its rows are written here, with the decisions). `rules`:
     how far to look ahead and how long a quiet minimum share may hold a batch."""
     run = state.load(txn, known)
     reg = run.registration
@@ -101,13 +103,8 @@ def batch_txn(
     if step is None and not commit_mode:
         # Atropos's loop: asking for the next batch acknowledges every one before it, so retention and the
         # ledger prune by it (the mark stayed at 0, and retain_bytes kept every served payload).
-        kept = state.load_kept(txn, run)
-        if run.step > kept.committed:
-            if kept.sizes:  # batches kept by an earlier `?step=`: acknowledged now, as asking for one would
-                txn.drop_batches_before(run.step, retain=books.retaining)
-                if books.enabled:
-                    txn.ledger.committed(kept.committed, run.step, time.time())
-            state.save_kept(txn, kept.acknowledge(run.step))
+        # Batches kept by an earlier `?step=` are acknowledged now, as asking for one would.
+        acknowledge(txn, state.load_kept(txn, run), run.step, books, time.time())
         return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules)
     if step is None:
         step = run.step
@@ -116,11 +113,8 @@ def batch_txn(
             f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
         )
     kept = before = state.load_kept(txn, run)
-    if not commit_mode:  # asking for N acknowledges every batch before it
-        txn.drop_batches_before(step, retain=books.retaining)
-        kept = kept.acknowledge(step)
-        if books.enabled and kept.committed > before.committed:
-            txn.ledger.committed(before.committed, kept.committed, time.time())
+    if not commit_mode:  # asking for N acknowledges every batch before it (saved below, with what is formed)
+        kept = acknowledge(txn, kept, step, books, time.time(), save=False)
     elif step < kept.committed:
         raise Gone(
             f"batch {step} is no longer available: every batch before {kept.committed} was committed",
@@ -154,7 +148,7 @@ def form(
     *,
     keep: bool,
     as_json: bool = False,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
     rules: FormationRules = DEFAULT_RULES,
 ) -> FormedBatch | BatchWaiting:
     """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
@@ -199,7 +193,7 @@ def _read(
     run: RunState,
     spec: BatchSpec,
     shares: dict[int, float],
-    books: ledger.LedgerSettings,
+    books: Recorder,
     now: float,
     *,
     max_seqs: int,
@@ -225,12 +219,9 @@ def _read(
         name = run.env_name(env_id)
         if win.stale:
             ids = [m.item_id for m in win.stale]
-            gone = txn.pop(env_id, ids, retain=books.retaining)
-            state.count_dropped(txn, name, STALE, len(win.stale))
-            if books.enabled:
-                txn.ledger.decide(ids, DROPPED, step=run.step, reason=STALE, at=now, kept=books.retaining)
-                if books.retaining:
-                    ledger.count_retained(txn, len(gone), sum(len(g.payload) for g in gone))
+            gone = txn.pop(env_id, ids, retain=books.retain)
+            payloads = [g.payload for g in gone]
+            books.dropped(txn, name, STALE, ids, payloads, step=run.step, at=now, popped=True)
         head = win.items[0] if win.items else None
         due = is_due(passed, env_id, head, run.step, due_after)
         weight = env.weight if env else 1.0
@@ -290,13 +281,13 @@ def take(
     plan: Plan,
     keep: bool,
     as_json: bool = False,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
     now: float = 0.0,
     start: float = 0.0,
 ) -> tuple[FormedBatch, dict[str, int]]:
     """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
     the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
-    taken per env. With the ledger on, the groups' rows say served and the batch's row is written (`start`:
+    taken per env. The recorder writes the groups' ledger rows as served and the batch's row (`start`:
     `perf_counter` when formation began, `now`: its wall-clock time)."""
     payloads: list[bytes] = []
     order: list[int] = []
@@ -306,7 +297,7 @@ def take(
     staleness: dict[int, int] = {}
     for env_id, item_ids in plan.take.items():
         name = run.env_name(env_id)
-        for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None, retain=books.retaining):
+        for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None, retain=books.retain):
             if as_json:
                 check_servable(item.payload, run.step, name)
             payloads.append(item.payload)
@@ -323,13 +314,7 @@ def take(
     batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
-    if books.enabled:
-        txn.ledger.decide(order, SERVED, step=run.step, at=now, kept=books.retaining)
-        seconds = time.perf_counter() - start
-        txn.ledger.put_step(
-            ledger.step_row(run.step, now, seconds, order, plan.seqs, plan.tokens, groups_by_env, seqs_by_env,
-                            staleness, committed=not keep)
-        )  # fmt: skip
-        if books.retaining:
-            ledger.count_retained(txn, len(payloads), sum(len(p) for p in payloads))
+    row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, plan.tokens,
+                          groups_by_env, seqs_by_env, staleness, committed=not keep)  # fmt: skip
+    books.served(txn, row, payloads)
     return batch, seqs_by_env

@@ -6,28 +6,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
-from api import ledger, side_buffer, state, stats
+from api import side_buffer, state, stats
 from api.errors import Conflict, InvalidData, Unavailable
 from api.filters import filter_reason
 from api.idempotency import remember, same_content
+from api.ledger_recorder import OFF, Recorder
 from api.limits import QueueLimits
 from api.schema import ScoredReply
 from api.state import ANON_NAME, EnvRecord, RunState
-from api.store.base import (
-    ANON_ENV,
-    DROPPED,
-    HELD,
-    QUEUED,
-    HeldGroup,
-    HeldMeta,
-    ItemMeta,
-    LedgerGroup,
-    QueueCounts,
-    QueuedItem,
-    Txn,
-)
+from api.store.base import ANON_ENV, HELD, QUEUED, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.submissions import Submission
 from api.validation import check_policy_step
 
@@ -54,13 +42,13 @@ def submit_txn(
     subs: Sequence[Submission],
     seen_run: RunState,
     limits: QueueLimits,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
     handler: str | None = None,
 ) -> tuple[list[ScoredReply], RunState]:
     """Store validated submissions all-or-nothing, with the run state found: `StaleRun` if what they were
     validated against (`seen_run`) no longer holds, `QueueFull` past a limit, a 409 for a reused key with
-    other content. A key already stored answers its first reply, marked `duplicate`. With the ledger on
-    (`books`), each new group's row is written too, with its fate (`handler`: the key that sent them)."""
+    other content. A key already stored answers its first reply, marked `duplicate`. `books` records each new
+    group's fate in the ledger (`handler`: the key that sent them)."""
     run = state.load(txn, seen_run)
     if not still_valid(subs, seen_run, run):
         raise StaleRun(run)
@@ -98,8 +86,7 @@ def submit_txn(
     reg = run.registration
     assert reg is not None
     received: dict[str, int] = {}
-    rows: list[LedgerGroup] = []
-    retained = [0, 0]
+    arrivals = books.arrivals(txn, handler, now)
     for i, sub in fresh:
         env_id = ANON_ENV if sub.env_id is None else sub.env_id
         env = run.env(env_id)
@@ -108,28 +95,16 @@ def submit_txn(
         step = sub.record.policy_step
         reason = filter_reason(sub.record.scores, reg)
         if reason is not None:
-            state.count_dropped(txn, name, reason)
+            arrivals.dropped(env_id, name, sub, reason, run.step)
             reply = ScoredReply(status="received")
-            if books.enabled:
-                row = ledger.group_row(txn.next_item_id(), env_id, sub.record, len(sub.payload), handler, DROPPED, now)
-                row = replace(row, step=run.step, reason=reason, decided_at=now, kept=books.retaining)
-                rows.append(row)
-                if books.retaining:  # what keeping dropped groups costs: a payload written that is never queued
-                    txn.ledger.keep_payloads([(row.id, sub.payload)])
-                    retained[0] += 1
-                    retained[1] += len(sub.payload)
         elif env is not None and held_env(run, sub) is env:
-            if rows:  # a released group's row must be there to move (`ledger.requeue`)
-                txn.ledger.add(rows)
-                rows = []
+            arrivals.flush()  # a released group's row must be there to move (`requeued`)
             reply, item_id, fate = hold_group(txn, env, sub, step, now, limits, books)
-            if books.enabled:
-                rows.append(ledger.group_row(item_id, env_id, sub.record, len(sub.payload), handler, fate, now))
+            arrivals.stored(item_id, env_id, sub, fate)
         else:
             item_id = enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
             reply = ScoredReply(status="received")
-            if books.enabled:
-                rows.append(ledger.group_row(item_id, env_id, sub.record, len(sub.payload), handler, QUEUED, now))
+            arrivals.stored(item_id, env_id, sub, QUEUED)
         if sub.key:
             txn.put_reply(sub.key, remember(reply.model_dump_json(exclude_none=True), sub.digest))
         replies[i] = reply
@@ -138,9 +113,7 @@ def submit_txn(
         assert first_reply is not None
         replies[i] = first_reply.model_copy(update={"duplicate": True})
     stats.count_received(txn, received)
-    if rows:
-        txn.ledger.add(rows)
-    ledger.count_retained(txn, *retained)
+    arrivals.close()
     return [r for r in replies if r is not None], run
 
 
@@ -204,7 +177,7 @@ def hold_group(
     step: int,
     now: float,
     limits: QueueLimits,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
 ) -> tuple[ScoredReply, int, str]:
     """Hold a group whose size is not its env's group_size aside, or queue it with held groups that together
     with it make whole groups (Atropos's mixed-size buffering). Costs the group, not what the buffer holds.
@@ -234,8 +207,7 @@ def hold_group(
         if i < len(held):
             g = released[held[i].meta.item_id]
             item_id = enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
-            if books.enabled:
-                txn.ledger.requeue(g.meta.item_id, item_id)
+            books.requeued(txn, g.meta.item_id, item_id)
         else:
             new_id, fate = enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload), QUEUED
     if len(held) not in picked:  # the new group stays held (only if older ones already added up: a migration)
@@ -251,19 +223,14 @@ def expire_held(
     env_id: int,
     now: float,
     limits: side_buffer.SideLimits,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
 ) -> int:
     """Drop env_id's held groups past the ttl, counted as `side_buffer_expired` (and so in the ledger); how many."""
     gone: list[HeldMeta] = side_buffer.expired(txn.held.groups(env_id), now, limits)
     if gone:
         released = txn.held.release(env_id, [h.meta.item_id for h in gone])
-        state.count_dropped(txn, run.env_name(env_id), side_buffer.EXPIRED, len(gone))
-        if books.enabled:
-            ids = [g.meta.item_id for g in released]
-            txn.ledger.decide(ids, DROPPED, step=run.step, reason=side_buffer.EXPIRED, at=now, kept=books.retaining)
-            if books.retaining:
-                txn.ledger.keep_payloads([(g.meta.item_id, g.payload) for g in released])
-                ledger.count_retained(txn, len(released), sum(len(g.payload) for g in released))
+        ids, payloads = [g.meta.item_id for g in released], [g.payload for g in released]
+        books.dropped(txn, run.env_name(env_id), side_buffer.EXPIRED, ids, payloads, step=run.step, at=now)
     return len(gone)
 
 
@@ -272,7 +239,7 @@ def expire_txn(
     now: float,
     limits: side_buffer.SideLimits,
     known: RunState | None = None,
-    books: ledger.LedgerSettings = ledger.OFF,
+    books: Recorder = OFF,
 ) -> int:
     """The sweep: drop every env's expired held groups; how many (reads only the envs that hold some)."""
     run = state.load(txn, known)

@@ -30,6 +30,7 @@ from api.drop_bias_watch import BiasWatch
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
 from api.formation import FormationRules, batch_txn
 from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
+from api.ledger_recorder import recorder
 from api.limits import QueueLimits
 from api.logs import request_env
 from api.metrics import FORMATION_SECONDS
@@ -47,6 +48,7 @@ from api.producer_state import (
 )
 from api.producers import NOTHING_YET
 from api.records import GroupRecord, decode
+from api.scheduler import Scheduler
 from api.schema import (
     CommitReply,
     EnvDropBias,
@@ -70,6 +72,8 @@ REFUSALS_FLUSH_S = 1.0
 """Longest time a refusal's count waits in memory before it is written (with every other one since)."""
 LATEST_MAX_BYTES = 4 << 20
 """Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
+REFUSALS, SWEEP, PRUNE, WATCH = "refusals", "side_buffer_sweep", "ledger_prune", "drop_bias_watch"
+"""The background jobs' names (`Service.jobs`)."""
 
 
 @dataclass(slots=True)
@@ -90,18 +94,12 @@ class Service:
     refusals_flush_s: float = REFUSALS_FLUSH_S
     _refused: dict[str, int] = field(default_factory=dict)
     """Submissions refused for a full queue, by env name, not written yet (`_count_refused`)."""
-    _flushing: asyncio.Task[None] | None = None
-    _swept_at: float = field(default_factory=time.monotonic)
-    """When (monotonic) this process last swept the side buffers for expired groups, or started (`_sweep_soon`)."""
-    _sweeping: asyncio.Task[None] | None = None
     books: ledger.LedgerSettings = field(default_factory=ledger.LedgerSettings)
     """The ledger: whether it is written, how long it and retained payloads are kept (docs/ledger.md)."""
-    _pruned_at: float = field(default_factory=time.monotonic)
-    """When (monotonic) this process last pruned the ledger and retained payloads (`_prune_soon`)."""
-    _pruning: asyncio.Task[None] | None = None
     bias: BiasWatch = field(default_factory=BiasWatch)
     """The drop-bias monitor, fed from the ledger (`api.drop_bias_watch`)."""
-    _watching: asyncio.Task[None] | None = None
+    jobs: Scheduler = field(default_factory=Scheduler)
+    """This process's background jobs (`__post_init__` names them)."""
     producers: ProducerSettings = field(default_factory=ProducerSettings)
     """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers`)."""
     stall_reason: str | None = None
@@ -116,6 +114,17 @@ class Service:
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
+        # Each runs in the background when asked, never on a request's path: refusals counted in memory are written
+        # together; the side buffers' expired groups are swept from a live run's calls (an env whose groups expire
+        # may send nothing more); the ledger is pruned in transactions of bounded size (`ledger.PRUNE_CHUNK`), so
+        # ingest waits for one no longer than for a batch's formation; the drop-bias monitor refreshes when a
+        # batch is formed, so that an episode is logged even when nobody looks at the views.
+        self.jobs.add(REFUSALS, self._flush_refused)
+        self.jobs.add(SWEEP, self._sweep, lambda: self.limits.side.sweep_every())
+        self.jobs.add(PRUNE, self._prune, lambda: self.books.prune_every if self.books.enabled else None)
+        self.jobs.add(
+            WATCH, self._watch, lambda: 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
+        )
 
     @property
     def latest(self) -> GroupRecord | None:
@@ -300,7 +309,7 @@ class Service:
         name of the key that sent them, for the ledger."""
         try:
             replies, self._run = await self.store.transact(
-                lambda txn: submit_txn(txn, subs, run, self.limits, self.books, handler),
+                lambda txn: submit_txn(txn, subs, run, self.limits, recorder(self.books), handler),
                 replies=[s.key for s in subs if s.key],
             )
         except StaleRun as stale:
@@ -324,86 +333,40 @@ class Service:
         together at most every `REFUSALS_FLUSH_S` (a crash loses at most that much of a counter, never data)."""
         for name in names:
             self._refused[name] = self._refused.get(name, 0) + 1
-        if self._flushing is None:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush_refused())
+        self.jobs.ask(REFUSALS)
 
-    async def _flush_refused(self) -> None:
+    async def _flush_refused(self) -> bool:
+        await asyncio.sleep(self.refusals_flush_s)  # gathering refusals: one write for all of them
+        refused, self._refused = self._refused, {}
         try:
-            await asyncio.sleep(self.refusals_flush_s)  # gathering refusals: one write for all of them
-            refused, self._refused = self._refused, {}
             await self.store.transact(lambda txn: txn.add_counts(stats.BACKPRESSURE, refused))
         except Unavailable:
             for name, n in refused.items():  # the store is down: counted with the next flush
                 self._refused[name] = self._refused.get(name, 0) + n
-        finally:
-            self._flushing = None
-            if self._refused:
-                self._flushing = asyncio.get_running_loop().create_task(self._flush_refused())
-
-    def _sweep_soon(self) -> None:
-        """Expire held groups of every env at most every `SideLimits.sweep_every` seconds, from the calls of a
-        live run (a trainer polling, envs asking for status): an env whose groups expire may send nothing more."""
-        every = self.limits.side.sweep_every()
-        now = time.monotonic()
-        if every is None or self._sweeping is not None or now - self._swept_at < every:
-            return
-        self._swept_at = now
-        self._sweeping = asyncio.get_running_loop().create_task(self._sweep())
+        return bool(self._refused)  # more came meanwhile (or the store was down): flushed again
 
     async def _sweep(self) -> None:
-        try:
-            if not await self.store.read(lambda txn: bool(txn.held.counts())):
-                return  # the common case: nothing held, nothing written
-            n = await self.store.transact(
-                lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, self.books)
-            )
-            if n:
-                log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
-                         n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
-        except Unavailable:
-            pass  # the next sweep tries again
-        finally:
-            self._sweeping = None
-
-    def _prune_soon(self) -> None:
-        """Prune retained payloads and the ledger past their bounds at most every `LedgerSettings.prune_every`
-        seconds, in a task of its own, from a trainer's calls: each prune is one transaction of bounded size
-        (`ledger.PRUNE_CHUNK`), so ingest waits for it no longer than for a batch's formation."""
-        books = self.books
-        now = time.monotonic()
-        if not books.enabled or self._pruning is not None or now - self._pruned_at < books.prune_every:
-            return
-        self._pruned_at = now
-        self._pruning = asyncio.get_running_loop().create_task(self._prune())
+        """Expire held groups of every env (`SideLimits.sweep_every`)."""
+        if not await self.store.read(lambda txn: bool(txn.held.counts())):
+            return  # the common case: nothing held, nothing written
+        n = await self.store.transact(
+            lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, recorder(self.books))
+        )
+        if n:
+            log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
+                     n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
 
     async def _prune(self) -> None:
-        try:
-            payloads, rows = await self.prune()
-            if payloads or rows:
-                log.debug("ledger: pruned %d retained payloads and %d rows", payloads, rows)
-        except Unavailable:
-            pass  # the next prune tries again
-        finally:
-            self._pruning = None
+        payloads, rows = await self.prune()
+        if payloads or rows:
+            log.debug("ledger: pruned %d retained payloads and %d rows", payloads, rows)
 
     async def prune(self) -> tuple[int, int]:
-        """One prune now (tests, and `_prune_soon`'s work): (retained payloads, ledger rows) forgotten."""
+        """One prune now (tests, and the background `PRUNE` job): (retained payloads, ledger rows) forgotten."""
         return await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
 
-    def _watch_soon(self) -> None:
-        """Refresh the drop-bias monitor in the background when a batch is formed (at most every
-        `drop_bias_watch.REFRESH_S`), so that an episode is logged even when nobody looks at the views."""
-        if not self.books.enabled or self._watching is not None or not self.bias.due(time.monotonic()):
-            return
-        self._watching = asyncio.get_running_loop().create_task(self._watch())
-
     async def _watch(self) -> None:
-        try:
-            await self.bias.refresh(self.store)
-        except Unavailable:
-            pass  # the next refresh tries again
-        finally:
-            self._watching = None
+        await self.bias.refresh(self.store)
 
     async def drop_bias(self) -> Report | None:
         """The drop-bias monitor's report, refreshed if it is older than `REFRESH_S`; None without the ledger."""
@@ -426,14 +389,8 @@ class Service:
         return body
 
     async def close(self) -> None:
-        """Write what is counted in memory (refusals) before the store closes."""
-        for task in (self._sweeping, self._pruning, self._watching):
-            if task is not None:
-                task.cancel()
-        self._sweeping = self._pruning = self._watching = None
-        if self._flushing is not None:
-            self._flushing.cancel()
-            self._flushing = None
+        """Stop the background jobs, and write what is counted in memory (refusals) before the store closes."""
+        await self.jobs.close()
         if self._refused:
             refused, self._refused = self._refused, {}
             try:
@@ -450,13 +407,14 @@ class Service:
         restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
         kind marks the run as started (environments may register from then on).
         """
-        self._sweep_soon()
-        self._prune_soon()
+        self.jobs.ask(SWEEP)
+        self.jobs.ask(PRUNE)
         now = time.time()
 
         def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
+            books = recorder(self.books)
             result = batch_txn(
-                txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=self.books, rules=self.rules
+                txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books, rules=self.rules
             )  # fmt: skip
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers, self._run) if waiting else None
@@ -464,7 +422,7 @@ class Service:
         result, report = await self.store.transact(txn_fn)
         self.stall_reason = None if report is None else self._graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
-            self._watch_soon()  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
+            self.jobs.ask(WATCH)  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
             formed = result.formation
             FORMATION_SECONDS.observe(formed.seconds)
             mix = " ".join(f"{name}={n}" for name, n in formed.seqs_by_env.items())
@@ -476,7 +434,7 @@ class Service:
 
     async def commit(self, step: int) -> CommitReply:
         """Acknowledge every batch before `step` (POST /commit); wakes a trainer waiting at its read-ahead bound."""
-        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run, self.books))
+        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run, recorder(self.books)))
         self.wakeups.changed()
         return reply
 
@@ -501,7 +459,7 @@ class Service:
     # ----------------------------------------------------------------------------- status
 
     async def status(self) -> Status:
-        self._sweep_soon()
+        self.jobs.ask(SWEEP)
         now = time.time()
         status, seen = await self.store.read(
             lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers, self._run))

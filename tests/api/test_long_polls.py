@@ -61,5 +61,5 @@ async def test_each_change_wakes_a_waiter_and_a_batch_wakes_the_next(client: htt
         group(4, env_id=0, seed=i)["tokens"][0][0] for i in range(3)
     )
     # 3 first tries, 3 ingests, at most two tries per waiter after, and the drop-bias monitor's one read after a
-    # formed batch (at most one a second: `Service._watch_soon`)
+    # formed batch (at most one a second: the `drop_bias_watch` job)
     assert ran[0] <= 3 + 3 + 3 * 2 + 1

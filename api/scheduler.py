@@ -1,0 +1,83 @@
+"""Background jobs of one process, by name: each runs in a task of its own when asked, never twice at once, at
+most once per its interval, and all stop with one `close()` (`Service`'s refusal flush, side-buffer sweep, ledger
+prune and drop-bias watch). A job that fails is logged and asked again later, never fatal to its caller."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from api.errors import Unavailable
+
+log = logging.getLogger("rollbuf")
+
+
+def always() -> float | None:
+    return 0.0
+
+
+@dataclass(slots=True)
+class Job:
+    run: Callable[[], Awaitable[bool | None]]
+    """The work; True when it wants to run again at once (what it was asked for came in while it ran)."""
+    every: Callable[[], float | None]
+    """Least seconds between two starts, read when asked (None: not now)."""
+    started: float
+    """When (monotonic) it last started, or was added."""
+    task: asyncio.Task[None] | None = None
+
+
+class Scheduler:
+    """Named jobs run soon, once: asked many times while one runs (or before its interval has passed since it
+    last started), a job still runs once."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._jobs: dict[str, Job] = {}
+
+    def add(
+        self, name: str, run: Callable[[], Awaitable[bool | None]], every: Callable[[], float | None] = always
+    ) -> None:
+        """Name a job; its interval counts from now (a process just started has nothing to catch up on)."""
+        self._jobs[name] = Job(run, every, self._clock())
+
+    def ask(self, name: str) -> bool:
+        """Start job `name` in the background unless it is running or ran less than its interval ago; whether
+        it started."""
+        job = self._jobs[name]
+        every = job.every()
+        now = self._clock()
+        if every is None or job.task is not None or now - job.started < every:
+            return False
+        job.started = now
+        job.task = asyncio.get_running_loop().create_task(self._run(name, job))
+        return True
+
+    def running(self, name: str) -> bool:
+        return self._jobs[name].task is not None
+
+    async def _run(self, name: str, job: Job) -> None:
+        again = False
+        try:
+            again = bool(await job.run())
+        except Unavailable as exc:  # the store is down: the next time it is asked tries again
+            log.debug("background job %s: the store is unavailable (%s)", name, exc)
+        except Exception:
+            log.exception("background job %s failed; it runs again when next asked", name)
+        finally:
+            job.task = None
+        if again:
+            job.started = self._clock()
+            job.task = asyncio.get_running_loop().create_task(self._run(name, job))
+
+    async def close(self) -> None:
+        """Cancel every running job and wait until each has stopped; none starts afterwards unless asked."""
+        tasks = [job.task for job in self._jobs.values() if job.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for job in self._jobs.values():
+            job.task = None
