@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from api.errors import Unavailable
 from api.items import ItemMeta
+from api.store.tasks import TaskTxn
 
 T = TypeVar("T")
 
@@ -388,6 +389,12 @@ class Txn(ABC):
     def prune_payloads(self, ids: Sequence[int]) -> None:
         """Forget these retained payloads and unmark their rows' `kept`. The caller never names one that is
         queued or in a kept batch."""
+
+    # --- tasks leased to producers (docs/tasks.md): their own concern, in api/store/tasks.py ---
+    @property
+    @abstractmethod
+    def tasks(self) -> TaskTxn:
+        """The task tables, in this transaction."""
 
     # --- everything ---
     @abstractmethod

@@ -23,6 +23,8 @@ from api.store.base import (
     Store,
     Txn,
 )
+from api.store.memory_tasks import MemoryTaskTxn, TaskState
+from api.store.tasks import TaskTxn
 
 T = TypeVar("T")
 
@@ -69,6 +71,7 @@ class _State:
         self.dropped: dict[int, frozenset[int]] = {}
         """Ledger ids of dropped groups by their `step` (`ledger_dropped` costs the rows it finds)."""
         self.next_id = 1
+        self.tasks = TaskState()
 
 
 class MemoryTxn(Txn):
@@ -89,6 +92,10 @@ class MemoryTxn(Txn):
             self._undo.append(lambda: mapping.__setitem__(key, old))
         else:
             self._undo.append(lambda: mapping.pop(key, None))
+
+    @property
+    def tasks(self) -> TaskTxn:
+        return MemoryTaskTxn(self._s.tasks, self._undo)
 
     def get_value(self, key: str) -> str | None:
         return self._s.values.get(key)

@@ -30,6 +30,8 @@ from api.store.jobs import head_chunk_sizes
 from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, step_of
 from api.store.postgres.cache import Group, db_key
 from api.store.postgres.schema import CLEARED
+from api.store.postgres.tasks import PostgresTaskTxn
+from api.store.tasks import TaskTxn
 
 _HEAD = (
     "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = %b AND item_id > %b ORDER BY item_id LIMIT %b"
@@ -95,6 +97,10 @@ class PostgresTxn(Txn):
     def _writable(self) -> None:
         if self._g.read_only:
             raise RuntimeError("a function passed to Store.read wrote to the store: use Store.transact")
+
+    @property
+    def tasks(self) -> TaskTxn:
+        return PostgresTaskTxn(self._db, self._write)
 
     # --- values: read once per group ---
     def get_value(self, key: str) -> str | None:

@@ -31,6 +31,8 @@ from api.store.jobs import head_chunk_sizes
 from api.store.ledger_rows import GROUP_COLUMNS, STEP_COLUMNS, gid_bytes, group_of, group_values, step_of, step_values
 from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.schema import CLEARED
+from api.store.sqlite.tasks import SqliteTaskTxn
+from api.store.tasks import TaskTxn
 
 POP_CHUNK = 500
 """Ids per DELETE statement: stays under SQLite's host-parameter limit on any build."""
@@ -182,6 +184,10 @@ class SqliteTxn(Txn):
             d[2] += seqs
             d[3] += tokens
             d[4] += size
+
+    @property
+    def tasks(self) -> TaskTxn:
+        return SqliteTaskTxn(self._db)
 
     # --- values ---
     def get_value(self, key: str) -> str | None:
