@@ -118,6 +118,12 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("POST", "/disconnect-env"): ANY_KEY,  # an env key its own envs; trainer and admin keys any env
     ("GET", "/status-env"): ANY_KEY,
     ("POST", "/producers/heartbeat"): ENV_SIDE,
+    # tasks leased to producers (docs/tasks.md)
+    ("POST", "/tasks/datasets"): ENV_SIDE,
+    ("POST", "/tasks/pages"): ENV_SIDE,
+    ("POST", "/tasks/lease"): ENV_SIDE,
+    ("POST", "/tasks/heartbeat"): ENV_SIDE,
+    ("POST", "/tasks/fail"): ENV_SIDE,
     # the trainer's (Atropos trainers call /reset_data to start a run)
     ("POST", "/register"): TRAINER_SIDE,
     ("GET", "/batch"): TRAINER_SIDE,
@@ -137,6 +143,8 @@ ROUTES: dict[tuple[str, str], frozenset[Role] | str] = {
     ("GET", "/weights"): ANY_KEY,
     ("GET", "/weights/pending"): ANY_KEY,
     ("GET", "/producers"): ANY_KEY,
+    ("GET", "/tasks"): ANY_KEY,
+    ("GET", "/tasks/rows"): ANY_KEY,
     ("GET", "/metrics"): ANY_KEY,
     ("GET", "/dashboard/data"): ANY_KEY,
 }

@@ -33,7 +33,7 @@ from api.middleware import ObserveRequests
 from api.openapi import SECURED, declare_limits, drop_auth
 from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
-from api.routes import admin, envs, export, ledger, ops, producers, trainer
+from api.routes import admin, envs, export, ledger, ops, producers, tasks, trainer
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.side_buffer import SideLimits
@@ -130,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(trainer.router, dependencies=secured, responses=SECURED)
     app.include_router(envs.router, dependencies=secured, responses=SECURED)
     app.include_router(producers.router, dependencies=secured, responses=SECURED)
+    app.include_router(tasks.router, dependencies=secured, responses=SECURED)
     app.include_router(ledger.router, dependencies=secured, responses=SECURED)
     app.include_router(ops.router, dependencies=secured, responses=SECURED)
     app.include_router(export.router, dependencies=secured, responses=SECURED)

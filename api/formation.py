@@ -10,7 +10,7 @@ import time
 
 import orjson
 
-from api import ledger, state, stats
+from api import ledger, state, stats, task_leases
 from api.batcher import (
     BatchSpec,
     EnvWindow,
@@ -228,6 +228,7 @@ def _read(
             state.count_dropped(txn, name, STALE, len(win.stale))
             if books.enabled:
                 txn.ledger_decide(ids, DROPPED, step=run.step, reason=STALE, at=now, kept=books.retaining)
+                task_leases.on_decided(txn, ids, DROPPED, step=run.step, reason=STALE, now=now)
                 if books.retaining:
                     ledger.count_retained(txn, len(gone), sum(len(g.payload) for g in gone))
         head = win.items[0] if win.items else None
@@ -324,6 +325,7 @@ def take(
         txn.put_batch(batch.step, batch.prefix(), order)
     if books.enabled:
         txn.ledger_decide(order, SERVED, step=run.step, at=now, kept=books.retaining)
+        task_leases.on_decided(txn, order, SERVED, step=run.step, reason=None, now=now)
         seconds = time.perf_counter() - start
         txn.ledger_put_step(
             ledger.step_row(run.step, now, seconds, order, plan.seqs, plan.tokens, groups_by_env, seqs_by_env,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from api import ledger, side_buffer, state, stats
+from api import ledger, side_buffer, state, stats, task_leases
 from api.errors import Conflict, InvalidData, Unavailable
 from api.filters import filter_reason
 from api.idempotency import remember, same_content
@@ -121,6 +121,7 @@ def submit_txn(
         elif env is not None and held_env(run, sub) is env:
             if rows:  # a released group's row must be there to move (`ledger_requeue`)
                 txn.ledger_add(rows)
+                task_leases.on_acknowledged(txn, rows)
                 rows = []
             reply, item_id, fate = hold_group(txn, env, sub, step, now, limits, books)
             if books.enabled:
@@ -140,6 +141,7 @@ def submit_txn(
     stats.count_received(txn, received)
     if rows:
         txn.ledger_add(rows)
+        task_leases.on_acknowledged(txn, rows)
     ledger.count_retained(txn, *retained)
     return [r for r in replies if r is not None], run
 
@@ -236,6 +238,7 @@ def hold_group(
             item_id = enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
             if books.enabled:
                 txn.ledger_requeue(g.meta.item_id, item_id)
+                task_leases.on_requeued(txn, g.meta.item_id, item_id)
         else:
             new_id, fate = enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload), QUEUED
     if len(held) not in picked:  # the new group stays held (only if older ones already added up: a migration)
@@ -261,6 +264,7 @@ def expire_held(
         if books.enabled:
             ids = [g.meta.item_id for g in released]
             txn.ledger_decide(ids, DROPPED, step=run.step, reason=side_buffer.EXPIRED, at=now, kept=books.retaining)
+            task_leases.on_decided(txn, ids, DROPPED, step=run.step, reason=side_buffer.EXPIRED, now=now)
             if books.retaining:
                 txn.keep_payloads([(g.meta.item_id, g.payload) for g in released])
                 ledger.count_retained(txn, len(released), sum(len(g.payload) for g in released))

@@ -113,6 +113,18 @@ class Settings(BaseSettings):
     """Keep served and dropped groups' payloads while they hold at most this many bytes (the oldest go first)."""
     retry_after: float = Field(2.0, gt=0)
     """Seconds a client is told to wait (Retry-After) when the queue is full."""
+    task_lease_s: float = Field(300.0, gt=0)
+    """Seconds a task lease lasts unless heartbeated (docs/tasks.md): an expired lease puts its task back at the
+    front of its dataset."""
+    task_max_leases_per_producer: int = Field(1024, gt=0)
+    """Task leases one producer holds at once: past it, a lease request gets fewer (or none)."""
+    task_page_size: int = Field(1000, gt=0)
+    """Most tasks in one page posted, one lease request and one page of /tasks/rows (422 beyond)."""
+    task_max_dataset_size: int = Field(100_000_000, gt=0)
+    """Most tasks in one dataset (422 beyond)."""
+    task_files_dir: Path | None = None
+    """Where the server may read datasets from (`path` of POST /tasks/datasets, JSONL, one task a line); None:
+    datasets come only in pages posted by producers."""
 
     max_body_bytes: int = Field(256 * MiB, gt=0)
     """Largest request body as sent (413 beyond)."""

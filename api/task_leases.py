@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from api.errors import Conflict, NotFound, RollbufError
 from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
 from api.store.tasks import FRONT, LEASED, TaskRow
 from api.task_order import task_at
@@ -32,10 +33,6 @@ ANY_KEY = "tasks:any"
 """A named value set once a dataset exists: the hooks cost nothing in runs without one."""
 RECLAIM_LIMIT = 256
 """Expired leases returned to the front per lease call (the rest on the next ones)."""
-
-
-class TaskError(ValueError):
-    """A request the task cursor refuses (unknown dataset, bad token): answered 4xx by the routes."""
 
 
 @dataclass(slots=True)
@@ -72,9 +69,9 @@ class Dataset:
 
     @property
     def done(self) -> bool:
-        """Every epoch handed out, and nothing left leased or waiting."""
+        """Every epoch handed out, and nothing left leased, waiting or submitted (a group may still be dropped)."""
         last = self.epochs is not None and self.epoch >= self.epochs - 1 and self.position >= self.size
-        return self.sealed and last and not self.counts.get(LEASED) and not self.counts.get(FRONT)
+        return self.sealed and last and not any(self.counts.get(s) for s in (LEASED, FRONT, SUBMITTED))
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +142,9 @@ def _count(d: Dataset, event: str, n: int = 1) -> None:
 
 
 def register(txn: Txn, d: Dataset) -> Dataset:
-    """Register a dataset (its tasks are added by `add_tasks`); TaskError if the name is taken."""
+    """Register a dataset (its tasks are added by `add_tasks`); Conflict if the name is taken."""
     if txn.tasks.get_dataset(d.name) is not None:
-        raise TaskError(f"dataset {d.name!r} is registered already")
+        raise Conflict(f"dataset {d.name!r} is registered already")
     txn.tasks.put_dataset(d.name, d.to_json())
     txn.set_value(ANY_KEY, "1")
     return d
@@ -159,11 +156,11 @@ def add_tasks(txn: Txn, name: str, first: int, data: Sequence[str], *, last: boo
     moves = _Moves(txn)
     d = moves.get(name)
     if d is None:
-        raise TaskError(f"no dataset {name!r}")
+        raise NotFound(f"no dataset {name!r}")
     if d.sealed and first + len(data) <= d.size:
         return d  # a retried page of a sealed dataset
     if first > d.size:
-        raise TaskError(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}")
+        raise RollbufError(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}")
     txn.tasks.add_tasks(name, first, data)
     d.size = max(d.size, first + len(data))
     d.sealed = last
@@ -177,7 +174,7 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     moves = _Moves(txn)
     d = moves.get(name)
     if d is None:
-        raise TaskError(f"no dataset {name!r}")
+        raise NotFound(f"no dataset {name!r}")
     tasks = txn.tasks
     expired = tasks.expired(name, now, RECLAIM_LIMIT)
     if expired:
@@ -213,7 +210,7 @@ def _held(txn: Txn, token: str) -> tuple[Dataset, TaskRow, _Moves] | None:
     """The dataset and row of a lease that is still held, else None."""
     parsed = parse_token(token)
     if parsed is None:
-        raise TaskError(f"not a lease token: {token!r}")
+        return None  # not a token: no lease it could hold
     name, epoch, index, number = parsed
     moves = _Moves(txn)
     d = moves.get(name)

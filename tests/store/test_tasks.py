@@ -15,13 +15,13 @@ from api.store.tasks import FRONT, LEASED, TaskRow
 pytestmark = pytest.mark.anyio
 
 
-def dataset(name: str = "math", n: int = 10, **kw: object) -> tl.Dataset:
+def dataset(name: str = "math", **kw: object) -> tl.Dataset:
     return tl.Dataset(name=name, **kw)  # type: ignore[arg-type]
 
 
 async def registered(store: Store, n: int = 10, **kw: object) -> None:
     def fn(txn: Txn) -> None:
-        tl.register(txn, dataset(sealed=False, **kw))
+        tl.register(txn, dataset(sealed=False, **kw))  # type: ignore[arg-type]
         tl.add_tasks(txn, "math", 0, [json.dumps({"q": i}) for i in range(n)], last=True)
 
     await store.transact(fn)
@@ -101,8 +101,8 @@ async def test_epochs_wait_for_the_last_leases_and_clear_forgets(store: Store) -
     first = await store.transact(lambda txn: tl.lease(txn, "math", "p", 5, 0.0, 10.0, 100))
     assert sorted(x.index for x in first) == [0, 1] and {x.epoch for x in first} == {0}
     assert await store.transact(lambda txn: tl.lease(txn, "math", "p", 5, 1.0, 10.0, 100)) == []
-    for i, x in enumerate(first):
-        await store.transact(lambda txn, x=x, i=i: tl.on_acknowledged(txn, [ledger_row(i + 1, x.token)]))
+    rows = [ledger_row(i + 1, x.token) for i, x in enumerate(first)]
+    await store.transact(lambda txn: tl.on_acknowledged(txn, rows))
     second = await store.transact(lambda txn: tl.lease(txn, "math", "p", 5, 2.0, 10.0, 100))
     assert sorted(x.index for x in second) == [0, 1] and {x.epoch for x in second} == {1}
     await store.transact(lambda txn: txn.clear())
