@@ -27,6 +27,7 @@ from rollout_client.errors import (
 )
 from rollout_client.group import GroupOutcome, Limits, acquire_all, build_group, run_group
 from rollout_client.handle import RunnerHandle, run_in_thread
+from rollout_client.leased_tasks import LeasedTasks
 from rollout_client.policy import (
     CharTokenizer,
     Completion,
@@ -79,6 +80,7 @@ __all__ = [
     "Session",
     "SyncRolloutClient",
     "Task",
+    "LeasedTasks",
     "TaskSource",
     "Tasks",
     "Tool",

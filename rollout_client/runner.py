@@ -58,13 +58,14 @@ from rollout_client.group import (
     failures_of,
 )
 from rollout_client.inflight import Group, InFlight
+from rollout_client.leased_tasks import lease_token
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import pick_env
 from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
 from rollout_client.stats import RunnerStats
-from rollout_client.tasks import TaskSource
+from rollout_client.tasks import TaskSource, next_task
 from rollout_client.watching import Watching
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
 from rollout_client.workers import WorkerPool
@@ -460,7 +461,7 @@ class RolloutRunner(Watching, Execution):
             if self._in_flight.free < sizes[i] or not self._capacity[i].fits(self._need(i)):
                 await self._wait_change()
                 continue
-            task = self._follow.restart(i) or self.sources[i].next_task()
+            task = self._follow.restart(i) or await self._next_task(i)
             if task is None:
                 self._exhausted[i] = True
                 continue
@@ -477,6 +478,25 @@ class RolloutRunner(Watching, Execution):
             quarantined_in_a_row[i] = 0
             self._credit = credit
             self._launch(i, task)
+
+    async def _next_task(self, i: int) -> Task | None:
+        """Env `i`'s next task; a source that waits on a server (`anext_task`) is left when the run stops."""
+        if getattr(self.sources[i], "anext_task", None) is None:
+            return self.sources[i].next_task()
+        getter = asyncio.ensure_future(next_task(self.sources[i]))
+        await self._wait_change_or(getter, self._stopping.wait())
+        if getter.done():
+            return getter.result()
+        getter.cancel()
+        return None
+
+    async def _wait_change_or(self, *waits: Any) -> None:
+        futures = [asyncio.ensure_future(w) for w in waits]
+        try:
+            await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in futures[1:]:
+                f.cancel()
 
     async def _wait_change(self, *also: Any) -> None:
         """Sleep until something the dispatcher depends on changes (a group ends, a status read, a signal)."""
@@ -495,7 +515,7 @@ class RolloutRunner(Watching, Execution):
         return 0 if self.envs[i].scores_each_rollout else self.envs[i].group_size
 
     def _launch(self, i: int, task: Task) -> None:
-        group_id = uuid.uuid4().hex
+        group_id = lease_token(task) or uuid.uuid4().hex  # a leased task's group is its lease's submission
         taken = self._need(i)
         self._capacity[i].try_take(taken)  # fits: checked just before, nothing awaited since
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step, taken), name=f"group-{group_id}")
