@@ -4,9 +4,11 @@ then trained in its batch's step; the views (/tasks, /tasks/rows, /status, /metr
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 
 from api.settings import Settings
@@ -63,6 +65,12 @@ async def test_leased_tasks_are_submitted_then_trained_in_their_step(settings: S
         rest = await c.get("/tasks/rows", params={"dataset": "math", "after_epoch": 0, "after_index": 1})
         assert [r["index"] for r in rest.json()["tasks"]] == [2] and rest.json()["next"] is None
         assert rows["tasks"][1]["reason"] == "failed: env crashed" and rows["tasks"][1]["retries"] == 1
+        exported = await c.get("/export", params={"table": "tasks"})
+        table = pq.read_table(io.BytesIO(exported.content)).to_pylist()
+        assert [(t["index"], t["state"], t["step"], t["retries"]) for t in table] == [
+            (0, "trained", 0, 0), (1, "trained", 1, 1), (2, "trained", 2, 0)
+        ]  # fmt: skip
+        assert {t["group"] for t in table} == {r["ledger_id"] for r in rows["tasks"] + rest.json()["tasks"]}
         metrics = (await c.get("/metrics")).text
         assert 'rollbuf_tasks{dataset="math",state="trained"} 3.0' in metrics
         assert 'rollbuf_task_events_total{dataset="math",event="retried"} 1.0' in metrics
