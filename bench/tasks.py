@@ -17,6 +17,7 @@ import itertools
 import json
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ async def load(store: Store, size: int, order: str) -> float:
     for first in range(0, size, PAGE):
         page = [f'{{"q":{i}}}' for i in range(first, min(size, first + PAGE))]
         last = first + PAGE >= size
-        await store.transact(lambda txn, p=page, f=first, e=last: tl.add_tasks(txn, "d", f, p, last=e))
+        await store.transact(partial(tl.add_tasks, name="d", first=first, data=page, last=last))
     return size / (time.perf_counter() - started)
 
 

@@ -9,7 +9,8 @@ the schema with another valid one, and never add a field, so a request that brea
 
 - a group's `masks`, `scores` and per-token float fields have one entry per sequence, each row as long as
   its tokens' row; `distill_*` rows likewise (set to null here rather than built);
-- `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0);
+- `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0),
+  `producer_id` is printable text (null here otherwise);
 - `group_size` is at most the trainer's `batch_size`: the test registers the largest, 2^31 - 1;
 - `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
 - `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither);
@@ -33,7 +34,7 @@ from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
 from api.errors import InvalidData
-from api.validation import check_printable
+from api.validation import check_printable, check_producer_id
 
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
 FREE_FORM = ("messages", "overrides", "group_overrides", "generation_params", "images")
@@ -73,6 +74,11 @@ def _align_group(group: Any) -> None:
         group["env_id"] = None
     if _int(group.get("policy_step"), 0, SAFE_INT_MAX):
         group["policy_step"] = 0
+    if isinstance(group.get("producer_id"), str):  # printable text only (api.validation.check_producer_id)
+        try:
+            check_producer_id(group["producer_id"])
+        except InvalidData:
+            group["producer_id"] = None
     tokens = group.get("tokens")
     if not _rows(tokens, lambda v: _int(v, 0, INT32[1])):
         return
