@@ -4,7 +4,8 @@
 Three twins, picked from the settings by `recorder`: `Recorder` (the ledger off) keeps only the drop counters
 every run keeps; `Ledger` also writes the ledger's rows; `Retaining` also keeps the payloads of served and
 dropped groups (retention). Every ledger or retained-payload write of a decision goes through here: a change
-to `Txn`'s ledger methods is a change to this module only (docs/ledger.md).
+to `Txn`'s ledger methods is a change to this module only (docs/ledger.md). With the ledger on, a group sent
+under a task's lease moves its task's fate with it (`api.task_leases`, docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from api import ledger, state
+from api import ledger, state, task_leases
 from api.store.base import DROPPED, SERVED, LedgerGroup, LedgerStep, Txn
 from api.submissions import Submission
 
@@ -68,6 +69,7 @@ class LedgerArrivals(Arrivals):
     def flush(self) -> None:
         if self.rows:
             self.txn.ledger.add(self.rows)
+            task_leases.on_acknowledged(self.txn, self.rows)  # groups sent under a task's lease: submitted
             self.rows = []
 
     def close(self) -> None:
@@ -142,9 +144,11 @@ class Ledger(Recorder):
 
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         txn.ledger.requeue(old_id, new_id)
+        task_leases.on_requeued(txn, old_id, new_id)
 
     def _decided(self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float) -> None:
         txn.ledger.decide(ids, fate, step=step, reason=reason, at=at, kept=self.retain)
+        task_leases.on_decided(txn, ids, fate, step=step, reason=reason, now=at)  # their tasks follow
 
 
 class Retaining(Ledger):

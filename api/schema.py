@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from api.producer_schema import ProducerView
+from api.task_schema import DatasetView
 from api.wire import (
     ENV_NAME_MAX,
     GROUP_ID_MAX,
@@ -237,6 +238,8 @@ class Status(_Wire):
     """Per env name: seconds its `min_batch_allocation` has held batches back so far (it queues too little)."""
     min_share_releases: dict[str, int] = Field(default_factory=dict)
     """Per env name: holds released after `quiet_share_seconds` (its minimum applies again once it queues enough)."""
+    tasks: list[DatasetView] = Field(default_factory=list)
+    """Datasets of tasks leased to producers (docs/tasks.md): each one's cursor and tasks per state."""
     drop_bias: list[EnvDropBias] = Field(default_factory=list)
     """Per env: its share of recent batches against its weight and minimum, and how the groups dropped compare with
     those trained (docs/ledger.md, "Drop-bias monitor"); empty with the ledger off."""

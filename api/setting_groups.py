@@ -196,6 +196,23 @@ class ProducerLimits(Group):
     refused (503) until one goes."""
 
 
+class TaskLeases(Group):
+    """Tasks leased to producers (docs/tasks.md)"""
+
+    task_lease_s: float = Field(300.0, gt=0)
+    """Seconds a task lease lasts unless heartbeated: an expired lease puts its task back at the front of its
+    dataset."""
+    task_max_leases_per_producer: int = Field(1024, gt=0)
+    """Task leases one producer holds at once: past it, a lease request gets fewer (or none)."""
+    task_page_size: int = Field(1000, gt=0)
+    """Most tasks in one page posted, one lease request and one page of /tasks/rows (422 beyond)."""
+    task_max_dataset_size: int = Field(100_000_000, gt=0)
+    """Most tasks in one dataset (422 beyond)."""
+    task_files_dir: Path | None = None
+    """Where the server may read datasets from (`path` of POST /tasks/datasets, JSONL, one task a line); None:
+    datasets come only in pages posted by producers."""
+
+
 class DropBiasSettings(Group):
     """The drop-bias monitor"""
 
@@ -281,6 +298,7 @@ GROUPS: tuple[type[Group], ...] = (
     BatchSettings,
     LedgerRetention,
     ProducerLimits,
+    TaskLeases,
     DropBiasSettings,
     RequestLimits,
 )

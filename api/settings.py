@@ -22,6 +22,7 @@ from api.setting_groups import (
     QueueSettings,
     RequestLimits,
     ServerSettings,
+    TaskLeases,
 )
 from api.store import redacted
 
@@ -34,6 +35,7 @@ SHARED_STORES = ("sqlite:///", "postgresql://", "postgres://")
 class Settings(
     RequestLimits,
     DropBiasSettings,
+    TaskLeases,
     ProducerLimits,
     LedgerRetention,
     BatchSettings,

@@ -9,6 +9,7 @@ from api.limits import QueueLimits, capacity_groups
 from api.schema import EnvStatus, Status
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts, Txn
+from api.task_service import views_txn
 
 MIN_ENV_WEIGHT = 0.01
 """Floor of `env_weight` in /status-env, as in Atropos: no env is told to stop producing entirely."""
@@ -40,6 +41,7 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
         smaller_batches=txn.get_counts(stats.SMALLER).get("", 0),
         min_share_holds=holding,
         min_share_releases=released,
+        tasks=views_txn(txn),
     )
 
 

@@ -29,6 +29,7 @@ from rollout_client.errors import (
 from rollout_client.failures import FailurePolicy
 from rollout_client.group import GroupOutcome, Limits, build_group, run_group
 from rollout_client.handle import RunnerHandle, run_in_thread
+from rollout_client.leased_tasks import LeasedTasks
 from rollout_client.policy import (
     CharTokenizer,
     Completion,
@@ -63,6 +64,7 @@ __all__ = [
     "Gate",
     "GroupOutcome",
     "InferenceError",
+    "LeasedTasks",
     "Limits",
     "OpenAIPolicy",
     "Policy",

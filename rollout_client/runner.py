@@ -37,13 +37,14 @@ from rollout_client.execution import GroupExecutor, check_env, spread_hint, unit
 from rollout_client.failures import FailurePolicy
 from rollout_client.following import Beats, Follower, producer_id
 from rollout_client.inflight import Group, InFlight
+from rollout_client.leased_tasks import lease_token
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.pacing import pick_env
 from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
 from rollout_client.stats import RunnerHealth, RunnerStats
-from rollout_client.tasks import TaskSource
+from rollout_client.tasks import TaskSource, next_task
 from rollout_client.timeouts import Timeouts
 from rollout_client.watching import Monitor, Sight, held_back
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
@@ -376,7 +377,7 @@ class RolloutRunner:
             if self._in_flight.free < self.envs[i].group_size or not fits:
                 await wait_first(self._changed)
                 continue
-            task = self._follow.restart(i) or self.sources[i].next_task()
+            task = self._follow.restart(i) or await self._next_task(i)
             if task is None:
                 self._exhausted[i] = True
                 continue
@@ -394,8 +395,21 @@ class RolloutRunner:
             self._credit = credit
             self._launch(i, task)
 
+    async def _next_task(self, i: int) -> Task | None:
+        """Env `i`'s next task; a source that waits on a server (`anext_task`) is left when the run stops."""
+        source = self.sources[i]
+        if getattr(source, "anext_task", None) is None:
+            return source.next_task()
+        got: list[Task | None] = []
+
+        async def get() -> None:
+            got.append(await next_task(source))
+
+        await unless_stopped(self._stopping, get())
+        return got[0] if got else None
+
     def _launch(self, i: int, task: Task) -> None:
-        group_id = uuid.uuid4().hex
+        group_id = lease_token(task) or uuid.uuid4().hex  # a leased task's group is its lease's submission
         taken = units_at_start(self.envs[i])
         self._capacity[i].try_take(taken)  # fits: checked just before, nothing awaited since
         handle = asyncio.create_task(self._group(i, task, group_id, self.policy_step, taken), name=f"group-{group_id}")

@@ -26,6 +26,16 @@ class TaskSource(Protocol):
         ...
 
 
+async def next_task(source: TaskSource) -> Task | None:
+    """The source's next task: awaited from `anext_task` where it has one (a source that asks a server, as
+    `LeasedTasks`), else `next_task`."""
+    anext = getattr(source, "anext_task", None)
+    if anext is not None:
+        task: Task | None = await anext()
+        return task
+    return source.next_task()
+
+
 class Tasks:
     """Tasks from an iterable (cycled with `cycle=True`) or a function of a running index."""
 

@@ -9,12 +9,17 @@ the schema with another valid one, and never add a field, so a request that brea
 
 - a group's `masks`, `scores` and per-token float fields have one entry per sequence, each row as long as
   its tokens' row; `distill_*` rows likewise (set to null here rather than built);
-- `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0);
+- `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0),
+  `producer_id` is printable text (null here otherwise);
 - `group_size` is at most the trainer's `batch_size`: the test registers the largest, 2^31 - 1;
 - `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
 - `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither);
 - `/weights`, `/weights/pending`: `step` is at most the trainer's step (0); a heartbeat's `env_ids` name
   registered environments (none here);
+- `/tasks/datasets`: `path` names a file under the server's `task_files_dir` (the server under test has none:
+  null here); `/tasks/pages`: `first` is at most the tasks stored (0 here), a page holds at most `task_page_size`
+  tasks (the first 1000 here), each free-form as below;
+- `/tasks/rows`: `dataset` names a registered dataset (the test registers `conformance`);
 - free-form fields (`overrides`, `images`, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
@@ -29,7 +34,7 @@ from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
 from api.errors import InvalidData
-from api.validation import check_printable
+from api.validation import check_printable, check_producer_id
 
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
 FREE_FORM = ("messages", "overrides", "group_overrides", "generation_params", "images")
@@ -69,6 +74,11 @@ def _align_group(group: Any) -> None:
         group["env_id"] = None
     if _int(group.get("policy_step"), 0, SAFE_INT_MAX):
         group["policy_step"] = 0
+    if isinstance(group.get("producer_id"), str):  # printable text only (api.validation.check_producer_id)
+        try:
+            check_producer_id(group["producer_id"])
+        except InvalidData:
+            group["producer_id"] = None
     tokens = group.get("tokens")
     if not _rows(tokens, lambda v: _int(v, 0, INT32[1])):
         return
@@ -94,6 +104,14 @@ def _align_group(group: Any) -> None:
                 group[name] = None
 
 
+def _printable(value: Any) -> Any:
+    try:
+        check_printable({"task": value})
+    except InvalidData:
+        return None
+    return value
+
+
 def _align_body(path: str, body: Any) -> None:
     if path in ("/scored_data", "/scored_data_list"):
         for group in body if isinstance(body, list) else [body]:
@@ -101,6 +119,13 @@ def _align_body(path: str, body: Any) -> None:
     elif path in ("/weights", "/weights/pending") and isinstance(body, dict):
         if _int(body.get("step"), 0, SAFE_INT_MAX):
             body["step"] = 0
+    elif path in ("/tasks/datasets", "/tasks/pages") and isinstance(body, dict):
+        if "path" in body:
+            body["path"] = None
+        if _int(body.get("first"), 0, SAFE_INT_MAX):
+            body["first"] = 0
+        if isinstance(body.get("tasks"), list):
+            body["tasks"] = [_printable(t) for t in body["tasks"][:1000]]
     elif path == "/producers/heartbeat" and isinstance(body, dict):
         if isinstance(body.get("env_ids"), list) and all(_int(e, -SAFE_INT_MAX, SAFE_INT_MAX) for e in body["env_ids"]):
             body["env_ids"] = []
@@ -122,7 +147,8 @@ def map_body(context: Any, body: Any) -> Any:
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
     path = case.operation.path
-    if path in ("/scored_data", "/scored_data_list", "/weights", "/weights/pending", "/producers/heartbeat"):
+    if path in ("/scored_data", "/scored_data_list", "/weights", "/weights/pending", "/producers/heartbeat",
+                "/tasks/datasets", "/tasks/pages"):  # fmt: skip
         _align_body(path, case.body)
         if case.meta is not None:
             case.meta.mark_dirty(ParameterLocation.BODY)
@@ -135,6 +161,8 @@ def map_case(context: Any, case: Any) -> Any:
             query["rank"] = 0
         elif rank is not None and world is not None and 0 <= world <= rank:
             query["rank"] = rank % world if world else rank
+    elif path == "/tasks/rows" and isinstance(case.query, dict) and isinstance(case.query.get("dataset"), str):
+        case.query["dataset"] = "conformance"
     elif path == "/status-env" and (case.query or {}).get("env_id") is None and case.body in (None, NOT_SET):
         case.body = {"env_id": 0}
     return case

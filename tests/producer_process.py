@@ -3,6 +3,7 @@ arithmetic episodes against an inference server (the fake vLLM), following the w
 through rollbuf and heartbeating. It runs until SIGTERM/SIGINT (or SIGKILL: a producer that dies).
 
     python -m tests.producer_process --server URL --inference URL [--on-new-weights continue|restart|drain]
+        [--dataset NAME]  (its tasks leased from rollbuf's dataset NAME, until it is done: docs/tasks.md)
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from rollout_client import RolloutRunner, Session, Task, Tasks
+from rollout_client import LeasedTasks, RolloutRunner, Session, Task, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_task
 from rollout_client.policy import OpenAIPolicy
 
@@ -44,15 +46,25 @@ def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=None)
     ap.add_argument("--max-in-flight", type=int, default=8)
     ap.add_argument("--stats", type=Path, default=None, help="write the runner's stats here at exit")
+    ap.add_argument("--dataset", default=None, help="lease tasks from this rollbuf dataset")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     env = Turns(group_size=args.group_size, turns=args.turns, max_tokens=8)
     env.on_new_weights = args.on_new_weights
+    leased = LeasedTasks(args.dataset, args.server, batch=2, poll_s=0.1) if args.dataset else None
     runner = RolloutRunner(
-        args.server, [(env, Tasks(arithmetic_task))], lambda: OpenAIPolicy(args.inference, "fake"),
+        args.server, [(env, leased or Tasks(arithmetic_task))], lambda: OpenAIPolicy(args.inference, "fake"),
         max_in_flight=args.max_in_flight, max_staleness=args.max_staleness, poll_interval=0.1,
     )  # fmt: skip
-    stats = asyncio.run(runner.run())
+
+    async def run() -> Any:
+        try:
+            return await runner.run()
+        finally:
+            if leased is not None:
+                await leased.aclose()
+
+    stats = asyncio.run(run())
     if args.stats is not None:
         args.stats.write_text(json.dumps({"accepted": stats.accepted, "skipped": dict(stats.skipped)}))
 

@@ -164,13 +164,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--tables",
         default=",".join(("sequences", "groups", "steps")),
-        help="comma-separated tables to write (default: all three)",
+        help="comma-separated tables to write: sequences, groups, steps (the default) and tasks",
     )
     args = parser.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
-    unknown = sorted(set(tables) - {"sequences", "groups", "steps"})
+    unknown = sorted(set(tables) - {"sequences", "groups", "steps", "tasks"})
     if unknown or not tables:
-        fail(f"--tables: {', '.join(unknown) or 'none given'}; choose from sequences, groups, steps")
+        fail(f"--tables: {', '.join(unknown) or 'none given'}; choose from sequences, groups, steps, tasks")
     if not export.available():
         fail(export.MISSING)
     try:

@@ -11,7 +11,7 @@ back short; step rows by step, up to the run's step when the export began.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import anyio.to_thread
@@ -31,14 +31,19 @@ from api.export.table import (
     step_row,
     steps_schema,
 )
+from api.export.tasks_table import task_row, tasks_schema
 from api.records import Buffer, decode
 from api.state import RunState
 from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
+from api.store.tasks import TaskRow
+from api.task_leases import STATES
+from api.task_service import views_txn
 
 SEQUENCES = "sequences"
 GROUPS = "groups"
 STEPS = "steps"
-TABLES = (SEQUENCES, GROUPS, STEPS)
+TASKS = "tasks"
+TABLES = (SEQUENCES, GROUPS, STEPS, TASKS)
 """The export's tables, each one Parquet file `<name>.parquet`."""
 
 PAGE_GROUPS = 256
@@ -72,10 +77,12 @@ class Page:
     run: RunState
     last: bool = False
     """The scan reached the ledger's end: no further page."""
+    tasks: list[TaskRow] = field(default_factory=list)
+    """Task rows (the `tasks` table: docs/tasks.md)."""
 
     @property
     def size(self) -> int:
-        return len(self.groups) + len(self.steps)
+        return len(self.groups) + len(self.steps) + len(self.tasks)
 
 
 def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool, max_bytes: int = PAGE_BYTES) -> Page:
@@ -101,8 +108,23 @@ def read_steps(txn: Txn, first: int, last: int) -> Page:
     return Page([], txn.ledger.steps(first, last), {}, state.load(txn))
 
 
+def read_tasks(txn: Txn, name: str, after: tuple[int, int], limit: int) -> Page:
+    return Page([], [], {}, state.load(txn), tasks=txn.tasks.scan(name, after, limit))
+
+
 async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]:
     """The store's pages a table is written from, each read in its own transaction."""
+    if table == TASKS:
+        for name in await store.read(lambda txn: [v.name for v in views_txn(txn)]):
+            key = (-1, -1)
+            while True:
+                page = await store.read(partial(read_tasks, name=name, after=key, limit=limits.page_groups))
+                if page.tasks:
+                    yield page
+                    key = (page.tasks[-1].epoch, page.tasks[-1].index)
+                if len(page.tasks) < limits.page_groups:
+                    break
+        return
     if table == STEPS:
         end = await store.read(lambda txn: state.load(txn).step)
         first = 0
@@ -146,8 +168,9 @@ class TableWriter:
             raise ValueError(f"table {table!r}: one of {', '.join(TABLES)}")
         self.table = table
         self.seqs = SequenceBatcher(limits.row_group_rows, limits.row_group_bytes)
-        self.rows = RowBatcher(groups_schema() if table == GROUPS else steps_schema(), limits.row_group_rows)
-        schema = {SEQUENCES: self.seqs.schema, GROUPS: self.rows.schema, STEPS: self.rows.schema}[table]
+        rows = {GROUPS: groups_schema, STEPS: steps_schema, TASKS: tasks_schema}.get(table, steps_schema)()
+        self.rows = RowBatcher(rows, limits.row_group_rows)
+        schema = self.seqs.schema if table == SEQUENCES else self.rows.schema
         self.out = ParquetChunks(schema)
         self.written_rows = 0
 
@@ -167,6 +190,11 @@ class TableWriter:
         return head + self.out.close()
 
     def _batches(self, page: Page) -> Iterator[pa.RecordBatch]:
+        if self.table == TASKS:
+            for task in page.tasks:
+                if (batch := self.rows.add(task_row(task))) is not None:
+                    yield batch
+            return
         if self.table == STEPS:
             for step in page.steps:
                 if (batch := self.rows.add(step_row(step))) is not None:
@@ -214,6 +242,7 @@ async def totals(store: Store) -> dict[str, int]:
 
     def read(txn: Txn) -> dict[str, int]:
         received = sum(stats.load(txn).received.values())
-        return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step}
+        handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES)
+        return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step, TASKS: handed}
 
     return await store.read(read)

@@ -20,7 +20,7 @@ from api.routes.spec import route
 
 router = APIRouter(tags=["trainer"])
 
-Table = Literal["sequences", "groups", "steps"]
+Table = Literal["sequences", "groups", "steps", "tasks"]
 
 
 class Streams:
@@ -59,7 +59,7 @@ async def export_table(
         Table,
         Query(
             description="`sequences`: one row per kept sequence; `groups`: the ledger's group rows; `steps`: "
-            "its step rows."
+            "its step rows; `tasks`: every task handed out, with its fate (docs/tasks.md)."
         ),  # fmt: skip
     ] = "sequences",
 ) -> StreamingResponse:

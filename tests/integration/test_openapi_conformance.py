@@ -60,6 +60,7 @@ def test_every_schemathesis_check_passes_against_openapi_json(tmp_path: Path) ->
             assert c.get("/batch").json() == {"batch": None}
             env = {"max_token_length": 4096, "desired_name": "conformance", "weight": 1.0, "group_size": 2}
             assert c.post("/register-env", json=env).json()["env_id"] == 0
+            assert c.post("/tasks/datasets", json={"name": "conformance", "tasks": [{"q": 1}]}).status_code == 200
         # /reset_data would undo that set-up in the middle of the run: it gets its own run afterwards.
         # The ledger's reads need a formed batch, which that run's batch_size never forms: theirs come last.
         out = schemathesis(server, tmp_path, "--exclude-path", "/reset_data", "--exclude-path-regex", "^/ledger/")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from api.store.base import HeldGroup, LedgerGroup, LedgerStep, QueueCounts, QueuedItem
+from api.store.memory.tasks import TaskState
 
 
 class State:
@@ -41,6 +42,7 @@ class State:
         self.dropped: dict[int, frozenset[int]] = {}
         """Ledger ids of dropped groups by their `step` (`ledger.dropped` costs the rows it finds)."""
         self.next_id = 1
+        self.tasks = TaskState()
 
 
 class Undo:

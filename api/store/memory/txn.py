@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from api.store.base import HeldGroup, HeldMeta, HeldTxn, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.store.memory.ledger import MemoryLedger
 from api.store.memory.state import State, Undo
+from api.store.memory.tasks import MemoryTaskTxn
 
 
 def _discard(_: object) -> None:
@@ -68,6 +69,7 @@ class MemoryTxn(Txn):
         self._undo = Undo()
         self.held = MemoryHeld(state, self._undo)
         self.ledger = MemoryLedger(state, self._undo)
+        self.tasks = MemoryTaskTxn(state.tasks, self._undo)
 
     def rollback(self) -> None:
         self._undo.rollback()

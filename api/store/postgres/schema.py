@@ -143,6 +143,22 @@ STEPS = (
         "the ledger names the producer of each group (its heartbeat id, when the group carried one)",
         ("ALTER TABLE {s}.ledger ADD COLUMN producer_id text",),
     ),
+    Step(
+        "tasks leased to producers (docs/tasks.md): datasets with their cursors, their tasks, and a row per task "
+        "handed out, with its fate",
+        (
+            "CREATE TABLE {s}.task_sets (name text PRIMARY KEY, record text NOT NULL)",
+            "CREATE TABLE {s}.task_data (dataset text NOT NULL, idx bigint NOT NULL, data text NOT NULL, "
+            "PRIMARY KEY (dataset, idx))",
+            "CREATE TABLE {s}.tasks (dataset text NOT NULL, epoch bigint NOT NULL, idx bigint NOT NULL, "
+            "state text NOT NULL, leases bigint NOT NULL, producer text, expires_at double precision, "
+            "retries bigint NOT NULL, ledger_id bigint, step bigint, reason text, "
+            "updated_at double precision NOT NULL, seq bigint NOT NULL, PRIMARY KEY (dataset, epoch, idx))",
+            "CREATE INDEX tasks_front ON {s}.tasks (dataset, seq) WHERE state = 'waiting'",
+            "CREATE INDEX tasks_leased ON {s}.tasks (dataset, expires_at) WHERE state = 'leased'",
+            "CREATE INDEX tasks_by_ledger ON {s}.tasks (ledger_id) WHERE ledger_id IS NOT NULL",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -158,6 +174,9 @@ CLEARED = (
     "counters",
     "ledger",
     "ledger_steps",
+    "task_sets",
+    "task_data",
+    "tasks",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

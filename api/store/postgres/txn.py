@@ -16,6 +16,7 @@ from api.store.postgres.cache import Group, db_key
 from api.store.postgres.held import PostgresHeld
 from api.store.postgres.ledger import PostgresLedger
 from api.store.postgres.schema import CLEARED
+from api.store.postgres.tasks import PostgresTaskTxn
 
 _HEAD = (
     "SELECT item_id, seqs, tokens, policy_step FROM queue WHERE env_id = %b AND item_id > %b ORDER BY item_id LIMIT %b"
@@ -60,6 +61,7 @@ class PostgresTxn(Txn):
         self._savepoint = savepoint
         self.held = PostgresHeld(self._db, self._p, self._write, self._add)
         self.ledger = PostgresLedger(self._db, self._p, self._write, self._writable)
+        self.tasks = PostgresTaskTxn(self._db, self._write)
 
     def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
         self._writable()

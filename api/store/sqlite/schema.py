@@ -134,6 +134,22 @@ STEPS = (
         "the ledger names the producer of each group (its heartbeat id, when the group carried one)",
         ("ALTER TABLE ledger ADD COLUMN producer_id TEXT",),
     ),
+    Step(
+        "tasks leased to producers (docs/tasks.md): datasets with their cursors, their tasks, and a row per task "
+        "handed out, with its fate",
+        (
+            "CREATE TABLE task_sets (name TEXT PRIMARY KEY, record TEXT NOT NULL)",
+            "CREATE TABLE task_data (dataset TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL, "
+            "PRIMARY KEY (dataset, idx)) WITHOUT ROWID",
+            "CREATE TABLE tasks (dataset TEXT NOT NULL, epoch INTEGER NOT NULL, idx INTEGER NOT NULL, "
+            "state TEXT NOT NULL, leases INTEGER NOT NULL, producer TEXT, expires_at REAL, retries INTEGER NOT NULL, "
+            "ledger_id INTEGER, step INTEGER, reason TEXT, updated_at REAL NOT NULL, seq INTEGER NOT NULL, "
+            "PRIMARY KEY (dataset, epoch, idx)) WITHOUT ROWID",
+            "CREATE INDEX tasks_front ON tasks (dataset, seq) WHERE state = 'waiting'",
+            "CREATE INDEX tasks_leased ON tasks (dataset, expires_at) WHERE state = 'leased'",
+            "CREATE INDEX tasks_by_ledger ON tasks (ledger_id) WHERE ledger_id IS NOT NULL",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -149,6 +165,9 @@ CLEARED = (
     "counters",
     "ledger",
     "ledger_steps",
+    "task_sets",
+    "task_data",
+    "tasks",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

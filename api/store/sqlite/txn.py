@@ -19,6 +19,7 @@ from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.held import SqliteHeld
 from api.store.sqlite.ledger import SqliteLedger, chunks
 from api.store.sqlite.schema import CLEARED
+from api.store.sqlite.tasks import SqliteTaskTxn
 
 REPLY_TRIM_EVERY = 1024
 """Old replies are trimmed every this many inserted replies, not on every insert."""
@@ -117,6 +118,7 @@ class SqliteTxn(Txn):
         self._delta: dict[int, list[int]] = {}
         self.held = SqliteHeld(db, self._add, self._flush_counts)
         self.ledger = SqliteLedger(db, self._flush_items)
+        self.tasks = SqliteTaskTxn(db)
 
     # --- bookkeeping the store calls around the transaction function ---
     def finish(self) -> None:

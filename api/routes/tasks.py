@@ -1,0 +1,97 @@
+"""Tasks leased from rollbuf (docs/tasks.md): datasets registered and paged in, leases taken, heartbeated and
+given up by producers (the env role, as heartbeats), views for anyone with a key."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+
+from api import task_service
+from api.access import ANY_KEY, ENV_SIDE
+from api.deps import ServiceDep, SettingsDep
+from api.routes.spec import route
+from api.task_schema import (
+    DatasetSpec,
+    DatasetView,
+    LeaseReply,
+    LeaseRequest,
+    TaskFailure,
+    TaskFailureReply,
+    TaskHeartbeatReply,
+    TaskPage,
+    TaskRows,
+    TaskTokens,
+)
+from api.wire import SAFE_INT_MAX
+
+router = APIRouter(tags=["tasks"])
+
+
+@route(
+    router,
+    "POST",
+    "/tasks/datasets",
+    ENV_SIDE,
+    body="ingest",
+    statuses=(400, 409, 422, 503),
+    response_model=DatasetView,
+)
+async def register_dataset(body: DatasetSpec, service: ServiceDep, settings: SettingsDep) -> DatasetView:
+    """Register a dataset: its tasks inline (`tasks`, more pages with POST /tasks/pages) or a JSONL file the
+    server reads (`path`, under `task_files_dir`). A retry of the same registration is safe."""
+    return await task_service.register(service.store, settings, body)
+
+
+@route(
+    router, "POST", "/tasks/pages", ENV_SIDE, body="ingest", statuses=(400, 404, 422, 503), response_model=DatasetView
+)
+async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep) -> DatasetView:
+    """The next page of a dataset's tasks (`first`: the tasks stored so far); `last` seals it."""
+    return await task_service.add_page(service.store, settings, body)
+
+
+@route(router, "POST", "/tasks/lease", ENV_SIDE, body="json", statuses=(400, 404, 422, 503), response_model=LeaseReply)
+async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep) -> LeaseReply:
+    """Up to `n` tasks, each leased for `task_lease_s` unless heartbeated: tasks whose lease expired or that are
+    retried come first, then the cursor's next. Send each task's group with its `token` as `group_id`."""
+    return await task_service.lease(service.store, settings, body)
+
+
+@route(
+    router,
+    "POST",
+    "/tasks/heartbeat",
+    ENV_SIDE,
+    body="json",
+    statuses=(400, 422, 503),
+    response_model=TaskHeartbeatReply,
+)
+async def heartbeat(body: TaskTokens, service: ServiceDep, settings: SettingsDep) -> TaskHeartbeatReply:
+    """Extend leases; null for those lost."""
+    return await task_service.heartbeat(service.store, settings, body.tokens)
+
+
+@route(router, "POST", "/tasks/fail", ENV_SIDE, body="json", statuses=(400, 422, 503), response_model=TaskFailureReply)
+async def fail(body: TaskFailure, service: ServiceDep) -> TaskFailureReply:
+    """End a lease without a group: failed with `reason` (the dataset's retry policy applies), or handed back."""
+    return await task_service.fail(service.store, body)
+
+
+@route(router, "GET", "/tasks", ANY_KEY, response_model=list[DatasetView])
+async def datasets(service: ServiceDep) -> list[DatasetView]:
+    """Every dataset: its cursor and how many tasks are in each state."""
+    return await task_service.datasets(service.store)
+
+
+@route(router, "GET", "/tasks/rows", ANY_KEY, statuses=(404, 422), response_model=TaskRows)
+async def rows(
+    service: ServiceDep,
+    settings: SettingsDep,
+    dataset: str = Query(description="The dataset's name."),
+    after_epoch: int = Query(
+        -1, ge=-1, le=SAFE_INT_MAX, description="Tasks after this (epoch, index): the last page's `next`."
+    ),
+    after_index: int = Query(-1, ge=-1, le=SAFE_INT_MAX, description="See `after_epoch`."),
+    limit: int = Query(1000, ge=1, le=SAFE_INT_MAX, description="Most tasks (at most `task_page_size`)."),
+) -> TaskRows:
+    """A page of a dataset's tasks handed out so far, by (epoch, index), each with its fate."""
+    return await task_service.rows(service.store, settings, dataset, (after_epoch, after_index), limit)

@@ -1,0 +1,112 @@
+"""The task store's contract (`TaskTxn`, reached as `txn.tasks`): datasets of tasks, their cursors and each task's
+fate (docs/tasks.md), stored beside the queue so that a lease, a submission and a trained step land in the same
+transaction as the decision they record.
+
+The logic (what a lease, a heartbeat, a drop does) is written once, in api/task_leases.py, over these rows; a
+backend only stores them. Every method costs the rows it names or returns, never the dataset: a dataset of 10M
+tasks is read a page at a time and its rows exist only for tasks that were handed out.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["COLUMNS", "FRONT", "LEASED", "TaskRow", "TaskTxn", "row_of", "values_of"]
+
+LEASED = "leased"
+FRONT = "waiting"
+"""Back at the front of its dataset (an expired lease, a retry): handed out before the cursor moves on."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """One task of one epoch of a dataset, from its first lease on."""
+
+    dataset: str
+    epoch: int
+    index: int
+    """The task's position in the dataset as registered (its line in the file, its place in the pages posted)."""
+    state: str
+    """One of api/task_leases.py's STATES."""
+    leases: int = 0
+    """How many times it was leased: a lease token names this number, so a lease that expired is told apart from
+    the one that replaced it."""
+    producer: str | None = None
+    expires_at: float | None = None
+    """Leased: when the lease ends unless heartbeated."""
+    retries: int = 0
+    """How many times it was offered again after a drop or a failure (the retry policy's count)."""
+    ledger_id: int | None = None
+    """Submitted and after: its group's ledger id."""
+    step: int | None = None
+    """Trained: the batch's step. Dropped: the step being formed when it was dropped."""
+    reason: str | None = None
+    """Dropped or failed (or offered again after either): why."""
+    updated_at: float = 0.0
+    seq: int = 0
+    """Waiting: its place at the front (smaller first)."""
+
+
+class TaskTxn(ABC):
+    """Synchronous view of the task tables inside the enclosing store transaction (same atomicity)."""
+
+    # --- datasets: one record each (JSON text: its spec, cursor and tallies), rewritten as it moves ---
+    @abstractmethod
+    def get_dataset(self, name: str) -> str | None: ...
+
+    @abstractmethod
+    def put_dataset(self, name: str, record: str) -> None: ...
+
+    @abstractmethod
+    def dataset_names(self) -> list[str]:
+        """Every dataset, by name."""
+
+    # --- the tasks themselves (JSON text each), by index ---
+    @abstractmethod
+    def add_tasks(self, name: str, first: int, data: Sequence[str]) -> None:
+        """Store tasks `first`, `first + 1`, ... of `name` (replacing any stored under those indices)."""
+
+    @abstractmethod
+    def task_data(self, name: str, indices: Iterable[int]) -> dict[int, str]:
+        """The stored tasks of these indices (absent ones left out)."""
+
+    # --- rows: one per (dataset, epoch, index) handed out ---
+    @abstractmethod
+    def rows(self, name: str, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], TaskRow]:
+        """The rows of these (epoch, index) keys that exist."""
+
+    @abstractmethod
+    def put_rows(self, rows: Sequence[TaskRow]) -> None:
+        """Write these rows (inserted, or replacing the row of the same key)."""
+
+    @abstractmethod
+    def front(self, name: str, limit: int) -> list[TaskRow]:
+        """Up to `limit` waiting rows, by `seq`. On PostgreSQL, rows another transaction holds are skipped."""
+
+    @abstractmethod
+    def expired(self, name: str, now: float, limit: int) -> list[TaskRow]:
+        """Up to `limit` leased rows whose lease ended by `now`, soonest first."""
+
+    @abstractmethod
+    def by_ledger(self, ids: Sequence[int]) -> list[TaskRow]:
+        """The rows whose group has these ledger ids (ids of groups that carried no lease are skipped)."""
+
+    @abstractmethod
+    def scan(self, name: str, after: tuple[int, int], limit: int) -> list[TaskRow]:
+        """Up to `limit` rows of `name` with (epoch, index) above `after`, in that order: paging for views."""
+
+
+COLUMNS = "dataset, epoch, idx, state, leases, producer, expires_at, retries, ledger_id, step, reason, updated_at, seq"
+"""The SQL backends' `tasks` columns, in `TaskRow`'s order."""
+
+
+def row_of(r: Sequence[object]) -> TaskRow:
+    """A `tasks` row (COLUMNS) as a TaskRow."""
+    return TaskRow(*r)  # type: ignore[arg-type]
+
+
+def values_of(row: TaskRow) -> tuple[object, ...]:
+    return (row.dataset, row.epoch, row.index, row.state, row.leases, row.producer, row.expires_at, row.retries,
+            row.ledger_id, row.step, row.reason, row.updated_at, row.seq)  # fmt: skip

@@ -1,0 +1,158 @@
+"""The lease/fate logic (api/task_leases.py) against a simple model, as a hypothesis state machine over the
+in-process task tables: leases, heartbeats, expiry, groups acknowledged and decided, failures, epochs. The
+invariants: a task is in at most one live lease, the tallies are the rows' states, no (epoch, task) is trained
+twice, retries stay within the policy, and a finished dataset has every (epoch, task) in a final state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from api import task_leases as tl
+from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup
+from api.store.memory import MemoryTxn, _State
+from api.store.tasks import FRONT, LEASED
+from api.task_order import ORDERS, task_at
+
+DURATION = 10.0
+
+
+def test_every_order_is_a_permutation_of_its_epoch() -> None:
+    for size in (1, 2, 3, 5, 16, 17, 100, 1000):
+        for order in ORDERS:
+            for epoch in (0, 1):
+                assert sorted(task_at(order, 7, epoch, p, size) for p in range(size)) == list(range(size))
+    assert [task_at("shuffled", 7, 0, p, 100) for p in range(100)] != [
+        task_at("shuffled", 7, 1, p, 100) for p in range(100)
+    ]
+
+
+@dataclass
+class Model:
+    state: str
+    token: str | None = None
+    ledger: int | None = None
+    retries: int = 0
+    trained: int = 0
+
+
+class Leases(RuleBasedStateMachine):
+    @initialize(
+        size=st.integers(1, 5), epochs=st.integers(1, 3), retries=st.integers(0, 2), order=st.sampled_from(ORDERS)
+    )
+    def start(self, size: int, epochs: int, retries: int, order: str) -> None:
+        self.txn = MemoryTxn(_State())
+        self.size, self.epochs, self.max_retries = size, epochs, retries
+        tl.register(
+            self.txn, tl.Dataset(name="d", sealed=False, epochs=epochs, order=order, max_retries=retries, seed=1)
+        )
+        tl.add_tasks(self.txn, "d", 0, [str(i) for i in range(size)], last=True)
+        self.now = 0.0
+        self.model: dict[tuple[int, int], Model] = {}
+        self.expiry: dict[str, float] = {}
+        self.tokens: list[str] = []
+        self.ledger: dict[int, tuple[int, int]] = {}
+        self.next_ledger = 1
+
+    def _key(self, token: str) -> tuple[int, int]:
+        parsed = tl.parse_token(token)
+        assert parsed is not None
+        return parsed[1], parsed[2]
+
+    def _ended(self, m: Model) -> None:
+        if m.retries < self.max_retries:
+            m.state, m.retries, m.token = FRONT, m.retries + 1, None
+        else:
+            m.state, m.token = "final", None
+
+    @rule(producer=st.sampled_from(["a", "b"]), n=st.integers(1, 3))
+    def lease(self, producer: str, n: int) -> None:
+        for m in self.model.values():  # what the call reclaims first
+            if m.state == LEASED and m.token is not None and self.expiry[m.token] <= self.now:
+                m.state, m.token = FRONT, None
+        got = tl.lease(self.txn, "d", producer, n, self.now, DURATION, 4)
+        for x in got:
+            key = (x.epoch, x.index)
+            assert 0 <= x.index < self.size and 0 <= x.epoch < self.epochs
+            m = self.model.setdefault(key, Model(FRONT))
+            assert m.state == FRONT, f"{key} leased while {m.state}"
+            m.state, m.token = LEASED, x.token
+            self.expiry[x.token] = x.expires_at
+            self.tokens.append(x.token)
+            assert x.data == str(x.index)
+
+    @rule(dt=st.sampled_from([1.0, 6.0, 11.0]))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def heartbeat(self, data: st.DataObject) -> None:
+        token = data.draw(st.sampled_from(self.tokens))
+        m = self.model[self._key(token)]
+        held = m.state == LEASED and m.token == token
+        out = tl.heartbeat(self.txn, [token], self.now, DURATION)
+        assert (out[token] is not None) == held
+        if held:
+            self.expiry[token] = self.now + DURATION
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), dropped=st.booleans())
+    def group_acknowledged(self, data: st.DataObject, dropped: bool) -> None:
+        token = data.draw(st.sampled_from(self.tokens))
+        m = self.model[self._key(token)]
+        lid, self.next_ledger = self.next_ledger, self.next_ledger + 1
+        row = LedgerGroup(lid, 0, token, None, self.now, 0, 1, 1, 1, 0, 0, 0, 0, DROPPED if dropped else QUEUED)
+        tl.on_acknowledged(self.txn, [row])
+        if m.state in (LEASED, FRONT):
+            m.state, m.token, m.ledger = tl.SUBMITTED, None, lid
+            self.ledger[lid] = self._key(token)
+            if dropped:
+                self._ended(m)
+
+    @precondition(lambda self: self.ledger)
+    @rule(data=st.data(), served=st.booleans())
+    def group_decided(self, data: st.DataObject, served: bool) -> None:
+        lid = data.draw(st.sampled_from(sorted(self.ledger)))
+        m = self.model[self.ledger.pop(lid)]
+        tl.on_decided(self.txn, [lid], SERVED if served else DROPPED, step=3, reason="stale", now=self.now)
+        if m.state == tl.SUBMITTED and m.ledger == lid:
+            if served:
+                m.state, m.trained = "final", m.trained + 1
+            else:
+                self._ended(m)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), reason=st.sampled_from([None, "boom"]))
+    def fail(self, data: st.DataObject, reason: str | None) -> None:
+        token = data.draw(st.sampled_from(self.tokens))
+        m = self.model[self._key(token)]
+        held = m.state == LEASED and m.token == token
+        assert tl.give_up(self.txn, token, reason, self.now) == held
+        if held and reason is None:
+            m.state, m.token = FRONT, None
+        elif held:
+            self._ended(m)
+
+    @invariant()
+    def tallies_match_the_model(self) -> None:
+        if not hasattr(self, "txn"):
+            return
+        d = tl.Dataset.of(str(self.txn.tasks.get_dataset("d")))
+        live = [k for k, m in self.model.items() if m.state == LEASED]
+        assert d.counts.get(LEASED, 0) == len(live)
+        assert d.counts.get(FRONT, 0) == sum(m.state == FRONT for m in self.model.values())
+        assert d.counts.get(tl.SUBMITTED, 0) == sum(m.state == tl.SUBMITTED for m in self.model.values())
+        assert sum(d.held.values()) == len(live)
+        assert len({k[1] for k in live}) == len(live), "a task in two leases at once"
+        assert all(m.trained <= 1 and m.retries <= self.max_retries for m in self.model.values())
+        if d.done:
+            assert len(self.model) == self.size * self.epochs
+            assert all(m.state == "final" for m in self.model.values())
+
+
+Leases.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestLeases = Leases.TestCase
