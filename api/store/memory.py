@@ -37,6 +37,11 @@ def _counts_of(item: QueuedItem) -> QueueCounts:
     return QueueCounts(1, item.n_groups, item.meta.seqs, item.meta.tokens, len(item.payload))
 
 
+def _ids(named: int | frozenset[int] | None) -> Iterable[int]:
+    """The ledger ids `_State.named` holds for a group id."""
+    return () if named is None else (named,) if isinstance(named, int) else named
+
+
 def _held_counts_of(group: HeldGroup) -> QueueCounts:
     return QueueCounts(1, 1, group.meta.seqs, group.meta.tokens, len(group.payload))
 
@@ -59,8 +64,8 @@ class _State:
         self.retained: dict[int, bytes] = {}
         """Retained payloads of served and dropped groups, by ledger id."""
         self.ledger: dict[int, LedgerGroup] = {}
-        self.named: dict[str, frozenset[int]] = {}
-        """Ledger ids by group id (`ledger_named` costs the rows it finds)."""
+        self.named: dict[str, int | frozenset[int]] = {}
+        """Ledger ids by group id (`ledger_named` costs the rows it finds): one id as itself, more as a set."""
         self.order: list[int] = []
         """Ledger ids, ascending, including some no longer in the ledger (skipped, compacted by pruning): pages
         and prunes cost what they walk, not the ledger."""
@@ -246,8 +251,17 @@ class MemoryTxn(Txn):
             return
         named = self._s.named
         self._restore(named, group_id)
-        ids = named.get(group_id, frozenset())
-        named[group_id] = (ids - {remove}) | ({add} if add is not None else set())
+        ids = set(_ids(named.get(group_id)))
+        if remove is not None:
+            ids.discard(remove)
+        if add is not None:
+            ids.add(add)
+        if len(ids) > 1:
+            named[group_id] = frozenset(ids)
+        elif ids:
+            named[group_id] = ids.pop()  # the usual one: an int, not a set of one (246 bytes a group, #35)
+        else:
+            named.pop(group_id, None)
 
     def _order(self, item_id: int) -> None:
         order = self._s.order  # not undone: an id whose row is gone is skipped
@@ -324,7 +338,7 @@ class MemoryTxn(Txn):
         return [row for i in ids if (row := self._s.ledger.get(i)) is not None]
 
     def ledger_named(self, group_id: str) -> list[LedgerGroup]:
-        return [self._s.ledger[i] for i in sorted(self._s.named.get(group_id, ()))]
+        return [self._s.ledger[i] for i in sorted(_ids(self._s.named.get(group_id)))]
 
     def ledger_scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
         ledger, order = self._s.ledger, self._s.order
