@@ -58,10 +58,11 @@ class Fresh:
     dropped: list[LedgerGroup]
 
 
-def read_fresh(txn: Txn, first: int, window: int) -> Fresh:
+def read_fresh(txn: Txn, first: int, window: int, known: RunState | None = None) -> Fresh:
     """Steps from `first` (or the window's start, if later) to the last one formed, with the groups they served
-    and those dropped while they were the next to form."""
-    run = state.load(txn)
+    and those dropped while they were the next to form. `known`: the run state read last, so that only envs
+    changed since are read (re-reading and parsing 10,000 envs was most of a refresh, #35)."""
+    run = state.load(txn, known)
     first = max(first, run.step - window)
     if first >= run.step:
         return Fresh(run, [], [], [])
@@ -94,6 +95,8 @@ class BiasWatch:
     report: Report | None = None
     refreshed_at: float = float("-inf")
     _targets: list[EnvTarget] = field(default_factory=list)
+    _run: RunState | None = None
+    """The run state the last refresh read (its envs are those `_targets` were made of)."""
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
@@ -109,12 +112,15 @@ class BiasWatch:
         async with self._lock:
             self.refreshed_at = time.monotonic()
             window = self.thresholds.window_steps
-            fresh = await store.read(lambda txn: read_fresh(txn, self.next_step, window))
+            known = self._run
+            fresh = await store.read(lambda txn: read_fresh(txn, self.next_step, window, known))
             if fresh.run.step < self.next_step:  # the run was reset: a new monitor
                 self.monitor, self.episodes, self.next_step = DropBias(self.thresholds), Episodes(), 0
-                fresh = await store.read(lambda txn: read_fresh(txn, 0, window))
-            targets = targets_of(fresh.run)
+                fresh = await store.read(lambda txn: read_fresh(txn, 0, window, known))
+            unchanged = known is not None and fresh.run.envs is known.envs  # `state.load` kept them: none changed
+            targets = self._targets if unchanged else targets_of(fresh.run)
             if self.report is not None and not (fresh.steps or fresh.dropped) and targets == self._targets:
+                self._run = fresh.run
                 return self.report
             names = fresh.run.env_name
             for step in fresh.steps:
@@ -124,7 +130,7 @@ class BiasWatch:
             for row in fresh.dropped:
                 self.monitor.observe(decision(row, names(row.env_id)))
             self.next_step = max(self.next_step, fresh.run.step)
-            self._targets = targets
+            self._targets, self._run = targets, fresh.run
             report = self.report = self.monitor.report(targets)
             started, ended = self.episodes.update(report)
             if started or ended:

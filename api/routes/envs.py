@@ -35,6 +35,7 @@ from api.schema import (
 )
 from api.service import Service
 from api.settings import Settings
+from api.store.offload import large
 from api.submissions import request_key
 
 router = APIRouter(tags=["environments"], route_class=DirectRoute)
@@ -130,7 +131,8 @@ async def _submitted(
 ) -> Response:
     """A submission's body read within the body limits and the process's byte budget, then stored, and the
     answer made of its replies. A large body is ingested and answered with the cyclic collector held off
-    (`api.gc_pause`): its objects are gone before the collector is back, so no collection walks them."""
+    (`api.gc_pause`): its objects are gone before the collector is back, so no collection walks them. Its
+    transaction is large (`api.store.offload`): a store that runs transactions on the event loop runs it off."""
     state = request.app.state
     settings: Settings = state.settings
     hold = state.body_budget.hold(holder(request))  # the caller's share: one key cannot hold it all
@@ -139,7 +141,8 @@ async def _submitted(
             request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
         )
         service: Service = state.service
-        with collection_paused() if len(raw) > INLINE_PARSE else nullcontext():
+        big = len(raw) > INLINE_PARSE
+        with collection_paused() if big else nullcontext(), large() if big else nullcontext():
             replies = await service.ingest(
                 raw, request.headers.get("content-type"), many=many, key=key, caller=identity_of(request.scope)
             )

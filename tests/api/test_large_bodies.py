@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 import api.body
+import api.service
 import api.submissions
 from api.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group, registration
@@ -143,6 +144,36 @@ async def test_a_large_list_runs_no_garbage_collection_and_the_loop_answers_mean
     assert reply.status_code == 200 and reply.json()["groups_processed"] == 20_000
     assert during == [(False, 0)]  # 20,000 groups made many collections before
     assert gc.isenabled()
+    assert (await client.get("/status")).json()["queue_size"] == 20_000
+
+
+@pytest.mark.parametrize("settings", ["memory", "sqlite"], indirect=True)
+async def test_the_loop_answers_while_a_large_list_is_stored(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35: the memory store ran the transaction storing 100,000 tiny groups on the event loop (6.7-8.8 s
+    without an answer to anyone); a large list's transaction runs off it. A read made meanwhile waits for the
+    whole list: it sees all of it or none."""
+    await start(client)
+    storing, probed = threading.Event(), threading.Event()
+    real = api.service.submit_txn
+
+    def submit_txn(*args: Any, **kwargs: Any) -> Any:
+        storing.set()
+        probed.wait(10)  # the probe is answered while this transaction is under way (before: the loop was held)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api.service, "submit_txn", submit_txn)
+    posted = asyncio.create_task(client.post("/scored_data_list", content=tiny_list(20_000)))
+    while not storing.is_set():
+        await asyncio.sleep(0.01)  # polling interval
+    assert (await client.get("/")).status_code == 200
+    status = asyncio.create_task(client.get("/status"))
+    assert not posted.done()
+    probed.set()
+    reply = await posted
+    assert reply.status_code == 200 and reply.json()["groups_processed"] == 20_000
+    assert (await status).json()["queue_size"] in (0, 20_000)
     assert (await client.get("/status")).json()["queue_size"] == 20_000
 
 

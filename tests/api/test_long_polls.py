@@ -63,3 +63,28 @@ async def test_each_change_wakes_a_waiter_and_a_batch_wakes_the_next(client: htt
     # 3 first tries, 3 ingests, at most two tries per waiter after, and the drop-bias monitor's one read after a
     # formed batch (at most one a second: the `drop_bias_watch` job)
     assert ran[0] <= 3 + 3 + 3 * 2 + 1
+
+
+async def test_polls_reaching_their_deadline_together_run_no_formation(client: httpx.AsyncClient) -> None:
+    """A deadline wakes nobody: the changes a poll slept through woke another waiter. 2,000 polls expiring
+    together once passed on a wake each, every woken one re-running a formation (~1,100 store transactions)."""
+    await start(client, batch_size=64)
+    service = client._transport.app.state.service  # type: ignore[attr-defined]
+    n, wait = 100, 2.0
+    while True:
+        polls = [asyncio.create_task(client.get("/batch", params={"wait": wait})) for _ in range(n)]
+        while service.wakeups.waiting < n and not any(p.done() for p in polls):
+            await asyncio.sleep(0.01)  # polling interval, until all wait
+        if service.wakeups.waiting == n:
+            break
+        await asyncio.gather(*polls)  # a loaded machine took them in slower than they waited: again, longer
+        wait *= 2
+    changes = service.wakeups.count
+    # A change none of them can form a batch of 64 from: every waiter's last try is older than it.
+    assert (await client.post("/scored_data", json=group(4, env_id=0))).status_code == 200
+    ran = count_transactions(client)
+    replies = await asyncio.gather(*polls)
+    assert [r.json()["batch"] for r in replies] == [None] * n
+    changes = service.wakeups.count - changes  # the group, and commits the store saw meanwhile (SQLite's echo)
+    # The woken waiter's try per change (and its retry if another lands meanwhile); 50 of 100, before.
+    assert ran[0] <= 2 * changes, (ran[0], changes)

@@ -11,6 +11,11 @@ from api.store.ledger_contract import DROPPED, QUEUED, SERVED, KeptPayload, Ledg
 from api.store.memory.state import State, Undo
 
 
+def _ids(named: int | frozenset[int] | None) -> Iterable[int]:
+    """The ledger ids `State.named` holds for a group id."""
+    return () if named is None else (named,) if isinstance(named, int) else named
+
+
 class MemoryLedger(LedgerTxn):
     def __init__(self, state: State, undo: Undo) -> None:
         self._s = state
@@ -21,8 +26,17 @@ class MemoryLedger(LedgerTxn):
             return
         named = self._s.named
         self._undo.restore(named, group_id)
-        ids = named.get(group_id, frozenset())
-        named[group_id] = (ids - {remove}) | ({add} if add is not None else set())
+        ids = set(_ids(named.get(group_id)))
+        if remove is not None:
+            ids.discard(remove)
+        if add is not None:
+            ids.add(add)
+        if len(ids) > 1:
+            named[group_id] = frozenset(ids)
+        elif ids:
+            named[group_id] = ids.pop()  # the usual one: an int, not a set of one (246 bytes a group, #35)
+        else:
+            named.pop(group_id, None)
 
     def _order(self, item_id: int) -> None:
         order = self._s.order  # not undone: an id whose row is gone is skipped
@@ -99,7 +113,7 @@ class MemoryLedger(LedgerTxn):
         return [row for i in ids if (row := self._s.ledger.get(i)) is not None]
 
     def named(self, group_id: str) -> list[LedgerGroup]:
-        return [self._s.ledger[i] for i in sorted(self._s.named.get(group_id, ()))]
+        return [self._s.ledger[i] for i in sorted(_ids(self._s.named.get(group_id)))]
 
     def scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
         ledger, order = self._s.ledger, self._s.order

@@ -30,8 +30,8 @@ class State:
         self.retained: dict[int, bytes] = {}
         """Retained payloads of served and dropped groups, by ledger id."""
         self.ledger: dict[int, LedgerGroup] = {}
-        self.named: dict[str, frozenset[int]] = {}
-        """Ledger ids by group id (`ledger.named` costs the rows it finds)."""
+        self.named: dict[str, int | frozenset[int]] = {}
+        """Ledger ids by group id (`ledger.named` costs the rows it finds): one id as itself, more as a set."""
         self.order: list[int] = []
         """Ledger ids, ascending, including some no longer in the ledger (skipped, compacted by pruning): pages
         and prunes cost what they walk, not the ledger."""
