@@ -34,12 +34,15 @@ from api.openapi import SECURED, declare_limits, drop_auth
 from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
 from api.routes import admin, envs, export, ledger, ops, producers, trainer
+from api.routes.direct import DirectLane
 from api.service import Service
 from api.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.side_buffer import SideLimits
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
+GZIP_MIN = 1000
+"""Answers smaller than this are sent as they are (gzip would add more than it saves)."""
 
 DESCRIPTION = """\
 The AtroposLib API (a rollout handler or trainer written for Atropos works unchanged) plus rollbuf's
@@ -109,10 +112,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(
         GZipMiddleware,
-        minimum_size=1000,
+        minimum_size=GZIP_MIN,
         compresslevel=settings.gzip_level,
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
+    # Inside the front door, outside gzip: the ingest routes' requests go straight to their handlers.
+    app.add_middleware(DirectLane, gzip_min=GZIP_MIN, gzip_level=settings.gzip_level,
+                       gzip_skip=(*MSGPACK_TYPES, PARQUET))  # fmt: skip
     door = Door(door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes)
     app.state.door = door
     app.add_middleware(FrontDoor, door=door)  # before any route, any body read
