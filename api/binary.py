@@ -217,6 +217,8 @@ def _check_meta(raw: Any, lengths: np.ndarray) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidData(("meta",), f"must be a msgpack map of ScoredData fields, got {type(raw).__name__}")
     known = {k: v for k, v in raw.items() if k in META_FIELDS and v is not None}
+    if not known:  # what `encode_submission` sends without metadata: nothing to validate
+        return {}
     try:
         sd = ScoredData.model_validate({"tokens": [], "masks": [], "scores": [], **known})
     except ValidationError as exc:

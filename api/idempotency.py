@@ -23,6 +23,7 @@ DIGEST_KEY = "content_digest"
 """Key of the digest inside a remembered reply's JSON (ScoredReply ignores it when read back)."""
 _F64 = np.dtype("<f8")
 _F32 = np.dtype(F32)
+_EMPTY_MAP = msgpack.packb({})
 
 
 DIGEST_VERSION = "2:"
@@ -48,7 +49,7 @@ def content_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
         values = narrowest(np.asarray(values, _F64)) if values.dtype != _F32 else values
         h.update(b"\x04" if values.dtype == _F32 else b"\x08")
         h.update(np.ascontiguousarray(values, values.dtype.newbyteorder("<")).data)
-    h.update(msgpack.packb(_canonical(rec.meta), use_bin_type=True))
+    h.update(msgpack.packb(_canonical(rec.meta), use_bin_type=True) if rec.meta else _EMPTY_MAP)
     return DIGEST_VERSION + h.hexdigest()[:32]
 
 
