@@ -32,6 +32,7 @@ from api.openapi import declare_limits, drop_auth
 from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
 from api.routes import ops
+from api.routes.direct import DirectLane
 from api.routes.table import ROUTERS, TABLE
 from api.service import Service
 from api.setting_groups import built
@@ -39,6 +40,8 @@ from api.settings import Settings, door_hosts, door_keys, inflight_per_client, l
 from api.store import make_store
 
 log = logging.getLogger("rollbuf")
+GZIP_MIN = 1000
+"""Answers smaller than this are sent as they are (gzip would add more than it saves)."""
 
 DESCRIPTION = """\
 The AtroposLib API (a rollout handler or trainer written for Atropos works unchanged) plus rollbuf's
@@ -108,10 +111,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(
         GZipMiddleware,
-        minimum_size=1000,
+        minimum_size=GZIP_MIN,
         compresslevel=settings.gzip_level,
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
+    # Inside the front door, outside gzip: the ingest routes' requests go straight to their handlers.
+    app.add_middleware(DirectLane, gzip_min=GZIP_MIN, gzip_level=settings.gzip_level,
+                       gzip_skip=(*MSGPACK_TYPES, PARQUET))  # fmt: skip
     door = Door(
         door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes, TABLE
     )

@@ -59,7 +59,9 @@ def check_body(
     """A /scored_data body (one record) or /scored_data_list body (an array of them), every group checked;
     errors are located in the request (`["body", i, field]` in a list)."""
     try:
-        parts = split_records(memoryview(raw), array=many)  # views: a record is copied once, into its payload
+        # Views: a record is copied once, into its payload. One record is framed by its own decoding (a walk
+        # over the list's framing would feed the whole body to an Unpacker: a copy and a parse more).
+        parts = split_records(memoryview(raw), array=True) if many else [memoryview(raw)]
     except ValueError as exc:
         raise InvalidData(("body",), str(exc)) from None
     groups = []
@@ -75,7 +77,11 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
     """Validate one record's bytes; raise InvalidData located relative to the record."""
     try:
         m = msgpack.unpackb(raw, raw=False)
-    except (ValueError, msgpack.UnpackException) as exc:  # split_records already vetted the framing
+    except msgpack.ExtraData as exc:  # as `split_records` words the framing's errors
+        raise InvalidData((), f"{len(exc.extra)} bytes after the end of the msgpack value") from None
+    except msgpack.OutOfData:
+        raise InvalidData((), "truncated msgpack") from None
+    except (ValueError, msgpack.UnpackException) as exc:
         raise InvalidData((), f"not a valid msgpack group record: {exc}") from None
     if not isinstance(m, dict):
         raise InvalidData((), f"a group record is a msgpack map, got {type(m).__name__}")
@@ -217,6 +223,8 @@ def _check_meta(raw: Any, lengths: np.ndarray) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidData(("meta",), f"must be a msgpack map of ScoredData fields, got {type(raw).__name__}")
     known = {k: v for k, v in raw.items() if k in META_FIELDS and v is not None}
+    if not known:  # what `encode_submission` sends without metadata: nothing to validate
+        return {}
     try:
         sd = ScoredData.model_validate({"tokens": [], "masks": [], "scores": [], **known})
     except ValidationError as exc:

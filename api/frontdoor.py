@@ -11,6 +11,7 @@ reading, and a body that keeps coming past it is cut off. Pure ASGI, like `api.m
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,8 +44,11 @@ class Door:
     """Each route's roles and body rule, as declared beside it (`api.routes.table`)."""
 
 
+@functools.lru_cache(maxsize=1024)
 def loopback_host(host: str) -> bool:
-    """`localhost`, `*.localhost`, or a loopback address (with or without a port, IPv6 in brackets)."""
+    """`localhost`, `*.localhost`, or a loopback address (with or without a port, IPv6 in brackets).
+    Remembered: a keyless loopback server asks it of every request's `Host`, and parsing an address costs
+    more than the rest of the front door (the cache is bounded: a `Host` is the client's to choose)."""
     name = _hostname(host)
     if name in LOOPBACK_NAMES or name.endswith(".localhost"):
         return True

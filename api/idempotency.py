@@ -23,6 +23,7 @@ DIGEST_KEY = "content_digest"
 """Key of the digest inside a remembered reply's JSON (ScoredReply ignores it when read back)."""
 _F64 = np.dtype("<f8")
 _F32 = np.dtype(F32)
+_EMPTY_MAP = msgpack.packb({})
 
 
 DIGEST_VERSION = "2:"
@@ -30,14 +31,15 @@ DIGEST_VERSION = "2:"
 compared with it by computing that one."""
 
 
-def content_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
+def content_digest(rec: GroupRecord, sent_policy_step: int | None, *, narrowed: bool = False) -> str:
     """A digest of what the handler sent: the same group sent again, by either encoding, gives the same one.
 
     `sent_policy_step` is the step as sent (None when the server stamped it), so a retry of an unstamped
     group at a later step is still the same content. The arrays are hashed as they are stored, without a
     copy: a float field in its narrowest exact form (`narrowest`, as both encodings store it), so the same
     values give the same bytes. SHA-256 (with the CPU's SHA instructions) runs about 3x faster than BLAKE2b
-    here, which for a large group was most of what the digest cost (issue 38)."""
+    here, which for a large group was most of what the digest cost (issue 38). `narrowed`: the record's float
+    fields are in that form already (validation leaves them so), and are hashed without checking again."""
     h = hashlib.sha256()
     _hash_ids(h, rec, sent_policy_step)
     for name in FLOAT_FIELDS:
@@ -45,10 +47,11 @@ def content_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
         if values is None:
             h.update(b"\x00")
             continue
-        values = narrowest(np.asarray(values, _F64)) if values.dtype != _F32 else values
+        if values.dtype != _F32 and not (narrowed and values.dtype == _F64):
+            values = narrowest(np.asarray(values, _F64))
         h.update(b"\x04" if values.dtype == _F32 else b"\x08")
         h.update(np.ascontiguousarray(values, values.dtype.newbyteorder("<")).data)
-    h.update(msgpack.packb(_canonical(rec.meta), use_bin_type=True))
+    h.update(msgpack.packb(_canonical(rec.meta), use_bin_type=True) if rec.meta else _EMPTY_MAP)
     return DIGEST_VERSION + h.hexdigest()[:32]
 
 

@@ -95,7 +95,7 @@ def narrowest(values: np.ndarray) -> np.ndarray:
     size, or decimals and float64 results (`-0.7`), which only float64 gives back as they were sent."""
     with np.errstate(over="ignore", invalid="ignore"):
         f32 = values.astype(F32)
-    if np.array_equal(f32, values):  # compared as float64: exact
+    if f32.shape == values.shape and np.equal(f32, values).all():  # compared as float64: exact (NaN never)
         return f32
     return values.astype(F64, copy=False)
 

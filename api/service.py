@@ -291,7 +291,10 @@ class Service:
         self, raw: bytes | bytearray, content_type: str | None, run: RunState, *, many: bool, key: str | None
     ) -> list[Submission]:
         """`submissions.decode` on the event loop for a small body, in a worker thread for a large one (other
-        requests go on meanwhile); the env it names is kept for the request's log line either way."""
+        requests go on meanwhile); the env it names is kept for the request's log line either way (on the loop
+        it is set in the request's own context, so no copy of it is needed)."""
+        if len(raw) <= INLINE_PARSE:
+            return submissions.decode(raw, content_type, run, self.limits, many=many, key=key)
         ctx = contextvars.copy_context()
         try:
             return await off_loop(

@@ -48,7 +48,7 @@ class Submission:
     def of(
         cls, record: GroupRecord, payload: bytes, key: str | None, sent_policy_step: int | None, loc: Loc
     ) -> Submission:
-        digest = None if key is None else content_digest(record, sent_policy_step)
+        digest = None if key is None else content_digest(record, sent_policy_step, narrowed=True)  # validated
         return cls(record.env_id, record, payload, key, digest, tuple(loc), sent_policy_step)
 
 

@@ -137,9 +137,10 @@ def check_lengths(lengths: np.ndarray, limits: GroupLimits, field: str) -> int:
         raise InvalidData((field,), "a group needs at least one sequence")
     if n > limits.max_group_seqs:
         raise InvalidData((field,), f"{n} sequences in one group; at most {limits.max_group_seqs} are accepted")
-    bad = (lengths <= 0) | (lengths > limits.max_token_len)
-    if bad.any():
-        i = int(np.argmax(bad))
+    # Two reductions on the good path (numpy's per-call cost, not the values, is what a small group pays);
+    # the offending index is looked for only when there is one.
+    if int(np.minimum.reduce(lengths)) <= 0 or int(np.maximum.reduce(lengths)) > limits.max_token_len:
+        i = int(np.argmax((lengths <= 0) | (lengths > limits.max_token_len)))
         length = int(lengths[i])
         if length > limits.max_token_len:
             rule = f"{length} tokens exceed the trainer's max_token_len of {limits.max_token_len}"
@@ -241,17 +242,19 @@ def check_values(
 ) -> None:
     """Token ids are in 0..int32 max, masks are any int32 (stored as sent: handlers use -100 / token id,
     0/1 and other conventions), scores and per-token floats are finite."""
-    if tokens.size and (tokens.min() < 0 or tokens.max() > INT32_MAX):
+    # int32 arrays (the binary path's) hold no value past int32: their bounds need no pass but the sign's.
+    narrow = tokens.dtype.itemsize <= 4
+    if tokens.size and (np.minimum.reduce(tokens) < 0 or (not narrow and np.maximum.reduce(tokens) > INT32_MAX)):
         bad = (tokens < 0) | (tokens > INT32_MAX)
         seq, offset = _position(lengths, int(np.argmax(bad)))
         value = int(tokens[int(np.argmax(bad))])
         rule = "token ids must be >= 0" if value < 0 else "token ids must fit in int32"
         raise InvalidData(("tokens", seq, offset), f"{rule}, got {value}")
-    if masks.size and (masks.min() < INT32_MIN or masks.max() > INT32_MAX):
+    if masks.size and masks.dtype.itemsize > 4 and (masks.min() < INT32_MIN or masks.max() > INT32_MAX):
         seq, offset = _position(lengths, int(np.argmax((masks < INT32_MIN) | (masks > INT32_MAX))))
         raise InvalidData(("masks", seq, offset), "mask values must fit in int32")
     finite = np.isfinite(scores)
-    if not finite.all():
+    if not np.logical_and.reduce(finite):
         raise InvalidData(("scores", int(np.argmin(finite))), "scores must be finite (no NaN or infinity)")
     for name, values in floats.items():
         with np.errstate(over="ignore"):  # as the trainer gets them: float32 (beyond its range: infinity)

@@ -71,3 +71,11 @@ def test_float64_values_float32_holds_have_the_digest_of_float32() -> None:
     wide = replace(rec, floats={k: v.astype(np.float64) for k, v in rec.floats.items()})
     assert rec.floats and all(v.dtype == np.float32 for v in rec.floats.values())
     assert content_digest(wide, None) == content_digest(rec, None)
+
+
+def test_a_validated_record_hashes_alike_without_narrowing_again() -> None:
+    body = group(2, length=4, group_id="g")
+    wide = {**body, "inference_logprobs": [[-0.7] * 4] * 2}  # float64 that float32 does not hold
+    for rec in (packed(body), packed(wide)):
+        assert content_digest(rec, None, narrowed=True) == content_digest(rec, None)
+    assert packed(wide).floats["inference_logprobs"].dtype == np.float64
