@@ -56,7 +56,25 @@ async def lease_loop(store: Store, producers: int, leases: int) -> float:
         while left[0] > 0:
             left[0] -= 1
             got = await store.transact(lambda txn: tl.lease(txn, "d", name, 1, time.time(), 300.0, 1024))
-            rows = [LedgerGroup(next(ids), 0, x.token, None, time.time(), 0, 1, 1, 1, 0, 0, 0, 0, QUEUED) for x in got]
+            rows = [
+                LedgerGroup(
+                    id=next(ids),
+                    env_id=0,
+                    group_id=x.token,
+                    handler=None,
+                    acked_at=time.time(),
+                    policy_step=0,
+                    seqs=1,
+                    tokens=1,
+                    bytes=1,
+                    score_mean=0,
+                    score_min=0,
+                    score_max=0,
+                    score_std=0,
+                    fate=QUEUED,
+                )
+                for x in got
+            ]
 
             def ack(txn: Txn, rows: list[LedgerGroup] = rows) -> None:
                 tl.on_acknowledged(txn, rows)

@@ -44,7 +44,7 @@ from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
 from rollout_client.stats import RunnerHealth, RunnerStats
-from rollout_client.tasks import TaskSource, next_task
+from rollout_client.tasks import TaskSource, next_task_unless
 from rollout_client.timeouts import Timeouts
 from rollout_client.watching import Monitor, Sight, held_back
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
@@ -377,7 +377,7 @@ class RolloutRunner:
             if self._in_flight.free < self.envs[i].group_size or not fits:
                 await wait_first(self._changed)
                 continue
-            task = self._follow.restart(i) or await self._next_task(i)
+            task = self._follow.restart(i) or await next_task_unless(self.sources[i], self._stopping)
             if task is None:
                 self._exhausted[i] = True
                 continue
@@ -394,19 +394,6 @@ class RolloutRunner:
             quarantined_in_a_row[i] = 0
             self._credit = credit
             self._launch(i, task)
-
-    async def _next_task(self, i: int) -> Task | None:
-        """Env `i`'s next task; a source that waits on a server (`anext_task`) is left when the run stops."""
-        source = self.sources[i]
-        if getattr(source, "anext_task", None) is None:
-            return source.next_task()
-        got: list[Task | None] = []
-
-        async def get() -> None:
-            got.append(await next_task(source))
-
-        await unless_stopped(self._stopping, get())
-        return got[0] if got else None
 
     def _launch(self, i: int, task: Task) -> None:
         group_id = lease_token(task) or uuid.uuid4().hex  # a leased task's group is its lease's submission

@@ -5,6 +5,7 @@ that remembers what it handed out can forget it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +35,22 @@ async def next_task(source: TaskSource) -> Task | None:
         task: Task | None = await anext()
         return task
     return source.next_task()
+
+
+async def next_task_unless(source: TaskSource, stopping: asyncio.Event) -> Task | None:
+    """`next_task(source)`, or None when `stopping` is set first: a source that waits on a server (`anext_task`)
+    must not hold up a run that stops."""
+    if getattr(source, "anext_task", None) is None:
+        return source.next_task()
+    got = asyncio.ensure_future(next_task(source))
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait([got, stop], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not got.done():
+            got.cancel()
+    return got.result() if got.done() and not got.cancelled() else None
 
 
 class Tasks:

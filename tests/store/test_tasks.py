@@ -28,7 +28,9 @@ async def registered(store: Store, n: int = 10, **kw: object) -> None:
 
 
 def ledger_row(id: int, group_id: str, fate: str = QUEUED, reason: str | None = None) -> LedgerGroup:
-    return LedgerGroup(id, 0, group_id, None, 1.0, 0, 4, 40, 100, 0.5, 0.0, 1.0, 0.5, fate, reason=reason)
+    return LedgerGroup(id=id, env_id=0, group_id=group_id, handler=None, acked_at=1.0, policy_step=0, seqs=4,
+                       tokens=40, bytes=100, score_mean=0.5, score_min=0.0, score_max=1.0, score_std=0.5, fate=fate,
+                       reason=reason)  # fmt: skip
 
 
 async def test_rows_front_expiry_and_ledger_index(store: Store) -> None:

@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from api import task_leases as tl
 from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup
-from api.store.memory import MemoryTxn, _State
+from api.store.memory import MemoryTxn, State
 from api.store.tasks import FRONT, LEASED
 from api.task_order import ORDERS, task_at
 
@@ -44,7 +44,7 @@ class Leases(RuleBasedStateMachine):
         size=st.integers(1, 5), epochs=st.integers(1, 3), retries=st.integers(0, 2), order=st.sampled_from(ORDERS)
     )
     def start(self, size: int, epochs: int, retries: int, order: str) -> None:
-        self.txn = MemoryTxn(_State())
+        self.txn = MemoryTxn(State())
         self.size, self.epochs, self.max_retries = size, epochs, retries
         tl.register(
             self.txn, tl.Dataset(name="d", sealed=False, epochs=epochs, order=order, max_retries=retries, seed=1)
@@ -105,7 +105,22 @@ class Leases(RuleBasedStateMachine):
         token = data.draw(st.sampled_from(self.tokens))
         m = self.model[self._key(token)]
         lid, self.next_ledger = self.next_ledger, self.next_ledger + 1
-        row = LedgerGroup(lid, 0, token, None, self.now, 0, 1, 1, 1, 0, 0, 0, 0, DROPPED if dropped else QUEUED)
+        row = LedgerGroup(
+            id=lid,
+            env_id=0,
+            group_id=token,
+            handler=None,
+            acked_at=self.now,
+            policy_step=0,
+            seqs=1,
+            tokens=1,
+            bytes=1,
+            score_mean=0,
+            score_min=0,
+            score_max=0,
+            score_std=0,
+            fate=DROPPED if dropped else QUEUED,
+        )
         tl.on_acknowledged(self.txn, [row])
         if m.state in (LEASED, FRONT):
             m.state, m.token, m.ledger = tl.SUBMITTED, None, lid
