@@ -13,6 +13,7 @@ from itertools import count
 from typing import Protocol
 
 from rollout_client.env import Task
+from rollout_client.lifecycle import unless_stopped
 
 log = logging.getLogger("rollout_client.tasks")
 
@@ -42,15 +43,13 @@ async def next_task_unless(source: TaskSource, stopping: asyncio.Event) -> Task 
     must not hold up a run that stops."""
     if getattr(source, "anext_task", None) is None:
         return source.next_task()
-    got = asyncio.ensure_future(next_task(source))
-    stop = asyncio.ensure_future(stopping.wait())
-    try:
-        await asyncio.wait([got, stop], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-        if not got.done():
-            got.cancel()
-    return got.result() if got.done() and not got.cancelled() else None
+    got: list[Task | None] = []
+
+    async def get() -> None:
+        got.append(await next_task(source))
+
+    await unless_stopped(stopping, get())
+    return got[0] if got else None
 
 
 class Tasks:
