@@ -233,7 +233,9 @@ class LedgerTxn(ABC):
 
     @abstractmethod
     def committed(self, first: int, before: int, at: float) -> None:
-        """Mark the step rows in [first, before) not marked yet as committed at `at`. Costs that range."""
+        """Mark the step rows in [first, before) not marked yet as committed at `at`. Costs that range. The
+        range never passes the last step put (a step is formed before it is acknowledged): PostgreSQL's
+        write-back cache marks a step put later in the same write-back group, so the rule is the caller's."""
 
     @abstractmethod
     def steps(self, first: int, last: int) -> list[LedgerStep]:

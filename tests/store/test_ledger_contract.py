@@ -286,8 +286,9 @@ async def test_every_backend_answers_as_the_memory_twin(
                 elif op[0] == "step":
                     step[0] += 1 + int(op[1])  # type: ignore[call-overload]
                     t.ledger.put_step(LedgerStep(step[0], 1.0, 0.1, tuple(ids[-2:]), 2, 20, {"m": 1}, {"m": 2}, {}))
-                elif op[0] == "committed":
-                    t.ledger.committed(int(op[1]), int(op[1]) + int(op[2]), 2.0 + len(ids))  # type: ignore[call-overload]
+                elif op[0] == "committed":  # the contract's range: steps already put (formed before acknowledged)
+                    first = min(int(op[1]), step[0] + 1)  # type: ignore[call-overload]
+                    t.ledger.committed(first, min(first + int(op[2]), step[0] + 1), 2.0 + len(ids))  # type: ignore[call-overload]
                 elif op[0] == "requeue" and pick is not None:
                     new = base + 1 + len(ids)
                     t.ledger.requeue(pick, new)
