@@ -17,6 +17,7 @@ With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) ea
 there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
 
     python -m bench.limit [--rounds 2] [--base DIR] [--sides sink,memory,sqlite,postgresql] [--seconds 4]
+                          [--clients 8] [--sqlite-query page_size=4096]
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from bench.http import cpu_seconds
 from bench.servers import ROOT, Target, ceiling, rollbuf, serve
 
 CLIENTS = 8
+SQLITE_QUERY = ""
+"""Query of the SQLite store's URL (`--sqlite-query page_size=4096`: the page size's write amplification)."""
 LIST = 16
 SIDES = ["sink", "memory", "sqlite", "postgresql"]
 
@@ -229,7 +232,8 @@ def _server(side: str, tmp: Path, cwd: Path, dbs: contextlib.ExitStack) -> Itera
         with serve(name, cmd, port, log, ready_path="/ping") as t:
             yield t
         return
-    store = {"memory": "memory://", "sqlite": f"sqlite:///{tmp}/{side}-{time.monotonic_ns()}.db"}.get(side)
+    sqlite = f"sqlite:///{tmp}/{side}-{time.monotonic_ns()}.db{SQLITE_QUERY}"
+    store = {"memory": "memory://", "sqlite": sqlite}.get(side)
     if side == "postgresql":
         store = dbs.enter_context(pg.database())
     assert store is not None
@@ -309,7 +313,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="time cap of one measurement")
     ap.add_argument("--base", type=Path, help="another checkout, run in turns with this one (the 'before' side)")
     ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--clients", type=int, default=8, help="keep-alive connections posting (1: one client)")
+    ap.add_argument("--sqlite-query", default="", help="query of the SQLite URL, e.g. page_size=4096 (new files)")
     args = ap.parse_args()
+    global CLIENTS, SQLITE_QUERY
+    CLIENTS, SQLITE_QUERY = args.clients, f"?{args.sqlite_query}" if args.sqlite_query else ""
     results = run(args.sides.split(","), args.rounds, args.seconds, args.base.resolve() if args.base else None)
     rows = summary(results)
     out_dir = ROOT / "bench" / "results"

@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 from api.store import sql
-from api.store.base import ANON_ENV, HeldGroup, ItemMeta, QueueCounts, held_slot
+from api.store.base import HeldGroup, ItemMeta, QueueCounts, held_slot
 from api.store.sql.held import AddCounts, SqlHeld
 from api.store.sqlite.ledger import chunks
 
@@ -26,13 +26,22 @@ def _held_sql(n: int, delete: bool) -> str:
 
 
 class SqliteHeld(SqlHeld):
-    def __init__(self, db: sqlite3.Connection, add_counts: AddCounts, flush_counts: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        add_counts: AddCounts,
+        flush: Callable[[], None],
+        counts: Callable[[], dict[int, QueueCounts]],
+    ) -> None:
         super().__init__(add_counts)
         self._db = db
-        self._flush_counts = flush_counts
-        """Writes the transaction's count deltas, which `counts` reads."""
+        self._flush = flush
+        """Writes the transaction's waiting inserts and count deltas (api/store/sqlite/deferred.py) first."""
+        self._counts = counts
+        """The held side of the transaction's counts (kept in memory through a group commit)."""
 
     def _run(self, name: str, params: Sequence[Any], *, write: bool) -> list[Sequence[Any]]:
+        self._flush()
         cur = self._db.execute(sql.sqlite(name), params)
         return [] if write else cur.fetchall()
 
@@ -40,6 +49,7 @@ class SqliteHeld(SqlHeld):
         wanted = list(item_ids)
         if not wanted:
             return []
+        self._flush()
         found: dict[int, HeldGroup] = {}
         for chunk in chunks(wanted):
             for r in self._db.execute(_held_sql(len(chunk), False), (env_id, *chunk)).fetchall():
@@ -51,8 +61,4 @@ class SqliteHeld(SqlHeld):
         return self._released(env_id, [found[i] for i in wanted])
 
     def counts(self) -> dict[int, QueueCounts]:
-        self._flush_counts()
-        rows = self._db.execute(
-            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0 AND env_id < ?", (ANON_ENV,)
-        )
-        return {held_slot(row[0]): QueueCounts(*row[1:]) for row in rows}
+        return {held_slot(env_id): c for env_id, c in self._counts().items()}

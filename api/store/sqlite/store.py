@@ -18,8 +18,9 @@ from api.store.commit import Driver, Loss, serve
 from api.store.jobs import Job, Lane, deliver, refuse_left
 from api.store.sqlite.checkpoint import Checkpointer
 from api.store.sqlite.config import SqliteConfig, connect, parse_url
+from api.store.sqlite.deferred import Deferred
 from api.store.sqlite.schema import create_or_migrate
-from api.store.sqlite.txn import ItemIds, SqliteTxn, trim_replies
+from api.store.sqlite.txn import ItemIds, SqliteTxn, flush, trim_replies
 
 T = TypeVar("T")
 log = logging.getLogger("rollbuf")
@@ -202,38 +203,47 @@ class _Driver(Driver):
         self.values: dict[str, str | None] = {}
         """The kv values this transaction read or wrote (`SqliteTxn.get_value`): valid until it ends or a
         function's savepoint is undone (another process cannot write while it holds the write lock)."""
+        self.deferred = Deferred()
+        """The inserts and count deltas of the transaction's functions, written merged before its COMMIT."""
 
     def begin(self, jobs: Sequence[Job]) -> None:
         self.values.clear()
+        self.deferred.reset()
         self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
         self.changes_at_begin = self.db.total_changes  # it counts rows rolled back too
         self.ids.begin()
 
     def call(self, job: Job) -> Any:
-        txn = SqliteTxn(self.db, self.config, self.ids, self.values)
+        txn = SqliteTxn(self.db, self.config, self.ids, self.values, self.deferred)
         value = job.fn(txn)
         txn.finish()
         return value
 
     def savepoint(self) -> None:
         self.db.execute("SAVEPOINT rollbuf_fn")
+        self.deferred.savepoint()
 
     def release(self) -> None:
         self.db.execute("RELEASE rollbuf_fn")
+        self.deferred.release()
 
     def rollback_to(self) -> None:
         self.values.clear()
         self.db.execute("ROLLBACK TO rollbuf_fn")
         self.db.execute("RELEASE rollbuf_fn")
+        self.deferred.undone()
 
     def rollback(self) -> None:
         self.values.clear()
+        self.deferred.reset()
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.save_ids()
 
     def commit(self) -> None:
         self.values.clear()
+        flush(self.db, self.config, self.deferred, time.time())  # the functions' inserts, one statement each
+        self.deferred.reset()
         self.ids.save(self.db)
         self.db.execute("COMMIT")
         self.ids.committed()
@@ -252,6 +262,7 @@ class _Driver(Driver):
         return failure
 
     def broken(self, exc: BaseException, jobs: Sequence[Job]) -> None:
+        self.deferred.reset()
         with contextlib.suppress(sqlite3.Error):
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")

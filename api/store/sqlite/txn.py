@@ -16,6 +16,7 @@ import numpy as np
 from api.store.base import ANON_ENV, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.store.jobs import head_chunk_sizes
 from api.store.sqlite.config import SqliteConfig
+from api.store.sqlite.deferred import REPLIES, Counts, Deferred, Row, add_to, counts_of
 from api.store.sqlite.held import SqliteHeld
 from api.store.sqlite.ledger import SqliteLedger, chunks
 from api.store.sqlite.schema import CLEARED
@@ -33,11 +34,6 @@ _HEAD = (
 )
 _APPEND = "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) VALUES (?,?,?,?,?,?)"
 _APPEND_PAYLOAD = "INSERT INTO payloads (item_id, payload) VALUES (?,?)"
-_ADD_COUNTS = (
-    "INSERT INTO counts (env_id, items, groups, seqs, tokens, bytes) VALUES (?,?,?,?,?,?) ON CONFLICT (env_id) DO "
-    "UPDATE SET items = items + excluded.items, groups = groups + excluded.groups, seqs = seqs + excluded.seqs, "
-    "tokens = tokens + excluded.tokens, bytes = bytes + excluded.bytes"
-)
 
 _ADD_COUNTER = (
     "INSERT INTO counters (kind, name, n) VALUES (?,?,?) ON CONFLICT (kind, name) DO UPDATE SET n = n + excluded.n"
@@ -98,13 +94,20 @@ class ItemIds:
 
 
 class SqliteTxn(Txn):
-    """Writes to the queue are batched until something reads it (or the function returns), then written
-    with executemany; per-env counts are kept as deltas and written once per transaction."""
+    """Inserts of new rows (queue items and payloads, ledger rows, replies, counters) and count deltas wait in
+    memory, this function's own until it returns, then the transaction's (`Deferred`), and go out merged
+    before the COMMIT; any other statement writes them first (`_flush`)."""
 
-    __slots__ = ("_db", "_config", "_ids", "_now", "_rows", "_payloads", "_delta", "_values", "held", "ledger")
+    __slots__ = ("_db", "_config", "_ids", "_now", "_ops", "_delta", "_replies", "_deferred", "_values", "held",
+                 "ledger", "tasks")  # fmt: skip
 
     def __init__(
-        self, db: sqlite3.Connection, config: SqliteConfig, ids: ItemIds, values: dict[str, str | None] | None = None
+        self,
+        db: sqlite3.Connection,
+        config: SqliteConfig,
+        ids: ItemIds,
+        values: dict[str, str | None] | None = None,
+        deferred: Deferred | None = None,
     ) -> None:
         self._db = db
         self._values = {} if values is None else values
@@ -112,42 +115,36 @@ class SqliteTxn(Txn):
         driver forgets them when one is undone): the run state is read once per commit, not once per request."""
         self._config = config
         self._ids = ids
+        self._deferred = Deferred() if deferred is None else deferred
         self._now = time.time()
-        self._rows: list[tuple[int, int, int, int, int, int]] = []
-        self._payloads: list[tuple[int, bytes]] = []
-        self._delta: dict[int, list[int]] = {}
-        self.held = SqliteHeld(db, self._add, self._flush_counts)
-        self.ledger = SqliteLedger(db, self._flush_items)
+        self._ops: dict[str, list[Row]] = {}
+        self._delta: Counts = {}
+        self._replies: dict[str, str] = {}
+        self.held = SqliteHeld(db, self._add, self._flush, self._held_counts)
+        self.ledger = SqliteLedger(db, self._flush, self._defer)
         self.tasks = SqliteTaskTxn(db)
 
     # --- bookkeeping the store calls around the transaction function ---
     def finish(self) -> None:
-        """Write what is still pending; runs inside the transaction, before COMMIT."""
-        self._flush_items()
-        self._flush_counts()
+        """The function returned: what it left waiting waits for the transaction's COMMIT."""
+        self._deferred.finished(self._ops, self._delta, self._replies)
 
-    def _flush_items(self) -> None:
-        if self._rows:
-            self._db.executemany(_APPEND, self._rows)
-            self._db.executemany(_APPEND_PAYLOAD, self._payloads)
-            self._rows.clear()
-            self._payloads.clear()
+    def _defer(self, sql: str, rows: list[Row]) -> None:
+        mine = self._ops.get(sql)
+        if mine is None:
+            self._ops[sql] = rows
+        else:
+            mine.extend(rows)
 
-    def _flush_counts(self) -> None:
-        if self._delta:
-            self._db.executemany(_ADD_COUNTS, [(env, *d) for env, d in self._delta.items()])
-            self._delta.clear()
+    def _flush(self) -> None:
+        """Write what waits: the statement that follows may read or order against it."""
+        flush(self._db, self._config, self._deferred, self._now, self._ops, self._delta)
 
     def _add(self, env_id: int, items: int, groups: int, seqs: int, tokens: int, size: int) -> None:
-        d = self._delta.get(env_id)
-        if d is None:
-            self._delta[env_id] = [items, groups, seqs, tokens, size]
-        else:
-            d[0] += items
-            d[1] += groups
-            d[2] += seqs
-            d[3] += tokens
-            d[4] += size
+        add_to(self._delta, env_id, (items, groups, seqs, tokens, size))
+
+    def _held_counts(self) -> dict[int, QueueCounts]:
+        return counts_of(self._deferred.queue_counts(self._db, self._delta, held=True, anon_env=ANON_ENV))
 
     # --- values ---
     def get_value(self, key: str) -> str | None:
@@ -168,19 +165,19 @@ class SqliteTxn(Txn):
 
     def append(self, env_id: int, item: QueuedItem) -> None:
         m = item.meta
-        self._rows.append((m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups))
-        self._payloads.append((m.item_id, item.payload))
+        self._defer(_APPEND, [(m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups)])
+        self._defer(_APPEND_PAYLOAD, [(m.item_id, item.payload)])
         self._add(env_id, 1, item.n_groups, m.seqs, m.tokens, len(item.payload))
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
-        self._flush_items()
+        self._flush()
         return self._head(env_id)
 
     def _head(self, env_id: int) -> Iterator[ItemMeta]:
         # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
         after = _INT64_MIN
         for limit in head_chunk_sizes():
-            self._flush_items()
+            self._flush()
             rows = self._db.execute(_HEAD, (env_id, after, limit)).fetchall()
             for row in rows:
                 yield ItemMeta(*row)
@@ -194,7 +191,7 @@ class SqliteTxn(Txn):
         wanted = list(item_ids)
         if not wanted:
             return []
-        self._flush_items()
+        self._flush()
         db = self._db
         db.execute("SAVEPOINT rollbuf_pop")  # all or nothing, even if the caller catches the KeyError
         try:
@@ -221,26 +218,27 @@ class SqliteTxn(Txn):
         return items
 
     def counts(self) -> dict[int, QueueCounts]:
-        self._flush_counts()
-        rows = self._db.execute(
-            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts WHERE items > 0 AND env_id >= ?", (ANON_ENV,)
-        )
-        return {row[0]: QueueCounts(*row[1:]) for row in rows}
+        return counts_of(self._deferred.queue_counts(self._db, self._delta, held=False, anon_env=ANON_ENV))
 
     # --- idempotency replies ---
     def get_reply(self, key: str) -> str | None:
+        # Replies put in this transaction are not necessarily written yet: memory first (no other process
+        # writes while this one holds the write lock).
+        reply = self._replies.get(key)
+        if reply is None:
+            reply = self._deferred.replies.get(key)
+        if reply is not None:
+            return reply
         row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
         return None if row is None else cast(str, row[0])
 
     def put_reply(self, key: str, reply: str) -> None:
-        cur = self._db.execute(
-            "INSERT OR REPLACE INTO replies (key, reply, created) VALUES (?, ?, ?)", (key, reply, self._now)
-        )
-        if cur.lastrowid is not None and cur.lastrowid % REPLY_TRIM_EVERY == 0:
-            trim_replies(self._db, self._config, self._now)
+        self._replies[key] = reply
+        self._defer(REPLIES, [(key, reply, self._now)])
 
     # --- formed batches ---
     def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
+        self._flush()
         ids = list(item_ids)
         present = sum(
             self._db.execute(
@@ -255,6 +253,7 @@ class SqliteTxn(Txn):
         self._db.execute("INSERT INTO batches (step, header, items) VALUES (?, ?, ?)", (step, header, blob))
 
     def get_batch(self, step: int) -> bytes | None:
+        self._flush()
         row = self._db.execute("SELECT header, items FROM batches WHERE step = ?", (step,)).fetchone()
         if row is None:
             return None
@@ -268,6 +267,7 @@ class SqliteTxn(Txn):
         self._drop_batches("step < ?", step, retain)
 
     def _drop_batches(self, where: str, step: int, retain: bool = False) -> None:
+        self._flush()
         rows = self._db.execute(f"DELETE FROM batches WHERE {where} RETURNING items", (step,)).fetchall()
         if retain:
             return
@@ -291,18 +291,30 @@ class SqliteTxn(Txn):
 
     # --- counters ---
     def add_counts(self, kind: str, deltas: Mapping[str, int]) -> None:
-        if deltas:
-            self._db.executemany(_ADD_COUNTER, [(kind, name, n) for name, n in deltas.items()])
+        if deltas:  # an upsert that adds: written later, merged, it comes to the same
+            self._defer(_ADD_COUNTER, [(kind, name, n) for name, n in deltas.items()])
 
     def get_counts(self, kind: str) -> dict[str, int]:
+        self._flush()
         return dict(self._db.execute("SELECT name, n FROM counters WHERE kind = ?", (kind,)).fetchall())
 
     def clear(self) -> None:
-        self._rows.clear()
-        self._delta.clear()
+        self._flush()
+        self._deferred.cleared()
+        self._replies.clear()
         self._values.clear()
         for table in CLEARED:
             self._db.execute(f"DELETE FROM {table}")  # meta (next_item_id) stays: ids keep increasing
+
+
+def flush(db: sqlite3.Connection, config: SqliteConfig, deferred: Deferred, now: float,
+          ops: dict[str, list[Row]] | None = None, counts: Counts | None = None) -> None:  # fmt: skip
+    """Write what waits in `deferred` (and a function's own `ops` and `counts`), trimming old replies every
+    REPLY_TRIM_EVERY written."""
+    deferred.flush(db, {} if ops is None else ops, {} if counts is None else counts)
+    if deferred.replies_written >= REPLY_TRIM_EVERY:
+        deferred.replies_written = 0
+        trim_replies(db, config, now)
 
 
 def trim_replies(db: sqlite3.Connection, config: SqliteConfig, now: float) -> None:
