@@ -34,15 +34,20 @@ class BodyBudget:
         self.retry_after = retry_after
         self.held = 0
         self.by_holder: dict[str, int] = {}
+        self.peak = 0
+        """The most held at once so far (tests and benches read it)."""
         self._lock = threading.Lock()
 
-    def take(self, n: int, holder: str = "") -> None:
-        """Hold `n` more bytes, or raise `Busy` (holding nothing more) when that would pass a limit."""
+    def take(self, n: int, holder: str = "", *, alone: int | None = None) -> None:
+        """Hold `n` more bytes, or raise `Busy` (holding nothing more) when that would pass a limit. `alone`: what
+        the taking request holds already; when that is all the budget holds, it may pass the limits (a request
+        whose decoding costs more than the budget runs when it is the only one, instead of never)."""
         with self._lock:
             held, mine = self.held, self.by_holder.get(holder, 0)
-            if held + n <= self.limit and mine + n <= self.per_holder:
+            if (held + n <= self.limit and mine + n <= self.per_holder) or held == alone:
                 self.held = held + n
                 self.by_holder[holder] = mine + n
+                self.peak = max(self.peak, self.held)
                 return
         if held + n > self.limit:
             why = f"the server holds {held} bytes of request bodies; this request needs {n} more and the limit " \
@@ -75,6 +80,12 @@ class Hold:
 
     def take(self, n: int) -> None:
         self.budget.take(n, self.holder)
+        self.bytes += n
+
+    def charge(self, n: int) -> None:
+        """Hold `n` more bytes for what decoding the body will cost beyond its bytes (`api.body_cost`); alone
+        in the budget, a request may pass its limits (`BodyBudget.take`)."""
+        self.budget.take(n, self.holder, alone=self.bytes)
         self.bytes += n
 
     def give(self, n: int) -> None:

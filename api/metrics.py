@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from api.drop_bias import CONDITIONS, Report
 from api.producer_state import ProducerReport
 from api.setting_groups import SERVER
-from api.stats import EnvSnapshot, Snapshot
+from api.stats import OTHER_ENVS, EnvSnapshot, Snapshot
 from api.store.base import QueueCounts, Store, Txn
 
 T = TypeVar("T")
@@ -146,8 +146,6 @@ class TimedStore(Store):
         await self.inner.close()
 
 
-OTHER_ENVS = "(other envs)"
-"""The `env` label of the envs past `metrics_max_envs`, summed (env names end in `_<n>`: no env has it)."""
 MAX_ENVS = SERVER.metrics_max_envs
 
 

@@ -109,8 +109,6 @@ class Service:
     """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
     _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
     """The last drop-bias report and /status's entries for it (`status`)."""
-    _bias_json: tuple[object, dict[str, object]] = (None, {})
-    """The last drop-bias report and its JSON (`drop_bias_json`)."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -158,11 +156,12 @@ class Service:
         """One read transaction: raises when the store does not answer (/readyz)."""
         await self.store.transact(lambda txn: txn.get_value(state.STEP_KEY))
 
-    async def snapshot(self) -> stats.Snapshot:
-        """Everything the operator's views show (/metrics, /dashboard, W&B), read in one transaction."""
+    async def snapshot(self, max_envs: int | None = None) -> stats.Snapshot:
+        """Everything the operator's views show (/metrics, /dashboard, W&B), read in one transaction; per env for
+        the first `max_envs` envs, the rest summed (`stats.snapshot`)."""
         refused = dict(self._refused)  # counted, not written yet: the views show them all the same
         known = self._run
-        return await self.store.read(lambda txn: stats.snapshot(txn, ANON_NAME, refused, known))
+        return await self.store.read(lambda txn: stats.snapshot(txn, ANON_NAME, refused, known, max_envs))
 
     async def run_state(self) -> RunState:
         run = await self.store.read(lambda txn: state.load(txn, self._run))
@@ -378,18 +377,6 @@ class Service:
         if self.bias.report is not None and not self.bias.due(time.monotonic()):
             return self.bias.report  # a view polled often (10,000 envs' /status) reads and recomputes nothing
         return await self.bias.refresh(self.store)
-
-    async def drop_bias_json(self) -> dict[str, object] | None:
-        """`drop_bias()` as JSON, converted once per report (the dashboard polls it every second: converting
-        10,000 envs' entries was 0.17 s of each /dashboard/data)."""
-        report = await self.drop_bias()
-        if report is None:
-            return None
-        cached, body = self._bias_json
-        if cached is not report:
-            body = report.to_json()
-            self._bias_json = (report, body)
-        return body
 
     async def close(self) -> None:
         """Stop the background jobs, and write what is counted in memory (refusals) before the store closes."""

@@ -53,9 +53,9 @@ class ServerSettings(Group):
     metrics: bool = True
     """Serve Prometheus metrics at /metrics and time every request into them (docs/observability.md)."""
     metrics_max_envs: int = Field(100, ge=1)
-    """Envs with their own series in /metrics (the first registered); the rest are summed under
-    `env="(other envs)"` (counters and gauges) or left out (the drop-bias monitor's, flagged envs first), so
-    that a scrape stays small with thousands of envs."""
+    """Envs with their own series in /metrics and their own rows in /dashboard/data (the first registered); the
+    rest are summed under `env="(other envs)"` (counters, gauges, the dashboard's queue rows) or left out (the
+    drop-bias monitor's, flagged envs first), so that a scrape or a poll stays small with thousands of envs."""
     wandb_interval: float = Field(5.0, gt=0)
     """Seconds between two W&B logs of the buffer's stats (only when wandb is installed and configured:
     `WANDB_API_KEY` or `WANDB_MODE` in the environment, docs/observability.md#weights--biases)."""
@@ -240,8 +240,10 @@ class RequestLimits(Group):
     max_inflight_bytes: int = Field(1 * GiB, gt=0)
     """Bytes of request bodies (as received and as inflated) one server process holds at once, over all
     requests; a request that would pass it gets 503 + Retry-After (`code: busy`). Bytes are counted as they
-    arrive; a declared Content-Length reserves at most `body_reserve_bytes` before they do. At least
-    `max_body_bytes` + `max_decompressed_bytes`, so that any one valid request fits."""
+    arrive; a declared Content-Length reserves at most `body_reserve_bytes` before they do; a submission is then
+    charged what decoding it costs (JSON: 32 bytes per value more; msgpack: 3.3x), so that this bounds memory
+    within about 1.3x (docs/security.md). At least `max_body_bytes` + `max_decompressed_bytes`, so that any one
+    valid request fits (one whose decoding costs more runs when it is the only one held)."""
     max_inflight_bytes_per_client: int | None = Field(
         None,
         gt=0,

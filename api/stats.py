@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -29,6 +30,8 @@ RELEASED_SHARES = "quiet_shares"
 """Counter kind (`api.formation.QUIET_SHARES`): holds of a minimum allocation released, by env name."""
 SERVED_KEY = "stats:served"
 """The batch count and the staleness histogram (bounded by STALENESS_CAP)."""
+OTHER_ENVS = "(other envs)"
+"""The name of the envs past a view's cap, summed (env names end in `_<n>`: no env has it)."""
 STALENESS_CAP = 1024
 """Staleness is counted exactly up to here; anything beyond is counted here (no unbounded key set)."""
 
@@ -145,6 +148,8 @@ class Snapshot:
     kept_bytes: int = 0
     """Served batches kept for serving again, and their bytes."""
     acknowledge: str = "next"
+    envs_total: int = 0
+    """Envs in all: those in `envs` and those summed into its `OTHER_ENVS` entry."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,6 +163,7 @@ class Snapshot:
             "kept_bytes": self.kept_bytes,
             "acknowledge": self.acknowledge,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+            "envs_total": self.envs_total,
             "envs": [
                 {
                     "name": e.name,
@@ -185,12 +191,17 @@ class Snapshot:
 
 
 def snapshot(
-    txn: Txn, anon_name: str, unwritten_backpressure: dict[str, int] | None = None, known: state.RunState | None = None
+    txn: Txn,
+    anon_name: str,
+    unwritten_backpressure: dict[str, int] | None = None,
+    known: state.RunState | None = None,
+    max_envs: int | None = None,
 ) -> Snapshot:
     """Read everything the operator's views show, in one transaction (so the numbers agree), plus refusals this
     process counted and has not written yet. `known`: the run state this process read last, so that only envs
     changed since are read (`state.load`: every env re-read and parsed made /dashboard/data 0.2 s longer with
-    10,000 envs)."""
+    10,000 envs). `max_envs`: the first envs each get an entry and the rest are summed into one `OTHER_ENVS`
+    (building 10,000 entries was most of the dashboard's poll)."""
 
     run = state.load(txn, known)
     stats = load(txn)
@@ -207,6 +218,8 @@ def snapshot(
     anon_seen = counts.get(ANON_ENV, QueueCounts()).items or anon_name in stats.received or anon_name in dropped
     if anon_seen:
         envs.append((ANON_ENV, anon_name, 1.0, 0, True, None))
+    rest = envs[max_envs:] if max_envs is not None else []
+    shown = envs[: len(envs) - len(rest)]
     reg = run.registration
     kept = state.load_kept(txn, run)
     return Snapshot(
@@ -234,12 +247,57 @@ def snapshot(
                 holding_seconds=holding.get(name, 0.0),
                 released_shares=released.get(name, 0),
             )
-            for env_id, name, weight, group_size, connected, share in envs
-        ],
+            for env_id, name, weight, group_size, connected, share in shown
+        ]
+        + ([_summed(rest, counts, held, stats, dropped, passed, released)] if rest else []),
         wandb_project=reg.wandb_project if reg else None,
         wandb_group=reg.wandb_group if reg else None,
         committed=kept.committed if reg else 0,
         kept_batches=len(kept.sizes),
         kept_bytes=kept.bytes,
         acknowledge=reg.acknowledge if reg else "next",
+        envs_total=len(envs),
+    )
+
+
+def _summed(
+    envs: list[tuple[int, str, float, int, bool, float | None]],
+    counts: dict[int, QueueCounts],
+    held: dict[int, QueueCounts],
+    stats: Stats,
+    dropped: dict[str, dict[str, int]],
+    passed: dict[str, int],
+    released: dict[str, int],
+) -> EnvSnapshot:
+    """These envs as one `OTHER_ENVS` entry: counts summed, weight summed, connected if any is."""
+    ids = [e[0] for e in envs]
+    names = [e[1] for e in envs]
+
+    def total(by_name: dict[str, int]) -> int:
+        return sum(map(by_name.get, names, repeat(0)))
+
+    def queues(by_id: dict[int, QueueCounts]) -> QueueCounts:
+        found = [c for c in map(by_id.get, ids) if c is not None]
+        return QueueCounts(sum(c.items for c in found), sum(c.groups for c in found), sum(c.seqs for c in found),
+                           sum(c.tokens for c in found), sum(c.bytes for c in found))  # fmt: skip
+
+    reasons: dict[str, int] = {}
+    for by_reason in filter(None, map(dropped.get, names)):
+        for reason, n in by_reason.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    return EnvSnapshot(
+        name=OTHER_ENVS,
+        weight=sum(e[2] for e in envs),
+        group_size=0,
+        connected=any(e[4] for e in envs),
+        min_batch_allocation=None,
+        queue=queues(counts),
+        held=queues(held),
+        received=total(stats.received),
+        served_groups=total(stats.served_groups),
+        served_seqs=total(stats.served_seqs),
+        backpressure=total(stats.backpressure),
+        dropped=reasons,
+        passed_over=total(passed),
+        released_shares=total(released),
     )

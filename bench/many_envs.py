@@ -44,12 +44,14 @@ async def main(n: int) -> None:
             await asyncio.sleep(1.1)  # the drop-bias monitor refreshes at most every second
             for path in ("/status", "/metrics", "/dashboard/data"):
                 await c.get(path)  # warm
-                times = []
+                times, cpu = [], []
                 for _ in range(5):
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     reply = await c.get(path)
                     times.append(time.perf_counter() - start)
-                print(f"{n} envs: {path} median {sorted(times)[2] * 1000:.0f} ms, {len(reply.content) / 1e6:.2f} MB")
+                    cpu.append(time.process_time() - start_cpu)  # this process's CPU: a loaded machine's wall is not
+                print(f"{n} envs: {path} median {sorted(times)[2] * 1000:.0f} ms "
+                      f"({sorted(cpu)[2] * 1000:.0f} ms CPU), {len(reply.content) / 1e6:.2f} MB")  # fmt: skip
 
 
 if __name__ == "__main__":

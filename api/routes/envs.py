@@ -11,8 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
+from api import body_cost
 from api.access import ANY_KEY, ENV_SIDE
-from api.body import INLINE_PARSE, parse_json, read_body
+from api.body import INLINE_PARSE, off_loop, parse_json, read_body
 from api.deps import ServiceDep, SettingsDep, holder
 from api.errors import InvalidData
 from api.frontdoor import identity_of
@@ -140,12 +141,13 @@ async def _submitted(
         raw = await read_body(
             request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
         )
+        content_type = request.headers.get("content-type")
+        # Decoding costs several times the body's bytes: charged before it starts (api.body_cost).
+        hold.charge(await off_loop(len(raw), INLINE_PARSE, body_cost.charge, raw, content_type, hold.bytes))
         service: Service = state.service
         big = len(raw) > INLINE_PARSE
         with collection_paused() if big else nullcontext(), large() if big else nullcontext():
-            replies = await service.ingest(
-                raw, request.headers.get("content-type"), many=many, key=key, caller=identity_of(request.scope)
-            )
+            replies = await service.ingest(raw, content_type, many=many, key=key, caller=identity_of(request.scope))
             response = answer(replies)
             del replies, raw
         return response

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from importlib import resources
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api import metrics, task_metrics, task_service
 from api.access import ANY_KEY, PUBLIC
+from api.dashboard_data import body as dashboard_data_body
 from api.deps import ServiceDep, SettingsDep
 from api.errors import Unavailable
 from api.keyring import KeyFile
@@ -86,15 +86,12 @@ async def dashboard() -> HTMLResponse:
 
 
 @route(router, "GET", "/dashboard/data", ANY_KEY)
-async def dashboard_data(service: ServiceDep) -> Response:
-    """What the dashboard polls: one consistent snapshot of the buffer."""
-    snap = await service.snapshot()
-    body: dict[str, Any] = snap.to_json()
-    body["drop_bias"] = await service.drop_bias_json()
-    seen = await service.producer_report()
-    body["weights_step"] = seen.weights_step
-    body["stall_reason"] = seen.stall_reason
-    body["producers"] = [p.model_dump() for p in seen.producers]
+async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response:
+    """What the dashboard polls: one consistent snapshot of the buffer, per env for at most `metrics_max_envs`
+    envs (the rest summed, as /metrics does)."""
+    snap = await service.snapshot(settings.metrics_max_envs)
+    body = dashboard_data_body(snap, await service.drop_bias(), await service.producer_report(),
+                               settings.metrics_max_envs)  # fmt: skip
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

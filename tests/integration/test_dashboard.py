@@ -93,3 +93,25 @@ def test_dashboard_shows_an_env_and_updates_live(tmp_path: Path, browser: webdri
         reason = c.get("/status").json()["blocked_reason"]
         assert reason and "min_batch_allocation" in reason
         until(browser, "#banner", f"No batch can be formed: {reason}")
+
+
+def test_past_metrics_max_envs_the_page_shows_the_first_envs_and_sums_the_rest(
+    tmp_path: Path, browser: webdriver.Chrome
+) -> None:
+    """10,000 envs made each poll a 9 MB body: the rows past `metrics_max_envs` come as one, and the page says so."""
+    with (
+        running_server("memory://", tmp_path / "server.log", "--metrics-max-envs", "2") as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
+        c.post("/register", json=registration(batch_size=8)).raise_for_status()
+        c.get("/batch")
+        for i in range(5):
+            c.post("/register-env", json=env(f"e{i}", 4)).raise_for_status()
+            c.post("/scored_data", json=group(4, env_id=i, seed=i)).raise_for_status()
+        browser.get(server.url + "/dashboard")
+        until(
+            browser, "#envs-title", "ENVIRONMENTS: QUEUE AND MIX (THE FIRST 2 OF 5; THE REST SUMMED)"
+        )  # upper-cased by CSS
+        until(browser, 'tr[data-env="e1_0"] td.received', "1")
+        until(browser, 'tr[data-env="(other envs)"] td.received', "3")
+        until(browser, "#queued", "5")

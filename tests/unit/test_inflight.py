@@ -64,3 +64,20 @@ def test_no_holder_passes_its_share_and_each_gives_back_what_it_took(ops: list[t
     for hold in holds:
         hold.release()
     assert budget.held == 0 and budget.by_holder == {}
+
+
+def test_a_charge_past_the_limit_runs_only_alone() -> None:
+    """A body whose decoding costs more than the whole budget runs when nothing else is held, instead of never."""
+    budget = BodyBudget(limit=100, per_holder=60)
+    big, other = budget.hold("a"), budget.hold("b")
+    big.take(50)
+    other.take(1)
+    with pytest.raises(Busy):
+        big.charge(200)
+    other.release()
+    big.charge(200)
+    assert budget.held == budget.peak == 250
+    with pytest.raises(Busy):
+        other.take(1)  # while it runs, nothing else is taken
+    big.release()
+    assert budget.held == 0 and budget.by_holder == {}
