@@ -169,5 +169,5 @@ class Leases(RuleBasedStateMachine):
             assert all(m.state == "final" for m in self.model.values())
 
 
-Leases.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+Leases.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
 TestLeases = Leases.TestCase
