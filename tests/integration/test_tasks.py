@@ -36,7 +36,10 @@ TASKS = 16
 EPOCHS = 2
 STEPS = TASKS * EPOCHS // 4
 """The trainer's batches hold 8 sequences: four groups of the producers' two."""
-EXTRA = ("--task-lease-s", "2", "--ledger-max-groups", "100000")
+EXTRA = ("--task-lease-s", "12", "--ledger-max-groups", "100000")
+"""The lease outlasts a server's restart (several seconds under load): a producer cut off for longer than its
+lease, whose task another producer leased meanwhile, makes two groups for one task, both trained (the documented
+at-least-once edge, docs/tasks.md), which a replica killed beside a live one makes likely."""
 
 
 def get(servers: list[ServerProcess], path: str, **params: Any) -> Any:
@@ -91,14 +94,18 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
             assert c.post("/tasks/datasets", json=spec).status_code == 200
 
         def producer(n: int) -> Any:
-            url = servers[n % len(servers)].url  # on PostgreSQL, both replicas hand out leases
+            url = live[n % len(live)].url  # on PostgreSQL, both replicas hand out leases
             args = ("--server", url, "--inference", vllm.url, "--dataset", "arith", "--max-in-flight", "2")
             return stack.enter_context(process("tests.producer_process", tmp_path / f"producer-{n}.log", *args))
 
         checkpoint = tmp_path / "checkpoint.json"
-        urls = [s.url for s in servers]
+        # The servers the trainer and new producers use: on PostgreSQL a killed replica stays down (its producers
+        # are cut off for good: their leases expire and the other replica hands them out), so that no producer
+        # rides out an outage longer than its lease (docs/tasks.md: its group would be trained beside the next's).
+        live = list(servers)
 
         def train(k: int) -> subprocess.Popen[bytes]:
+            urls = [s.url for s in live]
             return trainer(urls[k % len(urls)], urls[(k + 1) % len(urls)], checkpoint, tmp_path / "trainer.log")
 
         producers = [producer(n) for n in range(3)]
@@ -109,12 +116,12 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
         killed = {"producer": 0, "trainer": 0, "server": 0}
         deadline = time.monotonic() + 150
         while proc.poll() is None or proc.returncode != 0:
-            assert time.monotonic() < deadline, f"not done: {get(servers, '/tasks')}"
+            assert time.monotonic() < deadline, f"not done: {get(live, '/tasks')}"
             if proc.poll() is not None:  # a trainer killed: resumed from its checkpoint
                 assert proc.returncode == -signal.SIGKILL, (tmp_path / "trainer.log").read_text()[-4000:]
                 proc = train(runs)
                 runs += 1
-            view = get(servers, "/tasks")
+            view = get(live, "/tasks")
             done = 0 if view is None else view[0]["counts"].get("trained", 0) + view[0]["counts"].get("served", 0)
             if killed["producer"] < 2 and done >= 6 * (killed["producer"] + 1):
                 victim = producers.pop(rng.randrange(len(producers)))
@@ -129,7 +136,10 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
                 if killed["server"] == 0:
                     k = rng.randrange(len(servers))
                     servers[k].kill(signal.SIGKILL)
-                    servers[k] = start_server(stores[k], log, servers[k].port, *EXTRA)
+                    if len(servers) == 1:
+                        live[k] = servers[k] = start_server(stores[k], log, servers[k].port, *EXTRA)
+                    else:
+                        live.remove(servers[k])
                     killed["server"] += 1
             time.sleep(0.05)  # polling interval while the run goes on, not a wait for something to happen
         assert killed == {"producer": 2, "trainer": 2, "server": 1}, killed
@@ -141,15 +151,15 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
         rows = []
         after: list[int] | None = [-1, -1]
         while after is not None:
-            page = get(servers, "/tasks/rows", dataset="arith", after_epoch=after[0], after_index=after[1])
+            page = get(live, "/tasks/rows", dataset="arith", after_epoch=after[0], after_index=after[1])
             rows += page["tasks"]
             after = page["next"]
         assert all(r["state"] == "trained" for r in rows), [r for r in rows if r["state"] != "trained"]
         for r in rows:  # every group ever sent for this (epoch, task), under any of its leases: one was served
             served = []
             for lease in range(1, r["leases"] + 1):
-                got = get(servers, f"/ledger/groups/task:arith:{r['epoch']}:{r['index']}:{lease}")
+                got = get(live, f"/ledger/groups/task:arith:{r['epoch']}:{r['index']}:{lease}")
                 served += [g for g in (got or {"groups": []})["groups"] if g["fate"] == "served"]
             assert len(served) == 1, (r, served)
-        [view] = get(servers, "/tasks")
+        [view] = get(live, "/tasks")
         assert view["counts"].get("late", 0) == 0 and view["counts"]["trained"] == TASKS * EPOCHS and view["done"]
