@@ -176,14 +176,15 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     if d is None:
         raise NotFound(f"no dataset {name!r}")
     tasks = txn.tasks
-    expired = tasks.expired(name, now, RECLAIM_LIMIT)
+    n = max(0, min(n, max_held - d.held.get(producer, 0)))
+    expired, front = tasks.reclaimable(name, now, RECLAIM_LIMIT, n)
     if expired:
         _count(d, "expired", len(expired))
-        tasks.put_rows([_move(d, row, FRONT) for row in expired])
-    n = max(0, min(n, max_held - d.held.get(producer, 0)))
+    # Expired leases join the front behind what waits there already (their seq is the next), and are taken after.
+    back = [_move(d, row, FRONT) for row in expired]
     until = now + duration
     taken: list[TaskRow] = []
-    for row in tasks.front(name, n) if n else []:
+    for row in (front + back)[:n]:
         taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now))
     while len(taken) < n:
         if d.position >= d.size:
@@ -199,7 +200,8 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     for row in taken:
         if row.producer is not None:
             d.held[row.producer] = d.held.get(row.producer, 0) + 1
-    tasks.put_rows(taken)
+    written = {(r.epoch, r.index): r for r in back + taken}  # one write per row, the last state
+    tasks.put_rows(list(written.values()))
     moves.write()
     data = tasks.task_data(name, {r.index for r in taken})
     return [Lease(token_of(name, r.epoch, r.index, r.leases), r.epoch, r.index, data.get(r.index, "null"), until)

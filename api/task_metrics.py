@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from api.task_frontier import SERVED
 from api.task_leases import EVENTS, STATES
 from api.task_schema import DatasetView
 
@@ -30,7 +31,7 @@ class TasksCollector(Collector):
             "rollbuf_task_position", "The task cursor's position in its epoch", labels=["dataset"]
         )
         for v in self.views:
-            for state in STATES:
+            for state in (*STATES, SERVED):  # served: formed into a batch not acknowledged yet
                 tasks.add_metric([v.name, state], v.counts.get(state, 0))
             for event in EVENTS:
                 events.add_metric([v.name, event], v.counts.get(event, 0))

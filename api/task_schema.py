@@ -142,7 +142,8 @@ class DatasetView(_Wire):
     position: int
     """The cursor's next position in that epoch's order."""
     counts: dict[str, int]
-    """Tasks per state (leased, waiting, submitted, trained, dropped, failed) and events (expired, retried, late)."""
+    """Tasks per state (leased, waiting, submitted, served, trained, dropped, failed) and events (expired, retried,
+    late). `served`: in a batch formed and not acknowledged yet (the trainer's next request or POST /commit)."""
     done: bool
     """Every epoch handed out, and nothing leased, waiting or submitted."""
 
@@ -157,7 +158,8 @@ class TaskView(_Wire):
     index: int
     """Its place in the dataset."""
     state: str
-    """leased, waiting (at the front: its lease expired, or a retry), submitted, trained, dropped or failed."""
+    """leased, waiting (at the front: its lease expired, or a retry), submitted, served (its batch is formed and not
+    acknowledged yet), trained (acknowledged), dropped or failed."""
     leases: int
     """Times it was leased."""
     producer: str | None

@@ -11,6 +11,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from api import task_frontier as frontier
 from api import task_leases as tl
 from api.errors import Conflict, InvalidData, NotFound
 from api.settings import Settings
@@ -32,11 +33,12 @@ from api.task_schema import (
 from api.validation import check_printable
 
 
-def view_of(d: tl.Dataset) -> DatasetView:
+def view_of(d: tl.Dataset, served: int = 0) -> DatasetView:
+    """`served`: of its `trained` tasks, those whose batch is not acknowledged yet (api/task_frontier.py)."""
+    counts = frontier.split({k: v for k, v in d.counts.items() if v}, served)
     return DatasetView(
         name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, seed=d.seed,
-        max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts={k: v for k, v in d.counts.items() if v},
-        done=d.done,
+        max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts=counts, done=d.done,
     )  # fmt: skip
 
 
@@ -45,16 +47,19 @@ def views_txn(txn: Txn) -> list[DatasetView]:
     if txn.get_value(tl.ANY_KEY) is None:
         return []
     out = []
+    served = frontier.unacknowledged(txn)
     for name in txn.tasks.dataset_names():
         record = txn.tasks.get_dataset(name)
         if record is not None:
-            out.append(view_of(tl.Dataset.of(record)))
+            out.append(view_of(tl.Dataset.of(record), served.get(name, 0)))
     return out
 
 
-def task_view(r: TaskRow) -> TaskView:
+def task_view(r: TaskRow, mark: int | None = None) -> TaskView:
+    """`mark`: the committed mark, below which a `trained` row's batch is acknowledged (else it shows `served`)."""
+    shown = r.state if mark is None else frontier.state_of(r, mark)
     return TaskView(
-        dataset=r.dataset, epoch=r.epoch, index=r.index, state=r.state, leases=r.leases, producer=r.producer,
+        dataset=r.dataset, epoch=r.epoch, index=r.index, state=shown, leases=r.leases, producer=r.producer,
         expires_at=r.expires_at, retries=r.retries, ledger_id=r.ledger_id, step=r.step, reason=r.reason,
         updated_at=r.updated_at,
     )  # fmt: skip
@@ -183,11 +188,11 @@ async def datasets(store: Store) -> list[DatasetView]:
 async def rows(store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int) -> TaskRows:
     limit = max(1, min(limit, settings.task_page_size))
 
-    def fn(txn: Txn) -> list[TaskRow]:
+    def fn(txn: Txn) -> tuple[list[TaskRow], int]:
         if txn.tasks.get_dataset(name) is None:
             raise NotFound(f"no dataset {name!r}")
-        return txn.tasks.scan(name, after, limit)
+        return txn.tasks.scan(name, after, limit), frontier.marks(txn)[0]
 
-    found = await store.read(fn)
+    found, mark = await store.read(fn)
     nxt = (found[-1].epoch, found[-1].index) if len(found) == limit else None
-    return TaskRows(tasks=[task_view(r) for r in found], next=nxt)
+    return TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)

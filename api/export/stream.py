@@ -11,14 +11,14 @@ back short; step rows by step, up to the run's step when the export began.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import anyio.to_thread
 import msgpack
 import pyarrow as pa
 
-from api import state, stats
+from api import state, stats, task_frontier
 from api.export.parquet import ParquetChunks
 from api.export.table import (
     ROW_GROUP_BYTES,
@@ -109,7 +109,10 @@ def read_steps(txn: Txn, first: int, last: int) -> Page:
 
 
 def read_tasks(txn: Txn, name: str, after: tuple[int, int], limit: int) -> Page:
-    return Page([], [], {}, state.load(txn), tasks=txn.tasks.scan(name, after, limit))
+    """A page of task rows as the views show them (`served` until their batch is acknowledged)."""
+    mark = task_frontier.marks(txn)[0]
+    rows = [replace(r, state=task_frontier.state_of(r, mark)) for r in txn.tasks.scan(name, after, limit)]
+    return Page([], [], {}, state.load(txn), tasks=rows)
 
 
 async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]:
@@ -242,7 +245,7 @@ async def totals(store: Store) -> dict[str, int]:
 
     def read(txn: Txn) -> dict[str, int]:
         received = sum(stats.load(txn).received.values())
-        handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES)
+        handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES or k == task_frontier.SERVED)
         return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step, TASKS: handed}
 
     return await store.read(read)

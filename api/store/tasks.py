@@ -89,6 +89,11 @@ class TaskTxn(ABC):
     def expired(self, name: str, now: float, limit: int) -> list[TaskRow]:
         """Up to `limit` leased rows whose lease ended by `now`, soonest first."""
 
+    def reclaimable(self, name: str, now: float, limit: int, front: int) -> tuple[list[TaskRow], list[TaskRow]]:
+        """`expired(name, now, limit)` and `front(name, front)`, both read before either is moved: what a lease
+        takes, read in one round trip where the backend can."""
+        return self.expired(name, now, limit), self.front(name, front) if front else []
+
     @abstractmethod
     def by_ledger(self, ids: Sequence[int]) -> list[TaskRow]:
         """The rows whose group has these ledger ids (ids of groups that carried no lease are skipped)."""

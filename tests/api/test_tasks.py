@@ -54,10 +54,12 @@ async def test_leased_tasks_are_submitted_then_trained_in_their_step(settings: S
             assert sent.status_code == 200, sent.text
         assert (await c.get("/batch")).json()["batch"] is not None
         [view] = (await c.get("/tasks")).json()
-        assert view["counts"] == {"trained": 1, "submitted": 2, "retried": 1}
+        assert view["counts"] == {"served": 1, "submitted": 2, "retried": 1}, "trained once acknowledged"
         assert (await lease(c, 1))["done"] is False, "submitted tasks may still be dropped and retried"
         await c.get("/batch")
         await c.get("/batch")
+        assert (await c.get("/tasks")).json()[0]["counts"] == {"trained": 2, "served": 1, "retried": 1}
+        await c.get("/batch")  # asking for the next batch acknowledges the last
         status = (await c.get("/status")).json()
         assert status["tasks"][0]["counts"] == {"trained": 3, "retried": 1} and status["tasks"][0]["done"]
         rows = (await c.get("/tasks/rows", params={"dataset": "math", "limit": 2})).json()
@@ -74,6 +76,28 @@ async def test_leased_tasks_are_submitted_then_trained_in_their_step(settings: S
         metrics = (await c.get("/metrics")).text
         assert 'rollbuf_tasks{dataset="math",state="trained"} 3.0' in metrics
         assert 'rollbuf_task_events_total{dataset="math",event="retried"} 1.0' in metrics
+
+
+async def test_with_commit_mode_a_task_is_trained_once_its_step_is_committed(settings: Settings) -> None:
+    async with serving(settings) as c:
+        assert (await c.post("/register", json=registration(batch_size=4, acknowledge="commit"))).status_code == 200
+        assert (await c.get("/batch", params={"step": 0})).json() == {"batch": None}
+        assert (await c.post("/register-env", json=env(group_size=4))).status_code == 200
+        assert (await c.post("/tasks/datasets", json={"name": "math", "tasks": [0, 1]})).status_code == 200
+        for i, x in enumerate((await lease(c, 2))["leases"]):
+            sent = await c.post("/scored_data", json=group(4, seed=i, group_id=x["token"]))
+            assert sent.status_code == 200, sent.text
+        for step in (0, 1):
+            assert (await c.get("/batch", params={"step": step})).json()["batch"] is not None
+        assert (await c.get("/tasks")).json()[0]["counts"] == {"served": 2}
+        assert (await c.get("/batch", params={"step": 0})).json()["batch"] is not None, "served again: same step"
+        assert (await c.post("/commit", json={"step": 1})).status_code == 200
+        [view] = (await c.get("/tasks")).json()
+        assert view["counts"] == {"trained": 1, "served": 1} and view["done"], "done: every task is in a batch"
+        rows = (await c.get("/tasks/rows", params={"dataset": "math"})).json()["tasks"]
+        assert [(r["state"], r["step"]) for r in rows] == [("trained", 0), ("served", 1)]
+        assert (await c.post("/commit", json={"step": 2})).status_code == 200
+        assert (await c.get("/tasks")).json()[0]["counts"] == {"trained": 2}
 
 
 async def test_pages_files_and_bounds(settings: Settings, tmp_path: Path) -> None:

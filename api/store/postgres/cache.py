@@ -2,9 +2,9 @@
 in memory between BEGIN and COMMIT.
 
 A `Group` is one PostgreSQL transaction. BEGIN, the store lock, the small tables (values, counts, the item id
-counter) and the replies the functions announced are read in one round trip; most writes (appended items,
-their payloads, replies, counts, values) wait in `Pending` and go with the COMMIT in one
-pipeline. Reads that miss the cache go to the database (api/store/postgres/txn.py).
+counter, the task datasets' records) and the replies the functions announced are read in one round trip; most
+writes (appended items, their payloads, replies, counts, values, ledger and task rows) wait in `Pending` and go
+with the COMMIT in one pipeline. Reads that miss the cache go to the database (api/store/postgres/txn.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from api.store import sql as queries
 from api.store.base import ItemMeta, LedgerGroup, LedgerStep
 from api.store.ledger_rows import GROUP_COLUMNS, group_values, pg_unnest, step_values
 from api.store.postgres.config import PostgresConfig
+from api.store.tasks import COLUMNS as TASK_COLUMNS
+from api.store.tasks import TaskRow, values_of
 
 _FLUSH_QUEUE = (
     "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) "
@@ -45,6 +47,19 @@ _FLUSH_VALUES = (
 _FLUSH_LEDGER = f"INSERT INTO ledger ({GROUP_COLUMNS}) SELECT * FROM {pg_unnest()}"
 _FLUSH_STEP = queries.postgres("ledger_put_step")
 _FLUSH_COMMITTED = queries.postgres("ledger_committed")
+
+_FLUSH_TASK_SETS = (
+    "INSERT INTO task_sets (name, record) SELECT * FROM unnest(%b::text[], %b::text[]) "
+    "ON CONFLICT (name) DO UPDATE SET record = excluded.record"
+)
+FLUSH_TASKS = (
+    f"INSERT INTO tasks ({TASK_COLUMNS}) SELECT * FROM unnest(%b::text[], %b::int8[], %b::int8[], %b::text[], "
+    "%b::int8[], %b::text[], %b::float8[], %b::int8[], %b::int8[], %b::int8[], %b::text[], %b::float8[], %b::int8[]) "
+    "ON CONFLICT (dataset, epoch, idx) DO UPDATE SET state = excluded.state, leases = excluded.leases, "
+    "producer = excluded.producer, expires_at = excluded.expires_at, retries = excluded.retries, "
+    "ledger_id = excluded.ledger_id, step = excluded.step, reason = excluded.reason, "
+    "updated_at = excluded.updated_at, seq = excluded.seq"
+)
 
 _FLUSH_COUNTERS = (
     "INSERT INTO counters (kind, name, n) SELECT * FROM unnest(%b::text[], %b::text[], %b::int8[]) "
@@ -86,6 +101,11 @@ class Pending:
     """Step rows written in this group (formed batches), by step: written with the COMMIT."""
     committed: list[tuple[int, int, float]] = field(default_factory=list)
     """Commit marks of stored step rows, (first, before, at) as `ledger.committed` took them: with the COMMIT."""
+    task_sets: dict[str, str] = field(default_factory=dict)
+    """Dataset records (docs/tasks.md), read at BEGIN: one row per dataset, read and rewritten by every lease."""
+    dirty_task_sets: set[str] = field(default_factory=set)
+    task_rows: dict[tuple[str, int, int], TaskRow] = field(default_factory=dict)
+    """Task rows written in this group, by (dataset, epoch, index): reads overlay them, the COMMIT writes them."""
 
     def copy(self) -> Pending:
         return Pending(
@@ -102,6 +122,9 @@ class Pending:
             dict(self.ledger),
             dict(self.steps),
             list(self.committed),
+            dict(self.task_sets),
+            set(self.dirty_task_sets),
+            dict(self.task_rows),
         )
 
 
@@ -129,7 +152,7 @@ class Group:
         )
         query: sql.SQL | sql.Composed = sql.SQL(
             f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
-            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts"
+            "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts; SELECT name, record FROM task_sets"
         )
         stored_keys = {db_key(k): k for k in replies}
         if replies:  # the keys are quoted by psycopg (a literal text[]), not by us
@@ -144,11 +167,13 @@ class Group:
         values = {str(k): str(v) for k, v in cur.fetchall()}
         cur.nextset()
         counts = {int(r[0]): [int(x) for x in r[1:]] for r in cur.fetchall()}
+        cur.nextset()
+        task_sets = {str(k): str(v) for k, v in cur.fetchall()}
         fetched: dict[str, str | None] = dict.fromkeys(replies)
         if replies:
             cur.nextset()
             fetched.update((stored_keys[k], v) for k, v in cur.fetchall())
-        self.pending = Pending(values, set(), counts, set(), fetched_replies=fetched)
+        self.pending = Pending(values, set(), counts, set(), fetched_replies=fetched, task_sets=task_sets)
         self.replies_added = 0
 
     def commit(self, notify: str | None) -> None:
@@ -189,6 +214,12 @@ class Group:
                 conn.cursor().executemany(_FLUSH_STEP, [step_values(r) for r in p.steps.values()])
             for first, before, at in p.committed:
                 conn.execute(_FLUSH_COMMITTED, [at, first, before])
+            if p.dirty_task_sets:
+                names = sorted(p.dirty_task_sets)
+                conn.execute(_FLUSH_TASK_SETS, [names, [p.task_sets[k] for k in names]])
+            if p.task_rows:
+                rows_ = [values_of(r) for r in p.task_rows.values()]
+                conn.execute(FLUSH_TASKS, [list(col) for col in zip(*rows_, strict=True)], binary=True)
             if self.next_id != self.stored_next_id:
                 conn.execute("UPDATE meta SET value = %b WHERE key = 'next_item_id'", [self.next_id])
             if notify is not None and (p.appended or p.dirty_values):  # data queued, or the run or an env changed

@@ -61,7 +61,7 @@ class PostgresTxn(Txn):
         self._savepoint = savepoint
         self.held = PostgresHeld(self._db, self._p, self._write, self._add)
         self.ledger = PostgresLedger(self._db, self._p, self._write, self._writable)
-        self.tasks = PostgresTaskTxn(self._db, self._write)
+        self.tasks = PostgresTaskTxn(self._db, self._p, self._write, self._writable)
 
     def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
         self._writable()
