@@ -18,6 +18,7 @@ from api.store.jobs import head_chunk_sizes
 from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.held import SqliteHeld
 from api.store.sqlite.ledger import SqliteLedger, chunks
+from api.store.sqlite.rollouts import SqliteOpenGroupTxn
 from api.store.sqlite.schema import CLEARED
 from api.store.sqlite.tasks import SqliteTaskTxn
 
@@ -119,6 +120,7 @@ class SqliteTxn(Txn):
         self.held = SqliteHeld(db, self._add, self._flush_counts)
         self.ledger = SqliteLedger(db, self._flush_items)
         self.tasks = SqliteTaskTxn(db)
+        self.rollouts = SqliteOpenGroupTxn(db)
 
     # --- bookkeeping the store calls around the transaction function ---
     def finish(self) -> None:
