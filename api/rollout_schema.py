@@ -110,6 +110,8 @@ class GroupView(_Wire):
     min_group_size: int
     producer: str
     deadline: float
+    expires_at: float
+    """When its holder's (or the soonest sibling's) lease lapses unless heartbeated."""
     done: list[int]
     """Slots acknowledged."""
     leased: dict[str, str]

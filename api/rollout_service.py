@@ -46,7 +46,7 @@ def view(row: GroupRow) -> GroupView:
     g = rg.OpenGroup.of(row.record)
     return GroupView(
         group_id=g.key, env_id=g.env_id, state=row.state, group_size=g.group_size,
-        min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline,
+        min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline, expires_at=g.expires_at,
         done=sorted(int(s) for s in g.done), leased={k: str(v[0]) for k, v in g.leases.items() if k not in g.done},
         redispatched=g.redispatched, left_out=dict(g.left_out),
     )  # fmt: skip
