@@ -22,7 +22,8 @@ the schema with another valid one, and never add a field, so a request that brea
 - `/tasks/rows`: `dataset` names a registered dataset (the test registers `conformance`);
 - `/rollouts/open`: `min_group_size` is at most `group_size` (null here otherwise), `deadline_s` at most
   `rollout_max_deadline_s` (1 s here), `env_id` registered (null here); `/rollouts/post`: `masks` and
-  `inference_logprobs` have one entry per token (the tokens themselves, and null, here);
+  `inference_logprobs` have one entry per token (the tokens themselves, and null, here) and `slot` is below the
+  group's size (0 here);
 - free-form fields (`overrides`, `images`, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
@@ -136,16 +137,18 @@ def _align_body(path: str, body: Any) -> None:
         if _number(body.get("deadline_s")):
             body["deadline_s"] = min(body["deadline_s"], 1.0)
         least, size = body.get("min_group_size"), body.get("group_size")
-        if _int(least, 1, SLOTS_MAX) and _int(size, 1, SLOTS_MAX) and least > size:
+        if _int(least, 1, SLOTS_MAX) and _int(size, 1, SLOTS_MAX) and int(least) > int(size):  # type: ignore[arg-type]
             body["min_group_size"] = None
         if "task" in body:
             body["task"] = _printable(body["task"])
     elif path == "/rollouts/post" and isinstance(body, dict):
+        if _int(body.get("slot"), 0, SLOTS_MAX):
+            body["slot"] = 0
         tokens = body.get("tokens")
         if _rows([tokens], lambda t: _int(t, -(2**63), 2**63 - 1)) and _rows(
             [body.get("masks")], lambda m: _int(m, -(2**63), 2**63 - 1)
         ):
-            body["masks"] = list(tokens)
+            body["masks"] = list(tokens or ())
             if isinstance(body.get("inference_logprobs"), list):
                 body["inference_logprobs"] = None
             if isinstance(body.get("messages"), list):
