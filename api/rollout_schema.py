@@ -53,7 +53,6 @@ class RolloutPost(_Request, _Text):
     inference_logprobs: list[float] | None = None
     score: float | None = None
     """Its score, when each rollout is scored alone; null: scored at the seal."""
-    messages: list[dict[str, Any]] | None = None
 
 
 class SealRequest(_Request, _Text):

@@ -53,7 +53,7 @@ def view(row: GroupRow) -> GroupView:
 
 
 def digest(post: RolloutPost) -> str:
-    content = [post.tokens, post.masks, post.inference_logprobs, post.score, post.messages]
+    content = [post.tokens, post.masks, post.inference_logprobs, post.score]
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -122,7 +122,7 @@ def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tupl
         if outcome == rg.REDONE:
             txn.add_counts(COUNTS, {"redone": 1})
         return PostReply(status=outcome, group=view(row)), False
-    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score", "messages"})
+    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score"})
     _, size = txn.rollouts.open_totals(row.env_id)
     if size + len(data) > settings.rollout_max_open_bytes:
         txn.add_counts(COUNTS, {"refused": 1})
@@ -190,7 +190,7 @@ def group_body(txn: Txn, key: str) -> bytes | None:
         "group_id": key,
         "producer_id": g.producer,
     }
-    for name in ("inference_logprobs", "messages"):
+    for name in ("inference_logprobs",):
         if all(r[name] is not None for _, r in rollouts):
             body[name] = [r[name] for _, r in rollouts]
     return json.dumps(body, separators=(",", ":")).encode()

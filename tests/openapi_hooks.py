@@ -151,8 +151,6 @@ def _align_body(path: str, body: Any) -> None:
             body["masks"] = list(tokens or ())
             if isinstance(body.get("inference_logprobs"), list):
                 body["inference_logprobs"] = None
-            if isinstance(body.get("messages"), list):
-                body["messages"] = None
     elif path == "/producers/heartbeat" and isinstance(body, dict):
         if isinstance(body.get("env_ids"), list) and all(_int(e, -SAFE_INT_MAX, SAFE_INT_MAX) for e in body["env_ids"]):
             body["env_ids"] = []
