@@ -63,6 +63,11 @@ def _number(value: Any, bound: float = math.inf) -> bool:
     )
 
 
+def _ints(row: Any) -> bool:
+    """A non-empty list of integers of any size."""
+    return isinstance(row, list) and bool(row) and all(isinstance(v, int) and not isinstance(v, bool) for v in row)
+
+
 def _rows(value: Any, ok: Any) -> bool:
     """A non-empty list of non-empty rows whose values all pass `ok`: valid by the schema."""
     return (
@@ -144,13 +149,11 @@ def _align_body(path: str, body: Any) -> None:
     elif path == "/rollouts/post" and isinstance(body, dict):
         if _int(body.get("slot"), 0, SLOTS_MAX):
             body["slot"] = 0
-        tokens = body.get("tokens")
-        if _rows([tokens], lambda t: _int(t, -(2**63), 2**63 - 1)) and _rows(
-            [body.get("masks")], lambda m: _int(m, -(2**63), 2**63 - 1)
-        ):
-            body["masks"] = list(tokens or ())
-            if isinstance(body.get("inference_logprobs"), list):
-                body["inference_logprobs"] = None
+        tokens, masks = body.get("tokens"), body.get("masks")
+        if _ints(tokens) and _ints(masks):
+            body["masks"] = list(tokens)
+        if isinstance(body.get("inference_logprobs"), list):
+            body["inference_logprobs"] = None
     elif path == "/producers/heartbeat" and isinstance(body, dict):
         if isinstance(body.get("env_ids"), list) and all(_int(e, -SAFE_INT_MAX, SAFE_INT_MAX) for e in body["env_ids"]):
             body["env_ids"] = []
