@@ -213,6 +213,22 @@ class TaskLeases(Group):
     datasets come only in pages posted by producers."""
 
 
+class RolloutGroups(Group):
+    """Groups whose rollouts arrive one by one (docs/rollouts.md)"""
+
+    rollout_lease_s: float = Field(60.0, gt=0)
+    """Seconds a producer holds an open group's missing slots (and a sibling a slot it leased) unless it
+    heartbeats: then the missing slots are leased to other producers."""
+    rollout_max_deadline_s: float = Field(24 * 3600.0, gt=0)
+    """Longest deadline an open group may ask for (422 beyond)."""
+    rollout_max_open_groups: int = Field(10_000, gt=0)
+    """Open groups per env (a 503 to open more beyond, counted)."""
+    rollout_max_open_bytes: int = Field(1024 * MiB, gt=0)
+    """Bytes of acknowledged rollouts in an env's open groups (a 503 to post more beyond, counted)."""
+    rollout_sweep_limit: int = Field(64, gt=0)
+    """Most open groups sealed, expired or leased out by one request or sweep."""
+
+
 class DropBiasSettings(Group):
     """The drop-bias monitor"""
 
@@ -301,6 +317,7 @@ GROUPS: tuple[type[Group], ...] = (
     LedgerRetention,
     ProducerLimits,
     TaskLeases,
+    RolloutGroups,
     DropBiasSettings,
     RequestLimits,
 )

@@ -21,6 +21,7 @@ from api.setting_groups import (
     ProducerLimits,
     QueueSettings,
     RequestLimits,
+    RolloutGroups,
     ServerSettings,
     TaskLeases,
 )
@@ -35,6 +36,7 @@ SHARED_STORES = ("sqlite:///", "postgresql://", "postgres://")
 class Settings(
     RequestLimits,
     DropBiasSettings,
+    RolloutGroups,
     TaskLeases,
     ProducerLimits,
     LedgerRetention,

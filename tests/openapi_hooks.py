@@ -20,6 +20,10 @@ the schema with another valid one, and never add a field, so a request that brea
   null here); `/tasks/pages`: `first` is at most the tasks stored (0 here), a page holds at most `task_page_size`
   tasks (the first 1000 here), each free-form as below;
 - `/tasks/rows`: `dataset` names a registered dataset (the test registers `conformance`);
+- `/rollouts/open`: `min_group_size` is at most `group_size` (null here otherwise), `deadline_s` at most
+  `rollout_max_deadline_s` (1 s here), `env_id` registered (null here); `/rollouts/post`: `masks` and
+  `inference_logprobs` have one entry per token (the tokens themselves, and null, here) and `slot` is below the
+  group's size (0 here);
 - free-form fields (`overrides`, `images`, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
@@ -34,6 +38,7 @@ from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
 from api.errors import InvalidData
+from api.rollout_schema import SLOTS_MAX
 from api.validation import check_printable, check_producer_id
 
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
@@ -56,6 +61,11 @@ def _number(value: Any, bound: float = math.inf) -> bool:
     return (
         isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and abs(value) <= bound
     )
+
+
+def _ints(row: Any) -> bool:
+    """A non-empty list of integers of any size."""
+    return isinstance(row, list) and bool(row) and all(isinstance(v, int) and not isinstance(v, bool) for v in row)
 
 
 def _rows(value: Any, ok: Any) -> bool:
@@ -126,6 +136,24 @@ def _align_body(path: str, body: Any) -> None:
             body["first"] = 0
         if isinstance(body.get("tasks"), list):
             body["tasks"] = [_printable(t) for t in body["tasks"][:1000]]
+    elif path == "/rollouts/open" and isinstance(body, dict):
+        if "env_id" in body:
+            body["env_id"] = None
+        if _number(body.get("deadline_s")):
+            body["deadline_s"] = min(body["deadline_s"], 1.0)
+        least, size = body.get("min_group_size"), body.get("group_size")
+        if _int(least, 1, SLOTS_MAX) and _int(size, 1, SLOTS_MAX) and int(least) > int(size):  # type: ignore[arg-type]
+            body["min_group_size"] = None
+        if "task" in body:
+            body["task"] = _printable(body["task"])
+    elif path == "/rollouts/post" and isinstance(body, dict):
+        if _int(body.get("slot"), 0, SLOTS_MAX):
+            body["slot"] = 0
+        tokens, masks = body.get("tokens"), body.get("masks")
+        if _ints(tokens) and _ints(masks):
+            body["masks"] = list(tokens)
+        if isinstance(body.get("inference_logprobs"), list):
+            body["inference_logprobs"] = None
     elif path == "/producers/heartbeat" and isinstance(body, dict):
         if isinstance(body.get("env_ids"), list) and all(_int(e, -SAFE_INT_MAX, SAFE_INT_MAX) for e in body["env_ids"]):
             body["env_ids"] = []
@@ -148,7 +176,7 @@ def map_body(context: Any, body: Any) -> Any:
 def map_case(context: Any, case: Any) -> Any:
     path = case.operation.path
     if path in ("/scored_data", "/scored_data_list", "/weights", "/weights/pending", "/producers/heartbeat",
-                "/tasks/datasets", "/tasks/pages"):  # fmt: skip
+                "/tasks/datasets", "/tasks/pages", "/rollouts/open", "/rollouts/post"):  # fmt: skip
         _align_body(path, case.body)
         if case.meta is not None:
             case.meta.mark_dirty(ParameterLocation.BODY)

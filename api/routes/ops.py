@@ -10,7 +10,7 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from api import metrics, task_metrics, task_service
+from api import metrics, rollout_metrics, rollout_service, task_metrics, task_service
 from api.access import ANY_KEY, PUBLIC
 from api.dashboard_data import body as dashboard_data_body
 from api.deps import ServiceDep, SettingsDep
@@ -76,6 +76,7 @@ async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Resp
     snap = await service.snapshot()
     body = metrics.render(snap, await service.drop_bias(), await service.producer_report(), settings.metrics_max_envs)
     body += task_metrics.render(await task_service.datasets(service.store))
+    body += rollout_metrics.render(await service.store.read(rollout_service.totals_txn))
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
 

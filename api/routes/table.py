@@ -4,11 +4,11 @@ and FastAPI's own description pages: what the front door enforces (`api.frontdoo
 from __future__ import annotations
 
 from api.access import PUBLIC, Body, RouteTable, Rule
-from api.routes import admin, envs, export, ledger, ops, producers, tasks, trainer
+from api.routes import admin, envs, export, ledger, ops, producers, rollouts, tasks, trainer
 from api.routes.spec import DECLARED
 
 ROUTERS = (admin.health, ops.probes, admin.router, trainer.router, envs.router, producers.router, tasks.router,
-           ledger.router, ops.router, export.router)  # fmt: skip
+           rollouts.router, ledger.router, ops.router, export.router)  # fmt: skip
 """Every router, in the order the app includes them (`ops.prometheus`, /metrics, only with `metrics` on)."""
 DESCRIPTION_PAGES: dict[tuple[str, str], Rule] = {
     ("GET", "/docs"): PUBLIC,

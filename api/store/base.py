@@ -27,6 +27,7 @@ from api.store.ledger_contract import (
     LedgerStep,
     LedgerTxn,
 )
+from api.store.rollouts import OpenGroupTxn
 from api.store.tasks import TaskTxn
 
 T = TypeVar("T")
@@ -165,13 +166,15 @@ class Txn(ABC):
     Every method may be called any number of times; writes are visible to later reads of the same
     transaction. Nothing a transaction wrote is visible to others or survives a crash unless the
     transaction function returned normally. The side buffers and the ledger are concerns of their own, behind
-    `held`, `ledger` and `tasks` (tasks leased to producers, docs/tasks.md): each backend supplies them as objects
+    `held`, `ledger`, `tasks` (tasks leased to producers, docs/tasks.md) and `rollouts` (groups
+    whose rollouts arrive one by one, docs/rollouts.md): each backend supplies them as objects
     sharing this transaction.
     """
 
     held: HeldTxn
     ledger: LedgerTxn
     tasks: TaskTxn
+    rollouts: OpenGroupTxn
 
     # --- small named values: run config, step, scheduler credits, counters (JSON text) ---
     @abstractmethod

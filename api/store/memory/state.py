@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from api.store.base import HeldGroup, LedgerGroup, LedgerStep, QueueCounts, QueuedItem
+from api.store.memory.rollouts import OpenGroupState
 from api.store.memory.tasks import TaskState
 
 
@@ -43,6 +44,7 @@ class State:
         """Ledger ids of dropped groups by their `step` (`ledger.dropped` costs the rows it finds)."""
         self.next_id = 1
         self.tasks = TaskState()
+        self.rollouts = OpenGroupState()
 
 
 class Undo:

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from api.store.base import HeldGroup, HeldMeta, HeldTxn, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.store.memory.ledger import MemoryLedger
+from api.store.memory.rollouts import MemoryOpenGroupTxn
 from api.store.memory.state import State, Undo
 from api.store.memory.tasks import MemoryTaskTxn
 
@@ -70,6 +71,7 @@ class MemoryTxn(Txn):
         self.held = MemoryHeld(state, self._undo)
         self.ledger = MemoryLedger(state, self._undo)
         self.tasks = MemoryTaskTxn(state.tasks, self._undo)
+        self.rollouts = MemoryOpenGroupTxn(state.rollouts, self._undo)
 
     def rollback(self) -> None:
         self._undo.rollback()

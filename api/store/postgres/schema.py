@@ -159,6 +159,19 @@ STEPS = (
             "CREATE INDEX tasks_by_ledger ON {s}.tasks (ledger_id) WHERE ledger_id IS NOT NULL",
         ),
     ),
+    Step(
+        "groups whose rollouts arrive one by one (docs/rollouts.md): the open groups, and each acknowledged slot",
+        (
+            "CREATE TABLE {s}.rollout_groups (key text PRIMARY KEY, env_id bigint NOT NULL, state text NOT NULL, "
+            "deadline double precision NOT NULL, expires_at double precision NOT NULL, bytes bigint NOT NULL, "
+            "record text NOT NULL)",
+            "CREATE INDEX rollout_groups_due ON {s}.rollout_groups (deadline) WHERE state IN ('open', 'sealing')",
+            "CREATE INDEX rollout_groups_lapsed ON {s}.rollout_groups (expires_at) WHERE state = 'open'",
+            "CREATE INDEX rollout_groups_env ON {s}.rollout_groups (env_id) WHERE state IN ('open', 'sealing')",
+            "CREATE TABLE {s}.rollout_slots (key text NOT NULL, slot bigint NOT NULL, producer text NOT NULL, "
+            "digest text NOT NULL, data text NOT NULL, PRIMARY KEY (key, slot))",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -177,6 +190,8 @@ CLEARED = (
     "task_sets",
     "task_data",
     "tasks",
+    "rollout_groups",
+    "rollout_slots",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

@@ -15,6 +15,7 @@ from api.store.jobs import head_chunk_sizes
 from api.store.postgres.cache import Group, db_key
 from api.store.postgres.held import PostgresHeld
 from api.store.postgres.ledger import PostgresLedger
+from api.store.postgres.rollouts import PostgresOpenGroupTxn
 from api.store.postgres.schema import CLEARED
 from api.store.postgres.tasks import PostgresTaskTxn
 
@@ -62,6 +63,7 @@ class PostgresTxn(Txn):
         self.held = PostgresHeld(self._db, self._p, self._write, self._add)
         self.ledger = PostgresLedger(self._db, self._p, self._write, self._writable)
         self.tasks = PostgresTaskTxn(self._db, self._p, self._write, self._writable)
+        self.rollouts = PostgresOpenGroupTxn(self._db, self._write)
 
     def _write(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
         self._writable()

@@ -150,6 +150,18 @@ STEPS = (
             "CREATE INDEX tasks_by_ledger ON tasks (ledger_id) WHERE ledger_id IS NOT NULL",
         ),
     ),
+    Step(
+        "groups whose rollouts arrive one by one (docs/rollouts.md): the open groups, and each acknowledged slot",
+        (
+            "CREATE TABLE rollout_groups (key TEXT PRIMARY KEY, env_id INTEGER NOT NULL, state TEXT NOT NULL, "
+            "deadline REAL NOT NULL, expires_at REAL NOT NULL, bytes INTEGER NOT NULL, record TEXT NOT NULL)",
+            "CREATE INDEX rollout_groups_due ON rollout_groups (deadline) WHERE state IN ('open', 'sealing')",
+            "CREATE INDEX rollout_groups_lapsed ON rollout_groups (expires_at) WHERE state = 'open'",
+            "CREATE INDEX rollout_groups_env ON rollout_groups (env_id) WHERE state IN ('open', 'sealing')",
+            "CREATE TABLE rollout_slots (key TEXT NOT NULL, slot INTEGER NOT NULL, producer TEXT NOT NULL, "
+            "digest TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (key, slot)) WITHOUT ROWID",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -168,6 +180,8 @@ CLEARED = (
     "task_sets",
     "task_data",
     "tasks",
+    "rollout_groups",
+    "rollout_slots",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

@@ -19,6 +19,7 @@ from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.deferred import REPLIES, Counts, Deferred, Row, add_to, counts_of
 from api.store.sqlite.held import SqliteHeld
 from api.store.sqlite.ledger import SqliteLedger, chunks
+from api.store.sqlite.rollouts import SqliteOpenGroupTxn
 from api.store.sqlite.schema import CLEARED
 from api.store.sqlite.tasks import SqliteTaskTxn
 
@@ -123,6 +124,7 @@ class SqliteTxn(Txn):
         self.held = SqliteHeld(db, self._add, self._flush, self._held_counts)
         self.ledger = SqliteLedger(db, self._flush, self._defer)
         self.tasks = SqliteTaskTxn(db)
+        self.rollouts = SqliteOpenGroupTxn(db)
 
     # --- bookkeeping the store calls around the transaction function ---
     def finish(self) -> None:

@@ -1,0 +1,307 @@
+"""What the rollout routes do (docs/rollouts.md): each request is one store transaction over
+api/rollout_groups.py; a sealed group is ingested through the service's own ingest path (`Service.ingest`), under
+the group's id, so filters, limits, the ledger and a task lease's fate apply unchanged, and a seal interrupted
+between its ingest and its mark is ingested again as a duplicate, never twice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from api import rollout_groups as rg
+from api import state
+from api.access import ANONYMOUS, Identity
+from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
+from api.rollout_schema import (
+    GroupView,
+    OpenRequest,
+    PostReply,
+    RolloutPost,
+    SealRequest,
+    SlotLease,
+)
+from api.settings import Settings
+from api.store.base import ANON_ENV, Txn
+from api.store.rollouts import LIVE, GroupRow, SlotRow
+
+if TYPE_CHECKING:
+    from api.service import Service
+
+log = logging.getLogger("rollbuf")
+
+COUNTS = "rollouts"
+"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused."""
+
+
+def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = None) -> GroupRow:
+    env_id = ANON_ENV if g.env_id is None else g.env_id
+    at = rg.next_check(g) if expires_at is None else expires_at
+    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json())
+
+
+def view(row: GroupRow) -> GroupView:
+    g = rg.OpenGroup.of(row.record)
+    return GroupView(
+        group_id=g.key, env_id=g.env_id, state=row.state, group_size=g.group_size,
+        min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline, expires_at=g.expires_at,
+        done=sorted(int(s) for s in g.done), leased={k: str(v[0]) for k, v in g.leases.items() if k not in g.done},
+        redispatched=g.redispatched, left_out=dict(g.left_out),
+    )  # fmt: skip
+
+
+def digest(post: RolloutPost) -> str:
+    content = [post.tokens, post.masks, post.inference_logprobs, post.score]
+    return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
+
+
+def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller: Identity) -> GroupView:
+    """Open the group (the same spec again: its view); 409 for another spec under its id, 503 past the env's
+    bound on open groups."""
+    if req.deadline_s > settings.rollout_max_deadline_s:
+        raise InvalidData(("body", "deadline_s"), f"at most rollout_max_deadline_s ({settings.rollout_max_deadline_s})")
+    least = req.group_size if req.min_group_size is None else req.min_group_size
+    if least > req.group_size:
+        raise InvalidData(("body", "min_group_size"), "at most group_size")
+    old = txn.rollouts.get(req.group_id)
+    if old is not None:
+        g = rg.OpenGroup.of(old.record)
+        if (g.env_id, g.group_size, g.min_group_size, g.scores_at_seal, g.task) != (
+            req.env_id,
+            req.group_size,
+            least,
+            req.scores_at_seal,
+            req.task,
+        ):
+            raise Conflict(f"group {req.group_id!r} was opened before with another spec")
+        return view(old)
+    if req.env_id is not None:
+        from api.service import check_owner  # the service imports this module
+
+        env = state.load(txn).env(req.env_id)
+        if env is None:
+            raise InvalidData(("body", "env_id"), f"env {req.env_id} is not registered")
+        check_owner(caller, env, ("body", "env_id"))
+    n, _ = txn.rollouts.open_totals(ANON_ENV if req.env_id is None else req.env_id)
+    if n >= settings.rollout_max_open_groups:
+        raise Unavailable(f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry later")
+    g = rg.OpenGroup(
+        key=req.group_id, env_id=req.env_id, group_size=req.group_size, min_group_size=least,
+        deadline=now + req.deadline_s, producer=req.producer_id, expires_at=now + settings.rollout_lease_s,
+        scores_at_seal=req.scores_at_seal, task=req.task,
+    )  # fmt: skip
+    row = _row(g, "open", 0)
+    txn.rollouts.put(row)
+    txn.add_counts(COUNTS, {"opened": 1})
+    return view(row)
+
+
+def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tuple[PostReply, bool]:
+    """Acknowledge one rollout; whether the group is now complete and is being sealed."""
+    if len(req.masks) != len(req.tokens):
+        raise InvalidData(("body", "masks"), "one mask per token")
+    if req.inference_logprobs is not None and len(req.inference_logprobs) != len(req.tokens):
+        raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
+    row = txn.rollouts.get(req.group_id)
+    if row is None:
+        raise NotFound(f"no group {req.group_id!r} was opened")
+    g = rg.OpenGroup.of(row.record)
+    if req.slot >= g.group_size:
+        raise InvalidData(("body", "slot"), f"the group has {g.group_size} slots")
+    d = digest(req)
+    known = next(((s.producer, s.digest) for s in txn.rollouts.slots(req.group_id) if s.slot == req.slot), None)
+    if known is None and row.state not in LIVE:
+        txn.add_counts(COUNTS, {"redone": 1})
+        return PostReply(status="redone", group=view(row)), False
+    outcome = rg.post(g, req.slot, req.producer_id, known, d)
+    if outcome == rg.CONFLICT:
+        raise Conflict(f"slot {req.slot} of group {req.group_id!r} was acknowledged with other content")
+    if outcome != rg.ACCEPTED:
+        if outcome == rg.REDONE:
+            txn.add_counts(COUNTS, {"redone": 1})
+        return PostReply(status=outcome, group=view(row)), False
+    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score"})
+    _, size = txn.rollouts.open_totals(row.env_id)
+    if size + len(data) > settings.rollout_max_open_bytes:
+        txn.add_counts(COUNTS, {"refused": 1})
+        raise Unavailable(f"env {g.env_id}'s open groups hold {size} bytes; the limit is rollout_max_open_bytes")
+    txn.rollouts.put_slot(SlotRow(req.group_id, req.slot, req.producer_id, d, data))
+    txn.add_counts(COUNTS, {"slots": 1})
+    row = _row(g, row.state, row.bytes + len(data))
+    sealing = False
+    if row.state == "open" and rg.complete(g):  # deadlines are the sweep's: a post never expires its own group
+        scored = {s.slot for s in txn.rollouts.slots(req.group_id) if json.loads(s.data)["score"] is not None}
+        decision = rg.seal_decision(g, now, scored)
+        if not decision.wait:
+            row, sealing = _decide(txn, g, row, decision), decision.expired is None
+    txn.rollouts.put(row)
+    return PostReply(status="accepted", group=view(row)), sealing
+
+
+def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal) -> GroupRow:
+    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted)."""
+    if decision.expired is not None:
+        g.left_out = {"group": decision.expired}
+        txn.add_counts(COUNTS, {"expired": 1, f"expired:{decision.expired}": 1})
+        return _row(g, "expired", row.bytes, g.deadline)
+    g.left_out = {str(s): why for s, why in decision.left_out.items()}
+    return _row(g, "sealing", row.bytes, g.deadline)
+
+
+def seal_txn(txn: Txn, req: SealRequest, now: float) -> bool:
+    """The producer seals its group (with the group's scores); whether there is a seal to finish."""
+    row = txn.rollouts.get(req.group_id)
+    if row is None:
+        raise NotFound(f"no group {req.group_id!r} was opened")
+    if row.state != "open":
+        return row.state == "sealing"
+    g = rg.OpenGroup.of(row.record)
+    decision = rg.seal_decision(g, now, set(), by_producer=True)
+    if decision.wait:
+        raise Conflict(f"group {req.group_id!r} has {len(g.done)} rollouts; its min_group_size is {g.min_group_size}")
+    if req.scores is not None:
+        if set(req.scores) != set(g.done):
+            raise InvalidData(("body", "scores"), "one score per acknowledged slot")
+        g.scores = dict(req.scores)
+    elif g.scores_at_seal:
+        raise InvalidData(("body", "scores"), "the group is scored at its seal: send its scores")
+    else:
+        unscored = [s.slot for s in txn.rollouts.slots(g.key) if json.loads(s.data)["score"] is None]
+        if unscored:
+            raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
+    txn.rollouts.put(_decide(txn, g, row, decision))
+    return True
+
+
+def group_body(txn: Txn, key: str) -> bytes | None:
+    """The sealed group as POST /scored_data would carry it (None unless it is `sealing`)."""
+    row = txn.rollouts.get(key)
+    if row is None or row.state != "sealing":
+        return None
+    g = rg.OpenGroup.of(row.record)
+    rollouts = [(s.slot, json.loads(s.data)) for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out]
+    body: dict[str, Any] = {
+        "tokens": [r["tokens"] for _, r in rollouts],
+        "masks": [r["masks"] for _, r in rollouts],
+        "scores": [g.scores[str(s)] if g.scores else r["score"] for s, r in rollouts],
+        "env_id": g.env_id,
+        "group_id": key,
+        "producer_id": g.producer,
+    }
+    for name in ("inference_logprobs",):
+        if all(r[name] is not None for _, r in rollouts):
+            body[name] = [r[name] for _, r in rollouts]
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def mark_txn(txn: Txn, key: str, refused: str | None) -> None:
+    """The sealed group was ingested (or refused, with why: expired): counted once."""
+    row = txn.rollouts.get(key)
+    if row is None or row.state != "sealing":
+        return
+    g = rg.OpenGroup.of(row.record)
+    if refused is not None:
+        g.left_out = {"group": refused}
+        txn.add_counts(COUNTS, {"expired": 1, "expired:refused": 1})
+        txn.rollouts.put(_row(g, "expired", row.bytes, row.expires_at))
+        return
+    partial = len(g.left_out) > 0
+    txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
+    txn.rollouts.put(_row(g, "sealed", row.bytes, row.expires_at))
+
+
+async def finish(service: Service, key: str) -> None:
+    """Ingest a `sealing` group and mark it: a refusal of the data (422) expires it, with why; a refusal to wait
+    (503: a full queue) leaves it `sealing`, for the next sweep."""
+    body = await service.store.read(lambda txn: group_body(txn, key))
+    if body is None:
+        return
+    refused = None
+    try:
+        await service.ingest(body, "application/json", many=False, caller=ANONYMOUS)
+    except Unavailable:
+        log.info("rollouts: group %r is sealed but its ingest must wait; retried by the next sweep", key)
+        return
+    except RollbufError as exc:
+        refused = f"refused: {exc.detail}"[:500]
+    await service.store.transact(lambda txn: mark_txn(txn, key, refused))
+
+
+def sweep_txn(txn: Txn, now: float, limit: int) -> list[str]:
+    """Decide on the groups past their deadline (sealed with what is in, or expired); the keys to finish."""
+    out = []
+    for row in txn.rollouts.due(now, limit):
+        if row.state == "sealing":
+            out.append(row.key)
+            continue
+        g = rg.OpenGroup.of(row.record)
+        if g.scores_at_seal:
+            decision = rg.Seal(expired=rg.UNSCORED if len(g.done) >= g.min_group_size else rg.TOO_FEW)
+        else:
+            scored = {s.slot for s in txn.rollouts.slots(row.key) if json.loads(s.data)["score"] is not None}
+            decision = rg.seal_decision(g, now, scored)
+        if decision.wait:
+            continue
+        new = _decide(txn, g, row, decision)
+        txn.rollouts.put(new)
+        if new.state == "sealing":
+            out.append(row.key)
+    return out
+
+
+def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -> list[SlotLease]:
+    """Lease up to `n` missing slots of groups whose holder lapsed (counted as redispatched)."""
+    out: list[SlotLease] = []
+    until = now + settings.rollout_lease_s
+    for row in txn.rollouts.lapsed(now, settings.rollout_sweep_limit):
+        if len(out) >= n:
+            break
+        g = rg.OpenGroup.of(row.record)
+        slots = rg.missing(g, now)[: n - len(out)]
+        rg.lease_slots(g, producer, slots, until)
+        out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
+                          expires_at=until) for s in slots]  # fmt: skip
+        check = rg.next_check(g)
+        txn.rollouts.put(_row(g, row.state, row.bytes, check if check > now else g.deadline))
+        if slots:
+            txn.add_counts(COUNTS, {"redispatched": len(slots)})
+    return out
+
+
+def heartbeat_txn(txn: Txn, producer: str, keys: list[str], now: float, lease_s: float) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key in keys:
+        row = txn.rollouts.get(key)
+        if row is None or row.state != "open":
+            out[key] = None
+            continue
+        g = rg.OpenGroup.of(row.record)
+        mine = [k for k, v in g.leases.items() if v[0] == producer and k not in g.done]
+        if g.producer != producer and not mine:
+            out[key] = None
+            continue
+        until = now + lease_s
+        if g.producer == producer:
+            g.expires_at = until
+        for k in mine:
+            g.leases[k][1] = until
+        txn.rollouts.put(_row(g, row.state, row.bytes))
+        out[key] = until
+    return out
+
+
+def totals_txn(txn: Txn) -> dict[str, int]:
+    """The counters, with the groups open now (opened less sealed and expired)."""
+    counts = txn.get_counts(COUNTS)
+    counts["open"] = counts.get("opened", 0) - counts.get("sealed", 0) - counts.get("expired", 0)
+    return counts
+
+
+async def sweep(service: Service, settings: Settings) -> None:
+    """Seal or expire what is due and finish interrupted seals (from the producers' calls: a group whose
+    producers all died is sealed at its deadline by the next call of any producer)."""
+    now = time.time()
+    for key in await service.store.transact(lambda txn: sweep_txn(txn, now, settings.rollout_sweep_limit)):
+        await finish(service, key)

@@ -1,0 +1,70 @@
+"""The PostgreSQL store's open groups (`OpenGroupTxn`): written through to the database under the function's
+savepoint, in the enclosing transaction (writers hold the store lock, so replicas never seal a group twice)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
+
+_G = "key, env_id, state, deadline, expires_at, bytes, record"
+_LIVE = "state IN ('open', 'sealing')"
+Write = Callable[[str, Sequence[Any]], psycopg.Cursor[Any]]
+
+
+class PostgresOpenGroupTxn(OpenGroupTxn):
+    def __init__(self, db: psycopg.Connection[Any], write: Write) -> None:
+        self._db = db
+        self._write = write
+
+    def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return self._db.execute(query, params, binary=True).fetchall()
+
+    def get(self, key: str) -> GroupRow | None:
+        rows = self._read(f"SELECT {_G} FROM rollout_groups WHERE key = %b", (key,))
+        return GroupRow(*rows[0]) if rows else None
+
+    def put(self, row: GroupRow) -> None:
+        self._write(
+            f"INSERT INTO rollout_groups ({_G}) VALUES (%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key) DO UPDATE SET "
+            "env_id = excluded.env_id, state = excluded.state, deadline = excluded.deadline, "
+            "expires_at = excluded.expires_at, bytes = excluded.bytes, record = excluded.record",
+            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record),
+        )
+
+    def due(self, now: float, limit: int) -> list[GroupRow]:
+        rows = self._read(
+            f"SELECT {_G} FROM rollout_groups WHERE {_LIVE} AND (deadline <= %b OR state = 'sealing') "
+            "ORDER BY deadline LIMIT %b",
+            (now, limit),
+        )
+        return [GroupRow(*r) for r in rows]
+
+    def lapsed(self, now: float, limit: int) -> list[GroupRow]:
+        rows = self._read(
+            f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= %b ORDER BY expires_at LIMIT %b",
+            (now, limit),
+        )
+        return [GroupRow(*r) for r in rows]
+
+    def open_totals(self, env_id: int) -> tuple[int, int]:
+        rows = self._read(
+            f"SELECT count(*), coalesce(sum(bytes), 0) FROM rollout_groups WHERE {_LIVE} AND env_id = %b", (env_id,)
+        )
+        return int(rows[0][0]), int(rows[0][1])
+
+    def slots(self, key: str) -> list[SlotRow]:
+        rows = self._read(
+            "SELECT key, slot, producer, digest, data FROM rollout_slots WHERE key = %b ORDER BY slot", (key,)
+        )
+        return [SlotRow(*r) for r in rows]
+
+    def put_slot(self, row: SlotRow) -> None:
+        self._write(
+            "INSERT INTO rollout_slots (key, slot, producer, digest, data) VALUES (%b,%b,%b,%b,%b) "
+            "ON CONFLICT (key, slot) DO NOTHING",
+            (row.key, row.slot, row.producer, row.digest, row.data),
+        )

@@ -1,0 +1,62 @@
+"""The SQLite file's open groups (`OpenGroupTxn`): written through on the writer's connection, inside the
+enclosing transaction. Each method is one indexed statement."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
+
+_G = "key, env_id, state, deadline, expires_at, bytes, record"
+_LIVE = "state IN ('open', 'sealing')"
+
+
+class SqliteOpenGroupTxn(OpenGroupTxn):
+    __slots__ = ("_db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def get(self, key: str) -> GroupRow | None:
+        row = self._db.execute(f"SELECT {_G} FROM rollout_groups WHERE key = ?", (key,)).fetchone()
+        return None if row is None else GroupRow(*row)
+
+    def put(self, row: GroupRow) -> None:
+        self._db.execute(
+            f"INSERT OR REPLACE INTO rollout_groups ({_G}) VALUES (?,?,?,?,?,?,?)",
+            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record),
+        )
+
+    def due(self, now: float, limit: int) -> list[GroupRow]:
+        cur = self._db.execute(
+            f"SELECT {_G} FROM rollout_groups WHERE {_LIVE} AND (deadline <= ? OR state = 'sealing') "
+            "ORDER BY deadline LIMIT ?",
+            (now, limit),
+        )
+        return [GroupRow(*r) for r in cur]
+
+    def lapsed(self, now: float, limit: int) -> list[GroupRow]:
+        cur = self._db.execute(
+            f"SELECT {_G} FROM rollout_groups WHERE {_LIVE} AND state = 'open' AND expires_at <= ? "
+            "ORDER BY expires_at LIMIT ?",
+            (now, limit),
+        )
+        return [GroupRow(*r) for r in cur]
+
+    def open_totals(self, env_id: int) -> tuple[int, int]:
+        n, size = self._db.execute(
+            f"SELECT count(*), coalesce(sum(bytes), 0) FROM rollout_groups WHERE {_LIVE} AND env_id = ?", (env_id,)
+        ).fetchone()
+        return int(n), int(size)
+
+    def slots(self, key: str) -> list[SlotRow]:
+        cur = self._db.execute(
+            "SELECT key, slot, producer, digest, data FROM rollout_slots WHERE key = ? ORDER BY slot", (key,)
+        )
+        return [SlotRow(*r) for r in cur]
+
+    def put_slot(self, row: SlotRow) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO rollout_slots (key, slot, producer, digest, data) VALUES (?,?,?,?,?)",
+            (row.key, row.slot, row.producer, row.digest, row.data),
+        )

@@ -1,0 +1,75 @@
+"""Per-rollout ingest cost (issue 40, docs/rollouts.md): server CPU per rollout when a group of G arrives as one
+POST /scored_data against when it arrives as an open, G posts (the last sealing it) . Through the ASGI app in this
+process (CPU time of the process: the server's work plus httpx's, the same for both), per store.
+
+    python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite]
+
+Figures are noisy on a shared machine: compare the rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from api.app import create_app
+from api.settings import Settings
+from tests.factories import env, registration
+
+TOKENS = 256
+
+
+async def run(store: str, groups: int, size: int) -> tuple[float, float, float]:
+    """CPU seconds per rollout: whole groups, per-rollout groups; and the mean seal latency (s) of the latter."""
+    app = create_app(Settings(store=store, max_queue_groups=None))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await c.post("/register", json=registration(batch_size=size))
+            await c.get("/batch")
+            await c.post("/register-env", json=env(group_size=size))
+            row = list(range(1, TOKENS + 1))
+            start = time.process_time()
+            for g in range(groups):
+                body = {"tokens": [row] * size, "masks": [row] * size, "scores": [1.0] * size, "env_id": 0,
+                        "group_id": f"whole-{g}"}  # fmt: skip
+                assert (await c.post("/scored_data", json=body)).status_code == 200
+            whole = (time.process_time() - start) / (groups * size)
+            start = time.process_time()
+            seal = 0.0
+            for g in range(groups):
+                key = f"each-{g}"
+                opened = {"group_id": key, "env_id": 0, "producer_id": "p", "group_size": size, "deadline_s": 600.0}
+                assert (await c.post("/rollouts/open", json=opened)).status_code == 200
+                for s in range(size):
+                    post = {"group_id": key, "slot": s, "producer_id": "p", "tokens": row, "masks": row, "score": 1.0}
+                    t0 = time.perf_counter()
+                    reply = await c.post("/rollouts/post", json=post)
+                    assert reply.status_code == 200, reply.text
+                seal += time.perf_counter() - t0
+                assert reply.json()["group"]["state"] == "sealed"
+            each = (time.process_time() - start) / (groups * size)
+            return whole, each, seal / groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, default=100)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.stores:
+            store = "memory://" if name == "memory" else f"sqlite:///{Path(tmp) / 'bench.db'}"
+            whole, each, seal = asyncio.run(run(store, args.groups, args.group_size))
+            print(f"{name:8} CPU ms per rollout: whole group {whole * 1e3:.3f}, per rollout {each * 1e3:.3f} "
+                  f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

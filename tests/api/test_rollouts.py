@@ -1,0 +1,123 @@
+"""Groups whose rollouts arrive one by one, through the ASGI app on every store (docs/rollouts.md): a group opened,
+its rollouts acknowledged (idempotent by slot, 409 for other content), sealed when all G are in and served by
+/batch as a whole group; a lapsed holder's missing slots leased to a sibling, a slot redone keeping the first; a
+deadline seal leaving slots out with why; group-level scores at the seal; the bounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from api.settings import Settings
+from tests.asgi import serving
+from tests.factories import env, registration
+
+pytestmark = pytest.mark.anyio
+
+
+async def start(c: httpx.AsyncClient, group_size: int = 4, **extra: Any) -> None:
+    assert (await c.post("/register", json=registration(batch_size=group_size))).status_code == 200
+    await c.get("/batch")
+    assert (await c.post("/register-env", json=env(group_size=group_size, **extra))).status_code == 200
+
+
+def rollout(gid: str, slot: int, producer: str = "p1", score: float | None = 1.0, n: int = 6) -> dict[str, Any]:
+    tokens = [slot + 1] * n
+    return {"group_id": gid, "slot": slot, "producer_id": producer, "tokens": tokens, "masks": tokens,
+            "inference_logprobs": [-0.5] * n, "score": score}  # fmt: skip
+
+
+async def opened(c: httpx.AsyncClient, gid: str, **extra: Any) -> dict[str, Any]:
+    body = {"group_id": gid, "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 600.0, **extra}
+    reply = await c.post("/rollouts/open", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()  # type: ignore[no-any-return]
+
+
+async def post(c: httpx.AsyncClient, body: dict[str, Any], status: int = 200) -> dict[str, Any]:
+    reply = await c.post("/rollouts/post", json=body)
+    assert reply.status_code == status, reply.text
+    return reply.json()  # type: ignore[no-any-return]
+
+
+async def test_rollouts_acknowledged_one_by_one_are_served_as_one_group(settings: Settings) -> None:
+    async with serving(settings) as c:
+        await start(c)
+        await opened(c, "g1", task={"q": 1})
+        assert (await opened(c, "g1", task={"q": 1}))["state"] == "open", "opening again is a no-op"
+        other = {"group_id": "g1", "env_id": 0, "producer_id": "p1", "group_size": 8, "deadline_s": 600.0}
+        assert (await c.post("/rollouts/open", json=other)).status_code == 409
+        for slot in (2, 0, 1):
+            assert (await post(c, rollout("g1", slot)))["status"] == "accepted"
+        assert (await post(c, rollout("g1", 1)))["status"] == "duplicate"
+        await post(c, {**rollout("g1", 1), "score": 0.0}, 409)
+        assert (await c.get("/batch")).json()["batch"] is None, "nothing is served before the seal"
+        last = await post(c, rollout("g1", 3))
+        assert last["group"]["state"] == "sealed" and last["group"]["done"] == [0, 1, 2, 3]
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch is not None and len(batch) == 1
+        assert sorted(t[0] for t in batch[0]["tokens"]) == [1, 2, 3, 4]
+        assert (await post(c, rollout("g1", 3, producer="p2", score=0.5)))["status"] == "redone"
+        totals = (await c.get("/rollouts")).json()
+        seen = (totals["opened"], totals["sealed"], totals["slots"], totals["open"], totals["redone"])
+        assert seen == (1, 1, 4, 0, 1)
+        exposition = (await c.get("/metrics")).text
+        assert "rollbuf_rollout_groups_open 0.0" in exposition
+        assert 'rollbuf_rollout_events_total{event="slots"} 4.0' in exposition
+
+
+async def test_a_lapsed_holders_missing_slots_go_to_a_sibling_and_the_first_is_kept(settings: Settings) -> None:
+    async with serving(settings, rollout_lease_s=0.001) as c:
+        await start(c)
+        await opened(c, "g2", task="prompt")
+        await post(c, rollout("g2", 0))
+        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 8})).json()["leases"]
+        assert sorted(x["slot"] for x in leases) == [1, 2, 3] and leases[0]["task"] == "prompt"
+        beat = (await c.post("/rollouts/heartbeat", json={"producer_id": "p2", "group_ids": ["g2", "nope"]})).json()
+        assert beat["expires_at"]["nope"] is None and beat["expires_at"]["g2"] is not None
+        assert (await post(c, rollout("g2", 1, producer="p1")))["status"] == "accepted", "the slow holder's first"
+        assert (await post(c, rollout("g2", 1, producer="p2", score=0.0)))["status"] == "redone"
+        for slot in (2, 3):
+            await post(c, rollout("g2", slot, producer="p2"))
+        view = (await c.get("/rollouts/group", params={"group_id": "g2"})).json()
+        assert view["state"] == "sealed" and view["redispatched"] == 3
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch[0]["scores"] == [1.0] * 4, "slot 1 is the holder's (score 1.0), not the redo's (0.0)"
+
+
+async def test_a_deadline_seals_what_is_in_or_expires_the_group(settings: Settings) -> None:
+    async with serving(settings) as c:
+        await start(c, variable_group_size=True)
+        await opened(c, "g3", min_group_size=2, deadline_s=0.001)
+        await opened(c, "g4", min_group_size=2, deadline_s=0.001)
+        await post(c, rollout("g3", 0))
+        await post(c, rollout("g3", 2))
+        await post(c, rollout("g4", 0))
+        assert (await c.post("/rollouts/lease", json={"producer_id": "p9"})).status_code == 200  # sweeps
+        g3 = (await c.get("/rollouts/group", params={"group_id": "g3"})).json()
+        assert g3["state"] == "sealed" and g3["left_out"] == {"1": "not_done_by_deadline", "3": "not_done_by_deadline"}
+        g4 = (await c.get("/rollouts/group", params={"group_id": "g4"})).json()
+        assert g4["state"] == "expired" and g4["left_out"] == {"group": "too_few_by_deadline"}
+        totals = (await c.get("/rollouts")).json()
+        assert (totals["sealed_partial"], totals["left_out"], totals["expired:too_few_by_deadline"]) == (1, 2, 1)
+
+
+async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(settings: Settings) -> None:
+    async with serving(settings, rollout_max_open_groups=1) as c:
+        await start(c)
+        await opened(c, "g5", scores_at_seal=True)
+        g6 = {"group_id": "g6", "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 60.0}
+        assert (await c.post("/rollouts/open", json=g6)).status_code == 503
+        for slot in range(4):
+            await post(c, rollout("g5", slot, score=None))
+        assert (await c.get("/rollouts/group", params={"group_id": "g5"})).json()["state"] == "open"
+        seal = {"group_id": "g5", "producer_id": "p1"}
+        assert (await c.post("/rollouts/seal", json=seal)).status_code == 422, "scored at its seal: scores needed"
+        done = await c.post("/rollouts/seal", json={**seal, "scores": {str(s): s / 4 for s in range(4)}})
+        assert done.status_code == 200 and done.json()["state"] == "sealed", done.text
+        batch = (await c.get("/batch")).json()["batch"]
+        assert sorted(batch[0]["scores"]) == [0.0, 0.25, 0.5, 0.75]
+        assert (await c.post("/rollouts/open", json=g6)).status_code == 200
+        await post(c, {**rollout("nope", 0)}, 404)

@@ -1,0 +1,48 @@
+"""A producer of per-rollout groups for tests/integration/test_rollout_groups.py (`python -m
+tests.rollout_slot_process`): with `--open G`, it opens group `--group` of G slots and posts `--slots` (then keeps
+heartbeating, until killed); without, it takes sibling leases and posts each leased slot until `--until-sealed`
+sees the group sealed. Each rollout's tokens name its slot and producer, so the test can tell whose was kept."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import httpx
+
+from rollout_client.open_groups import OpenGroups
+
+
+def tokens(slot: int, producer: int) -> list[int]:
+    return [100 + slot, 200 + producer, 7]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--producer", type=int, required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--open", type=int, default=0)
+    parser.add_argument("--slots", default="")
+    args = parser.parse_args()
+    client = OpenGroups(args.server, producer_id=f"producer-{args.producer}")
+    mine = tokens(0, args.producer)[1]
+    if args.open:
+        await client.open(args.group, args.open, env_id=0, deadline_s=600.0, task={"prompt": "2+2"})
+        for slot in (int(s) for s in args.slots.split(",") if s):
+            await client.post(args.group, slot, tokens(slot, args.producer), tokens(slot, args.producer), score=1.0)
+        print("posted", flush=True)
+        await asyncio.Event().wait()  # heartbeating until killed -9
+    async with httpx.AsyncClient(base_url=args.server, timeout=30) as c:
+        while (await c.get("/rollouts/group", params={"group_id": args.group})).json().get("state") != "sealed":
+            for lease in await client.lease(2):
+                await asyncio.sleep(0.05)  # a rollout takes a while: siblings share the missing slots
+                t = tokens(lease.slot, args.producer)
+                assert t[1] == mine
+                await client.post(lease.group_id, lease.slot, t, t, score=1.0)
+            await asyncio.sleep(0.1)
+    await client.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

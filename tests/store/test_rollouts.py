@@ -1,0 +1,63 @@
+"""The open groups' contract (`txn.rollouts`) on every backend: rows written and read back, the live ones found
+by deadline and lapse and totalled per env, slots kept first-acknowledged, undone with their transaction and
+forgotten by `clear`."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.store import Store
+from api.store.base import Txn
+from api.store.rollouts import GroupRow, SlotRow
+
+pytestmark = pytest.mark.anyio
+
+
+def row(key: str, state: str = "open", deadline: float = 10.0, expires_at: float = 5.0, env: int = 0) -> GroupRow:
+    return GroupRow(key, env, state, deadline, expires_at, 100, f'{{"key": "{key}"}}')
+
+
+async def test_groups_are_found_by_deadline_lapse_and_env(store: Store) -> None:
+    def fill(txn: Txn) -> None:
+        txn.rollouts.put(row("a", deadline=3.0, expires_at=1.0))
+        txn.rollouts.put(row("b", deadline=8.0, expires_at=2.0))
+        txn.rollouts.put(row("c", state="sealing", deadline=20.0, expires_at=20.0))
+        txn.rollouts.put(row("d", state="sealed", deadline=1.0, expires_at=1.0))
+        txn.rollouts.put(row("e", env=1, deadline=30.0, expires_at=30.0))
+
+    await store.transact(fill)
+    assert await store.read(lambda txn: txn.rollouts.get("a")) == row("a", deadline=3.0, expires_at=1.0)
+    assert await store.read(lambda txn: txn.rollouts.get("zz")) is None
+    due = await store.read(lambda txn: txn.rollouts.due(5.0, 10))
+    assert [g.key for g in due] == ["a", "c"], "past its deadline, or an interrupted seal"
+    lapsed = await store.read(lambda txn: txn.rollouts.lapsed(2.0, 10))
+    assert [g.key for g in lapsed] == ["a", "b"]
+    assert [g.key for g in await store.read(lambda txn: txn.rollouts.lapsed(2.0, 1))] == ["a"]
+    assert await store.read(lambda txn: txn.rollouts.open_totals(0)) == (3, 300)
+    await store.transact(lambda txn: txn.rollouts.put(row("a", state="sealed")))
+    assert await store.read(lambda txn: txn.rollouts.open_totals(0)) == (2, 200)
+
+
+async def test_slots_keep_the_first_and_follow_their_transaction(store: Store) -> None:
+    def fill(txn: Txn) -> None:
+        txn.rollouts.put(row("a"))
+        txn.rollouts.put_slot(SlotRow("a", 1, "p1", "d1", "{}"))
+        txn.rollouts.put_slot(SlotRow("a", 0, "p1", "d0", "{}"))
+        txn.rollouts.put_slot(SlotRow("a", 1, "p2", "other", "{}"))
+
+    await store.transact(fill)
+    slots = await store.read(lambda txn: txn.rollouts.slots("a"))
+    assert [(s.slot, s.producer, s.digest) for s in slots] == [(0, "p1", "d0"), (1, "p1", "d1")]
+
+    def fails(txn: Txn) -> None:
+        txn.rollouts.put_slot(SlotRow("a", 2, "p1", "d2", "{}"))
+        txn.rollouts.put(row("a", state="sealed"))
+        raise RuntimeError("undone")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(fails)
+    assert len(await store.read(lambda txn: txn.rollouts.slots("a"))) == 2
+    assert (await store.read(lambda txn: txn.rollouts.get("a"))) == row("a")
+    await store.transact(lambda txn: txn.clear())
+    assert await store.read(lambda txn: txn.rollouts.get("a")) is None
+    assert await store.read(lambda txn: txn.rollouts.slots("a")) == []
