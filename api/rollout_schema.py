@@ -45,12 +45,17 @@ class RolloutPost(_Request, _Text):
     integer_fields = frozenset(["slot", "tokens", "masks"])
 
     group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
+    """The open group it belongs to."""
     slot: Slot
+    """Its slot in the group, 0 .. G - 1: the first rollout acknowledged for a slot is kept."""
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that rolled it out."""
     tokens: list[int] = Field(min_length=1)
+    """Its token ids, prompt and completion."""
     masks: list[int] = Field(min_length=1)
     """As a group's row: -100 where not trained on, else the token id."""
     inference_logprobs: list[float] | None = None
+    """The sampler's logprob of each token, as a group's row."""
     score: float | None = None
     """Its score, when each rollout is scored alone; null: scored at the seal."""
 
@@ -59,7 +64,9 @@ class SealRequest(_Request, _Text):
     """POST /rollouts/seal: the producer seals its group now, with the group's scores if scored as a group."""
 
     group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
+    """The open group to seal."""
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that opened it."""
     scores: dict[str, float] | None = None
     """Slot (as text) -> score, for every slot acknowledged; null: the scores posted with the rollouts."""
 
@@ -70,14 +77,20 @@ class SlotLeaseRequest(_Request, _Text):
     integer_fields = frozenset(["n"])
 
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """Who takes the slots (and heartbeats them)."""
     n: int = Field(default=1, ge=1, le=SAFE_INT_MAX)
+    """Most slots to take."""
 
 
 class SlotLease(_Wire):
     group_id: str
+    """The group the slot belongs to."""
     slot: int
+    """The missing slot to roll out."""
     env_id: int | None
+    """The group's env."""
     group_size: int
+    """The group's G."""
     task: Any
     """The group's task, as opened."""
     expires_at: float
@@ -86,13 +99,16 @@ class SlotLease(_Wire):
 
 class SlotLeaseReply(_Wire):
     leases: list[SlotLease]
+    """The slots taken (none when no group is missing any)."""
 
 
 class RolloutHeartbeat(_Request, _Text):
     """POST /rollouts/heartbeat: extend what this producer holds of these groups."""
 
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that holds them."""
     group_ids: list[str] = Field(max_length=10_000)
+    """The open groups it holds (or holds slots of)."""
 
 
 class RolloutHeartbeatReply(_Wire):
@@ -103,12 +119,19 @@ class RolloutHeartbeatReply(_Wire):
 
 class GroupView(_Wire):
     group_id: str
+    """The group's id."""
     env_id: int | None
+    """Its env."""
     state: Literal["open", "sealing", "sealed", "expired"]
+    """Open (slots arriving), sealing, sealed (queued whole) or expired."""
     group_size: int
+    """G."""
     min_group_size: int
+    """Sealed at the deadline with at least this many slots."""
     producer: str
+    """The producer that opened it."""
     deadline: float
+    """Unix time of its deadline."""
     expires_at: float
     """When its holder's (or the soonest sibling's) lease lapses unless heartbeated."""
     done: list[int]
@@ -116,6 +139,7 @@ class GroupView(_Wire):
     leased: dict[str, str]
     """Missing slots leased to siblings -> their producer."""
     redispatched: int
+    """Slots leased to siblings so far."""
     left_out: dict[str, str]
     """Sealed: slots not in it -> why. Expired: `group` -> why."""
 
@@ -124,3 +148,4 @@ class PostReply(_Wire):
     status: Literal["accepted", "duplicate", "redone"]
     """`redone`: the slot was already acknowledged from another producer: the first is kept."""
     group: GroupView
+    """The group as it stands after this rollout."""

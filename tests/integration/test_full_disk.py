@@ -5,6 +5,7 @@ so the test needs root (CI runs as root: there it never skips)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import time
@@ -38,6 +39,18 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+def fill_up(path: Path) -> None:
+    """Write `path` until the disk has no byte left."""
+    with path.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+                os.fsync(f.fileno())
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+
+
 def test_a_full_disk_is_503_and_readyz_says_so_until_space_returns(small_disk: Path, tmp_path: Path) -> None:
     filler = small_disk / "filler"
     with running_server(f"sqlite:///{small_disk / 'rollbuf.db'}", tmp_path / "server.log") as server:
@@ -57,11 +70,13 @@ def test_a_full_disk_is_503_and_readyz_says_so_until_space_returns(small_disk: P
             assert refused is not None, "the disk never filled"
             assert refused.status_code == 503 and refused.headers["Retry-After"], refused.text
             assert refused.json()["code"] == "store_unavailable" and "full" in refused.json()["message"]
+            fill_up(small_disk / "rest")  # what a rolled-back write freed, taken too: the disk stays full
             for i in range(20):  # a handler retrying into the full disk: 503 each time, not a log line each
                 assert c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=i)).status_code == 503
             ready = c.get("/readyz")
             assert ready.status_code == 503 and "full" in ready.json()["message"]
             filler.unlink()  # space comes back: the same process goes on
+            (small_disk / "rest").unlink()
             r = c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=10_000))
             assert r.status_code == 200, r.text
             # Writes clear at once; a WAL checkpoint that failed on the full disk clears on its thread's next round
