@@ -72,9 +72,10 @@ def test_a_full_disk_is_503_and_readyz_says_so_until_space_returns(small_disk: P
             assert refused.json()["code"] == "store_unavailable" and "full" in refused.json()["message"]
             fill_up(small_disk / "rest")  # what a rolled-back write freed, taken too: the disk stays full
             for i in range(20):  # a handler retrying into the full disk: 503 each time, not a log line each
-                assert c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=i)).status_code == 503
+                again = c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=i))
+                assert again.status_code == 503, again.text
             ready = c.get("/readyz")
-            assert ready.status_code == 503 and "full" in ready.json()["message"]
+            assert ready.status_code == 503 and "full" in ready.json()["message"], ready.text
             filler.unlink()  # space comes back: the same process goes on
             (small_disk / "rest").unlink()
             r = c.post("/scored_data", json=group(8, length=1024, env_id=env_id, seed=10_000))
