@@ -15,10 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+)
 from tenacity.stop import stop_base
 
-from client_core.errors import is_retryable
+from client_core.errors import RetriesExhausted, TransportError, error_for, is_retryable, reply_body
 
 BASE_S = 0.1
 """First backoff ceiling: short enough that a blip costs little."""
@@ -81,3 +90,22 @@ class RetryPolicy:
     def aretrying(self, *, reraise: bool = False) -> AsyncRetrying:
         """`retrying` for asyncio."""
         return AsyncRetrying(**self._kwargs(reraise))
+
+
+async def post_retrying(http: httpx.AsyncClient, path: str, body: dict[str, Any], deadline: float) -> Any:
+    """POST `body` as JSON, retried under `RetryPolicy(deadline)`: the decoded reply, the error from
+    `client_core.errors` (not retried where it says so), or RetriesExhausted from the last one."""
+    try:
+        async for attempt in RetryPolicy(deadline).aretrying():
+            with attempt:
+                try:
+                    response = await http.post(path, json=body)
+                except httpx.TransportError as exc:
+                    raise TransportError.from_httpx(exc, "POST", path) from exc
+                if response.status_code >= 400:
+                    raise error_for(response)
+                return reply_body(response)
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        raise RetriesExhausted(f"POST {path}: still failing after retrying: {last}") from last
+    raise AssertionError("unreachable: tenacity either returns, raises, or raises RetryError")

@@ -21,12 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from tenacity import RetryError
 
 from api.task_schema import LeasedTask, LeaseReply, TaskHeartbeatReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
-from client_core.errors import RetriesExhausted, TransportError, error_for, reply_body
-from client_core.retry import RetryPolicy
+from client_core.retry import post_retrying
 from rollout_client.env import Task
 
 log = logging.getLogger("rollout_client.leased_tasks")
@@ -91,20 +89,7 @@ class LeasedTasks:
         """Leases the server said were lost (their tasks went to another producer)."""
 
     async def _call(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            async for attempt in RetryPolicy(self.retry_deadline).aretrying():
-                with attempt:
-                    try:
-                        response = await self._http.post(path, json=body)
-                    except httpx.TransportError as exc:
-                        raise TransportError.from_httpx(exc, "POST", path) from exc
-                    if response.status_code >= 400:
-                        raise error_for(response)
-                    return reply_body(response)
-        except RetryError as exc:
-            last = exc.last_attempt.exception()
-            raise RetriesExhausted(f"POST {path}: still failing after retrying: {last}") from last
-        raise AssertionError("unreachable")
+        return await post_retrying(self._http, path, body, self.retry_deadline)
 
     def next_task(self) -> Task | None:
         """The runner awaits `anext_task`; a blocking caller gets what is leased already, or None."""

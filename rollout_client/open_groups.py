@@ -19,12 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-from tenacity import RetryError
 
 from api.rollout_schema import GroupView, PostReply, RolloutHeartbeatReply, SlotLease, SlotLeaseReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
-from client_core.errors import RetriesExhausted, TransportError, error_for, reply_body
-from client_core.retry import RetryPolicy
+from client_core.retry import post_retrying
 
 log = logging.getLogger("rollout_client.open_groups")
 
@@ -55,20 +53,7 @@ class OpenGroups:
         """Groups the server said this producer no longer holds anything of."""
 
     async def _call(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            async for attempt in RetryPolicy(self.retry_deadline).aretrying():
-                with attempt:
-                    try:
-                        response = await self._http.post(path, json=body)
-                    except httpx.TransportError as exc:
-                        raise TransportError.from_httpx(exc, "POST", path) from exc
-                    if response.status_code >= 400:
-                        raise error_for(response)
-                    return reply_body(response)
-        except RetryError as exc:
-            last = exc.last_attempt.exception()
-            raise RetriesExhausted(f"POST {path}: still failing after retrying: {last}") from last
-        raise AssertionError("unreachable")
+        return await post_retrying(self._http, path, body, self.retry_deadline)
 
     def _hold(self, group_id: str, expires_at: float) -> None:
         self._held.add(group_id)
