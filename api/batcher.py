@@ -48,7 +48,10 @@ Deliberately not a setting: it bounds no resource (the queue limits do), and the
 trainer's, made with `no_exact_fill`: under "wait" it changes only whether the reason is reported as a stall, under
 "smaller" how long a fill of the arriving sizes is waited for before a smaller batch is served. A trainer that
 wants exact batches however long they take registers "wait"; one that registers "smaller" wants progress, and two
-batches' worth queued with no fill is already the evidence that arrivals are not completing one."""
+batches' worth queued with no fill is already the evidence that arrivals are not completing one.
+
+The wait is bounded in time too (`formation_arrival_wait_seconds`, applied by `api/formation.py`): a run whose
+producers stop would otherwise leave up to two batches' worth queued for good under "smaller"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,9 @@ class NoBatch:
     """No exact fill in these windows: a longer read of the queues (`LookAhead`) may hold one."""
     holding: int | None = None
     """The env whose minimum allocation holds the batch back, if that is what blocks it."""
+    awaiting: int | None = None
+    """Sequences queued while an exact fill is waited for from arrivals (`WAIT_FOR_ARRIVALS_BATCHES`): the caller
+    bounds that wait in time (`arrivals_waited_out`) and knows arrivals came when this number changes."""
 
 
 # ------------------------------------------------------------------------------------------- windows
@@ -172,11 +178,17 @@ def scale_shares(shares: Mapping[int, float | None]) -> dict[int, float]:
 
 
 def plan_batch(
-    windows: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[int, float], *, looked_further: bool = True
+    windows: Sequence[EnvWindow],
+    spec: BatchSpec,
+    credits: Mapping[int, float],
+    *,
+    looked_further: bool = True,
+    arrivals_waited_out: bool = False,
 ) -> Plan | NoBatch:
     """The next batch from these windows, or why there is none. `looked_further`: the windows are the longer
     read (`LookAhead`), or all that is queued; without it, a window with no exact fill asks for the longer read
-    (`NoBatch.look_further`) before any policy for no exact fill applies."""
+    (`NoBatch.look_further`) before any policy for no exact fill applies. `arrivals_waited_out`: nothing arrived
+    for as long as an exact fill is waited for (`NoBatch.awaiting`), so the trainer's policy applies now."""
     active = [w for w in windows if w.items]
     credits_now = _earn(active, spec.batch_size, credits)
     lacking = [w for w in windows if w.min_share > 0 and _seqs(w.items) < _required(w, spec.batch_size)]
@@ -201,7 +213,7 @@ def plan_batch(
             return NoBatch(reason, blocked=True, credits=dict(credits), holding=w.env_id)
         return NoBatch(f"waiting for data: {reason}", blocked=False, credits=dict(credits))
     if spec.max_tokens is None:
-        plan = _plan_exact(active, spec, credits, credits_now, looked_further)
+        plan = _plan_exact(active, spec, credits, credits_now, looked_further, arrivals_waited_out)
     else:
         plan = _plan_tokens(active, spec, credits, credits_now)
     if isinstance(plan, NoBatch) and not plan.blocked and (note := _stale_note(windows)):
@@ -279,6 +291,7 @@ def _plan_exact(
     credits: Mapping[int, float],
     credits_now: dict[int, float],
     looked_further: bool,
+    arrivals_waited_out: bool = False,
 ) -> Plan | NoBatch:
     """Exactly `batch_size` sequences holding every due item; else, once the longer read was planned over, the
     trainer's `no_exact_fill` policy (see the module's docstring)."""
@@ -306,13 +319,19 @@ def _plan_exact(
     sizes = sorted({m.seqs for w in active for m in w.items})
     shares = " while meeting the minimum allocations" if any(w.min_share for w in active) else ""
     more = None if shares else arrival_that_fills([m.seqs for w in active for m in w.items], batch_size)
-    if more and not any(w.more for w in active) and available < WAIT_FOR_ARRIVALS_BATCHES * batch_size:
+    if (
+        more
+        and not any(w.more for w in active)
+        and available < WAIT_FOR_ARRIVALS_BATCHES * batch_size
+        and not arrivals_waited_out
+    ):
         # Not a stall: groups of the sizes already seen can still end it (mixed sizes 6 and 8 fill 64).
         return NoBatch(
             f"waiting for data: queued group sizes {sizes} do not add up to exactly batch_size {batch_size} "
             f"yet; {more} would form a batch",
             blocked=False,
             credits=dict(credits),
+            awaiting=available,
         )
     if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
         return _plan_from(take, credits_now, batch_size, active)

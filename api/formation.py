@@ -50,6 +50,9 @@ class FormationRules:
     quiet_share_seconds: float = setting("quiet_share_seconds")
     """How long an env's minimum allocation may hold a batch back (it has too little queued while others have
     enough) before it stops holding it, until it queues enough again."""
+    arrival_wait_seconds: float = setting("formation_arrival_wait_seconds")
+    """How long, with nothing arriving, an exact fill of the queued sizes is waited for before the trainer's
+    `no_exact_fill` applies."""
 
 
 DEFAULT_RULES = FormationRules()
@@ -174,7 +177,10 @@ def form(
                         due_after=look.due_after)  # fmt: skip
         windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
         plan = plan_batch(windows, spec, credits)
+    plan, waited = _await_arrivals(txn, plan, windows, spec, credits, now, rules.arrival_wait_seconds)
     recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
+    if waited is not None:
+        recheck = waited if recheck is None else min(recheck, waited)
     if isinstance(plan, NoBatch):
         state.save_blocked(txn, plan.reason if plan.blocked else None)
         return BatchWaiting(reason=plan.reason, blocked=plan.blocked, recheck_in=recheck)
@@ -227,6 +233,34 @@ def _read(
         weight = env.weight if env else 1.0
         windows.append(EnvWindow(env_id, name, weight, share, win.items, due, win.more, len(win.stale)))
     return windows
+
+
+def _await_arrivals(
+    txn: Txn,
+    plan: Plan | NoBatch,
+    windows: list[EnvWindow],
+    spec: BatchSpec,
+    credits: dict[int, float],
+    now: float,
+    limit: float,
+) -> tuple[Plan | NoBatch, float | None]:
+    """Bound in time the planner's wait for arrivals that could complete an exact fill: it starts when the
+    planner first waits with this many sequences queued (any arrival starts it again), and once `limit` seconds
+    pass with nothing arriving the plan is made again with the trainer's `no_exact_fill` applied (a run whose
+    producers stop trains what is queued). Returns the plan and the seconds until the wait runs out, if waiting."""
+    saved = state.load_awaiting(txn)
+    if not isinstance(plan, NoBatch) or plan.awaiting is None:
+        if saved is not None:
+            state.save_awaiting(txn, None)
+        return plan, None
+    since = saved[0] if saved is not None and saved[1] == plan.awaiting else now
+    if now - since >= limit:
+        if saved is not None:
+            state.save_awaiting(txn, None)
+        return plan_batch(windows, spec, credits, arrivals_waited_out=True), None
+    if saved != (since, plan.awaiting):
+        state.save_awaiting(txn, (since, plan.awaiting))
+    return plan, since + limit - now
 
 
 def _hold(

@@ -159,6 +159,11 @@ class BatchSettings(Group):
     """How long an env's `min_batch_allocation` may hold batches back while it queues too little; past it, its
     minimum stops holding them (counted, logged once, `/status`'s `min_share_releases`) until it queues its
     share again."""
+    formation_arrival_wait_seconds: float = Field(30.0, ge=0)
+    """Exact mode: how long formation waits, with no group arriving, for arrivals that could complete an exact
+    fill of the queued sizes (6s and 8s towards 64) while less than two batches' worth is queued; past it, the
+    trainer's `no_exact_fill` applies (under "smaller", a smaller batch), so a run whose producers stop still
+    trains what is queued (docs/batching.md)."""
     max_batch_wait: float = Field(60.0, ge=0)
     """Longest `GET /batch?wait=` a trainer may ask for, in seconds."""
     max_world_size: int = Field(4096, ge=1)

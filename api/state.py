@@ -27,6 +27,9 @@ PASSED_KEY = "passed_over"
 """Per env: its oldest item passed over by formation and the step it was first passed over (`api.batcher.age`)."""
 QUIET_KEY = "quiet_shares"
 """Per env whose minimum allocation holds batches back: since when (wall clock), and whether it was released."""
+ARRIVALS_KEY = "awaiting_arrivals"
+"""While formation waits for arrivals to complete an exact fill: since when (wall clock), and the sequences queued
+then (a change means something arrived, and the wait starts again)."""
 ANON_NAME = "(no env_id)"
 """How views and counters name groups sent without an env_id."""
 
@@ -230,3 +233,12 @@ def load_quiet(txn: Txn) -> dict[int, tuple[float, bool]]:
 
 def save_quiet(txn: Txn, quiet: dict[int, tuple[float, bool]]) -> None:
     _put(txn, QUIET_KEY, {str(k): list(v) for k, v in quiet.items()})
+
+
+def load_awaiting(txn: Txn) -> tuple[float, int] | None:
+    got = _get(txn, ARRIVALS_KEY, None)
+    return None if got is None else (float(got[0]), int(got[1]))
+
+
+def save_awaiting(txn: Txn, awaiting: tuple[float, int] | None) -> None:
+    _put(txn, ARRIVALS_KEY, None if awaiting is None else list(awaiting))

@@ -167,3 +167,24 @@ async def test_token_mode_names_a_minimum_share_and_its_stale_drops_as_what_bloc
     reason = "env 'code_0' has 0 sequences queued (2 stale groups dropped just now)"
     assert body["batch"] is None and reason in body["blocked_reason"], body
     assert reason in (await client.get("/status")).json()["blocked_reason"]
+
+
+async def test_a_run_whose_producers_stop_trains_what_is_queued(settings: Settings) -> None:
+    """Groups of 6 and 8 towards 64 with no exact fill queued: formation waits for arrivals that could complete one,
+    but only `formation_arrival_wait_seconds` with nothing arriving; then "smaller" serves the fullest batch under
+    64, so a run whose producers stopped does not leave up to two batches' worth queued for good."""
+    app = create_app(settings.model_copy(update={"formation_arrival_wait_seconds": 0.3}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            await start(client, [env(group_size=8, variable_group_size=True)], batch_size=64, max_token_len=64)
+            sizes = [6] * 7 + [8] * 3  # 66 sequences: no choice adds up to 64, one more 6 or 8 could
+            reply = await client.post("/scored_data_list", json=[survivor(s, i) for i, s in enumerate(sizes)])
+            assert reply.status_code == 200, reply.text
+            first = (await client.get("/batch", params={"step": 0})).json()
+            assert first["batch"] is None, first  # waiting for arrivals, not a stall: nothing else says so
+            body = (await client.get("/batch", params={"step": 0, "wait": 10})).json()  # the long-poll rechecks
+            assert body["batch"] is not None, body
+            assert sum(len(g["tokens"]) for g in body["batch"]) == 60
+            status = (await client.get("/status")).json()
+            assert status["queued_sequences"] == 6 and status["smaller_batches"] == 1, status

@@ -134,6 +134,18 @@ def test_mixed_sizes_that_one_more_group_completes_are_waiting_not_blocked() -> 
     assert "one more group of" in plan.reason and "would form a batch" in plan.reason
 
 
+def test_a_wait_for_arrivals_says_what_is_queued_and_ends_when_waited_out() -> None:
+    """The wait is the caller's to bound in time (`awaiting`: the sequences queued); waited out, the trainer's
+    policy applies: "smaller" serves the fullest batch under batch_size, "wait" reports the stall."""
+    queue = [window(0, [6] * 7 + [8] * 3)]  # 66 sequences, no 64
+    waiting = plan_batch(queue, BatchSpec(64), {})
+    assert isinstance(waiting, NoBatch) and waiting.awaiting == 66
+    served = plan_batch(queue, BatchSpec(64), {}, arrivals_waited_out=True)
+    assert isinstance(served, Plan) and served.smaller and served.seqs == 60
+    stalled = plan_batch(queue, BatchSpec(64, no_exact_fill=WAIT), {}, arrivals_waited_out=True)
+    assert isinstance(stalled, NoBatch) and stalled.blocked and stalled.awaiting is None
+
+
 @given(st.lists(st.integers(1, 12), min_size=1, max_size=12), st.integers(1, 48))
 def test_a_stall_is_reported_exactly_when_no_arrival_of_the_queued_sizes_can_end_it(
     queued: list[int], batch_size: int
