@@ -3,7 +3,7 @@ running `RolloutRunner` (tests/per_rollout_producer.py: G=16, each rollout poste
 random (a bounded, seeded schedule) and replaced, against a server on SQLite. The groups of a killed producer
 are finished by the others through sibling leases. Every rollout the server acknowledged is served by /batch
 exactly once (0 lost, 0 duplicated), and every group opened is sealed complete (or at its deadline, with its
-reasons)."""
+reasons). On SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import pg
 from tests.factories import registration
 from tests.integration.test_crossproc import process
 from tests.servers import start_server
@@ -55,9 +57,17 @@ def digest(tokens: list[int]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
 
 
-def test_producers_killed_at_random_lose_no_acknowledged_rollout(tmp_path: Path) -> None:
-    server = start_server(f"sqlite:///{tmp_path / 'rollbuf.db'}", tmp_path / "server.log", None,
-                          "--rollout-lease-s", "1")  # fmt: skip
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'rollbuf.db'}"
+    else:
+        with pg.database() as name:
+            yield pg.url_of(name)
+
+
+def test_producers_killed_at_random_lose_no_acknowledged_rollout(tmp_path: Path, store: str) -> None:
+    server = start_server(store, tmp_path / "server.log", None, "--rollout-lease-s", "1")
     rng = random.Random(40)
     with ExitStack() as stack, httpx.Client(base_url=server.url, timeout=30) as c:
         stack.callback(lambda: server.kill(signal.SIGKILL))
