@@ -32,7 +32,7 @@ from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
 from rollout_client.deprecated import resolve
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
-from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited, failure_reason
+from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited
 from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
 from rollout_client.failures import FailurePolicy
 from rollout_client.following import Beats, Follower, producer_id
@@ -42,10 +42,11 @@ from rollout_client.leased_tasks import lease_token
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.open_groups import OpenGroups
 from rollout_client.pacing import pick_env
-from rollout_client.per_rollout import REFUSED, SEAL, Holds, Poster, deadline_s, task_from_wire, task_to_wire, verdict
+from rollout_client.per_rollout import REFUSED, SEAL, Poster, deadline_s, task_to_wire, verdict
 from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
+from rollout_client.siblings import SiblingSlots
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource, next_task_unless
 from rollout_client.timeouts import GROUP_S, Timeouts
@@ -159,8 +160,6 @@ class RolloutRunner:
         names the producer of each group)."""
         self.groups: OpenGroups | None = None
         """Per-rollout groups (`Environment.posts_each_rollout`), once the run has started, if an env posts so."""
-        self._holds = Holds()
-        """Sibling slots (of other producers' groups) this runner rolls out now."""
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -262,7 +261,9 @@ class RolloutRunner:
             try:
                 if await unless_stopped(self._stopping, self._start()):
                     monitor = asyncio.create_task(self._monitoring())
-                    siblings = asyncio.create_task(self._siblings()) if self.groups is not None else None
+                    siblings = None
+                    if self.groups is not None:  # an env posts each rollout: take sibling slots too
+                        siblings = asyncio.create_task(self._siblings(self.groups).run())
                     try:
                         await self._dispatch(max_groups)
                         if not self._stopping.is_set():
@@ -532,54 +533,13 @@ class RolloutRunner:
             return False
         return True
 
-    def _env_of(self, name: str) -> int | None:
-        """The index of this runner's env named `name` that posts each rollout."""
-        return next((i for i, e in enumerate(self.envs) if e.posts_each_rollout and e.name == name), None)
-
-    async def _siblings(self) -> None:
-        """Take the missing slots of other producers' groups (their producer stopped heartbeating), within the
-        free rollout slots: a group begun elsewhere is finished before new groups start here."""
-        assert self.groups is not None
-        while not self._stopping.is_set():
-            free = self._in_flight.free
-            if free > 0 and self._dispatch_open.is_set() and self._inference.closed:
-                try:
-                    leases = await self.groups.lease(free)
-                except Exception as exc:  # the next poll tries again
-                    log.warning("taking sibling slots failed: %s", exc)
-                    leases = []
-                for lease in leases:
-                    wire = task_from_wire(lease.task)
-                    i = None if wire is None else self._env_of(wire[0])
-                    if wire is None or i is None:  # not an env this runner runs: it lapses to another producer
-                        self.groups.let_go(lease.group_id)
-                        continue
-                    task = wire[1]
-                    self._holds.take(lease.group_id)
-                    key = f"{lease.group_id}#{lease.slot}"
-                    handle = asyncio.create_task(self._sibling(i, task, lease.group_id, lease.slot, key), name=key)
-                    self._in_flight.add(key, Group(handle, i, 1, self.policy_step), dispatched=False)
-            await asyncio.sleep(self.poll_interval)
-
-    async def _sibling(self, i: int, task: Task, group_id: str, slot: int, key: str) -> None:
-        """Roll out and post one slot of another producer's group; a failure lets the slot lapse to others."""
-        assert self.groups is not None and self._executor is not None
-        try:
-            rollout = await self._executor.run_slot(i, task, group_id, slot)
-            self._rollout_ended(key)
-            poster = Poster(self.groups, group_id, self.stats)
-            await poster(slot, rollout)
-            self.stats.sibling_rollouts += 1
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the slot lapses and is leased again; the run goes on
-            self.stats.rollouts_failed[self.envs[i].name][failure_reason(exc)] += 1
-            log.warning("slot %d of group %s (a sibling's) failed: %s: %s", slot, group_id, type(exc).__name__, exc)
-        finally:
-            if self._holds.give(group_id) and group_id not in self._in_flight.groups:
-                self.groups.let_go(group_id)
-            self._in_flight.remove(key)
-            self._changed.set()
+    def _siblings(self, groups: OpenGroups) -> SiblingSlots:
+        assert self._executor is not None
+        return SiblingSlots(
+            groups, self.envs, self._executor, self._in_flight, self.stats, poll_s=self.poll_interval,
+            may_take=lambda: self._dispatch_open.is_set() and self._inference.closed,
+            policy_step=lambda: self.policy_step, rollout_ended=self._rollout_ended, changed=self._changed.set,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- failures
 
