@@ -3,7 +3,7 @@ running `RolloutRunner` (tests/per_rollout_producer.py: G=16, each rollout poste
 random (a bounded, seeded schedule) and replaced, against a server on SQLite. The groups of a killed producer
 are finished by the others through sibling leases. Every rollout the server acknowledged is served by /batch
 exactly once (0 lost, 0 duplicated), and every group opened is sealed complete (or at its deadline, with its
-reasons). On SQLite and on PostgreSQL."""
+reasons). On SQLite and on PostgreSQL. And a runner whose rollouts crash seals its survivors, counted."""
 
 from __future__ import annotations
 
@@ -15,12 +15,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from rollout_client import RolloutRunner, ScriptedPolicy, Session, Task, Tasks
+from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from tests import pg
 from tests.factories import registration
 from tests.integration.test_crossproc import process
@@ -125,3 +128,47 @@ def test_producers_killed_at_random_lose_no_acknowledged_rollout(tmp_path: Path,
         lost = Counter(a[2] for a in acked) - rows
         assert not lost, f"acknowledged rollouts not served: {lost}"
         assert len({(a[0], a[1]) for a in acked}) == len(acked), "no slot acknowledged twice"
+
+
+@dataclass
+class TwoCrash(Arithmetic):
+    """G=8 rollouts posted one by one; the 2nd and 5th started of each task crash: 6 survive, its min."""
+
+    name: str = "two_crash"
+    group_size: int = 8
+    min_group_size: int | None = 6
+    scores_each_rollout: bool = True
+    posts_each_rollout: bool = True
+    started: Counter[str] = field(default_factory=Counter)
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        self.started[task.id] += 1
+        if self.started[task.id] in (2, 5):
+            raise RuntimeError("a crashed rollout")
+        await super().rollout(task, session)
+
+
+@pytest.mark.anyio
+async def test_the_runner_seals_its_survivors_and_counts_them(tmp_path: Path) -> None:
+    server = start_server(f"sqlite:///{tmp_path / 'rollbuf.db'}", tmp_path / "server.log", None)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.post("/register", json=registration(batch_size=18)).status_code == 200
+            c.get("/batch")
+            env = TwoCrash()
+            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                                   max_in_flight=8, poll_interval=0.05)  # fmt: skip
+            stats = await runner.run(max_groups=3)
+            assert (stats.accepted, stats.partial_groups, stats.failed_total) == (3, 3, 0)
+            assert stats.rollouts_failed["two_crash"] == {"env_error": 6}
+            assert (stats.rollouts_posted, stats.sibling_rollouts, stats.rollouts_redone) == (18, 0, 0)
+            totals = c.get("/rollouts").json()
+            assert (totals["sealed"], totals["sealed_partial"], totals["left_out"], totals["open"]) == (3, 3, 6, 0)
+            served = []
+            step = c.get("/status").json()["current_step"]
+            while batch := c.get("/batch", params={"step": step}).json()["batch"]:
+                served.extend(batch)
+                step += 1
+            assert sorted(len(g["tokens"]) for g in served) == [6, 6, 6]
+    finally:
+        server.kill()
