@@ -345,6 +345,13 @@ class Environment(ABC):
     """True when `score(task, session)` reads that rollout alone (no group-relative scoring, nothing shared
     across the group): the runner then schedules the rollouts one by one, spread over the worker processes,
     each acquiring its own resource. False (default): a group's rollouts run and are scored in one process."""
+    posts_each_rollout: bool = False
+    """With `scores_each_rollout`: each rollout is posted to rollbuf as it ends (a per-rollout group,
+    docs/rollouts.md), acknowledged durably, and the server seals the group; a producer killed mid-group loses
+    none of its finished rollouts (their missing siblings are leased to other producers, which this runner also
+    takes). Worth it for rollouts of seconds to minutes (agentic episodes), where a lost group is paid again;
+    False (default): a group is submitted whole when its rollouts end (a tenth of the server's CPU per
+    rollout, any server version, the env's `skip_reason` applies)."""
     max_resources: int | None = None
     """Capacity of the shared pool `resource()` draws from (sandboxes on a capped server): at most this many
     rollouts of this env hold a resource at once, over every worker. A group that runs together is admitted

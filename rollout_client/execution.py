@@ -26,6 +26,7 @@ from rollout_client.recycling import STUCK
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Gate, Task
     from rollout_client.inflight import InFlight
+    from rollout_client.per_rollout import Poster
     from rollout_client.resources import Capacity
     from rollout_client.stats import RunnerStats
     from rollout_client.workers import WorkerPool
@@ -40,6 +41,13 @@ def check_env(env: Environment, max_in_flight: int) -> None:
         )
     if env.min_group_size is not None and not 1 <= env.min_group_size <= env.group_size:
         raise ValueError(f"min_group_size of {env.name!r} must be between 1 and group_size {env.group_size}")
+    if env.posts_each_rollout:
+        if not env.scores_each_rollout:
+            raise ValueError(f"posts_each_rollout of {env.name!r} needs scores_each_rollout: the server seals the "
+                             "group with the scores posted with its rollouts")  # fmt: skip
+        if env.on_new_weights == "restart":
+            raise ValueError(f"posts_each_rollout of {env.name!r} with on_new_weights='restart': a restart would "
+                             "redo rollouts the server already acknowledged")  # fmt: skip
     if env.max_resources is not None:
         least = 1 if env.scores_each_rollout else env.group_size
         if env.max_resources < least:
@@ -108,15 +116,16 @@ class GroupExecutor:
         """Set once the run stops: a failed group is not run again."""
         self.on_rollout_end = on_rollout_end
 
-    async def run(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+    async def run(self, i: int, task: Task, group_id: str, poster: Poster | None = None) -> GroupOutcome:
         """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
-        `group_retries` times after any other failure."""
+        `group_retries` times after any other failure. With `poster` (a per-rollout group), each rollout is posted
+        as it ends, and a run again redoes only the slots not acknowledged."""
         retries = self.envs[i].group_retries
         worker_deaths = 0
         while True:
             await self.in_flight.refill(group_id)  # a retry's rollouts take their slots again
             try:
-                return await self._attempt(i, task, group_id)
+                return await self._attempt(i, task, group_id, poster)
             except (asyncio.CancelledError, GroupDropped, GroupTimeout):
                 raise
             except WorkerDied:
@@ -131,7 +140,7 @@ class GroupExecutor:
                 retries -= 1
                 self.stats.retried += 1
 
-    async def _attempt(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+    async def _attempt(self, i: int, task: Task, group_id: str, poster: Poster | None) -> GroupOutcome:
         """One run of the group within `group_timeout` (paused time excluded): past it the group fails, and a
         worker running it is replaced (a verifier that never returns may still hold it)."""
         g = self.in_flight.groups.get(group_id)
@@ -142,7 +151,7 @@ class GroupExecutor:
                     if not self.gate.is_open:  # started during a pause: its clock waits like the others'
                         self.in_flight.hold_deadlines(asyncio.get_running_loop().time())
                 if self.envs[i].scores_each_rollout:
-                    return await self._spread(i, task, group_id)
+                    return await self._spread(i, task, group_id, poster)
                 if self.pool is None:
                     return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
                                            on_rollout_end=lambda: self.on_rollout_end(group_id),
@@ -162,27 +171,44 @@ class GroupExecutor:
             if g is not None:
                 g.deadline = None
 
-    async def _spread(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+    async def _spread(self, i: int, task: Task, group_id: str, poster: Poster | None = None) -> GroupOutcome:
         """The group's rollouts one by one, each on the least-busy worker (or here), each taking a unit of the
-        env's pool as it starts and giving it and its slot back as it ends; then the group of the survivors."""
-        env, capacity = self.envs[i], self.capacity[i]
+        env's pool as it starts and giving it and its slot back as it ends (then posted, with `poster`); then
+        the group of the survivors."""
+        env = self.envs[i]
+        done = dict(poster.done) if poster is not None else {}
+        for _ in done:  # acknowledged by an earlier attempt: its slot is not needed
+            self.on_rollout_end(group_id)
+        todo = [k for k in range(env.group_size) if k not in done]
         owner = asyncio.current_task()  # the group's: what a pause that runs out of time cancels
 
         async def one(k: int) -> Rollout:
             try:
-                await capacity.take(1)
-                try:
-                    if self.pool is None:
-                        return await run_rollout(env, task, self.policy, k, gate=self.gate, group_key=group_id,
-                                                 owner=owner, **self.limits.kwargs())  # fmt: skip
-                    return await self.pool.run_one(i, task, group_id, k)
-                finally:
-                    capacity.give(1)
+                rollout = await self.run_slot(i, task, group_id, k, owner)
             finally:
                 self.on_rollout_end(group_id)
+            if poster is not None:
+                await poster(k, rollout)
+            return rollout
 
         try:
-            kept, failures = await survive([one(k) for k in range(env.group_size)], needed(env))
+            kept, failures = await survive([one(k) for k in todo], max(0, needed(env) - len(done)))
         except PromptTooLong:
             return GroupOutcome(None, PROMPT_TOO_LONG)
-        return assemble(env, task, [r for _, r in kept], failures)
+        rollouts = sorted([*done.items(), *((todo[n], r) for n, r in kept)], key=lambda x: x[0])
+        return assemble(env, task, [r for _, r in rollouts], failures, judged=poster is None)
+
+    async def run_slot(
+        self, i: int, task: Task, group_id: str, k: int, owner: asyncio.Task[Any] | None = None
+    ) -> Rollout:
+        """Rollout `k` of the group on its own, on the least-busy worker (or here), holding a unit of the env's
+        pool while it runs. A pause that runs out of time cancels `owner` (default: the calling task)."""
+        capacity = self.capacity[i]
+        await capacity.take(1)
+        try:
+            if self.pool is None:
+                return await run_rollout(self.envs[i], task, self.policy, k, gate=self.gate, group_key=group_id,
+                                         owner=owner or asyncio.current_task(), **self.limits.kwargs())  # fmt: skip
+            return await self.pool.run_one(i, task, group_id, k)
+        finally:
+            capacity.give(1)

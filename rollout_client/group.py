@@ -312,12 +312,19 @@ async def run_rollout(
     return rollout
 
 
-def assemble(env: Environment, task: Task, rollouts: Sequence[Rollout], failures: dict[str, int]) -> GroupOutcome:
-    """The group of the rollouts that survived, run one by one."""
+def assemble(
+    env: Environment, task: Task, rollouts: Sequence[Rollout], failures: dict[str, int], *, judged: bool = True
+) -> GroupOutcome:
+    """The group of the rollouts that survived, run one by one. `judged=False`: the group is kept whatever the
+    env's `skip_reason` says (its rollouts were posted one by one, and the server sealed it)."""
     score_s = sum(r.score_s for r in rollouts) / len(rollouts)
     scores = [r.score for r in rollouts]
     released = sum(r.release_timeout for r in rollouts)
-    return finish(env, task, rollouts, scores, [r.elapsed for r in rollouts], score_s, released, failures)
+    elapsed = [r.elapsed for r in rollouts]
+    if not judged:
+        group = build_group(task, rollouts, scores, elapsed, score_s)
+        return GroupOutcome(group, release_timeouts=released, rollout_failures=failures)
+    return finish(env, task, rollouts, scores, elapsed, score_s, released, failures)
 
 
 def finish(

@@ -54,8 +54,10 @@ class InFlight:
         """(env, sequences) of every group in flight: what the server has not seen yet."""
         return ((g.env, g.size) for g in self.groups.values())
 
-    def add(self, group_id: str, group: Group) -> None:
-        self.stats.dispatched += 1
+    def add(self, group_id: str, group: Group, *, dispatched: bool = True) -> None:
+        """`dispatched=False`: work that is not a group of this runner's (a sibling's slot): not counted."""
+        if dispatched:
+            self.stats.dispatched += 1
         self.groups[group_id] = group
         self._take(group, group.size)
 

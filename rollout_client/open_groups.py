@@ -116,6 +116,10 @@ class OpenGroups:
             self._hold(x.group_id, x.expires_at)
         return reply.leases
 
+    def let_go(self, group_id: str) -> None:
+        """Stop heartbeating the group: what this producer holds of it lapses to siblings (`lease`)."""
+        self._held.discard(group_id)
+
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_s or 1.0)

@@ -36,16 +36,20 @@ from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunF
 from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
 from rollout_client.failures import FailurePolicy
 from rollout_client.following import Beats, Follower, producer_id
+from rollout_client.group import needed
 from rollout_client.inflight import Group, InFlight
 from rollout_client.leased_tasks import lease_token
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
+from rollout_client.open_groups import OpenGroups
 from rollout_client.pacing import pick_env
+from rollout_client.per_rollout import REFUSED, SEAL, Poster, deadline_s, task_to_wire, verdict
 from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
+from rollout_client.siblings import SiblingSlots
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource, next_task_unless
-from rollout_client.timeouts import Timeouts
+from rollout_client.timeouts import GROUP_S, Timeouts
 from rollout_client.watching import Monitor, Sight, held_back
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
 from rollout_client.workers import WorkerPool
@@ -154,6 +158,8 @@ class RolloutRunner:
         self.producer_id = producer_id()
         """This run's id as a producer: its heartbeats carry it, and so does every group it submits (the ledger
         names the producer of each group)."""
+        self.groups: OpenGroups | None = None
+        """Per-rollout groups (`Environment.posts_each_rollout`), once the run has started, if an env posts so."""
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -255,14 +261,19 @@ class RolloutRunner:
             try:
                 if await unless_stopped(self._stopping, self._start()):
                     monitor = asyncio.create_task(self._monitoring())
+                    siblings = None
+                    if self.groups is not None:  # an env posts each rollout: take sibling slots too
+                        siblings = asyncio.create_task(self._siblings(self.groups).run())
                     try:
                         await self._dispatch(max_groups)
                         if not self._stopping.is_set():
                             await unless_stopped(self._stopping, self._in_flight.wait(None))
                     finally:
-                        monitor.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await monitor
+                        for t in (monitor, siblings):
+                            if t is not None:
+                                t.cancel()
+                                with contextlib.suppress(asyncio.CancelledError):
+                                    await t
             except Exception as exc:  # whatever ends the run ends it through RunFailed and the shutdown
                 self._end(f"the runner failed: {type(exc).__name__}", exc)
             except asyncio.CancelledError:  # wait_for(run(), T), a TaskGroup ended by an error beside it:
@@ -316,6 +327,9 @@ class RolloutRunner:
                     self._reachability()
 
                 self._policy.on_reachability = changed
+        if any(e.posts_each_rollout for e in self.envs):
+            self.groups = OpenGroups(self.base_url, api_key=self.client_options.get("api_key"),
+                                     producer_id=self.producer_id)  # fmt: skip
         self._executor = GroupExecutor(
             self.envs, pool=self.pool, policy=self._policy, limits=self.limits, group_timeout=self.timeouts.group,
             in_flight=self._in_flight, capacity=self._capacity, gate=self._gate, stats=self.stats,
@@ -411,18 +425,26 @@ class RolloutRunner:
     async def _group(self, i: int, task: Task, group_id: str, step: int, taken: int = 0) -> None:
         env = self.envs[i]
         reported = False
+        poster: Poster | None = None
         try:
             try:
                 try:
                     assert self._executor is not None  # groups are launched once the run started
-                    outcome = await self._executor.run(i, task, group_id)
+                    if env.posts_each_rollout:
+                        if (poster := await self._open(i, task, group_id)) is None:
+                            return
+                    outcome = await self._executor.run(i, task, group_id, poster)
                 finally:
                     if taken:
                         self._capacity[i].give(taken)
             except GroupDropped as exc:
                 self.stats.skipped[exc.reason] += 1
+                if poster is not None and self.groups is not None:
+                    self.groups.let_go(group_id)  # its acknowledged rollouts kept: siblings finish it
                 return
             except asyncio.CancelledError:
+                if poster is not None and self.groups is not None:
+                    self.groups.let_go(group_id)  # stopped, stale: siblings finish it
                 raise
             except Exception as exc:  # a group boundary: the group fails, the run goes on (unless too many do)
                 self._failed(i, task, group_id, exc)
@@ -434,6 +456,13 @@ class RolloutRunner:
             if (produced := self._tally.finished(i, outcome, env.group_size)) is None:
                 return
             self._in_flight.groups[group_id].submitting = True
+            if poster is not None:
+                if not await self._sealed(i, group_id, poster):
+                    return
+                self._backpressure.acked(i, len(produced.tokens))
+                self.sources[i].report(task, self._tally.stored(i, task.id, produced, False))
+                reported = True
+                return
             update = {"group_id": group_id, "policy_step": step, "producer_id": self.producer_id}
             group = produced.model_copy(update=update)
             group = self._follow.stamp(group_id, group, step)
@@ -459,6 +488,58 @@ class RolloutRunner:
                 self._discard(i, task)
             self._in_flight.remove(group_id)
             self._changed.set()
+
+    # ------------------------------------------------------------------------------------------- per rollout
+
+    async def _open(self, i: int, task: Task, group_id: str) -> Poster | None:
+        """Open the group on the server (its rollouts are posted as they end); None when it cannot be (counted)."""
+        assert self.groups is not None  # an env that posts each rollout: opened in _start
+        env = self.envs[i]
+        try:
+            await self.groups.open(group_id, env.group_size, env_id=self.clients[i].env_id,
+                                   min_group_size=needed(env), deadline_s=deadline_s(self.timeouts.group, GROUP_S),
+                                   task=task_to_wire(env.name, task))  # fmt: skip
+        except RetriesExhausted as exc:
+            log.warning("group %s of %s not opened: %s", group_id, env.name, exc)
+            self.stats.skipped["unsent"] += 1
+            return None
+        except Rejected as exc:
+            if stop := self._tally.rejected(i, group_id, exc):
+                self._end(stop, exc)
+            return None
+        return Poster(self.groups, group_id, self.stats)
+
+    async def _sealed(self, i: int, group_id: str, poster: Poster) -> bool:
+        """The runner's rollouts of a per-rollout group are all posted: sealed by the server with the last (or
+        here, with the survivors); whether it is acknowledged (False: counted as unsent or rejected)."""
+        assert self.groups is not None
+        view = poster.last
+        try:
+            if verdict(view) == SEAL:
+                view = await self.groups.seal(group_id)
+        except RetriesExhausted as exc:
+            log.warning("group %s of %s not sealed: %s", group_id, self.envs[i].name, exc)
+            self.stats.skipped["unsent"] += 1
+            return False
+        except Rejected as exc:
+            if stop := self._tally.rejected(i, group_id, exc):
+                self._end(stop, exc)
+            return False
+        if verdict(view) == REFUSED:
+            why = view.left_out.get("group", "expired") if view is not None else "expired"
+            expired = Rejected(422, f"group {group_id} expired on the server: {why}")
+            if stop := self._tally.rejected(i, group_id, expired):
+                self._end(stop, expired)
+            return False
+        return True
+
+    def _siblings(self, groups: OpenGroups) -> SiblingSlots:
+        assert self._executor is not None
+        return SiblingSlots(
+            groups, self.envs, self._executor, self._in_flight, self.stats, poll_s=self.poll_interval,
+            may_take=lambda: self._dispatch_open.is_set() and self._inference.closed,
+            policy_step=lambda: self.policy_step, rollout_ended=self._rollout_ended, changed=self._changed.set,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- failures
 
@@ -582,6 +663,8 @@ class RolloutRunner:
         await self._in_flight.stop(deadline - reserve, deadline - reserve / 2)
         for i, task in self._follow.drop_restarts():  # cancelled by new weights, never run again
             self._discard(i, task)
+        if self.groups is not None:  # what it still holds lapses to siblings
+            await self.groups.aclose()
         self._gate.open()
         try:
             await bounded_close(self._shared, self.timeouts.release)

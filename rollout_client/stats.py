@@ -69,6 +69,12 @@ class RunnerStats:
     """Why production is stalled (held ahead_of_trainer with no `resume()`), or None."""
     server_blocked: str | None = None
     """Why the server can form no batch from what is queued (its /status-env `blocked_reason`), or None."""
+    rollouts_posted: int = 0
+    """Rollouts posted one by one (`Environment.posts_each_rollout`) and acknowledged, its own and siblings'."""
+    sibling_rollouts: int = 0
+    """Of those, slots of other producers' groups (leased once their producer stopped heartbeating)."""
+    rollouts_redone: int = 0
+    """Rollouts posted for a slot another producer had acknowledged first: dropped, the first kept."""
 
     @property
     def failed_total(self) -> int:

@@ -1,0 +1,108 @@
+"""The runner's side of per-rollout groups (docs/rollouts.md, `Environment.posts_each_rollout`): a group is opened
+on the server as it starts, each rollout is posted as it ends (`Poster`: durable once acknowledged, so a producer
+killed after 60 of 64 loses none of them), and the server seals the group with the G-th; the runner seals it
+itself with its survivors when some failed (`verdict`). Slots of groups whose producer died come back as sibling
+leases (`Holds` tracks those this runner works on). The pure parts are here; the runner does the calls."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.rollout_schema import GroupView
+from rollout_client.env import Task
+from rollout_client.group import Rollout
+from rollout_client.open_groups import OpenGroups
+from rollout_client.stats import RunnerStats
+
+STORED = "stored"
+"""The group is sealed (or being sealed: the server finishes it): acknowledged, like a stored group."""
+SEAL = "seal"
+"""Still open with the runner's rollouts all in: the runner seals it with them."""
+REFUSED = "refused"
+"""The server expired it (its sealed group was refused at ingest, or its deadline passed first)."""
+
+
+def slot_content(rollout: Rollout) -> tuple[list[int], list[int], list[float], float]:
+    """What one slot holds (tokens, masks, logprobs, score): the rollout's transcript, or the one sequence it
+    recorded (`Session.record_sequence`). A slot is one sequence: 0 or several cannot be posted alone."""
+    if rollout.external is None:
+        return rollout.tokens, rollout.masks, rollout.logprobs, rollout.score
+    if len(rollout.external) != 1:
+        raise ValueError(f"a rollout posted alone (posts_each_rollout) must be one sequence; it recorded "
+                         f"{len(rollout.external)}")  # fmt: skip
+    (seq,) = rollout.external
+    return seq.tokens, seq.masks, seq.logprobs, float(seq.score)
+
+
+def task_to_wire(env: str, task: Task) -> dict[str, Any]:
+    """The task as the group is opened with it: what a sibling producer needs to redo a slot (must be JSON),
+    with the env's name (each producer's registration has its own env_id: the name is what they share)."""
+    return {"env": env, "id": task.id, "prompt": task.prompt, "answer": task.answer, "meta": task.meta}
+
+
+def task_from_wire(obj: Any) -> tuple[str, Task] | None:
+    """The env name and task a sibling lease carries, or None when it is not one a runner opened."""
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("env", "id", "prompt")):
+        return None
+    meta = obj.get("meta")
+    return obj["env"], Task(obj["id"], obj["prompt"], obj.get("answer"), meta if isinstance(meta, dict) else {})
+
+
+def verdict(view: GroupView | None) -> str:
+    """What the runner does once its rollouts of a group are over and posted, from the group's last view."""
+    if view is None or view.state == "open":
+        return SEAL
+    return REFUSED if view.state == "expired" else STORED
+
+
+def deadline_s(group_timeout: float | None, default: float) -> float:
+    """A group's deadline on the server: the runner's own bound on a group (`Timeouts.group`), else `default`."""
+    if group_timeout is None or not math.isfinite(group_timeout) or group_timeout <= 0:
+        return default
+    return group_timeout
+
+
+@dataclass
+class Poster:
+    """Posts a group's rollouts as they end; what was acknowledged stays across the group's retries (a retry
+    runs only the slots still missing: an acknowledged rollout is never redone)."""
+
+    groups: OpenGroups
+    group_id: str
+    stats: RunnerStats
+    done: dict[int, Rollout] = field(default_factory=dict)
+    last: GroupView | None = None
+
+    async def __call__(self, slot: int, rollout: Rollout) -> None:
+        tokens, masks, logprobs, score = slot_content(rollout)
+        reply = await self.groups.post(self.group_id, slot, tokens, masks, score=score, inference_logprobs=logprobs)
+        self.done[slot] = rollout
+        self.last = reply.group
+        if reply.status == "redone":
+            self.stats.rollouts_redone += 1
+        else:
+            self.stats.rollouts_posted += 1
+
+
+class Holds:
+    """Sibling slots this runner works on, per group: the group is heartbeated while any is running."""
+
+    def __init__(self) -> None:
+        self._n: Counter[str] = Counter()
+
+    def take(self, group_id: str) -> None:
+        self._n[group_id] += 1
+
+    def give(self, group_id: str) -> bool:
+        """One slot of the group is over (posted or failed): True when it was the last this runner held."""
+        self._n[group_id] -= 1
+        if self._n[group_id] > 0:
+            return False
+        del self._n[group_id]
+        return True
+
+    def __len__(self) -> int:
+        return sum(self._n.values())

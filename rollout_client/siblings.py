@@ -1,0 +1,97 @@
+"""A runner's sibling slots (docs/rollouts.md, "Missing siblings"): the missing slots of other producers'
+per-rollout groups, leased once their producer stopped heartbeating, each rolled out with the group's task and
+posted, within the runner's free rollout slots (a group begun elsewhere is finished before new groups start)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from rollout_client.errors import failure_reason
+from rollout_client.inflight import Group, InFlight
+from rollout_client.open_groups import OpenGroups
+from rollout_client.per_rollout import Holds, Poster, task_from_wire
+from rollout_client.stats import RunnerStats
+
+if TYPE_CHECKING:
+    from rollout_client.env import Environment, Task
+    from rollout_client.execution import GroupExecutor
+
+log = logging.getLogger("rollout_client.runner")
+
+
+class SiblingSlots:
+    """`run()` polls for sibling slots every `poll_s` while `may_take()` and rollout slots are free, until
+    cancelled; each slot runs as its own entry in `in_flight` (`group_id#slot`), so the runner's bound, pause,
+    staleness and shutdown apply to it as to its own rollouts."""
+
+    def __init__(
+        self,
+        groups: OpenGroups,
+        envs: Sequence[Environment],
+        executor: GroupExecutor,
+        in_flight: InFlight,
+        stats: RunnerStats,
+        *,
+        poll_s: float,
+        may_take: Callable[[], bool],
+        policy_step: Callable[[], int],
+        rollout_ended: Callable[[str], None],
+        changed: Callable[[], None],
+    ) -> None:
+        self.groups = groups
+        self.envs = envs
+        self.executor = executor
+        self.in_flight = in_flight
+        self.stats = stats
+        self.poll_s = poll_s
+        self.may_take = may_take
+        self.policy_step = policy_step
+        self.rollout_ended = rollout_ended
+        self.changed = changed
+        self.holds = Holds()
+
+    def env_of(self, name: str) -> int | None:
+        """The index of the runner's env named `name` that posts each rollout."""
+        return next((i for i, e in enumerate(self.envs) if e.posts_each_rollout and e.name == name), None)
+
+    async def run(self) -> None:
+        while True:
+            free = self.in_flight.free
+            if free > 0 and self.may_take():
+                try:
+                    leases = await self.groups.lease(free)
+                except Exception as exc:  # the next poll tries again
+                    log.warning("taking sibling slots failed: %s", exc)
+                    leases = []
+                for lease in leases:
+                    wire = task_from_wire(lease.task)
+                    i = None if wire is None else self.env_of(wire[0])
+                    if wire is None or i is None:  # not an env this runner runs: it lapses to another producer
+                        self.groups.let_go(lease.group_id)
+                        continue
+                    self.holds.take(lease.group_id)
+                    key = f"{lease.group_id}#{lease.slot}"
+                    handle = asyncio.create_task(self._one(i, wire[1], lease.group_id, lease.slot, key), name=key)
+                    self.in_flight.add(key, Group(handle, i, 1, self.policy_step()), dispatched=False)
+            await asyncio.sleep(self.poll_s)
+
+    async def _one(self, i: int, task: Task, group_id: str, slot: int, key: str) -> None:
+        """Roll out and post one slot; a failure lets the slot lapse, to be leased again."""
+        try:
+            rollout = await self.executor.run_slot(i, task, group_id, slot)
+            self.rollout_ended(key)
+            await Poster(self.groups, group_id, self.stats)(slot, rollout)
+            self.stats.sibling_rollouts += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the run goes on
+            self.stats.rollouts_failed[self.envs[i].name][failure_reason(exc)] += 1
+            log.warning("slot %d of group %s (a sibling's) failed: %s: %s", slot, group_id, type(exc).__name__, exc)
+        finally:
+            if self.holds.give(group_id) and group_id not in self.in_flight.groups:  # not one of its own
+                self.groups.let_go(group_id)
+            self.in_flight.remove(key)
+            self.changed()
