@@ -34,8 +34,9 @@ class DatasetSpec(_Request, _Text):
     """Times a task whose group was dropped (stale, a filter) or that its producer failed is offered again; 0:
     counted and moved on."""
     path: str | None = Field(default=None, max_length=4096)
-    """A JSONL file (one task a line) under the server's `task_files_dir`, read a page at a time. A retry of a
-    registration whose file was not read through goes on where it stopped."""
+    """A file under the server's `task_files_dir` (unset: none is read), read a page at a time: JSONL (one task a
+    line) or, named `*.parquet`, Parquet (one task a row, an object of its columns). A retry of a registration
+    whose file was not read through goes on where it stopped."""
     tasks: list[Any] | None = None
     """The first page of tasks (any JSON values), instead of `path`; more with POST /tasks/pages."""
     last: bool = True
