@@ -36,7 +36,8 @@ def view_of(d: tl.Dataset, served: int = 0) -> DatasetView:
     """`served`: of its `trained` tasks, those whose batch is not acknowledged yet (api/task_frontier.py)."""
     counts = frontier.split({k: v for k, v in d.counts.items() if v}, served)
     return DatasetView(
-        name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, seed=d.seed,
+        name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, levels=d.levels,
+        level_sizes=d.level_sizes or None, seed=d.seed,
         max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts=counts, done=d.done,
     )  # fmt: skip
 
@@ -79,8 +80,8 @@ def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
 
 
 def _same(d: tl.Dataset, spec: DatasetSpec) -> bool:
-    return (d.env, d.epochs, d.seed, d.order, d.max_retries) == (
-        spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries,
+    return (d.env, d.epochs, d.seed, d.order, d.max_retries, d.levels, d.level_key) == (
+        spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries, spec.levels, spec.level_key,
     )  # fmt: skip
 
 
@@ -94,7 +95,8 @@ async def register(store: Store, settings: Settings, spec: DatasetSpec) -> Datas
     source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
     first = _texts(spec.tasks or [], settings, "tasks")
     new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
-                     max_retries=spec.max_retries, env=spec.env)  # fmt: skip
+                     max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
+                     level_key=spec.level_key)  # fmt: skip
 
     def begin(txn: Txn) -> tl.Dataset:
         record = txn.tasks.get_dataset(spec.name)
@@ -123,7 +125,7 @@ async def register(store: Store, settings: Settings, spec: DatasetSpec) -> Datas
 
 
 def _adding(name: str, first: int, page: list[str], last: bool) -> Callable[[Txn], tl.Dataset]:
-    return lambda txn: tl.add_tasks(txn, name, first, page, last=last)
+    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"))
 
 
 async def add_page(store: Store, settings: Settings, page: TaskPage) -> DatasetView:
