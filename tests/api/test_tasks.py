@@ -137,7 +137,9 @@ async def test_a_server_without_files_or_ledger_refuses(settings: Settings) -> N
         assert (await c.get("/status")).json()["tasks"] == []
 
 
-async def test_a_weighted_curriculum_from_parquet(settings: Settings, tmp_path: Path) -> None:
+async def test_a_weighted_curriculum_from_parquet_and_orders_that_wait_for_the_last_page(
+    settings: Settings, tmp_path: Path
+) -> None:
     import pyarrow as pa
 
     table = pa.table({"q": list(range(9)), "level": ["hard" if i < 3 else "easy" for i in range(9)]})
@@ -161,15 +163,10 @@ async def test_a_weighted_curriculum_from_parquet(settings: Settings, tmp_path: 
         assert unweighted.status_code == 422 and "only with it" in unweighted.text
         bad = await c.post("/tasks/datasets", json={"name": "w", "tasks": [1], "order": "weighted", "levels": {"a": 0}})
         assert bad.status_code == 422
-
-
-async def test_a_shuffled_dataset_waits_for_its_last_page(settings: Settings) -> None:
-    async with serving(settings) as c:
-        await start(c)
-        spec = {"name": "math", "tasks": [1, 2], "order": "shuffled", "last": False}
-        assert (await c.post("/tasks/datasets", json=spec)).is_success
-        assert (await lease(c, 5))["leases"] == [], "its order depends on its final size"
-        assert (
-            await c.post("/tasks/pages", json={"dataset": "math", "first": 2, "tasks": [3], "last": True})
-        ).is_success
-        assert sorted(x["task"] for x in (await lease(c, 5))["leases"]) == [1, 2, 3]
+        paged = {"name": "paged", "tasks": [1, 2], "order": "shuffled", "last": False}
+        assert (await c.post("/tasks/datasets", json=paged)).is_success
+        ask = {"dataset": "paged", "producer_id": "p", "n": 4}
+        assert (await c.post("/tasks/lease", json=ask)).json()["leases"] == [], "its order needs its final size"
+        page = {"dataset": "paged", "first": 2, "tasks": [3], "last": True}
+        assert (await c.post("/tasks/pages", json=page)).is_success
+        assert sorted(x["task"] for x in (await c.post("/tasks/lease", json=ask)).json()["leases"]) == [1, 2, 3]

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from api.task_order import level_at, weighted_at
 
 LEVELS = ["a", "b", "c", "d"]
-sizes_st = st.dictionaries(st.sampled_from(LEVELS), st.integers(0, 40), min_size=1).filter(lambda s: sum(s.values()))
+sizes_st = st.dictionaries(st.sampled_from(LEVELS), st.integers(0, 12), min_size=1).filter(lambda s: sum(s.values()))
 weights_st = st.fixed_dictionaries({k: st.floats(0.01, 100) for k in LEVELS})
 
 
