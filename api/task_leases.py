@@ -35,6 +35,11 @@ RECLAIM_LIMIT = 256
 """Expired leases returned to the front per lease call (the rest on the next ones)."""
 
 
+_WEIGHTED_DEFAULTS: dict[str, object] = {"levels": None, "level_key": "level", "level_sizes": {}, "taken": {}}
+"""The weighted order's fields, left out of a record while at their defaults (a server that predates them reads
+the records of the other orders as it wrote them)."""
+
+
 @dataclass(slots=True)
 class Dataset:
     """A dataset's record: what it was registered with, its cursor and its tallies."""
@@ -69,7 +74,11 @@ class Dataset:
     """Leases held per producer."""
 
     def to_json(self) -> str:
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))  # not asdict
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: no deep copies
+        for name, default in _WEIGHTED_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]  # a dataset of another order keeps the record it had before weighted orders
+        return json.dumps(out, separators=(",", ":"))
 
     @staticmethod
     def of(text: str) -> Dataset:
