@@ -4,7 +4,8 @@
 reads past its first screens. The first `max_envs` envs (registration order, so rows do not come and go
 between polls) keep their rows and the rest are summed into one `(other envs)` row: the page's totals (queued,
 received, drops, 503s) stay whole. The drop-bias table keeps flagged envs first, as /metrics does; both
-say how many envs there are in all.
+say how many envs there are in all. Runs that lease tasks (docs/tasks.md) get their datasets' fates in aggregate
+(`tasks`: the cursor and the tallies per state, as GET /tasks; never per task), capped the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from api.drop_bias import Report
 from api.producer_state import ProducerReport
 from api.stats import Snapshot
+from api.task_schema import DatasetView
 
 _BIAS: dict[int, tuple[Report, dict[str, object]]] = {}
 """The last drop-bias report as capped JSON, by the cap: a report changes at most once a second, and
@@ -39,10 +41,15 @@ def capped_bias(report: Report | None, max_envs: int) -> dict[str, object] | Non
     return out
 
 
-def body(snap: Snapshot, bias: Report | None, seen: ProducerReport, max_envs: int) -> dict[str, Any]:
+def body(
+    snap: Snapshot, bias: Report | None, seen: ProducerReport, max_envs: int, tasks: list[DatasetView] | None = None
+) -> dict[str, Any]:
     """The dashboard's poll from a snapshot read with `max_envs` (`Service.snapshot`): at most `max_envs` env
-    rows plus one summing the rest (its `envs_total` counts them all)."""
+    rows plus one summing the rest (its `envs_total` counts them all); the first `max_envs` datasets' tallies
+    (`tasks_total` counts them all; no datasets: an empty list, and the page shows no task panel)."""
     out = snap.to_json()
+    out["tasks"] = [v.model_dump() for v in (tasks or [])[:max_envs]]
+    out["tasks_total"] = len(tasks or [])
     out["drop_bias"] = capped_bias(bias, max_envs)
     out["weights_step"] = seen.weights_step
     out["stall_reason"] = seen.stall_reason

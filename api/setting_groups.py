@@ -214,8 +214,12 @@ class TaskLeases(Group):
     task_max_dataset_size: int = Field(100_000_000, gt=0)
     """Most tasks in one dataset (422 beyond)."""
     task_files_dir: Path | None = None
-    """Where the server may read datasets from (`path` of POST /tasks/datasets, JSONL, one task a line); None:
-    datasets come only in pages posted by producers."""
+    """The one directory the server may read datasets from (`path` of POST /tasks/datasets: JSONL, one task a
+    line, or Parquet with the export extra); a path that resolves outside it (`..`, a symbolic link, an absolute
+    path) is refused. None (the default): no file is read, datasets come only in pages posted by producers."""
+    task_max_bytes: int = Field(1 * MiB, gt=0)
+    """Most bytes of one task as stored (JSON text: a line of a dataset file, a row of Parquet, a posted task):
+    422 beyond, so that a file without line breaks is never read whole."""
 
 
 class RolloutGroups(Group):

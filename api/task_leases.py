@@ -15,10 +15,10 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from api.errors import Conflict, NotFound, RollbufError
+from api.errors import Conflict, InvalidData, NotFound, RollbufError
 from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
 from api.store.tasks import FRONT, LEASED, TaskRow
-from api.task_order import task_at
+from api.task_order import SEQUENTIAL, WEIGHTED, task_at, weighted_at
 
 SUBMITTED = "submitted"
 TRAINED = "trained"
@@ -33,6 +33,11 @@ ANY_KEY = "tasks:any"
 """A named value set once a dataset exists: the hooks cost nothing in runs without one."""
 RECLAIM_LIMIT = 256
 """Expired leases returned to the front per lease call (the rest on the next ones)."""
+
+
+_WEIGHTED_DEFAULTS: dict[str, object] = {"levels": None, "level_key": "level", "level_sizes": {}, "taken": {}}
+"""The weighted order's fields, left out of a record while at their defaults (a server that predates them reads
+the records of the other orders as it wrote them)."""
 
 
 @dataclass(slots=True)
@@ -51,9 +56,17 @@ class Dataset:
     max_retries: int = 0
     """Times a dropped or failed task is offered again (0: counted and moved on)."""
     env: str | None = None
+    levels: dict[str, float] | None = None
+    """A weighted order's curriculum: each level's weight (api/task_order.py)."""
+    level_key: str = "level"
+    """A weighted order: the field of a task (a JSON object) that names its level."""
+    level_sizes: dict[str, int] = field(default_factory=dict)
+    """A weighted order: tasks stored per level (a level's tasks are stored by rank under `level_store`)."""
     epoch: int = 0
     position: int = 0
     """The cursor: the next position of `epoch`'s order to hand out."""
+    taken: dict[str, int] = field(default_factory=dict)
+    """A weighted order: tasks of each level handed out by the cursor this epoch."""
     next_seq: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     """Tasks per state (STATES) and events (EVENTS)."""
@@ -61,7 +74,11 @@ class Dataset:
     """Leases held per producer."""
 
     def to_json(self) -> str:
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":"))  # not asdict
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: no deep copies
+        for name, default in _WEIGHTED_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]  # a dataset of another order keeps the record it had before weighted orders
+        return json.dumps(out, separators=(",", ":"))
 
     @staticmethod
     def of(text: str) -> Dataset:
@@ -82,6 +99,32 @@ class Lease:
     data: str
     """The task as registered (JSON text)."""
     expires_at: float
+
+
+def level_store(name: str, level: str) -> str:
+    """Where a weighted dataset keeps a level's task indices by rank, as task data (`#` is not in a dataset's
+    name, so no dataset is stored there)."""
+    return f"{name}#{level}"
+
+
+def level_of(d: Dataset, index: int, text: str, where: tuple[str, ...]) -> str:
+    """A task's level in a weighted dataset, or 422 naming the task."""
+    task = json.loads(text)
+    value = task.get(d.level_key) if isinstance(task, dict) else None
+    level = str(value).lower() if isinstance(value, bool) else str(value)
+    if value is None or isinstance(value, (dict, list)) or level not in (d.levels or {}):
+        raise InvalidData(where, f"task {index}: its {d.level_key!r} ({value!r}) is not one of the levels")
+    return level
+
+
+def _index_levels(txn: Txn, d: Dataset, first: int, data: Sequence[str], where: tuple[str, ...]) -> None:
+    """Store the new tasks' indices under their levels, by rank (the tasks from `d.size` on are new)."""
+    by_level: dict[str, list[str]] = {}
+    for k in range(max(0, d.size - first), len(data)):
+        by_level.setdefault(level_of(d, first + k, data[k], where), []).append(str(first + k))
+    for level, indices in by_level.items():
+        txn.tasks.add_tasks(level_store(d.name, level), d.level_sizes.get(level, 0), indices)
+        d.level_sizes[level] = d.level_sizes.get(level, 0) + len(indices)
 
 
 def token_of(name: str, epoch: int, index: int, leases: int) -> str:
@@ -150,9 +193,11 @@ def register(txn: Txn, d: Dataset) -> Dataset:
     return d
 
 
-def add_tasks(txn: Txn, name: str, first: int, data: Sequence[str], *, last: bool) -> Dataset:
+def add_tasks(
+    txn: Txn, name: str, first: int, data: Sequence[str], *, last: bool, where: tuple[str, ...] = ("body", "tasks")
+) -> Dataset:
     """Store a page of tasks at `first` (the dataset's size so far: pages come in order, a page sent again is
-    a no-op); `last` seals the dataset."""
+    a no-op); `last` seals the dataset. `where`: the field a task without a level is reported at."""
     moves = _Moves(txn)
     d = moves.get(name)
     if d is None:
@@ -161,6 +206,8 @@ def add_tasks(txn: Txn, name: str, first: int, data: Sequence[str], *, last: boo
         return d  # a retried page of a sealed dataset
     if first > d.size:
         raise RollbufError(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}")
+    if d.order == WEIGHTED:
+        _index_levels(txn, d, first, data, where)
     txn.tasks.add_tasks(name, first, data)
     d.size = max(d.size, first + len(data))
     d.sealed = last
@@ -186,15 +233,22 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     taken: list[TaskRow] = []
     for row in (front + back)[:n]:
         taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now))
-    while len(taken) < n:
+    fresh: list[tuple[str, int]] = []  # from the cursor: (level, rank) in a weighted order, else ("", index)
+    while len(taken) + len(fresh) < n and (d.sealed or d.order == SEQUENTIAL):  # others need the final size
         if d.position >= d.size:
             more = d.epochs is None or d.epoch + 1 < d.epochs
-            quiet = not d.counts.get(LEASED) and not d.counts.get(FRONT) and not any(r.state == LEASED for r in taken)
+            quiet = not d.counts.get(LEASED) and not d.counts.get(FRONT) and not taken and not fresh
             if not (d.sealed and more and quiet and d.size):
                 break  # wait: the epoch's last tasks are out, or pages are still coming, or the dataset is done
-            d.epoch, d.position = d.epoch + 1, 0
-        index = task_at(d.order, d.seed, d.epoch, d.position, d.size)
+            d.epoch, d.position, d.taken = d.epoch + 1, 0, {}
+        if d.order == WEIGHTED:
+            level, rank = weighted_at(d.seed, d.epoch, d.position, d.levels or {}, d.level_sizes, d.taken)
+            d.taken[level] = d.taken.get(level, 0) + 1
+            fresh.append((level, rank))
+        else:
+            fresh.append(("", task_at(d.order, d.seed, d.epoch, d.position, d.size)))
         d.position += 1
+    for index in _indices(txn, name, fresh):
         row = TaskRow(name, d.epoch, index, "", updated_at=now)
         taken.append(_move(d, row, LEASED, leases=1, producer=producer, expires_at=until))
     for row in taken:
@@ -206,6 +260,19 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     data = tasks.task_data(name, {r.index for r in taken})
     return [Lease(token_of(name, r.epoch, r.index, r.leases), r.epoch, r.index, data.get(r.index, "null"), until)
             for r in taken]  # fmt: skip
+
+
+def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:
+    """The task indices of the cursor's picks: a weighted pick's (level, rank) looked up, one read per level."""
+    ranks: dict[str, list[int]] = {}
+    for level, rank in fresh:
+        if level:
+            ranks.setdefault(level, []).append(rank)
+    found = {level: txn.tasks.task_data(level_store(name, level), r) for level, r in ranks.items()}
+    try:
+        return [int(found[level][rank]) if level else rank for level, rank in fresh]
+    except KeyError:
+        raise RollbufError(f"dataset {name!r}: a level's task index is missing from the store") from None
 
 
 def _held(txn: Txn, token: str) -> tuple[Dataset, TaskRow, _Moves] | None:

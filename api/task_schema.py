@@ -3,9 +3,9 @@ heartbeated, given up, and their fates. Imports only pydantic and the wire's rul
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from api.wire import PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
 
@@ -13,6 +13,9 @@ DATASET_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 TOKEN_MAX = 200
 """Longest lease token (a token is a group id: at most GROUP_ID_MAX)."""
 REASON_MAX = 500
+LEVEL_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
+MAX_LEVELS = 64
+Weight = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 
 
 class DatasetSpec(_Request, _Text):
@@ -28,18 +31,33 @@ class DatasetSpec(_Request, _Text):
     """Passes over the dataset; null: forever."""
     seed: int = Field(default=0, ge=0, le=SAFE_INT_MAX)
     """Fixes the shuffled orders."""
-    order: Literal["sequential", "shuffled"] = "sequential"
-    """`shuffled`: a new order each epoch, fixed by (seed, epoch)."""
+    order: Literal["sequential", "shuffled", "weighted"] = "sequential"
+    """`shuffled`: a new order each epoch, fixed by (seed, epoch). `weighted`: a curriculum (`levels`): each
+    position's level drawn by (seed, epoch, position) in proportion to the weights of the levels with tasks left,
+    the task the next of its level's shuffled order; every task still once per epoch. Shuffled and weighted
+    orders hand out nothing until the dataset is sealed (the order depends on the final size)."""
+    levels: dict[Annotated[str, Field(pattern=LEVEL_NAME)], Weight] | None = Field(default=None, max_length=MAX_LEVELS)
+    """Order `weighted` (and only it): each level's weight (> 0). Every task must name one of these levels."""
+    level_key: str = Field(default="level", min_length=1, max_length=200)
+    """Order `weighted`: the field of each task (a JSON object) that names its level (a string, or a number or
+    boolean, matched by its JSON text)."""
     max_retries: int = Field(default=0, ge=0, le=1000)
     """Times a task whose group was dropped (stale, a filter) or that its producer failed is offered again; 0:
     counted and moved on."""
     path: str | None = Field(default=None, max_length=4096)
-    """A JSONL file (one task a line) under the server's `task_files_dir`, read a page at a time. A retry of a
-    registration whose file was not read through goes on where it stopped."""
+    """A file under the server's `task_files_dir` (unset: none is read), read a page at a time: JSONL (one task a
+    line) or, named `*.parquet`, Parquet (one task a row, an object of its columns). A retry of a registration
+    whose file was not read through goes on where it stopped."""
     tasks: list[Any] | None = None
     """The first page of tasks (any JSON values), instead of `path`; more with POST /tasks/pages."""
     last: bool = True
     """With `tasks`: no page follows (the dataset is sealed: the cursor may end an epoch)."""
+
+    @model_validator(mode="after")
+    def _levels_with_weighted(self) -> DatasetSpec:
+        if (self.order == "weighted") != bool(self.levels):
+            raise ValueError("levels are given with order weighted, and only with it")
+        return self
 
 
 class TaskPage(_Request):
@@ -133,6 +151,10 @@ class DatasetView(_Wire):
     """As registered (null: forever)."""
     order: str
     """As registered."""
+    levels: dict[str, float] | None = None
+    """A weighted order's levels and weights, as registered."""
+    level_sizes: dict[str, int] | None = None
+    """A weighted order: tasks stored per level."""
     seed: int
     """As registered."""
     max_retries: int

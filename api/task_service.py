@@ -7,8 +7,6 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from itertools import islice
-from pathlib import Path
 from typing import Any
 
 from api import task_frontier as frontier
@@ -17,6 +15,7 @@ from api.errors import Conflict, InvalidData, NotFound
 from api.settings import Settings
 from api.store.base import Store, Txn
 from api.store.tasks import TaskRow
+from api.task_files import TaskFile, resolve
 from api.task_schema import (
     DatasetSpec,
     DatasetView,
@@ -37,7 +36,8 @@ def view_of(d: tl.Dataset, served: int = 0) -> DatasetView:
     """`served`: of its `trained` tasks, those whose batch is not acknowledged yet (api/task_frontier.py)."""
     counts = frontier.split({k: v for k, v in d.counts.items() if v}, served)
     return DatasetView(
-        name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, seed=d.seed,
+        name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, levels=d.levels,
+        level_sizes=d.level_sizes or None, seed=d.seed,
         max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts=counts, done=d.done,
     )  # fmt: skip
 
@@ -72,37 +72,16 @@ def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
         check_printable({where: tasks})
     except InvalidData as exc:
         raise exc.at("body") from None
-    return [json.dumps(t, separators=(",", ":")) for t in tasks]
-
-
-def _file(settings: Settings, path: str) -> Path:
-    """`path` under `task_files_dir`, or 422."""
-    root = settings.task_files_dir
-    if root is None:
-        raise InvalidData(("body", "path"), "this server reads no dataset files (task_files_dir is unset)")
-    resolved = (root / path).resolve()
-    if not resolved.is_relative_to(root.resolve()) or not resolved.is_file():
-        raise InvalidData(("body", "path"), f"no file {path!r} under task_files_dir")
-    return resolved
-
-
-def _read_page(path: Path, first: int, n: int) -> list[str]:
-    """Lines first..first+n-1 of a JSONL file (blank lines skipped), each checked to be JSON."""
-    out = []
-    with path.open(encoding="utf-8") as f:
-        lines = (line.strip() for line in f)
-        for k, line in enumerate(islice((x for x in lines if x), first, first + n)):
-            try:
-                json.loads(line)
-            except ValueError as exc:
-                raise InvalidData(("body", "path"), f"task {first + k} is not JSON: {exc}") from None
-            out.append(line)
-    return out
+    texts = [json.dumps(t, separators=(",", ":")) for t in tasks]
+    for i, text in enumerate(texts):
+        if len(text.encode()) > settings.task_max_bytes:
+            raise InvalidData(("body", where, i), f"over {settings.task_max_bytes} bytes (task_max_bytes)")
+    return texts
 
 
 def _same(d: tl.Dataset, spec: DatasetSpec) -> bool:
-    return (d.env, d.epochs, d.seed, d.order, d.max_retries) == (
-        spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries,
+    return (d.env, d.epochs, d.seed, d.order, d.max_retries, d.levels, d.level_key) == (
+        spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries, spec.levels, spec.level_key,
     )  # fmt: skip
 
 
@@ -113,10 +92,11 @@ async def register(store: Store, settings: Settings, spec: DatasetSpec) -> Datas
         raise InvalidData(("body", "path"), "give either path or tasks, not both")
     if not settings.ledger:
         raise Conflict("tasks follow their groups through the ledger: this server runs with ledger off")
-    source = _file(settings, spec.path) if spec.path is not None else None
+    source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
     first = _texts(spec.tasks or [], settings, "tasks")
     new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
-                     max_retries=spec.max_retries, env=spec.env)  # fmt: skip
+                     max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
+                     level_key=spec.level_key)  # fmt: skip
 
     def begin(txn: Txn) -> tl.Dataset:
         record = txn.tasks.get_dataset(spec.name)
@@ -131,17 +111,21 @@ async def register(store: Store, settings: Settings, spec: DatasetSpec) -> Datas
         return new
 
     d = await store.transact(begin)
-    while source is not None and not d.sealed:
-        page = await asyncio.to_thread(_read_page, source, d.size, settings.task_page_size)
-        if d.size + len(page) > settings.task_max_dataset_size:
-            raise InvalidData(("body", "path"), f"more than {settings.task_max_dataset_size} tasks")
-        last = len(page) < settings.task_page_size
-        d = await store.transact(_adding(spec.name, d.size, page, last))
+    if source is None or d.sealed:
+        return view_of(d)
+    opened = await asyncio.to_thread(TaskFile, source, d.size, settings.task_page_size, settings.task_max_bytes)
+    with opened:  # one open file, read on from where the stored tasks end: O(1) per page
+        while not d.sealed:
+            page = await asyncio.to_thread(opened.next_page)
+            if d.size + len(page) > settings.task_max_dataset_size:
+                raise InvalidData(("body", "path"), f"more than {settings.task_max_dataset_size} tasks")
+            last = len(page) < settings.task_page_size
+            d = await store.transact(_adding(spec.name, d.size, page, last))
     return view_of(d)
 
 
 def _adding(name: str, first: int, page: list[str], last: bool) -> Callable[[Txn], tl.Dataset]:
-    return lambda txn: tl.add_tasks(txn, name, first, page, last=last)
+    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"))
 
 
 async def add_page(store: Store, settings: Settings, page: TaskPage) -> DatasetView:

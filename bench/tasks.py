@@ -1,9 +1,16 @@
 """Task leases per second (issue 39, docs/tasks.md): leasing must cost the same per task at 1k and at millions of
-tasks. For each store and dataset size: the dataset loaded in pages (tasks/s), then `--leases` leases taken one
-per transaction by 1 / 8 / 32 concurrent producers, each lease's group acknowledged (its task submitted) in its own
+tasks. For each store and dataset size: the dataset loaded (tasks/s), then `--leases` leases taken one per
+transaction by 1 / 8 / 32 concurrent producers, each lease's group acknowledged (its task submitted) in its own
 transaction as ingest would; leases/s, and per shuffled and sequential order. Through the store, without HTTP.
 
+`--source file` registers the dataset as the server does from a JSONL file under `task_files_dir`
+(api/task_service.py's `register`: one open file, a page per transaction), and the process's resident memory
+(VmRSS, this process is the server here) is reported after the store opened, after the load and after the
+leases: on SQLite and PostgreSQL it stays flat whatever the dataset's size (the memory store keeps the tasks in
+memory, by design).
+
     python -m bench.tasks [--sizes 1000 1000000] [--stores memory sqlite postgresql] [--leases 2000]
+                          [--source pages|file] [--producers 1 8 32]
 
 Figures are noisy on a shared machine: compare the rows of one run.
 """
@@ -22,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from api import task_leases as tl
+from api import task_service
+from api.settings import Settings
 from api.store import Store, make_store
 from api.store.base import QUEUED, LedgerGroup, Txn
 
@@ -36,6 +45,32 @@ def store_url(kind: str, tmp: Path, name: str, stack: contextlib.ExitStack) -> s
     from tests import pg
 
     return pg.url_of(stack.enter_context(pg.database()), schema="bench_tasks")
+
+
+def rss_mb() -> float:
+    """This process's resident memory now (MiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def write_jsonl(path: Path, size: int) -> None:
+    with path.open("w") as f:
+        for first in range(0, size, PAGE):
+            f.write("".join(f'{{"q":{i}}}\n' for i in range(first, min(size, first + PAGE))))
+
+
+async def load_file(store: Store, size: int, order: str, tmp: Path) -> float:
+    path = tmp / f"tasks-{size}.jsonl"
+    if not path.exists():
+        write_jsonl(path, size)
+    settings = Settings(store="memory://", task_files_dir=tmp)
+    spec = task_service.DatasetSpec(name="d", order=order, epochs=None, path=path.name)
+    started = time.perf_counter()
+    view = await task_service.register(store, settings, spec)
+    assert view.size == size and view.sealed, view
+    return size / (time.perf_counter() - started)
 
 
 async def load(store: Store, size: int, order: str) -> float:
@@ -86,17 +121,27 @@ async def lease_loop(store: Store, producers: int, leases: int) -> float:
     return leases / (time.perf_counter() - started)
 
 
-async def run(stores: list[str], sizes: list[int], leases: int, orders: list[str]) -> list[dict[str, Any]]:
+async def run(
+    stores: list[str], sizes: list[int], leases: int, orders: list[str], source: str, counts: list[int]
+) -> list[dict[str, Any]]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind, size, order in itertools.product(stores, sizes, orders):
             stack = contextlib.ExitStack()
             store = make_store(store_url(kind, Path(tmp), f"{size}-{order}", stack))
             try:
-                loaded = await load(store, size, order)
-                row: dict[str, Any] = {"store": kind, "tasks": size, "order": order, "load_tasks_per_s": round(loaded)}
-                for producers in (1, 8, 32):
-                    row[f"leases_per_s_{producers}"] = round(await lease_loop(store, producers, leases))
+                await store.transact(lambda txn: txn.get_value(tl.ANY_KEY))  # opened (PostgreSQL: connected)
+                row: dict[str, Any] = {"store": kind, "tasks": size, "order": order, "source": source}
+                row["rss_mb_open"] = round(rss_mb())
+                loaded = await (
+                    load_file(store, size, order, Path(tmp)) if source == "file" else load(store, size, order)
+                )
+                row["load_tasks_per_s"] = round(loaded)
+                row["rss_mb_loaded"] = round(rss_mb())
+                for producers in counts:  # a count given twice (1 8 32 1): the later figure under `_again`
+                    key = f"leases_per_s_{producers}"
+                    row[key + "_again" if key in row else key] = round(await lease_loop(store, producers, leases))
+                row["rss_mb_leased"] = round(rss_mb())
                 print(json.dumps(row), flush=True)
                 out.append(row)
             finally:
@@ -111,8 +156,10 @@ def main() -> None:
     ap.add_argument("--stores", nargs="+", default=["memory", "sqlite"])
     ap.add_argument("--orders", nargs="+", default=["shuffled"])
     ap.add_argument("--leases", type=int, default=2000)
+    ap.add_argument("--source", choices=["pages", "file"], default="pages")
+    ap.add_argument("--producers", type=int, nargs="+", default=[1, 8, 32])
     args = ap.parse_args()
-    asyncio.run(run(args.stores, args.sizes, args.leases, args.orders))
+    asyncio.run(run(args.stores, args.sizes, args.leases, args.orders, args.source, args.producers))
 
 
 if __name__ == "__main__":

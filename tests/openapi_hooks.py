@@ -17,8 +17,9 @@ the schema with another valid one, and never add a field, so a request that brea
 - `/weights`, `/weights/pending`: `step` is at most the trainer's step (0); a heartbeat's `env_ids` name
   registered environments (none here);
 - `/tasks/datasets`: `path` names a file under the server's `task_files_dir` (the server under test has none:
-  null here); `/tasks/pages`: `first` is at most the tasks stored (0 here), a page holds at most `task_page_size`
-  tasks (the first 1000 here), each free-form as below;
+  null here); `levels` come with order `weighted` only, and then every task names one (here: no levels, and a
+  weighted order becomes shuffled); `/tasks/pages`: `first` is at most the tasks stored (0 here), a page holds
+  at most `task_page_size` tasks (the first 1000 here), each free-form as below;
 - `/tasks/rows`: `dataset` names a registered dataset (the test registers `conformance`);
 - `/rollouts/open`: `min_group_size` is at most `group_size` (null here otherwise), `deadline_s` at most
   `rollout_max_deadline_s` (1 s here), `env_id` registered (null here); `/rollouts/post`: `masks` and
@@ -132,6 +133,10 @@ def _align_body(path: str, body: Any) -> None:
     elif path in ("/tasks/datasets", "/tasks/pages") and isinstance(body, dict):
         if "path" in body:
             body["path"] = None
+        if "levels" in body or body.get("order") == "weighted":
+            body["levels"] = None
+            if body.get("order") == "weighted":
+                body["order"] = "shuffled"
         if _int(body.get("first"), 0, SAFE_INT_MAX):
             body["first"] = 0
         if isinstance(body.get("tasks"), list):

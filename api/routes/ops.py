@@ -92,7 +92,7 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     envs (the rest summed, as /metrics does)."""
     snap = await service.snapshot(settings.metrics_max_envs)
     body = dashboard_data_body(snap, await service.drop_bias(), await service.producer_report(),
-                               settings.metrics_max_envs)  # fmt: skip
+                               settings.metrics_max_envs, await task_service.datasets(service.store))  # fmt: skip
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

@@ -36,8 +36,9 @@ router = APIRouter(tags=["tasks"])
     response_model=DatasetView,
 )
 async def register_dataset(body: DatasetSpec, service: ServiceDep, settings: SettingsDep) -> DatasetView:
-    """Register a dataset: its tasks inline (`tasks`, more pages with POST /tasks/pages) or a JSONL file the
-    server reads (`path`, under `task_files_dir`). A retry of the same registration is safe."""
+    """Register a dataset: its tasks inline (`tasks`, more pages with POST /tasks/pages) or a JSONL or Parquet
+    file the server reads (`path`, under `task_files_dir`; none without it). A retry of the same registration
+    is safe, and goes on reading a file where it stopped."""
     return await task_service.register(service.store, settings, body)
 
 

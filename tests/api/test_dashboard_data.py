@@ -41,3 +41,20 @@ async def test_env_rows_past_the_cap_are_summed_and_the_totals_stay_whole() -> N
     assert other["received"] == 18 and other["weight"] == 9.0
     bias = d["drop_bias"]
     assert bias is not None and len(bias["envs"]) == 3 and bias["envs_total"] == 12
+
+
+async def test_datasets_come_in_aggregate_only_when_the_run_uses_tasks() -> None:
+    app = create_app(Settings(store="memory://", metrics_max_envs=2))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            before = (await c.get("/dashboard/data")).json()
+            for name in ("a", "b", "c"):
+                spec = {"name": name, "tasks": [{"q": i} for i in range(4)]}
+                assert (await c.post("/tasks/datasets", json=spec)).status_code == 200
+            leased = await c.post("/tasks/lease", json={"dataset": "a", "producer_id": "p", "n": 3})
+            token = leased.json()["leases"][0]["token"]
+            assert (await c.post("/tasks/fail", json={"token": token, "reason": "crashed"})).status_code == 200
+            after = (await c.get("/dashboard/data")).json()
+    assert (before["tasks"], before["tasks_total"]) == ([], 0)
+    assert [t["name"] for t in after["tasks"]] == ["a", "b"] and after["tasks_total"] == 3, "capped as envs are"
+    assert after["tasks"][0]["counts"] == {"leased": 2, "failed": 1} and after["tasks"][0]["position"] == 3

@@ -135,3 +135,38 @@ async def test_a_server_without_files_or_ledger_refuses(settings: Settings) -> N
         assert (await c.post("/tasks/datasets", json={"name": "m", "path": "x.jsonl"})).status_code == 422
         assert (await c.get("/tasks")).json() == []
         assert (await c.get("/status")).json()["tasks"] == []
+
+
+async def test_a_weighted_curriculum_from_parquet_and_orders_that_wait_for_the_last_page(
+    settings: Settings, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+
+    table = pa.table({"q": list(range(9)), "level": ["hard" if i < 3 else "easy" for i in range(9)]})
+    pq.write_table(table, tmp_path / "c.parquet", row_group_size=4)
+    (tmp_path / "odd.jsonl").write_text('{"q": 0, "level": "easy"}\n{"q": 1, "level": "expert"}\n')
+    levels = {"easy": 5, "hard": 1}
+    async with serving(settings, task_files_dir=tmp_path, task_page_size=4) as c:
+        await start(c)
+        spec = {"name": "math", "path": "c.parquet", "order": "weighted", "levels": levels, "epochs": 2, "seed": 3}
+        made = await c.post("/tasks/datasets", json=spec)
+        assert made.status_code == 200, made.text
+        assert made.json()["level_sizes"] == {"easy": 6, "hard": 3} and made.json()["size"] == 9
+        assert (await c.post("/tasks/datasets", json={**spec, "levels": {"easy": 1, "hard": 1}})).status_code == 409
+        got = [(x["epoch"], x["task"]["q"]) for _ in range(3) for x in (await lease(c, 4))["leases"]]
+        assert sorted(got) == [(0, q) for q in range(9)], "every task of the epoch once"
+        odd = await c.post("/tasks/datasets", json={**spec, "name": "odd", "path": "odd.jsonl"})
+        assert odd.status_code == 422 and "task 1" in odd.text and odd.json()["detail"][0]["loc"] == ["body", "path"]
+        inline = {"name": "inl", "order": "weighted", "levels": levels, "tasks": [{"level": "easy"}, 3]}
+        assert (await c.post("/tasks/datasets", json=inline)).status_code == 422
+        unweighted = await c.post("/tasks/datasets", json={"name": "u", "tasks": [1], "levels": levels})
+        assert unweighted.status_code == 422 and "only with it" in unweighted.text
+        bad = await c.post("/tasks/datasets", json={"name": "w", "tasks": [1], "order": "weighted", "levels": {"a": 0}})
+        assert bad.status_code == 422
+        paged = {"name": "paged", "tasks": [1, 2], "order": "shuffled", "last": False}
+        assert (await c.post("/tasks/datasets", json=paged)).is_success
+        ask = {"dataset": "paged", "producer_id": "p", "n": 4}
+        assert (await c.post("/tasks/lease", json=ask)).json()["leases"] == [], "its order needs its final size"
+        page = {"dataset": "paged", "first": 2, "tasks": [3], "last": True}
+        assert (await c.post("/tasks/pages", json=page)).is_success
+        assert sorted(x["task"] for x in (await c.post("/tasks/lease", json=ask)).json()["leases"]) == [1, 2, 3]

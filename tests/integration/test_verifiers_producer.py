@@ -2,7 +2,7 @@
 chat harness run by `uv` from the local index `make install` builds) on the stand-in `/inference/v1/generate`
 (`tests/fake_vllm.py`), run by `RolloutRunner` in process and through verifiers' `serve_env(max_workers=2)`,
 submitted to a real rollbuf server and read back from /batch: exact tokens, masks, sentinels, scores, group
-ids and the counts of what was dropped."""
+ids and the counts of what was dropped; and its taskset leased from rollbuf by two producers."""
 
 from __future__ import annotations
 
@@ -18,9 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
+from api.settings import Settings
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from rollout_client.verifiers_pool import children
+from rollout_client.verifiers_tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
 from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
 from tests.integration.test_runner import drain, start_trainer, until
 from tests.servers import running_server
@@ -148,13 +151,47 @@ async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_i
     assert stats.accepted >= 1 and not stats.failed
 
 
-def test_tasks_from_a_finite_taskset_cycle_and_an_endless_one_streams(offline: Path) -> None:
+async def test_tasks_from_a_finite_taskset_cycle_an_endless_one_streams_and_producers_can_lease_them(
+    offline: Path,
+) -> None:
+    """`verifiers_tasks` walks the taskset; registered with rollbuf (rollout_client/verifiers_tasks.py, a page at a
+    time, safe to run again), two producers lease it: each task once in the epoch, as `verifiers_tasks` makes it.
+    One test, so that verifiers' import (seconds) is paid once."""
     finite = verifiers_tasks(env_config_data(), limit=2)
     got = [finite.next_task() for _ in range(5)]
     assert [t.prompt for t in got if t] == ["Say apple.", "Say river.", "Say apple.", "Say river.", "Say apple."]
     assert got[0] is not None and got[0].meta["verifiers_task"]["answer"] == "apple"
     endless = verifiers_tasks({**env_config_data(), "taskset": {"id": "rollbuf_endless_vf"}})
     assert [t.prompt for t in (endless.next_task() for _ in range(3)) if t] == ["Say w0.", "Say w1.", "Say w2."]
+    await leased_from_rollbuf(env_config_data())
+
+
+async def leased_from_rollbuf(config: dict[str, Any]) -> None:
+    expected = {t.id: t for t in iter(verifiers_tasks(config, cycle=False).next_task, None)}
+    assert len(expected) >= 3
+    with pytest.raises(ValueError, match="give limit"):
+        next(verifiers_task_rows({**config, "taskset": {"id": "rollbuf_endless_vf"}}))
+    app = create_app(Settings(store="memory://"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)  # the server in process, as the producers' transport
+        spec = {"page": 2, "epochs": 2, "order": "shuffled", "seed": 3, "transport": transport}
+        view = await register_verifiers_dataset("http://localhost", "vf", config, **spec)
+        again = await register_verifiers_dataset("http://localhost", "vf", config, **spec)
+        assert view.size == again.size == len(expected) and view.sealed, "a second run is a no-op"
+        sources = [verifiers_leased_tasks("vf", "http://localhost", transport=transport, batch=2) for _ in range(2)]
+        got = []
+        while len(got) < len(expected):  # the first epoch, the two producers in turn
+            task = await sources[len(got) % 2].anext_task()
+            assert task is not None
+            got.append(task)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            [dataset] = (await c.get("/tasks")).json()
+        for source in sources:
+            await source.aclose()
+    assert sorted(t.id for t in got) == sorted(expected), "each task once in the epoch"
+    for t in got:
+        assert (t.prompt, t.meta["verifiers_task"]) == (expected[t.id].prompt, expected[t.id].meta["verifiers_task"])
+    assert dataset["counts"] == {"leased": len(expected)} and dataset["epoch"] == 0
 
 
 async def test_a_group_left_short_is_submitted_whole_with_its_left_out_counts(tmp_path: Path, offline: Path) -> None:

@@ -5,6 +5,7 @@ twice, retries stay within the policy, and a finished dataset has every (epoch, 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from hypothesis import settings
@@ -15,14 +16,14 @@ from api import task_leases as tl
 from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup
 from api.store.memory import MemoryTxn, State
 from api.store.tasks import FRONT, LEASED
-from api.task_order import ORDERS, task_at
+from api.task_order import ORDERS, POSITIONAL, WEIGHTED, task_at
 
 DURATION = 10.0
 
 
 def test_every_order_is_a_permutation_of_its_epoch() -> None:
     for size in (1, 2, 3, 5, 16, 17, 100, 1000):
-        for order in ORDERS:
+        for order in POSITIONAL:
             for epoch in (0, 1):
                 assert sorted(task_at(order, 7, epoch, p, size) for p in range(size)) == list(range(size))
     assert [task_at("shuffled", 7, 0, p, 100) for p in range(100)] != [
@@ -46,10 +47,14 @@ class Leases(RuleBasedStateMachine):
     def start(self, size: int, epochs: int, retries: int, order: str) -> None:
         self.txn = MemoryTxn(State())
         self.size, self.epochs, self.max_retries = size, epochs, retries
+        levels = {"easy": 3.0, "hard": 1.0} if order == WEIGHTED else None
         tl.register(
-            self.txn, tl.Dataset(name="d", sealed=False, epochs=epochs, order=order, max_retries=retries, seed=1)
+            self.txn,
+            tl.Dataset(name="d", sealed=False, epochs=epochs, order=order, max_retries=retries, seed=1, levels=levels),
         )
-        tl.add_tasks(self.txn, "d", 0, [str(i) for i in range(size)], last=True)
+        tasks = [f'{{"i":{i},"level":"{"hard" if i % 3 == 0 else "easy"}"}}' for i in range(size)]
+        tl.add_tasks(self.txn, "d", 0, tasks[:2], last=False)  # in two pages: levels indexed across pages
+        tl.add_tasks(self.txn, "d", min(2, size), tasks[2:], last=True)
         self.now = 0.0
         self.model: dict[tuple[int, int], Model] = {}
         self.expiry: dict[str, float] = {}
@@ -77,12 +82,12 @@ class Leases(RuleBasedStateMachine):
         for x in got:
             key = (x.epoch, x.index)
             assert 0 <= x.index < self.size and 0 <= x.epoch < self.epochs
+            assert json.loads(x.data)["i"] == x.index, "the task handed out is the one its index names"
             m = self.model.setdefault(key, Model(FRONT))
             assert m.state == FRONT, f"{key} leased while {m.state}"
             m.state, m.token = LEASED, x.token
             self.expiry[x.token] = x.expires_at
             self.tokens.append(x.token)
-            assert x.data == str(x.index)
 
     @rule(dt=st.sampled_from([1.0, 6.0, 11.0]))
     def time_passes(self, dt: float) -> None:
