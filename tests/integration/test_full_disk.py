@@ -20,7 +20,9 @@ from tests.factories import env, group, registration
 from tests.servers import running_server
 
 pytestmark = pytest.mark.integration
-DISK = "6m"
+DISK = "16m"
+"""Room for the empty store (~3 MiB), the groups written before it fills and, once space returns, the WAL's
+checkpoint into the file (it grows the file by what the WAL holds: on 6 MiB it could not, and /readyz stayed 503)."""
 ROOM = 2 << 20
 """What the store may still write once the filler is in: a few groups' worth."""
 READY_AGAIN_S = 30.0

@@ -40,9 +40,9 @@ HANG_GUARD_S = 60.0
 """Upper bound on waits that should take well under a second: a hang fails the test instead of stalling CI."""
 
 
-async def until(cond: Callable[[], bool], what: str) -> None:
-    """Poll `cond` (never a fixed sleep as a wait); fail after HANG_GUARD_S."""
-    deadline = time.monotonic() + HANG_GUARD_S
+async def until(cond: Callable[[], bool], what: str, guard_s: float = HANG_GUARD_S) -> None:
+    """Poll `cond` (never a fixed sleep as a wait); fail after `guard_s`."""
+    deadline = time.monotonic() + guard_s
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")

@@ -22,10 +22,10 @@ from api.app import create_app
 from api.settings import Settings
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
-from rollout_client.verifiers_pool import children
+from rollout_client.verifiers_pool import POOL_START_S, children
 from rollout_client.verifiers_tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
 from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
-from tests.integration.test_runner import drain, start_trainer, until
+from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, until
 from tests.servers import running_server
 from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ, prompt_ids
 
@@ -239,7 +239,9 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
             broker = env._pool.life.proc.pid
             runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=G)
             run = asyncio.create_task(runner.run())
-            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "a group's episodes at the workers")
+            # the pool's first worker imports verifiers and builds the env first: bounded as the pool bounds it
+            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "a group's episodes at the workers",
+                        POOL_START_S + HANG_GUARD_S)  # fmt: skip
             victim = min(pool_workers(broker))
             os.kill(victim, signal.SIGKILL)
             await until(lambda: runner.stats.failed["verifiers"]["pool_worker_died"] == 1, "the group failed")
