@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from api import rollout_groups as rg
@@ -23,6 +24,7 @@ from api.rollout_schema import (
     SealRequest,
     SlotLease,
 )
+from api.setting_groups import setting
 from api.settings import Settings
 from api.store.base import ANON_ENV, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
@@ -31,6 +33,15 @@ if TYPE_CHECKING:
     from api.service import Service
 
 log = logging.getLogger("rollbuf")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """The background sweep of open groups (`Service`'s `rollout_sweep` job)."""
+
+    every: float = setting("rollout_sweep_every_s")
+    limit: int = setting("rollout_sweep_limit")
+
 
 COUNTS = "rollouts"
 """Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused."""
@@ -229,10 +240,19 @@ async def finish(service: Service, key: str) -> None:
     await service.store.transact(lambda txn: mark_txn(txn, key, refused))
 
 
-def sweep_txn(txn: Txn, now: float, limit: int) -> list[str]:
-    """Decide on the groups past their deadline (sealed with what is in, or expired); the keys to finish."""
+@dataclass(frozen=True, slots=True)
+class Swept:
+    n: int
+    """Groups the sweep read (at most its limit)."""
+    sealing: list[str]
+    """The keys of the groups to finish (ingest and mark sealed)."""
+
+
+def sweep_txn(txn: Txn, now: float, limit: int) -> Swept:
+    """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish."""
     out = []
-    for row in txn.rollouts.due(now, limit):
+    rows = txn.rollouts.due(now, limit)
+    for row in rows:
         if row.state == "sealing":
             out.append(row.key)
             continue
@@ -248,7 +268,7 @@ def sweep_txn(txn: Txn, now: float, limit: int) -> list[str]:
         txn.rollouts.put(new)
         if new.state == "sealing":
             out.append(row.key)
-    return out
+    return Swept(len(rows), out)
 
 
 def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -> list[SlotLease]:
@@ -299,9 +319,14 @@ def totals_txn(txn: Txn) -> dict[str, int]:
     return counts
 
 
-async def sweep(service: Service, settings: Settings) -> None:
-    """Seal or expire what is due and finish interrupted seals (from the producers' calls: a group whose
-    producers all died is sealed at its deadline by the next call of any producer)."""
+async def sweep(service: Service, limit: int) -> bool:
+    """Seal or expire what is due and finish interrupted seals (from POST /rollouts/lease and the service's
+    background job, so that a group whose producers all died is sealed at its deadline); whether it decided on
+    `limit` groups (more may be due). Nothing due: one read, no write."""
     now = time.time()
-    for key in await service.store.transact(lambda txn: sweep_txn(txn, now, settings.rollout_sweep_limit)):
+    if not await service.store.read(lambda txn: txn.rollouts.due(now, 1)):
+        return False
+    decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit))
+    for key in decided.sealing:
         await finish(service, key)
+    return decided.n >= limit

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
-from api import ledger, state, stats, submissions
+from api import ledger, rollout_service, state, stats, submissions
 from api.access import ANONYMOUS, Identity
 from api.acks import commit_txn
 from api.batches import BatchWaiting, FormedBatch
@@ -73,6 +73,7 @@ REFUSALS_FLUSH_S = 1.0
 LATEST_MAX_BYTES = 4 << 20
 """Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
 REFUSALS, SWEEP, PRUNE, WATCH = "refusals", "side_buffer_sweep", "ledger_prune", "drop_bias_watch"
+ROLLOUTS = "rollout_sweep"
 """The background jobs' names (`Service.jobs`)."""
 
 
@@ -109,6 +110,8 @@ class Service:
     """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
     _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
     """The last drop-bias report and /status's entries for it (`status`)."""
+    rollout_sweep: rollout_service.SweepSettings = field(default_factory=rollout_service.SweepSettings)
+    """How often, and over how many groups, the background job seals or expires open groups past their deadline."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -123,6 +126,13 @@ class Service:
         self.jobs.add(
             WATCH, self._watch, lambda: 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
         )
+        # Open groups past their deadline are sealed by the clock, not by a request: every producer of a group may
+        # be dead, and nothing else calls (`start` sets its timer going).
+        self.jobs.add(ROLLOUTS, self._sweep_rollouts, lambda: self.rollout_sweep.every)
+
+    def start(self) -> None:
+        """Start the jobs that run by the clock (from the app's lifespan, in its loop)."""
+        self.jobs.keep_asking(ROLLOUTS)
 
     @property
     def latest(self) -> GroupRecord | None:
@@ -357,6 +367,10 @@ class Service:
         if n:
             log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
                      n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
+
+    async def _sweep_rollouts(self) -> bool:
+        """Seal or expire the open groups past their deadline; again at once when it found as many as its limit."""
+        return await rollout_service.sweep(self, self.rollout_sweep.limit)
 
     async def _prune(self) -> None:
         payloads, rows = await self.prune()

@@ -65,7 +65,7 @@ async def seal(body: SealRequest, service: ServiceDep) -> GroupView:
        response_model=SlotLeaseReply)  # fmt: skip
 async def lease(body: SlotLeaseRequest, service: ServiceDep, settings: SettingsDep) -> SlotLeaseReply:
     """Up to `n` missing slots of groups whose producer stopped heartbeating, each for `rollout_lease_s`."""
-    await rs.sweep(service, settings)
+    await rs.sweep(service, settings.rollout_sweep_limit)
     now = time.time()
     n = min(body.n, settings.rollout_sweep_limit)
     leases = await service.store.transact(lambda txn: rs.lease_txn(txn, body.producer_id, n, now, settings))

@@ -5,6 +5,8 @@ deadline seal leaving slots out with why; group-level scores at the seal; the bo
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -121,3 +123,29 @@ async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(setting
         assert sorted(batch[0]["scores"]) == [0.0, 0.25, 0.5, 0.75]
         assert (await c.post("/rollouts/open", json=g6)).status_code == 200
         await post(c, {**rollout("nope", 0)}, 404)
+
+
+async def settled(c: httpx.AsyncClient, gid: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The group's view once it is no longer open, polled (bounded) while only the clock moves."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view: dict[str, Any] = (await c.get("/rollouts/group", params={"group_id": gid})).json()
+        if view["state"] in ("sealed", "expired") or time.monotonic() > deadline:
+            return view
+        await asyncio.sleep(0.01)  # a poll's pause: the background job runs meanwhile
+
+
+async def test_the_background_sweep_seals_and_expires_at_the_deadline_with_no_lease_request(
+    settings: Settings,
+) -> None:
+    async with serving(settings, rollout_sweep_every_s=0.02) as c:
+        await start(c, variable_group_size=True)
+        await opened(c, "g7", min_group_size=2, deadline_s=0.2)
+        await opened(c, "g8", min_group_size=2, deadline_s=0.2)
+        await post(c, rollout("g7", 0))
+        await post(c, rollout("g7", 1))
+        await post(c, rollout("g8", 3))
+        g7, g8 = await settled(c, "g7"), await settled(c, "g8")
+        assert g7["state"] == "sealed" and g7["done"] == [0, 1]
+        assert g8["state"] == "expired" and g8["left_out"] == {"group": "too_few_by_deadline"}
+        assert (await c.get("/status")).json()["queue_size"] == 1, "g7 is queued, whole"
