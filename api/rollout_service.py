@@ -12,10 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from api import ledger, state
 from api import rollout_groups as rg
-from api import state
 from api.access import ANONYMOUS, Identity
 from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
+from api.ledger_recorder import OFF, Recorder, recorder
 from api.rollout_schema import (
     GroupView,
     OpenRequest,
@@ -26,7 +27,7 @@ from api.rollout_schema import (
 )
 from api.setting_groups import setting
 from api.settings import Settings
-from api.store.base import ANON_ENV, Txn
+from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
 
 if TYPE_CHECKING:
@@ -109,7 +110,9 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
     return view(row)
 
 
-def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tuple[PostReply, bool]:
+def post_txn(
+    txn: Txn, req: RolloutPost, now: float, settings: Settings, books: Recorder = OFF
+) -> tuple[PostReply, bool]:
     """Acknowledge one rollout; whether the group is now complete and is being sealed."""
     if len(req.masks) != len(req.tokens):
         raise InvalidData(("body", "masks"), "one mask per token")
@@ -146,17 +149,15 @@ def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tupl
         scored = {s.slot for s in txn.rollouts.slots(req.group_id) if json.loads(s.data)["score"] is not None}
         decision = rg.seal_decision(g, now, scored)
         if not decision.wait:
-            row, sealing = _decide(txn, g, row, decision), decision.expired is None
+            row, sealing = _decide(txn, g, row, decision, now, books), decision.expired is None
     txn.rollouts.put(row)
     return PostReply(status="accepted", group=view(row)), sealing
 
 
-def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal) -> GroupRow:
-    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted)."""
+def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: float, books: Recorder) -> GroupRow:
+    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted, and in the ledger)."""
     if decision.expired is not None:
-        g.left_out = {"group": decision.expired}
-        txn.add_counts(COUNTS, {"expired": 1, f"expired:{decision.expired}": 1})
-        return _row(g, "expired", row.bytes, g.deadline)
+        return _expire(txn, g, row, decision.expired, g.deadline, now, books)
     g.left_out = {str(s): why for s, why in decision.left_out.items()}
     return _row(g, "sealing", row.bytes, g.deadline)
 
@@ -182,7 +183,7 @@ def seal_txn(txn: Txn, req: SealRequest, now: float) -> bool:
         unscored = [s.slot for s in txn.rollouts.slots(g.key) if json.loads(s.data)["score"] is None]
         if unscored:
             raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
-    txn.rollouts.put(_decide(txn, g, row, decision))
+    txn.rollouts.put(_decide(txn, g, row, decision, now, OFF))  # a producer's seal never expires the group
     return True
 
 
@@ -207,16 +208,37 @@ def group_body(txn: Txn, key: str) -> bytes | None:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def mark_txn(txn: Txn, key: str, refused: str | None) -> None:
+EXPIRED_PREFIX = "rollouts_"
+"""An expired open group's ledger row and drop counter say why as this and its reason (`rollouts_too_few_by_deadline`,
+`rollouts_unscored_by_deadline`, `rollouts_refused`)."""
+
+
+def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, at: float, now: float, books: Recorder) -> GroupRow:
+    """The group expires: counted, kept with why, and recorded as a dropped group (the ledger's row of its
+    acknowledged rollouts, the env's drop counter; a task lease's task follows, as for any dropped group)."""
+    short = why.split(":")[0]
+    g.left_out = {"group": why}
+    txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
+    run = state.load(txn)
+    slots = [json.loads(s.data) for s in txn.rollouts.slots(g.key)]
+    mean, lo, hi, std = ledger.score_summary([r["score"] for r in slots if r["score"] is not None])
+    books.expired_open(txn, run.env_name(g.env_id), LedgerGroup(
+        id=txn.next_item_id(), env_id=row.env_id, group_id=g.key, handler=None, producer_id=g.producer,
+        acked_at=now, policy_step=run.step, seqs=len(slots), tokens=sum(len(r["tokens"]) for r in slots),
+        bytes=row.bytes, score_mean=mean, score_min=lo, score_max=hi, score_std=std, fate=DROPPED, step=run.step,
+        reason=EXPIRED_PREFIX + short, decided_at=now,
+    ))  # fmt: skip
+    return _row(g, "expired", row.bytes, at)
+
+
+def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorder = OFF) -> None:
     """The sealed group was ingested (or refused, with why: expired): counted once."""
     row = txn.rollouts.get(key)
     if row is None or row.state != "sealing":
         return
     g = rg.OpenGroup.of(row.record)
     if refused is not None:
-        g.left_out = {"group": refused}
-        txn.add_counts(COUNTS, {"expired": 1, "expired:refused": 1})
-        txn.rollouts.put(_row(g, "expired", row.bytes, row.expires_at))
+        txn.rollouts.put(_expire(txn, g, row, refused, row.expires_at, now, books))
         return
     partial = len(g.left_out) > 0
     txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
@@ -237,7 +259,8 @@ async def finish(service: Service, key: str) -> None:
         return
     except RollbufError as exc:
         refused = f"refused: {exc.detail}"[:500]
-    await service.store.transact(lambda txn: mark_txn(txn, key, refused))
+    now, books = time.time(), recorder(service.books)
+    await service.store.transact(lambda txn: mark_txn(txn, key, refused, now, books))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +271,7 @@ class Swept:
     """The keys of the groups to finish (ingest and mark sealed)."""
 
 
-def sweep_txn(txn: Txn, now: float, limit: int) -> Swept:
+def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
     """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish."""
     out = []
     rows = txn.rollouts.due(now, limit)
@@ -264,7 +287,7 @@ def sweep_txn(txn: Txn, now: float, limit: int) -> Swept:
             decision = rg.seal_decision(g, now, scored)
         if decision.wait:
             continue
-        new = _decide(txn, g, row, decision)
+        new = _decide(txn, g, row, decision, now, books)
         txn.rollouts.put(new)
         if new.state == "sealing":
             out.append(row.key)
@@ -326,7 +349,8 @@ async def sweep(service: Service, limit: int) -> bool:
     now = time.time()
     if not await service.store.read(lambda txn: txn.rollouts.due(now, 1)):
         return False
-    decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit))
+    books = recorder(service.books)
+    decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit, books))
     for key in decided.sealing:
         await finish(service, key)
     return decided.n >= limit

@@ -12,6 +12,7 @@ from api.access import ANY_KEY, ENV_SIDE
 from api.deps import ServiceDep, SettingsDep
 from api.errors import NotFound
 from api.frontdoor import identity_of
+from api.ledger_recorder import recorder
 from api.rollout_schema import (
     GroupView,
     OpenRequest,
@@ -44,7 +45,8 @@ async def post_rollout(body: RolloutPost, service: ServiceDep, settings: Setting
     """One rollout, acknowledged durably (the same content again: `duplicate`; from another producer after the
     first: `redone`, the first kept; other content from its producer: 409). The last of G seals the group."""
     now = time.time()
-    reply, sealing = await service.store.transact(lambda txn: rs.post_txn(txn, body, now, settings))
+    books = recorder(service.books)
+    reply, sealing = await service.store.transact(lambda txn: rs.post_txn(txn, body, now, settings, books))
     if sealing:
         await rs.finish(service, body.group_id)
         reply = reply.model_copy(update={"group": await _view(service, body.group_id)})

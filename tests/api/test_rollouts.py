@@ -148,4 +148,13 @@ async def test_the_background_sweep_seals_and_expires_at_the_deadline_with_no_le
         g7, g8 = await settled(c, "g7"), await settled(c, "g8")
         assert g7["state"] == "sealed" and g7["done"] == [0, 1]
         assert g8["state"] == "expired" and g8["left_out"] == {"group": "too_few_by_deadline"}
-        assert (await c.get("/status")).json()["queue_size"] == 1, "g7 is queued, whole"
+        status = (await c.get("/status")).json()
+        assert status["queue_size"] == 1, "g7 is queued, whole"
+        assert status["dropped"] == {"math_0": {"rollouts_too_few_by_deadline": 1}}
+        [row] = (await c.get("/ledger/groups/g8")).json()["groups"]
+        assert (row["fate"], row["reason"], row["seqs"], row["producer_id"]) == (
+            "dropped",
+            "rollouts_too_few_by_deadline",
+            1,
+            "p1",
+        ), "an expired group's ledger row says why"
