@@ -14,6 +14,7 @@ from typing import Any
 
 from api.drop_bias import Report
 from api.producer_state import ProducerReport
+from api.rollout_schema import OpenGroupsStatus
 from api.stats import Snapshot
 
 _BIAS: dict[int, tuple[Report, dict[str, object]]] = {}
@@ -39,12 +40,17 @@ def capped_bias(report: Report | None, max_envs: int) -> dict[str, object] | Non
     return out
 
 
-def body(snap: Snapshot, bias: Report | None, seen: ProducerReport, max_envs: int) -> dict[str, Any]:
+def body(
+    snap: Snapshot, bias: Report | None, seen: ProducerReport, max_envs: int, rollouts: OpenGroupsStatus | None = None
+) -> dict[str, Any]:
     """The dashboard's poll from a snapshot read with `max_envs` (`Service.snapshot`): at most `max_envs` env
-    rows plus one summing the rest (its `envs_total` counts them all)."""
+    rows plus one summing the rest (its `envs_total` counts them all); `rollouts` (the per-rollout groups' block,
+    as /status's) only in runs that opened one."""
     out = snap.to_json()
     out["drop_bias"] = capped_bias(bias, max_envs)
     out["weights_step"] = seen.weights_step
     out["stall_reason"] = seen.stall_reason
     out["producers"] = [p.model_dump() for p in seen.producers]
+    if rollouts is not None:
+        out["rollouts"] = rollouts.model_dump()
     return out

@@ -19,6 +19,7 @@ from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailabl
 from api.ledger_recorder import OFF, Recorder, recorder
 from api.rollout_schema import (
     GroupView,
+    OpenGroupsStatus,
     OpenRequest,
     PostReply,
     RolloutPost,
@@ -52,6 +53,29 @@ def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = Non
     env_id = ANON_ENV if g.env_id is None else g.env_id
     at = rg.next_check(g) if expires_at is None else expires_at
     return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json())
+
+
+OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
+"""Counters kept as the groups change: slots acknowledged in live groups, and missing slots of live groups leased
+to a sibling (a lapsed sibling lease counts until its slot is handed out again or the group is decided), so that
+the views read them without a scan of the open groups."""
+
+
+def _tally(row: GroupRow | None) -> tuple[int, int]:
+    """(slots done, slots leased to siblings) of a live group; nothing for a decided one."""
+    if row is None or row.state not in LIVE:
+        return 0, 0
+    g = rg.OpenGroup.of(row.record)
+    return len(g.done), sum(1 for k in g.leases if k not in g.done)
+
+
+def _put(txn: Txn, old: GroupRow | None, new: GroupRow) -> None:
+    """Write the group's row, and move the open-slot counters by what changed."""
+    txn.rollouts.put(new)
+    (done0, leased0), (done1, leased1) = _tally(old), _tally(new)
+    moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
+    if any(moved.values()):
+        txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
 
 
 def view(row: GroupRow) -> GroupView:
@@ -121,6 +145,7 @@ def post_txn(
     row = txn.rollouts.get(req.group_id)
     if row is None:
         raise NotFound(f"no group {req.group_id!r} was opened")
+    first = row
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
         raise InvalidData(("body", "slot"), f"the group has {g.group_size} slots")
@@ -150,7 +175,7 @@ def post_txn(
         decision = rg.seal_decision(g, now, scored)
         if not decision.wait:
             row, sealing = _decide(txn, g, row, decision, now, books), decision.expired is None
-    txn.rollouts.put(row)
+    _put(txn, first, row)
     return PostReply(status="accepted", group=view(row)), sealing
 
 
@@ -183,7 +208,7 @@ def seal_txn(txn: Txn, req: SealRequest, now: float) -> bool:
         unscored = [s.slot for s in txn.rollouts.slots(g.key) if json.loads(s.data)["score"] is None]
         if unscored:
             raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
-    txn.rollouts.put(_decide(txn, g, row, decision, now, OFF))  # a producer's seal never expires the group
+    _put(txn, row, _decide(txn, g, row, decision, now, OFF))  # a producer's seal never expires the group
     return True
 
 
@@ -238,11 +263,11 @@ def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorde
         return
     g = rg.OpenGroup.of(row.record)
     if refused is not None:
-        txn.rollouts.put(_expire(txn, g, row, refused, row.expires_at, now, books))
+        _put(txn, row, _expire(txn, g, row, refused, row.expires_at, now, books))
         return
     partial = len(g.left_out) > 0
     txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
-    txn.rollouts.put(_row(g, "sealed", row.bytes, row.expires_at))
+    _put(txn, row, _row(g, "sealed", row.bytes, row.expires_at))
 
 
 async def finish(service: Service, key: str) -> None:
@@ -288,7 +313,7 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
         if decision.wait:
             continue
         new = _decide(txn, g, row, decision, now, books)
-        txn.rollouts.put(new)
+        _put(txn, row, new)
         if new.state == "sealing":
             out.append(row.key)
     return Swept(len(rows), out)
@@ -307,7 +332,7 @@ def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -
         out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
                           expires_at=until) for s in slots]  # fmt: skip
         check = rg.next_check(g)
-        txn.rollouts.put(_row(g, row.state, row.bytes, check if check > now else g.deadline))
+        _put(txn, row, _row(g, row.state, row.bytes, check if check > now else g.deadline))
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})
     return out
@@ -340,6 +365,17 @@ def totals_txn(txn: Txn) -> dict[str, int]:
     counts = txn.get_counts(COUNTS)
     counts["open"] = counts.get("opened", 0) - counts.get("sealed", 0) - counts.get("expired", 0)
     return counts
+
+
+def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
+    """The views' block (/status, the dashboard): None in runs that never opened a group. Counters only."""
+    counts = totals_txn(txn)
+    if not counts.get("opened"):
+        return None
+    return OpenGroupsStatus(
+        open=counts["open"], slots_done=counts.get(OPEN_DONE, 0), slots_leased=counts.get(OPEN_LEASED, 0),
+        redispatched=counts.get("redispatched", 0), sealed=counts.get("sealed", 0), expired=counts.get("expired", 0),
+    )  # fmt: skip
 
 
 async def sweep(service: Service, limit: int) -> bool:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from api.producer_schema import ProducerView
+from api.rollout_schema import OpenGroupsStatus
 from api.task_schema import DatasetView
 from api.wire import (
     ENV_NAME_MAX,
@@ -251,6 +252,9 @@ class Status(_Wire):
     stall_reason: str | None = None
     """Why nothing can arrive for a waiting trainer (no live producer for the connected envs, or every live one
     held back waiting for the trainer), or null when something may."""
+    rollouts: OpenGroupsStatus | None = None
+    """Per-rollout groups (docs/rollouts.md): open now, their slots done and leased, redispatches, sealed and
+    expired. Absent in runs that never opened one."""
 
 
 # ----------------------------------------------------------------------------------------------- envs

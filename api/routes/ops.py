@@ -91,8 +91,9 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     """What the dashboard polls: one consistent snapshot of the buffer, per env for at most `metrics_max_envs`
     envs (the rest summed, as /metrics does)."""
     snap = await service.snapshot(settings.metrics_max_envs)
+    rollouts = await service.store.read(rollout_service.open_groups_txn)
     body = dashboard_data_body(snap, await service.drop_bias(), await service.producer_report(),
-                               settings.metrics_max_envs)  # fmt: skip
+                               settings.metrics_max_envs, rollouts)  # fmt: skip
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

@@ -158,3 +158,27 @@ async def test_the_background_sweep_seals_and_expires_at_the_deadline_with_no_le
             1,
             "p1",
         ), "an expired group's ledger row says why"
+
+
+async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opened(settings: Settings) -> None:
+    async with serving(settings, rollout_lease_s=0.001) as c:
+        await start(c)
+        assert "rollouts" not in (await c.get("/status")).json(), "a run without per-rollout groups: nothing new"
+        assert "rollouts" not in (await c.get("/dashboard/data")).json()
+        assert "rollbuf_rollout_open_slots" not in (await c.get("/metrics")).text
+        await opened(c, "g9")
+        await post(c, rollout("g9", 0))
+        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 2})).json()["leases"]
+        assert len(leases) == 2
+        block = {"open": 1, "slots_done": 1, "slots_leased": 2, "redispatched": 2, "sealed": 0, "expired": 0}
+        assert (await c.get("/status")).json()["rollouts"] == block
+        assert (await c.get("/dashboard/data")).json()["rollouts"] == block
+        exposition = (await c.get("/metrics")).text
+        assert 'rollbuf_rollout_open_slots{state="leased"} 2.0' in exposition
+        await post(c, rollout("g9", leases[0]["slot"], producer="p2"))
+        block |= {"slots_done": 2, "slots_leased": 1}
+        assert (await c.get("/status")).json()["rollouts"] == block, "a leased slot that came in is done"
+        for slot in range(1, 4):
+            await post(c, rollout("g9", slot, producer="p2"))
+        block |= {"open": 0, "slots_done": 0, "slots_leased": 0, "sealed": 1}
+        assert (await c.get("/status")).json()["rollouts"] == block
