@@ -182,3 +182,51 @@ async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opene
             await post(c, rollout("g9", slot, producer="p2"))
         block |= {"open": 0, "slots_done": 0, "slots_leased": 0, "sealed": 1}
         assert (await c.get("/status")).json()["rollouts"] == block
+
+
+async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: Settings) -> None:
+    """One row per group opened, in any state, its slots as lists; paged by key (pages of 2 give the same)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from api.app import create_app
+    from api.export.stream import Limits, pages, parquet_stream
+
+    app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001, "rollout_sweep_every_s": 0.02}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await start(c, variable_group_size=True)
+            await opened(c, "a-sealed")
+            for slot in range(4):
+                await post(c, rollout("a-sealed", slot))
+            await opened(c, "b-partial", min_group_size=2, deadline_s=0.2)
+            await opened(c, "c-expired", min_group_size=2, deadline_s=0.2)
+            for gid, slot in (("b-partial", 0), ("b-partial", 3), ("c-expired", 1)):
+                await post(c, rollout(gid, slot))
+            await opened(c, "d-open", env_id=None)
+            await post(c, rollout("d-open", 2))
+            await settled(c, "b-partial")
+            await settled(c, "c-expired")
+            assert len((await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 1})).json()["leases"]) == 1
+            exported = await c.get("/export", params={"table": "rollouts"})
+            assert exported.status_code == 200, exported.text
+            rows = {r["group_id"]: r for r in pq.read_table(io.BytesIO(exported.content)).to_pylist()}
+            assert list(rows) == ["a-sealed", "b-partial", "c-expired", "d-open"]
+            a, b, x, d = rows.values()
+            assert (a["state"], [s["slot"] for s in a["done"]], a["left_out"]) == ("sealed", [0, 1, 2, 3], [])
+            assert (b["state"], b["left_out"]) == ("sealed", [
+                {"slot": 1, "reason": "not_done_by_deadline"}, {"slot": 2, "reason": "not_done_by_deadline"}
+            ])  # fmt: skip
+            assert (x["state"], x["expired_reason"], x["done"]) == (
+                "expired", "too_few_by_deadline", [{"slot": 1, "producer": "p1"}]
+            )  # fmt: skip
+            assert (d["state"], d["env_id"], d["env"], d["redispatched"]) == ("open", None, "(no env_id)", 1)
+            assert [(s["slot"], s["producer"]) for s in d["leased"]] == [(0, "p2")]
+            assert a["env"] == "math_0" and a["bytes"] > 0 and a["deadline"] is not None
+            store = app.state.service.store
+            small = Limits(page_groups=2)
+            assert [len(p.rollouts) async for p in pages("rollouts", store, small)] == [2, 2]
+            data = b"".join([chunk async for chunk in parquet_stream("rollouts", store, small)])
+            assert pq.read_table(io.BytesIO(data)).to_pylist() == list(rows.values())
