@@ -142,7 +142,7 @@ class Ledger(Recorder):
     def expired_open(self, txn: Txn, env_name: str, row: LedgerGroup) -> None:
         super().expired_open(txn, env_name, row)
         txn.ledger.add([row])
-        task_leases.on_acknowledged(txn, [row])  # opened under a task's lease: its task is dropped, with why
+        task_leases.on_acknowledged(txn, [row])  # under a task's lease: its task is retried or dropped, with why
 
     def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
         self._decided(txn, row.group_ids, SERVED, None, row.step, row.formed_at)

@@ -290,17 +290,17 @@ async def finish(service: Service, key: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Swept:
-    n: int
-    """Groups the sweep read (at most its limit)."""
+    decided: int
+    """Open groups the sweep sealed or expired (a `sealing` one it only finishes again is not counted: a full
+    queue keeps it so, and a job that ran again at once for it would spin)."""
     sealing: list[str]
     """The keys of the groups to finish (ingest and mark sealed)."""
 
 
 def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
     """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish."""
-    out = []
-    rows = txn.rollouts.due(now, limit)
-    for row in rows:
+    out, decided = [], 0
+    for row in txn.rollouts.due(now, limit):
         if row.state == "sealing":
             out.append(row.key)
             continue
@@ -314,9 +314,10 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
             continue
         new = _decide(txn, g, row, decision, now, books)
         _put(txn, row, new)
+        decided += 1
         if new.state == "sealing":
             out.append(row.key)
-    return Swept(len(rows), out)
+    return Swept(decided, out)
 
 
 def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -> list[SlotLease]:
@@ -381,7 +382,7 @@ def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
 async def sweep(service: Service, limit: int) -> bool:
     """Seal or expire what is due and finish interrupted seals (from POST /rollouts/lease and the service's
     background job, so that a group whose producers all died is sealed at its deadline); whether it decided on
-    `limit` groups (more may be due). Nothing due: one read, no write."""
+    `limit` open groups (more may be due). Nothing due: one read, no write."""
     now = time.time()
     if not await service.store.read(lambda txn: txn.rollouts.due(now, 1)):
         return False
@@ -389,4 +390,4 @@ async def sweep(service: Service, limit: int) -> bool:
     decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit, books))
     for key in decided.sealing:
         await finish(service, key)
-    return decided.n >= limit
+    return decided.decided >= limit

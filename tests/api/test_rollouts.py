@@ -230,3 +230,17 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
             assert [len(p.rollouts) async for p in pages("rollouts", store, small)] == [2, 2]
             data = b"".join([chunk async for chunk in parquet_stream("rollouts", store, small)])
             assert pq.read_table(io.BytesIO(data)).to_pylist() == list(rows.values())
+
+
+async def test_an_expired_group_under_a_task_lease_gives_its_task_back_with_why(settings: Settings) -> None:
+    async with serving(settings, rollout_sweep_every_s=0.02) as c:
+        await start(c)
+        spec = {"name": "math", "tasks": [{"q": 0}], "max_retries": 1, "env": "math"}
+        assert (await c.post("/tasks/datasets", json=spec)).status_code == 200
+        leased = await c.post("/tasks/lease", json={"dataset": "math", "producer_id": "p1", "n": 1})
+        [task] = leased.json()["leases"]
+        await opened(c, task["token"], min_group_size=2, deadline_s=0.2)
+        await post(c, rollout(task["token"], 0))
+        assert (await settled(c, task["token"]))["state"] == "expired"
+        [row] = (await c.get("/tasks/rows", params={"dataset": "math"})).json()["tasks"]
+        assert (row["state"], row["retries"], row["reason"]) == ("waiting", 1, "dropped: rollouts_too_few_by_deadline")
