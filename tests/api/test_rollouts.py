@@ -244,3 +244,16 @@ async def test_an_expired_group_under_a_task_lease_gives_its_task_back_with_why(
         assert (await settled(c, task["token"]))["state"] == "expired"
         [row] = (await c.get("/tasks/rows", params={"dataset": "math"})).json()["tasks"]
         assert (row["state"], row["retries"], row["reason"]) == ("waiting", 1, "dropped: rollouts_too_few_by_deadline")
+
+
+async def test_a_sealed_group_refused_at_ingest_expires_with_a_ledger_row(settings: Settings) -> None:
+    async with serving(settings) as c:
+        await start(c)
+        await opened(c, "long")
+        for slot in range(4):
+            last = await post(c, rollout("long", slot, n=600))  # past the trainer's max_token_len (512)
+        assert last["group"]["state"] == "expired" and last["group"]["left_out"]["group"].startswith("refused: ")
+        [row] = (await c.get("/ledger/groups/long")).json()["groups"]
+        assert (row["fate"], row["reason"], row["seqs"], row["tokens"]) == ("dropped", "rollouts_refused", 4, 2400)
+        assert (await c.get("/status")).json()["rollouts"]["expired"] == 1
+        assert (await c.get("/rollouts")).json()["expired:refused"] == 1
