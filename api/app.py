@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             producers=built(ProducerSettings, settings),
             rollout_sweep=built(SweepSettings, settings),
         )
-        service.start()
+        await service.start()
         log.info("rollbuf store: %s", store.url)  # without its password
         log_keys(settings, app.state.door.keys)
         stats_logger = None
