@@ -31,6 +31,7 @@ from api.middleware import ObserveRequests
 from api.openapi import declare_limits, drop_auth
 from api.producer_state import ProducerSettings
 from api.records import MSGPACK_TYPES
+from api.rollout_service import SweepSettings
 from api.routes import ops
 from api.routes.direct import DirectLane
 from api.routes.table import ROUTERS, TABLE
@@ -67,7 +68,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             rules=built(FormationRules, settings),
             bias=BiasWatch(built(Thresholds, settings)),
             producers=built(ProducerSettings, settings),
+            rollout_sweep=built(SweepSettings, settings),
         )
+        await service.start()
         log.info("rollbuf store: %s", store.url)  # without its password
         log_keys(settings, app.state.door.keys)
         stats_logger = None

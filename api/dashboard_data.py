@@ -15,6 +15,7 @@ from typing import Any
 
 from api.drop_bias import Report
 from api.producer_state import ProducerReport
+from api.rollout_schema import OpenGroupsStatus
 from api.stats import Snapshot
 from api.task_schema import DatasetView
 
@@ -42,11 +43,17 @@ def capped_bias(report: Report | None, max_envs: int) -> dict[str, object] | Non
 
 
 def body(
-    snap: Snapshot, bias: Report | None, seen: ProducerReport, max_envs: int, tasks: list[DatasetView] | None = None
+    snap: Snapshot,
+    bias: Report | None,
+    seen: ProducerReport,
+    max_envs: int,
+    tasks: list[DatasetView] | None = None,
+    rollouts: OpenGroupsStatus | None = None,
 ) -> dict[str, Any]:
     """The dashboard's poll from a snapshot read with `max_envs` (`Service.snapshot`): at most `max_envs` env
     rows plus one summing the rest (its `envs_total` counts them all); the first `max_envs` datasets' tallies
-    (`tasks_total` counts them all; no datasets: an empty list, and the page shows no task panel)."""
+    (`tasks_total` counts them all; no datasets: an empty list, and the page shows no task panel); `rollouts`
+    (the per-rollout groups' block, as /status's) only in runs that opened one."""
     out = snap.to_json()
     out["tasks"] = [v.model_dump() for v in (tasks or [])[:max_envs]]
     out["tasks_total"] = len(tasks or [])
@@ -54,4 +61,6 @@ def body(
     out["weights_step"] = seen.weights_step
     out["stall_reason"] = seen.stall_reason
     out["producers"] = [p.model_dump() for p in seen.producers]
+    if rollouts is not None:
+        out["rollouts"] = rollouts.model_dump()
     return out

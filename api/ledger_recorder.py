@@ -110,6 +110,11 @@ class Recorder:
         self._decided(txn, ids, DROPPED, reason, step, at)
         self._retained(txn, ids, payloads, popped)
 
+    def expired_open(self, txn: Txn, env_name: str, row: LedgerGroup) -> None:
+        """An open group (docs/rollouts.md) expired before its seal: its acknowledged rollouts were never queued,
+        so `row` (fate dropped, its reason) is both its first row and its last; its payload is never retained."""
+        state.count_dropped(txn, env_name, row.reason or "dropped")
+
     def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
         """A batch formed (`row`: the ledger's row of it) of groups popped with `retain`, whose `payloads`."""
 
@@ -133,6 +138,11 @@ class Ledger(Recorder):
 
     def arrivals(self, txn: Txn, handler: str | None, now: float) -> Arrivals:
         return LedgerArrivals(txn, handler, now, self.retain)
+
+    def expired_open(self, txn: Txn, env_name: str, row: LedgerGroup) -> None:
+        super().expired_open(txn, env_name, row)
+        txn.ledger.add([row])
+        task_leases.on_acknowledged(txn, [row])  # under a task's lease: its task is retried or dropped, with why
 
     def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
         self._decided(txn, row.group_ids, SERVED, None, row.step, row.formed_at)

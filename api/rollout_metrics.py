@@ -29,6 +29,14 @@ class RolloutsCollector(Collector):
         for event in EVENTS:
             events.add_metric([event], self.totals.get(event, 0))
         yield events
+        slots = GaugeMetricFamily(
+            "rollbuf_rollout_open_slots",
+            "Slots of the per-rollout groups open now: acknowledged (done), leased to a sibling and not in (leased)",
+            labels=["state"],
+        )
+        slots.add_metric(["done"], self.totals.get("open_slots_done", 0))
+        slots.add_metric(["leased"], self.totals.get("open_slots_leased", 0))
+        yield slots
 
 
 def render(totals: Mapping[str, int]) -> bytes:

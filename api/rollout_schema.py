@@ -144,6 +144,24 @@ class GroupView(_Wire):
     """Sealed: slots not in it -> why. Expired: `group` -> why."""
 
 
+class OpenGroupsStatus(_Wire):
+    """Per-rollout groups at a glance (/status, the dashboard): present only once the run has opened one."""
+
+    open: int
+    """Groups open now (slots arriving, or their seal under way)."""
+    slots_done: int
+    """Rollouts acknowledged in the groups open now."""
+    slots_leased: int
+    """Missing slots of open groups leased to a sibling producer and not in yet (a lapsed lease counts until its
+    slot is handed out again)."""
+    redispatched: int
+    """Slots handed to siblings so far (their holder stopped heartbeating)."""
+    sealed: int
+    """Groups sealed so far (queued whole, at their G-th rollout, their producer's seal or their deadline)."""
+    expired: int
+    """Groups expired so far (too few rollouts by their deadline, or refused at ingest: the ledger says why)."""
+
+
 class PostReply(_Wire):
     status: Literal["accepted", "duplicate", "redone"]
     """`redone`: the slot was already acknowledged from another producer: the first is kept."""

@@ -9,28 +9,41 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from api import ledger, state
 from api import rollout_groups as rg
-from api import state
 from api.access import ANONYMOUS, Identity
 from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
+from api.ledger_recorder import OFF, Recorder, recorder
 from api.rollout_schema import (
     GroupView,
+    OpenGroupsStatus,
     OpenRequest,
     PostReply,
     RolloutPost,
     SealRequest,
     SlotLease,
 )
+from api.setting_groups import setting
 from api.settings import Settings
-from api.store.base import ANON_ENV, Txn
+from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
 
 if TYPE_CHECKING:
     from api.service import Service
 
 log = logging.getLogger("rollbuf")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """The background sweep of open groups (`Service`'s `rollout_sweep` job)."""
+
+    every: float = setting("rollout_sweep_every_s")
+    limit: int = setting("rollout_sweep_limit")
+
 
 COUNTS = "rollouts"
 """Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused."""
@@ -40,6 +53,29 @@ def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = Non
     env_id = ANON_ENV if g.env_id is None else g.env_id
     at = rg.next_check(g) if expires_at is None else expires_at
     return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json())
+
+
+OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
+"""Counters kept as the groups change: slots acknowledged in live groups, and missing slots of live groups leased
+to a sibling (a lapsed sibling lease counts until its slot is handed out again or the group is decided), so that
+the views read them without a scan of the open groups."""
+
+
+def _tally(row: GroupRow | None) -> tuple[int, int]:
+    """(slots done, slots leased to siblings) of a live group; nothing for a decided one."""
+    if row is None or row.state not in LIVE:
+        return 0, 0
+    g = rg.OpenGroup.of(row.record)
+    return len(g.done), sum(1 for k in g.leases if k not in g.done)
+
+
+def _put(txn: Txn, old: GroupRow | None, new: GroupRow) -> None:
+    """Write the group's row, and move the open-slot counters by what changed."""
+    txn.rollouts.put(new)
+    (done0, leased0), (done1, leased1) = _tally(old), _tally(new)
+    moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
+    if any(moved.values()):
+        txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
 
 
 def view(row: GroupRow) -> GroupView:
@@ -98,7 +134,9 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
     return view(row)
 
 
-def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tuple[PostReply, bool]:
+def post_txn(
+    txn: Txn, req: RolloutPost, now: float, settings: Settings, books: Recorder = OFF
+) -> tuple[PostReply, bool]:
     """Acknowledge one rollout; whether the group is now complete and is being sealed."""
     if len(req.masks) != len(req.tokens):
         raise InvalidData(("body", "masks"), "one mask per token")
@@ -107,6 +145,7 @@ def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tupl
     row = txn.rollouts.get(req.group_id)
     if row is None:
         raise NotFound(f"no group {req.group_id!r} was opened")
+    first = row
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
         raise InvalidData(("body", "slot"), f"the group has {g.group_size} slots")
@@ -135,17 +174,15 @@ def post_txn(txn: Txn, req: RolloutPost, now: float, settings: Settings) -> tupl
         scored = {s.slot for s in txn.rollouts.slots(req.group_id) if json.loads(s.data)["score"] is not None}
         decision = rg.seal_decision(g, now, scored)
         if not decision.wait:
-            row, sealing = _decide(txn, g, row, decision), decision.expired is None
-    txn.rollouts.put(row)
+            row, sealing = _decide(txn, g, row, decision, now, books), decision.expired is None
+    _put(txn, first, row)
     return PostReply(status="accepted", group=view(row)), sealing
 
 
-def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal) -> GroupRow:
-    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted)."""
+def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: float, books: Recorder) -> GroupRow:
+    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted, and in the ledger)."""
     if decision.expired is not None:
-        g.left_out = {"group": decision.expired}
-        txn.add_counts(COUNTS, {"expired": 1, f"expired:{decision.expired}": 1})
-        return _row(g, "expired", row.bytes, g.deadline)
+        return _expire(txn, g, row, decision.expired, g.deadline, now, books)
     g.left_out = {str(s): why for s, why in decision.left_out.items()}
     return _row(g, "sealing", row.bytes, g.deadline)
 
@@ -171,7 +208,7 @@ def seal_txn(txn: Txn, req: SealRequest, now: float) -> bool:
         unscored = [s.slot for s in txn.rollouts.slots(g.key) if json.loads(s.data)["score"] is None]
         if unscored:
             raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
-    txn.rollouts.put(_decide(txn, g, row, decision))
+    _put(txn, row, _decide(txn, g, row, decision, now, OFF))  # a producer's seal never expires the group
     return True
 
 
@@ -196,20 +233,41 @@ def group_body(txn: Txn, key: str) -> bytes | None:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def mark_txn(txn: Txn, key: str, refused: str | None) -> None:
+EXPIRED_PREFIX = "rollouts_"
+"""An expired open group's ledger row and drop counter say why as this and its reason (`rollouts_too_few_by_deadline`,
+`rollouts_unscored_by_deadline`, `rollouts_refused`)."""
+
+
+def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, at: float, now: float, books: Recorder) -> GroupRow:
+    """The group expires: counted, kept with why, and recorded as a dropped group (the ledger's row of its
+    acknowledged rollouts, the env's drop counter; a task lease's task follows, as for any dropped group)."""
+    short = why.split(":")[0]
+    g.left_out = {"group": why}
+    txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
+    run = state.load(txn)
+    slots = [json.loads(s.data) for s in txn.rollouts.slots(g.key)]
+    mean, lo, hi, std = ledger.score_summary([r["score"] for r in slots if r["score"] is not None])
+    books.expired_open(txn, run.env_name(g.env_id), LedgerGroup(
+        id=txn.next_item_id(), env_id=row.env_id, group_id=g.key, handler=None, producer_id=g.producer,
+        acked_at=now, policy_step=run.step, seqs=len(slots), tokens=sum(len(r["tokens"]) for r in slots),
+        bytes=row.bytes, score_mean=mean, score_min=lo, score_max=hi, score_std=std, fate=DROPPED, step=run.step,
+        reason=EXPIRED_PREFIX + short, decided_at=now,
+    ))  # fmt: skip
+    return _row(g, "expired", row.bytes, at)
+
+
+def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorder = OFF) -> None:
     """The sealed group was ingested (or refused, with why: expired): counted once."""
     row = txn.rollouts.get(key)
     if row is None or row.state != "sealing":
         return
     g = rg.OpenGroup.of(row.record)
     if refused is not None:
-        g.left_out = {"group": refused}
-        txn.add_counts(COUNTS, {"expired": 1, "expired:refused": 1})
-        txn.rollouts.put(_row(g, "expired", row.bytes, row.expires_at))
+        _put(txn, row, _expire(txn, g, row, refused, row.expires_at, now, books))
         return
     partial = len(g.left_out) > 0
     txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
-    txn.rollouts.put(_row(g, "sealed", row.bytes, row.expires_at))
+    _put(txn, row, _row(g, "sealed", row.bytes, row.expires_at))
 
 
 async def finish(service: Service, key: str) -> None:
@@ -226,12 +284,22 @@ async def finish(service: Service, key: str) -> None:
         return
     except RollbufError as exc:
         refused = f"refused: {exc.detail}"[:500]
-    await service.store.transact(lambda txn: mark_txn(txn, key, refused))
+    now, books = time.time(), recorder(service.books)
+    await service.store.transact(lambda txn: mark_txn(txn, key, refused, now, books))
 
 
-def sweep_txn(txn: Txn, now: float, limit: int) -> list[str]:
-    """Decide on the groups past their deadline (sealed with what is in, or expired); the keys to finish."""
-    out = []
+@dataclass(frozen=True, slots=True)
+class Swept:
+    decided: int
+    """Open groups the sweep sealed or expired (a `sealing` one it only finishes again is not counted: a full
+    queue keeps it so, and a job that ran again at once for it would spin)."""
+    sealing: list[str]
+    """The keys of the groups to finish (ingest and mark sealed)."""
+
+
+def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
+    """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish."""
+    out, decided = [], 0
     for row in txn.rollouts.due(now, limit):
         if row.state == "sealing":
             out.append(row.key)
@@ -244,11 +312,12 @@ def sweep_txn(txn: Txn, now: float, limit: int) -> list[str]:
             decision = rg.seal_decision(g, now, scored)
         if decision.wait:
             continue
-        new = _decide(txn, g, row, decision)
-        txn.rollouts.put(new)
+        new = _decide(txn, g, row, decision, now, books)
+        _put(txn, row, new)
+        decided += 1
         if new.state == "sealing":
             out.append(row.key)
-    return out
+    return Swept(decided, out)
 
 
 def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -> list[SlotLease]:
@@ -264,7 +333,7 @@ def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -
         out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
                           expires_at=until) for s in slots]  # fmt: skip
         check = rg.next_check(g)
-        txn.rollouts.put(_row(g, row.state, row.bytes, check if check > now else g.deadline))
+        _put(txn, row, _row(g, row.state, row.bytes, check if check > now else g.deadline))
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})
     return out
@@ -299,9 +368,26 @@ def totals_txn(txn: Txn) -> dict[str, int]:
     return counts
 
 
-async def sweep(service: Service, settings: Settings) -> None:
-    """Seal or expire what is due and finish interrupted seals (from the producers' calls: a group whose
-    producers all died is sealed at its deadline by the next call of any producer)."""
+def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
+    """The views' block (/status, the dashboard): None in runs that never opened a group. Counters only."""
+    counts = totals_txn(txn)
+    if not counts.get("opened"):
+        return None
+    return OpenGroupsStatus(
+        open=counts["open"], slots_done=counts.get(OPEN_DONE, 0), slots_leased=counts.get(OPEN_LEASED, 0),
+        redispatched=counts.get("redispatched", 0), sealed=counts.get("sealed", 0), expired=counts.get("expired", 0),
+    )  # fmt: skip
+
+
+async def sweep(service: Service, limit: int) -> bool:
+    """Seal or expire what is due and finish interrupted seals (from POST /rollouts/lease and the service's
+    background job, so that a group whose producers all died is sealed at its deadline); whether it decided on
+    `limit` open groups (more may be due). Nothing due: one read, no write."""
     now = time.time()
-    for key in await service.store.transact(lambda txn: sweep_txn(txn, now, settings.rollout_sweep_limit)):
+    if not await service.store.read(lambda txn: txn.rollouts.due(now, 1)):
+        return False
+    books = recorder(service.books)
+    decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit, books))
+    for key in decided.sealing:
         await finish(service, key)
+    return decided.decided >= limit

@@ -1,6 +1,8 @@
 """Background jobs of one process, by name: each runs in a task of its own when asked, never twice at once, at
 most once per its interval, and all stop with one `close()` (`Service`'s refusal flush, side-buffer sweep, ledger
-prune and drop-bias watch). A job that fails is logged and asked again later, never fatal to its caller."""
+prune, drop-bias watch and open-group sweep). A job that fails is logged and asked again later, never fatal to its
+caller. A job whose work falls due by the clock rather than by a request is also asked by a timer
+(`keep_asking`): a deadline passes while no client calls."""
 
 from __future__ import annotations
 
@@ -13,6 +15,12 @@ from dataclasses import dataclass
 from api.errors import Unavailable
 
 log = logging.getLogger("rollbuf")
+
+
+IDLE_S = 1.0
+"""How long a timer (`keep_asking`) waits before it reads again the interval of a job that is off (None)."""
+MIN_WAIT_S = 0.01
+"""Least wait of a timer whose job still runs (an interval of 0 never spins)."""
 
 
 def always() -> float | None:
@@ -37,6 +45,7 @@ class Scheduler:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._jobs: dict[str, Job] = {}
+        self._timers: dict[str, asyncio.Task[None]] = {}
 
     def add(
         self, name: str, run: Callable[[], Awaitable[bool | None]], every: Callable[[], float | None] = always
@@ -56,6 +65,24 @@ class Scheduler:
         job.task = asyncio.get_running_loop().create_task(self._run(name, job))
         return True
 
+    def keep_asking(self, name: str) -> None:
+        """Ask job `name` each time its interval has passed, until `close()` (from a running loop; once per job)."""
+        if name not in self._timers:
+            self._timers[name] = asyncio.get_running_loop().create_task(self._timer(name))
+
+    async def _timer(self, name: str) -> None:
+        job = self._jobs[name]
+        while True:
+            every = job.every()
+            if every is None:
+                await asyncio.sleep(IDLE_S)
+                continue
+            left = every - (self._clock() - job.started)
+            if left > 0:
+                await asyncio.sleep(left)
+            elif not self.ask(name):  # it runs still: look again after its interval
+                await asyncio.sleep(max(every, MIN_WAIT_S))
+
     def running(self, name: str) -> bool:
         return self._jobs[name].task is not None
 
@@ -74,8 +101,9 @@ class Scheduler:
             job.task = asyncio.get_running_loop().create_task(self._run(name, job))
 
     async def close(self) -> None:
-        """Cancel every running job and wait until each has stopped; none starts afterwards unless asked."""
-        tasks = [job.task for job in self._jobs.values() if job.task is not None]
+        """Cancel every timer and running job and wait until each has stopped; none starts afterwards unless asked."""
+        tasks = [*self._timers.values(), *(job.task for job in self._jobs.values() if job.task is not None)]
+        self._timers = {}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from api.producer_schema import ProducerView
+from api.rollout_schema import OpenGroupsStatus
 from api.task_schema import DatasetView
 from api.wire import (
     ENV_NAME_MAX,
@@ -229,7 +230,8 @@ class Status(_Wire):
     blocked_reason: str | None = None
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)
-    """Groups dropped per environment name and reason (stale, zero_variance, score_range, side_buffer_expired)."""
+    """Groups dropped per environment name and reason (stale, zero_variance, score_range, side_buffer_expired,
+    rollouts_<why>: a per-rollout group that expired)."""
     passed_over: dict[str, int] = Field(default_factory=dict)
     """Per env name: batches that passed over its oldest group (newer ones of it taken; docs/batching.md)."""
     smaller_batches: int = 0
@@ -250,6 +252,9 @@ class Status(_Wire):
     stall_reason: str | None = None
     """Why nothing can arrive for a waiting trainer (no live producer for the connected envs, or every live one
     held back waiting for the trainer), or null when something may."""
+    rollouts: OpenGroupsStatus | None = None
+    """Per-rollout groups (docs/rollouts.md): open now, their slots done and leased, redispatches, sealed and
+    expired. Absent in runs that never opened one."""
 
 
 # ----------------------------------------------------------------------------------------------- envs

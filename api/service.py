@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
-from api import ledger, state, stats, submissions
+from api import ledger, rollout_service, state, stats, submissions
 from api.access import ANONYMOUS, Identity
 from api.acks import commit_txn
 from api.batches import BatchWaiting, FormedBatch
@@ -48,6 +49,7 @@ from api.producer_state import (
 )
 from api.producers import NOTHING_YET
 from api.records import GroupRecord, decode
+from api.rollout_schema import OpenGroupsStatus
 from api.scheduler import Scheduler
 from api.schema import (
     CommitReply,
@@ -73,6 +75,7 @@ REFUSALS_FLUSH_S = 1.0
 LATEST_MAX_BYTES = 4 << 20
 """Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
 REFUSALS, SWEEP, PRUNE, WATCH = "refusals", "side_buffer_sweep", "ledger_prune", "drop_bias_watch"
+ROLLOUTS = "rollout_sweep"
 """The background jobs' names (`Service.jobs`)."""
 
 
@@ -109,6 +112,12 @@ class Service:
     """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
     _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
     """The last drop-bias report and /status's entries for it (`status`)."""
+    rollout_sweep: rollout_service.SweepSettings = field(default_factory=rollout_service.SweepSettings)
+    """How often, and over how many groups, the background job seals or expires open groups past their deadline."""
+    _rollouts_seen: bool = False
+    """Whether this process has seen per-rollout groups in use: its rollout routes called, a view that found groups
+    open, or live groups in the store when it started. Until then the open-group sweep reads nothing: a run
+    without them pays no store read a second (a waiting long-poll's process stays without transactions)."""
 
     def __post_init__(self) -> None:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -123,6 +132,25 @@ class Service:
         self.jobs.add(
             WATCH, self._watch, lambda: 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
         )
+        # Open groups past their deadline are sealed by the clock, not by a request: every producer of a group may
+        # be dead, and nothing else calls (`start` sets its timer going), once per-rollout groups are in use.
+        self.jobs.add(ROLLOUTS, self._sweep_rollouts, lambda: self.rollout_sweep.every if self._rollouts_seen else None)
+
+    async def start(self) -> None:
+        """Start the jobs that run by the clock (from the app's lifespan, in its loop): the open-group sweep at
+        once if the store holds live groups (a restart), else from the first sign of per-rollout groups."""
+        try:
+            live = await self.store.read(lambda txn: bool(txn.rollouts.due(math.inf, 1)))
+        except Unavailable:
+            live = True  # unknown: sweep, one read a sweep while nothing is due
+        self._rollouts_seen = self._rollouts_seen or live
+        self.jobs.keep_asking(ROLLOUTS)
+
+    def rollouts_in_use(self, open_now: int = 1) -> None:
+        """Per-rollout groups are in use (a rollout route was called, or a view found `open_now` groups open):
+        the background sweep runs from now on."""
+        if open_now > 0:
+            self._rollouts_seen = True
 
     @property
     def latest(self) -> GroupRecord | None:
@@ -358,6 +386,17 @@ class Service:
             log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
                      n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
 
+    async def open_groups(self) -> OpenGroupsStatus | None:
+        """The per-rollout groups' block of the views (None in runs without them)."""
+        block = await self.store.read(rollout_service.open_groups_txn)
+        if block is not None:
+            self.rollouts_in_use(block.open)
+        return block
+
+    async def _sweep_rollouts(self) -> bool:
+        """Seal or expire the open groups past their deadline; again at once when it found as many as its limit."""
+        return await rollout_service.sweep(self, self.rollout_sweep.limit)
+
     async def _prune(self) -> None:
         payloads, rows = await self.prune()
         if payloads or rows:
@@ -458,6 +497,8 @@ class Service:
         status = status.model_copy(
             update={"weights_step": seen.weights_step, "producers": seen.producers, "stall_reason": seen.stall_reason}
         )
+        if status.rollouts is not None:
+            self.rollouts_in_use(status.rollouts.open)
         report = await self.drop_bias()
         if report is None:
             return status

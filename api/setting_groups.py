@@ -236,6 +236,10 @@ class RolloutGroups(Group):
     """Bytes of acknowledged rollouts in an env's open groups (a 503 to post more beyond, counted)."""
     rollout_sweep_limit: int = Field(64, gt=0)
     """Most open groups sealed, expired or leased out by one request or sweep."""
+    rollout_sweep_every_s: float = Field(1.0, gt=0)
+    """Seconds between two background sweeps of each server process, once it has seen per-rollout groups in use:
+    open groups past their deadline are sealed with what is in (or expired) without any producer calling. A sweep
+    that decided on `rollout_sweep_limit` groups runs again at once."""
 
 
 class DropBiasSettings(Group):

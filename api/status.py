@@ -6,6 +6,7 @@ import time
 
 from api import state, stats
 from api.limits import QueueLimits, capacity_groups
+from api.rollout_service import open_groups_txn
 from api.schema import EnvStatus, Status
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts, Txn
@@ -42,6 +43,7 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
         min_share_holds=holding,
         min_share_releases=released,
         tasks=views_txn(txn),
+        rollouts=open_groups_txn(txn),
     )
 
 

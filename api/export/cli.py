@@ -164,13 +164,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--tables",
         default=",".join(("sequences", "groups", "steps")),
-        help="comma-separated tables to write: sequences, groups, steps (the default) and tasks",
+        help="comma-separated tables to write: sequences, groups, steps (the default), tasks and rollouts",
     )
     args = parser.parse_args(argv)
     tables = [t for t in args.tables.split(",") if t]
-    unknown = sorted(set(tables) - {"sequences", "groups", "steps", "tasks"})
+    unknown = sorted(set(tables) - {"sequences", "groups", "steps", "tasks", "rollouts"})
     if unknown or not tables:
-        fail(f"--tables: {', '.join(unknown) or 'none given'}; choose from sequences, groups, steps, tasks")
+        fail(f"--tables: {', '.join(unknown) or 'none given'}; choose from sequences, groups, steps, tasks, rollouts")
     if not export.available():
         fail(export.MISSING)
     try:

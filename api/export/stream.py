@@ -18,8 +18,9 @@ import anyio.to_thread
 import msgpack
 import pyarrow as pa
 
-from api import state, stats, task_frontier
+from api import rollout_service, state, stats, task_frontier
 from api.export.parquet import ParquetChunks
+from api.export.rollouts_table import rollout_row, rollouts_schema
 from api.export.table import (
     ROW_GROUP_BYTES,
     ROW_GROUP_ROWS,
@@ -35,6 +36,7 @@ from api.export.tasks_table import task_row, tasks_schema
 from api.records import Buffer, decode
 from api.state import RunState
 from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
+from api.store.rollouts import GroupRow
 from api.store.tasks import TaskRow
 from api.task_leases import STATES
 from api.task_service import views_txn
@@ -43,7 +45,8 @@ SEQUENCES = "sequences"
 GROUPS = "groups"
 STEPS = "steps"
 TASKS = "tasks"
-TABLES = (SEQUENCES, GROUPS, STEPS, TASKS)
+ROLLOUTS = "rollouts"
+TABLES = (SEQUENCES, GROUPS, STEPS, TASKS, ROLLOUTS)
 """The export's tables, each one Parquet file `<name>.parquet`."""
 
 PAGE_GROUPS = 256
@@ -79,10 +82,12 @@ class Page:
     """The scan reached the ledger's end: no further page."""
     tasks: list[TaskRow] = field(default_factory=list)
     """Task rows (the `tasks` table: docs/tasks.md)."""
+    rollouts: list[GroupRow] = field(default_factory=list)
+    """Groups opened for per-rollout submission (the `rollouts` table: docs/rollouts.md)."""
 
     @property
     def size(self) -> int:
-        return len(self.groups) + len(self.steps) + len(self.tasks)
+        return len(self.groups) + len(self.steps) + len(self.tasks) + len(self.rollouts)
 
 
 def read_groups(txn: Txn, after_id: int, limit: int, payloads: bool, max_bytes: int = PAGE_BYTES) -> Page:
@@ -115,8 +120,21 @@ def read_tasks(txn: Txn, name: str, after: tuple[int, int], limit: int) -> Page:
     return Page([], [], {}, state.load(txn), tasks=rows)
 
 
+def read_rollouts(txn: Txn, after: str, limit: int) -> Page:
+    return Page([], [], {}, state.load(txn), rollouts=txn.rollouts.scan(after, limit))
+
+
 async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]:
     """The store's pages a table is written from, each read in its own transaction."""
+    if table == ROLLOUTS:
+        opened = ""
+        while True:
+            page = await store.read(partial(read_rollouts, after=opened, limit=limits.page_groups))
+            if page.rollouts:
+                yield page
+                opened = page.rollouts[-1].key
+            if len(page.rollouts) < limits.page_groups:
+                return
     if table == TASKS:
         for name in await store.read(lambda txn: [v.name for v in views_txn(txn)]):
             key = (-1, -1)
@@ -171,7 +189,8 @@ class TableWriter:
             raise ValueError(f"table {table!r}: one of {', '.join(TABLES)}")
         self.table = table
         self.seqs = SequenceBatcher(limits.row_group_rows, limits.row_group_bytes)
-        rows = {GROUPS: groups_schema, STEPS: steps_schema, TASKS: tasks_schema}.get(table, steps_schema)()
+        schemas = {GROUPS: groups_schema, STEPS: steps_schema, TASKS: tasks_schema, ROLLOUTS: rollouts_schema}
+        rows = schemas.get(table, steps_schema)()
         self.rows = RowBatcher(rows, limits.row_group_rows)
         schema = self.seqs.schema if table == SEQUENCES else self.rows.schema
         self.out = ParquetChunks(schema)
@@ -193,6 +212,11 @@ class TableWriter:
         return head + self.out.close()
 
     def _batches(self, page: Page) -> Iterator[pa.RecordBatch]:
+        if self.table == ROLLOUTS:
+            for group in page.rollouts:
+                if (batch := self.rows.add(rollout_row(group, page.run.env_name(group.env_id)))) is not None:
+                    yield batch
+            return
         if self.table == TASKS:
             for task in page.tasks:
                 if (batch := self.rows.add(task_row(task))) is not None:
@@ -246,6 +270,7 @@ async def totals(store: Store) -> dict[str, int]:
     def read(txn: Txn) -> dict[str, int]:
         received = sum(stats.load(txn).received.values())
         handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES or k == task_frontier.SERVED)
-        return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step, TASKS: handed}
+        opened = rollout_service.totals_txn(txn).get("opened", 0)
+        return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step, TASKS: handed, ROLLOUTS: opened}
 
     return await store.read(read)

@@ -20,7 +20,7 @@ from api.routes.spec import route
 
 router = APIRouter(tags=["trainer"])
 
-Table = Literal["sequences", "groups", "steps", "tasks"]
+Table = Literal["sequences", "groups", "steps", "tasks", "rollouts"]
 
 
 class Streams:
@@ -59,7 +59,8 @@ async def export_table(
         Table,
         Query(
             description="`sequences`: one row per kept sequence; `groups`: the ledger's group rows; `steps`: "
-            "its step rows; `tasks`: every task handed out, with its fate (docs/tasks.md)."
+            "its step rows; `tasks`: every task handed out, with its fate (docs/tasks.md); `rollouts`: every group "
+            "opened for per-rollout submission, with its slots (docs/rollouts.md)."
         ),  # fmt: skip
     ] = "sequences",
 ) -> StreamingResponse:

@@ -76,7 +76,9 @@ async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Resp
     snap = await service.snapshot()
     body = metrics.render(snap, await service.drop_bias(), await service.producer_report(), settings.metrics_max_envs)
     body += task_metrics.render(await task_service.datasets(service.store))
-    body += rollout_metrics.render(await service.store.read(rollout_service.totals_txn))
+    rollouts = await service.store.read(rollout_service.totals_txn)
+    service.rollouts_in_use(rollouts.get("open", 0))
+    body += rollout_metrics.render(rollouts)
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
@@ -91,8 +93,10 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     """What the dashboard polls: one consistent snapshot of the buffer, per env for at most `metrics_max_envs`
     envs (the rest summed, as /metrics does)."""
     snap = await service.snapshot(settings.metrics_max_envs)
+    rollouts = await service.open_groups()
     body = dashboard_data_body(snap, await service.drop_bias(), await service.producer_report(),
-                               settings.metrics_max_envs, await task_service.datasets(service.store))  # fmt: skip
+                               settings.metrics_max_envs, await task_service.datasets(service.store),
+                               rollouts)  # fmt: skip
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

@@ -12,6 +12,7 @@ from api.access import ANY_KEY, ENV_SIDE
 from api.deps import ServiceDep, SettingsDep
 from api.errors import NotFound
 from api.frontdoor import identity_of
+from api.ledger_recorder import recorder
 from api.rollout_schema import (
     GroupView,
     OpenRequest,
@@ -33,6 +34,7 @@ router = APIRouter(tags=["rollouts"])
        response_model=GroupView)  # fmt: skip
 async def open_group(body: OpenRequest, request: Request, service: ServiceDep, settings: SettingsDep) -> GroupView:
     """Open a group of `group_size` rollouts for one task; post them with POST /rollouts/post as they end."""
+    service.rollouts_in_use()
     caller = identity_of(request.scope)
     now = time.time()
     return await service.store.transact(lambda txn: rs.open_txn(txn, body, now, settings, caller))
@@ -43,8 +45,10 @@ async def open_group(body: OpenRequest, request: Request, service: ServiceDep, s
 async def post_rollout(body: RolloutPost, service: ServiceDep, settings: SettingsDep) -> PostReply:
     """One rollout, acknowledged durably (the same content again: `duplicate`; from another producer after the
     first: `redone`, the first kept; other content from its producer: 409). The last of G seals the group."""
+    service.rollouts_in_use()
     now = time.time()
-    reply, sealing = await service.store.transact(lambda txn: rs.post_txn(txn, body, now, settings))
+    books = recorder(service.books)
+    reply, sealing = await service.store.transact(lambda txn: rs.post_txn(txn, body, now, settings, books))
     if sealing:
         await rs.finish(service, body.group_id)
         reply = reply.model_copy(update={"group": await _view(service, body.group_id)})
@@ -55,6 +59,7 @@ async def post_rollout(body: RolloutPost, service: ServiceDep, settings: Setting
        response_model=GroupView)  # fmt: skip
 async def seal(body: SealRequest, service: ServiceDep) -> GroupView:
     """Seal the group now with what is in (at least `min_group_size`), with the group's scores if scored as one."""
+    service.rollouts_in_use()
     now = time.time()
     if await service.store.transact(lambda txn: rs.seal_txn(txn, body, now)):
         await rs.finish(service, body.group_id)
@@ -65,7 +70,8 @@ async def seal(body: SealRequest, service: ServiceDep) -> GroupView:
        response_model=SlotLeaseReply)  # fmt: skip
 async def lease(body: SlotLeaseRequest, service: ServiceDep, settings: SettingsDep) -> SlotLeaseReply:
     """Up to `n` missing slots of groups whose producer stopped heartbeating, each for `rollout_lease_s`."""
-    await rs.sweep(service, settings)
+    service.rollouts_in_use()
+    await rs.sweep(service, settings.rollout_sweep_limit)
     now = time.time()
     n = min(body.n, settings.rollout_sweep_limit)
     leases = await service.store.transact(lambda txn: rs.lease_txn(txn, body.producer_id, n, now, settings))
@@ -76,6 +82,7 @@ async def lease(body: SlotLeaseRequest, service: ServiceDep, settings: SettingsD
        response_model=RolloutHeartbeatReply)  # fmt: skip
 async def heartbeat(body: RolloutHeartbeat, service: ServiceDep, settings: SettingsDep) -> RolloutHeartbeatReply:
     """Extend what this producer holds of these groups (the missing slots of its own, the slots it leased)."""
+    service.rollouts_in_use()
     now = time.time()
     out = await service.store.transact(
         lambda txn: rs.heartbeat_txn(txn, body.producer_id, body.group_ids, now, settings.rollout_lease_s)

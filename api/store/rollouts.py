@@ -67,6 +67,10 @@ class OpenGroupTxn(ABC):
         """Up to `limit` open groups whose `expires_at` passed, soonest first."""
 
     @abstractmethod
+    def scan(self, after: str, limit: int) -> list[GroupRow]:
+        """Up to `limit` groups in any state whose key sorts after `after`, by key (the export's pages)."""
+
+    @abstractmethod
     def open_totals(self, env_id: int) -> tuple[int, int]:
         """(live groups, their bytes) of env_id."""
 

@@ -5,6 +5,8 @@ deadline seal leaving slots out with why; group-level scores at the seal; the bo
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -121,3 +123,150 @@ async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(setting
         assert sorted(batch[0]["scores"]) == [0.0, 0.25, 0.5, 0.75]
         assert (await c.post("/rollouts/open", json=g6)).status_code == 200
         await post(c, {**rollout("nope", 0)}, 404)
+
+
+async def settled(c: httpx.AsyncClient, gid: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The group's view once it is no longer open, polled (bounded) while only the clock moves."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view: dict[str, Any] = (await c.get("/rollouts/group", params={"group_id": gid})).json()
+        if view["state"] in ("sealed", "expired") or time.monotonic() > deadline:
+            return view
+        await asyncio.sleep(0.01)  # a poll's pause: the background job runs meanwhile
+
+
+async def test_the_background_sweep_seals_and_expires_at_the_deadline_with_no_lease_request(
+    settings: Settings,
+) -> None:
+    async with serving(settings, rollout_sweep_every_s=0.02) as c:
+        await start(c, variable_group_size=True)
+        await opened(c, "g7", min_group_size=2, deadline_s=0.2)
+        await opened(c, "g8", min_group_size=2, deadline_s=0.2)
+        await post(c, rollout("g7", 0))
+        await post(c, rollout("g7", 1))
+        await post(c, rollout("g8", 3))
+        g7, g8 = await settled(c, "g7"), await settled(c, "g8")
+        assert g7["state"] == "sealed" and g7["done"] == [0, 1]
+        assert g8["state"] == "expired" and g8["left_out"] == {"group": "too_few_by_deadline"}
+        status = (await c.get("/status")).json()
+        assert status["queue_size"] == 1, "g7 is queued, whole"
+        assert status["dropped"] == {"math_0": {"rollouts_too_few_by_deadline": 1}}
+        [row] = (await c.get("/ledger/groups/g8")).json()["groups"]
+        assert (row["fate"], row["reason"], row["seqs"], row["producer_id"]) == (
+            "dropped",
+            "rollouts_too_few_by_deadline",
+            1,
+            "p1",
+        ), "an expired group's ledger row says why"
+
+
+async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opened(settings: Settings) -> None:
+    async with serving(settings, rollout_lease_s=0.001) as c:
+        await start(c)
+        assert "rollouts" not in (await c.get("/status")).json(), "a run without per-rollout groups: nothing new"
+        assert "rollouts" not in (await c.get("/dashboard/data")).json()
+        assert "rollbuf_rollout_open_slots" not in (await c.get("/metrics")).text
+        await opened(c, "g9")
+        await post(c, rollout("g9", 0))
+        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 2})).json()["leases"]
+        assert len(leases) == 2
+        block = {"open": 1, "slots_done": 1, "slots_leased": 2, "redispatched": 2, "sealed": 0, "expired": 0}
+        assert (await c.get("/status")).json()["rollouts"] == block
+        assert (await c.get("/dashboard/data")).json()["rollouts"] == block
+        exposition = (await c.get("/metrics")).text
+        assert 'rollbuf_rollout_open_slots{state="leased"} 2.0' in exposition
+        await post(c, rollout("g9", leases[0]["slot"], producer="p2"))
+        block |= {"slots_done": 2, "slots_leased": 1}
+        assert (await c.get("/status")).json()["rollouts"] == block, "a leased slot that came in is done"
+        for slot in range(1, 4):
+            await post(c, rollout("g9", slot, producer="p2"))
+        block |= {"open": 0, "slots_done": 0, "slots_leased": 0, "sealed": 1}
+        assert (await c.get("/status")).json()["rollouts"] == block
+
+
+async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: Settings) -> None:
+    """One row per group opened, in any state, its slots as lists; paged by key (pages of 2 give the same)."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from api.app import create_app
+    from api.export.stream import Limits, pages, parquet_stream
+
+    app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001, "rollout_sweep_every_s": 0.02}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await start(c, variable_group_size=True)
+            await opened(c, "a-sealed")
+            for slot in range(4):
+                await post(c, rollout("a-sealed", slot))
+            await opened(c, "b-partial", min_group_size=2, deadline_s=0.2)
+            await opened(c, "c-expired", min_group_size=2, deadline_s=0.2)
+            for gid, slot in (("b-partial", 0), ("b-partial", 3), ("c-expired", 1)):
+                await post(c, rollout(gid, slot))
+            await opened(c, "d-open", env_id=None)
+            await post(c, rollout("d-open", 2))
+            await settled(c, "b-partial")
+            await settled(c, "c-expired")
+            assert len((await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 1})).json()["leases"]) == 1
+            exported = await c.get("/export", params={"table": "rollouts"})
+            assert exported.status_code == 200, exported.text
+            rows = {r["group_id"]: r for r in pq.read_table(io.BytesIO(exported.content)).to_pylist()}
+            assert list(rows) == ["a-sealed", "b-partial", "c-expired", "d-open"]
+            a, b, x, d = rows.values()
+            assert (a["state"], [s["slot"] for s in a["done"]], a["left_out"]) == ("sealed", [0, 1, 2, 3], [])
+            assert (b["state"], b["left_out"]) == ("sealed", [
+                {"slot": 1, "reason": "not_done_by_deadline"}, {"slot": 2, "reason": "not_done_by_deadline"}
+            ])  # fmt: skip
+            assert (x["state"], x["expired_reason"], x["done"]) == (
+                "expired", "too_few_by_deadline", [{"slot": 1, "producer": "p1"}]
+            )  # fmt: skip
+            assert (d["state"], d["env_id"], d["env"], d["redispatched"]) == ("open", None, "(no env_id)", 1)
+            assert [(s["slot"], s["producer"]) for s in d["leased"]] == [(0, "p2")]
+            assert a["env"] == "math_0" and a["bytes"] > 0 and a["deadline"] is not None
+            store = app.state.service.store
+            small = Limits(page_groups=2)
+            assert [len(p.rollouts) async for p in pages("rollouts", store, small)] == [2, 2]
+            data = b"".join([chunk async for chunk in parquet_stream("rollouts", store, small)])
+            assert pq.read_table(io.BytesIO(data)).to_pylist() == list(rows.values())
+
+
+async def test_an_expired_group_under_a_task_lease_gives_its_task_back_with_why(settings: Settings) -> None:
+    async with serving(settings, rollout_sweep_every_s=0.02) as c:
+        await start(c)
+        spec = {"name": "math", "tasks": [{"q": 0}], "max_retries": 1, "env": "math"}
+        assert (await c.post("/tasks/datasets", json=spec)).status_code == 200
+        leased = await c.post("/tasks/lease", json={"dataset": "math", "producer_id": "p1", "n": 1})
+        [task] = leased.json()["leases"]
+        await opened(c, task["token"], min_group_size=2, deadline_s=0.2)
+        await post(c, rollout(task["token"], 0))
+        assert (await settled(c, task["token"]))["state"] == "expired"
+        [row] = (await c.get("/tasks/rows", params={"dataset": "math"})).json()["tasks"]
+        assert (row["state"], row["retries"], row["reason"]) == ("waiting", 1, "dropped: rollouts_too_few_by_deadline")
+
+
+async def test_a_sealed_group_refused_at_ingest_expires_with_a_ledger_row(settings: Settings) -> None:
+    async with serving(settings) as c:
+        await start(c)
+        await opened(c, "long")
+        for slot in range(4):
+            last = await post(c, rollout("long", slot, n=600))  # past the trainer's max_token_len (512)
+        assert last["group"]["state"] == "expired" and last["group"]["left_out"]["group"].startswith("refused: ")
+        [row] = (await c.get("/ledger/groups/long")).json()["groups"]
+        assert (row["fate"], row["reason"], row["seqs"], row["tokens"]) == ("dropped", "rollouts_refused", 4, 2400)
+        assert (await c.get("/status")).json()["rollouts"]["expired"] == 1
+        assert (await c.get("/rollouts")).json()["expired:refused"] == 1
+
+
+async def test_a_restarted_server_sweeps_the_open_groups_it_finds(settings: Settings) -> None:
+    """The sweep reads nothing until per-rollout groups are in use; live groups in the store at start are."""
+    if settings.store.startswith("memory"):
+        pytest.skip("a memory store does not outlive its server")
+    async with serving(settings) as c:
+        await start(c, variable_group_size=True)
+        await opened(c, "g10", min_group_size=1, deadline_s=0.5)
+        await post(c, rollout("g10", 0))
+    async with serving(settings, rollout_sweep_every_s=0.02) as c:
+        g10 = await settled(c, "g10")  # no rollout route is called by this server: the sweep starts on its own
+        assert (g10["state"], g10["done"]) == ("sealed", [0])

@@ -115,3 +115,25 @@ def test_past_metrics_max_envs_the_page_shows_the_first_envs_and_sums_the_rest(
         until(browser, 'tr[data-env="e1_0"] td.received', "1")
         until(browser, 'tr[data-env="(other envs)"] td.received', "3")
         until(browser, "#queued", "5")
+
+
+def test_the_per_rollout_groups_card_shows_only_once_a_group_was_opened(
+    tmp_path: Path, browser: webdriver.Chrome
+) -> None:
+    with running_server("memory://", tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
+        c.post("/register", json=registration(batch_size=4)).raise_for_status()
+        c.get("/batch")
+        c.post("/register-env", json=env("math", 4)).raise_for_status()
+        browser.get(server.url + "/dashboard")
+        until(browser, 'tr[data-env="math_0"] td:first-child', "math_0")
+        assert browser.execute_script("return document.getElementById('rollouts-card').hidden") is True
+        opened = {"group_id": "g1", "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 600.0}
+        c.post("/rollouts/open", json=opened).raise_for_status()
+        for slot in range(2):
+            tokens = [slot + 1] * 4
+            rollout = {"group_id": "g1", "slot": slot, "producer_id": "p1", "tokens": tokens, "masks": tokens,
+                       "score": 1.0}  # fmt: skip
+            c.post("/rollouts/post", json=rollout).raise_for_status()
+        until(browser, 'tr[data-rollouts="open"] td:last-child', "1")
+        until(browser, 'tr[data-rollouts="slots_done"] td:last-child', "2")
+        until(browser, 'tr[data-rollouts="slots_leased"] td:last-child', "0")

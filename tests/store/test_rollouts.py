@@ -36,6 +36,9 @@ async def test_groups_are_found_by_deadline_lapse_and_env(store: Store) -> None:
     assert await store.read(lambda txn: txn.rollouts.open_totals(0)) == (3, 300)
     await store.transact(lambda txn: txn.rollouts.put(row("a", state="sealed")))
     assert await store.read(lambda txn: txn.rollouts.open_totals(0)) == (2, 200)
+    first = await store.read(lambda txn: txn.rollouts.scan("", 3))
+    assert [(g.key, g.state) for g in first] == [("a", "sealed"), ("b", "open"), ("c", "sealing")], "any state"
+    assert [g.key for g in await store.read(lambda txn: txn.rollouts.scan("c", 3))] == ["d", "e"]
 
 
 async def test_slots_keep_the_first_and_follow_their_transaction(store: Store) -> None:

@@ -143,3 +143,24 @@ async def test_close_cancels_what_runs_and_waits_until_it_stopped() -> None:
     assert stopped == [1]
     assert not jobs.running("j")
     await jobs.close()  # twice: nothing left to stop
+
+
+async def test_a_timer_asks_its_job_each_interval_without_a_caller_until_close() -> None:
+    jobs = Scheduler()
+    runs: list[float] = []
+    enough = asyncio.Event()
+
+    async def job() -> None:
+        runs.append(1)
+        if len(runs) >= 3:
+            enough.set()
+
+    jobs.add("j", job, lambda: 0.01)
+    jobs.keep_asking("j")
+    jobs.keep_asking("j")  # once per job
+    await asyncio.wait_for(enough.wait(), 10)  # nobody asks: only the timer does
+    await jobs.close()
+    seen = len(runs)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(runs) == seen and not jobs.running("j"), "closed: the timer asks no more"

@@ -54,6 +54,10 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
         rows = [g for g in self._live() if g.state == "open" and g.expires_at <= now]
         return sorted(rows, key=lambda g: g.expires_at)[:limit]
 
+    def scan(self, after: str, limit: int) -> list[GroupRow]:
+        keys = sorted(k for k in self._s.groups if k > after)[:limit]  # the export's pages, not a service path
+        return [self._s.groups[k] for k in keys]
+
     def open_totals(self, env_id: int) -> tuple[int, int]:
         rows = [g for g in self._live() if g.env_id == env_id]
         return len(rows), sum(g.bytes for g in rows)

@@ -50,6 +50,10 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
         )
         return [GroupRow(*r) for r in rows]
 
+    def scan(self, after: str, limit: int) -> list[GroupRow]:
+        rows = self._read(f"SELECT {_G} FROM rollout_groups WHERE key > %b ORDER BY key LIMIT %b", (after, limit))
+        return [GroupRow(*r) for r in rows]
+
     def open_totals(self, env_id: int) -> tuple[int, int]:
         rows = self._read(
             f"SELECT count(*), coalesce(sum(bytes), 0) FROM rollout_groups WHERE {_LIVE} AND env_id = %b", (env_id,)

@@ -43,6 +43,10 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         )
         return [GroupRow(*r) for r in cur]
 
+    def scan(self, after: str, limit: int) -> list[GroupRow]:
+        cur = self._db.execute(f"SELECT {_G} FROM rollout_groups WHERE key > ? ORDER BY key LIMIT ?", (after, limit))
+        return [GroupRow(*r) for r in cur]
+
     def open_totals(self, env_id: int) -> tuple[int, int]:
         n, size = self._db.execute(
             f"SELECT count(*), coalesce(sum(bytes), 0) FROM rollout_groups WHERE {_LIVE} AND env_id = ?", (env_id,)
