@@ -26,16 +26,16 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import CliApp, CliSettingsSource, SettingsError
 
+from api.config.settings import Settings, to_environ
 from api.logs import log_config
-from api.metrics import MULTIPROC_ENV
-from api.settings import Settings, to_environ
+from api.views.metrics import MULTIPROC_ENV
 
 COMMANDS_GROUP = "rollbuf.commands"
 """Entry-point group of the other `rollbuf` commands: `name = "module:function"`, the function taking the
 command's arguments and its first docstring line shown in the usage."""
 
 PROG = "rollbuf serve"
-PROTOCOL = "api.connections:BoundedHttpToolsProtocol"
+PROTOCOL = "api.http.connections:BoundedHttpToolsProtocol"
 """uvicorn's httptools protocol with head, time and connection bounds (its limits set by `create_app`)."""
 EXIT_CONFIG = 2
 """argparse's exit code for a usage error; rollbuf uses it for every configuration error."""
@@ -90,7 +90,7 @@ class Serve(Settings):
         check_store(settings.store)
         logging = log_config(settings.log_level, settings.log_format)
         if settings.workers == 1:
-            from api.app import create_app
+            from api.http.app import create_app
 
             uvicorn.run(
                 create_app(settings),
@@ -111,7 +111,7 @@ class Serve(Settings):
             own_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollbuf-metrics-")
         try:
             uvicorn.run(
-                "api.app:create_app",
+                "api.http.app:create_app",
                 factory=True,
                 host=settings.host,
                 port=settings.port,

@@ -1,10 +1,10 @@
-"""The service's exception tree. Routes raise these; one handler in `api.app` renders them.
+"""The service's exception tree. Routes raise these; one handler in `api.http.app` renders them.
 
 Atropos rollout handlers drop data on any 4xx and retry 5xx, so the status code is a promise:
 4xx means "this data is bad, resending it will never work"; 503 means "try again later".
 
 Every error reply, these and FastAPI's own (pydantic's 422, 404, 405, 400), has one shape (`error_body`,
-`api.schema.ErrorBody`): `code`, `message`, `errors` (each with `loc`, `msg`, `type`), and `detail` as
+`api.wire.schema.ErrorBody`): `code`, `message`, `errors` (each with `loc`, `msg`, `type`), and `detail` as
 FastAPI writes it (the list of errors for a 422, a string otherwise), which Atropos-era clients read.
 """
 

@@ -20,23 +20,26 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
-from api import ledger, rollout_service, state, stats, submissions
-from api.access import ANONYMOUS, Identity
-from api.acks import commit_txn
-from api.batches import BatchWaiting, FormedBatch
-from api.body import INLINE_PARSE, off_loop
-from api.commits import Kept, ReadAhead
-from api.drop_bias import Report
-from api.drop_bias_watch import BiasWatch
+from api import state
+from api.batches.acknowledge import commit_txn
+from api.batches.formation import FormationRules, batch_txn
+from api.batches.kept import Kept, ReadAhead
+from api.batches.outcomes import BatchWaiting, FormedBatch
+from api.batches.wakeups import Wakeups
 from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
-from api.formation import FormationRules, batch_txn
-from api.ingest import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
-from api.ledger_recorder import recorder
-from api.limits import QueueLimits
+from api.http.access import ANONYMOUS, Identity
+from api.http.body import INLINE_PARSE, off_loop
+from api.ingest import submissions
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.submissions import Submission
+from api.ingest.submit import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
+from api.ledger import rules as ledger
+from api.ledger.drop_bias import Report
+from api.ledger.drop_bias_watch import BiasWatch
+from api.ledger.recorder import recorder
 from api.logs import request_env
-from api.metrics import FORMATION_SECONDS
-from api.producer_schema import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply
-from api.producer_state import (
+from api.producers.live import NOTHING_YET
+from api.producers.stored import (
     ProducerReport,
     ProducerSettings,
     announce_txn,
@@ -47,11 +50,17 @@ from api.producer_state import (
     report_txn,
     sync_txn,
 )
-from api.producers import NOTHING_YET
-from api.records import GroupRecord, decode
-from api.rollout_schema import OpenGroupsStatus
+from api.rollouts import service as rollout_service
 from api.scheduler import Scheduler
-from api.schema import (
+from api.state import ANON_NAME, EnvRecord, RunState
+from api.store.base import Store, Txn
+from api.views import stats
+from api.views.metrics import FORMATION_SECONDS
+from api.views.status import env_status, status_txn
+from api.wire.producers import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply
+from api.wire.records import GroupRecord, decode
+from api.wire.rollouts import OpenGroupsStatus
+from api.wire.schema import (
     CommitReply,
     EnvDropBias,
     EnvRegistered,
@@ -62,11 +71,6 @@ from api.schema import (
     ScoredReply,
     Status,
 )
-from api.state import ANON_NAME, EnvRecord, RunState
-from api.status import env_status, status_txn
-from api.store.base import Store, Txn
-from api.submissions import Submission
-from api.wakeups import Wakeups
 
 log = logging.getLogger("rollbuf")
 
@@ -100,11 +104,11 @@ class Service:
     books: ledger.LedgerSettings = field(default_factory=ledger.LedgerSettings)
     """The ledger: whether it is written, how long it and retained payloads are kept (docs/ledger.md)."""
     bias: BiasWatch = field(default_factory=BiasWatch)
-    """The drop-bias monitor, fed from the ledger (`api.drop_bias_watch`)."""
+    """The drop-bias monitor, fed from the ledger (`api.ledger.drop_bias_watch`)."""
     jobs: Scheduler = field(default_factory=Scheduler)
     """This process's background jobs (`__post_init__` names them)."""
     producers: ProducerSettings = field(default_factory=ProducerSettings)
-    """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers`)."""
+    """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers.live`)."""
     stall_reason: str | None = None
     """Why nothing can arrive for a waiting trainer, as this process's last batch attempt that found no batch
     read it (in the same transaction: a waiting long-poll costs no read of its own)."""
@@ -284,7 +288,7 @@ class Service:
         key: str | None = None,
         caller: Identity = ANONYMOUS,
     ) -> list[ScoredReply]:
-        """Validate a request's groups (`api.submissions.decode`: JSON or msgpack, one or a list, `key` the
+        """Validate a request's groups (`api.ingest.submissions.decode`: JSON or msgpack, one or a list, `key` the
         request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing.
 
         They are validated against the run state this process saw last, not a fresh read: one store round trip

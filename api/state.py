@@ -9,9 +9,9 @@ from typing import Any
 
 import orjson
 
-from api.commits import Kept
-from api.schema import Registration
+from api.batches.kept import Kept
 from api.store.base import Txn
+from api.wire.schema import Registration
 
 log = logging.getLogger("rollbuf")
 
@@ -20,11 +20,11 @@ STEP_KEY = "step"
 ENV_DIR_KEY = "env_dir"
 """The env list's epoch, version and length; the envs themselves are rows (`Txn.put_env`)."""
 KEPT_KEY = "kept"
-"""The acknowledged mark and the sizes of the batches kept past it (`api.commits.Kept`)."""
+"""The acknowledged mark and the sizes of the batches kept past it (`api.batches.kept.Kept`)."""
 CREDITS_KEY = "credits"
 BLOCKED_KEY = "blocked"
 PASSED_KEY = "passed_over"
-"""Per env: its oldest item passed over by formation and the step it was first passed over (`api.batcher.age`)."""
+"""Per env: its oldest item passed over by formation and the step it was first passed over (`api.batches.planner.age`)."""
 QUIET_KEY = "quiet_shares"
 """Per env whose minimum allocation holds batches back: since when (wall clock), and whether it was released."""
 ARRIVALS_KEY = "awaiting_arrivals"

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from api.records import GroupRecord
+from api.wire.records import GroupRecord
 from trainer_client.arrays import Batch, from_records
 
 SEQS, SEQ_LEN, GROUP = 1024, 2048, 8

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from api.records import encode_submission, encode_submission_list
+from api.wire.records import encode_submission, encode_submission_list
 from bench.edges import ROOT, group, server, start_run
 
 

@@ -1,5 +1,5 @@
 """Issue 35: server memory per request against what the body budget counts (`max_inflight_bytes` counts a
-body's bytes as they arrive, then charges what decoding it costs: `api.body_cost`). One POST
+body's bytes as they arrive, then charges what decoding it costs: `api.http.body_cost`). One POST
 /scored_data_list of about `--mb` MB (groups of 8 x 2048 tokens, JSON and msgpack) to a fresh `rollbuf
 serve` (SQLite); the figure is the peak RSS growth (VmHWM less the RSS before) over the body's size and over
 what the budget counts for it. Target: within about 1.3x of the count.
@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from api.body_cost import decoded_cost
-from api.records import encode_submission, encode_submission_list
+from api.http.body_cost import decoded_cost
+from api.wire.records import encode_submission, encode_submission_list
 from bench.edges import ROOT, server, start_run
 
 

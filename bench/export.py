@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from api import ledger, state, stats
-from api.records import encode_submission
-from api.schema import Registration
+from api import state
+from api.ledger import rules as ledger
 from api.state import EnvRecord
 from api.store import make_store
 from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
+from api.views import stats
+from api.wire.records import encode_submission
+from api.wire.schema import Registration
 from bench import pg
 from bench.servers import ROOT
 

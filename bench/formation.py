@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 
-from api.batches import FormedBatch
-from api.schema import RegisterEnv, Registration
+from api.batches.outcomes import FormedBatch
 from api.service import Service
 from api.store import make_store
 from api.store.base import ItemMeta, QueuedItem, Txn
+from api.wire.schema import RegisterEnv, Registration
 from bench import pg
 
 ENVS = [  # name, group size, weight, min allocation

@@ -11,7 +11,7 @@ from typing import Any
 
 from buffer_bench import JsonTransport  # the harness, importable from its own directory
 
-from api.records import MSGPACK, encode_submission, encode_submission_list
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 
 
 class MsgpackTransport(JsonTransport):  # type: ignore[misc]

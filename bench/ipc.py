@@ -20,7 +20,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from api.schema import ScoredData
+from api.wire.schema import ScoredData
 from rollout_client.env import Task
 from rollout_client.group import GroupOutcome
 from rollout_client.ipc import Channel, ChannelClosed

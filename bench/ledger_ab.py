@@ -82,9 +82,9 @@ def served_path(reps: int, store: str) -> list[dict[str, Any]]:
 
 
 async def _dropped_rate(url: str, retain: bool, n: int) -> float:
-    from api.app import create_app  # the service in process: only part 2 imports it
-    from api.schema import REGISTRATION_EXAMPLE
-    from api.settings import Settings
+    from api.config.settings import Settings
+    from api.http.app import create_app  # the service in process: only part 2 imports it
+    from api.wire.schema import REGISTRATION_EXAMPLE
 
     app = create_app(Settings(store=url, retain_steps=1000 if retain else None))
     rng = np.random.default_rng(1)
@@ -126,9 +126,9 @@ def dropped_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
 
 
 async def _cpu(url: str, extra: dict[str, Any], n: int) -> tuple[float, float]:
-    from api.app import create_app
-    from api.schema import REGISTRATION_EXAMPLE
-    from api.settings import Settings
+    from api.config.settings import Settings
+    from api.http.app import create_app
+    from api.wire.schema import REGISTRATION_EXAMPLE
 
     app = create_app(Settings(store=url, **extra))
     rng = np.random.default_rng(2)
@@ -180,10 +180,10 @@ def cpu_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
 async def _store_costs(url: str, n: int = 400) -> dict[str, float]:
     """Median µs the ledger's own writes take inside a transaction: a group's row as one /scored_data writes it
     (its summary included), and a batch's (8 groups served, the step's row, a commit mark)."""
-    from api.ledger import group_row, step_row
-    from api.records import GroupRecord
+    from api.ledger.rules import group_row, step_row
     from api.store import make_store
     from api.store.base import SERVED, ItemMeta, QueuedItem, Txn
+    from api.wire.records import GroupRecord
 
     store = make_store(url)
     rec = GroupRecord(0, np.full(8, 512, np.int32), np.zeros(4096, np.int32), np.zeros(4096, np.int32),

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from api.records import MSGPACK, encode_submission, encode_submission_list
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from bench import pg
 from bench.http import cpu_seconds
 from bench.servers import ROOT, Target, ceiling, rollbuf, serve

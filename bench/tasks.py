@@ -4,7 +4,7 @@ transaction by 1 / 8 / 32 concurrent producers, each lease's group acknowledged 
 transaction as ingest would; leases/s, and per shuffled and sequential order. Through the store, without HTTP.
 
 `--source file` registers the dataset as the server does from a JSONL file under `task_files_dir`
-(api/task_service.py's `register`: one open file, a page per transaction), and the process's resident memory
+(api/tasks/service.py's `register`: one open file, a page per transaction), and the process's resident memory
 (VmRSS, this process is the server here) is reported after the store opened, after the load and after the
 leases: on SQLite and PostgreSQL it stays flat whatever the dataset's size (the memory store keeps the tasks in
 memory, by design).
@@ -28,11 +28,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from api import task_leases as tl
-from api import task_service
-from api.settings import Settings
+from api.config.settings import Settings
 from api.store import Store, make_store
 from api.store.base import QUEUED, LedgerGroup, Txn
+from api.tasks import leases as tl
+from api.tasks import service as task_service
 
 PAGE = 10_000
 

@@ -32,10 +32,10 @@ import httpx
 import numpy as np
 import orjson
 
-from api.binary import check_record
-from api.json_groups import read_groups
-from api.records import MSGPACK, encode, encode_submission
-from api.validation import GroupLimits, pack_group
+from api.ingest.binary_groups import check_record
+from api.ingest.json_groups import read_groups
+from api.ingest.validation import GroupLimits, pack_group
+from api.wire.records import MSGPACK, encode, encode_submission
 from bench import pg
 from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
 from trainer_client.arrays import Batch

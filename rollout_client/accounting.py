@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from api.schema import ScoredData
+from api.wire.schema import ScoredData
 from rollout_client.errors import failure_reason
 from rollout_client.failures import Failed, FailurePolicy, Refused, Stored
 from rollout_client.group import GroupOutcome, failures_of

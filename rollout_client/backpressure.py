@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from api.schema import EnvStatus
+from api.wire.schema import EnvStatus
 from rollout_client.pacing import pause_reason
 
 

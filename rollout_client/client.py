@@ -1,6 +1,6 @@
 """`RolloutClient`: an environment's connection to rollbuf (register, submit groups, read status, disconnect).
 
-Every reply is validated with the wire schema (`api.schema`). Submissions carry a `group_id`, so the retries
+Every reply is validated with the wire schema (`api.wire.schema`). Submissions carry a `group_id`, so the retries
 this client makes after a timeout, a restart or a 503 can never store a group twice.
 """
 
@@ -19,10 +19,10 @@ import orjson
 from pydantic import BaseModel
 from tenacity import RetryError
 
-from api import records
-from api.producer_schema import Heartbeat, HeartbeatReply
-from api.records import MSGPACK
-from api.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
+from api.wire import records
+from api.wire.producers import Heartbeat, HeartbeatReply
+from api.wire.records import MSGPACK
+from api.wire.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
 from client_core.outage import Outage

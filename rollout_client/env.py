@@ -17,7 +17,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from api.wire import MASK_IGNORE
+from api.wire.rules import MASK_IGNORE
 from rollout_client.errors import EpisodeTruncated, PromptTooLong, SetupTimeout, TurnTimeout
 from rollout_client.policy import Completion, Policy
 from rollout_client.tools import valid_text

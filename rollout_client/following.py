@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from api.producer_schema import Heartbeat
-from api.schema import EnvStatus, ScoredData
+from api.wire.producers import Heartbeat
+from api.wire.schema import EnvStatus, ScoredData
 from client_core.errors import ClientError
 from rollout_client.pacing import AHEAD, DRAINING, QUEUE_FULL
 

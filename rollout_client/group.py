@@ -15,7 +15,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from api.schema import ScoredData
+from api.wire.schema import ScoredData
 from rollout_client.aio import RELEASE_S, acquire_all, bounded_close, in_daemon_thread, release
 from rollout_client.env import Environment, ExternalSequence, Gate, Session, Task
 from rollout_client.errors import (

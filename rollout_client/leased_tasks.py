@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from api.task_schema import LeasedTask, LeaseReply, TaskHeartbeatReply
+from api.wire.tasks import LeasedTask, LeaseReply, TaskHeartbeatReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.retry import post_retrying
 from rollout_client.env import Task

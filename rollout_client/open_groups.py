@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from api.rollout_schema import GroupView, PostReply, RolloutHeartbeatReply, SlotLease, SlotLeaseReply
+from api.wire.rollouts import GroupView, PostReply, RolloutHeartbeatReply, SlotLease, SlotLeaseReply
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.retry import post_retrying
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.schema import EnvStatus
+from api.wire.schema import EnvStatus
 
 QUEUE_FULL = "queue_full"
 AHEAD = "ahead_of_trainer"

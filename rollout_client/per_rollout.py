@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.rollout_schema import GroupView
+from api.wire.rollouts import GroupView
 from rollout_client.env import Task
 from rollout_client.group import Rollout
 from rollout_client.open_groups import OpenGroups

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from api.schema import EnvRegistered, EnvStatus, Info, ScoredData, ScoredReply
+from api.wire.schema import EnvRegistered, EnvStatus, Info, ScoredData, ScoredReply
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment
 from rollout_client.errors import Rejected, RolloutClientError, registration_lost

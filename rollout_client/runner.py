@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from api.schema import EnvRegistered, EnvStatus, Info
+from api.wire.schema import EnvRegistered, EnvStatus, Info
 from rollout_client.accounting import Tally
 from rollout_client.aio import bounded_close, wait_first
 from rollout_client.backpressure import Backpressure

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from api.wire import MASK_IGNORE
+from api.wire.rules import MASK_IGNORE
 
 UNSAMPLED_LOGPROB = 1.0
 """Logprob at positions the model did not sample: Atropos's sentinel (`rollout_client.env.PROMPT_LOGPROB`)."""

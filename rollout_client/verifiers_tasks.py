@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from api.task_schema import DatasetView
+from api.wire.tasks import DatasetView
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.retry import post_retrying
 from rollout_client.leased_tasks import LeasedTasks

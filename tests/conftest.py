@@ -10,8 +10,8 @@ import httpx
 import pytest
 from hypothesis import settings as hypothesis_settings
 
-from api.app import create_app
-from api.settings import Settings
+from api.config.settings import Settings
+from api.http.app import create_app
 from tests import pg
 
 # Hypothesis's default 200 ms deadline per example is a timing assert: on a loaded machine (make test runs the

@@ -39,8 +39,8 @@ from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
 from api.errors import InvalidData
-from api.rollout_schema import SLOTS_MAX
-from api.validation import check_printable, check_producer_id
+from api.ingest.validation import check_printable, check_producer_id
+from api.wire.rollouts import SLOTS_MAX
 
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
 FREE_FORM = ("messages", "overrides", "group_overrides", "generation_params", "images")
@@ -85,7 +85,7 @@ def _align_group(group: Any) -> None:
         group["env_id"] = None
     if _int(group.get("policy_step"), 0, SAFE_INT_MAX):
         group["policy_step"] = 0
-    if isinstance(group.get("producer_id"), str):  # printable text only (api.validation.check_producer_id)
+    if isinstance(group.get("producer_id"), str):  # printable text only (api.ingest.validation.check_producer_id)
         try:
             check_producer_id(group["producer_id"])
         except InvalidData:
@@ -107,7 +107,7 @@ def _align_group(group: Any) -> None:
     for name in ("distill_token_ids", "distill_logprobs"):
         if group.get(name) is not None:
             group[name] = None
-    for name in FREE_FORM:  # any JSON by the schema, but only what JSON prints back (api.validation)
+    for name in FREE_FORM:  # any JSON by the schema, but only what JSON prints back (api.ingest.validation)
         if name in group and group[name] is not None:
             try:
                 check_printable({name: group[name]})

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from api.rollout_schema import PostReply
+from api.wire.rollouts import PostReply
 from rollout_client import Environment, RolloutRunner, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.examples import arithmetic_script, arithmetic_task
 from rollout_client.group import rollout_seed

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from api.producer_schema import WeightsReply, WeightSyncReply
-from api.schema import CommitReply, Info, RegisterReply, Status
+from api.wire.producers import WeightsReply, WeightSyncReply
+from api.wire.schema import CommitReply, Info, RegisterReply, Status
 from trainer_client.arrays import Batch
 from trainer_client.base import BaseTrainerClient
 from trainer_client.errors import ServerUnreachable, error_for

@@ -1,6 +1,6 @@
 """A batch as numpy arrays: ragged (flat + offsets), padded `[n, L]`, or packed rows. Pure: numpy only.
 
-Everything here is built from the wire records (`api.records`) or the Atropos JSON reply, and is shared
+Everything here is built from the wire records (`api.wire.records`) or the Atropos JSON reply, and is shared
 by the sync and async clients. Shapes: `n` sequences, `T` tokens in all, `G` groups, `R` packed rows.
 
 Masks arrive exactly as the rollout handler sent them (any int32). Every view reads them with Atropos's
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from api.records import FLOAT_FIELDS, GroupRecord
-from api.wire import MASK_IGNORE
+from api.wire.records import FLOAT_FIELDS, GroupRecord
+from api.wire.rules import MASK_IGNORE
 from trainer_client.tensors import to_tensors
 
 I32 = np.dtype(np.int32)
@@ -311,7 +311,7 @@ def _pad_rows(offsets: np.ndarray, width: int, flats: Sequence[Fill]) -> list[np
 
 
 def from_records(records: Sequence[GroupRecord], step: int | None) -> Batch:
-    """A batch from binary group records (`api.records.decode_batch`): a few concatenations, no per-token loop."""
+    """A batch from binary group records (`api.wire.records.decode_batch`): a few concatenations, no per-token loop."""
     lengths = [r.lengths for r in records]
     group_sizes = np.fromiter((r.seqs for r in records), I64, count=len(records))
     offsets = np.zeros(int(group_sizes.sum()) + 1, I64)

@@ -15,9 +15,9 @@ from typing import Any, Literal
 import httpx
 import orjson
 
-from api.producer_schema import WeightSyncReply
-from api.records import MSGPACK, decode_batch, is_msgpack
-from api.schema import Info, Registration
+from api.wire.producers import WeightSyncReply
+from api.wire.records import MSGPACK, decode_batch, is_msgpack
+from api.wire.schema import Info, Registration
 from client_core.config import DEFAULT_URL, auth_headers
 from client_core.retry import RetryPolicy
 from trainer_client.arrays import Batch, from_json, from_records

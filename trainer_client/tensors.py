@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from api.wire import MASK_IGNORE
+from api.wire.rules import MASK_IGNORE
 
 I64 = np.dtype(np.int64)
 

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> None:
     if args.url:
         asyncio.run(from_server(args.url.rstrip("/"), args.api_key, tables, args.dir))
         return
-    from api.settings import Settings
+    from api.config.settings import Settings
 
     url = args.store or os.environ.get("ROLLBUF_STORE") or Settings.model_fields["store"].default
     asyncio.run(from_store(url, tables, args.dir))

@@ -9,8 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from api import rollout_groups as rg
 from api.export.table import TIMESTAMP
+from api.rollouts import groups as rg
 from api.store.base import ANON_ENV
 from api.store.rollouts import GroupRow
 

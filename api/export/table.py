@@ -21,9 +21,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from api.records import F64, FLOAT_FIELDS, I32, GroupRecord
 from api.store.base import ANON_ENV, DROPPED, SERVED, LedgerGroup, LedgerStep
 from api.store.ledger_contract import GROUP_RECORD
+from api.wire.records import F64, FLOAT_FIELDS, I32, GroupRecord
 
 ROW_GROUP_ROWS = 8192
 """Most sequences in one record batch (one Parquet row group)."""

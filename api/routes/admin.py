@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
-from api.access import PUBLIC, TRAINER_SIDE
-from api.deps import ServiceDep
-from api.openapi import ERROR_DESCRIPTIONS, ERROR_REF
-from api.records import dumps, to_atropos
+from api.http.access import PUBLIC, TRAINER_SIDE
+from api.http.deps import ServiceDep
+from api.http.openapi import ERROR_DESCRIPTIONS, ERROR_REF
 from api.routes.spec import route
+from api.wire.records import dumps, to_atropos
 
 router = APIRouter(tags=["admin"])
 health = APIRouter(tags=["admin"])

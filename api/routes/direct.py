@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.body import gzip_compress
+from api.http.body import gzip_compress
 
 Handler = Callable[[Request], Awaitable[Response]]
 F = TypeVar("F", bound=Callable[..., Any])

@@ -11,17 +11,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import TypeAdapter
 
-from api import body_cost
-from api.access import ANY_KEY, ENV_SIDE
-from api.body import INLINE_PARSE, off_loop, parse_json, read_body
-from api.deps import ServiceDep, SettingsDep, holder
+from api.config.settings import Settings
 from api.errors import InvalidData
-from api.frontdoor import identity_of
-from api.gc_pause import collection_paused
-from api.records import MSGPACK, dumps
+from api.http import body_cost
+from api.http.access import ANY_KEY, ENV_SIDE
+from api.http.body import INLINE_PARSE, off_loop, parse_json, read_body
+from api.http.deps import ServiceDep, SettingsDep, holder
+from api.http.frontdoor import identity_of
+from api.ingest.gc_pause import collection_paused
+from api.ingest.submissions import request_key
 from api.routes.direct import DirectRoute, served_by
 from api.routes.spec import route
-from api.schema import (
+from api.service import Service
+from api.store.offload import large
+from api.wire.records import MSGPACK, dumps
+from api.wire.schema import (
     ENV_EXAMPLE,
     GROUP_EXAMPLE,
     DisconnectReply,
@@ -34,10 +38,6 @@ from api.schema import (
     ScoredListReply,
     ScoredReply,
 )
-from api.service import Service
-from api.settings import Settings
-from api.store.offload import large
-from api.submissions import request_key
 
 router = APIRouter(tags=["environments"], route_class=DirectRoute)
 
@@ -132,7 +132,7 @@ async def _submitted(
 ) -> Response:
     """A submission's body read within the body limits and the process's byte budget, then stored, and the
     answer made of its replies. A large body is ingested and answered with the cyclic collector held off
-    (`api.gc_pause`): its objects are gone before the collector is back, so no collection walks them. Its
+    (`api.ingest.gc_pause`): its objects are gone before the collector is back, so no collection walks them. Its
     transaction is large (`api.store.offload`): a store that runs transactions on the event loop runs it off."""
     state = request.app.state
     settings: Settings = state.settings
@@ -142,7 +142,7 @@ async def _submitted(
             request, max_bytes=settings.max_body_bytes, max_decompressed=settings.max_decompressed_bytes, hold=hold
         )
         content_type = request.headers.get("content-type")
-        # Decoding costs several times the body's bytes: charged before it starts (api.body_cost).
+        # Decoding costs several times the body's bytes: charged before it starts (api.http.body_cost).
         hold.charge(await off_loop(len(raw), INLINE_PARSE, body_cost.charge, raw, content_type, hold.bytes))
         service: Service = state.service
         big = len(raw) > INLINE_PARSE

@@ -13,9 +13,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api import export
-from api.access import TRAINER_SIDE
-from api.deps import ServiceDep, SettingsDep
 from api.errors import NotInstalled, Unavailable
+from api.http.access import TRAINER_SIDE
+from api.http.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 
 router = APIRouter(tags=["trainer"])

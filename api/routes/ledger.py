@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from api.access import TRAINER_SIDE
-from api.deps import ServiceDep
-from api.ledger_replies import LedgerGroupsReply, LedgerStepReply
-from api.records import dumps
+from api.http.access import TRAINER_SIDE
+from api.http.deps import ServiceDep
+from api.ledger.replies import LedgerGroupsReply, LedgerStepReply
 from api.routes.spec import route
+from api.wire.records import dumps
 
 router = APIRouter(tags=["ledger"])
 

@@ -10,14 +10,18 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from api import metrics, rollout_metrics, rollout_service, task_metrics, task_service
-from api.access import ANY_KEY, PUBLIC
-from api.dashboard_data import body as dashboard_data_body
-from api.deps import ServiceDep, SettingsDep
 from api.errors import Unavailable
-from api.keyring import KeyFile
-from api.records import dumps
+from api.http.access import ANY_KEY, PUBLIC
+from api.http.deps import ServiceDep, SettingsDep
+from api.http.keyring import KeyFile
+from api.rollouts import metrics as rollout_metrics
+from api.rollouts import service as rollout_service
 from api.routes.spec import route
+from api.tasks import metrics as task_metrics
+from api.tasks import service as task_service
+from api.views import metrics
+from api.views.dashboard import body as dashboard_data_body
+from api.wire.records import dumps
 
 log = logging.getLogger("rollbuf")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from api.access import ANY_KEY, ENV_SIDE, TRAINER_SIDE
-from api.deps import ServiceDep
-from api.frontdoor import identity_of
-from api.producer_schema import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
+from api.http.access import ANY_KEY, ENV_SIDE, TRAINER_SIDE
+from api.http.deps import ServiceDep
+from api.http.frontdoor import identity_of
 from api.routes.spec import route
+from api.wire.producers import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
 
 router = APIRouter(tags=["producers"])
 

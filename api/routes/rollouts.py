@@ -7,13 +7,14 @@ import time
 
 from fastapi import APIRouter, Query, Request
 
-from api import rollout_service as rs
-from api.access import ANY_KEY, ENV_SIDE
-from api.deps import ServiceDep, SettingsDep
 from api.errors import NotFound
-from api.frontdoor import identity_of
-from api.ledger_recorder import recorder
-from api.rollout_schema import (
+from api.http.access import ANY_KEY, ENV_SIDE
+from api.http.deps import ServiceDep, SettingsDep
+from api.http.frontdoor import identity_of
+from api.ledger.recorder import recorder
+from api.rollouts import service as rs
+from api.routes.spec import route
+from api.wire.rollouts import (
     GroupView,
     OpenRequest,
     PostReply,
@@ -24,8 +25,7 @@ from api.rollout_schema import (
     SlotLeaseReply,
     SlotLeaseRequest,
 )
-from api.routes.spec import route
-from api.wire import GROUP_ID_MAX
+from api.wire.rules import GROUP_ID_MAX
 
 router = APIRouter(tags=["rollouts"])
 

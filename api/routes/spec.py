@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends
 
-from api.access import PUBLIC, Body, Rule
-from api.auth import require_api_key
-from api.openapi import SECURED, errors
+from api.http.access import PUBLIC, Body, Rule
+from api.http.auth import require_api_key
+from api.http.openapi import SECURED, errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 

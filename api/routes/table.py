@@ -1,9 +1,9 @@
 """Every route's roles and body rule, as the route modules declare them beside each route (`api.routes.spec`),
-and FastAPI's own description pages: what the front door enforces (`api.frontdoor.Door.routes`)."""
+and FastAPI's own description pages: what the front door enforces (`api.http.frontdoor.Door.routes`)."""
 
 from __future__ import annotations
 
-from api.access import PUBLIC, Body, RouteTable, Rule
+from api.http.access import PUBLIC, Body, RouteTable, Rule
 from api.routes import admin, envs, export, ledger, ops, producers, rollouts, tasks, trainer
 from api.routes.spec import DECLARED
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
-from api import task_service
-from api.access import ANY_KEY, ENV_SIDE
-from api.deps import ServiceDep, SettingsDep
+from api.http.access import ANY_KEY, ENV_SIDE
+from api.http.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
-from api.task_schema import (
+from api.tasks import service as task_service
+from api.wire.rules import SAFE_INT_MAX
+from api.wire.tasks import (
     DatasetSpec,
     DatasetView,
     LeaseReply,
@@ -21,7 +22,6 @@ from api.task_schema import (
     TaskRows,
     TaskTokens,
 )
-from api.wire import SAFE_INT_MAX
 
 router = APIRouter(tags=["tasks"])
 

@@ -11,17 +11,19 @@ import anyio
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
-from api.access import ANY_KEY, TRAINER_SIDE
-from api.auth import Unauthorized
-from api.batches import BatchWaiting, FormedBatch
-from api.body import accepts_gzip, gzip_compress
-from api.commits import ReadAheadFull
-from api.deps import ServiceDep, SettingsDep
+from api.batches.kept import ReadAheadFull
+from api.batches.outcomes import BatchWaiting, FormedBatch
+from api.batches.sharding import Cost, rank_share, shard, subset
 from api.errors import InvalidData
-from api.frontdoor import still_admitted
+from api.http.access import ANY_KEY, TRAINER_SIDE
+from api.http.auth import Unauthorized
+from api.http.body import accepts_gzip, gzip_compress
+from api.http.deps import ServiceDep, SettingsDep
+from api.http.frontdoor import still_admitted
 from api.logs import RateLimiter
-from api.metrics import WAITING_LONG_POLLS
-from api.records import (
+from api.routes.spec import route
+from api.views.metrics import WAITING_LONG_POLLS
+from api.wire.records import (
     MSGPACK,
     Buffer,
     atropos_batch_json,
@@ -34,8 +36,7 @@ from api.records import (
     split_records,
     to_atropos,
 )
-from api.routes.spec import route
-from api.schema import (
+from api.wire.schema import (
     REGISTRATION_EXAMPLE,
     BatchReply,
     CommitReply,
@@ -46,7 +47,6 @@ from api.schema import (
     Status,
     WandbInfo,
 )
-from api.sharding import Cost, rank_share, shard, subset
 
 router = APIRouter(tags=["trainer"])
 log = logging.getLogger("rollbuf")

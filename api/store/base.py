@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from api.batches.items import ItemMeta
 from api.errors import Unavailable
-from api.items import ItemMeta
 from api.store.ledger_contract import (
     DROPPED,
     FATES,

@@ -4,7 +4,7 @@ ledger and retained payloads as a transaction sees them (`txn.ledger`).
 `LedgerGroup` is the one declaration of a group's row: each field carries its `Column` (SQL types on both
 backends, its Arrow type in the export, whether GET /ledger copies it), and the column lists, the SQL backends'
 conversions, the export's `groups` table and the reply's fields are derived from it (api/store/ledger_rows.py,
-api/export/table.py, api/ledger_replies.py), so that a new column is one field here (and a migration step).
+api/export/table.py, api/ledger/replies.py), so that a new column is one field here (and a migration step).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Column:
     float64, string, bool or timestamp (seconds become UTC microseconds). None: the export derives columns of
     its own from it (`id` is `group`; `step` and `reason` split by fate)."""
     reply: str | None
-    """GET /ledger's rows copy it as it is (api/ledger_replies.py), described so; None: the reply says it in its
+    """GET /ledger's rows copy it as it is (api/ledger/replies.py), described so; None: the reply says it in its
     own way (`env_id` null for anonymous groups, `fate` one of FATES)."""
     added: int = 0
     """Which change of the ledger table added it: 0 with the table, then one per later migration step; a
@@ -159,7 +159,7 @@ class LedgerStep:
     """Seconds batch formation took (inside the transaction)."""
     group_ids: tuple[int, ...]
     """Ledger ids (`LedgerGroup.id`) of its groups, in the order the batch holds them: any rank's share is
-    `api.sharding.rank_share` of the batch in this order (shares are cut on reads, not recorded: docs/ledger.md)."""
+    `api.batches.sharding.rank_share` of the batch in this order (shares are cut on reads, not recorded: docs/ledger.md)."""
     seqs: int
     tokens: int
     groups_by_env: dict[str, int]

@@ -2,8 +2,8 @@
 by one (docs/rollouts.md), each slot acknowledged in the transaction that stores it, stored beside the queue so
 that a group's seal and its ingest see one store.
 
-The logic (what opening, posting, leasing and sealing do) is written once, in api/rollout_groups.py and
-api/rollout_service.py, over these rows; a backend only stores them. Every method costs the rows it names or
+The logic (what opening, posting, leasing and sealing do) is written once, in api/rollouts/groups.py and
+api/rollouts/service.py, over these rows; a backend only stores them. Every method costs the rows it names or
 returns (indexed by key, deadline and holder expiry), never the groups ever opened.
 """
 
@@ -33,7 +33,7 @@ class GroupRow:
     bytes: int
     """What its acknowledged slots hold (the per-env bound on open bytes)."""
     record: str
-    """JSON text of api/rollout_groups.py's `OpenGroup`."""
+    """JSON text of api/rollouts/groups.py's `OpenGroup`."""
 
 
 @dataclass(frozen=True, slots=True)

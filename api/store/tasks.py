@@ -2,7 +2,7 @@
 fate (docs/tasks.md), stored beside the queue so that a lease, a submission and a trained step land in the same
 transaction as the decision they record.
 
-The logic (what a lease, a heartbeat, a drop does) is written once, in api/task_leases.py, over these rows; a
+The logic (what a lease, a heartbeat, a drop does) is written once, in api/tasks/leases.py, over these rows; a
 backend only stores them. Every method costs the rows it names or returns, never the dataset: a dataset of 10M
 tasks is read a page at a time and its rows exist only for tasks that were handed out.
 """
@@ -29,7 +29,7 @@ class TaskRow:
     index: int
     """The task's position in the dataset as registered (its line in the file, its place in the pages posted)."""
     state: str
-    """One of api/task_leases.py's STATES."""
+    """One of api/tasks/leases.py's STATES."""
     leases: int = 0
     """How many times it was leased: a lease token names this number, so a lease that expired is told apart from
     the one that replaced it."""

@@ -3,7 +3,7 @@
 import asyncio
 import os
 
-from api.schema import ScoredData
+from api.wire.schema import ScoredData
 from rollout_client import RolloutClient
 
 ROLLBUF_URL = os.environ.get("ROLLBUF_URL", "http://127.0.0.1:8000")

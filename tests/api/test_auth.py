@@ -6,7 +6,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.factories import registration
 
 pytestmark = pytest.mark.anyio

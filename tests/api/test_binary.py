@@ -17,8 +17,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
-from api.app import create_app
-from api.records import (
+from api.config.settings import Settings
+from api.http.app import create_app
+from api.store.base import ItemMeta, QueuedItem, Txn
+from api.wire.records import (
     MSGPACK,
     decode,
     decode_batch,
@@ -27,8 +29,6 @@ from api.records import (
     encode_submission_list,
     split_records,
 )
-from api.settings import Settings
-from api.store.base import ItemMeta, QueuedItem, Txn
 from tests.api.test_ingest import queued, start
 from tests.factories import group
 

@@ -1,5 +1,5 @@
 """The body budget counts what a submission costs while it is decoded, not only its bytes (issue 35: a JSON
-body's peak memory was 12.9-19x its bytes, msgpack's 4.1x; `api.body_cost` charges the measured cost, and
+body's peak memory was 12.9-19x its bytes, msgpack's 4.1x; `api.http.body_cost` charges the measured cost, and
 `bench.body_rss` measures peak memory within 1.3x of what is counted)."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.app import create_app
-from api.body_cost import JSON_VALUE_BYTES, MSGPACK_FACTOR, decoded_cost
-from api.inflight import BodyBudget
-from api.records import encode_submission
-from api.settings import Settings
+from api.config.settings import Settings
+from api.http.app import create_app
+from api.http.body_cost import JSON_VALUE_BYTES, MSGPACK_FACTOR, decoded_cost
+from api.http.inflight import BodyBudget
+from api.wire.records import encode_submission
 from tests.factories import env, group, registration
 
 LIMIT = 6 << 20

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from api.body_cost import decoded_cost
+from api.config.settings import Settings
+from api.http.app import create_app
+from api.http.body_cost import decoded_cost
 from api.service import LATEST_MAX_BYTES
-from api.settings import Settings
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ async def test_past_the_inflight_budget_a_body_is_refused_with_503_and_every_byt
     r = await client.post("/scored_data", content=body)
     assert r.status_code == 503 and r.json()["code"] == "busy" and "max_inflight_bytes" in r.json()["message"]
     assert int(r.headers["Retry-After"]) >= 1
-    held.give(1)  # room for the body's bytes, not for what decoding them costs (api.body_cost)
+    held.give(1)  # room for the body's bytes, not for what decoding them costs (api.http.body_cost)
     r = await client.post("/scored_data", content=body)
     assert r.status_code == 503 and r.json()["code"] == "busy" and "max_inflight_bytes" in r.json()["message"]
     held.give(decoded_cost(body, "application/json") - len(body))

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.asgi import serving
 from tests.factories import env, group, registration
 

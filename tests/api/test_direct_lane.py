@@ -8,7 +8,7 @@ import gzip
 
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.asgi import serving
 from tests.factories import env, group, registration
 from tests.small_run import parse_metrics

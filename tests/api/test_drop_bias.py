@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests import pg
 from tests.asgi import serving
 from tests.factories import env, group, registration
@@ -167,7 +167,7 @@ async def test_the_dashboard_reads_no_unchanged_env_and_converts_a_report_once(
     """Issue 35: /dashboard/data with 10,000 envs took 0.47 s: each poll re-read and parsed every env (twice)
     and converted the drop-bias report's 10,000 entries again. Envs unchanged since this process read them are
     not read, and a report is converted once."""
-    import api.drop_bias
+    import api.ledger.drop_bias
     import api.state
 
     await client.post("/register", json=registration(batch_size=4))
@@ -180,8 +180,8 @@ async def test_the_dashboard_reads_no_unchanged_env_and_converts_a_report_once(
         api.state, "_apply", lambda envs, changed: (applied.append(len(changed)), real_apply(envs, changed))
     )
     converted: list[int] = []
-    real_json = api.drop_bias.Report.to_json
-    monkeypatch.setattr(api.drop_bias.Report, "to_json", lambda self: (converted.append(1), real_json(self))[1])
+    real_json = api.ledger.drop_bias.Report.to_json
+    monkeypatch.setattr(api.ledger.drop_bias.Report, "to_json", lambda self: (converted.append(1), real_json(self))[1])
     first = (await client.get("/dashboard/data")).json()  # may refresh the drop-bias report (it reads the envs)
     applied.clear()
     second = (await client.get("/dashboard/data")).json()

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.records import MSGPACK, encode_submission
+from api.wire.records import MSGPACK, encode_submission
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio

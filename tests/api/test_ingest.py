@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from api.settings import Settings
+from api.config.settings import Settings
+from api.http.app import create_app
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-import api.body
+import api.http.body
+import api.ingest.submissions
 import api.service
-import api.submissions
-from api.records import MSGPACK, encode_submission, encode_submission_list
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
@@ -46,15 +46,15 @@ async def test_large_json_is_parsed_off_the_event_loop(
 ) -> None:
     await start(client)
     loop_thread = threading.get_ident()
-    parsed = spy(monkeypatch, api.submissions, "read_groups")
-    inflated = spy(monkeypatch, api.body, "gunzip")
+    parsed = spy(monkeypatch, api.ingest.submissions, "read_groups")
+    inflated = spy(monkeypatch, api.http.body, "gunzip")
     small = json.dumps(group(8, length=64, env_id=0)).encode()
     large = json.dumps([group(8, length=2048, env_id=0, seed=i) for i in range(4)]).encode()
-    assert len(small) < api.body.INLINE_PARSE < len(large)
+    assert len(small) < api.http.body.INLINE_PARSE < len(large)
     assert (await client.post("/scored_data", content=small)).status_code == 200
     assert (await client.post("/scored_data_list", content=large)).status_code == 200
     gz = gzip.compress(large, compresslevel=1)
-    assert len(gz) > api.body.INLINE_GZIP
+    assert len(gz) > api.http.body.INLINE_GZIP
     r = await client.post("/scored_data_list", content=gz, headers={"Content-Encoding": "gzip"})
     assert r.status_code == 200
     assert parsed[0] == loop_thread and parsed[1] != loop_thread and parsed[2] != loop_thread
@@ -66,9 +66,9 @@ async def test_large_binary_is_validated_off_the_event_loop(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await start(client)
-    checked = spy(monkeypatch, api.submissions, "check_body")
+    checked = spy(monkeypatch, api.ingest.submissions, "check_body")
     body = encode_submission_list(encode_submission(**group(8, length=4096, env_id=0, seed=i)) for i in range(4))
-    assert len(body) > api.body.INLINE_PARSE
+    assert len(body) > api.http.body.INLINE_PARSE
     r = await client.post("/scored_data_list", content=body, headers={"Content-Type": MSGPACK})
     assert r.status_code == 200
     assert checked[0] != threading.get_ident()
@@ -109,9 +109,9 @@ async def test_a_large_list_runs_no_garbage_collection_and_the_loop_answers_mean
     ingested. And the loop answers another request while the list is decoded."""
     await start(client)
     body = tiny_list(20_000)
-    assert len(body) > api.body.INLINE_PARSE
+    assert len(body) > api.http.body.INLINE_PARSE
     decoding, probed = threading.Event(), threading.Event()
-    real = api.submissions.decode
+    real = api.ingest.submissions.decode
     collections: list[int] = []
     during: list[tuple[bool, int]] = []  # (collector on, collections) while the list was decoded
 
@@ -124,7 +124,7 @@ async def test_a_large_list_runs_no_garbage_collection_and_the_loop_answers_mean
         finally:
             during.append((gc.isenabled(), len(collections) - before))
 
-    monkeypatch.setattr(api.submissions, "decode", decode)
+    monkeypatch.setattr(api.ingest.submissions, "decode", decode)
 
     def count(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -178,7 +178,7 @@ async def test_the_loop_answers_while_a_large_list_is_stored(
 
 
 async def test_an_error_deep_in_a_large_list_names_its_index(client: httpx.AsyncClient) -> None:
-    """A list is validated in slices (`api.body.VALIDATE_SLICE`): an error names its index in the whole list."""
+    """A list is validated in slices (`api.http.body.VALIDATE_SLICE`): an error names its index in the whole list."""
     await start(client)
     groups = [{"env_id": 0, "tokens": [[1], [2]], "masks": [[1], [1]], "scores": [0.0, 1.0]} for _ in range(3000)]
     groups[2345]["scores"] = "high"

@@ -14,11 +14,11 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from api.app import create_app
-from api.ledger import RETAINED, LedgerSettings
-from api.records import MSGPACK, encode_submission
+from api.config.settings import Settings
+from api.http.app import create_app
+from api.ledger.rules import RETAINED, LedgerSettings
 from api.service import Service
-from api.settings import Settings
+from api.wire.records import MSGPACK, encode_submission
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio

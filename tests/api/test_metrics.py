@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from api import logs
-from api.app import create_app
+from api.config.settings import Settings
+from api.http.app import create_app
 from api.logs import RateLimiter
 from api.routes import trainer as trainer_routes
-from api.settings import Settings
 from tests.factories import registration
 from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.asgi import serving
 from tests.factories import env, group, registration
 

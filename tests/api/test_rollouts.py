@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.asgi import serving
 from tests.factories import env, registration
 
@@ -190,8 +190,8 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
 
     import pyarrow.parquet as pq
 
-    from api.app import create_app
     from api.export.stream import Limits, pages, parquet_stream
+    from api.http.app import create_app
 
     app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001, "rollout_sweep_every_s": 0.02}))
     async with app.router.lifespan_context(app):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.records import F32, I32, GroupRecord, dumps, to_atropos
+from api.wire.records import F32, I32, GroupRecord, dumps, to_atropos
 from trainer_client.arrays import Batch, first_fit_decreasing, from_json, from_records
 
 group_lengths = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=6), min_size=1, max_size=12)

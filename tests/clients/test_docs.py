@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.records import MSGPACK, encode_submission, encode_submission_list
-from api.settings import Settings
+from api.config.settings import Settings
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from tests.clients.test_trainer_client import serve_in_thread
 from tests.factories import group
 from trainer_client.protocol import registration
@@ -38,7 +38,7 @@ def test_trainer_client_quick_start(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_rollout_client_quotes_the_errors_it_raises() -> None:
     """docs/rollout-client.md quotes the `Rejected` message for a short mask row, over JSON and binary."""
-    from api.schema import ScoredData
+    from api.wire.schema import ScoredData
     from rollout_client import SyncRolloutClient
     from rollout_client.errors import Rejected
 

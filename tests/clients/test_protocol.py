@@ -8,9 +8,9 @@ import random
 import httpx
 import pytest
 
-from api.producer_schema import WeightSyncReply
-from api.records import MSGPACK, encode_submission, encode_submission_list
-from api.schema import Info
+from api.wire.producers import WeightSyncReply
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
+from api.wire.schema import Info
 from trainer_client.arrays import Batch, from_json
 from trainer_client.errors import (
     BatchGone,

@@ -11,8 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from api.records import MSGPACK, decode_batch
-from api.schema import ScoredData
+from api.wire.records import MSGPACK, decode_batch
+from api.wire.schema import ScoredData
 from rollout_client import Rejected, RetriesExhausted, RolloutClient, SyncRolloutClient
 from rollout_client.client import encode_json
 from tests.factories import group, registration

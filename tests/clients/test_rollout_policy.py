@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from api.wire import MASK_IGNORE
+from api.wire.rules import MASK_IGNORE
 from rollout_client import OpenAIPolicy, PromptTooLong, Session, Task, run_group
 from rollout_client.examples import Arithmetic
 from rollout_client.group import PROMPT_TOO_LONG

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.records import GroupRecord
+from api.wire.records import GroupRecord
 from tests.clients.test_arrays import group_lengths, make_records
 from trainer_client.arrays import Batch, from_records
 

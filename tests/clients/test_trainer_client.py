@@ -16,9 +16,9 @@ import httpx
 import pytest
 import uvicorn
 
-from api.app import create_app
-from api.records import MSGPACK, encode_submission, encode_submission_list
-from api.settings import Settings
+from api.config.settings import Settings
+from api.http.app import create_app
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group
 from tests.servers import free_port
 from trainer_client import (

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.records import MSGPACK, encode_submission, encode_submission_list
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group, registration
 from tests.servers import running_server, start_server
 from trainer_client import Batch, BatchGone, TrainerClient

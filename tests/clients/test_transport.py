@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.clients.test_trainer_client import serve_in_thread
 from tests.factories import registration
 from tests.servers import free_port

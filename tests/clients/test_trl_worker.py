@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.clients.test_trainer_client import serve_in_thread
 from tests.factories import env, group
 from trainer_client import TrainerClient

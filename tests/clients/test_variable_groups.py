@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 
-from api.settings import Settings
+from api.config.settings import Settings
 from tests.clients.test_trainer_client import serve_in_thread
 from tests.factories import env, group
 from trainer_client import TrainerClient

@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 import pytest
 
-from api.schema import SCORED_DATA_KEYS
+from api.wire.schema import SCORED_DATA_KEYS
 from tests.servers import ServerProcess, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("consumers")]  # one worker: one module-scoped server

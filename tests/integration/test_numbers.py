@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from api.records import F64, MSGPACK, decode_batch, encode_submission
+from api.wire.records import F64, MSGPACK, decode_batch, encode_submission
 from tests.factories import registration
 from tests.servers import running_server
 from tests.unit.test_records import any_value, bits, body_with, float32_values, rows_of

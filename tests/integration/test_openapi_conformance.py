@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from api.routes.ledger import LEDGER_EXAMPLE
-from api.schema import REGISTRATION_EXAMPLE
-from api.wire import INT32_MAX
+from api.wire.rules import INT32_MAX
+from api.wire.schema import REGISTRATION_EXAMPLE
 from tests.factories import group
 from tests.servers import ServerProcess, running_server
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.schema import ErrorBody
+from api.wire.schema import ErrorBody
 from tests.factories import env, group, registration
 from tests.servers import ServerProcess, running_server
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.batcher import WAIT_FOR_ARRIVALS_BATCHES
+from api.batches.planner import WAIT_FOR_ARRIVALS_BATCHES
 from rollout_client import (
     FailurePolicy,
     RecyclePolicy,

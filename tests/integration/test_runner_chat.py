@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from api.wire import MASK_IGNORE
+from api.wire.rules import MASK_IGNORE
 from rollout_client import OpenAIPolicy, RolloutRunner, Session, Tasks
 from rollout_client.chat_examples import LLAMA31_JSON_TEMPLATE, QWEN25_TEMPLATE, ByteChatCodec, ToolChat
 from rollout_client.env import PROMPT_LOGPROB

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from api.settings import Settings
+from api.config.settings import Settings
+from api.http.app import create_app
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from rollout_client.verifiers_pool import POOL_START_S, children

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from api.export.table import group_row, groups_schema
-from api.ledger import Found, group_view
-from api.ledger_replies import GROUP_FIELDS, LedgerGroupReply
+from api.ledger.replies import GROUP_FIELDS, LedgerGroupReply
+from api.ledger.rules import Found, group_view
 from api.store import postgres, sqlite
 from api.store.ledger_contract import GROUP_RECORD, SERVED, LedgerGroup
 from api.store.ledger_rows import GROUP_COLUMNS, column_type, ledger_added, ledger_columns, ledger_ddl

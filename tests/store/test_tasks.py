@@ -1,5 +1,5 @@
 """What every backend promises for the task tables (api/store/tasks.py), and the lease logic
-(api/task_leases.py) run through each of them: rows, the front, expiry, the ledger hooks, rollback, clear."""
+(api/tasks/leases.py) run through each of them: rows, the front, expiry, the ledger hooks, rollback, clear."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from api import task_leases as tl
 from api.store import Store
 from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup, Txn
 from api.store.tasks import FRONT, LEASED, TaskRow
+from api.tasks import leases as tl
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.batcher import (
+from api.batches.items import ItemMeta
+from api.batches.planner import (
     SMALLER,
     WAIT,
     BatchSpec,
@@ -25,7 +26,6 @@ from api.batcher import (
     scale_shares,
     take_window,
 )
-from api.items import ItemMeta
 
 _ids = itertools.count(1)
 
@@ -257,7 +257,7 @@ def test_shares_scaled_down_past_one() -> None:
 
 
 def form(queues: list[EnvWindow], spec: BatchSpec, credits: dict[int, float], look: LookAhead) -> Plan | NoBatch:
-    """What api/formation.py does with a store: the window first, then the longer read when it holds no fill."""
+    """What api/batches/formation.py does with a store: the window first, then the longer read when it holds no fill."""
 
     def read(max_seqs: int, max_items: int | None) -> list[EnvWindow]:
         out = []

@@ -1,4 +1,4 @@
-"""api.batches: a formed batch is the bytes the store keeps, read back without copying its payloads."""
+"""api.batches.outcomes: a formed batch is the bytes the store keeps, read back without copying its payloads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.batches import HEADER_MAX, FormedBatch
+from api.batches.outcomes import HEADER_MAX, FormedBatch
 
 COUNTS = st.integers(0, 2**64 - 1)
 """Sequences and tokens as the header may carry them (a msgpack array holds at most 2**32 - 1 groups)."""

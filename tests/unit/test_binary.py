@@ -1,4 +1,4 @@
-"""api.binary: a canonical record is stored byte for byte, anything else valid is re-encoded to the same group."""
+"""api.ingest.binary_groups: a canonical record is stored byte for byte, anything else valid is re-encoded to the same group."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from api.binary import check_body, check_record
 from api.errors import InvalidData
-from api.records import decode, encode_submission, encode_submission_list
-from api.validation import GroupLimits
+from api.ingest.binary_groups import check_body, check_record
+from api.ingest.validation import GroupLimits
+from api.wire.records import decode, encode_submission, encode_submission_list
 from tests.factories import group
 
 LIMITS = GroupLimits(max_token_len=64, max_group_seqs=8)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.body import MAX_GZIP_MEMBERS, gunzip
 from api.errors import BadEncoding, PayloadTooLarge
-from api.inflight import BodyBudget, Busy
+from api.http.body import MAX_GZIP_MEMBERS, gunzip
+from api.http.inflight import BodyBudget, Busy
 
 
 @settings(max_examples=50, deadline=None)
@@ -47,7 +47,7 @@ def test_inflating_stops_at_the_limit_in_memory_too() -> None:
     """A 200 MB bomb with a 4 MB limit: no more than the limit and one step are ever held."""
     import tracemalloc
 
-    from api.body import INFLATE_STEP
+    from api.http.body import INFLATE_STEP
 
     bomb = gzip.compress(b" " * 200_000_000, compresslevel=1)
     tracemalloc.start()

@@ -1,4 +1,4 @@
-"""api.commits' pure rules: the acknowledged mark only moves forward and frees what is before it, a commit
+"""api.batches.kept' pure rules: the acknowledged mark only moves forward and frees what is before it, a commit
 cannot pass what was served, and the read-ahead bound counts batches and bytes past the mark."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.commits import Kept, ReadAhead, check_commit, read_ahead_full
+from api.batches.kept import Kept, ReadAhead, check_commit, read_ahead_full
 from api.errors import Conflict
 
 

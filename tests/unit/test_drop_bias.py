@@ -1,4 +1,4 @@
-"""api.drop_bias: starvation below a minimum share for K batches, length and reward skews of unintended drops,
+"""api.ledger.drop_bias: starvation below a minimum share for K batches, length and reward skews of unintended drops,
 bounded windows, one log line per episode."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.drop_bias import (
+from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE
+from api.ingest.side_buffer import EXPIRED
+from api.ledger.drop_bias import (
     LENGTH_SKEW,
     REWARD_SKEW,
     STARVED,
@@ -22,8 +24,6 @@ from api.drop_bias import (
     required_seqs,
     standardised_difference,
 )
-from api.filters import SCORE_RANGE, ZERO_VARIANCE
-from api.side_buffer import EXPIRED
 
 T = Thresholds(starve_steps=3, min_groups=4, window_steps=20, window_groups=50)
 TARGETS = [EnvTarget("a", 1.0, 0.25), EnvTarget("b", 3.0)]

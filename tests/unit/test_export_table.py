@@ -23,8 +23,8 @@ from api.export.table import (
     step_row,
     steps_schema,
 )
-from api.records import F64, I32, GroupRecord, decode, encode_submission
 from api.store.base import ANON_ENV, DROPPED, QUEUED, SERVED, LedgerGroup, LedgerStep
+from api.wire.records import F64, I32, GroupRecord, decode, encode_submission
 
 float_rows = st.floats(allow_nan=False, allow_infinity=False, width=64)
 

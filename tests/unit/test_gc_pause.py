@@ -1,4 +1,4 @@
-"""The collector held off during large ingests (api/gc_pause.py): restored after the last, and bounded in time."""
+"""The collector held off during large ingests (api/ingest/gc_pause.py): restored after the last, and bounded in time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from api import gc_pause
+from api.ingest import gc_pause
 
 
 def _counting() -> tuple[list[int], Any]:

@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.idempotency import DIGEST_VERSION, content_digest, legacy_digest, remember, same_content
-from api.records import decode, encode_submission
-from api.schema import ScoredData
-from api.validation import GroupLimits, pack_group
+from api.ingest.idempotency import DIGEST_VERSION, content_digest, legacy_digest, remember, same_content
+from api.ingest.validation import GroupLimits, pack_group
+from api.wire.records import decode, encode_submission
+from api.wire.schema import ScoredData
 from tests.factories import group
 
 LIMITS = GroupLimits(max_token_len=512, max_group_seqs=16)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.inflight import BodyBudget, Busy
+from api.http.inflight import BodyBudget, Busy
 
 
 def test_a_take_past_the_limit_is_busy_and_holds_nothing_more() -> None:

@@ -1,4 +1,4 @@
-"""api.ingest's pure checks: whether a submission validated against one run state still holds against the
+"""api.ingest.submit's pure checks: whether a submission validated against one run state still holds against the
 state its transaction found, how a 409 names a reused key, and which queue limit refuses a submission."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api import side_buffer
-from api.ingest import QueueFull, check_capacity, reused_key_message, still_valid
-from api.limits import QueueLimits
-from api.schema import Registration
-from api.side_buffer import SideLimits
+from api.ingest import side_buffer
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.side_buffer import SideLimits
+from api.ingest.submissions import Submission, decode, group_key, request_key
+from api.ingest.submit import QueueFull, check_capacity, reused_key_message, still_valid
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts
-from api.submissions import Submission, decode, group_key, request_key
+from api.wire.schema import Registration
 from tests.factories import group, registration
 
 ENVS = [EnvRecord(0, "a", "a_0", 1.0, 4, 512, None), EnvRecord(1, "b", "b_0", 1.0, 4, 512, None)]

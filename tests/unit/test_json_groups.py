@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from api.body import parse_json
 from api.errors import InvalidData
-from api.json_groups import JsonGroup, _read_direct, read_groups
-from api.records import encode
-from api.schema import ScoredData, lenient_group
-from api.validation import GroupLimits, pack_group
+from api.http.body import parse_json
+from api.ingest.json_groups import JsonGroup, _read_direct, read_groups
+from api.ingest.validation import GroupLimits, pack_group
+from api.wire.records import encode
+from api.wire.schema import ScoredData, lenient_group
 from tests.factories import group
 
 LIMITS = GroupLimits(max_token_len=64, max_group_seqs=8)

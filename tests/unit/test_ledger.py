@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from api.ledger import LedgerSettings, ledger_bounds, payloads_to_prune, score_summary
+from api.ledger.rules import LedgerSettings, ledger_bounds, payloads_to_prune, score_summary
 from api.store.base import KeptPayload
 
 finite = st.floats(-1e6, 1e6, allow_nan=False)

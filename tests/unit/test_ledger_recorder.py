@@ -1,4 +1,4 @@
-"""The ledger's recorder twins (`api/ledger_recorder.py`) change what is written down, never what is decided:
+"""The ledger's recorder twins (`api/ledger/recorder.py`) change what is written down, never what is decided:
 the same requests get the same replies, batches and counters with the ledger off, on, and retaining payloads;
 the ledger's rows account for every group, and retention for every payload it keeps."""
 
@@ -14,15 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api import state
-from api.batches import FormedBatch
+from api.batches.outcomes import FormedBatch
 from api.errors import RollbufError
-from api.ingest import expire_txn
-from api.ledger import RETAINED, LedgerSettings
-from api.ledger_recorder import LEDGER, OFF, RETAINING, Ledger, Recorder, Retaining, recorder
-from api.schema import RegisterEnv, Registration
+from api.ingest.submit import expire_txn
+from api.ledger.recorder import LEDGER, OFF, RETAINING, Ledger, Recorder, Retaining, recorder
+from api.ledger.rules import RETAINED, LedgerSettings
 from api.service import Service
 from api.store.base import DROPPED, HELD, QUEUED, SERVED, LedgerGroup, Txn
 from api.store.memory import MemoryStore
+from api.wire.schema import RegisterEnv, Registration
 from tests.factories import env, group, registration
 
 BOOKS = {

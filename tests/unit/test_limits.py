@@ -1,4 +1,4 @@
-"""api.limits: the room the queue limits leave an env (/status-env's queue_capacity_groups), and what one group
+"""api.ingest.queue_limits: the room the queue limits leave an env (/status-env's queue_capacity_groups), and what one group
 may hold in a run."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.errors import Unavailable
-from api.limits import QueueLimits, capacity_groups, group_limits
-from api.schema import Registration
+from api.ingest.queue_limits import QueueLimits, capacity_groups, group_limits
 from api.state import RunState
 from api.store.base import QueueCounts
+from api.wire.schema import Registration
 from tests.factories import registration
 from tests.unit.test_status import ENVS, counts
 

@@ -1,4 +1,4 @@
-"""`api.producers`: the table of producers stays bounded, and `stall_reason` speaks only when nothing can
+"""`api.producers.live`: the table of producers stays bounded, and `stall_reason` speaks only when nothing can
 arrive (no live producer for the connected envs, or every live one held back waiting for the trainer)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.producers import Producer, TooManyProducers, record, stall_reason, undrained
+from api.producers.live import Producer, TooManyProducers, record, stall_reason, undrained
 
 GONE = 30.0
 

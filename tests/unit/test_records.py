@@ -1,4 +1,4 @@
-"""api.records, the stored group record: numbers come back as sent. Per-token floats are stored float32
+"""api.wire.records, the stored group record: numbers come back as sent. Per-token floats are stored float32
 where that is exact for the field, else float64, and printed as the shortest text that reads back as the double."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.binary import check_record
-from api.json_groups import read_groups
-from api.records import F32, F64, decode, dumps, encode, encode_submission, narrowest, to_atropos
-from api.validation import GroupLimits, pack_group
+from api.ingest.binary_groups import check_record
+from api.ingest.json_groups import read_groups
+from api.ingest.validation import GroupLimits, pack_group
+from api.wire.records import F32, F64, decode, dumps, encode, encode_submission, narrowest, to_atropos
 
 LIMITS = GroupLimits(max_token_len=64, max_group_seqs=8)
 F32_MAX = float(np.finfo(np.float32).max)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.schema import ScoredData
+from api.wire.schema import ScoredData
 from rollout_client.accounting import SCORE_WINDOW, Tally
 from rollout_client.errors import InferenceError, Rejected, TurnTimeout
 from rollout_client.failures import FailurePolicy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.schema import EnvStatus
+from api.wire.schema import EnvStatus
 from rollout_client.backpressure import Backpressure
 from rollout_client.pacing import AHEAD, QUEUE_FULL, pause_reason
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.wire import MASK_IGNORE
+from api.wire.rules import MASK_IGNORE
 from rollout_client import Completion, EpisodeTruncated, Session
 from rollout_client.chat import ChatSession
 from rollout_client.chat_examples import (

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from api.schema import EnvStatus, ScoredData
+from api.wire.schema import EnvStatus, ScoredData
 from rollout_client.env import Task
 from rollout_client.examples import Arithmetic
 from rollout_client.following import RESTARTED, Follower

@@ -1,4 +1,4 @@
-"""The open group's pure logic (api/rollout_groups.py), property-tested: whatever order rollouts arrive in and
+"""The open group's pure logic (api/rollouts/groups.py), property-tested: whatever order rollouts arrive in and
 whoever sends them, each slot keeps its first acknowledged rollout, a seal covers every slot exactly once (in the
 group or left out with why), never seals fewer than `min_group_size`, waits before the deadline only while
 incomplete, and only missing slots are leased out."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api import rollout_groups as rg
+from api.rollouts import groups as rg
 
 events = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["p1", "p2", "p3"]), st.integers(0, 2)), max_size=40)
 

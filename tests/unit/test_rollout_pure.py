@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.schema import EnvStatus
+from api.wire.schema import EnvStatus
 from rollout_client import Curriculum, PromptTooLong, Task, Tasks, clip_max_tokens
 from rollout_client.pacing import AHEAD, QUEUE_FULL, is_stale, pause_reason, pick_env
 from rollout_client.policy import InferenceError, parse_completion

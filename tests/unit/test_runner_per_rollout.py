@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.rollout_schema import GroupView
+from api.wire.rollouts import GroupView
 from rollout_client import Gate, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.env import ExternalSequence
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task

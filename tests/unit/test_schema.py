@@ -1,4 +1,4 @@
-"""api.schema, the wire schema shared by the service and both clients: what it coerces, what it refuses."""
+"""api.wire.schema, the wire schema shared by the service and both clients: what it coerces, what it refuses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from api.schema import (
+from api.wire.rules import integral_floats
+from api.wire.schema import (
     ENV_EXAMPLE,
     GROUP_EXAMPLE,
     REGISTRATION_EXAMPLE,
@@ -18,7 +19,6 @@ from api.schema import (
     ScoredData,
     lenient_group,
 )
-from api.wire import integral_floats
 
 nested_numbers: st.SearchStrategy[Any] = st.recursive(
     st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False),

@@ -7,20 +7,20 @@ import os
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from api.app import create_app
-from api.batcher import LookAhead
-from api.commits import ReadAhead
-from api.drop_bias import Thresholds
-from api.formation import FormationRules
-from api.ledger import LedgerSettings
-from api.limits import QueueLimits
-from api.metrics import MAX_ENVS as METRICS_MAX_ENVS
-from api.producer_state import ProducerSettings
+from api.batches.formation import FormationRules
+from api.batches.kept import ReadAhead
+from api.batches.planner import LookAhead
+from api.config.groups import GROUPS, built
+from api.config.settings import Settings, to_environ
+from api.http.app import create_app
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.side_buffer import SideLimits
+from api.ledger.drop_bias import Thresholds
+from api.ledger.rules import LedgerSettings
+from api.producers.stored import ProducerSettings
 from api.service import Service
-from api.setting_groups import GROUPS, built
-from api.settings import Settings, to_environ
-from api.side_buffer import SideLimits
 from api.store import make_store
+from api.views.metrics import MAX_ENVS as METRICS_MAX_ENVS
 
 
 def test_environment_round_trip_rebuilds_the_same_settings(monkeypatch: pytest.MonkeyPatch) -> None:

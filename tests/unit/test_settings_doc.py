@@ -1,15 +1,15 @@
 """docs/settings.md's tables are what the settings' declarations generate: a setting added, a default or a
-meaning changed without `python -m api.settings_doc` fails here."""
+meaning changed without `python -m api.config.doc` fails here."""
 
 from __future__ import annotations
 
-from api.setting_groups import GROUPS, QueueSettings, RequestLimits, ServerSettings
-from api.settings_doc import DOC, default_text, main, render
+from api.config.doc import DOC, default_text, main, render
+from api.config.groups import GROUPS, QueueSettings, RequestLimits, ServerSettings
 
 
 def test_the_doc_is_what_the_settings_generate() -> None:
     current = DOC.read_text()
-    assert render(current) == current, "docs/settings.md differs from api/setting_groups.py: python -m api.settings_doc"
+    assert render(current) == current, "docs/settings.md differs from api/config/groups.py: python -m api.config.doc"
     assert main(["--check"]) == 0
 
 

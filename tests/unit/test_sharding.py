@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.records import GroupRecord
-from api.sharding import BALANCE_TOLERANCE, rank_share, shard
+from api.batches.sharding import BALANCE_TOLERANCE, rank_share, shard
+from api.wire.records import GroupRecord
 
 
 def record(lengths: list[int], gid: str) -> GroupRecord:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from api import state
-from api.schema import Registration
 from api.state import EnvRecord, RunState
 from api.store.memory import MemoryTxn, State
+from api.wire.schema import Registration
 from tests.factories import registration
 
 

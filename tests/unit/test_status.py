@@ -1,12 +1,12 @@
-"""api.status: /status-env as Atropos computes it, from per-env counts."""
+"""api.views.status: /status-env as Atropos computes it, from per-env counts."""
 
 from __future__ import annotations
 
-from api.limits import QueueLimits
-from api.schema import Registration
+from api.ingest.queue_limits import QueueLimits
 from api.state import EnvRecord, RunState
-from api.status import MIN_ENV_WEIGHT, env_status
 from api.store.base import QueueCounts
+from api.views.status import MIN_ENV_WEIGHT, env_status
+from api.wire.schema import Registration
 from tests.factories import registration
 
 ENVS = [EnvRecord(0, "a", "a_0", 2.0, 4, 512, 0.25), EnvRecord(1, "b", "b_0", 1.0, 8, 512, None)]

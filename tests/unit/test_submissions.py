@@ -1,4 +1,4 @@
-"""api.submissions: a request's bytes to validated Submissions, the same for JSON and msgpack, with no store."""
+"""api.ingest.submissions: a request's bytes to validated Submissions, the same for JSON and msgpack, with no store."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.errors import InvalidData, Unavailable
-from api.limits import QueueLimits
-from api.records import MSGPACK, decode, encode_submission, encode_submission_list
-from api.schema import Registration
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.submissions import decode as decode_request
+from api.ingest.submissions import group_key, request_key
 from api.state import EnvRecord, RunState
-from api.submissions import decode as decode_request
-from api.submissions import group_key, request_key
+from api.wire.records import MSGPACK, decode, encode_submission, encode_submission_list
+from api.wire.schema import Registration
 from tests.factories import group, registration
 
 LIMITS = QueueLimits()

@@ -1,4 +1,4 @@
-"""Dataset files (api/task_files.py): the server reads only under its `task_files_dir`, a page at a time, each
+"""Dataset files (api/tasks/files.py): the server reads only under its `task_files_dir`, a page at a time, each
 task bounded, resuming where the stored tasks end."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from api.errors import InvalidData
-from api.task_files import TaskFile, resolve
+from api.tasks.files import TaskFile, resolve
 
 
 def test_no_root_reads_nothing(tmp_path: Path) -> None:

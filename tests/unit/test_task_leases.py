@@ -1,4 +1,4 @@
-"""The lease/fate logic (api/task_leases.py) against a simple model, as a hypothesis state machine over the
+"""The lease/fate logic (api/tasks/leases.py) against a simple model, as a hypothesis state machine over the
 in-process task tables: leases, heartbeats, expiry, groups acknowledged and decided, failures, epochs. The
 invariants: a task is in at most one live lease, the tallies are the rows' states, no (epoch, task) is trained
 twice, retries stay within the policy, and a finished dataset has every (epoch, task) in a final state."""
@@ -12,11 +12,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from api import task_leases as tl
 from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup
 from api.store.memory import MemoryTxn, State
 from api.store.tasks import FRONT, LEASED
-from api.task_order import ORDERS, POSITIONAL, WEIGHTED, task_at
+from api.tasks import leases as tl
+from api.tasks.order import ORDERS, POSITIONAL, WEIGHTED, task_at
 
 DURATION = 10.0
 

@@ -1,4 +1,4 @@
-"""The weighted (curriculum) order (api/task_order.py), as pure logic: each epoch hands out every task of every
+"""The weighted (curriculum) order (api/tasks/order.py), as pure logic: each epoch hands out every task of every
 level once, fixed by (seed, epoch), and heavier levels come sooner."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.task_order import level_at, weighted_at
+from api.tasks.order import level_at, weighted_at
 
 LEVELS = ["a", "b", "c", "d"]
 sizes_st = st.dictionaries(st.sampled_from(LEVELS), st.integers(0, 12), min_size=1).filter(lambda s: sum(s.values()))

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.errors import InvalidData
-from api.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
-from api.records import decode, encode
-from api.schema import Registration, ScoredData
-from api.validation import GroupLimits, pack_group
+from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
+from api.ingest.validation import GroupLimits, pack_group
+from api.wire.records import decode, encode
+from api.wire.schema import Registration, ScoredData
 from tests.factories import group, registration
 
 LIMITS = GroupLimits(max_token_len=512, max_group_seqs=16)
@@ -75,7 +75,7 @@ def test_bad_token_id_points_at_the_position(value: int, rule: str) -> None:
 
 
 def test_policy_step_ahead_of_the_trainer_is_rejected() -> None:
-    from api.validation import check_policy_step
+    from api.ingest.validation import check_policy_step
 
     with pytest.raises(InvalidData, match="8 is ahead of the trainer, which is at step 7") as exc:
         check_policy_step(8, 7)
@@ -132,7 +132,7 @@ def test_a_logprob_beyond_float32_is_rejected_not_stored_as_infinity() -> None:
 
 
 def test_negative_and_zero_lengths_are_named() -> None:
-    from api.validation import check_lengths
+    from api.ingest.validation import check_lengths
 
     with pytest.raises(InvalidData, match="lengths must be positive") as exc:
         check_lengths(np.array([3, -1], dtype=np.int32), LIMITS, "lengths")

@@ -1,0 +1,356 @@
+"""Forming a batch, inside one store transaction: each env's queue head read, stale groups dropped, the
+pure planner (`api/batches/planner.py`) asked for a plan, and the plan taken (popped, counted, the step advanced,
+kept for serving again). Written once over `Txn`, for every store."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import orjson
+
+from api import state
+from api.batches.acknowledge import acknowledge
+from api.batches.kept import COMMIT, ReadAhead, read_ahead_full
+from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
+from api.batches.planner import (
+    BatchSpec,
+    EnvWindow,
+    LookAhead,
+    NoBatch,
+    Plan,
+    age,
+    is_due,
+    plan_batch,
+    scale_shares,
+    take_window,
+)
+from api.config.groups import part, setting
+from api.errors import Conflict, Gone, RollbufError
+from api.ingest.filters import STALE
+from api.ledger import rules as ledger
+from api.ledger.recorder import OFF, Recorder
+from api.state import RunState
+from api.store.base import ANON_ENV, QueueCounts, Txn
+from api.views import stats
+from api.wire.records import decode_meta
+
+log = logging.getLogger("rollbuf")
+
+DEFAULT_READ_AHEAD = ReadAhead()
+QUIET_SHARES = "quiet_shares"
+"""Counter kind: episodes in which an env's minimum allocation held batches back past `quiet_share_seconds`,
+by env name."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FormationRules:
+    """The server's settings for forming batches (`api/config/settings.py`)."""
+
+    look_ahead: LookAhead = part(LookAhead)
+    quiet_share_seconds: float = setting("quiet_share_seconds")
+    """How long an env's minimum allocation may hold a batch back (it has too little queued while others have
+    enough) before it stops holding it, until it queues enough again."""
+    arrival_wait_seconds: float = setting("formation_arrival_wait_seconds")
+    """How long, with nothing arriving, an exact fill of the queued sizes is waited for before the trainer's
+    `no_exact_fill` applies."""
+
+
+DEFAULT_RULES = FormationRules()
+
+
+class Unservable(RollbufError):
+    """A formed batch the service cannot answer as asked: refused before its transaction commits, so its groups
+    stay queued and the step does not move (ingest refuses such groups: this is for a group stored before)."""
+
+    status_code = 500
+    code = "internal"
+
+
+def check_servable(payload: bytes, step: int, env_name: str) -> None:
+    """The group's free-form fields print as JSON (its arrays always do): what a JSON /batch would fail on."""
+    meta, group_id = decode_meta(payload)
+    try:
+        orjson.dumps(meta)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise Unservable(
+            f"batch {step} cannot be served as JSON: a group of {env_name} (group_id {group_id!r}) holds "
+            f"a value JSON cannot print ({exc}); nothing was taken: its groups stay queued, and a msgpack trainer "
+            "(Accept: application/msgpack) can take the batch"
+        ) from None
+
+
+def batch_txn(
+    txn: Txn,
+    step: int | None,
+    known: RunState | None = None,
+    *,
+    as_json: bool = False,
+    read_ahead: ReadAhead = DEFAULT_READ_AHEAD,
+    books: Recorder = OFF,
+    rules: FormationRules = DEFAULT_RULES,
+) -> FormedBatch | BatchWaiting:
+    """Batch `step` (served again until it is acknowledged), or the next one formed; without `step`, the next
+        one formed (in "next" mode not kept: Atropos). The first call marks the run as started. `known`: a run
+        state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
+        batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
+        (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
+        (`api/batches/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions). `rules`:
+    how far to look ahead and how long a quiet minimum share may hold a batch."""
+    run = state.load(txn, known)
+    reg = run.registration
+    if reg is None:
+        return BatchWaiting(not_registered=True)
+    if not run.started:
+        state.save_run(txn, reg, started=True)
+    commit_mode = reg.acknowledge == COMMIT
+    if step is None and not commit_mode:
+        # Atropos's loop: asking for the next batch acknowledges every one before it, so retention and the
+        # ledger prune by it (the mark stayed at 0, and retain_bytes kept every served payload).
+        # Batches kept by an earlier `?step=` are acknowledged now, as asking for one would.
+        acknowledge(txn, state.load_kept(txn, run), run.step, books, time.time())
+        return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules)
+    if step is None:
+        step = run.step
+    if step > run.step:
+        raise Conflict(
+            f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
+        )
+    kept = before = state.load_kept(txn, run)
+    if not commit_mode:  # asking for N acknowledges every batch before it (saved below, with what is formed)
+        kept = acknowledge(txn, kept, step, books, time.time(), save=False)
+    elif step < kept.committed:
+        raise Gone(
+            f"batch {step} is no longer available: every batch before {kept.committed} was committed",
+            loc=("query", "step"),
+        )
+    if step < run.step:
+        if kept != before:
+            state.save_kept(txn, kept)
+        stored = txn.get_batch(step)
+        if stored is None:
+            raise Gone(
+                f"batch {step} is no longer available: a later batch was asked for, or it was "
+                "handed out without ?step=",
+                loc=("query", "step"),
+            )
+        return FormedBatch.unpack(step, stored)
+    if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
+        state.save_blocked(txn, why, warn=False)  # /status (and the producers' /status-env) say what holds batches back
+        return BatchWaiting(reason=why, blocked=True, read_ahead=True)
+    result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules)
+    if isinstance(result, FormedBatch):
+        kept = kept.keep(result.step, len(result.stored))
+    if kept != before:
+        state.save_kept(txn, kept)
+    return result
+
+
+def form(
+    txn: Txn,
+    run: RunState,
+    *,
+    keep: bool,
+    as_json: bool = False,
+    books: Recorder = OFF,
+    rules: FormationRules = DEFAULT_RULES,
+) -> FormedBatch | BatchWaiting:
+    """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
+    why not (`BatchWaiting`, the reason kept for /status). When the heads (a batch's worth) hold no exact fill,
+    the queues are read further, as far as `rules.look_ahead` allows, and planned over again."""
+    start = time.perf_counter()
+    now = time.time()
+    reg = run.registration
+    assert reg is not None
+    spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill, reg.no_exact_fill)
+    look = rules.look_ahead
+    quiet = state.load_quiet(txn)
+    released = {e for e, (since, _) in quiet.items() if now - since >= rules.quiet_share_seconds}
+    given = {e.env_id: e.min_batch_allocation for e in run.envs if e.connected}
+    shares = scale_shares({e: s for e, s in given.items() if e not in released})
+    windows = _read(txn, run, spec, shares, books, now, max_seqs=spec.batch_size, max_items=None,
+                    due_after=look.due_after)  # fmt: skip
+    credits = state.load_credits(txn)
+    plan = plan_batch(windows, spec, credits, looked_further=False)
+    if isinstance(plan, NoBatch) and plan.look_further:
+        dropped = {w.env_id: w.stale for w in windows}  # the first read dropped them: still this batch's
+        windows = _read(txn, run, spec, shares, books, now, max_seqs=look.sequences, max_items=look.groups,
+                        due_after=look.due_after)  # fmt: skip
+        windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
+        plan = plan_batch(windows, spec, credits)
+    plan, waited = _await_arrivals(txn, plan, windows, spec, credits, now, rules.arrival_wait_seconds)
+    recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
+    if waited is not None:
+        recheck = waited if recheck is None else min(recheck, waited)
+    if isinstance(plan, NoBatch):
+        state.save_blocked(txn, plan.reason if plan.blocked else None)
+        return BatchWaiting(reason=plan.reason, blocked=plan.blocked, recheck_in=recheck)
+    passed = state.load_passed(txn)
+    aged = age(passed, plan, run.step)
+    if aged != passed:
+        state.save_passed(txn, aged)
+    if plan.passed_over or plan.smaller:
+        stats.count_passed_over(txn, {run.env_name(e): 1 for e in plan.passed_over}, smaller=plan.smaller)
+    batch, seqs_by_env = take(txn, run, plan, keep, as_json, books, now, start)
+    return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
+
+
+def _read(
+    txn: Txn,
+    run: RunState,
+    spec: BatchSpec,
+    shares: dict[int, float],
+    books: Recorder,
+    now: float,
+    *,
+    max_seqs: int,
+    max_items: int | None,
+    due_after: int,
+) -> list[EnvWindow]:
+    """Each env's queue head as far as the bounds, stale items dropped on the way; each env's oldest item marked
+    due when it was passed over for `due_after` batches."""
+    reg = run.registration
+    assert reg is not None
+    min_step = None if reg.max_staleness is None else run.step - reg.max_staleness
+    passed = state.load_passed(txn)
+    windows: list[EnvWindow] = []
+    counts = txn.counts()
+    for env_id in [ANON_ENV, *(e.env_id for e in run.envs)]:
+        env = run.env(env_id)
+        share = shares.get(env_id, 0.0)
+        if counts.get(env_id, QueueCounts()).items == 0 and share == 0.0:
+            continue
+        win = take_window(
+            txn.head(env_id), min_step=min_step, max_seqs=max_seqs, max_tokens=spec.max_tokens, max_items=max_items
+        )
+        name = run.env_name(env_id)
+        if win.stale:
+            ids = [m.item_id for m in win.stale]
+            gone = txn.pop(env_id, ids, retain=books.retain)
+            payloads = [g.payload for g in gone]
+            books.dropped(txn, name, STALE, ids, payloads, step=run.step, at=now, popped=True)
+        head = win.items[0] if win.items else None
+        due = is_due(passed, env_id, head, run.step, due_after)
+        weight = env.weight if env else 1.0
+        windows.append(EnvWindow(env_id, name, weight, share, win.items, due, win.more, len(win.stale)))
+    return windows
+
+
+def _await_arrivals(
+    txn: Txn,
+    plan: Plan | NoBatch,
+    windows: list[EnvWindow],
+    spec: BatchSpec,
+    credits: dict[int, float],
+    now: float,
+    limit: float,
+) -> tuple[Plan | NoBatch, float | None]:
+    """Bound in time the planner's wait for arrivals that could complete an exact fill: it starts when the
+    planner first waits with this many sequences queued (any arrival starts it again), and once `limit` seconds
+    pass with nothing arriving the plan is made again with the trainer's `no_exact_fill` applied (a run whose
+    producers stop trains what is queued). Returns the plan and the seconds until the wait runs out, if waiting."""
+    saved = state.load_awaiting(txn)
+    if not isinstance(plan, NoBatch) or plan.awaiting is None:
+        if saved is not None:
+            state.save_awaiting(txn, None)
+        return plan, None
+    since = saved[0] if saved is not None and saved[1] == plan.awaiting else now
+    if now - since >= limit:
+        if saved is not None:
+            state.save_awaiting(txn, None)
+        return plan_batch(windows, spec, credits, arrivals_waited_out=True), None
+    if saved != (since, plan.awaiting):
+        state.save_awaiting(txn, (since, plan.awaiting))
+    return plan, since + limit - now
+
+
+def _hold(
+    txn: Txn,
+    run: RunState,
+    quiet: dict[int, tuple[float, bool]],
+    released: set[int],
+    windows: list[EnvWindow],
+    plan: Plan | NoBatch,
+    now: float,
+    limit: float,
+    given: dict[int, float | None],
+) -> float | None:
+    """Track the episodes in which an env's minimum allocation holds batches back: one starts when it first
+    holds a batch, is released (counted, logged once) after `limit` seconds, and ends once the env queues its
+    share again (or is disconnected, or no longer holds). Returns the seconds until the current hold is released
+    (for a waiting trainer to try again then), or None."""
+    assert run.registration is not None
+    batch_size = run.registration.batch_size
+    full = scale_shares(given)
+    queued = {w.env_id: sum(m.seqs for m in w.items) for w in windows}
+    holding = plan.holding if isinstance(plan, NoBatch) else None
+    out: dict[int, tuple[float, bool]] = {}
+    for env_id, (since, counted) in quiet.items():
+        need = full.get(env_id, 0.0) * batch_size
+        if env_id not in full or queued.get(env_id, 0) >= need - 1e-9:
+            continue  # disconnected, or live again: the episode ends
+        if env_id in released:
+            if not counted:
+                name = run.env_name(env_id)
+                txn.add_counts(QUIET_SHARES, {name: 1})
+                log.warning(
+                    "env %r has held batches back for %.0f s with its min_batch_allocation (it queues too little): "
+                    "its minimum no longer holds them until it queues its share again",
+                    name, now - since,
+                )  # fmt: skip
+            out[env_id] = (since, True)
+        elif env_id == holding:
+            out[env_id] = (since, counted)
+    if holding is not None and holding not in out:
+        out[holding] = (now, False)
+    if out != quiet:
+        state.save_quiet(txn, out)
+    if holding is None:
+        return None
+    return max(0.0, out[holding][0] + limit - now)
+
+
+def take(
+    txn: Txn,
+    run: RunState,
+    plan: Plan,
+    keep: bool,
+    as_json: bool = False,
+    books: Recorder = OFF,
+    now: float = 0.0,
+    start: float = 0.0,
+) -> tuple[FormedBatch, dict[str, int]]:
+    """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
+    the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
+    taken per env. The recorder writes the groups' ledger rows as served and the batch's row (`start`:
+    `perf_counter` when formation began, `now`: its wall-clock time)."""
+    payloads: list[bytes] = []
+    order: list[int] = []
+    n_groups = 0
+    groups_by_env: dict[str, int] = {}
+    seqs_by_env: dict[str, int] = {}
+    staleness: dict[int, int] = {}
+    for env_id, item_ids in plan.take.items():
+        name = run.env_name(env_id)
+        for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None, retain=books.retain):
+            if as_json:
+                check_servable(item.payload, run.step, name)
+            payloads.append(item.payload)
+            order.append(item.meta.item_id)
+            n_groups += item.n_groups
+            groups_by_env[name] = groups_by_env.get(name, 0) + item.n_groups
+            seqs_by_env[name] = seqs_by_env.get(name, 0) + item.meta.seqs
+            age = run.step - item.meta.policy_step
+            staleness[age] = staleness.get(age, 0) + item.n_groups
+    stats.count_batch(txn, groups_by_env, seqs_by_env, staleness)
+    state.save_credits(txn, plan.credits)
+    state.save_blocked(txn, None)
+    state.save_step(txn, run.step + 1)
+    batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
+    if keep:
+        txn.put_batch(batch.step, batch.prefix(), order)
+    row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, plan.tokens,
+                          groups_by_env, seqs_by_env, staleness, committed=not keep)  # fmt: skip
+    books.served(txn, row, payloads)
+    return batch, seqs_by_env

@@ -1,0 +1,73 @@
+"""A formed batch as the store keeps and the routes serve it, or why there is none yet. Plain data shared by
+formation (`api/batches/formation.py`) and the trainer's routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgpack
+
+from api.wire.records import msgpack_array_header
+
+
+@dataclass(frozen=True, slots=True)
+class Formation:
+    """How a batch was just formed (absent when a kept batch is served again): for the log and the metrics."""
+
+    seqs_by_env: dict[str, int]
+    seconds: float
+
+
+HEADER_MAX = 32
+"""Longest `FormedBatch` header: a msgpack array of three ints (1 + 3 * 9 bytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FormedBatch:
+    """A batch, held as the bytes the store keeps: formed, stored and served with one copy of the payloads."""
+
+    step: int
+    """The step this batch moved the run from."""
+    n_groups: int
+    seqs: int
+    tokens: int
+    stored: bytes
+    """A small msgpack header (groups, sequences, tokens), then `records`: what `Txn.get_batch` returns."""
+    offset: int
+    """Where `records` starts in `stored`."""
+    formation: Formation | None = None
+
+    @property
+    def records(self) -> memoryview:
+        """A msgpack array of group records (docs/binary-format.md), a view into `stored` (no copy)."""
+        return memoryview(self.stored)[self.offset :]
+
+    @classmethod
+    def build(cls, step: int, n_groups: int, seqs: int, tokens: int, payloads: list[bytes]) -> FormedBatch:
+        header = msgpack.packb([n_groups, seqs, tokens])
+        stored = b"".join([header, msgpack_array_header(n_groups), *payloads])
+        return cls(step, n_groups, seqs, tokens, stored, len(header))
+
+    def prefix(self) -> bytes:
+        """What precedes the group payloads in `stored`: the header and the records' array header (`Txn.put_batch`)."""
+        return self.stored[: self.offset + len(msgpack_array_header(self.n_groups))]
+
+    @classmethod
+    def unpack(cls, step: int, data: bytes) -> FormedBatch:
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(data[:HEADER_MAX])  # only the header: feeding all of a large batch copied it twice
+        n_groups, seqs, tokens = unpacker.unpack()
+        return cls(step, n_groups, seqs, tokens, data, unpacker.tell())
+
+
+@dataclass(slots=True)
+class BatchWaiting:
+    """No batch: `reason` says what is missing, `blocked` when no arrival of data alone can form one."""
+
+    reason: str | None = None
+    blocked: bool = False
+    not_registered: bool = False
+    read_ahead: bool = False
+    """A trainer in commit mode read as far ahead as the bound allows: `reason` says so; a commit ends it."""
+    recheck_in: float | None = None
+    """Seconds after which forming may succeed with no change of data (a minimum share's hold runs out)."""

@@ -1,0 +1,573 @@
+"""Batch formation: which queued items make the next batch. Pure functions over plain data; no I/O.
+
+The store hands over a *window* of each environment's FIFO queue (at most what one batch could use), so
+the cost of forming a batch depends on the batch size and the number of environments, never on the queue
+length. See docs/batching.md for the rules in prose.
+
+Exact mode (no token budget): a batch is exactly `batch_size` sequences of whole items. Each env earns
+credit in proportion to its weight on every batch it has data for (deficit round-robin); a dynamic
+program over per-env FIFO prefixes finds the exact fill closest to those credits that honours every
+minimum allocation. Only when no prefix combination adds up exactly does a subset-sum fallback skip
+items, so FIFO order within an env is broken only where an exact fill needs it. When the window holds no
+exact fill at all, the store reads further (`LookAhead`, bounded in groups and sequences) and the planner
+runs again on that longer window (`NoBatch.look_further`).
+
+An env's oldest item passed over (a newer one of its env taken) becomes *due* `LookAhead.due_after` batches
+later: from then on a batch must hold it, exactly if it can, else under the trainer's `no_exact_fill` policy
+("smaller": the fullest batch under `batch_size` that holds it; "wait": it waits for a fill that holds it).
+
+Token mode (`max_batch_tokens`): whole items are taken greedily, env with the most credit first, while
+they fit both the sequence and the token budget; see `_plan_tokens` for when such a batch is released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from api.batches.items import ItemMeta
+from api.config.groups import setting
+
+CREDIT_CAP_BATCHES = 2.0
+"""Credit an env may bank, in batches: enough to smooth a few batches of imbalance, small enough that an
+env returning after a long pause cannot take over the mix."""
+
+
+WAIT = "wait"
+SMALLER = "smaller"
+WAIT_FOR_ARRIVALS_BATCHES = 2
+"""No exact fill among queued groups whose sizes could still add up with more arrivals (6s and 8s towards 64) is
+waited out only while fewer than this many batches' worth are queued: past it, arrivals are evidently not
+completing one (survivor groups of 59-63 piling up behind rare whole ones), and it is treated as a stall.
+
+Deliberately not a setting: it bounds no resource (the queue limits do), and the trade-off it touches is the
+trainer's, made with `no_exact_fill`: under "wait" it changes only whether the reason is reported as a stall, under
+"smaller" how long a fill of the arriving sizes is waited for before a smaller batch is served. A trainer that
+wants exact batches however long they take registers "wait"; one that registers "smaller" wants progress, and two
+batches' worth queued with no fill is already the evidence that arrivals are not completing one.
+
+The wait is bounded in time too (`formation_arrival_wait_seconds`, applied by `api/batches/formation.py`): a run whose
+producers stop would otherwise leave up to two batches' worth queued for good under "smaller"."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    batch_size: int
+    max_tokens: int | None = None
+    min_fill: float = 0.9
+    no_exact_fill: str = SMALLER
+    """Exact mode, when no exact fill exists (or none holds a due item): "smaller" forms the fullest batch
+    under `batch_size`, "wait" forms none (docs/batching.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LookAhead:
+    """How far formation reads into each queue when its window holds no exact fill: the cost stays flat in
+    the queue's depth (at most `groups` items per env are read and planned over)."""
+
+    groups: int = setting("formation_look_ahead_groups")
+    sequences: int = setting("formation_look_ahead_sequences")
+    due_after: int = setting("formation_due_after")
+    """Batches an env's oldest item may be passed over (newer items of its env taken) before a batch must
+    hold it."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvWindow:
+    """The head of one env's queue, as batch formation sees it."""
+
+    env_id: int
+    name: str
+    weight: float
+    min_share: float
+    """Share of each batch reserved for this env (already scaled so that all shares add up to at most 1)."""
+    items: Sequence[ItemMeta]
+    """Oldest first; stale items already removed."""
+    due: bool = False
+    """The oldest item was passed over for `LookAhead.due_after` batches: a batch must hold it."""
+    more: bool = False
+    """More of the queue lies beyond these items (its read stopped at a bound): arrivals land beyond it."""
+    stale: int = 0
+    """Groups of this env dropped as stale while its queue was read for this batch (`max_staleness`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    take: dict[int, list[int]]
+    """Item ids per env, in FIFO order."""
+    seqs: int
+    tokens: int
+    credits: dict[int, float]
+    passed_over: dict[int, int] = field(default_factory=dict)
+    """Per env whose oldest item stays queued while newer ones of its env are taken: that item's id."""
+    smaller: bool = False
+    """Fewer than `batch_size` sequences in exact mode: no exact fill (holding the due items) existed."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoBatch:
+    reason: str
+    blocked: bool
+    """True when waiting for more data alone will not help: a minimum allocation or group sizes block it."""
+    credits: dict[int, float] = field(default_factory=dict)
+    look_further: bool = False
+    """No exact fill in these windows: a longer read of the queues (`LookAhead`) may hold one."""
+    holding: int | None = None
+    """The env whose minimum allocation holds the batch back, if that is what blocks it."""
+    awaiting: int | None = None
+    """Sequences queued while an exact fill is waited for from arrivals (`WAIT_FOR_ARRIVALS_BATCHES`): the caller
+    bounds that wait in time (`arrivals_waited_out`) and knows arrivals came when this number changes."""
+
+
+# ------------------------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    items: list[ItemMeta]
+    stale: list[ItemMeta]
+    more: bool = False
+    """The read stopped at a bound, not at the queue's end (more may be queued)."""
+
+
+def take_window(
+    head: Iterable[ItemMeta],
+    *,
+    min_step: int | None,
+    max_seqs: int,
+    max_tokens: int | None = None,
+    max_items: int | None = None,
+) -> Window:
+    """Read an env's queue from the head until it holds enough fresh items for any batch; set stale ones aside.
+
+    Reads `max_seqs` sequences' worth of fresh items (or `max_tokens` tokens' worth, or `max_items` items),
+    plus the stale items met on the way, which are to be dropped.
+    """
+    items: list[ItemMeta] = []
+    stale: list[ItemMeta] = []
+    seqs = tokens = 0
+    for meta in head:
+        if min_step is not None and meta.policy_step < min_step:
+            stale.append(meta)
+            continue
+        items.append(meta)
+        seqs += meta.seqs
+        tokens += meta.tokens
+        if (
+            seqs >= max_seqs
+            or (max_tokens is not None and tokens >= max_tokens)
+            or (max_items is not None and len(items) >= max_items)
+        ):
+            return Window(items, stale, more=True)
+    return Window(items, stale)
+
+
+def scale_shares(shares: Mapping[int, float | None]) -> dict[int, float]:
+    """Minimum allocations as given, scaled down proportionally when they add up past 1."""
+    given = {env: s for env, s in shares.items() if s}
+    total = sum(given.values())
+    factor = 1.0 / total if total > 1.0 else 1.0
+    return {env: s * factor for env, s in given.items()}
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+
+def plan_batch(
+    windows: Sequence[EnvWindow],
+    spec: BatchSpec,
+    credits: Mapping[int, float],
+    *,
+    looked_further: bool = True,
+    arrivals_waited_out: bool = False,
+) -> Plan | NoBatch:
+    """The next batch from these windows, or why there is none. `looked_further`: the windows are the longer
+    read (`LookAhead`), or all that is queued; without it, a window with no exact fill asks for the longer read
+    (`NoBatch.look_further`) before any policy for no exact fill applies. `arrivals_waited_out`: nothing arrived
+    for as long as an exact fill is waited for (`NoBatch.awaiting`), so the trainer's policy applies now."""
+    active = [w for w in windows if w.items]
+    credits_now = _earn(active, spec.batch_size, credits)
+    lacking = [w for w in windows if w.min_share > 0 and _seqs(w.items) < _required(w, spec.batch_size)]
+    available = sum(_seqs(w.items) for w in active)
+    if lacking:
+        w = lacking[0]
+        need = _required(w, spec.batch_size)
+        short = {x.env_id for x in lacking}
+        if spec.max_tokens is None:
+            blocked = available >= spec.batch_size
+        else:  # token mode: blocked when the others would release a batch (budgets, not batch_size, bound it)
+            unreserved = [dataclasses.replace(x, min_share=0.0) if x.env_id in short else x for x in active]
+            blocked = isinstance(
+                _plan_tokens(unreserved, spec, credits, _earn(unreserved, spec.batch_size, credits)), Plan
+            )
+        stale = f" ({_stale(w.stale)} just now)" if w.stale else ""
+        reason = (
+            f"env {w.name!r} has {_seqs(w.items)} sequences queued{stale}; its min_batch_allocation of "
+            f"{w.min_share:.3g} needs {need} in every batch"
+        )
+        if blocked:
+            return NoBatch(reason, blocked=True, credits=dict(credits), holding=w.env_id)
+        return NoBatch(f"waiting for data: {reason}", blocked=False, credits=dict(credits))
+    if spec.max_tokens is None:
+        plan = _plan_exact(active, spec, credits, credits_now, looked_further, arrivals_waited_out)
+    else:
+        plan = _plan_tokens(active, spec, credits, credits_now)
+    if isinstance(plan, NoBatch) and not plan.blocked and (note := _stale_note(windows)):
+        return dataclasses.replace(plan, reason=f"{plan.reason}; {note}")
+    return plan
+
+
+def _stale(n: int) -> str:
+    return f"{n} stale group{'s' if n != 1 else ''} dropped"
+
+
+def _stale_note(windows: Sequence[EnvWindow]) -> str:
+    """What staleness removed while the queues were read for this batch (groups generated more than
+    `max_staleness` steps behind the trainer), so waiting for data says why queued data did not count."""
+    dropped = [(w.name, w.stale) for w in windows if w.stale]
+    if not dropped:
+        return ""
+    total = sum(n for _, n in dropped)
+    per_env = ", ".join(f"{n} of {name!r}" for name, n in dropped)
+    return f"{_stale(total)} just now ({per_env}): generated more than max_staleness steps behind the trainer"
+
+
+def _seqs(items: Iterable[ItemMeta]) -> int:
+    return sum(m.seqs for m in items)
+
+
+def _required(w: EnvWindow, batch_size: int) -> int:
+    return math.ceil(w.min_share * batch_size - 1e-9)
+
+
+def _earn(active: Sequence[EnvWindow], batch_size: int, credits: Mapping[int, float]) -> dict[int, float]:
+    """Credits after this batch's share is earned: only envs with data earn, in proportion to weight."""
+    total_weight = sum(w.weight for w in active)
+    cap = CREDIT_CAP_BATCHES * batch_size
+    out = dict(credits)
+    for w in active:
+        share = batch_size * w.weight / total_weight if total_weight > 0 else batch_size / len(active)
+        out[w.env_id] = min(cap, out.get(w.env_id, 0.0) + share)
+    return out
+
+
+def _spend(credits: dict[int, float], take: Mapping[int, Sequence[ItemMeta]], batch_size: int) -> dict[int, float]:
+    floor = -CREDIT_CAP_BATCHES * batch_size
+    for env, items in take.items():
+        credits[env] = max(floor, credits.get(env, 0.0) - _seqs(items))
+    return credits
+
+
+def _plan_from(
+    take: Mapping[int, Sequence[ItemMeta]],
+    credits_now: dict[int, float],
+    batch_size: int,
+    windows: Sequence[EnvWindow] = (),
+) -> Plan:
+    chosen = {env: items for env, items in take.items() if items}
+    passed = {}
+    for w in windows:
+        got = chosen.get(w.env_id)
+        if got and got[0].item_id != w.items[0].item_id:
+            passed[w.env_id] = w.items[0].item_id
+    seqs = sum(_seqs(items) for items in chosen.values())
+    return Plan(
+        take={env: [m.item_id for m in items] for env, items in chosen.items()},
+        seqs=seqs,
+        tokens=sum(m.tokens for items in chosen.values() for m in items),
+        credits=_spend(credits_now, chosen, batch_size),
+        passed_over=passed,
+        smaller=bool(windows) and seqs < batch_size,  # exact mode passes its windows; token mode none
+    )
+
+
+def _plan_exact(
+    active: Sequence[EnvWindow],
+    spec: BatchSpec,
+    credits: Mapping[int, float],
+    credits_now: dict[int, float],
+    looked_further: bool,
+    arrivals_waited_out: bool = False,
+) -> Plan | NoBatch:
+    """Exactly `batch_size` sequences holding every due item; else, once the longer read was planned over, the
+    trainer's `no_exact_fill` policy (see the module's docstring)."""
+    batch_size = spec.batch_size
+    available = sum(_seqs(w.items) for w in active)
+    if available < batch_size:
+        return NoBatch(
+            f"waiting for data: {available} of {batch_size} sequences queued", blocked=False, credits=dict(credits)
+        )
+    take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size, credits_now)
+    if take is not None:
+        return _plan_from(take, credits_now, batch_size, active)
+    if not looked_further:
+        return NoBatch("no exact fill in the window", blocked=False, credits=dict(credits), look_further=True)
+    due = [w for w in active if w.due]
+    smaller = spec.no_exact_fill == SMALLER
+    if due:
+        if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
+            return _plan_from(take, credits_now, batch_size, active)
+        # "wait": an exact fill without the due items, if there is one (they are passed over again)
+        undue = [EnvWindow(w.env_id, w.name, w.weight, w.min_share, w.items) for w in active]
+        take = _prefix_fill(undue, batch_size, credits_now) or _subset_fill(undue, batch_size, credits_now)
+        if take is not None:
+            return _plan_from(take, credits_now, batch_size, active)
+    sizes = sorted({m.seqs for w in active for m in w.items})
+    shares = " while meeting the minimum allocations" if any(w.min_share for w in active) else ""
+    more = None if shares else arrival_that_fills([m.seqs for w in active for m in w.items], batch_size)
+    if (
+        more
+        and not any(w.more for w in active)
+        and available < WAIT_FOR_ARRIVALS_BATCHES * batch_size
+        and not arrivals_waited_out
+    ):
+        # Not a stall: groups of the sizes already seen can still end it (mixed sizes 6 and 8 fill 64).
+        return NoBatch(
+            f"waiting for data: queued group sizes {sizes} do not add up to exactly batch_size {batch_size} "
+            f"yet; {more} would form a batch",
+            blocked=False,
+            credits=dict(credits),
+            awaiting=available,
+        )
+    if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
+        return _plan_from(take, credits_now, batch_size, active)
+    groups = sum(len(w.items) for w in active)
+    read = " (the oldest, as far as formation looks ahead)" if any(w.more for w in active) else ""
+    policy = (
+        "no_exact_fill is 'wait': register no_exact_fill 'smaller' to train on them in batches of fewer sequences"
+        if not smaller
+        else "no smaller batch meets the minimum allocations either"
+    )
+    return NoBatch(
+        f"no choice of the {groups} queued groups{read} (sizes {sizes}) adds up to exactly batch_size "
+        f"{batch_size}{shares}; {policy}",
+        blocked=True,
+        credits=dict(credits),
+    )
+
+
+def arrival_that_fills(queued: Sequence[int], batch_size: int) -> str | None:
+    """What arrivals of the group sizes already queued would let a subset add up to exactly `batch_size`: one
+    more group of some size, or more groups; None when no number of them can (a real stall)."""
+    sizes = sorted(set(queued))
+    mask = (1 << (batch_size + 1)) - 1
+    reach = 1  # bit k: k sequences can be chosen from what is queued
+    for n in queued:
+        reach = (reach | (reach << n)) & mask
+    for s in sizes:
+        if ((reach | (reach << s)) >> batch_size) & 1:
+            return f"one more group of {s}"
+    unbounded = reach  # with any number of arrivals of these sizes
+    while True:
+        grown = unbounded
+        for s in sizes:
+            grown |= (grown << s) & mask
+        if grown == unbounded:
+            break
+        unbounded = grown
+    if (unbounded >> batch_size) & 1:
+        return f"more groups of sizes {sizes}"
+    return None
+
+
+def _prefix_fill(
+    active: Sequence[EnvWindow], batch_size: int, targets: Mapping[int, float]
+) -> dict[int, list[ItemMeta]] | None:
+    """FIFO prefixes per env adding up to exactly batch_size, closest (least squares) to the targets.
+
+    DP over envs on the number of sequences so far; each env contributes one of its prefix sums.
+    O(envs x prefixes x batch_size), vectorised over the batch_size axis.
+    """
+    size = batch_size + 1
+    inf = np.inf
+    best = np.full(size, inf)
+    best[0] = 0.0
+    choices: list[np.ndarray] = []
+    for w in active:
+        prefix = np.concatenate([[0], np.cumsum([m.seqs for m in w.items])])
+        prefix = prefix[prefix <= batch_size]
+        need = _required(w, batch_size)
+        target = min(max(targets.get(w.env_id, 0.0), float(need)), float(prefix[-1]))
+        nxt = np.full(size, inf)
+        choice = np.full(size, -1, dtype=np.int64)
+        for k, s in enumerate(prefix.tolist()):
+            if s < need or (k == 0 and w.due):
+                continue
+            cand = np.full(size, inf)
+            cand[s:] = best[: size - s] + (s - target) ** 2
+            better = cand < nxt
+            nxt[better] = cand[better]
+            choice[better] = k
+        best = nxt
+        choices.append(choice)
+    if not np.isfinite(best[batch_size]):
+        return None
+    take: dict[int, list[ItemMeta]] = {}
+    s = batch_size
+    for w, choice in zip(reversed(active), reversed(choices), strict=True):
+        k = int(choice[s])
+        take[w.env_id] = list(w.items[:k])
+        s -= _seqs(w.items[:k])
+    return take
+
+
+def _subset_fill(
+    active: Sequence[EnvWindow], batch_size: int, targets: Mapping[int, float], *, exact: bool = True
+) -> dict[int, list[ItemMeta]] | None:
+    """Any items adding up to exactly batch_size (`exact`; else the most sequences up to it, at least one) with
+    every minimum met and every due item held, if such a choice exists at all.
+
+    Used only when no FIFO-prefix combination exists (mixed group sizes within an env). Per env, a bitset
+    of the subset sums its window can make (at least its minimum); envs combine by shifting bitsets. Each
+    env's sum is then picked closest to its credit, and its items oldest first.
+    """
+    full = (1 << (batch_size + 1)) - 1
+    per_env: list[tuple[EnvWindow, int]] = []  # window, sums allowed
+    combined = [1]  # combined[i]: totals reachable with the first i envs
+    for w in active:
+        rest = w.items[1:] if w.due else w.items
+        reach = 1
+        for m in rest:
+            reach = (reach | (reach << m.seqs)) & full
+        if w.due:
+            reach = (reach << w.items[0].seqs) & full
+        need = _required(w, batch_size)
+        allowed = reach & ~((1 << need) - 1)
+        per_env.append((w, allowed))
+        total = 0
+        for s in _bits(allowed):
+            total |= combined[-1] << s
+        combined.append(total & full)
+    reachable = combined[-1] & full
+    if exact:
+        if not (reachable >> batch_size) & 1:
+            return None
+        remaining = batch_size
+    else:
+        if reachable <= 1:
+            return None
+        remaining = reachable.bit_length() - 1
+    take: dict[int, list[ItemMeta]] = {}
+    for i in range(len(active) - 1, -1, -1):
+        w, allowed = per_env[i]
+        options = [s for s in _bits(allowed) if s <= remaining and (combined[i] >> (remaining - s)) & 1]
+        s = min(options, key=lambda x: (abs(x - targets.get(w.env_id, 0.0)), x))
+        take[w.env_id] = _oldest_subset(w.items, s, w.due, full)
+        remaining -= s
+    return take
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    s = 0
+    while mask:
+        if mask & 1:
+            out.append(s)
+        mask >>= 1
+        s += 1
+    return out
+
+
+def _oldest_subset(items: Sequence[ItemMeta], total: int, first: bool, full: int) -> list[ItemMeta]:
+    """Items adding up to `total`, oldest first: each item is taken when the newer ones can still complete the
+    sum (so the oldest item is held whenever any such choice holds it). `first`: the oldest item is taken."""
+    n = len(items)
+    suffix = [1] * (n + 1)  # suffix[i]: the sums items[i:] can make
+    for i in range(n - 1, -1, -1):
+        suffix[i] = (suffix[i + 1] | (suffix[i + 1] << items[i].seqs)) & full
+    picked: list[ItemMeta] = []
+    for i, m in enumerate(items):
+        if total == 0:
+            break
+        if (i == 0 and first) or (m.seqs <= total and (suffix[i + 1] >> (total - m.seqs)) & 1):
+            picked.append(m)
+            total -= m.seqs
+    assert total == 0, "a sum the bitsets allowed was not found"
+    return picked
+
+
+def _plan_tokens(
+    active: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[int, float], credits_now: dict[int, float]
+) -> Plan | NoBatch:
+    """Greedy fill under both budgets. Released when it holds `batch_size` sequences, or at least
+    `min_fill` of the token budget, or when every env's next item is too big to fit (FIFO: waiting cannot
+    help). Otherwise it waits for more data."""
+    assert spec.max_tokens is not None
+    budget_seqs, budget_tokens = spec.batch_size, spec.max_tokens
+    take: dict[int, list[ItemMeta]] = {w.env_id: [] for w in active}
+    pos = {w.env_id: 0 for w in active}
+    seqs = tokens = 0
+
+    def fits(m: ItemMeta) -> bool:
+        return seqs + m.seqs <= budget_seqs and tokens + m.tokens <= budget_tokens
+
+    # Minimum allocations first, as FIFO prefixes.
+    for w in active:
+        need = _required(w, spec.batch_size)
+        while pos[w.env_id] < len(w.items) and _seqs(take[w.env_id]) < need and fits(w.items[pos[w.env_id]]):
+            m = w.items[pos[w.env_id]]
+            take[w.env_id].append(m)
+            pos[w.env_id] += 1
+            seqs += m.seqs
+            tokens += m.tokens
+    # Then by credit: the env furthest below its earned share goes next.
+    owed = {w.env_id: credits_now.get(w.env_id, 0.0) - _seqs(take[w.env_id]) for w in active}
+    by_id = {w.env_id: w for w in active}
+    while True:
+        ready = [env for env, w in by_id.items() if pos[env] < len(w.items) and fits(w.items[pos[env]])]
+        if not ready:
+            break
+        env = max(ready, key=lambda e: (owed[e], -by_id[e].items[pos[e]].item_id))
+        m = by_id[env].items[pos[env]]
+        take[env].append(m)
+        pos[env] += 1
+        seqs += m.seqs
+        tokens += m.tokens
+        owed[env] -= m.seqs
+    full = seqs >= budget_seqs or tokens >= spec.min_fill * budget_tokens
+    stuck = all(pos[w.env_id] < len(w.items) for w in active)  # every env's next item is too big
+    if seqs > 0 and (full or stuck):
+        return _plan_from(take, credits_now, spec.batch_size)
+    if stuck and active:  # nothing fits even an empty batch: every env's oldest group exceeds a budget (FIFO)
+        heads = ", ".join(f"{w.name!r} {w.items[0].seqs} sequences, {w.items[0].tokens} tokens" for w in active)
+        return NoBatch(
+            f"the oldest group of every env is larger than a batch may hold ({heads}; batch_size {budget_seqs}, "
+            f"max_batch_tokens {budget_tokens}): queues are served in order, so no batch can form; register "
+            "larger budgets",
+            blocked=True,
+            credits=dict(credits),
+        )
+    waiting = [w.name for w in active if pos[w.env_id] == len(w.items)]
+    more = f" (more from {', '.join(map(repr, waiting))} would fit)" if waiting and seqs else ""
+    return NoBatch(
+        f"waiting for data: {tokens} of {budget_tokens} tokens ({seqs} sequences) fit so far, under "
+        f"min_batch_fill {spec.min_fill:.3g}{more}",
+        blocked=False,
+        credits=dict(credits),
+    )
+
+
+# ------------------------------------------------------------------------------------------- aging
+
+PassedOver = dict[int, tuple[int, int]]
+"""Per env: its oldest item passed over (a newer item of its env taken) and the step it was first passed over."""
+
+
+def is_due(passed: PassedOver, env_id: int, head: ItemMeta | None, step: int, due_after: int) -> bool:
+    """Whether the env's oldest item has been passed over for `due_after` batches: a batch must now hold it."""
+    got = passed.get(env_id)
+    return head is not None and got is not None and got[0] == head.item_id and step - got[1] >= due_after
+
+
+def age(passed: PassedOver, plan: Plan, step: int) -> PassedOver:
+    """The record after batch `step` was formed by `plan`: an env whose oldest item was taken starts afresh; one
+    whose oldest item was passed over keeps the step it was first passed over (or starts counting now)."""
+    out = {env: rec for env, rec in passed.items() if env not in plan.take or env in plan.passed_over}
+    for env, item_id in plan.passed_over.items():
+        rec = passed.get(env)
+        out[env] = rec if rec is not None and rec[0] == item_id else (item_id, step)
+    return out

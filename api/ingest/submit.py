@@ -1,0 +1,278 @@
+"""Storing validated submissions, inside one store transaction: the checks that must see the store (the run
+still what validation saw, keys not reused with other content, room in the queue), then each group queued,
+held aside or dropped by the filters, and counted. Written once over `Txn`, for every store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from api import state
+from api.errors import Conflict, InvalidData, Unavailable
+from api.ingest import side_buffer
+from api.ingest.filters import filter_reason
+from api.ingest.idempotency import remember, same_content
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.submissions import Submission
+from api.ingest.validation import check_policy_step
+from api.ledger.recorder import OFF, Recorder
+from api.state import ANON_NAME, EnvRecord, RunState
+from api.store.base import ANON_ENV, HELD, QUEUED, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.views import stats
+from api.wire.schema import ScoredReply
+
+
+class QueueFull(Unavailable):
+    """A queue limit refused a submission (counted as backpressure per env, in its own transaction)."""
+
+
+class StaleRun(Exception):
+    """What a submission was validated against no longer holds in the store (the trainer re-registered, the
+    data was reset, the step moved under a group stamped with it): validate it again against `run`."""
+
+    def __init__(self, run: RunState) -> None:
+        super().__init__("the run changed since this submission was validated")
+        self.run = run
+
+
+VALIDATION_ROUNDS = 3
+"""Times a submission is validated against a newer run state before the client is asked to send it again."""
+
+
+def submit_txn(
+    txn: Txn,
+    subs: Sequence[Submission],
+    seen_run: RunState,
+    limits: QueueLimits,
+    books: Recorder = OFF,
+    handler: str | None = None,
+) -> tuple[list[ScoredReply], RunState]:
+    """Store validated submissions all-or-nothing, with the run state found: `StaleRun` if what they were
+    validated against (`seen_run`) no longer holds, `QueueFull` past a limit, a 409 for a reused key with
+    other content. A key already stored answers its first reply, marked `duplicate`. `books` records each new
+    group's fate in the ledger (`handler`: the key that sent them)."""
+    run = state.load(txn, seen_run)
+    if not still_valid(subs, seen_run, run):
+        raise StaleRun(run)
+    for sub in subs:  # against the step now, not the snapshot's: it may have moved since
+        try:
+            check_policy_step(sub.sent_policy_step, run.step)
+        except InvalidData as exc:
+            raise exc.at(*sub.loc) from None
+    now = time.time()
+    replies: list[ScoredReply | None] = []
+    fresh: list[tuple[int, Submission]] = []
+    first_in_request: dict[str, int] = {}  # a key used twice in one list: the later one repeats the first
+    repeats: list[tuple[int, int]] = []
+    for i, sub in enumerate(subs):
+        old = txn.get_reply(sub.key) if sub.key else None
+        if sub.key is not None and old is not None:
+            if not same_content(old, sub.digest, sub.legacy_digest):
+                raise Conflict(reused_key_message(sub))
+            replies.append(ScoredReply.model_validate_json(old).model_copy(update={"duplicate": True}))
+        elif sub.key is not None and sub.key in first_in_request:
+            first = first_in_request[sub.key]
+            if subs[first].digest != sub.digest:
+                raise Conflict(reused_key_message(sub, earlier=subs[first].where))
+            replies.append(None)
+            repeats.append((i, first))
+        else:
+            replies.append(None)
+            fresh.append((i, sub))
+            if sub.key is not None:
+                first_in_request[sub.key] = i
+    held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}
+    for env_id in sorted(held_envs):  # room that expired groups leave counts for what arrives now
+        expire_held(txn, run, env_id, now, limits.side, books)
+    check_capacity(limits, txn.counts(), txn.held.counts(), [s for _, s in fresh])
+    reg = run.registration
+    assert reg is not None
+    received: dict[str, int] = {}
+    arrivals = books.arrivals(txn, handler, now)
+    for i, sub in fresh:
+        env_id = ANON_ENV if sub.env_id is None else sub.env_id
+        env = run.env(env_id)
+        name = env.wandb_name if env else ANON_NAME
+        received[name] = received.get(name, 0) + 1
+        step = sub.record.policy_step
+        reason = filter_reason(sub.record.scores, reg)
+        if reason is not None:
+            arrivals.dropped(env_id, name, sub, reason, run.step)
+            reply = ScoredReply(status="received")
+        elif env is not None and held_env(run, sub) is env:
+            arrivals.flush()  # a released group's row must be there to move (`requeued`)
+            reply, item_id, fate = hold_group(txn, env, sub, step, now, limits, books)
+            arrivals.stored(item_id, env_id, sub, fate)
+        else:
+            item_id = enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
+            reply = ScoredReply(status="received")
+            arrivals.stored(item_id, env_id, sub, QUEUED)
+        if sub.key:
+            txn.put_reply(sub.key, remember(reply.model_dump_json(exclude_none=True), sub.digest))
+        replies[i] = reply
+    for i, first in repeats:
+        first_reply = replies[first]
+        assert first_reply is not None
+        replies[i] = first_reply.model_copy(update={"duplicate": True})
+    stats.count_received(txn, received)
+    arrivals.close()
+    return [r for r in replies if r is not None], run
+
+
+def held_env(run: RunState, sub: Submission) -> EnvRecord | None:
+    """The env whose side buffer `sub` goes to: a registered env's group of another size than its `group_size`,
+    unless the env declared that its groups vary in size (queued whole)."""
+    env = None if sub.env_id is None else run.env(sub.env_id)
+    if env is None or env.variable_group_size or sub.record.seqs == env.group_size:
+        return None
+    return env
+
+
+def check_capacity(
+    lim: QueueLimits, counts: dict[int, QueueCounts], held: dict[int, QueueCounts], subs: Sequence[Submission]
+) -> None:
+    """QueueFull when storing `subs` would take the queue and side buffers (or an env's share of them) past a
+    limit. (A side buffer's own bound is checked as a group is held: one that completes held groups fits.)"""
+    if not subs:
+        return
+    stored = dict(counts)
+    for env_id, c in held.items():  # what side buffers hold counts against the queue limits too
+        stored[env_id] = stored.get(env_id, QueueCounts()) + c
+    total = sum(stored.values(), QueueCounts())
+    per_env: dict[int, QueueCounts] = {}
+    for s in subs:
+        env_id = ANON_ENV if s.env_id is None else s.env_id
+        adds = QueueCounts(1, 1, s.record.seqs, s.record.n_tokens, len(s.payload))
+        per_env[env_id] = per_env.get(env_id, QueueCounts()) + adds
+    add = sum(per_env.values(), QueueCounts())
+    full = None
+    if lim.max_groups is not None and total.groups + add.groups > lim.max_groups:
+        full = f"the queue holds {total.groups} groups; the limit is {lim.max_groups}"
+    elif lim.max_tokens is not None and total.tokens + add.tokens > lim.max_tokens:
+        full = f"the queue holds {total.tokens} tokens; the limit is {lim.max_tokens}"
+    elif lim.max_bytes is not None and total.bytes + add.bytes > lim.max_bytes:
+        full = f"the queue holds {total.bytes} bytes; the limit (max_queue_bytes) is {lim.max_bytes}"
+    else:
+        for env_id, more in per_env.items():
+            have = stored.get(env_id, QueueCounts())
+            if lim.max_env_groups is not None and have.groups + more.groups > lim.max_env_groups:
+                full = f"env {env_id} has {have.groups} groups queued; the limit is {lim.max_env_groups}"
+            elif lim.max_env_tokens is not None and have.tokens + more.tokens > lim.max_env_tokens:
+                full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
+            elif lim.max_env_bytes is not None and have.bytes + more.bytes > lim.max_env_bytes:
+                full = f"env {env_id} has {have.bytes} bytes queued; the limit is {lim.max_env_bytes}"
+    if full:
+        raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
+
+
+def enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: bytes) -> int:
+    """Queue one stored group (or a released side-buffer group) behind its env's others; its item id."""
+    meta = ItemMeta(item_id=txn.next_item_id(), seqs=seqs, tokens=tokens, policy_step=step)
+    txn.append(env_id, QueuedItem(meta=meta, n_groups=1, payload=payload))
+    return meta.item_id
+
+
+def hold_group(
+    txn: Txn,
+    env: EnvRecord,
+    sub: Submission,
+    step: int,
+    now: float,
+    limits: QueueLimits,
+    books: Recorder = OFF,
+) -> tuple[ScoredReply, int, str]:
+    """Hold a group whose size is not its env's group_size aside, or queue it with held groups that together
+    with it make whole groups (Atropos's mixed-size buffering). Costs the group, not what the buffer holds.
+    QueueFull if holding it would pass the side buffer's bound (one that completes held groups always fits).
+    Returns the reply, and the new group's item id and ledger fate (HELD or QUEUED); the ledger rows of held
+    groups released with it move to their queue ids."""
+    held = txn.held.groups(env.env_id)
+    meta = ItemMeta(txn.next_item_id(), sub.record.seqs, sub.record.n_tokens, step)
+    picked = side_buffer.to_release(held, meta.seqs, env.group_size)
+    if picked is None:
+        holds = QueueCounts(len(held), len(held), sum(h.meta.seqs for h in held), sum(h.meta.tokens for h in held),
+                            sum(h.size for h in held))  # fmt: skip
+        why = side_buffer.full(holds, QueueCounts(1, 1, meta.seqs, meta.tokens, len(sub.payload)), limits.side)
+        if why is not None:
+            raise QueueFull(
+                f"queue full: env {env.env_id}'s side buffer (groups of another size than its group_size) {why}; "
+                "retry later, or send whole groups",
+                limits.retry_after,
+            )
+        txn.held.add(env.env_id, HeldGroup(meta, now, sub.payload))
+        reply = ScoredReply(status="buffered", buffer_size=sum(h.meta.seqs for h in held) + meta.seqs)
+        return reply, meta.item_id, HELD
+    old = [held[i].meta.item_id for i in picked if i < len(held)]
+    released = {g.meta.item_id: g for g in txn.held.release(env.env_id, old)}
+    new_id, fate = meta.item_id, HELD
+    for i in picked:
+        if i < len(held):
+            g = released[held[i].meta.item_id]
+            item_id = enqueue(txn, env.env_id, g.meta.seqs, g.meta.tokens, g.meta.policy_step, g.payload)
+            books.requeued(txn, g.meta.item_id, item_id)
+        else:
+            new_id, fate = enqueue(txn, env.env_id, meta.seqs, meta.tokens, step, sub.payload), QUEUED
+    if len(held) not in picked:  # the new group stays held (only if older ones already added up: a migration)
+        txn.held.add(env.env_id, HeldGroup(meta, now, sub.payload))
+    left = sum(h.meta.seqs for i, h in enumerate(held) if i not in set(picked))
+    reply = ScoredReply(status="buffered", buffer_size=left + (0 if len(held) in picked else meta.seqs))
+    return reply, new_id, fate
+
+
+def expire_held(
+    txn: Txn,
+    run: RunState,
+    env_id: int,
+    now: float,
+    limits: side_buffer.SideLimits,
+    books: Recorder = OFF,
+) -> int:
+    """Drop env_id's held groups past the ttl, counted as `side_buffer_expired` (and so in the ledger); how many."""
+    gone: list[HeldMeta] = side_buffer.expired(txn.held.groups(env_id), now, limits)
+    if gone:
+        released = txn.held.release(env_id, [h.meta.item_id for h in gone])
+        ids, payloads = [g.meta.item_id for g in released], [g.payload for g in released]
+        books.dropped(txn, run.env_name(env_id), side_buffer.EXPIRED, ids, payloads, step=run.step, at=now)
+    return len(gone)
+
+
+def expire_txn(
+    txn: Txn,
+    now: float,
+    limits: side_buffer.SideLimits,
+    known: RunState | None = None,
+    books: Recorder = OFF,
+) -> int:
+    """The sweep: drop every env's expired held groups; how many (reads only the envs that hold some)."""
+    run = state.load(txn, known)
+    return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held.counts()))
+
+
+def still_valid(subs: Sequence[Submission], seen: RunState, run: RunState) -> bool:
+    """Whether what validating `subs` against `seen` relied on holds in `run`: the trainer's registration (the
+    limits), every env named, and the step stamped on groups that sent no `policy_step`."""
+    if run.registration != seen.registration:
+        return False
+    for sub in subs:
+        if sub.env_id is not None and run.env(sub.env_id) is None:
+            return False
+        if sub.sent_policy_step is None and run.step != seen.step:
+            return False
+    return True
+
+
+def reused_key_message(sub: Submission, earlier: str | None = None) -> str:
+    """The 409 for a key stored (or sent earlier in this request) with other content."""
+    assert sub.key is not None
+    kind, _, rest = sub.key.partition(":")
+    if kind == "k":
+        what = f"Idempotency-Key {rest!r}"
+    else:
+        env, _, gid = rest.partition(":")
+        what = f"group_id {gid!r}" + ("" if env == "None" else f" of env_id {env}")
+    before = f"by {earlier} of this request" if earlier else "before"
+    return (
+        f"{sub.where}: {what} was used {before} for a group with different content; nothing was stored. "
+        "A group id names one group: send a new group under a new id (the same group again is acknowledged "
+        "as a duplicate)."
+    )

@@ -1,0 +1,1 @@
+"""Producers seen live and the weights they follow: the pure logic and its stored form."""

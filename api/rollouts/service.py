@@ -1,0 +1,394 @@
+"""What the rollout routes do (docs/rollouts.md): each request is one store transaction over
+api/rollouts/groups.py; a sealed group is ingested through the service's own ingest path (`Service.ingest`), under
+the group's id, so filters, limits, the ledger and a task lease's fate apply unchanged, and a seal interrupted
+between its ingest and its mark is ingested again as a duplicate, never twice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from api import state
+from api.config.groups import setting
+from api.config.settings import Settings
+from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
+from api.http.access import ANONYMOUS, Identity
+from api.ledger import rules as ledger
+from api.ledger.recorder import OFF, Recorder, recorder
+from api.rollouts import groups as rg
+from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
+from api.store.rollouts import LIVE, GroupRow, SlotRow
+from api.wire.rollouts import (
+    GroupView,
+    OpenGroupsStatus,
+    OpenRequest,
+    PostReply,
+    RolloutPost,
+    SealRequest,
+    SlotLease,
+)
+
+if TYPE_CHECKING:
+    from api.service import Service
+
+log = logging.getLogger("rollbuf")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """The background sweep of open groups (`Service`'s `rollout_sweep` job)."""
+
+    every: float = setting("rollout_sweep_every_s")
+    limit: int = setting("rollout_sweep_limit")
+
+
+COUNTS = "rollouts"
+"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused."""
+
+
+def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = None) -> GroupRow:
+    env_id = ANON_ENV if g.env_id is None else g.env_id
+    at = rg.next_check(g) if expires_at is None else expires_at
+    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json())
+
+
+OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
+"""Counters kept as the groups change: slots acknowledged in live groups, and missing slots of live groups leased
+to a sibling (a lapsed sibling lease counts until its slot is handed out again or the group is decided), so that
+the views read them without a scan of the open groups."""
+
+
+def _tally(row: GroupRow | None) -> tuple[int, int]:
+    """(slots done, slots leased to siblings) of a live group; nothing for a decided one."""
+    if row is None or row.state not in LIVE:
+        return 0, 0
+    g = rg.OpenGroup.of(row.record)
+    return len(g.done), sum(1 for k in g.leases if k not in g.done)
+
+
+def _put(txn: Txn, old: GroupRow | None, new: GroupRow) -> None:
+    """Write the group's row, and move the open-slot counters by what changed."""
+    txn.rollouts.put(new)
+    (done0, leased0), (done1, leased1) = _tally(old), _tally(new)
+    moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
+    if any(moved.values()):
+        txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
+
+
+def view(row: GroupRow) -> GroupView:
+    g = rg.OpenGroup.of(row.record)
+    return GroupView(
+        group_id=g.key, env_id=g.env_id, state=row.state, group_size=g.group_size,
+        min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline, expires_at=g.expires_at,
+        done=sorted(int(s) for s in g.done), leased={k: str(v[0]) for k, v in g.leases.items() if k not in g.done},
+        redispatched=g.redispatched, left_out=dict(g.left_out),
+    )  # fmt: skip
+
+
+def digest(post: RolloutPost) -> str:
+    content = [post.tokens, post.masks, post.inference_logprobs, post.score]
+    return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
+
+
+def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller: Identity) -> GroupView:
+    """Open the group (the same spec again: its view); 409 for another spec under its id, 503 past the env's
+    bound on open groups."""
+    if req.deadline_s > settings.rollout_max_deadline_s:
+        raise InvalidData(("body", "deadline_s"), f"at most rollout_max_deadline_s ({settings.rollout_max_deadline_s})")
+    least = req.group_size if req.min_group_size is None else req.min_group_size
+    if least > req.group_size:
+        raise InvalidData(("body", "min_group_size"), "at most group_size")
+    old = txn.rollouts.get(req.group_id)
+    if old is not None:
+        g = rg.OpenGroup.of(old.record)
+        if (g.env_id, g.group_size, g.min_group_size, g.scores_at_seal, g.task) != (
+            req.env_id,
+            req.group_size,
+            least,
+            req.scores_at_seal,
+            req.task,
+        ):
+            raise Conflict(f"group {req.group_id!r} was opened before with another spec")
+        return view(old)
+    if req.env_id is not None:
+        from api.service import check_owner  # the service imports this module
+
+        env = state.load(txn).env(req.env_id)
+        if env is None:
+            raise InvalidData(("body", "env_id"), f"env {req.env_id} is not registered")
+        check_owner(caller, env, ("body", "env_id"))
+    n, _ = txn.rollouts.open_totals(ANON_ENV if req.env_id is None else req.env_id)
+    if n >= settings.rollout_max_open_groups:
+        raise Unavailable(f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry later")
+    g = rg.OpenGroup(
+        key=req.group_id, env_id=req.env_id, group_size=req.group_size, min_group_size=least,
+        deadline=now + req.deadline_s, producer=req.producer_id, expires_at=now + settings.rollout_lease_s,
+        scores_at_seal=req.scores_at_seal, task=req.task,
+    )  # fmt: skip
+    row = _row(g, "open", 0)
+    txn.rollouts.put(row)
+    txn.add_counts(COUNTS, {"opened": 1})
+    return view(row)
+
+
+def post_txn(
+    txn: Txn, req: RolloutPost, now: float, settings: Settings, books: Recorder = OFF
+) -> tuple[PostReply, bool]:
+    """Acknowledge one rollout; whether the group is now complete and is being sealed."""
+    if len(req.masks) != len(req.tokens):
+        raise InvalidData(("body", "masks"), "one mask per token")
+    if req.inference_logprobs is not None and len(req.inference_logprobs) != len(req.tokens):
+        raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
+    row = txn.rollouts.get(req.group_id)
+    if row is None:
+        raise NotFound(f"no group {req.group_id!r} was opened")
+    first = row
+    g = rg.OpenGroup.of(row.record)
+    if req.slot >= g.group_size:
+        raise InvalidData(("body", "slot"), f"the group has {g.group_size} slots")
+    d = digest(req)
+    known = next(((s.producer, s.digest) for s in txn.rollouts.slots(req.group_id) if s.slot == req.slot), None)
+    if known is None and row.state not in LIVE:
+        txn.add_counts(COUNTS, {"redone": 1})
+        return PostReply(status="redone", group=view(row)), False
+    outcome = rg.post(g, req.slot, req.producer_id, known, d)
+    if outcome == rg.CONFLICT:
+        raise Conflict(f"slot {req.slot} of group {req.group_id!r} was acknowledged with other content")
+    if outcome != rg.ACCEPTED:
+        if outcome == rg.REDONE:
+            txn.add_counts(COUNTS, {"redone": 1})
+        return PostReply(status=outcome, group=view(row)), False
+    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score"})
+    _, size = txn.rollouts.open_totals(row.env_id)
+    if size + len(data) > settings.rollout_max_open_bytes:
+        txn.add_counts(COUNTS, {"refused": 1})
+        raise Unavailable(f"env {g.env_id}'s open groups hold {size} bytes; the limit is rollout_max_open_bytes")
+    txn.rollouts.put_slot(SlotRow(req.group_id, req.slot, req.producer_id, d, data))
+    txn.add_counts(COUNTS, {"slots": 1})
+    row = _row(g, row.state, row.bytes + len(data))
+    sealing = False
+    if row.state == "open" and rg.complete(g):  # deadlines are the sweep's: a post never expires its own group
+        scored = {s.slot for s in txn.rollouts.slots(req.group_id) if json.loads(s.data)["score"] is not None}
+        decision = rg.seal_decision(g, now, scored)
+        if not decision.wait:
+            row, sealing = _decide(txn, g, row, decision, now, books), decision.expired is None
+    _put(txn, first, row)
+    return PostReply(status="accepted", group=view(row)), sealing
+
+
+def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: float, books: Recorder) -> GroupRow:
+    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted, and in the ledger)."""
+    if decision.expired is not None:
+        return _expire(txn, g, row, decision.expired, g.deadline, now, books)
+    g.left_out = {str(s): why for s, why in decision.left_out.items()}
+    return _row(g, "sealing", row.bytes, g.deadline)
+
+
+def seal_txn(txn: Txn, req: SealRequest, now: float) -> bool:
+    """The producer seals its group (with the group's scores); whether there is a seal to finish."""
+    row = txn.rollouts.get(req.group_id)
+    if row is None:
+        raise NotFound(f"no group {req.group_id!r} was opened")
+    if row.state != "open":
+        return row.state == "sealing"
+    g = rg.OpenGroup.of(row.record)
+    decision = rg.seal_decision(g, now, set(), by_producer=True)
+    if decision.wait:
+        raise Conflict(f"group {req.group_id!r} has {len(g.done)} rollouts; its min_group_size is {g.min_group_size}")
+    if req.scores is not None:
+        if set(req.scores) != set(g.done):
+            raise InvalidData(("body", "scores"), "one score per acknowledged slot")
+        g.scores = dict(req.scores)
+    elif g.scores_at_seal:
+        raise InvalidData(("body", "scores"), "the group is scored at its seal: send its scores")
+    else:
+        unscored = [s.slot for s in txn.rollouts.slots(g.key) if json.loads(s.data)["score"] is None]
+        if unscored:
+            raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
+    _put(txn, row, _decide(txn, g, row, decision, now, OFF))  # a producer's seal never expires the group
+    return True
+
+
+def group_body(txn: Txn, key: str) -> bytes | None:
+    """The sealed group as POST /scored_data would carry it (None unless it is `sealing`)."""
+    row = txn.rollouts.get(key)
+    if row is None or row.state != "sealing":
+        return None
+    g = rg.OpenGroup.of(row.record)
+    rollouts = [(s.slot, json.loads(s.data)) for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out]
+    body: dict[str, Any] = {
+        "tokens": [r["tokens"] for _, r in rollouts],
+        "masks": [r["masks"] for _, r in rollouts],
+        "scores": [g.scores[str(s)] if g.scores else r["score"] for s, r in rollouts],
+        "env_id": g.env_id,
+        "group_id": key,
+        "producer_id": g.producer,
+    }
+    for name in ("inference_logprobs",):
+        if all(r[name] is not None for _, r in rollouts):
+            body[name] = [r[name] for _, r in rollouts]
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+EXPIRED_PREFIX = "rollouts_"
+"""An expired open group's ledger row and drop counter say why as this and its reason (`rollouts_too_few_by_deadline`,
+`rollouts_unscored_by_deadline`, `rollouts_refused`)."""
+
+
+def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, at: float, now: float, books: Recorder) -> GroupRow:
+    """The group expires: counted, kept with why, and recorded as a dropped group (the ledger's row of its
+    acknowledged rollouts, the env's drop counter; a task lease's task follows, as for any dropped group)."""
+    short = why.split(":")[0]
+    g.left_out = {"group": why}
+    txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
+    run = state.load(txn)
+    slots = [json.loads(s.data) for s in txn.rollouts.slots(g.key)]
+    mean, lo, hi, std = ledger.score_summary([r["score"] for r in slots if r["score"] is not None])
+    books.expired_open(txn, run.env_name(g.env_id), LedgerGroup(
+        id=txn.next_item_id(), env_id=row.env_id, group_id=g.key, handler=None, producer_id=g.producer,
+        acked_at=now, policy_step=run.step, seqs=len(slots), tokens=sum(len(r["tokens"]) for r in slots),
+        bytes=row.bytes, score_mean=mean, score_min=lo, score_max=hi, score_std=std, fate=DROPPED, step=run.step,
+        reason=EXPIRED_PREFIX + short, decided_at=now,
+    ))  # fmt: skip
+    return _row(g, "expired", row.bytes, at)
+
+
+def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorder = OFF) -> None:
+    """The sealed group was ingested (or refused, with why: expired): counted once."""
+    row = txn.rollouts.get(key)
+    if row is None or row.state != "sealing":
+        return
+    g = rg.OpenGroup.of(row.record)
+    if refused is not None:
+        _put(txn, row, _expire(txn, g, row, refused, row.expires_at, now, books))
+        return
+    partial = len(g.left_out) > 0
+    txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
+    _put(txn, row, _row(g, "sealed", row.bytes, row.expires_at))
+
+
+async def finish(service: Service, key: str) -> None:
+    """Ingest a `sealing` group and mark it: a refusal of the data (422) expires it, with why; a refusal to wait
+    (503: a full queue) leaves it `sealing`, for the next sweep."""
+    body = await service.store.read(lambda txn: group_body(txn, key))
+    if body is None:
+        return
+    refused = None
+    try:
+        await service.ingest(body, "application/json", many=False, caller=ANONYMOUS)
+    except Unavailable:
+        log.info("rollouts: group %r is sealed but its ingest must wait; retried by the next sweep", key)
+        return
+    except RollbufError as exc:
+        refused = f"refused: {exc.detail}"[:500]
+    now, books = time.time(), recorder(service.books)
+    await service.store.transact(lambda txn: mark_txn(txn, key, refused, now, books))
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    decided: int
+    """Open groups the sweep sealed or expired (a `sealing` one it only finishes again is not counted: a full
+    queue keeps it so, and a job that ran again at once for it would spin)."""
+    sealing: list[str]
+    """The keys of the groups to finish (ingest and mark sealed)."""
+
+
+def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
+    """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish."""
+    out, decided = [], 0
+    for row in txn.rollouts.due(now, limit):
+        if row.state == "sealing":
+            out.append(row.key)
+            continue
+        g = rg.OpenGroup.of(row.record)
+        if g.scores_at_seal:
+            decision = rg.Seal(expired=rg.UNSCORED if len(g.done) >= g.min_group_size else rg.TOO_FEW)
+        else:
+            scored = {s.slot for s in txn.rollouts.slots(row.key) if json.loads(s.data)["score"] is not None}
+            decision = rg.seal_decision(g, now, scored)
+        if decision.wait:
+            continue
+        new = _decide(txn, g, row, decision, now, books)
+        _put(txn, row, new)
+        decided += 1
+        if new.state == "sealing":
+            out.append(row.key)
+    return Swept(decided, out)
+
+
+def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -> list[SlotLease]:
+    """Lease up to `n` missing slots of groups whose holder lapsed (counted as redispatched)."""
+    out: list[SlotLease] = []
+    until = now + settings.rollout_lease_s
+    for row in txn.rollouts.lapsed(now, settings.rollout_sweep_limit):
+        if len(out) >= n:
+            break
+        g = rg.OpenGroup.of(row.record)
+        slots = rg.missing(g, now)[: n - len(out)]
+        rg.lease_slots(g, producer, slots, until)
+        out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
+                          expires_at=until) for s in slots]  # fmt: skip
+        check = rg.next_check(g)
+        _put(txn, row, _row(g, row.state, row.bytes, check if check > now else g.deadline))
+        if slots:
+            txn.add_counts(COUNTS, {"redispatched": len(slots)})
+    return out
+
+
+def heartbeat_txn(txn: Txn, producer: str, keys: list[str], now: float, lease_s: float) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for key in keys:
+        row = txn.rollouts.get(key)
+        if row is None or row.state != "open":
+            out[key] = None
+            continue
+        g = rg.OpenGroup.of(row.record)
+        mine = [k for k, v in g.leases.items() if v[0] == producer and k not in g.done]
+        if g.producer != producer and not mine:
+            out[key] = None
+            continue
+        until = now + lease_s
+        if g.producer == producer:
+            g.expires_at = until
+        for k in mine:
+            g.leases[k][1] = until
+        txn.rollouts.put(_row(g, row.state, row.bytes))
+        out[key] = until
+    return out
+
+
+def totals_txn(txn: Txn) -> dict[str, int]:
+    """The counters, with the groups open now (opened less sealed and expired)."""
+    counts = txn.get_counts(COUNTS)
+    counts["open"] = counts.get("opened", 0) - counts.get("sealed", 0) - counts.get("expired", 0)
+    return counts
+
+
+def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
+    """The views' block (/status, the dashboard): None in runs that never opened a group. Counters only."""
+    counts = totals_txn(txn)
+    if not counts.get("opened"):
+        return None
+    return OpenGroupsStatus(
+        open=counts["open"], slots_done=counts.get(OPEN_DONE, 0), slots_leased=counts.get(OPEN_LEASED, 0),
+        redispatched=counts.get("redispatched", 0), sealed=counts.get("sealed", 0), expired=counts.get("expired", 0),
+    )  # fmt: skip
+
+
+async def sweep(service: Service, limit: int) -> bool:
+    """Seal or expire what is due and finish interrupted seals (from POST /rollouts/lease and the service's
+    background job, so that a group whose producers all died is sealed at its deadline); whether it decided on
+    `limit` open groups (more may be due). Nothing due: one read, no write."""
+    now = time.time()
+    if not await service.store.read(lambda txn: txn.rollouts.due(now, 1)):
+        return False
+    books = recorder(service.books)
+    decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit, books))
+    for key in decided.sealing:
+        await finish(service, key)
+    return decided.decided >= limit

@@ -1,0 +1,1 @@
+"""Tasks leased from a registered dataset: the order, the cursor, leases and fates, and their metrics."""

@@ -1,0 +1,383 @@
+"""Tasks leased from rollbuf (docs/tasks.md): the cursor over a dataset, leases that expire unless heartbeated,
+and each task's fate, as synchronous functions over a store transaction (`txn.tasks`, `txn.get_value`).
+
+A dataset's record (its spec, cursor and tallies) is one JSON row, read and rewritten by each function that moves
+it; a task has a row from its first lease on, keyed by (epoch, index). States: leased -> submitted -> trained, or
+dropped / failed (offered again, back at the front, while its retries last: `max_retries`); a lease that ends
+without a heartbeat puts its task back at the front (not a retry). The cursor enters the next epoch only when the
+current one has nothing leased or waiting, so a task is in at most one lease at a time. Every function costs the
+tasks it touches, never the dataset.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
+
+from api.errors import Conflict, InvalidData, NotFound, RollbufError
+from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
+from api.store.tasks import FRONT, LEASED, TaskRow
+from api.tasks.order import SEQUENTIAL, WEIGHTED, task_at, weighted_at
+
+SUBMITTED = "submitted"
+TRAINED = "trained"
+FAILED = "failed"
+STATES = (LEASED, FRONT, SUBMITTED, TRAINED, DROPPED, FAILED)
+EVENTS = ("expired", "retried", "late")
+"""Counted, not states: leases that ended unheartbeated, tasks offered again under the retry policy, groups that
+came on a lease their task no longer had (their task was already submitted)."""
+TOKEN_PREFIX = "task:"
+"""Lease tokens are group ids: a group sent with one (`group_id`) is its task's submission, idempotent as any."""
+ANY_KEY = "tasks:any"
+"""A named value set once a dataset exists: the hooks cost nothing in runs without one."""
+RECLAIM_LIMIT = 256
+"""Expired leases returned to the front per lease call (the rest on the next ones)."""
+
+
+_WEIGHTED_DEFAULTS: dict[str, object] = {"levels": None, "level_key": "level", "level_sizes": {}, "taken": {}}
+"""The weighted order's fields, left out of a record while at their defaults (a server that predates them reads
+the records of the other orders as it wrote them)."""
+
+
+@dataclass(slots=True)
+class Dataset:
+    """A dataset's record: what it was registered with, its cursor and its tallies."""
+
+    name: str
+    size: int = 0
+    """Tasks stored so far (indices 0..size-1)."""
+    sealed: bool = True
+    """All its tasks are stored: the cursor may end an epoch. A dataset posted in pages is sealed by its last."""
+    epochs: int | None = 1
+    """None: forever."""
+    seed: int = 0
+    order: str = "sequential"
+    max_retries: int = 0
+    """Times a dropped or failed task is offered again (0: counted and moved on)."""
+    env: str | None = None
+    levels: dict[str, float] | None = None
+    """A weighted order's curriculum: each level's weight (api/tasks/order.py)."""
+    level_key: str = "level"
+    """A weighted order: the field of a task (a JSON object) that names its level."""
+    level_sizes: dict[str, int] = field(default_factory=dict)
+    """A weighted order: tasks stored per level (a level's tasks are stored by rank under `level_store`)."""
+    epoch: int = 0
+    position: int = 0
+    """The cursor: the next position of `epoch`'s order to hand out."""
+    taken: dict[str, int] = field(default_factory=dict)
+    """A weighted order: tasks of each level handed out by the cursor this epoch."""
+    next_seq: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    """Tasks per state (STATES) and events (EVENTS)."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Leases held per producer."""
+
+    def to_json(self) -> str:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: no deep copies
+        for name, default in _WEIGHTED_DEFAULTS.items():
+            if out[name] == default:
+                del out[name]  # a dataset of another order keeps the record it had before weighted orders
+        return json.dumps(out, separators=(",", ":"))
+
+    @staticmethod
+    def of(text: str) -> Dataset:
+        return Dataset(**json.loads(text))
+
+    @property
+    def done(self) -> bool:
+        """Every epoch handed out, and nothing left leased, waiting or submitted (a group may still be dropped)."""
+        last = self.epochs is not None and self.epoch >= self.epochs - 1 and self.position >= self.size
+        return self.sealed and last and not any(self.counts.get(s) for s in (LEASED, FRONT, SUBMITTED))
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    token: str
+    epoch: int
+    index: int
+    data: str
+    """The task as registered (JSON text)."""
+    expires_at: float
+
+
+def level_store(name: str, level: str) -> str:
+    """Where a weighted dataset keeps a level's task indices by rank, as task data (`#` is not in a dataset's
+    name, so no dataset is stored there)."""
+    return f"{name}#{level}"
+
+
+def level_of(d: Dataset, index: int, text: str, where: tuple[str, ...]) -> str:
+    """A task's level in a weighted dataset, or 422 naming the task."""
+    task = json.loads(text)
+    value = task.get(d.level_key) if isinstance(task, dict) else None
+    level = str(value).lower() if isinstance(value, bool) else str(value)
+    if value is None or isinstance(value, (dict, list)) or level not in (d.levels or {}):
+        raise InvalidData(where, f"task {index}: its {d.level_key!r} ({value!r}) is not one of the levels")
+    return level
+
+
+def _index_levels(txn: Txn, d: Dataset, first: int, data: Sequence[str], where: tuple[str, ...]) -> None:
+    """Store the new tasks' indices under their levels, by rank (the tasks from `d.size` on are new)."""
+    by_level: dict[str, list[str]] = {}
+    for k in range(max(0, d.size - first), len(data)):
+        by_level.setdefault(level_of(d, first + k, data[k], where), []).append(str(first + k))
+    for level, indices in by_level.items():
+        txn.tasks.add_tasks(level_store(d.name, level), d.level_sizes.get(level, 0), indices)
+        d.level_sizes[level] = d.level_sizes.get(level, 0) + len(indices)
+
+
+def token_of(name: str, epoch: int, index: int, leases: int) -> str:
+    return f"{TOKEN_PREFIX}{name}:{epoch}:{index}:{leases}"
+
+
+def parse_token(token: str) -> tuple[str, int, int, int] | None:
+    """(dataset, epoch, index, lease number), or None if `token` is not a lease token."""
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    parts = token[len(TOKEN_PREFIX) :].rsplit(":", 3)
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+        return None
+    return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+
+
+class _Moves:
+    """The dataset records one function changed, written once at its end."""
+
+    def __init__(self, txn: Txn) -> None:
+        self.txn = txn
+        self.sets: dict[str, Dataset] = {}
+
+    def get(self, name: str) -> Dataset | None:
+        if name not in self.sets:
+            text = self.txn.tasks.get_dataset(name)
+            if text is None:
+                return None
+            self.sets[name] = Dataset.of(text)
+        return self.sets[name]
+
+    def write(self) -> None:
+        for d in self.sets.values():
+            self.txn.tasks.put_dataset(d.name, d.to_json())
+
+
+def _move(d: Dataset, row: TaskRow, state: str, **changes: object) -> TaskRow:
+    """`row` in `state`, the tallies moved with it."""
+    if row.state != state:
+        if row.state:
+            d.counts[row.state] = d.counts.get(row.state, 0) - 1
+        d.counts[state] = d.counts.get(state, 0) + 1
+    if row.state == LEASED and row.producer is not None:
+        left = d.held.get(row.producer, 0) - 1
+        if left > 0:
+            d.held[row.producer] = left
+        else:
+            d.held.pop(row.producer, None)
+    if state == FRONT:
+        changes.setdefault("seq", d.next_seq)
+        d.next_seq += 1
+        changes.setdefault("expires_at", None)
+    return replace(row, state=state, **changes)  # type: ignore[arg-type]
+
+
+def _count(d: Dataset, event: str, n: int = 1) -> None:
+    d.counts[event] = d.counts.get(event, 0) + n
+
+
+def register(txn: Txn, d: Dataset) -> Dataset:
+    """Register a dataset (its tasks are added by `add_tasks`); Conflict if the name is taken."""
+    if txn.tasks.get_dataset(d.name) is not None:
+        raise Conflict(f"dataset {d.name!r} is registered already")
+    txn.tasks.put_dataset(d.name, d.to_json())
+    txn.set_value(ANY_KEY, "1")
+    return d
+
+
+def add_tasks(
+    txn: Txn, name: str, first: int, data: Sequence[str], *, last: bool, where: tuple[str, ...] = ("body", "tasks")
+) -> Dataset:
+    """Store a page of tasks at `first` (the dataset's size so far: pages come in order, a page sent again is
+    a no-op); `last` seals the dataset. `where`: the field a task without a level is reported at."""
+    moves = _Moves(txn)
+    d = moves.get(name)
+    if d is None:
+        raise NotFound(f"no dataset {name!r}")
+    if d.sealed and first + len(data) <= d.size:
+        return d  # a retried page of a sealed dataset
+    if first > d.size:
+        raise RollbufError(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}")
+    if d.order == WEIGHTED:
+        _index_levels(txn, d, first, data, where)
+    txn.tasks.add_tasks(name, first, data)
+    d.size = max(d.size, first + len(data))
+    d.sealed = last
+    moves.write()
+    return d
+
+
+def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: float, max_held: int) -> list[Lease]:
+    """Up to `n` tasks for `producer` (fewer past `max_held` leases held, or when none is left now): expired
+    leases back to the front first, then the front, then the cursor."""
+    moves = _Moves(txn)
+    d = moves.get(name)
+    if d is None:
+        raise NotFound(f"no dataset {name!r}")
+    tasks = txn.tasks
+    n = max(0, min(n, max_held - d.held.get(producer, 0)))
+    expired, front = tasks.reclaimable(name, now, RECLAIM_LIMIT, n)
+    if expired:
+        _count(d, "expired", len(expired))
+    # Expired leases join the front behind what waits there already (their seq is the next), and are taken after.
+    back = [_move(d, row, FRONT) for row in expired]
+    until = now + duration
+    taken: list[TaskRow] = []
+    for row in (front + back)[:n]:
+        taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now))
+    fresh: list[tuple[str, int]] = []  # from the cursor: (level, rank) in a weighted order, else ("", index)
+    while len(taken) + len(fresh) < n and (d.sealed or d.order == SEQUENTIAL):  # others need the final size
+        if d.position >= d.size:
+            more = d.epochs is None or d.epoch + 1 < d.epochs
+            quiet = not d.counts.get(LEASED) and not d.counts.get(FRONT) and not taken and not fresh
+            if not (d.sealed and more and quiet and d.size):
+                break  # wait: the epoch's last tasks are out, or pages are still coming, or the dataset is done
+            d.epoch, d.position, d.taken = d.epoch + 1, 0, {}
+        if d.order == WEIGHTED:
+            level, rank = weighted_at(d.seed, d.epoch, d.position, d.levels or {}, d.level_sizes, d.taken)
+            d.taken[level] = d.taken.get(level, 0) + 1
+            fresh.append((level, rank))
+        else:
+            fresh.append(("", task_at(d.order, d.seed, d.epoch, d.position, d.size)))
+        d.position += 1
+    for index in _indices(txn, name, fresh):
+        row = TaskRow(name, d.epoch, index, "", updated_at=now)
+        taken.append(_move(d, row, LEASED, leases=1, producer=producer, expires_at=until))
+    for row in taken:
+        if row.producer is not None:
+            d.held[row.producer] = d.held.get(row.producer, 0) + 1
+    written = {(r.epoch, r.index): r for r in back + taken}  # one write per row, the last state
+    tasks.put_rows(list(written.values()))
+    moves.write()
+    data = tasks.task_data(name, {r.index for r in taken})
+    return [Lease(token_of(name, r.epoch, r.index, r.leases), r.epoch, r.index, data.get(r.index, "null"), until)
+            for r in taken]  # fmt: skip
+
+
+def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:
+    """The task indices of the cursor's picks: a weighted pick's (level, rank) looked up, one read per level."""
+    ranks: dict[str, list[int]] = {}
+    for level, rank in fresh:
+        if level:
+            ranks.setdefault(level, []).append(rank)
+    found = {level: txn.tasks.task_data(level_store(name, level), r) for level, r in ranks.items()}
+    try:
+        return [int(found[level][rank]) if level else rank for level, rank in fresh]
+    except KeyError:
+        raise RollbufError(f"dataset {name!r}: a level's task index is missing from the store") from None
+
+
+def _held(txn: Txn, token: str) -> tuple[Dataset, TaskRow, _Moves] | None:
+    """The dataset and row of a lease that is still held, else None."""
+    parsed = parse_token(token)
+    if parsed is None:
+        return None  # not a token: no lease it could hold
+    name, epoch, index, number = parsed
+    moves = _Moves(txn)
+    d = moves.get(name)
+    if d is None:
+        return None
+    row = txn.tasks.rows(name, [(epoch, index)]).get((epoch, index))
+    if row is None or row.state != LEASED or row.leases != number:
+        return None
+    return d, row, moves
+
+
+def heartbeat(txn: Txn, tokens: Iterable[str], now: float, duration: float) -> dict[str, float | None]:
+    """Extend these leases to `now + duration`; per token, the new expiry or None where the lease is lost
+    (expired and handed out again, or the task already submitted)."""
+    out: dict[str, float | None] = {}
+    for token in tokens:
+        found = _held(txn, token)
+        if found is None:
+            out[token] = None
+            continue
+        _, row, _ = found
+        txn.tasks.put_rows([replace(row, expires_at=now + duration, updated_at=now)])
+        out[token] = now + duration
+    return out
+
+
+def give_up(txn: Txn, token: str, reason: str | None, now: float) -> bool:
+    """The producer ends its lease: failed with `reason` (the retry policy applies), or, with None, handed back
+    untried (to the front, not a retry). False if the lease was already lost."""
+    found = _held(txn, token)
+    if found is None:
+        return False
+    d, row, moves = found
+    if reason is None:
+        txn.tasks.put_rows([_move(d, row, FRONT, updated_at=now)])
+    else:
+        txn.tasks.put_rows([_ended(d, row, FAILED, reason, None, now)])
+    moves.write()
+    return True
+
+
+def _ended(d: Dataset, row: TaskRow, fate: str, reason: str, step: int | None, now: float) -> TaskRow:
+    """A dropped or failed task: offered again while its retries last, else final."""
+    if row.retries < d.max_retries:
+        _count(d, "retried")
+        return _move(d, row, FRONT, retries=row.retries + 1, reason=f"{fate}: {reason}", step=step, updated_at=now)
+    return _move(d, row, fate, reason=reason, step=step, updated_at=now, expires_at=None)
+
+
+# --- hooks: called where the ledger records a group's fate, in the same transaction ---
+
+
+def on_acknowledged(txn: Txn, rows: Sequence[LedgerGroup]) -> None:
+    """Groups just acknowledged (their ledger rows): those sent under a lease mark their task submitted (or, when
+    dropped at once, dropped). A group on a lease that expired takes its task back unless another group has it."""
+    leased = [(r, p) for r in rows if r.group_id is not None and (p := parse_token(r.group_id)) is not None]
+    if not leased or txn.get_value(ANY_KEY) is None:
+        return
+    moves = _Moves(txn)
+    now = rows[0].acked_at
+    for ledger_row, (name, epoch, index, _) in leased:
+        d = moves.get(name)
+        row = txn.tasks.rows(name, [(epoch, index)]).get((epoch, index)) if d else None
+        if d is None or row is None or row.state not in (LEASED, FRONT):
+            if d is not None:
+                _count(d, "late")
+            continue
+        row = _move(d, row, SUBMITTED, ledger_id=ledger_row.id, updated_at=now, expires_at=None)
+        if ledger_row.fate == DROPPED:
+            row = _ended(d, row, DROPPED, ledger_row.reason or "dropped", ledger_row.step, now)
+        txn.tasks.put_rows([row])
+    moves.write()
+
+
+def on_decided(txn: Txn, ids: Sequence[int], fate: str, *, step: int | None, reason: str | None, now: float) -> None:
+    """Groups served (trained in `step`) or dropped (`reason`): their tasks follow."""
+    if not ids or fate not in (SERVED, DROPPED) or txn.get_value(ANY_KEY) is None:
+        return
+    rows = txn.tasks.by_ledger(ids)
+    if not rows:
+        return
+    moves = _Moves(txn)
+    out = []
+    for row in rows:
+        d = moves.get(row.dataset)
+        if d is None or row.state != SUBMITTED:
+            continue
+        if fate == SERVED:
+            out.append(_move(d, row, TRAINED, step=step, updated_at=now))
+        else:
+            out.append(_ended(d, row, DROPPED, reason or "dropped", step, now))
+    txn.tasks.put_rows(out)
+    moves.write()
+
+
+def on_requeued(txn: Txn, old_id: int, new_id: int) -> None:
+    """A held group released under a new ledger id: its task follows it."""
+    if txn.get_value(ANY_KEY) is None:
+        return
+    rows = txn.tasks.by_ledger([old_id])
+    txn.tasks.put_rows([replace(r, ledger_id=new_id) for r in rows])

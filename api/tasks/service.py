@@ -1,0 +1,182 @@
+"""What the task routes do (docs/tasks.md): each request is one store transaction over api/tasks/leases.py, bounded
+by the task settings; a dataset file is read a page per transaction, never whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from api.config.settings import Settings
+from api.errors import Conflict, InvalidData, NotFound
+from api.ingest.validation import check_printable
+from api.store.base import Store, Txn
+from api.store.tasks import TaskRow
+from api.tasks import frontier
+from api.tasks import leases as tl
+from api.tasks.files import TaskFile, resolve
+from api.wire.tasks import (
+    DatasetSpec,
+    DatasetView,
+    LeasedTask,
+    LeaseReply,
+    LeaseRequest,
+    TaskFailure,
+    TaskFailureReply,
+    TaskHeartbeatReply,
+    TaskPage,
+    TaskRows,
+    TaskView,
+)
+
+
+def view_of(d: tl.Dataset, served: int = 0) -> DatasetView:
+    """`served`: of its `trained` tasks, those whose batch is not acknowledged yet (api/tasks/frontier.py)."""
+    counts = frontier.split({k: v for k, v in d.counts.items() if v}, served)
+    return DatasetView(
+        name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, levels=d.levels,
+        level_sizes=d.level_sizes or None, seed=d.seed,
+        max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts=counts, done=d.done,
+    )  # fmt: skip
+
+
+def views_txn(txn: Txn) -> list[DatasetView]:
+    """Every dataset's view (nothing read in runs without one)."""
+    if txn.get_value(tl.ANY_KEY) is None:
+        return []
+    out = []
+    served = frontier.unacknowledged(txn)
+    for name in txn.tasks.dataset_names():
+        record = txn.tasks.get_dataset(name)
+        if record is not None:
+            out.append(view_of(tl.Dataset.of(record), served.get(name, 0)))
+    return out
+
+
+def task_view(r: TaskRow, mark: int | None = None) -> TaskView:
+    """`mark`: the committed mark, below which a `trained` row's batch is acknowledged (else it shows `served`)."""
+    shown = r.state if mark is None else frontier.state_of(r, mark)
+    return TaskView(
+        dataset=r.dataset, epoch=r.epoch, index=r.index, state=shown, leases=r.leases, producer=r.producer,
+        expires_at=r.expires_at, retries=r.retries, ledger_id=r.ledger_id, step=r.step, reason=r.reason,
+        updated_at=r.updated_at,
+    )  # fmt: skip
+
+
+def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
+    if len(tasks) > settings.task_page_size:
+        raise InvalidData(("body", where), f"at most {settings.task_page_size} tasks a page (task_page_size)")
+    try:
+        check_printable({where: tasks})
+    except InvalidData as exc:
+        raise exc.at("body") from None
+    texts = [json.dumps(t, separators=(",", ":")) for t in tasks]
+    for i, text in enumerate(texts):
+        if len(text.encode()) > settings.task_max_bytes:
+            raise InvalidData(("body", where, i), f"over {settings.task_max_bytes} bytes (task_max_bytes)")
+    return texts
+
+
+def _same(d: tl.Dataset, spec: DatasetSpec) -> bool:
+    return (d.env, d.epochs, d.seed, d.order, d.max_retries, d.levels, d.level_key) == (
+        spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries, spec.levels, spec.level_key,
+    )  # fmt: skip
+
+
+async def register(store: Store, settings: Settings, spec: DatasetSpec) -> DatasetView:
+    """Register a dataset (a retry of the same registration is answered as the first was, and goes on reading
+    its file where it stopped); its first page, or its file a page at a time."""
+    if spec.path is not None and spec.tasks is not None:
+        raise InvalidData(("body", "path"), "give either path or tasks, not both")
+    if not settings.ledger:
+        raise Conflict("tasks follow their groups through the ledger: this server runs with ledger off")
+    source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
+    first = _texts(spec.tasks or [], settings, "tasks")
+    new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
+                     max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
+                     level_key=spec.level_key)  # fmt: skip
+
+    def begin(txn: Txn) -> tl.Dataset:
+        record = txn.tasks.get_dataset(spec.name)
+        if record is not None:
+            old = tl.Dataset.of(record)
+            if not _same(old, spec):
+                raise Conflict(f"dataset {spec.name!r} is registered already, differently")
+            return old
+        tl.register(txn, new)
+        if spec.tasks is not None:
+            return tl.add_tasks(txn, spec.name, 0, first, last=spec.last)
+        return new
+
+    d = await store.transact(begin)
+    if source is None or d.sealed:
+        return view_of(d)
+    opened = await asyncio.to_thread(TaskFile, source, d.size, settings.task_page_size, settings.task_max_bytes)
+    with opened:  # one open file, read on from where the stored tasks end: O(1) per page
+        while not d.sealed:
+            page = await asyncio.to_thread(opened.next_page)
+            if d.size + len(page) > settings.task_max_dataset_size:
+                raise InvalidData(("body", "path"), f"more than {settings.task_max_dataset_size} tasks")
+            last = len(page) < settings.task_page_size
+            d = await store.transact(_adding(spec.name, d.size, page, last))
+    return view_of(d)
+
+
+def _adding(name: str, first: int, page: list[str], last: bool) -> Callable[[Txn], tl.Dataset]:
+    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"))
+
+
+async def add_page(store: Store, settings: Settings, page: TaskPage) -> DatasetView:
+    texts = _texts(page.tasks, settings, "tasks")
+    if page.first + len(texts) > settings.task_max_dataset_size:
+        raise InvalidData(("body", "tasks"), f"more than {settings.task_max_dataset_size} tasks")
+    d = await store.transact(lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last))
+    return view_of(d)
+
+
+async def lease(store: Store, settings: Settings, req: LeaseRequest) -> LeaseReply:
+    n = min(req.n, settings.task_page_size)
+    now = time.time()
+
+    def fn(txn: Txn) -> tuple[list[tl.Lease], bool]:
+        leases = tl.lease(txn, req.dataset, req.producer_id, n, now, settings.task_lease_s,
+                          settings.task_max_leases_per_producer)  # fmt: skip
+        record = txn.tasks.get_dataset(req.dataset)
+        return leases, record is not None and tl.Dataset.of(record).done
+
+    leases, done = await store.transact(fn)
+    return LeaseReply(
+        leases=[LeasedTask(token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data),
+                           expires_at=x.expires_at) for x in leases],
+        done=done,
+    )  # fmt: skip
+
+
+async def heartbeat(store: Store, settings: Settings, tokens: list[str]) -> TaskHeartbeatReply:
+    now = time.time()
+    out = await store.transact(lambda txn: tl.heartbeat(txn, tokens, now, settings.task_lease_s))
+    return TaskHeartbeatReply(expires_at=out)
+
+
+async def fail(store: Store, body: TaskFailure) -> TaskFailureReply:
+    now = time.time()
+    return TaskFailureReply(accepted=await store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now)))
+
+
+async def datasets(store: Store) -> list[DatasetView]:
+    return await store.read(views_txn)
+
+
+async def rows(store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int) -> TaskRows:
+    limit = max(1, min(limit, settings.task_page_size))
+
+    def fn(txn: Txn) -> tuple[list[TaskRow], int]:
+        if txn.tasks.get_dataset(name) is None:
+            raise NotFound(f"no dataset {name!r}")
+        return txn.tasks.scan(name, after, limit), frontier.marks(txn)[0]
+
+    found, mark = await store.read(fn)
+    nxt = (found[-1].epoch, found[-1].index) if len(found) == limit else None
+    return TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)

@@ -1,0 +1,169 @@
+"""Groups whose rollouts arrive one by one, on the wire (docs/rollouts.md, rollbuf extensions): a group opened,
+its rollouts posted as they end, its missing slots leased to siblings, its seal. Imports only pydantic and the
+wire's rules: clients import it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from api.wire.rules import GROUP_ID_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
+
+SLOTS_MAX = 4096
+"""Largest G of an open group."""
+Slot = Annotated[int, Field(ge=0, lt=SLOTS_MAX)]
+
+
+class OpenRequest(_Request, _Text):
+    """POST /rollouts/open: open a group of `group_size` rollouts for one task."""
+
+    integer_fields = frozenset(["env_id", "group_size", "min_group_size"])
+
+    group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
+    """The group's id: its sealed group is ingested under it (a task lease token makes it the task's
+    submission). Opening it again with the same spec is a no-op."""
+    env_id: int | None = Field(default=None, ge=-SAFE_INT_MAX, le=SAFE_INT_MAX)
+    """The env it belongs to, as for POST /scored_data."""
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """Who holds its missing slots while it heartbeats (POST /rollouts/heartbeat)."""
+    group_size: int = Field(ge=1, le=SLOTS_MAX)
+    """G: its slots are 0 .. G - 1."""
+    min_group_size: int | None = Field(default=None, ge=1, le=SLOTS_MAX)
+    """Sealed at the deadline with at least this many (default: G, so only whole groups)."""
+    deadline_s: float = Field(gt=0)
+    """Seconds from now to its deadline (at most `rollout_max_deadline_s`)."""
+    scores_at_seal: bool = False
+    """Scored as a group: the producer seals it with the scores (POST /rollouts/seal); never sealed alone."""
+    task: Any = None
+    """What a sibling needs to redo a slot (a prompt, a task): handed out with each sibling lease."""
+
+
+class RolloutPost(_Request, _Text):
+    """POST /rollouts/post: one rollout of an open group, acknowledged durably."""
+
+    integer_fields = frozenset(["slot", "tokens", "masks"])
+
+    group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
+    """The open group it belongs to."""
+    slot: Slot
+    """Its slot in the group, 0 .. G - 1: the first rollout acknowledged for a slot is kept."""
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that rolled it out."""
+    tokens: list[int] = Field(min_length=1)
+    """Its token ids, prompt and completion."""
+    masks: list[int] = Field(min_length=1)
+    """As a group's row: -100 where not trained on, else the token id."""
+    inference_logprobs: list[float] | None = None
+    """The sampler's logprob of each token, as a group's row."""
+    score: float | None = None
+    """Its score, when each rollout is scored alone; null: scored at the seal."""
+
+
+class SealRequest(_Request, _Text):
+    """POST /rollouts/seal: the producer seals its group now, with the group's scores if scored as a group."""
+
+    group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
+    """The open group to seal."""
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that opened it."""
+    scores: dict[str, float] | None = None
+    """Slot (as text) -> score, for every slot acknowledged; null: the scores posted with the rollouts."""
+
+
+class SlotLeaseRequest(_Request, _Text):
+    """POST /rollouts/lease: up to `n` missing slots of groups whose producer stopped heartbeating."""
+
+    integer_fields = frozenset(["n"])
+
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """Who takes the slots (and heartbeats them)."""
+    n: int = Field(default=1, ge=1, le=SAFE_INT_MAX)
+    """Most slots to take."""
+
+
+class SlotLease(_Wire):
+    group_id: str
+    """The group the slot belongs to."""
+    slot: int
+    """The missing slot to roll out."""
+    env_id: int | None
+    """The group's env."""
+    group_size: int
+    """The group's G."""
+    task: Any
+    """The group's task, as opened."""
+    expires_at: float
+    """Post the slot's rollout (or heartbeat the group) before."""
+
+
+class SlotLeaseReply(_Wire):
+    leases: list[SlotLease]
+    """The slots taken (none when no group is missing any)."""
+
+
+class RolloutHeartbeat(_Request, _Text):
+    """POST /rollouts/heartbeat: extend what this producer holds of these groups."""
+
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer that holds them."""
+    group_ids: list[str] = Field(max_length=10_000)
+    """The open groups it holds (or holds slots of)."""
+
+
+class RolloutHeartbeatReply(_Wire):
+    expires_at: dict[str, float | None]
+    """Per group, the new end of what this producer holds of it; null where it holds nothing any more (sealed,
+    expired, its slots leased to others): finish only what it already started, if anything."""
+
+
+class GroupView(_Wire):
+    group_id: str
+    """The group's id."""
+    env_id: int | None
+    """Its env."""
+    state: Literal["open", "sealing", "sealed", "expired"]
+    """Open (slots arriving), sealing, sealed (queued whole) or expired."""
+    group_size: int
+    """G."""
+    min_group_size: int
+    """Sealed at the deadline with at least this many slots."""
+    producer: str
+    """The producer that opened it."""
+    deadline: float
+    """Unix time of its deadline."""
+    expires_at: float
+    """When its holder's (or the soonest sibling's) lease lapses unless heartbeated."""
+    done: list[int]
+    """Slots acknowledged."""
+    leased: dict[str, str]
+    """Missing slots leased to siblings -> their producer."""
+    redispatched: int
+    """Slots leased to siblings so far."""
+    left_out: dict[str, str]
+    """Sealed: slots not in it -> why. Expired: `group` -> why."""
+
+
+class OpenGroupsStatus(_Wire):
+    """Per-rollout groups at a glance (/status, the dashboard): present only once the run has opened one."""
+
+    open: int
+    """Groups open now (slots arriving, or their seal under way)."""
+    slots_done: int
+    """Rollouts acknowledged in the groups open now."""
+    slots_leased: int
+    """Missing slots of open groups leased to a sibling producer and not in yet (a lapsed lease counts until its
+    slot is handed out again)."""
+    redispatched: int
+    """Slots handed to siblings so far (their holder stopped heartbeating)."""
+    sealed: int
+    """Groups sealed so far (queued whole, at their G-th rollout, their producer's seal or their deadline)."""
+    expired: int
+    """Groups expired so far (too few rollouts by their deadline, or refused at ingest: the ledger says why)."""
+
+
+class PostReply(_Wire):
+    status: Literal["accepted", "duplicate", "redone"]
+    """`redone`: the slot was already acknowledged from another producer: the first is kept."""
+    group: GroupView
+    """The group as it stands after this rollout."""
