@@ -92,7 +92,7 @@ def written(path: Path) -> Iterator[BinaryIO]:
 
 
 async def from_store(url: str, tables: Sequence[str], out: Path) -> None:
-    from api.export.stream import Limits, TableWriter, pages, totals
+    from api.export.stream import ExportLimits, TableWriter, pages, totals
     from api.store import make_store, redacted, without_password
 
     if url.startswith("memory://"):
@@ -103,7 +103,7 @@ async def from_store(url: str, tables: Sequence[str], out: Path) -> None:
         fail(f"--store {redacted(url)}: {without_password(str(exc), url)}")
     try:
         counts = await totals(store)
-        limits = Limits()
+        limits = ExportLimits()
         for table in tables:
             writer = TableWriter(table, limits)
             bar = Bar(table, counts[table], "steps" if table == "steps" else "groups")

@@ -62,7 +62,7 @@ PAGE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ExportLimits:
     """How much the export holds at once: a page of the store, and a record batch (Parquet row group)."""
 
     page_groups: int = PAGE_GROUPS
@@ -127,7 +127,7 @@ def read_rollouts(txn: Txn, after: str, limit: int) -> Page:
     return Page([], [], {}, state.load(txn), rollouts=txn.rollouts.scan(after, limit))
 
 
-async def pages(table: str, store: Store, limits: Limits) -> AsyncIterator[Page]:
+async def pages(table: str, store: Store, limits: ExportLimits) -> AsyncIterator[Page]:
     """The store's pages a table is written from, each read in its own transaction."""
     if table == ROLLOUTS:
         opened = ""
@@ -187,7 +187,7 @@ class TableWriter:
     """One table's Parquet file, fed page by page (synchronous: the driver runs it in a worker thread).
     `feed` and `finish` return the file's bytes written since the last call."""
 
-    def __init__(self, table: str, limits: Limits = Limits()) -> None:
+    def __init__(self, table: str, limits: ExportLimits = ExportLimits()) -> None:
         if table not in TABLES:
             raise ValueError(f"table {table!r}: one of {', '.join(TABLES)}")
         self.table = table
@@ -254,7 +254,7 @@ def _quiet(_: int) -> None:
 
 
 async def parquet_stream(
-    table: str, store: Store, limits: Limits = Limits(), progress: Progress = _quiet
+    table: str, store: Store, limits: ExportLimits = ExportLimits(), progress: Progress = _quiet
 ) -> AsyncIterator[bytes]:
     """One table as a Parquet file, chunk by chunk (row groups as they fill, then the footer)."""
     writer = TableWriter(table, limits)

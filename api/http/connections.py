@@ -35,7 +35,7 @@ RESERVED_FDS = 64
 REASONS = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
-class Limits:
+class ConnectionLimits:
     """The bounds, set once per process from the settings (`configure`); until then, the settings' defaults."""
 
     max_header_bytes = REQUESTS.max_header_bytes
@@ -55,12 +55,12 @@ def configure(
     """Set this process's bounds; `max_connections` is lowered to what the descriptor limit leaves. Returns it."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     room = max(16, soft - RESERVED_FDS) if soft != resource.RLIM_INFINITY else max_connections
-    Limits.max_header_bytes = max_header_bytes
-    Limits.header_timeout = header_timeout
-    Limits.body_timeout = body_timeout
-    Limits.min_body_rate = min_body_rate
-    Limits.max_connections = min(max_connections, room)
-    return Limits.max_connections
+    ConnectionLimits.max_header_bytes = max_header_bytes
+    ConnectionLimits.header_timeout = header_timeout
+    ConnectionLimits.body_timeout = body_timeout
+    ConnectionLimits.min_body_rate = min_body_rate
+    ConnectionLimits.max_connections = min(max_connections, room)
+    return ConnectionLimits.max_connections
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -83,7 +83,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
-        if len(self.connections) > Limits.max_connections:
+        if len(self.connections) > ConnectionLimits.max_connections:
             self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -123,8 +123,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._in_head and self._head_bytes > Limits.max_header_bytes and not self.transport.is_closing():
-            self._refuse(431, "headers_too_large", f"request head over {Limits.max_header_bytes} bytes")
+        if self._in_head and self._head_bytes > ConnectionLimits.max_header_bytes and not self.transport.is_closing():
+            self._refuse(431, "headers_too_large", f"request head over {ConnectionLimits.max_header_bytes} bytes")
         elif self._in_body:
             self._too_slow(time.monotonic())
 
@@ -150,13 +150,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _arm_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
-        self._head_timer = self.loop.call_later(Limits.header_timeout, self._head_timed_out)
+        self._head_timer = self.loop.call_later(ConnectionLimits.header_timeout, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
             if self._head_bytes:
-                self._refuse(408, "timeout", f"request head not complete within {Limits.header_timeout:g} s")
+                self._refuse(408, "timeout", f"request head not complete within {ConnectionLimits.header_timeout:g} s")
             else:
                 self.transport.close()  # a connection that never sent anything: nothing to answer
 
@@ -168,12 +168,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _too_slow(self, now: float) -> bool:
         """Refuse (408) a body behind `min_body_rate` (see the module); True if it was."""
-        allowed = Limits.body_timeout + self._body_bytes / Limits.min_body_rate
+        allowed = ConnectionLimits.body_timeout + self._body_bytes / ConnectionLimits.min_body_rate
         if now - self._began <= allowed or self.transport.is_closing() or self.flow.read_paused:
             return False
         msg = (
             f"request body too slow: {self._body_bytes} bytes in {now - self._began:.0f} s, below the minimum rate "
-            f"(min_body_rate {Limits.min_body_rate} bytes/s after body_timeout {Limits.body_timeout:g} s)"
+            f"(min_body_rate {ConnectionLimits.min_body_rate} bytes/s "
+            f"after body_timeout {ConnectionLimits.body_timeout:g} s)"
         )
         log.info("%s", msg)
         if self.cycle is not None and not self.cycle.response_started:
@@ -194,7 +195,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _arm_body_timer(self) -> None:
         if self._body_timer is not None:
             self._body_timer.cancel()
-        self._body_timer = self.loop.call_later(Limits.body_timeout, self._body_timed_out)
+        self._body_timer = self.loop.call_later(ConnectionLimits.body_timeout, self._body_timed_out)
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
@@ -205,7 +206,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._too_slow(time.monotonic()):
             return
-        log.info("closing a connection whose body paused over %g s (body_timeout)", Limits.body_timeout)
+        log.info("closing a connection whose body paused over %g s (body_timeout)", ConnectionLimits.body_timeout)
         self.transport.close()
 
     def on_response_complete(self) -> None:

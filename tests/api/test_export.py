@@ -202,7 +202,7 @@ def test_the_service_never_imports_pyarrow() -> None:
 async def test_a_page_of_the_export_is_bounded_by_bytes(settings: Settings) -> None:
     """A page was 256 groups' payloads whatever their size (300 groups of 1 MB images grew the server by 2.5 GB):
     a page now holds at most `page_bytes` of payloads (at least one group), and the export is the same."""
-    from api.export.stream import Limits, pages, parquet_stream
+    from api.export.stream import ExportLimits, pages, parquet_stream
 
     app = create_app(settings.model_copy(update={"retain_steps": 100}))
     async with app.router.lifespan_context(app):
@@ -210,7 +210,7 @@ async def test_a_page_of_the_export_is_bounded_by_bytes(settings: Settings) -> N
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             served = await scripted_run(c)
             store = app.state.service.store
-            small = Limits(page_bytes=1)
+            small = ExportLimits(page_bytes=1)
             sizes = [len(page.payloads) async for page in pages("sequences", store, small)]
             assert max(sizes) == 1 and sum(sizes) == 7  # one payload a page: 7 pages, not one
             data = b"".join([chunk async for chunk in parquet_stream("sequences", store, small)])
