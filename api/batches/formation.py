@@ -96,7 +96,8 @@ def batch_txn(
         state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
         batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
         (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
-        (`api/batches/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions). `rules`:
+        (`api/batches/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions).
+        `rules`:
     how far to look ahead and how long a quiet minimum share may hold a batch."""
     run = state.load(txn, known)
     reg = run.registration

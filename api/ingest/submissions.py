@@ -29,7 +29,8 @@ class Submission:
     key: str | None
     """Idempotency key: the group id (scoped by env) or the request's Idempotency-Key."""
     digest: str | None = None
-    """Digest of the content as sent (`api.ingest.idempotency`), with a key: a reused key with other content is a 409."""
+    """Digest of the content as sent (`api.ingest.idempotency`), with a key: a reused key with other content is a
+    409."""
     loc: tuple[str | int, ...] = ("body",)
     """Where the group is in its request (`("body", 3)` in a list): errors found in the transaction name it."""
     sent_policy_step: int | None = None

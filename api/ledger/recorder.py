@@ -1,5 +1,6 @@
-"""The ledger as one recorder: the transactions that decide a group's fate (`api/ingest/submit.py`, `api/batches/formation.py`,
-`api/batches/acknowledge.py`) say what they decided, and the recorder writes it, so they hold no ledger conditionals.
+"""The ledger as one recorder: the transactions that decide a group's fate (`api/ingest/submit.py`,
+`api/batches/formation.py`, `api/batches/acknowledge.py`) say what they decided, and the recorder writes it, so
+they hold no ledger conditionals.
 
 Three twins, picked from the settings by `recorder`: `Recorder` (the ledger off) keeps only the drop counters
 every run keeps; `Ledger` also writes the ledger's rows; `Retaining` also keeps the payloads of served and

@@ -2,8 +2,8 @@
 batch's row says, and which retained payloads and ledger rows retention lets go (docs/ledger.md).
 
 The rows are written by the transaction that makes the decision they record (`api/ingest/submit.py`,
-`api/batches/formation.py`, `api/batches/acknowledge.py`), through the recorder (`api/ledger/recorder.py`); pruning runs in the
-background (`Service.jobs`), in transactions of bounded size.
+`api/batches/formation.py`, `api/batches/acknowledge.py`), through the recorder (`api/ledger/recorder.py`);
+pruning runs in the background (`Service.jobs`), in transactions of bounded size.
 """
 
 from __future__ import annotations

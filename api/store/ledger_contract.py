@@ -159,7 +159,8 @@ class LedgerStep:
     """Seconds batch formation took (inside the transaction)."""
     group_ids: tuple[int, ...]
     """Ledger ids (`LedgerGroup.id`) of its groups, in the order the batch holds them: any rank's share is
-    `api.batches.sharding.rank_share` of the batch in this order (shares are cut on reads, not recorded: docs/ledger.md)."""
+    `api.batches.sharding.rank_share` of the batch in this order (shares are cut on reads, not recorded:
+    docs/ledger.md)."""
     seqs: int
     tokens: int
     groups_by_env: dict[str, int]

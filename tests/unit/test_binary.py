@@ -1,4 +1,5 @@
-"""api.ingest.binary_groups: a canonical record is stored byte for byte, anything else valid is re-encoded to the same group."""
+"""api.ingest.binary_groups: a canonical record is stored byte for byte, anything else valid is re-encoded to the
+same group."""
 
 from __future__ import annotations
 

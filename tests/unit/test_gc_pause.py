@@ -1,4 +1,5 @@
-"""The collector held off during large ingests (api/ingest/gc_pause.py): restored after the last, and bounded in time."""
+"""The collector held off during large ingests (api/ingest/gc_pause.py): restored after the last, and bounded in
+time."""
 
 from __future__ import annotations
 

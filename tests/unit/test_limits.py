@@ -1,5 +1,5 @@
-"""api.ingest.queue_limits: the room the queue limits leave an env (/status-env's queue_capacity_groups), and what one group
-may hold in a run."""
+"""api.ingest.queue_limits: the room the queue limits leave an env (/status-env's queue_capacity_groups), and what
+one group may hold in a run."""
 
 from __future__ import annotations
 
