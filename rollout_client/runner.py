@@ -21,8 +21,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from api.wire.schema import EnvRegistered, EnvStatus, Info
 from rollout_client.accounting import Tally
@@ -55,6 +55,7 @@ from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicyS
 from rollout_client.workers import WorkerPool
 
 log = logging.getLogger("rollout_client.runner")
+T = TypeVar("T")
 
 POLL_S = 0.2
 """How often /status-env is read per env: backpressure reacts within this, at 5 cheap requests/s per env."""
@@ -495,36 +496,35 @@ class RolloutRunner:
         """Open the group on the server (its rollouts are posted as they end); None when it cannot be (counted)."""
         assert self.groups is not None  # an env that posts each rollout: opened in _start
         env = self.envs[i]
-        try:
-            await self.groups.open(group_id, env.group_size, env_id=self.clients[i].env_id,
-                                   min_group_size=needed(env), deadline_s=deadline_s(self.timeouts.group, GROUP_S),
-                                   task=task_to_wire(env.name, task))  # fmt: skip
-        except RetriesExhausted as exc:
-            log.warning("group %s of %s not opened: %s", group_id, env.name, exc)
-            self.stats.skipped["unsent"] += 1
+        opened = self.groups.open(group_id, env.group_size, env_id=self.clients[i].env_id,
+                                  min_group_size=needed(env), deadline_s=deadline_s(self.timeouts.group, GROUP_S),
+                                  task=task_to_wire(env.name, task))  # fmt: skip
+        if await self._on_server(i, group_id, "opened", opened) is None:
             return None
+        return Poster(self.groups, group_id, self.stats)
+
+    async def _on_server(self, i: int, group_id: str, doing: str, call: Awaitable[T]) -> tuple[T] | None:
+        """`call`'s answer (in a 1-tuple, as it may be None), or None when the server could not be reached or
+        refused it: counted (unsent; rejected, which may end the run), as a whole group's submission is."""
+        try:
+            return (await call,)
+        except RetriesExhausted as exc:
+            log.warning("group %s of %s not %s: %s", group_id, self.envs[i].name, doing, exc)
+            self.stats.skipped["unsent"] += 1
         except Rejected as exc:
             if stop := self._tally.rejected(i, group_id, exc):
                 self._end(stop, exc)
-            return None
-        return Poster(self.groups, group_id, self.stats)
+        return None
 
     async def _sealed(self, i: int, group_id: str, poster: Poster) -> bool:
         """The runner's rollouts of a per-rollout group are all posted: sealed by the server with the last (or
         here, with the survivors); whether it is acknowledged (False: counted as unsent or rejected)."""
         assert self.groups is not None
         view = poster.last
-        try:
-            if verdict(view) == SEAL:
-                view = await self.groups.seal(group_id)
-        except RetriesExhausted as exc:
-            log.warning("group %s of %s not sealed: %s", group_id, self.envs[i].name, exc)
-            self.stats.skipped["unsent"] += 1
-            return False
-        except Rejected as exc:
-            if stop := self._tally.rejected(i, group_id, exc):
-                self._end(stop, exc)
-            return False
+        if verdict(view) == SEAL:
+            if (sealed := await self._on_server(i, group_id, "sealed", self.groups.seal(group_id))) is None:
+                return False
+            view = sealed[0]
         if verdict(view) == REFUSED:
             why = view.left_out.get("group", "expired") if view is not None else "expired"
             expired = Rejected(422, f"group {group_id} expired on the server: {why}")
