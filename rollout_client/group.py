@@ -371,7 +371,7 @@ def build_group(
     out_scores: list[float] = []
     overrides: list[dict[str, Any]] = []
     for s, t, score in zip(sessions, elapsed, scores, strict=True):
-        timing = {"rollout_s": round(t, 6), "score_s": round(score_s, 6)}
+        timing = timings(t, score_s)
         if s.external is not None:
             for seq in s.external:
                 tokens.append(seq.tokens)
@@ -384,14 +384,7 @@ def build_group(
         masks.append(s.masks)
         logprobs.append(s.logprobs)
         out_scores.append(score)
-        overrides.append({
-            **timing,
-            "turns": s.turns,
-            "num_turns": len(s.turns),
-            "truncated": s.truncated,
-            "finish_reason": s.finish_reason,
-            "tools": s.tools,
-        })  # fmt: skip
+        overrides.append({**timing, **transcript_record(s)})
     return ScoredData(
         tokens=tokens,
         masks=masks,
@@ -400,6 +393,17 @@ def build_group(
         overrides=overrides,
         group_overrides=group_overrides(task, sessions),
     )
+
+
+def timings(elapsed: float, score_s: float) -> dict[str, Any]:
+    """A rollout's timings, as its `overrides` entry carries them."""
+    return {"rollout_s": round(elapsed, 6), "score_s": round(score_s, 6)}
+
+
+def transcript_record(s: Transcript) -> dict[str, Any]:
+    """A transcript's record, as its `overrides` entry carries it."""
+    return {"turns": s.turns, "num_turns": len(s.turns), "truncated": s.truncated, "finish_reason": s.finish_reason,
+            "tools": s.tools}  # fmt: skip
 
 
 def group_overrides(task: Task, sessions: Sequence[Transcript]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -90,12 +90,16 @@ class OpenGroups:
         *,
         score: float | None = None,
         inference_logprobs: Sequence[float] | None = None,
+        policy_step: int | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> PostReply:
         """Post one rollout as it ends; once the reply comes it is durable. `redone`: another producer's
-        rollout of this slot came first and is kept."""
+        rollout of this slot came first and is kept. `policy_step`: the weights it was generated with (the sealed
+        group's is its oldest rollout's); `overrides`: its record, the sealed group's `overrides` entry."""
         body = {"group_id": group_id, "slot": slot, "producer_id": self.producer_id, "tokens": list(tokens),
                 "masks": list(masks), "score": score,
-                "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs)}  # fmt: skip
+                "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs),
+                "policy_step": policy_step, "overrides": None if overrides is None else dict(overrides)}  # fmt: skip
         reply = PostReply.model_validate(await self._call("/rollouts/post", body))
         if reply.group.state != "open":
             self._held.discard(group_id)

@@ -13,7 +13,7 @@ from typing import Any
 
 from api.wire.rollouts import GroupView
 from rollout_client.env import Task
-from rollout_client.group import Rollout
+from rollout_client.group import Rollout, timings, transcript_record
 from rollout_client.open_groups import OpenGroups
 from rollout_client.stats import RunnerStats
 
@@ -25,16 +25,29 @@ REFUSED = "refused"
 """The server expired it (its sealed group was refused at ingest, or its deadline passed first)."""
 
 
-def slot_content(rollout: Rollout) -> tuple[list[int], list[int], list[float], float]:
-    """What one slot holds (tokens, masks, logprobs, score): the rollout's transcript, or the one sequence it
-    recorded (`Session.record_sequence`). A slot is one sequence: 0 or several cannot be posted alone."""
+@dataclass(frozen=True, slots=True)
+class SlotContent:
+    """What one slot holds, as the whole group's row would: `overrides` is the row's entry (`build_group`)."""
+
+    tokens: list[int]
+    masks: list[int]
+    logprobs: list[float]
+    score: float
+    overrides: dict[str, Any]
+
+
+def slot_content(rollout: Rollout) -> SlotContent:
+    """What one slot holds: the rollout's transcript, or the one sequence it recorded (`Session.record_sequence`).
+    A slot is one sequence: 0 or several cannot be posted alone."""
+    timing = timings(rollout.elapsed, rollout.score_s)
     if rollout.external is None:
-        return rollout.tokens, rollout.masks, rollout.logprobs, rollout.score
+        record = {**timing, **transcript_record(rollout)}
+        return SlotContent(rollout.tokens, rollout.masks, rollout.logprobs, rollout.score, record)
     if len(rollout.external) != 1:
         raise ValueError(f"a rollout posted alone (posts_each_rollout) must be one sequence; it recorded "
                          f"{len(rollout.external)}")  # fmt: skip
     (seq,) = rollout.external
-    return seq.tokens, seq.masks, seq.logprobs, float(seq.score)
+    return SlotContent(seq.tokens, seq.masks, seq.logprobs, float(seq.score), {**timing, **seq.overrides})
 
 
 def task_to_wire(env: str, task: Task) -> dict[str, Any]:
@@ -73,12 +86,16 @@ class Poster:
     groups: OpenGroups
     group_id: str
     stats: RunnerStats
+    policy_step: int | None = None
+    """The weights' step its rollouts are generated with (the group's at dispatch; a sibling's: the runner's)."""
     done: dict[int, Rollout] = field(default_factory=dict)
     last: GroupView | None = None
 
     async def __call__(self, slot: int, rollout: Rollout) -> None:
-        tokens, masks, logprobs, score = slot_content(rollout)
-        reply = await self.groups.post(self.group_id, slot, tokens, masks, score=score, inference_logprobs=logprobs)
+        c = slot_content(rollout)
+        reply = await self.groups.post(self.group_id, slot, c.tokens, c.masks, score=c.score,
+                                       inference_logprobs=c.logprobs, policy_step=self.policy_step,
+                                       overrides=c.overrides)  # fmt: skip
         self.done[slot] = rollout
         self.last = reply.group
         if reply.status == "redone":

@@ -432,7 +432,7 @@ class RolloutRunner:
                 try:
                     assert self._executor is not None  # groups are launched once the run started
                     if env.posts_each_rollout:
-                        if (poster := await self._open(i, task, group_id)) is None:
+                        if (poster := await self._open(i, task, group_id, step)) is None:
                             return
                     outcome = await self._executor.run(i, task, group_id, poster)
                 finally:
@@ -492,7 +492,7 @@ class RolloutRunner:
 
     # ------------------------------------------------------------------------------------------- per rollout
 
-    async def _open(self, i: int, task: Task, group_id: str) -> Poster | None:
+    async def _open(self, i: int, task: Task, group_id: str, step: int) -> Poster | None:
         """Open the group on the server (its rollouts are posted as they end); None when it cannot be (counted)."""
         assert self.groups is not None  # an env that posts each rollout: opened in _start
         env = self.envs[i]
@@ -501,7 +501,7 @@ class RolloutRunner:
                                   task=task_to_wire(env.name, task))  # fmt: skip
         if await self._on_server(i, group_id, "opened", opened) is None:
             return None
-        return Poster(self.groups, group_id, self.stats)
+        return Poster(self.groups, group_id, self.stats, step)
 
     async def _on_server(self, i: int, group_id: str, doing: str, call: Awaitable[T]) -> tuple[T] | None:
         """`call`'s answer (in a 1-tuple, as it may be None), or None when the server could not be reached or

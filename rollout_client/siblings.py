@@ -74,16 +74,18 @@ class SiblingSlots:
                         continue
                     self.holds.take(lease.group_id)
                     key = f"{lease.group_id}#{lease.slot}"
-                    handle = asyncio.create_task(self._one(i, wire[1], lease.group_id, lease.slot, key), name=key)
-                    self.in_flight.add(key, Group(handle, i, 1, self.policy_step()), dispatched=False)
+                    step = self.policy_step()
+                    handle = asyncio.create_task(self._one(i, wire[1], lease.group_id, lease.slot, key, step),
+                                                 name=key)  # fmt: skip
+                    self.in_flight.add(key, Group(handle, i, 1, step), dispatched=False)
             await asyncio.sleep(self.poll_s)
 
-    async def _one(self, i: int, task: Task, group_id: str, slot: int, key: str) -> None:
+    async def _one(self, i: int, task: Task, group_id: str, slot: int, key: str, step: int) -> None:
         """Roll out and post one slot; a failure lets the slot lapse, to be leased again."""
         try:
             rollout = await self.executor.run_slot(i, task, group_id, slot)
             self.rollout_ended(key)
-            await Poster(self.groups, group_id, self.stats)(slot, rollout)
+            await Poster(self.groups, group_id, self.stats, step)(slot, rollout)
             self.stats.sibling_rollouts += 1
         except asyncio.CancelledError:
             raise

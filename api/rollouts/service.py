@@ -90,7 +90,9 @@ def view(row: GroupRow) -> GroupView:
 
 
 def digest(post: RolloutPost) -> str:
-    content = [post.tokens, post.masks, post.inference_logprobs, post.score]
+    content: list[Any] = [post.tokens, post.masks, post.inference_logprobs, post.score]
+    if post.policy_step is not None or post.overrides is not None:  # posts without them digest as before
+        content += [post.policy_step, post.overrides]
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -162,7 +164,7 @@ def post_txn(
         if outcome == rg.REDONE:
             txn.add_counts(COUNTS, {"redone": 1})
         return PostReply(status=outcome, group=view(row)), False
-    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score"})
+    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score", "policy_step", "overrides"})
     _, size = txn.rollouts.open_totals(row.env_id)
     if size + len(data) > settings.rollout_max_open_bytes:
         txn.add_counts(COUNTS, {"refused": 1})
@@ -228,9 +230,13 @@ def group_body(txn: Txn, key: str) -> bytes | None:
         "group_id": key,
         "producer_id": g.producer,
     }
-    for name in ("inference_logprobs",):
-        if all(r[name] is not None for _, r in rollouts):
-            body[name] = [r[name] for _, r in rollouts]
+    if all(r.get("inference_logprobs") is not None for _, r in rollouts):
+        body["inference_logprobs"] = [r["inference_logprobs"] for _, r in rollouts]
+    steps = [r["policy_step"] for _, r in rollouts if r.get("policy_step") is not None]
+    if steps:  # staleness counts from the oldest weights in the group
+        body["policy_step"] = min(steps)
+    if any(r.get("overrides") is not None for _, r in rollouts):
+        body["overrides"] = [r.get("overrides") or {} for _, r in rollouts]
     return json.dumps(body, separators=(",", ":")).encode()
 
 

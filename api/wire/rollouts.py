@@ -42,7 +42,7 @@ class OpenRequest(_Request, _Text):
 class RolloutPost(_Request, _Text):
     """POST /rollouts/post: one rollout of an open group, acknowledged durably."""
 
-    integer_fields = frozenset(["slot", "tokens", "masks"])
+    integer_fields = frozenset(["slot", "tokens", "masks", "policy_step"])
 
     group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
     """The open group it belongs to."""
@@ -58,6 +58,11 @@ class RolloutPost(_Request, _Text):
     """The sampler's logprob of each token, as a group's row."""
     score: float | None = None
     """Its score, when each rollout is scored alone; null: scored at the seal."""
+    policy_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
+    """The step of the weights it was generated with. The sealed group's `policy_step` is the oldest of its
+    rollouts' (staleness counts from it); null for all: the group has none, as a group sent without one."""
+    overrides: dict[str, Any] | None = None
+    """Its record (turns, timings, truncation...): the sealed group's `overrides` entry for it."""
 
 
 class SealRequest(_Request, _Text):

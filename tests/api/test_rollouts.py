@@ -14,7 +14,7 @@ import pytest
 
 from api.config.settings import Settings
 from tests.asgi import serving
-from tests.factories import env, registration
+from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
 
@@ -190,7 +190,7 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
 
     import pyarrow.parquet as pq
 
-    from api.export.stream import Limits, pages, parquet_stream
+    from api.export.stream import ExportLimits, pages, parquet_stream
     from api.http.app import create_app
 
     app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001, "rollout_sweep_every_s": 0.02}))
@@ -226,7 +226,7 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
             assert [(s["slot"], s["producer"]) for s in d["leased"]] == [(0, "p2")]
             assert a["env"] == "math_0" and a["bytes"] > 0 and a["deadline"] is not None
             store = app.state.service.store
-            small = Limits(page_groups=2)
+            small = ExportLimits(page_groups=2)
             assert [len(p.rollouts) async for p in pages("rollouts", store, small)] == [2, 2]
             data = b"".join([chunk async for chunk in parquet_stream("rollouts", store, small)])
             assert pq.read_table(io.BytesIO(data)).to_pylist() == list(rows.values())
@@ -270,3 +270,24 @@ async def test_a_restarted_server_sweeps_the_open_groups_it_finds(settings: Sett
     async with serving(settings, rollout_sweep_every_s=0.02) as c:
         g10 = await settled(c, "g10")  # no rollout route is called by this server: the sweep starts on its own
         assert (g10["state"], g10["done"]) == ("sealed", [0])
+
+
+async def test_a_sealed_group_carries_its_oldest_policy_step_and_each_rollouts_record(settings: Settings) -> None:
+    """Rollouts posted with the weights' step they were generated with and their records: the sealed group's
+    policy_step is the oldest (staleness counts from it) and its overrides hold each rollout's record, as a whole
+    group sent by the runner would."""
+    async with serving(settings) as c:
+        await start(c)
+        for i in range(3):  # the trainer takes three batches: at step 3
+            assert (await c.post("/scored_data", json=group(4, length=6, seed=i))).status_code == 200
+            assert (await c.get("/batch")).json()["batch"] is not None
+        await opened(c, "g9")
+        for slot, step in ((0, 3), (1, 2), (2, 3), (3, 3)):
+            await post(c, {**rollout("g9", slot), "policy_step": step, "overrides": {"num_turns": slot}})
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch is not None and len(batch) == 1
+        by_first = {t[0]: o["num_turns"] for t, o in zip(batch[0]["tokens"], batch[0]["overrides"], strict=True)}
+        assert by_first == {1: 0, 2: 1, 3: 2, 4: 3}
+        (row,) = (await c.get("/ledger/groups/g9")).json()["groups"]
+        assert row["policy_step"] == 2 and row["step"] == 3, row
+        await post(c, {**rollout("g9", 0), "policy_step": 5}, 409)  # another content for an acknowledged slot

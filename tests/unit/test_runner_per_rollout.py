@@ -18,7 +18,7 @@ from rollout_client import Gate, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.env import ExternalSequence
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.execution import GroupExecutor, check_env
-from rollout_client.group import Rollout, rollout_seed
+from rollout_client.group import Rollout, build_group, rollout_seed
 from rollout_client.inflight import Group, InFlight
 from rollout_client.per_rollout import (
     REFUSED,
@@ -45,9 +45,15 @@ def view(state: str) -> GroupView:
 
 
 def test_a_slot_holds_the_transcript_or_its_one_recorded_sequence() -> None:
-    assert slot_content(rollout()) == ([1, 2, 3], [-100, 2, 3], [1.0, -0.5, -0.25], 0.5)
-    seq = ExternalSequence([4, 5], [-100, 5], [1.0, -0.1], 2.0)
-    assert slot_content(rollout([seq])) == ([4, 5], [-100, 5], [1.0, -0.1], 2.0)
+    """As the whole group's row would: its overrides entry is the one `build_group` writes for it."""
+    whole = build_group(Task("t", "p"), [rollout()], [0.5], [0.0], 0.0)
+    c = slot_content(rollout())
+    assert (c.tokens, c.masks, c.logprobs, c.score) == ([1, 2, 3], [-100, 2, 3], [1.0, -0.5, -0.25], 0.5)
+    assert whole.overrides is not None and c.overrides == whole.overrides[0]
+    seq = ExternalSequence([4, 5], [-100, 5], [1.0, -0.1], 2.0, overrides={"judge": "ok"})
+    c = slot_content(rollout([seq]))
+    assert (c.tokens, c.masks, c.logprobs, c.score) == ([4, 5], [-100, 5], [1.0, -0.1], 2.0)
+    assert c.overrides == {"rollout_s": 0.0, "score_s": 0.0, "judge": "ok"}
     for n in (0, 2):
         with pytest.raises(ValueError, match="one sequence"):
             slot_content(rollout([seq] * n))
