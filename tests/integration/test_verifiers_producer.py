@@ -202,7 +202,9 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
             broker = env._pool.life.proc.pid
             runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=G)
             run = asyncio.create_task(runner.run())
-            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "a group's episodes at the workers")
+            # bounded by RUN_S, not HANG_GUARD_S: the worker sets its harness up first (over 60 s under load)
+            at_workers = until_run_s(lambda: [r.traces for r in env.live.values()] == [1] * G)
+            await asyncio.wait_for(at_workers, RUN_S)
             victim = min(pool_workers(broker))
             os.kill(victim, signal.SIGKILL)
             await until(lambda: runner.stats.failed["verifiers"]["pool_worker_died"] == 1, "the group failed")
