@@ -21,6 +21,7 @@ import pytest
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from rollout_client.verifiers_pool import children
+from tests.factories import group
 from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
 from tests.integration.test_runner import drain, start_trainer, until
 from tests.servers import running_server
@@ -105,6 +106,39 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
         assert sum("open" in d for _, d in deltas) == 2 * G and {t for t, _ in deltas} == set(by_word)
     else:
         assert deltas == []
+
+
+async def test_through_the_pool_a_group_in_flight_across_a_sync_carries_both_versions(
+    tmp_path: Path, offline: Path
+) -> None:
+    """Issue 37 through verifiers' pool: the weights of step 1 are announced while a group's episodes are in flight
+    at the pool's workers (`on_new_weights` "continue", the default). That group keeps the stamp it started with
+    and carries [0, 1]; the next group starts on the new weights."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()
+        config = env_config_data()
+        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G,
+                                   workers=2)  # fmt: skip
+        vllm.control(hang_all=True)  # the first group's episodes stay in flight at the pool's workers
+        async with env:
+            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config, cycle=False, limit=2))],
+                                   ExternalInference(), max_in_flight=G)  # fmt: skip
+            run = asyncio.create_task(runner.run())
+            at_workers = until_run_s(lambda: [r.traces for r in env.live.values()] == [1] * G)
+            await asyncio.wait_for(at_workers, RUN_S)  # the worker sets its harness up first
+            # the trainer takes batch 0 (a group of the env posted directly) and announces the weights of step 1
+            filler = group(G, env_id=0, group_id="filler", seed=1)
+            httpx.post(server.url + "/scored_data", json=filler).raise_for_status()
+            assert httpx.get(server.url + "/batch", params={"step": 0}).json()["batch"] is not None
+            httpx.post(server.url + "/weights", json={"step": 1}).raise_for_status()
+            await until(lambda: runner.policy_step == 1, "the runner to follow the announced weights")
+            vllm.control(hang_all=False)
+            stats = await asyncio.wait_for(run, RUN_S)
+        served = drain(server.url)
+    assert stats.accepted == 2 and not stats.failed and not stats.skipped
+    versions = sorted((g["policy_step"], g["generation_params"]["weight_versions"]) for g in served)
+    assert versions == [(0, [0, 1]), (1, [1, 1])]
 
 
 async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
