@@ -11,6 +11,9 @@ import math
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -253,6 +256,39 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
             runner.stop()
             stats = await asyncio.wait_for(run, RUN_S)
     assert stats.accepted >= 1 and dict(stats.failed["verifiers"]) == {"pool_worker_died": 1}
+
+
+def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline: Path) -> None:
+    """docs/bring-your-environment.md's verifiers producer (section 2), as written but for its two addresses and
+    the model (the stand-in's tokenizer directory), run as a script beside the page's taskset module: with
+    `workers=4` verifiers' pool spawns workers that import the script again, which only its `__main__` guard
+    makes work (issue 36: it failed as written). It produces groups until stopped."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bring-your-environment.md").read_text()
+    section = page.split("## 2. A verifiers environment", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    [taskset] = [b for b in blocks if b.startswith("# my_taskset.py")]
+    (tmp_path / "my_taskset.py").write_text(taskset)
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        script = (blocks[0].replace("http://127.0.0.1:9000", vllm.url).replace("http://127.0.0.1:8000", server.url)
+                  .replace("Qwen/Qwen3-0.6B", str(offline)))  # fmt: skip
+        (tmp_path / "produce.py").write_text(script)
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ['PYTHONPATH']}"}
+        with (tmp_path / "produce.log").open("wb") as log:
+            proc = subprocess.Popen([sys.executable, str(tmp_path / "produce.py")], cwd=tmp_path, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + RUN_S
+            while httpx.get(server.url + "/status").json()["queue_size"] < 1:
+                assert proc.poll() is None, (tmp_path / "produce.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (tmp_path / "produce.log").read_text()[-3000:]
+                time.sleep(0.2)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        served = drain(server.url)
+    assert len(served) >= 1 and all(len(g["tokens"]) == 8 for g in served)
+    assert "Error" not in (tmp_path / "produce.log").read_text()
 
 
 def test_the_docs_taskset_is_found_by_its_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
