@@ -3,6 +3,7 @@ shares of envs that go quiet (issue 33). Every store."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -148,6 +149,30 @@ async def test_a_quiet_minimum_share_holds_batches_at_most_the_setting_and_a_tra
     assert reply.status_code == 200 and reply.json()["status"] == "success", reply.text
     envs = {e["name"]: e["connected"] for e in (await quick.get("/dashboard/data", headers=TRAINER)).json()["envs"]}
     assert envs["squatter_0"] is False
+
+
+async def test_a_quiet_minimum_share_s_hold_is_shown_while_it_lasts_and_its_release_logged_once(
+    quick: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the squatter's minimum holds a batch back, /status `min_share_holds`, the dashboard's data and
+    `rollbuf_batch_blocked_seconds` show it; its release is logged once for the episode, however many batches
+    form without it after."""
+    await start(quick, [env("math"), env("squatter", min_batch_allocation=1.0)], headers=RUNNER, batch_size=8)
+    await quick.post("/scored_data_list", json=[group(4, seed=i, group_id=f"g{i}") for i in range(8)], headers=RUNNER)
+    assert (await quick.get("/batch", params={"step": 0}, headers=TRAINER)).json()["batch"] is None
+    status = (await quick.get("/status", headers=TRAINER)).json()
+    assert list(status["min_share_holds"]) == ["squatter_0"] and status["min_share_holds"]["squatter_0"] >= 0
+    metrics = (await quick.get("/metrics", headers=TRAINER)).text
+    assert 'rollbuf_batch_blocked_seconds{env="squatter_0"}' in metrics
+    envs = {e["name"]: e for e in (await quick.get("/dashboard/data", headers=TRAINER)).json()["envs"]}
+    assert "holding_seconds" in envs["squatter_0"] and envs["math_0"]["holding_seconds"] == 0
+    with caplog.at_level(logging.WARNING):
+        for step in range(2):  # released once the hold runs out (0.3 s); the next batch forms without it too
+            body = (await quick.get("/batch", params={"step": step, "wait": 10}, headers=TRAINER)).json()
+            assert body["batch"] is not None
+    released = [r for r in caplog.records if "its minimum no longer holds them" in r.getMessage()]
+    assert len(released) == 1 and "'squatter_0'" in released[0].getMessage()
+    assert (await quick.get("/status", headers=TRAINER)).json()["min_share_releases"] == {"squatter_0": 1}
 
 
 async def test_token_mode_names_a_minimum_share_and_its_stale_drops_as_what_blocks(client: httpx.AsyncClient) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections import Counter
@@ -19,6 +20,7 @@ import uvicorn
 from api.config.settings import Settings
 from api.http.app import create_app
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
+from client_core import outage
 from tests.factories import env, group
 from tests.servers import free_port
 from trainer_client import (
@@ -247,6 +249,46 @@ def test_unreachable_after_n_tries() -> None:
         with pytest.raises(ServerUnreachable, match="unreachable after 2 tries") as exc:
             rb.status()
     assert len(calls) == 2 and exc.value.tries == 2
+
+
+def flaky(refusals: int) -> Any:
+    """A transport that refuses the first `refusals` connections, then answers /status."""
+    calls = itertools.count()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if next(calls) < refusals:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json={"current_step": 3, "queue_size": 0})
+
+    return handle
+
+
+def test_a_server_outage_is_logged_with_its_end(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36: neither client logged while the server did not answer (retries are silent). The trainer client
+    tells an outage (here from its first refusal: AFTER_S 0) and its end."""
+    monkeypatch.setattr(outage, "AFTER_S", 0.0)
+    http = httpx.Client(transport=httpx.MockTransport(flaky(2)))
+    with caplog.at_level(logging.WARNING), TrainerClient("http://down", http_client=http, tries=5) as rb:
+        assert rb.status().current_step == 3
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("rollbuf server http://down unreachable for 0 s, retrying: GET /status" in m for m in lines) == 1
+    assert sum("rollbuf server http://down reachable again after" in m for m in lines) == 1
+
+
+@pytest.mark.anyio
+async def test_the_async_client_logs_an_outage_and_its_end(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outage, "AFTER_S", 0.0)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(flaky(2)))
+    with caplog.at_level(logging.WARNING):
+        async with AsyncTrainerClient("http://down", http_client=http, tries=5) as rb:
+            assert (await rb.status()).current_step == 3
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("rollbuf server http://down unreachable for 0 s, retrying: GET /status" in m for m in lines) == 1
+    assert sum("rollbuf server http://down reachable again after" in m for m in lines) == 1
 
 
 def test_503_is_retried_after_retry_after() -> None:

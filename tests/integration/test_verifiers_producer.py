@@ -11,6 +11,9 @@ import math
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from rollout_client.verifiers_pool import POOL_START_S, children
 from rollout_client.verifiers_tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
+from tests.factories import group
 from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, until
 from tests.servers import running_server
@@ -108,6 +112,39 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
         assert sum("open" in d for _, d in deltas) == 2 * G and {t for t, _ in deltas} == set(by_word)
     else:
         assert deltas == []
+
+
+async def test_through_the_pool_a_group_in_flight_across_a_sync_carries_both_versions(
+    tmp_path: Path, offline: Path
+) -> None:
+    """Issue 37 through verifiers' pool: the weights of step 1 are announced while a group's episodes are in flight
+    at the pool's workers (`on_new_weights` "continue", the default). That group keeps the stamp it started with
+    and carries [0, 1]; the next group starts on the new weights."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=G)
+        httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()
+        config = env_config_data()
+        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G,
+                                   workers=2)  # fmt: skip
+        vllm.control(hang_all=True)  # the first group's episodes stay in flight at the pool's workers
+        async with env:
+            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config, cycle=False, limit=2))],
+                                   ExternalInference(), max_in_flight=G)  # fmt: skip
+            run = asyncio.create_task(runner.run())
+            at_workers = until_run_s(lambda: [r.traces for r in env.live.values()] == [1] * G)
+            await asyncio.wait_for(at_workers, RUN_S)  # the worker sets its harness up first
+            # the trainer takes batch 0 (a group of the env posted directly) and announces the weights of step 1
+            filler = group(G, env_id=0, group_id="filler", seed=1)
+            httpx.post(server.url + "/scored_data", json=filler).raise_for_status()
+            assert httpx.get(server.url + "/batch", params={"step": 0}).json()["batch"] is not None
+            httpx.post(server.url + "/weights", json={"step": 1}).raise_for_status()
+            await until(lambda: runner.policy_step == 1, "the runner to follow the announced weights")
+            vllm.control(hang_all=False)
+            stats = await asyncio.wait_for(run, RUN_S)
+        served = drain(server.url)
+    assert stats.accepted == 2 and not stats.failed and not stats.skipped
+    versions = sorted((g["policy_step"], g["generation_params"]["weight_versions"]) for g in served)
+    assert versions == [(0, [0, 1]), (1, [1, 1])]
 
 
 async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
@@ -256,6 +293,39 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
             runner.stop()
             stats = await asyncio.wait_for(run, RUN_S)
     assert stats.accepted >= 1 and dict(stats.failed["verifiers"]) == {"pool_worker_died": 1}
+
+
+def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline: Path) -> None:
+    """docs/bring-your-environment.md's verifiers producer (section 2), as written but for its two addresses and
+    the model (the stand-in's tokenizer directory), run as a script beside the page's taskset module: with
+    `workers=4` verifiers' pool spawns workers that import the script again, which only its `__main__` guard
+    makes work (issue 36: it failed as written). It produces groups until stopped."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bring-your-environment.md").read_text()
+    section = page.split("## 2. A verifiers environment", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    [taskset] = [b for b in blocks if b.startswith("# my_taskset.py")]
+    (tmp_path / "my_taskset.py").write_text(taskset)
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        script = (blocks[0].replace("http://127.0.0.1:9000", vllm.url).replace("http://127.0.0.1:8000", server.url)
+                  .replace("Qwen/Qwen3-0.6B", str(offline)))  # fmt: skip
+        (tmp_path / "produce.py").write_text(script)
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ['PYTHONPATH']}"}
+        with (tmp_path / "produce.log").open("wb") as log:
+            proc = subprocess.Popen([sys.executable, str(tmp_path / "produce.py")], cwd=tmp_path, env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + RUN_S
+            while httpx.get(server.url + "/status").json()["queue_size"] < 1:
+                assert proc.poll() is None, (tmp_path / "produce.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (tmp_path / "produce.log").read_text()[-3000:]
+                time.sleep(0.2)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        served = drain(server.url)
+    assert len(served) >= 1 and all(len(g["tokens"]) == 8 for g in served)
+    assert "Error" not in (tmp_path / "produce.log").read_text()
 
 
 def test_the_docs_taskset_is_found_by_its_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
