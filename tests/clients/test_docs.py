@@ -1,4 +1,5 @@
-"""The Python examples in docs/trainer-client.md, docs/binary-format.md and docs/agentic.md run as written."""
+"""The Python examples in docs/trainer-client.md, docs/binary-format.md, docs/agentic.md and docs/trl.md (its resume
+rule) run as written."""
 
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def test_agentic_example_prints_what_the_page_says(capsys: pytest.CaptureFixture
     printed = page.split("prints\n\n```\n", 1)[1].split("```", 1)[0]
     exec(compile(example, "agentic.md", "exec"), {"__name__": "agentic_example"})
     assert capsys.readouterr().out == printed
+
+
+def test_trl_resume_picks_the_highest_committed_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/trl.md's resume rule: the highest `checkpoint-N` with `rollbuf_state.json`, in numeric order (10 > 8);
+    a newer one a kill left without it is skipped, and none at all resumes from scratch (None)."""
+    [example] = [b for b in python_blocks("trl.md") if "last_checkpoint_or_None =" in b]
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {}
+    exec(compile(example, "trl.md", "exec"), scope)
+    assert scope["last_checkpoint_or_None"] is None
+    for n, committed in ((2, True), (8, True), (10, True), (12, False)):
+        (tmp_path / "out" / f"checkpoint-{n}").mkdir(parents=True)
+        if committed:
+            (tmp_path / "out" / f"checkpoint-{n}" / "rollbuf_state.json").write_text("{}")
+    exec(compile(example, "trl.md", "exec"), scope)
+    assert scope["last_checkpoint_or_None"] == str(Path("out") / "checkpoint-10")

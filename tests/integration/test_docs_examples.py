@@ -11,20 +11,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from api.wire.records import MSGPACK, encode_submission, encode_submission_list
+from tests.factories import group
 from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import start_trainer
 from tests.integration.test_runner_faults import finish
 from tests.servers import running_server
+from trainer_client.protocol import registration
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
+    "read_ahead_trainer.py": "training.md",
     "sandboxed_pool.py": "rollout-client.md",
     "submit_groups.py": "rollout-client.md",
     "sums.py": "rollout-client.md",
+    "sync_trainer.py": "rollout-client.md",
+    "weight_sync_trainer.py": "trainer-client.md",
 }
 """Each example, and the page that shows it in a python block."""
 
@@ -111,3 +118,39 @@ def test_bring_your_environment_sums_runs_as_written(tmp_path: Path) -> None:
 
         stats = asyncio.run(produce())
     assert stats.accepted == 2 and stats.failed_total == 0
+
+
+def scored_groups(url: str, groups: int, **register: Any) -> None:
+    """The run registered as the example registers it, and `groups` scored groups of 4 queued for its batches."""
+    body = encode_submission_list(encode_submission(**group(4, env_id=None, seed=g)) for g in range(groups))
+    with httpx.Client(base_url=url) as http:
+        assert http.post("/register", json=registration(starting_step=0, **register)).status_code == 200
+        assert http.post("/scored_data_list", content=body, headers={"Content-Type": MSGPACK}).status_code == 200
+
+
+def test_the_read_ahead_trainer_resumes_at_its_checkpoint_as_written(tmp_path: Path) -> None:
+    """docs/training.md's trainer that reads ahead: a first run trains 3 steps (its loader read past them) and
+    checkpoints and commits only step 2; run again, it resumes at 2 and gets batch 2 again, the same batch, then
+    3 to 5: nothing skipped for the read-ahead, nothing the checkpoint holds trained twice."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        scored_groups(server.url, 12, batch_size=8, max_token_len=64, acknowledge="commit")
+        first = run_example("read_ahead_trainer.py", tmp_path, ROLLBUF_URL=server.url, NUM_STEPS="3").splitlines()
+        again = run_example("read_ahead_trainer.py", tmp_path, ROLLBUF_URL=server.url, NUM_STEPS="6").splitlines()
+    assert [line.split(":")[0] for line in first] == ["step 0", "step 1", "step 2"], first
+    assert [line.split(":")[0] for line in again] == ["step 2", "step 3", "step 4", "step 5"], again
+    assert again[0] == first[2] and all(" 8 sequences" in line for line in first + again)
+
+
+def test_the_weight_sync_trainer_announces_each_sync_as_written(tmp_path: Path) -> None:
+    """docs/trainer-client.md's weight sync: two batches, each followed by a sync that begins, finds no drain
+    producer to wait for, pushes and announces; the server then has the weights of step 2 live."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        scored_groups(server.url, 4, batch_size=8, max_token_len=64)
+        out = run_example("weight_sync_trainer.py", tmp_path, ROLLBUF_URL=server.url)
+        assert httpx.get(server.url + "/status").json()["weights_step"] == 2
+    assert out.splitlines() == [
+        "pushed the weights for step 1",
+        "step 0: drained True, weights of step 1 live",
+        "pushed the weights for step 2",
+        "step 1: drained True, weights of step 2 live",
+    ]
