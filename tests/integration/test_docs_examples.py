@@ -31,6 +31,7 @@ EXAMPLES = {
     "submit_groups.py": "rollout-client.md",
     "sums.py": "rollout-client.md",
     "sync_trainer.py": "rollout-client.md",
+    "vllm_sampling.py": "training.md",
     "weight_sync_trainer.py": "trainer-client.md",
 }
 """Each example, and the page that shows it in a python block."""
@@ -132,7 +133,9 @@ def test_the_read_ahead_trainer_resumes_at_its_checkpoint_as_written(tmp_path: P
     """docs/training.md's trainer that reads ahead: a first run trains 3 steps (its loader read past them) and
     checkpoints and commits only step 2; run again, it resumes at 2 and gets batch 2 again, the same batch, then
     3 to 5: nothing skipped for the read-ahead, nothing the checkpoint holds trained twice."""
-    with running_server("memory://", tmp_path / "s.log") as server:
+    # The second run ends with its loader long-polling for batch 6; the server waits out such a request (its
+    # client gone) for shutdown_timeout when it stops: 1 s, not 5, for this test.
+    with running_server("memory://", tmp_path / "s.log", "--shutdown-timeout", "1") as server:
         scored_groups(server.url, 12, batch_size=8, max_token_len=64, acknowledge="commit")
         first = run_example("read_ahead_trainer.py", tmp_path, ROLLBUF_URL=server.url, NUM_STEPS="3").splitlines()
         again = run_example("read_ahead_trainer.py", tmp_path, ROLLBUF_URL=server.url, NUM_STEPS="6").splitlines()
@@ -154,3 +157,14 @@ def test_the_weight_sync_trainer_announces_each_sync_as_written(tmp_path: Path) 
         "pushed the weights for step 2",
         "step 1: drained True, weights of step 2 live",
     ]
+
+
+def test_the_vllm_sampling_example_produces_as_written(tmp_path: Path) -> None:
+    """docs/training.md's sampling through `OpenAIPolicy` with worker processes, against the stand-in inference
+    server: every group accepted (as the page had it, an OpenAIPolicy given to a runner with workers failed
+    the run as it started: "cannot pickle '_thread.RLock' object")."""
+    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+        start_trainer(server.url, batch_size=8)
+        out = run_example("vllm_sampling.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
+                          MAX_GROUPS="2")  # fmt: skip
+        assert out.strip() == "2 groups accepted, 0 failed"
