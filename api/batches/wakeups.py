@@ -22,6 +22,16 @@ class Wakeups:
         """Changes so far: a waiter compares it with the count before its last try."""
         self._waiters: dict[asyncio.Future[bool], None] = {}
         """Those still waiting, oldest first (a dict: one that leaves is removed in O(1))."""
+        self.closed = False
+        """The process is stopping: nobody waits (a long-poll would hold the graceful shutdown to its end)."""
+
+    def close(self) -> None:
+        """The process is stopping: wake every waiter, and none waits again; each answers what it has now."""
+        self.closed = True
+        waiting, self._waiters = self._waiters, {}
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(True)
 
     def changed(self) -> None:
         """Something a batch may now be formed from: wake one waiter to try."""
@@ -46,6 +56,8 @@ class Wakeups:
     async def wait(self, timeout: float) -> int | None:
         """Until woken (None) or `timeout` seconds: then the count of changes when it stopped waiting. Changes
         before that woke another waiter (theirs to try); only a later one is still this waiter's to see."""
+        if self.closed:
+            return self.count
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[bool] = loop.create_future()
         self._waiters[waiter] = None

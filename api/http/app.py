@@ -25,6 +25,7 @@ from api.http.frontdoor import Door, FrontDoor
 from api.http.inflight import BodyBudget
 from api.http.middleware import ObserveRequests
 from api.http.openapi import declare_limits, drop_auth
+from api.http.stopping import on_stop_signal
 from api.ingest.queue_limits import QueueLimits
 from api.ledger.drop_bias import Thresholds
 from api.ledger.drop_bias_watch import BiasWatch
@@ -72,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             rollout_sweep=built(SweepSettings, settings),
         )
         await service.start()
+        restore_signals = on_stop_signal(service.wakeups.close)  # long-polls answered at once on a stop
         log.info("rollbuf store: %s", store.url)  # without its password
         log_keys(settings, app.state.door.keys)
         stats_logger = None
@@ -82,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            restore_signals()
             if stats_logger is not None:
                 await stats_logger.close()
             try:

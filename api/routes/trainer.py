@@ -148,7 +148,7 @@ async def batch(
                 why = result.reason or service.stall_reason or "no data"
                 log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which, why, more)
         remaining = deadline - now
-        if remaining <= 0:
+        if remaining <= 0 or wakeups.closed:  # the deadline, or the server is stopping: answer what there is
             if wakeups.count != tried_at:
                 wakeups.pass_on()  # a change since its last try or its wait ended: the next waiter tries it
             if result.read_ahead:  # not now: a commit ends it (clients retry a 503; a 4xx they would not)
@@ -160,6 +160,8 @@ async def batch(
         if wakeups.count == tried_at:
             with WAITING_LONG_POLLS.track_inprogress():
                 seen = await wakeups.wait(min(remaining, warn_at - now, max(0.0, recheck_at - now)))
+            if wakeups.closed:
+                continue  # answered above, with what the last try found
             if seen is not None:  # not woken: the changes it slept through woke another waiter, theirs to try
                 tried_at = seen
                 if time.monotonic() < recheck_at:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,5 +125,43 @@ def test_kill_9_mid_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
             retried, _ = drain(c, step)
         assert not set(retried) & set(stored), "a retried group was stored twice"
         assert set(stored) | set(retried) >= set(attempted)
+    finally:
+        server.kill()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stop_answers_waiting_long_polls_at_once(tmp_path: Path, workers: int) -> None:
+    """SIGTERM while trainers long-poll `/batch?wait=`: each is answered (no batch) as the server stops, and the
+    process exits without waiting out `--shutdown-timeout` (uvicorn waited for them to its end, then cut them
+    off unanswered with an error line). Every worker process hears the signal (`--workers 2`)."""
+    log = tmp_path / "server.log"
+    store = f"sqlite:///{tmp_path / 'rollbuf.db'}"  # a store the worker processes share
+    server = start_server(store, log, None, "--shutdown-timeout", "120", "--workers", str(workers))
+    try:
+        with httpx.Client(base_url=server.url, timeout=180) as c:
+            assert c.post("/register", json=registration(batch_size=8)).status_code == 200
+            replies: list[httpx.Response | BaseException] = []
+
+            def poll() -> None:
+                try:
+                    with httpx.Client(base_url=server.url, timeout=180) as own:
+                        replies.append(own.get("/batch", params={"wait": 60}))
+                except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                    replies.append(exc)
+
+            pollers = [threading.Thread(target=poll) for _ in range(3)]
+            for t in pollers:
+                t.start()
+            deadline = time.monotonic() + 30
+            while "rollbuf_waiting_long_polls 3.0" not in c.get("/metrics").text:
+                assert time.monotonic() < deadline, "the long-polls never waited"
+                time.sleep(0.05)  # polling interval
+        server.kill(signal.SIGTERM)  # reaps it (bounded: 30 s, well under the 120 s shutdown timeout)
+        for t in pollers:
+            t.join(timeout=30)
+        assert len(replies) == 3 and all(isinstance(r, httpx.Response) for r in replies), replies
+        assert all(r.status_code == 200 and not r.json()["batch"] for r in replies if isinstance(r, httpx.Response))
+        assert server.proc.returncode in (0, -signal.SIGTERM), log.read_text()  # uvicorn re-raises the signal
+        assert "timeout graceful shutdown exceeded" not in log.read_text()
     finally:
         server.kill()
