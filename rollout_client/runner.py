@@ -52,7 +52,7 @@ from rollout_client.tasks import TaskSource, next_task_unless
 from rollout_client.timeouts import GROUP_S, Timeouts
 from rollout_client.watching import Monitor, Sight, held_back
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
-from rollout_client.workers import WorkerPool
+from rollout_client.workers import WorkerPool, check_picklable
 
 log = logging.getLogger("rollout_client.runner")
 T = TypeVar("T")
@@ -106,6 +106,8 @@ class RolloutRunner:
             check_env(env, max_in_flight)
             if (hint := spread_hint(env, max_in_flight, num_workers)) is not None:
                 log.warning("%s", hint)
+        if num_workers > 0:  # at once, naming what does not pickle and the fix (not at the first spawn, in run())
+            check_picklable([e for e, _ in envs], policy)
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]

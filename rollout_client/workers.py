@@ -26,6 +26,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -76,6 +77,33 @@ class _Worker:
         return sum(self.jobs.values())
 
 
+def check_picklable(envs: Sequence[Environment], policy: PolicySpec) -> None:
+    """Refuse, before any process starts, what cannot be sent to a worker, saying what to pass instead: the
+    spawn's own error ("cannot pickle '_thread.RLock' object") named neither the object nor the fix."""
+    for what, obj, fix in [
+        *(
+            (
+                f"env {e.name!r}",
+                e,
+                "keep live clients and pools out of its attributes (build them in "
+                "worker_setup), or run with num_workers=0",
+            )
+            for e in envs
+        ),  # fmt: skip
+        (
+            "the policy",
+            policy,
+            "pass a zero-argument factory instead, e.g. functools.partial(OpenAIPolicy, ...): "
+            "each worker builds its own",
+        ),  # fmt: skip
+    ]:
+        try:
+            pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - what pickle raises varies by object (TypeError, PicklingError...)
+            raise TypeError(f"with num_workers > 0, {what} is sent to each worker process and must pickle, but it "
+                            f"does not ({exc}): {fix}") from exc  # fmt: skip
+
+
 class WorkerPool:
     """`n` worker processes started with `spawn` (no inherited threads or event loop state)."""
 
@@ -88,6 +116,7 @@ class WorkerPool:
         recycle: RecyclePolicy = RecyclePolicy(),  # noqa: B008 (frozen)
     ) -> None:
         self._ctx = multiprocessing.get_context("spawn")
+        check_picklable(envs, policy)
         self._args = (list(envs), policy, limits, recycle)
         self._envs = list(envs)
         self._n = n
