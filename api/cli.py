@@ -88,20 +88,19 @@ class Serve(Settings):
     def cli_cmd(self) -> None:
         settings = Settings.model_validate(self.model_dump())
         check_store(settings.store)
-        logging = log_config(settings.log_level, settings.log_format)
+        serving: dict[str, Any] = {
+            "host": settings.host,
+            "port": settings.port,
+            "log_level": settings.log_level,
+            "log_config": log_config(settings.log_level, settings.log_format),
+            "timeout_graceful_shutdown": settings.shutdown_timeout,
+            "http": PROTOCOL,
+            "timeout_keep_alive": settings.keepalive_timeout,
+        }
         if settings.workers == 1:
             from api.http.app import create_app
 
-            uvicorn.run(
-                create_app(settings),
-                host=settings.host,
-                port=settings.port,
-                log_level=settings.log_level,
-                log_config=logging,
-                timeout_graceful_shutdown=settings.shutdown_timeout,
-                http=PROTOCOL,
-                timeout_keep_alive=settings.keepalive_timeout,
-            )
+            uvicorn.run(create_app(settings), **serving)
             return
         # Worker processes import the app factory and read their settings from the environment; their
         # Prometheus timings go to files in one directory, summed by whichever worker is scraped.
@@ -110,18 +109,7 @@ class Serve(Settings):
         if not os.environ.get(MULTIPROC_ENV):
             own_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollbuf-metrics-")
         try:
-            uvicorn.run(
-                "api.http.app:create_app",
-                factory=True,
-                host=settings.host,
-                port=settings.port,
-                workers=settings.workers,
-                log_level=settings.log_level,
-                log_config=logging,
-                timeout_graceful_shutdown=settings.shutdown_timeout,
-                http=PROTOCOL,
-                timeout_keep_alive=settings.keepalive_timeout,
-            )
+            uvicorn.run("api.http.app:create_app", factory=True, workers=settings.workers, **serving)
         finally:
             if own_dir:
                 shutil.rmtree(own_dir, ignore_errors=True)

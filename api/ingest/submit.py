@@ -145,24 +145,34 @@ def check_capacity(
         adds = QueueCounts(1, 1, s.record.seqs, s.record.n_tokens, len(s.payload))
         per_env[env_id] = per_env.get(env_id, QueueCounts()) + adds
     add = sum(per_env.values(), QueueCounts())
-    full = None
-    if lim.max_groups is not None and total.groups + add.groups > lim.max_groups:
-        full = f"the queue holds {total.groups} groups; the limit is {lim.max_groups}"
-    elif lim.max_tokens is not None and total.tokens + add.tokens > lim.max_tokens:
-        full = f"the queue holds {total.tokens} tokens; the limit is {lim.max_tokens}"
-    elif lim.max_bytes is not None and total.bytes + add.bytes > lim.max_bytes:
-        full = f"the queue holds {total.bytes} bytes; the limit (max_queue_bytes) is {lim.max_bytes}"
-    else:
-        for env_id, more in per_env.items():
-            have = stored.get(env_id, QueueCounts())
-            if lim.max_env_groups is not None and have.groups + more.groups > lim.max_env_groups:
-                full = f"env {env_id} has {have.groups} groups queued; the limit is {lim.max_env_groups}"
-            elif lim.max_env_tokens is not None and have.tokens + more.tokens > lim.max_env_tokens:
-                full = f"env {env_id} has {have.tokens} tokens queued; the limit is {lim.max_env_tokens}"
-            elif lim.max_env_bytes is not None and have.bytes + more.bytes > lim.max_env_bytes:
-                full = f"env {env_id} has {have.bytes} bytes queued; the limit is {lim.max_env_bytes}"
+    whole = (
+        (lim.max_groups, "groups", "max_queue_groups"),
+        (lim.max_tokens, "tokens", "max_queue_tokens"),
+        (lim.max_bytes, "bytes", "max_queue_bytes"),
+    )
+    one = (
+        (lim.max_env_groups, "groups", "max_env_queue_groups"),
+        (lim.max_env_tokens, "tokens", "max_env_queue_tokens"),
+        (lim.max_env_bytes, "bytes", "max_env_queue_bytes"),
+    )
+    full = _over("the queue holds", total, add, whole) or next(
+        (why for env_id, more in per_env.items()
+         if (why := _over(f"env {env_id} has", stored.get(env_id, QueueCounts()), more, one, " queued"))),
+        None,
+    )  # fmt: skip
     if full:
         raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
+
+
+def _over(
+    who: str, have: QueueCounts, more: QueueCounts, bounds: tuple[tuple[int | None, str, str], ...], where: str = ""
+) -> str | None:
+    """The first bound (limit, unit, setting) that `have + more` passes, said as "<who> 5 groups<where>; ..."."""
+    for limit, unit, name in bounds:
+        held = getattr(have, unit)
+        if limit is not None and held + getattr(more, unit) > limit:
+            return f"{who} {held} {unit}{where}; the limit ({name}) is {limit}"
+    return None
 
 
 def enqueue(txn: Txn, env_id: int, seqs: int, tokens: int, step: int, payload: bytes) -> int:

@@ -51,7 +51,7 @@ async def test_held_groups_count_against_the_queue_limits(settings: Settings) ->
             assert (await c.post("/scored_data", json=group(3, seed=seed))).json()["status"] == "buffered"
         assert (await c.post("/scored_data", json=group(4, seed=5))).status_code == 200
         full = await c.post("/scored_data", json=group(4, seed=6))
-        assert full.status_code == 503 and "the queue holds 3 groups; the limit is 3" in full.text
+        assert full.status_code == 503 and "the queue holds 3 groups; the limit (max_queue_groups) is 3" in full.text
         env_status = (await c.get("/status-env", params={"env_id": 0})).json()
         assert env_status["queue_capacity_groups"] == 0 and env_status["self_queue_size"] == 1
 
