@@ -2,20 +2,28 @@
 on the server as it starts, each rollout is posted as it ends (`Poster`: durable once acknowledged, so a producer
 killed after 60 of 64 loses none of them), and the server seals the group with the G-th; the runner seals it
 itself with its survivors when some failed (`verdict`). Slots of groups whose producer died come back as sibling
-leases (`Holds` tracks those this runner works on). The pure parts are here; the runner does the calls."""
+leases (`Holds` tracks those this runner works on). `Posting` opens and seals the runner's own groups."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from api.wire.rollouts import GroupView
-from rollout_client.env import Task
-from rollout_client.group import Rollout, timings, transcript_record
+from rollout_client.accounting import Tally
+from rollout_client.env import Environment, Task
+from rollout_client.errors import Rejected, RetriesExhausted
+from rollout_client.group import Rollout, needed, timings, transcript_record
 from rollout_client.open_groups import OpenGroups
 from rollout_client.stats import RunnerStats
+from rollout_client.timeouts import GROUP_S
+
+log = logging.getLogger("rollout_client.runner")
+T = TypeVar("T")
 
 STORED = "stored"
 """The group is sealed (or being sealed: the server finishes it): acknowledged, like a stored group."""
@@ -123,3 +131,59 @@ class Holds:
 
     def __len__(self) -> int:
         return sum(self._n.values())
+
+
+@dataclass
+class Posting:
+    """The runner's own per-rollout groups: opened before their rollouts run, sealed once they are all posted.
+    A call the server could not take, or refused, is counted as a whole group's submission is (unsent; rejected,
+    which may end the run: `end`)."""
+
+    groups: OpenGroups
+    envs: Sequence[Environment]
+    env_id: Callable[[int], int | None]
+    """Env `i`'s id on the server (each producer's registration has its own)."""
+    stats: RunnerStats
+    tally: Tally
+    end: Callable[[str, BaseException | None], None]
+    group_timeout: float | None
+
+    async def open(self, i: int, task: Task, group_id: str, step: int) -> Poster | None:
+        """Open the group on the server (its rollouts are posted as they end); None when it cannot be (counted)."""
+        env = self.envs[i]
+        deadline = deadline_s(self.group_timeout, GROUP_S)
+        opened = self.groups.open(group_id, env.group_size, env_id=self.env_id(i), min_group_size=needed(env),
+                                  deadline_s=deadline, task=task_to_wire(env.name, task))  # fmt: skip
+        if await self._on_server(i, group_id, "opened", opened) is None:
+            return None
+        return Poster(self.groups, group_id, self.stats, step)
+
+    async def sealed(self, i: int, group_id: str, poster: Poster) -> bool:
+        """Its rollouts are all posted: sealed by the server with the last (or here, with the survivors); whether
+        it is acknowledged (False: counted as unsent or rejected)."""
+        view = poster.last
+        if verdict(view) == SEAL:
+            if (got := await self._on_server(i, group_id, "sealed", self.groups.seal(group_id))) is None:
+                return False
+            view = got[0]
+        if verdict(view) == REFUSED:
+            why = view.left_out.get("group", "expired") if view is not None else "expired"
+            self._rejected(i, group_id, Rejected(422, f"group {group_id} expired on the server: {why}"))
+            return False
+        return True
+
+    async def _on_server(self, i: int, group_id: str, doing: str, call: Awaitable[T]) -> tuple[T] | None:
+        """`call`'s answer (in a 1-tuple, as it may be None), or None when the server could not be reached or
+        refused it (counted)."""
+        try:
+            return (await call,)
+        except RetriesExhausted as exc:
+            log.warning("group %s of %s not %s: %s", group_id, self.envs[i].name, doing, exc)
+            self.stats.skipped["unsent"] += 1
+        except Rejected as exc:
+            self._rejected(i, group_id, exc)
+        return None
+
+    def _rejected(self, i: int, group_id: str, exc: Rejected) -> None:
+        if stop := self.tally.rejected(i, group_id, exc):
+            self.end(stop, exc)

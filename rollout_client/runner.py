@@ -21,8 +21,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from api.wire.schema import EnvRegistered, EnvStatus, Info
 from rollout_client.accounting import Tally
@@ -36,26 +36,24 @@ from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunF
 from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
 from rollout_client.failures import FailurePolicy
 from rollout_client.following import Beats, Follower, producer_id
-from rollout_client.group import needed
 from rollout_client.inflight import Group, InFlight
 from rollout_client.leased_tasks import lease_token
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
 from rollout_client.open_groups import OpenGroups
 from rollout_client.pacing import pick_env
-from rollout_client.per_rollout import REFUSED, SEAL, Poster, deadline_s, task_to_wire, verdict
+from rollout_client.per_rollout import Poster, Posting
 from rollout_client.recycling import RecyclePolicy
 from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
 from rollout_client.siblings import SiblingSlots
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource, next_task_unless
-from rollout_client.timeouts import GROUP_S, Timeouts
+from rollout_client.timeouts import Timeouts
 from rollout_client.watching import Monitor, Sight, held_back
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
 from rollout_client.workers import WorkerPool, check_picklable
 
 log = logging.getLogger("rollout_client.runner")
-T = TypeVar("T")
 
 POLL_S = 0.2
 """How often /status-env is read per env: backpressure reacts within this, at 5 cheap requests/s per env."""
@@ -163,6 +161,8 @@ class RolloutRunner:
         names the producer of each group)."""
         self.groups: OpenGroups | None = None
         """Per-rollout groups (`Environment.posts_each_rollout`), once the run has started, if an env posts so."""
+        self._posting: Posting | None = None
+        """Opens and seals this runner's own per-rollout groups (with `groups`)."""
 
     # ------------------------------------------------------------------------------------------- control
 
@@ -333,6 +333,8 @@ class RolloutRunner:
         if any(e.posts_each_rollout for e in self.envs):
             self.groups = OpenGroups(self.base_url, api_key=self.client_options.get("api_key"),
                                      producer_id=self.producer_id)  # fmt: skip
+            self._posting = Posting(self.groups, self.envs, lambda i: self.clients[i].env_id, self.stats,
+                                    self._tally, self._end, self.timeouts.group)  # fmt: skip
         self._executor = GroupExecutor(
             self.envs, pool=self.pool, policy=self._policy, limits=self.limits, group_timeout=self.timeouts.group,
             in_flight=self._in_flight, capacity=self._capacity, gate=self._gate, stats=self.stats,
@@ -434,7 +436,8 @@ class RolloutRunner:
                 try:
                     assert self._executor is not None  # groups are launched once the run started
                     if env.posts_each_rollout:
-                        if (poster := await self._open(i, task, group_id, step)) is None:
+                        assert self._posting is not None  # built in _start, with self.groups
+                        if (poster := await self._posting.open(i, task, group_id, step)) is None:
                             return
                     outcome = await self._executor.run(i, task, group_id, poster)
                 finally:
@@ -459,8 +462,8 @@ class RolloutRunner:
             if (produced := self._tally.finished(i, outcome, env.group_size)) is None:
                 return
             self._in_flight.groups[group_id].submitting = True
-            if poster is not None:
-                if not await self._sealed(i, group_id, poster):
+            if poster is not None and self._posting is not None:
+                if not await self._posting.sealed(i, group_id, poster):
                     return
                 self._backpressure.acked(i, len(produced.tokens))
                 self.sources[i].report(task, self._tally.stored(i, task.id, produced, False))
@@ -493,47 +496,6 @@ class RolloutRunner:
             self._changed.set()
 
     # ------------------------------------------------------------------------------------------- per rollout
-
-    async def _open(self, i: int, task: Task, group_id: str, step: int) -> Poster | None:
-        """Open the group on the server (its rollouts are posted as they end); None when it cannot be (counted)."""
-        assert self.groups is not None  # an env that posts each rollout: opened in _start
-        env = self.envs[i]
-        opened = self.groups.open(group_id, env.group_size, env_id=self.clients[i].env_id,
-                                  min_group_size=needed(env), deadline_s=deadline_s(self.timeouts.group, GROUP_S),
-                                  task=task_to_wire(env.name, task))  # fmt: skip
-        if await self._on_server(i, group_id, "opened", opened) is None:
-            return None
-        return Poster(self.groups, group_id, self.stats, step)
-
-    async def _on_server(self, i: int, group_id: str, doing: str, call: Awaitable[T]) -> tuple[T] | None:
-        """`call`'s answer (in a 1-tuple, as it may be None), or None when the server could not be reached or
-        refused it: counted (unsent; rejected, which may end the run), as a whole group's submission is."""
-        try:
-            return (await call,)
-        except RetriesExhausted as exc:
-            log.warning("group %s of %s not %s: %s", group_id, self.envs[i].name, doing, exc)
-            self.stats.skipped["unsent"] += 1
-        except Rejected as exc:
-            if stop := self._tally.rejected(i, group_id, exc):
-                self._end(stop, exc)
-        return None
-
-    async def _sealed(self, i: int, group_id: str, poster: Poster) -> bool:
-        """The runner's rollouts of a per-rollout group are all posted: sealed by the server with the last (or
-        here, with the survivors); whether it is acknowledged (False: counted as unsent or rejected)."""
-        assert self.groups is not None
-        view = poster.last
-        if verdict(view) == SEAL:
-            if (sealed := await self._on_server(i, group_id, "sealed", self.groups.seal(group_id))) is None:
-                return False
-            view = sealed[0]
-        if verdict(view) == REFUSED:
-            why = view.left_out.get("group", "expired") if view is not None else "expired"
-            expired = Rejected(422, f"group {group_id} expired on the server: {why}")
-            if stop := self._tally.rejected(i, group_id, expired):
-                self._end(stop, expired)
-            return False
-        return True
 
     def _siblings(self, groups: OpenGroups) -> SiblingSlots:
         assert self._executor is not None
