@@ -212,6 +212,14 @@ class SnapshotCollector(Collector):
         passed = CounterMetricFamily(
             "rollbuf_batches_passed_over", "Batches that passed over an env's oldest group.", labels=["env"]
         )
+        trimmed = CounterMetricFamily(
+            "rollbuf_sequences_trimmed",
+            'Sequences cut off served groups and left out (no_exact_fill "trim").',
+            labels=["env"],
+        )
+        for name, n in sorted(snap.trimmed.items()):
+            trimmed.add_metric([name], n)
+        yield trimmed
         for e in snap.envs:
             holding.add_metric([e.name], e.holding_seconds)
             released.add_metric([e.name], e.released_shares)

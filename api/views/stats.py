@@ -26,6 +26,10 @@ PASSED_OVER = "passed_over"
 """Counter kinds (`Txn.add_counts`), by env name: a request adds to its env's counters, never reads the others'."""
 SMALLER = "smaller_batches"
 """Counter kind: exact-mode batches of fewer than `batch_size` sequences (`no_exact_fill: "smaller"`), under ""."""
+TRIMMED = "trimmed_sequences"
+"""Counter kind: sequences cut off served groups (`no_exact_fill: "trim"`), left out, by env name; under
+`TRIMMED_BATCHES`' "" the batches that cut any."""
+TRIMMED_BATCHES = "trimmed_batches"
 RELEASED_SHARES = "quiet_shares"
 """Counter kind (`api.batches.formation.QUIET_SHARES`): holds of a minimum allocation released, by env name."""
 SERVED_KEY = "stats:served"
@@ -86,6 +90,12 @@ def count_passed_over(txn: Txn, per_env: dict[str, int], *, smaller: bool) -> No
         txn.add_counts(PASSED_OVER, per_env)
     if smaller:
         txn.add_counts(SMALLER, {"": 1})
+
+
+def count_trimmed(txn: Txn, per_env: dict[str, int]) -> None:
+    """A batch cut these many sequences off its groups, per env: left out, never served."""
+    txn.add_counts(TRIMMED, per_env)
+    txn.add_counts(TRIMMED_BATCHES, {"": 1})
 
 
 def holds(txn: Txn, run: state.RunState, now: float) -> tuple[dict[str, float], dict[str, int]]:
@@ -150,6 +160,8 @@ class Snapshot:
     acknowledge: str = "next"
     envs_total: int = 0
     """Envs in all: those in `envs` and those summed into its `OTHER_ENVS` entry."""
+    trimmed: dict[str, int] = field(default_factory=dict)
+    """Sequences cut off served groups and left out (`no_exact_fill: "trim"`), by env name."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -257,6 +269,7 @@ def snapshot(
         kept_bytes=kept.bytes,
         acknowledge=reg.acknowledge if reg else "next",
         envs_total=len(envs),
+        trimmed=txn.get_counts(TRIMMED),
     )
 
 
