@@ -359,7 +359,8 @@ def _plan_exact(
     groups = sum(len(w.items) for w in active)
     read = " (the oldest, as far as formation looks ahead)" if any(w.more for w in active) else ""
     policy = (
-        "no_exact_fill is 'wait': register no_exact_fill 'smaller' to train on them in batches of fewer sequences"
+        "no_exact_fill is 'wait': register no_exact_fill 'smaller' to train on them in batches of fewer sequences, "
+        "or 'trim' in batches of exactly batch_size with the sequences that do not fit left out"
         if not smaller
         else f"no {'trimmed or ' if spec.no_exact_fill == TRIM else ''}smaller batch meets the minimum allocations "
         "either"

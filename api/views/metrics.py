@@ -217,16 +217,15 @@ class SnapshotCollector(Collector):
             'Sequences cut off served groups and left out (no_exact_fill "trim").',
             labels=["env"],
         )
-        for name, n in sorted(snap.trimmed.items()):
-            trimmed.add_metric([name], n)
-        yield trimmed
         for e in snap.envs:
+            trimmed.add_metric([e.name], e.trimmed)
             holding.add_metric([e.name], e.holding_seconds)
             released.add_metric([e.name], e.released_shares)
             passed.add_metric([e.name], e.passed_over)
         yield holding
         yield released
         yield passed
+        yield trimmed
 
         received = CounterMetricFamily(
             "rollbuf_groups_received", "Groups acknowledged (not duplicates).", labels=["env"]

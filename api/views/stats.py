@@ -137,6 +137,8 @@ class EnvSnapshot:
     """How long its minimum allocation has held batches back (this episode; 0 when it does not)."""
     released_shares: int = 0
     """Episodes in which its minimum held batches back past `quiet_share_seconds` and was released."""
+    trimmed: int = 0
+    """Sequences cut off its served groups and left out (`no_exact_fill: "trim"`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +162,6 @@ class Snapshot:
     acknowledge: str = "next"
     envs_total: int = 0
     """Envs in all: those in `envs` and those summed into its `OTHER_ENVS` entry."""
-    trimmed: dict[str, int] = field(default_factory=dict)
-    """Sequences cut off served groups and left out (`no_exact_fill: "trim"`), by env name."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -221,6 +221,7 @@ def snapshot(
         stats.backpressure[name] = stats.backpressure.get(name, 0) + n
     dropped = state.load_dropped(txn)
     passed = txn.get_counts(PASSED_OVER)
+    trimmed = txn.get_counts(TRIMMED)
     holding, released = holds(txn, run, time.time())
     counts = txn.counts()
     held = txn.held.counts()
@@ -258,10 +259,11 @@ def snapshot(
                 passed_over=passed.get(name, 0),
                 holding_seconds=holding.get(name, 0.0),
                 released_shares=released.get(name, 0),
+                trimmed=trimmed.get(name, 0),
             )
             for env_id, name, weight, group_size, connected, share in shown
         ]
-        + ([_summed(rest, counts, held, stats, dropped, passed, released)] if rest else []),
+        + ([_summed(rest, counts, held, stats, dropped, passed, released, trimmed)] if rest else []),
         wandb_project=reg.wandb_project if reg else None,
         wandb_group=reg.wandb_group if reg else None,
         committed=kept.committed if reg else 0,
@@ -269,7 +271,6 @@ def snapshot(
         kept_bytes=kept.bytes,
         acknowledge=reg.acknowledge if reg else "next",
         envs_total=len(envs),
-        trimmed=txn.get_counts(TRIMMED),
     )
 
 
@@ -281,6 +282,7 @@ def _summed(
     dropped: dict[str, dict[str, int]],
     passed: dict[str, int],
     released: dict[str, int],
+    trimmed: dict[str, int],
 ) -> EnvSnapshot:
     """These envs as one `OTHER_ENVS` entry: counts summed, weight summed, connected if any is."""
     ids = [e[0] for e in envs]
@@ -313,4 +315,5 @@ def _summed(
         dropped=reasons,
         passed_over=total(passed),
         released_shares=total(released),
+        trimmed=total(trimmed),
     )
