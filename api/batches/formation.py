@@ -143,7 +143,7 @@ def batch_txn(
         return BatchWaiting(reason=why, blocked=True, read_ahead=True)
     result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules)
     if isinstance(result, FormedBatch):
-        kept = kept.keep(result.step, len(result.stored))
+        kept = kept.keep(result.step, result.held or len(result.stored))
     if kept != before:
         state.save_kept(txn, kept)
     return result
@@ -365,6 +365,8 @@ def take(
     state.save_blocked(txn, None)
     state.save_step(txn, run.step + 1)
     batch = FormedBatch.build(run.step, n_groups, plan.seqs, tokens, payloads, cuts)
+    if cuts:
+        batch = dataclasses.replace(batch, held=len(batch.prefix()) + sum(map(len, stored)))
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
     row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, tokens,

@@ -93,6 +93,9 @@ async def serve_all(
         reply = await client.get("/batch", params={"step": step}, headers=ACCEPT)
         assert reply.status_code == 200 and reply.headers["content-type"] == MSGPACK
         check_binary(decode_batch(reply.content), batch)
+        shares = [(await client.get("/batch", params={"step": step, "rank": r, "world_size": 2})).json()["batch"]
+                  for r in range(2)]  # fmt: skip
+        assert sum(len(g["tokens"]) for share in shares for g in share) == 256, "rank shares do not cover the cut"
         batches.append(batch)
     raise AssertionError("never drained")
 
