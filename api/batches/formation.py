@@ -26,6 +26,7 @@ from api.batches.planner import (
     scale_shares,
     take_window,
 )
+from api.batches.trim import first_sequences
 from api.config.groups import part, setting
 from api.errors import Conflict, Gone, RollbufError
 from api.ingest.filters import STALE
@@ -142,7 +143,7 @@ def batch_txn(
         return BatchWaiting(reason=why, blocked=True, read_ahead=True)
     result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules)
     if isinstance(result, FormedBatch):
-        kept = kept.keep(result.step, len(result.stored))
+        kept = kept.keep(result.step, result.held or len(result.stored))
     if kept != before:
         state.save_kept(txn, kept)
     return result
@@ -323,11 +324,17 @@ def take(
     start: float = 0.0,
 ) -> tuple[FormedBatch, dict[str, int]]:
     """Pop the planned items and advance the step; with `keep`, the store keeps the batch by reference to
-    the popped payloads (no copy of them), until a later step is asked for. Also returns the sequences
+    the popped payloads (no copy of them), until a later step is asked for. A group the plan cuts
+    (`Plan.trim`) is served with its first sequences only; the store keeps it whole, and the batch's header
+    says how to cut it again when the batch is served again (`FormedBatch.unpack`). Also returns the sequences
     taken per env. The recorder writes the groups' ledger rows as served and the batch's row (`start`:
     `perf_counter` when formation began, `now`: its wall-clock time)."""
-    payloads: list[bytes] = []
+    payloads: list[bytes] = []  # as served
+    stored: list[bytes] = []  # as the store keeps (and retains) them: whole
     order: list[int] = []
+    cuts: dict[int, int] = {}  # record index in the batch: sequences kept (`no_exact_fill: "trim"`)
+    trimmed: dict[str, int] = {}  # sequences cut off, left out, per env
+    tokens = plan.tokens
     n_groups = 0
     groups_by_env: dict[str, int] = {}
     seqs_by_env: dict[str, int] = {}
@@ -337,21 +344,32 @@ def take(
         for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None, retain=books.retain):
             if as_json:
                 check_servable(item.payload, run.step, name)
-            payloads.append(item.payload)
+            payload, seqs = item.payload, item.meta.seqs
+            if (keep_seqs := plan.trim.get(item.meta.item_id)) is not None:
+                payload, cut_tokens = first_sequences(payload, keep_seqs)  # a stored group is one record
+                cuts[n_groups], seqs = keep_seqs, keep_seqs
+                tokens -= cut_tokens
+                trimmed[name] = trimmed.get(name, 0) + item.meta.seqs - keep_seqs
+            payloads.append(payload)
+            stored.append(item.payload)
             order.append(item.meta.item_id)
             n_groups += item.n_groups
             groups_by_env[name] = groups_by_env.get(name, 0) + item.n_groups
-            seqs_by_env[name] = seqs_by_env.get(name, 0) + item.meta.seqs
+            seqs_by_env[name] = seqs_by_env.get(name, 0) + seqs
             age = run.step - item.meta.policy_step
             staleness[age] = staleness.get(age, 0) + item.n_groups
     stats.count_batch(txn, groups_by_env, seqs_by_env, staleness)
+    if cuts:
+        stats.count_trimmed(txn, trimmed)
     state.save_credits(txn, plan.credits)
     state.save_blocked(txn, None)
     state.save_step(txn, run.step + 1)
-    batch = FormedBatch.build(run.step, n_groups, plan.seqs, plan.tokens, payloads)
+    batch = FormedBatch.build(run.step, n_groups, plan.seqs, tokens, payloads, cuts)
+    if cuts:
+        batch = dataclasses.replace(batch, held=len(batch.prefix()) + sum(map(len, stored)))
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
-    row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, plan.tokens,
+    row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, tokens,
                           groups_by_env, seqs_by_env, staleness, committed=not keep)  # fmt: skip
-    books.served(txn, row, payloads)
+    books.served(txn, row, stored)
     return batch, seqs_by_env

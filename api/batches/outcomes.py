@@ -3,10 +3,12 @@ formation (`api/batches/formation.py`) and the trainer's routes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgpack
 
+from api.batches.trim import apply_cuts
 from api.wire.records import msgpack_array_header
 
 
@@ -19,7 +21,8 @@ class Formation:
 
 
 HEADER_MAX = 32
-"""Longest `FormedBatch` header: a msgpack array of three ints (1 + 3 * 9 bytes)."""
+"""Longest `FormedBatch` header of a batch with no group cut: a msgpack array of three ints (1 + 3 * 9 bytes). A
+batch with cut groups (`no_exact_fill: "trim"`) adds a fourth entry, the cuts: read on, a little at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +35,14 @@ class FormedBatch:
     seqs: int
     tokens: int
     stored: bytes
-    """A small msgpack header (groups, sequences, tokens), then `records`: what `Txn.get_batch` returns."""
+    """A small msgpack header (groups, sequences, tokens, and any cuts as `[[record index, sequences kept], ...]`),
+    then `records`: what `Txn.get_batch` returns, with the cuts applied (the store keeps the groups whole)."""
     offset: int
     """Where `records` starts in `stored`."""
     formation: Formation | None = None
+    held: int = 0
+    """Bytes the store keeps for this batch where that is more than `stored` (a cut group is kept whole); 0 where
+    it is `stored`'s length. What the read-ahead bound counts (`api/batches/kept.py`)."""
 
     @property
     def records(self) -> memoryview:
@@ -43,8 +50,21 @@ class FormedBatch:
         return memoryview(self.stored)[self.offset :]
 
     @classmethod
-    def build(cls, step: int, n_groups: int, seqs: int, tokens: int, payloads: list[bytes]) -> FormedBatch:
-        header = msgpack.packb([n_groups, seqs, tokens])
+    def build(
+        cls,
+        step: int,
+        n_groups: int,
+        seqs: int,
+        tokens: int,
+        payloads: list[bytes],
+        cuts: Mapping[int, int] | None = None,
+    ) -> FormedBatch:
+        """`payloads` as served (the cut groups already cut); `cuts`: record index to sequences kept, for the header,
+        so that the batch kept by reference to the whole groups is cut again when it is read back (`unpack`)."""
+        fields: list[object] = [n_groups, seqs, tokens]
+        if cuts:
+            fields.append(sorted([i, keep] for i, keep in cuts.items()))
+        header = msgpack.packb(fields)
         stored = b"".join([header, msgpack_array_header(n_groups), *payloads])
         return cls(step, n_groups, seqs, tokens, stored, len(header))
 
@@ -54,10 +74,25 @@ class FormedBatch:
 
     @classmethod
     def unpack(cls, step: int, data: bytes) -> FormedBatch:
+        """A kept batch as `Txn.get_batch` returns it: the header, then the groups as stored (cut here again)."""
         unpacker = msgpack.Unpacker()
-        unpacker.feed(data[:HEADER_MAX])  # only the header: feeding all of a large batch copied it twice
-        n_groups, seqs, tokens = unpacker.unpack()
-        return cls(step, n_groups, seqs, tokens, data, unpacker.tell())
+        read = HEADER_MAX  # only the header: feeding all of a large batch copied it twice
+        unpacker.feed(data[:read])
+        while True:
+            try:
+                fields = unpacker.unpack()
+                break
+            except msgpack.OutOfData:
+                if read >= len(data):
+                    raise
+                unpacker.feed(data[read : read + 4096])
+                read += 4096
+        n_groups, seqs, tokens = fields[:3]
+        offset = unpacker.tell()
+        if len(fields) > 3:
+            records = apply_cuts(memoryview(data)[offset:], n_groups, {i: keep for i, keep in fields[3]})
+            data = data[:offset] + records
+        return cls(step, n_groups, seqs, tokens, data, offset)
 
 
 @dataclass(slots=True)

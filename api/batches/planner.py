@@ -14,7 +14,8 @@ runs again on that longer window (`NoBatch.look_further`).
 
 An env's oldest item passed over (a newer one of its env taken) becomes *due* `LookAhead.due_after` batches
 later: from then on a batch must hold it, exactly if it can, else under the trainer's `no_exact_fill` policy
-("smaller": the fullest batch under `batch_size` that holds it; "wait": it waits for a fill that holds it).
+("smaller": the fullest batch under `batch_size` that holds it; "trim": whole groups cut to exactly `batch_size`,
+`_trim_fill`; "wait": it waits for a fill that holds it).
 
 Token mode (`max_batch_tokens`): whole items are taken greedily, env with the most credit first, while
 they fit both the sequence and the token budget; see `_plan_tokens` for when such a batch is released.
@@ -39,6 +40,7 @@ env returning after a long pause cannot take over the mix."""
 
 WAIT = "wait"
 SMALLER = "smaller"
+TRIM = "trim"
 WAIT_FOR_ARRIVALS_BATCHES = 2
 """No exact fill among queued groups whose sizes could still add up with more arrivals (6s and 8s towards 64) is
 waited out only while fewer than this many batches' worth are queued: past it, arrivals are evidently not
@@ -61,7 +63,8 @@ class BatchSpec:
     min_fill: float = 0.9
     no_exact_fill: str = SMALLER
     """Exact mode, when no exact fill exists (or none holds a due item): "smaller" forms the fullest batch
-    under `batch_size`, "wait" forms none (docs/batching.md)."""
+    under `batch_size`, "trim" exactly `batch_size` by cutting sequences off a group, "wait" forms none
+    (docs/batching.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,10 @@ class Plan:
     """Per env whose oldest item stays queued while newer ones of its env are taken: that item's id."""
     smaller: bool = False
     """Fewer than `batch_size` sequences in exact mode: no exact fill (holding the due items) existed."""
+    trim: dict[int, int] = field(default_factory=dict)
+    """`no_exact_fill: "trim"`: per item cut, the sequences served (its first ones; the rest are left out).
+    `seqs` counts what is served; `tokens` counts the items whole (the planner knows no per-sequence lengths:
+    `take` counts the cut tokens out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,11 +262,18 @@ def _earn(active: Sequence[EnvWindow], batch_size: int, credits: Mapping[int, fl
     return out
 
 
-def _spend(credits: dict[int, float], take: Mapping[int, Sequence[ItemMeta]], batch_size: int) -> dict[int, float]:
+def _spend(
+    credits: dict[int, float], take: Mapping[int, Sequence[ItemMeta]], batch_size: int, trim: Mapping[int, int]
+) -> dict[int, float]:
     floor = -CREDIT_CAP_BATCHES * batch_size
     for env, items in take.items():
-        credits[env] = max(floor, credits.get(env, 0.0) - _seqs(items))
+        credits[env] = max(floor, credits.get(env, 0.0) - _served(items, trim))
     return credits
+
+
+def _served(items: Iterable[ItemMeta], trim: Mapping[int, int]) -> int:
+    """Sequences served of these items, a cut item counting what is kept of it."""
+    return sum(trim.get(m.item_id, m.seqs) for m in items)
 
 
 def _plan_from(
@@ -267,21 +281,24 @@ def _plan_from(
     credits_now: dict[int, float],
     batch_size: int,
     windows: Sequence[EnvWindow] = (),
+    trim: Mapping[int, int] | None = None,
 ) -> Plan:
+    trim = dict(trim or {})
     chosen = {env: items for env, items in take.items() if items}
     passed = {}
     for w in windows:
         got = chosen.get(w.env_id)
         if got and got[0].item_id != w.items[0].item_id:
             passed[w.env_id] = w.items[0].item_id
-    seqs = sum(_seqs(items) for items in chosen.values())
+    seqs = sum(_served(items, trim) for items in chosen.values())
     return Plan(
         take={env: [m.item_id for m in items] for env, items in chosen.items()},
         seqs=seqs,
         tokens=sum(m.tokens for items in chosen.values() for m in items),
-        credits=_spend(credits_now, chosen, batch_size),
+        credits=_spend(credits_now, chosen, batch_size, trim),
         passed_over=passed,
         smaller=bool(windows) and seqs < batch_size,  # exact mode passes its windows; token mode none
+        trim=trim,
     )
 
 
@@ -307,8 +324,10 @@ def _plan_exact(
     if not looked_further:
         return NoBatch("no exact fill in the window", blocked=False, credits=dict(credits), look_further=True)
     due = [w for w in active if w.due]
-    smaller = spec.no_exact_fill == SMALLER
+    smaller = spec.no_exact_fill in (SMALLER, TRIM)  # "trim" serves a smaller batch where no cut fits (minimums)
     if due:
+        if spec.no_exact_fill == TRIM and (cut := _trim_fill(active, batch_size, credits_now)) is not None:
+            return _plan_from(cut[0], credits_now, batch_size, active, cut[1])
         if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
             return _plan_from(take, credits_now, batch_size, active)
         # "wait": an exact fill without the due items, if there is one (they are passed over again)
@@ -333,14 +352,18 @@ def _plan_exact(
             credits=dict(credits),
             awaiting=available,
         )
+    if spec.no_exact_fill == TRIM and (cut := _trim_fill(active, batch_size, credits_now)) is not None:
+        return _plan_from(cut[0], credits_now, batch_size, active, cut[1])
     if smaller and (take := _subset_fill(active, batch_size, credits_now, exact=False)) is not None:
         return _plan_from(take, credits_now, batch_size, active)
     groups = sum(len(w.items) for w in active)
     read = " (the oldest, as far as formation looks ahead)" if any(w.more for w in active) else ""
     policy = (
-        "no_exact_fill is 'wait': register no_exact_fill 'smaller' to train on them in batches of fewer sequences"
+        "no_exact_fill is 'wait': register no_exact_fill 'smaller' to train on them in batches of fewer sequences, "
+        "or 'trim' in batches of exactly batch_size with the sequences that do not fit left out"
         if not smaller
-        else "no smaller batch meets the minimum allocations either"
+        else f"no {'trimmed or ' if spec.no_exact_fill == TRIM else ''}smaller batch meets the minimum allocations "
+        "either"
     )
     return NoBatch(
         f"no choice of the {groups} queued groups{read} (sizes {sizes}) adds up to exactly batch_size "
@@ -372,6 +395,57 @@ def arrival_that_fills(queued: Sequence[int], batch_size: int) -> str | None:
     if (unbounded >> batch_size) & 1:
         return f"more groups of sizes {sizes}"
     return None
+
+
+def _trim_fill(
+    active: Sequence[EnvWindow], batch_size: int, targets: Mapping[int, float]
+) -> tuple[dict[int, list[ItemMeta]], dict[int, int]] | None:
+    """Exactly `batch_size` sequences by cutting sequences off groups (`no_exact_fill: "trim"`), or None when the
+    minimum allocations leave no way.
+
+    Whole groups are taken as FIFO prefixes per env: first each env's minimum allocation (and its due item), then
+    the env furthest below its credit adds its oldest next group, until the batch holds at least `batch_size`.
+    The excess (fewer sequences than the last group added) is then cut off one group, the newest taken that can
+    lose that many keeping at least one sequence and its env's minimum (without minimums there always is one: the
+    last group added); only where minimums leave none, off the newest taken groups first, each within those
+    bounds. Older groups are served whole, as FIFO would."""
+    take: dict[int, list[ItemMeta]] = {}
+    need = {w.env_id: _required(w, batch_size) for w in active}
+    pos: dict[int, int] = {}
+    for w in active:
+        k = 1 if w.due else 0
+        while k < len(w.items) and _seqs(w.items[:k]) < need[w.env_id]:
+            k += 1
+        if _seqs(w.items[:k]) < need[w.env_id]:
+            return None
+        take[w.env_id], pos[w.env_id] = list(w.items[:k]), k
+    total = sum(_seqs(items) for items in take.values())
+    owed = {w.env_id: targets.get(w.env_id, 0.0) - _seqs(take[w.env_id]) for w in active}
+    by_id = {w.env_id: w for w in active}
+    while total < batch_size:
+        ready = [e for e, w in by_id.items() if pos[e] < len(w.items)]
+        if not ready:
+            return None
+        env = max(ready, key=lambda e: (owed[e], -by_id[e].items[pos[e]].item_id))
+        m = by_id[env].items[pos[env]]
+        take[env].append(m)
+        pos[env] += 1
+        total += m.seqs
+        owed[env] -= m.seqs
+    excess = total - batch_size
+    spare = {e: _seqs(items) - need[e] for e, items in take.items()}
+    newest_first = sorted(((e, m) for e, items in take.items() for m in items), key=lambda x: -x[1].item_id)
+    alone = [(e, m) for e, m in newest_first if min(m.seqs - 1, spare[e]) >= excess]
+    trim: dict[int, int] = {}
+    for env, m in alone[:1] if alone else newest_first:  # one group when one can take the whole cut
+        if excess == 0:
+            break
+        cut = min(excess, m.seqs - 1, spare[env])
+        if cut > 0:
+            trim[m.item_id] = m.seqs - cut
+            spare[env] -= cut
+            excess -= cut
+    return (take, trim) if excess == 0 else None
 
 
 def _prefix_fill(

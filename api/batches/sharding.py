@@ -14,6 +14,7 @@ from typing import Literal
 
 import numpy as np
 
+from api.batches.trim import cut
 from api.wire.records import GroupRecord
 
 Cost = Literal["tokens", "squared"]
@@ -68,21 +69,10 @@ def shard(group_lengths: Sequence[np.ndarray], world_size: int, cost: Cost = "to
 
 
 def subset(rec: GroupRecord, seqs: np.ndarray) -> GroupRecord:
-    """The group restricted to some of its sequences; per-sequence metadata lists are cut to match."""
-    n = rec.seqs
-    starts = np.concatenate([[0], np.cumsum(rec.lengths)[:-1]])
-    index = np.concatenate([np.arange(starts[i], starts[i] + rec.lengths[i]) for i in seqs])
-    meta = {k: ([v[i] for i in seqs] if isinstance(v, list) and len(v) == n else v) for k, v in rec.meta.items()}
-    meta["group_scores"] = rec.scores.tolist()  # so a rank can still normalise advantages over the whole group
-    return replace(
-        rec,
-        lengths=rec.lengths[seqs],
-        tokens=rec.tokens[index],
-        masks=rec.masks[index],
-        scores=rec.scores[seqs],
-        floats={k: v[index] for k, v in rec.floats.items()},
-        meta=meta,
-    )
+    """The group restricted to some of its sequences (`trim.cut`), with the whole group's scores, so that a rank
+    can still normalise advantages over the whole group."""
+    part = cut(rec, seqs)
+    return replace(part, meta={**part.meta, "group_scores": rec.scores.tolist()})
 
 
 def rank_share(records: Sequence[GroupRecord], rank: int, world_size: int, cost: Cost = "tokens") -> list[GroupRecord]:

@@ -212,13 +212,20 @@ class SnapshotCollector(Collector):
         passed = CounterMetricFamily(
             "rollbuf_batches_passed_over", "Batches that passed over an env's oldest group.", labels=["env"]
         )
+        trimmed = CounterMetricFamily(
+            "rollbuf_sequences_trimmed",
+            'Sequences cut off served groups and left out (no_exact_fill "trim").',
+            labels=["env"],
+        )
         for e in snap.envs:
+            trimmed.add_metric([e.name], e.trimmed)
             holding.add_metric([e.name], e.holding_seconds)
             released.add_metric([e.name], e.released_shares)
             passed.add_metric([e.name], e.passed_over)
         yield holding
         yield released
         yield passed
+        yield trimmed
 
         received = CounterMetricFamily(
             "rollbuf_groups_received", "Groups acknowledged (not duplicates).", labels=["env"]

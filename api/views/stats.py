@@ -26,6 +26,10 @@ PASSED_OVER = "passed_over"
 """Counter kinds (`Txn.add_counts`), by env name: a request adds to its env's counters, never reads the others'."""
 SMALLER = "smaller_batches"
 """Counter kind: exact-mode batches of fewer than `batch_size` sequences (`no_exact_fill: "smaller"`), under ""."""
+TRIMMED = "trimmed_sequences"
+"""Counter kind: sequences cut off served groups (`no_exact_fill: "trim"`), left out, by env name; under
+`TRIMMED_BATCHES`' "" the batches that cut any."""
+TRIMMED_BATCHES = "trimmed_batches"
 RELEASED_SHARES = "quiet_shares"
 """Counter kind (`api.batches.formation.QUIET_SHARES`): holds of a minimum allocation released, by env name."""
 SERVED_KEY = "stats:served"
@@ -88,6 +92,12 @@ def count_passed_over(txn: Txn, per_env: dict[str, int], *, smaller: bool) -> No
         txn.add_counts(SMALLER, {"": 1})
 
 
+def count_trimmed(txn: Txn, per_env: dict[str, int]) -> None:
+    """A batch cut these many sequences off its groups, per env: left out, never served."""
+    txn.add_counts(TRIMMED, per_env)
+    txn.add_counts(TRIMMED_BATCHES, {"": 1})
+
+
 def holds(txn: Txn, run: state.RunState, now: float) -> tuple[dict[str, float], dict[str, int]]:
     """Seconds each env's minimum allocation has held batches back so far (this episode), and holds released."""
     held = {run.env_name(e): now - since for e, (since, _) in state.load_quiet(txn).items()}
@@ -127,6 +137,8 @@ class EnvSnapshot:
     """How long its minimum allocation has held batches back (this episode; 0 when it does not)."""
     released_shares: int = 0
     """Episodes in which its minimum held batches back past `quiet_share_seconds` and was released."""
+    trimmed: int = 0
+    """Sequences cut off its served groups and left out (`no_exact_fill: "trim"`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +221,7 @@ def snapshot(
         stats.backpressure[name] = stats.backpressure.get(name, 0) + n
     dropped = state.load_dropped(txn)
     passed = txn.get_counts(PASSED_OVER)
+    trimmed = txn.get_counts(TRIMMED)
     holding, released = holds(txn, run, time.time())
     counts = txn.counts()
     held = txn.held.counts()
@@ -246,10 +259,11 @@ def snapshot(
                 passed_over=passed.get(name, 0),
                 holding_seconds=holding.get(name, 0.0),
                 released_shares=released.get(name, 0),
+                trimmed=trimmed.get(name, 0),
             )
             for env_id, name, weight, group_size, connected, share in shown
         ]
-        + ([_summed(rest, counts, held, stats, dropped, passed, released)] if rest else []),
+        + ([_summed(rest, counts, held, stats, dropped, passed, released, trimmed)] if rest else []),
         wandb_project=reg.wandb_project if reg else None,
         wandb_group=reg.wandb_group if reg else None,
         committed=kept.committed if reg else 0,
@@ -268,6 +282,7 @@ def _summed(
     dropped: dict[str, dict[str, int]],
     passed: dict[str, int],
     released: dict[str, int],
+    trimmed: dict[str, int],
 ) -> EnvSnapshot:
     """These envs as one `OTHER_ENVS` entry: counts summed, weight summed, connected if any is."""
     ids = [e[0] for e in envs]
@@ -300,4 +315,5 @@ def _summed(
         dropped=reasons,
         passed_over=total(passed),
         released_shares=total(released),
+        trimmed=total(trimmed),
     )

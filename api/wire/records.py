@@ -4,7 +4,8 @@ A record is a msgpack map whose per-token fields are raw little-endian arrays (i
 advantages and logprobs as float32, or as float64 where float32 would not hold a field's values exactly)
 over all sequences of the group, with `lengths` to split them. Records
 concatenate: a queue item's payload is N records back to back, and a binary batch is a msgpack array
-header followed by the stored bytes as they are, so serving a batch never re-encodes a payload.
+header followed by the stored bytes as they are, so serving a batch never re-encodes a payload (but for a group
+cut under `no_exact_fill: "trim"`, `api/batches/trim.py`).
 This module imports numpy and msgpack only: the clients use it too.
 """
 

@@ -108,10 +108,12 @@ class Registration(_Request, _Text):
     """Drop groups whose mean score is below this."""
     max_score: float | None = Field(default=None, allow_inf_nan=False)
     """Drop groups whose mean score is above this."""
-    no_exact_fill: Literal["smaller", "wait"] = "smaller"
+    no_exact_fill: Literal["smaller", "trim", "wait"] = "smaller"
     """Exact mode, when no choice of queued groups adds up to exactly `batch_size` (groups of 63 towards 256), or
     none holds a group passed over for `formation_due_after` batches: "smaller" serves the fullest batch of fewer
-    sequences; "wait" serves none (the reply's `blocked_reason` says why). docs/batching.md has the trade-offs."""
+    sequences; "trim" serves exactly `batch_size` by cutting the newest group taken to its first sequences (the
+    rest are left out); "wait" serves none (the reply's `blocked_reason` says why). docs/batching.md has the
+    trade-offs."""
     acknowledge: Literal["next", "commit"] = "next"
     """How served batches are acknowledged (freed). "next" (Atropos): asking for batch N acknowledges every
     batch before it. "commit": `POST /commit` acknowledges them, and batches from the last commit on are served
@@ -236,6 +238,10 @@ class Status(_Wire):
     """Per env name: batches that passed over its oldest group (newer ones of it taken; docs/batching.md)."""
     smaller_batches: int = 0
     """Exact-mode batches of fewer than `batch_size` sequences (`no_exact_fill: "smaller"`)."""
+    trimmed_batches: int = 0
+    """Exact-mode batches that cut sequences off a group to hold exactly `batch_size` (`no_exact_fill: "trim"`)."""
+    trimmed_sequences: dict[str, int] = Field(default_factory=dict)
+    """Per env name: sequences cut off served groups (`no_exact_fill: "trim"`), left out like failed rollouts."""
     min_share_holds: dict[str, float] = Field(default_factory=dict)
     """Per env name: seconds its `min_batch_allocation` has held batches back so far (it queues too little)."""
     min_share_releases: dict[str, int] = Field(default_factory=dict)

@@ -48,12 +48,15 @@ def drain(c: httpx.Client, start: int) -> list[list[dict[str, Any]]]:
     raise AssertionError("never drained")
 
 
-@pytest.mark.parametrize("mode", ["exact", "token_budget"])
+@pytest.mark.parametrize("mode", ["exact", "token_budget", "trim"])
 def test_survivor_groups_all_train(store: str, mode: str, tmp_path: Path) -> None:
     """G=64 with crashed rollouts left out (groups of 59-64), batch 256: in exact mode with its default
-    no_exact_fill ("smaller"), and in token-budget mode (1024 tokens, 4 a sequence), every kept group is trained,
-    each batch within its budgets, while whole groups keep coming for what is left."""
-    budget = {"max_batch_tokens": 1024} if mode == "token_budget" else {}
+    no_exact_fill ("smaller") or with "trim" (every batch exactly 256, what is cut counted), and in token-budget
+    mode (1024 tokens, 4 a sequence), every kept group is trained, each batch within its budgets, while whole
+    groups keep coming for what is left."""
+    budget: dict[str, Any] = {"max_batch_tokens": 1024} if mode == "token_budget" else {}
+    if mode == "trim":
+        budget["no_exact_fill"] = "trim"
     with running_server(store, tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
         assert c.post("/register", json=registration(batch_size=256, max_token_len=64, **budget)).status_code == 200
         c.get("/batch", params={"step": 0})
@@ -77,6 +80,11 @@ def test_survivor_groups_all_train(store: str, mode: str, tmp_path: Path) -> Non
         assert all(sum(len(t) for g in b for t in g["tokens"]) <= 1024 for b in batches)
         if mode == "exact":
             assert any(sum(len(g["tokens"]) for g in b) == 256 for b in batches)
+        if mode == "trim":
+            assert all(sum(len(g["tokens"]) for g in b) == 256 for b in batches)
+            size = {f"g{i}": s for i, s in enumerate(sizes)}
+            cut = sum(size.get(g["group_id"], 64) - len(g["tokens"]) for b in batches for g in b)
+            assert c.get("/status").json()["trimmed_sequences"] == {"math_0": cut} and cut > 0
 
 
 def test_a_squatter_holds_batches_at_most_the_setting_and_a_trainer_key_disconnects_it(

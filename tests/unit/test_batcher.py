@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from api.batches.items import ItemMeta
 from api.batches.planner import (
     SMALLER,
+    TRIM,
     WAIT,
     BatchSpec,
     EnvWindow,
@@ -379,6 +380,117 @@ def test_no_item_is_passed_over_more_than_due_after_batches(seed: int, batch_siz
                 assert step - since < due, f"item {item_id} passed over since step {since}, still queued at {step}"
         passed, credits = age(passed, plan, step), plan.credits
         step += 1
+
+
+# ------------------------------------------------------------------------------- trimming (issue 33, item 2)
+
+
+def check_trimmed(plan: Plan, windows: list[EnvWindow], batch_size: int) -> None:
+    """A plan under "trim": exactly batch_size served, each item once, FIFO prefixes per env, each minimum met
+    after the cut, and the cut exactly the excess of the groups taken, off groups keeping at least one sequence."""
+    got = taken(plan, windows)
+    ids = [i for ids in plan.take.values() for i in ids]
+    assert len(ids) == len(set(ids)), "an item taken twice"
+    sizes = {m.item_id: m.seqs for ms in got.values() for m in ms}
+    assert set(plan.trim) <= set(sizes), "a cut of an item not taken"
+    assert all(1 <= keep < sizes[i] for i, keep in plan.trim.items())
+    served = {i: plan.trim.get(i, n) for i, n in sizes.items()}
+    assert plan.seqs == batch_size == sum(served.values())
+    assert sum(sizes.values()) - sum(served.values()) == sum(sizes[i] - k for i, k in plan.trim.items())
+    for w in windows:
+        mine = [m.item_id for m in got.get(w.env_id, [])]
+        assert mine == [m.item_id for m in w.items[: len(mine)]], "not a FIFO prefix"
+        assert sum(served[i] for i in mine) >= required(w, batch_size), "minimum not met after the cut"
+
+
+@settings(max_examples=400, deadline=None)
+@given(queues())
+def test_trim_serves_exactly_batch_size_whenever_enough_is_queued_and_the_minimums_allow(
+    case: tuple[list[EnvWindow], int],
+) -> None:
+    windows, batch_size = case
+    plan = plan_batch(windows, BatchSpec(batch_size, no_exact_fill=TRIM), {}, arrivals_waited_out=True)
+    available = sum(m.seqs for w in windows for m in w.items)
+    minimums = sum(required(w, batch_size) for w in windows)
+    enough = all(sum(m.seqs for m in w.items) >= required(w, batch_size) for w in windows)
+    if available >= batch_size and minimums <= batch_size and enough:
+        assert isinstance(plan, Plan) and not plan.smaller, plan
+    if not isinstance(plan, Plan):
+        return
+    if brute_force_exists(windows, batch_size, prefix_only=False):
+        assert not plan.trim, "cut although an exact fill of whole groups exists"
+    elif not plan.smaller:
+        check_trimmed(plan, windows, batch_size)
+        if not any(w.min_share for w in windows):  # one group cut: the newest taken that can lose the excess
+            assert len(plan.trim) == 1
+            (cut_id,) = plan.trim
+            excess = sum(m.seqs for ms in taken(plan, windows).values() for m in ms) - batch_size
+            newer = [m for ms in taken(plan, windows).values() for m in ms if m.item_id > cut_id]
+            assert all(m.seqs - 1 < excess for m in newer), "a newer group could have taken the cut"
+
+
+def test_trim_cuts_the_newest_survivor_group_to_fit() -> None:
+    """Survivors of 59-64 towards 256: the four oldest whole, the fifth cut to what is left; all-63s alike."""
+    queue = window(0, [59, 60, 61, 62, 63, 63])
+    plan = plan_batch([queue], BatchSpec(256, no_exact_fill=TRIM), {})
+    assert isinstance(plan, Plan) and plan.seqs == 256 and not plan.smaller
+    assert plan.take[0] == [m.item_id for m in queue.items[:5]] and plan.trim == {queue.items[4].item_id: 14}
+    queue = window(0, [63] * 6)
+    plan = plan_batch([queue], BatchSpec(256, no_exact_fill=TRIM), {})
+    assert isinstance(plan, Plan) and plan.seqs == 256 and plan.trim == {queue.items[4].item_id: 4}
+    assert plan.credits[0] == -256 + 256  # credit spent on what is served (earned 256 with one env)
+
+
+def test_trim_respects_minimum_shares_after_the_cut() -> None:
+    """Two envs each owed half of 256 in groups of 63: three of each, and the cut leaves each exactly 128."""
+    a, b = window(0, [63] * 4, share=0.5), window(1, [63] * 4, share=0.5)
+    plan = plan_batch([a, b], BatchSpec(256, no_exact_fill=TRIM), {})
+    assert isinstance(plan, Plan) and plan.seqs == 256
+    check_trimmed(plan, [a, b], 256)
+    served = {e: sum(plan.trim.get(i, 63) for i in ids) for e, ids in plan.take.items()}
+    assert served == {0: 128, 1: 128}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([64, 256]), st.integers(1, 3))
+def test_trim_serves_every_group_once_batch_after_batch(seed: int, batch_size: int, n_envs: int) -> None:
+    """Formation run batch after batch with survivor-like arrivals under "trim": every batch exactly batch_size,
+    each item served at most once (a cut one is consumed whole), and the queue drained to under a batch."""
+    import random
+
+    rng = random.Random(seed)
+    look = LookAhead()
+    group = batch_size // 4
+    queues: dict[int, list[ItemMeta]] = {e: [] for e in range(n_envs)}
+    served: set[int] = set()
+    credits: dict[int, float] = {}
+    passed: PassedOver = {}
+    for step in range(200):
+        if step >= 30 and sum(m.seqs for q in queues.values() for m in q) < batch_size:
+            break
+        if step < 30:
+            for e in range(n_envs):
+                for _ in range(rng.randint(0, 5)):
+                    queues[e].append(items([rng.randint(group - 5, group)])[0])
+        windows = [
+            EnvWindow(e, f"env{e}", 1.0, 0.0, q, is_due(passed, e, q[0] if q else None, step, look.due_after))
+            for e, q in queues.items()
+        ]
+        plan = form(windows, BatchSpec(batch_size, no_exact_fill=TRIM), credits, look)
+        if isinstance(plan, NoBatch):
+            assert plan.awaiting is not None or sum(len(q) for q in queues.values()) == 0 or not plan.blocked
+            plan = plan_batch(windows, BatchSpec(batch_size, no_exact_fill=TRIM), credits, arrivals_waited_out=True)
+            if isinstance(plan, NoBatch):
+                assert sum(m.seqs for q in queues.values() for m in q) < batch_size, plan
+                continue
+        assert plan.seqs == batch_size and not plan.smaller
+        ids = {i for ids in plan.take.values() for i in ids}
+        assert not ids & served, "an item served twice"
+        served |= ids
+        for e, q in queues.items():
+            queues[e] = [m for m in q if m.item_id not in ids]
+        passed, credits = age(passed, plan, step), plan.credits
+    assert sum(m.seqs for q in queues.values() for m in q) < batch_size
 
 
 # --------------------------------------------------------------------- truthful reasons (issue 33, item 5)
