@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from api.config.groups import setting
@@ -214,43 +214,31 @@ class EnvBias:
 
     def to_status(self) -> dict[str, object]:
         """The fields of /status's `drop_bias` entries (non-finite skews as null: JSON has no infinity)."""
-
-        def finite(x: float | None) -> float | None:
-            return x if x is not None and math.isfinite(x) else None
-
-        return {
-            "env": self.env,
-            "weight_share": self.weight_share,
-            "min_share": self.min_share,
-            "floor": self.floor,
-            "share": self.share,
-            "below_floor_steps": self.below_floor_steps,
-            "trained": self.trained,
-            "dropped": dict(self.dropped),
-            "length_skew": finite(self.length_skew),
-            "reward_skew": finite(self.reward_skew),
-            "flags": list(self.flags),
-        }
+        return self._fields(lambda x: x if x is not None and math.isfinite(x) else None)
 
     def to_json(self) -> dict[str, object]:
-        def num(x: float | None) -> float | str | None:
-            return x if x is None or math.isfinite(x) else ("inf" if x > 0 else "-inf")
-
+        """The dashboard's entry: /status's fields (non-finite skews as "inf" / "-inf"), the last batch's share and
+        the trained and dropped distributions."""
         return {
-            "env": self.env,
-            "weight_share": self.weight_share,
-            "min_share": self.min_share,
-            "floor": self.floor,
-            "share": self.share,
+            **self._fields(lambda x: x if x is None or math.isfinite(x) else ("inf" if x > 0 else "-inf")),
             "last_share": self.last_share,
-            "below_floor_steps": self.below_floor_steps,
-            "trained": self.trained,
-            "dropped": dict(self.dropped),
             "length": {"trained": self.length_trained.to_json(), "dropped": self.length_dropped.to_json()},
             "reward": {"trained": self.reward_trained.to_json(), "dropped": self.reward_dropped.to_json()},
             "latency": {"trained": self.latency_trained.to_json(), "dropped": self.latency_dropped.to_json()},
-            "length_skew": num(self.length_skew),
-            "reward_skew": num(self.reward_skew),
+        }
+
+    def _fields(self, skew: Callable[[float | None], object]) -> dict[str, object]:
+        return {
+            "env": self.env,
+            "weight_share": self.weight_share,
+            "min_share": self.min_share,
+            "floor": self.floor,
+            "share": self.share,
+            "below_floor_steps": self.below_floor_steps,
+            "trained": self.trained,
+            "dropped": dict(self.dropped),
+            "length_skew": skew(self.length_skew),
+            "reward_skew": skew(self.reward_skew),
             "flags": list(self.flags),
         }
 
