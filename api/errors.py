@@ -57,6 +57,9 @@ class InvalidData(RollbufError):
 
 
 class Conflict(RollbufError):
+    """What the request says contradicts what is stored (another content for an acknowledged slot, another spec
+    for an opened group): the same request again cannot succeed."""
+
     status_code = 409
     code = "conflict"
 
@@ -69,22 +72,30 @@ class Forbidden(RollbufError):
 
 
 class NotFound(RollbufError):
+    """What the request names does not exist (a group, a dataset, a ledger row)."""
+
     status_code = 404
     code = "not_found"
 
 
 class Gone(RollbufError):
+    """What the request names existed and is no longer kept (a batch acknowledged or committed past)."""
+
     status_code = 410
     code = "gone"
 
 
 class BadEncoding(RollbufError):
+    """The body is not in the encoding its headers name (Content-Encoding, Content-Type)."""
+
     status_code = 400
     code = "bad_encoding"
     loc = ("body",)
 
 
 class PayloadTooLarge(RollbufError):
+    """The body is larger than its bound (`max_body_bytes`; decompressed, `max_decompressed_bytes`)."""
+
     status_code = 413
     code = "payload_too_large"
     loc = ("body",)
