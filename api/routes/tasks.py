@@ -9,8 +9,19 @@ from api.http.access import ANY_KEY, ENV_SIDE
 from api.http.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.tasks import service as task_service
-from api.wire import tasks as wire
 from api.wire.rules import SAFE_INT_MAX
+from api.wire.tasks import (
+    DatasetSpec,
+    DatasetView,
+    LeaseReply,
+    LeaseRequest,
+    TaskFailure,
+    TaskFailureReply,
+    TaskHeartbeatReply,
+    TaskPage,
+    TaskRows,
+    TaskTokens,
+)
 
 router = APIRouter(tags=["tasks"])
 
@@ -22,9 +33,9 @@ router = APIRouter(tags=["tasks"])
     ENV_SIDE,
     body="ingest",
     statuses=(400, 409, 422, 503),
-    response_model=wire.DatasetView,
+    response_model=DatasetView,
 )
-async def register_dataset(body: wire.DatasetSpec, service: ServiceDep, settings: SettingsDep) -> wire.DatasetView:
+async def register_dataset(body: DatasetSpec, service: ServiceDep, settings: SettingsDep) -> DatasetView:
     """Register a dataset: its tasks inline (`tasks`, more pages with POST /tasks/pages) or a JSONL or Parquet
     file the server reads (`path`, under `task_files_dir`; none without it). A retry of the same registration
     is safe, and goes on reading a file where it stopped."""
@@ -32,23 +43,15 @@ async def register_dataset(body: wire.DatasetSpec, service: ServiceDep, settings
 
 
 @route(
-    router,
-    "POST",
-    "/tasks/pages",
-    ENV_SIDE,
-    body="ingest",
-    statuses=(400, 404, 422, 503),
-    response_model=wire.DatasetView,
+    router, "POST", "/tasks/pages", ENV_SIDE, body="ingest", statuses=(400, 404, 422, 503), response_model=DatasetView
 )
-async def add_page(body: wire.TaskPage, service: ServiceDep, settings: SettingsDep) -> wire.DatasetView:
+async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep) -> DatasetView:
     """The next page of a dataset's tasks (`first`: the tasks stored so far); `last` seals it."""
     return await task_service.add_page(service.store, settings, body)
 
 
-@route(
-    router, "POST", "/tasks/lease", ENV_SIDE, body="json", statuses=(400, 404, 422, 503), response_model=wire.LeaseReply
-)
-async def lease(body: wire.LeaseRequest, service: ServiceDep, settings: SettingsDep) -> wire.LeaseReply:
+@route(router, "POST", "/tasks/lease", ENV_SIDE, body="json", statuses=(400, 404, 422, 503), response_model=LeaseReply)
+async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep) -> LeaseReply:
     """Up to `n` tasks, each leased for `task_lease_s` unless heartbeated: tasks whose lease expired or that are
     retried come first, then the cursor's next. Send each task's group with its `token` as `group_id`."""
     return await task_service.lease(service.store, settings, body)
@@ -61,28 +64,26 @@ async def lease(body: wire.LeaseRequest, service: ServiceDep, settings: Settings
     ENV_SIDE,
     body="json",
     statuses=(400, 422, 503),
-    response_model=wire.TaskHeartbeatReply,
+    response_model=TaskHeartbeatReply,
 )
-async def heartbeat(body: wire.TaskTokens, service: ServiceDep, settings: SettingsDep) -> wire.TaskHeartbeatReply:
+async def heartbeat(body: TaskTokens, service: ServiceDep, settings: SettingsDep) -> TaskHeartbeatReply:
     """Extend leases; null for those lost."""
     return await task_service.heartbeat(service.store, settings, body.tokens)
 
 
-@route(
-    router, "POST", "/tasks/fail", ENV_SIDE, body="json", statuses=(400, 422, 503), response_model=wire.TaskFailureReply
-)
-async def fail(body: wire.TaskFailure, service: ServiceDep) -> wire.TaskFailureReply:
+@route(router, "POST", "/tasks/fail", ENV_SIDE, body="json", statuses=(400, 422, 503), response_model=TaskFailureReply)
+async def fail(body: TaskFailure, service: ServiceDep) -> TaskFailureReply:
     """End a lease without a group: failed with `reason` (the dataset's retry policy applies), or handed back."""
     return await task_service.fail(service.store, body)
 
 
-@route(router, "GET", "/tasks", ANY_KEY, response_model=list[wire.DatasetView])
-async def datasets(service: ServiceDep) -> list[wire.DatasetView]:
+@route(router, "GET", "/tasks", ANY_KEY, response_model=list[DatasetView])
+async def datasets(service: ServiceDep) -> list[DatasetView]:
     """Every dataset: its cursor and how many tasks are in each state."""
     return await task_service.datasets(service.store)
 
 
-@route(router, "GET", "/tasks/rows", ANY_KEY, statuses=(404, 422), response_model=wire.TaskRows)
+@route(router, "GET", "/tasks/rows", ANY_KEY, statuses=(404, 422), response_model=TaskRows)
 async def rows(
     service: ServiceDep,
     settings: SettingsDep,
@@ -92,6 +93,6 @@ async def rows(
     ),
     after_index: int = Query(-1, ge=-1, le=SAFE_INT_MAX, description="See `after_epoch`."),
     limit: int = Query(1000, ge=1, le=SAFE_INT_MAX, description="Most tasks (at most `task_page_size`)."),
-) -> wire.TaskRows:
+) -> TaskRows:
     """A page of a dataset's tasks handed out so far, by (epoch, index), each with its fate."""
     return await task_service.rows(service.store, settings, dataset, (after_epoch, after_index), limit)
