@@ -3,12 +3,14 @@
 Scenarios: `mixed` (4 envs of fixed sizes 8/16/4/8, one with a minimum share: the window holds an exact fill),
 `survivor` (one env of survivor groups, 64 sequences less those of rollouts crashing with probability 2%: exact
 fills of 256 lie beyond the window, among the 64s), `no_fill` (every group 63 sequences: no exact fill at all;
-what a call costs, whether it forms a batch or says why not)."""
+what a call costs, whether it forms a batch or says why not); `survivor_trim` and `no_fill_trim`, the same queues
+for a trainer registered with `no_exact_fill: "trim"` (every batch exactly 256, a group cut to fit)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import statistics
 import tempfile
@@ -22,6 +24,7 @@ from api.batches.outcomes import FormedBatch
 from api.service import Service
 from api.store import make_store
 from api.store.base import ItemMeta, QueuedItem, Txn
+from api.wire.records import encode_submission
 from api.wire.schema import RegisterEnv, Registration
 from bench import pg
 
@@ -35,12 +38,14 @@ SCENARIOS: dict[str, list[tuple[str, int, float, float | None]]] = {
     "mixed": ENVS,
     "survivor": [("surv", 64, 1.0, None)],
     "no_fill": [("odd", 63, 1.0, None)],
+    "survivor_trim": [("surv", 64, 1.0, None)],  # the trainer registered no_exact_fill "trim"
+    "no_fill_trim": [("odd", 63, 1.0, None)],
 }
 _rng = random.Random(0)
 
 
 def _size(scenario: str, group_size: int) -> int:
-    if scenario == "survivor":  # 64 rollouts, each crashing with probability 2%; groups under 48 not kept
+    if scenario.startswith("survivor"):  # 64 rollouts, each crashing with probability 2%; groups under 48 not kept
         return max(48, group_size - sum(_rng.random() < 0.02 for _ in range(group_size)))
     return group_size
 
@@ -52,7 +57,8 @@ PAYLOAD = b"\0" * 256  # payload bytes are moved, never parsed, while forming a 
 async def _setup(url: str, queued: int, scenario: str) -> Service:
     service = Service(make_store(url))
     reg = Registration(wandb_group="b", wandb_project="b", batch_size=BATCH_SIZE, max_token_len=4096,
-                       checkpoint_dir="c", save_checkpoint_interval=0, starting_step=0, num_steps=10**9)  # fmt: skip
+                       checkpoint_dir="c", save_checkpoint_interval=0, starting_step=0, num_steps=10**9,
+                       no_exact_fill="trim" if scenario.endswith("_trim") else "smaller")  # fmt: skip
     await service.register_trainer(reg)
     await service.next_batch()
     envs = SCENARIOS[scenario]
@@ -75,7 +81,14 @@ def _fill(txn: Txn, per_env: int, scenario: str) -> None:
         for env_id, (_, group_size, _, _) in enumerate(SCENARIOS[scenario]):
             seqs = _size(scenario, group_size)
             meta = ItemMeta(txn.next_item_id(), seqs, seqs * 512, 0)
-            txn.append(env_id, QueuedItem(meta, 1, PAYLOAD))
+            txn.append(env_id, QueuedItem(meta, 1, _record(seqs) if scenario.endswith("_trim") else PAYLOAD))
+
+
+@functools.cache
+def _record(seqs: int) -> bytes:
+    """A stored group of `seqs` sequences: "trim" decodes the group it cuts (every other scenario moves bytes)."""
+    rows = [[1] * 8] * seqs
+    return encode_submission(rows, rows, [0.0] * seqs, env_id=0, policy_step=0)
 
 
 async def top_up(service: Service, queued: int, scenario: str = "mixed") -> None:
