@@ -13,6 +13,12 @@ import httpx
 import pytest
 
 from api.config.settings import Settings
+from api.http.app import create_app
+from rollout_client.examples import Arithmetic
+from rollout_client.inflight import InFlight
+from rollout_client.open_groups import OpenGroups
+from rollout_client.siblings import SiblingSlots
+from rollout_client.stats import RunnerStats
 from tests.asgi import serving
 from tests.factories import env, group, registration
 
@@ -291,3 +297,82 @@ async def test_a_sealed_group_carries_its_oldest_policy_step_and_each_rollouts_r
         (row,) = (await c.get("/ledger/groups/g9")).json()["groups"]
         assert row["policy_step"] == 2 and row["step"] == 3, row
         await post(c, {**rollout("g9", 0), "policy_step": 5}, 409)  # another content for an acknowledged slot
+
+
+async def test_decided_groups_are_pruned_after_rollout_keep_s_and_the_views_stay_right(settings: Settings) -> None:
+    """The bound on what the server keeps: sealed and expired groups (rows and slots) go `rollout_keep_s` after
+    their decision, a sweep at a time of at most `rollout_sweep_limit`; open ones stay, and the views' counters
+    (open, slots done and leased, sealed, expired) read as before."""
+    async with serving(
+        settings, rollout_sweep_every_s=0.02, rollout_keep_s=0.3, rollout_sweep_limit=2, rollout_lease_s=0.001
+    ) as c:
+        await start(c, variable_group_size=True)
+        for gid in ("s1", "s2", "s3"):
+            await opened(c, gid)
+            for slot in range(4):
+                await post(c, rollout(gid, slot))
+        await opened(c, "x1", min_group_size=2, deadline_s=0.001)
+        await post(c, rollout("x1", 0))
+        assert (await settled(c, "x1"))["state"] == "expired"
+        await opened(c, "live", deadline_s=600.0)
+        await post(c, rollout("live", 0))
+        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 1})).json()["leases"]
+        assert [x["group_id"] for x in leases] == ["live"]
+        block = {"open": 1, "slots_done": 1, "slots_leased": 1, "redispatched": 1, "sealed": 3, "expired": 1}
+        assert (await c.get("/status")).json()["rollouts"] == block
+        deadline = time.monotonic() + 10.0
+        while (await c.get("/rollouts")).json().get("pruned", 0) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for gid in ("s1", "s2", "s3", "x1"):
+            assert (await c.get("/rollouts/group", params={"group_id": gid})).status_code == 404, gid
+        assert (await c.get("/rollouts/group", params={"group_id": "live"})).json()["done"] == [0]
+        assert (await c.get("/rollouts")).json()["pruned"] == 4
+        assert (await c.get("/status")).json()["rollouts"] == block, "pruning moves no view's counter"
+        assert 'rollbuf_rollout_events_total{event="pruned"} 4.0' in (await c.get("/metrics")).text
+        await post(c, rollout("s1", 0, producer="p3"), 404)
+        assert (await c.get("/status")).json()["queue_size"] == 3, "what was sealed stays queued"
+
+
+async def test_a_sibling_lease_can_be_asked_for_of_named_envs_only(settings: Settings) -> None:
+    async with serving(settings, rollout_lease_s=0.001) as c:
+        await start(c)
+        assert (await c.post("/register-env", json=env(name="code"))).status_code == 200  # env 1
+        await opened(c, "m1", env_id=0)
+        await opened(c, "c1", env_id=1)
+
+        async def lease(**extra: Any) -> list[tuple[str, int]]:
+            reply = await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 2, **extra})
+            assert reply.status_code == 200, reply.text
+            return sorted((x["group_id"], x["slot"]) for x in reply.json()["leases"])
+
+        assert await lease(envs=["nope"]) == [], "no env of that name: nothing"
+        assert await lease(envs=[]) == []
+        assert await lease(envs=["code"]) == [("c1", 0), ("c1", 1)]
+        assert await lease(envs=["math", "nope"]) == [("m1", 0), ("m1", 1)]
+        assert len(await lease()) == 2, "no envs: any env's"
+        assert (await c.post("/rollouts/lease", json={"producer_id": "p2", "envs": ["x" * 201]})).status_code == 422
+
+
+async def test_the_runners_sibling_taker_leases_slots_of_the_envs_it_runs_only(settings: Settings) -> None:
+    """The runner's sibling taker asks for its per-rollout envs' slots by name (`OpenGroups.lease(envs=...)`):
+    another env's group, open on the same server, is never leased to it."""
+    app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await start(c)
+            assert (await c.post("/register-env", json=env(name="code"))).status_code == 200  # env 1
+            await opened(c, "m1", env_id=0)
+            await opened(c, "c1", env_id=1)
+            groups = OpenGroups("http://localhost", producer_id="runner", transport=transport)
+            stats, math = RunnerStats(), Arithmetic(name="math")
+            math.posts_each_rollout = math.scores_each_rollout = True
+            taker = SiblingSlots(
+                groups, [math, Arithmetic(name="code")], None, InFlight(4, stats), stats, poll_s=0.01,  # type: ignore[arg-type]
+                may_take=lambda: True, policy_step=lambda: 0, rollout_ended=lambda _: None, changed=lambda: None,
+            )  # fmt: skip
+            assert taker.names == ["math"], "code is submitted whole: no sibling slot of it is taken"
+            leases = await groups.lease(8, taker.names)
+            assert sorted((x.group_id, x.slot) for x in leases) == [("m1", s) for s in range(4)]
+            assert "c1" in {x.group_id for x in await groups.lease(8)}, "without names: any env's"
+            await groups.aclose()
