@@ -118,6 +118,8 @@ class Service:
     """The last drop-bias report and /status's entries for it (`status`)."""
     rollout_sweep: rollout_service.SweepSettings = field(default_factory=rollout_service.SweepSettings)
     """How often, and over how many groups, the background job seals or expires open groups past their deadline."""
+    rollouts_lapse_cursor: tuple[float, str] = (-math.inf, "")
+    """Where the open-group sweep's walk over lapsed groups stands (`rollout_service.unlease`): (lapse, key)."""
     rollouts_prune_at: float = 0.0
     """When (monotonic) the open-group sweep next looks for decided groups past `rollout_keep_s`
     (`rollout_service.prune`)."""
@@ -403,10 +405,12 @@ class Service:
         return block
 
     async def _sweep_rollouts(self) -> bool:
-        """Seal or expire the open groups past their deadline, and prune the decided ones past their retention;
-        again at once when either found as many as its limit."""
-        more = await rollout_service.sweep(self, self.rollout_sweep.limit)
-        return await rollout_service.prune(self, self.rollout_sweep.keep, self.rollout_sweep.limit) or more
+        """Seal or expire the open groups past their deadline, drop lapsed sibling leases, and prune the decided
+        groups past their retention; again at once when any found as many as its limit."""
+        limit = self.rollout_sweep.limit
+        more = await rollout_service.sweep(self, limit)
+        more = await rollout_service.unlease(self, limit) or more
+        return await rollout_service.prune(self, self.rollout_sweep.keep, limit) or more
 
     async def _prune(self) -> None:
         payloads, rows = await self.prune()

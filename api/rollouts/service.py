@@ -54,7 +54,8 @@ groups' table (`OpenGroupTxn.decided`), so it is not paid every sweep."""
 
 
 COUNTS = "rollouts"
-"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused, pruned."""
+"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused,
+lease_lapsed, pruned."""
 
 
 def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = None) -> GroupRow:
@@ -65,8 +66,8 @@ def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = Non
 
 OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
 """Counters kept as the groups change: slots acknowledged in live groups, and missing slots of live groups leased
-to a sibling (a lapsed sibling lease counts until its slot is handed out again or the group is decided), so that
-the views read them without a scan of the open groups."""
+to a sibling (a lapsed sibling lease stops counting at the first sweep after its lapse, `unlease`), so that the
+views read them without a scan of the open groups."""
 
 
 def _tally(row: GroupRow | None) -> tuple[int, int]:
@@ -364,6 +365,32 @@ def lease_txn(
     return out
 
 
+def _lapsed_leases(g: rg.OpenGroup, now: float) -> list[str]:
+    """The group's sibling leases that lapsed (their slots still missing)."""
+    return [k for k, v in g.leases.items() if k not in g.done and float(v[1]) <= now]
+
+
+def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
+    """Drop the lapsed sibling leases of these open groups (counted `lease_lapsed`; the slots are missing again,
+    for `lease_txn` to hand out): `slots_leased` counts leases that hold. How many it dropped."""
+    dropped = 0
+    for key in keys:
+        row = txn.rollouts.get(key)
+        if row is None or row.state != "open":
+            continue
+        g = rg.OpenGroup.of(row.record)
+        gone = _lapsed_leases(g, now)
+        if not gone:
+            continue
+        for k in gone:
+            del g.leases[k]
+        _put(txn, row, _row(g, row.state, row.bytes))  # its next check: the holder's lapse, or the next lease's end
+        dropped += len(gone)
+    if dropped:
+        txn.add_counts(COUNTS, {"lease_lapsed": dropped})
+    return dropped
+
+
 def prune_txn(txn: Txn, before: float, limit: int) -> int:
     """Delete up to `limit` sealed or expired groups decided at or before `before`, with their slots (counted as
     pruned); the views' counters are untouched (a decided group counts in none of the open ones)."""
@@ -426,6 +453,22 @@ async def sweep(service: Service, limit: int) -> bool:
     for key in decided.sealing:
         await finish(service, key)
     return decided.decided >= limit
+
+
+async def unlease(service: Service, limit: int) -> bool:
+    """Walk the open groups whose next check passed since this process last looked (its cursor, by lapse), up to
+    `limit`, and drop their lapsed sibling leases (the background job's, after its sweep); whether it walked
+    `limit` (more may have lapsed). Nothing lapsed: one indexed read, no write. A group walked with no lease to
+    drop (its holder lapsed, its slots wait for a taker) is not walked again until it changes."""
+    now, after = time.time(), service.rollouts_lapse_cursor
+    rows = await service.store.read(lambda txn: txn.rollouts.lapsed_since(after, now, limit))
+    if not rows:
+        return False
+    keys = [r.key for r in rows if _lapsed_leases(rg.OpenGroup.of(r.record), now)]
+    if keys:
+        await service.store.transact(lambda txn: unlease_txn(txn, keys, now))
+    service.rollouts_lapse_cursor = (rows[-1].expires_at, rows[-1].key)
+    return len(rows) >= limit
 
 
 async def prune(service: Service, keep: float, limit: int) -> bool:

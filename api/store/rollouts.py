@@ -71,6 +71,11 @@ class OpenGroupTxn(ABC):
         """Up to `limit` open groups whose `expires_at` passed, soonest first (of these envs only, if given)."""
 
     @abstractmethod
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        """Up to `limit` open groups whose (`expires_at`, key) is past `after` and whose `expires_at` is at most
+        `now`, in that order: the sweep's walk over what lapsed since it last looked (indexed by lapse)."""
+
+    @abstractmethod
     def decided(self, before: float, limit: int) -> list[str]:
         """Keys of up to `limit` sealed or expired groups decided at or before `before` (what retention prunes).
         Costs at most the live groups and `limit` decided ones (memory, SQLite: the decided ones are walked in the

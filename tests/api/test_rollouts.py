@@ -77,7 +77,7 @@ async def test_rollouts_acknowledged_one_by_one_are_served_as_one_group(settings
 
 
 async def test_a_lapsed_holders_missing_slots_go_to_a_sibling_and_the_first_is_kept(settings: Settings) -> None:
-    async with serving(settings, rollout_lease_s=0.001) as c:
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:  # no lease dropped
         await start(c)
         await opened(c, "g2", task="prompt")
         await post(c, rollout("g2", 0))
@@ -131,6 +131,18 @@ async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(setting
         await post(c, {**rollout("nope", 0)}, 404)
 
 
+async def leased(c: httpx.AsyncClient, producer: str, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The first sibling leases handed out, polled (bounded) until a holder lapsed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got: list[dict[str, Any]] = (await c.post("/rollouts/lease", json={"producer_id": producer, "n": n})).json()[
+            "leases"
+        ]
+        if got or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.01)
+
+
 async def settled(c: httpx.AsyncClient, gid: str, timeout: float = 10.0) -> dict[str, Any]:
     """The group's view once it is no longer open, polled (bounded) while only the clock moves."""
     deadline = time.monotonic() + timeout
@@ -167,7 +179,7 @@ async def test_the_background_sweep_seals_and_expires_at_the_deadline_with_no_le
 
 
 async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opened(settings: Settings) -> None:
-    async with serving(settings, rollout_lease_s=0.001) as c:
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:  # no lease dropped
         await start(c)
         assert "rollouts" not in (await c.get("/status")).json(), "a run without per-rollout groups: nothing new"
         assert "rollouts" not in (await c.get("/dashboard/data")).json()
@@ -199,11 +211,13 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
     from api.export.stream import ExportLimits, pages, parquet_stream
     from api.http.app import create_app
 
-    app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001, "rollout_sweep_every_s": 0.02}))
+    app = create_app(settings.model_copy(update={"rollout_lease_s": 2.0, "rollout_sweep_every_s": 0.02}))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             await start(c, variable_group_size=True)
+            await opened(c, "d-open", env_id=None)  # its holder lapses in 2 s; its sibling's lease holds 2 s more
+            await post(c, rollout("d-open", 2))
             await opened(c, "a-sealed")
             for slot in range(4):
                 await post(c, rollout("a-sealed", slot))
@@ -211,11 +225,9 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
             await opened(c, "c-expired", min_group_size=2, deadline_s=0.2)
             for gid, slot in (("b-partial", 0), ("b-partial", 3), ("c-expired", 1)):
                 await post(c, rollout(gid, slot))
-            await opened(c, "d-open", env_id=None)
-            await post(c, rollout("d-open", 2))
             await settled(c, "b-partial")
             await settled(c, "c-expired")
-            assert len((await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 1})).json()["leases"]) == 1
+            await leased(c, "p2", 1)
             exported = await c.get("/export", params={"table": "rollouts"})
             assert exported.status_code == 200, exported.text
             rows = {r["group_id"]: r for r in pq.read_table(io.BytesIO(exported.content)).to_pylist()}
@@ -303,9 +315,7 @@ async def test_decided_groups_are_pruned_after_rollout_keep_s_and_the_views_stay
     """The bound on what the server keeps: sealed and expired groups (rows and slots) go `rollout_keep_s` after
     their decision, a sweep at a time of at most `rollout_sweep_limit`; open ones stay, and the views' counters
     (open, slots done and leased, sealed, expired) read as before."""
-    async with serving(
-        settings, rollout_sweep_every_s=0.02, rollout_keep_s=0.3, rollout_sweep_limit=2, rollout_lease_s=0.001
-    ) as c:
+    async with serving(settings, rollout_sweep_every_s=0.02, rollout_keep_s=0.3, rollout_sweep_limit=2) as c:
         await start(c, variable_group_size=True)
         for gid in ("s1", "s2", "s3"):
             await opened(c, gid)
@@ -316,9 +326,7 @@ async def test_decided_groups_are_pruned_after_rollout_keep_s_and_the_views_stay
         assert (await settled(c, "x1"))["state"] == "expired"
         await opened(c, "live", deadline_s=600.0)
         await post(c, rollout("live", 0))
-        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 1})).json()["leases"]
-        assert [x["group_id"] for x in leases] == ["live"]
-        block = {"open": 1, "slots_done": 1, "slots_leased": 1, "redispatched": 1, "sealed": 3, "expired": 1}
+        block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 0, "sealed": 3, "expired": 1}
         assert (await c.get("/status")).json()["rollouts"] == block
         deadline = time.monotonic() + 10.0
         while (await c.get("/rollouts")).json().get("pruned", 0) < 4 and time.monotonic() < deadline:
@@ -376,3 +384,22 @@ async def test_the_runners_sibling_taker_leases_slots_of_the_envs_it_runs_only(s
             assert sorted((x.group_id, x.slot) for x in leases) == [("m1", s) for s in range(4)]
             assert "c1" in {x.group_id for x in await groups.lease(8)}, "without names: any env's"
             await groups.aclose()
+
+
+async def test_a_lapsed_sibling_lease_stops_counting_as_leased_at_the_next_sweep(settings: Settings) -> None:
+    """The background sweep re-leases nothing, but drops a sibling lease that lapsed (counted `lease_lapsed`): its
+    slot is missing again, for the next taker, and `slots_leased` counts only leases that hold."""
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=0.02) as c:
+        await start(c)
+        await opened(c, "g")
+        await post(c, rollout("g", 0))
+        assert len(await leased(c, "p2", 2)) == 2
+        deadline = time.monotonic() + 10.0
+        while (await c.get("/rollouts")).json().get("lease_lapsed", 0) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 2, "sealed": 0, "expired": 0}
+        assert (await c.get("/status")).json()["rollouts"] == block
+        assert (await c.get("/rollouts/group", params={"group_id": "g"})).json()["leased"] == {}
+        assert 'rollbuf_rollout_events_total{event="lease_lapsed"} 2.0' in (await c.get("/metrics")).text
+        assert sorted(x["slot"] for x in await leased(c, "p3", 8)) == [1, 2, 3], "missing again: handed out"
+        assert (await post(c, rollout("g", 1, producer="p2")))["status"] == "accepted", "a late rollout still counts"

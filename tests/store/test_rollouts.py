@@ -114,3 +114,18 @@ async def test_decided_groups_are_found_by_decision_time_and_deleted_with_their_
     assert sorted(await store.read(lambda txn: txn.rollouts.decided(math.inf, 10))) == ["new", "s3"]
     assert len(await store.read(lambda txn: txn.rollouts.slots("s3"))) == 1
     assert await store.read(lambda txn: txn.rollouts.open_totals(0)) == (2, 200), "live groups untouched"
+
+
+async def test_groups_lapsed_since_a_cursor_are_walked_once_by_lapse_then_key(store: Store) -> None:
+    def fill(txn: Txn) -> None:
+        for key, at in (("b", 1.0), ("a", 1.0), ("c", 2.0), ("d", 9.0)):
+            txn.rollouts.put(row(key, expires_at=at))
+        txn.rollouts.put(row("s", state="sealing", expires_at=1.0))
+
+    await store.transact(fill)
+    first = await store.read(lambda txn: txn.rollouts.lapsed_since((-math.inf, ""), 5.0, 2))
+    assert [g.key for g in first] == ["a", "b"], "ties by key, open ones only"
+    rest = await store.read(lambda txn: txn.rollouts.lapsed_since((1.0, "b"), 5.0, 10))
+    assert [g.key for g in rest] == ["c"], "past the cursor, up to now"
+    assert await store.read(lambda txn: txn.rollouts.lapsed_since((1.0, "a"), 1.0, 10)) == [row("b", expires_at=1.0)]
+    assert await store.read(lambda txn: txn.rollouts.lapsed_since((2.0, "c"), 5.0, 10)) == []

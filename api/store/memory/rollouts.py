@@ -66,6 +66,10 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
         ]  # fmt: skip
         return sorted(rows, key=lambda g: g.expires_at)[:limit]
 
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        rows = [g for g in self._live() if g.state == "open" and g.expires_at <= now and (g.expires_at, g.key) > after]
+        return sorted(rows, key=lambda g: (g.expires_at, g.key))[:limit]
+
     def decided(self, before: float, limit: int) -> list[str]:
         out = []
         for i, key in enumerate(self._s.decided):

@@ -58,6 +58,15 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
             )
         return [GroupRow(*r) for r in rows]
 
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        at, key = after
+        rows = self._read(
+            f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= %b AND expires_at >= %b "
+            "AND (expires_at > %b OR key > %b) ORDER BY expires_at, key LIMIT %b",
+            (now, at, at, key, limit),
+        )
+        return [GroupRow(*r) for r in rows]
+
     def decided(self, before: float, limit: int) -> list[str]:
         # No index holds decided groups (schema v8): this scans the table, which retention keeps to what is
         # decided in `rollout_keep_s` (and the sweep asks at most every `PRUNE_EVERY_S`).

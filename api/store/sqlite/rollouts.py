@@ -49,6 +49,15 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         )
         return [GroupRow(*r) for r in cur]
 
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        at, key = after
+        cur = self._db.execute(
+            f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= ? AND expires_at >= ? "
+            "AND (expires_at > ? OR key > ?) ORDER BY expires_at, key LIMIT ?",
+            (now, at, at, key, limit),
+        )
+        return [GroupRow(*r) for r in cur]
+
     def decided(self, before: float, limit: int) -> list[str]:
         # A row is replaced whole on each write (a new rowid, past the others): decided groups are never written
         # again, so rowid order is the order they were decided in, and live ones (rewritten as they change) are
