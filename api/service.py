@@ -118,9 +118,14 @@ class Service:
     """The last drop-bias report and /status's entries for it (`status`)."""
     rollout_sweep: rollout_service.SweepSettings = field(default_factory=rollout_service.SweepSettings)
     """How often, and over how many groups, the background job seals or expires open groups past their deadline."""
+    rollouts_lapse_cursor: tuple[float, str] = (-math.inf, "")
+    """Where the open-group sweep's walk over lapsed groups stands (`rollout_service.unlease`): (lapse, key)."""
+    rollouts_prune_at: float = 0.0
+    """When (monotonic) the open-group sweep next looks for decided groups past `rollout_keep_s`
+    (`rollout_service.prune`)."""
     _rollouts_seen: bool = False
     """Whether this process has seen per-rollout groups in use: its rollout routes called, a view that found groups
-    open, or live groups in the store when it started. Until then the open-group sweep reads nothing: a run
+    open, or live or decided groups in the store when it started. Until then the open-group sweep reads nothing: a run
     without them pays no store read a second (a waiting long-poll's process stays without transactions)."""
 
     def __post_init__(self) -> None:
@@ -142,9 +147,11 @@ class Service:
 
     async def start(self) -> None:
         """Start the jobs that run by the clock (from the app's lifespan, in its loop): the open-group sweep at
-        once if the store holds live groups (a restart), else from the first sign of per-rollout groups."""
+        once if the store holds live or decided groups (a restart), else from the first sign of per-rollout groups."""
         try:
-            live = await self.store.read(lambda txn: bool(txn.rollouts.due(math.inf, 1)))
+            live = await self.store.read(
+                lambda txn: bool(txn.rollouts.due(math.inf, 1) or txn.rollouts.decided(math.inf, 1))
+            )
         except Unavailable:
             live = True  # unknown: sweep, one read a sweep while nothing is due
         self._rollouts_seen = self._rollouts_seen or live
@@ -398,8 +405,12 @@ class Service:
         return block
 
     async def _sweep_rollouts(self) -> bool:
-        """Seal or expire the open groups past their deadline; again at once when it found as many as its limit."""
-        return await rollout_service.sweep(self, self.rollout_sweep.limit)
+        """Seal or expire the open groups past their deadline, drop lapsed sibling leases, and prune the decided
+        groups past their retention; again at once when any found as many as its limit."""
+        limit = self.rollout_sweep.limit
+        more = await rollout_service.sweep(self, limit)
+        more = await rollout_service.unlease(self, limit) or more
+        return await rollout_service.prune(self, self.rollout_sweep.keep, limit) or more
 
     async def _prune(self) -> None:
         payloads, rows = await self.prune()

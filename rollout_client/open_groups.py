@@ -112,10 +112,13 @@ class OpenGroups:
         self._held.discard(group_id)
         return GroupView.model_validate(await self._call("/rollouts/seal", body))
 
-    async def lease(self, n: int = 1) -> list[SlotLease]:
-        """Up to `n` missing slots of groups whose producer stopped heartbeating: roll each out and `post` it."""
-        reply = SlotLeaseReply.model_validate(await self._call("/rollouts/lease", {"producer_id": self.producer_id,
-                                                                                   "n": n}))  # fmt: skip
+    async def lease(self, n: int = 1, envs: Sequence[str] | None = None) -> list[SlotLease]:
+        """Up to `n` missing slots of groups whose producer stopped heartbeating (of the envs registered under
+        these names only, if given: the envs this producer runs): roll each out and `post` it."""
+        body: dict[str, Any] = {"producer_id": self.producer_id, "n": n}
+        if envs is not None:
+            body["envs"] = list(envs)
+        reply = SlotLeaseReply.model_validate(await self._call("/rollouts/lease", body))
         for x in reply.leases:
             self._hold(x.group_id, x.expires_at)
         return reply.leases

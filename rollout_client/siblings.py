@@ -53,6 +53,11 @@ class SiblingSlots:
         self.changed = changed
         self.holds = Holds()
 
+    @property
+    def names(self) -> list[str]:
+        """The envs whose slots it takes: those of the runner's envs that post each rollout."""
+        return sorted({e.name for e in self.envs if e.posts_each_rollout})
+
     def env_of(self, name: str) -> int | None:
         """The index of the runner's env named `name` that posts each rollout."""
         return next((i for i, e in enumerate(self.envs) if e.posts_each_rollout and e.name == name), None)
@@ -62,14 +67,14 @@ class SiblingSlots:
             free = self.in_flight.free
             if free > 0 and self.may_take():
                 try:
-                    leases = await self.groups.lease(free)
+                    leases = await self.groups.lease(free, self.names)
                 except Exception as exc:  # the next poll tries again
                     log.warning("taking sibling slots failed: %s", exc)
                     leases = []
                 for lease in leases:
                     wire = task_from_wire(lease.task)
                     i = None if wire is None else self.env_of(wire[0])
-                    if wire is None or i is None:  # not an env this runner runs: it lapses to another producer
+                    if wire is None or i is None:  # a task it cannot read (opened by another client): it lapses
                         self.groups.let_go(lease.group_id)
                         continue
                     self.holds.take(lease.group_id)

@@ -240,6 +240,11 @@ class RolloutGroups(Group):
     """Seconds between two background sweeps of each server process, once it has seen per-rollout groups in use:
     open groups past their deadline are sealed with what is in (or expired) without any producer calling. A sweep
     that decided on `rollout_sweep_limit` groups runs again at once."""
+    rollout_keep_s: float = Field(3600.0, gt=0)
+    """Seconds a sealed or expired group's row and its acknowledged rollouts stay in the store after its decision
+    (the views' group pages, the export's `rollouts` table, a late sibling's `redone`); then the background sweep
+    deletes them, at most `rollout_sweep_limit` groups a sweep, so that what the server keeps of per-rollout groups
+    is bounded by what is decided in this time. A rollout posted to a pruned group is a 404."""
 
 
 class DropBiasSettings(Group):

@@ -9,7 +9,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-EVENTS = ("opened", "sealed", "sealed_partial", "expired", "slots", "left_out", "redispatched", "redone", "refused")
+EVENTS = (
+    "opened", "sealed", "sealed_partial", "expired", "slots", "left_out", "redispatched", "redone", "refused",
+    "lease_lapsed", "pruned",
+)  # fmt: skip
 
 
 class RolloutsCollector(Collector):
@@ -23,7 +26,7 @@ class RolloutsCollector(Collector):
         events = CounterMetricFamily(
             "rollbuf_rollout_events",
             "Per-rollout groups opened, sealed, expired; slots acknowledged, left out, redispatched to siblings, "
-            "redone, refused",
+            "redone, refused; sibling leases lapsed; decided groups pruned past rollout_keep_s",
             labels=["event"],
         )
         for event in EVENTS:

@@ -44,10 +44,18 @@ class SweepSettings:
 
     every: float = setting("rollout_sweep_every_s")
     limit: int = setting("rollout_sweep_limit")
+    keep: float = setting("rollout_keep_s")
+
+
+PRUNE_EVERY_S = 60.0
+"""Most seconds between two looks for decided groups past `rollout_keep_s` (fewer if `rollout_keep_s` is short):
+a look that pruned `rollout_sweep_limit` groups looks again at the next sweep. On PostgreSQL a look scans the
+groups' table (`OpenGroupTxn.decided`), so it is not paid every sweep."""
 
 
 COUNTS = "rollouts"
-"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused."""
+"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused,
+lease_lapsed, pruned."""
 
 
 def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = None) -> GroupRow:
@@ -58,8 +66,8 @@ def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = Non
 
 OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
 """Counters kept as the groups change: slots acknowledged in live groups, and missing slots of live groups leased
-to a sibling (a lapsed sibling lease counts until its slot is handed out again or the group is decided), so that
-the views read them without a scan of the open groups."""
+to a sibling (a lapsed sibling lease stops counting at the first sweep after its lapse, `unlease`), so that the
+views read them without a scan of the open groups."""
 
 
 def _tally(row: GroupRow | None) -> tuple[int, int]:
@@ -185,7 +193,7 @@ def post_txn(
 def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: float, books: Recorder) -> GroupRow:
     """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted, and in the ledger)."""
     if decision.expired is not None:
-        return _expire(txn, g, row, decision.expired, g.deadline, now, books)
+        return _expire(txn, g, row, decision.expired, now, books)
     g.left_out = {str(s): why for s, why in decision.left_out.items()}
     return _row(g, "sealing", row.bytes, g.deadline)
 
@@ -245,9 +253,10 @@ EXPIRED_PREFIX = "rollouts_"
 `rollouts_unscored_by_deadline`, `rollouts_refused`)."""
 
 
-def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, at: float, now: float, books: Recorder) -> GroupRow:
-    """The group expires: counted, kept with why, and recorded as a dropped group (the ledger's row of its
-    acknowledged rollouts, the env's drop counter; a task lease's task follows, as for any dropped group)."""
+def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, now: float, books: Recorder) -> GroupRow:
+    """The group expires: counted, kept with why (until `rollout_keep_s` after now), and recorded as a dropped
+    group (the ledger's row of its acknowledged rollouts, the env's drop counter; a task lease's task follows, as
+    for any dropped group)."""
     short = why.split(":")[0]
     g.left_out = {"group": why}
     txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
@@ -260,7 +269,7 @@ def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, at: float, now: 
         bytes=row.bytes, score_mean=mean, score_min=lo, score_max=hi, score_std=std, fate=DROPPED, step=run.step,
         reason=EXPIRED_PREFIX + short, decided_at=now,
     ))  # fmt: skip
-    return _row(g, "expired", row.bytes, at)
+    return _row(g, "expired", row.bytes, now)
 
 
 def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorder = OFF) -> None:
@@ -270,11 +279,11 @@ def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorde
         return
     g = rg.OpenGroup.of(row.record)
     if refused is not None:
-        _put(txn, row, _expire(txn, g, row, refused, row.expires_at, now, books))
+        _put(txn, row, _expire(txn, g, row, refused, now, books))
         return
     partial = len(g.left_out) > 0
     txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
-    _put(txn, row, _row(g, "sealed", row.bytes, row.expires_at))
+    _put(txn, row, _row(g, "sealed", row.bytes, now))  # kept `rollout_keep_s` from now
 
 
 async def finish(service: Service, key: str) -> None:
@@ -327,11 +336,21 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
     return Swept(decided, out)
 
 
-def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -> list[SlotLease]:
-    """Lease up to `n` missing slots of groups whose holder lapsed (counted as redispatched)."""
+def lease_txn(
+    txn: Txn, producer: str, n: int, now: float, settings: Settings, envs: list[str] | None = None
+) -> list[SlotLease]:
+    """Lease up to `n` missing slots of groups whose holder lapsed (counted as redispatched); with `envs`, of
+    groups of the envs registered under these names only (each producer registers its own env of a name: the
+    name is what a group's siblings share), so that a producer never takes a slot it cannot roll out."""
     out: list[SlotLease] = []
     until = now + settings.rollout_lease_s
-    for row in txn.rollouts.lapsed(now, settings.rollout_sweep_limit):
+    ids = None
+    if envs is not None:
+        names = set(envs)
+        ids = [e.env_id for e in state.load(txn).envs if e.desired_name in names]
+        if not ids:
+            return out
+    for row in txn.rollouts.lapsed(now, settings.rollout_sweep_limit, ids):
         if len(out) >= n:
             break
         g = rg.OpenGroup.of(row.record)
@@ -344,6 +363,42 @@ def lease_txn(txn: Txn, producer: str, n: int, now: float, settings: Settings) -
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})
     return out
+
+
+def _lapsed_leases(g: rg.OpenGroup, now: float) -> list[str]:
+    """The group's sibling leases that lapsed (their slots still missing)."""
+    return [k for k, v in g.leases.items() if k not in g.done and float(v[1]) <= now]
+
+
+def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
+    """Drop the lapsed sibling leases of these open groups (counted `lease_lapsed`; the slots are missing again,
+    for `lease_txn` to hand out): `slots_leased` counts leases that hold. How many it dropped."""
+    dropped = 0
+    for key in keys:
+        row = txn.rollouts.get(key)
+        if row is None or row.state != "open":
+            continue
+        g = rg.OpenGroup.of(row.record)
+        gone = _lapsed_leases(g, now)
+        if not gone:
+            continue
+        for k in gone:
+            del g.leases[k]
+        _put(txn, row, _row(g, row.state, row.bytes))  # its next check: the holder's lapse, or the next lease's end
+        dropped += len(gone)
+    if dropped:
+        txn.add_counts(COUNTS, {"lease_lapsed": dropped})
+    return dropped
+
+
+def prune_txn(txn: Txn, before: float, limit: int) -> int:
+    """Delete up to `limit` sealed or expired groups decided at or before `before`, with their slots (counted as
+    pruned); the views' counters are untouched (a decided group counts in none of the open ones)."""
+    keys = txn.rollouts.decided(before, limit)
+    if keys:
+        txn.rollouts.delete(keys)
+        txn.add_counts(COUNTS, {"pruned": len(keys)})
+    return len(keys)
 
 
 def heartbeat_txn(txn: Txn, producer: str, keys: list[str], now: float, lease_s: float) -> dict[str, float | None]:
@@ -398,3 +453,36 @@ async def sweep(service: Service, limit: int) -> bool:
     for key in decided.sealing:
         await finish(service, key)
     return decided.decided >= limit
+
+
+async def unlease(service: Service, limit: int) -> bool:
+    """Walk the open groups whose next check passed since this process last looked (its cursor, by lapse), up to
+    `limit`, and drop their lapsed sibling leases (the background job's, after its sweep); whether it walked
+    `limit` (more may have lapsed). Nothing lapsed: one indexed read, no write. A group walked with no lease to
+    drop (its holder lapsed, its slots wait for a taker) is not walked again until it changes."""
+    now, after = time.time(), service.rollouts_lapse_cursor
+    rows = await service.store.read(lambda txn: txn.rollouts.lapsed_since(after, now, limit))
+    if not rows:
+        return False
+    keys = [r.key for r in rows if _lapsed_leases(rg.OpenGroup.of(r.record), now)]
+    if keys:
+        await service.store.transact(lambda txn: unlease_txn(txn, keys, now))
+    service.rollouts_lapse_cursor = (rows[-1].expires_at, rows[-1].key)
+    return len(rows) >= limit
+
+
+async def prune(service: Service, keep: float, limit: int) -> bool:
+    """Delete up to `limit` groups decided more than `keep` seconds ago (the background job's, after its sweep;
+    at most every `PRUNE_EVERY_S`, or `keep` / 4 if shorter, unless the last look pruned `limit`); whether it
+    pruned `limit` (more may be due). Nothing to prune: one read, no write."""
+    now = time.monotonic()
+    if now < service.rollouts_prune_at:
+        return False
+    before = time.time() - keep
+    if not await service.store.read(lambda txn: txn.rollouts.decided(before, 1)):
+        service.rollouts_prune_at = now + min(PRUNE_EVERY_S, keep / 4)
+        return False
+    pruned = await service.store.transact(lambda txn: prune_txn(txn, before, limit))
+    more = pruned >= limit
+    service.rollouts_prune_at = now if more else now + min(PRUNE_EVERY_S, keep / 4)
+    return more

@@ -69,12 +69,13 @@ async def seal(body: SealRequest, service: ServiceDep) -> GroupView:
 @route(router, "POST", "/rollouts/lease", ENV_SIDE, body="json", statuses=(400, 422, 503),
        response_model=SlotLeaseReply)  # fmt: skip
 async def lease(body: SlotLeaseRequest, service: ServiceDep, settings: SettingsDep) -> SlotLeaseReply:
-    """Up to `n` missing slots of groups whose producer stopped heartbeating, each for `rollout_lease_s`."""
+    """Up to `n` missing slots of groups whose producer stopped heartbeating, each for `rollout_lease_s` (of the
+    envs named in `envs` only, if given)."""
     service.rollouts_in_use()
     await rs.sweep(service, settings.rollout_sweep_limit)
     now = time.time()
     n = min(body.n, settings.rollout_sweep_limit)
-    leases = await service.store.transact(lambda txn: rs.lease_txn(txn, body.producer_id, n, now, settings))
+    leases = await service.store.transact(lambda txn: rs.lease_txn(txn, body.producer_id, n, now, settings, body.envs))
     return SlotLeaseReply(leases=leases)
 
 

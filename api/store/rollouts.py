@@ -10,12 +10,15 @@ returns (indexed by key, deadline and holder expiry), never the groups ever open
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 
-__all__ = ["LIVE", "GroupRow", "OpenGroupTxn", "SlotRow"]
+__all__ = ["DECIDED", "LIVE", "GroupRow", "OpenGroupTxn", "SlotRow"]
 
 LIVE = ("open", "sealing")
 """States of a group still waiting for its seal to finish."""
+DECIDED = ("sealed", "expired")
+"""States of a group decided: kept `rollout_keep_s` after its decision, then pruned (`decided`, `delete`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,8 @@ class GroupRow:
     """`open`, `sealing` (its slots are chosen, its ingest under way), `sealed` or `expired`."""
     deadline: float
     expires_at: float
-    """When its holder (or the earliest sibling lease) lapses unless heartbeated: its missing slots are leased out."""
+    """When its holder (or the earliest sibling lease) lapses unless heartbeated: its missing slots are leased out.
+    A decided group's: when it was decided (its retention counts from it)."""
     bytes: int
     """What its acknowledged slots hold (the per-env bound on open bytes)."""
     record: str
@@ -63,8 +67,23 @@ class OpenGroupTxn(ABC):
         """Up to `limit` live groups to seal now: deadline passed, or `sealing` (an interrupted seal)."""
 
     @abstractmethod
-    def lapsed(self, now: float, limit: int) -> list[GroupRow]:
-        """Up to `limit` open groups whose `expires_at` passed, soonest first."""
+    def lapsed(self, now: float, limit: int, envs: Collection[int] | None = None) -> list[GroupRow]:
+        """Up to `limit` open groups whose `expires_at` passed, soonest first (of these envs only, if given)."""
+
+    @abstractmethod
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        """Up to `limit` open groups whose (`expires_at`, key) is past `after` and whose `expires_at` is at most
+        `now`, in that order: the sweep's walk over what lapsed since it last looked (indexed by lapse)."""
+
+    @abstractmethod
+    def decided(self, before: float, limit: int) -> list[str]:
+        """Keys of up to `limit` sealed or expired groups decided at or before `before` (what retention prunes).
+        Costs at most the live groups and `limit` decided ones (memory, SQLite: the decided ones are walked in the
+        order they were decided); PostgreSQL scans the table, which retention bounds."""
+
+    @abstractmethod
+    def delete(self, keys: Collection[str]) -> None:
+        """Remove these groups' rows and their acknowledged slots."""
 
     @abstractmethod
     def scan(self, after: str, limit: int) -> list[GroupRow]:

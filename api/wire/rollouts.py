@@ -8,8 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from api.wire.rules import GROUP_ID_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
+from api.wire.rules import ENV_NAME_MAX, GROUP_ID_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
 
+ENVS_MAX = 1024
+"""Most env names a sibling lease request may name."""
 SLOTS_MAX = 4096
 """Largest G of an open group."""
 Slot = Annotated[int, Field(ge=0, lt=SLOTS_MAX)]
@@ -85,6 +87,9 @@ class SlotLeaseRequest(_Request, _Text):
     """Who takes the slots (and heartbeats them)."""
     n: int = Field(default=1, ge=1, le=SAFE_INT_MAX)
     """Most slots to take."""
+    envs: list[Annotated[str, Field(max_length=ENV_NAME_MAX)]] | None = Field(default=None, max_length=ENVS_MAX)
+    """Slots of groups of the envs registered under these names (`desired_name`) only: the envs the producer
+    runs, so that it never takes a slot it cannot roll out. None: of any env."""
 
 
 class SlotLease(_Wire):

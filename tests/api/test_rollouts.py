@@ -13,6 +13,12 @@ import httpx
 import pytest
 
 from api.config.settings import Settings
+from api.http.app import create_app
+from rollout_client.examples import Arithmetic
+from rollout_client.inflight import InFlight
+from rollout_client.open_groups import OpenGroups
+from rollout_client.siblings import SiblingSlots
+from rollout_client.stats import RunnerStats
 from tests.asgi import serving
 from tests.factories import env, group, registration
 
@@ -71,7 +77,7 @@ async def test_rollouts_acknowledged_one_by_one_are_served_as_one_group(settings
 
 
 async def test_a_lapsed_holders_missing_slots_go_to_a_sibling_and_the_first_is_kept(settings: Settings) -> None:
-    async with serving(settings, rollout_lease_s=0.001) as c:
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:  # no lease dropped
         await start(c)
         await opened(c, "g2", task="prompt")
         await post(c, rollout("g2", 0))
@@ -125,6 +131,18 @@ async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(setting
         await post(c, {**rollout("nope", 0)}, 404)
 
 
+async def leased(c: httpx.AsyncClient, producer: str, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The first sibling leases handed out, polled (bounded) until a holder lapsed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got: list[dict[str, Any]] = (await c.post("/rollouts/lease", json={"producer_id": producer, "n": n})).json()[
+            "leases"
+        ]
+        if got or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.01)
+
+
 async def settled(c: httpx.AsyncClient, gid: str, timeout: float = 10.0) -> dict[str, Any]:
     """The group's view once it is no longer open, polled (bounded) while only the clock moves."""
     deadline = time.monotonic() + timeout
@@ -161,7 +179,7 @@ async def test_the_background_sweep_seals_and_expires_at_the_deadline_with_no_le
 
 
 async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opened(settings: Settings) -> None:
-    async with serving(settings, rollout_lease_s=0.001) as c:
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:  # no lease dropped
         await start(c)
         assert "rollouts" not in (await c.get("/status")).json(), "a run without per-rollout groups: nothing new"
         assert "rollouts" not in (await c.get("/dashboard/data")).json()
@@ -193,11 +211,13 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
     from api.export.stream import ExportLimits, pages, parquet_stream
     from api.http.app import create_app
 
-    app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001, "rollout_sweep_every_s": 0.02}))
+    app = create_app(settings.model_copy(update={"rollout_lease_s": 2.0, "rollout_sweep_every_s": 0.02}))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
             await start(c, variable_group_size=True)
+            await opened(c, "d-open", env_id=None)  # its holder lapses in 2 s; its sibling's lease holds 2 s more
+            await post(c, rollout("d-open", 2))
             await opened(c, "a-sealed")
             for slot in range(4):
                 await post(c, rollout("a-sealed", slot))
@@ -205,11 +225,9 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
             await opened(c, "c-expired", min_group_size=2, deadline_s=0.2)
             for gid, slot in (("b-partial", 0), ("b-partial", 3), ("c-expired", 1)):
                 await post(c, rollout(gid, slot))
-            await opened(c, "d-open", env_id=None)
-            await post(c, rollout("d-open", 2))
             await settled(c, "b-partial")
             await settled(c, "c-expired")
-            assert len((await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 1})).json()["leases"]) == 1
+            await leased(c, "p2", 1)
             exported = await c.get("/export", params={"table": "rollouts"})
             assert exported.status_code == 200, exported.text
             rows = {r["group_id"]: r for r in pq.read_table(io.BytesIO(exported.content)).to_pylist()}
@@ -291,3 +309,97 @@ async def test_a_sealed_group_carries_its_oldest_policy_step_and_each_rollouts_r
         (row,) = (await c.get("/ledger/groups/g9")).json()["groups"]
         assert row["policy_step"] == 2 and row["step"] == 3, row
         await post(c, {**rollout("g9", 0), "policy_step": 5}, 409)  # another content for an acknowledged slot
+
+
+async def test_decided_groups_are_pruned_after_rollout_keep_s_and_the_views_stay_right(settings: Settings) -> None:
+    """The bound on what the server keeps: sealed and expired groups (rows and slots) go `rollout_keep_s` after
+    their decision, a sweep at a time of at most `rollout_sweep_limit`; open ones stay, and the views' counters
+    (open, slots done and leased, sealed, expired) read as before."""
+    async with serving(settings, rollout_sweep_every_s=0.02, rollout_keep_s=0.3, rollout_sweep_limit=2) as c:
+        await start(c, variable_group_size=True)
+        for gid in ("s1", "s2", "s3"):
+            await opened(c, gid)
+            for slot in range(4):
+                await post(c, rollout(gid, slot))
+        await opened(c, "x1", min_group_size=2, deadline_s=0.001)
+        await post(c, rollout("x1", 0))
+        assert (await settled(c, "x1"))["state"] == "expired"
+        await opened(c, "live", deadline_s=600.0)
+        await post(c, rollout("live", 0))
+        block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 0, "sealed": 3, "expired": 1}
+        assert (await c.get("/status")).json()["rollouts"] == block
+        deadline = time.monotonic() + 10.0
+        while (await c.get("/rollouts")).json().get("pruned", 0) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for gid in ("s1", "s2", "s3", "x1"):
+            assert (await c.get("/rollouts/group", params={"group_id": gid})).status_code == 404, gid
+        assert (await c.get("/rollouts/group", params={"group_id": "live"})).json()["done"] == [0]
+        assert (await c.get("/rollouts")).json()["pruned"] == 4
+        assert (await c.get("/status")).json()["rollouts"] == block, "pruning moves no view's counter"
+        assert 'rollbuf_rollout_events_total{event="pruned"} 4.0' in (await c.get("/metrics")).text
+        await post(c, rollout("s1", 0, producer="p3"), 404)
+        assert (await c.get("/status")).json()["queue_size"] == 3, "what was sealed stays queued"
+
+
+async def test_a_sibling_lease_can_be_asked_for_of_named_envs_only(settings: Settings) -> None:
+    async with serving(settings, rollout_lease_s=0.001) as c:
+        await start(c)
+        assert (await c.post("/register-env", json=env(name="code"))).status_code == 200  # env 1
+        await opened(c, "m1", env_id=0)
+        await opened(c, "c1", env_id=1)
+
+        async def lease(**extra: Any) -> list[tuple[str, int]]:
+            reply = await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 2, **extra})
+            assert reply.status_code == 200, reply.text
+            return sorted((x["group_id"], x["slot"]) for x in reply.json()["leases"])
+
+        assert await lease(envs=["nope"]) == [], "no env of that name: nothing"
+        assert await lease(envs=[]) == []
+        assert await lease(envs=["code"]) == [("c1", 0), ("c1", 1)]
+        assert await lease(envs=["math", "nope"]) == [("m1", 0), ("m1", 1)]
+        assert len(await lease()) == 2, "no envs: any env's"
+        assert (await c.post("/rollouts/lease", json={"producer_id": "p2", "envs": ["x" * 201]})).status_code == 422
+
+
+async def test_the_runners_sibling_taker_leases_slots_of_the_envs_it_runs_only(settings: Settings) -> None:
+    """The runner's sibling taker asks for its per-rollout envs' slots by name (`OpenGroups.lease(envs=...)`):
+    another env's group, open on the same server, is never leased to it."""
+    app = create_app(settings.model_copy(update={"rollout_lease_s": 0.001}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await start(c)
+            assert (await c.post("/register-env", json=env(name="code"))).status_code == 200  # env 1
+            await opened(c, "m1", env_id=0)
+            await opened(c, "c1", env_id=1)
+            groups = OpenGroups("http://localhost", producer_id="runner", transport=transport)
+            stats, math = RunnerStats(), Arithmetic(name="math")
+            math.posts_each_rollout = math.scores_each_rollout = True
+            taker = SiblingSlots(
+                groups, [math, Arithmetic(name="code")], None, InFlight(4, stats), stats, poll_s=0.01,  # type: ignore[arg-type]
+                may_take=lambda: True, policy_step=lambda: 0, rollout_ended=lambda _: None, changed=lambda: None,
+            )  # fmt: skip
+            assert taker.names == ["math"], "code is submitted whole: no sibling slot of it is taken"
+            leases = await groups.lease(8, taker.names)
+            assert sorted((x.group_id, x.slot) for x in leases) == [("m1", s) for s in range(4)]
+            assert "c1" in {x.group_id for x in await groups.lease(8)}, "without names: any env's"
+            await groups.aclose()
+
+
+async def test_a_lapsed_sibling_lease_stops_counting_as_leased_at_the_next_sweep(settings: Settings) -> None:
+    """The background sweep re-leases nothing, but drops a sibling lease that lapsed (counted `lease_lapsed`): its
+    slot is missing again, for the next taker, and `slots_leased` counts only leases that hold."""
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=0.02) as c:
+        await start(c)
+        await opened(c, "g")
+        await post(c, rollout("g", 0))
+        assert len(await leased(c, "p2", 2)) == 2
+        deadline = time.monotonic() + 10.0
+        while (await c.get("/rollouts")).json().get("lease_lapsed", 0) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 2, "sealed": 0, "expired": 0}
+        assert (await c.get("/status")).json()["rollouts"] == block
+        assert (await c.get("/rollouts/group", params={"group_id": "g"})).json()["leased"] == {}
+        assert 'rollbuf_rollout_events_total{event="lease_lapsed"} 2.0' in (await c.get("/metrics")).text
+        assert sorted(x["slot"] for x in await leased(c, "p3", 8)) == [1, 2, 3], "missing again: handed out"
+        assert (await post(c, rollout("g", 1, producer="p2")))["status"] == "accepted", "a late rollout still counts"

@@ -4,6 +4,8 @@ forgotten by `clear`."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from api.store import Store
@@ -64,3 +66,66 @@ async def test_slots_keep_the_first_and_follow_their_transaction(store: Store) -
     await store.transact(lambda txn: txn.clear())
     assert await store.read(lambda txn: txn.rollouts.get("a")) is None
     assert await store.read(lambda txn: txn.rollouts.slots("a")) == []
+
+
+async def test_lapsed_groups_can_be_asked_for_of_some_envs(store: Store) -> None:
+    def fill(txn: Txn) -> None:
+        txn.rollouts.put(row("a", env=0, expires_at=1.0))
+        txn.rollouts.put(row("b", env=1, expires_at=2.0))
+        txn.rollouts.put(row("c", env=2, expires_at=3.0))
+
+    await store.transact(fill)
+    assert [g.key for g in await store.read(lambda txn: txn.rollouts.lapsed(5.0, 10, [1, 2]))] == ["b", "c"]
+    assert [g.key for g in await store.read(lambda txn: txn.rollouts.lapsed(5.0, 1, [2, 0]))] == ["a"]
+    assert await store.read(lambda txn: txn.rollouts.lapsed(5.0, 10, [])) == []
+    assert len(await store.read(lambda txn: txn.rollouts.lapsed(5.0, 10, None))) == 3
+
+
+async def test_decided_groups_are_found_by_decision_time_and_deleted_with_their_slots(store: Store) -> None:
+    """Retention's contract: decided groups (sealed, expired; their `expires_at` is when) at or before a time are
+    found, at most `limit`, and deleted with their slots; live ones never, whatever their times."""
+
+    def fill(txn: Txn) -> None:
+        txn.rollouts.put(row("live", deadline=1.0, expires_at=1.0))
+        txn.rollouts.put(row("sealing", state="sealing", deadline=1.0, expires_at=1.0))
+        for i, key in enumerate(["s1", "s2", "s3"]):
+            txn.rollouts.put(row(key, state="open", expires_at=50.0))
+            txn.rollouts.put_slot(SlotRow(key, 0, "p", "d", "{}"))
+            txn.rollouts.put(row(key, state="sealed" if i != 1 else "expired", expires_at=10.0 + i))
+        txn.rollouts.put(row("new", state="sealed", expires_at=100.0))
+
+    await store.transact(fill)
+    assert await store.read(lambda txn: txn.rollouts.decided(5.0, 10)) == []
+    assert sorted(await store.read(lambda txn: txn.rollouts.decided(11.0, 10))) == ["s1", "s2"]
+    assert len(await store.read(lambda txn: txn.rollouts.decided(50.0, 2))) == 2, "at most limit"
+    assert sorted(await store.read(lambda txn: txn.rollouts.decided(50.0, 10))) == ["s1", "s2", "s3"]
+
+    def fails(txn: Txn) -> None:
+        txn.rollouts.delete(["s1", "s2"])
+        raise RuntimeError("undone")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(fails)
+    assert sorted(await store.read(lambda txn: txn.rollouts.decided(50.0, 10))) == ["s1", "s2", "s3"]
+    assert len(await store.read(lambda txn: txn.rollouts.slots("s1"))) == 1
+    await store.transact(lambda txn: txn.rollouts.delete(["s1", "s2", "gone"]))
+    assert await store.read(lambda txn: txn.rollouts.get("s1")) is None
+    assert await store.read(lambda txn: txn.rollouts.slots("s2")) == []
+    assert sorted(await store.read(lambda txn: txn.rollouts.decided(math.inf, 10))) == ["new", "s3"]
+    assert len(await store.read(lambda txn: txn.rollouts.slots("s3"))) == 1
+    assert await store.read(lambda txn: txn.rollouts.open_totals(0)) == (2, 200), "live groups untouched"
+
+
+async def test_groups_lapsed_since_a_cursor_are_walked_once_by_lapse_then_key(store: Store) -> None:
+    def fill(txn: Txn) -> None:
+        for key, at in (("b", 1.0), ("a", 1.0), ("c", 2.0), ("d", 9.0)):
+            txn.rollouts.put(row(key, expires_at=at))
+        txn.rollouts.put(row("s", state="sealing", expires_at=1.0))
+
+    await store.transact(fill)
+    first = await store.read(lambda txn: txn.rollouts.lapsed_since((-math.inf, ""), 5.0, 2))
+    assert [g.key for g in first] == ["a", "b"], "ties by key, open ones only"
+    rest = await store.read(lambda txn: txn.rollouts.lapsed_since((1.0, "b"), 5.0, 10))
+    assert [g.key for g in rest] == ["c"], "past the cursor, up to now"
+    assert await store.read(lambda txn: txn.rollouts.lapsed_since((1.0, "a"), 1.0, 10)) == [row("b", expires_at=1.0)]
+    assert await store.read(lambda txn: txn.rollouts.lapsed_since((2.0, "c"), 5.0, 10)) == []

@@ -1,14 +1,25 @@
 """The open group's pure logic (api/rollouts/groups.py), property-tested: whatever order rollouts arrive in and
 whoever sends them, each slot keeps its first acknowledged rollout, a seal covers every slot exactly once (in the
 group or left out with why), never seals fewer than `min_group_size`, waits before the deadline only while
-incomplete, and only missing slots are leased out."""
+incomplete, and only missing slots are leased out. Then the service's transactions over it (api/rollouts/service.py)
+in any order: the views' counters stay true through lapses, sweeps and pruning."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import math
+from typing import Any
+
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from api.config.settings import Settings
+from api.errors import RollbufError
+from api.http.access import ANONYMOUS
 from api.rollouts import groups as rg
+from api.rollouts import service as rs
+from api.store.memory import MemoryTxn, State
+from api.store.rollouts import LIVE
+from api.wire.rollouts import OpenRequest, RolloutPost
 
 events = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["p1", "p2", "p3"]), st.integers(0, 2)), max_size=40)
 
@@ -72,3 +83,96 @@ def test_only_missing_slots_are_leased_and_only_once_the_holder_lapsed(
     again = rg.missing(g, now)
     assert again == ([] if lease_until > now else m), "a live sibling lease is not handed out twice"
     assert rg.next_check(g) >= g.expires_at
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("open"), st.integers(0, 2), st.floats(0.5, 6)),
+        st.tuples(st.just("post"), st.integers(0, 2), st.integers(0, 2), st.sampled_from(["p1", "p2", "p3"])),
+        st.tuples(st.just("lease"), st.sampled_from(["p2", "p3"]), st.integers(1, 4)),
+        st.tuples(st.just("beat"), st.sampled_from(["p1", "p2", "p3"]), st.sets(st.integers(0, 2))),
+        st.tuples(st.just("tick"), st.floats(0, 2)),
+        st.tuples(st.just("tick"), st.floats(0, 2)),
+        st.tuples(st.just("sweep"), st.integers(1, 3)),
+        st.tuples(st.just("walk"), st.integers(1, 3)),
+        st.tuples(st.just("prune"), st.integers(1, 3)),
+    ),
+    min_size=10,
+    max_size=60,
+)
+LEASE_S, KEEP_S = 1.0, 2.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops: list[tuple[Any, ...]]) -> None:
+    """The service's transactions over a memory store, in any order and at any times: the views' counters (open
+    groups, slots done and leased) always equal what the live groups hold; once the sweep's walk caught up, no
+    lapsed sibling lease of a group whose holder lapsed is counted; once pruning caught up, no group decided
+    `KEEP_S` ago is kept, and the counters read as before."""
+    txn = MemoryTxn(State())
+    config = Settings(store="memory://", rollout_lease_s=LEASE_S)
+    now, cursor = 1000.0, (-math.inf, "")
+
+    def walk(limit: int) -> bool:
+        nonlocal cursor
+        rows = txn.rollouts.lapsed_since(cursor, now, limit)
+        if rs.unlease_txn(txn, [r.key for r in rows], now):
+            event("a lapsed sibling lease dropped")
+        if rows:
+            cursor = (rows[-1].expires_at, rows[-1].key)
+        return len(rows) >= limit
+
+    def check() -> None:
+        groups = [rg.OpenGroup.of(r.record) for r in txn.rollouts.scan("", 100) if r.state in LIVE]
+        counts = rs.totals_txn(txn)
+        assert counts["open"] == len(groups)
+        assert counts.get(rs.OPEN_DONE, 0) == sum(len(g.done) for g in groups)
+        assert counts.get(rs.OPEN_LEASED, 0) == sum(1 for g in groups for k in g.leases if k not in g.done)
+
+    for op in ops:
+        kind = op[0]
+        try:
+            if kind == "open":
+                req = OpenRequest(group_id=f"g{op[1]}", producer_id="p1", group_size=3, min_group_size=1,
+                                  deadline_s=op[2])  # fmt: skip
+                rs.open_txn(txn, req, now, config, ANONYMOUS)
+            elif kind == "post":
+                body = {"group_id": f"g{op[1]}", "slot": op[2], "producer_id": op[3], "tokens": [1], "masks": [1],
+                        "score": 1.0}  # fmt: skip
+                _, sealing = rs.post_txn(txn, RolloutPost.model_validate(body), now, config)
+                if sealing:
+                    rs.mark_txn(txn, f"g{op[1]}", None, now)
+            elif kind == "lease":
+                if rs.lease_txn(txn, op[1], op[2], now, config):
+                    event("sibling slots leased")
+            elif kind == "beat":
+                rs.heartbeat_txn(txn, op[1], [f"g{k}" for k in op[2]], now, LEASE_S)
+            elif kind == "tick":
+                now += op[1]
+            elif kind == "sweep":
+                for key in rs.sweep_txn(txn, now, op[1]).sealing:
+                    rs.mark_txn(txn, key, None, now)
+            elif kind == "walk":
+                walk(op[1])
+            elif rs.prune_txn(txn, now - KEEP_S, op[1]):
+                event("decided groups pruned")
+        except RollbufError:  # a post to a group never opened or pruned, a conflict: refused, nothing changed
+            pass
+        check()
+    now += LEASE_S  # every sibling lease lapses, unless heartbeated again
+    while walk(2):
+        pass
+    for r in txn.rollouts.scan("", 100):
+        g = rg.OpenGroup.of(r.record)
+        if r.state == "open" and g.expires_at <= now:
+            assert all(float(v[1]) > now for k, v in g.leases.items() if k not in g.done), "a lapsed lease counted"
+    now += 10.0  # past every deadline and every decision's retention
+    while (swept := rs.sweep_txn(txn, now, 2)).decided or swept.sealing:
+        for key in swept.sealing:
+            rs.mark_txn(txn, key, None, now)
+    now += KEEP_S + 1.0
+    while rs.prune_txn(txn, now - KEEP_S, 2):
+        event("decided groups pruned")
+    assert txn.rollouts.decided(math.inf, 100) == [], "every group was decided, then pruned"
+    check()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from api.store.rollouts import LIVE, GroupRow, OpenGroupTxn, SlotRow
@@ -12,11 +13,13 @@ if TYPE_CHECKING:
 
 class OpenGroupState:
     """Every open group, as one process holds them; `live` keeps the live ones' keys apart, so that sweeps cost
-    what is open, not every group ever opened."""
+    what is open, not every group ever opened; `decided` keeps the decided ones' keys in the order they were
+    decided, so that retention walks the oldest first."""
 
     def __init__(self) -> None:
         self.groups: dict[str, GroupRow] = {}
         self.live: set[str] = set()
+        self.decided: dict[str, None] = {}
         self.slots: dict[str, dict[int, SlotRow]] = {}
 
 
@@ -30,9 +33,12 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
 
     def put(self, row: GroupRow) -> None:
         s = self._s
-        old, was_live = s.groups.get(row.key), row.key in s.live
+        old, was_live, was_decided = s.groups.get(row.key), row.key in s.live, row.key in s.decided
         s.groups[row.key] = row
         (s.live.add if row.state in LIVE else s.live.discard)(row.key)
+        s.decided.pop(row.key, None)
+        if row.state not in LIVE:
+            s.decided[row.key] = None
 
         def undo() -> None:
             if old is None:
@@ -40,6 +46,9 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
             else:
                 s.groups[row.key] = old
             (s.live.add if was_live else s.live.discard)(row.key)
+            s.decided.pop(row.key, None)
+            if was_decided:
+                s.decided[row.key] = None
 
         self._undo.append(undo)
 
@@ -50,9 +59,47 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
         rows = [g for g in self._live() if g.state == "sealing" or g.deadline <= now]
         return sorted(rows, key=lambda g: g.deadline)[:limit]
 
-    def lapsed(self, now: float, limit: int) -> list[GroupRow]:
-        rows = [g for g in self._live() if g.state == "open" and g.expires_at <= now]
+    def lapsed(self, now: float, limit: int, envs: Collection[int] | None = None) -> list[GroupRow]:
+        rows = [
+            g for g in self._live()
+            if g.state == "open" and g.expires_at <= now and (envs is None or g.env_id in envs)
+        ]  # fmt: skip
         return sorted(rows, key=lambda g: g.expires_at)[:limit]
+
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        rows = [g for g in self._live() if g.state == "open" and g.expires_at <= now and (g.expires_at, g.key) > after]
+        return sorted(rows, key=lambda g: (g.expires_at, g.key))[:limit]
+
+    def decided(self, before: float, limit: int) -> list[str]:
+        out = []
+        for i, key in enumerate(self._s.decided):
+            if i >= limit:
+                break
+            if self._s.groups[key].expires_at <= before:
+                out.append(key)
+        return out
+
+    def delete(self, keys: Collection[str]) -> None:
+        s = self._s
+        for key in keys:
+            row, slots = s.groups.pop(key, None), s.slots.pop(key, None)
+            if row is None:
+                continue
+            was_live, was_decided = key in s.live, key in s.decided
+            s.live.discard(key)
+            s.decided.pop(key, None)
+
+            def undo(key: str = key, row: GroupRow = row, slots: dict[int, SlotRow] | None = slots,
+                     was_live: bool = was_live, was_decided: bool = was_decided) -> None:  # fmt: skip
+                s.groups[key] = row
+                if slots is not None:
+                    s.slots[key] = slots
+                if was_live:
+                    s.live.add(key)
+                if was_decided:
+                    s.decided[key] = None
+
+            self._undo.append(undo)
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         keys = sorted(k for k in self._s.groups if k > after)[:limit]  # the export's pages, not a service path

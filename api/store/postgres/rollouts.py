@@ -3,7 +3,7 @@ savepoint, in the enclosing transaction (writers hold the store lock, so replica
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import psycopg
@@ -43,12 +43,44 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
         )
         return [GroupRow(*r) for r in rows]
 
-    def lapsed(self, now: float, limit: int) -> list[GroupRow]:
+    def lapsed(self, now: float, limit: int, envs: Collection[int] | None = None) -> list[GroupRow]:
+        if envs is None:
+            rows = self._read(
+                f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= %b "
+                "ORDER BY expires_at LIMIT %b",
+                (now, limit),
+            )
+        else:
+            rows = self._read(
+                f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= %b AND env_id = ANY(%b) "
+                "ORDER BY expires_at LIMIT %b",
+                (now, list(envs), limit),
+            )
+        return [GroupRow(*r) for r in rows]
+
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        at, key = after
         rows = self._read(
-            f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= %b ORDER BY expires_at LIMIT %b",
-            (now, limit),
+            f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= %b AND expires_at >= %b "
+            "AND (expires_at > %b OR key > %b) ORDER BY expires_at, key LIMIT %b",
+            (now, at, at, key, limit),
         )
         return [GroupRow(*r) for r in rows]
+
+    def decided(self, before: float, limit: int) -> list[str]:
+        # No index holds decided groups (schema v8): this scans the table, which retention keeps to what is
+        # decided in `rollout_keep_s` (and the sweep asks at most every `PRUNE_EVERY_S`).
+        rows = self._read(
+            "SELECT key FROM rollout_groups WHERE state IN ('sealed', 'expired') AND expires_at <= %b LIMIT %b",
+            (before, limit),
+        )
+        return [r[0] for r in rows]
+
+    def delete(self, keys: Collection[str]) -> None:
+        ids = list(keys)
+        if ids:
+            self._write("DELETE FROM rollout_groups WHERE key = ANY(%b)", (ids,))
+            self._write("DELETE FROM rollout_slots WHERE key = ANY(%b)", (ids,))
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         rows = self._read(f"SELECT {_G} FROM rollout_groups WHERE key > %b ORDER BY key LIMIT %b", (after, limit))

@@ -4,6 +4,7 @@ enclosing transaction. Each method is one indexed statement."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Collection
 
 from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
 
@@ -35,13 +36,42 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         )
         return [GroupRow(*r) for r in cur]
 
-    def lapsed(self, now: float, limit: int) -> list[GroupRow]:
+    def lapsed(self, now: float, limit: int, envs: Collection[int] | None = None) -> list[GroupRow]:
+        only, ids = "", list(envs) if envs is not None else []
+        if envs is not None:
+            if not ids:
+                return []
+            only = f"AND env_id IN ({','.join('?' * len(ids))}) "
         cur = self._db.execute(
-            f"SELECT {_G} FROM rollout_groups WHERE {_LIVE} AND state = 'open' AND expires_at <= ? "
+            f"SELECT {_G} FROM rollout_groups WHERE {_LIVE} AND state = 'open' AND expires_at <= ? {only}"
             "ORDER BY expires_at LIMIT ?",
-            (now, limit),
+            (now, *ids, limit),
         )
         return [GroupRow(*r) for r in cur]
+
+    def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
+        at, key = after
+        cur = self._db.execute(
+            f"SELECT {_G} FROM rollout_groups WHERE state = 'open' AND expires_at <= ? AND expires_at >= ? "
+            "AND (expires_at > ? OR key > ?) ORDER BY expires_at, key LIMIT ?",
+            (now, at, at, key, limit),
+        )
+        return [GroupRow(*r) for r in cur]
+
+    def decided(self, before: float, limit: int) -> list[str]:
+        # A row is replaced whole on each write (a new rowid, past the others): decided groups are never written
+        # again, so rowid order is the order they were decided in, and live ones (rewritten as they change) are
+        # the only rows the walk skips.
+        cur = self._db.execute(
+            "SELECT key, expires_at FROM rollout_groups WHERE state IN ('sealed', 'expired') ORDER BY rowid LIMIT ?",
+            (limit,),
+        )
+        return [key for key, at in cur if at <= before]
+
+    def delete(self, keys: Collection[str]) -> None:
+        rows = [(k,) for k in keys]
+        self._db.executemany("DELETE FROM rollout_groups WHERE key = ?", rows)
+        self._db.executemany("DELETE FROM rollout_slots WHERE key = ?", rows)
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         cur = self._db.execute(f"SELECT {_G} FROM rollout_groups WHERE key > ? ORDER BY key LIMIT ?", (after, limit))
