@@ -90,10 +90,13 @@ def lease_slots(g: OpenGroup, producer: str, slots: list[int], until: float) -> 
 
 
 def next_check(g: OpenGroup) -> float:
-    """When the group's missing slots should be looked at again: its holder's lapse, then the soonest sibling
-    lease of a slot still missing."""
-    pending = [float(v[1]) for k, v in g.leases.items() if k not in g.done]
-    return max(g.expires_at, min(pending)) if pending else g.expires_at
+    """When the group's missing slots should be looked at again: its holder's lapse while a missing slot is leased
+    to nobody (it is handed out from then on), else the soonest end of a sibling lease of a missing slot."""
+    missing = [str(s) for s in range(g.group_size) if str(s) not in g.done]
+    pending = [float(g.leases[k][1]) for k in missing if k in g.leases]
+    if len(pending) < len(missing) or not pending:
+        return g.expires_at
+    return max(g.expires_at, min(pending))
 
 
 def post(g: OpenGroup, slot: int, producer: str, known: tuple[str, str] | None, digest: str) -> str:

@@ -344,6 +344,7 @@ def lease_txn(
     name is what a group's siblings share), so that a producer never takes a slot it cannot roll out."""
     out: list[SlotLease] = []
     until = now + settings.rollout_lease_s
+    lapsed = 0
     ids = None
     if envs is not None:
         names = set(envs)
@@ -354,20 +355,25 @@ def lease_txn(
         if len(out) >= n:
             break
         g = rg.OpenGroup.of(row.record)
+        lapsed += _drop_lapsed(g, now)  # the sweep may not see them: a group with a slot nobody leases stays due
         slots = rg.missing(g, now)[: n - len(out)]
         rg.lease_slots(g, producer, slots, until)
         out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
                           expires_at=until) for s in slots]  # fmt: skip
-        check = rg.next_check(g)
-        _put(txn, row, _row(g, row.state, row.bytes, check if check > now else g.deadline))
+        _put(txn, row, _row(g, row.state, row.bytes))  # due again at once while a missing slot is leased to nobody
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})
+    if lapsed:
+        txn.add_counts(COUNTS, {"lease_lapsed": lapsed})
     return out
 
 
-def _lapsed_leases(g: rg.OpenGroup, now: float) -> list[str]:
-    """The group's sibling leases that lapsed (their slots still missing)."""
-    return [k for k, v in g.leases.items() if k not in g.done and float(v[1]) <= now]
+def _drop_lapsed(g: rg.OpenGroup, now: float) -> int:
+    """Drop the group's sibling leases that lapsed (their slots missing again); how many."""
+    gone = [k for k, v in g.leases.items() if k not in g.done and float(v[1]) <= now]
+    for k in gone:
+        del g.leases[k]
+    return len(gone)
 
 
 def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
@@ -379,13 +385,10 @@ def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
         if row is None or row.state != "open":
             continue
         g = rg.OpenGroup.of(row.record)
-        gone = _lapsed_leases(g, now)
-        if not gone:
+        if not (gone := _drop_lapsed(g, now)):
             continue
-        for k in gone:
-            del g.leases[k]
         _put(txn, row, _row(g, row.state, row.bytes))  # its next check: the holder's lapse, or the next lease's end
-        dropped += len(gone)
+        dropped += gone
     if dropped:
         txn.add_counts(COUNTS, {"lease_lapsed": dropped})
     return dropped
@@ -464,7 +467,7 @@ async def unlease(service: Service, limit: int) -> bool:
     rows = await service.store.read(lambda txn: txn.rollouts.lapsed_since(after, now, limit))
     if not rows:
         return False
-    keys = [r.key for r in rows if _lapsed_leases(rg.OpenGroup.of(r.record), now)]
+    keys = [r.key for r in rows if _drop_lapsed(rg.OpenGroup.of(r.record), now)]  # on a copy: which have any
     if keys:
         await service.store.transact(lambda txn: unlease_txn(txn, keys, now))
     service.rollouts_lapse_cursor = (rows[-1].expires_at, rows[-1].key)

@@ -393,13 +393,33 @@ async def test_a_lapsed_sibling_lease_stops_counting_as_leased_at_the_next_sweep
         await start(c)
         await opened(c, "g")
         await post(c, rollout("g", 0))
-        assert len(await leased(c, "p2", 2)) == 2
+        assert len(await leased(c, "p2", 8)) == 3
         deadline = time.monotonic() + 10.0
-        while (await c.get("/rollouts")).json().get("lease_lapsed", 0) < 2 and time.monotonic() < deadline:
+        while (await c.get("/rollouts")).json().get("lease_lapsed", 0) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 2, "sealed": 0, "expired": 0}
+        block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 3, "sealed": 0, "expired": 0}
         assert (await c.get("/status")).json()["rollouts"] == block
         assert (await c.get("/rollouts/group", params={"group_id": "g"})).json()["leased"] == {}
-        assert 'rollbuf_rollout_events_total{event="lease_lapsed"} 2.0' in (await c.get("/metrics")).text
+        assert 'rollbuf_rollout_events_total{event="lease_lapsed"} 3.0' in (await c.get("/metrics")).text
         assert sorted(x["slot"] for x in await leased(c, "p3", 8)) == [1, 2, 3], "missing again: handed out"
         assert (await post(c, rollout("g", 1, producer="p2")))["status"] == "accepted", "a late rollout still counts"
+
+
+async def test_slots_nobody_leased_are_handed_out_at_once_and_lapsed_leases_dropped_on_the_way(
+    settings: Settings,
+) -> None:
+    """A sibling that takes fewer slots than are missing leaves the rest to the next taker at once (they were
+    hidden until its lease ended: `rollout_lease_s`); a lapsed sibling lease in such a group is dropped when the
+    group is leased from again, so `slots_leased` counts only leases that hold."""
+    async with serving(settings, rollout_lease_s=1.0, rollout_sweep_every_s=3600) as c:
+        await start(c)
+        await opened(c, "g")
+        assert [x["slot"] for x in await leased(c, "p2", 1)] == [0]  # once the holder lapsed
+        assert [x["slot"] for x in await leased(c, "p3", 1)] == [1], "the next missing slot, at once"
+        assert [x["slot"] for x in await leased(c, "p4", 8)] == [2, 3]
+        again: set[int] = set()
+        while again != {0, 1, 2, 3}:  # each slot again once its lease lapsed (`leased` polls, bounded)
+            again |= {x["slot"] for x in await leased(c, "p5", 8)}
+        totals = (await c.get("/rollouts")).json()
+        assert totals["lease_lapsed"] == 4 and totals["redispatched"] == 8, totals
+        assert (await c.get("/status")).json()["rollouts"]["slots_leased"] == 4

@@ -163,10 +163,24 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
     now += LEASE_S  # every sibling lease lapses, unless heartbeated again
     while walk(2):
         pass
-    for r in txn.rollouts.scan("", 100):
-        g = rg.OpenGroup.of(r.record)
-        if r.state == "open" and g.expires_at <= now:
-            assert all(float(v[1]) > now for k, v in g.leases.items() if k not in g.done), "a lapsed lease counted"
+
+    def lapsed_counted(only_walked: bool) -> bool:
+        """A lapsed sibling lease still counted in an open group whose holder lapsed (`only_walked`: of groups
+        the walk looks at, those whose every missing slot is leased; one with a slot nobody leases stays due for
+        the next taker, which drops them)."""
+        for r in txn.rollouts.scan("", 100):
+            g = rg.OpenGroup.of(r.record)
+            missing = [str(s) for s in range(g.group_size) if str(s) not in g.done]
+            if r.state != "open" or g.expires_at > now or (only_walked and any(k not in g.leases for k in missing)):
+                continue
+            if any(float(g.leases[k][1]) <= now for k in missing if k in g.leases):
+                return True
+        return False
+
+    assert not lapsed_counted(only_walked=True), "a lapsed lease counted in a group the walk looks at"
+    rs.lease_txn(txn, "p9", 100, now, config)  # the next taker: every due group is leased from
+    check()
+    assert not lapsed_counted(only_walked=False), "a lapsed lease counted after a taker leased from its group"
     now += 10.0  # past every deadline and every decision's retention
     while (swept := rs.sweep_txn(txn, now, 2)).decided or swept.sealing:
         for key in swept.sealing:
