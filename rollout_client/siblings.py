@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 from rollout_client.errors import failure_reason
@@ -22,36 +23,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("rollout_client.runner")
 
 
+@dataclass
 class SiblingSlots:
     """`run()` polls for sibling slots every `poll_s` while `may_take()` and rollout slots are free, until
     cancelled; each slot runs as its own entry in `in_flight` (`group_id#slot`), so the runner's bound, pause,
     staleness and shutdown apply to it as to its own rollouts."""
 
-    def __init__(
-        self,
-        groups: OpenGroups,
-        envs: Sequence[Environment],
-        executor: GroupExecutor,
-        in_flight: InFlight,
-        stats: RunnerStats,
-        *,
-        poll_s: float,
-        may_take: Callable[[], bool],
-        policy_step: Callable[[], int],
-        rollout_ended: Callable[[str], None],
-        changed: Callable[[], None],
-    ) -> None:
-        self.groups = groups
-        self.envs = envs
-        self.executor = executor
-        self.in_flight = in_flight
-        self.stats = stats
-        self.poll_s = poll_s
-        self.may_take = may_take
-        self.policy_step = policy_step
-        self.rollout_ended = rollout_ended
-        self.changed = changed
-        self.holds = Holds()
+    groups: OpenGroups
+    envs: Sequence[Environment]
+    executor: GroupExecutor
+    in_flight: InFlight
+    stats: RunnerStats
+    _: KW_ONLY
+    poll_s: float
+    may_take: Callable[[], bool]
+    policy_step: Callable[[], int]
+    """The weights' step a slot taken now is generated with."""
+    rollout_ended: Callable[[str], None]
+    changed: Callable[[], None]
+    holds: Holds = field(default_factory=Holds)
+    """The groups it works on, heartbeated while any of their slots runs here."""
 
     @property
     def names(self) -> list[str]:
