@@ -17,32 +17,20 @@ from api.store.tasks import TaskRow
 from api.tasks import frontier
 from api.tasks import leases as tl
 from api.tasks.files import TaskFile, resolve
-from api.wire.tasks import (
-    DatasetSpec,
-    DatasetView,
-    LeasedTask,
-    LeaseReply,
-    LeaseRequest,
-    TaskFailure,
-    TaskFailureReply,
-    TaskHeartbeatReply,
-    TaskPage,
-    TaskRows,
-    TaskView,
-)
+from api.wire import tasks as wire
 
 
-def view_of(d: tl.Dataset, served: int = 0) -> DatasetView:
+def view_of(d: tl.Dataset, served: int = 0) -> wire.DatasetView:
     """`served`: of its `trained` tasks, those whose batch is not acknowledged yet (api/tasks/frontier.py)."""
     counts = frontier.split({k: v for k, v in d.counts.items() if v}, served)
-    return DatasetView(
+    return wire.DatasetView(
         name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, levels=d.levels,
         level_sizes=d.level_sizes or None, seed=d.seed,
         max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts=counts, done=d.done,
     )  # fmt: skip
 
 
-def views_txn(txn: Txn) -> list[DatasetView]:
+def views_txn(txn: Txn) -> list[wire.DatasetView]:
     """Every dataset's view (nothing read in runs without one)."""
     if txn.get_value(tl.ANY_KEY) is None:
         return []
@@ -55,10 +43,10 @@ def views_txn(txn: Txn) -> list[DatasetView]:
     return out
 
 
-def task_view(r: TaskRow, mark: int | None = None) -> TaskView:
+def task_view(r: TaskRow, mark: int | None = None) -> wire.TaskView:
     """`mark`: the committed mark, below which a `trained` row's batch is acknowledged (else it shows `served`)."""
     shown = r.state if mark is None else frontier.state_of(r, mark)
-    return TaskView(
+    return wire.TaskView(
         dataset=r.dataset, epoch=r.epoch, index=r.index, state=shown, leases=r.leases, producer=r.producer,
         expires_at=r.expires_at, retries=r.retries, ledger_id=r.ledger_id, step=r.step, reason=r.reason,
         updated_at=r.updated_at,
@@ -79,13 +67,13 @@ def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
     return texts
 
 
-def _same(d: tl.Dataset, spec: DatasetSpec) -> bool:
+def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
     return (d.env, d.epochs, d.seed, d.order, d.max_retries, d.levels, d.level_key) == (
         spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries, spec.levels, spec.level_key,
     )  # fmt: skip
 
 
-async def register(store: Store, settings: Settings, spec: DatasetSpec) -> DatasetView:
+async def register(store: Store, settings: Settings, spec: wire.DatasetSpec) -> wire.DatasetView:
     """Register a dataset (a retry of the same registration is answered as the first was, and goes on reading
     its file where it stopped); its first page, or its file a page at a time."""
     if spec.path is not None and spec.tasks is not None:
@@ -128,7 +116,7 @@ def _adding(name: str, first: int, page: list[str], last: bool) -> Callable[[Txn
     return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"))
 
 
-async def add_page(store: Store, settings: Settings, page: TaskPage) -> DatasetView:
+async def add_page(store: Store, settings: Settings, page: wire.TaskPage) -> wire.DatasetView:
     texts = _texts(page.tasks, settings, "tasks")
     if page.first + len(texts) > settings.task_max_dataset_size:
         raise InvalidData(("body", "tasks"), f"more than {settings.task_max_dataset_size} tasks")
@@ -136,7 +124,7 @@ async def add_page(store: Store, settings: Settings, page: TaskPage) -> DatasetV
     return view_of(d)
 
 
-async def lease(store: Store, settings: Settings, req: LeaseRequest) -> LeaseReply:
+async def lease(store: Store, settings: Settings, req: wire.LeaseRequest) -> wire.LeaseReply:
     n = min(req.n, settings.task_page_size)
     now = time.time()
 
@@ -147,29 +135,31 @@ async def lease(store: Store, settings: Settings, req: LeaseRequest) -> LeaseRep
         return leases, record is not None and tl.Dataset.of(record).done
 
     leases, done = await store.transact(fn)
-    return LeaseReply(
-        leases=[LeasedTask(token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data),
+    return wire.LeaseReply(
+        leases=[wire.LeasedTask(token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data),
                            expires_at=x.expires_at) for x in leases],
         done=done,
     )  # fmt: skip
 
 
-async def heartbeat(store: Store, settings: Settings, tokens: list[str]) -> TaskHeartbeatReply:
+async def heartbeat(store: Store, settings: Settings, tokens: list[str]) -> wire.TaskHeartbeatReply:
     now = time.time()
     out = await store.transact(lambda txn: tl.heartbeat(txn, tokens, now, settings.task_lease_s))
-    return TaskHeartbeatReply(expires_at=out)
+    return wire.TaskHeartbeatReply(expires_at=out)
 
 
-async def fail(store: Store, body: TaskFailure) -> TaskFailureReply:
+async def fail(store: Store, body: wire.TaskFailure) -> wire.TaskFailureReply:
     now = time.time()
-    return TaskFailureReply(accepted=await store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now)))
+    return wire.TaskFailureReply(
+        accepted=await store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now))
+    )
 
 
-async def datasets(store: Store) -> list[DatasetView]:
+async def datasets(store: Store) -> list[wire.DatasetView]:
     return await store.read(views_txn)
 
 
-async def rows(store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int) -> TaskRows:
+async def rows(store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int) -> wire.TaskRows:
     limit = max(1, min(limit, settings.task_page_size))
 
     def fn(txn: Txn) -> tuple[list[TaskRow], int]:
@@ -179,4 +169,4 @@ async def rows(store: Store, settings: Settings, name: str, after: tuple[int, in
 
     found, mark = await store.read(fn)
     nxt = (found[-1].epoch, found[-1].index) if len(found) == limit else None
-    return TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)
+    return wire.TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)
