@@ -25,7 +25,7 @@ CREDITS_KEY = "credits"
 BLOCKED_KEY = "blocked"
 PASSED_KEY = "passed_over"
 """Per env: its oldest item passed over by formation and the step it was first passed over
-(`api.batches.planner.age`)."""
+(`api.batches.aging.age`)."""
 QUIET_KEY = "quiet_shares"
 """Per env whose minimum allocation holds batches back: since when (wall clock), and whether it was released."""
 ARRIVALS_KEY = "awaiting_arrivals"

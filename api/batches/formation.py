@@ -12,21 +12,12 @@ import orjson
 
 from api import state
 from api.batches.acknowledge import acknowledge
+from api.batches.aging import age, is_due
 from api.batches.kept import COMMIT, ReadAhead, read_ahead_full
 from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
-from api.batches.planner import (
-    BatchSpec,
-    EnvWindow,
-    LookAhead,
-    NoBatch,
-    Plan,
-    age,
-    is_due,
-    plan_batch,
-    scale_shares,
-    take_window,
-)
+from api.batches.planner import BatchSpec, EnvWindow, LookAhead, NoBatch, Plan, plan_batch
 from api.batches.trim import first_sequences
+from api.batches.windows import scale_shares, take_window
 from api.config.groups import part, setting
 from api.errors import Conflict, Gone, RollbufError
 from api.ingest.filters import STALE

@@ -130,57 +130,6 @@ class NoBatch:
     bounds that wait in time (`arrivals_waited_out`) and knows arrivals came when this number changes."""
 
 
-# ------------------------------------------------------------------------------------------- windows
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    items: list[ItemMeta]
-    stale: list[ItemMeta]
-    more: bool = False
-    """The read stopped at a bound, not at the queue's end (more may be queued)."""
-
-
-def take_window(
-    head: Iterable[ItemMeta],
-    *,
-    min_step: int | None,
-    max_seqs: int,
-    max_tokens: int | None = None,
-    max_items: int | None = None,
-) -> Window:
-    """Read an env's queue from the head until it holds enough fresh items for any batch; set stale ones aside.
-
-    Reads `max_seqs` sequences' worth of fresh items (or `max_tokens` tokens' worth, or `max_items` items),
-    plus the stale items met on the way, which are to be dropped.
-    """
-    items: list[ItemMeta] = []
-    stale: list[ItemMeta] = []
-    seqs = tokens = 0
-    for meta in head:
-        if min_step is not None and meta.policy_step < min_step:
-            stale.append(meta)
-            continue
-        items.append(meta)
-        seqs += meta.seqs
-        tokens += meta.tokens
-        if (
-            seqs >= max_seqs
-            or (max_tokens is not None and tokens >= max_tokens)
-            or (max_items is not None and len(items) >= max_items)
-        ):
-            return Window(items, stale, more=True)
-    return Window(items, stale)
-
-
-def scale_shares(shares: Mapping[int, float | None]) -> dict[int, float]:
-    """Minimum allocations as given, scaled down proportionally when they add up past 1."""
-    given = {env: s for env, s in shares.items() if s}
-    total = sum(given.values())
-    factor = 1.0 / total if total > 1.0 else 1.0
-    return {env: s * factor for env, s in given.items()}
-
-
 # ------------------------------------------------------------------------------------------- planning
 
 
@@ -623,25 +572,3 @@ def _plan_tokens(
         blocked=False,
         credits=dict(credits),
     )
-
-
-# ------------------------------------------------------------------------------------------- aging
-
-PassedOver = dict[int, tuple[int, int]]
-"""Per env: its oldest item passed over (a newer item of its env taken) and the step it was first passed over."""
-
-
-def is_due(passed: PassedOver, env_id: int, head: ItemMeta | None, step: int, due_after: int) -> bool:
-    """Whether the env's oldest item has been passed over for `due_after` batches: a batch must now hold it."""
-    got = passed.get(env_id)
-    return head is not None and got is not None and got[0] == head.item_id and step - got[1] >= due_after
-
-
-def age(passed: PassedOver, plan: Plan, step: int) -> PassedOver:
-    """The record after batch `step` was formed by `plan`: an env whose oldest item was taken starts afresh; one
-    whose oldest item was passed over keeps the step it was first passed over (or starts counting now)."""
-    out = {env: rec for env, rec in passed.items() if env not in plan.take or env in plan.passed_over}
-    for env, item_id in plan.passed_over.items():
-        rec = passed.get(env)
-        out[env] = rec if rec is not None and rec[0] == item_id else (item_id, step)
-    return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from api import state
-from api.batches.planner import scale_shares
+from api.batches.windows import scale_shares
 from api.ledger.drop_bias import (
     Decision,
     DropBias,

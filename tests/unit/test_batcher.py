@@ -9,6 +9,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api.batches.aging import PassedOver, age, is_due
 from api.batches.items import ItemMeta
 from api.batches.planner import (
     SMALLER,
@@ -18,15 +19,11 @@ from api.batches.planner import (
     EnvWindow,
     LookAhead,
     NoBatch,
-    PassedOver,
     Plan,
-    age,
     arrival_that_fills,
-    is_due,
     plan_batch,
-    scale_shares,
-    take_window,
 )
+from api.batches.windows import scale_shares, take_window
 
 _ids = itertools.count(1)
 
