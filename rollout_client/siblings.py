@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
+from api.wire.rollouts import ENVS_MAX
 from rollout_client.errors import failure_reason
 from rollout_client.inflight import Group, InFlight
 from rollout_client.open_groups import OpenGroups
@@ -58,7 +59,8 @@ class SiblingSlots:
             free = self.in_flight.free
             if free > 0 and self.may_take():
                 try:
-                    leases = await self.groups.lease(free, self.names)
+                    names = self.names  # more than a request may name: any env's (those of others lapse)
+                    leases = await self.groups.lease(free, names if len(names) <= ENVS_MAX else None)
                 except Exception as exc:  # the next poll tries again
                     log.warning("taking sibling slots failed: %s", exc)
                     leases = []

@@ -66,7 +66,7 @@ async def seal(body: SealRequest, service: ServiceDep) -> GroupView:
     return await _view(service, body.group_id)
 
 
-@route(router, "POST", "/rollouts/lease", ENV_SIDE, body="json", statuses=(400, 422, 503),
+@route(router, "POST", "/rollouts/lease", ENV_SIDE, body="json", statuses=(400, 413, 422, 503),
        response_model=SlotLeaseReply)  # fmt: skip
 async def lease(body: SlotLeaseRequest, service: ServiceDep, settings: SettingsDep) -> SlotLeaseReply:
     """Up to `n` missing slots of groups whose producer stopped heartbeating, each for `rollout_lease_s` (of the

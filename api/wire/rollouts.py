@@ -10,8 +10,9 @@ from pydantic import Field
 
 from api.wire.rules import ENV_NAME_MAX, GROUP_ID_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
 
-ENVS_MAX = 1024
-"""Most env names a sibling lease request may name."""
+ENVS_MAX = 64
+"""Most env names a sibling lease request may name (a producer names the envs it runs; a list past this is refused
+with 422, and one of long names whose escaped JSON passes the route's body bound with 413)."""
 SLOTS_MAX = 4096
 """Largest G of an open group."""
 Slot = Annotated[int, Field(ge=0, lt=SLOTS_MAX)]

@@ -359,6 +359,8 @@ async def test_a_sibling_lease_can_be_asked_for_of_named_envs_only(settings: Set
         assert await lease(envs=["math", "nope"]) == [("m1", 0), ("m1", 1)]
         assert len(await lease()) == 2, "no envs: any env's"
         assert (await c.post("/rollouts/lease", json={"producer_id": "p2", "envs": ["x" * 201]})).status_code == 422
+        many = {"producer_id": "p2", "envs": [f"e{i}" for i in range(65)]}  # past ENVS_MAX (64)
+        assert (await c.post("/rollouts/lease", json=many)).status_code == 422
 
 
 async def test_the_runners_sibling_taker_leases_slots_of_the_envs_it_runs_only(settings: Settings) -> None:
