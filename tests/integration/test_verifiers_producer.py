@@ -114,22 +114,28 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
         assert deltas == []
 
 
-async def test_through_the_pool_a_group_in_flight_across_a_sync_carries_both_versions(
+SYNCS = 20
+"""Weight syncs the pool producer follows (issue 37: "across 20 syncs", in process and through verifiers' pool)."""
+
+
+async def test_through_the_pool_groups_carry_the_weights_that_generated_them_across_20_syncs(
     tmp_path: Path, offline: Path
 ) -> None:
-    """Issue 37 through verifiers' pool: the weights of step 1 are announced while a group's episodes are in flight
-    at the pool's workers (`on_new_weights` "continue", the default). That group keeps the stamp it started with
-    and carries [0, 1]; the next group starts on the new weights."""
+    """Issue 37 through verifiers' pool, with `max_staleness` 1. First the weights of step 1 are announced while a
+    group's episodes are in flight at the pool's workers (`on_new_weights` "continue", the default): that group
+    keeps the stamp it started with and carries [0, 1]. Then the trainer takes a batch and announces its weights,
+    20 times: every group carries the weights that generated it (never newer than announced when it was served,
+    within the staleness bound of the batch that trains it), and the run never stalls."""
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
-        start_trainer(server.url, batch_size=G)
+        start_trainer(server.url, batch_size=G, max_staleness=1)
         httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()
         config = env_config_data()
         env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G,
                                    workers=2)  # fmt: skip
         vllm.control(hang_all=True)  # the first group's episodes stay in flight at the pool's workers
         async with env:
-            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config, cycle=False, limit=2))],
-                                   ExternalInference(), max_in_flight=G)  # fmt: skip
+            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(),
+                                   max_in_flight=G, max_staleness=1)  # fmt: skip
             run = asyncio.create_task(runner.run())
             at_workers = until_run_s(lambda: [r.traces for r in env.live.values()] == [1] * G)
             await asyncio.wait_for(at_workers, RUN_S)  # the worker sets its harness up first
@@ -140,11 +146,25 @@ async def test_through_the_pool_a_group_in_flight_across_a_sync_carries_both_ver
             httpx.post(server.url + "/weights", json={"step": 1}).raise_for_status()
             await until(lambda: runner.policy_step == 1, "the runner to follow the announced weights")
             vllm.control(hang_all=False)
-            stats = await asyncio.wait_for(run, RUN_S)
-        served = drain(server.url)
-    assert stats.accepted == 2 and not stats.failed and not stats.skipped
-    versions = sorted((g["policy_step"], g["generation_params"]["weight_versions"]) for g in served)
-    assert versions == [(0, [0, 1]), (1, [1, 1])]
+            served: list[tuple[int, dict[str, Any]]] = []
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+                for step in range(1, SYNCS + 1):  # batch `step` trained, then the weights of step + 1 announced
+                    reply = await c.get("/batch", params={"step": step, "wait": 30})
+                    batch = reply.json()["batch"]
+                    assert batch, f"no batch {step} within 30 s: the run stalled ({runner.health()})"
+                    served += [(step, g) for g in batch]
+                    (await c.post("/weights", json={"step": step + 1})).raise_for_status()
+            runner.stop()
+            await asyncio.wait_for(run, RUN_S)
+    assert not runner.stats.failed
+    assert len(served) == SYNCS
+    first_step, first = served[0]
+    assert (first["policy_step"], first["generation_params"]["weight_versions"]) == (0, [0, 1])
+    for step, g in served:
+        low, high = g["generation_params"]["weight_versions"]
+        assert g["policy_step"] == low <= high <= step, (step, g["policy_step"], low, high)  # announced by then
+        assert step - g["policy_step"] <= 1, (step, g["policy_step"])  # max_staleness
+    assert {g["policy_step"] for _, g in served[1:]} >= set(range(2, SYNCS - 1)), "each sync's weights were used"
 
 
 async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
