@@ -29,8 +29,8 @@ PASSED_KEY = "passed_over"
 QUIET_KEY = "quiet_shares"
 """Per env whose minimum allocation holds batches back: since when (wall clock), and whether it was released."""
 ARRIVALS_KEY = "awaiting_arrivals"
-"""While formation waits for arrivals to complete an exact fill: since when (wall clock), and the sequences queued
-then (a change means something arrived, and the wait starts again)."""
+"""While formation waits for arrivals to complete an exact fill: since when (wall clock), the sequences queued then
+and the step (a change of either means something arrived or a batch formed, and the wait starts again)."""
 ANON_NAME = "(no env_id)"
 """How views and counters name groups sent without an env_id."""
 
@@ -236,10 +236,12 @@ def save_quiet(txn: Txn, quiet: dict[int, tuple[float, bool]]) -> None:
     _put(txn, QUIET_KEY, {str(k): list(v) for k, v in quiet.items()})
 
 
-def load_awaiting(txn: Txn) -> tuple[float, int] | None:
+def load_awaiting(txn: Txn) -> tuple[float, int, int] | None:
     got = _get(txn, ARRIVALS_KEY, None)
-    return None if got is None else (float(got[0]), int(got[1]))
+    if got is None or len(got) != 3:  # a record of the layout before the step was kept: the wait starts again
+        return None
+    return float(got[0]), int(got[1]), int(got[2])
 
 
-def save_awaiting(txn: Txn, awaiting: tuple[float, int] | None) -> None:
-    _put(txn, ARRIVALS_KEY, None if awaiting is None else list(awaiting))
+def save_awaiting(txn: Txn, awaiting: tuple[float, int, int]) -> None:
+    _put(txn, ARRIVALS_KEY, list(awaiting))

@@ -116,7 +116,6 @@ class WorkerPool:
         recycle: RecyclePolicy = RecyclePolicy(),  # noqa: B008 (frozen)
     ) -> None:
         self._ctx = multiprocessing.get_context("spawn")
-        check_picklable(envs, policy)
         self._args = (list(envs), policy, limits, recycle)
         self._envs = list(envs)
         self._n = n

@@ -172,7 +172,7 @@ def form(
                         due_after=look.due_after)  # fmt: skip
         windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
         plan = plan_batch(windows, spec, credits)
-    plan, waited = _await_arrivals(txn, plan, windows, spec, credits, now, rules.arrival_wait_seconds)
+    plan, waited = _await_arrivals(txn, plan, windows, spec, credits, now, run.step, rules.arrival_wait_seconds)
     recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
     if waited is not None:
         recheck = waited if recheck is None else min(recheck, waited)
@@ -237,24 +237,24 @@ def _await_arrivals(
     spec: BatchSpec,
     credits: dict[int, float],
     now: float,
+    step: int,
     limit: float,
 ) -> tuple[Plan | NoBatch, float | None]:
     """Bound in time the planner's wait for arrivals that could complete an exact fill: it starts when the
     planner first waits with this many sequences queued (any arrival starts it again), and once `limit` seconds
     pass with nothing arriving the plan is made again with the trainer's `no_exact_fill` applied (a run whose
-    producers stop trains what is queued). Returns the plan and the seconds until the wait runs out, if waiting."""
-    saved = state.load_awaiting(txn)
+    producers stop trains what is queued). Returns the plan and the seconds until the wait runs out, if waiting.
+
+    The record is read only while waiting: it names the step it was made at, so one left by a wait that a batch
+    ended is told apart without a read (or a write) on every formation."""
     if not isinstance(plan, NoBatch) or plan.awaiting is None:
-        if saved is not None:
-            state.save_awaiting(txn, None)
         return plan, None
-    since = saved[0] if saved is not None and saved[1] == plan.awaiting else now
+    saved = state.load_awaiting(txn)
+    since = saved[0] if saved is not None and saved[1:] == (plan.awaiting, step) else now
     if now - since >= limit:
-        if saved is not None:
-            state.save_awaiting(txn, None)
         return plan_batch(windows, spec, credits, arrivals_waited_out=True), None
-    if saved != (since, plan.awaiting):
-        state.save_awaiting(txn, (since, plan.awaiting))
+    if saved != (since, plan.awaiting, step):
+        state.save_awaiting(txn, (since, plan.awaiting, step))
     return plan, since + limit - now
 
 
