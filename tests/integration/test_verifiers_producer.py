@@ -149,9 +149,9 @@ async def test_through_the_pool_groups_carry_the_weights_that_generated_them_acr
             served: list[tuple[int, dict[str, Any]]] = []
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
                 for step in range(1, SYNCS + 1):  # batch `step` trained, then the weights of step + 1 announced
-                    reply = await c.get("/batch", params={"step": step, "wait": 30})
-                    batch = reply.json()["batch"]
-                    assert batch, f"no batch {step} within 30 s: the run stalled ({runner.health()})"
+                    deadline = time.monotonic() + RUN_S  # the first waits for the hung episodes to finish
+                    while not (batch := (await c.get("/batch", params={"step": step, "wait": 30})).json()["batch"]):
+                        assert time.monotonic() < deadline, f"no batch {step}: the run stalled ({runner.health()})"
                     served += [(step, g) for g in batch]
                     (await c.post("/weights", json={"step": step + 1})).raise_for_status()
             runner.stop()
