@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from api.wire.schema import EnvRegistered, EnvStatus, Info
+from api.wire.schema import EnvRegistered, Info
 from rollout_client.accounting import Tally
 from rollout_client.aio import bounded_close, wait_first
 from rollout_client.backpressure import Backpressure
@@ -35,7 +35,7 @@ from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited
 from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
 from rollout_client.failures import FailurePolicy
-from rollout_client.following import Beats, Follower, producer_id
+from rollout_client.following import Follower, producer_id
 from rollout_client.inflight import Group, InFlight
 from rollout_client.leased_tasks import lease_token
 from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
@@ -49,7 +49,8 @@ from rollout_client.siblings import SiblingSlots
 from rollout_client.stats import RunnerHealth, RunnerStats
 from rollout_client.tasks import TaskSource, next_task_unless
 from rollout_client.timeouts import Timeouts
-from rollout_client.watching import Monitor, Sight, held_back
+from rollout_client.watch import Watch, Weights
+from rollout_client.watching import Monitor
 from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
 from rollout_client.workers import WorkerPool, check_picklable
 
@@ -126,7 +127,8 @@ class RolloutRunner:
         self.pool: WorkerPool | None = None
         self.ready = asyncio.Event()
         """Set once every env is registered and workers are started."""
-        self._policy_step: int | None = None
+        self._weights = Weights(self.stats)
+        """The weights now generating (`policy_step`), shared with the watch, which follows announcements."""
         self._gate = Gate()
         self._dispatch_open = asyncio.Event()
         self._dispatch_open.set()
@@ -148,14 +150,18 @@ class RolloutRunner:
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
         self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
-        self._monitor = Monitor(max_staleness, stall_warning, self.timeouts.inference_outage)
         self._executor: GroupExecutor | None = None
         """What runs the groups, once the run has started (`_start`)."""
-        self._resumed = False
         self._follow = Follower(self.envs)
         """The weights the trainer announces, followed (`rollout_client.following`)."""
-        self._beat_now = asyncio.Event()
-        self._drained_for: int | None = None
+        self._watch = Watch(
+            names=self._names, statuses=self._registrations, backpressure=self._backpressure,
+            follow=self._follow, monitor=Monitor(max_staleness, stall_warning, self.timeouts.inference_outage),
+            in_flight=self._in_flight, inference=self._inference, stats=self.stats, weights=self._weights,
+            poll_interval=poll_interval, changed=self._changed, end=self._end, paused=lambda: self.paused,
+            pool=lambda: self.pool,
+        )  # fmt: skip
+        """Reads the server and applies what it says, beside dispatch (`rollout_client.watch`)."""
         self.producer_id = producer_id()
         """This run's id as a producer: its heartbeats carry it, and so does every group it submits (the ledger
         names the producer of each group)."""
@@ -169,7 +175,7 @@ class RolloutRunner:
     @property
     def policy_step(self) -> int:
         """The step of the weights now generating; stamped on every group started from now on."""
-        return self._policy_step or 0
+        return self._weights.now
 
     def stop(self) -> None:
         """Stop dispatching and shut down (returns at once; `run()` returns within `timeouts.shutdown`).
@@ -236,16 +242,22 @@ class RolloutRunner:
         if policy_step is None:
             announced = self._follow.weights_step
             policy_step = max(self.policy_step, self.stats.trainer_step if announced is None else announced)
-        self._resumed = True
+        self._weights.resumed = True
         if self._loop is not None:
             self._in_flight.release_deadlines(self._loop.time())
-        self._policy_step = policy_step
-        self.stats.policy_step = self._policy_step
+        self._weights.set(policy_step)
         if self.pool is not None:
             self.pool.resume()
         self._gate.open()
         self._dispatch_open.set()
         self._changed.set()
+
+    def health(self) -> RunnerHealth:
+        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
+        runner's loop (or through `RunnerHandle.health()` from another thread)."""
+        self.stats.count_workers(self.pool)
+        error = None if self._error is None else str(self._error)
+        return self.stats.health(running=self._running, paused=self.paused, policy_step=self.policy_step, error=error)
 
     # ------------------------------------------------------------------------------------------- run
 
@@ -263,7 +275,7 @@ class RolloutRunner:
         try:
             try:
                 if await unless_stopped(self._stopping, self._start()):
-                    monitor = asyncio.create_task(self._monitoring())
+                    monitor = asyncio.create_task(self._watch.run(self._watch.beats(self.clients, self.producer_id)))
                     siblings = None
                     if self.groups is not None:  # an env posts each rollout: take sibling slots too
                         siblings = asyncio.create_task(self._siblings(self.groups).run())
@@ -306,8 +318,8 @@ class RolloutRunner:
             client = RolloutClient(self.base_url, **self.client_options)
             self.clients.append(client)
             reg = await register(client, env, self.register_wait)
-            if self._policy_step is None:
-                self._policy_step = reg.starting_step
+            if self._weights.step is None:
+                self._weights.step = reg.starting_step
         info = await self.clients[0].info()
         self._backpressure.batch_size = info.batch_size
         self.limits = self.timeouts.limits(info.max_token_len)
@@ -364,8 +376,7 @@ class RolloutRunner:
         """An env registered again: the weights generating from now on are stamped with the new run's step."""
         self.stats.reregistered = self._registrations.reregistered
         self._follow.weights_step = None  # a new run announces its own weights
-        self._policy_step = reg.starting_step
-        self.stats.policy_step = reg.starting_step
+        self._weights.set(reg.starting_step)
         self._backpressure.batch_size = info.batch_size
         self._changed.set()
 
@@ -380,7 +391,7 @@ class RolloutRunner:
             if not self._inference.closed:  # new groups would only fail: wait for the server
                 await wait_first(self._changed)  # until a group ends, a status read, a signal
                 continue
-            self._refresh_blocked()
+            self._watch.refresh_blocked()
             eligible = [
                 b is None and not x and not self._follow.holds(i)
                 for i, (b, x) in enumerate(zip(self._backpressure.held, self._exhausted, strict=True))
@@ -531,89 +542,6 @@ class RolloutRunner:
         """Give back a group's rollout slots when its rollouts end (before its submit): a group may start."""
         if self._in_flight.release(group_id):
             self._changed.set()
-
-    # ------------------------------------------------------------------------------------------- monitor
-
-    async def _monitoring(self) -> None:
-        """Watch the server (`_watch`) and heartbeat meanwhile; whatever goes wrong here ends the run."""
-        beats = Beats(self.clients, [e.name for e in self.envs], self.stats, lambda: self.policy_step,
-                      lambda: (self._follow.drains, self._drained_for), self._beat_now, self.producer_id)  # fmt: skip
-        beating = asyncio.create_task(beats.run())
-        try:
-            await self._watch()
-        except RetriesExhausted as exc:
-            self._end("the rollbuf server stayed unreachable", exc)
-        except Exception as exc:  # never a bare error out of run(), never a skipped shutdown
-            self._end(f"the runner's monitor failed: {type(exc).__name__}", exc)
-        finally:
-            beating.cancel()
-
-    async def _watch(self) -> None:
-        """Every `poll_interval`: read every env's /status-env, take in what it says, and apply the monitor's
-        verdict (hold envs back, cancel groups that became stale, end the run)."""
-        while True:
-            mark = self._backpressure.mark()
-            statuses: Sequence[EnvStatus] = await asyncio.gather(
-                *(self._registrations.status(i) for i in range(len(self.clients)))
-            )
-            trainer_step = self._backpressure.observed(list(statuses), mark)
-            self._weights_observed(statuses)
-            held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
-            self._drained_now()
-            self.stats.trainer_step = trainer_step
-            sight = Sight(
-                held, self._draining(), [(k, g.policy_step, g.submitting) for k, g in self._in_flight.groups.items()],
-                self.policy_step, trainer_step, paused=self.paused, resumed=self._resumed,
-                weights_step=self._follow.weights_step,
-                blocked_reason=next((st.blocked_reason for st in statuses if st.blocked_reason), None),
-                inference_down_for=self._inference.down_for(time.monotonic()),
-            )  # fmt: skip
-            tick = self._monitor.tick(sight, time.monotonic())
-            self.stats.hold(self._names, tick.held)
-            self.stats.stalled, self.stats.server_blocked = tick.stalled, tick.server_blocked
-            if tick.end is not None:
-                self._end(tick.end, None)
-                return
-            self.stats.count_workers(self.pool)
-            for key in tick.stale:
-                if (g := self._in_flight.groups.get(key)) is not None:
-                    self._in_flight.cancel(g, "stale")
-            self._changed.set()
-            await asyncio.sleep(self.poll_interval)
-
-    def _draining(self) -> list[bool]:
-        return [self._follow.holds(i) for i in range(len(self.envs))]
-
-    def _refresh_blocked(self) -> None:
-        """Which envs must wait, from the last status read and what this runner has in flight now."""
-        held = self._backpressure.refresh(self._in_flight.pending(), self.policy_step)
-        self.stats.hold(self._names, held_back(held, self._draining()))
-
-    def health(self) -> RunnerHealth:
-        """What a trainer checks between steps: alive workers, in flight, failures, lag. Call it on the
-        runner's loop (or through `RunnerHandle.health()` from another thread)."""
-        self.stats.count_workers(self.pool)
-        error = None if self._error is None else str(self._error)
-        return self.stats.health(running=self._running, paused=self.paused, policy_step=self.policy_step, error=error)
-
-    def _weights_observed(self, statuses: Sequence[EnvStatus]) -> None:
-        """New weights announced: stamped on the groups started from now on (groups in flight meet them by their
-        env's `on_new_weights`), and what `max_staleness` is judged against."""
-        step = self._follow.observed(statuses, self._in_flight)
-        if step is not None and (self._policy_step is None or step > self._policy_step):
-            self._policy_step = step
-            self.stats.policy_step = step
-            self._resumed = True
-            self._changed.set()
-
-    def _drained_now(self) -> None:
-        """Drained for a pending sync (or no longer): heartbeat at once, the trainer waits for it."""
-        drained = self._follow.drained_for(self._in_flight)
-        if drained != self._drained_for:
-            self._drained_for = drained
-            self._beat_now.set()
-            if drained is not None:
-                log.info("drained for the weight sync to step %d: no drain env's episode in flight", drained)
 
     # ------------------------------------------------------------------------------------------- shutdown
 
