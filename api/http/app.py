@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -56,6 +57,21 @@ rule) and `detail` as FastAPI writes it. With an API key set, the operations mar
 `Authorization: Bearer <key>` (the Authorize button)."""
 
 
+TELEMETRY_OFF: dict[str, Any] = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's OpenTelemetry instrumentation, off: it asks on every request whether a provider is configured (3%
+of a small group's ingest when none is). It stays on where one is configured before the app is built, as
+`opentelemetry-instrument` and an SDK set up at import do (docs/observability.md)."""
+_DEFERRED = {"ProxyTracerProvider", "_ProxyMeterProvider", "ProxyLoggerProvider"}
+
+
+def otel_configured() -> bool:
+    """Whether an OpenTelemetry tracer, meter or logger provider is set (not the API's deferred stand-ins)."""
+    from opentelemetry import _logs, metrics, trace
+
+    providers = (trace.get_tracer_provider(), metrics.get_meter_provider(), _logs.get_logger_provider())
+    return any(type(p).__name__ not in _DEFERRED for p in providers)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
 
@@ -101,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         swagger_ui_parameters={"tryItOutEnabled": True},
+        telemetry=None if otel_configured() else TELEMETRY_OFF,
     )
     app.state.settings = settings
     connections.configure(

@@ -17,6 +17,8 @@ def filter_reason(scores: np.ndarray, registration: Registration) -> str | None:
     """Why the trainer asked not to see this group, or None to keep it."""
     if registration.drop_zero_variance and scores.size > 0 and bool(np.all(scores == scores[0])):
         return ZERO_VARIANCE
+    if registration.min_score is None and registration.max_score is None:  # no mean to compute (numpy's is µs)
+        return None
     mean = float(scores.mean()) if scores.size else 0.0
     if registration.min_score is not None and mean < registration.min_score:
         return SCORE_RANGE

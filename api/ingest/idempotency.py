@@ -74,13 +74,10 @@ def legacy_digest(rec: GroupRecord, sent_policy_step: int | None) -> str:
     return h.hexdigest()
 
 
-def remember(reply_json: str, digest: str | None) -> str:
-    """The text stored for a key: the reply, with the content digest beside its fields."""
-    if digest is None:
-        return reply_json
-    obj = orjson.loads(reply_json)
-    obj[DIGEST_KEY] = digest
-    return orjson.dumps(obj).decode()
+def remember(reply: dict[str, Any], digest: str | None) -> str:
+    """The text stored for a key: the reply's fields (as `model_dump(exclude_none=True)` gives them), with the
+    content digest beside them."""
+    return orjson.dumps(reply if digest is None else {**reply, DIGEST_KEY: digest}).decode()
 
 
 def same_content(remembered: str, digest: str | None, legacy: Callable[[], str] | None = None) -> bool:

@@ -108,7 +108,7 @@ def submit_txn(
             reply = ScoredReply(status="received")
             arrivals.stored(item_id, env_id, sub, QUEUED)
         if sub.key:
-            txn.put_reply(sub.key, remember(reply.model_dump_json(exclude_none=True), sub.digest))
+            txn.put_reply(sub.key, remember(reply.model_dump(exclude_none=True), sub.digest))
         replies[i] = reply
     for i, first in repeats:
         first_reply = replies[first]
@@ -132,46 +132,59 @@ def check_capacity(
     lim: QueueLimits, counts: dict[int, QueueCounts], held: dict[int, QueueCounts], subs: Sequence[Submission]
 ) -> None:
     """QueueFull when storing `subs` would take the queue and side buffers (or an env's share of them) past a
-    limit. (A side buffer's own bound is checked as a group is held: one that completes held groups fits.)"""
+    limit. (A side buffer's own bound is checked as a group is held: one that completes held groups fits.)
+    Plain sums, not QueueCounts arithmetic: this runs for every request, and the counts say what is needed."""
     if not subs:
         return
-    stored = dict(counts)
-    for env_id, c in held.items():  # what side buffers hold counts against the queue limits too
-        stored[env_id] = stored.get(env_id, QueueCounts()) + c
-    total = sum(stored.values(), QueueCounts())
-    per_env: dict[int, QueueCounts] = {}
+    adds: dict[int, list[int]] = {}  # per env: groups, tokens, bytes (a new group is one item)
     for s in subs:
         env_id = ANON_ENV if s.env_id is None else s.env_id
-        adds = QueueCounts(1, 1, s.record.seqs, s.record.n_tokens, len(s.payload))
-        per_env[env_id] = per_env.get(env_id, QueueCounts()) + adds
-    add = sum(per_env.values(), QueueCounts())
+        add = adds.get(env_id)
+        if add is None:
+            adds[env_id] = [1, s.record.n_tokens, len(s.payload)]
+        else:
+            add[0] += 1
+            add[1] += s.record.n_tokens
+            add[2] += len(s.payload)
     whole = (
-        (lim.max_groups, "groups", "max_queue_groups"),
-        (lim.max_tokens, "tokens", "max_queue_tokens"),
-        (lim.max_bytes, "bytes", "max_queue_bytes"),
+        (lim.max_groups, 0, "groups", "max_queue_groups"),
+        (lim.max_tokens, 1, "tokens", "max_queue_tokens"),
+        (lim.max_bytes, 2, "bytes", "max_queue_bytes"),
     )
     one = (
-        (lim.max_env_groups, "groups", "max_env_queue_groups"),
-        (lim.max_env_tokens, "tokens", "max_env_queue_tokens"),
-        (lim.max_env_bytes, "bytes", "max_env_queue_bytes"),
+        (lim.max_env_groups, 0, "groups", "max_env_queue_groups"),
+        (lim.max_env_tokens, 1, "tokens", "max_env_queue_tokens"),
+        (lim.max_env_bytes, 2, "bytes", "max_env_queue_bytes"),
     )
-    full = _over("the queue holds", total, add, whole) or next(
-        (why for env_id, more in per_env.items()
-         if (why := _over(f"env {env_id} has", stored.get(env_id, QueueCounts()), more, one, " queued"))),
-        None,
-    )  # fmt: skip
+    full = None
+    if any(limit is not None for limit, *_ in whole):  # what side buffers hold counts against them too
+        have = [0, 0, 0]
+        for stored in (counts, held):
+            for c in stored.values():
+                have[0] += c.groups
+                have[1] += c.tokens
+                have[2] += c.bytes
+        more = [sum(a[k] for a in adds.values()) for k in range(3)]
+        full = _over("the queue holds", have, more, whole)
+    if full is None and any(limit is not None for limit, *_ in one):
+        for env_id, more in adds.items():
+            q, h = counts.get(env_id), held.get(env_id)
+            have = [sum(c.groups for c in (q, h) if c), sum(c.tokens for c in (q, h) if c),
+                    sum(c.bytes for c in (q, h) if c)]  # fmt: skip
+            if (full := _over(f"env {env_id} has", have, more, one, " queued")) is not None:
+                break
     if full:
         raise QueueFull(f"queue full: {full}; retry later", lim.retry_after)
 
 
 def _over(
-    who: str, have: QueueCounts, more: QueueCounts, bounds: tuple[tuple[int | None, str, str], ...], where: str = ""
+    who: str, have: list[int], more: list[int], bounds: tuple[tuple[int | None, int, str, str], ...], where: str = ""
 ) -> str | None:
-    """The first bound (limit, unit, setting) that `have + more` passes, said as "<who> 5 groups<where>; ..."."""
-    for limit, unit, name in bounds:
-        held = getattr(have, unit)
-        if limit is not None and held + getattr(more, unit) > limit:
-            return f"{who} {held} {unit}{where}; the limit ({name}) is {limit}"
+    """The first bound (limit, index, unit, setting) that `have + more` passes, said as "<who> 5 groups<where>;
+    ..."."""
+    for limit, k, unit, name in bounds:
+        if limit is not None and have[k] + more[k] > limit:
+            return f"{who} {have[k]} {unit}{where}; the limit ({name}) is {limit}"
     return None
 
 

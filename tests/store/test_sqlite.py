@@ -157,3 +157,44 @@ def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_fai
     finally:
         checkpointer.stop()
         db.close()
+
+
+async def test_values_and_ids_are_kept_across_transactions_until_another_process_commits(tmp_path: Path) -> None:
+    """The writer keeps what it read (the run state, the id counter) from one transaction to the next, and reads
+    afresh once another connection committed (`PRAGMA data_version`): two stores on one file, as two server
+    processes, each see the other's writes at once and never hand out the same item id."""
+    url = f"sqlite:///{tmp_path}/shared.db"
+    a, b = SqliteStore(url), SqliteStore(url)
+    statements: list[str] = []
+
+    def append(t: Txn) -> int:
+        item_id = t.next_item_id()
+        t.append(0, QueuedItem(ItemMeta(item_id, 1, 4, 0), 1, b"p"))
+        return item_id
+
+    try:
+        await a.transact(lambda t: t.set_value("run", "1"))
+        assert await a.transact(lambda t: t.get_value("run")) == "1"
+        await a.transact(lambda t: t._db.set_trace_callback(statements.append))  # type: ignore[attr-defined]
+        assert await a.transact(lambda t: t.get_value("run")) == "1"
+        assert not [s for s in statements if "FROM kv" in s]  # kept: no read
+        await b.transact(lambda t: t.set_value("run", "2"))  # another connection commits
+        assert await a.transact(lambda t: t.get_value("run")) == "2"  # read afresh
+        assert [s for s in statements if "FROM kv" in s]
+        ids = [await store.transact(append) for _ in range(5) for store in (a, b)]
+        assert len(set(ids)) == len(ids)
+        undone: list[int] = []
+
+        def fails(t: Txn) -> None:
+            undone.append(t.next_item_id())
+            t.set_value("run", "3")
+            raise ValueError("undone")
+
+        with pytest.raises(ValueError):
+            await a.transact(fails)
+        assert await a.transact(lambda t: t.get_value("run")) == "2"  # the undone write is not remembered
+        assert await a.transact(append) > undone[0]  # an id handed out to an undone function is not reused
+    finally:
+        await a.transact(lambda t: t._db.set_trace_callback(None))  # type: ignore[attr-defined]
+        await a.close()
+        await b.close()

@@ -49,7 +49,7 @@ def test_any_change_changes_the_digest(seq: int, pos: int, delta: int) -> None:
 
 
 def test_remembered_replies_carry_the_digest_and_legacy_ones_match_anything() -> None:
-    text = remember('{"status":"received"}', "abc")
+    text = remember({"status": "received"}, "abc")
     assert same_content(text, "abc") and not same_content(text, "abd")
     assert same_content('{"status":"received"}', "abc")  # remembered before digests existed
 
@@ -57,7 +57,7 @@ def test_remembered_replies_carry_the_digest_and_legacy_ones_match_anything() ->
 def test_digests_remembered_in_the_legacy_form_still_tell_duplicates_from_conflicts() -> None:
     body = group(2, length=4, group_id="g")
     rec, other = packed(body), packed({**body, "scores": [9.0, 9.0]})
-    text = remember('{"status":"received"}', legacy_digest(rec, None))
+    text = remember({"status": "received"}, legacy_digest(rec, None))
     assert content_digest(rec, None).startswith(DIGEST_VERSION) and content_digest(rec, None) != legacy_digest(
         rec, None
     )

@@ -201,17 +201,23 @@ class _Driver(Driver):
         self.wrote = wrote
         self.changes_at_begin = db.total_changes
         self.values: dict[str, str | None] = {}
-        """The kv values this transaction read or wrote (`SqliteTxn.get_value`): valid until it ends or a
-        function's savepoint is undone (another process cannot write while it holds the write lock)."""
+        """The kv values read or written (`SqliteTxn.get_value`), kept from one transaction to the next while no
+        other connection commits (`PRAGMA data_version` tells, read under the write lock), and forgotten when a
+        function's savepoint or a transaction is undone: the run state is read once, not once per commit."""
+        self.data_version: int | None = None
+        """`PRAGMA data_version` when `values` (and the id counter) were last known to match the file; None: not."""
         self.deferred = Deferred()
         """The inserts and count deltas of the transaction's functions, written merged before its COMMIT."""
 
     def begin(self, jobs: Sequence[Job]) -> None:
-        self.values.clear()
         self.deferred.reset()
         self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
         self.changes_at_begin = self.db.total_changes  # it counts rows rolled back too
-        self.ids.begin()
+        version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        if version != self.data_version:  # another process committed (or nothing is known): read afresh
+            self.values.clear()
+            self.ids.begin()
+        self.data_version = version
 
     def call(self, job: Job) -> Any:
         txn = SqliteTxn(self.db, self.config, self.ids, self.values, self.deferred)
@@ -228,24 +234,32 @@ class _Driver(Driver):
         self.deferred.release()
 
     def rollback_to(self) -> None:
-        self.values.clear()
+        self.forget()
         self.db.execute("ROLLBACK TO rollbuf_fn")
         self.db.execute("RELEASE rollbuf_fn")
         self.deferred.undone()
 
-    def rollback(self) -> None:
+    def forget(self) -> None:
+        """What was read is no longer known to match the file (a function or the transaction was undone)."""
         self.values.clear()
+        self.data_version = None
+
+    def rollback(self) -> None:
+        self.forget()
         self.deferred.reset()
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.save_ids()
 
     def commit(self) -> None:
-        self.values.clear()
-        flush(self.db, self.config, self.deferred, time.time())  # the functions' inserts, one statement each
-        self.deferred.reset()
-        self.ids.save(self.db)
-        self.db.execute("COMMIT")
+        try:
+            flush(self.db, self.config, self.deferred, time.time())  # the functions' inserts, one statement each
+            self.deferred.reset()
+            self.ids.save(self.db)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.forget()
+            raise
         self.ids.committed()
         if self.db.total_changes != self.changes_at_begin:  # it wrote (one that did not gives a checkpoint no work)
             self.checkpointer.committed()
@@ -262,6 +276,7 @@ class _Driver(Driver):
         return failure
 
     def broken(self, exc: BaseException, jobs: Sequence[Job]) -> None:
+        self.forget()
         self.deferred.reset()
         with contextlib.suppress(sqlite3.Error):
             if self.db.in_transaction:
