@@ -183,6 +183,10 @@ async def test_values_and_ids_are_kept_across_transactions_until_another_process
         assert [s for s in statements if "FROM kv" in s]
         ids = [await store.transact(append) for _ in range(5) for store in (a, b)]
         assert len(set(ids)) == len(ids)
+        for store in (a, b):  # the counts, kept between transactions, include the other's appends
+            assert (await store.transact(lambda t: t.counts()))[0].items == 10
+        await b.transact(append)
+        assert (await a.transact(lambda t: t.counts()))[0].items == 11
         undone: list[int] = []
 
         def fails(t: Txn) -> None:

@@ -54,7 +54,7 @@ class Deferred:
         self.replies: dict[str, str] = {}
         """Replies the finished functions of this transaction put (written or not)."""
         self.stored: Counts | None = None
-        """The counts table as written so far in this transaction (None: not read yet)."""
+        """The counts table as written so far (None: not read yet in this transaction, nor kept from the last)."""
         self.redo: tuple[dict[str, list[Row]], Counts] | None = None
         """Rows of earlier functions written inside the current function's savepoint."""
         self.in_savepoint = False
@@ -64,12 +64,14 @@ class Deferred:
         """The replies known before the current function emptied the tables (`cleared`)."""
 
     # --- around the transaction and its functions (the driver) ---
-    def reset(self) -> None:
-        """A transaction begins or ended: nothing waits, nothing is known of the counts."""
+    def reset(self, *, keep_counts: bool = False) -> None:
+        """A transaction begins or ended: nothing waits; the counts as stored are known still only with
+        `keep_counts` (the driver's word: this connection committed them and no other connection committed since)."""
         self.ops = {}
         self.counts = {}
         self.replies = {}
-        self.stored = None
+        if not keep_counts:
+            self.stored = None
         self.redo = None
         self.in_savepoint = False
         self.saved_replies = None

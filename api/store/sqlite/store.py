@@ -205,18 +205,24 @@ class _Driver(Driver):
         other connection commits (`PRAGMA data_version` tells, read under the write lock), and forgotten when a
         function's savepoint or a transaction is undone: the run state is read once, not once per commit."""
         self.data_version: int | None = None
-        """`PRAGMA data_version` when `values` (and the id counter) were last known to match the file; None: not."""
+        """`PRAGMA data_version` when `values`, the id counter and the counts (`Deferred.stored`) were last known
+        to match the file; None: not."""
         self.deferred = Deferred()
         """The inserts and count deltas of the transaction's functions, written merged before its COMMIT."""
 
     def begin(self, jobs: Sequence[Job]) -> None:
-        self.deferred.reset()
         self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
         self.changes_at_begin = self.db.total_changes  # it counts rows rolled back too
-        version = self.db.execute("PRAGMA data_version").fetchone()[0]
-        if version != self.data_version:  # another process committed (or nothing is known): read afresh
+        try:
+            version = self.db.execute("PRAGMA data_version").fetchone()[0]
+        except BaseException:
+            self.rollback()
+            raise
+        known = version == self.data_version
+        if not known:  # another process committed (or nothing is known): read afresh
             self.values.clear()
             self.ids.begin()
+        self.deferred.reset(keep_counts=known)
         self.data_version = version
 
     def call(self, job: Job) -> Any:
@@ -254,7 +260,7 @@ class _Driver(Driver):
     def commit(self) -> None:
         try:
             flush(self.db, self.config, self.deferred, time.time())  # the functions' inserts, one statement each
-            self.deferred.reset()
+            self.deferred.reset(keep_counts=True)
             self.ids.save(self.db)
             self.db.execute("COMMIT")
         except BaseException:
