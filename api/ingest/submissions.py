@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from api.errors import InvalidData, Loc
 from api.ingest.binary_groups import check_body
-from api.ingest.idempotency import content_digest, legacy_digest
+from api.ingest.idempotency import content_digest, digest_as
 from api.ingest.json_groups import JsonGroup, read_groups
 from api.ingest.queue_limits import QueueLimits, group_limits
 from api.ingest.validation import pack_group
@@ -41,9 +41,9 @@ class Submission:
         """How a 409 names this group: "the group", or "body[3]" in a list."""
         return f"body[{self.loc[1]}]" if len(self.loc) > 1 else "the group"
 
-    def legacy_digest(self) -> str:
-        """The digest in the form replies were remembered with before (`api.ingest.idempotency.legacy_digest`)."""
-        return legacy_digest(self.record, self.sent_policy_step)
+    def digest_as(self, remembered: str) -> str:
+        """This group's digest in the form of one remembered by an earlier version (`idempotency.digest_as`)."""
+        return digest_as(remembered, self.record, self.sent_policy_step)
 
     @classmethod
     def of(

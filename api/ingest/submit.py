@@ -67,7 +67,7 @@ def submit_txn(
     for i, sub in enumerate(subs):
         old = txn.get_reply(sub.key) if sub.key else None
         if sub.key is not None and old is not None:
-            if not same_content(old, sub.digest, sub.legacy_digest):
+            if not same_content(old, sub.digest, sub.digest_as):
                 raise Conflict(reused_key_message(sub))
             replies.append(ScoredReply.model_validate_json(old).model_copy(update={"duplicate": True}))
         elif sub.key is not None and sub.key in first_in_request:

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.ingest.idempotency import DIGEST_VERSION, content_digest, legacy_digest, remember, same_content
+from api.ingest.idempotency import (
+    DIGEST_VERSION,
+    content_digest,
+    digest_as,
+    legacy_digest,
+    remember,
+    same_content,
+    sha256_digest,
+)
 from api.ingest.validation import GroupLimits, pack_group
-from api.wire.records import decode, encode_submission
+from api.wire.records import GroupRecord, decode, encode_submission
 from api.wire.schema import ScoredData
 from tests.factories import group
 
@@ -54,15 +64,22 @@ def test_remembered_replies_carry_the_digest_and_legacy_ones_match_anything() ->
     assert same_content('{"status":"received"}', "abc")  # remembered before digests existed
 
 
-def test_digests_remembered_in_the_legacy_form_still_tell_duplicates_from_conflicts() -> None:
+@pytest.mark.parametrize("earlier", [legacy_digest, sha256_digest], ids=["blake2b", "sha256"])
+def test_digests_remembered_in_an_earlier_form_still_tell_duplicates_from_conflicts(
+    earlier: Callable[[GroupRecord, int | None], str],
+) -> None:
     body = group(2, length=4, group_id="g")
     rec, other = packed(body), packed({**body, "scores": [9.0, 9.0]})
-    text = remember({"status": "received"}, legacy_digest(rec, None))
-    assert content_digest(rec, None).startswith(DIGEST_VERSION) and content_digest(rec, None) != legacy_digest(
-        rec, None
-    )
-    assert same_content(text, content_digest(rec, None), lambda: legacy_digest(rec, None))
-    assert not same_content(text, content_digest(other, None), lambda: legacy_digest(other, None))
+    text = remember({"status": "received"}, earlier(rec, None))
+    assert content_digest(rec, None).startswith(DIGEST_VERSION) and content_digest(rec, None) != earlier(rec, None)
+    assert same_content(text, content_digest(rec, None), lambda old: digest_as(old, rec, None))
+    assert not same_content(text, content_digest(other, None), lambda old: digest_as(old, other, None))
+
+
+def test_the_sha256_form_is_the_one_the_previous_version_wrote() -> None:
+    """The digest the previous release (ee41de4) remembered for this group, as its `content_digest` gave it: a
+    retry across the upgrade is still recognised as the same group."""
+    assert sha256_digest(packed(group(2, length=4, group_id="g")), None) == "2:5ff430dd82c3267f07df62e0cdb0258c"
 
 
 def test_float64_values_float32_holds_have_the_digest_of_float32() -> None:
