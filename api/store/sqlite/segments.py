@@ -62,9 +62,9 @@ def segment_dir(db_path: Path) -> Path:
 class Segments:
     """The segment files of one directory, as one process sees them (not thread-safe: the writer thread's)."""
 
-    def __init__(self, directory: Path, limit: int = SEGMENT_BYTES) -> None:
+    def __init__(self, directory: Path, limit: int | None = None) -> None:
         self.directory = directory
-        self.limit = limit
+        self.limit = SEGMENT_BYTES if limit is None else limit
         directory.mkdir(parents=True, exist_ok=True)
         self._fds: dict[int, int] = {}
         self._current: int | None = None
@@ -109,6 +109,8 @@ class Segments:
             while done < len(view):  # a short write (the disk filling) is followed by the error that says why
                 done += os.pwrite(fd, view[done:], pos + done)
         except OSError as exc:
+            os.close(self._fds.pop(segment))  # opened afresh next time (the file may have been replaced)
+            self._current = None
             name = "SQLITE_FULL" if exc.errno in _FULL else "SQLITE_IOERR"
             raise SegmentWriteError(f"payload segment {self.path(segment)}: {exc.strerror or exc}", name) from exc
         finally:
