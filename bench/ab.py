@@ -44,25 +44,26 @@ def _measure(target: Target) -> list[dict[str, Any]]:
     return rows
 
 
-def _store(kind: str, tmp: Path, key: str, dbs: contextlib.ExitStack) -> str:
+def _store(kind: str, tmp: Path, key: str, dbs: contextlib.ExitStack, query: str = "") -> str:
     if kind == "memory":
         return "memory://"
     if kind == "postgresql":
         return str(dbs.enter_context(pg.database()))
-    return f"sqlite:///{tmp}/{key}.db"
+    return f"sqlite:///{tmp}/{key}.db" + (f"?{query}" if query else "")
 
 
-def run(base: Path, rounds: int, store: str) -> list[dict[str, Any]]:
+def run(base: Path, rounds: int, store: str, queries: tuple[str, str] = ("", "")) -> list[dict[str, Any]]:
+    """`queries`: the SQLite URL's query on this checkout and on `base` (e.g. another page size on one side)."""
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(rounds):
-            sides = [("after", ROOT), ("before", base)]
+            sides = [("after", ROOT, queries[0]), ("before", base, queries[1])]
             if rnd % 2:
                 sides.reverse()
-            for side, cwd in sides:
+            for side, cwd, query in sides:
                 key = f"{side}-{rnd}"
                 with contextlib.ExitStack() as dbs:
-                    label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs), Path(tmp) / f"{key}.log")
+                    label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs, query), Path(tmp) / f"{key}.log")
                     with serve(label, cmd, port, Path(tmp) / f"{key}.out", cwd=cwd) as target:
                         for row in _measure(target):
                             row.update(bench="ab", side=side, round=rnd, store=store)
@@ -91,8 +92,10 @@ def main() -> None:
     ap.add_argument("--base", type=Path, required=True, help="another rollbuf checkout (the 'before' side)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
+    ap.add_argument("--sqlite-query", default="", help="this checkout's SQLite URL query, e.g. page_size=4096")
+    ap.add_argument("--base-sqlite-query", default="", help="the base checkout's SQLite URL query")
     args = ap.parse_args()
-    results = run(args.base.resolve(), args.rounds, args.store)
+    results = run(args.base.resolve(), args.rounds, args.store, (args.sqlite_query, args.base_sqlite_query))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     with (out / "ab.jsonl").open("a") as f:

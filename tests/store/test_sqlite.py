@@ -119,6 +119,7 @@ def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_fai
     from api.store.jobs import Job
     from api.store.sqlite.checkpoint import Checkpointer
     from api.store.sqlite.config import connect
+    from api.store.sqlite.payloads import PayloadTier
     from api.store.sqlite.schema import create_or_migrate
     from api.store.sqlite.store import _Driver
     from api.store.sqlite.txn import ItemIds
@@ -129,7 +130,9 @@ def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_fai
     create_or_migrate(db, config.path)
     db.execute("COMMIT")
     checkpointer = Checkpointer(config.path, config.wal_limit)
-    driver = _Driver(db, config, ItemIds(), checkpointer, lambda: None)
+    driver = _Driver(
+        db, config, ItemIds(), checkpointer, lambda: None, PayloadTier.beside(config.path, config.synchronous)
+    )
 
     def first(t: Txn) -> str | None:
         t.set_value("x", "1")

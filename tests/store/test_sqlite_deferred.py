@@ -18,6 +18,7 @@ def _run_group(tmp_path: Path, fns: list[Callable[[Txn], Any]]) -> tuple[list[ob
     from api.store.jobs import Job
     from api.store.sqlite.checkpoint import Checkpointer
     from api.store.sqlite.config import connect
+    from api.store.sqlite.payloads import PayloadTier
     from api.store.sqlite.schema import create_or_migrate
     from api.store.sqlite.store import _Driver
     from api.store.sqlite.txn import ItemIds
@@ -28,7 +29,9 @@ def _run_group(tmp_path: Path, fns: list[Callable[[Txn], Any]]) -> tuple[list[ob
     create_or_migrate(db, config.path)
     db.execute("COMMIT")
     checkpointer = Checkpointer(config.path, config.wal_limit)
-    driver = _Driver(db, config, ItemIds(), checkpointer, lambda: None)
+    driver = _Driver(
+        db, config, ItemIds(), checkpointer, lambda: None, PayloadTier.beside(config.path, config.synchronous)
+    )
 
     async def main() -> list[object]:
         loop = asyncio.get_running_loop()

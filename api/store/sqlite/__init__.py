@@ -1,4 +1,5 @@
-"""Durable embedded backend: one SQLite file in WAL mode, the default of `rollbuf serve`.
+"""Durable embedded backend: one SQLite file in WAL mode and a directory of payload segments beside it, the
+default of `rollbuf serve`.
 
 All SQLite work happens on one dedicated thread that owns the connection: the event loop never blocks on
 disk, the connection is never shared between threads, and SQLite's single-writer lock is the only lock
@@ -9,7 +10,8 @@ function that raises rolls back only itself. `transact` returns after COMMIT: wi
 power loss. See docs/stores.md.
 
 Modules: `config` (the URL, the connection's settings), `schema` (the layout, as versioned steps), `txn` (a
-function's view of the file), `checkpoint` (WAL checkpoints beside the writer), `store` (the writer thread).
+function's view of the file), `segments` and `payloads` (payload bytes in append-only files, their rows in
+the file), `checkpoint` (WAL checkpoints beside the writer), `store` (the writer thread).
 """
 
 from api.store.sqlite.checkpoint import CHECKPOINT_EVERY

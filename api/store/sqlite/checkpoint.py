@@ -7,6 +7,8 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from api.store.sqlite.segments import segment_dir, sync_from
+
 log = logging.getLogger("rollbuf")
 
 CHECKPOINT_EVERY = 256
@@ -26,7 +28,14 @@ class Checkpointer:
     PASSIVE checkpoint is
     followed by a TRUNCATE one, which waits (briefly) for readers and the writer, copies the little the
     PASSIVE one left and empties the file; once commits stop, one TRUNCATE gives the disk back. Errors are
-    logged once per episode, never swallowed: a failing checkpoint is a disk filling up."""
+    logged once per episode, never swallowed: a failing checkpoint is a disk filling up.
+
+    Rows point into segment files (api/store/sqlite/segments.py) that the writer only hands to the OS; before a
+    checkpoint makes rows durable, the segments written since the last one are fsynced. A PASSIVE checkpoint
+    copies no frame past a snapshot taken before that fsync (a read transaction held on a second connection
+    bounds it), so it never makes a row durable whose bytes are not; a TRUNCATE one (past `wal_limit`) cannot
+    be bounded so, and may copy the few commits made during the fsync: under power loss before the next
+    round their payloads may read as lost (the crc says so), as commits not yet checkpointed may be lost."""
 
     def __init__(self, path: Path, truncate_bytes: int) -> None:
         self._path = path
@@ -34,6 +43,9 @@ class Checkpointer:
         """Under continuous commits and reads the WAL grew without bound (2.3 GB in 15 s of two handlers'
         ingest); with truncation past this, the bound is this plus one round's commits."""
         self._wal = path.with_name(path.name + "-wal")
+        self._segments = segment_dir(path)
+        self._synced_from = 0
+        """The newest segment at the last fsync of the segments (appends go there and above only)."""
         self._wake = threading.Event()
         self._stopping = False
         self._commits = 0
@@ -65,6 +77,7 @@ class Checkpointer:
     def _main(self) -> None:
         # A PASSIVE checkpoint never waits; the busy timeout is how long a TRUNCATE one may hold writes back.
         db = sqlite3.connect(self._path, isolation_level=None, timeout=TRUNCATE_WAIT_S, check_same_thread=True)
+        pin = sqlite3.connect(self._path, isolation_level=None, timeout=TRUNCATE_WAIT_S, check_same_thread=True)
         try:
             while not self._stopping:
                 self._wake.wait(timeout=1.0)
@@ -74,25 +87,53 @@ class Checkpointer:
                 if self._commits:
                     self._commits = 0
                     self._dirty = True
-                    self._checkpoint(db, "PASSIVE")  # the copying, without blocking anyone
+                    self._passive(db, pin)  # the copying, without blocking anyone
                     if self.wal_bytes() > self._truncate_bytes:  # then the restart, with little left to copy
                         self._dirty = not self._checkpoint(db, "TRUNCATE")
                 elif self._dirty:  # commits stopped: give the WAL's disk back
                     self._dirty = not self._checkpoint(db, "TRUNCATE")
         finally:
+            pin.close()
             db.close()
 
+    def _passive(self, db: sqlite3.Connection, pin: sqlite3.Connection) -> None:
+        """A PASSIVE checkpoint of what was committed before the segments' fsync (`pin` holds that snapshot)."""
+        try:
+            pin.execute("BEGIN")
+            pin.execute("SELECT 1 FROM meta LIMIT 1").fetchall()
+        except sqlite3.OperationalError:
+            self._checkpoint(db, "PASSIVE")  # no snapshot to bound it (busy): the fsync just before still holds
+            return
+        try:
+            self._checkpoint(db, "PASSIVE")
+        finally:
+            pin.execute("COMMIT")
+
+    def _sync_segments(self) -> bool:
+        try:
+            self._synced_from = sync_from(self._segments, self._synced_from)
+        except OSError as exc:
+            self._failed("segments", exc)
+            return False
+        return True
+
+    def _failed(self, mode: str, exc: BaseException) -> None:
+        if not self._failing:
+            self._failing = True
+            log.warning("SQLite WAL checkpoint failing (%s), the WAL at %d bytes: %s", mode, self.wal_bytes(), exc)
+        self.failure = f"the WAL checkpoint fails ({exc}), the WAL at {self.wal_bytes()} bytes"
+
     def _checkpoint(self, db: sqlite3.Connection, mode: str) -> bool:
-        """One checkpoint; True when it completed (for TRUNCATE: the WAL is empty)."""
+        """One checkpoint, after an fsync of the segments; True when it completed (for TRUNCATE: the WAL is
+        empty)."""
+        if not self._sync_segments():
+            return False  # no row is made durable before its bytes are
         try:
             busy, _, _ = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED"):
                 return False  # the writer or a reader did not step aside in time: next round
-            if not self._failing:
-                self._failing = True
-                log.warning("SQLite WAL checkpoint failing (%s), the WAL at %d bytes: %s", mode, self.wal_bytes(), exc)
-            self.failure = f"the WAL checkpoint fails ({exc}), the WAL at {self.wal_bytes()} bytes"
+            self._failed(mode, exc)
             return False
         if self._failing:
             self._failing = False

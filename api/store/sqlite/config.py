@@ -10,15 +10,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from api.store.url import REPLY_PARAMS, ReplyLimits, reply_limits
 
-PAGE_SIZE = 65536
-"""SQLite's largest page, for new files. A group's payload (~200 KB at 8 x 2k tokens) spans 4 pages instead
-of 49, so popping a 1024 x 2k batch (25 MB) reads ~400 pages instead of ~6000: the store thread's CPU per
-binary /batch fell from ~45 to ~12 ms (in-process, 1024 x 2048), ingest CPU per group did not rise. 16 and
-32 KiB pages did not help. The cost is write volume: a 16 KB group writes 322 KB (WAL frames and checkpoint
-copies) against 54 KB with 4 KiB pages (`python -m bench.sqlite_pages`); measured over HTTP in turns, 4 and
-16 KiB pages changed ingest by -18% to +23% and /batch by -5% to +17%, within this machine's noise, so the
-default stays and the URL's `page_size` chooses (the WAL is bounded either way). A file created with another
-page size keeps it (WAL mode fixes it)."""
+PAGE_SIZE = 4096
+"""Page size of new files: SQLite's default. 64 KiB pages (the default before payloads moved to segment files,
+api/store/sqlite/segments.py) made a 200 KB payload span 4 pages instead of 49 for /batch's reads; payloads no
+longer live in pages, and every commit rewrites each page it touches whole (the last page of each table the
+commit appends to: queue, payloads, segments, ledger, replies, counts), so large pages only multiplied
+writes. Measured with segments (`python -m bench.limit`, bytes written per payload byte): 262 KB groups 1.1x
+at 4 KiB, 1.3x at 16 KiB, 2.1x at 64 KiB; 8 KB groups 4x, 9x, 25x. The price is on /batch: popping and
+reading 128 groups of 128 KB in process (`python -m bench.sqlite_pages`) took 4.8-5.4 ms at 4 KiB against
+3.3-4.1 ms at 64 KiB (and 2.7-8.9 ms before segments, 64 KiB): the index's pages, not the payloads. A file
+created with another page size keeps it (WAL mode fixes it); the URL's `page_size` chooses for new ones."""
 WAL_LIMIT = 128 * 1024 * 1024
 """Default `wal_limit`. Each truncation blocks writes briefly: fewer, larger ones cost ingest less (measured in
 turns: 64 MiB cost 6-16% of groups/s, 128 MiB 0-10%)."""

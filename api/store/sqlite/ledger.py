@@ -1,14 +1,17 @@
 """The SQLite store's ledger (`txn.ledger`): the shared SQL ledger (api/store/sql/ledger.py), written through
-on the transaction's connection. Lists of ids go in chunks of POP_CHUNK placeholders."""
+on the transaction's connection. Lists of ids go in chunks of POP_CHUNK placeholders. Retained payloads go
+through the payload tier (api/store/sqlite/payloads.py), the shared SQL's `payload` column being only part of
+a row here."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from api.store import sql
 from api.store.sql.ledger import Nothing, SqlLedger
+from api.store.sqlite.payloads import COLUMNS, INSERT, PayloadTier
 
 POP_CHUNK = 500
 """Ids per statement: stays under SQLite's host-parameter limit on any build."""
@@ -20,9 +23,14 @@ def chunks(ids: list[int]) -> list[list[int]]:
 
 class SqliteLedger(SqlLedger):
     def __init__(
-        self, db: sqlite3.Connection, flush: Callable[[], None], defer: Callable[[str, list[Sequence[Any]]], None]
+        self,
+        db: sqlite3.Connection,
+        flush: Callable[[], None],
+        defer: Callable[[str, list[Sequence[Any]]], None],
+        payloads: PayloadTier,
     ) -> None:
         super().__init__(Nothing())
+        self._payloads = payloads
         self._db = db
         self._flush = flush
         """Writes the transaction's waiting inserts (api/store/sqlite/deferred.py): every statement here but the
@@ -58,3 +66,17 @@ class SqliteLedger(SqlLedger):
 
     def _before_payloads(self) -> None:
         self._flush()
+
+    def keep_payloads(self, items: Sequence[tuple[int, bytes]]) -> None:
+        if items:
+            self._flush()
+            self._db.executemany(INSERT, [self._payloads.row(self._db, item_id, payload) for item_id, payload in items])
+
+    def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
+        self._flush()
+        wanted = list(ids)
+        rows = []
+        for chunk in chunks(wanted):
+            marks = ",".join("?" * len(chunk))
+            rows += self._db.execute(f"SELECT {COLUMNS} FROM payloads WHERE item_id IN ({marks})", chunk).fetchall()
+        return self._payloads.resolve(rows)

@@ -162,6 +162,23 @@ STEPS = (
             "digest TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (key, slot)) WITHOUT ROWID",
         ),
     ),
+    Step(
+        "payloads live in segment files beside the database (api/store/sqlite/segments.py), their rows saying "
+        "where (a small one, and every payload written before, stays in its row: `payload`, empty when the bytes "
+        "are in a segment); each segment's live payloads counted by triggers, so every write of a row keeps them",
+        (
+            "ALTER TABLE payloads ADD COLUMN segment INTEGER",
+            "ALTER TABLE payloads ADD COLUMN pos INTEGER",
+            "ALTER TABLE payloads ADD COLUMN length INTEGER",
+            "ALTER TABLE payloads ADD COLUMN crc INTEGER",
+            "CREATE TABLE segments (segment INTEGER PRIMARY KEY, items INTEGER NOT NULL, bytes INTEGER NOT NULL)",
+            "CREATE TRIGGER payloads_in AFTER INSERT ON payloads WHEN new.segment IS NOT NULL BEGIN "
+            "INSERT INTO segments (segment, items, bytes) VALUES (new.segment, 1, new.length) ON CONFLICT (segment) "
+            "DO UPDATE SET items = items + 1, bytes = bytes + excluded.bytes; END",
+            "CREATE TRIGGER payloads_out AFTER DELETE ON payloads WHEN old.segment IS NOT NULL BEGIN "
+            "UPDATE segments SET items = items - 1, bytes = bytes - old.length WHERE segment = old.segment; END",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

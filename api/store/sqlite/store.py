@@ -19,7 +19,9 @@ from api.store.jobs import Job, Lane, deliver, refuse_left
 from api.store.sqlite.checkpoint import Checkpointer
 from api.store.sqlite.config import SqliteConfig, connect, parse_url
 from api.store.sqlite.deferred import Deferred
+from api.store.sqlite.payloads import PayloadTier
 from api.store.sqlite.schema import create_or_migrate
+from api.store.sqlite.segments import segment_dir, sync_from
 from api.store.sqlite.txn import ItemIds, SqliteTxn, flush, trim_replies
 
 T = TypeVar("T")
@@ -154,7 +156,8 @@ class SqliteStore(Store):
             opened.set_exception(exc)
             return
         checkpointer = self._checkpointer = Checkpointer(self.path, self.config.wal_limit)
-        driver = _Driver(db, self.config, self._ids, checkpointer, self.health.wrote)
+        tier = PayloadTier.beside(self.path, self.config.synchronous)
+        driver = _Driver(db, self.config, self._ids, checkpointer, self.health.wrote, tier)
         opened.set_result(None)
         stop = None
         try:
@@ -163,6 +166,9 @@ class SqliteStore(Store):
             self._lane.refuse()
             checkpointer.stop()
             driver.save_ids()
+            tier.close()
+            with contextlib.suppress(OSError):  # what the closing checkpoint makes durable, its bytes first
+                sync_from(segment_dir(self.path), 0)
             db.close()  # the last connection to close checkpoints what is left and removes the WAL
             refuse_left(self._lane.jobs, self.url, stop)  # submitted while close() ran, or after the thread failed
 
@@ -193,8 +199,10 @@ class _Driver(Driver):
         ids: ItemIds,
         checkpointer: Checkpointer,
         wrote: Callable[[], None],
+        payloads: PayloadTier,
     ) -> None:
         self.db = db
+        self.payloads = payloads
         self.config = config
         self.ids = ids
         self.checkpointer = checkpointer
@@ -224,9 +232,10 @@ class _Driver(Driver):
             self.ids.begin()
         self.deferred.reset(keep_counts=known)
         self.data_version = version
+        self.payloads.begin()
 
     def call(self, job: Job) -> Any:
-        txn = SqliteTxn(self.db, self.config, self.ids, self.values, self.deferred)
+        txn = SqliteTxn(self.db, self.config, self.ids, self.payloads, self.values, self.deferred)
         value = job.fn(txn)
         txn.finish()
         return value
@@ -253,6 +262,7 @@ class _Driver(Driver):
     def rollback(self) -> None:
         self.forget()
         self.deferred.reset()
+        self.payloads.rolled_back()
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.save_ids()
@@ -262,12 +272,16 @@ class _Driver(Driver):
             flush(self.db, self.config, self.deferred, time.time())  # the functions' inserts, one statement each
             self.deferred.reset(keep_counts=True)
             self.ids.save(self.db)
+            wrote = self.db.total_changes != self.changes_at_begin
+            if wrote:
+                self.payloads.before_commit(self.db)  # segments emptied go; with FULL, the bytes reach the disk
             self.db.execute("COMMIT")
         except BaseException:
             self.forget()
             raise
         self.ids.committed()
-        if self.db.total_changes != self.changes_at_begin:  # it wrote (one that did not gives a checkpoint no work)
+        self.payloads.committed()  # and the emptied segments' files after the COMMIT
+        if wrote:  # it wrote (one that did not gives a checkpoint no work)
             self.checkpointer.committed()
             self.wrote()  # and whatever failed writes before, passed
 
@@ -284,6 +298,7 @@ class _Driver(Driver):
     def broken(self, exc: BaseException, jobs: Sequence[Job]) -> None:
         self.forget()
         self.deferred.reset()
+        self.payloads.rolled_back()
         with contextlib.suppress(sqlite3.Error):
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")

@@ -19,6 +19,7 @@ from api.store.sqlite.config import SqliteConfig
 from api.store.sqlite.deferred import REPLIES, Counts, Deferred, Row, add_to, counts_of
 from api.store.sqlite.held import SqliteHeld
 from api.store.sqlite.ledger import SqliteLedger, chunks
+from api.store.sqlite.payloads import COLUMNS, INSERT, PayloadTier
 from api.store.sqlite.rollouts import SqliteOpenGroupTxn
 from api.store.sqlite.schema import CLEARED
 from api.store.sqlite.tasks import SqliteTaskTxn
@@ -34,7 +35,6 @@ _HEAD = (
     "LIMIT ?"
 )
 _APPEND = "INSERT INTO queue (item_id, env_id, seqs, tokens, policy_step, n_groups) VALUES (?,?,?,?,?,?)"
-_APPEND_PAYLOAD = "INSERT INTO payloads (item_id, payload) VALUES (?,?)"
 
 _ADD_COUNTER = (
     "INSERT INTO counters (kind, name, n) VALUES (?,?,?) ON CONFLICT (kind, name) DO UPDATE SET n = n + excluded.n"
@@ -54,8 +54,8 @@ def _pop_sql(n: int) -> str:
 def _payloads_sql(n: int, delete: bool) -> str:
     marks = ",".join("?" * n)
     if delete:
-        return f"DELETE FROM payloads WHERE item_id IN ({marks}) RETURNING item_id, payload"
-    return f"SELECT item_id, payload FROM payloads WHERE item_id IN ({marks})"
+        return f"DELETE FROM payloads WHERE item_id IN ({marks}) RETURNING {COLUMNS}"
+    return f"SELECT {COLUMNS} FROM payloads WHERE item_id IN ({marks})"
 
 
 class ItemIds:
@@ -99,18 +99,21 @@ class SqliteTxn(Txn):
     memory, this function's own until it returns, then the transaction's (`Deferred`), and go out merged
     before the COMMIT; any other statement writes them first (`_flush`)."""
 
-    __slots__ = ("_db", "_config", "_ids", "_now", "_ops", "_delta", "_replies", "_deferred", "_values", "held",
-                 "ledger", "tasks")  # fmt: skip
+    __slots__ = ("_db", "_config", "_ids", "_now", "_ops", "_delta", "_replies", "_deferred", "_values", "_payloads",
+                 "held", "ledger", "tasks")  # fmt: skip
 
     def __init__(
         self,
         db: sqlite3.Connection,
         config: SqliteConfig,
         ids: ItemIds,
+        payloads: PayloadTier,
         values: dict[str, str | None] | None = None,
         deferred: Deferred | None = None,
     ) -> None:
         self._db = db
+        self._payloads = payloads
+        """Where payload bytes go and come from (segment files beside the database, small ones inline)."""
         self._values = {} if values is None else values
         """Values read or written in this SQLite transaction, shared by the functions of one group commit (the
         driver forgets them when one is undone): the run state is read once per commit, not once per request."""
@@ -122,7 +125,7 @@ class SqliteTxn(Txn):
         self._delta: Counts = {}
         self._replies: dict[str, str] = {}
         self.held = SqliteHeld(db, self._add, self._flush, self._held_counts)
-        self.ledger = SqliteLedger(db, self._flush, self._defer)
+        self.ledger = SqliteLedger(db, self._flush, self._defer, payloads)
         self.tasks = SqliteTaskTxn(db)
         self.rollouts = SqliteOpenGroupTxn(db)
 
@@ -168,7 +171,7 @@ class SqliteTxn(Txn):
     def append(self, env_id: int, item: QueuedItem) -> None:
         m = item.meta
         self._defer(_APPEND, [(m.item_id, env_id, m.seqs, m.tokens, m.policy_step, item.n_groups)])
-        self._defer(_APPEND_PAYLOAD, [(m.item_id, item.payload)])
+        self._defer(INSERT, [self._payloads.row(self._db, m.item_id, item.payload)])
         self._add(env_id, 1, item.n_groups, m.seqs, m.tokens, len(item.payload))
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
@@ -204,10 +207,11 @@ class SqliteTxn(Txn):
                 missing = sorted(set(wanted) - {row[0] for row in rows})
                 raise KeyError(f"items {missing or wanted} are not all queued (once) for env {env_id}")
             # Kept for a batch: read, and left where they are until the batch is acknowledged.
-            payloads: dict[int, bytes] = {}
+            stored: list[tuple[int, bytes, int | None, int | None, int | None, int | None]] = []
             for chunk in chunks(wanted):
                 delete = keep_for is None and not retain
-                payloads.update(db.execute(_payloads_sql(len(chunk), delete), chunk).fetchall())
+                stored += db.execute(_payloads_sql(len(chunk), delete), chunk).fetchall()
+            payloads = self._payloads.resolve(stored)
         except BaseException:
             db.execute("ROLLBACK TO rollbuf_pop")
             db.execute("RELEASE rollbuf_pop")
@@ -260,9 +264,8 @@ class SqliteTxn(Txn):
         if row is None:
             return None
         ids = np.frombuffer(row[1], _I64).tolist()
-        payloads: dict[int, bytes] = {}
-        for chunk in chunks(ids):
-            payloads.update(self._db.execute(_payloads_sql(len(chunk), False), chunk).fetchall())
+        rows = [r for chunk in chunks(ids) for r in self._db.execute(_payloads_sql(len(chunk), False), chunk)]
+        payloads = self._payloads.resolve(rows)
         return b"".join([row[0], *(payloads[i] for i in ids)])
 
     def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
@@ -307,6 +310,7 @@ class SqliteTxn(Txn):
         self._values.clear()
         for table in CLEARED:
             self._db.execute(f"DELETE FROM {table}")  # meta (next_item_id) stays: ids keep increasing
+        self._payloads.clear(self._db)
 
 
 def flush(db: sqlite3.Connection, config: SqliteConfig, deferred: Deferred, now: float,

@@ -1,0 +1,115 @@
+"""The SQLite store's payload rows over its segment files (api/store/sqlite/segments.py): a payload of
+INLINE_BELOW bytes or more goes to a segment and its row says where; a smaller one stays in the row.
+
+The `segments` table counts each segment's live payloads, kept by triggers on `payloads` (schema.py), so
+every statement that inserts or deletes payload rows keeps it right in its own transaction. A segment that
+is not the newest and has no live payload left is deleted: its row before the COMMIT, its file after it (a
+transaction that fails loses no file). All transactions take the write lock (`BEGIN IMMEDIATE`), so no
+other process can be reading a segment that a committed transaction emptied.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from api.store.sqlite.segments import Extent, Segments, SegmentWriteError, segment_dir
+
+log = logging.getLogger("rollbuf")
+
+INLINE_BELOW = 4096
+"""Payloads shorter than this stay in their row: a pread and a crc would cost more than the B-tree's copy."""
+INSERT = "INSERT INTO payloads (item_id, payload, segment, pos, length, crc) VALUES (?,?,?,?,?,?)"
+COLUMNS = "item_id, payload, segment, pos, length, crc"
+"""What a read of `payloads` selects, for `PayloadTier.resolve`."""
+_DOOMED = "DELETE FROM segments WHERE items = 0 AND segment < (SELECT max(segment) FROM segments) RETURNING segment"
+_FORGET_EVERY = 256
+"""Transactions between two looks for segments other processes deleted (their descriptors closed)."""
+
+PayloadRow = Sequence[Any]
+
+
+class PayloadTier:
+    """The writer thread's side of the segments, across its transactions."""
+
+    def __init__(self, segments: Segments, *, full_sync: bool) -> None:
+        self.segments = segments
+        self.full_sync = full_sync
+        """`synchronous=FULL`: the segments are fsynced before each COMMIT that references what they got."""
+        self._doomed: list[int] = []
+        self._transactions = 0
+
+    @classmethod
+    def beside(cls, path: Path, synchronous: str) -> PayloadTier:
+        """The tier of the SQLite file `path` (its directory `<file>.payloads/`, created if need be)."""
+        return cls(Segments(segment_dir(path)), full_sync=synchronous == "FULL")
+
+    # --- around a transaction (the driver) ---
+    def begin(self) -> None:
+        self.segments.stop()
+        self._doomed = []
+        self._transactions += 1
+        if self._transactions >= _FORGET_EVERY:
+            self._transactions = 0
+            self.segments.forget_deleted()
+
+    def before_commit(self, db: sqlite3.Connection) -> None:
+        """The segments emptied by this transaction go, rows now and files after COMMIT; with FULL, what was
+        appended reaches the disk first."""
+        if self.full_sync and (self.segments.written or self.segments.created):
+            try:
+                self.segments.sync()
+            except OSError as exc:
+                raise SegmentWriteError(f"payload segments: fsync failed: {exc}", "SQLITE_IOERR") from exc
+        self._doomed = [row[0] for row in db.execute(_DOOMED).fetchall()]
+
+    def committed(self) -> None:
+        doomed, self._doomed = self._doomed, []
+        self.segments.stop()
+        if doomed:
+            try:
+                self.segments.delete(doomed)
+            except OSError as exc:  # committed: an orphan file wastes disk, it loses nothing
+                log.warning("payload segments %s emptied, not deleted: %s", doomed, exc)
+
+    def rolled_back(self) -> None:
+        self._doomed = []
+        self.segments.stop()
+
+    def close(self) -> None:
+        self.segments.close()
+
+    # --- a function's rows ---
+    def row(self, db: sqlite3.Connection, item_id: int, payload: bytes) -> PayloadRow:
+        """The `payloads` row (INSERT's values) of `payload`, its bytes appended to a segment if they go there."""
+        if len(payload) < INLINE_BELOW:
+            return (item_id, payload, None, None, None, None)
+        segments = self.segments
+        if not segments.started:
+            newest = db.execute("SELECT max(segment) FROM segments").fetchone()[0]
+            segments.start(1 if newest is None else int(newest))
+        e = segments.append(payload)
+        return (item_id, b"", e.segment, e.pos, e.length, e.crc)
+
+    def resolve(self, rows: Iterable[PayloadRow]) -> dict[int, bytes]:
+        """Payload by item id, from rows of `COLUMNS` (read from their segments where they are there)."""
+        out: dict[int, bytes] = {}
+        read = self.segments.read
+        for item_id, payload, segment, pos, length, crc in rows:
+            if segment is None:
+                out[item_id] = payload
+            else:
+                out[item_id] = read(Extent(segment, pos, length, crc), f"the payload of item {item_id}")
+        return out
+
+    def clear(self, db: sqlite3.Connection) -> None:
+        """`payloads` was emptied: every segment goes at COMMIT, appends start a new one (numbers never repeat:
+        another process may hold a descriptor of an old one)."""
+        newest = db.execute("SELECT max(segment) FROM segments").fetchone()[0]
+        if newest is not None:
+            db.execute("UPDATE segments SET items = 0, bytes = 0")
+            db.execute("INSERT INTO segments (segment, items, bytes) VALUES (?, 0, 0)", (int(newest) + 1,))
+        self.segments.stop()

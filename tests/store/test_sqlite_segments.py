@@ -1,0 +1,150 @@
+"""The SQLite store's payload tier (api/store/sqlite/payloads.py): payloads of INLINE_BELOW bytes or more live in
+segment files beside the database, are read back after reopening, go when nothing refers to them, and a
+segment that cannot be written is the store's "not now" (503), with nothing of the function applied."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from api.store.base import ItemMeta, QueuedItem, StoreUnavailable, Txn
+from api.store.sqlite import SqliteStore, segments
+from api.store.sqlite.payloads import INLINE_BELOW
+from api.store.sqlite.segments import PayloadCorrupt, segment_dir
+
+pytestmark = pytest.mark.anyio
+BIG = INLINE_BELOW * 2
+
+
+def _append(env: int, payloads: list[bytes]):  # type: ignore[no-untyped-def]
+    def fn(t: Txn) -> list[int]:
+        ids = []
+        for p in payloads:
+            item_id = t.next_item_id()
+            t.append(env, QueuedItem(ItemMeta(item_id, 1, 1, 0), 1, p))
+            ids.append(item_id)
+        return ids
+
+    return fn
+
+
+def _pop_all(env: int):  # type: ignore[no-untyped-def]
+    def fn(t: Txn) -> list[bytes]:
+        return [it.payload for it in t.pop(env, [m.item_id for m in t.head(env)])]
+
+    return fn
+
+
+def _rows(path: Path) -> tuple[list[tuple[int, int | None]], list[tuple[int, int, int]]]:
+    with sqlite3.connect(path) as db:
+        payloads = db.execute("SELECT item_id, segment FROM payloads ORDER BY item_id").fetchall()
+        segs = db.execute("SELECT segment, items, bytes FROM segments ORDER BY segment").fetchall()
+    return payloads, segs
+
+
+async def test_big_payloads_go_to_a_segment_small_ones_stay_inline_and_both_survive_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    sent = [b"a" * BIG, b"b" * (INLINE_BELOW - 1), b"c" * (BIG + 1)]
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        ids = await store.transact(_append(0, sent))
+    finally:
+        await store.close()
+    payloads, segs = _rows(path)
+    assert payloads == [(ids[0], 1), (ids[1], None), (ids[2], 1)]
+    assert segs == [(1, 2, 2 * BIG + 1)]
+    assert (segment_dir(path) / "00000001.seg").stat().st_size == 2 * BIG + 1
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        assert await store.transact(_pop_all(0)) == sent
+    finally:
+        await store.close()
+    assert _rows(path) == ([], [(1, 0, 0)])  # the newest segment stays, for the next appends
+
+
+async def test_a_sealed_segment_goes_with_its_last_payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        await store.transact(_append(0, [bytes([i]) * BIG for i in range(5)]))  # segments 1, 1, 2, 2, 3
+        await store.transact(_append(1, [b"kept" * BIG]))  # in segment 3 too
+        assert sorted(p.name for p in segment_dir(path).iterdir()) == [f"0000000{n}.seg" for n in (1, 2, 3)]
+        assert [len(p) for p in await store.transact(_pop_all(0))] == [BIG] * 5
+        assert [p.name for p in segment_dir(path).iterdir()] == ["00000003.seg"]
+        assert _rows(path)[1] == [(3, 1, 4 * BIG)]
+        assert await store.transact(_pop_all(1)) == [b"kept" * BIG]
+    finally:
+        await store.close()
+
+
+async def test_clear_deletes_every_segment_and_numbers_go_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        await store.transact(_append(0, [b"x" * BIG] * 3))
+        await store.transact(lambda t: t.clear())
+        assert list(segment_dir(path).iterdir()) == []
+        await store.transact(_append(0, [b"y" * BIG]))
+        assert [p.name for p in segment_dir(path).iterdir()] == ["00000003.seg"]
+        assert await store.transact(_pop_all(0)) == [b"y" * BIG]
+    finally:
+        await store.close()
+
+
+async def test_a_segment_that_cannot_be_written_is_503_and_applies_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    segment_dir(path).mkdir()
+    full = segment_dir(path) / "00000001.seg"
+    full.symlink_to("/dev/full")  # every write: ENOSPC
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        with pytest.raises(StoreUnavailable, match="SQLITE_FULL"):
+            await store.transact(_append(0, [b"x" * BIG]))
+        assert store.not_ready() is not None and "SQLITE_FULL" in store.not_ready()  # type: ignore[operator]
+        assert await store.transact(lambda t: t.counts()) == {}
+        full.unlink()  # space again
+        await store.transact(_append(0, [b"y" * BIG]))
+        assert store.not_ready() is None
+        assert await store.transact(_pop_all(0)) == [b"y" * BIG]
+    finally:
+        await store.close()
+
+
+async def test_a_payload_not_as_written_is_a_clear_error_and_stays_queued(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        [item] = await store.transact(_append(0, [b"x" * BIG]))
+        with open(segment_dir(path) / "00000001.seg", "r+b") as f:  # what power loss under NORMAL can leave
+            f.write(b"\0" * 16)
+        with pytest.raises(PayloadCorrupt, match=f"the payload of item {item}: .* are not those written"):
+            await store.transact(_pop_all(0))
+        assert (await store.transact(lambda t: t.counts()))[0].items == 1
+    finally:
+        await store.close()
+
+
+def test_a_version_9_file_with_inline_payloads_serves_them_beside_new_ones(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with gzip.open(Path(__file__).parent / "old_files" / "sqlite-v9.db.gz") as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with sqlite3.connect(path) as db:
+        env, *_ = db.execute("SELECT DISTINCT env_id FROM queue").fetchone()
+        old = [p for (p,) in db.execute("SELECT payload FROM payloads JOIN queue USING (item_id) ORDER BY item_id")]
+
+    async def run() -> list[bytes]:
+        store = SqliteStore(f"sqlite:///{path}")
+        try:
+            await store.transact(_append(env, [b"new" * BIG]))
+            return await store.transact(_pop_all(env))
+        finally:
+            await store.close()
+
+    assert len(old) == 3 and asyncio.run(run()) == [*old, b"new" * BIG]
