@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from api.store.base import ItemMeta, QueuedItem, StoreUnavailable, Txn
+from api.store.base import ItemMeta, PayloadLost, QueuedItem, StoreUnavailable, Txn
 from api.store.sqlite import SqliteStore, segments
 from api.store.sqlite.payloads import INLINE_BELOW
-from api.store.sqlite.segments import PayloadCorrupt, segment_dir
+from api.store.sqlite.segments import segment_dir
 
 pytestmark = pytest.mark.anyio
 BIG = INLINE_BELOW * 2
@@ -117,16 +117,23 @@ async def test_a_segment_that_cannot_be_written_is_503_and_applies_nothing(tmp_p
         await store.close()
 
 
-async def test_a_payload_not_as_written_is_a_clear_error_and_stays_queued(tmp_path: Path) -> None:
+async def test_a_payload_not_as_written_is_named_stays_queued_and_can_be_dropped_unread(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = SqliteStore(f"sqlite:///{path}")
     try:
-        [item] = await store.transact(_append(0, [b"x" * BIG]))
+        lost, kept = await store.transact(_append(0, [b"x" * BIG, b"y" * BIG]))
         with open(segment_dir(path) / "00000001.seg", "r+b") as f:  # what power loss under NORMAL can leave
             f.write(b"\0" * 16)
-        with pytest.raises(PayloadCorrupt, match=f"the payload of item {item}: .* are not those written"):
+        with pytest.raises(PayloadLost, match=f"the payload of item {lost}: .* are not those written") as caught:
             await store.transact(_pop_all(0))
-        assert (await store.transact(lambda t: t.counts()))[0].items == 1
+        assert caught.value.item_ids == (lost,)
+        assert (await store.transact(lambda t: t.counts()))[0].items == 2  # the pop was undone whole
+        dropped = await store.transact(lambda t: t.drop_lost([lost, kept + 1]))  # one that is not queued: no-op
+        assert dropped == {0: [(ItemMeta(lost, 1, 1, 0), 1)]}
+        counts = (await store.transact(lambda t: t.counts()))[0]
+        assert (counts.items, counts.bytes) == (1, BIG)
+        assert await store.transact(_pop_all(0)) == [b"y" * BIG]
+        assert _rows(path) == ([], [(1, 0, 0)])
     finally:
         await store.close()
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from api.store.sqlite.segments import Extent, Segments, SegmentWriteError, segment_dir
+from api.store.base import PayloadLost
+from api.store.sqlite.segments import Extent, PayloadCorrupt, Segments, SegmentWriteError, segment_dir
 
 log = logging.getLogger("rollbuf")
 
@@ -95,14 +96,21 @@ class PayloadTier:
         return (item_id, b"", e.segment, e.pos, e.length, e.crc)
 
     def resolve(self, rows: Iterable[PayloadRow]) -> dict[int, bytes]:
-        """Payload by item id, from rows of `COLUMNS` (read from their segments where they are there)."""
+        """Payload by item id, from rows of `COLUMNS` (read from their segments where they are there);
+        `PayloadLost` naming every one whose bytes are not those written (each read, so all are named at once)."""
         out: dict[int, bytes] = {}
+        lost: dict[int, str] = {}
         read = self.segments.read
         for item_id, payload, segment, pos, length, crc in rows:
             if segment is None:
                 out[item_id] = payload
-            else:
+                continue
+            try:
                 out[item_id] = read(Extent(segment, pos, length, crc), f"the payload of item {item_id}")
+            except PayloadCorrupt as exc:
+                lost[item_id] = str(exc)
+        if lost:
+            raise PayloadLost(sorted(lost), "; ".join(lost[i] for i in sorted(lost)))
         return out
 
     def clear(self, db: sqlite3.Connection) -> None:
