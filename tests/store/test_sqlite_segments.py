@@ -83,6 +83,31 @@ async def test_a_sealed_segment_goes_with_its_last_payload(tmp_path: Path, monke
         await store.close()
 
 
+async def test_segment_files_no_row_refers_to_go_at_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file below the newest segment with no row (its unlink failed after the COMMIT that emptied it) is
+    deleted when the store opens; one above the newest (a rolled-back rollover, reused by the next) stays."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
+    path = tmp_path / "s.db"
+    directory = segment_dir(path)
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        for env, n in ((0, 2), (1, 2), (2, 1)):  # segments 1, 2, 3: one env each
+            await store.transact(_append(env, [bytes([env]) * BIG] * n))
+        await store.transact(_pop_all(1))
+        assert sorted(p.name for p in directory.iterdir()) == ["00000001.seg", "00000003.seg"]
+    finally:
+        await store.close()
+    (directory / "00000002.seg").write_bytes(b"\1" * BIG)  # as an unlink that failed leaves it
+    (directory / "00000009.seg").write_bytes(b"")
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        assert sorted(p.name for p in directory.iterdir()) == ["00000001.seg", "00000003.seg", "00000009.seg"]
+        assert await store.transact(_pop_all(0)) == [b"\0" * BIG] * 2
+        assert await store.transact(_pop_all(2)) == [b"\2" * BIG]
+    finally:
+        await store.close()
+
+
 async def test_clear_deletes_every_segment_and_numbers_go_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
     path = tmp_path / "s.db"

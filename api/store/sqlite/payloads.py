@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from api.store.base import PayloadLost
-from api.store.sqlite.segments import Extent, PayloadCorrupt, Segments, SegmentWriteError, segment_dir
+from api.store.sqlite.segments import Extent, PayloadCorrupt, Segments, SegmentWriteError, numbers, segment_dir
 
 log = logging.getLogger("rollbuf")
 
@@ -121,3 +121,30 @@ class PayloadTier:
             db.execute("UPDATE segments SET items = 0, bytes = 0")
             db.execute("INSERT INTO segments (segment, items, bytes) VALUES (?, 0, 0)", (int(newest) + 1,))
         self.segments.stop()
+
+
+def delete_orphans(db: sqlite3.Connection, path: Path) -> list[int]:
+    """Delete the segment files of the SQLite file `path` that no `segments` row refers to and that are older
+    than the newest row's: a rollover whose transaction rolled back, an emptied segment whose unlink failed
+    after its COMMIT. Under the write lock (no other process is between an append and its COMMIT), at open,
+    one pass over the directory; appends only go to the newest segment and above, so no row can come to refer
+    to an older one. Returns the segments deleted."""
+    rows = {int(row[0]) for row in db.execute("SELECT segment FROM segments")}
+    if not rows:
+        return []
+    newest = max(rows)
+    directory = segment_dir(path)
+    orphans = [n for n in numbers(directory) if n < newest and n not in rows]
+    if not orphans:
+        return []
+    segments = Segments(directory)
+    try:
+        segments.delete(orphans)
+    except OSError as exc:  # nothing is lost: the disk stays used until the next open
+        log.warning("payload segments %s refer to no payload, not all deleted: %s", orphans, exc)
+        return []
+    finally:
+        segments.close()
+    log.warning("payload segments %s referred to no payload (a rolled-back rollover, a failed unlink): deleted",
+                orphans)  # fmt: skip
+    return orphans
