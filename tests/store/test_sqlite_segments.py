@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import shutil
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,38 @@ async def test_segment_files_no_row_refers_to_go_at_open(tmp_path: Path, monkeyp
         assert sorted(p.name for p in directory.iterdir()) == ["00000001.seg", "00000003.seg", "00000009.seg"]
         assert await store.transact(_pop_all(0)) == [b"\0" * BIG] * 2
         assert await store.transact(_pop_all(2)) == [b"\2" * BIG]
+    finally:
+        await store.close()
+
+
+async def test_while_a_truncating_checkpoint_runs_the_writer_syncs_its_appends_before_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TRUNCATE checkpoint copies every commit, those made during its fsync of the segments too: meanwhile
+    the writer fsyncs what it appended before its COMMIT (under NORMAL, otherwise never)."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(threading.current_thread().name)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    store = SqliteStore(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        await store.transact(_append(0, [b"a" * BIG]))
+        assert "rollbuf-sqlite" not in synced
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        checkpointer.truncating.set()  # as `_checkpoint` does from before its fsync to the TRUNCATE's end
+        try:
+            await store.transact(_append(0, [b"b" * BIG]))
+        finally:
+            checkpointer.truncating.clear()
+        during = synced.count("rollbuf-sqlite")
+        assert during >= 1  # the segment (and the directory, where it was created since)
+        await store.transact(_append(0, [b"c" * BIG]))
+        assert synced.count("rollbuf-sqlite") == during
     finally:
         await store.close()
 

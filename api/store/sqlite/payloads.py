@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,20 @@ PayloadRow = Sequence[Any]
 class PayloadTier:
     """The writer thread's side of the segments, across its transactions."""
 
-    def __init__(self, segments: Segments, *, full_sync: bool) -> None:
+    def __init__(self, segments: Segments, *, full_sync: bool, sync_now: Callable[[], bool] = lambda: False) -> None:
         self.segments = segments
         self.full_sync = full_sync
         """`synchronous=FULL`: the segments are fsynced before each COMMIT that references what they got."""
+        self.sync_now = sync_now
+        """Whether to do so for this COMMIT anyway: a TRUNCATE checkpoint, which copies every commit, is under
+        way (api/store/sqlite/checkpoint.py)."""
         self._doomed: list[int] = []
         self._transactions = 0
 
     @classmethod
-    def beside(cls, path: Path, synchronous: str) -> PayloadTier:
+    def beside(cls, path: Path, synchronous: str, sync_now: Callable[[], bool] = lambda: False) -> PayloadTier:
         """The tier of the SQLite file `path` (its directory `<file>.payloads/`, created if need be)."""
-        return cls(Segments(segment_dir(path)), full_sync=synchronous == "FULL")
+        return cls(Segments(segment_dir(path)), full_sync=synchronous == "FULL", sync_now=sync_now)
 
     # --- around a transaction (the driver) ---
     def begin(self) -> None:
@@ -58,9 +61,9 @@ class PayloadTier:
             self.segments.forget_deleted()
 
     def before_commit(self, db: sqlite3.Connection) -> None:
-        """The segments emptied by this transaction go, rows now and files after COMMIT; with FULL, what was
-        appended reaches the disk first."""
-        if self.full_sync and (self.segments.written or self.segments.created):
+        """The segments emptied by this transaction go, rows now and files after COMMIT; with FULL, or while a
+        TRUNCATE checkpoint runs, what was appended reaches the disk first."""
+        if (self.segments.written or self.segments.created) and (self.full_sync or self.sync_now()):
             try:
                 self.segments.sync()
             except OSError as exc:

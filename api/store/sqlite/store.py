@@ -156,7 +156,7 @@ class SqliteStore(Store):
             opened.set_exception(exc)
             return
         checkpointer = self._checkpointer = Checkpointer(self.path, self.config.wal_limit)
-        tier = PayloadTier.beside(self.path, self.config.synchronous)
+        tier = PayloadTier.beside(self.path, self.config.synchronous, checkpointer.truncating.is_set)
         driver = _Driver(db, self.config, self._ids, checkpointer, self.health.wrote, tier)
         opened.set_result(None)
         stop = None
