@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any, cast
 
 from api import state
+from api.batches import lost
 from api.batches.acknowledge import commit_txn
 from api.batches.formation import FormationRules, batch_txn
 from api.batches.kept import Kept, ReadAhead
@@ -463,7 +464,7 @@ class Service:
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers, self._run) if waiting else None
 
-        result, report = await self.store.transact(txn_fn)
+        result, report = await lost.dropping_lost(self.store, txn_fn, self._run, recorder(self.books))
         self.stall_reason = None if report is None else self._graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
             self.jobs.ask(WATCH)  # a batch formed: what the monitor reads changed (a waiting poll costs no read)

@@ -14,6 +14,7 @@ from api import state
 from api.batches.acknowledge import acknowledge
 from api.batches.aging import age, is_due
 from api.batches.kept import COMMIT, ReadAhead, read_ahead_full
+from api.batches.lost import kept_batch_lost
 from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
 from api.batches.planner import BatchSpec, EnvWindow, LookAhead, NoBatch, Plan, plan_batch
 from api.batches.trim import first_sequences
@@ -24,7 +25,7 @@ from api.ingest.filters import STALE
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder
 from api.state import RunState
-from api.store.base import ANON_ENV, QueueCounts, Txn
+from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
 from api.views import stats
 from api.wire.records import decode_meta
 
@@ -121,7 +122,10 @@ def batch_txn(
     if step < run.step:
         if kept != before:
             state.save_kept(txn, kept)
-        stored = txn.get_batch(step)
+        try:
+            stored = txn.get_batch(step)
+        except PayloadLost as exc:
+            raise kept_batch_lost(step, exc) from exc
         if stored is None:
             raise Gone(
                 f"batch {step} is no longer available: a later batch was asked for, or it was "

@@ -110,8 +110,14 @@ class Recorder:
         """Stored groups (`ids`, their `payloads`) dropped for `reason` at step `step`. `popped`: they left the
         queue by `Txn.pop` with `retain=self.retain`, which kept their payloads already."""
         state.count_dropped(txn, env_name, reason, len(ids))
-        self._decided(txn, ids, DROPPED, reason, step, at)
+        self._decided(txn, ids, DROPPED, reason, step, at, self.retain)
         self._retained(txn, ids, payloads, popped)
+
+    def lost(self, txn: Txn, env_name: str, reason: str, ids: Sequence[int], *, step: int, at: float) -> None:
+        """Queued groups whose payloads the store lost (`Txn.drop_lost` removed them): dropped for `reason`,
+        nothing of them retained."""
+        state.count_dropped(txn, env_name, reason, len(ids))
+        self._decided(txn, ids, DROPPED, reason, step, at, False)
 
     def expired_open(self, txn: Txn, env_name: str, row: LedgerGroup) -> None:
         """An open group (docs/rollouts.md) expired before its seal: its acknowledged rollouts were never queued,
@@ -127,8 +133,10 @@ class Recorder:
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         """A side-buffered group released into the queue under a new id."""
 
-    def _decided(self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float) -> None:
-        """The ledger's share of a decision on stored groups: none."""
+    def _decided(
+        self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float, kept: bool
+    ) -> None:
+        """The ledger's share of a decision on stored groups (`kept`: their payloads retained): none."""
 
     def _retained(self, txn: Txn, ids: Sequence[int], payloads: Sequence[bytes], popped: bool) -> None:
         """Retention's share of a decision: none."""
@@ -148,7 +156,7 @@ class Ledger(Recorder):
         task_leases.on_acknowledged(txn, [row])  # under a task's lease: its task is retried or dropped, with why
 
     def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
-        self._decided(txn, row.group_ids, SERVED, None, row.step, row.formed_at)
+        self._decided(txn, row.group_ids, SERVED, None, row.step, row.formed_at, self.retain)
         txn.ledger.put_step(row)
         self._retained(txn, row.group_ids, payloads, popped=True)
 
@@ -159,8 +167,10 @@ class Ledger(Recorder):
         txn.ledger.requeue(old_id, new_id)
         task_leases.on_requeued(txn, old_id, new_id)
 
-    def _decided(self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float) -> None:
-        txn.ledger.decide(ids, fate, step=step, reason=reason, at=at, kept=self.retain)
+    def _decided(
+        self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float, kept: bool
+    ) -> None:
+        txn.ledger.decide(ids, fate, step=step, reason=reason, at=at, kept=kept)
         task_leases.on_decided(txn, ids, fate, step=step, reason=reason, now=at)  # their tasks follow
 
 

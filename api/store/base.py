@@ -47,6 +47,7 @@ __all__ = [
     "LedgerGroup",
     "LedgerStep",
     "LedgerTxn",
+    "PayloadLost",
     "QueueCounts",
     "QueuedItem",
     "Store",
@@ -207,6 +208,13 @@ class Txn(ABC):
         With `retain` (and no `keep_for`), their payloads stay as retained payloads (`ledger.kept_payloads`), under
         their item ids, until `ledger.prune_payloads`: no copy either."""
 
+    def drop_lost(self, item_ids: Sequence[int]) -> dict[int, list[tuple[ItemMeta, int]]]:
+        """Remove from the queue those of these items that are queued, and their payloads, without reading them
+        (their bytes were lost: `PayloadLost`); per env, each removed item's meta and `n_groups`. Only a store
+        that can lose payloads (SQLite's segment files, after a power loss) raises `PayloadLost`, so only it
+        needs this."""
+        raise NotImplementedError(f"{type(self).__name__} never loses a payload")
+
     @abstractmethod
     def counts(self) -> dict[int, QueueCounts]:
         """Queued items, groups, sequences, tokens and payload bytes per env (envs with nothing queued may be absent).
@@ -261,6 +269,17 @@ class Txn(ABC):
     def clear(self) -> None:
         """Forget every queue, buffer, batch, env, counter, value, remembered reply, ledger row and retained
         payload (GET /reset_data)."""
+
+
+class PayloadLost(RuntimeError):
+    """Payloads whose bytes are not what was written (`item_ids`): the store kept the rows but lost the bytes
+    (SQLite after a power loss under `synchronous=NORMAL`, docs/stores.md). Raised by whatever reads them
+    (`Txn.pop`, `Txn.get_batch`); batch formation drops such queued groups as `payload_lost` and forms a batch
+    of the rest (api/batches/lost.py)."""
+
+    def __init__(self, item_ids: Sequence[int], message: str) -> None:
+        super().__init__(message)
+        self.item_ids = tuple(item_ids)
 
 
 class StoreUnavailable(Unavailable):

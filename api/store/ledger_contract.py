@@ -118,10 +118,10 @@ class LedgerGroup:
         default=None,
         metadata=_col(
             "TEXT", "text", None, "Dropped: why (`zero_variance`, `score_range`, `stale`, `side_buffer_expired`, "
-            "`rollouts_...`: an open group that expired). Else null.",
+            "`rollouts_...`: an open group that expired, `payload_lost`). Else null.",
         ),
     )  # fmt: skip
-    """Dropped: why (a filter's name, `stale`, `side_buffer_expired`, `rollouts_<why>`). Else None."""
+    """Dropped: why (a filter's name, `stale`, `side_buffer_expired`, `rollouts_<why>`, `payload_lost`). Else None."""
     decided_at: float | None = field(
         default=None, metadata=_col("REAL", "double precision", "timestamp", "Unix time it was served or dropped.")
     )

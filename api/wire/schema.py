@@ -233,7 +233,7 @@ class Status(_Wire):
     """Why no batch can be formed other than "not enough data yet", or null."""
     dropped: dict[str, dict[str, int]] = Field(default_factory=dict)
     """Groups dropped per environment name and reason (stale, zero_variance, score_range, side_buffer_expired,
-    rollouts_<why>: a per-rollout group that expired)."""
+    rollouts_<why>: a per-rollout group that expired, payload_lost: its bytes lost by the store, docs/stores.md)."""
     passed_over: dict[str, int] = Field(default_factory=dict)
     """Per env name: batches that passed over its oldest group (newer ones of it taken; docs/batching.md)."""
     smaller_batches: int = 0

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import shutil
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
-from api.store.base import ItemMeta, QueuedItem, StoreUnavailable, Txn
+from api.store.base import ItemMeta, PayloadLost, QueuedItem, StoreUnavailable, Txn
 from api.store.sqlite import SqliteStore, segments
 from api.store.sqlite.payloads import INLINE_BELOW
-from api.store.sqlite.segments import PayloadCorrupt, segment_dir
+from api.store.sqlite.segments import segment_dir
 
 pytestmark = pytest.mark.anyio
 BIG = INLINE_BELOW * 2
@@ -83,6 +85,63 @@ async def test_a_sealed_segment_goes_with_its_last_payload(tmp_path: Path, monke
         await store.close()
 
 
+async def test_segment_files_no_row_refers_to_go_at_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file below the newest segment with no row (its unlink failed after the COMMIT that emptied it) is
+    deleted when the store opens; one above the newest (a rolled-back rollover, reused by the next) stays."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
+    path = tmp_path / "s.db"
+    directory = segment_dir(path)
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        for env, n in ((0, 2), (1, 2), (2, 1)):  # segments 1, 2, 3: one env each
+            await store.transact(_append(env, [bytes([env]) * BIG] * n))
+        await store.transact(_pop_all(1))
+        assert sorted(p.name for p in directory.iterdir()) == ["00000001.seg", "00000003.seg"]
+    finally:
+        await store.close()
+    (directory / "00000002.seg").write_bytes(b"\1" * BIG)  # as an unlink that failed leaves it
+    (directory / "00000009.seg").write_bytes(b"")
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        assert sorted(p.name for p in directory.iterdir()) == ["00000001.seg", "00000003.seg", "00000009.seg"]
+        assert await store.transact(_pop_all(0)) == [b"\0" * BIG] * 2
+        assert await store.transact(_pop_all(2)) == [b"\2" * BIG]
+    finally:
+        await store.close()
+
+
+async def test_while_a_truncating_checkpoint_runs_the_writer_syncs_its_appends_before_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TRUNCATE checkpoint copies every commit, those made during its fsync of the segments too: meanwhile
+    the writer fsyncs what it appended before its COMMIT (under NORMAL, otherwise never)."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(threading.current_thread().name)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    store = SqliteStore(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        await store.transact(_append(0, [b"a" * BIG]))
+        assert "rollbuf-sqlite" not in synced
+        checkpointer = store._checkpointer
+        assert checkpointer is not None
+        checkpointer.truncating.set()  # as `_checkpoint` does from before its fsync to the TRUNCATE's end
+        try:
+            await store.transact(_append(0, [b"b" * BIG]))
+        finally:
+            checkpointer.truncating.clear()
+        during = synced.count("rollbuf-sqlite")
+        assert during >= 1  # the segment (and the directory, where it was created since)
+        await store.transact(_append(0, [b"c" * BIG]))
+        assert synced.count("rollbuf-sqlite") == during
+    finally:
+        await store.close()
+
+
 async def test_clear_deletes_every_segment_and_numbers_go_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
     path = tmp_path / "s.db"
@@ -117,16 +176,23 @@ async def test_a_segment_that_cannot_be_written_is_503_and_applies_nothing(tmp_p
         await store.close()
 
 
-async def test_a_payload_not_as_written_is_a_clear_error_and_stays_queued(tmp_path: Path) -> None:
+async def test_a_payload_not_as_written_is_named_stays_queued_and_can_be_dropped_unread(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = SqliteStore(f"sqlite:///{path}")
     try:
-        [item] = await store.transact(_append(0, [b"x" * BIG]))
+        lost, kept = await store.transact(_append(0, [b"x" * BIG, b"y" * BIG]))
         with open(segment_dir(path) / "00000001.seg", "r+b") as f:  # what power loss under NORMAL can leave
             f.write(b"\0" * 16)
-        with pytest.raises(PayloadCorrupt, match=f"the payload of item {item}: .* are not those written"):
+        with pytest.raises(PayloadLost, match=f"the payload of item {lost}: .* are not those written") as caught:
             await store.transact(_pop_all(0))
-        assert (await store.transact(lambda t: t.counts()))[0].items == 1
+        assert caught.value.item_ids == (lost,)
+        assert (await store.transact(lambda t: t.counts()))[0].items == 2  # the pop was undone whole
+        dropped = await store.transact(lambda t: t.drop_lost([lost, kept + 1]))  # one that is not queued: no-op
+        assert dropped == {0: [(ItemMeta(lost, 1, 1, 0), 1)]}
+        counts = (await store.transact(lambda t: t.counts()))[0]
+        assert (counts.items, counts.bytes) == (1, BIG)
+        assert await store.transact(_pop_all(0)) == [b"y" * BIG]
+        assert _rows(path) == ([], [(1, 0, 0)])
     finally:
         await store.close()
 

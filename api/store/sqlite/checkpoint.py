@@ -33,9 +33,14 @@ class Checkpointer:
     Rows point into segment files (api/store/sqlite/segments.py) that the writer only hands to the OS; before a
     checkpoint makes rows durable, the segments written since the last one are fsynced. A PASSIVE checkpoint
     copies no frame past a snapshot taken before that fsync (a read transaction held on a second connection
-    bounds it), so it never makes a row durable whose bytes are not; a TRUNCATE one (past `wal_limit`) cannot
-    be bounded so, and may copy the few commits made during the fsync: under power loss before the next
-    round their payloads may read as lost (the crc says so), as commits not yet checkpointed may be lost."""
+    bounds it), so it never makes a row durable whose bytes are not. A TRUNCATE one cannot be bounded so (it
+    copies every commit, and SQLite runs none inside a transaction that could hold writers off), so from
+    before its fsync until it ends `truncating` is set, and meanwhile this process's writer fsyncs what it
+    appended before each COMMIT, as `synchronous=FULL` does (PayloadTier.before_commit): a commit it copies
+    either appended before the fsync or synced itself. Another process sharing the file (`--workers N`) does
+    not see the flag: a commit of its made during the fsync may still be copied, its bytes not on disk, and
+    under power loss before the next round read as lost (the crc says so; formation drops such a group as
+    `payload_lost`), as its commit itself might have been lost."""
 
     def __init__(self, path: Path, truncate_bytes: int) -> None:
         self._path = path
@@ -52,6 +57,9 @@ class Checkpointer:
         self._dirty = False
         """Commits since the WAL was last emptied."""
         self._failing = False
+        self.truncating = threading.Event()
+        """Set while a TRUNCATE checkpoint is under way, its fsync of the segments included: the writer syncs
+        its appends before each COMMIT meanwhile."""
         self.failure: str | None = None
         """Why the last checkpoint failed (other than busy), until one works again: /readyz reports it."""
         self._thread = threading.Thread(target=self._main, name="rollbuf-sqlite-checkpoint", daemon=True)
@@ -126,15 +134,21 @@ class Checkpointer:
     def _checkpoint(self, db: sqlite3.Connection, mode: str) -> bool:
         """One checkpoint, after an fsync of the segments; True when it completed (for TRUNCATE: the WAL is
         empty)."""
-        if not self._sync_segments():
-            return False  # no row is made durable before its bytes are
+        truncate = mode == "TRUNCATE"
+        if truncate:
+            self.truncating.set()  # from here on, the writer syncs before each COMMIT (the class's docstring)
         try:
+            if not self._sync_segments():
+                return False  # no row is made durable before its bytes are
             busy, _, _ = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorname in ("SQLITE_BUSY", "SQLITE_LOCKED"):
                 return False  # the writer or a reader did not step aside in time: next round
             self._failed(mode, exc)
             return False
+        finally:
+            if truncate:
+                self.truncating.clear()
         if self._failing:
             self._failing = False
             self.failure = None

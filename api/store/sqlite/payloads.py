@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from api.store.sqlite.segments import Extent, Segments, SegmentWriteError, segment_dir
+from api.store.base import PayloadLost
+from api.store.sqlite.segments import Extent, PayloadCorrupt, Segments, SegmentWriteError, numbers, segment_dir
 
 log = logging.getLogger("rollbuf")
 
@@ -35,17 +36,20 @@ PayloadRow = Sequence[Any]
 class PayloadTier:
     """The writer thread's side of the segments, across its transactions."""
 
-    def __init__(self, segments: Segments, *, full_sync: bool) -> None:
+    def __init__(self, segments: Segments, *, full_sync: bool, sync_now: Callable[[], bool] = lambda: False) -> None:
         self.segments = segments
         self.full_sync = full_sync
         """`synchronous=FULL`: the segments are fsynced before each COMMIT that references what they got."""
+        self.sync_now = sync_now
+        """Whether to do so for this COMMIT anyway: a TRUNCATE checkpoint, which copies every commit, is under
+        way (api/store/sqlite/checkpoint.py)."""
         self._doomed: list[int] = []
         self._transactions = 0
 
     @classmethod
-    def beside(cls, path: Path, synchronous: str) -> PayloadTier:
+    def beside(cls, path: Path, synchronous: str, sync_now: Callable[[], bool] = lambda: False) -> PayloadTier:
         """The tier of the SQLite file `path` (its directory `<file>.payloads/`, created if need be)."""
-        return cls(Segments(segment_dir(path)), full_sync=synchronous == "FULL")
+        return cls(Segments(segment_dir(path)), full_sync=synchronous == "FULL", sync_now=sync_now)
 
     # --- around a transaction (the driver) ---
     def begin(self) -> None:
@@ -57,9 +61,9 @@ class PayloadTier:
             self.segments.forget_deleted()
 
     def before_commit(self, db: sqlite3.Connection) -> None:
-        """The segments emptied by this transaction go, rows now and files after COMMIT; with FULL, what was
-        appended reaches the disk first."""
-        if self.full_sync and (self.segments.written or self.segments.created):
+        """The segments emptied by this transaction go, rows now and files after COMMIT; with FULL, or while a
+        TRUNCATE checkpoint runs, what was appended reaches the disk first."""
+        if (self.segments.written or self.segments.created) and (self.full_sync or self.sync_now()):
             try:
                 self.segments.sync()
             except OSError as exc:
@@ -95,14 +99,21 @@ class PayloadTier:
         return (item_id, b"", e.segment, e.pos, e.length, e.crc)
 
     def resolve(self, rows: Iterable[PayloadRow]) -> dict[int, bytes]:
-        """Payload by item id, from rows of `COLUMNS` (read from their segments where they are there)."""
+        """Payload by item id, from rows of `COLUMNS` (read from their segments where they are there);
+        `PayloadLost` naming every one whose bytes are not those written (each read, so all are named at once)."""
         out: dict[int, bytes] = {}
+        lost: dict[int, str] = {}
         read = self.segments.read
         for item_id, payload, segment, pos, length, crc in rows:
             if segment is None:
                 out[item_id] = payload
-            else:
+                continue
+            try:
                 out[item_id] = read(Extent(segment, pos, length, crc), f"the payload of item {item_id}")
+            except PayloadCorrupt as exc:
+                lost[item_id] = str(exc)
+        if lost:
+            raise PayloadLost(sorted(lost), "; ".join(lost[i] for i in sorted(lost)))
         return out
 
     def clear(self, db: sqlite3.Connection) -> None:
@@ -113,3 +124,30 @@ class PayloadTier:
             db.execute("UPDATE segments SET items = 0, bytes = 0")
             db.execute("INSERT INTO segments (segment, items, bytes) VALUES (?, 0, 0)", (int(newest) + 1,))
         self.segments.stop()
+
+
+def delete_orphans(db: sqlite3.Connection, path: Path) -> list[int]:
+    """Delete the segment files of the SQLite file `path` that no `segments` row refers to and that are older
+    than the newest row's: a rollover whose transaction rolled back, an emptied segment whose unlink failed
+    after its COMMIT. Under the write lock (no other process is between an append and its COMMIT), at open,
+    one pass over the directory; appends only go to the newest segment and above, so no row can come to refer
+    to an older one. Returns the segments deleted."""
+    rows = {int(row[0]) for row in db.execute("SELECT segment FROM segments")}
+    if not rows:
+        return []
+    newest = max(rows)
+    directory = segment_dir(path)
+    orphans = [n for n in numbers(directory) if n < newest and n not in rows]
+    if not orphans:
+        return []
+    segments = Segments(directory)
+    try:
+        segments.delete(orphans)
+    except OSError as exc:  # nothing is lost: the disk stays used until the next open
+        log.warning("payload segments %s refer to no payload, not all deleted: %s", orphans, exc)
+        return []
+    finally:
+        segments.close()
+    log.warning("payload segments %s referred to no payload (a rolled-back rollover, a failed unlink): deleted",
+                orphans)  # fmt: skip
+    return orphans

@@ -80,7 +80,7 @@ class Segments:
 
     def numbers(self) -> list[int]:
         """The segments on disk, in order."""
-        return sorted(int(m[1]) for name in os.listdir(self.directory) if (m := _NAME.fullmatch(name)))
+        return numbers(self.directory)
 
     # --- appending (under the lock that orders appenders) ---
     @property
@@ -202,6 +202,15 @@ class Segments:
         self._current = None
 
 
+def numbers(directory: Path) -> list[int]:
+    """The segments on disk in `directory`, in order (none if it does not exist)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m[1]) for name in names if (m := _NAME.fullmatch(name)))
+
+
 def sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -214,9 +223,8 @@ def sync_from(directory: Path, first: int) -> int:
     """fsync every segment numbered `first` or above, and the directory if there are any above it: what
     was appended since a sync that saw `first` as the newest (appends only go to the newest and newer ones).
     Returns the newest now, for the next call (`first` if there are none)."""
-    names = sorted(int(m[1]) for name in os.listdir(directory) if (m := _NAME.fullmatch(name)))
     newest = first
-    for segment in names:
+    for segment in numbers(directory):
         if segment < first:
             continue
         with contextlib.suppress(FileNotFoundError):  # deleted meanwhile: nothing to keep

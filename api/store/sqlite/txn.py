@@ -223,6 +223,32 @@ class SqliteTxn(Txn):
         self._add(env_id, -gone.items, -gone.groups, -gone.seqs, -gone.tokens, -gone.bytes)
         return items
 
+    def drop_lost(self, item_ids: Sequence[int]) -> dict[int, list[tuple[ItemMeta, int]]]:
+        self._flush()
+        out: dict[int, list[tuple[ItemMeta, int]]] = {}
+        for chunk in chunks(list(item_ids)):
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(
+                f"DELETE FROM queue WHERE item_id IN ({marks}) "
+                "RETURNING env_id, item_id, seqs, tokens, policy_step, n_groups",
+                chunk,
+            ).fetchall()
+            if not rows:
+                continue
+            queued = [row[1] for row in rows]
+            marks = ",".join("?" * len(queued))
+            sizes = dict(
+                self._db.execute(  # the size counted at append: the payload's length, wherever it is
+                    f"DELETE FROM payloads WHERE item_id IN ({marks}) "
+                    "RETURNING item_id, coalesce(length, length(payload))",
+                    queued,
+                ).fetchall()
+            )
+            for env_id, item_id, seqs, tokens, policy_step, n_groups in rows:
+                self._add(env_id, -1, -n_groups, -seqs, -tokens, -int(sizes.get(item_id, 0)))
+                out.setdefault(env_id, []).append((ItemMeta(item_id, seqs, tokens, policy_step), n_groups))
+        return out
+
     def counts(self) -> dict[int, QueueCounts]:
         return counts_of(self._deferred.queue_counts(self._db, self._delta, held=False, anon_env=ANON_ENV))
 
