@@ -56,6 +56,22 @@ async def test_submit_retries_503_and_connection_errors_with_one_group_id() -> N
     assert len({_group_id(r) for r in seen}) == 1, "every retry carries the same group id"
 
 
+async def test_submit_list_retries_503_with_each_groups_id_chosen_once() -> None:
+    seen: list[httpx.Request] = []
+    busy = httpx.Response(503, json={"detail": "queue full", "code": "unavailable"}, headers={"Retry-After": "0"})
+    done = httpx.Response(200, json={"status": "received", "groups_processed": 2, "duplicates": 1, "duplicate_at": [1]})
+    async with scripted([busy, httpx.ConnectError("refused"), done], seen) as client:
+        client.env_id = 3
+        groups = [ScoredData.model_validate(group(4, env_id=None, seed=i)) for i in range(2)]
+        reply = await client.submit_list(groups)
+        client.env_id = None  # registered by hand: nothing to disconnect
+    assert reply.duplicate_at == [1] and len(seen) == 3
+    bodies = [orjson.loads(gzip.decompress(r.content)) for r in seen]
+    assert {r.url.path for r in seen} == {"/scored_data_list"}
+    assert all(b == bodies[0] for b in bodies), "every retry sends the same ids"
+    assert [g["env_id"] for g in bodies[0]] == [3, 3] and len({g["group_id"] for g in bodies[0]}) == 2
+
+
 async def test_4xx_is_not_retried_and_names_the_field() -> None:
     seen: list[httpx.Request] = []
     detail = [{"loc": ["body", "masks", 0], "msg": "masks[0] has 7 entries but tokens[0] has 8", "type": "value_error"}]
