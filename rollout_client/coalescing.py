@@ -8,7 +8,10 @@ without coalescing: a slow producer sends exactly what it sent before.
 
 Each caller gets its own group's reply. The list route stores all of a list or none: a list refused as a
 whole (a 4xx: one invalid group, a reused id) is sent again group by group, so that only the bad group is
-refused; a list that could not be sent by the deadline (`RetriesExhausted`) fails for each of its callers. A
+refused, and so is one refused for now (`Unavailable`, 429/503: a queue with room for some of its groups but
+not all; `SubmitList` raises it instead of retrying), so that the queue fills to its limit as with single
+submits, each retried as before. A list that could not be sent by the deadline (`RetriesExhausted`) fails
+for each of its callers. A
 caller cancelled before its list is sent is left out of it; once sent, a list is seen through for the others
 (and abandoned, as a cancelled single submit is, only when every caller of it has gone).
 """
@@ -21,7 +24,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 
 from api.wire.schema import ScoredData, ScoredListReply, ScoredReply
-from rollout_client.errors import Rejected
+from rollout_client.errors import Rejected, Unavailable
 
 log = logging.getLogger("rollout_client.runner")
 
@@ -36,7 +39,7 @@ MAX_BYTES = 4 << 20
 SubmitOne = Callable[[int, ScoredData], Awaitable[ScoredReply]]
 """Submit env `i`'s group alone (POST /scored_data)."""
 SubmitList = Callable[[int, Sequence[ScoredData]], Awaitable[ScoredListReply]]
-"""Submit env `i`'s groups in one POST /scored_data_list (all stored, or none)."""
+"""Submit env `i`'s groups in one POST /scored_data_list (all stored, or none); a 429/503 raised at once."""
 
 
 def approx_bytes(group: ScoredData) -> int:
@@ -175,8 +178,9 @@ class Coalescer:
             return
         try:
             reply = await self._many(key, groups)
-        except Rejected as exc:  # one bad group refuses the list: alone, only it is refused
-            log.info("a list of %d groups was refused (%s): sending them one by one", len(groups), exc)
+        except (Rejected, Unavailable) as exc:  # one bad group, or no room for all: alone, each as it may
+            level = logging.INFO if isinstance(exc, Rejected) else logging.DEBUG
+            log.log(level, "a list of %d groups was refused (%s): sending them one by one", len(groups), exc)
             await asyncio.gather(*(_answer(w, self._one(key, g))
                                    for g, w in zip(groups, waiters, strict=True) if not w.done()))  # fmt: skip
             return

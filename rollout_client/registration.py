@@ -78,8 +78,9 @@ class Registrations:
         return await self._again(i, lambda: self.clients[i].submit(group))
 
     async def submit_list(self, i: int, groups: Sequence[ScoredData]) -> ScoredListReply:
-        """`submit` for several groups of env `i` in one /scored_data_list (all stored, or none)."""
-        return await self._again(i, lambda: self.clients[i].submit_list(groups))
+        """`submit` for several groups of env `i` in one /scored_data_list (all stored, or none). A 429/503 is
+        not retried but raised (`Unavailable`): the groups may fit alone where the whole list does not."""
+        return await self._again(i, lambda: self.clients[i].submit_list(groups, retry_unavailable=False))
 
     async def trainer_step(self, timeout: float) -> int | None:
         """The trainer's step now, read within `timeout` s (best effort: None if no env is registered yet or

@@ -1,6 +1,7 @@
 """The runner against a real server process (SQLite): groups that finish together go in /scored_data_list
 requests (fewer requests than groups, as the server's /metrics count them), every group is stored exactly
-once and counted once; with `submit_linger=0` each goes alone to /scored_data, as before coalescing."""
+once and counted once; with `submit_linger=0` each goes alone to /scored_data, as before coalescing. A list
+the queue has room for only in part fills it group by group, to its limit."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from rollout_client import Environment, RolloutRunner, ScriptedPolicy, Session, Task, Tasks, Timeouts
 from rollout_client.examples import arithmetic_script, arithmetic_task
-from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status
+from rollout_client.pacing import QUEUE_FULL
+from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
 from tests.servers import running_server
 from tests.small_run import parse_metrics, total
 
@@ -76,3 +78,23 @@ async def test_groups_finishing_together_go_in_lists_and_are_stored_once(tmp_pat
         served = drain(server.url)
         assert len(served) + status(server.url)["queue_size"] == groups
         assert len({g["group_id"] for g in served}) == len(served), "no group stored twice"
+
+
+async def test_a_list_the_queue_has_room_for_in_part_fills_it_group_by_group(tmp_path: Path) -> None:
+    """Room for 5 groups, a wave of 16 in one list: the 503 for the whole list sends them alone, 5 are stored
+    (as single submits would have filled it) and the runner sees the queue full."""
+    STARTED[0] = 0
+    WAVES.clear()
+    with running_server("memory://", tmp_path / "s.log", "--max-queue-groups", "5", "--retry-after", "1") as server:
+        start_trainer(server.url, batch_size=64)
+        env = Together()
+        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=WAVE, timeouts=Timeouts(submit_linger=0.1, shutdown=0.5))  # fmt: skip
+        run = asyncio.create_task(runner.run())
+        await until(lambda: runner.stats.accepted == 5 and runner.stats.paused.get(env.name) == QUEUE_FULL,
+                    "the queue filled to its limit")  # fmt: skip
+        runner.stop()
+        stats = await asyncio.wait_for(run, HANG_GUARD_S)
+        samples = parse_metrics(httpx.get(server.url + "/metrics").text)
+        refused = total(samples, "rollbuf_request_duration_seconds_count", route="/scored_data_list", status="503")
+        assert refused >= 1 and status(server.url)["queue_size"] == stats.accepted == 5

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from api.wire.schema import ScoredData, ScoredListReply, ScoredReply
 from rollout_client.coalescing import Coalescer, approx_bytes, replies_of
-from rollout_client.errors import Rejected, RetriesExhausted
+from rollout_client.errors import Rejected, RetriesExhausted, Unavailable
 
 pytestmark = pytest.mark.anyio
 
@@ -127,6 +127,16 @@ async def test_a_refused_list_is_sent_again_group_by_group_so_only_the_bad_one_i
     assert isinstance(results[2], Rejected)
     assert [r.duplicate for r in results if isinstance(r, ScoredReply)] == [None, True, None]
     assert server.stored == ["b", "a", "d"], "each good group stored once"
+
+
+async def test_a_list_the_queue_has_no_room_for_is_sent_group_by_group() -> None:
+    """A 503 for the whole list: the groups that fit are stored alone, as single submits would be."""
+    server = Server()
+    server.fail = Unavailable(503, "the queue is full", "queue_full", 1.0)
+    c = coalescer(server, linger=0.01)
+    replies = await asyncio.gather(*(c.submit(0, group(gid)) for gid in "abc"))
+    assert server.calls[0] == (0, list("abc")) and sorted(server.calls[1:]) == [(0, [x]) for x in "abc"]
+    assert [r.status for r in replies] == ["received"] * 3 and sorted(server.stored) == list("abc")
 
 
 async def test_a_list_that_cannot_be_sent_fails_for_each_caller() -> None:
