@@ -10,7 +10,7 @@ import asyncio
 import gzip
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -22,9 +22,25 @@ from tenacity import RetryError
 from api.wire import records
 from api.wire.producers import Heartbeat, HeartbeatReply
 from api.wire.records import MSGPACK
-from api.wire.schema import EnvRegistered, EnvStatus, Info, RegisterEnv, ScoredData, ScoredReply
+from api.wire.schema import (
+    EnvRegistered,
+    EnvStatus,
+    Info,
+    RegisterEnv,
+    ScoredData,
+    ScoredListReply,
+    ScoredReply,
+)
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
-from client_core.errors import ClientError, RetriesExhausted, TransportError, error_for, reply_body
+from client_core.errors import (
+    ClientError,
+    RetriesExhausted,
+    TransportError,
+    Unavailable,
+    error_for,
+    is_retryable,
+    reply_body,
+)
 from client_core.outage import Outage
 from client_core.retry import RetryPolicy
 
@@ -45,9 +61,15 @@ class TrainerNotStarted(ClientError):
     """`register(wait_timeout=...)` gave up: the trainer has not asked for its first batch yet."""
 
 
-def encode_json(group: ScoredData) -> tuple[bytes, dict[str, str]]:
-    """A group as a JSON body (gzipped from GZIP_MIN_BYTES up) and its headers."""
-    body = orjson.dumps(group.model_dump(exclude_none=True))
+def encode_json(group: ScoredData | list[ScoredData]) -> tuple[bytes, dict[str, str]]:
+    """A group (or a list of them, for /scored_data_list) as a JSON body (gzipped from GZIP_MIN_BYTES up) and its
+    headers."""
+    fields = (
+        [g.model_dump(exclude_none=True) for g in group]
+        if isinstance(group, list)
+        else group.model_dump(exclude_none=True)
+    )
+    body = orjson.dumps(fields)
     headers = {"Content-Type": "application/json"}
     if len(body) >= GZIP_MIN_BYTES:
         body = gzip.compress(body, compresslevel=1)
@@ -98,10 +120,18 @@ class RolloutClient:
             raise error_for(response)
         return reply_body(response)
 
-    async def _call(self, method: str, path: str, deadline: float | None = None, **kwargs: Any) -> Any:
-        """`_send` with retries until the deadline; RetriesExhausted (from the last error) after it."""
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        deadline: float | None = None,
+        retry_on: Callable[[BaseException], bool] = is_retryable,
+        **kwargs: Any,
+    ) -> Any:
+        """`_send` with retries (of what `retry_on` allows) until the deadline; RetriesExhausted (from the last
+        error) after it."""
         try:
-            policy = RetryPolicy(self.retry_deadline if deadline is None else deadline)
+            policy = RetryPolicy(self.retry_deadline if deadline is None else deadline, retry_on=retry_on)
             async for attempt in policy.aretrying():
                 with attempt:
                     try:
@@ -181,13 +211,39 @@ class RolloutClient:
         from 1 KiB). The group gets this env's `env_id` and, if it has none, a fresh `group_id`, chosen once before the
         first attempt: every retry carries the same id, so the server stores the group at most once.
         """
+        group = self._identified(group)
+        body, headers = encode_msgpack(group) if self.binary else encode_json(group)
+        raw = await self._call("POST", "/scored_data", deadline, content=body, headers=headers)
+        return ScoredReply.model_validate(raw)
+
+    async def submit_list(
+        self, groups: Sequence[ScoredData], *, deadline: float | None = None, retry_unavailable: bool = True
+    ) -> ScoredListReply:
+        """Submit several groups in one POST /scored_data_list, as `submit` does one: the same encoding, retries
+        and ids (each group's, chosen once before the first attempt). All are stored, or none: one invalid
+        group rejects the list (`Rejected`, naming its index). `duplicate_at` in the reply names the groups
+        that were stored before.
+
+        `retry_unavailable=False`: a 429/503 raises `Unavailable` at once instead of being retried: a queue
+        with room for some of the groups but not all refuses the list whole, and the caller may send them
+        alone (as the runner does), so that the queue fills to its limit as with single submits."""
+        sent = [self._identified(g) for g in groups]
+        if self.binary:
+            body = records.encode_submission_list(encode_msgpack(g)[0] for g in sent)
+            headers = {"Content-Type": MSGPACK}
+        else:
+            body, headers = encode_json(sent)
+        retry_on = is_retryable if retry_unavailable else _retryable_but_unavailable
+        raw = await self._call("POST", "/scored_data_list", deadline, retry_on, content=body, headers=headers)
+        return ScoredListReply.model_validate(raw)
+
+    def _identified(self, group: ScoredData) -> ScoredData:
+        """The group with this env's `env_id` and, if it has none, a fresh `group_id`."""
         if group.env_id is None and self.env_id is not None:
             group = group.model_copy(update={"env_id": self.env_id})
         if group.group_id is None:
             group = group.model_copy(update={"group_id": uuid.uuid4().hex})
-        body, headers = encode_msgpack(group) if self.binary else encode_json(group)
-        raw = await self._call("POST", "/scored_data", deadline, content=body, headers=headers)
-        return ScoredReply.model_validate(raw)
+        return group
 
     async def status(self) -> EnvStatus:
         """This env's view of the queue (GET /status-env): step, backlog, weight, remaining capacity."""
@@ -231,6 +287,10 @@ class RolloutClient:
         return self.env_id
 
 
+def _retryable_but_unavailable(exc: BaseException) -> bool:
+    return is_retryable(exc) and not isinstance(exc, Unavailable)
+
+
 def encode_msgpack(group: ScoredData) -> tuple[bytes, dict[str, str]]:
     """A group as a binary body (docs/binary-format.md): raw int32/float32 arrays, no digits to print or parse."""
     fields = group.model_dump(exclude_none=True)
@@ -267,6 +327,13 @@ class SyncRolloutClient:
 
     def submit(self, group: ScoredData, *, deadline: float | None = None) -> ScoredReply:
         return self._runner.run(self._client.submit(group, deadline=deadline))
+
+    def submit_list(
+        self, groups: Sequence[ScoredData], *, deadline: float | None = None, retry_unavailable: bool = True
+    ) -> ScoredListReply:
+        return self._runner.run(
+            self._client.submit_list(groups, deadline=deadline, retry_unavailable=retry_unavailable)
+        )
 
     def status(self) -> EnvStatus:
         return self._runner.run(self._client.status())

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from api.wire.schema import EnvRegistered, EnvStatus, Info, ScoredData, ScoredReply
+from api.wire.schema import EnvRegistered, EnvStatus, Info, ScoredData, ScoredListReply, ScoredReply
 from rollout_client.client import RolloutClient
 from rollout_client.env import Environment
 from rollout_client.errors import Rejected, RolloutClientError, registration_lost
@@ -76,6 +76,11 @@ class Registrations:
     async def submit(self, i: int, group: ScoredData) -> ScoredReply:
         """Submit, registering the env again (and submitting again, same group id) if its registration is gone."""
         return await self._again(i, lambda: self.clients[i].submit(group))
+
+    async def submit_list(self, i: int, groups: Sequence[ScoredData]) -> ScoredListReply:
+        """`submit` for several groups of env `i` in one /scored_data_list (all stored, or none). A 429/503 is
+        not retried but raised (`Unavailable`): the groups may fit alone where the whole list does not."""
+        return await self._again(i, lambda: self.clients[i].submit_list(groups, retry_unavailable=False))
 
     async def trainer_step(self, timeout: float) -> int | None:
         """The trainer's step now, read within `timeout` s (best effort: None if no env is registered yet or

@@ -30,6 +30,7 @@ from rollout_client.aio import bounded_close, wait_first
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
+from rollout_client.coalescing import Coalescer
 from rollout_client.deprecated import resolve
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited
@@ -150,6 +151,9 @@ class RolloutRunner:
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
         self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
+        self._submits = Coalescer(self._registrations.submit, self._registrations.submit_list,
+                                  linger=self.timeouts.submit_linger)  # fmt: skip
+        """Each env's groups that finish together go in one /scored_data_list (`rollout_client.coalescing`)."""
         self._executor: GroupExecutor | None = None
         """What runs the groups, once the run has started (`_start`)."""
         self._follow = Follower(self.envs)
@@ -484,7 +488,7 @@ class RolloutRunner:
             group = produced.model_copy(update=update)
             group = self._follow.stamp(group_id, group, step)
             try:
-                reply = await self._registrations.submit(i, group)
+                reply = await self._submits.submit(i, group)
             except RetriesExhausted as exc:
                 log.warning("group %s of %s not submitted: %s", group_id, env.name, exc)
                 self.stats.skipped["unsent"] += 1
@@ -553,6 +557,7 @@ class RolloutRunner:
             self.pool.closing = True
         reserve = min(1.0, 0.2 * self.timeouts.shutdown)
         await self._in_flight.stop(deadline - reserve, deadline - reserve / 2)
+        await self._submits.aclose(max(0.0, deadline - reserve / 2 - loop.time()))  # groups have ended by now
         for i, task in self._follow.drop_restarts():  # cancelled by new weights, never run again
             self._discard(i, task)
         if self.groups is not None:  # what it still holds lapses to siblings

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from rollout_client.aio import RELEASE_S
+from rollout_client.coalescing import LINGER_S
 from rollout_client.group import Limits
 
 TURN_S = 600.0
@@ -40,9 +41,12 @@ class Timeouts:
     """`run()` returns within this of a stop: groups still submitting after it are cancelled."""
     inference_outage: float | None = INFERENCE_OUTAGE_S
     """The inference server unreachable this long (its circuit breaker open) ends the run."""
+    submit_linger: float = LINGER_S
+    """How long a finished group waits for others of its env to be submitted with it, in one
+    /scored_data_list (`rollout_client.coalescing`); 0 submits each group alone at once."""
 
     def __post_init__(self) -> None:
-        for name in ("turn", "rollout", "group", "release", "pause", "shutdown", "inference_outage"):
+        for name in ("turn", "rollout", "group", "release", "pause", "shutdown", "inference_outage", "submit_linger"):
             value = getattr(self, name)
             if value is not None and (math.isnan(value) or value < 0):
                 raise ValueError(f"Timeouts.{name} must be a number of seconds >= 0 (or None), got {value}")

@@ -161,13 +161,15 @@ def _one(replies: list[ScoredReply]) -> Response:
 
 
 def _many(replies: list[ScoredReply]) -> Response:
+    """The list's reply (`replies` are in request order: `duplicate_at` names the duplicates by index)."""
     buffered = [r for r in replies if r.status == "buffered"]
-    duplicates = sum(1 for r in replies if r.duplicate)
+    duplicates = [i for i, r in enumerate(replies) if r.duplicate]
     out = ScoredListReply(
         groups_processed=len(replies),
         buffered=len(buffered) or None,
         last_buffer_size=buffered[-1].buffer_size if buffered else None,
-        duplicates=duplicates or None,
+        duplicates=len(duplicates) or None,
+        duplicate_at=duplicates or None,
     )
     return Response(dumps(out.model_dump(exclude_none=True)), media_type="application/json")
 

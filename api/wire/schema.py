@@ -484,6 +484,10 @@ class ScoredListReply(_Wire):
     """Sequences in the side buffer after the last buffered group."""
     duplicates: int | None = None
     """How many were retries of groups already stored (same group id, same content)."""
+    # rollbuf extensions
+    duplicate_at: list[int] | None = None
+    """When some were duplicates: their indexes in the list, in order (what /scored_data says of each with
+    `duplicate`), so that a client that sends its groups in lists counts each as /scored_data would."""
 
 
 class BatchGroup(_Wire):

@@ -164,7 +164,7 @@ async def test_idempotency_by_group_id_and_header(client: httpx.AsyncClient) -> 
     assert again.json() == {"status": "received", "duplicate": True}
     pair = encode_submission_list([body, packed(n=4, env_id=0, group_id="def")])
     r = await client.post("/scored_data_list", content=pair, headers=BIN)
-    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1}
+    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1, "duplicate_at": [0]}
     for seed in (1, 1, 2):  # the same group under one key is a duplicate; another group under it, a 409
         r = await client.post(
             "/scored_data", content=packed(n=4, env_id=0, seed=seed), headers={**BIN, "Idempotency-Key": "k"}

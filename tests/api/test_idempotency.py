@@ -85,7 +85,7 @@ async def test_one_id_twice_in_one_list(client: httpx.AsyncClient) -> None:
     await start(client)
     a = group(4, env_id=0, group_id="g")
     r = await client.post("/scored_data_list", json=[a, a])
-    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1}
+    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1, "duplicate_at": [1]}
     assert await queued(client) == 1
     b = group(4, env_id=0, seed=3, group_id="h")
     c = group(4, env_id=0, seed=4, group_id="h")

@@ -137,7 +137,7 @@ async def test_group_id_makes_retries_idempotent(client: httpx.AsyncClient) -> N
     assert first.json() == {"status": "received"}
     assert again.json() == {"status": "received", "duplicate": True}
     r = await client.post("/scored_data_list", json=[body, group(4, env_id=0, group_id="def")])
-    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1}
+    assert r.json() == {"status": "received", "groups_processed": 2, "duplicates": 1, "duplicate_at": [0]}
     assert await queued(client) == 2
 
 

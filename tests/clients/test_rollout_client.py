@@ -13,7 +13,7 @@ import pytest
 
 from api.wire.records import MSGPACK, decode_batch
 from api.wire.schema import ScoredData
-from rollout_client import Rejected, RetriesExhausted, RolloutClient, SyncRolloutClient
+from rollout_client import Rejected, RetriesExhausted, RolloutClient, SyncRolloutClient, Unavailable
 from rollout_client.client import encode_json
 from tests.factories import group, registration
 from tests.servers import running_server
@@ -54,6 +54,34 @@ async def test_submit_retries_503_and_connection_errors_with_one_group_id() -> N
     assert reply.status == "received"
     assert len(seen) == 3
     assert len({_group_id(r) for r in seen}) == 1, "every retry carries the same group id"
+
+
+async def test_submit_list_retries_503_with_each_groups_id_chosen_once() -> None:
+    seen: list[httpx.Request] = []
+    busy = httpx.Response(503, json={"detail": "queue full", "code": "unavailable"}, headers={"Retry-After": "0"})
+    done = httpx.Response(200, json={"status": "received", "groups_processed": 2, "duplicates": 1, "duplicate_at": [1]})
+    async with scripted([busy, httpx.ConnectError("refused"), done], seen) as client:
+        client.env_id = 3
+        groups = [ScoredData.model_validate(group(4, env_id=None, seed=i)) for i in range(2)]
+        reply = await client.submit_list(groups)
+        client.env_id = None  # registered by hand: nothing to disconnect
+    assert reply.duplicate_at == [1] and len(seen) == 3
+    bodies = [orjson.loads(gzip.decompress(r.content)) for r in seen]
+    assert {r.url.path for r in seen} == {"/scored_data_list"}
+    assert all(b == bodies[0] for b in bodies), "every retry sends the same ids"
+    assert [g["env_id"] for g in bodies[0]] == [3, 3] and len({g["group_id"] for g in bodies[0]}) == 2
+
+
+async def test_submit_list_can_leave_a_503_to_its_caller() -> None:
+    """`retry_unavailable=False` (the runner's lists): a full queue's 503 is raised at once, for the groups to
+    go alone; a connection error is still retried."""
+    seen: list[httpx.Request] = []
+    busy = httpx.Response(503, json={"detail": "queue full", "code": "queue_full"}, headers={"Retry-After": "1"})
+    async with scripted([httpx.ConnectError("refused"), busy], seen) as client:
+        groups = [ScoredData.model_validate(group(4, env_id=0, seed=i)) for i in range(2)]
+        with pytest.raises(Unavailable) as info:
+            await client.submit_list(groups, retry_unavailable=False)
+    assert info.value.status == 503 and len(seen) == 2
 
 
 async def test_4xx_is_not_retried_and_names_the_field() -> None:

@@ -15,7 +15,7 @@ from rollout_client import FailurePolicy, RecyclePolicy, RolloutRunner, Scripted
 from rollout_client.deprecated import FAILURES, RECYCLE, TIMEOUTS
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 
-FIELDS = ["turn", "rollout", "group", "release", "pause", "shutdown", "inference_outage"]
+FIELDS = ["turn", "rollout", "group", "release", "pause", "shutdown", "inference_outage", "submit_linger"]
 
 
 def runner(**kw: Any) -> RolloutRunner:
@@ -28,6 +28,7 @@ def test_the_defaults_are_the_runners_old_ones() -> None:
     assert (t.turn, t.rollout, t.group, t.release, t.pause, t.shutdown, t.inference_outage) == (
         600.0, 1800.0, 3600.0, 30.0, 60.0, 10.0, 600.0,
     )  # fmt: skip
+    assert t.submit_linger == 0.002, "a few ms: groups finishing together share a /scored_data_list"
     r = runner()
     assert r.timeouts == t and r.limits == t.limits()
     assert (r.failures.max_error_rate, r.failures.error_window, r.failures.quarantine_after) == (0.5, 32, 3)
