@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import psycopg
-from psycopg import sql
+from psycopg.pq import Escaping
 
 from api.store import sql as queries
 from api.store.base import ItemMeta, LedgerGroup, LedgerStep
@@ -113,14 +113,16 @@ class Group:
             if read_only
             else f"BEGIN; SELECT pg_advisory_xact_lock({config.lock_key})"
         )
-        query: sql.SQL | sql.Composed = sql.SQL(
+        query = (
             f"{begin}; SELECT value FROM meta WHERE key = 'next_item_id'; SELECT key, value FROM kv; "
             "SELECT env_id, items, groups, seqs, tokens, bytes FROM counts; SELECT name, record FROM task_sets"
-        )
+        ).encode()
         stored_keys = {db_key(k): k for k in replies}
-        if replies:  # the keys are quoted by psycopg (a literal text[]), not by us
-            keys = sql.Literal(list(stored_keys))
-            query += sql.SQL("; SELECT key, reply FROM replies WHERE key = ANY({})").format(keys)
+        if replies:  # the keys are quoted by libpq (PQescapeLiteral), not by us; psycopg's sql.Literal of a list
+            # costs 16 us of Python per transaction
+            escape, encoding = Escaping(conn.pgconn).escape_literal, conn.info.encoding
+            keys = b", ".join(escape(k.encode(encoding)) for k in stored_keys)
+            query += b"; SELECT key, reply FROM replies WHERE key = ANY(ARRAY[" + keys + b"]::text[])"
         cur = conn.execute(query, prepare=False)
         cur.nextset()
         cur.nextset()
