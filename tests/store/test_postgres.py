@@ -11,17 +11,22 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from api.store.base import ItemMeta, QueuedItem, StoreUnavailable, Txn
+from api.store.base import ItemMeta, LedgerGroup, QueuedItem, StoreUnavailable, Txn
+from api.store.ledger_rows import group_values
 from api.store.postgres import (
     LIBPQ_DEFAULTS,
     SCHEMA_VERSION,
     SESSION_SETTINGS,
     PostgresConfig,
     PostgresStore,
+    flush,
     is_transient,
     parse_url,
 )
+from api.store.postgres.config import connect_kwargs
+from api.store.postgres.schema import create_or_migrate
 from api.store.postgres.store import warn_without_autovacuum
+from api.store.tasks import TaskRow, values_of
 from api.store.url import redacted
 from tests import pg
 
@@ -225,3 +230,60 @@ def test_a_cluster_without_autovacuum_is_named_at_start(dbname: str, caplog: pyt
             warn_without_autovacuum(conn, "s")
     [line] = [r.getMessage() for r in caplog.records]
     assert ("autovacuum is disabled on queue" if on else "autovacuum is off") in line
+
+
+def test_every_part_of_the_commit_statement_writes_one_row_or_several(dbname: str) -> None:
+    """The COMMIT's writes go as one WITH statement (api/store/postgres/flush.py), each table's part in its
+    one-row form (scalar parameters) or its several-row form (arrays): every part, in both forms, in one
+    statement, stores what it was given, and its upsert replaces (or, for counters, adds to) a stored row."""
+    url = pg.url_of(dbname)
+    config = parse_url(url)
+    with psycopg.connect(config.conninfo, **connect_kwargs(config)) as conn:
+        create_or_migrate(conn, config)
+
+        def ledger(i: int) -> tuple[object, ...]:
+            return group_values(LedgerGroup(id=i, env_id=1, group_id=f"g{i}\0", handler=None, acked_at=1.5,
+                                            policy_step=0, seqs=8, tokens=512, bytes=3, score_mean=0.5,
+                                            score_min=0.0, score_max=1.0, score_std=0.5, fate="queued"))  # fmt: skip
+
+        def rows(ids: list[int]) -> dict[flush.Insert, list[tuple[object, ...]]]:
+            return {
+                flush.QUEUE: [(i, 1, 8, 512, 0, 1) for i in ids],
+                flush.PAYLOADS: [(i, bytes([i]) * 3000) for i in ids],
+                flush.REPLIES: [(f"k{i}", f"reply {len(ids)}", 2.5) for i in ids],
+                flush.COUNTS: [(i, 1, 1, 8, 512, len(ids)) for i in ids],
+                flush.VALUES: [(f"v{i}", f"value {len(ids)}") for i in ids],
+                flush.COUNTERS: [("received", f"env{i}", 2) for i in ids],
+                flush.LEDGER: [ledger(i) for i in ids],
+                flush.TASK_SETS: [(f"set{i}", f"record {len(ids)}") for i in ids],
+                flush.TASKS: [values_of(TaskRow("set", 0, i, "waiting", expires_at=None, seq=len(ids))) for i in ids],
+            }
+
+        for ids in ([1], [2, 3], [1, 2]):  # the last one repeats stored keys: upserts
+            w = flush.Writes()
+            for insert, batch in rows(ids).items():
+                w.insert(insert, batch)
+            w.add(flush.NOTIFY, [config.channel, "test"])
+            statement = w.statement()
+            assert statement is not None and statement.startswith("WITH ")
+            conn.execute("BEGIN")
+            if ids == [1, 2]:  # queue, payloads and ledger rows are only ever inserted once
+                conn.execute("DELETE FROM queue; DELETE FROM payloads; DELETE FROM ledger")
+            conn.execute(statement, w.params, binary=True)
+            conn.execute("COMMIT")
+        assert conn.execute("SELECT item_id, length(payload) FROM payloads ORDER BY 1").fetchall() == [
+            (1, 3000),
+            (2, 3000),
+        ]
+        assert conn.execute("SELECT key, reply FROM replies ORDER BY 1").fetchall() == [
+            ("k1", "reply 2"), ("k2", "reply 2"), ("k3", "reply 2")]  # fmt: skip
+        assert conn.execute("SELECT env_id, bytes FROM counts ORDER BY 1").fetchall() == [(1, 2), (2, 2), (3, 2)]
+        assert conn.execute("SELECT key, value FROM kv ORDER BY 1").fetchall() == [
+            ("v1", "value 2"), ("v2", "value 2"), ("v3", "value 2")]  # fmt: skip
+        assert conn.execute("SELECT name, n FROM counters ORDER BY 2, 1").fetchall() == [
+            ("env3", 2), ("env1", 4), ("env2", 4)]  # fmt: skip
+        assert conn.execute("SELECT id, group_id FROM ledger ORDER BY 1").fetchall() == [(1, b"g1\0"), (2, b"g2\0")]
+        assert conn.execute("SELECT name, record FROM task_sets ORDER BY 1").fetchall() == [
+            ("set1", "record 2"), ("set2", "record 2"), ("set3", "record 2")]  # fmt: skip
+        assert conn.execute("SELECT idx, seq FROM tasks ORDER BY 1").fetchall() == [(1, 2), (2, 2), (3, 2)]
+        assert conn.execute("SELECT count(*) FROM queue").fetchone() == (2,)

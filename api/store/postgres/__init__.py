@@ -9,11 +9,12 @@ expire, nothing to clean up after a replica dies.
 Within a replica, as in the SQLite store, one thread owns the connection and commits the transactions
 queued meanwhile together (group commit): one PostgreSQL transaction, one lock acquisition and one WAL
 flush for up to `GROUP_MAX` functions, each rolled back alone if it raises (a SAVEPOINT, taken only once a
-function writes to the database directly). Most writes are buffered in memory and sent with the COMMIT in
-one pipeline; small tables (values, counts) are read once per transaction. A caller is answered only after
-COMMIT returned. If the outcome is unknown (the connection dropped) or the database cannot be reached, the
-caller gets `StoreUnavailable` (HTTP 503); a retried submission with a group id or Idempotency-Key is then
-recognised as a duplicate if the first attempt did commit. See docs/stores.md and docs/deployment.md.
+function writes to the database directly). Most writes are buffered in memory and sent with the COMMIT, as
+one statement, in one round trip; small tables (values, counts) are read once per transaction. A caller is
+answered only after COMMIT returned. If the outcome is unknown (the connection dropped) or the database
+cannot be reached, the caller gets `StoreUnavailable` (HTTP 503); a retried submission with a group id or
+Idempotency-Key is then recognised as a duplicate if the first attempt did commit. See docs/stores.md and
+docs/deployment.md.
 
 A transaction that queued data ends with a NOTIFY; each replica LISTENs on its own connection and wakes its
 long-polling trainers when another replica committed data.

@@ -165,7 +165,7 @@ class PostgresStore(Store):
 class _Driver(Driver):
     """Group commit over a pooled connection: BEGIN (and the store lock) with the cache's first reads, a
     SAVEPOINT only once a function writes to the database directly (most writes wait in the cache, restored
-    from a copy if the function raises), the cache's writes and COMMIT in one pipeline."""
+    from a copy if the function raises), the cache's writes (one statement) and COMMIT in one round trip."""
 
     def __init__(self, store: PostgresStore, read_only: bool, replica: str) -> None:
         self.store = store
