@@ -16,7 +16,7 @@ import pytest
 
 from api.store.base import ItemMeta, PayloadLost, QueuedItem, StoreUnavailable, Txn
 from api.store.sqlite import SqliteStore, segments
-from api.store.sqlite.payloads import INLINE_BELOW
+from api.store.sqlite.payloads import INLINE_BELOW, SegmentsMissing
 from api.store.sqlite.segments import segment_dir
 
 pytestmark = pytest.mark.anyio
@@ -214,3 +214,50 @@ def test_a_version_9_file_with_inline_payloads_serves_them_beside_new_ones(tmp_p
             await store.close()
 
     assert len(old) == 3 and asyncio.run(run()) == [*old, b"new" * BIG]
+
+
+async def test_a_file_moved_without_its_segments_does_not_open_and_says_how_to_fix_it(tmp_path: Path) -> None:
+    """An operator who copies or restores the file alone hears it at open, not as every queued group dropped as
+    `payload_lost`; once the directory is back the store opens and serves everything."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        await store.transact(_append(0, [b"a" * BIG, b"b" * BIG]))
+    finally:
+        await store.close()
+    aside = tmp_path / "aside"
+    segment_dir(path).rename(aside)
+    with pytest.raises(SegmentsMissing, match=r"restore the directory beside the file"):
+        SqliteStore(f"sqlite:///{path}")
+    assert not segment_dir(path).exists()  # nothing created in its place
+    aside.rename(segment_dir(path))
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        assert await store.transact(_pop_all(0)) == [b"a" * BIG, b"b" * BIG]
+    finally:
+        await store.close()
+
+
+async def test_a_segment_missing_from_its_directory_is_logged_at_open_and_its_groups_are_left_to_formation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a power loss under NORMAL may leave it (the newest segment's file gone with its bytes): the store
+    opens, says which segments are missing, and the groups in the others serve."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", BIG)
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        await store.transact(_append(0, [b"a" * BIG]))
+        await store.transact(_append(1, [b"b" * BIG]))  # the first segment is full: a second one
+    finally:
+        await store.close()
+    assert [s for s, _, _ in _rows(path)[1]] == [1, 2]
+    (segment_dir(path) / "00000002.seg").unlink()
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        assert any("payload segments [2] are missing" in r.getMessage() for r in caplog.records)
+        assert await store.transact(_pop_all(0)) == [b"a" * BIG]
+        with pytest.raises(PayloadLost):
+            await store.transact(_pop_all(1))
+    finally:
+        await store.close()

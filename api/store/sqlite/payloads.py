@@ -126,6 +126,34 @@ class PayloadTier:
         self.segments.stop()
 
 
+class SegmentsMissing(RuntimeError):
+    """The SQLite file refers to live payload segments and its `.payloads` directory is not there: the file was
+    copied or restored alone. The store does not open (serving would drop every queued group as lost)."""
+
+
+def check_present(db: sqlite3.Connection, path: Path) -> None:
+    """At open: an operator who moved or restored the file without its directory hears it at once, with the
+    fix (SegmentsMissing), instead of seeing the queued groups dropped one by one as `payload_lost`. Segments
+    missing from a directory that is there are logged as an error and left to formation's `payload_lost`: a
+    power loss under NORMAL may lose the newest segments' files with their bytes, and the rest must serve."""
+    live = [int(row[0]) for row in db.execute("SELECT segment FROM segments WHERE items > 0 ORDER BY segment")]
+    if not live:
+        return
+    directory = segment_dir(path)
+    if not directory.is_dir():
+        raise SegmentsMissing(
+            f"{path} refers to {len(live)} payload segment(s) in {directory}, which is not there: the store is "
+            "the file and that directory; restore the directory beside the file, as it was backed up with it "
+            "(docs/stores.md)"
+        )
+    present = set(numbers(directory))
+    missing = [n for n in live if n not in present]
+    if missing:
+        log.error("payload segments %s are missing from %s: their queued groups will be dropped as payload_lost "
+                  "when a batch picks them (restore them now, with the server stopped, if they were backed up)",
+                  missing, directory)  # fmt: skip
+
+
 def delete_orphans(db: sqlite3.Connection, path: Path) -> list[int]:
     """Delete the segment files of the SQLite file `path` that no `segments` row refers to and that are older
     than the newest row's: a rollover whose transaction rolled back, an emptied segment whose unlink failed

@@ -19,7 +19,7 @@ from api.store.jobs import Job, Lane, deliver, refuse_left
 from api.store.sqlite.checkpoint import Checkpointer
 from api.store.sqlite.config import SqliteConfig, connect, parse_url
 from api.store.sqlite.deferred import Deferred
-from api.store.sqlite.payloads import PayloadTier, delete_orphans
+from api.store.sqlite.payloads import PayloadTier, check_present, delete_orphans
 from api.store.sqlite.schema import create_or_migrate
 from api.store.sqlite.segments import segment_dir, sync_from
 from api.store.sqlite.txn import ItemIds, SqliteTxn, flush, trim_replies
@@ -179,6 +179,7 @@ class SqliteStore(Store):
             try:
                 create_or_migrate(db, self.path)
                 trim_replies(db, self.config, time.time())
+                check_present(db, self.path)
                 delete_orphans(db, self.path)  # under the write lock
                 db.execute("COMMIT")
             except BaseException:
