@@ -261,3 +261,61 @@ async def test_a_segment_missing_from_its_directory_is_logged_at_open_and_its_gr
             await store.transact(_pop_all(1))
     finally:
         await store.close()
+
+
+async def test_mostly_empty_sealed_segments_are_rewritten_into_the_newest_and_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived payload left in a sealed segment no longer holds the whole segment's disk: once at most a
+    quarter of a sealed segment is live, its payloads are moved to the newest segment (and read back the same)
+    and its file goes, so the directory stays within about four times the live payloads plus the newest."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8 * BIG)
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    kept: dict[int, bytes] = {}
+    try:
+        for n in range(6):  # 6 segments of 8 payloads; of each, env 1 keeps one and env 0 the rest
+            payloads = [bytes([n]) * BIG] + [bytes([n, k]) * (BIG // 2) for k in range(14)]
+            ids = await store.transact(_append(1, payloads[:1]))
+            kept[ids[0]] = payloads[0]
+            await store.transact(_append(0, payloads[1:]))
+        files_before = len(segments.numbers(segment_dir(path)))
+        assert files_before >= 6
+        await store.transact(_pop_all(0))  # env 0's go: each sealed segment is left with one payload
+        for _ in range(files_before):  # each commit that follows compacts at most one segment
+            await store.transact(lambda t: t.set_value("tick", "1"))
+        files = segments.numbers(segment_dir(path))
+        assert len(files) <= 2  # the newest, and the one the moved payloads filled
+        payload_rows, segs = _rows(path)
+        assert {segment for _, segment in payload_rows} <= set(files)
+        assert sum(items for _, items, _ in segs) == len(kept)
+        popped = await store.transact(lambda t: t.pop(1, [m.item_id for m in t.head(1)]))
+        assert {it.meta.item_id: it.payload for it in popped} == kept
+    finally:
+        await store.close()
+
+
+async def test_a_payload_that_does_not_read_back_is_left_where_it_is_and_not_retried_at_every_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Compaction moves only what reads back: a lost payload stays (formation drops it as `payload_lost`), the
+    segment stays with it, and the next try waits COMPACT_RETRY_S instead of reading it again every commit."""
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 4 * BIG)
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        [lost] = await store.transact(_append(1, [b"l" * BIG]))
+        await store.transact(_append(0, [b"x" * BIG] * 4))  # fills segment 1: the next append starts segment 2
+        await store.transact(_append(0, [b"y" * BIG]))
+        with (segment_dir(path) / "00000001.seg").open("r+b") as f:
+            f.write(b"\0" * 16)  # the lost payload's first bytes
+        await store.transact(lambda t: t.pop(0, [m.item_id for m in t.head(0)]))  # segment 1: only the lost one
+        for _ in range(5):
+            await store.transact(lambda t: t.set_value("tick", "1"))
+        assert 1 in segments.numbers(segment_dir(path))
+        assert sum("compacting payload segment 1" in r.getMessage() for r in caplog.records) == 1  # tried once
+        with pytest.raises(PayloadLost) as caught:
+            await store.transact(lambda t: t.pop(1, [m.item_id for m in t.head(1)]))
+        assert caught.value.item_ids == (lost,)
+    finally:
+        await store.close()

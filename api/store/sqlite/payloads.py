@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,17 @@ INSERT = "INSERT INTO payloads (item_id, payload, segment, pos, length, crc) VAL
 COLUMNS = "item_id, payload, segment, pos, length, crc"
 """What a read of `payloads` selects, for `PayloadTier.resolve`."""
 _DOOMED = "DELETE FROM segments WHERE items = 0 AND segment < (SELECT max(segment) FROM segments) RETURNING segment"
+COMPACT_FRACTION = 4
+"""A sealed segment with at most 1/COMPACT_FRACTION of a segment's bytes live is rewritten into the newest
+(`PayloadTier.compact`): the directory then holds at most about COMPACT_FRACTION times the live payloads, plus
+the newest segment; each rewrite copies at most that fraction to free the rest."""
+COMPACT_RETRY_S = 30.0
+"""After a compaction that failed (a full disk, the lock held long by another process) or could not empty its
+segment (a payload that does not read back), the next waits this long, not the next commit."""
+_COMPACTABLE = (
+    "SELECT segment FROM segments WHERE items > 0 AND bytes <= ? AND segment < (SELECT max(segment) FROM segments) "
+    "ORDER BY bytes LIMIT 1"
+)
 _FORGET_EVERY = 256
 """Transactions between two looks for segments other processes deleted (their descriptors closed)."""
 
@@ -45,6 +57,8 @@ class PayloadTier:
         way (api/store/sqlite/checkpoint.py)."""
         self._doomed: list[int] = []
         self._transactions = 0
+        self._compact_after = 0.0
+        """No compaction before this (monotonic s): one failed or left a payload behind."""
 
     @classmethod
     def beside(cls, path: Path, synchronous: str, sync_now: Callable[[], bool] = lambda: False) -> PayloadTier:
@@ -82,6 +96,67 @@ class PayloadTier:
     def rolled_back(self) -> None:
         self._doomed = []
         self.segments.stop()
+
+    # --- compaction (the writer thread, between group commits) ---
+    def compact(self, db: sqlite3.Connection, synchronous: str) -> int | None:
+        """Rewrite the live payloads of one mostly-empty sealed segment (at most COMPACT_BELOW bytes live) into
+        the newest, and delete it: a segment's disk is otherwise held until its last payload goes, so a few
+        long-lived payloads spread over many segments would each hold a whole one. Its own transaction, with
+        `synchronous=FULL` (the moved bytes and the COMMIT durable before the old file goes: a power loss
+        cannot take payloads that were safe before). Best effort: a failure is logged and left for later.
+        Returns the segment emptied, or None."""
+        if time.monotonic() < self._compact_after:
+            return None
+        row = db.execute(_COMPACTABLE, (self.segments.limit // COMPACT_FRACTION,)).fetchone()
+        if row is None:
+            return None
+        source = int(row[0])
+        self._compact_after = time.monotonic() + COMPACT_RETRY_S  # unless it empties the segment (below)
+        db.execute("PRAGMA synchronous = FULL")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                moved = self._move(db, source)
+                if moved and (self.segments.written or self.segments.created):
+                    self.segments.sync()
+                doomed = [r[0] for r in db.execute(_DOOMED).fetchall()]
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            finally:
+                self.segments.stop()
+        except Exception as exc:  # a full disk, the lock held by another process too long: ingest goes on
+            log.warning("compacting payload segment %d failed, left for later: %s", source, exc)
+            return None
+        finally:
+            db.execute(f"PRAGMA synchronous = {synchronous}")
+        if source not in doomed:  # a payload that does not read back stays: not again before the retry time
+            return None
+        self._compact_after = 0.0
+        try:
+            self.segments.delete(doomed)
+        except OSError as exc:
+            log.warning("payload segments %s emptied, not deleted: %s", doomed, exc)
+        return source
+
+    def _move(self, db: sqlite3.Connection, source: int) -> int:
+        """Rewrite `source`'s payload rows into the newest segment (DELETE and INSERT: the triggers count); how
+        many. One whose bytes do not read back is left where it is (formation drops it as `payload_lost`)."""
+        rows = db.execute(f"SELECT {COLUMNS} FROM payloads WHERE segment = ?", (source,)).fetchall()
+        moved = 0
+        for item_id, _, segment, pos, length, crc in rows:
+            try:
+                data = self.segments.read(Extent(segment, pos, length, crc), f"the payload of item {item_id}")
+            except PayloadCorrupt as exc:
+                log.error("compacting payload segment %d: %s; left in place", source, exc)
+                continue
+            new = self.row(db, item_id, data)
+            db.execute("DELETE FROM payloads WHERE item_id = ?", (item_id,))
+            db.execute(INSERT, new)
+            moved += 1
+        return moved
 
     def close(self) -> None:
         self.segments.close()

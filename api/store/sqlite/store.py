@@ -287,6 +287,10 @@ class _Driver(Driver):
             self.checkpointer.committed()
             self.wrote()  # and whatever failed writes before, passed
 
+    def committed(self) -> None:
+        """After the callers of a commit were answered: one mostly-empty payload segment rewritten, if any."""
+        self.payloads.compact(self.db, self.config.synchronous)
+
     def loss(self, exc: BaseException) -> Loss | None:
         # SQLite rolled the whole transaction back itself (disk full, I/O error): the functions before this one
         # are undone too and must not be acknowledged; those after it run in a fresh transaction.
