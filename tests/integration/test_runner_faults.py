@@ -381,30 +381,35 @@ async def test_multi_turn_episodes_past_the_budget_are_truncated_not_dropped(
 
 async def test_a_trainer_syncing_every_k_steps_never_deadlocks_with_the_default_resume(tmp_path: Path) -> None:
     """Defect 7: resume() takes the trainer's step, so a trainer that syncs weights every 3 steps keeps
-    getting batches (the runner used to stamp old step + 1 and hold the env back forever)."""
+    getting batches (the runner used to stamp old step + 1 and hold the env back forever). The runner's
+    `max_staleness` paces by an estimate; the trainer's own `max_staleness` is what guarantees nothing stale is
+    served (a loaded CI machine once saw one group 3 steps old without it)."""
     with running_server("memory://", tmp_path / "s.log") as server:
-        start_trainer(server.url, batch_size=8)
+        start_trainer(server.url, batch_size=8, max_staleness=2)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
                                max_in_flight=8, max_staleness=2, poll_interval=0.05)  # fmt: skip
         run = asyncio.create_task(runner.run())
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-            step = 0
-            deadline = time.monotonic() + HANG_GUARD_S
-            while step < 12:
-                assert time.monotonic() < deadline, f"stuck at step {step}: {runner.stats.paused}"
-                batch = (await http.get("/batch", params={"step": step})).json()["batch"]
-                if not batch:
-                    await asyncio.sleep(0.02)
-                    continue
-                step += 1
-                assert all(step - 1 - g["policy_step"] <= 2 for g in batch), "nothing served stale"
-                if step % 3 == 0:
-                    await runner.pause()
-                    await until(lambda: runner.stats.trainer_step >= step, "the runner to read the step")  # noqa: B023
-                    runner.resume()
-                    assert runner.policy_step == step
-        runner.stop()
-        await asyncio.wait_for(run, HANG_GUARD_S)
+        try:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+                step = 0
+                deadline = time.monotonic() + HANG_GUARD_S
+                while step < 12:
+                    assert time.monotonic() < deadline, f"stuck at step {step}: {runner.stats.paused}"
+                    batch = (await http.get("/batch", params={"step": step})).json()["batch"]
+                    if not batch:
+                        await asyncio.sleep(0.02)
+                        continue
+                    step += 1
+                    served = [g["policy_step"] for g in batch]
+                    assert all(step - 1 - p <= 2 for p in served), f"step {step - 1} served {served}: {runner.stats}"
+                    if step % 3 == 0:
+                        await runner.pause()
+                        await until(lambda: runner.stats.trainer_step >= step, "the runner to read the step")  # noqa: B023
+                        runner.resume()
+                        assert runner.policy_step == step
+        finally:  # a failed assert must not leave the runner (and its connections) running
+            runner.stop()
+            await asyncio.wait_for(run, HANG_GUARD_S)
 
 
 # ------------------------------------------------------------------------------------------- 8. minor
