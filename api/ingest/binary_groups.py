@@ -43,7 +43,7 @@ from api.wire.rules import GROUP_ID_MAX
 from api.wire.schema import ScoredData
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as GroupRecord: a frozen __init__ costs per group
 class BinaryGroup:
     record: GroupRecord
     payload: bytes

@@ -19,9 +19,9 @@ from api.state import ANON_NAME, RunState
 from api.wire.records import GroupRecord, encode, is_msgpack
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submission:
-    """One validated group on its way into the store."""
+    """One validated group on its way into the store (never changed once built; not `frozen`, as `GroupRecord`)."""
 
     env_id: int | None
     record: GroupRecord

@@ -98,17 +98,18 @@ def submit_txn(
         reason = filter_reason(sub.record.scores, reg)
         if reason is not None:
             arrivals.dropped(env_id, name, sub, reason, run.step)
-            reply = ScoredReply(status="received")
+            reply = queued_reply()
         elif env is not None and held_env(run, sub) is env:
             arrivals.flush()  # a released group's row must be there to move (`requeued`)
             reply, item_id, fate = hold_group(txn, env, sub, step, now, limits, books)
             arrivals.stored(item_id, env_id, sub, fate)
         else:
             item_id = enqueue(txn, env_id, sub.record.seqs, sub.record.n_tokens, step, sub.payload)
-            reply = ScoredReply(status="received")
+            reply = queued_reply()
             arrivals.stored(item_id, env_id, sub, QUEUED)
         if sub.key:
-            txn.put_reply(sub.key, remember(reply.model_dump(exclude_none=True), sub.digest))
+            txn.put_reply(sub.key, remember(RECEIVED if reply.status == "received" and reply.duplicate is None
+                                            else reply.model_dump(exclude_none=True), sub.digest))  # fmt: skip
         replies[i] = reply
     for i, first in repeats:
         first_reply = replies[first]
@@ -271,10 +272,19 @@ def expire_txn(
     return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held.counts()))
 
 
+RECEIVED = {"status": "received"}
+"""Most groups' reply, as a dict (what the store remembers under the group's key)."""
+
+
+def queued_reply() -> ScoredReply:
+    """A queued group's reply, built without validation (it is a constant; pydantic's check costs per group)."""
+    return ScoredReply.model_construct(status="received")
+
+
 def still_valid(subs: Sequence[Submission], seen: RunState, run: RunState) -> bool:
     """Whether what validating `subs` against `seen` relied on holds in `run`: the trainer's registration (the
     limits), every env named, and the step stamped on groups that sent no `policy_step`."""
-    if run.registration != seen.registration:
+    if run.registration is not seen.registration and run.registration != seen.registration:  # parsed once a run
         return False
     for sub in subs:
         if sub.env_id is not None and run.env(sub.env_id) is None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from api.errors import InvalidData
 from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
-from api.ingest.validation import GroupLimits, pack_group
+from api.ingest.validation import F32_OVERFLOW, GroupLimits, finite_as_f32, pack_group
 from api.wire.records import decode, encode
 from api.wire.schema import Registration, ScoredData
 from tests.factories import group, registration
@@ -139,3 +139,24 @@ def test_negative_and_zero_lengths_are_named() -> None:
     assert exc.value.loc == ("lengths", 1)
     with pytest.raises(InvalidData, match="empty sequence"):
         check_lengths(np.array([0], dtype=np.int32), LIMITS, "tokens")
+
+
+_EDGES = [0.0, -0.0, 1e-45, float(np.finfo(np.float32).max), F32_OVERFLOW, np.nextafter(F32_OVERFLOW, 0.0), 1e300,
+          float("inf"), float("nan")]  # fmt: skip
+
+
+@given(
+    st.lists(
+        st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(_EDGES + [-x for x in _EDGES]), max_size=40
+    ),
+    st.booleans(),
+)
+def test_finite_as_f32_is_the_cast_then_isfinite(values: list[float], as_f32: bool) -> None:
+    """The two reductions decide as the cast the trainer makes would: exactly at float32's rounding edge too."""
+    arr = np.asarray(values, np.float64)
+    if as_f32:
+        with np.errstate(over="ignore"):
+            arr = arr.astype(np.float32)
+    with np.errstate(over="ignore"):
+        expected = bool(np.isfinite(arr.astype(np.float32)).all())
+    assert finite_as_f32(arr) is expected
