@@ -8,6 +8,9 @@ is a directory holding another checkout (`git worktree add /tmp/base <rev>`); it
 environment's Python, from that directory.
 
     python -m bench.ab --base /tmp/base [--rounds 3] [--store sqlite|memory|postgresql]
+
+`--atropos` puts the Atropos server (from `.bench-venv`, bench/README.md) on the "before" side instead: JSON
+only (what Atropos reads), plain and gzipped as its stock clients send, against this checkout on `--store`.
 """
 
 from __future__ import annotations
@@ -21,18 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from bench import pg
-from bench.http import MSGPACK_TRANSPORT, run_harness, run_ingest
-from bench.servers import ROOT, Target, rollbuf, serve
+from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
+from bench.servers import ROOT, Target, atropos, rollbuf, serve
 
 CLIENTS = [1, 8, 32]
 INGEST_ARGS = ["--ingest-requests", "480"]
 BATCH_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:5,1024:3"]
 TRANSPORTS = {"json": "json", "msgpack": MSGPACK_TRANSPORT}
+JSON_TRANSPORTS = {"json": "json", "json gzip": GZIP_TRANSPORT}
+"""Against Atropos: what it reads, as its stock clients send it."""
 
 
-def _measure(target: Target) -> list[dict[str, Any]]:
+def _measure(target: Target, transports: dict[str, str] = TRANSPORTS) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for name, transport in TRANSPORTS.items():
+    for name, transport in transports.items():
         for r in run_ingest(target, CLIENTS, INGEST_ARGS, transport=transport):
             k = r.get("clients")
             rows.append({"metric": f"ingest {name} {k} clients groups/s", "value": r.get("groups_per_s")})
@@ -52,55 +57,67 @@ def _store(kind: str, tmp: Path, key: str, dbs: contextlib.ExitStack, query: str
     return f"sqlite:///{tmp}/{key}.db" + (f"?{query}" if query else "")
 
 
-def run(base: Path, rounds: int, store: str, queries: tuple[str, str] = ("", "")) -> list[dict[str, Any]]:
-    """`queries`: the SQLite URL's query on this checkout and on `base` (e.g. another page size on one side)."""
+def run(base: Path | None, rounds: int, store: str, queries: tuple[str, str] = ("", "")) -> list[dict[str, Any]]:
+    """`queries`: the SQLite URL's query on this checkout and on `base` (e.g. another page size on one side).
+    Without `base`: the Atropos server is the "before" side."""
     results: list[dict[str, Any]] = []
+    transports = TRANSPORTS if base is not None else JSON_TRANSPORTS
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(rounds):
-            sides = [("after", ROOT, queries[0]), ("before", base, queries[1])]
+            sides: list[tuple[str, Path | None, str]] = [("after", ROOT, queries[0]), ("before", base, queries[1])]
             if rnd % 2:
                 sides.reverse()
             for side, cwd, query in sides:
                 key = f"{side}-{rnd}"
                 with contextlib.ExitStack() as dbs:
-                    label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs, query), Path(tmp) / f"{key}.log")
-                    with serve(label, cmd, port, Path(tmp) / f"{key}.out", cwd=cwd) as target:
-                        for row in _measure(target):
+                    if cwd is None:
+                        server = atropos(Path(tmp) / f"{key}.log")
+                        if server is None:
+                            raise SystemExit("Atropos is not installed in .bench-venv: see bench/README.md")
+                        label, cmd, port = server
+                    else:
+                        label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs, query), Path(tmp) / f"{key}.log")
+                    with serve(label, cmd, port, Path(tmp) / f"{key}.out", cwd=cwd or ROOT) as target:
+                        for row in _measure(target, transports):
                             row.update(bench="ab", side=side, round=rnd, store=store)
                             print(json.dumps(row), flush=True)
                             results.append(row)
     return results
 
 
-def report(results: list[dict[str, Any]]) -> str:
+def report(results: list[dict[str, Any]], names: tuple[str, str] = ("before", "after")) -> str:
     metrics = list(dict.fromkeys(r["metric"] for r in results))
     rounds = len({r["round"] for r in results})
-    lines = [f"{'':45} {'before':>9} {'after':>9} {'after/before':>12}   (medians of {rounds} rounds, in turns)"]
+    ratio_name = f"{names[1]}/{names[0]}"
+    lines = [f"{'':45} {names[0]:>9} {names[1]:>9} {ratio_name:>15}   (medians of {rounds} rounds, in turns)"]
     for m in metrics:
         med = {}
         for side in ("before", "after"):
             vals = [r["value"] for r in results if r["metric"] == m and r["side"] == side and r["value"] is not None]
             med[side] = statistics.median(vals) if vals else None
         b, a = med["before"], med["after"]
-        ratio = f"{a / b:12.2f}" if a and b else f"{'-':>12}"
+        ratio = f"{a / b:15.2f}" if a and b else f"{'-':>15}"
         lines.append(f"{m:45} {b if b is not None else '-':>9} {a if a is not None else '-':>9} {ratio}")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", type=Path, required=True, help="another rollbuf checkout (the 'before' side)")
+    sides = ap.add_mutually_exclusive_group(required=True)
+    sides.add_argument("--base", type=Path, help="another rollbuf checkout (the 'before' side)")
+    sides.add_argument("--atropos", action="store_true", help="the Atropos server as the 'before' side (JSON)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
     ap.add_argument("--sqlite-query", default="", help="this checkout's SQLite URL query, e.g. page_size=4096")
     ap.add_argument("--base-sqlite-query", default="", help="the base checkout's SQLite URL query")
     args = ap.parse_args()
-    results = run(args.base.resolve(), args.rounds, args.store, (args.sqlite_query, args.base_sqlite_query))
+    base = None if args.atropos else args.base.resolve()
+    results = run(base, args.rounds, args.store, (args.sqlite_query, args.base_sqlite_query))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     with (out / "ab.jsonl").open("a") as f:
         f.writelines(json.dumps(r) + "\n" for r in results)
-    print(report(results))
+    print(report(results, ("atropos", "rollbuf") if args.atropos else ("before", "after")))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Ingest against the machine's limit (issue 38): what a group costs the server next to reading its bytes.
 
 One table in one run: a do-nothing FastAPI endpoint that reads the body (the shared harness's
-`trivial_server.py`, the framework's ceiling), rollbuf on the memory store, SQLite and PostgreSQL, and the
+`trivial_server.py`, the framework's ceiling), the same that keeps every body (`bench/keeping_sink.py`: the floor
+of a buffer that holds its groups in memory), rollbuf on the memory store, SQLite and PostgreSQL, and the
 machine itself (sequential append + fsync per MiB on the disk the SQLite file lives on; a TCP transfer over
 loopback). Workloads, all msgpack as `rollout_client` sends them, each group with a fresh `group_id` (so the
 idempotency path runs, as it does for every group the rollout client submits):
@@ -16,7 +17,7 @@ around the measured requests) is the steady figure on a shared machine; groups/s
 With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) each rollbuf side runs from
 there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
 
-    python -m bench.limit [--rounds 2] [--base DIR] [--sides sink,memory,sqlite,postgresql] [--seconds 4]
+    python -m bench.limit [--rounds 2] [--base DIR] [--sides sink,keep,memory,sqlite,postgresql] [--seconds 4]
                           [--clients 8] [--sqlite-query page_size=4096]
 """
 
@@ -44,13 +45,13 @@ import numpy as np
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from bench import pg
 from bench.http import cpu_seconds
-from bench.servers import ROOT, Target, ceiling, rollbuf, serve
+from bench.servers import ROOT, Target, ceiling, keeping_sink, rollbuf, serve
 
 CLIENTS = 8
 SQLITE_QUERY = ""
 """Query of the SQLite store's URL (`--sqlite-query page_size=4096`: the page size's write amplification)."""
 LIST = 16
-SIDES = ["sink", "memory", "sqlite", "postgresql"]
+SIDES = ["sink", "keep", "memory", "sqlite", "postgresql"]
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,8 @@ def loopback(total: int = 512 << 20, chunk: int = 1 << 20) -> dict[str, Any]:
 @contextlib.contextmanager
 def _server(side: str, tmp: Path, cwd: Path, dbs: contextlib.ExitStack) -> Iterator[Target]:
     log = tmp / f"{side}.log"
-    if side == "sink":
-        name, cmd, port = ceiling(log)
+    if side in ("sink", "keep"):
+        name, cmd, port = ceiling(log) if side == "sink" else keeping_sink()
         with serve(name, cmd, port, log, ready_path="/ping") as t:
             yield t
         return
@@ -254,11 +255,11 @@ def run(sides: list[str], rounds: int, seconds: float, base: Path | None) -> lis
             out.append({"round": rnd, **loopback()})
             order = checkouts if rnd % 2 == 0 else checkouts[::-1]
             for side in sides:
-                for label, cwd in order if side != "sink" else order[:1]:
+                for label, cwd in order if side not in ("sink", "keep") else order[:1]:
                     for w in WORKLOADS:  # a fresh server per workload: no queue depth carried over
                         with contextlib.ExitStack() as dbs, _server(side, tmp, cwd, dbs) as target:
                             row = measure(target, w, seconds, tmp if side == "sqlite" else None)
-                        label = label if side != "sink" else "-"
+                        label = label if side not in ("sink", "keep") else "-"
                         row = {"bench": "limit", "round": rnd, "side": side, "checkout": label, **row}
                         print(json.dumps(row), flush=True)
                         out.append(row)

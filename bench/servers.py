@@ -85,6 +85,14 @@ def atropos(log: Path) -> tuple[str, list[str], int] | None:
     return "atropos", cmd, port
 
 
+def keeping_sink() -> tuple[str, list[str], int]:
+    """A do-nothing endpoint that keeps every body it reads (`bench/keeping_sink.py`)."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "bench.keeping_sink:app", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
+    return "keeping sink", cmd, port
+
+
 def ceiling(log: Path) -> tuple[str, list[str], int]:
     """The shared harness's do-nothing server: the ingest ceiling of this client, HTTP and framework."""
     port = _free_port()

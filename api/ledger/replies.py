@@ -56,6 +56,9 @@ class LedgerGroupReply(_GroupFields):
 
     data: BatchGroup | None = None
     """With `?data=true` and a retained payload: the group as GET /batch serves it."""
+    data_lost: bool | None = None
+    """With `?data=true`: true when the group's payload was retained but its bytes were lost (a SQLite payload
+    segment after a power loss, docs/stores.md), so `data` is null."""
 
 
 GROUP_FIELDS = tuple(LedgerGroupReply.model_fields)

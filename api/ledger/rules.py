@@ -8,6 +8,7 @@ pruning runs in the background (`Service.jobs`), in transactions of bounded size
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from typing import Any
 from api import state
 from api.config.groups import setting
 from api.ledger.replies import GROUP_FIELDS
-from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, Txn
+from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, PayloadLost, Txn
 from api.store.ledger_contract import GROUP_RECORD
 from api.wire.records import GroupRecord, decode, to_atropos
+
+log = logging.getLogger("rollbuf.ledger")
 
 RETAINED = "retained"
 """Counter kind of the retained payloads: `groups` and `bytes` (what the byte budget is checked against)."""
@@ -174,6 +177,20 @@ class Found:
     committed: dict[int, bool]
     payloads: dict[int, bytes]
     step: LedgerStep | None = None
+    lost: frozenset[int] = frozenset()
+    """Retained payloads asked for whose bytes the store lost (`readable_payloads`)."""
+
+
+def readable_payloads(txn: Txn, ids: Sequence[int]) -> tuple[dict[int, bytes], frozenset[int]]:
+    """The retained payloads of `ids` that read back, and the ids of those whose bytes the store lost (a SQLite
+    payload segment after a power loss, docs/stores.md): a lost one is logged and left out, so the rows beside
+    it are still answered (GET /ledger's `data_lost`, the export's rows without sequences), never a 500."""
+    try:
+        return txn.ledger.kept_payloads(ids), frozenset()
+    except PayloadLost as exc:
+        lost = frozenset(exc.item_ids)
+        log.warning("retained payloads of ledger ids %s were lost, left out: %s", sorted(lost), exc)
+        return txn.ledger.kept_payloads([i for i in ids if i not in lost]), lost
 
 
 def _found(txn: Txn, groups: list[LedgerGroup], data: bool, step: LedgerStep | None = None) -> Found:
@@ -187,8 +204,8 @@ def _found(txn: Txn, groups: list[LedgerGroup], data: bool, step: LedgerStep | N
         for n in served:  # the rows of one group id: a few steps
             rows = txn.ledger.steps(n, n)
             committed[n] = bool(rows) and rows[0].committed_at is not None
-    payloads = txn.ledger.kept_payloads([g.id for g in groups if g.kept]) if data else {}
-    return Found(groups, names, committed, payloads, step)
+    payloads, lost = readable_payloads(txn, [g.id for g in groups if g.kept]) if data else ({}, frozenset())
+    return Found(groups, names, committed, payloads, step, lost)
 
 
 def read_step(txn: Txn, n: int, data: bool) -> Found | None:
@@ -218,6 +235,7 @@ def group_view(g: LedgerGroup, found: Found) -> dict[str, Any]:
         fate=g.fate,
         committed=found.committed.get(g.step) if g.fate == SERVED and g.step is not None else None,
         data=None if payload is None else to_atropos(decode(payload)),
+        data_lost=True if g.id in found.lost else None,
     )
     return {name: values[name] for name in GROUP_FIELDS}
 

@@ -1,9 +1,11 @@
 """A queued group whose payload bytes the SQLite store lost (a segment's tail after a power loss under
 `synchronous=NORMAL`) is dropped as `payload_lost`, logged and counted, and formation goes on with the rest; a
-kept batch whose bytes were lost since is refused with a 500 that names it, and a later step moves on."""
+kept batch whose bytes were lost since is refused with a 500 that names it, and a later step moves on; a
+retained payload lost is answered by GET /ledger as `data_lost` and left out of the export, beside the rest."""
 
 from __future__ import annotations
 
+import io
 import logging
 import sqlite3
 from pathlib import Path
@@ -88,3 +90,30 @@ async def test_a_kept_batch_with_a_lost_payload_is_refused_by_name_and_a_later_s
         for seed, gid in enumerate("CD", start=2):
             await post(c, gid, seed)
         assert len((await c.get("/batch", params={"step": 1})).json()["batch"]) == 2
+
+
+async def test_a_lost_retained_payload_is_named_by_the_ledger_and_left_out_of_the_export(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    db = tmp_path / "rollbuf.db"
+    async with serving(Settings(store=f"sqlite:///{db}", retain_steps=10)) as c:
+        await start(c)
+        for seed, gid in enumerate("AB"):
+            await post(c, gid, seed)
+        assert len((await c.get("/batch", params={"step": 0})).json()["batch"]) == 2
+        assert (await c.get("/batch", params={"step": 1})).status_code == 200  # batch 0 acknowledged: retained
+        item, _, _ = lose(db, 0)
+        with caplog.at_level(logging.WARNING, logger="rollbuf.ledger"):
+            step = await c.get("/ledger/steps/0", params={"data": "true"})
+        assert step.status_code == 200, step.text
+        rows = {g["group_id"]: g for g in step.json()["groups"]}
+        assert rows["A"]["data"] is None and rows["A"]["data_lost"] is True
+        assert rows["B"]["data"] is not None and rows["B"].get("data_lost") is None
+        assert f"[{item}]" in caplog.text
+        [named] = (await c.get("/ledger/groups/B", params={"data": "true"})).json()["groups"]
+        assert named["data"] is not None
+        exported = await c.get("/export", params={"table": "sequences"})
+        assert exported.status_code == 200
+        sequences = pq.read_table(io.BytesIO(exported.content)).to_pylist()
+        assert {s["group_id"] for s in sequences} == {"B"} and len(sequences) == 4
