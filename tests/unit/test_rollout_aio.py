@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
-from rollout_client.aio import first_error, wait_first
+from rollout_client.aio import DaemonThreads, first_error, in_daemon_thread, wait_first
 
 pytestmark = pytest.mark.anyio
 
@@ -31,3 +32,39 @@ def test_first_error_skips_the_cancellations_and_notes_the_others() -> None:
     error = first_error(group)
     assert isinstance(error, ValueError) and "KeyError" in (error.__notes__ or [""])[0]
     assert first_error(BaseExceptionGroup("g", [asyncio.CancelledError()])) is None
+
+
+async def test_daemon_threads_are_reused_and_a_hung_call_keeps_only_its_own() -> None:
+    """Calls one after another run on one thread; a call that never returns holds its thread and no other
+    call waits behind it; an exit() in the call fails it without ending anything else."""
+    names = {await in_daemon_thread(lambda: threading.get_ident()) for _ in range(20)}
+    assert len(names) <= 2  # handed over to the idle thread (a second only if a release raced the next call)
+    hang = threading.Event()
+    stuck = asyncio.ensure_future(in_daemon_thread(hang.wait))
+    try:
+        assert await asyncio.wait_for(in_daemon_thread(lambda: 7), 10) == 7
+        with pytest.raises(BaseException, match="SystemExit"):
+            await in_daemon_thread(lambda: exit(3))
+        assert await asyncio.wait_for(in_daemon_thread(lambda: 8), 10) == 8
+    finally:
+        hang.set()
+        await stuck
+
+
+def test_idle_daemon_threads_end_and_new_calls_start_others() -> None:
+    pool = DaemonThreads(idle_s=0.01, name="idle-test")
+    ran: list[str] = []
+    done = threading.Event()
+
+    def job() -> None:
+        ran.append(threading.current_thread().name)
+        done.set()
+
+    pool.submit(job)
+    assert done.wait(10)
+    first = next(t for t in threading.enumerate() if t.name == "idle-test" and t.daemon)
+    first.join(10)  # idle past idle_s: it ends
+    assert not first.is_alive()
+    done.clear()
+    pool.submit(job)
+    assert done.wait(10) and ran == ["idle-test", "idle-test"]
