@@ -181,7 +181,11 @@ async def survive(runs: Sequence[Awaitable[T]], need: int) -> tuple[list[tuple[i
 async def acquire_resources(
     env: Environment, task: Task, n: int, release_timeout: float | None = RELEASE_S
 ) -> tuple[list[Any], AsyncExitStack]:
-    """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again."""
+    """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again. An env
+    without resources (`resource` not overridden: a null context each) gets n Nones at once: entering n null
+    contexts concurrently costs a group more tasks than its rollouts."""
+    if type(env).resource is Environment.resource:
+        return [None] * n, AsyncExitStack()
     on_stuck = warn_unbounded_pool(env)
     return await acquire_backing_off(
         lambda: acquire_all([env.resource(task) for _ in range(n)], release_timeout, on_stuck), env.acquire_timeout
