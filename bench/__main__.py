@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from bench import arrays, formation, ipc, limit, metrics_ab, pg, replicas, rss, runner, transport
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
-from bench.servers import ROOT, atropos, ceiling, rollbuf, serve
+from bench.servers import atropos, ceiling, rollbuf, save_rows, serve
 
 INGEST_CLIENTS = [1, 8, 32]
 # The harness default (96) is three rounds at 32 clients: ramp-up and the tail dominate. 480 steadies it.
@@ -82,17 +80,14 @@ def main() -> None:
         results += transport.run([256, 1024], with_atropos=not args.skip_atropos)
         results += transport.compare_stores(1024)  # the default store against the memory store, in turns
         results += transport.run([1024], with_atropos=False, with_json=False, store="postgresql", with_ingest=False)
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / time.strftime("bench-%Y%m%dT%H%M%S.jsonl")
-    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    out = save_rows("bench", results)
     print(report(results) + runner.report(results) + ipc.report(results) + "\n" + transport.report(results) + "\n"
           + arrays.report(results))  # fmt: skip
     print(metrics_ab.report(results))
     print(replicas.report(results))
     if limits:
         print("\ningest against the machine's limit (bench/limit.py):\n" + limit.report(limits))
-    print(f"\nJSON lines: {out.relative_to(ROOT)}")
+    print(f"\nJSON lines: {out}")
 
 
 def report(results: list[dict[str, Any]]) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench.servers import ROOT, rollbuf, serve
+from bench.servers import ROOT, rollbuf, save_rows, serve
 from rollout_client import RolloutClient, RolloutRunner, ScriptedPolicy, Session, Tasks, build_group
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 
@@ -187,20 +187,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.scheduling:
         rows = scheduling(args.base, args.rounds)
-        out_dir = ROOT / "bench" / "results"
-        out_dir.mkdir(exist_ok=True)
-        out = out_dir / time.strftime("runner-scheduling-%Y%m%dT%H%M%S.jsonl")
-        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = save_rows("runner-scheduling", rows)
         print(scheduling_report(rows))
-        print(f"\nJSON lines: {out.relative_to(ROOT)}")
+        print(f"\nJSON lines: {out}")
         return
     results = run()
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / time.strftime("runner-%Y%m%dT%H%M%S.jsonl")
-    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    out = save_rows("runner", results)
     print(report(results))
-    print(f"\nJSON lines: {out.relative_to(ROOT)}")
+    print(f"\nJSON lines: {out}")
 
 
 if __name__ == "__main__":

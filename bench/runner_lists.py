@@ -28,7 +28,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.http import cpu_seconds
-from bench.servers import ROOT, Target, rollbuf, serve
+from bench.servers import Target, rollbuf, save_rows, serve
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks, Timeouts
 from rollout_client.coalescing import LINGER_S
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
@@ -123,12 +123,9 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, nargs="+", default=IN_FLIGHT, help="rollouts at once, per level")
     args = ap.parse_args()
     rows = run(args.rounds, args.seconds, args.in_flight)
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / time.strftime("runner-lists-%Y%m%dT%H%M%S.jsonl")
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = save_rows("runner-lists", rows)
     print(report(rows))
-    print(f"\nJSON lines: {out.relative_to(ROOT)}")
+    print(f"\nJSON lines: {out}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,10 +13,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def save_rows(prefix: str, rows: list[dict[str, Any]]) -> Path:
+    """`rows` as JSON lines in `bench/results/<prefix>-<time>.jsonl` (git-ignored); the path, relative to the
+    checkout, for the report's last line."""
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(exist_ok=True)
+    out = out_dir / time.strftime(f"{prefix}-%Y%m%dT%H%M%S.jsonl")
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out.relative_to(ROOT)
+
+
 ATROPOS_VENV = ROOT / ".bench-venv"
 SHARED_BENCH = next(
     (d / "shared" / "bench" for d in ROOT.parents if (d / "shared" / "bench").is_dir()),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import socket
 import statistics
@@ -37,7 +36,7 @@ from api.ingest.json_groups import read_groups
 from api.ingest.validation import GroupLimits, pack_group
 from api.wire.records import MSGPACK, encode, encode_submission
 from bench import pg
-from bench.servers import ATROPOS_VENV, ROOT, atropos, rollbuf, serve
+from bench.servers import ATROPOS_VENV, atropos, rollbuf, save_rows, serve
 from trainer_client.arrays import Batch
 from trainer_client.protocol import parse_batch_reply
 from trainer_client.transport import StdlibTransport
@@ -382,12 +381,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos,
                   with_json=not args.skip_json, store=args.store)  # fmt: skip
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    out = out_dir / time.strftime("transport-%Y%m%dT%H%M%S.jsonl")
-    out.write_text("".join(json.dumps(r) + "\n" for r in results))
+    out = save_rows("transport", results)
     print(report(results))
-    print(f"\nJSON lines: {out.relative_to(ROOT)}", file=sys.stderr)
+    print(f"\nJSON lines: {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

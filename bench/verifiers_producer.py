@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.servers import ROOT, rollbuf, serve
+from bench.servers import rollbuf, save_rows, serve
 from rollout_client import RolloutRunner, Tasks
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from tests.fake_vllm import fake_vllm
@@ -77,11 +77,7 @@ def run() -> list[dict[str, Any]]:
 
 def main() -> None:
     results = run()
-    out_dir = ROOT / "bench" / "results"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / time.strftime("verifiers-%Y%m%dT%H%M%S.jsonl")).write_text(
-        "".join(json.dumps(r) + "\n" for r in results)
-    )
+    save_rows("verifiers", results)
 
 
 if __name__ == "__main__":
