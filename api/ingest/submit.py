@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from api import state
 from api.errors import Conflict, InvalidData, Unavailable
@@ -108,8 +109,7 @@ def submit_txn(
             reply = queued_reply()
             arrivals.stored(item_id, env_id, sub, QUEUED)
         if sub.key:
-            txn.put_reply(sub.key, remember(RECEIVED if reply.status == "received" and reply.duplicate is None
-                                            else reply.model_dump(exclude_none=True), sub.digest))  # fmt: skip
+            txn.put_reply(sub.key, remember(reply_fields(reply), sub.digest))
         replies[i] = reply
     for i, first in repeats:
         first_reply = replies[first]
@@ -272,13 +272,17 @@ def expire_txn(
     return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held.counts()))
 
 
-RECEIVED = {"status": "received"}
-"""Most groups' reply, as a dict (what the store remembers under the group's key)."""
-
-
 def queued_reply() -> ScoredReply:
     """A queued group's reply, built without validation (it is a constant; pydantic's check costs per group)."""
     return ScoredReply.model_construct(status="received")
+
+
+def reply_fields(reply: ScoredReply) -> dict[str, Any]:
+    """`reply.model_dump(exclude_none=True)`, without pydantic for most groups' reply (queued, not a duplicate):
+    what the store remembers under a key and what /scored_data answers."""
+    if reply.status == "received" and reply.duplicate is None and reply.buffer_size is None:
+        return {"status": "received"}
+    return reply.model_dump(exclude_none=True)
 
 
 def still_valid(subs: Sequence[Submission], seen: RunState, run: RunState) -> bool:

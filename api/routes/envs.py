@@ -20,7 +20,7 @@ from api.http.deps import ServiceDep, SettingsDep, holder
 from api.http.frontdoor import identity_of
 from api.ingest.gc_pause import collection_paused
 from api.ingest.submissions import request_key
-from api.ingest.submit import RECEIVED
+from api.ingest.submit import reply_fields
 from api.routes.direct import DirectRoute, served_by
 from api.routes.spec import route
 from api.service import Service
@@ -156,13 +156,9 @@ async def _submitted(
         hold.release()
 
 
-_RECEIVED = dumps(RECEIVED)
-
-
 def _one(replies: list[ScoredReply]) -> Response:
     [reply] = replies
-    plain = reply.status == "received" and reply.duplicate is None and reply.buffer_size is None
-    return Response(_RECEIVED if plain else dumps(reply.model_dump(exclude_none=True)), media_type="application/json")
+    return Response(dumps(reply_fields(reply)), media_type="application/json")
 
 
 def _many(replies: list[ScoredReply]) -> Response:

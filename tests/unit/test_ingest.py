@@ -14,10 +14,10 @@ from api.ingest import side_buffer
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.side_buffer import SideLimits
 from api.ingest.submissions import Submission, decode, group_key, request_key
-from api.ingest.submit import QueueFull, check_capacity, reused_key_message, still_valid
+from api.ingest.submit import QueueFull, check_capacity, queued_reply, reply_fields, reused_key_message, still_valid
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts
-from api.wire.schema import Registration
+from api.wire.schema import Registration, ScoredReply
 from tests.factories import group, registration
 
 ENVS = [EnvRecord(0, "a", "a_0", 1.0, 4, 512, None), EnvRecord(1, "b", "b_0", 1.0, 4, 512, None)]
@@ -115,3 +115,21 @@ def test_a_side_buffer_is_full_exactly_when_one_more_group_passes_a_bound(
         max_bytes is not None and 100 * (held + n) > max_bytes
     )
     assert (why is not None) == over
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        ScoredReply(status="received"),
+        queued_reply(),
+        ScoredReply(status="received", duplicate=True),
+        ScoredReply(status="buffered", buffer_size=3),
+        ScoredReply(status="buffered", buffer_size=3, duplicate=True),
+    ],
+)
+def test_reply_fields_are_the_model_dump(reply: ScoredReply) -> None:
+    """The shortcut for a queued group's reply says what pydantic would, and hands out a dict of its own."""
+    fields = reply_fields(reply)
+    assert fields == reply.model_dump(exclude_none=True)
+    fields["status"] = "changed"
+    assert reply_fields(reply)["status"] == reply.status
