@@ -184,7 +184,7 @@ async def acquire_resources(
     """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again. An env
     without resources (`resource` not overridden: a null context each) gets n Nones at once: entering n null
     contexts concurrently costs a group more tasks than its rollouts."""
-    if type(env).resource is Environment.resource:
+    if getattr(env.resource, "__func__", None) is Environment.resource:  # not overridden, nor set on the instance
         return [None] * n, AsyncExitStack()
     on_stuck = warn_unbounded_pool(env)
     return await acquire_backing_off(

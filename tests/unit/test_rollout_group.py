@@ -20,6 +20,8 @@ from rollout_client import (
     acquire_all,
     run_group,
 )
+from rollout_client.examples import Synthetic
+from rollout_client.group import acquire_resources
 
 pytestmark = pytest.mark.anyio
 
@@ -169,3 +171,24 @@ async def test_episode_environment_steps_until_done_with_state_per_rollout() -> 
         text = bytes(t for t, m in zip(tokens, masks, strict=True) if m == -100).decode()
         assert "Guess 0-9:" in text and ("higher" in text or "lower" in text or len(text) == len("Guess 0-9:"))
         assert all(m in (-100, t) for t, m in zip(tokens, masks, strict=True))
+
+
+async def test_resources_are_entered_unless_the_env_has_none() -> None:
+    """An env that keeps Environment.resource gets a None per rollout without entering anything; one whose
+    resource is its own, on the class or set on the instance, gets what each entered context yields."""
+    plain = Synthetic(group_size=3)
+    values, stack = await acquire_resources(plain, Task(id="t", prompt="p"), 3)
+    assert values == [None, None, None]
+    await stack.aclose()
+    entered: list[int] = []
+
+    @asynccontextmanager
+    async def sandbox(task: Task) -> AsyncIterator[int]:
+        entered.append(len(entered))
+        yield len(entered)
+
+    own = Synthetic(group_size=2)
+    own.resource = sandbox  # type: ignore[method-assign]
+    values, stack = await acquire_resources(own, Task(id="t", prompt="p"), 2)
+    assert sorted(values) == [1, 2] and len(entered) == 2
+    await stack.aclose()
