@@ -11,6 +11,9 @@ environment's Python, from that directory.
 
 `--atropos` puts the Atropos server (from `.bench-venv`, bench/README.md) on the "before" side instead: JSON
 only (what Atropos reads), plain and gzipped as its stock clients send, against this checkout on `--store`.
+A third side then runs the same ingest against the shared harness's do-nothing endpoint (`ceiling`): what this
+client reaches against a server that reads the body and answers, so "x Atropos" can be read against the most
+any server could show with this client on this machine.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from bench import pg
 from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
-from bench.servers import ROOT, Target, atropos, rollbuf, serve
+from bench.servers import ROOT, Target, atropos, ceiling, rollbuf, serve
 
 CLIENTS = [1, 8, 32]
 INGEST_ARGS = ["--ingest-requests", "480"]
@@ -35,7 +38,7 @@ JSON_TRANSPORTS = {"json": "json", "json gzip": GZIP_TRANSPORT}
 """Against Atropos: what it reads, as its stock clients send it."""
 
 
-def _measure(target: Target, transports: dict[str, str] = TRANSPORTS) -> list[dict[str, Any]]:
+def _measure(target: Target, transports: dict[str, str] = TRANSPORTS, batch: bool = True) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name, transport in transports.items():
         for r in run_ingest(target, CLIENTS, INGEST_ARGS, transport=transport):
@@ -43,7 +46,7 @@ def _measure(target: Target, transports: dict[str, str] = TRANSPORTS) -> list[di
             rows.append({"metric": f"ingest {name} {k} clients groups/s", "value": r.get("groups_per_s")})
             rows.append({"metric": f"ingest {name} {k} clients server CPU ms/group",
                          "value": r.get("server_cpu_ms_per_group")})  # fmt: skip
-    for r in run_harness(target, "batch", BATCH_ARGS):
+    for r in run_harness(target, "batch", BATCH_ARGS) if batch else []:
         if r.get("phase") == "batch" and "latency" in r:
             rows.append({"metric": f"/batch {r.get('batch_size')} x 2048 p50 ms", "value": r["latency"]["p50_ms"]})
     return rows
@@ -65,20 +68,25 @@ def run(base: Path | None, rounds: int, store: str, queries: tuple[str, str] = (
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(rounds):
             sides: list[tuple[str, Path | None, str]] = [("after", ROOT, queries[0]), ("before", base, queries[1])]
+            if base is None:
+                sides.append(("ceiling", None, ""))
             if rnd % 2:
                 sides.reverse()
             for side, cwd, query in sides:
                 key = f"{side}-{rnd}"
                 with contextlib.ExitStack() as dbs:
-                    if cwd is None:
+                    if side == "ceiling":
+                        label, cmd, port = ceiling(Path(tmp) / f"{key}.log")
+                    elif cwd is None:
                         server = atropos(Path(tmp) / f"{key}.log")
                         if server is None:
                             raise SystemExit("Atropos is not installed in .bench-venv: see bench/README.md")
                         label, cmd, port = server
                     else:
                         label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs, query), Path(tmp) / f"{key}.log")
-                    with serve(label, cmd, port, Path(tmp) / f"{key}.out", cwd=cwd or ROOT) as target:
-                        for row in _measure(target, transports):
+                    ready = "/ping" if side == "ceiling" else "/"
+                    with serve(label, cmd, port, Path(tmp) / f"{key}.out", ready_path=ready, cwd=cwd or ROOT) as target:
+                        for row in _measure(target, transports, batch=side != "ceiling"):
                             row.update(bench="ab", side=side, round=rnd, store=store)
                             print(json.dumps(row), flush=True)
                             results.append(row)
@@ -86,18 +94,30 @@ def run(base: Path | None, rounds: int, store: str, queries: tuple[str, str] = (
 
 
 def report(results: list[dict[str, Any]], names: tuple[str, str] = ("before", "after")) -> str:
+    """Medians per metric and side, after/before; with a ceiling side, also the ceiling's column, ceiling/before
+    (the most "x before" this client could show) and after/ceiling."""
     metrics = list(dict.fromkeys(r["metric"] for r in results))
     rounds = len({r["round"] for r in results})
-    ratio_name = f"{names[1]}/{names[0]}"
-    lines = [f"{'':45} {names[0]:>9} {names[1]:>9} {ratio_name:>15}   (medians of {rounds} rounds, in turns)"]
+    has_ceiling = any(r["side"] == "ceiling" for r in results)
+
+    def med(m: str, side: str) -> float | None:
+        vals = [r["value"] for r in results if r["metric"] == m and r["side"] == side and r["value"] is not None]
+        return statistics.median(vals) if vals else None
+
+    def cell(v: float | None, width: int, ratio: bool = False) -> str:
+        return f"{'-':>{width}}" if v is None else f"{v:{width}.2f}" if ratio else f"{round(v, 2):>{width}}"
+
+    head = f"{'':45} {names[0]:>9} {names[1]:>9} {names[1] + '/' + names[0]:>15}"
+    if has_ceiling:
+        head += f" {'ceiling':>9} {'ceiling/' + names[0]:>16} {names[1] + '/ceiling':>16}"
+    lines = [f"{head}   (medians of {rounds} rounds, in turns)"]
     for m in metrics:
-        med = {}
-        for side in ("before", "after"):
-            vals = [r["value"] for r in results if r["metric"] == m and r["side"] == side and r["value"] is not None]
-            med[side] = statistics.median(vals) if vals else None
-        b, a = med["before"], med["after"]
-        ratio = f"{a / b:15.2f}" if a and b else f"{'-':>15}"
-        lines.append(f"{m:45} {b if b is not None else '-':>9} {a if a is not None else '-':>9} {ratio}")
+        b, a, c = med(m, "before"), med(m, "after"), med(m, "ceiling")
+        line = f"{m:45} {cell(b, 9)} {cell(a, 9)} {cell(a / b if a and b else None, 15, True)}"
+        if has_ceiling:
+            line += (f" {cell(c, 9)} {cell(c / b if c and b else None, 16, True)}"
+                     f" {cell(a / c if a and c else None, 16, True)}")  # fmt: skip
+        lines.append(line)
     return "\n".join(lines)
 
 

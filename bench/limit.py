@@ -11,8 +11,10 @@ idempotency path runs, as it does for every group the rollout client submits):
 - large: groups of 8 x 2048 tokens (262 KB) to /scored_data,
 - list16: small groups in lists of 16 to /scored_data_list.
 
-The client is a bare asyncio HTTP/1.1 keep-alive loop over pre-encoded requests (8 connections), so it costs
-little beside the server on 2 cores. Server CPU per group (user + system of the server process, from /proc,
+The client is a bare asyncio HTTP/1.1 keep-alive loop (8 connections) over 64 pre-encoded groups per workload,
+each sent under a fresh group id, so it costs little beside the server on 2 cores. Each row also gives the cores
+the server and the client used, and the share of the whole machine busy (`/proc/stat`): near 1, the run is
+at the machine's CPU limit. Server CPU per group (user + system of the server process, from /proc,
 around the measured requests) is the steady figure on a shared machine; groups/s and MB/s are given too.
 With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) each rollbuf side runs from
 there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
@@ -59,14 +61,11 @@ class Workload:
     name: str
     seq_len: int
     per_request: int  # 1: /scored_data; more: /scored_data_list
-    requests: int  # pre-encoded requests (upper bound of one measurement)
 
 
-WORKLOADS = [
-    Workload("small", 64, 1, 12_000),
-    Workload("large", 2048, 1, 1_200),
-    Workload("list16", 64, LIST, 1_200),
-]
+WORKLOADS = [Workload("small", 64, 1), Workload("large", 2048, 1), Workload("list16", 64, LIST)]
+TEMPLATES = 64
+"""Distinct groups drawn per workload; each request takes one (or LIST) of them under a fresh group_id."""
 
 
 def _group(rng: np.random.Generator, seq_len: int, env_id: int) -> bytes:
@@ -77,19 +76,24 @@ def _group(rng: np.random.Generator, seq_len: int, env_id: int) -> bytes:
                              inference_logprobs=logprobs)  # fmt: skip
 
 
-def _requests(w: Workload, env_id: int, port: int, rng: np.random.Generator) -> list[tuple[bytes, int]]:
-    """Pre-encoded HTTP requests (head + body) and the body's size. Arrays are drawn once per 64 groups (the
-    client's CPU is not what is measured); every group has its own group_id."""
-    base = [_group(rng, w.seq_len, env_id) for _ in range(64)]
-    out = []
-    for i in range(w.requests):
-        groups = [_regroup(base[(i * w.per_request + j) % 64]) for j in range(w.per_request)]
-        body, path = (groups[0], "/scored_data") if w.per_request == 1 else (encode_submission_list(groups),
-                                                                             "/scored_data_list")  # fmt: skip
-        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {MSGPACK}\r\n"
+class Requests:
+    """HTTP requests (head + body) built as the clients ask for them: the workload's templates, each group
+    under a fresh group_id. The arrays are drawn once (the client's CPU is not what is measured); the copy
+    and the id cost the client a few microseconds, and no measurement ends for want of pre-built requests."""
+
+    def __init__(self, w: Workload, env_id: int, port: int, rng: np.random.Generator) -> None:
+        self.w, self.port, self.sent = w, port, 0
+        self.base = [_group(rng, w.seq_len, env_id) for _ in range(TEMPLATES)]
+
+    def next(self) -> tuple[bytes, int]:
+        """The next request and its body's size."""
+        i, per = self.sent, self.w.per_request
+        self.sent += 1
+        groups = [_regroup(self.base[(i * per + j) % TEMPLATES]) for j in range(per)]
+        body, path = (groups[0], "/scored_data") if per == 1 else (encode_submission_list(groups), "/scored_data_list")
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: {MSGPACK}\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
-        out.append((head + body, len(body)))
-    return out
+        return head + body, len(body)
 
 
 def _regroup(record: bytes) -> bytes:
@@ -98,19 +102,21 @@ def _regroup(record: bytes) -> bytes:
     return record[:at] + uuid.uuid4().hex.encode() + record[at + 32 :]
 
 
-async def _load(port: int, reqs: list[tuple[bytes, int]], seconds: float) -> tuple[int, int, int, list[float]]:
-    """CLIENTS keep-alive connections posting `reqs` in order until they run out or `seconds` pass:
+async def _load(
+    port: int, reqs: Requests, seconds: float, limit: int | None = None
+) -> tuple[int, int, int, list[float]]:
+    """CLIENTS keep-alive connections posting `reqs` until `seconds` pass (or `limit` requests are sent):
     (requests answered 200, other answers, body bytes of the 200s, latencies)."""
-    state = {"next": 0, "ok": 0, "bad": 0, "bytes": 0}
+    state = {"ok": 0, "bad": 0, "bytes": 0}
+    stop = reqs.sent + limit if limit is not None else None
     lat: list[float] = []
     deadline = time.perf_counter() + seconds
 
     async def client() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            while state["next"] < len(reqs) and time.perf_counter() < deadline:
-                raw, size = reqs[state["next"]]
-                state["next"] += 1
+            while time.perf_counter() < deadline and (stop is None or reqs.sent < stop):
+                raw, size = reqs.next()
                 t0 = time.perf_counter()
                 writer.write(raw)
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -145,13 +151,15 @@ def _setup(url: str, max_len: int) -> int:
 def measure(target: Target, w: Workload, seconds: float, db_dir: Path | None) -> dict[str, Any]:
     port = int(target.url.rsplit(":", 1)[1])
     env_id = _setup(target.url, w.seq_len + 1)
-    reqs = _requests(w, env_id, port, np.random.default_rng(0))
-    asyncio.run(_load(port, reqs[-CLIENTS * 4 :], 60))  # warm-up: connections, caches, the run state
-    reqs = reqs[: -CLIENTS * 4]
+    reqs = Requests(w, env_id, port, np.random.default_rng(0))
+    asyncio.run(_load(port, reqs, 60, limit=CLIENTS * 4))  # warm-up: connections, caches, the run state
     io0 = _written(target.pid)
+    busy0, own0 = _machine_busy(), time.process_time()
     cpu0, t0 = cpu_seconds(target.pid), time.perf_counter()
     ok, bad, size, lat = asyncio.run(_load(port, reqs, seconds))
     wall, cpu = time.perf_counter() - t0, cpu_seconds(target.pid) - cpu0
+    client = time.process_time() - own0
+    busy = [b - a for a, b in zip(busy0, _machine_busy(), strict=True)]
     groups = ok * w.per_request
     written = _written(target.pid) - io0
     return {
@@ -163,8 +171,19 @@ def measure(target: Target, w: Workload, seconds: float, db_dir: Path | None) ->
         "server_cpu_ms_per_group": round(cpu * 1e3 / groups, 4) if groups else None,
         "server_cpu_ms_per_MB": round(cpu * 1e3 / (size / 1e6), 2) if size else None,
         "p50_ms": round(statistics.median(lat) * 1e3, 2) if lat else None,
+        "server_cores": round(cpu / wall, 2),
+        "client_cores": round(client / wall, 2),
+        "machine_busy": round(busy[0] / busy[1], 3) if busy[1] else None,
         "write_amplification": round(written / size, 2) if size and db_dir is not None and written else None,
     }
+
+
+def _machine_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot (`/proc/stat`): the share of the machine in use, whoever
+    uses it. Near 1 means the run is at the machine's CPU limit, client and neighbours included."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def _written(pid: int) -> int:
@@ -281,7 +300,7 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         row = {"side": side, "checkout": checkout, "workload": wl, "rounds": len(got)}
         for field in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "server_cpu_ms_per_MB", "p50_ms",
-                      "write_amplification"):  # fmt: skip
+                      "server_cores", "client_cores", "machine_busy", "write_amplification"):  # fmt: skip
             row[field] = med(field)
         if side == "sink" and row["server_cpu_ms_per_group"]:
             sink[wl] = row["server_cpu_ms_per_group"]
@@ -298,13 +317,15 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'side':11} {'checkout':8} {'workload':8} {'groups/s':>9} {'MB/s':>7} {'CPU ms/group':>12} "
-             f"{'x sink':>6} {'CPU ms/MB':>9} {'p50 ms':>7} {'write amp':>9}"]  # fmt: skip
+             f"{'x sink':>6} {'CPU ms/MB':>9} {'p50 ms':>7} {'server':>6} {'client':>6} {'busy':>5} "
+             f"{'write amp':>9}"]  # fmt: skip
     for r in rows:
         cells = [r.get(f) for f in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "cpu_x_sink",
-                                    "server_cpu_ms_per_MB", "p50_ms", "write_amplification")]  # fmt: skip
-        g, mb, cpu, x, permb, p50, wa = ("-" if c is None else c for c in cells)
+                                    "server_cpu_ms_per_MB", "p50_ms", "server_cores", "client_cores",
+                                    "machine_busy", "write_amplification")]  # fmt: skip
+        g, mb, cpu, x, permb, p50, sc, cc, busy, wa = ("-" if c is None else c for c in cells)
         lines.append(f"{r['side']:11} {r['checkout']:8} {r['workload']:8} {g:>9} {mb:>7} {cpu:>12} {x:>6} "
-                     f"{permb:>9} {p50:>7} {wa:>9}")  # fmt: skip
+                     f"{permb:>9} {p50:>7} {sc:>6} {cc:>6} {busy:>5} {wa:>9}")  # fmt: skip
     return "\n".join(lines)
 
 
