@@ -20,7 +20,11 @@ With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) ea
 there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
 
     python -m bench.limit [--rounds 2] [--base DIR] [--sides sink,keep,memory,sqlite,postgresql] [--seconds 4]
-                          [--clients 8] [--sqlite-query page_size=4096]
+                          [--clients 8] [--workers 1] [--sqlite-query page_size=4096]
+
+`--workers 2 --clients 32` measures server processes sharing the store (`rollbuf serve --workers N`): the
+clients' connections spread over the processes only when there are more of them than processes (8 keep-alive
+connections opened at once tend to land on one).
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ from bench.http import cpu_seconds
 from bench.servers import ROOT, Target, ceiling, keeping_sink, rollbuf, serve
 
 CLIENTS = 8
+WORKERS = 1
+"""Server processes of each rollbuf side (`--workers`); the memory store keeps nothing across them, so it runs
+only with one."""
 SQLITE_QUERY = ""
 """Query of the SQLite store's URL (`--sqlite-query page_size=4096`: the page size's write amplification)."""
 LIST = 16
@@ -257,7 +264,7 @@ def _server(side: str, tmp: Path, cwd: Path, dbs: contextlib.ExitStack) -> Itera
     if side == "postgresql":
         store = dbs.enter_context(pg.database())
     assert store is not None
-    name, cmd, port = rollbuf(store, log)
+    name, cmd, port = rollbuf(store, log, workers=WORKERS)
     with serve(name, cmd, port, log, cwd=cwd) as t:
         yield t
 
@@ -265,6 +272,8 @@ def _server(side: str, tmp: Path, cwd: Path, dbs: contextlib.ExitStack) -> Itera
 def run(sides: list[str], rounds: int, seconds: float, base: Path | None) -> list[dict[str, Any]]:
     if "postgresql" in sides and not pg.available():
         sides = [s for s in sides if s != "postgresql"]
+    if WORKERS > 1:
+        sides = [s for s in sides if s != "memory"]
     checkouts = [("after", ROOT)] + ([("before", base)] if base else [])
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -336,10 +345,12 @@ def main() -> None:
     ap.add_argument("--base", type=Path, help="another checkout, run in turns with this one (the 'before' side)")
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--clients", type=int, default=8, help="keep-alive connections posting (1: one client)")
+    ap.add_argument("--workers", type=int, default=1, help="server processes per rollbuf side (not memory)")
     ap.add_argument("--sqlite-query", default="", help="query of the SQLite URL, e.g. page_size=4096 (new files)")
     args = ap.parse_args()
-    global CLIENTS, SQLITE_QUERY
+    global CLIENTS, SQLITE_QUERY, WORKERS
     CLIENTS, SQLITE_QUERY = args.clients, f"?{args.sqlite_query}" if args.sqlite_query else ""
+    WORKERS = args.workers
     results = run(args.sides.split(","), args.rounds, args.seconds, args.base.resolve() if args.base else None)
     rows = summary(results)
     out_dir = ROOT / "bench" / "results"

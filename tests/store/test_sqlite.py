@@ -121,8 +121,10 @@ def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_fai
     from api.store.sqlite.config import connect
     from api.store.sqlite.payloads import PayloadTier
     from api.store.sqlite.schema import create_or_migrate
+    from api.store.sqlite.segments import segment_dir
     from api.store.sqlite.store import _Driver
     from api.store.sqlite.txn import ItemIds
+    from api.store.sqlite.write_lock import WriteLock
 
     config = parse_url(f"sqlite:///{tmp_path}/values.db")
     db = connect(config)
@@ -130,9 +132,8 @@ def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_fai
     create_or_migrate(db, config.path)
     db.execute("COMMIT")
     checkpointer = Checkpointer(config.path, config.wal_limit)
-    driver = _Driver(
-        db, config, ItemIds(), checkpointer, lambda: None, PayloadTier.beside(config.path, config.synchronous)
-    )
+    tier = PayloadTier.beside(config.path, config.synchronous)
+    driver = _Driver(db, config, ItemIds(), checkpointer, lambda: None, tier, WriteLock(segment_dir(config.path), 5))
 
     def first(t: Txn) -> str | None:
         t.set_value("x", "1")
@@ -159,6 +160,7 @@ def test_a_group_commit_shares_values_read_but_forgets_those_a_function_that_fai
         assert db.execute("SELECT value FROM kv WHERE key = 'x'").fetchone()[0] == "1"
     finally:
         checkpointer.stop()
+        driver.lock.close()
         db.close()
 
 

@@ -20,8 +20,10 @@ def _run_group(tmp_path: Path, fns: list[Callable[[Txn], Any]]) -> tuple[list[ob
     from api.store.sqlite.config import connect
     from api.store.sqlite.payloads import PayloadTier
     from api.store.sqlite.schema import create_or_migrate
+    from api.store.sqlite.segments import segment_dir
     from api.store.sqlite.store import _Driver
     from api.store.sqlite.txn import ItemIds
+    from api.store.sqlite.write_lock import WriteLock
 
     config = parse_url(f"sqlite:///{tmp_path}/deferred.db")
     db = connect(config)
@@ -29,9 +31,8 @@ def _run_group(tmp_path: Path, fns: list[Callable[[Txn], Any]]) -> tuple[list[ob
     create_or_migrate(db, config.path)
     db.execute("COMMIT")
     checkpointer = Checkpointer(config.path, config.wal_limit)
-    driver = _Driver(
-        db, config, ItemIds(), checkpointer, lambda: None, PayloadTier.beside(config.path, config.synchronous)
-    )
+    tier = PayloadTier.beside(config.path, config.synchronous)
+    driver = _Driver(db, config, ItemIds(), checkpointer, lambda: None, tier, WriteLock(segment_dir(config.path), 5))
 
     async def main() -> list[object]:
         loop = asyncio.get_running_loop()
@@ -51,6 +52,7 @@ def _run_group(tmp_path: Path, fns: list[Callable[[Txn], Any]]) -> tuple[list[ob
         )
     finally:
         checkpointer.stop()
+        driver.lock.close()
         db.close()
     return got, stored
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from api.store.base import PayloadLost
 from api.store.sqlite.segments import Extent, PayloadCorrupt, Segments, SegmentWriteError, numbers, segment_dir
+from api.store.sqlite.write_lock import WriteLock
 
 log = logging.getLogger("rollbuf")
 
@@ -98,13 +99,13 @@ class PayloadTier:
         self.segments.stop()
 
     # --- compaction (the writer thread, between group commits) ---
-    def compact(self, db: sqlite3.Connection, synchronous: str) -> int | None:
+    def compact(self, db: sqlite3.Connection, synchronous: str, lock: WriteLock) -> int | None:
         """Rewrite the live payloads of one mostly-empty sealed segment (at most COMPACT_BELOW bytes live) into
         the newest, and delete it: a segment's disk is otherwise held until its last payload goes, so a few
-        long-lived payloads spread over many segments would each hold a whole one. Its own transaction, with
-        `synchronous=FULL` (the moved bytes and the COMMIT durable before the old file goes: a power loss
-        cannot take payloads that were safe before). Best effort: a failure is logged and left for later.
-        Returns the segment emptied, or None."""
+        long-lived payloads spread over many segments would each hold a whole one. Its own transaction, in the
+        writers' turn (`lock`), with `synchronous=FULL` (the moved bytes and the COMMIT durable before the old
+        file goes: a power loss cannot take payloads that were safe before). Best effort: a failure is logged
+        and left for later. Returns the segment emptied, or None."""
         if time.monotonic() < self._compact_after:
             return None
         row = db.execute(_COMPACTABLE, (self.segments.limit // COMPACT_FRACTION,)).fetchone()
@@ -114,19 +115,20 @@ class PayloadTier:
         self._compact_after = time.monotonic() + COMPACT_RETRY_S  # unless it empties the segment (below)
         db.execute("PRAGMA synchronous = FULL")
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                moved = self._move(db, source)
-                if moved and (self.segments.written or self.segments.created):
-                    self.segments.sync()
-                doomed = [r[0] for r in db.execute(_DOOMED).fetchall()]
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-            finally:
-                self.segments.stop()
+            with lock:
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    moved = self._move(db, source)
+                    if moved and (self.segments.written or self.segments.created):
+                        self.segments.sync()
+                    doomed = [r[0] for r in db.execute(_DOOMED).fetchall()]
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    raise
+                finally:
+                    self.segments.stop()
         except Exception as exc:  # a full disk, the lock held by another process too long: ingest goes on
             log.warning("compacting payload segment %d failed, left for later: %s", source, exc)
             return None

@@ -17,12 +17,13 @@ from api.store.base import Store, StoreUnavailable, Txn
 from api.store.commit import Driver, Loss, serve
 from api.store.jobs import Job, Lane, deliver, refuse_left
 from api.store.sqlite.checkpoint import Checkpointer
-from api.store.sqlite.config import SqliteConfig, connect, parse_url
+from api.store.sqlite.config import BUSY_TIMEOUT_S, SqliteConfig, connect, parse_url
 from api.store.sqlite.deferred import Deferred
 from api.store.sqlite.payloads import PayloadTier, check_present, delete_orphans
 from api.store.sqlite.schema import create_or_migrate
 from api.store.sqlite.segments import segment_dir, sync_from
 from api.store.sqlite.txn import ItemIds, SqliteTxn, flush, trim_replies
+from api.store.sqlite.write_lock import WriteLock
 
 T = TypeVar("T")
 log = logging.getLogger("rollbuf")
@@ -157,7 +158,8 @@ class SqliteStore(Store):
             return
         checkpointer = self._checkpointer = Checkpointer(self.path, self.config.wal_limit)
         tier = PayloadTier.beside(self.path, self.config.synchronous, checkpointer.truncating.is_set)
-        driver = _Driver(db, self.config, self._ids, checkpointer, self.health.wrote, tier)
+        lock = WriteLock(segment_dir(self.path), BUSY_TIMEOUT_S)
+        driver = _Driver(db, self.config, self._ids, checkpointer, self.health.wrote, tier, lock)
         opened.set_result(None)
         stop = None
         try:
@@ -167,6 +169,7 @@ class SqliteStore(Store):
             checkpointer.stop()
             driver.save_ids()
             tier.close()
+            lock.close()
             with contextlib.suppress(OSError):  # what the closing checkpoint makes durable, its bytes first
                 sync_from(segment_dir(self.path), 0)
             db.close()  # the last connection to close checkpoints what is left and removes the WAL
@@ -202,9 +205,13 @@ class _Driver(Driver):
         checkpointer: Checkpointer,
         wrote: Callable[[], None],
         payloads: PayloadTier,
+        lock: WriteLock,
     ) -> None:
         self.db = db
         self.payloads = payloads
+        self.lock = lock
+        """The writers' turn between processes, taken before BEGIN IMMEDIATE and given back after the COMMIT or
+        ROLLBACK (write_lock.py: SQLite's own wait polls)."""
         self.config = config
         self.ids = ids
         self.checkpointer = checkpointer
@@ -221,7 +228,12 @@ class _Driver(Driver):
         """The inserts and count deltas of the transaction's functions, written merged before its COMMIT."""
 
     def begin(self, jobs: Sequence[Job]) -> None:
-        self.db.execute("BEGIN IMMEDIATE")  # fails if another process held the write lock too long, disk trouble
+        self.lock.acquire()  # fails if another process held it too long
+        try:
+            self.db.execute("BEGIN IMMEDIATE")  # fails if another program held SQLite's lock too long, disk trouble
+        except BaseException:
+            self.lock.release()
+            raise
         self.changes_at_begin = self.db.total_changes  # it counts rows rolled back too
         try:
             version = self.db.execute("PRAGMA data_version").fetchone()[0]
@@ -265,9 +277,12 @@ class _Driver(Driver):
         self.forget()
         self.deferred.reset()
         self.payloads.rolled_back()
-        if self.db.in_transaction:
-            self.db.execute("ROLLBACK")
-        self.save_ids()
+        try:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            self.save_ids()
+        finally:
+            self.lock.release()
 
     def commit(self) -> None:
         try:
@@ -281,6 +296,7 @@ class _Driver(Driver):
         except BaseException:
             self.forget()
             raise
+        self.lock.release()
         self.ids.committed()
         self.payloads.committed()  # and the emptied segments' files after the COMMIT
         if wrote:  # it wrote (one that did not gives a checkpoint no work)
@@ -289,7 +305,7 @@ class _Driver(Driver):
 
     def committed(self) -> None:
         """After the callers of a commit were answered: one mostly-empty payload segment rewritten, if any."""
-        self.payloads.compact(self.db, self.config.synchronous)
+        self.payloads.compact(self.db, self.config.synchronous, self.lock)
 
     def loss(self, exc: BaseException) -> Loss | None:
         # SQLite rolled the whole transaction back itself (disk full, I/O error): the functions before this one
@@ -308,14 +324,19 @@ class _Driver(Driver):
         with contextlib.suppress(sqlite3.Error):
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
+        self.lock.release()
         for job in jobs:  # ignored by those already answered (after COMMIT)
             deliver(job, False, self.failed("store failure", exc))
 
     def save_ids(self) -> None:
-        """Store the id counter after a rollback undid it (best effort: the next COMMIT stores it anyway)."""
+        """Store the id counter after a rollback undid it (best effort: the next COMMIT stores it anyway), in
+        the writers' turn (taken here if it is not held: the thread's last call)."""
         if not self.ids.unsaved:
             return
+        held = self.lock.held
         try:
+            if not held:
+                self.lock.acquire()
             self.db.execute("BEGIN IMMEDIATE")
             self.ids.begin()
             self.ids.save(self.db)
@@ -325,3 +346,6 @@ class _Driver(Driver):
             with contextlib.suppress(sqlite3.Error):
                 if self.db.in_transaction:
                     self.db.execute("ROLLBACK")
+        finally:
+            if not held:
+                self.lock.release()
