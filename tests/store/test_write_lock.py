@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,9 +36,9 @@ sys.stdin.read()
 """
 
 
-def _until(done: object, what: str, timeout: float = 10.0) -> None:
+def _until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
-    while not done():  # type: ignore[operator]
+    while not done():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
 
