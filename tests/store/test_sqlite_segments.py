@@ -142,6 +142,60 @@ async def test_while_a_truncating_checkpoint_runs_the_writer_syncs_its_appends_b
         await store.close()
 
 
+def test_a_truncating_checkpoint_holds_every_writer_off_from_its_fsync_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several processes on one file, a TRUNCATE checkpoint copies the commits of every one of them: it
+    holds the writers' turn from before its fsync of the segments until the WAL is empty, so no writer of any
+    process commits a row whose bytes the fsync missed. (A second owner of the lock is another process's
+    writer, as far as the lock can tell.) A writer that keeps the turn makes it give up, not wait long."""
+    from api.store.sqlite import checkpoint
+    from api.store.sqlite.write_lock import WriteLock, WriteLockBusy
+
+    path = tmp_path / "s.db"
+    asyncio.run(_fill(path))
+    directory = segment_dir(path)
+    during: list[bool] = []
+    real_sync = segments.sync_from
+
+    def sync_from(where: Path, first: int) -> int:
+        other = WriteLock(directory, 0.05)
+        try:
+            other.acquire()
+            during.append(False)
+            other.release()
+        except WriteLockBusy:
+            during.append(True)
+        finally:
+            other.close()
+        return real_sync(where, first)
+
+    monkeypatch.setattr(checkpoint, "sync_from", sync_from)
+    monkeypatch.setattr(checkpoint, "TURN_WAIT_S", 0.1)
+    checkpointer = checkpoint.Checkpointer(path, 1 << 20)  # idle: it checkpoints only when told of commits
+    db = sqlite3.connect(path, isolation_level=None, timeout=0.2)
+    other = WriteLock(directory, 1)
+    try:
+        assert checkpointer._checkpoint(db, "TRUNCATE")
+        assert during == [True]  # held through the fsync
+        with other:  # and given back at the end: another writer takes it at once
+            assert checkpointer._checkpoint(db, "TRUNCATE") is False  # held by a writer: next round
+        assert during == [True]  # it gave up before its fsync
+        assert not checkpointer.truncating.is_set()
+    finally:
+        other.close()
+        db.close()
+        checkpointer.stop()
+
+
+async def _fill(path: Path) -> None:
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        await store.transact(_append(0, [b"a" * BIG]))
+    finally:
+        await store.close()
+
+
 async def test_clear_deletes_every_segment_and_numbers_go_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segments, "SEGMENT_BYTES", 2 * BIG)
     path = tmp_path / "s.db"

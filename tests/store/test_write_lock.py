@@ -178,6 +178,7 @@ def test_a_file_system_without_flock_leaves_the_turns_to_sqlite(
 ) -> None:
     """Where flock answers ENOLCK (some network file systems), writing goes on, ordered by SQLite's lock alone,
     and the log says so once. (The syscall's answer is forced: no such file system mounts here.)"""
+
     def no_flock(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from api.store.sqlite.segments import segment_dir, sync_from
+from api.store.sqlite.write_lock import WriteLock, WriteLockBusy
 
 log = logging.getLogger("rollbuf")
 
@@ -16,6 +17,8 @@ CHECKPOINT_EVERY = 256
 TRUNCATE_WAIT_S = 0.2
 """How long a truncating checkpoint waits for the writer and readers to step aside: it blocks new writes
 while it waits, so it gives up early and tries again next round rather than stall ingest."""
+TURN_WAIT_S = 1.0
+"""How long a truncating checkpoint waits for the writers' turn (write_lock.py) before trying next round."""
 
 
 class Checkpointer:
@@ -34,13 +37,14 @@ class Checkpointer:
     checkpoint makes rows durable, the segments written since the last one are fsynced. A PASSIVE checkpoint
     copies no frame past a snapshot taken before that fsync (a read transaction held on a second connection
     bounds it), so it never makes a row durable whose bytes are not. A TRUNCATE one cannot be bounded so (it
-    copies every commit, and SQLite runs none inside a transaction that could hold writers off), so from
-    before its fsync until it ends `truncating` is set, and meanwhile this process's writer fsyncs what it
-    appended before each COMMIT, as `synchronous=FULL` does (PayloadTier.before_commit): a commit it copies
-    either appended before the fsync or synced itself. Another process sharing the file (`--workers N`) does
-    not see the flag: a commit of its made during the fsync may still be copied, its bytes not on disk, and
-    under power loss before the next round read as lost (the crc says so; formation drops such a group as
-    `payload_lost`), as its commit itself might have been lost."""
+    copies every commit, and SQLite runs none inside a transaction that could hold writers off), so it takes
+    the writers' turn (write_lock.py) from before its fsync until it ends: no writer of any process sharing
+    the file (`--workers N`) commits in between, and every commit it copies appended its bytes before the
+    fsync. Where the file system has no flock, `truncating` is set over the same span instead, and this
+    process's writer fsyncs what it appended before each COMMIT meanwhile, as `synchronous=FULL` does
+    (PayloadTier.before_commit); another process's commit made during the fsync may then still be copied, its
+    bytes not on disk, and under power loss before the next round read as lost (the crc says so; formation
+    drops such a group as `payload_lost`), as its commit itself might have been lost."""
 
     def __init__(self, path: Path, truncate_bytes: int) -> None:
         self._path = path
@@ -59,7 +63,11 @@ class Checkpointer:
         self._failing = False
         self.truncating = threading.Event()
         """Set while a TRUNCATE checkpoint is under way, its fsync of the segments included: the writer syncs
-        its appends before each COMMIT meanwhile."""
+        its appends before each COMMIT meanwhile (it matters where the writers' turn is not to be had)."""
+        self._segments.mkdir(parents=True, exist_ok=True)
+        self._turn = WriteLock(self._segments, TURN_WAIT_S)
+        """The writers' turn, taken by a TRUNCATE checkpoint (an owner of its own: this process's writer waits
+        for it like any other)."""
         self.failure: str | None = None
         """Why the last checkpoint failed (other than busy), until one works again: /readyz reports it."""
         self._thread = threading.Thread(target=self._main, name="rollbuf-sqlite-checkpoint", daemon=True)
@@ -103,6 +111,7 @@ class Checkpointer:
         finally:
             pin.close()
             db.close()
+            self._turn.close()
 
     def _passive(self, db: sqlite3.Connection, pin: sqlite3.Connection) -> None:
         """A PASSIVE checkpoint of what was committed before the segments' fsync (`pin` holds that snapshot)."""
@@ -136,7 +145,11 @@ class Checkpointer:
         empty)."""
         truncate = mode == "TRUNCATE"
         if truncate:
-            self.truncating.set()  # from here on, the writer syncs before each COMMIT (the class's docstring)
+            try:
+                self._turn.acquire()  # no writer commits until the WAL is empty (the class's docstring)
+            except WriteLockBusy:
+                return False  # the writers kept it: next round
+            self.truncating.set()  # and this process's writer syncs before each COMMIT where there is no flock
         try:
             if not self._sync_segments():
                 return False  # no row is made durable before its bytes are
@@ -149,6 +162,7 @@ class Checkpointer:
         finally:
             if truncate:
                 self.truncating.clear()
+                self._turn.release()
         if self._failing:
             self._failing = False
             self.failure = None
