@@ -36,12 +36,14 @@ class DaemonThreads:
     def __init__(self, idle_s: float = 30.0, name: str = "rollout-score") -> None:
         self.idle_s = idle_s
         self.name = name
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], Callable[[], None] | None]] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         """Counts threads waiting for a job: a submit takes one (the job is theirs) or starts a thread."""
 
-    def submit(self, job: Callable[[], None]) -> None:
-        """Run `job()` in one of the threads; it must not raise."""
+    def submit(self, job: Callable[[], Callable[[], None] | None]) -> None:
+        """Run `job()` in one of the threads; it must not raise. What it returns, if anything, is called once
+        the thread counts as idle again: handing the result back there, a caller's next submit finds this
+        thread idle instead of starting another."""
         if not self._idle.acquire(blocking=False):
             threading.Thread(target=self._work, name=self.name, daemon=True).start()
         self._jobs.put(job)
@@ -54,9 +56,12 @@ class DaemonThreads:
                 if self._idle.acquire(blocking=False):  # no submit counted on this thread: it may end
                     return
                 continue  # a submit took this thread's count: its job is on the way
-            job()
+            hand_back = job()
             del job
             self._idle.release()
+            if hand_back is not None:
+                hand_back()
+                del hand_back
 
 
 _THREADS = DaemonThreads()
@@ -87,7 +92,7 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
         else:
             fut.set_result(result)  # type: ignore[arg-type]
 
-    def target() -> None:
+    def target() -> Callable[[], None]:
         try:
             result: T | None = fn()
             error: BaseException | None = None
@@ -95,8 +100,12 @@ async def in_daemon_thread(fn: Callable[[], T]) -> T:
             result, error = None, exc
         except BaseException as exc:  # exit() in a verifier fails its group only
             result, error = None, exited(exc)
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(settle, result, error)
+
+        def hand_back() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        return hand_back
 
     _THREADS.submit(target)
     return await fut

@@ -37,8 +37,11 @@ def test_first_error_skips_the_cancellations_and_notes_the_others() -> None:
 async def test_daemon_threads_are_reused_and_a_hung_call_keeps_only_its_own() -> None:
     """Calls one after another run on one thread; a call that never returns holds its thread and no other
     call waits behind it; an exit() in the call fails it without ending anything else."""
+    before = {t.ident for t in threading.enumerate() if t.name == "rollout-score"}  # idle ones of earlier tests
     names = {await in_daemon_thread(lambda: threading.get_ident()) for _ in range(20)}
-    assert len(names) <= 2  # handed over to the idle thread (a second only if a release raced the next call)
+    # One started if none was idle, then handed each call in turn: a thread counts as idle before it hands the
+    # result back, so the next call always finds one (threads of earlier tests may take some calls too).
+    assert len(names - before) <= 1
     hang = threading.Event()
     stuck = asyncio.ensure_future(in_daemon_thread(hang.wait))
     try:
