@@ -43,8 +43,9 @@ class ServerSettings(Group):
     directory, `sqlite:////abs/path.db` for an absolute path), `memory://` (lost on exit) or
     `postgresql://user@host:port/dbname` (shared by replicas on many hosts, docs/stores.md)."""
     workers: int = Field(1, ge=1)
-    """Server processes on one port sharing the store (SQLite or PostgreSQL; `memory://` is refused): request
-    parsing and batch encoding spread over cores, the store serialises writes."""
+    """Server processes on one port sharing the store (SQLite or PostgreSQL; `memory://` is refused). One process
+    uses about one core (Python's interpreter lock): more spread request parsing and batch encoding over cores,
+    while the store orders the writes (docs/deployment.md)."""
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     """Server log level: critical, error, warning, info, debug (adds a line per request with its request id,
     docs/observability.md#logs) or trace (uvicorn's levels)."""
