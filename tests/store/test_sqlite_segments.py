@@ -349,6 +349,44 @@ async def test_mostly_empty_sealed_segments_are_rewritten_into_the_newest_and_de
         await store.close()
 
 
+async def test_compaction_waits_for_the_writers_turn_and_leaves_the_segment_for_later_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compaction is a write transaction of its own: it takes the writers' turn first. Held by another
+    process's writer past the wait, nothing is moved and the segment is left for later; with the turn, it
+    is rewritten."""
+    from api.store.sqlite.payloads import PayloadTier
+    from api.store.sqlite.write_lock import WriteLock
+
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8 * BIG)
+    path = tmp_path / "s.db"
+    store = SqliteStore(f"sqlite:///{path}")
+    try:
+        for n in range(4):  # sealed segments that keep one payload each once env 0's are popped
+            await store.transact(_append(1, [bytes([n]) * BIG]))
+            await store.transact(_append(0, [bytes([n, k]) * (BIG // 2) for k in range(14)]))
+        await store.transact(_pop_all(0))  # its commit compacts one of them; the others wait for the next ones
+    finally:
+        await store.close()
+    before = segments.numbers(segment_dir(path))
+    db = sqlite3.connect(path, isolation_level=None)
+    tier = PayloadTier.beside(path, "NORMAL")
+    mine, other = WriteLock(segment_dir(path), 0.05), WriteLock(segment_dir(path), 1)
+    try:
+        with other:  # another process's writer has the turn
+            assert tier.compact(db, "NORMAL", mine) is None
+        assert any("left for later" in r.getMessage() for r in caplog.records)
+        assert segments.numbers(segment_dir(path)) == before and not mine.held
+        tier._compact_after = 0.0  # past the retry time
+        assert tier.compact(db, "NORMAL", mine) in before
+        assert len(segments.numbers(segment_dir(path))) == len(before) - 1 and not mine.held
+    finally:
+        for lock in (mine, other):
+            lock.close()
+        tier.close()
+        db.close()
+
+
 async def test_a_payload_that_does_not_read_back_is_left_where_it_is_and_not_retried_at_every_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -71,3 +72,24 @@ def test_idle_daemon_threads_end_and_new_calls_start_others() -> None:
     done.clear()
     pool.submit(job)
     assert done.wait(10) and ran == ["idle-test", "idle-test"]
+
+
+def test_a_thread_counts_as_idle_before_it_hands_the_result_back() -> None:
+    """What a job hands back runs once its thread counts as idle: a submit made from there (as the caller's
+    next call, woken by the result, is) goes to that thread rather than starting another."""
+    pool = DaemonThreads(name="hand-back-test")
+    ran: list[int] = []
+    done = threading.Event()
+
+    def second() -> None:
+        ran.append(threading.get_ident())
+        done.set()
+
+    def first() -> Callable[[], None]:
+        ran.append(threading.get_ident())
+        return lambda: pool.submit(second)
+
+    pool.submit(first)
+    assert done.wait(10)
+    assert len(ran) == 2 and ran[0] == ran[1]
+    assert sum(t.name == "hand-back-test" for t in threading.enumerate()) == 1
