@@ -31,16 +31,24 @@ def _stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, its live children (uvicorn's workers) and its reaped children."""
-    total = sum(int(f) for f in _stat(pid)[11:15])
+def children(pid: int) -> list[tuple[int, list[str]]]:
+    """The live children of a process (uvicorn's workers), with their `/proc/PID/stat` fields."""
+    found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = _stat(int(stat.parent.name))
+            child = int(stat.parent.name)
+            fields = _stat(child)
         except (OSError, ValueError):  # ended while we looked
             continue
         if int(fields[1]) == pid:
-            total += sum(int(f) for f in fields[11:13])
+            found.append((child, fields))
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, its live children (uvicorn's workers) and its reaped children."""
+    total = sum(int(f) for f in _stat(pid)[11:15])
+    total += sum(sum(int(f) for f in fields[11:13]) for _, fields in children(pid))
     return total / _TICK
 
 

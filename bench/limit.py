@@ -50,7 +50,7 @@ import numpy as np
 
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from bench import pg
-from bench.http import cpu_seconds
+from bench.http import children, cpu_seconds
 from bench.servers import ROOT, Target, ceiling, keeping_sink, rollbuf, serve
 
 CLIENTS = 8
@@ -194,12 +194,16 @@ def _machine_busy() -> tuple[int, int]:
 
 
 def _written(pid: int) -> int:
-    """Bytes the process (its threads included) caused to be written to storage."""
-    try:
-        text = Path(f"/proc/{pid}/io").read_text()
-    except OSError:
-        return 0
-    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("write_bytes"))
+    """Bytes the process and its live children (`--workers`), their threads included, caused to be written to
+    storage."""
+    total = 0
+    for each in (pid, *(child for child, _ in children(pid))):
+        try:
+            text = Path(f"/proc/{each}/io").read_text()
+        except OSError:  # ended while we looked
+            continue
+        total += next(int(line.split()[1]) for line in text.splitlines() if line.startswith("write_bytes"))
+    return total
 
 
 def disk(directory: Path, total: int = 256 << 20, chunk: int = 262_144) -> dict[str, Any]:
