@@ -79,6 +79,27 @@ def test_a_field_is_float64_only_when_float32_would_change_a_value() -> None:
     assert narrowest(np.array([1e-300])).dtype == F64  # float32 would make it 0.0
 
 
+def _narrowest_by_cast(values: np.ndarray) -> np.dtype[Any]:
+    """The rule `narrowest` implements, by its definition: float32 when the cast changes no value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return F32 if bool(np.equal(values.astype(F32), values).all()) else F64
+
+
+@given(
+    st.lists(st.one_of(float32_values, st.floats(width=64), st.floats(width=16).map(float)), max_size=20),
+    st.sampled_from(["<f8", ">f8", "=f8"]),
+    st.integers(0, 3),
+)
+@settings(max_examples=300, deadline=None)
+def test_narrowest_reads_bits_first_and_keeps_the_rule(values: list[float], order: str, step: int) -> None:
+    """The look at the first values' bits answers as the whole cast would: for any byte order, for strided views,
+    and for NaN, infinity, subnormals and values past float32's range among float32 ones."""
+    arr = np.array(values, dtype=order)[:: step + 1]
+    out = narrowest(arr)
+    assert out.dtype == _narrowest_by_cast(arr)
+    assert np.array_equal(out.astype(F64), arr.astype(F64), equal_nan=True)
+
+
 def test_the_issue_examples_come_back_as_the_text_sent() -> None:
     raw = b'{"tokens": [[1, 2, 3]], "masks": [[-100, 2, 3]], "scores": [1.0],'
     raw += b' "inference_logprobs": [[1.0, -0.7, -0.6931471824645996]], "advantages": [[-0.699999988079071, 0.5, 2.0]]}'
