@@ -20,7 +20,11 @@ With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) ea
 there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
 
     python -m bench.limit [--rounds 2] [--base DIR] [--sides sink,keep,memory,sqlite,postgresql] [--seconds 4]
-                          [--clients 8] [--workers 1] [--sqlite-query page_size=4096]
+                          [--clients 8] [--workers 1] [--sqlite-query page_size=4096] [--pin]
+
+`--pin` runs each server pinned to one CPU (the last this process may use, with `taskset`) and the client on
+the others: the event loop and the store's writer thread then hand over to each other on one core. On the
+2-core VM of stop 45, cross-core handoffs cost SQLite 10-25% of its CPU per small group (docs/benchmarks.md).
 
 `--workers 2 --clients 32` measures server processes sharing the store (`rollbuf serve --workers N`): the
 clients' connections spread over the processes only when there are more of them than processes (8 keep-alive
@@ -34,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import tempfile
@@ -57,6 +62,8 @@ CLIENTS = 8
 WORKERS = 1
 """Server processes of each rollbuf side (`--workers`); the memory store keeps nothing across them, so it runs
 only with one."""
+PIN: tuple[int, set[int]] | None = None
+"""(the servers' CPU, the client's CPUs) with `--pin`; None: the kernel places both."""
 SQLITE_QUERY = ""
 """Query of the SQLite store's URL (`--sqlite-query page_size=4096`: the page size's write amplification)."""
 LIST = 16
@@ -255,22 +262,37 @@ def loopback(total: int = 512 << 20, chunk: int = 1 << 20) -> dict[str, Any]:
     return {"side": "loopback", "workload": "TCP", "MB_per_s": round(total / (time.perf_counter() - t0) / 1e6, 1)}
 
 
+def pinning(cpus: set[int]) -> tuple[int, set[int]]:
+    """`--pin`: the servers' CPU (the highest of `cpus`) and the client's (the others)."""
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs: one for the server, the others for the client")
+    server = max(cpus)
+    return server, cpus - {server}
+
+
+def _pinned(cmd: list[str]) -> list[str]:
+    return cmd if PIN is None else ["taskset", "-c", str(PIN[0]), *cmd]
+
+
 @contextlib.contextmanager
 def _server(side: str, tmp: Path, cwd: Path, dbs: contextlib.ExitStack) -> Iterator[Target]:
     log = tmp / f"{side}.log"
     if side in ("sink", "keep"):
         name, cmd, port = ceiling(log) if side == "sink" else keeping_sink()
-        with serve(name, cmd, port, log, ready_path="/ping") as t:
+        with serve(name, _pinned(cmd), port, log, ready_path="/ping") as t:
             yield t
         return
-    sqlite = f"sqlite:///{tmp}/{side}-{time.monotonic_ns()}.db{SQLITE_QUERY}"
-    store = {"memory": "memory://", "sqlite": sqlite}.get(side)
+    files = tmp / f"{side}-{time.monotonic_ns()}"
+    store = {"memory": "memory://", "sqlite": f"sqlite:///{files}/rollbuf.db{SQLITE_QUERY}"}.get(side)
     if side == "postgresql":
         store = dbs.enter_context(pg.database())
     assert store is not None
     name, cmd, port = rollbuf(store, log, workers=WORKERS)
-    with serve(name, cmd, port, log, cwd=cwd) as t:
-        yield t
+    try:
+        with serve(name, _pinned(cmd), port, log, cwd=cwd) as t:
+            yield t
+    finally:  # the next measurement starts without this one's files in the page cache
+        shutil.rmtree(files, ignore_errors=True)
 
 
 def run(sides: list[str], rounds: int, seconds: float, base: Path | None) -> list[dict[str, Any]]:
@@ -351,10 +373,14 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8, help="keep-alive connections posting (1: one client)")
     ap.add_argument("--workers", type=int, default=1, help="server processes per rollbuf side (not memory)")
     ap.add_argument("--sqlite-query", default="", help="query of the SQLite URL, e.g. page_size=4096 (new files)")
+    ap.add_argument("--pin", action="store_true", help="each server on one CPU (taskset), the client on the others")
     args = ap.parse_args()
-    global CLIENTS, SQLITE_QUERY, WORKERS
+    global CLIENTS, SQLITE_QUERY, WORKERS, PIN
     CLIENTS, SQLITE_QUERY = args.clients, f"?{args.sqlite_query}" if args.sqlite_query else ""
     WORKERS = args.workers
+    if args.pin:
+        PIN = pinning(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, PIN[1])  # this process: the client (and the disk and loopback rows)
     results = run(args.sides.split(","), args.rounds, args.seconds, args.base.resolve() if args.base else None)
     rows = summary(results)
     out_dir = ROOT / "bench" / "results"
