@@ -272,9 +272,13 @@ def expire_txn(
     return sum(expire_held(txn, run, env_id, now, limits, books) for env_id in sorted(txn.held.counts()))
 
 
+_QUEUED = ScoredReply.model_construct(status="received")
+
+
 def queued_reply() -> ScoredReply:
-    """A queued group's reply, built without validation (it is a constant; pydantic's check costs per group)."""
-    return ScoredReply.model_construct(status="received")
+    """A queued group's reply: one object for every such group (building one took 3% of a small group's ingest;
+    replies are never changed in place, a duplicate's is a `model_copy`)."""
+    return _QUEUED
 
 
 def reply_fields(reply: ScoredReply) -> dict[str, Any]:
