@@ -266,6 +266,8 @@ def pinning(cpus: set[int]) -> tuple[int, set[int]]:
     """`--pin`: the servers' CPU (the highest of `cpus`) and the client's (the others)."""
     if len(cpus) < 2:
         raise SystemExit("--pin needs two CPUs: one for the server, the others for the client")
+    if shutil.which("taskset") is None:
+        raise SystemExit("--pin runs the servers under taskset (util-linux), which is not on PATH")
     server = max(cpus)
     return server, cpus - {server}
 
