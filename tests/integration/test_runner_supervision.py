@@ -385,6 +385,20 @@ def repeated(level: int, i: int) -> Task:
     return Task(f"t{i % 4}", task.prompt, task.answer)  # ids repeat: the same four tasks again and again
 
 
+class InStep(ScriptedPolicy):
+    """Generates a group's rollouts only once every group started before it is acknowledged. The runner gives a
+    group's slots back before its submit, so on a loaded machine it may hand out many groups (at the level then
+    current) before the first reports arrive: a curriculum's promotions would then depend on the server's speed."""
+
+    runner: RolloutRunner | None = None
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
+        runner = self.runner
+        assert runner is not None
+        await until(lambda: runner.stats.dispatched - runner.stats.accepted <= 1, "the groups before acknowledged")
+        return await super().generate(prompt_ids, **kw)
+
+
 async def test_a_curriculum_promotes_with_repeated_ids_and_uses_every_level(tmp_path: Path) -> None:
     """Item 8: with task ids that repeat, every report counts (the curriculum reaches its last level); a
     level that runs out hands over to the next instead of ending the run."""
@@ -392,7 +406,9 @@ async def test_a_curriculum_promotes_with_repeated_ids_and_uses_every_level(tmp_
         start_trainer(server.url, batch_size=8)
         levels = [Tasks([repeated(k, i) for i in range(40)]) for k in range(3)]
         cur = Curriculum(levels, window=4)
-        runner = RolloutRunner(server.url, [(Graded(), cur)], ScriptedPolicy(arithmetic_script), max_in_flight=4)
+        policy = InStep(arithmetic_script)  # one group of 4 at a time (max_in_flight), each after the last's report
+        runner = RolloutRunner(server.url, [(Graded(), cur)], policy, max_in_flight=4)
+        policy.runner = runner
         await asyncio.wait_for(runner.run(max_groups=40), HANG_GUARD_S)
         assert cur.level == 2, "promoted to the last level by its scores"
 
