@@ -60,7 +60,10 @@ class DaemonThreads:
             del job
             self._idle.release()
             if hand_back is not None:
-                hand_back()
+                try:
+                    hand_back()
+                except Exception:  # a bug: this thread is counted idle already, so it must live on to take jobs
+                    log.exception("a score thread's hand-back raised")
                 del hand_back
 
 

@@ -93,3 +93,20 @@ def test_a_thread_counts_as_idle_before_it_hands_the_result_back() -> None:
     assert done.wait(10)
     assert len(ran) == 2 and ran[0] == ran[1]
     assert sum(t.name == "hand-back-test" for t in threading.enumerate()) == 1
+
+
+def test_a_hand_back_that_raises_leaves_its_thread_serving() -> None:
+    """A hand-back must not raise; if one does, its thread (already counted idle) goes on taking jobs: a thread
+    that ended there would leave a count behind that the next submit takes, its job then never run."""
+    pool = DaemonThreads(name="raising-hand-back-test")
+    raising, done = threading.Event(), threading.Event()
+
+    def broken() -> None:
+        raising.set()  # its thread counts as idle by now
+        raise RuntimeError("a bug in a hand-back")
+
+    pool.submit(lambda: broken)
+    assert raising.wait(10)
+    pool.submit(done.set)  # takes that thread's idle count: the job is queued for it
+    assert done.wait(10), "the job after a failed hand-back never ran"
+    assert sum(t.name == "raising-hand-back-test" for t in threading.enumerate()) == 1
