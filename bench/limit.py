@@ -24,7 +24,7 @@ there as well, in turns with this checkout, fresh server each round, so before/a
 
 `--pin` runs each server pinned to one CPU (the last this process may use, with `taskset`) and the client on
 the others: the event loop and the store's writer thread then hand over to each other on one core. On the
-2-core VM of stop 45, cross-core handoffs cost SQLite 10-25% of its CPU per small group (docs/benchmarks.md).
+2-core VM of stop 45, cross-core handoffs cost SQLite 8-17% of its CPU per group (docs/benchmarks.md).
 
 `--workers 2 --clients 32` measures server processes sharing the store (`rollbuf serve --workers N`): the
 clients' connections spread over the processes only when there are more of them than processes (8 keep-alive
