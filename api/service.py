@@ -304,27 +304,28 @@ class Service:
         validation relied on still holds, and if not (another process changed the run), they are validated
         again against the state it found. A request refused against a remembered state is validated once more
         against a fresh read before the refusal stands (an env registered through another process since)."""
-        run, remembered = (self._run, True) if self._run is not None else (await self.run_state(), False)
-        for _ in range(VALIDATION_ROUNDS):
-            try:
-                subs = await self._decode(raw, content_type, run, many=many, key=key)
-            except (InvalidData, Unavailable):
-                if not remembered:
-                    raise
-                fresh = await self.run_state()
-                if fresh == run:
-                    raise
-                run, remembered = fresh, False
-                continue
-            for sub in subs:
-                env = None if sub.env_id is None else run.env(sub.env_id)
-                if env is not None:
-                    check_owner(caller, env, (*sub.loc, "env_id"))
-            try:
-                return await self.store_submissions(subs, run, None if caller is ANONYMOUS else caller.name)
-            except StaleRun as stale:
-                run, remembered = stale.run, False
-        raise Unavailable("the run kept changing while this request was validated; send it again", 0)
+        with self.store.expecting():  # a group commit starting meanwhile may wait for this request's groups
+            run, remembered = (self._run, True) if self._run is not None else (await self.run_state(), False)
+            for _ in range(VALIDATION_ROUNDS):
+                try:
+                    subs = await self._decode(raw, content_type, run, many=many, key=key)
+                except (InvalidData, Unavailable):
+                    if not remembered:
+                        raise
+                    fresh = await self.run_state()
+                    if fresh == run:
+                        raise
+                    run, remembered = fresh, False
+                    continue
+                for sub in subs:
+                    env = None if sub.env_id is None else run.env(sub.env_id)
+                    if env is not None:
+                        check_owner(caller, env, (*sub.loc, "env_id"))
+                try:
+                    return await self.store_submissions(subs, run, None if caller is ANONYMOUS else caller.name)
+                except StaleRun as stale:
+                    run, remembered = stale.run, False
+            raise Unavailable("the run kept changing while this request was validated; send it again", 0)
 
     async def _decode(
         self, raw: bytes | bytearray, content_type: str | None, run: RunState, *, many: bool, key: str | None

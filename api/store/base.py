@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -310,6 +311,12 @@ class Store(ABC):
         A backend may run reads beside transactions (PostgreSQL: a snapshot, without the store lock); by
         default a read is a transaction like any other."""
         return await self.transact(fn)
+
+    def expecting(self) -> AbstractContextManager[None]:
+        """Around a transaction being prepared (a request decoding the groups it will store): a backend that
+        commits in groups may wait briefly for it to join the next one (`api.store.jobs.next_group`). A hint,
+        never a promise: nothing waits past its delay, and nothing is held if the transaction never comes."""
+        return nullcontext()
 
     def not_ready(self) -> str | None:
         """Why the store cannot take writes now, when it knows without a round trip (a full disk, a failing

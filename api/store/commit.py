@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from api.store.jobs import GROUP_MAX, Job, Jobs, Stop, deliver, next_group
+from api.store.jobs import GROUP_MAX, Job, Lane, Stop, deliver, next_group
 
 
 class Loss(enum.Enum):
@@ -78,12 +78,12 @@ class Driver(ABC):
         """The routine itself failed: clean up and answer every one of `jobs`."""
 
 
-def serve(jobs: Jobs, driver: Driver) -> Stop | None:
+def serve(lane: Lane, driver: Driver) -> Stop | None:
     """Run groups of queued jobs until a `Stop` (returned, for the thread to answer once it closed) or an
     empty group; every caller is answered, whatever fails."""
     stop: Stop | None = None
     while stop is None:
-        group, stop = next_group(jobs, GROUP_MAX)
+        group, stop = next_group(lane, GROUP_MAX)
         if not group:
             break
         try:

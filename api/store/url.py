@@ -10,10 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-REPLY_PARAMS = frozenset({"max_replies", "reply_ttl"})
-"""The URL parameters of `ReplyLimits`."""
+DURABLE_PARAMS = frozenset({"max_replies", "reply_ttl", "commit_delay"})
+"""The URL parameters of `Durable`."""
 MAX_REPLIES = 1_000_000
 """Idempotency replies kept by default, newest first (~200 bytes each): far more retries than clients make."""
+COMMIT_DELAY_US = 500
+"""Default `commit_delay`, microseconds. Measured on SQLite with small groups (docs/benchmarks.md): at 8 clients
+200 us gathered groups of 5.3-7.3 from run to run, 500 us 7.4-7.7 (of 8), 1,000 us no more; the wait ends as
+soon as every transaction being prepared has come, so a longer bound costs only when one never comes."""
+COMMIT_DELAY_MAX_US = 100_000
+"""Largest `commit_delay`: past this a wait is a stall, not a gathering."""
 
 
 SECRET_PARAMS = ("password", "sslpassword")
@@ -43,26 +49,35 @@ def without_password(text: str, url: str) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ReplyLimits:
-    """How many idempotency replies a durable store keeps (`?max_replies=N&reply_ttl=SECONDS`)."""
+class Durable:
+    """What every durable store's URL says alike: how many idempotency replies it keeps
+    (`?max_replies=N&reply_ttl=SECONDS`), and how long a group commit waits for company
+    (`?commit_delay=MICROSECONDS`)."""
 
     max_replies: int = MAX_REPLIES
     """Replies kept, newest first."""
     reply_ttl: float | None = None
     """Replies older than this many seconds are forgotten (at the next trim). Measured against the stored
     wall-clock creation time, so a restart neither resets nor extends the window. None: no time limit."""
+    commit_delay: float = COMMIT_DELAY_US / 1e6
+    """Seconds a group commit waits for more transactions while other requests are being prepared in the
+    process (`api.store.jobs.next_group`); a lone client never waits. 0: commit what is queued at once."""
 
 
-def reply_limits(params: Mapping[str, str], url: str) -> ReplyLimits:
-    """The `ReplyLimits` a URL's parameters (`params`, the last value of each) say; ValueError if they are
-    not numbers or negative."""
+def durable_params(params: Mapping[str, str], url: str) -> Durable:
+    """The `Durable` a URL's parameters (`params`, the last value of each) say; ValueError if they are not
+    numbers or out of range."""
     try:
         max_replies = int(params.get("max_replies", MAX_REPLIES))
         ttl = float(params["reply_ttl"]) if "reply_ttl" in params else None
+        delay_us = int(params.get("commit_delay", COMMIT_DELAY_US))
     except ValueError:
         raise ValueError(
-            f"store URL {redacted(url)!r}: max_replies must be an integer, reply_ttl a number of seconds"
+            f"store URL {redacted(url)!r}: max_replies must be an integer, reply_ttl a number of seconds, "
+            "commit_delay an integer number of microseconds"
         ) from None
     if max_replies < 0 or (ttl is not None and not ttl >= 0):
         raise ValueError(f"store URL {redacted(url)!r}: max_replies and reply_ttl must not be negative")
-    return ReplyLimits(max_replies=max_replies, reply_ttl=ttl)
+    if not 0 <= delay_us <= COMMIT_DELAY_MAX_US:
+        raise ValueError(f"store URL {redacted(url)!r}: commit_delay must be from 0 to {COMMIT_DELAY_MAX_US} (µs)")
+    return Durable(max_replies=max_replies, reply_ttl=ttl, commit_delay=delay_us / 1e6)

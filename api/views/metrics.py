@@ -16,6 +16,7 @@ import os
 import resource
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -135,6 +136,9 @@ class TimedStore(Store):
             return await self.inner.read(fn)
         finally:
             STORE_SECONDS.observe(time.perf_counter() - start)
+
+    def expecting(self) -> AbstractContextManager[None]:
+        return self.inner.expecting()
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         self.inner.subscribe(callback)

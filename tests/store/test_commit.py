@@ -4,7 +4,8 @@ and when. The SQL backends run the same routine against their databases in test_
 from __future__ import annotations
 
 import asyncio
-import queue
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from api.store import commit as commit_module
 from api.store.commit import Driver, Loss, run, serve
-from api.store.jobs import Job, Jobs, Stop, deliver
+from api.store.jobs import GROUP_MAX, Job, Lane, Stop, deliver, next_group
 
 
 class Lost(Exception):
@@ -191,13 +192,13 @@ def test_serve_runs_groups_until_stopped_and_answers_even_when_the_routine_break
     async def main() -> tuple[list[Any], list[str]]:
         loop = asyncio.get_running_loop()
         d = Breaks()
-        jobs: Jobs = queue.SimpleQueue()
+        lane = Lane("x://")
         mine = [Job(fn, loop.create_future(), loop) for fn in (ok(0), ok(1))]  # type: ignore[arg-type]
         for job in mine:
-            jobs.put(job)
+            lane.jobs.put(job)
         stop = Stop(Future())
-        jobs.put(stop)
-        assert serve(jobs, d) is stop
+        lane.jobs.put(stop)
+        assert serve(lane, d) is stop
         return list(await asyncio.gather(*(j.future for j in mine), return_exceptions=True)), d.log
 
     got, log = asyncio.run(main())
@@ -244,3 +245,100 @@ def test_answered_once_and_acknowledged_only_if_committed(kinds: list[str], loss
     assert len(answers) == len(set(answers)) == len(kinds), "a caller answered twice, or never"
     for n, (kind, result) in enumerate(zip(kinds, got, strict=True)):
         assert (result == n) == (kind == "ok" and n in committed), (n, kind, result)
+
+
+# ----------------------------------------------------------------------------- gathering a group (next_group)
+
+HANG_S = 60.0
+"""A delay no test may wait out: a group that waits for it shows as a thread still waiting after JOIN_S."""
+JOIN_S = 20.0
+
+
+def _job() -> Job:
+    loop = asyncio.new_event_loop()
+    try:
+        return Job(ok(0), loop.create_future(), loop)  # type: ignore[arg-type]
+    finally:
+        loop.close()
+
+
+def _gather(lane: Lane) -> tuple[threading.Thread, list[tuple[list[Job], Stop | None]]]:
+    """`next_group` on a thread of its own, as the writer calls it; its result once it returned."""
+    got: list[tuple[list[Job], Stop | None]] = []
+    thread = threading.Thread(target=lambda: got.append(next_group(lane, GROUP_MAX)), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def _taken(lane: Lane) -> None:
+    """Once the thread took what was queued (what is put next, it can only have waited for)."""
+    deadline = time.monotonic() + JOIN_S
+    while not lane.jobs.empty():
+        assert time.monotonic() < deadline, "the thread never took the first transaction"
+        time.sleep(0.001)
+
+
+def test_a_lone_transaction_never_waits_for_company() -> None:
+    """Nothing else is being prepared (one client): its group goes out at once, whatever the delay."""
+    lane = Lane("x://", commit_delay=HANG_S)
+    first = _job()
+    with lane.expecting():
+        lane.jobs.put(first)
+        thread, got = _gather(lane)
+        thread.join(JOIN_S)
+        assert not thread.is_alive() and got == [([first], None)]
+
+
+def test_a_group_waits_for_the_transactions_being_prepared_and_no_longer() -> None:
+    """Two requests in the process and one transaction queued: the group waits for the second, and goes out
+    as soon as it came (not at the end of the delay)."""
+    lane = Lane("x://", commit_delay=HANG_S)
+    first, second = _job(), _job()
+    with lane.expecting(), lane.expecting():
+        lane.jobs.put(first)
+        thread, got = _gather(lane)
+        _taken(lane)
+        lane.jobs.put(second)
+        thread.join(JOIN_S)
+        assert not thread.is_alive() and got == [([first, second], None)]
+
+
+def test_a_group_waits_at_most_the_delay() -> None:
+    """A request announced that never sends its transaction (it failed validation) costs one delay."""
+    lane = Lane("x://", commit_delay=0.001)
+    first = _job()
+    with lane.expecting(), lane.expecting():
+        lane.jobs.put(first)
+        assert next_group(lane, GROUP_MAX) == ([first], None)
+    assert lane.coming == 0, "every announcement is withdrawn, raising or not"
+
+
+def test_no_delay_takes_only_what_is_queued() -> None:
+    lane = Lane("x://", commit_delay=0.0)
+    first = _job()
+    with lane.expecting(), lane.expecting():
+        lane.jobs.put(first)
+        assert next_group(lane, GROUP_MAX) == ([first], None)
+
+
+def test_a_stop_ends_the_wait() -> None:
+    lane = Lane("x://", commit_delay=HANG_S)
+    first, stop = _job(), Stop(Future())
+    with lane.expecting(), lane.expecting():
+        lane.jobs.put(first)
+        thread, got = _gather(lane)
+        _taken(lane)
+        lane.jobs.put(stop)
+        thread.join(JOIN_S)
+        assert not thread.is_alive() and got == [([first], stop)]
+
+
+def test_an_announcement_is_withdrawn_when_its_request_fails() -> None:
+    lane = Lane("x://")
+    try:
+        with lane.expecting():
+            assert lane.coming == 1
+            raise ValueError("invalid group")
+    except ValueError:
+        pass
+    assert lane.coming == 0

@@ -8,7 +8,15 @@ from hypothesis import strategies as st
 
 from api.store.postgres import parse_url as postgres_url
 from api.store.sqlite import parse_url as sqlite_url
-from api.store.url import MAX_REPLIES, ReplyLimits, redacted, reply_limits, without_password
+from api.store.url import (
+    COMMIT_DELAY_MAX_US,
+    COMMIT_DELAY_US,
+    MAX_REPLIES,
+    Durable,
+    durable_params,
+    redacted,
+    without_password,
+)
 
 
 def test_redacted_masks_only_the_password() -> None:
@@ -31,15 +39,19 @@ def test_no_message_quotes_the_password(password: str) -> None:
     assert without_password(message, url) == "could not connect to postgresql://u:***@h/db: password *** refused"
 
 
-def test_reply_limits_parse_alike_on_every_backend() -> None:
-    assert reply_limits({}, "x://") == ReplyLimits() == ReplyLimits(max_replies=MAX_REPLIES, reply_ttl=None)
-    assert reply_limits({"max_replies": "5", "reply_ttl": "1.5"}, "x://") == ReplyLimits(max_replies=5, reply_ttl=1.5)
-    for params in ({"max_replies": "x"}, {"max_replies": "-1"}, {"reply_ttl": "-2"}, {"reply_ttl": "nan"}):
+def test_durable_parameters_parse_alike_on_every_backend() -> None:
+    default = Durable(max_replies=MAX_REPLIES, reply_ttl=None, commit_delay=COMMIT_DELAY_US / 1e6)
+    assert durable_params({}, "x://") == Durable() == default
+    given = {"max_replies": "5", "reply_ttl": "1.5", "commit_delay": "0"}
+    assert durable_params(given, "x://") == Durable(max_replies=5, reply_ttl=1.5, commit_delay=0.0)
+    bad = ({"max_replies": "x"}, {"max_replies": "-1"}, {"reply_ttl": "-2"}, {"reply_ttl": "nan"},
+           {"commit_delay": "-1"}, {"commit_delay": "0.5"}, {"commit_delay": str(COMMIT_DELAY_MAX_US + 1)})  # fmt: skip
+    for params in bad:
         with pytest.raises(ValueError):
-            reply_limits(params, "x://")
-    query = "max_replies=7&reply_ttl=60"
+            durable_params(params, "x://")
+    query = "max_replies=7&reply_ttl=60&commit_delay=1500"
     for config in (sqlite_url(f"sqlite:///x.db?{query}"), postgres_url(f"postgresql://h/db?{query}")):
-        assert (config.max_replies, config.reply_ttl) == (7, 60.0)
+        assert (config.max_replies, config.reply_ttl, config.commit_delay) == (7, 60.0, 0.0015)
 
 
 def test_a_bad_parameter_names_the_url_without_its_password() -> None:

@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
-from api.store.url import REPLY_PARAMS, ReplyLimits, redacted, reply_limits
+from api.store.url import DURABLE_PARAMS, Durable, durable_params, redacted
 
 LIBPQ_DEFAULTS = {
     "connect_timeout": "5",
@@ -36,12 +36,12 @@ SESSION_SETTINGS = {
     "idle_in_transaction_session_timeout": "15000",
 }
 """Settings of every session a replica opens (lock_timeout and search_path come from the URL)."""
-_OWN_PARAMS = {"schema", "lock_timeout", "pool_timeout", *REPLY_PARAMS}
+_OWN_PARAMS = {"schema", "lock_timeout", "pool_timeout", *DURABLE_PARAMS}
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 
 
 @dataclass(frozen=True, slots=True)
-class PostgresConfig(ReplyLimits):
+class PostgresConfig(Durable):
     """What a `postgresql://user@host:port/dbname?...` URL says."""
 
     conninfo: str
@@ -89,7 +89,7 @@ def parse_url(url: str) -> PostgresConfig:
     schema = own.get("schema", "rollbuf")
     if not _IDENTIFIER.fullmatch(schema):
         raise ValueError(f"store URL {redacted(url)!r}: schema must be a lower-case identifier ([a-z_][a-z0-9_]*)")
-    limits = reply_limits(own, url)
+    shared = durable_params(own, url)
     try:
         lock_timeout = float(own.get("lock_timeout", 10.0))
         pool_timeout = float(own.get("pool_timeout", 3.0))
@@ -97,8 +97,8 @@ def parse_url(url: str) -> PostgresConfig:
         raise ValueError(f"store URL {redacted(url)!r}: lock_timeout and pool_timeout are seconds") from None
     if not lock_timeout > 0 or not pool_timeout > 0:
         raise ValueError(f"store URL {redacted(url)!r}: lock_timeout and pool_timeout must be positive")
-    return PostgresConfig(conninfo, schema, lock_timeout, pool_timeout, max_replies=limits.max_replies,
-                          reply_ttl=limits.reply_ttl)  # fmt: skip
+    return PostgresConfig(conninfo, schema, lock_timeout, pool_timeout, max_replies=shared.max_replies,
+                          reply_ttl=shared.reply_ttl, commit_delay=shared.commit_delay)  # fmt: skip
 
 
 def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
 import psycopg
@@ -68,7 +69,7 @@ class PostgresStore(Store):
             name=f"rollbuf-{self.config.schema}",
         )
         self._pool.open()
-        self._writer, self._reader = Lane(self.url), Lane(self.url)
+        self._writer, self._reader = Lane(self.url, self.config.commit_delay), Lane(self.url)
         self._threads = [
             threading.Thread(target=self._main, args=(lane, _Driver(self, read_only, replica)), name=name, daemon=True)
             for lane, read_only, name in ((self._writer, False, "rollbuf-postgres"),
@@ -79,6 +80,9 @@ class PostgresStore(Store):
             thread.start()
 
     # ------------------------------------------------------------------ the event loop's side
+
+    def expecting(self) -> AbstractContextManager[None]:
+        return self._writer.expecting()
 
     async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         return await self._submit(self._writer, fn, replies)
@@ -115,7 +119,7 @@ class PostgresStore(Store):
     def _main(self, lane: Lane, driver: _Driver) -> None:
         stop = None
         try:
-            stop = serve(lane.jobs, driver)
+            stop = serve(lane, driver)
         finally:
             lane.refuse()
             refuse_left(lane.jobs, self.url, stop)

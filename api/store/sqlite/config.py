@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from api.store.url import REPLY_PARAMS, ReplyLimits, reply_limits
+from api.store.url import DURABLE_PARAMS, Durable, durable_params
 
 PAGE_SIZE = 4096
 """Page size of new files: SQLite's default. 64 KiB pages (the default before payloads moved to segment files,
@@ -29,7 +29,7 @@ BUSY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
-class SqliteConfig(ReplyLimits):
+class SqliteConfig(Durable):
     """What a `sqlite:///path.db?...` URL says."""
 
     path: Path
@@ -45,7 +45,7 @@ def parse_url(url: str) -> SqliteConfig:
     """`sqlite:///rel/path.db` is relative to the working directory, `sqlite:////abs/path.db` absolute.
 
     Query parameters: `synchronous=NORMAL|FULL`, `page_size=BYTES` (new files), `wal_limit=BYTES`,
-    `max_replies=N`, `reply_ttl=SECONDS`.
+    `max_replies=N`, `reply_ttl=SECONDS`, `commit_delay=MICROSECONDS`.
     """
     parts = urlsplit(url)
     if parts.scheme != "sqlite" or parts.netloc:
@@ -54,7 +54,7 @@ def parse_url(url: str) -> SqliteConfig:
     if not path or path.endswith("/") or path == ":memory:":
         raise ValueError(f"store URL {url!r} names no file: use sqlite:///path/to/rollbuf.db (or memory://)")
     query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-    unknown = set(query) - {"synchronous", "page_size", "wal_limit", *REPLY_PARAMS}
+    unknown = set(query) - {"synchronous", "page_size", "wal_limit", *DURABLE_PARAMS}
     if unknown:
         raise ValueError(f"store URL {url!r}: unknown parameter(s) {', '.join(sorted(unknown))}")
     sync = query.get("synchronous", "NORMAL").upper()
@@ -66,10 +66,11 @@ def parse_url(url: str) -> SqliteConfig:
     wal_limit = _int(query, "wal_limit", WAL_LIMIT, url)
     if wal_limit < 1 << 20:
         raise ValueError(f"store URL {url!r}: wal_limit must be at least 1048576 (1 MiB)")
-    limits = reply_limits(query, url)
+    shared = durable_params(query, url)
     return SqliteConfig(
-        Path(path), sync, page_size, wal_limit, max_replies=limits.max_replies, reply_ttl=limits.reply_ttl
-    )
+        Path(path), sync, page_size, wal_limit,
+        max_replies=shared.max_replies, reply_ttl=shared.reply_ttl, commit_delay=shared.commit_delay,
+    )  # fmt: skip
 
 
 def _int(query: dict[str, str], name: str, default: int, url: str) -> int:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
 from api.store.base import Store, StoreUnavailable, Txn
@@ -80,7 +81,7 @@ class SqliteStore(Store):
         self.path = self.config.path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._ids = ItemIds()
-        self._lane = Lane(url)
+        self._lane = Lane(url, self.config.commit_delay)
         self._closed = False
         self.health = Health(self.url)
         self._checkpointer: Checkpointer | None = None
@@ -94,6 +95,9 @@ class SqliteStore(Store):
         except BaseException:
             self._thread.join()
             raise
+
+    def expecting(self) -> AbstractContextManager[None]:
+        return self._lane.expecting()
 
     async def transact(self, fn: Callable[[Txn], T], *, replies: Sequence[str] = ()) -> T:
         if self._closed:
@@ -163,7 +167,7 @@ class SqliteStore(Store):
         opened.set_result(None)
         stop = None
         try:
-            stop = serve(self._lane.jobs, driver)
+            stop = serve(self._lane, driver)
         finally:
             self._lane.refuse()
             checkpointer.stop()
