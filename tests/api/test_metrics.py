@@ -17,6 +17,8 @@ from api.config.settings import Settings
 from api.http.app import create_app
 from api.logs import RateLimiter
 from api.routes import trainer as trainer_routes
+from api.store.base import Store
+from api.views.metrics import TimedStore
 from tests.factories import registration
 from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
 
@@ -168,3 +170,11 @@ async def test_per_env_series_are_capped_and_the_rest_summed() -> None:
     }  # fmt: skip
     assert samples[("rollbuf_envs", ())] == 10
     assert sum(v for k, v in samples.items() if k[0] == "rollbuf_queue_groups") == 10
+
+
+def test_the_timed_store_passes_on_every_store_method() -> None:
+    """The store the app uses is wrapped to time its transactions: a `Store` method it does not override would
+    answer with the base class's default instead of the backend's (as `expecting` once did, and the SQL
+    stores' group commit never heard of the requests being prepared)."""
+    methods = {name for name, value in vars(Store).items() if callable(value) and not name.startswith("_")}
+    assert methods <= set(vars(TimedStore)), f"not passed on: {sorted(methods - set(vars(TimedStore)))}"
