@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -289,48 +290,33 @@ def test_a_lone_transaction_never_waits_for_company() -> None:
         assert not thread.is_alive() and got == [([first], None)]
 
 
-def test_a_group_waits_for_the_transactions_being_prepared_and_no_longer() -> None:
+@pytest.mark.parametrize("then", ["transaction", "stop"])
+def test_a_group_waits_for_the_transactions_being_prepared_and_no_longer(then: str) -> None:
     """Two requests in the process and one transaction queued: the group waits for the second, and goes out
-    as soon as it came (not at the end of the delay)."""
+    as soon as it came (not at the end of the delay); a `Stop` ends the wait too."""
     lane = Lane("x://", commit_delay=HANG_S)
-    first, second = _job(), _job()
+    first = _job()
+    after = _job() if then == "transaction" else Stop(Future())
+    expected = ([first, after], None) if isinstance(after, Job) else ([first], after)
     with lane.expecting(), lane.expecting():
         lane.jobs.put(first)
         thread, got = _gather(lane)
         _taken(lane)
-        lane.jobs.put(second)
+        lane.jobs.put(after)
         thread.join(JOIN_S)
-        assert not thread.is_alive() and got == [([first, second], None)]
+        assert not thread.is_alive() and got == [expected]
 
 
-def test_a_group_waits_at_most_the_delay() -> None:
-    """A request announced that never sends its transaction (it failed validation) costs one delay."""
-    lane = Lane("x://", commit_delay=0.001)
+@pytest.mark.parametrize("delay", [0.0, 0.001])
+def test_a_group_goes_out_with_what_came_within_its_delay(delay: float) -> None:
+    """Without a delay only what is queued goes; a request announced that never sends its transaction (it
+    failed validation) costs at most one delay."""
+    lane = Lane("x://", commit_delay=delay)
     first = _job()
     with lane.expecting(), lane.expecting():
         lane.jobs.put(first)
         assert next_group(lane, GROUP_MAX) == ([first], None)
-    assert lane.coming == 0, "every announcement is withdrawn, raising or not"
-
-
-def test_no_delay_takes_only_what_is_queued() -> None:
-    lane = Lane("x://", commit_delay=0.0)
-    first = _job()
-    with lane.expecting(), lane.expecting():
-        lane.jobs.put(first)
-        assert next_group(lane, GROUP_MAX) == ([first], None)
-
-
-def test_a_stop_ends_the_wait() -> None:
-    lane = Lane("x://", commit_delay=HANG_S)
-    first, stop = _job(), Stop(Future())
-    with lane.expecting(), lane.expecting():
-        lane.jobs.put(first)
-        thread, got = _gather(lane)
-        _taken(lane)
-        lane.jobs.put(stop)
-        thread.join(JOIN_S)
-        assert not thread.is_alive() and got == [([first], stop)]
+    assert lane.coming == 0
 
 
 def test_an_announcement_is_withdrawn_when_its_request_fails() -> None:
