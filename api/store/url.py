@@ -6,9 +6,13 @@ Apart from the backends (which parse the rest of their URLs themselves) and from
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 DURABLE_PARAMS = frozenset({"max_replies", "reply_ttl", "commit_delay"})
 """The URL parameters of `Durable`."""
@@ -65,19 +69,24 @@ class Durable:
 
 
 def durable_params(params: Mapping[str, str], url: str) -> Durable:
-    """The `Durable` a URL's parameters (`params`, the last value of each) say; ValueError if they are not
-    numbers or out of range."""
-    try:
-        max_replies = int(params.get("max_replies", MAX_REPLIES))
-        ttl = float(params["reply_ttl"]) if "reply_ttl" in params else None
-        delay_us = int(params.get("commit_delay", COMMIT_DELAY_US))
-    except ValueError:
-        raise ValueError(
-            f"store URL {redacted(url)!r}: max_replies must be an integer, reply_ttl a number of seconds, "
-            "commit_delay an integer number of microseconds"
-        ) from None
+    """The `Durable` a URL's parameters (`params`, the last value of each) say; ValueError naming the
+    parameter and its rule if one is not a number or out of range."""
+    where = f"store URL {redacted(url)!r}"
+    max_replies = _number(params, "max_replies", int, MAX_REPLIES, f"{where}: max_replies must be an integer")
+    ttl = _number(params, "reply_ttl", float, None, f"{where}: reply_ttl must be a number of seconds")
+    delay_rule = f"{where}: commit_delay must be an integer from 0 to {COMMIT_DELAY_MAX_US} (microseconds)"
+    delay_us = _number(params, "commit_delay", int, COMMIT_DELAY_US, delay_rule)
     if max_replies < 0 or (ttl is not None and not ttl >= 0):
-        raise ValueError(f"store URL {redacted(url)!r}: max_replies and reply_ttl must not be negative")
+        raise ValueError(f"{where}: max_replies and reply_ttl must not be negative")
     if not 0 <= delay_us <= COMMIT_DELAY_MAX_US:
-        raise ValueError(f"store URL {redacted(url)!r}: commit_delay must be from 0 to {COMMIT_DELAY_MAX_US} (µs)")
+        raise ValueError(delay_rule)
     return Durable(max_replies=max_replies, reply_ttl=ttl, commit_delay=delay_us / 1e6)
+
+
+def _number(params: Mapping[str, str], name: str, kind: Callable[[str], T], default: D, rule: str) -> T | D:
+    if name not in params:
+        return default
+    try:
+        return kind(params[name])
+    except ValueError:
+        raise ValueError(rule) from None
