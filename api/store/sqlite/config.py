@@ -10,15 +10,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from api.store.url import DURABLE_PARAMS, Durable, durable_params
 
-PAGE_SIZE = 4096
-"""Page size of new files: SQLite's default. 64 KiB pages (the default before payloads moved to segment files,
-api/store/sqlite/segments.py) made a 200 KB payload span 4 pages instead of 49 for /batch's reads; payloads no
-longer live in pages, and every commit rewrites each page it touches whole (the last page of each table the
-commit appends to: queue, payloads, segments, ledger, replies, counts), so large pages only multiplied
-writes. Measured with segments (`python -m bench.limit`, bytes written per payload byte): 262 KB groups 1.1x
-at 4 KiB, 1.3x at 16 KiB, 2.1x at 64 KiB; 8 KB groups 4x, 9x, 25x. The price is on /batch: popping and
-reading 128 groups of 128 KB in process (`python -m bench.sqlite_pages`) took 4.8-5.4 ms at 4 KiB against
-3.3-4.1 ms at 64 KiB (and 2.7-8.9 ms before segments, 64 KiB): the index's pages, not the payloads. A file
+PAGE_SIZE = 1024
+"""Page size of new files: SQLite's smallest. Payloads of 4 KiB and more live in segment files
+(api/store/sqlite/segments.py), so the pages hold rows and indexes, and every commit rewrites each page it
+touches whole, in the WAL and again at the checkpoint: the last page of each table it appends to (queue,
+payloads, ledger, replies, counts) and a page of each index keyed by a client's id per group (the replies'
+keys, the ledger's group ids). Smaller pages write less of what did not change. Measured (`python -m
+bench.limit --sqlite-query page_size=N`, 3 rounds in turns, bytes written per payload byte): 8 KB groups
+2.93x at 4 KiB, 2.18x at 2 KiB, 1.77x at 1 KiB; lists of 16 2.08x, 1.75x, 1.52x; 262 KB groups 1.07x, 1.04x,
+1.03x; server CPU per group no higher (small groups 0.308, 0.256, 0.280 ms). Reads gain too: popping and
+reading 128 groups of 128 KB in process (`python -m bench.sqlite_pages`) took 4.75 ms at 4 KiB, 3.36 ms at 2
+KiB, 2.68 ms at 1 KiB. Earlier: 64 KiB pages (before segments) wrote 25x the bytes of an 8 KB group. A file
 created with another page size keeps it (WAL mode fixes it); the URL's `page_size` chooses for new ones."""
 WAL_LIMIT = 128 * 1024 * 1024
 """Default `wal_limit`. Each truncation blocks writes briefly: fewer, larger ones cost ingest less (measured in
