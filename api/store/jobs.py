@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,22 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 Jobs = queue.SimpleQueue[Job | Stop]
 
 
+class _Announcement:
+    """`Lane.expecting`: counts one more transaction coming while entered (reentrant: it holds no state of
+    its own)."""
+
+    __slots__ = ("_lane",)
+
+    def __init__(self, lane: Lane) -> None:
+        self._lane = lane
+
+    def __enter__(self) -> None:
+        self._lane.coming += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._lane.coming -= 1
+
+
 class Lane:
     """The queue of jobs one thread runs, and whether that thread still takes them: submitting and stopping
     from the event loop, refusing from the thread once it stops (`accepting` is changed and checked under a
@@ -61,18 +77,14 @@ class Lane:
         self.jobs: Jobs = queue.SimpleQueue()
         self.commit_delay = commit_delay
         self.coming = 0
+        self._announcement = _Announcement(self)
         self._accepting = True
         self._lock = threading.Lock()
 
-    @contextmanager
-    def expecting(self) -> Iterator[None]:
+    def expecting(self) -> AbstractContextManager[None]:
         """Around the preparation and submission of a transaction, on the event loop (the only thread that
-        changes `coming`; the writer only reads it)."""
-        self.coming += 1
-        try:
-            yield
-        finally:
-            self.coming -= 1
+        changes `coming`; the writer only reads it). One object for every request: it is on ingest's path."""
+        return self._announcement
 
     async def submit(self, fn: Callable[[Txn], Any], replies: Sequence[str] = ()) -> Any:
         """Queue fn for the thread; its result (or exception) once the thread answered."""

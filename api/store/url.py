@@ -76,8 +76,10 @@ def durable_params(params: Mapping[str, str], url: str) -> Durable:
     ttl = _number(params, "reply_ttl", float, None, f"{where}: reply_ttl must be a number of seconds")
     delay_rule = f"{where}: commit_delay must be an integer from 0 to {COMMIT_DELAY_MAX_US} (microseconds)"
     delay_us = _number(params, "commit_delay", int, COMMIT_DELAY_US, delay_rule)
-    if max_replies < 0 or (ttl is not None and not ttl >= 0):
-        raise ValueError(f"{where}: max_replies and reply_ttl must not be negative")
+    if max_replies < 0:
+        raise ValueError(f"{where}: max_replies must not be negative")
+    if ttl is not None and not ttl >= 0:
+        raise ValueError(f"{where}: reply_ttl must be a number of seconds, not negative")
     if not 0 <= delay_us <= COMMIT_DELAY_MAX_US:
         raise ValueError(delay_rule)
     return Durable(max_replies=max_replies, reply_ttl=ttl, commit_delay=delay_us / 1e6)

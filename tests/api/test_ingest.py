@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -10,6 +12,7 @@ import pytest
 
 from api.config.settings import Settings
 from api.http.app import create_app
+from tests import pg
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
@@ -195,3 +198,40 @@ async def test_token_limit_capacity_is_known_before_any_data() -> None:
         assert (await c.post("/scored_data", json=group(4, length=100, env_id=0))).status_code == 200
         capacity = (await c.get("/status-env", params={"env_id": 0})).json()["queue_capacity_groups"]
         assert capacity == (20_000 - 400) // 400
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def group_committing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+    """The stores whose writer commits in groups (the memory store commits on the event loop)."""
+    if request.param == "postgresql":
+        with pg.database() as name:
+            yield Settings(store=pg.url_of(name))
+        return
+    yield Settings(store=f"sqlite:///{tmp_path / 'rollbuf.db'}")
+
+
+async def test_a_request_is_announced_to_the_group_commit_while_its_transaction_runs(
+    group_committing: Settings,
+) -> None:
+    """`Service.ingest` tells the store a transaction is coming (`Store.expecting`), so a SQL store's writer
+    can wait for it (`api.store.jobs.next_group`): counted while its transaction runs, and no longer after."""
+    app = create_app(group_committing)
+    async with app.router.lifespan_context(app):
+        inner = app.state.service.store.inner  # behind the metrics' timing wrapper
+        lane = inner._lane if hasattr(inner, "_lane") else inner._writer
+        seen: list[int] = []
+        submit = lane.submit
+
+        async def recorded(*args: Any, **kwargs: Any) -> Any:
+            seen.append(lane.coming)
+            return await submit(*args, **kwargs)
+
+        lane.submit = recorded
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            await c.post("/register", json=registration())
+            await c.get("/batch")
+            env_id = (await c.post("/register-env", json=env())).json()["env_id"]
+            seen.clear()
+            assert (await c.post("/scored_data", json=group(env_id=env_id))).status_code == 200
+        assert seen and all(n == 1 for n in seen), seen
+        assert lane.coming == 0

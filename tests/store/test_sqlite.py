@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import pytest
 
 from api.store.base import ItemMeta, QueuedItem, Txn
 from api.store.sqlite import CHECKPOINT_EVERY, SqliteConfig, SqliteStore, parse_url
+from api.store.sqlite.config import PAGE_SIZE
 
 pytestmark = pytest.mark.anyio
 
@@ -207,3 +209,19 @@ async def test_values_and_ids_are_kept_across_transactions_until_another_process
         await a.transact(lambda t: t._db.set_trace_callback(None))  # type: ignore[attr-defined]
         await a.close()
         await b.close()
+
+
+async def test_a_new_file_gets_small_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    """New files use PAGE_SIZE (1 KiB: every commit rewrites the pages it touches, so smaller ones write less);
+    a file created with other pages keeps them, whatever the URL says (WAL mode fixes the size)."""
+    for name, query in (("new.db", ""), ("old.db", "?page_size=4096")):
+        store = SqliteStore(f"sqlite:///{tmp_path / name}{query}")
+        await store.transact(lambda t: t.set_value("k", "v"))
+        await store.close()
+    assert PAGE_SIZE == 1024
+    for name, expected in (("new.db", PAGE_SIZE), ("old.db", 4096)):
+        reopened = SqliteStore(f"sqlite:///{tmp_path / name}")  # the default asks for PAGE_SIZE
+        assert await reopened.transact(lambda t: t.get_value("k")) == "v"
+        await reopened.close()
+        with sqlite3.connect(tmp_path / name) as db:
+            assert db.execute("PRAGMA page_size").fetchone()[0] == expected, name

@@ -11,6 +11,7 @@ from api.store.sqlite import parse_url as sqlite_url
 from api.store.url import (
     COMMIT_DELAY_MAX_US,
     COMMIT_DELAY_US,
+    DURABLE_PARAMS,
     MAX_REPLIES,
     Durable,
     durable_params,
@@ -48,8 +49,10 @@ def test_durable_parameters_parse_alike_on_every_backend() -> None:
            {"commit_delay": "-1"}, {"commit_delay": "0.5"}, {"commit_delay": ""},
            {"commit_delay": str(COMMIT_DELAY_MAX_US + 1)})  # fmt: skip
     for params in bad:
-        with pytest.raises(ValueError):
+        [name] = params
+        with pytest.raises(ValueError, match=f": {name} must") as raised:  # the parameter at fault, alone
             durable_params(params, "x://")
+        assert not (DURABLE_PARAMS - {name}) & set(str(raised.value).replace(",", " ").split()), raised.value
     query = "max_replies=7&reply_ttl=60&commit_delay=1500"
     for config in (sqlite_url(f"sqlite:///x.db?{query}"), postgres_url(f"postgresql://h/db?{query}")):
         assert (config.max_replies, config.reply_ttl, config.commit_delay) == (7, 60.0, 0.0015)
