@@ -1,6 +1,7 @@
 """When a worker process is replaced by a fresh one: after a MemoryError (its heap is suspect: the next
 group would fail the same way), after `max_groups` groups, or above `max_rss_bytes` of resident memory
-(environments that leak). Pure: the worker passes its counts, the pool acts on the reason."""
+(environments that leak). Pure: the pool counts the groups it places on a worker (`spent`), the worker reports
+what it sees of itself (`reason`), the pool acts on both."""
 
 from __future__ import annotations
 
@@ -28,12 +29,16 @@ class RecyclePolicy:
         if self.max_rss_bytes is not None and self.max_rss_bytes < 1:
             raise ValueError(f"RecyclePolicy max_rss_bytes (max_worker_rss_bytes) must be > 0: {self.max_rss_bytes}")
 
-    def reason(self, groups_done: int, rss_bytes: int | None, memory_error: bool = False) -> str | None:
-        """Why a worker that has run `groups_done` groups and holds `rss_bytes` must be replaced, or None."""
+    def spent(self, placed: int) -> bool:
+        """Whether a worker given `placed` groups (or rollouts run alone) takes no more. The pool counts them as
+        it places them: a worker that counted the groups it finished took up to `max_in_flight - 1` more
+        before it said so, and how many depended on timing."""
+        return self.max_groups is not None and placed >= self.max_groups
+
+    def reason(self, rss_bytes: int | None, memory_error: bool = False) -> str | None:
+        """Why a worker that holds `rss_bytes` (or just hit a MemoryError) must be replaced, or None."""
         if memory_error:
             return MEMORY_ERROR
-        if self.max_groups is not None and groups_done >= self.max_groups:
-            return MAX_GROUPS
         if self.max_rss_bytes is not None and rss_bytes is not None and rss_bytes > self.max_rss_bytes:
             return RSS
         return None

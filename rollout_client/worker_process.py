@@ -110,7 +110,6 @@ async def _serve(
     gate = Gate()
     jobs: dict[int, asyncio.Task[None]] = {}
     dropped: dict[int, str] = {}
-    done = 0
     retiring = False
 
     def send(msg: tuple[Any, ...]) -> None:
@@ -140,7 +139,6 @@ async def _serve(
             send(("retire", reason))
 
     async def run(job: int, env_index: int, task: Task, key: str, index: int | None = None) -> None:
-        nonlocal done
         outcome: GroupOutcome | Rollout
         try:
             if index is None:
@@ -161,7 +159,6 @@ async def _serve(
             send(("error", job, portable(exited(exc))))
         else:
             jobs.pop(job, None)
-            done += 1
             try:
                 if size(outcome) >= LARGE_GROUP_TOKENS:
                     await channel.send_large(("done", job, outcome))  # pickled off the loop
@@ -169,7 +166,7 @@ async def _serve(
                     channel.send(("done", job, outcome))
             except ChannelClosed:
                 pass
-            if reason := recycle.reason(done, rss_bytes()):
+            if reason := recycle.reason(rss_bytes()):
                 retire(reason)
         finally:
             jobs.pop(job, None)

@@ -7,15 +7,14 @@ index) (one rollout of a group whose env scores each rollout alone), ("cancel", 
 timeout), ("resume",), ("stop",). Worker to parent: ("ready",) once its policy is built and its envs'
 `worker_setup` entered, ("fatal", exception) when they cannot be (then it exits), ("ended", job) when one
 rollout of a group ends (its slot is free), ("done", job, GroupOutcome | Rollout), ("error", job, exception),
-("dropped", job, reason),
-("cancelled", job), ("paused", token, drained), ("inference", reachable) when its policy's circuit breaker
-changes, ("retire", reason) when it must be replaced (`recycling.RecyclePolicy`: a MemoryError, N groups,
-an RSS cap). A worker being replaced gets no new group; after a MemoryError it is killed at once (its
-groups run again elsewhere), otherwise it finishes what it holds and stops. A worker exits on "stop" or when
-the channel closes, which is also what happens when its parent dies: no orphans; either way it cancels its
-groups and exits its envs' `worker_setup` (bounded by `release_timeout`) before it closes its policy. It
-ignores SIGINT and SIGTERM (a Ctrl-C or a `kill` of the process group reaches the runner too, which stops
-its workers in order).
+("dropped", job, reason), ("cancelled", job), ("paused", token, drained), ("inference", reachable) when its
+policy's circuit breaker changes, ("retire", reason) when it must be replaced (`recycling.RecyclePolicy`: a
+MemoryError, an RSS cap; the pool itself retires a worker once it placed `max_groups` groups on it). A worker
+being replaced gets no new group; after a MemoryError it is killed at once (its groups run again elsewhere),
+otherwise it finishes what it holds and stops. A worker exits on "stop" or when the channel closes, which is
+also what happens when its parent dies: no orphans; either way it cancels its groups and exits its envs'
+`worker_setup` (bounded by `release_timeout`) before it closes its policy. It ignores SIGINT and SIGTERM (a
+Ctrl-C or a `kill` of the process group reaches the runner too, which stops its workers in order).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from rollout_client.env import Environment, Task
 from rollout_client.errors import GroupDropped, WorkerDied
 from rollout_client.group import GroupOutcome, Limits, Rollout
 from rollout_client.ipc import Channel, ChannelClosed
-from rollout_client.recycling import MEMORY_ERROR, RecyclePolicy
+from rollout_client.recycling import MAX_GROUPS, MEMORY_ERROR, RecyclePolicy
 from rollout_client.worker_process import CANCEL_GRACE_S, PolicySpec, ignoring_stop_signals, worker_main
 
 log = logging.getLogger("rollout_client.workers")
@@ -63,6 +62,8 @@ class _Worker:
     jobs: dict[int, int] = field(default_factory=dict)
     """Job id -> rollouts of it still running (its group size, less the rollouts that ended; 1 for a rollout
     run on its own): how busy this worker is."""
+    placed: int = 0
+    """Groups (and rollouts run alone) placed on it: `RecyclePolicy.spent` retires it at `max_groups`."""
     retiring: str | None = None
     """Why it is being replaced (it gets no new group), or None."""
     fatal: BaseException | None = None
@@ -117,6 +118,7 @@ class WorkerPool:
     ) -> None:
         self._ctx = multiprocessing.get_context("spawn")
         self._args = (list(envs), policy, limits, recycle)
+        self._recycle = recycle
         self._envs = list(envs)
         self._n = n
         self.workers: list[_Worker] = []
@@ -336,7 +338,7 @@ class WorkerPool:
     async def _job(
         self, what: tuple[Any, ...], env_index: int, key: str, on_rollout_end: Callable[[], None] | None
     ) -> Any:
-        while not (ready := [w for w in self.workers if not w.retiring]):
+        while not (ready := [w for w in self.workers if not (w.retiring or self._recycle.spent(w.placed))]):
             if self.failed is not None:
                 raise self.failed
             if self.closing:
@@ -356,6 +358,9 @@ class WorkerPool:
         worker.jobs[job] = self._envs[env_index].group_size if what[0] == "run" else 1
         self._keys.setdefault(key, set()).add(job)
         self._placed.setdefault(key, []).append(worker)
+        worker.placed += 1
+        if self._recycle.spent(worker.placed):  # it takes no more from now (above); its replacement starts
+            self._in_background(self.retire(worker, MAX_GROUPS))
         if on_rollout_end is not None:
             self._ended[job] = on_rollout_end
         try:

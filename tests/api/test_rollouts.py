@@ -81,7 +81,7 @@ async def test_a_lapsed_holders_missing_slots_go_to_a_sibling_and_the_first_is_k
         await start(c)
         await opened(c, "g2", task="prompt")
         await post(c, rollout("g2", 0))
-        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 8})).json()["leases"]
+        leases = await leased(c, "p2", 8)  # once the holder's lease (1 ms) lapsed
         assert sorted(x["slot"] for x in leases) == [1, 2, 3] and leases[0]["task"] == "prompt"
         beat = (await c.post("/rollouts/heartbeat", json={"producer_id": "p2", "group_ids": ["g2", "nope"]})).json()
         assert beat["expires_at"]["nope"] is None and beat["expires_at"]["g2"] is not None
@@ -98,11 +98,12 @@ async def test_a_lapsed_holders_missing_slots_go_to_a_sibling_and_the_first_is_k
 async def test_a_deadline_seals_what_is_in_or_expires_the_group(settings: Settings) -> None:
     async with serving(settings) as c:
         await start(c, variable_group_size=True)
-        await opened(c, "g3", min_group_size=2, deadline_s=0.001)
-        await opened(c, "g4", min_group_size=2, deadline_s=0.001)
+        g3 = await opened(c, "g3", min_group_size=2, deadline_s=0.001)
+        g4 = await opened(c, "g4", min_group_size=2, deadline_s=0.001)
         await post(c, rollout("g3", 0))
         await post(c, rollout("g3", 2))
         await post(c, rollout("g4", 0))
+        await past(max(g3["deadline"], g4["deadline"]))
         assert (await c.post("/rollouts/lease", json={"producer_id": "p9"})).status_code == 200  # sweeps
         g3 = (await c.get("/rollouts/group", params={"group_id": "g3"})).json()
         assert g3["state"] == "sealed" and g3["left_out"] == {"1": "not_done_by_deadline", "3": "not_done_by_deadline"}
@@ -129,6 +130,12 @@ async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(setting
         assert sorted(batch[0]["scores"]) == [0.0, 0.25, 0.5, 0.75]
         assert (await c.post("/rollouts/open", json=g6)).status_code == 200
         await post(c, {**rollout("nope", 0)}, 404)
+
+
+async def past(at: float) -> None:
+    """Return once the clock the server reads is past `at` (a deadline or lease end it gave), polled."""
+    while time.time() <= at:
+        await asyncio.sleep(0.001)
 
 
 async def leased(c: httpx.AsyncClient, producer: str, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -186,7 +193,7 @@ async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opene
         assert "rollbuf_rollout_open_slots" not in (await c.get("/metrics")).text
         await opened(c, "g9")
         await post(c, rollout("g9", 0))
-        leases = (await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 2})).json()["leases"]
+        leases = await leased(c, "p2", 2)  # once the holder's lease (1 ms) lapsed
         assert len(leases) == 2
         block = {"open": 1, "slots_done": 1, "slots_leased": 2, "redispatched": 2, "sealed": 0, "expired": 0}
         assert (await c.get("/status")).json()["rollouts"] == block
@@ -345,8 +352,9 @@ async def test_a_sibling_lease_can_be_asked_for_of_named_envs_only(settings: Set
     async with serving(settings, rollout_lease_s=0.001) as c:
         await start(c)
         assert (await c.post("/register-env", json=env(name="code"))).status_code == 200  # env 1
-        await opened(c, "m1", env_id=0)
-        await opened(c, "c1", env_id=1)
+        m1 = await opened(c, "m1", env_id=0)
+        c1 = await opened(c, "c1", env_id=1)
+        await past(max(m1["expires_at"], c1["expires_at"]))
 
         async def lease(**extra: Any) -> list[tuple[str, int]]:
             reply = await c.post("/rollouts/lease", json={"producer_id": "p2", "n": 2, **extra})
