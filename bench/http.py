@@ -52,6 +52,13 @@ def cpu_seconds(pid: int) -> float:
     return total / _TICK
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of a process, its live children and its reaped ones: memory it touched for the first
+    time (or again after giving it back to the kernel), which a VM charges for."""
+    fields = _stat(pid)
+    return int(fields[7]) + int(fields[8]) + sum(int(f[7]) for _, f in children(pid))
+
+
 MSGPACK_TRANSPORT = "bench.harness_msgpack:MsgpackTransport"
 GZIP_TRANSPORT = "json-gzip"
 """The harness's stock Atropos client: gzip-9 request bodies, gzip accepted on /batch."""

@@ -55,7 +55,7 @@ import numpy as np
 
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from bench import pg
-from bench.http import children, cpu_seconds
+from bench.http import children, cpu_seconds, minor_faults
 from bench.servers import ROOT, Target, ceiling, keeping_sink, rollbuf, serve
 
 CLIENTS = 8
@@ -169,9 +169,10 @@ def measure(target: Target, w: Workload, seconds: float, db_dir: Path | None) ->
     asyncio.run(_load(port, reqs, 60, limit=CLIENTS * 4))  # warm-up: connections, caches, the run state
     io0 = _written(target.pid)
     busy0, own0 = _machine_busy(), time.process_time()
-    cpu0, t0 = cpu_seconds(target.pid), time.perf_counter()
+    faults0, cpu0, t0 = minor_faults(target.pid), cpu_seconds(target.pid), time.perf_counter()
     ok, bad, size, lat = asyncio.run(_load(port, reqs, seconds))
     wall, cpu = time.perf_counter() - t0, cpu_seconds(target.pid) - cpu0
+    faults = minor_faults(target.pid) - faults0
     client = time.process_time() - own0
     busy = [b - a for a, b in zip(busy0, _machine_busy(), strict=True)]
     groups = ok * w.per_request
@@ -184,6 +185,7 @@ def measure(target: Target, w: Workload, seconds: float, db_dir: Path | None) ->
         "MB_per_s": round(size / wall / 1e6, 1),
         "server_cpu_ms_per_group": round(cpu * 1e3 / groups, 4) if groups else None,
         "server_cpu_ms_per_MB": round(cpu * 1e3 / (size / 1e6), 2) if size else None,
+        "page_faults_per_group": round(faults / groups, 1) if groups else None,
         "p50_ms": round(statistics.median(lat) * 1e3, 2) if lat else None,
         "server_cores": round(cpu / wall, 2),
         "client_cores": round(client / wall, 2),
@@ -337,7 +339,8 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         row = {"side": side, "checkout": checkout, "workload": wl, "rounds": len(got)}
         for field in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "server_cpu_ms_per_MB", "p50_ms",
-                      "server_cores", "client_cores", "machine_busy", "write_amplification"):  # fmt: skip
+                      "server_cores", "client_cores", "machine_busy", "write_amplification",
+                      "page_faults_per_group"):  # fmt: skip
             row[field] = med(field)
         if side == "sink" and row["server_cpu_ms_per_group"]:
             sink[wl] = row["server_cpu_ms_per_group"]
@@ -355,14 +358,14 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def report(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'side':11} {'checkout':8} {'workload':8} {'groups/s':>9} {'MB/s':>7} {'CPU ms/group':>12} "
              f"{'x sink':>6} {'CPU ms/MB':>9} {'p50 ms':>7} {'server':>6} {'client':>6} {'busy':>5} "
-             f"{'write amp':>9}"]  # fmt: skip
+             f"{'write amp':>9} {'faults':>6}"]  # fmt: skip
     for r in rows:
         cells = [r.get(f) for f in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "cpu_x_sink",
                                     "server_cpu_ms_per_MB", "p50_ms", "server_cores", "client_cores",
-                                    "machine_busy", "write_amplification")]  # fmt: skip
-        g, mb, cpu, x, permb, p50, sc, cc, busy, wa = ("-" if c is None else c for c in cells)
+                                    "machine_busy", "write_amplification", "page_faults_per_group")]  # fmt: skip
+        g, mb, cpu, x, permb, p50, sc, cc, busy, wa, pf = ("-" if c is None else c for c in cells)
         lines.append(f"{r['side']:11} {r['checkout']:8} {r['workload']:8} {g:>9} {mb:>7} {cpu:>12} {x:>6} "
-                     f"{permb:>9} {p50:>7} {sc:>6} {cc:>6} {busy:>5} {wa:>9}")  # fmt: skip
+                     f"{permb:>9} {p50:>7} {sc:>6} {cc:>6} {busy:>5} {wa:>9} {pf:>6}")  # fmt: skip
     return "\n".join(lines)
 
 

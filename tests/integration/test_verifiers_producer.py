@@ -38,6 +38,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 RUN_S = 150.0
 """Bound on one run (a harness `uv` set-up per process, then a few seconds a group): a hang fails, never stalls."""
 G = 4
+POOLS = pytest.mark.xdist_group("verifiers_pool")
+"""On one worker, one after another: each pool starts 2-4 processes that import transformers, and each rollout is
+a harness subprocess; two such tests at once on a 2-core machine beside the rest ran past `RUN_S`."""
 
 
 @pytest.fixture
@@ -85,6 +88,7 @@ def check_group(group: dict[str, Any], word: str) -> None:
     assert "left_out" not in (group["group_overrides"] or {})
 
 
+@POOLS
 @pytest.mark.parametrize("workers", [0, 2], ids=["in_process", "serve_env_pool"])
 async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, workers: int) -> None:
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
@@ -118,6 +122,7 @@ SYNCS = 20
 """Weight syncs the pool producer follows (issue 37: "across 20 syncs", in process and through verifiers' pool)."""
 
 
+@POOLS
 async def test_through_the_pool_groups_carry_the_weights_that_generated_them_across_20_syncs(
     tmp_path: Path, offline: Path
 ) -> None:
@@ -278,6 +283,7 @@ def pool_workers(broker: int) -> set[int]:
     return {p for p in children(broker) or set() if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()}
 
 
+@POOLS
 async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_restarts(
     tmp_path: Path, offline: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -315,11 +321,14 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
     assert stats.accepted >= 1 and dict(stats.failed["verifiers"]) == {"pool_worker_died": 1}
 
 
+@POOLS
 def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline: Path) -> None:
-    """docs/bring-your-environment.md's verifiers producer (section 2), as written but for its two addresses and
-    the model (the stand-in's tokenizer directory), run as a script beside the page's taskset module: with
-    `workers=4` verifiers' pool spawns workers that import the script again, which only its `__main__` guard
-    makes work (issue 36: it failed as written). It produces groups until stopped."""
+    """docs/bring-your-environment.md's verifiers producer (section 2), as written but for its two addresses, the
+    model (the stand-in's tokenizer directory) and one group in flight rather than eight (each rollout is a
+    harness subprocess: 64 at once took this 2-core machine 125 s alone, past `RUN_S` beside other tests), run as
+    a script beside the page's taskset module: with `workers=4` verifiers' pool spawns workers that import the
+    script again, which only its `__main__` guard makes work (issue 36: it failed as written). It produces groups
+    until stopped."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "bring-your-environment.md").read_text()
     section = page.split("## 2. A verifiers environment", 1)[1]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
@@ -327,8 +336,9 @@ def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline
     (tmp_path / "my_taskset.py").write_text(taskset)
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
+        assert "max_in_flight=64" in blocks[0], "the page's in-flight bound changed: change it here too"
         script = (blocks[0].replace("http://127.0.0.1:9000", vllm.url).replace("http://127.0.0.1:8000", server.url)
-                  .replace("Qwen/Qwen3-0.6B", str(offline)))  # fmt: skip
+                  .replace("Qwen/Qwen3-0.6B", str(offline)).replace("max_in_flight=64", "max_in_flight=8"))  # fmt: skip
         (tmp_path / "produce.py").write_text(script)
         env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ['PYTHONPATH']}"}
         with (tmp_path / "produce.log").open("wb") as log:
