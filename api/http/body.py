@@ -37,6 +37,10 @@ INLINE_GZIP = 64 << 10
 INLINE_PARSE = 1 << 20
 """Bodies up to this size are parsed and validated on the event loop (a thread hop costs more than a
 group); larger ones in a thread, so that a 30 MB list does not hold up the requests behind it."""
+JOIN_UP_TO = 1 << 20
+"""Bodies up to this size are received as their chunks, joined once at the end (a body of one chunk is not
+copied at all): appending each chunk to one buffer re-copied a 262 KB body as the buffer grew, 46 against 9 us.
+A larger body grows one buffer in place, as joining would hold it twice at the end."""
 _BODY_WORK = anyio.CapacityLimiter(max(2, os.cpu_count() or 2))
 """Large bodies decoded at once: bounds the memory of concurrent bombs to this many times the limit."""
 
@@ -51,8 +55,8 @@ async def off_loop(size: int, inline_up_to: int, fn: Callable[..., T], *args: An
 async def read_body(
     request: Request, *, max_bytes: int, max_decompressed: int, hold: Hold | None = None
 ) -> bytes | bytearray:
-    """The request body, gunzipped when sent with Content-Encoding: gzip, within both limits: received into one
-    buffer (joining its chunks would hold it twice).
+    """The request body, gunzipped when sent with Content-Encoding: gzip, within both limits (`JOIN_UP_TO`: how
+    it is received).
 
     Its bytes, as received and as inflated, are taken from `hold` (the process's budget across requests) as
     they arrive: past the budget, 503 (`Busy`). A declared Content-Length reserves at most the budget's
@@ -65,15 +69,28 @@ async def read_body(
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes}")
     taken = min(expected, hold.budget.reserve) if expected is not None else 0
     hold.take(taken)
-    body = bytearray()
+    chunks: list[bytes] | None = []
+    grown = bytearray()
+    size = 0
     async for chunk in request.stream():
-        size = len(body) + len(chunk)
+        size += len(chunk)
         if size > max_bytes:
             raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
         if size > taken:
             hold.take(size - taken)
             taken = size
-        body += chunk
+        if chunks is None:
+            grown += chunk
+        elif not chunk:  # Starlette ends the stream with b"": a join of it and one chunk would copy that chunk
+            continue
+        elif size <= JOIN_UP_TO:
+            chunks.append(chunk)
+        else:  # too large to be held twice while joined: on in one buffer
+            for held in chunks:
+                grown += held
+            grown += chunk
+            chunks = None
+    body = grown if chunks is None else b"".join(chunks)
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return body

@@ -59,9 +59,10 @@ def check_body(
     """A /scored_data body (one record) or /scored_data_list body (an array of them), every group checked;
     errors are located in the request (`["body", i, field]` in a list)."""
     try:
-        # Views: a record is copied once, into its payload. One record is framed by its own decoding (a walk
+        # A list's records are views, each copied once, into its payload; a lone record is the body itself,
+        # stored as it came when it is in the stored form. One record is framed by its own decoding (a walk
         # over the list's framing would feed the whole body to an Unpacker: a copy and a parse more).
-        parts = split_records(memoryview(raw), array=True) if many else [memoryview(raw)]
+        parts = split_records(memoryview(raw), array=True) if many else [raw]
     except ValueError as exc:
         raise InvalidData(("body",), str(exc)) from None
     groups = []
@@ -156,11 +157,12 @@ def _stamped(raw: Buffer, step: int) -> bytes | None:
     """A record in the stored form but for a nil `policy_step` (Atropos handlers send none), with the step
     written in: a splice, not a re-encoding of the whole group. Its keys are in `RECORD_KEYS` order, so the
     first match is the key itself, within the first bytes (only `v` and `env_id`, two ints, come before it)."""
-    at = bytes(raw[:64]).find(_NIL_STEP)
+    view = memoryview(raw)  # slices of a view: the join is the one copy
+    at = bytes(view[:64]).find(_NIL_STEP)
     if at < 0:
         return None
     cut = at + len(_NIL_STEP) - 1
-    return b"".join((raw[:cut], msgpack.packb(step), raw[cut + 1 :]))
+    return b"".join((view[:cut], msgpack.packb(step), view[cut + 1 :]))
 
 
 def _float_field(m: dict[str, Any], name: str, total: int, lengths: np.ndarray) -> np.ndarray:

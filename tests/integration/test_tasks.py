@@ -36,6 +36,10 @@ TASKS = 16
 EPOCHS = 2
 STEPS = TASKS * EPOCHS // 4
 """The trainer's batches hold 8 sequences: four groups of the producers' two."""
+TRAIN_S = 0.25
+"""A training step's time: the trainer's last steps outlast the test's look at the run (a GET that a loaded
+server answers slowly), so its second kill comes before it is done. At 0.05 s a restarted trainer that read
+ahead over groups made while it was down finished between two looks, once in a fresh-clone CI."""
 EXTRA = ("--task-lease-s", "12", "--ledger-max-groups", "100000")
 """The lease outlasts a server's restart (several seconds under load): a producer cut off for longer than its
 lease, whose task another producer leased meanwhile, makes two groups for one task, both trained (the documented
@@ -56,7 +60,7 @@ def get(servers: list[ServerProcess], path: str, **params: Any) -> Any:
 
 def trainer(url: str, commit_url: str, checkpoint: Path, log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "tests.resuming_trainer", url, str(checkpoint), str(STEPS), "--commit-url",
-           commit_url, "--train-s", "0.05"]  # fmt: skip
+           commit_url, "--train-s", str(TRAIN_S)]  # fmt: skip
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,17 +1,21 @@
-"""gunzip of request bodies: exact output, linear work, bytes taken from the body budget, and a 4xx for every
-way a gzip body can be wrong."""
+"""Request bodies: received whole (joined or grown), gunzipped with exact output and linear work, bytes taken
+from the body budget, and a 4xx for every way a body can be wrong."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import random
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.requests import Request
 
+import api.http.body
 from api.errors import BadEncoding, PayloadTooLarge
-from api.http.body import MAX_GZIP_MEMBERS, gunzip
+from api.http.body import MAX_GZIP_MEMBERS, gunzip, read_body
 from api.http.inflight import BodyBudget, Busy
 
 
@@ -105,3 +109,35 @@ def test_inflated_bytes_are_taken_from_the_hold() -> None:
         gunzip(gzip.compress(b"y" * 1000), limit=10**6, hold=hold)
     hold.release()
     assert budget.held == 0
+
+
+def _request(chunks: list[bytes]) -> Request:
+    """A request whose body arrives as these ASGI messages, one per chunk."""
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    feed = iter(messages or [{"type": "http.request", "body": b"", "more_body": False}])
+
+    async def receive() -> dict[str, object]:
+        return next(feed)
+
+    return Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=8), st.integers(0, 200))
+def test_a_body_is_received_whole_whether_joined_or_grown(chunks: list[bytes], join_up_to: int) -> None:
+    """Up to `JOIN_UP_TO` the chunks are joined once at the end; past it they go on in one growing buffer, the
+    chunks held so far first. Either way the body is every byte in order, each taken from the budget once."""
+    budget = BodyBudget(limit=10**6)
+    hold = budget.hold()
+    with patch.object(api.http.body, "JOIN_UP_TO", join_up_to):
+        body = asyncio.run(read_body(_request(chunks), max_bytes=10**6, max_decompressed=10**6, hold=hold))
+    whole = b"".join(chunks)
+    assert body == whole and budget.held == len(whole)
+    assert isinstance(body, bytes if len(whole) <= join_up_to else bytearray)
+    if len(chunks) == 1:
+        assert body is chunks[0] or len(whole) > join_up_to, "a body of one chunk is not copied"
+
+
+def test_a_body_past_the_limit_is_refused_as_it_arrives() -> None:
+    with pytest.raises(PayloadTooLarge, match="exceeds the limit of 50 bytes"):
+        asyncio.run(read_body(_request([b"x" * 30, b"y" * 30]), max_bytes=50, max_decompressed=50))
