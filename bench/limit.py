@@ -15,7 +15,8 @@ The client is a bare asyncio HTTP/1.1 keep-alive loop (8 connections) over 64 pr
 each sent under a fresh group id, so it costs little beside the server on 2 cores. Each row also gives the cores
 the server and the client used, and the share of the whole machine busy (`/proc/stat`): near 1, the run is
 at the machine's CPU limit. Server CPU per group (user + system of the server process, from /proc,
-around the measured requests) is the steady figure on a shared machine; groups/s and MB/s are given too.
+around the measured requests) is the steady figure on a shared machine; groups/s and MB/s are given too, and
+the server's minor page faults per group (memory touched afresh: what holding bytes costs on a VM).
 With `--base DIR` (another checkout, e.g. `git worktree add /tmp/base <rev>`) each rollbuf side runs from
 there as well, in turns with this checkout, fresh server each round, so before/after come from one run.
 
