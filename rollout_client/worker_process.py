@@ -134,7 +134,7 @@ async def _serve(
 
     def retire(reason: str) -> None:
         nonlocal retiring
-        if not retiring:
+        if not retiring or reason == MEMORY_ERROR:  # the group that hit it never answers: the parent must kill
             retiring = True
             send(("retire", reason))
 

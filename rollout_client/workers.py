@@ -262,18 +262,30 @@ class WorkerPool:
 
     async def retire(self, worker: _Worker, reason: str, *, now: bool = False) -> None:
         """Replace `worker` (counted in `recycled[reason]`): it gets no new group; `now` kills it at once (its
-        groups run again elsewhere), else it stops once its groups are done."""
-        if worker.retiring or worker not in self.workers or self.closing:
+        groups run again elsewhere), else it stops once its groups are done. A worker already being replaced
+        (finishing its last groups) is killed when `now`: a MemoryError or a stuck group on it never answers."""
+        if worker not in self.workers or self.closing:
+            return
+        if worker.retiring:
+            if now:
+                log.warning("killing rollout worker pid %s, being replaced (%s), at once (%s)", worker.process.pid,
+                            worker.retiring, reason)  # fmt: skip
+                self._kill(worker)
             return
         worker.retiring = reason
         self.recycled[reason] += 1
         log.warning("replacing rollout worker pid %s (%s)", worker.process.pid, reason)
-        if now and worker.process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(worker.process.pid, signal.SIGKILL)
+        if now:
+            self._kill(worker)
         elif not worker.jobs:
             self._stop_worker(worker)
         await self._spawn()
+
+    @staticmethod
+    def _kill(worker: _Worker) -> None:
+        if worker.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.process.pid, signal.SIGKILL)
 
     def placed(self, key: str) -> list[_Worker]:
         """The workers the group `key` (or one of its rollouts) was placed on, still running, until `forget`."""

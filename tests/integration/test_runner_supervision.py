@@ -279,6 +279,20 @@ async def test_workers_are_recycled_after_n_groups(tmp_path: Path) -> None:
         assert runner.pool is not None and runner.pool.spawned == 3
 
 
+async def test_a_worker_being_recycled_that_runs_out_of_memory_is_killed_and_its_group_runs_again(
+    tmp_path: Path,
+) -> None:
+    """A worker that took its `max_groups` is being replaced while it finishes them; a MemoryError in one of them
+    (which never answers) still kills it at once, and the group runs again on its replacement: no hang."""
+    with running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=8)
+        runner = RolloutRunner(server.url, [(Leaky(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
+                               max_in_flight=4, num_workers=1, recycle=RecyclePolicy(max_groups=4))  # fmt: skip
+        stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
+        assert not stats.failed and stats.accepted == 10 and stats.worker_deaths == 0
+        assert stats.workers_recycled["max_groups"] >= 1
+
+
 # ------------------------------------------------------------------------------------------- 6. exit()
 
 EXITING = """
