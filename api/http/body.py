@@ -85,10 +85,8 @@ async def read_body(
             continue
         elif size <= JOIN_UP_TO:
             chunks.append(chunk)
-        else:  # too large to be held twice while joined: on in one buffer
-            for held in chunks:
-                grown += held
-            grown += chunk
+        else:  # too large to be held twice while joined: on in one buffer, from what came so far
+            grown = bytearray().join((*chunks, chunk))
             chunks = None
     body = grown if chunks is None else b"".join(chunks)
     encoding = request.headers.get("content-encoding", "").strip().lower()

@@ -92,6 +92,18 @@ def test_body_errors_are_located_in_the_request() -> None:
     )
 
 
+def test_a_lone_canonical_record_is_stored_as_the_body_it_came_in() -> None:
+    """/scored_data's body in the stored form is the payload itself, not a copy of it; a list's records are
+    copied out of theirs, and a bytearray body (one grown past `JOIN_UP_TO`) is copied into immutable bytes."""
+    raw = encode_submission(**group(4, env_id=0), policy_step=0)
+    [one] = check_body(raw, many=False, env_ids={0}, current_step=0, limits=LIMITS)
+    assert one.passthrough and one.payload is raw
+    [grown] = check_body(bytearray(raw), many=False, env_ids={0}, current_step=0, limits=LIMITS)
+    assert type(grown.payload) is bytes and grown.payload == raw
+    [listed] = check_body(encode_submission_list([raw]), many=True, env_ids={0}, current_step=0, limits=LIMITS)
+    assert listed.payload == raw and listed.payload is not raw
+
+
 def test_arrays_are_views_on_the_sent_bytes_with_the_wire_dtypes() -> None:
     rec = check(encode_submission(**group(2, length=4, env_id=0))).record
     assert (rec.tokens.dtype, rec.masks.dtype, rec.scores.dtype) == (np.dtype("<i4"), np.dtype("<i4"), np.dtype("<f8"))
