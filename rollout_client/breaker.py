@@ -3,9 +3,11 @@
 Pure bookkeeping (the caller passes the time), apart from the policy's HTTP and the runner's dispatch, so
 that it can be tested alone. A connection failure opens the breaker (the runner holds dispatch: new groups
 would only fail), a success closes it. One outage is one transition from reachable to unreachable; a
-failure within `debounce_s` of the breaker closing belongs to the outage that just ended (requests sent
-before the server came back report late, and under load they report very late), so a restart is never
-counted twice.
+request sent before the breaker last closed tells nothing of the server now: its failure is stale and
+changes nothing, however late it reports (under load, requests caught by a restart reported more than 5 s
+after the server was reached again). A failure within `debounce_s` of the breaker closing belongs to the
+outage that just ended, for callers that cannot say when their request left (a worker pool's relayed
+state), so a restart is never counted twice.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ class Breaker:
     """When the current outage began (None while reachable)."""
     _closed_at: float | None = field(default=None, repr=False)
 
-    def failure(self, now: float) -> bool:
-        """A connection failure at `now`; True if the breaker opened on it (it was closed)."""
-        if not self.closed:
+    def failure(self, now: float, sent: float | None = None) -> bool:
+        """A connection failure at `now` of a request sent at `sent` (None: unknown); True if the breaker opened
+        on it (it was closed, and the request left after it last closed)."""
+        if not self.closed or self.stale(sent):
             return False
         self.closed = False
         recent = self._closed_at is not None and now - self._closed_at < self.debounce_s
@@ -40,6 +43,10 @@ class Breaker:
         elif self.down_since is None:
             self.down_since = now
         return True
+
+    def stale(self, sent: float | None) -> bool:
+        """Whether a request sent at `sent` left before the breaker last closed (its outcome is the old state's)."""
+        return sent is not None and self._closed_at is not None and sent < self._closed_at
 
     def success(self, now: float) -> bool:
         """A reply at `now`; True if the breaker closed on it (it was open)."""

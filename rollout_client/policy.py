@@ -236,10 +236,10 @@ class OpenAIPolicy:
             if self.on_reachability is not None:
                 self.on_reachability(True)
 
-    def _unreachable(self, exc: BaseException) -> None:
-        if self.breaker.failure(time.monotonic()):
-            log.warning("inference server %s unreachable (%s): holding new groups until it answers",
-                        self._http.base_url, exc)  # fmt: skip
+    def _unreachable(self, exc: BaseException, sent: float) -> None:
+        if self.breaker.failure(time.monotonic(), sent):
+            log.warning("inference server %s unreachable (%s: %s): holding new groups until it answers",
+                        self._http.base_url, type(exc).__name__, exc)  # fmt: skip
             if self.on_reachability is not None:
                 self.on_reachability(False)
             if self._probe is None or self._probe.done():
@@ -262,10 +262,11 @@ class OpenAIPolicy:
             self._reached()
 
     async def _post_once(self, path: str, body: dict[str, Any]) -> Any:
+        sent = time.monotonic()
         try:
             r = await self._http.post(path, json=body)
         except httpx.TransportError as exc:
-            self._unreachable(exc)
+            self._unreachable(exc, sent)
             raise InferenceError(f"POST {path}: {type(exc).__name__}: {exc}", transport=True) from exc
         self._reached()
         if r.status_code >= 400:

@@ -54,7 +54,8 @@ def test_reconnects_when_the_server_dropped_an_idle_connection(client: httpx.Cli
 def test_errors_are_httpx_errors_the_retry_predicate_knows(client: httpx.Client) -> None:
     client.post("/register", json=registration(batch_size=8))
     with pytest.raises(httpx.ReadTimeout) as slow:
-        client.get("/batch", params={"step": 0, "wait": 30}, timeout=httpx.Timeout(5.0, read=0.2))
+        # the server holds the poll it can no longer answer until its wait ends: 2 s, not 30, of the fixture's stop
+        client.get("/batch", params={"step": 0, "wait": 2}, timeout=httpx.Timeout(5.0, read=0.2))
     assert is_retryable(slow.value)
     with httpx.Client(transport=StdlibTransport()) as c, pytest.raises(httpx.ConnectError) as refused:
         c.get(f"http://127.0.0.1:{free_port()}/info")

@@ -51,3 +51,20 @@ def test_a_failure_after_the_debounce_is_a_new_outage() -> None:
 def test_a_negative_debounce_is_refused() -> None:
     with pytest.raises(ValueError):
         Breaker(debounce_s=-1.0)
+
+
+@given(st.floats(0.0, 100.0), st.floats(0.0, 1000.0))
+def test_a_request_sent_before_the_server_was_reached_again_never_opens_it(before: float, late: float) -> None:
+    """Its failure is the old outage's, however late it reports (under load: more than the debounce)."""
+    b = Breaker(debounce_s=5.0)
+    assert b.failure(100.0, sent=99.0)
+    assert b.success(200.0)
+    assert not b.failure(200.0 + late, sent=200.0 - before - 1e-6) and b.closed and b.outages == 1
+    assert b.stale(199.0) and not b.stale(200.0) and not b.stale(None)
+
+
+def test_a_request_sent_after_the_server_was_reached_again_opens_it() -> None:
+    b = Breaker(debounce_s=1.0)
+    assert b.failure(0.0, sent=0.0) and b.success(1.0)
+    assert b.failure(10.0, sent=9.0) and b.outages == 2 and not b.closed
+    assert not Breaker().stale(0.0), "nothing is stale before the breaker first closed"
