@@ -55,6 +55,10 @@ browser:
 # after, alone: beside the others they would take the database from under them. tests/README.md: "In parallel".
 TEST_WORKERS ?= 4
 
+# The suite starts hundreds of Python processes (servers, trainers, stand-ins, verifiers' harness scripts): with
+# PYTHONDONTWRITEBYTECODE set (some machines set it: this one does) each one compiled every
+# module it imported from source, 0.2-0.6 s of CPU a process. The tests write bytecode (ignored by git).
+test: export PYTHONDONTWRITEBYTECODE =
 test: install browser  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not pg_cluster"
 	$(BIN)/python -m pytest -m pg_cluster

@@ -113,6 +113,7 @@ def offline_environ(wheelhouse: Path = WHEELHOUSE) -> dict[str, str]:
     return {
         "UV_DEFAULT_INDEX": simple.resolve().as_uri(),
         "UV_PYTHON_DOWNLOADS": "never",
+        "UV_COMPILE_BYTECODE": "1",  # each rollout's harness process imports openai & co. (0.8 s of CPU, not 1.4)
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "PYTHONPATH": f"{ENVS_DIR}:{path}" if path else str(ENVS_DIR),
     }
