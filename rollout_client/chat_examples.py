@@ -324,6 +324,10 @@ def tool_call_text(fmt: str, name: str, arguments: dict[str, Any]) -> str:
     return "[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": arguments}])
 
 
+CUT_SHORT = 0.25
+"""The share of first attempts `chat_script` cuts short (by `stable_unit` of the prompt and seed)."""
+
+
 def chat_script(prompt: str, seed: int, fmt: str = "hermes", stop: str | None = None) -> str:
     """The scripted chat model: asks the calculator in the `fmt` family's tool-call format, then answers with
     its result. Deterministic per prompt and seed: a quarter of first attempts are cut short (a malformed call,
@@ -337,7 +341,7 @@ def chat_script(prompt: str, seed: int, fmt: str = "hermes", stop: str | None = 
     a, op, b = int(q.group(1)), q.group(2), int(q.group(3))
     r = stable_unit(prompt, seed)
     call = tool_call_text(fmt, "calculate", {"a": a, "op": op, "b": b if r < 0.8 else b + 1})
-    if r < 0.25 and "Error:" not in prompt:  # cut short: the JSON does not close
+    if r < CUT_SHORT and "Error:" not in prompt:  # cut short: the JSON does not close
         call = call.replace("}\n</tool_call>", "\n</tool_call>") if fmt == "hermes" else call[:-1]
     return f"Let me compute that. {call}{end}" if fmt != "llama3" else f"{call}{end}"
 

@@ -27,7 +27,8 @@ Chat mode, also set with /control: `chat` "hermes" | "llama3" | "mistral" makes 
 (`rollout_client.chat_examples.chat_script`) on `local_tokenizer()`'s ids (bytes, then special tokens from 256,
 decoded and encoded with `ByteChatCodec`), writing its tool calls in that family's format and ending each turn
 with `chat_stop` (default: the family's own end-of-turn token). GET /stats counts each answer's text under
-`answers`.
+`answers`. With `chat_cut_first` the first tool call it writes is cut short whatever the request's seed (the
+script cuts a quarter of first attempts by seed, and 16 rollouts then cut none once in 100 runs).
 
 It also serves a capped sandbox pool, as an environment server would (POST /sandbox/acquire, /release,
 /open, /close): `sandboxes` N is its capacity (default 8); with `sandbox_exhausted` true an acquire past it
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -63,7 +65,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollout_client.chat_examples import ByteChatCodec, chat_script
+from rollout_client.chat_examples import CUT_SHORT, ByteChatCodec, chat_script
 from rollout_client.examples import arithmetic_script
 from rollout_client.policy import stable_unit
 from tests.servers import READY_TIMEOUT_S, free_port
@@ -106,7 +108,7 @@ def create_app() -> Starlette:
                               "overlong_marker": None, "chat": None, "chat_stop": None,
                               "sandboxes": 8, "sandbox_exhausted": False, "sandbox_delay": 0.0,
                               "generate_echo": False, "generate_text": None, "weights": None,
-                              "latency": 0.0}  # fmt: skip
+                              "latency": 0.0, "chat_cut_first": False}  # fmt: skip
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     answers: Counter[str] = Counter()
@@ -152,6 +154,9 @@ def create_app() -> Starlette:
                        "completion). Please reduce the length of the messages or completion.")  # fmt: skip
             return JSONResponse({"object": "error", "message": message, "code": 400}, status_code=400)
         seed = body.get("seed") or 0
+        if chat and faults["chat_cut_first"] and not stats["chat_cut"]:
+            stats["chat_cut"] += 1  # the first request is a conversation's first turn: a seed that cuts its call
+            seed = next(s for s in itertools.count() if stable_unit(text, s) < CUT_SHORT)
         if chat:
             ids = ByteChatCodec.encode(chat_script(text, seed, chat, faults["chat_stop"]))
         else:

@@ -82,7 +82,7 @@ async def test_a_tool_using_chat_rollout_reaches_the_trainer_token_exact(tmp_pat
                                                                          workers: int) -> None:  # fmt: skip
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         env = ToolChat(group_size=4, parser=fmt, **template)
-        vllm.control(chat=fmt, chat_stop=env.eos)
+        vllm.control(chat=fmt, chat_stop=env.eos, chat_cut_first=True)
         start_trainer(server.url, batch_size=8, max_token_len=2048)
         tasks = Tasks(partial(arithmetic_task, digits=2, op="*"))
         runner = RolloutRunner(server.url, [(env, tasks)], partial(OpenAIPolicy, vllm.url, MODEL, max_attempts=3),
