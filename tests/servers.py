@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 60.0
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-WAIT_S = 30.0
+WAIT_S = 60.0
 
 
 @pytest.fixture

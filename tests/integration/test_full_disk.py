@@ -25,7 +25,7 @@ DISK = "16m"
 checkpoint into the file (it grows the file by what the WAL holds: on 6 MiB it could not, and /readyz stayed 503)."""
 ROOM = 2 << 20
 """What the store may still write once the filler is in: a few groups' worth."""
-READY_AGAIN_S = 30.0
+READY_AGAIN_S = 60.0
 """Bound on /readyz turning 200 once space is back (the checkpoint thread retries every second)."""
 
 

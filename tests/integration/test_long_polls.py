@@ -28,7 +28,7 @@ def woken_across_processes(store: str, tmp_path: Path) -> None:
             got: list[httpx.Response] = []
             poll = threading.Thread(target=lambda: got.append(ca.get("/batch", params={"wait": 50})))
             poll.start()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60  # a hang guard: the poll reaches its wait in milliseconds
             while not _waiting(a.url):
                 assert time.monotonic() < deadline, "the long-poll never waited"
                 time.sleep(0.02)  # polling interval

@@ -36,7 +36,8 @@ PRODUCERS = 4
 TASKS = 3
 """Groups each producer opens of its own (a killed one opens fewer; its replacement opens its own)."""
 KILLS = 3
-LIMIT_S = 30.0
+LIMIT_S = 120.0
+"""A hang guard, not a speed check: in CI, beside the suite, the run settled in more than 30 s."""
 
 
 def events(path: Path) -> list[dict[str, Any]]:
