@@ -69,8 +69,8 @@ async def read_body(
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes}")
     taken = min(expected, hold.budget.reserve) if expected is not None else 0
     hold.take(taken)
-    chunks: list[bytes] | None = []
-    grown = bytearray()
+    chunks: list[bytes] = []
+    grown: bytearray | None = None  # once the body passed JOIN_UP_TO
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -79,7 +79,7 @@ async def read_body(
         if size > taken:
             hold.take(size - taken)
             taken = size
-        if chunks is None:
+        if grown is not None:
             grown += chunk
         elif not chunk:  # Starlette ends the stream with b"": a join of it and one chunk would copy that chunk
             continue
@@ -87,8 +87,8 @@ async def read_body(
             chunks.append(chunk)
         else:  # too large to be held twice while joined: on in one buffer, from what came so far
             grown = bytearray().join((*chunks, chunk))
-            chunks = None
-    body = grown if chunks is None else b"".join(chunks)
+            chunks.clear()
+    body = b"".join(chunks) if grown is None else grown
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding in ("", "identity"):
         return body
