@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -52,6 +54,29 @@ async def test_fifo_per_env_and_counts(store: Store) -> None:
     assert heads == (a, b)
     counts = await store.transact(lambda t: t.counts())
     assert counts[0] == QueueCounts(5, 5, 20, 200, size(a)) and counts[1] == QueueCounts(3, 3, 12, 120, size(b))
+
+
+async def test_a_transaction_is_freed_as_its_function_returns(store: Store) -> None:
+    """No reference cycle between a transaction and its parts: each ingested group's transaction would
+    otherwise be left to the cyclic garbage collector (SQLite: 22 objects per small group, 14 us of
+    collections per group at 8 clients, stop 49)."""
+    seen: list[weakref.ref[Txn]] = []
+
+    def fn(txn: Txn) -> None:
+        seen.append(weakref.ref(txn))
+        txn.append(0, item(txn))
+        txn.counts()
+        txn.held.counts()
+        txn.put_reply("key", "{}")
+
+    enabled = gc.isenabled()
+    gc.disable()  # no collection may free it for us
+    try:
+        await store.transact(fn)
+        assert seen[0]() is None, "the transaction outlived its function: a reference cycle holds it"
+    finally:
+        if enabled:
+            gc.enable()
 
 
 async def test_pop_returns_in_asked_order_and_removes_only_those(store: Store) -> None:
