@@ -10,8 +10,9 @@ more group: (I(many) - I(few)) / (many - few), so start-up and imports cancel ou
     python -m bench.instructions [--store memory,sqlite] [--workload small,large,list16] [--base DIR]
 
 The workloads are bench/limit.py's (msgpack groups of 8 x 64 and 8 x 2048 tokens, lists of 16 small ones).
-With `--base DIR` the same runs go through another checkout too (`git worktree add /tmp/base <rev>`), for a
-change's before and after. One client, so a SQLite group commits alone; the count includes the writer thread,
+With `--base DIR` the same runs go through another checkout too (`git worktree add /tmp/base <rev>`, from stop 49
+on: the child takes its workloads and registrations from that checkout's bench/limit.py), for a change's before
+and after. One client, so a SQLite group commits alone; the count includes the writer thread,
 the cyclic garbage collector and SQLite itself, not the kernel's side of system calls. Needs valgrind (Debian's
 package); a run takes a minute or two per store and workload.
 """
@@ -72,18 +73,16 @@ async def _child(store: str, workload: str, n: int) -> None:
     from api.config.settings import Settings
     from api.http.app import create_app
     from api.wire.records import MSGPACK, encode_submission_list
-    from bench.limit import WORKLOADS, _group, _regroup
+    from bench.limit import WORKLOADS, _group, _regroup, env_registration, trainer_registration
 
     w = next(x for x in WORKLOADS if x.name == workload)
     app = create_app(Settings(store=store))
     async with app.router.lifespan_context(app):
-        register = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": 10**9,
-                    "max_token_len": w.seq_len + 1, "checkpoint_dir": "x", "save_checkpoint_interval": 1000,
-                    "starting_step": 0, "num_steps": 10_000}  # fmt: skip
+        register = trainer_registration(w.seq_len + 1)
         await _asgi(app, "POST", "/register", json.dumps(register).encode(), "application/json")
         await _asgi(app, "GET", "/batch", b"", "application/json")  # the trainer started: envs may register
-        env = {"max_token_length": w.seq_len + 1, "desired_name": "limit", "weight": 1.0, "group_size": 8}
-        status, reply = await _asgi(app, "POST", "/register-env", json.dumps(env).encode(), "application/json")
+        env = json.dumps(env_registration(w.seq_len + 1)).encode()
+        status, reply = await _asgi(app, "POST", "/register-env", env, "application/json")
         if status != 200:
             raise SystemExit(f"POST /register-env: {status} {reply[:200]!r}")
         env_id = int(json.loads(reply)["env_id"])

@@ -151,15 +151,24 @@ async def _load(
     return state["ok"], state["bad"], state["bytes"], lat
 
 
+def trainer_registration(max_len: int) -> dict[str, Any]:
+    """The bench's trainer: a batch it never fills, so every group posted stays queued."""
+    return {"wandb_group": "bench", "wandb_project": "bench", "batch_size": 10**9, "max_token_len": max_len,
+            "checkpoint_dir": "x", "save_checkpoint_interval": 1000, "starting_step": 0,
+            "num_steps": 10_000}  # fmt: skip
+
+
+def env_registration(max_len: int) -> dict[str, Any]:
+    """The bench's one env, of groups of 8."""
+    return {"max_token_length": max_len, "desired_name": "limit", "weight": 1.0, "group_size": 8}
+
+
 def _setup(url: str, max_len: int) -> int:
     """A trainer registered (and its first /batch asked), one env of groups of 8: its env_id."""
     with httpx.Client(base_url=url, timeout=30) as c:
-        c.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": 10**9,
-                                  "max_token_len": max_len, "checkpoint_dir": "x", "save_checkpoint_interval": 1000,
-                                  "starting_step": 0, "num_steps": 10_000})  # fmt: skip
+        c.post("/register", json=trainer_registration(max_len))
         c.get("/batch")
-        r = c.post("/register-env", json={"max_token_length": max_len, "desired_name": "limit", "weight": 1.0,
-                                          "group_size": 8})  # fmt: skip
+        r = c.post("/register-env", json=env_registration(max_len))
         return int(r.json().get("env_id", 0))
 
 

@@ -157,7 +157,7 @@ class SqliteTxn(Txn):
         self._config = config
         self._ids = ids
         self._w = w = _Writes(db, config, Deferred() if deferred is None else deferred)
-        self._defer, self._flush, self._add = w.defer, w.flush, w.add
+        self._defer, self._flush, self._add = w.defer, w.flush, w.add  # bound once: no delegating frame per call
         self._replies: dict[str, str] = {}
         self.held = SqliteHeld(db, w.add, w.flush, w.held_counts)
         self.ledger = SqliteLedger(db, w.flush, w.defer, payloads)
