@@ -14,6 +14,11 @@ from api.config.settings import Settings
 from api.http.app import create_app
 from tests import pg
 
+pytest_plugins = [
+    "tests.leaks",  # a socket a test leaves open fails that test
+    "pytester",  # tests/unit/test_leaks.py runs pytest on a test that leaks
+]
+
 # Hypothesis's default 200 ms deadline per example is a timing assert: on a loaded machine (make test runs the
 # suite on several workers beside each other) a slow example fails as "Unreliable test timings". Time belongs in
 # bench/, never in a test's verdict.
