@@ -16,7 +16,7 @@ from tests import pg
 
 pytest_plugins = [
     "tests.leaks",  # a socket a test leaves open fails that test
-    "pytester",  # tests/unit/test_leaks.py runs pytest on a test that leaks
+    "pytester",  # tests/test_leaks.py runs pytest on a test that leaks
 ]
 
 # Hypothesis's default 200 ms deadline per example is a timing assert: on a loaded machine (make test runs the

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 TESTS = """
 import asyncio, socket, threading
@@ -65,15 +65,28 @@ def test_after():
 """
 
 
-def test_a_leaked_connection_fails_the_test_that_left_it(pytester: pytest.Pytester) -> None:
+def test_a_leaked_connection_fails_the_test_that_left_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makepyfile(test_inner=TESTS)
     pytester.makeini("[pytest]\nfilterwarnings = error\n")
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("PYTHONPATH", pythonpath)
-        env.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # only this plugin: a faster start
-        result = pytester.runpytest_subprocess("-p", "tests.leaks", "-p", "no:cacheprovider")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # only this plugin: a faster start
+    result = pytester.runpytest_subprocess("-p", "tests.leaks", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4, errors=1)
     result.stdout.fnmatch_lines(
         ["*ERROR at teardown of test_leaks*", "*test_inner.py::test_leaks left * open: unclosed*127.0.0.1*"]
     )
+
+
+def test_without_proc_the_guard_is_off_and_fails_nothing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is no /proc/self/fd (macOS) every test runs as without the guard, none errors at setup."""
+    pytester.makepyfile(test_inner=TESTS)
+    pytester.makeini("[pytest]\nfilterwarnings = error\n")
+    pytester.makeconftest("from pathlib import Path\nimport tests.leaks\ntests.leaks.FDS = Path('/no/such/fd')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = pytester.runpytest_subprocess("-p", "tests.leaks", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
