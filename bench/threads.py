@@ -97,10 +97,15 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=8, help="requests posted at a time")
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
+    stores = args.store.split(",")
+    if unknown := [s for s in stores if s not in ("memory", "sqlite")]:
+        ap.error(f"--store: {', '.join(unknown)}: memory and sqlite only (the app runs in this process)")
+    if args.groups < 1 or args.in_flight < 1 or args.rounds < 1:
+        ap.error("--groups, --in-flight and --rounds must be at least 1")
     results = []
     print(f"{'store':8s} {'round':>5s}  {'thread':28s} {'user':>8s} {'system':>8s} {'µs/group':>9s}")
     for rnd in range(args.rounds):
-        for store in args.store.split(","):
+        for store in stores:
             with tempfile.TemporaryDirectory() as tmp:
                 url = "memory://" if store == "memory" else f"sqlite:///{tmp}/rollbuf.db"
                 rows = asyncio.run(measure(url, args.workload, args.groups, args.in_flight))
