@@ -66,28 +66,37 @@ async def _asgi(app: Any, method: str, path: str, body: bytes, content_type: str
     return status, bytes(out)
 
 
-async def _child(store: str, workload: str, n: int) -> None:
-    """Post `n` groups of `workload` to an app on `store`, one after another (what callgrind counts)."""
+async def registered(app: Any, workload: str) -> list[bytes]:
+    """A trainer registered and started and one env registered on `app`, through ASGI; 16 of `workload`'s
+    groups for that env, to post again under fresh ids (`bench.limit._regroup`)."""
     import numpy as np
 
+    from bench.limit import WORKLOADS, _group, env_registration, trainer_registration
+
+    w = next(x for x in WORKLOADS if x.name == workload)
+    register = trainer_registration(w.seq_len + 1)
+    await _asgi(app, "POST", "/register", json.dumps(register).encode(), "application/json")
+    await _asgi(app, "GET", "/batch", b"", "application/json")  # the trainer started: envs may register
+    env = json.dumps(env_registration(w.seq_len + 1)).encode()
+    status, reply = await _asgi(app, "POST", "/register-env", env, "application/json")
+    if status != 200:
+        raise SystemExit(f"POST /register-env: {status} {reply[:200]!r}")
+    env_id = int(json.loads(reply)["env_id"])
+    rng = np.random.default_rng(0)
+    return [_group(rng, w.seq_len, env_id) for _ in range(16)]
+
+
+async def _child(store: str, workload: str, n: int) -> None:
+    """Post `n` groups of `workload` to an app on `store`, one after another (what callgrind counts)."""
     from api.config.settings import Settings
     from api.http.app import create_app
     from api.wire.records import MSGPACK, encode_submission_list
-    from bench.limit import WORKLOADS, _group, _regroup, env_registration, trainer_registration
+    from bench.limit import WORKLOADS, _regroup
 
     w = next(x for x in WORKLOADS if x.name == workload)
     app = create_app(Settings(store=store))
     async with app.router.lifespan_context(app):
-        register = trainer_registration(w.seq_len + 1)
-        await _asgi(app, "POST", "/register", json.dumps(register).encode(), "application/json")
-        await _asgi(app, "GET", "/batch", b"", "application/json")  # the trainer started: envs may register
-        env = json.dumps(env_registration(w.seq_len + 1)).encode()
-        status, reply = await _asgi(app, "POST", "/register-env", env, "application/json")
-        if status != 200:
-            raise SystemExit(f"POST /register-env: {status} {reply[:200]!r}")
-        env_id = int(json.loads(reply)["env_id"])
-        rng = np.random.default_rng(0)
-        templates = [_group(rng, w.seq_len, env_id) for _ in range(16)]
+        templates = await registered(app, workload)
         # What start-up made is left out of later collections: a full collection walks every object, and
         # whether one falls in the shorter or the longer run would otherwise move the difference by 100,000s.
         gc.collect()

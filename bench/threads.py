@@ -4,7 +4,8 @@
 process, called through a bare ASGI call (as `bench.instructions` calls it: no sockets, no uvicorn), with
 `--in-flight` requests at a time so a SQL store's group commit gathers them as it does under 8 clients. Around
 the posts, each thread's user and system time is read from `/proc/self/task/TID/stat` and divided by the
-groups posted: the event loop (`MainThread`) against the store's writer thread and its helpers.
+groups posted: the event loop (`MainThread`) against the store's writer thread and its helpers (a thread that
+ends before the posts do is not counted).
 
     python -m bench.threads [--store memory,sqlite] [--workload small] [--groups 20000] [--in-flight 8]
                             [--rounds 2]
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.instructions import _asgi
-from bench.limit import WORKLOADS, _group, _regroup, env_registration, trainer_registration
+from bench.instructions import _asgi, registered
+from bench.limit import WORKLOADS, _regroup
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -45,8 +46,6 @@ def thread_times() -> dict[int, tuple[float, float]]:
 
 async def measure(store: str, workload: str, groups: int, in_flight: int) -> list[dict[str, Any]]:
     """Post `groups` groups to a fresh app, `in_flight` at a time; each thread's CPU per group."""
-    import numpy as np
-
     from api.config.settings import Settings
     from api.http.app import create_app
     from api.wire.records import MSGPACK
@@ -56,17 +55,7 @@ async def measure(store: str, workload: str, groups: int, in_flight: int) -> lis
         raise SystemExit(f"--workload {workload}: one group per request only (small, large)")
     app = create_app(Settings(store=store))
     async with app.router.lifespan_context(app):
-        await _asgi(
-            app, "POST", "/register", json.dumps(trainer_registration(w.seq_len + 1)).encode(), "application/json"
-        )
-        await _asgi(app, "GET", "/batch", b"", "application/json")  # the trainer started: envs may register
-        env = json.dumps(env_registration(w.seq_len + 1)).encode()
-        status, reply = await _asgi(app, "POST", "/register-env", env, "application/json")
-        if status != 200:
-            raise SystemExit(f"POST /register-env: {status} {reply[:200]!r}")
-        env_id = int(json.loads(reply)["env_id"])
-        rng = np.random.default_rng(0)
-        templates = [_group(rng, w.seq_len, env_id) for _ in range(16)]
+        templates = await registered(app, workload)
         bodies = [_regroup(templates[i % 16]) for i in range(groups)]  # made before the count starts
 
         async def poster(k: int) -> None:
