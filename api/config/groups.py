@@ -88,9 +88,15 @@ class KeySettings(Group):
     start or after whitespace only. Set but holding no key: an error on a non-loopback `host`, a warning on
     loopback (the server is keyed and refuses every request needing a key) (docs/security.md)."""
     api_keys_file: Path | None = None
-    """A file of keys as in `api_keys` (at most 1 MiB), read again within a second of a change of its content
-    (rotate a key by rewriting the file); gone or broken, the last good keys stay and the log, `/readyz` and
-    `rollbuf_key_file_stale` say so."""
+    """A file of keys as in `api_keys` (at most 1 MiB), watched: a change is used, without a restart or a request,
+    once the file has stayed the same for `api_keys_file_settle` (within a second of the last write by default;
+    rotate a key by writing a new file and renaming it over this one); gone or broken, the last good keys stay and
+    the log, `/readyz` and `rollbuf_key_file_stale` say so."""
+    api_keys_file_settle: float = Field(0.5, ge=0, le=60)
+    """Seconds `api_keys_file` must stay the same after a change before its keys are used, so that a file caught
+    half written (an editor's save, a script writing it line by line) is not: the file is looked at every 0.25 s,
+    and a change is used within this + 0.5 s of the last write. 0: at the next look (for a file only ever
+    replaced by a rename)."""
     allowed_hosts: list[str] | None = Field(
         None, json_schema_extra=shown("loopback names on a keyless loopback server, any otherwise")
     )

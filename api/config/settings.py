@@ -140,7 +140,12 @@ def door_keys(settings: Settings) -> Callable[[], list[Key]] | None:
         return None
     fixed, _ = _fixed(settings)
     if settings.api_keys_file is not None:
-        return KeyFile(settings.api_keys_file, fixed, required=not _is_loopback(settings.host))
+        return KeyFile(
+            settings.api_keys_file,
+            fixed,
+            required=not _is_loopback(settings.host),
+            settle_s=settings.api_keys_file_settle,
+        )
     return lambda: fixed
 
 

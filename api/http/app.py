@@ -21,7 +21,7 @@ from api.config.groups import built
 from api.config.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.export import PARQUET
-from api.http import connections
+from api.http import connections, keyring
 from api.http.frontdoor import Door, FrontDoor
 from api.http.inflight import BodyBudget
 from api.http.middleware import ObserveRequests
@@ -97,9 +97,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             stats_logger = wandb_stats.BufferStatsLogger(service.store, service.snapshot, settings.wandb_interval)
             stats_logger.start()
         app.state.wandb_stats = stats_logger
+        stop_watching = keyring.watch(app.state.door.keys)  # a key file's changes are used without a request
         try:
             yield
         finally:
+            stop_watching()
             restore_signals()
             if stats_logger is not None:
                 await stats_logger.close()

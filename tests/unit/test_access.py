@@ -3,14 +3,12 @@ has), hosts, cross-site requests."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from fastapi import APIRouter
 
 from api.config.settings import Settings
-from api.http import keyring
 from api.http.access import ANY_KEY, PUBLIC, Identity, Key, identify, parse_keys
 from api.http.app import create_app
 from api.http.frontdoor import cross_site, host_allowed, loopback_host
@@ -36,30 +34,6 @@ def test_keys_parse_with_roles_and_refuse_what_is_not_a_key() -> None:
     ]:
         with pytest.raises(ValueError, match=why):
             parse_keys(bad, "keys")
-
-
-def test_a_key_file_is_read_again_when_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "keys"
-    path.write_text(f"math env {SECRET}old\n")
-    keys = KeyFile(path, [], required=True)
-    assert identify(keys.current(), f"{SECRET}old") == Identity("math", "env")
-    monkeypatch.setattr(keyring, "RELOAD_CHECK_S", 0.0)
-    stat = path.stat()
-    path.write_text(f"math env {SECRET}new\n")  # a rotation: the same name, a new secret, the same size and mtime
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert identify(keys.current(), f"{SECRET}new") == Identity("math", "env")  # noticed by content
-    assert identify(keys.current(), f"{SECRET}old") is None
-    for broken in ("not a key file", "", f"math env {SECRET}new\nmath env {SECRET}two\n"):
-        path.write_text(broken)  # a truncate-then-write caught half way, or a broken edit
-        assert identify(keys.current(), f"{SECRET}new") is not None and keys.error  # the last good keys stay
-    path.unlink()
-    assert identify(keys.current(), f"{SECRET}new") is not None and "No such file" in (keys.error or "")
-    replacement = tmp_path / "keys.new"
-    replacement.write_text(f"math env {SECRET}newer\n")
-    replacement.rename(path)  # how operators replace a file atomically
-    assert identify(keys.current(), f"{SECRET}newer") == Identity("math", "env") and keys.error is None
-    path.write_text("x" * (keyring.MAX_KEY_FILE + 1))
-    assert identify(keys.current(), f"{SECRET}newer") is not None and "larger than" in (keys.error or "")
 
 
 def test_a_hash_starts_a_comment_only_at_a_line_start_or_after_whitespace() -> None:
