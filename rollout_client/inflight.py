@@ -107,6 +107,13 @@ class InFlight:
             g.task.cancel()
             self.stats.skipped[reason] += 1
 
+    def drop(self, g: Group, reason: str) -> None:
+        """The group drops itself for `reason` (its own task, which must not cancel itself): counted once, as a
+        cancellation would be."""
+        if not g.cancelled:
+            g.cancelled = True
+            self.stats.skipped[reason] += 1
+
     def hold_deadlines(self, now: float) -> None:
         """A pause stops the groups' deadlines (a weight sync is not the groups' time); `now` is the loop's."""
         for g in self:

@@ -11,6 +11,11 @@ cancels groups that became too stale, pauses around weight updates, and stops wi
 SIGINT/SIGTERM or `stop()`. A group that fails (an environment's error, an inference error after retries, a
 timeout, too few survivors) is dropped and counted; the run ends, with `RunFailed`, only when failures pass
 the error rate the user allows.
+
+A task source hears how each group without a score ended (`rollout_client.tasks.ended_unscored`): a failure
+with its reason, or, for a group stopped, gone stale, dropped by a pause, restarted or not sent, that its task
+was never tried to its end, so that a leased task goes back to its dataset untried. A group whose task lease
+was lost (`LeasedTasks`: another producer may hold the task now) is dropped, never sent.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from rollout_client.client import RolloutClient
 from rollout_client.coalescing import Coalescer
 from rollout_client.deprecated import resolve
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
-from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited
+from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited, failure_reason
 from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
 from rollout_client.failures import FailurePolicy
 from rollout_client.following import Follower, producer_id
@@ -48,7 +53,7 @@ from rollout_client.registration import Registrations, register
 from rollout_client.resources import Capacity
 from rollout_client.siblings import SiblingSlots
 from rollout_client.stats import RunnerHealth, RunnerStats
-from rollout_client.tasks import TaskSource, next_task_unless
+from rollout_client.tasks import TaskSource, ended_unscored, next_task_unless
 from rollout_client.timeouts import Timeouts
 from rollout_client.watch import Watch, Weights
 from rollout_client.watching import Monitor
@@ -66,6 +71,26 @@ QUARANTINED_IN_A_ROW = 1000
 STALL_WARN_S = 60.0
 """With `max_staleness`: held back `ahead_of_trainer` this long without a `resume()` is reported (a log line
 every this often, and `health().stalled`): the runner waits for `resume()` to learn of new weights."""
+LEASE_LOST = "lease_lost"
+"""`skipped` reason of a group dropped because its task's lease was lost (`LeasedTasks.holds`)."""
+UNTRIED: None = None
+"""The reason of a group that ended without trying its task to the end (`ended_unscored`)."""
+
+
+def task_failure(exc: BaseException) -> str | None:
+    """Why a group's failure fails its task, in the words the task's source records (`env_error: ValueError:
+    ...`); None where the task is not to blame and goes back untried: the inference server was unreachable
+    (an outage fails every group it meets, whatever its task)."""
+    reason = failure_reason(exc)
+    if reason == "inference_unreachable":
+        return UNTRIED
+    return f"{reason}: {type(exc).__name__}: {exc}"
+
+
+def lease_refused(task: Task, exc: Rejected) -> bool:
+    """The server refused a leased task's group because the lease is not this producer's (a 409: it lapsed
+    and went to another producer): the lease is lost, not the group bad."""
+    return exc.status == 409 and lease_token(task) is not None
 
 
 class RolloutRunner:
@@ -111,6 +136,14 @@ class RolloutRunner:
         self.base_url = base_url
         self.envs = [e for e, _ in envs]
         self.sources = [s for _, s in envs]
+        self.producer_id = producer_id()
+        """This run's id as a producer: its heartbeats carry it, and so does every group it submits (the ledger
+        names the producer of each group); a leasing source takes its leases for it, unless it was given its own."""
+        for source in self.sources:  # a leasing source says when a lease is lost: its group is dropped
+            if callable(on_lost := getattr(source, "on_lost", None)):
+                on_lost(self._lease_lost)
+            if callable(for_producer := getattr(source, "for_producer", None)):
+                for_producer(self.producer_id)
         self._names = [e.name for e in self.envs]
         self.policy_spec = policy
         self.max_in_flight = max_in_flight
@@ -166,9 +199,6 @@ class RolloutRunner:
             pool=lambda: self.pool,
         )  # fmt: skip
         """Reads the server and applies what it says, beside dispatch (`rollout_client.watch`)."""
-        self.producer_id = producer_id()
-        """This run's id as a producer: its heartbeats carry it, and so does every group it submits (the ledger
-        names the producer of each group)."""
         self.groups: OpenGroups | None = None
         """Per-rollout groups (`Environment.posts_each_rollout`), once the run has started, if an env posts so."""
         self._posting: Posting | None = None
@@ -415,9 +445,11 @@ class RolloutRunner:
             if task is None:
                 self._exhausted[i] = True
                 continue
+            if not self._holds(i, task):  # a restart whose lease was lost while it waited: another producer's now
+                continue
             if self.failures.is_quarantined(i, task.id):
                 self.stats.skipped["quarantined"] += 1
-                self._discard(i, task)
+                self._discard(i, task, "quarantined: its groups failed too often in a row")
                 quarantined_in_a_row[i] += 1
                 if quarantined_in_a_row[i] >= QUARANTINED_IN_A_ROW:
                     log.error("env %s: its task source hands out only quarantined tasks; no more from it",
@@ -445,6 +477,7 @@ class RolloutRunner:
     async def _group(self, i: int, task: Task, group_id: str, step: int, taken: int = 0) -> None:
         env = self.envs[i]
         reported = False
+        why: str | None = UNTRIED  # why its task failed, if it did: only a failure of its own rollout fails a task
         poster: Poster | None = None
         try:
             try:
@@ -468,23 +501,30 @@ class RolloutRunner:
                     self.groups.let_go(group_id)  # stopped, stale: siblings finish it
                 raise
             except Exception as exc:  # a group boundary: the group fails, the run goes on (unless too many do)
+                why = task_failure(exc)
                 self._failed(i, task, group_id, exc)
                 return
             except BaseException as exc:  # exit() in env code: the group fails; a real Ctrl-C is a signal
+                why = task_failure(exited(exc))
                 self._failed(i, task, group_id, exited(exc))
                 return
             self._release(group_id)
             if (produced := self._tally.finished(i, outcome, env.group_size)) is None:
+                why = f"skipped: {outcome.skipped or 'skipped'}"
+                return
+            if not self._sending(i, task):  # another producer may have its task now: sending would train it twice
+                self._in_flight.drop(self._in_flight.groups[group_id], LEASE_LOST)
                 return
             self._in_flight.groups[group_id].submitting = True
             if poster is not None and self._posting is not None:
                 if not await self._posting.sealed(i, group_id, poster):
+                    why = "not acknowledged: its per-rollout group was not sealed"
                     return
                 self._backpressure.acked(i, len(produced.tokens))
                 self.sources[i].report(task, self._tally.stored(i, task.id, produced, False))
                 reported = True
                 return
-            update = {"group_id": group_id, "policy_step": step, "producer_id": self.producer_id}
+            update = {"group_id": group_id, "policy_step": step, "producer_id": self._producer_of(i, task)}
             group = produced.model_copy(update=update)
             group = self._follow.stamp(group_id, group, step)
             try:
@@ -494,6 +534,11 @@ class RolloutRunner:
                 self.stats.skipped["unsent"] += 1
                 return
             except Rejected as exc:
+                if lease_refused(task, exc):
+                    self._lose(i, task)
+                    self.stats.skipped[LEASE_LOST] += 1
+                    return
+                why = f"rejected: {exc}"
                 if stop := self._tally.rejected(i, group_id, exc):
                     self._end(stop, exc)
                 return
@@ -506,7 +551,7 @@ class RolloutRunner:
             self._end(f"group {group_id} of {env.name}: the runner failed", exc)
         finally:
             if not self._follow.ended(group_id) and not reported:  # a restarted task runs again: not discarded
-                self._discard(i, task)
+                self._discard(i, task, why)
             self._in_flight.remove(group_id)
             self._changed.set()
 
@@ -536,11 +581,47 @@ class RolloutRunner:
         self._stopping.set()
         self._changed.set()
 
-    def _discard(self, i: int, task: Task) -> None:
-        """Tell a task source that wants to know that `task` will never be reported (skipped, failed...)."""
-        discard = getattr(self.sources[i], "discard", None)
-        if discard is not None:
-            discard(task)
+    def _discard(self, i: int, task: Task, reason: str | None) -> None:
+        """Tell a task source that wants to know that `task` will never be reported: its rollout failed for
+        `reason`, or (None) it was never tried to its end (stopped, stale, restarted, not sent)."""
+        ended_unscored(self.sources[i], task, reason)
+
+    def _holds(self, i: int, task: Task) -> bool:
+        """Whether `task`'s lease is still this producer's (always, for a source that does not lease)."""
+        holds = getattr(self.sources[i], "holds", None)
+        return holds is None or bool(holds(task))
+
+    def _sending(self, i: int, task: Task) -> bool:
+        """Whether `task`'s group may be sent: its lease is still this producer's (the source, told so, leaves
+        the lease's fate to the server's reply from now on)."""
+        sending = getattr(self.sources[i], "sending", None)
+        return self._holds(i, task) if sending is None else bool(sending(task))
+
+    def _producer_of(self, i: int, task: Task) -> str:
+        """The producer a group names: a leased task's, the producer its lease was taken for (the server binds the
+        lease to it); any other, this runner."""
+        leased = getattr(self.sources[i], "producer_id", None) if lease_token(task) is not None else None
+        return leased if isinstance(leased, str) else self.producer_id
+
+    def _lose(self, i: int, task: Task) -> None:
+        """The server refused `task`'s group under its lease: the source counts the lease lost."""
+        lose = getattr(self.sources[i], "lose", None)
+        if lose is not None:
+            lose(task)
+
+    def _lease_lost(self, token: str) -> None:
+        """A source found a lease lost: the group rolling out under it (its group id is the token) is cancelled,
+        unless it is being sent already (the server decides that one) or it is the group asking (it drops
+        itself)."""
+        g = self._in_flight.groups.get(token)
+        if g is None or g.submitting:
+            return
+        try:
+            asking = asyncio.current_task()
+        except RuntimeError:  # found by a caller outside the event loop: no group is asking
+            asking = None
+        if g.task is not asking:
+            self._in_flight.cancel(g, LEASE_LOST)
 
     def _release(self, group_id: str) -> None:
         """Give back a group's rollout slots when its rollouts end (before its submit): a group may start."""
@@ -559,7 +640,7 @@ class RolloutRunner:
         await self._in_flight.stop(deadline - reserve, deadline - reserve / 2)
         await self._submits.aclose(max(0.0, deadline - reserve / 2 - loop.time()))  # groups have ended by now
         for i, task in self._follow.drop_restarts():  # cancelled by new weights, never run again
-            self._discard(i, task)
+            self._discard(i, task, UNTRIED)
         if self.groups is not None:  # what it still holds lapses to siblings
             await self.groups.aclose()
         self._gate.open()

@@ -25,7 +25,7 @@ class RunnerStats:
     """Acknowledged as already stored (a retry of something the server had): never stored twice."""
     skipped: Counter[str] = field(default_factory=Counter)
     """Groups not submitted or not stored, by reason: prompt_too_long, stale, stopped, unsent, rejected,
-    pause_timeout, quarantined."""
+    pause_timeout, quarantined, lease_lost (its task's lease was lost: another producer may have the task)."""
     failed: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     """Groups that failed, per env name and reason (turn_timeout, rollout_timeout, inference_error,
     worker_died, env_error): dropped, never submitted."""

@@ -1,7 +1,10 @@
 """Where tasks come from: a task source hands out the next task and hears each group's mean score, so a
-curriculum can adapt what it hands out next. A source may also have `discard(task)`: the runner calls it for
-every task whose group ends without a score (stale, failed, rejected, stopped, quarantined), so a source
-that remembers what it handed out can forget it."""
+curriculum can adapt what it hands out next. A source may also hear of every task whose group ends without a
+score, so that a source that remembers what it handed out can forget it, and one that leases its tasks
+(`LeasedTasks`) can end the lease as it should: `fail(task, reason)` when the rollout failed (an error, a
+timeout, a group skipped or rejected, a task quarantined), `hand_back(task)` when it was never tried to its end
+(the run stopped, it went stale, a pause ran out of time, it was not sent). A source with neither has
+`discard(task)` called for both (`ended_unscored`)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,21 @@ class TaskSource(Protocol):
     def report(self, task: Task, mean_score: float) -> None:
         """The mean score of the group rolled out for `task` (called once per submitted group)."""
         ...
+
+
+def ended_unscored(source: object, task: Task, reason: str | None) -> None:
+    """Tell `source` that `task`'s group ended without a score: its rollout failed for `reason`, or, with None,
+    it was never tried to its end. Calls the source's `fail` or `hand_back` where it has it, else `discard`,
+    else nothing (a plain source need not hear of it)."""
+    if reason is None and (hand_back := getattr(source, "hand_back", None)) is not None:
+        hand_back(task)
+        return
+    if reason is not None and (fail := getattr(source, "fail", None)) is not None:
+        fail(task, reason)
+        return
+    discard = getattr(source, "discard", None)
+    if discard is not None:
+        discard(task)
 
 
 async def next_task(source: TaskSource) -> Task | None:
@@ -128,10 +146,26 @@ class Curriculum:
 
     def discard(self, task: Task) -> None:
         """The group for `task` ended without a score: forget which level it came from."""
+        self._unscored(task, None, fallback=True)
+
+    def fail(self, task: Task, reason: str) -> None:
+        """The rollout of `task` failed: forget its level, and tell the level (`ended_unscored`)."""
+        self._unscored(task, reason)
+
+    def hand_back(self, task: Task) -> None:
+        """`task` was never tried to its end: forget its level, and tell the level (`ended_unscored`)."""
+        self._unscored(task, None)
+
+    def _unscored(self, task: Task, reason: str | None, *, fallback: bool = False) -> None:
         level = self._take(task)
-        discard = getattr(self.levels[level], "discard", None) if level is not None else None
-        if discard is not None:
-            discard(task)
+        if level is None:
+            return
+        if fallback:  # `discard` from a caller that cannot say why: the level's own `discard`
+            discard = getattr(self.levels[level], "discard", None)
+            if discard is not None:
+                discard(task)
+            return
+        ended_unscored(self.levels[level], task, reason)
 
     def report(self, task: Task, mean_score: float) -> None:
         level = self._take(task)

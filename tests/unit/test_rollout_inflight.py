@@ -98,3 +98,20 @@ async def test_a_pause_holds_every_deadline_with_what_it_had_left_and_the_resume
     assert g.deadline.when() == now + 10.0 and g.remaining is None
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_group_that_drops_itself_is_counted_once_and_not_cancelled() -> None:
+    stats = RunnerStats()
+    ledger = InFlight(4, stats)
+
+    async def hang() -> None:
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(hang())
+    ledger.add("a", Group(task, env=0, size=2, policy_step=0))
+    [g] = list(ledger)
+    ledger.drop(g, "lease_lost")
+    ledger.cancel(g, "stopped")
+    ledger.drop(g, "lease_lost")
+    assert stats.skipped == {"lease_lost": 1} and not task.cancelled()
+    task.cancel()
