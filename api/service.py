@@ -27,8 +27,7 @@ from api.batches.formation import FormationRules, batch_txn
 from api.batches.kept import Kept, ReadAhead
 from api.batches.outcomes import BatchWaiting, FormedBatch
 from api.batches.wakeups import Wakeups
-from api.errors import Conflict, Forbidden, InvalidData, NotFound, Unavailable
-from api.http.access import ANONYMOUS, Identity
+from api.errors import Conflict, InvalidData, NotFound, Unavailable
 from api.http.body import INLINE_PARSE, off_loop
 from api.ingest import submissions
 from api.ingest.queue_limits import QueueLimits
@@ -39,6 +38,7 @@ from api.ledger.drop_bias import Report
 from api.ledger.drop_bias_watch import BiasWatch
 from api.ledger.recorder import recorder
 from api.logs import request_env
+from api.owners import ANYONE, Actor
 from api.producers.live import NOTHING_YET
 from api.producers.stored import (
     ProducerReport,
@@ -222,7 +222,7 @@ class Service:
 
     # ----------------------------------------------------------------------------- envs
 
-    async def register_env(self, reg: RegisterEnv, caller: Identity = ANONYMOUS) -> EnvRegistered | None:
+    async def register_env(self, reg: RegisterEnv, caller: Actor = ANYONE) -> EnvRegistered | None:
         """None while the trainer has not asked for its first batch (envs are told to wait)."""
 
         def txn_fn(txn: Txn) -> tuple[EnvRegistered | None, RunState]:
@@ -245,7 +245,7 @@ class Service:
                 group_size=reg.group_size,
                 max_token_length=reg.max_token_length,
                 min_batch_allocation=reg.min_batch_allocation,
-                owner=None if caller is ANONYMOUS else caller.name,
+                owner=caller.owner,
                 variable_group_size=reg.variable_group_size,
             )
             after = state.save_env(txn, run, env)
@@ -270,15 +270,14 @@ class Service:
         self.wakeups.changed()
         return reply
 
-    async def disconnect_env(self, env_id: int, caller: Identity = ANONYMOUS) -> str | None:
+    async def disconnect_env(self, env_id: int, caller: Actor = ANYONE) -> str | None:
         """None on success, else why not (Atropos answers failures in-band)."""
 
         def txn_fn(txn: Txn) -> tuple[str | None, RunState]:
             run = state.load(txn, self._run)
-            env = run.env(env_id)
+            env = visible_env(caller, run, env_id)
             if env is None:
                 return f"no environment with env_id {env_id}", run
-            check_owner(caller, env, ("body", "env_id"))
             return None, state.save_env(txn, run, replace(env, connected=False))
 
         error, self._run = await self.store.transact(txn_fn)
@@ -294,7 +293,7 @@ class Service:
         *,
         many: bool,
         key: str | None = None,
-        caller: Identity = ANONYMOUS,
+        caller: Actor = ANYONE,
     ) -> list[ScoredReply]:
         """Validate a request's groups (`api.ingest.submissions.decode`: JSON or msgpack, one or a list, `key` the
         request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing.
@@ -318,11 +317,11 @@ class Service:
                     run, remembered = fresh, False
                     continue
                 for sub in subs:
-                    env = None if sub.env_id is None else run.env(sub.env_id)
-                    if env is not None:
-                        check_owner(caller, env, (*sub.loc, "env_id"))
+                    if sub.env_id is not None and visible_env(caller, run, sub.env_id) is None:
+                        unknown = f"no environment with env_id {sub.env_id} is registered"
+                        raise InvalidData((*sub.loc, "env_id"), unknown)
                 try:
-                    return await self.store_submissions(subs, run, None if caller is ANONYMOUS else caller.name)
+                    return await self.store_submissions(subs, run, caller)
                 except StaleRun as stale:
                     run, remembered = stale.run, False
             raise Unavailable("the run kept changing while this request was validated; send it again", 0)
@@ -345,14 +344,14 @@ class Service:
             request_env.set(ctx.get(request_env))
 
     async def store_submissions(
-        self, subs: Sequence[Submission], run: RunState, handler: str | None = None
+        self, subs: Sequence[Submission], run: RunState, caller: Actor = ANYONE
     ) -> list[ScoredReply]:
         """Store groups validated against `run` all-or-nothing (the JSON and binary paths both end here);
-        `StaleRun` if the store's run state no longer agrees with `run` on what validation used. `handler`: the
-        name of the key that sent them, for the ledger."""
+        `StaleRun` if the store's run state no longer agrees with `run` on what validation used. `caller`: who
+        sent them (the ledger names its key; a group under a task lease must be its holder's)."""
         try:
             replies, self._run = await self.store.transact(
-                lambda txn: submit_txn(txn, subs, run, self.limits, recorder(self.books), handler),
+                lambda txn: submit_txn(txn, subs, run, self.limits, recorder(self.books), caller),
                 replies=[s.key for s in subs if s.key],
             )
         except StaleRun as stale:
@@ -550,14 +549,10 @@ class Service:
         now = time.time()
         return await self.store.read(lambda txn: sync_txn(txn, now, self.producers))
 
-    async def heartbeat(self, beat: Heartbeat, caller: Identity = ANONYMOUS) -> HeartbeatReply:
+    async def heartbeat(self, beat: Heartbeat, caller: Actor = ANYONE) -> HeartbeatReply:
         """Record a producer's heartbeat (one small write; wakes no long-poll in this process)."""
         now = time.time()
-
-        def check(env: EnvRecord) -> None:
-            check_owner(caller, env, ("body", "env_ids"))
-
-        weights, pending = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, check))
+        weights, pending = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, caller))
         return HeartbeatReply(weights_step=weights, weights_pending=pending, gone_after=self.producers.gone_after)
 
     async def producer_report(self) -> ProducerReport:
@@ -577,10 +572,10 @@ class Service:
             return replace(report, stall_reason=None)
         return report
 
-    async def env_status(self, env_id: int) -> EnvStatus:
+    async def env_status(self, env_id: int, caller: Actor = ANYONE) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:
             run = state.load(txn, self._run)
-            env = run.env(env_id)
+            env = visible_env(caller, run, env_id)
             if env is None:
                 raise NotFound(f"no environment with env_id {env_id}")
             blocked = state.load_blocked(txn)
@@ -592,9 +587,12 @@ class Service:
         return reply
 
 
-def check_owner(caller: Identity, env: EnvRecord, loc: tuple[str | int, ...]) -> None:
-    """An env key uses only the envs it registered (bound to its name, so rotating its secret keeps them); trainer
-    and admin keys may act on any env (a trainer disconnects an env that holds its batches back)."""
-    if caller.role == "env" and env.owner != caller.name:
-        owner = "no key" if env.owner is None else f"key {env.owner!r}"
-        raise Forbidden(f"env {env.env_id} was registered by {owner}, not by {caller.name!r}", loc=loc)
+def visible_env(caller: Actor, run: RunState, env_id: int) -> EnvRecord | None:
+    """The env, if it exists and `caller` may act on it; None otherwise, so that another key's env answers as an
+    unknown one (an env key uses only the envs it registered, bound to its name so rotating its secret keeps
+    them; trainer and admin keys act on any env where the route lets them: a trainer disconnects an env that
+    holds its batches back)."""
+    env = run.env(env_id)
+    if env is None or caller.hides(env.owner, "env"):
+        return None
+    return env

@@ -16,22 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["env", "trainer", "admin"]
-ROLES: tuple[Role, ...] = ("env", "trainer", "admin")
+from api.owners import ANONYMOUS, ROLES, Acts, Identity, Role
+
+__all__ = ["ANONYMOUS", "ANY_KEY", "ENV_SIDE", "PUBLIC", "ROLES", "TRAINER_SIDE", "Acts", "Body", "Identity", "Key",
+           "RouteTable", "Role", "Rule", "check_distinct", "identify", "parse_keys"]  # fmt: skip
 MIN_SECRET = 16
 """Shortest secret accepted: a key that can be guessed is no key."""
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """The caller, as its key names it."""
-
-    name: str
-    role: Role
-
-
-ANONYMOUS = Identity("anonymous", "admin")
-"""The caller when the server has no keys (Atropos's model: whoever reaches the port may do everything)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,29 +103,48 @@ PUBLIC_PREFIXES = ("/static-offline-docs/",)
 
 
 class RouteTable:
-    """Every route's roles (declared beside the route, `api.routes.spec`; the table is `api.routes.table`) and
-    the body rule of each path that takes more than a small body."""
+    """Every route's roles, what it acts on (declared beside the route, `api.routes.spec`; the table is
+    `api.routes.table`) and the body rule of each path that takes more than a small body."""
 
-    def __init__(self, roles: Mapping[tuple[str, str], Rule], bodies: Mapping[str, Body]) -> None:
+    def __init__(
+        self,
+        roles: Mapping[tuple[str, str], Rule],
+        bodies: Mapping[str, Body],
+        acts: Mapping[tuple[str, str], Acts] | None = None,
+    ) -> None:
         self.roles = dict(roles)
         self.bodies = dict(bodies)
-        self.templates = tuple((m, path[: path.index("{")], rule) for (m, path), rule in roles.items() if "{" in path)
-        """Routes ending with a path parameter (which may hold `/`): method, the path before it, and its rule."""
+        self.acts = dict(acts or {})
+        self.templates = tuple((m, path[: path.index("{")], path) for (m, path) in roles if "{" in path)
+        """Routes ending with a path parameter (which may hold `/`): method, the path before it, the route."""
+
+    def route(self, method: str, path: str) -> tuple[str, str] | None:
+        """The declared route a request's method and path reach, or None (a 404, a wrong method)."""
+        if method == "HEAD":
+            method = "GET"
+        if (method, path) in self.roles:
+            return method, path
+        for m, prefix, templated in self.templates:
+            if m == method and path.startswith(prefix) and len(path) > len(prefix):
+                return m, templated
+        return None
 
     def admits(self, method: str, path: str) -> Rule:
         """The roles that may call this route (or PUBLIC). A path not listed (a 404, a wrong method) needs any
         valid key: scanners learn nothing."""
-        if method == "HEAD":
-            method = "GET"
-        rule = self.roles.get((method, path))
-        if rule is not None:
-            return rule
-        if method == "GET" and path.startswith(PUBLIC_PREFIXES):
+        found = self.route(method, path)
+        if found is not None:
+            return self.roles[found]
+        if method in ("GET", "HEAD") and path.startswith(PUBLIC_PREFIXES):
             return PUBLIC
-        for m, prefix, templated in self.templates:
-            if m == method and path.startswith(prefix) and len(path) > len(prefix):
-                return templated
         return ANY_KEY
+
+    def declared(self, method: str, path: str) -> tuple[Rule, Acts | None]:
+        """`admits`, and what the route declares it acts on (None for a route that declares nothing)."""
+        found = self.route(method, path)
+        if found is None:
+            return self.admits(method, path), None
+        return self.roles[found], self.acts.get(found)
 
     def body(self, path: str) -> Body:
         return self.bodies.get(path, "small")

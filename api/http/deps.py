@@ -1,4 +1,5 @@
-"""Dependencies the routes declare: the service and the settings, as `Annotated` aliases.
+"""Dependencies the routes declare: the service, the settings and the caller as its route lets it act, as
+`Annotated` aliases.
 
 They are `async def` on purpose: FastAPI runs a plain `def` dependency in a worker thread, and two thread
 hops per request cost more than the whole of parsing a group on the ingest path.
@@ -13,8 +14,9 @@ from fastapi import Depends, Request
 
 from api.config.settings import Settings
 from api.http.access import ANONYMOUS
-from api.http.frontdoor import identity_of
+from api.http.frontdoor import actor_of, identity_of
 from api.http.inflight import Hold
+from api.owners import Actor
 from api.service import Service
 
 
@@ -24,6 +26,11 @@ async def get_service(request: Request) -> Service:
 
 async def get_settings(request: Request) -> Settings:
     return request.app.state.settings  # type: ignore[no-any-return]
+
+
+async def get_actor(request: Request) -> Actor:
+    """The caller, as the front door made it from its key and the route's declaration (`api.owners`)."""
+    return actor_of(request.scope)
 
 
 def holder(request: Request) -> str:
@@ -46,3 +53,4 @@ async def body_hold(request: Request) -> AsyncIterator[Hold]:
 ServiceDep = Annotated[Service, Depends(get_service)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 BodyHoldDep = Annotated[Hold, Depends(body_hold)]
+ActorDep = Annotated[Actor, Depends(get_actor)]

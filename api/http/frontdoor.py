@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_body
 from api.http.access import ANONYMOUS, PUBLIC, Identity, Key, RouteTable, identify
+from api.owners import ANYONE, Actor, actor
 
 SMALL_BODY = 64 * 1024
 """Body limit of every route but the ingest ones: registrations and env ids are a few hundred bytes."""
@@ -108,7 +109,7 @@ class FrontDoor:
         method, path = scope["method"], scope["path"]
         raw_host = headers.get(b"host")
         host = None if raw_host is None else raw_host.decode("latin-1")
-        rule = door.routes.admits(method, path)
+        rule, acts = door.routes.declared(method, path)
         body = door.routes.body(path)
         if not host_allowed(host, door.allowed_hosts):
             await _refuse(
@@ -135,7 +136,8 @@ class FrontDoor:
                               f"{found.name!r} is {found.role}", ["header", "authorization"])  # fmt: skip
                 return
             identity = found
-        scope.setdefault("state", {})["identity"] = identity
+        state = scope.setdefault("state", {})
+        state["identity"], state["actor"] = identity, actor(identity, acts)
         if body != "small" and not door.allow_simple_types:
             ctype = headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
             if ctype in SIMPLE_TYPES:
@@ -205,6 +207,13 @@ def still_admitted(door: Door | None, scope: Scope) -> bool:
     found = identify(door.keys(), token.strip() if scheme.lower() == "bearer" else None)
     rule = door.routes.admits(scope["method"], scope["path"])
     return found is not None and (rule == PUBLIC or found.role in rule)
+
+
+def actor_of(scope: Scope) -> Actor:
+    """The caller as the route's declaration lets it act (`api.owners`): set by the front door; in an app built
+    without the door, the anonymous caller, who acts on everything."""
+    found = scope.get("state", {}).get("actor")
+    return found if isinstance(found, Actor) else ANYONE
 
 
 def identity_of(scope: Scope) -> Identity:

@@ -17,8 +17,10 @@ from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import Submission
 from api.ingest.validation import check_policy_step
 from api.ledger.recorder import OFF, Recorder
+from api.owners import ANYONE, Actor
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.store.base import ANON_ENV, HELD, QUEUED, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.tasks import leases as task_leases
 from api.views import stats
 from api.wire.schema import ScoredReply
 
@@ -46,12 +48,13 @@ def submit_txn(
     seen_run: RunState,
     limits: QueueLimits,
     books: Recorder = OFF,
-    handler: str | None = None,
+    caller: Actor = ANYONE,
 ) -> tuple[list[ScoredReply], RunState]:
     """Store validated submissions all-or-nothing, with the run state found: `StaleRun` if what they were
     validated against (`seen_run`) no longer holds, `QueueFull` past a limit, a 409 for a reused key with
-    other content. A key already stored answers its first reply, marked `duplicate`. `books` records each new
-    group's fate in the ledger (`handler`: the key that sent them)."""
+    other content, a group under a task lease that is not its lease's submission refused (`check_submission`).
+    A key already stored answers its first reply, marked `duplicate`. `books` records each new group's fate in
+    the ledger (the ledger names `caller`'s key)."""
     run = state.load(txn, seen_run)
     if not still_valid(subs, seen_run, run):
         raise StaleRun(run)
@@ -82,6 +85,10 @@ def submit_txn(
             fresh.append((i, sub))
             if sub.key is not None:
                 first_in_request[sub.key] = i
+    for _, sub in fresh:  # acknowledged only what a task lease's holder sends while its lease is its task's
+        if task_leases.is_token(sub.record.group_id):
+            assert sub.record.group_id is not None
+            task_leases.check_submission(txn, sub.record.group_id, caller, sub.record.producer_id, sub.loc)
     held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}
     for env_id in sorted(held_envs):  # room that expired groups leave counts for what arrives now
         expire_held(txn, run, env_id, now, limits.side, books)
@@ -89,7 +96,7 @@ def submit_txn(
     reg = run.registration
     assert reg is not None
     received: dict[str, int] = {}
-    arrivals = books.arrivals(txn, handler, now)
+    arrivals = books.arrivals(txn, caller.owner, now)
     for i, sub in fresh:
         env_id = ANON_ENV if sub.env_id is None else sub.env_id
         env = run.env(env_id)

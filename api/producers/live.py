@@ -10,6 +10,7 @@ Atropos handler, a hand-written loop) are never judged: something unknown may st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +43,9 @@ class Producer:
     """It produces for a drain env (`on_new_weights="drain"`): a pending weight sync waits for it."""
     drained_for: int | None = None
     """The pending sync's step it has drained for (its drain envs idle), or None."""
+    owner: str | None = None
+    """The key that heartbeats under this id (None without keys): another key's heartbeat under it is refused
+    while it is live (`api.owners`)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,10 +62,25 @@ class TooManyProducers(Exception):
     """The table is full of live producers: a new one is refused until one goes."""
 
 
-def record(table: dict[str, Producer], beat: Producer, now: float, gone_after: float, max_producers: int) -> None:
+class ProducerTaken(Exception):
+    """A live producer of another key heartbeats under this id."""
+
+
+def record(
+    table: dict[str, Producer],
+    beat: Producer,
+    now: float,
+    gone_after: float,
+    max_producers: int,
+    may: Callable[[str | None], bool] = lambda owner: True,
+) -> None:
     """Take in one heartbeat (in place). A new producer in a full table forgets the longest-gone one; with
-    every one live, `TooManyProducers`."""
+    every one live, `TooManyProducers`. `may(owner)`: whether the beat's key may act on a record of `owner`'s: a
+    live producer's id is its owner's (`ProducerTaken`); a gone one's, or one recorded before owners were (no
+    owner), is taken over."""
     old = table.get(beat.producer_id)
+    if old is not None and old.owner is not None and old.live(now, gone_after) and not may(old.owner):
+        raise ProducerTaken(f"producer id {beat.producer_id!r} is a live producer of another key: choose another id")
     if old is not None:
         beat.first_seen = old.first_seen
         table[beat.producer_id] = beat

@@ -3,7 +3,6 @@ their own), so every server process and replica sharing the store sees the same 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -11,9 +10,9 @@ import orjson
 from api import state
 from api.config.groups import setting
 from api.errors import Conflict, InvalidData, Unavailable
+from api.owners import ANYONE, Actor
 from api.producers import live as producers
 from api.producers.live import Producer
-from api.state import EnvRecord
 from api.store.base import Txn
 from api.wire.producers import Heartbeat, ProducerView, WeightSyncReply
 
@@ -105,21 +104,22 @@ def sync_txn(txn: Txn, now: float, settings: ProducerSettings) -> WeightSyncRepl
 
 
 def heartbeat_txn(
-    txn: Txn, beat: Heartbeat, now: float, settings: ProducerSettings, check: Callable[[EnvRecord], None]
+    txn: Txn, beat: Heartbeat, now: float, settings: ProducerSettings, actor: Actor = ANYONE
 ) -> tuple[int | None, int | None]:
-    """Record a heartbeat (after `check`ing each env it names exists and may be used); the weights step and the
-    pending sync's."""
+    """Record a heartbeat (each env it names must exist and be `actor`'s to use; its id must not be another
+    key's live producer's); the weights step and the pending sync's."""
     run = state.load(txn)
     for i, env_id in enumerate(beat.env_ids):
         env = run.env(env_id)
-        if env is None:
+        if env is None or actor.hides(env.owner, "env"):
             raise InvalidData(("body", "env_ids", i), f"no environment with env_id {env_id}")
-        check(env)
     table = load_producers(txn)
     fields = beat.model_dump()
     try:
-        producers.record(table, Producer(**fields, last_seen=now, first_seen=now), now, settings.gone_after,
-                         settings.max_producers)  # fmt: skip
+        producers.record(table, Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner), now,
+                         settings.gone_after, settings.max_producers, actor.may)  # fmt: skip
+    except producers.ProducerTaken as exc:
+        raise Conflict(str(exc), loc=("body", "producer_id")) from None
     except producers.TooManyProducers as exc:
         raise Unavailable(f"{exc}; one is forgotten once it is gone ({settings.gone_after:g} s)",
                           settings.gone_after) from None  # fmt: skip

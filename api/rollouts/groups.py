@@ -52,6 +52,9 @@ class OpenGroup:
     """Sealed: slots not in the sealed group -> why. Expired: `group` -> why."""
     scores: dict[str, float] | None = None
     """Scores posted with the seal (scored as a group), by slot."""
+    owner: str | None = None
+    """The key that opened it (None without keys): only that key's producers post, seal, heartbeat and lease its
+    slots (`api.owners`)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -16,12 +16,13 @@ from api import state
 from api.config.groups import setting
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
-from api.http.access import ANONYMOUS, Identity
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder, recorder
+from api.owners import ANYONE, Actor
 from api.rollouts import groups as rg
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
+from api.tasks import leases as task_leases
 from api.wire.rollouts import (
     GroupView,
     OpenGroupsStatus,
@@ -104,9 +105,20 @@ def digest(post: RolloutPost) -> str:
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 
-def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller: Identity) -> GroupView:
-    """Open the group (the same spec again: its view); 409 for another spec under its id, 503 past the env's
-    bound on open groups."""
+def group_of(txn: Txn, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id")) -> GroupRow:
+    """The open group `actor` acts on: 404 if none was opened under `key`, or it is another key's (alike)."""
+    row = txn.rollouts.get(key)
+    unknown = NotFound(f"no group {key!r} was opened", loc=loc)
+    if row is None:
+        raise unknown
+    actor.check(rg.OpenGroup.of(row.record).owner, "open_group", unknown)
+    return row
+
+
+def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller: Actor = ANYONE) -> GroupView:
+    """Open the group (the same spec again: its view); 409 for another spec under its id or another key's group
+    of that id, 503 past the env's bound on open groups. A group opened under a task lease token must be its
+    holder's, as its sealed group will be (checked now: nothing acknowledged is refused later)."""
     if req.deadline_s > settings.rollout_max_deadline_s:
         raise InvalidData(("body", "deadline_s"), f"at most rollout_max_deadline_s ({settings.rollout_max_deadline_s})")
     least = req.group_size if req.min_group_size is None else req.min_group_size
@@ -115,6 +127,8 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
     old = txn.rollouts.get(req.group_id)
     if old is not None:
         g = rg.OpenGroup.of(old.record)
+        if caller.hides(g.owner, "open_group"):
+            raise Conflict(f"the group id {req.group_id!r} is another key's: choose another", loc=("body", "group_id"))
         if (g.env_id, g.group_size, g.min_group_size, g.scores_at_seal, g.task) != (
             req.env_id,
             req.group_size,
@@ -125,19 +139,18 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
             raise Conflict(f"group {req.group_id!r} was opened before with another spec")
         return view(old)
     if req.env_id is not None:
-        from api.service import check_owner  # the service imports this module
-
         env = state.load(txn).env(req.env_id)
-        if env is None:
+        if env is None or caller.hides(env.owner, "env"):
             raise InvalidData(("body", "env_id"), f"env {req.env_id} is not registered")
-        check_owner(caller, env, ("body", "env_id"))
+    if task_leases.is_token(req.group_id):
+        task_leases.check_submission(txn, req.group_id, caller, req.producer_id, ("body",))
     n, _ = txn.rollouts.open_totals(ANON_ENV if req.env_id is None else req.env_id)
     if n >= settings.rollout_max_open_groups:
         raise Unavailable(f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry later")
     g = rg.OpenGroup(
         key=req.group_id, env_id=req.env_id, group_size=req.group_size, min_group_size=least,
         deadline=now + req.deadline_s, producer=req.producer_id, expires_at=now + settings.rollout_lease_s,
-        scores_at_seal=req.scores_at_seal, task=req.task,
+        scores_at_seal=req.scores_at_seal, task=req.task, owner=caller.owner,
     )  # fmt: skip
     row = _row(g, "open", 0)
     txn.rollouts.put(row)
@@ -146,16 +159,14 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
 
 
 def post_txn(
-    txn: Txn, req: RolloutPost, now: float, settings: Settings, books: Recorder = OFF
+    txn: Txn, req: RolloutPost, now: float, settings: Settings, books: Recorder = OFF, caller: Actor = ANYONE
 ) -> tuple[PostReply, bool]:
     """Acknowledge one rollout; whether the group is now complete and is being sealed."""
     if len(req.masks) != len(req.tokens):
         raise InvalidData(("body", "masks"), "one mask per token")
     if req.inference_logprobs is not None and len(req.inference_logprobs) != len(req.tokens):
         raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
-    row = txn.rollouts.get(req.group_id)
-    if row is None:
-        raise NotFound(f"no group {req.group_id!r} was opened")
+    row = group_of(txn, req.group_id, caller)
     first = row
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
@@ -198,11 +209,9 @@ def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: fl
     return _row(g, "sealing", row.bytes, g.deadline)
 
 
-def seal_txn(txn: Txn, req: SealRequest, now: float) -> bool:
+def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> bool:
     """The producer seals its group (with the group's scores); whether there is a seal to finish."""
-    row = txn.rollouts.get(req.group_id)
-    if row is None:
-        raise NotFound(f"no group {req.group_id!r} was opened")
+    row = group_of(txn, req.group_id, caller)
     if row.state != "open":
         return row.state == "sealing"
     g = rg.OpenGroup.of(row.record)
@@ -294,7 +303,7 @@ async def finish(service: Service, key: str) -> None:
         return
     refused = None
     try:
-        await service.ingest(body, "application/json", many=False, caller=ANONYMOUS)
+        await service.ingest(body, "application/json", many=False, caller=ANYONE)  # its posts were checked
     except Unavailable:
         log.info("rollouts: group %r is sealed but its ingest must wait; retried by the next sweep", key)
         return
@@ -337,7 +346,13 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
 
 
 def lease_txn(
-    txn: Txn, producer: str, n: int, now: float, settings: Settings, envs: list[str] | None = None
+    txn: Txn,
+    producer: str,
+    n: int,
+    now: float,
+    settings: Settings,
+    envs: list[str] | None = None,
+    caller: Actor = ANYONE,
 ) -> list[SlotLease]:
     """Lease up to `n` missing slots of groups whose holder lapsed (counted as redispatched); with `envs`, of
     groups of the envs registered under these names only (each producer registers its own env of a name: the
@@ -355,6 +370,8 @@ def lease_txn(
         if len(out) >= n:
             break
         g = rg.OpenGroup.of(row.record)
+        if not caller.may(g.owner):
+            continue  # another key's group: its slots are its own producers' to redo
         lapsed += _drop_lapsed(g, now)  # the sweep may not see them: a group with a slot nobody leases stays due
         slots = rg.missing(g, now)[: n - len(out)]
         rg.lease_slots(g, producer, slots, until)
@@ -404,7 +421,11 @@ def prune_txn(txn: Txn, before: float, limit: int) -> int:
     return len(keys)
 
 
-def heartbeat_txn(txn: Txn, producer: str, keys: list[str], now: float, lease_s: float) -> dict[str, float | None]:
+def heartbeat_txn(
+    txn: Txn, producer: str, keys: list[str], now: float, lease_s: float, caller: Actor = ANYONE
+) -> dict[str, float | None]:
+    """Extend what `producer` holds of these groups; per group, the new expiry or None where it holds nothing
+    (the group decided, not its own nor leased to it, another key's: alike)."""
     out: dict[str, float | None] = {}
     for key in keys:
         row = txn.rollouts.get(key)
@@ -412,6 +433,9 @@ def heartbeat_txn(txn: Txn, producer: str, keys: list[str], now: float, lease_s:
             out[key] = None
             continue
         g = rg.OpenGroup.of(row.record)
+        if caller.hides(g.owner, "open_group"):
+            out[key] = None
+            continue
         mine = [k for k, v in g.leases.items() if v[0] == producer and k not in g.done]
         if g.producer != producer and not mine:
             out[key] = None

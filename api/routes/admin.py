@@ -10,6 +10,7 @@ from fastapi.responses import PlainTextResponse, Response
 from api.http.access import PUBLIC, TRAINER_SIDE
 from api.http.deps import ServiceDep
 from api.http.openapi import ERROR_DESCRIPTIONS, ERROR_REF
+from api.owners import RUN
 from api.routes.spec import route
 from api.wire.records import dumps, to_atropos
 
@@ -33,13 +34,13 @@ _EMPTY_EXAMPLE: dict[str, list[Any]] = {
 }
 
 
-@route(health, "GET", "/", PUBLIC)
+@route(health, "GET", "/", PUBLIC, acts=RUN)
 async def root() -> dict[str, str]:
     """Health check (Atropos tools call it)."""
     return {"message": "AtroposLib API"}
 
 
-@route(router, "GET", "/latest_example", TRAINER_SIDE)
+@route(router, "GET", "/latest_example", TRAINER_SIDE, acts=RUN)
 async def latest_example(service: ServiceDep) -> Response:
     """The last group this server process queued, for eyeballing what envs send."""
     body = _EMPTY_EXAMPLE if service.latest is None else to_atropos(service.latest)
@@ -50,7 +51,8 @@ async def latest_example(service: ServiceDep) -> Response:
     router,
     "GET",
     "/reset_data",
-    TRAINER_SIDE,  # Atropos trainers call it to start a run
+    TRAINER_SIDE,
+    acts=RUN,  # Atropos trainers call it to start a run
     response_class=PlainTextResponse,
     responses={401: {"description": ERROR_DESCRIPTIONS[401], "content": {"application/json": {"schema": ERROR_REF}}}},
 )

@@ -17,10 +17,11 @@ from api.http import body_cost
 from api.http.access import ANY_KEY, ENV_SIDE
 from api.http.body import INLINE_PARSE, off_loop, parse_json, read_body
 from api.http.deps import ServiceDep, SettingsDep, holder
-from api.http.frontdoor import identity_of
+from api.http.frontdoor import actor_of
 from api.ingest.gc_pause import collection_paused
 from api.ingest.submissions import request_key
 from api.ingest.submit import reply_fields
+from api.owners import RUN, RUN_WIDE, acts
 from api.routes.direct import DirectRoute, served_by
 from api.routes.spec import route
 from api.service import Service
@@ -59,7 +60,14 @@ def _body_doc(
 
 
 @route(
-    router, "POST", "/register-env", ENV_SIDE, body="json", statuses=(400, 422), response_model=EnvRegistered | EnvWait
+    router,
+    "POST",
+    "/register-env",
+    ENV_SIDE,
+    acts=RUN,
+    body="json",
+    statuses=(400, 422),
+    response_model=EnvRegistered | EnvWait,
 )
 async def register_env(
     body: Annotated[RegisterEnv, Body(openapi_examples={"env": {"summary": "Groups of 2", "value": ENV_EXAMPLE}})],
@@ -67,15 +75,15 @@ async def register_env(
     request: Request,
 ) -> dict[str, Any]:
     """Register a rollout handler; before the trainer's first /batch it is told to wait."""
-    registered = await service.register_env(body, identity_of(request.scope))
+    registered = await service.register_env(body, actor_of(request.scope))
     if registered is None:
         return {"status": "wait for trainer to start"}
     return registered.model_dump(exclude_none=True)
 
 
 # ANY_KEY: an env key disconnects its own envs; trainer and admin keys any env
-@route(router, "POST", "/disconnect-env", ANY_KEY, body="json", statuses=(400, 422), response_model=DisconnectReply,
-       response_model_exclude_none=True)  # fmt: skip
+@route(router, "POST", "/disconnect-env", ANY_KEY, acts=acts("env", others=RUN_WIDE), body="json",
+       statuses=(400, 422), response_model=DisconnectReply, response_model_exclude_none=True)  # fmt: skip
 async def disconnect_env(
     body: Annotated[
         EnvIdentifier, Body(openapi_examples={"env": {"summary": "The first env", "value": {"env_id": 0}}})
@@ -84,7 +92,7 @@ async def disconnect_env(
     request: Request,
 ) -> dict[str, str]:
     """Mark an env as gone: its minimum allocation no longer holds batches back. Its queued data stays."""
-    error = await service.disconnect_env(body.env_id, identity_of(request.scope))
+    error = await service.disconnect_env(body.env_id, actor_of(request.scope))
     return {"status": "success"} if error is None else {"status": "failure", "error": error}
 
 
@@ -93,6 +101,7 @@ async def disconnect_env(
     "GET",
     "/status-env",
     ANY_KEY,
+    acts=acts("env", others=RUN_WIDE),
     statuses=(400, 404, 413, 422),
     response_model=EnvStatus,
     openapi_extra=_body_doc(EnvIdentifier.model_json_schema(), example={"env_id": 0}, required=False),
@@ -110,7 +119,7 @@ async def status_env(
         env_id = sent if env_id is None else env_id
     if env_id is None:
         raise InvalidData(("query", "env_id"), 'env_id is required, as ?env_id= or a JSON body {"env_id": N}')
-    return await service.env_status(env_id)
+    return await service.env_status(env_id, actor_of(request.scope))
 
 
 IDEMPOTENCY_KEY_MAX = 200
@@ -148,7 +157,7 @@ async def _submitted(
         service: Service = state.service
         big = len(raw) > INLINE_PARSE
         with collection_paused() if big else nullcontext(), large() if big else nullcontext():
-            replies = await service.ingest(raw, content_type, many=many, key=key, caller=identity_of(request.scope))
+            replies = await service.ingest(raw, content_type, many=many, key=key, caller=actor_of(request.scope))
             response = answer(replies)
             del replies, raw
         return response
@@ -190,6 +199,7 @@ async def submit_list(request: Request) -> Response:
     "POST",
     "/scored_data",
     ENV_SIDE,
+    acts=acts("env", "task_lease"),
     body="ingest",
     statuses=_INGEST_ERRORS,
     response_model=ScoredReply,
@@ -219,6 +229,7 @@ async def scored_data(
     "POST",
     "/scored_data_list",
     ENV_SIDE,
+    acts=acts("env", "task_lease"),
     body="ingest",
     statuses=_INGEST_ERRORS,
     response_model=ScoredListReply,

@@ -16,6 +16,7 @@ from api import export
 from api.errors import NotInstalled, Unavailable
 from api.http.access import TRAINER_SIDE
 from api.http.deps import ServiceDep, SettingsDep
+from api.owners import RUN
 from api.routes.spec import route
 
 router = APIRouter(tags=["trainer"])
@@ -41,7 +42,8 @@ def _streams(request: Request) -> Streams:
     router,
     "GET",
     "/export",
-    TRAINER_SIDE,  # the run's data, as the trainer reads it
+    TRAINER_SIDE,
+    acts=RUN,  # the run's data, as the trainer reads it
     statuses=(422, 501, 503),
     response_class=StreamingResponse,
     responses={

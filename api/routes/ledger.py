@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from api.http.access import TRAINER_SIDE
 from api.http.deps import ServiceDep
 from api.ledger.replies import LedgerGroupsReply, LedgerStepReply
+from api.owners import RUN
 from api.routes.spec import route
 from api.wire.records import dumps
 
@@ -27,6 +28,7 @@ DATA = Query(description="Include each retained group's data, as GET /batch serv
     "GET",
     "/ledger/steps/{step}",
     TRAINER_SIDE,
+    acts=RUN,
     statuses=(404, 422),
     response_class=Response,
     responses={200: {"model": LedgerStepReply, "description": "The batch's row and its groups'"}},
@@ -48,6 +50,7 @@ async def ledger_step(
     "GET",
     "/ledger/groups/{group_id:path}",
     TRAINER_SIDE,
+    acts=RUN,
     statuses=(404, 422),
     response_class=Response,
     responses={200: {"model": LedgerGroupsReply, "description": "The groups' rows"}},

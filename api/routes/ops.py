@@ -14,6 +14,7 @@ from api.errors import Unavailable
 from api.http.access import ANY_KEY, PUBLIC
 from api.http.deps import ServiceDep, SettingsDep
 from api.http.keyring import KeyFile
+from api.owners import RUN
 from api.rollouts import metrics as rollout_metrics
 from api.rollouts import service as rollout_service
 from api.routes.spec import route
@@ -36,7 +37,7 @@ prometheus = APIRouter(tags=["operations"])
 """/metrics, behind the API key when one is set (Prometheus sends it with `authorization:` in its scrape config)."""
 
 
-@route(probes, "GET", "/healthz", PUBLIC)
+@route(probes, "GET", "/healthz", PUBLIC, acts=RUN)
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers (it does not touch the store)."""
     return {"status": "ok"}
@@ -47,6 +48,7 @@ async def healthz() -> dict[str, str]:
     "GET",
     "/readyz",
     PUBLIC,
+    acts=RUN,
     statuses=(503,),
     responses={200: {"description": "Ready.", "content": {"application/json": {"example": {"status": "ok"}}}}},
 )
@@ -73,7 +75,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@route(prometheus, "GET", "/metrics", ANY_KEY, response_class=Response,
+@route(prometheus, "GET", "/metrics", ANY_KEY, acts=RUN, response_class=Response,
        responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})  # fmt: skip
 async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
@@ -86,13 +88,13 @@ async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Resp
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
-@route(probes, "GET", "/dashboard", PUBLIC, response_class=HTMLResponse)  # the page: no data
+@route(probes, "GET", "/dashboard", PUBLIC, acts=RUN, response_class=HTMLResponse)  # the page: no data
 async def dashboard() -> HTMLResponse:
     """A live page for people: step, rates, queues and mix, staleness, drops, backpressure."""
     return HTMLResponse(_DASHBOARD)
 
 
-@route(router, "GET", "/dashboard/data", ANY_KEY)
+@route(router, "GET", "/dashboard/data", ANY_KEY, acts=RUN)
 async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response:
     """What the dashboard polls: one consistent snapshot of the buffer, per env for at most `metrics_max_envs`
     envs (the rest summed, as /metrics does)."""

@@ -6,14 +6,15 @@ from fastapi import APIRouter, Request
 
 from api.http.access import ANY_KEY, ENV_SIDE, TRAINER_SIDE
 from api.http.deps import ServiceDep
-from api.http.frontdoor import identity_of
+from api.http.frontdoor import actor_of
+from api.owners import RUN, acts
 from api.routes.spec import route
 from api.wire.producers import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
 
 router = APIRouter(tags=["producers"])
 
 
-@route(router, "POST", "/weights", TRAINER_SIDE, statuses=(400, 409, 422), response_model=WeightsReply)
+@route(router, "POST", "/weights", TRAINER_SIDE, acts=RUN, statuses=(400, 409, 422), response_model=WeightsReply)
 async def announce_weights(body: WeightsAnnounce, service: ServiceDep) -> WeightsReply:
     """The weights of trainer step `step` are live on the inference servers (the trainer sends it after each
     weight sync). Producers read it in `/status-env` and heartbeat replies, and stamp it on the groups they start
@@ -21,13 +22,15 @@ async def announce_weights(body: WeightsAnnounce, service: ServiceDep) -> Weight
     return await service.announce_weights(body.step)
 
 
-@route(router, "GET", "/weights", ANY_KEY, response_model=WeightsReply)
+@route(router, "GET", "/weights", ANY_KEY, acts=RUN, response_model=WeightsReply)
 async def weights(service: ServiceDep) -> WeightsReply:
     """The step of the weights announced live last (null before any)."""
     return await service.weights()
 
 
-@route(router, "POST", "/weights/pending", TRAINER_SIDE, statuses=(400, 409, 422), response_model=WeightSyncReply)
+@route(
+    router, "POST", "/weights/pending", TRAINER_SIDE, acts=RUN, statuses=(400, 409, 422), response_model=WeightSyncReply
+)
 async def begin_weights(body: WeightsAnnounce, service: ServiceDep) -> WeightSyncReply:
     """A weight sync to `step` begins (the trainer sends it before pushing weights; POST /weights ends it).
     Producers of envs with `on_new_weights="drain"` learn it from `/status-env` or their heartbeat's reply, start
@@ -36,21 +39,29 @@ async def begin_weights(body: WeightsAnnounce, service: ServiceDep) -> WeightSyn
     return await service.begin_weights(body.step)
 
 
-@route(router, "GET", "/weights/pending", ANY_KEY, response_model=WeightSyncReply)
+@route(router, "GET", "/weights/pending", ANY_KEY, acts=RUN, response_model=WeightSyncReply)
 async def weight_sync(service: ServiceDep) -> WeightSyncReply:
     """The weight sync begun and not yet announced (`pending_step`, null when none) and the live producers it
     still waits for."""
     return await service.weight_sync()
 
 
-@route(router, "POST", "/producers/heartbeat", ENV_SIDE, statuses=(400, 403, 422, 503), response_model=HeartbeatReply)
+@route(
+    router,
+    "POST",
+    "/producers/heartbeat",
+    ENV_SIDE,
+    acts=acts("env", "producer"),
+    statuses=(400, 403, 422, 503),
+    response_model=HeartbeatReply,
+)
 async def heartbeat(body: Heartbeat, request: Request, service: ServiceDep) -> HeartbeatReply:
     """A producer is alive: its envs, in flight, rate, failures, weights, what holds it back. One not heard of
     for `producer_gone_after` s is gone (/status, /metrics; a waiting trainer's `stall_reason`)."""
-    return await service.heartbeat(body, identity_of(request.scope))
+    return await service.heartbeat(body, actor_of(request.scope))
 
 
-@route(router, "GET", "/producers", ANY_KEY, response_model=list[ProducerView])
+@route(router, "GET", "/producers", ANY_KEY, acts=RUN, response_model=list[ProducerView])
 async def producers(service: ServiceDep) -> list[ProducerView]:
     """Every producer that heartbeats, live or gone, with its last-seen time (oldest first)."""
     return (await service.producer_report()).producers

@@ -4,6 +4,7 @@ and FastAPI's own description pages: what the front door enforces (`api.http.fro
 from __future__ import annotations
 
 from api.http.access import PUBLIC, Body, RouteTable, Rule
+from api.owners import Acts
 from api.routes import admin, envs, export, ledger, ops, producers, rollouts, tasks, trainer
 from api.routes.spec import DECLARED
 
@@ -17,7 +18,9 @@ DESCRIPTION_PAGES: dict[tuple[str, str], Rule] = {
     ("GET", "/openapi.json"): PUBLIC,
 }
 """The API's description, served by FastAPI itself: no data, no key."""
-ROUTES: dict[tuple[str, str], Rule] = {**DESCRIPTION_PAGES, **{key: roles for key, (roles, _) in DECLARED.items()}}
+ROUTES: dict[tuple[str, str], Rule] = {**DESCRIPTION_PAGES, **{key: roles for key, (roles, *_) in DECLARED.items()}}
 """Every route and the roles it admits (tests/unit/test_access.py checks that the app has no other)."""
-BODIES: dict[str, Body] = {path: body for (_, path), (_, body) in DECLARED.items() if body != "small"}
-TABLE = RouteTable(ROUTES, BODIES)
+BODIES: dict[str, Body] = {path: body for (_, path), (_, body, _) in DECLARED.items() if body != "small"}
+ACTS: dict[tuple[str, str], Acts] = {key: acts for key, (*_, acts) in DECLARED.items()}
+"""What each route acts on and who may act on another key's (the description pages act on nothing)."""
+TABLE = RouteTable(ROUTES, BODIES, ACTS)

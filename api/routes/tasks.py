@@ -6,7 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Query
 
 from api.http.access import ANY_KEY, ENV_SIDE
-from api.http.deps import ServiceDep, SettingsDep
+from api.http.deps import ActorDep, ServiceDep, SettingsDep
+from api.owners import RUN_WIDE, acts
 from api.routes.spec import route
 from api.tasks import service as task_service
 from api.wire.rules import SAFE_INT_MAX
@@ -31,30 +32,49 @@ router = APIRouter(tags=["tasks"])
     "POST",
     "/tasks/datasets",
     ENV_SIDE,
+    acts=acts("dataset"),
     body="ingest",
     statuses=(400, 409, 422, 503),
     response_model=DatasetView,
 )
-async def register_dataset(body: DatasetSpec, service: ServiceDep, settings: SettingsDep) -> DatasetView:
+async def register_dataset(
+    body: DatasetSpec, service: ServiceDep, settings: SettingsDep, actor: ActorDep
+) -> DatasetView:
     """Register a dataset: its tasks inline (`tasks`, more pages with POST /tasks/pages) or a JSONL or Parquet
     file the server reads (`path`, under `task_files_dir`; none without it). A retry of the same registration
     is safe, and goes on reading a file where it stopped."""
-    return await task_service.register(service.store, settings, body)
+    return await task_service.register(service.store, settings, body, actor)
 
 
 @route(
-    router, "POST", "/tasks/pages", ENV_SIDE, body="ingest", statuses=(400, 404, 422, 503), response_model=DatasetView
+    router,
+    "POST",
+    "/tasks/pages",
+    ENV_SIDE,
+    acts=acts("dataset"),
+    body="ingest",
+    statuses=(400, 404, 422, 503),
+    response_model=DatasetView,
 )
-async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep) -> DatasetView:
+async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> DatasetView:
     """The next page of a dataset's tasks (`first`: the tasks stored so far); `last` seals it."""
-    return await task_service.add_page(service.store, settings, body)
+    return await task_service.add_page(service.store, settings, body, actor)
 
 
-@route(router, "POST", "/tasks/lease", ENV_SIDE, body="json", statuses=(400, 404, 422, 503), response_model=LeaseReply)
-async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep) -> LeaseReply:
+@route(
+    router,
+    "POST",
+    "/tasks/lease",
+    ENV_SIDE,
+    acts=acts("dataset"),
+    body="json",
+    statuses=(400, 404, 422, 503),
+    response_model=LeaseReply,
+)
+async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> LeaseReply:
     """Up to `n` tasks, each leased for `task_lease_s` unless heartbeated: tasks whose lease expired or that are
     retried come first, then the cursor's next. Send each task's group with its `token` as `group_id`."""
-    return await task_service.lease(service.store, settings, body)
+    return await task_service.lease(service.store, settings, body, actor)
 
 
 @route(
@@ -62,31 +82,52 @@ async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep) 
     "POST",
     "/tasks/heartbeat",
     ENV_SIDE,
+    acts=acts("task_lease"),
     body="json",
     statuses=(400, 422, 503),
     response_model=TaskHeartbeatReply,
 )
-async def heartbeat(body: TaskTokens, service: ServiceDep, settings: SettingsDep) -> TaskHeartbeatReply:
+async def heartbeat(
+    body: TaskTokens, service: ServiceDep, settings: SettingsDep, actor: ActorDep
+) -> TaskHeartbeatReply:
     """Extend leases; null for those lost."""
-    return await task_service.heartbeat(service.store, settings, body.tokens)
+    return await task_service.heartbeat(service.store, settings, body.tokens, actor)
 
 
-@route(router, "POST", "/tasks/fail", ENV_SIDE, body="json", statuses=(400, 422, 503), response_model=TaskFailureReply)
-async def fail(body: TaskFailure, service: ServiceDep) -> TaskFailureReply:
+@route(
+    router,
+    "POST",
+    "/tasks/fail",
+    ENV_SIDE,
+    acts=acts("task_lease"),
+    body="json",
+    statuses=(400, 422, 503),
+    response_model=TaskFailureReply,
+)
+async def fail(body: TaskFailure, service: ServiceDep, actor: ActorDep) -> TaskFailureReply:
     """End a lease without a group: failed with `reason` (the dataset's retry policy applies), or handed back."""
-    return await task_service.fail(service.store, body)
+    return await task_service.fail(service.store, body, actor)
 
 
-@route(router, "GET", "/tasks", ANY_KEY, response_model=list[DatasetView])
-async def datasets(service: ServiceDep) -> list[DatasetView]:
+@route(router, "GET", "/tasks", ANY_KEY, acts=acts("dataset", others=RUN_WIDE), response_model=list[DatasetView])
+async def datasets(service: ServiceDep, actor: ActorDep) -> list[DatasetView]:
     """Every dataset: its cursor and how many tasks are in each state."""
-    return await task_service.datasets(service.store)
+    return await task_service.datasets(service.store, actor)
 
 
-@route(router, "GET", "/tasks/rows", ANY_KEY, statuses=(404, 422), response_model=TaskRows)
+@route(
+    router,
+    "GET",
+    "/tasks/rows",
+    ANY_KEY,
+    acts=acts("dataset", others=RUN_WIDE),
+    statuses=(404, 422),
+    response_model=TaskRows,
+)
 async def rows(
     service: ServiceDep,
     settings: SettingsDep,
+    actor: ActorDep,
     dataset: str = Query(description="The dataset's name."),
     after_epoch: int = Query(
         -1, ge=-1, le=SAFE_INT_MAX, description="Tasks after this (epoch, index): the last page's `next`."
@@ -95,4 +136,4 @@ async def rows(
     limit: int = Query(1000, ge=1, le=SAFE_INT_MAX, description="Most tasks (at most `task_page_size`)."),
 ) -> TaskRows:
     """A page of a dataset's tasks handed out so far, by (epoch, index), each with its fate."""
-    return await task_service.rows(service.store, settings, dataset, (after_epoch, after_index), limit)
+    return await task_service.rows(service.store, settings, dataset, (after_epoch, after_index), limit, actor)

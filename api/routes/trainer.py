@@ -21,6 +21,7 @@ from api.http.body import accepts_gzip, gzip_compress
 from api.http.deps import ServiceDep, SettingsDep
 from api.http.frontdoor import still_admitted
 from api.logs import RateLimiter
+from api.owners import RUN
 from api.routes.spec import route
 from api.views.metrics import WAITING_LONG_POLLS
 from api.wire.records import (
@@ -60,7 +61,16 @@ STALLS = RateLimiter(interval=STALL_WARN_S, burst=1)
 """A long-poll that has waited this long without a batch logs a warning with the reason (then every 30 s)."""
 
 
-@route(router, "POST", "/register", TRAINER_SIDE, body="json", statuses=(400, 409, 422), response_model=RegisterReply)
+@route(
+    router,
+    "POST",
+    "/register",
+    TRAINER_SIDE,
+    acts=RUN,
+    body="json",
+    statuses=(400, 409, 422),
+    response_model=RegisterReply,
+)
 async def register(
     registration: Annotated[
         Registration,
@@ -77,6 +87,7 @@ async def register(
     "GET",
     "/batch",
     TRAINER_SIDE,
+    acts=RUN,
     statuses=(409, 410, 422, 503),
     responses={
         200: {
@@ -234,7 +245,7 @@ def _json(obj: object) -> Response:
     return Response(dumps(obj), media_type="application/json")
 
 
-@route(router, "POST", "/commit", TRAINER_SIDE, statuses=(400, 409, 422), response_model=CommitReply)
+@route(router, "POST", "/commit", TRAINER_SIDE, acts=RUN, statuses=(400, 409, 422), response_model=CommitReply)
 async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
     """Acknowledge every batch before `step`: trained and saved, so they are freed (the trainer's checkpoint
     hook sends it; one commit for all data-parallel ranks). With `acknowledge: "commit"` this is how batches are
@@ -242,7 +253,7 @@ async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
     return await service.commit(body.step)
 
 
-@route(router, "GET", "/status", ANY_KEY, response_model=Status)
+@route(router, "GET", "/status", ANY_KEY, acts=RUN, response_model=Status)
 async def status(service: ServiceDep) -> Response:
     """Step, queue size, and why no batch can be formed (if something other than data is missing)."""
     status = await service.status()
@@ -250,7 +261,7 @@ async def status(service: ServiceDep) -> Response:
     return Response(status.model_dump_json(exclude=hidden), media_type="application/json")
 
 
-@route(router, "GET", "/info", ANY_KEY, response_model=Info)
+@route(router, "GET", "/info", ANY_KEY, acts=RUN, response_model=Info)
 async def info(service: ServiceDep) -> Info:
     """The trainer's batch size and max token length (-1 before registration), the encodings spoken, and the
     read-ahead bound of commit mode."""
@@ -260,7 +271,7 @@ async def info(service: ServiceDep) -> Info:
     )
 
 
-@route(router, "GET", "/wandb_info", ANY_KEY, response_model=WandbInfo)
+@route(router, "GET", "/wandb_info", ANY_KEY, acts=RUN, response_model=WandbInfo)
 async def wandb_info(service: ServiceDep) -> WandbInfo:
     """The trainer's wandb group and project."""
     run = await service.run_state()

@@ -47,6 +47,11 @@ class TaskRow:
     updated_at: float = 0.0
     seq: int = 0
     """Waiting: its place at the front (smaller first)."""
+    holder: str | None = None
+    """The name of the key that took its lease (None without keys): only that key may act on the lease."""
+    nonce: str | None = None
+    """The random part of its lease's token, new with each lease: a token cannot be guessed from what is shown
+    (None: leased before tokens had one, docs/tasks.md)."""
 
 
 class TaskTxn(ABC):
@@ -103,7 +108,10 @@ class TaskTxn(ABC):
         """Up to `limit` rows of `name` with (epoch, index) above `after`, in that order: paging for views."""
 
 
-COLUMNS = "dataset, epoch, idx, state, leases, producer, expires_at, retries, ledger_id, step, reason, updated_at, seq"
+COLUMNS = (
+    "dataset, epoch, idx, state, leases, producer, expires_at, retries, ledger_id, step, reason, updated_at, seq, "
+    "holder, nonce"
+)
 """The SQL backends' `tasks` columns, in `TaskRow`'s order."""
 
 
@@ -114,4 +122,4 @@ def row_of(r: Sequence[object]) -> TaskRow:
 
 def values_of(row: TaskRow) -> tuple[object, ...]:
     return (row.dataset, row.epoch, row.index, row.state, row.leases, row.producer, row.expires_at, row.retries,
-            row.ledger_id, row.step, row.reason, row.updated_at, row.seq)  # fmt: skip
+            row.ledger_id, row.step, row.reason, row.updated_at, row.seq, row.holder, row.nonce)  # fmt: skip

@@ -11,11 +11,15 @@ tasks it touches, never the dataset.
 
 from __future__ import annotations
 
+import hmac
 import json
+import re
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from api.errors import Conflict, InvalidData, NotFound, RollbufError
+from api.owners import ANYONE, Actor
 from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
 from api.store.tasks import FRONT, LEASED, TaskRow
 from api.tasks.order import SEQUENTIAL, WEIGHTED, task_at, weighted_at
@@ -28,7 +32,13 @@ EVENTS = ("expired", "retried", "late")
 """Counted, not states: leases that ended unheartbeated, tasks offered again under the retry policy, groups that
 came on a lease their task no longer had (their task was already submitted)."""
 TOKEN_PREFIX = "task:"
-"""Lease tokens are group ids: a group sent with one (`group_id`) is its task's submission, idempotent as any."""
+"""Lease tokens are group ids: a group sent with one (`group_id`) is its task's submission, idempotent as any. A
+group id with this prefix is a lease token or refused."""
+_TOKEN = re.compile(r"task:([A-Za-z0-9_.\-]{1,64}):([0-9]{1,18}):([0-9]{1,18}):([0-9]{1,18})(?:\.([0-9a-f]{24}))?")
+"""`task:DATASET:EPOCH:INDEX:LEASE.NONCE`: ASCII digits only (`str.isdigit` takes `²`, which `int` refuses), at
+most 18 of them (below 2^63 on every store), and the nonce's 24 hex digits (96 random bits; absent only from a
+lease taken before tokens had one)."""
+NONCE_BYTES = 12
 ANY_KEY = "tasks:any"
 """A named value set once a dataset exists: the hooks cost nothing in runs without one."""
 RECLAIM_LIMIT = 256
@@ -72,6 +82,9 @@ class Dataset:
     """Tasks per state (STATES) and events (EVENTS)."""
     held: dict[str, int] = field(default_factory=dict)
     """Leases held per producer."""
+    owner: str | None = None
+    """The key that registered it (None without keys): only that key's env role adds to it, leases from it and
+    sees it (`api.owners`)."""
 
     def to_json(self) -> str:
         out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: no deep copies
@@ -127,18 +140,45 @@ def _index_levels(txn: Txn, d: Dataset, first: int, data: Sequence[str], where: 
         d.level_sizes[level] = d.level_sizes.get(level, 0) + len(indices)
 
 
-def token_of(name: str, epoch: int, index: int, leases: int) -> str:
-    return f"{TOKEN_PREFIX}{name}:{epoch}:{index}:{leases}"
+def token_of(name: str, epoch: int, index: int, leases: int, nonce: str | None) -> str:
+    base = f"{TOKEN_PREFIX}{name}:{epoch}:{index}:{leases}"
+    return base if nonce is None else f"{base}.{nonce}"
 
 
-def parse_token(token: str) -> tuple[str, int, int, int] | None:
-    """(dataset, epoch, index, lease number), or None if `token` is not a lease token."""
-    if not token.startswith(TOKEN_PREFIX):
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A lease token, parsed."""
+
+    dataset: str
+    epoch: int
+    index: int
+    lease: int
+    """The task's lease number it was given with (a lease that lapsed is told apart from the one after it)."""
+    nonce: str | None
+
+
+def parse_token(token: str) -> Token | None:
+    """The token's parts, or None if `token` is not a lease token. Total: any string parses or is None."""
+    found = _TOKEN.fullmatch(token) if token.startswith(TOKEN_PREFIX) else None
+    if found is None:
         return None
-    parts = token[len(TOKEN_PREFIX) :].rsplit(":", 3)
-    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
-        return None
-    return parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+    name, epoch, index, lease, nonce = found.groups()
+    return Token(name, int(epoch), int(index), int(lease), nonce)
+
+
+def is_token(group_id: str | None) -> bool:
+    """Whether a group id claims to be a lease token (it has the prefix): it must then parse and be held."""
+    return group_id is not None and group_id.startswith(TOKEN_PREFIX)
+
+
+def _same_lease(row: TaskRow, token: Token) -> bool:
+    """Whether `token` is the token of `row`'s current lease (its number, and its random part, compared in
+    constant time; a lease taken before tokens had one matches a token without)."""
+    if row.leases != token.lease:
+        return False
+    if row.nonce is None or token.nonce is None:
+        return row.nonce is None and token.nonce is None
+    return hmac.compare_digest(row.nonce, token.nonce)
 
 
 class _Moves:
@@ -184,6 +224,16 @@ def _count(d: Dataset, event: str, n: int = 1) -> None:
     d.counts[event] = d.counts.get(event, 0) + n
 
 
+def dataset(moves: _Moves, name: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "dataset")) -> Dataset:
+    """The dataset `actor` acts on: 404 if there is none of that name, or another key's (answered alike)."""
+    d = moves.get(name)
+    unknown = NotFound(f"no dataset {name!r}", loc=loc)
+    if d is None:
+        raise unknown
+    actor.check(d.owner, "dataset", unknown)
+    return d
+
+
 def register(txn: Txn, d: Dataset) -> Dataset:
     """Register a dataset (its tasks are added by `add_tasks`); Conflict if the name is taken."""
     if txn.tasks.get_dataset(d.name) is not None:
@@ -194,14 +244,19 @@ def register(txn: Txn, d: Dataset) -> Dataset:
 
 
 def add_tasks(
-    txn: Txn, name: str, first: int, data: Sequence[str], *, last: bool, where: tuple[str, ...] = ("body", "tasks")
+    txn: Txn,
+    name: str,
+    first: int,
+    data: Sequence[str],
+    *,
+    last: bool,
+    where: tuple[str, ...] = ("body", "tasks"),
+    actor: Actor = ANYONE,
 ) -> Dataset:
     """Store a page of tasks at `first` (the dataset's size so far: pages come in order, a page sent again is
     a no-op); `last` seals the dataset. `where`: the field a task without a level is reported at."""
     moves = _Moves(txn)
-    d = moves.get(name)
-    if d is None:
-        raise NotFound(f"no dataset {name!r}")
+    d = dataset(moves, name, actor)
     if d.sealed and first + len(data) <= d.size:
         return d  # a retried page of a sealed dataset
     if first > d.size:
@@ -215,13 +270,21 @@ def add_tasks(
     return d
 
 
-def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: float, max_held: int) -> list[Lease]:
+def lease(
+    txn: Txn,
+    name: str,
+    producer: str,
+    n: int,
+    now: float,
+    duration: float,
+    max_held: int,
+    actor: Actor = ANYONE,
+) -> list[Lease]:
     """Up to `n` tasks for `producer` (fewer past `max_held` leases held, or when none is left now): expired
-    leases back to the front first, then the front, then the cursor."""
+    leases back to the front first, then the front, then the cursor. Each lease is bound to `actor`'s key and
+    `producer`, and its token has a random part of its own."""
     moves = _Moves(txn)
-    d = moves.get(name)
-    if d is None:
-        raise NotFound(f"no dataset {name!r}")
+    d = dataset(moves, name, actor)
     tasks = txn.tasks
     n = max(0, min(n, max_held - d.held.get(producer, 0)))
     expired, front = tasks.reclaimable(name, now, RECLAIM_LIMIT, n)
@@ -230,9 +293,11 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     # Expired leases join the front behind what waits there already (their seq is the next), and are taken after.
     back = [_move(d, row, FRONT) for row in expired]
     until = now + duration
+    holder = actor.owner
     taken: list[TaskRow] = []
     for row in (front + back)[:n]:
-        taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now))
+        taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now,
+                           holder=holder, nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
     fresh: list[tuple[str, int]] = []  # from the cursor: (level, rank) in a weighted order, else ("", index)
     while len(taken) + len(fresh) < n and (d.sealed or d.order == SEQUENTIAL):  # others need the final size
         if d.position >= d.size:
@@ -250,7 +315,8 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
         d.position += 1
     for index in _indices(txn, name, fresh):
         row = TaskRow(name, d.epoch, index, "", updated_at=now)
-        taken.append(_move(d, row, LEASED, leases=1, producer=producer, expires_at=until))
+        taken.append(_move(d, row, LEASED, leases=1, producer=producer, expires_at=until, holder=holder,
+                           nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
     for row in taken:
         if row.producer is not None:
             d.held[row.producer] = d.held.get(row.producer, 0) + 1
@@ -258,8 +324,8 @@ def lease(txn: Txn, name: str, producer: str, n: int, now: float, duration: floa
     tasks.put_rows(list(written.values()))
     moves.write()
     data = tasks.task_data(name, {r.index for r in taken})
-    return [Lease(token_of(name, r.epoch, r.index, r.leases), r.epoch, r.index, data.get(r.index, "null"), until)
-            for r in taken]  # fmt: skip
+    return [Lease(token_of(name, r.epoch, r.index, r.leases, r.nonce), r.epoch, r.index, data.get(r.index, "null"),
+                  until) for r in taken]  # fmt: skip
 
 
 def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:
@@ -275,28 +341,34 @@ def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:
         raise RollbufError(f"dataset {name!r}: a level's task index is missing from the store") from None
 
 
-def _held(txn: Txn, token: str) -> tuple[Dataset, TaskRow, _Moves] | None:
-    """The dataset and row of a lease that is still held, else None."""
+def _held(txn: Txn, token: str, actor: Actor) -> tuple[Dataset, TaskRow, _Moves] | None:
+    """The dataset and row of a lease that is still held under this token and that `actor` may act on, else None
+    (not a token, an unknown dataset, a lease lost, a token that is not the lease's, another key's lease: all
+    alike, so a key learns nothing of another's leases)."""
     parsed = parse_token(token)
     if parsed is None:
         return None  # not a token: no lease it could hold
-    name, epoch, index, number = parsed
     moves = _Moves(txn)
-    d = moves.get(name)
+    d = moves.get(parsed.dataset)
     if d is None:
         return None
-    row = txn.tasks.rows(name, [(epoch, index)]).get((epoch, index))
-    if row is None or row.state != LEASED or row.leases != number:
+    key = (parsed.epoch, parsed.index)
+    row = txn.tasks.rows(parsed.dataset, [key]).get(key)
+    if row is None or row.state != LEASED or not _same_lease(row, parsed):
         return None
+    if actor.hides(row.holder if row.nonce is not None else d.owner, "task_lease"):
+        return None  # a lease taken before tokens had a random part is its dataset owner's
     return d, row, moves
 
 
-def heartbeat(txn: Txn, tokens: Iterable[str], now: float, duration: float) -> dict[str, float | None]:
+def heartbeat(
+    txn: Txn, tokens: Iterable[str], now: float, duration: float, actor: Actor = ANYONE
+) -> dict[str, float | None]:
     """Extend these leases to `now + duration`; per token, the new expiry or None where the lease is lost
-    (expired and handed out again, or the task already submitted)."""
+    (expired and handed out again, the task already submitted) or is not this key's."""
     out: dict[str, float | None] = {}
     for token in tokens:
-        found = _held(txn, token)
+        found = _held(txn, token, actor)
         if found is None:
             out[token] = None
             continue
@@ -306,10 +378,10 @@ def heartbeat(txn: Txn, tokens: Iterable[str], now: float, duration: float) -> d
     return out
 
 
-def give_up(txn: Txn, token: str, reason: str | None, now: float) -> bool:
+def give_up(txn: Txn, token: str, reason: str | None, now: float, actor: Actor = ANYONE) -> bool:
     """The producer ends its lease: failed with `reason` (the retry policy applies), or, with None, handed back
-    untried (to the front, not a retry). False if the lease was already lost."""
-    found = _held(txn, token)
+    untried (to the front, not a retry). False if the lease was already lost (or is not this key's)."""
+    found = _held(txn, token, actor)
     if found is None:
         return False
     d, row, moves = found
@@ -319,6 +391,42 @@ def give_up(txn: Txn, token: str, reason: str | None, now: float) -> bool:
         txn.tasks.put_rows([_ended(d, row, FAILED, reason, None, now)])
     moves.write()
     return True
+
+
+def check_submission(
+    txn: Txn, group_id: str, actor: Actor, producer: str | None, loc: tuple[str | int, ...]
+) -> None:
+    """A group sent under a lease token is acknowledged only as its lease's submission: from the key holding the
+    lease (and the producer, when the group names one), while the lease is still its task's. A lease that lapsed
+    and passed to another producer, or whose task was already submitted, is refused (409), so that a producer
+    paused past its lease never gets its task trained twice; another key's lease answers as an unknown one."""
+    at = (*loc, "group_id")
+    parsed = parse_token(group_id)
+    if parsed is None:
+        raise InvalidData(at, f"a group id starting with {TOKEN_PREFIX!r} is a task lease token, and this is not one")
+    unknown = NotFound(f"no task lease {group_id!r}", loc=at)
+    if txn.get_value(ANY_KEY) is None:
+        raise unknown
+    d = Dataset.of(text) if (text := txn.tasks.get_dataset(parsed.dataset)) is not None else None
+    key = (parsed.epoch, parsed.index)
+    row = txn.tasks.rows(parsed.dataset, [key]).get(key) if d is not None else None
+    if d is None or row is None or row.leases < parsed.lease:
+        raise unknown
+    if row.leases == parsed.lease and not _same_lease(row, parsed):
+        raise unknown  # a forged random part
+    holder = row.holder if row.nonce is not None else d.owner
+    if row.leases == parsed.lease and actor.hides(holder, "task_lease"):
+        raise unknown
+    if row.leases > parsed.lease:
+        if actor.hides(d.owner, "task_lease"):
+            raise unknown
+        raise Conflict(f"the lease {group_id!r} lapsed and its task was leased again: this group is not its task's "
+                       "submission; nothing was stored (docs/tasks.md, 'Leases')", loc=at)  # fmt: skip
+    if row.state not in (LEASED, FRONT):
+        raise Conflict(f"the task of lease {group_id!r} is {row.state} already: nothing was stored", loc=at)
+    if producer is not None and row.producer is not None and producer != row.producer:
+        raise Conflict(f"the lease {group_id!r} is held by another producer than {producer!r}: nothing was stored",
+                       loc=(*loc, "producer_id"))  # fmt: skip
 
 
 def _ended(d: Dataset, row: TaskRow, fate: str, reason: str, step: int | None, now: float) -> TaskRow:
@@ -340,9 +448,10 @@ def on_acknowledged(txn: Txn, rows: Sequence[LedgerGroup]) -> None:
         return
     moves = _Moves(txn)
     now = rows[0].acked_at
-    for ledger_row, (name, epoch, index, _) in leased:
+    for ledger_row, token in leased:
+        name, key = token.dataset, (token.epoch, token.index)
         d = moves.get(name)
-        row = txn.tasks.rows(name, [(epoch, index)]).get((epoch, index)) if d else None
+        row = txn.tasks.rows(name, [key]).get(key) if d else None
         if d is None or row is None or row.state not in (LEASED, FRONT):
             if d is not None:
                 _count(d, "late")

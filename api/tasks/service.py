@@ -12,6 +12,7 @@ from typing import Any
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData, NotFound
 from api.ingest.validation import check_printable
+from api.owners import ANYONE, Actor
 from api.store.base import Store, Txn
 from api.store.tasks import TaskRow
 from api.tasks import frontier
@@ -30,16 +31,16 @@ def view_of(d: tl.Dataset, served: int = 0) -> wire.DatasetView:
     )  # fmt: skip
 
 
-def views_txn(txn: Txn) -> list[wire.DatasetView]:
-    """Every dataset's view (nothing read in runs without one)."""
+def views_txn(txn: Txn, actor: Actor = ANYONE) -> list[wire.DatasetView]:
+    """Every dataset's view that `actor` may see (nothing read in runs without one)."""
     if txn.get_value(tl.ANY_KEY) is None:
         return []
     out = []
     served = frontier.unacknowledged(txn)
     for name in txn.tasks.dataset_names():
         record = txn.tasks.get_dataset(name)
-        if record is not None:
-            out.append(view_of(tl.Dataset.of(record), served.get(name, 0)))
+        if record is not None and actor.may((d := tl.Dataset.of(record)).owner):
+            out.append(view_of(d, served.get(name, 0)))
     return out
 
 
@@ -73,7 +74,9 @@ def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
     )  # fmt: skip
 
 
-async def register(store: Store, settings: Settings, spec: wire.DatasetSpec) -> wire.DatasetView:
+async def register(
+    store: Store, settings: Settings, spec: wire.DatasetSpec, actor: Actor = ANYONE
+) -> wire.DatasetView:
     """Register a dataset (a retry of the same registration is answered as the first was, and goes on reading
     its file where it stopped); its first page, or its file a page at a time."""
     if spec.path is not None and spec.tasks is not None:
@@ -84,12 +87,15 @@ async def register(store: Store, settings: Settings, spec: wire.DatasetSpec) -> 
     first = _texts(spec.tasks or [], settings, "tasks")
     new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
                      max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
-                     level_key=spec.level_key)  # fmt: skip
+                     level_key=spec.level_key, owner=actor.owner)  # fmt: skip
 
     def begin(txn: Txn) -> tl.Dataset:
         record = txn.tasks.get_dataset(spec.name)
         if record is not None:
             old = tl.Dataset.of(record)
+            if old.owner != actor.owner:
+                raise Conflict(f"the dataset name {spec.name!r} is another key's: names are unique across keys (a "
+                               "lease token names its dataset); choose another", loc=("body", "name"))  # fmt: skip
             if not _same(old, spec):
                 raise Conflict(f"dataset {spec.name!r} is registered already, differently")
             return old
@@ -108,29 +114,33 @@ async def register(store: Store, settings: Settings, spec: wire.DatasetSpec) -> 
             if d.size + len(page) > settings.task_max_dataset_size:
                 raise InvalidData(("body", "path"), f"more than {settings.task_max_dataset_size} tasks")
             last = len(page) < settings.task_page_size
-            d = await store.transact(_adding(spec.name, d.size, page, last))
+            d = await store.transact(_adding(spec.name, d.size, page, last, actor))
     return view_of(d)
 
 
-def _adding(name: str, first: int, page: list[str], last: bool) -> Callable[[Txn], tl.Dataset]:
-    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"))
+def _adding(name: str, first: int, page: list[str], last: bool, actor: Actor) -> Callable[[Txn], tl.Dataset]:
+    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"), actor=actor)
 
 
-async def add_page(store: Store, settings: Settings, page: wire.TaskPage) -> wire.DatasetView:
+async def add_page(
+    store: Store, settings: Settings, page: wire.TaskPage, actor: Actor = ANYONE
+) -> wire.DatasetView:
     texts = _texts(page.tasks, settings, "tasks")
     if page.first + len(texts) > settings.task_max_dataset_size:
         raise InvalidData(("body", "tasks"), f"more than {settings.task_max_dataset_size} tasks")
-    d = await store.transact(lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last))
+    d = await store.transact(
+        lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last, actor=actor)
+    )
     return view_of(d)
 
 
-async def lease(store: Store, settings: Settings, req: wire.LeaseRequest) -> wire.LeaseReply:
+async def lease(store: Store, settings: Settings, req: wire.LeaseRequest, actor: Actor = ANYONE) -> wire.LeaseReply:
     n = min(req.n, settings.task_page_size)
     now = time.time()
 
     def fn(txn: Txn) -> tuple[list[tl.Lease], bool]:
         leases = tl.lease(txn, req.dataset, req.producer_id, n, now, settings.task_lease_s,
-                          settings.task_max_leases_per_producer)  # fmt: skip
+                          settings.task_max_leases_per_producer, actor)  # fmt: skip
         record = txn.tasks.get_dataset(req.dataset)
         return leases, record is not None and tl.Dataset.of(record).done
 
@@ -142,29 +152,36 @@ async def lease(store: Store, settings: Settings, req: wire.LeaseRequest) -> wir
     )  # fmt: skip
 
 
-async def heartbeat(store: Store, settings: Settings, tokens: list[str]) -> wire.TaskHeartbeatReply:
+async def heartbeat(
+    store: Store, settings: Settings, tokens: list[str], actor: Actor = ANYONE
+) -> wire.TaskHeartbeatReply:
     now = time.time()
-    out = await store.transact(lambda txn: tl.heartbeat(txn, tokens, now, settings.task_lease_s))
+    out = await store.transact(lambda txn: tl.heartbeat(txn, tokens, now, settings.task_lease_s, actor))
     return wire.TaskHeartbeatReply(expires_at=out)
 
 
-async def fail(store: Store, body: wire.TaskFailure) -> wire.TaskFailureReply:
+async def fail(store: Store, body: wire.TaskFailure, actor: Actor = ANYONE) -> wire.TaskFailureReply:
     now = time.time()
     return wire.TaskFailureReply(
-        accepted=await store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now))
+        accepted=await store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now, actor))
     )
 
 
-async def datasets(store: Store) -> list[wire.DatasetView]:
-    return await store.read(views_txn)
+async def datasets(store: Store, actor: Actor = ANYONE) -> list[wire.DatasetView]:
+    return await store.read(lambda txn: views_txn(txn, actor))
 
 
-async def rows(store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int) -> wire.TaskRows:
+async def rows(
+    store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int, actor: Actor = ANYONE
+) -> wire.TaskRows:
     limit = max(1, min(limit, settings.task_page_size))
 
     def fn(txn: Txn) -> tuple[list[TaskRow], int]:
-        if txn.tasks.get_dataset(name) is None:
-            raise NotFound(f"no dataset {name!r}")
+        record = txn.tasks.get_dataset(name)
+        unknown = NotFound(f"no dataset {name!r}", loc=("query", "dataset"))
+        if record is None:
+            raise unknown
+        actor.check(tl.Dataset.of(record).owner, "dataset", unknown)
         return txn.tasks.scan(name, after, limit), frontier.marks(txn)[0]
 
     found, mark = await store.read(fn)

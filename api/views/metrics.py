@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from api.config.groups import SERVER
 from api.ledger.drop_bias import CONDITIONS, Report
+from api.owners import REFUSALS
 from api.producers.stored import ProducerReport
 from api.store.base import QueueCounts, Store, Txn
 from api.views.stats import OTHER_ENVS, EnvSnapshot, Snapshot
@@ -78,6 +79,13 @@ KEY_FILE_STALE = Gauge(
     registry=PROCESS,
     multiprocess_mode="max",
 )
+FOREIGN_REFUSED = Counter(
+    "rollbuf_foreign_refused",
+    "Requests of a key that named another key's resource, answered as if it did not exist (docs/security.md).",
+    ["key", "resource"],
+    registry=PROCESS,
+)
+REFUSALS.listen(lambda key, kind: FOREIGN_REFUSED.labels(key, kind).inc())
 PROCESS_RSS = Gauge(
     "rollbuf_process_resident_memory_bytes",
     "Resident memory of this server process (with --workers N, one series per live worker: label pid).",

@@ -39,7 +39,8 @@ async def test_leases_are_heartbeated_failed_handed_back_and_end(app_transport: 
     source = LeasedTasks("d", "http://localhost", batch=2, heartbeat_s=0.05, transport=app_transport)
     first = await source.anext_task()
     assert first is not None and (first.id, first.prompt, first.answer) == ("a", "1+1", "2")
-    assert first.meta["level"] == 3 and lease_token(first) == "task:d:0:0:1"
+    token = lease_token(first)
+    assert first.meta["level"] == 3 and token is not None and token.startswith("task:d:0:0:1.")
     leased_until = (await rows(app_transport))[0]["expires_at"]
     deadline = time.monotonic() + 30
     while (await rows(app_transport))[0]["expires_at"] == leased_until:  # the heartbeat extends it

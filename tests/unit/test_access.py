@@ -13,6 +13,7 @@ from api.http.access import ANY_KEY, PUBLIC, Identity, Key, identify, parse_keys
 from api.http.app import create_app
 from api.http.frontdoor import cross_site, host_allowed, loopback_host
 from api.http.keyring import KeyFile, fixed_keys
+from api.owners import RUN
 from api.routes.spec import route
 from api.routes.table import ROUTES, TABLE
 
@@ -121,4 +122,4 @@ def test_the_openapi_lock_and_body_rules_follow_each_routes_declaration() -> Non
 
 def test_a_route_is_declared_once() -> None:
     with pytest.raises(ValueError, match="declared twice"):
-        route(APIRouter(), "GET", "/status", ANY_KEY)
+        route(APIRouter(), "GET", "/status", ANY_KEY, acts=RUN)

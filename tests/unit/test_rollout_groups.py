@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from api.config.settings import Settings
 from api.errors import RollbufError
-from api.http.access import ANONYMOUS
+from api.owners import ANYONE
 from api.rollouts import groups as rg
 from api.rollouts import service as rs
 from api.store.memory import MemoryTxn, State
@@ -136,7 +136,7 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
             if kind == "open":
                 req = OpenRequest(group_id=f"g{op[1]}", producer_id="p1", group_size=3, min_group_size=1,
                                   deadline_s=op[2])  # fmt: skip
-                rs.open_txn(txn, req, now, config, ANONYMOUS)
+                rs.open_txn(txn, req, now, config, ANYONE)
             elif kind == "post":
                 body = {"group_id": f"g{op[1]}", "slot": op[2], "producer_id": op[3], "tokens": [1], "masks": [1],
                         "score": 1.0}  # fmt: skip

@@ -65,7 +65,7 @@ class Leases(RuleBasedStateMachine):
     def _key(self, token: str) -> tuple[int, int]:
         parsed = tl.parse_token(token)
         assert parsed is not None
-        return parsed[1], parsed[2]
+        return parsed.epoch, parsed.index
 
     def _ended(self, m: Model) -> None:
         if m.retries < self.max_retries:

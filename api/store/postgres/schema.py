@@ -172,6 +172,21 @@ STEPS = (
             "digest text NOT NULL, data text NOT NULL, PRIMARY KEY (key, slot))",
         ),
     ),
+    Step(
+        "every resource records the key that owns it (docs/security.md): a task's lease its key and a random part "
+        "of its token; a dataset made before owns to the one key that registered envs of its env's name (no key "
+        "if none or several did), an open group to its env's key",
+        (
+            "ALTER TABLE {s}.tasks ADD COLUMN holder text",
+            "ALTER TABLE {s}.tasks ADD COLUMN nonce text",
+            "UPDATE {s}.task_sets t SET record = jsonb_set(t.record::jsonb, '{{owner}}', coalesce((SELECT CASE "
+            "WHEN count(*) > 0 AND count(e.record::jsonb->>'owner') = count(*) AND count(DISTINCT "
+            "e.record::jsonb->>'owner') = 1 THEN to_jsonb(min(e.record::jsonb->>'owner')) END FROM {s}.envs e "
+            "WHERE e.name = t.record::jsonb->>'env'), 'null'::jsonb))::text",
+            "UPDATE {s}.rollout_groups g SET record = jsonb_set(g.record::jsonb, '{{owner}}', coalesce((SELECT "
+            "e.record::jsonb->'owner' FROM {s}.envs e WHERE e.env_id = g.env_id), 'null'::jsonb))::text",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

@@ -179,6 +179,21 @@ STEPS = (
             "UPDATE segments SET items = items - 1, bytes = bytes - old.length WHERE segment = old.segment; END",
         ),
     ),
+    Step(
+        "every resource records the key that owns it (docs/security.md): a task's lease its key and a random part "
+        "of its token; a dataset made before owns to the one key that registered envs of its env's name (no key "
+        "if none or several did), an open group to its env's key",
+        (
+            "ALTER TABLE tasks ADD COLUMN holder TEXT",
+            "ALTER TABLE tasks ADD COLUMN nonce TEXT",
+            "UPDATE task_sets SET record = json_set(record, '$.owner', (SELECT CASE WHEN count(*) > 0 AND "
+            "count(json_extract(e.record, '$.owner')) = count(*) AND count(DISTINCT json_extract(e.record, "
+            "'$.owner')) = 1 THEN min(json_extract(e.record, '$.owner')) END FROM envs e "
+            "WHERE e.name = json_extract(task_sets.record, '$.env')))",
+            "UPDATE rollout_groups SET record = json_set(record, '$.owner', (SELECT json_extract(e.record, "
+            "'$.owner') FROM envs e WHERE e.env_id = rollout_groups.env_id))",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

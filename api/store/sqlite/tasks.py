@@ -9,7 +9,7 @@ from typing import cast
 
 from api.store.tasks import COLUMNS, TaskRow, TaskTxn, row_of, values_of
 
-_PUT = f"INSERT OR REPLACE INTO tasks ({COLUMNS}) VALUES ({','.join('?' * 13)})"
+_PUT = f"INSERT OR REPLACE INTO tasks ({COLUMNS}) VALUES ({','.join('?' * 15)})"
 
 
 class SqliteTaskTxn(TaskTxn):
