@@ -2,8 +2,8 @@
 
 A /status-env read is up to a poll interval old by the time the dispatcher looks at it, and this runner's own
 production since then is not in it; so each env's last status is corrected for the sequences acknowledged
-since the read and the groups in flight, and judged by `pacing.pause_reason`. Pure state; the runner does
-the reads.
+since the read and the groups in flight, and judged by `pacing.pause_reason`: its own pending sequences and
+those of every env (the batch being formed takes from all of them). Pure state; the runner does the reads.
 """
 
 from __future__ import annotations
@@ -50,10 +50,11 @@ class Backpressure:
         pending = [acked - base for acked, base in zip(self._acked, self._base, strict=True)]
         for env, size in in_flight:
             pending[env] += size
+        everything = sum(pending)
         for i, st in enumerate(self._statuses):
             if st is not None:
                 self.held[i] = pause_reason(
                     st, batch_size=self.batch_size, group_size=self.group_sizes[i], policy_step=policy_step,
-                    max_staleness=self.max_staleness, pending_seqs=pending[i],
+                    max_staleness=self.max_staleness, pending_seqs=pending[i], pending_all=everything,
                 )  # fmt: skip
         return self.held

@@ -20,26 +20,51 @@ def pause_reason(
     policy_step: int,
     max_staleness: int | None,
     pending_seqs: int = 0,
+    pending_all: int | None = None,
 ) -> str | None:
     """Why this env should not start another group now, or None.
 
     - the server has no room for another group of this env (`queue_capacity_groups` == 0): a submit would
       only earn a 503;
-    - with `max_staleness`: batches take this env's sequences at its share of the weights (`env_weight`),
-      so a group started now is consumed after this env's queued groups and the ones this runner has in
-      flight for it (`pending_seqs`): about `(queued + pending + G) / (batch_size * share)` steps after the
-      trainer's current step. If that is more than `max_staleness` steps after the weights generating it
-      (`policy_step`), it would arrive stale (and the server would drop it).
+    - with `max_staleness`: the group would be consumed (`steps_to_consume` steps after the trainer's current
+      step) more than `max_staleness` steps after the weights generating it (`policy_step`), so the server
+      would drop it as stale. `pending_seqs` are this env's sequences this runner has in flight or acknowledged
+      since the status was read, `pending_all` those of all its envs (default: `pending_seqs`, one env).
     """
     if status.queue_capacity_groups is not None and status.queue_capacity_groups <= 0:
         return QUEUE_FULL
     if max_staleness is not None and batch_size > 0:
-        per_step = max(1, int(batch_size * min(1.0, status.env_weight)))
-        ahead = status.self_queue_size * group_size + pending_seqs + group_size
-        consumed_at = status.current_step + (ahead - 1) // per_step
-        if consumed_at - policy_step > max_staleness:
+        steps = steps_to_consume(
+            status, batch_size=batch_size, group_size=group_size, pending_seqs=pending_seqs,
+            pending_all=pending_seqs if pending_all is None else pending_all,
+        )  # fmt: skip
+        if status.current_step + steps - policy_step > max_staleness:
             return AHEAD
     return None
+
+
+def steps_to_consume(
+    status: EnvStatus, *, batch_size: int, group_size: int, pending_seqs: int, pending_all: int
+) -> int:
+    """About how many batches after the one being formed a group of this env started now is consumed.
+
+    0 while the queue (every env's sequences, `queued_sequences`, and everything this runner has pending)
+    holds less than a batch: the batch being formed still lacks sequences, and this group can be among them.
+    Holding it back then could leave that batch unformed for good: every env of a runner judged late while
+    the trainer waits for the sequences they would send, and no new weights come without a batch. Past that
+    the later of two estimates: the whole queue and what is pending taken in order (`// batch_size`), and
+    this env's queued and pending groups taken at its share of each batch (`env_weight`), since batches mix
+    envs by weight and a fast env's surplus waits for its share.
+    """
+    queued = status.queued_sequences
+    if queued is None:  # a server that does not say (Atropos): the queue in this env's groups, rounded down
+        queued = max(status.queue_size, status.self_queue_size) * group_size
+    before = queued + pending_all
+    if before < batch_size:
+        return 0
+    per_step = max(1, int(batch_size * min(1.0, status.env_weight)))
+    own = status.self_queue_size * group_size + pending_seqs + group_size
+    return max(before // batch_size, (own - 1) // per_step)
 
 
 def is_stale(group_step: int, trainer_step: int, max_staleness: int | None) -> bool:

@@ -4,6 +4,7 @@ through rollbuf and heartbeating. It runs until SIGTERM/SIGINT (or SIGKILL: a pr
 
     python -m tests.producer_process --server URL --inference URL [--on-new-weights continue|restart|drain]
         [--dataset NAME]  (its tasks leased from rollbuf's dataset NAME, until it is done: docs/tasks.md)
+        [--env G:WEIGHT ...]  (several envs in one runner, each of G rollouts per group and that weight)
 """
 
 from __future__ import annotations
@@ -47,13 +48,26 @@ def main() -> None:
     ap.add_argument("--max-in-flight", type=int, default=8)
     ap.add_argument("--stats", type=Path, default=None, help="write the runner's stats here at exit")
     ap.add_argument("--dataset", default=None, help="lease tasks from this rollbuf dataset")
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="G:WEIGHT",
+        help="an env of groups of G and this weight (repeatable; without it, one of --group-size)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    env = Turns(group_size=args.group_size, turns=args.turns, max_tokens=8)
-    env.on_new_weights = args.on_new_weights
+    shapes = [tuple(float(x) for x in spec.split(":")) for spec in args.env] or [(args.group_size, 1.0)]
+    envs = [
+        Turns(name=f"turns{i}" if i else "turns", group_size=int(g), weight=w, turns=args.turns, max_tokens=8)
+        for i, (g, w) in enumerate(shapes)
+    ]
+    for env in envs:
+        env.on_new_weights = args.on_new_weights
     leased = LeasedTasks(args.dataset, args.server, batch=2, poll_s=0.1) if args.dataset else None
+    sources = [(env, leased or Tasks(arithmetic_task)) for env in envs]
     runner = RolloutRunner(
-        args.server, [(env, leased or Tasks(arithmetic_task))], lambda: OpenAIPolicy(args.inference, "fake"),
+        args.server, sources, lambda: OpenAIPolicy(args.inference, "fake"),
         max_in_flight=args.max_in_flight, max_staleness=args.max_staleness, poll_interval=0.1,
     )  # fmt: skip
 

@@ -1,6 +1,7 @@
 """A trainer process, as a deployment runs one apart from its producers: it registers the run, trains on rollbuf
 batches (here: reads which weights generated each token), and after each step syncs its weights to the
-inference server (the fake vLLM's `weights`) and announces them through rollbuf (`announce_weights`). Writes
+inference server (the fake vLLM's `weights`) and announces them through rollbuf (`announce_weights`), after
+every step or every `--sync-every` steps (a trainer whose syncs cost more than a step). Writes
 what it saw as JSON; a `NoProgress` (rollbuf said nothing can arrive, for `--no-progress-timeout` s) is written
 there too, with exit status 3.
 
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--max-staleness", type=int, default=None)
+    ap.add_argument("--sync-every", type=int, default=1, help="sync the weights after every N steps")
     ap.add_argument("--no-progress-timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--drain", action="store_true", help="sync inside weight_sync (drain envs wait it out)")
@@ -77,8 +79,9 @@ def main() -> None:
                                         "at": time.monotonic() - started})  # fmt: skip
                 if batch.step + 1 >= args.steps:
                     break
-                # trained on batch N: the weights of step N + 1
-                result["undrained_syncs"] += not sync(args.inference, rb, batch.step + 1, args.drain)
+                # trained on batch N: the weights of step N + 1, synced every `--sync-every` steps
+                if (batch.step + 1) % args.sync_every == 0:
+                    result["undrained_syncs"] += not sync(args.inference, rb, batch.step + 1, args.drain)
         except NoProgress as exc:
             result["error"] = str(exc)
         result["elapsed"] = time.monotonic() - started

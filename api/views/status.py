@@ -99,5 +99,6 @@ def env_status(
         max_group_size=max([1, *sizes]),
         env_weight=max(MIN_ENV_WEIGHT, weight),
         queue_capacity_groups=capacity,
+        queued_sequences=sum(c.seqs for c in counts.values()),
         blocked_reason=blocked,
     )

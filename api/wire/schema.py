@@ -348,6 +348,10 @@ class EnvStatus(_Wire):
     # rollbuf extensions
     queue_capacity_groups: int | None = None
     """How many more groups of this env's size the server accepts before answering 503, or null."""
+    queued_sequences: int | None = None
+    """Sequences queued over all envs, as /status counts them: against `batch_size`, how many the batch being
+    formed still lacks, which producers pacing by `max_staleness` never hold back (`queue_size` is in this
+    env's group size, rounded down, and leaves out other envs' reserved shares)."""
     blocked_reason: str | None = None
     """Why the server can form no batch from what is queued (the sizes cannot add up under `no_exact_fill:
     "wait"`, a minimum share holds batches back), as /status says; null when batches form or only data is

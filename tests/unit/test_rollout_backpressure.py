@@ -26,6 +26,17 @@ def test_nothing_is_held_before_the_first_read_and_each_env_is_judged_alone() ->
     assert bp.refresh([], policy_step=1) == [AHEAD, QUEUE_FULL]
 
 
+def test_what_other_envs_have_in_flight_fills_the_batch_being_formed() -> None:
+    """Env 1's group of 8 in flight completes the batch of 8 that env 0's queue of 4 leaves short: env 0 is no
+    longer needed by it, and what it would start now falls into the next step, past a bound of 0."""
+    bp = Backpressure([4, 8], max_staleness=0)
+    bp.batch_size = 8
+    reads = [status(0, queued=1, weight=0.5), status(0, weight=0.5)]
+    bp.observed([read.model_copy(update={"queued_sequences": 4}) for read in reads], bp.mark())
+    assert bp.refresh([], policy_step=0) == [None, None]
+    assert bp.refresh([(1, 8)], policy_step=0) == [AHEAD, AHEAD]
+
+
 def test_acks_count_as_pending_until_a_read_made_after_them() -> None:
     """A read taken after an ack includes it in the queue; one taken before (or during) it does not."""
     bp = Backpressure([4], max_staleness=0)
@@ -55,7 +66,8 @@ def test_acks_count_as_pending_until_a_read_made_after_them() -> None:
 def test_each_env_is_judged_with_everything_not_in_its_read(
     case: tuple[list[int], list[tuple[int, int]], list[int]], split: int, step: int, batch: int, staleness: int | None
 ) -> None:
-    """Acks before the mark are in the read; acks after it and groups in flight are pending, env by env."""
+    """Acks before the mark are in the read; acks after it and groups in flight are pending, env by env, and
+    all envs' together for the batch being formed."""
     sizes, acks, flying = case
     bp = Backpressure(sizes, staleness)
     bp.batch_size = batch
@@ -67,9 +79,10 @@ def test_each_env_is_judged_with_everything_not_in_its_read(
     reads = [status(step, queued=i) for i in range(len(sizes))]
     bp.observed(reads, mark)
     held = bp.refresh([(env, sizes[env]) for env in flying], policy_step=0)
+    pending = [sum(n for env, n in acks[split:] if env == i) + sizes[i] * flying.count(i) for i in range(len(sizes))]
     for i, read in enumerate(reads):
-        pending = sum(n for env, n in acks[split:] if env == i) + sizes[i] * flying.count(i)
         want = pause_reason(
-            read, batch_size=batch, group_size=sizes[i], policy_step=0, max_staleness=staleness, pending_seqs=pending
-        )
+            read, batch_size=batch, group_size=sizes[i], policy_step=0, max_staleness=staleness,
+            pending_seqs=pending[i], pending_all=sum(pending),
+        )  # fmt: skip
         assert held[i] == want

@@ -23,6 +23,7 @@ def test_env_status_counts_others_beyond_their_reserved_share() -> None:
     status = env_status(RUN, ENVS[1], counts(3, 2), {}, QueueLimits())
     assert status.current_step == 5 and status.self_queue_size == 2
     assert status.queue_size == (16 + max(0, 12 - 8)) // 8  # a's 12 sequences less its 8 reserved (32 * 0.25)
+    assert status.queued_sequences == 16 + 12, "every env's, reserved or not: what the batch being formed holds"
     assert status.unallocated_fraction == 0.75 and status.max_group_size == 8
     assert status.env_weight == 1 / 3
     assert status.queue_capacity_groups == (2**28 - 2800) // 800  # the default token bound, b's 800-token groups
