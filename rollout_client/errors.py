@@ -192,10 +192,20 @@ class ResourceTimeout(ClientError, TimeoutError):
     """A rollout's resources stayed exhausted past the environment's `acquire_timeout`: the group fails."""
 
 
+OTHER_UNKNOWNS = ("no task lease", "no dataset", "no group")
+"""How the server's 404s for what is not an env begin: a lease, a dataset or an open group it does not know (or
+that is another key's) is no reason to register the env again."""
+
+
 def registration_lost(exc: BaseException) -> bool:
-    """The server no longer knows this env (the trainer reset the run, or a memory store restarted): 404 on
-    JSON routes, 422 naming `env_id` on the binary one."""
-    return isinstance(exc, Rejected) and (exc.status == 404 or "no environment with env_id" in str(exc.detail))
+    """The server no longer knows this env (the trainer reset the run, or a memory store restarted): a 404 on
+    JSON routes, or a 422 naming `env_id` on the binary one; a 404 for a lease, a dataset or a group is not."""
+    if not isinstance(exc, Rejected):
+        return False
+    detail = str(exc.detail)
+    if "no environment with env_id" in detail:
+        return True
+    return exc.status == 404 and not any(unknown in detail for unknown in OTHER_UNKNOWNS)
 
 
 class RunFailed(ClientError):

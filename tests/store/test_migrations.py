@@ -28,6 +28,9 @@ from tests.factories import env, group
 OLD_FILES = Path(__file__).parent / "old_files"
 SQLITE_LEDGER, POSTGRES_LEDGER = 6, 5
 """The first layout version of each backend with the ledger (its files hold rows of their groups)."""
+SQLITE_OWNED, POSTGRES_OWNED = 10, 8
+"""The first layout version of each backend whose file holds a dataset with a lease and an open group (the
+last before owners were recorded)."""
 
 
 class FakeDatabase:
@@ -90,15 +93,24 @@ def versions(backend: str) -> dict[int, Path]:
     return found
 
 
-async def served(store: str, *, ledgered: bool = False) -> None:
+async def served(store: str, *, ledgered: bool = False, owned: bool = False) -> None:
     """What tests/store/old_files/write.py put in: a registered run, env 0 (math, groups of 4), three queued
     groups (the first with group id g-1), half a group in the side buffer (held since the file was written, in a
     layout that keeps when: no ttl here, or it would expire as the file ages). `ledgered`: the file's layout
-    has the ledger, so those groups have rows (with no producer: that column came later)."""
+    has the ledger, so those groups have rows (with no producer: that column came later). `owned`: the file
+    holds a dataset with task 0 leased (its token from before tokens had a random part) and group o-1 open,
+    from before owners were recorded: written without keys, they have none, and the lease goes on."""
     app = create_app(Settings(store=store, side_buffer_ttl_s=None))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            if owned:
+                beat = (await c.post("/tasks/heartbeat", json={"tokens": ["task:arith:0:0:1"]})).json()
+                assert beat["expires_at"]["task:arith:0:0:1"] is not None, "a lease from before was lost"
+                [arith] = (await c.get("/tasks")).json()
+                assert (arith["name"], arith["size"]) == ("arith", 2)
+                opened = (await c.get("/rollouts/group", params={"group_id": "o-1"})).json()
+                assert (opened["state"], opened["producer"]) == ("open", "p-1")
             status = (await c.get("/status")).json()
             assert (status["current_step"], status["queue_size"]) == (0, 3)
             assert status["queued_bytes"] > 0  # counted from the payloads by the migration that added the count
@@ -139,7 +151,7 @@ def test_a_sqlite_file_of_an_earlier_version_opens_and_serves_what_it_held(versi
     path = tmp_path / "rollbuf.db"
     with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    asyncio.run(served(f"sqlite:///{path}", ledgered=version >= SQLITE_LEDGER))
+    asyncio.run(served(f"sqlite:///{path}", ledgered=version >= SQLITE_LEDGER, owned=version >= SQLITE_OWNED))
     fresh = tmp_path / "fresh.db"
     asyncio.run(sqlite.SqliteStore(f"sqlite:///{fresh}").close())
     assert _sqlite_layout(path) == _sqlite_layout(fresh), "a migrated file differs from a new one"
@@ -166,7 +178,11 @@ def test_a_postgres_schema_of_an_earlier_version_opens_and_serves_what_it_held(v
     dump = gzip.decompress(versions("postgres")[version].read_bytes()).decode()
     with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
         conn.execute(dump.encode())  # several statements, no parameters: sent as one simple query
-    asyncio.run(served(pg.url_of(dbname, schema="old_run"), ledgered=version >= POSTGRES_LEDGER))
+    asyncio.run(
+        served(
+            pg.url_of(dbname, schema="old_run"), ledgered=version >= POSTGRES_LEDGER, owned=version >= POSTGRES_OWNED
+        )
+    )
     asyncio.run(postgres.PostgresStore(pg.url_of(dbname, schema="fresh")).close())
     assert _postgres_layout(dbname, "old_run") == _postgres_layout(dbname, "fresh")
 
@@ -184,3 +200,30 @@ def _postgres_layout(dbname: str, schema: str) -> list[tuple[Any, ...]]:
         ).fetchall()
         version = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchall()
     return [*columns, *indexes, *version]
+
+
+def test_a_dataset_from_before_owners_is_its_envs_key(tmp_path: Path) -> None:
+    """Layout 11's rule: a dataset stored before owners were recorded belongs to the one key that registered the
+    envs of its env's name, and an open group to its env's key. A file of layout 10 whose env a key registered."""
+    path = tmp_path / "rollbuf.db"
+    with gzip.open(versions("sqlite")[SQLITE_OWNED]) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE envs SET record = json_set(record, '$.owner', 'env-1')")
+    keys = "env-1 env env-one-secret-0123456789; env-2 env env-two-secret-0123456789"
+
+    async def check() -> None:
+        app = create_app(Settings(store=f"sqlite:///{path}", api_keys=keys, side_buffer_ttl_s=None))
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+                for key, owns in (("env-two-secret-0123456789", False), ("env-one-secret-0123456789", True)):
+                    auth = {"Authorization": f"Bearer {key}"}
+                    beat = await c.post("/tasks/heartbeat", json={"tokens": ["task:arith:0:0:1"]}, headers=auth)
+                    assert (beat.json()["expires_at"]["task:arith:0:0:1"] is not None) is owns
+                    lease = await c.post("/tasks/lease", json={"dataset": "arith", "producer_id": "p"}, headers=auth)
+                    assert lease.status_code == (200 if owns else 404), lease.text
+                    opened = await c.get("/rollouts/group", params={"group_id": "o-1"}, headers=auth)
+                    assert opened.status_code == (200 if owns else 404), opened.text
+
+    asyncio.run(check())
