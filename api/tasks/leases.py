@@ -393,9 +393,7 @@ def give_up(txn: Txn, token: str, reason: str | None, now: float, actor: Actor =
     return True
 
 
-def check_submission(
-    txn: Txn, group_id: str, actor: Actor, producer: str | None, loc: tuple[str | int, ...]
-) -> None:
+def check_submission(txn: Txn, group_id: str, actor: Actor, producer: str | None, loc: tuple[str | int, ...]) -> None:
     """A group sent under a lease token is acknowledged only as its lease's submission: from the key holding the
     lease (and the producer, when the group names one), while the lease is still its task's. A lease that lapsed
     and passed to another producer, or whose task was already submitted, is refused (409), so that a producer

@@ -74,9 +74,7 @@ def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
     )  # fmt: skip
 
 
-async def register(
-    store: Store, settings: Settings, spec: wire.DatasetSpec, actor: Actor = ANYONE
-) -> wire.DatasetView:
+async def register(store: Store, settings: Settings, spec: wire.DatasetSpec, actor: Actor = ANYONE) -> wire.DatasetView:
     """Register a dataset (a retry of the same registration is answered as the first was, and goes on reading
     its file where it stopped); its first page, or its file a page at a time."""
     if spec.path is not None and spec.tasks is not None:
@@ -122,9 +120,7 @@ def _adding(name: str, first: int, page: list[str], last: bool, actor: Actor) ->
     return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"), actor=actor)
 
 
-async def add_page(
-    store: Store, settings: Settings, page: wire.TaskPage, actor: Actor = ANYONE
-) -> wire.DatasetView:
+async def add_page(store: Store, settings: Settings, page: wire.TaskPage, actor: Actor = ANYONE) -> wire.DatasetView:
     texts = _texts(page.tasks, settings, "tasks")
     if page.first + len(texts) > settings.task_max_dataset_size:
         raise InvalidData(("body", "tasks"), f"more than {settings.task_max_dataset_size} tasks")

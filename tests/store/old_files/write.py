@@ -46,8 +46,11 @@ async def fill(store: str) -> None:
                 # From layout 10 (SQLite) and 8 (PostgreSQL) on: a dataset with a task leased, a group open.
                 ("POST", "/tasks/datasets", {"name": "arith", "env": "math", "tasks": [{"q": 1}, {"q": 2}]}),
                 ("POST", "/tasks/lease", {"dataset": "arith", "producer_id": "p-1", "n": 1}),
-                ("POST", "/rollouts/open",
-                 {"group_id": "o-1", "env_id": 0, "group_size": 4, "producer_id": "p-1", "deadline_s": 3600}),
+                (
+                    "POST",
+                    "/rollouts/open",
+                    {"group_id": "o-1", "env_id": 0, "group_size": 4, "producer_id": "p-1", "deadline_s": 3600},
+                ),
             ]:
                 reply = await c.request(method, path, json=body)
                 reply.raise_for_status()
