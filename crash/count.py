@@ -1,0 +1,165 @@
+"""One counter over the records (`crash.records`): per side, what its producers were told was acknowledged, what
+of it the trainer's checkpoint trained, and what the fault made them do again. Pure: records in, counts out.
+
+- **acknowledged**: distinct units some producer was told were acknowledged: group ids (whole groups), tasks
+  `(epoch, index)` (the task of the lease token a group was acknowledged under), rollouts `(group, slot)`.
+- **lost**: acknowledged and never trained.
+- **trained twice**: trained in more than one step (a task: under any of its lease tokens; a rollout: its group
+  trained again).
+- **at-least-once**: units trained twice that a documented at-least-once edge allows, with its reason; counted
+  here, never in **trained twice**, and never passed off as 0 (`EDGES` says which edges exist).
+- **redone**: finished work done again because of the fault: whole groups and tasks' groups finished and never
+  acknowledged (a task's is then made again under a new lease; a whole group's place is taken by a new one),
+  rollouts finished more than once (a sibling redid a slot whose rollout had finished but was not acknowledged).
+- **recover_s**: from the fault until the side had both a group acknowledged and a group trained after it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from crash.records import SIDES, Producer, Step
+
+FILLER = "filler-"
+"""Group ids of the groups the harness sends to complete the last batch: counted on no side."""
+
+EDGES: dict[str, tuple[Callable[[Any], bool], str]] = {}
+"""Per side, a documented at-least-once edge: which units trained twice it covers, and why it is kept. None is
+kept today: whole groups are idempotent by group id (the runner always sends one: docs/stores.md's "a submission
+without either can be stored twice" cannot happen), a task's group is acknowledged only as its lease's
+submission (docs/tasks.md), and a slot's second rollout is `redone`, not stored (docs/rollouts.md)."""
+
+
+@dataclass
+class Cell:
+    """One side's counts in one run."""
+
+    acknowledged: int = 0
+    lost: int = 0
+    trained_twice: int = 0
+    at_least_once: int = 0
+    at_least_once_reason: str | None = None
+    redone: int = 0
+    recover_s: float | None = None
+    unclaimed: int = 0
+    """Trained units no producer's record claims (its acknowledgement never reached a producer that lived on to
+    write it): not lost, not twice; shown so that a count that hides one is seen."""
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    """A few of the lost and trained-twice units, to reproduce from."""
+
+    def failed(self) -> bool:
+        return self.lost > 0 or self.trained_twice > 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Task:
+    epoch: int
+    index: int
+    lease: int
+
+
+def parse_token(group_id: str) -> Task | None:
+    """A lease token's task and lease number (`task:DATASET:EPOCH:INDEX:LEASE.NONCE`), or None: read here, not
+    imported from the server, so that the counter depends only on the documented format."""
+    if not group_id.startswith("task:"):
+        return None
+    parts = group_id.rsplit(":", 3)
+    try:
+        return Task(int(parts[1]), int(parts[2]), int(parts[3].split(".", 1)[0]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _key(side: str, group_id: str) -> Any:
+    if side == "tasks":
+        task = parse_token(group_id)
+        return None if task is None else (task.epoch, task.index)
+    return group_id
+
+
+def _twice(trained: Counter[Any], side: str) -> tuple[int, int, str | None, list[Any]]:
+    """(trained twice, at-least-once, its reason, examples) over units trained more than once."""
+    over = [(k, n - 1) for k, n in trained.items() if n > 1]
+    edge = EDGES.get(side)
+    allowed = [(k, n) for k, n in over if edge is not None and edge[0](k)]
+    plain = [(k, n) for k, n in over if not (edge is not None and edge[0](k))]
+    reason = edge[1] if edge is not None and allowed else None
+    return sum(n for _, n in plain), sum(n for _, n in allowed), reason, [k for k, _ in plain[:5]]
+
+
+def _recover(acks: Iterable[float], trained: Iterable[float], fault_at: float | None) -> float | None:
+    if fault_at is None:
+        return None
+    ack = min((t for t in acks if t >= fault_at), default=None)
+    step = min((t for t in trained if t >= fault_at), default=None)
+    if ack is None or step is None:
+        return None
+    return round(max(ack, step) - fault_at, 2)
+
+
+def count(producers: list[Producer], steps: list[Step], fault_at: float | None = None) -> dict[str, Cell]:
+    """Per side, its cell. `steps`: the trainer's checkpoint; `fault_at`: when the fault began (wall clock)."""
+    by_side = {side: [p for p in producers if p.side == side] for side in SIDES}
+    whole_ids = {a for p in by_side["groups"] for _, a in p.acks} | {m for p in by_side["groups"] for _, m in p.made}
+    rollout_groups = {a[0] for p in by_side["rollouts"] for _, a in p.acks}
+    out: dict[str, Cell] = {}
+    for side in ("groups", "tasks"):
+        mine = by_side[side]
+        acked = {_key(side, a) for p in mine for _, a in p.acks} - {None}
+        made = {m for p in mine for _, m in p.made}
+        acked_ids = {a for p in mine for _, a in p.acks}
+        belongs: Callable[[str], bool]
+        if side == "groups":
+            belongs = whole_ids.__contains__
+        else:
+            belongs = lambda g: parse_token(g) is not None  # noqa: E731
+        trained: Counter[Any] = Counter()
+        times: list[float] = []
+        for s in steps:
+            for g in s.groups:
+                if belongs(g):
+                    trained[_key(side, g)] += 1
+                    times.append(s.at)
+        twice, edge, reason, examples = _twice(trained, side)
+        lost = sorted(map(str, acked - set(trained)))
+        out[side] = Cell(
+            acknowledged=len(acked), lost=len(lost), trained_twice=twice, at_least_once=edge,
+            at_least_once_reason=reason, redone=len(made - acked_ids),
+            recover_s=_recover((t for p in mine for t, _ in p.acks), times, fault_at),
+            unclaimed=len(set(trained) - acked), examples={"lost": lost[:5], "trained_twice": list(map(str, examples))},
+        )  # fmt: skip
+    mine = by_side["rollouts"]
+    acked_slots = {(a[0], a[1]): a[2] for p in mine for _, a in p.acks}
+    acked_seqs = Counter((g, d) for (g, _), d in acked_slots.items())
+    trained_seqs: Counter[tuple[str, str]] = Counter()
+    first: dict[str, int] = {}
+    again = 0
+    times = []
+    again_groups: list[str] = []
+    for s in steps:
+        for g, digests in s.seqs.items():
+            if g not in rollout_groups:
+                continue
+            times.append(s.at)
+            if g in first and first[g] != s.step:
+                again += len(digests)
+                again_groups.append(g)
+                continue
+            first[g] = s.step
+            trained_seqs.update((g, d) for d in digests)
+    lost_seqs = acked_seqs - trained_seqs
+    done = Counter(m for p in mine for _, m in p.made)
+    out["rollouts"] = Cell(
+        acknowledged=len(acked_slots), lost=sum(lost_seqs.values()), trained_twice=again,
+        redone=sum(n - 1 for n in done.values() if n > 1),
+        recover_s=_recover((t for p in mine for t, _ in p.acks), times, fault_at),
+        unclaimed=sum((trained_seqs - acked_seqs).values()),
+        examples={"lost": [f"{g}:{d}" for g, d in list(lost_seqs)[:5]], "trained_twice": again_groups[:5]},
+    )  # fmt: skip
+    return out
