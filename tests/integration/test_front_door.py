@@ -154,10 +154,11 @@ def test_an_env_key_uses_only_its_own_envs(keyed: ServerProcess, tmp_path: Path)
         mine = c.post("/register-env", json=env("mine"), headers=env_key).json()["env_id"]
         theirs = c.post("/register-env", json=env("theirs"), headers=admin).json()["env_id"]
         assert c.post("/scored_data", json=group(4, env_id=mine), headers=env_key).status_code == 200
-        r = c.post("/scored_data", json=group(4, env_id=theirs, seed=1), headers=env_key)
-        assert r.status_code == 403 and r.json()["errors"][0]["loc"] == ["body", "env_id"]
+        r = c.post("/scored_data", json=group(4, env_id=theirs, seed=1), headers=env_key)  # as if it did not exist
+        assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "env_id"]
+        assert r.json()["message"].endswith(f"no environment with env_id {theirs} is registered")
         r = c.post("/disconnect-env", json={"env_id": theirs}, headers=env_key)
-        assert r.status_code == 403
+        assert r.json() == {"status": "failure", "error": f"no environment with env_id {theirs}"}
         assert c.post("/scored_data", json=group(4, env_id=theirs, seed=2), headers=admin).status_code == 200
         assert c.get("/status", headers=env_key).json()["queue_size"] == 2
 
