@@ -66,8 +66,6 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
         raise Unavailable(f"the store cannot take writes: {trouble}", retry_after=READY_TIMEOUT_S)
     door = getattr(request.app.state, "door", None)
     keyfile = door.keys if door is not None and isinstance(door.keys, KeyFile) else None
-    if keyfile is not None:
-        keyfile.current()  # a probe starts a due read of the file, as a keyed request does
     if keyfile is not None and keyfile.error is not None:
         # Ready (the last good keys serve), but an operator must see that a rotation did not take.
         warning = f"api_keys_file cannot be used ({keyfile.error}): the last good keys stay in use"
