@@ -71,12 +71,6 @@ class Channel:
             return await asyncio.to_thread(pickle.loads, data)
         return pickle.loads(data)
 
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes queued but not yet taken by the kernel."""
-        transport = self._writer.transport
-        return 0 if transport.is_closing() else transport.get_write_buffer_size()
-
     async def drain(self) -> None:
         """Wait until the queued bytes are down to the transport's low-water mark."""
         await self._writer.drain()

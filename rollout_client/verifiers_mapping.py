@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,11 +183,3 @@ def group_verdict(scores: Sequence[float], *, require_variance: bool) -> str | N
     if require_variance and max(scores) == min(scores):
         return "no_reward_variance"
     return None
-
-
-def merge_counts(counts: Iterable[Counter[str]]) -> dict[str, int]:
-    """Left-out counts of several episodes, summed, as a plain dict (for a group's overrides)."""
-    total: Counter[str] = Counter()
-    for c in counts:
-        total.update(c)
-    return dict(sorted(total.items()))

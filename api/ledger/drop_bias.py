@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from api.config.groups import setting
@@ -296,12 +296,6 @@ class DropBias:
         if window is None:
             window = self._decisions[decision.env] = deque(maxlen=self.thresholds.window_groups)
         window.append(decision)
-
-    def observe_all(self, steps: Iterable[StepMix], decisions: Iterable[Decision]) -> None:
-        for mix in steps:
-            self.observe_step(mix)
-        for d in decisions:
-            self.observe(d)
 
     def held(self) -> int:
         """Steps and decisions held (bounded by the windows)."""

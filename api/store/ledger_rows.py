@@ -76,11 +76,6 @@ PG_ARRAYS = {"bigint": "int8", "double precision": "float8", "bytea": "bytea", "
 """The array element type PostgreSQL's bulk insert (unnest) casts each column type's values to."""
 
 
-def pg_unnest() -> str:
-    """`unnest(...)` of one array per group column, cast to its type: PostgreSQL inserts many rows at once."""
-    return "unnest(" + ", ".join(f"%b::{PG_ARRAYS[column_type(c, 'postgres')]}[]" for c in GROUP_RECORD) + ")"
-
-
 def _table(dialect: Dialect) -> str:
     return "ledger" if dialect == "sqlite" else "{s}.ledger"
 

@@ -7,8 +7,6 @@ after a trainer's crash is the same step, so a `served` task becomes `trained` i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import orjson
 
 from api.batches.kept import Kept
@@ -59,7 +57,3 @@ def split(counts: dict[str, int], served: int) -> dict[str, int]:
     out[tl.TRAINED] = out.get(tl.TRAINED, 0) - served
     out[SERVED] = served
     return {k: v for k, v in out.items() if v}
-
-
-def states_of(rows: Iterable[TaskRow], mark: int) -> list[str]:
-    return [state_of(r, mark) for r in rows]

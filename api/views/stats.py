@@ -80,10 +80,6 @@ def count_received(txn: Txn, per_env: dict[str, int]) -> None:
     txn.add_counts(RECEIVED, per_env)
 
 
-def count_backpressure(txn: Txn, names: set[str]) -> None:
-    txn.add_counts(BACKPRESSURE, dict.fromkeys(names, 1))
-
-
 def count_passed_over(txn: Txn, per_env: dict[str, int], *, smaller: bool) -> None:
     """A batch passed over the oldest item of these envs (newer ones taken), or held fewer than batch_size."""
     if per_env:
