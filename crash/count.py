@@ -8,9 +8,10 @@ of it the trainer's checkpoint trained, and what the fault made them do again. P
   trained again).
 - **at-least-once**: units trained twice that a documented at-least-once edge allows, with its reason; counted
   here, never in **trained twice**, and never passed off as 0 (`EDGES` says which edges exist).
-- **redone**: finished work done again because of the fault: whole groups and tasks' groups finished and never
-  acknowledged (a task's is then made again under a new lease; a whole group's place is taken by a new one),
-  rollouts finished more than once (a sibling redid a slot whose rollout had finished but was not acknowledged).
+- **redone**: work done again because of the fault: whole groups finished and never acknowledged (thrown
+  away; a new group takes its place), tasks acknowledged under a lease other than their first (their first
+  lease lapsed or was handed back, its rollouts thrown away, whole or in part, or never begun), rollouts finished
+  more than once (a sibling redid a slot whose rollout had finished but was not acknowledged).
 - **recover_s**: from the fault until the side had both a group acknowledged and a group trained after it.
 """
 
@@ -93,6 +94,13 @@ def _twice(trained: Counter[Any], side: str) -> tuple[int, int, str | None, list
     return sum(n for _, n in plain), sum(n for _, n in allowed), reason, [k for k, _ in plain[:5]]
 
 
+def _redone(side: str, made: set[str], acked: set[str]) -> int:
+    if side == "groups":
+        return len(made - acked)
+    again = {(t.epoch, t.index) for t in map(parse_token, acked) if t is not None and t.lease > 1}
+    return len(again)
+
+
 def _recover(acks: Iterable[float], trained: Iterable[float], fault_at: float | None) -> float | None:
     if fault_at is None:
         return None
@@ -130,7 +138,7 @@ def count(producers: list[Producer], steps: list[Step], fault_at: float | None =
         lost = sorted(map(str, acked - set(trained)))
         out[side] = Cell(
             acknowledged=len(acked), lost=len(lost), trained_twice=twice, at_least_once=edge,
-            at_least_once_reason=reason, redone=len(made - acked_ids),
+            at_least_once_reason=reason, redone=_redone(side, made, acked_ids),
             recover_s=_recover((t for p in mine for t, _ in p.acks), times, fault_at),
             unclaimed=len(set(trained) - acked), examples={"lost": lost[:5], "trained_twice": list(map(str, examples))},
         )  # fmt: skip

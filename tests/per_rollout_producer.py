@@ -4,7 +4,8 @@ seeded delay), posting each rollout as it ends (or, with `--whole`, submitting w
 SIGTERM. It hands out `--tasks` tasks, then waits (taking sibling slots) with nothing of its own in flight,
 which it says by creating `--idle`.
 
-It appends to `--events` what the checks need, one JSON line each, written after the fact:
+It appends to `--events` what the checks need, one JSON line each, written after the fact, each with the time
+(`"t"`, wall clock: the crash matrix reads them as a producer's record, crash/records.py):
 `{"done": seed}` when a rollout ends (its seed names its group and slot), `{"ack": [group_id, slot, digest]}`
 when the server acknowledged a posted rollout (`accepted`), `{"group": [group_id, [seeds]]}` when it stored a
 whole group."""
@@ -15,7 +16,9 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +33,15 @@ from rollout_client.open_groups import OpenGroups
 OUT: TextIO | None = None
 
 
+EVENTS = "PER_ROLLOUT_PRODUCER_EVENTS"
+"""Where worker processes (`--workers`) append their events: the path, inherited from the producer."""
+
+
 def event(**kw: Any) -> None:
-    assert OUT is not None
-    OUT.write(json.dumps(kw) + "\n")
+    global OUT
+    if OUT is None:  # a worker process: main() did not run here (lines of one write each: appends interleave whole)
+        OUT = open(os.environ[EVENTS], "a")  # open for the process's life
+    OUT.write(json.dumps({"t": time.time(), **kw}) + "\n")
     OUT.flush()
 
 
@@ -122,13 +131,15 @@ def main() -> None:
     ap.add_argument("--min-s", type=float, default=0.1)
     ap.add_argument("--max-s", type=float, default=0.5)
     ap.add_argument("--whole", action="store_true", help="submit whole groups (no per-rollout posts)")
+    ap.add_argument("--workers", type=int, default=0, help="run the rollouts in this many worker processes")
     args = ap.parse_args()
     OUT = args.events.open("a")
+    os.environ[EVENTS] = str(args.events)
     env = Slow(group_size=args.group_size, posts_each_rollout=not args.whole, min_s=args.min_s, max_s=args.max_s)
     holder: list[RolloutRunner] = []
     runner = RolloutRunner(
         args.server, [(env, Finite(args.tasks, args.offset, args.idle, holder))], ScriptedPolicy(arithmetic_script),
-        max_in_flight=args.group_size, poll_interval=0.1, timeouts=Timeouts(group=120.0),
+        max_in_flight=args.group_size, poll_interval=0.1, timeouts=Timeouts(group=120.0), num_workers=args.workers,
     )  # fmt: skip
     holder.append(runner)
     observe_acks(runner)
