@@ -8,7 +8,7 @@ WHEELHOUSE  := $(VENV)/wheelhouse
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/simple/index.html
 
 .DEFAULT_GOAL := all
-.PHONY: all install install-serve browser serve test lint format typecheck bench demo demo-learn clean
+.PHONY: all install install-serve browser serve test lint format typecheck bench crash-matrix demo demo-learn clean
 
 all: lint typecheck test
 
@@ -77,6 +77,13 @@ typecheck: install
 
 bench: install  ## hot-path benchmarks: ingest, /batch, batch formation, stores
 	$(BIN)/python -m bench
+
+# Every fault (kill -9 of the server, a replica, the trainer, a producer, a pool worker; SIGTERM and SIGSTOP of a
+# producer; database connections cut; a full disk) on SQLite and on two PostgreSQL replicas, every side at once,
+# counted from the clients' own records; writes docs/crash-matrix.json and the page made from it. As root for the
+# full-disk row (a small tmpfs); needs the PostgreSQL `make test` uses. `make test` runs each row smaller.
+crash-matrix: install  ## the crash matrix: what each fault loses, trains twice or redoes (docs/crash-matrix.md; about 8 minutes on a 2-core VM)
+	$(BIN)/python -m crash
 
 demo: install-serve
 	$(BIN)/rollbuf demo

@@ -71,6 +71,8 @@ DISK = "32m"
 HANG_GUARD_S = 300.0
 """Bound on each wait of a run: a hang guard for a loaded machine, never a speed check."""
 POLL_S = 0.1
+LATENCY_S = 0.2
+"""Each completion's time at the stand-in inference server: every side is still at work when the fault comes."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class Run:
         if side == "rollouts":
             argv = ["tests.per_rollout_producer", "--server", url, "--events", str(record), "--idle",
                     str(self.workdir / f"{name}.idle"), "--tasks", str(self.scale.rollout_groups), "--offset",
-                    str(1000 * k), "--group-size", "4", "--min-s", "0.1", "--max-s", "0.4"]  # fmt: skip
+                    str(1000 * k), "--group-size", "4", "--min-s", "0.3", "--max-s", "0.9"]  # fmt: skip
         else:
             argv = ["tests.producer_process", "--server", url, "--inference", self.inference, "--name", side,
                     "--max-in-flight", "2", "--record", str(record)]  # fmt: skip
@@ -198,6 +200,11 @@ class Run:
         idle = all(p.record.with_name(p.name + ".idle").exists() for p in live)
         view = self.get("/rollouts")
         return idle and view is not None and view.get("open", 1) == 0
+
+    def settled(self) -> bool:
+        """Every side has done its work (and no producer ended with an error: `exits` raises then)."""
+        exits(self)
+        return self.groups_settled() and self.tasks_settled() and self.rollouts_settled()
 
     def groups_settled(self) -> bool:
         return all(p.popen.poll() is not None for p in self.producers if p.side == "groups")
@@ -272,8 +279,8 @@ def small_disk(workdir: Path) -> Iterator[Path]:
 
 @contextmanager
 def inference_server(run: Run) -> Iterator[str]:
-    """tests/fake_vllm.py as a process on a free port, each completion taking 50 ms (a model that takes time,
-    so that groups are in flight when the fault comes); its URL once it answers."""
+    """tests/fake_vllm.py as a process on a free port, each completion taking `LATENCY_S` (a model that takes
+    time, so that groups are in flight when the fault comes); its URL once it answers."""
     port = free_port()
     proc = run.spawn("vllm", "tests.fake_vllm", "--port", str(port))
     url = f"http://127.0.0.1:{port}"
@@ -283,7 +290,7 @@ def inference_server(run: Run) -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError(f"the inference server exited with {proc.returncode}")
             try:
-                return httpx.post(url + "/control", json={"latency": 0.05}, timeout=5).status_code == 200
+                return httpx.post(url + "/control", json={"latency": LATENCY_S}, timeout=5).status_code == 200
             except httpx.TransportError:
                 return False
 
@@ -460,10 +467,16 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
         fault_end: float | None = None
         try:
             victims = run.victims()
-            until(lambda: all(read_producer(p.record, p.side).acks for p in victims) and run.checkpoint_step() >= 2,
-                  "a producer of every side acknowledged and the trainer checkpointed")  # fmt: skip
+            trained = 2 if fault == "trainer" else 0  # the trainer killed between checkpoints, reading ahead
+
+            def acked() -> bool:
+                exits(run)  # a producer that could not start never acknowledges anything
+                return all(read_producer(p.record, p.side).acks for p in victims)
+
+            until(lambda: acked() and run.checkpoint_step() >= trained,
+                  "a producer of every side acknowledged (and the trainer checkpointed)")  # fmt: skip
             fault_at, fault_end = make_fault(run)
-            until(lambda: run.groups_settled() and run.tasks_settled() and run.rollouts_settled(),
+            until(lambda: run.settled(),
                   "every side to finish its work")  # fmt: skip
             finish(run)
             exits(run)

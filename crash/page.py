@@ -1,0 +1,157 @@
+"""docs/crash-matrix.md, written from a matrix run's JSON (docs/crash-matrix.json), never by hand:
+
+    python -m crash.page docs/crash-matrix.json docs/crash-matrix.md
+
+`make crash-matrix` runs the matrix and then this."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from crash.run import FAULTS
+
+SIDE_TITLES = {
+    "groups": "Whole groups",
+    "tasks": "Tasks leased from a dataset (2 epochs)",
+    "rollouts": "Per-rollout groups",
+}
+UNITS = {"groups": "groups", "tasks": "tasks (epoch, index)", "rollouts": "rollouts (group, slot)"}
+STORE_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL, 2 replicas"}
+
+INTRO = """\
+# The crash matrix: what each fault does to your data
+
+<!-- Written by `python -m crash.page` from docs/crash-matrix.json (`make crash-matrix`): do not edit by hand. -->
+
+For each fault, on each durable store and for each way of producing data, what happened to the data, counted
+from the clients' own records: what each producer was told the server acknowledged (it writes a line after
+each reply), and what the trainer trained (its checkpoint, which is what a trainer resumes from). Not from the
+server's word about itself.
+
+**Run it yourself**: `{command}` (as root for the full-disk row: it mounts a small tmpfs; PostgreSQL 15 on
+127.0.0.1:5432 with trust auth, as `make test` uses, for the PostgreSQL rows). The code: `crash/` (`run.py`
+one run, `count.py` the counter, `records.py` the record format, `page.py` this page).
+
+| | |
+|---|---|
+| date | {date} |
+| commit | `{commit}`{dirty} |
+| machine | {machine} |
+| command | `{command}` ({seconds:.0f} s of wall time) |
+| scale | per run: {scale} |
+
+Each run starts real processes, each its own process group: `rollbuf serve` (SQLite: one process; PostgreSQL:
+two replicas of one database), the stand-in inference server (`tests/fake_vllm.py`, {latency_ms:.0f} ms a completion), a
+trainer through `trainer_client` (`tests/resuming_trainer.py`; **commit** mode: a loader reading 2 batches
+ahead, a checkpoint and a commit every 2 steps; **next** mode: Atropos's acknowledgement, a checkpoint every
+step before asking for the next batch), and two producers through `rollout_client`'s `RolloutRunner` for each
+side at once: whole groups of 2 (`tests/producer_process.py`), tasks leased from a shuffled 2-epoch dataset,
+groups of 2 (`tests/producer_process.py --dataset`), per-rollout groups of 4, each rollout posted as it ends
+(`tests/per_rollout_producer.py`). Task leases last {task_lease_s:g} s, a per-rollout holder's
+{rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (for the trainer's
+kill: and the trainer has checkpointed), the fault comes; the run goes on until every side has done its work,
+the last batch is completed with filler groups, and the trainer has trained it.
+
+The columns:
+
+- **acknowledged**: distinct units some producer was told the server acknowledged.
+- **lost**: acknowledged, never trained. **Must be 0.**
+- **trained twice**: trained in more than one step (a task under any of its leases). **Must be 0.**
+- **at-least-once**: trained twice under a documented at-least-once edge kept on purpose, with the reason;
+  counted here, never hidden in a 0. None is kept today: the runner always sends group ids (so the
+  PostgreSQL edge "a submission without either can be stored twice", docs/stores.md, cannot occur), a task's
+  group is acknowledged only as its lease's submission (docs/tasks.md), and a slot's second rollout is
+  `redone`, not stored (docs/rollouts.md).
+- **redone**: work the fault made the producers do again: whole groups finished and never acknowledged (a
+  new group takes the place of each), tasks acknowledged under a lease other than their first (their first
+  lease lapsed or was handed back: its rollouts thrown away, whole or in part), rollouts finished more than
+  once (a sibling redid a slot whose rollout had finished but whose acknowledgement never came).
+- **recover**: seconds from the fault until that side had both a group acknowledged and a group trained after
+  it (it includes starting a killed process again; a side the fault did not stop recovers at once).
+- **unclaimed**: trained units no producer's record claims: the server acknowledged them, but the reply never
+  reached a producer that lived to write it down (killed between the server's commit and its own line). Not
+  lost, not twice.
+
+`make test` runs every row at a smaller scale (`tests/integration/test_crash_matrix.py`) and fails if any
+lost or trained-twice count is not 0.
+"""
+
+MEMORY = """\
+## The memory store (`memory://`)
+
+Not in the matrix, and not tested across restarts: it keeps everything in the server's process, so a kill -9
+(or any stop) of the server loses everything queued, every kept batch, the step, the task cursor and every open
+per-rollout group. Faults of the other processes (a producer, a pool worker, the trainer, a paused producer)
+do not touch the store, and the memory store answers them as SQLite does: it is the reference twin of the
+others under the same contract (`tests/store/test_contract.py`), only not durable. A full disk and a cut
+database connection do not apply to it.
+"""
+
+
+def cell_text(side: str, cell: dict[str, Any]) -> list[str]:
+    edge = str(cell["at_least_once"])
+    if cell.get("at_least_once_reason"):
+        edge += f" ({cell['at_least_once_reason']})"
+    lost = f"**{cell['lost']}**" if cell["lost"] else "0"
+    twice = f"**{cell['trained_twice']}**" if cell["trained_twice"] else "0"
+    recover = "—" if cell["recover_s"] is None else f"{cell['recover_s']:.1f} s"
+    return [str(cell["acknowledged"]), lost, twice, edge, str(cell["redone"]), recover, str(cell["unclaimed"])]
+
+
+def row_name(run: dict[str, Any]) -> str:
+    return f"{run['fault']}" + (f" ({run['mode']} mode)" if run["fault"] == "trainer" else "")
+
+
+def table(side: str, runs: list[dict[str, Any]]) -> list[str]:
+    out = [f"## {SIDE_TITLES[side]}", "", f"Units: {UNITS[side]}.", ""]
+    out += ["| fault | store | acknowledged | lost | trained twice | at-least-once | redone | recover | unclaimed |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for run in runs:
+        head = [FAULTS[run["fault"]] + (f" — trainer in {run['mode']} mode" if run["fault"] == "trainer" else ""),
+                STORE_NAMES[run["store"]]]  # fmt: skip
+        if "not_run" in run:
+            out.append("| " + " | ".join(head + [f"does not apply: {run['not_run']}"] + [""] * 6) + " |")
+        elif "error" in run:
+            cells = cell_text(side, run["cells"][side]) if "cells" in run else [""] * 7
+            out.append("| " + " | ".join(head + cells) + " |")
+            out.append("| " + " | ".join(["", "", f"**did not finish**: {run['error'][:300]}"] + [""] * 6) + " |")
+        else:
+            out.append("| " + " | ".join(head + cell_text(side, run["cells"][side])) + " |")
+    return out + [""]
+
+
+def render(matrix: dict[str, Any]) -> str:
+    scale = matrix["scale"]
+    text = INTRO.format(
+        command=matrix["command"], date=matrix["date"], commit=matrix["commit"],
+        dirty=" (with uncommitted changes in the tree)" if matrix.get("dirty") else "",
+        machine=matrix["machine"], seconds=matrix["seconds"],
+        scale=(f"{scale['tasks']} tasks x {scale['epochs']} epochs; {scale['groups']} whole groups per producer; "
+               f"{scale['rollout_groups']} per-rollout groups per producer; batches of {matrix['batch']} sequences"),
+        task_lease_s=matrix["task_lease_s"], rollout_lease_s=matrix["rollout_lease_s"],
+        latency_ms=1000 * matrix["latency_s"],
+    )  # fmt: skip
+    lines = [text]
+    failed = [r for r in matrix["runs"] if r.get("error") or any(
+        c["lost"] or c["trained_twice"] for c in r.get("cells", {}).values())]  # fmt: skip
+    if failed:
+        lines.append("**Runs that lost data, trained it twice, or did not finish**: " + "; ".join(
+            f"{row_name(r)} on {STORE_NAMES[r['store']]}" for r in failed) + ". Their rows say what.\n")  # fmt: skip
+    else:
+        lines.append("**In this run nothing acknowledged was lost and nothing was trained twice, in any cell.**\n")
+    for side in SIDE_TITLES:
+        lines += table(side, matrix["runs"])
+    lines.append(MEMORY)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    source, target = Path(sys.argv[1]), Path(sys.argv[2])
+    target.write_text(render(json.loads(source.read_text())))
+
+
+if __name__ == "__main__":
+    main()
