@@ -50,7 +50,8 @@ ahead, a checkpoint and a commit every 2 steps; **next** mode: Atropos's acknowl
 step before asking for the next batch), and two producers through `rollout_client`'s `RolloutRunner` for each
 side at once: whole groups of 2 (`tests/producer_process.py`), tasks leased from a shuffled 2-epoch dataset,
 groups of 2 (`tests/producer_process.py --dataset`), per-rollout groups of 4, each rollout posted as it ends
-(`tests/per_rollout_producer.py`). Task leases last {task_lease_s:g} s, a per-rollout holder's
+(`tests/per_rollout_producer.py`); for the pool worker's kill, each producer runs its rollouts in 2 worker
+processes (`num_workers=2`). Task leases last {task_lease_s:g} s, a per-rollout holder's
 {rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (for the trainer's
 kill: and the trainer has checkpointed), the fault comes; the run goes on until every side has done its work,
 the last batch is completed with filler groups, and the trainer has trained it.

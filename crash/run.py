@@ -103,6 +103,9 @@ class Proc:
     signalled: bool = False
     """The run stopped it (the fault, or the end): its exit status says nothing about it."""
 
+    def acked(self) -> bool:
+        return bool(read_producer(self.record, self.side).acks)
+
 
 @dataclass
 class Run:
@@ -157,10 +160,16 @@ class Run:
     def start_trainer(self) -> None:
         self.trainer = self.spawn("trainer", *self.trainer_argv)
 
-    def victims(self) -> list[Proc]:
-        """The first producer of each side (the one with worker processes for the pool worker fault): the fault
-        comes once each has been told of an acknowledgement, with more work in flight."""
-        return [next(p for p in self.producers if p.side == side) for side in SIDES]
+    def victims(self) -> list[Proc] | None:
+        """Per side, the first producer that is running and has been told of an acknowledgement (so it has work
+        in flight when the fault comes); None until every side has one."""
+        out = []
+        for side in SIDES:
+            found = [p for p in self.producers if p.side == side and p.popen.poll() is None and p.acked()]
+            if not found:
+                return None
+            out.append(found[0])
+        return out
 
     def close(self) -> None:
         for popen in [p.popen for p in self.producers] + ([self.trainer] if self.trainer else []):
@@ -312,7 +321,7 @@ def applies(fault: str, store: str) -> str | None:
 # -------------------------------------------------------------------------------------------------- faults
 
 
-def make_fault(run: Run) -> tuple[float, float]:
+def make_fault(run: Run, victims: list[Proc]) -> tuple[float, float]:
     """Make the run's fault and what recovers from it (a process started again); (began, ended), wall clock."""
     began = time.time()
     if run.fault in ("server", "replica"):
@@ -326,7 +335,6 @@ def make_fault(run: Run) -> tuple[float, float]:
         kill(run.trainer)
         run.start_trainer()
     elif run.fault in ("producer", "sigterm"):
-        victims = run.victims()
         for p in victims:
             p.signalled = True
             kill(p.popen, signal.SIGKILL if run.fault == "producer" else signal.SIGTERM)
@@ -334,7 +342,6 @@ def make_fault(run: Run) -> tuple[float, float]:
             p.popen.wait(timeout=HANG_GUARD_S)
             run.producer(p.side)
     elif run.fault == "sigstop":
-        victims = run.victims()
         for p in victims:
             kill(p.popen, signal.SIGSTOP)
         try:  # paused past its leases: the task lease and a per-rollout holder's, twice over and more
@@ -344,7 +351,7 @@ def make_fault(run: Run) -> tuple[float, float]:
             for p in victims:
                 kill(p.popen, signal.SIGCONT)
     elif run.fault == "worker":
-        for p in run.victims():
+        for p in victims:
             workers = pool_workers(p.popen.pid)
             if not workers:
                 raise RuntimeError(f"{p.name} has no worker process to kill")
@@ -460,22 +467,22 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
                             run.url(1), "--train-s", "0.05", "--acknowledge", mode, "--batch-size", str(BATCH),
                             "--until", str(workdir / "until.txt")]  # fmt: skip
         run.start_trainer()
-        for side in SIDES:
+        for side in SIDES:  # for the pool worker's kill, each with worker processes: any may be the victim
             run.producer(side, workers=2 if fault == "worker" else 0)
-            run.producer(side)
+            run.producer(side, workers=2 if fault == "worker" else 0)
         fault_at: float | None = None
         fault_end: float | None = None
         try:
-            victims = run.victims()
             trained = 2 if fault == "trainer" else 0  # the trainer killed between checkpoints, reading ahead
 
-            def acked() -> bool:
+            def ready() -> bool:
                 exits(run)  # a producer that could not start never acknowledges anything
-                return all(read_producer(p.record, p.side).acks for p in victims)
+                return run.victims() is not None and run.checkpoint_step() >= trained
 
-            until(lambda: acked() and run.checkpoint_step() >= trained,
-                  "a producer of every side acknowledged (and the trainer checkpointed)")  # fmt: skip
-            fault_at, fault_end = make_fault(run)
+            until(ready, "a running producer of every side told of an acknowledgement (and a trainer checkpoint)")
+            victims = run.victims()
+            assert victims is not None
+            fault_at, fault_end = make_fault(run, victims)
             until(lambda: run.settled(),
                   "every side to finish its work")  # fmt: skip
             finish(run)
