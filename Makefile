@@ -82,7 +82,7 @@ bench: install  ## hot-path benchmarks: ingest, /batch, batch formation, stores
 # producer; database connections cut; a full disk) on SQLite and on two PostgreSQL replicas, every side at once,
 # counted from the clients' own records; writes docs/crash-matrix.json and the page made from it. As root for the
 # full-disk row (a small tmpfs); needs the PostgreSQL `make test` uses. `make test` runs each row smaller.
-crash-matrix: install  ## the crash matrix: what each fault loses, trains twice or redoes (docs/crash-matrix.md; about 8 minutes on a 2-core VM)
+crash-matrix: install  ## the crash matrix: what each fault loses, trains twice or redoes (docs/crash-matrix.md; 396 s on a 2-core VM, `nproc`)
 	$(BIN)/python -m crash
 
 demo: install-serve

@@ -7,8 +7,8 @@ which it says by creating `--idle`.
 It appends to `--events` what the checks need, one JSON line each, written after the fact, each with the time
 (`"t"`, wall clock: the crash matrix reads them as a producer's record, crash/records.py):
 `{"done": seed}` when a rollout ends (its seed names its group and slot), `{"ack": [group_id, slot, digest]}`
-when the server acknowledged a posted rollout (`accepted`), `{"group": [group_id, [seeds]]}` when it stored a
-whole group."""
+when the server acknowledged a posted rollout (`accepted`, or `duplicate`: a retry of one it holds),
+`{"group": [group_id, [seeds]]}` when it stored a whole group."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def observe_acks(runner: RolloutRunner) -> None:
         self: OpenGroups, group_id: str, slot: int, tokens: Sequence[int], *a: Any, **kw: Any
     ) -> PostReply:
         reply = await post(self, group_id, slot, tokens, *a, **kw)
-        if reply.status == "accepted":
+        if reply.status in ("accepted", "duplicate"):  # a retry of what the server acknowledged: it holds it
             event(ack=[group_id, slot, digest(tokens)])
         return reply
 
