@@ -57,9 +57,15 @@ class Gate:
     and none can start until `open()`. `close(timeout)` gives up waiting after `timeout` seconds and says
     so; `holders()` then names the tasks (groups) whose requests are still in flight, for the caller to
     cancel.
+
+    `weights` is the version of the weights that requests let through now are served by, as the runner knows
+    it: it changes only while the gate is shut and drained during a weight sync the runner took part in
+    (`rollout_client.watch`), so each turn records the version that sampled it (its `weights`).
     """
 
     def __init__(self) -> None:
+        self.weights: int | None = None
+        """The weights version requests let through now are served by (None: not known)."""
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
@@ -232,6 +238,7 @@ class Session:
         async with self.gate.generation(self.owner):
             if remaining is not None and self.deadline is not None:
                 self.deadline.reschedule(loop.time() + remaining)
+            weights = self.gate.weights  # read once through the gate: the version this request is served by
             started = time.perf_counter()
             seed = None if self.seed is None else self.seed + len(self.turns)
             try:
@@ -247,12 +254,15 @@ class Session:
                     raise
                 self.truncated = True  # the model's context, tighter than the budget, is full
                 raise EpisodeTruncated(len(self.tokens), self.token_limit or 0) from None
-        self.turns.append({
+        turn: dict[str, float | int] = {
             "prompt_tokens": len(self.tokens),
             "completion_tokens": len(out.token_ids),
             "wait_s": round(started - queued, 6),
             "generate_s": round(time.perf_counter() - started, 6),
-        })  # fmt: skip
+        }  # fmt: skip
+        if weights is not None:
+            turn["weights"] = weights
+        self.turns.append(turn)
         self.tokens.extend(out.token_ids)
         self.masks.extend(out.token_ids)
         self.logprobs.extend(out.logprobs)
@@ -370,7 +380,9 @@ class Environment(ABC):
     "continue" (their episodes span versions; stamped with the oldest, `generation_params["weight_versions"]`
     holds [min, max]), "restart" (cancelled and run again with the new weights) or "drain" (when the trainer
     begins a sync with `TrainerClient.weight_sync`, no new group starts, those in flight finish, and the trainer
-    pushes the weights once every live producer has drained: no episode spans a sync, production pauses)."""
+    pushes the weights once every live producer has drained: no episode spans a sync, production pauses). With
+    `weight_sync` every policy's versions are exact (`weight_versions_exact`): the runner holds its generation
+    requests for the push; with announcements alone they are the runner's estimate."""
 
     def skip_reason(self, sequences: int, scores: list[float]) -> str | None:
         """Why a finished group is not submitted (None: it is); the runner counts it in `skipped[reason]`.

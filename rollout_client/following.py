@@ -19,6 +19,19 @@ them by their env's `on_new_weights` policy:
   /weights); the runner then starts groups again, stamped with them. In one process, `RolloutRunner.pause()` /
   `resume()` around the sync does the same for every env.
 
+Which weights sampled each turn: a weights version changes at the inference server when the trainer pushes,
+which the runner learns of only from a later status read. So on a pending sync every runner, whatever its envs'
+policies, also shuts its generation gate once its drain envs' episodes are over, waits until no request is at
+the inference server and only then reports `drained_for` (`rollout_client.watch`); the trainer pushes after
+that, and the runner opens the gate once it has read the announcement, with the gate's `weights` set to the new
+version. Each turn records the version it passed the gate with (`turns[k]["weights"]`), and the group's
+`weight_versions` and `policy_step` are taken from its turns. They are exact (`weight_versions_exact: true`)
+when every version its turns name ended, or runs now, under that handshake; a version that ended without it (a
+trainer that only announces, a sync whose wait ran past its timeout, one before this producer took part) may have
+served some of its turns with the next weights, so a group holding such a turn says `weight_versions_exact:
+false`: its versions are this producer's estimate (never newer than the truth: the runner learns of a push
+only after it).
+
 `Heartbeat` tells rollbuf that this producer is alive, every `gone_after / 6` s (the server's setting, from its
 reply): its envs, in flight, groups/s, failures, weights, what holds it back. It logs, rate-limited, while the
 server is unreachable and while this producer waits for the trainer.
@@ -73,8 +86,15 @@ class Follower:
     """The last weights step announced, or None: then the runner's own policy step (resume()) rules."""
     pending: int | None = None
     """The step of a weight sync the trainer has begun and not announced yet (drain envs hold), or None."""
+    quiesced: int | None = None
+    """The pending sync's step this runner's generation is held for, once no request is in flight (the watch)."""
+    handshake: bool = False
+    """The last announcement came after this runner held its generation for it: the version generating now ends
+    only once it holds again (while the trainer syncs through `weight_sync`)."""
+    acked: set[int] = field(default_factory=set)
+    """Versions that ended under the handshake: every turn served while they ran was served by them."""
     _spans: dict[str, int] = field(default_factory=dict)
-    """Group id -> the newest weights step seen while its rollouts ran."""
+    """Group id -> the newest weights step seen while its rollouts ran (for groups whose turns name no version)."""
     _restarts: list[list[Task]] = field(default_factory=list)
     _restarting: set[str] = field(default_factory=set)
     _tasks: dict[str, tuple[int, Task]] = field(default_factory=dict)
@@ -102,7 +122,11 @@ class Follower:
         seen = [st.weights_step for st in statuses if st.weights_step is not None]
         if not seen or (self.weights_step is not None and max(seen) <= self.weights_step):
             return None
-        self.weights_step = step = max(seen)
+        step = max(seen)
+        self.handshake = self.quiesced is not None and self.quiesced >= step
+        if self.handshake and self.weights_step is not None:
+            self.acked.add(self.weights_step)
+        self.weights_step = step
         for group_id, g in list(in_flight.groups.items()):
             if g.submitting or g.policy_step >= step:
                 continue
@@ -117,25 +141,37 @@ class Follower:
 
     @property
     def drains(self) -> bool:
-        """Some env drains on a weight sync: a pending sync waits for this producer."""
-        return any(e.on_new_weights == "drain" for e in self.envs)
+        """A pending sync waits for this producer: every runner holds its generation for one (drain envs their
+        episodes too), so that each turn's weights version is known."""
+        return bool(self.envs)
+
+    def syncing(self) -> int | None:
+        """The step of a pending weight sync to newer weights than those announced, or None."""
+        pending = self.pending
+        if pending is None or (self.weights_step is not None and pending <= self.weights_step):
+            return None
+        return pending
 
     def holds(self, i: int) -> bool:
         """Env `i` starts no group now: it drains and a sync to newer weights is pending."""
-        return (
-            self.envs[i].on_new_weights == "drain"
-            and self.pending is not None
-            and (self.weights_step is None or self.pending > self.weights_step)
-        )
+        return self.envs[i].on_new_weights == "drain" and self.syncing() is not None
+
+    def episodes_over(self, in_flight: InFlight) -> bool:
+        """No group of a drain env is generating (one submitting sampled its tokens already)."""
+        groups = in_flight.groups.values()
+        return not any(self.envs[g.env].on_new_weights == "drain" and not g.submitting for g in groups)
 
     def drained_for(self, in_flight: InFlight) -> int | None:
-        """The pending sync's step once no group of a drain env is generating (one submitting sampled its
-        tokens already), else None."""
-        if not any(self.holds(i) for i in range(len(self.envs))):
+        """The pending sync's step once no group of a drain env is generating and the runner's generation is
+        held for it with no request in flight (`quiesced`), else None."""
+        step = self.syncing()
+        if step is None or self.quiesced != step or not self.episodes_over(in_flight):
             return None
-        if any(self.holds(g.env) and not g.submitting for g in in_flight.groups.values()):
-            return None
-        return self.pending
+        return step
+
+    def exact(self, versions: set[int]) -> bool:
+        """Whether turns served under these versions were served by them (see the module's docstring)."""
+        return all(v in self.acked or (v == self.weights_step and self.handshake) for v in versions)
 
     def restart(self, i: int) -> Task | None:
         """A task of env `i` to run again (cancelled by new weights), before any new one."""
@@ -148,13 +184,38 @@ class Follower:
         return out
 
     def stamp(self, group_id: str, group: ScoredData, step: int) -> ScoredData:
-        """With announced weights: the range of weight versions the group's episodes spanned, `[min, max]`, in its
-        `generation_params` (`policy_step`, the oldest, is what staleness counts from)."""
+        """With announced weights: the range of weight versions the group's turns were sampled with, `[min, max]`,
+        in its `generation_params`, with `weight_versions_exact`; `policy_step` is the oldest (what staleness
+        counts from). A group whose turns name no version (sequences recorded outside the session) gets the
+        range it was in flight over, from `step`, as an estimate."""
         if self.weights_step is None:
             return group
-        newest = max(step, self._spans.get(group_id, step))
-        params = {**(group.generation_params or {}), "weight_versions": [step, newest]}
-        return group.model_copy(update={"generation_params": params})
+        versions = turn_versions(group.overrides)
+        update: dict[str, object] = {}
+        if versions:
+            lo, hi, exact = min(versions), max(versions), self.exact(versions)
+            update["policy_step"] = lo
+        else:
+            lo, hi, exact = step, max(step, self._spans.get(group_id, step)), False
+        update["generation_params"] = {**(group.generation_params or {}), "weight_versions": [lo, hi],
+                                       "weight_versions_exact": exact}  # fmt: skip
+        return group.model_copy(update=update)
+
+
+def turn_versions(overrides: Sequence[dict[str, object]] | None) -> set[int]:
+    """The weights versions a group's turns were sampled with (`turns[k]["weights"]`, as sessions record them);
+    empty when any sequence's turns do not all name one (then nothing is known of that sequence)."""
+    versions: set[int] = set()
+    for record in overrides or ():
+        turns = record.get("turns")
+        if not isinstance(turns, list) or not turns:
+            return set()
+        for turn in turns:
+            weights = turn.get("weights") if isinstance(turn, dict) else None
+            if not isinstance(weights, int):
+                return set()
+            versions.add(weights)
+    return versions
 
 
 def producer_id() -> str:

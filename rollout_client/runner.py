@@ -196,7 +196,7 @@ class RolloutRunner:
             follow=self._follow, monitor=Monitor(max_staleness, stall_warning, self.timeouts.inference_outage),
             in_flight=self._in_flight, inference=self._inference, stats=self.stats, weights=self._weights,
             poll_interval=poll_interval, changed=self._changed, end=self._end, paused=lambda: self.paused,
-            pool=lambda: self.pool,
+            pool=lambda: self.pool, gate=self._gate, user_paused=lambda: not self._dispatch_open.is_set(),
         )  # fmt: skip
         """Reads the server and applies what it says, beside dispatch (`rollout_client.watch`)."""
         self.groups: OpenGroups | None = None
@@ -280,9 +280,10 @@ class RolloutRunner:
         if self._loop is not None:
             self._in_flight.release_deadlines(self._loop.time())
         self._weights.set(policy_step)
-        if self.pool is not None:
-            self.pool.resume()
-        self._gate.open()
+        if self._watch.holding is None:  # held for a weight sync: generation goes on once it is announced
+            if self.pool is not None:
+                self.pool.resume()
+            self._gate.open()
         self._dispatch_open.set()
         self._changed.set()
 

@@ -5,6 +5,12 @@ and the follower (weights the trainer announced), heartbeats in between, and app
 envs held back, groups cancelled as stale, the run ended. It shares the runner's collaborators (backpressure,
 follower, in-flight groups, stats) and the `Weights` now generating, and speaks back only through `changed`
 (dispatch may move) and `end` (the run must end); so the runner keeps no watch state of its own.
+
+It also holds generation for a weight sync the trainer has begun (`weights_pending`): once the drain envs'
+episodes are over it shuts the generation gate (this process's and every worker's), waits until no request is
+at the inference server, and reports drained for the sync; it opens the gate when it reads the announcement,
+the gate's `weights` set to the new version first. So a request is never at the inference server while the
+trainer pushes, and every turn knows which weights sampled it (`rollout_client.following`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from api.wire.schema import EnvStatus
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
+from rollout_client.env import Gate
 from rollout_client.errors import RetriesExhausted
 from rollout_client.following import Beats, Follower
 from rollout_client.inflight import InFlight
@@ -44,6 +51,10 @@ class Weights:
     stats: RunnerStats
     step: int | None = None
     resumed: bool = False
+    gate: Gate | None = None
+    """The generation gate whose `weights` follows the step (set once the runner has one)."""
+    pool: Callable[[], WorkerPool | None] = lambda: None
+    """The worker pool, whose workers' gates follow the step too."""
 
     @property
     def now(self) -> int:
@@ -52,6 +63,14 @@ class Weights:
     def set(self, step: int) -> None:
         self.step = step
         self.stats.policy_step = step
+        self.serve(step)
+
+    def serve(self, step: int) -> None:
+        """Requests let through from now on are served by the weights of `step` (the gates' `weights`)."""
+        if self.gate is not None:
+            self.gate.weights = step
+        if (pool := self.pool()) is not None:
+            pool.set_weights(step)
 
 
 class Watch:
@@ -75,6 +94,8 @@ class Watch:
         end: Callable[[str, BaseException | None], None],
         paused: Callable[[], bool],
         pool: Callable[[], WorkerPool | None],
+        gate: Gate | None = None,
+        user_paused: Callable[[], bool] = lambda: False,
     ) -> None:
         self.names = list(names)
         self.statuses = statuses
@@ -93,7 +114,15 @@ class Watch:
         self.beat_now = asyncio.Event()
         """Set to heartbeat at once (drained for a sync: the trainer waits for that beat)."""
         self.drained_for: int | None = None
-        """The announced step this runner is drained for (no drain env's episode in flight), if any."""
+        """The pending sync's step this runner is drained for (no drain env's episode, no request in flight)."""
+        self.gate = gate or Gate()
+        """The generation gate of this process, held shut for a pending weight sync."""
+        self.user_paused = user_paused
+        """Whether `pause()` holds generation (then a sync's end leaves the gates shut for `resume()`)."""
+        self.holding: int | None = None
+        """The pending sync's step generation is held for, or None."""
+        self._hold: asyncio.Task[None] | None = None
+        weights.gate, weights.pool = self.gate, pool
 
     def beats(self, clients: Sequence[RolloutClient], producer_id: str) -> Beats:
         """The heartbeat to run beside the watch: it carries the step generating and the drain state."""
@@ -113,6 +142,8 @@ class Watch:
         finally:
             if beating is not None:
                 beating.cancel()
+            if self._hold is not None:
+                self._hold.cancel()
 
     async def watch(self) -> None:
         """The loop itself: returns when the monitor ends the run; raises what a status read raises."""
@@ -123,6 +154,7 @@ class Watch:
             )
             trainer_step = self.backpressure.observed(list(statuses), mark)
             self._weights_observed(statuses)
+            self._hold_for_sync()
             held = self.backpressure.refresh(self.in_flight.pending(), self.weights.now)
             self._drained_now()
             self.stats.trainer_step = trainer_step
@@ -171,4 +203,44 @@ class Watch:
             self.drained_for = drained
             self.beat_now.set()
             if drained is not None:
-                log.info("drained for the weight sync to step %d: no drain env's episode in flight", drained)
+                log.info("drained for the weight sync to step %d: no drain env's episode and no generation "
+                         "request in flight", drained)  # fmt: skip
+
+    def _hold_for_sync(self) -> None:
+        """Hold generation for a pending sync once the drain envs' episodes are over; let it go on once the sync
+        is announced (or called off)."""
+        if self.weights.step is not None:  # the first pass, a worker pool started since: the gates learn it
+            self.weights.serve(self.weights.step)
+        step = self.follow.syncing()
+        if step is None:
+            if self.holding is not None:
+                self._let_go()
+            return
+        if self.holding == step or not self.follow.episodes_over(self.in_flight):
+            return
+        if self._hold is not None:
+            self._hold.cancel()
+        self.holding = step
+        self.follow.quiesced = None
+        self._hold = asyncio.create_task(self._quiesce(step), name=f"hold-for-sync-{step}")
+
+    async def _quiesce(self, step: int) -> None:
+        """Shut every generation gate and wait until no request is in flight; then drained for `step`."""
+        self.gate.shut()
+        pool = self.pool()
+        await asyncio.gather(self.gate.drained(), *([] if pool is None else [pool.pause(None)]))
+        self.follow.quiesced = step
+        self._drained_now()
+
+    def _let_go(self) -> None:
+        """The sync is over: generation goes on with the new weights (unless `pause()` holds it)."""
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+        self.holding = None
+        self.follow.quiesced = None
+        self.weights.serve(self.weights.now)
+        if not self.user_paused():
+            self.gate.open()
+            if (pool := self.pool()) is not None:
+                pool.resume()

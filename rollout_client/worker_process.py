@@ -199,6 +199,8 @@ async def _serve(
             loop.create_task(pause(msg[1], msg[2]))
         elif kind == "resume":
             gate.open()
+        elif kind == "weights":
+            gate.weights = msg[1]
         elif kind == "stop":
             break
     for t in list(jobs.values()):

@@ -4,7 +4,8 @@ stall the others or the runner's loop. The runner feeds the least-busy worker.
 Messages (pickled tuples over a `Channel`, which never blocks either event loop, whatever their size).
 Parent to worker: ("run", job, env_index, task, group_key), ("run_one", job, env_index, task, group_key,
 index) (one rollout of a group whose env scores each rollout alone), ("cancel", job), ("pause", token,
-timeout), ("resume",), ("stop",). Worker to parent: ("ready",) once its policy is built and its envs'
+timeout), ("resume",), ("weights", version) (the weights its requests are served by from now on: the gate's
+`weights`), ("stop",). Worker to parent: ("ready",) once its policy is built and its envs'
 `worker_setup` entered, ("fatal", exception) when they cannot be (then it exits), ("ended", job) when one
 rollout of a group ends (its slot is free), ("done", job, GroupOutcome | Rollout), ("error", job, exception),
 ("dropped", job, reason), ("cancelled", job), ("paused", token, drained), ("inference", reachable) when its
@@ -134,6 +135,9 @@ class WorkerPool:
         self.exitcodes: list[int | None] = []
         """Exit codes of the workers that ended (0: stopped in order; negative: killed by that signal)."""
         self.paused = False
+        self.weights: int | None = None
+        """The weights version requests are served by (`Gate.weights`), sent to every worker as it changes and
+        to each new one as it starts."""
         self.closing = False
         """Set when the run is stopping: a worker that exits now is not replaced."""
         self.recycled: Counter[str] = Counter()
@@ -187,6 +191,8 @@ class WorkerPool:
         self.workers.append(worker)
         self._changed.set()
         worker.reader = asyncio.create_task(self._read(worker), name=f"rollout-worker-{proc.pid}")
+        if self.weights is not None:
+            channel.send(("weights", self.weights))
         if self.paused:  # a replacement started during a weight update starts paused too
             channel.send(("pause", next(self._ids), None))
 
@@ -420,6 +426,17 @@ class WorkerPool:
         for fut in pending:
             fut.cancel()
         return not pending and all(f.result() for f in done)
+
+    def set_weights(self, version: int) -> None:
+        """The weights version every worker's requests are served by from now on (sent before a resume)."""
+        if version == self.weights:
+            return
+        self.weights = version
+        for w in self.workers:
+            try:
+                w.channel.send(("weights", version))
+            except ChannelClosed:
+                pass
 
     def resume(self) -> None:
         self.paused = False

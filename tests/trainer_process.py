@@ -49,7 +49,7 @@ def groups_of(batch: Any) -> list[dict[str, Any]]:
             versions |= {weights_of(float(x)) for x in lp[a:b][trained[a:b]]}
         meta = batch.meta[g].get("generation_params") or {}
         out.append({"policy_step": int(batch.policy_steps[seqs[0]]), "weight_versions": meta.get("weight_versions"),
-                    "generated_with": sorted(versions)})  # fmt: skip
+                    "exact": meta.get("weight_versions_exact"), "generated_with": sorted(versions)})  # fmt: skip
     return out
 
 

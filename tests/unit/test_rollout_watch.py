@@ -12,6 +12,7 @@ import pytest
 from api.wire.schema import EnvStatus
 from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
+from rollout_client.env import Gate
 from rollout_client.errors import RetriesExhausted
 from rollout_client.examples import Arithmetic
 from rollout_client.following import Follower
@@ -24,9 +25,12 @@ from rollout_client.watching import Monitor
 pytestmark = pytest.mark.anyio
 
 
-def status(step: int = 0, *, weights: int | None = None, capacity: int | None = None) -> EnvStatus:
+def status(
+    step: int = 0, *, weights: int | None = None, capacity: int | None = None, pending: int | None = None
+) -> EnvStatus:
     return EnvStatus(current_step=step, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=2,
-                     env_weight=1.0, weights_step=weights, queue_capacity_groups=capacity)  # fmt: skip
+                     env_weight=1.0, weights_step=weights, queue_capacity_groups=capacity,
+                     weights_pending=pending)  # fmt: skip
 
 
 class Script:
@@ -44,14 +48,33 @@ class Script:
         return answer
 
 
-def watch(script: Script, *, max_staleness: int | None = None, outage: float | None = None) -> tuple[Watch, list[str]]:
+class Syncing:
+    """A server at step 3, then (once `begun`) during a weight sync to step 4: pending until `announced`, then the
+    announcement once, then unreachable (which ends the watch)."""
+
+    def __init__(self) -> None:
+        self.begun = self.announced = False
+        self._told = False
+
+    async def status(self, i: int) -> EnvStatus:
+        if not self.announced:
+            return status(weights=3, pending=4 if self.begun else None)
+        if self._told:
+            raise RetriesExhausted("gone")
+        self._told = True
+        return status(weights=4)
+
+
+def watch(
+    script: Script | Syncing, *, max_staleness: int | None = None, outage: float | None = None
+) -> tuple[Watch, list[str]]:
     stats = RunnerStats()
     ended: list[str] = []
     w = Watch(
         names=["math"], statuses=script, backpressure=Backpressure([2], max_staleness), follow=Follower([Arithmetic()]),
         monitor=Monitor(max_staleness, None, outage), in_flight=InFlight(8, stats), inference=Breaker(), stats=stats,
         weights=Weights(stats, step=3), poll_interval=0.0, changed=asyncio.Event(),
-        end=lambda reason, exc: ended.append(reason), paused=lambda: False, pool=lambda: None,
+        end=lambda reason, exc: ended.append(reason), paused=lambda: False, pool=lambda: None, gate=Gate(),
     )  # fmt: skip
     return w, ended
 
@@ -99,3 +122,41 @@ async def test_a_bug_in_a_pass_ends_the_run_through_end_never_as_a_bare_error() 
     w, ended = watch(Script([ValueError("a bug")]))
     await w.run()
     assert ended == ["the runner's monitor failed: ValueError"]
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    """Let the loop run until `cond` holds (a hang guard in passes, never a time)."""
+    for _ in range(10_000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the watch never got there")
+
+
+async def test_a_pending_sync_holds_generation_until_no_request_is_in_flight_and_the_announcement_lets_it_go() -> None:
+    server = Syncing()
+    w, ended = watch(server)
+    release = asyncio.Event()
+
+    async def request() -> int | None:
+        async with w.gate.generation():
+            served_by = w.gate.weights
+            await release.wait()
+        return served_by
+
+    run = asyncio.create_task(w.run())
+    await until(lambda: w.gate.weights == 3)  # the first pass: the gates learn the version generating
+    in_flight = asyncio.create_task(request())
+    await until(lambda: bool(w.gate.holders()))  # a request at the inference server
+    server.begun = True
+    await until(lambda: not w.gate.is_open)  # the sync is pending: no new request starts
+    assert w.holding == 4 and w.drained_for is None  # one is still at the inference server
+    release.set()
+    assert await in_flight == 3
+    await until(lambda: w.drained_for == 4)  # none in flight: drained for the sync, said at once
+    assert w.beat_now.is_set() and not w.gate.is_open
+    server.announced = True
+    await run
+    assert w.gate.is_open and w.gate.weights == 4 and w.holding is None  # what passes now is served by step 4
+    assert w.follow.handshake and w.follow.acked == {3}
+    assert ended == ["the rollbuf server stayed unreachable"]

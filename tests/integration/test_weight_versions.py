@@ -1,0 +1,52 @@
+"""The weight versions a group states, against the weights that sampled its tokens, in the four-process layout
+(a trainer process, the rollbuf server, the stand-in inference server, a producer process). The trainer syncs
+inside `weight_sync` (POST /weights/pending, then the push, then POST /weights) after every step; the stand-in
+server marks each token's logprob with the weights that sampled it (`tests.fake_vllm.weights_logprob`), and
+the trainer reads them back from its batches. Under every `on_new_weights` policy, each trained group's
+`policy_step` and `generation_params["weight_versions"]` are the versions its tokens came from, and say so
+(`weight_versions_exact`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fake_vllm import fake_vllm
+from tests.integration.test_crossproc import process, result, until
+from tests.servers import running_server
+
+pytestmark = pytest.mark.integration
+
+STEPS = 8
+
+
+@pytest.mark.parametrize("policy", ["continue", "restart", "drain"])
+def test_every_trained_group_states_the_weights_its_tokens_came_from(tmp_path: Path, policy: str) -> None:
+    out = tmp_path / "trainer.json"
+    with (
+        running_server("memory://", tmp_path / "server.log") as server,
+        fake_vllm(tmp_path / "vllm.log") as vllm,
+    ):
+        httpx.post(vllm.url + "/control", json={"latency": 0.02}).raise_for_status()
+        with (
+            process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference",
+                    vllm.url, "--steps", str(STEPS), "--drain", "--max-staleness", "1", "--out", str(out)) as trainer,
+            process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+                    vllm.url, "--on-new-weights", policy, "--turns", "3", "--max-in-flight", "16",
+                    "--max-staleness", "1"),
+        ):  # fmt: skip
+            until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps")
+            assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    run = result(out)
+    assert run["undrained_syncs"] == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    groups = [g for s in run["steps"] for g in s["groups"]]
+    wrong = [g for g in groups if g["weight_versions"] != [min(g["generated_with"]), max(g["generated_with"])]
+             or g["policy_step"] != min(g["generated_with"])]  # fmt: skip
+    assert not wrong, f"{len(wrong)} of {len(groups)} groups state other weights than their tokens': {wrong[:5]}"
+    if policy != "continue":  # no episode spans a sync
+        assert all(len(g["generated_with"]) == 1 for g in groups), groups
+    # after the first sync the producer has taken part in, every group's versions are exact, and say so
+    assert all(g["exact"] for g in groups if g["policy_step"] >= 2), groups
+    assert len({g["policy_step"] for g in groups}) >= 3  # the producer followed the syncs
