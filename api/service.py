@@ -124,6 +124,9 @@ class Service:
     rollouts_prune_at: float = 0.0
     """When (monotonic) the open-group sweep next looks for decided groups past `rollout_keep_s`
     (`rollout_service.prune`)."""
+    rollouts_unfinished: set[str] = field(default_factory=set)
+    """Open groups this process's sweep could not finish (a record it cannot read, a bug): logged and counted once,
+    then skipped by its sweeps (`rollout_service.sweep`)."""
     _rollouts_seen: bool = False
     """Whether this process has seen per-rollout groups in use: its rollout routes called, a view that found groups
     open, or live or decided groups in the store when it started. Until then the open-group sweep reads nothing: a run
@@ -202,6 +205,12 @@ class Service:
         refused = dict(self._refused)  # counted, not written yet: the views show them all the same
         known = self._run
         return await self.store.read(lambda txn: stats.snapshot(txn, ANON_NAME, refused, known, max_envs))
+
+    @property
+    def known_run(self) -> RunState | None:
+        """The run state this process's last transaction saw: a transaction reads the envs past it only as far as
+        they changed (`state.load`)."""
+        return self._run
 
     async def run_state(self) -> RunState:
         run = await self.store.read(lambda txn: state.load(txn, self._run))

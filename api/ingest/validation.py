@@ -199,6 +199,8 @@ def check_printable(meta: Mapping[str, Any]) -> None:
             for k, v in value.items():
                 if not isinstance(k, str):
                     raise InvalidData(loc, f"map keys must be strings (JSON's), got {type(k).__name__}")
+                if rule := _scalar_rule(k):
+                    raise InvalidData(loc, f"map keys: {rule}")
                 stack.append((v, (*loc, k)))
         else:
             kind = "bytes (msgpack bin)" if isinstance(value, bytes | bytearray) else type(value).__name__
@@ -253,12 +255,18 @@ def check_values(
     if masks.size and masks.dtype.itemsize > 4 and (masks.min() < INT32_MIN or masks.max() > INT32_MAX):
         seq, offset = _position(lengths, int(np.argmax((masks < INT32_MIN) | (masks > INT32_MAX))))
         raise InvalidData(("masks", seq, offset), "mask values must fit in int32")
-    finite = np.isfinite(scores)
-    if not np.logical_and.reduce(finite):
-        raise InvalidData(("scores", int(np.argmin(finite))), "scores must be finite (no NaN or infinity)")
+    check_scores(scores)
     for name, values in floats.items():
         if not finite_as_f32(values):
             raise InvalidData((name,), "values must be finite float32 (no NaN, no infinity, none beyond 3.4e38)")
+
+
+def check_scores(scores: np.ndarray) -> None:
+    """Every score finite: NaN or infinity would poison the trainer's advantages (a producer's seal checks its
+    group's scores with this too)."""
+    finite = np.isfinite(scores)
+    if not np.logical_and.reduce(finite):
+        raise InvalidData(("scores", int(np.argmin(finite))), "scores must be finite (no NaN or infinity)")
 
 
 F32_OVERFLOW = 2.0**128 - 2.0**103

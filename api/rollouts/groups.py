@@ -55,9 +55,15 @@ class OpenGroup:
     owner: str | None = None
     """The key that opened it (None without keys): only that key's producers post, seal, heartbeat and lease its
     slots (`api.owners`)."""
+    tokens: int | None = None
+    """Tokens of its acknowledged rollouts, kept once the trainer has a token budget per batch (a group's tokens
+    must fit it); None: not counted (left out of the record, which then reads as before)."""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        record = asdict(self)
+        if record["tokens"] is None:
+            del record["tokens"]
+        return json.dumps(record, separators=(",", ":"))
 
     @staticmethod
     def of(text: str) -> OpenGroup:

@@ -9,17 +9,21 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from api import state
-from api.config.groups import setting
+from api.config.groups import built, setting
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
+from api.ingest.queue_limits import QueueLimits, group_limits
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder, recorder
 from api.owners import ANYONE, Actor
+from api.rollouts import checks
 from api.rollouts import groups as rg
+from api.state import RunState
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
 from api.tasks import leases as task_leases
@@ -57,6 +61,20 @@ groups' table (`OpenGroupTxn.decided`), so it is not paid every sweep."""
 COUNTS = "rollouts"
 """Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused,
 lease_lapsed, pruned."""
+
+
+UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError)
+"""What reading a group this release cannot read raises (a record or a rollout written by another release, or
+damaged): what touches many groups at once (the sweep, sibling leases, heartbeats) passes such a group by instead of
+failing for all of them."""
+
+
+def _readable(row: GroupRow) -> rg.OpenGroup | None:
+    """The row's group, or None if this release cannot read it (`UNREADABLE`)."""
+    try:
+        return rg.OpenGroup.of(row.record)
+    except UNREADABLE:
+        return None
 
 
 def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = None) -> GroupRow:
@@ -115,10 +133,21 @@ def group_of(txn: Txn, key: str, actor: Actor, loc: tuple[str | int, ...] = ("bo
     return row
 
 
-def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller: Actor = ANYONE) -> GroupView:
+def open_txn(
+    txn: Txn,
+    req: OpenRequest,
+    now: float,
+    settings: Settings,
+    caller: Actor = ANYONE,
+    *,
+    limits: QueueLimits | None = None,
+    known: RunState | None = None,
+) -> GroupView:
     """Open the group (the same spec again: its view); 409 for another spec under its id or another key's group
-    of that id, 503 past the env's bound on open groups. A group opened under a task lease token must be its
-    holder's, as its sealed group will be (checked now: nothing acknowledged is refused later)."""
+    of that id, 503 past the env's bound on open groups or before a trainer registered. Nothing acknowledged is
+    refused later, so what its sealed group will be held to is checked now (`checks.check_open`: G within the
+    trainer's batch, `limits` the server's own, default from `settings`), and a group opened under a task lease
+    token must be its holder's, as its sealed group will be. `known`: the run state this process read last."""
     if req.deadline_s > settings.rollout_max_deadline_s:
         raise InvalidData(("body", "deadline_s"), f"at most rollout_max_deadline_s ({settings.rollout_max_deadline_s})")
     least = req.group_size if req.min_group_size is None else req.min_group_size
@@ -138,8 +167,10 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
         ):
             raise Conflict(f"group {req.group_id!r} was opened before with another spec")
         return view(old)
+    run = state.load(txn, known)
+    checks.check_open(req, group_limits(run, built(QueueLimits, settings) if limits is None else limits))
     if req.env_id is not None:
-        env = state.load(txn).env(req.env_id)
+        env = run.env(req.env_id)
         if env is None or caller.hides(env.owner, "env"):
             raise InvalidData(("body", "env_id"), f"env {req.env_id} is not registered")
     if task_leases.is_token(req.group_id):
@@ -159,9 +190,19 @@ def open_txn(txn: Txn, req: OpenRequest, now: float, settings: Settings, caller:
 
 
 def post_txn(
-    txn: Txn, req: RolloutPost, now: float, settings: Settings, books: Recorder = OFF, caller: Actor = ANYONE
+    txn: Txn,
+    req: RolloutPost,
+    now: float,
+    settings: Settings,
+    books: Recorder = OFF,
+    caller: Actor = ANYONE,
+    *,
+    limits: QueueLimits | None = None,
+    known_run: RunState | None = None,
 ) -> tuple[PostReply, bool]:
-    """Acknowledge one rollout; whether the group is now complete and is being sealed."""
+    """Acknowledge one rollout; whether the group is now complete and is being sealed. The rollout is checked first
+    against every rule its sealed group meets at ingest (`checks.check_rollout`; 503 before a trainer registered),
+    so that no rollout acknowledged is refused with its group. `limits` and `known_run` as for `open_txn`."""
     if len(req.masks) != len(req.tokens):
         raise InvalidData(("body", "masks"), "one mask per token")
     if req.inference_logprobs is not None and len(req.inference_logprobs) != len(req.tokens):
@@ -171,11 +212,19 @@ def post_txn(
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
         raise InvalidData(("body", "slot"), f"the group has {g.group_size} slots")
+    run = state.load(txn, known_run)
+    group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
+    checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)
     d = digest(req)
-    known = next(((s.producer, s.digest) for s in txn.rollouts.slots(req.group_id) if s.slot == req.slot), None)
+    slots = txn.rollouts.slots(req.group_id)
+    known = next(((s.producer, s.digest) for s in slots if s.slot == req.slot), None)
     if known is None and row.state not in LIVE:
         txn.add_counts(COUNTS, {"redone": 1})
         return PostReply(status="redone", group=view(row)), False
+    if known is None and (group_limit.max_group_tokens is not None or g.tokens is not None):
+        have = g.tokens if g.tokens is not None else sum(len(json.loads(s.data)["tokens"]) for s in slots)
+        checks.check_group_tokens(have, len(req.tokens), group_limit)
+        g.tokens = have + len(req.tokens)
     outcome = rg.post(g, req.slot, req.producer_id, known, d)
     if outcome == rg.CONFLICT:
         raise Conflict(f"slot {req.slot} of group {req.group_id!r} was acknowledged with other content")
@@ -221,6 +270,7 @@ def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> 
     if req.scores is not None:
         if set(req.scores) != set(g.done):
             raise InvalidData(("body", "scores"), "one score per acknowledged slot")
+        checks.check_seal_scores(req.scores)
         g.scores = dict(req.scores)
     elif g.scores_at_seal:
         raise InvalidData(("body", "scores"), "the group is scored at its seal: send its scores")
@@ -266,11 +316,11 @@ def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, now: float, book
     """The group expires: counted, kept with why (until `rollout_keep_s` after now), and recorded as a dropped
     group (the ledger's row of its acknowledged rollouts, the env's drop counter; a task lease's task follows, as
     for any dropped group)."""
+    slots = [json.loads(s.data) for s in txn.rollouts.slots(g.key)]  # read before anything is written
     short = why.split(":")[0]
     g.left_out = {"group": why}
     txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
     run = state.load(txn)
-    slots = [json.loads(s.data) for s in txn.rollouts.slots(g.key)]
     mean, lo, hi, std = ledger.score_summary([r["score"] for r in slots if r["score"] is not None])
     books.expired_open(txn, run.env_name(g.env_id), LedgerGroup(
         id=txn.next_item_id(), env_id=row.env_id, group_id=g.key, handler=None, producer_id=g.producer,
@@ -320,29 +370,39 @@ class Swept:
     queue keeps it so, and a job that ran again at once for it would spin)."""
     sealing: list[str]
     """The keys of the groups to finish (ingest and mark sealed)."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Due groups it could not read (key -> why): left as they are (`UNREADABLE`)."""
 
 
-def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF) -> Swept:
-    """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish."""
-    out, decided = [], 0
-    for row in txn.rollouts.due(now, limit):
+def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF, skip: Collection[str] = ()) -> Swept:
+    """Decide on the groups past their deadline (sealed with what is in, or expired), and what to finish. The
+    groups in `skip` (this process could not finish them before) are read past; a group it cannot read is left
+    as it is and reported (`Swept.unreadable`), and the sweep goes on with the others."""
+    out, decided, unreadable = [], 0, {}
+    for row in txn.rollouts.due(now, limit + len(skip)):  # skipped groups stay due: read past them
+        if row.key in skip:
+            continue
         if row.state == "sealing":
             out.append(row.key)
             continue
-        g = rg.OpenGroup.of(row.record)
-        if g.scores_at_seal:
-            decision = rg.Seal(expired=rg.UNSCORED if len(g.done) >= g.min_group_size else rg.TOO_FEW)
-        else:
-            scored = {s.slot for s in txn.rollouts.slots(row.key) if json.loads(s.data)["score"] is not None}
-            decision = rg.seal_decision(g, now, scored)
-        if decision.wait:
+        try:
+            g = rg.OpenGroup.of(row.record)
+            if g.scores_at_seal:
+                decision = rg.Seal(expired=rg.UNSCORED if len(g.done) >= g.min_group_size else rg.TOO_FEW)
+            else:
+                scored = {s.slot for s in txn.rollouts.slots(row.key) if json.loads(s.data)["score"] is not None}
+                decision = rg.seal_decision(g, now, scored)
+            if decision.wait:
+                continue
+            new = _decide(txn, g, row, decision, now, books)  # reads the rollouts before it writes anything
+        except UNREADABLE as exc:
+            unreadable[row.key] = f"{type(exc).__name__}: {exc}"
             continue
-        new = _decide(txn, g, row, decision, now, books)
         _put(txn, row, new)
         decided += 1
         if new.state == "sealing":
             out.append(row.key)
-    return Swept(decided, out)
+    return Swept(decided, out, unreadable)
 
 
 def lease_txn(
@@ -369,7 +429,9 @@ def lease_txn(
     for row in txn.rollouts.lapsed(now, settings.rollout_sweep_limit, ids):
         if len(out) >= n:
             break
-        g = rg.OpenGroup.of(row.record)
+        g = _readable(row)
+        if g is None:
+            continue  # a group this release cannot read: the sweep logs it
         if not caller.may(g.owner):
             continue  # another key's group: its slots are its own producers' to redo
         lapsed += _drop_lapsed(g, now)  # the sweep may not see them: a group with a slot nobody leases stays due
@@ -399,9 +461,8 @@ def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
     dropped = 0
     for key in keys:
         row = txn.rollouts.get(key)
-        if row is None or row.state != "open":
+        if row is None or row.state != "open" or (g := _readable(row)) is None:
             continue
-        g = rg.OpenGroup.of(row.record)
         if not (gone := _drop_lapsed(g, now)):
             continue
         _put(txn, row, _row(g, row.state, row.bytes))  # its next check: the holder's lapse, or the next lease's end
@@ -429,10 +490,9 @@ def heartbeat_txn(
     out: dict[str, float | None] = {}
     for key in keys:
         row = txn.rollouts.get(key)
-        if row is None or row.state != "open":
+        if row is None or row.state != "open" or (g := _readable(row)) is None:
             out[key] = None
             continue
-        g = rg.OpenGroup.of(row.record)
         if caller.hides(g.owner, "open_group"):
             out[key] = None
             continue
@@ -471,15 +531,37 @@ def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
 async def sweep(service: Service, limit: int) -> bool:
     """Seal or expire what is due and finish interrupted seals (from POST /rollouts/lease and the service's
     background job, so that a group whose producers all died is sealed at its deadline); whether it decided on
-    `limit` open groups (more may be due). Nothing due: one read, no write."""
+    `limit` open groups (more may be due). Nothing due: one read, no write. A group it cannot read or finish (a
+    record of another release, a bug) is logged and counted once and skipped from then on, never in the way of the
+    groups behind it; a store that cannot be reached stops the sweep, for the next one."""
     now = time.time()
-    if not await service.store.read(lambda txn: txn.rollouts.due(now, 1)):
+    skip = frozenset(service.rollouts_unfinished)
+    due = await service.store.read(lambda txn: txn.rollouts.due(now, len(skip) + 1))
+    if all(row.key in skip for row in due):
         return False
     books = recorder(service.books)
-    decided = await service.store.transact(lambda txn: sweep_txn(txn, now, limit, books))
-    for key in decided.sealing:
-        await finish(service, key)
-    return decided.decided >= limit
+    swept = await service.store.transact(lambda txn: sweep_txn(txn, now, limit, books, skip))
+    for key, why in swept.unreadable.items():
+        await _unfinished(service, key, why)
+    for key in swept.sealing:
+        try:
+            await finish(service, key)
+        except RollbufError:
+            raise  # the store is unavailable (a refusal of the group's data expires it in `finish`)
+        except Exception as exc:
+            await _unfinished(service, key, f"{type(exc).__name__}: {exc}", exc)
+    return swept.decided >= limit
+
+
+async def _unfinished(service: Service, key: str, why: str, exc: BaseException | None = None) -> None:
+    """A group this process cannot finish: logged (with the traceback of a failure) and counted (`unfinished`) once,
+    then skipped by its sweeps. It stays as it is in the store, for a release that can read it."""
+    if key in service.rollouts_unfinished:
+        return
+    service.rollouts_unfinished.add(key)
+    log.error("rollouts: the sweep cannot finish group %r (%s): left as it is and skipped by this server from now on",
+              key, why, exc_info=exc)  # fmt: skip
+    await service.store.transact(lambda txn: txn.add_counts(COUNTS, {"unfinished": 1}))
 
 
 async def unlease(service: Service, limit: int) -> bool:
@@ -491,7 +573,7 @@ async def unlease(service: Service, limit: int) -> bool:
     rows = await service.store.read(lambda txn: txn.rollouts.lapsed_since(after, now, limit))
     if not rows:
         return False
-    keys = [r.key for r in rows if _drop_lapsed(rg.OpenGroup.of(r.record), now)]  # on a copy: which have any
+    keys = [r.key for r in rows if (g := _readable(r)) is not None and _drop_lapsed(g, now)]  # on a copy
     if keys:
         await service.store.transact(lambda txn: unlease_txn(txn, keys, now))
     service.rollouts_lapse_cursor = (rows[-1].expires_at, rows[-1].key)

@@ -35,18 +35,25 @@ async def open_group(body: OpenRequest, service: ServiceDep, settings: SettingsD
     """Open a group of `group_size` rollouts for one task; post them with POST /rollouts/post as they end."""
     service.rollouts_in_use()
     now = time.time()
-    return await service.store.transact(lambda txn: rs.open_txn(txn, body, now, settings, actor))
+    limits, known = service.limits, service.known_run
+    return await service.store.transact(
+        lambda txn: rs.open_txn(txn, body, now, settings, actor, limits=limits, known=known)
+    )
 
 
 @route(router, "POST", "/rollouts/post", ENV_SIDE, acts=acts("open_group"), body="ingest",
        statuses=(400, 404, 409, 422, 503), response_model=PostReply)  # fmt: skip
 async def post_rollout(body: RolloutPost, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> PostReply:
     """One rollout, acknowledged durably (the same content again: `duplicate`; from another producer after the
-    first: `redone`, the first kept; other content from its producer: 409). The last of G seals the group."""
+    first: `redone`, the first kept; other content from its producer: 409), once it meets every rule its sealed
+    group will meet at ingest (422 naming the field otherwise). The last of G seals the group."""
     service.rollouts_in_use()
     now = time.time()
     books = recorder(service.books)
-    reply, sealing = await service.store.transact(lambda txn: rs.post_txn(txn, body, now, settings, books, actor))
+    limits, known = service.limits, service.known_run
+    reply, sealing = await service.store.transact(
+        lambda txn: rs.post_txn(txn, body, now, settings, books, actor, limits=limits, known_run=known)
+    )
     if sealing:
         await rs.finish(service, body.group_id)
         reply = reply.model_copy(update={"group": await _view(service, body.group_id, actor)})
@@ -96,7 +103,8 @@ async def heartbeat(
 @route(router, "GET", "/rollouts", ANY_KEY, acts=RUN, response_model=dict[str, int])
 async def totals(service: ServiceDep) -> dict[str, int]:
     """Counters: groups opened, open now, sealed (partial), expired (by why), slots acknowledged, left out,
-    redispatched to siblings, redone (a second rollout of a slot, dropped), refused."""
+    redispatched to siblings, redone (a second rollout of a slot, dropped), refused, unfinished (groups a sweep
+    could not read or finish, once per server process)."""
     return await service.store.read(rs.totals_txn)
 
 

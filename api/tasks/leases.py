@@ -34,10 +34,11 @@ came on a lease their task no longer had (their task was already submitted)."""
 TOKEN_PREFIX = "task:"
 """Lease tokens are group ids: a group sent with one (`group_id`) is its task's submission, idempotent as any. A
 group id with this prefix is a lease token or refused."""
-_TOKEN = re.compile(r"task:([A-Za-z0-9_.\-]{1,64}):([0-9]{1,18}):([0-9]{1,18}):([0-9]{1,18})(?:\.([0-9a-f]{24}))?")
+_N = "(0|[1-9][0-9]{0,17})"
+_TOKEN = re.compile(rf"task:([A-Za-z0-9_.\-]{{1,64}}):{_N}:{_N}:{_N}(?:\.([0-9a-f]{{24}}))?")
 """`task:DATASET:EPOCH:INDEX:LEASE.NONCE`: ASCII digits only (`str.isdigit` takes `²`, which `int` refuses), at
-most 18 of them (below 2^63 on every store), and the nonce's 24 hex digits (96 random bits; absent only from a
-lease taken before tokens had one)."""
+most 18 of them (below 2^63 on every store) and no leading zero (one lease has one token: `token_of`'s), and the
+nonce's 24 hex digits (96 random bits; absent only from a lease taken before tokens had one)."""
 NONCE_BYTES = 12
 ANY_KEY = "tasks:any"
 """A named value set once a dataset exists: the hooks cost nothing in runs without one."""

@@ -6,20 +6,24 @@ in any order: the views' counters stay true through lapses, sweeps and pruning."
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from api import state
 from api.config.settings import Settings
 from api.errors import RollbufError
 from api.owners import ANYONE
 from api.rollouts import groups as rg
 from api.rollouts import service as rs
 from api.store.memory import MemoryTxn, State
-from api.store.rollouts import LIVE
+from api.store.rollouts import LIVE, GroupRow, SlotRow
 from api.wire.rollouts import OpenRequest, RolloutPost
+from api.wire.schema import Registration
+from tests.factories import registration
 
 events = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["p1", "p2", "p3"]), st.integers(0, 2)), max_size=40)
 
@@ -111,6 +115,7 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
     lapsed sibling lease of a group whose holder lapsed is counted; once pruning caught up, no group decided
     `KEEP_S` ago is kept, and the counters read as before."""
     txn = MemoryTxn(State())
+    state.save_run(txn, Registration(**registration(batch_size=8)), started=True)  # groups are checked against it
     config = Settings(store="memory://", rollout_lease_s=LEASE_S)
     now, cursor = 1000.0, (-math.inf, "")
 
@@ -190,3 +195,48 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
         event("decided groups pruned")
     assert txn.rollouts.decided(math.inf, 100) == [], "every group was decided, then pruned"
     check()
+
+
+def unreadable_rows(txn: MemoryTxn, now: float) -> None:
+    """Two due groups this release cannot read, due before any other: a record of a later release (a field it does
+    not know) and an open group whose acknowledged rollout is not JSON."""
+    later = rg.OpenGroup(key="later", env_id=None, group_size=2, min_group_size=1, deadline=now - 100, producer="p1",
+                         expires_at=now - 100)  # fmt: skip
+    record = {**json.loads(later.to_json()), "from_a_later_release": 1}
+    txn.rollouts.put(GroupRow("later", -1, "open", now - 100, now - 100, 0, json.dumps(record)))
+    broken = rg.OpenGroup(key="broken", env_id=None, group_size=2, min_group_size=1, deadline=now - 99,
+                          producer="p1", expires_at=now - 99, done={"0": "p1"})  # fmt: skip
+    txn.rollouts.put(GroupRow("broken", -1, "open", now - 99, now - 99, 1, broken.to_json()))
+    txn.rollouts.put_slot(SlotRow("broken", 0, "p1", "d", "{not json"))
+
+
+def test_what_touches_many_groups_passes_over_one_it_cannot_read() -> None:
+    """The sweep decides the due groups behind ones it cannot read, and says which it could not (`unreadable`);
+    given them to skip, it reads past them (they stay due); sibling leases, their walk and heartbeats pass them by.
+    Before, the first unreadable group failed the whole sweep (and each lease request) at every try."""
+    txn = MemoryTxn(State())
+    state.save_run(txn, Registration(**registration(batch_size=8)), started=True)
+    config = Settings(store="memory://", rollout_lease_s=LEASE_S)
+    now = 1000.0
+    for k in range(3):
+        req = OpenRequest(group_id=f"due{k}", producer_id="p1", group_size=2, min_group_size=1, deadline_s=1.0)
+        rs.open_txn(txn, req, now - 10, config, ANYONE)
+        post = {"group_id": f"due{k}", "slot": 0, "producer_id": "p1", "tokens": [1], "masks": [1], "score": 1.0}
+        rs.post_txn(txn, RolloutPost.model_validate(post), now - 10, config)
+    unreadable_rows(txn, now)
+    swept = rs.sweep_txn(txn, now, 3)
+    assert swept.decided == len(swept.sealing) == 1, "the group behind them is decided"
+    assert sorted(swept.unreadable) == ["broken", "later"]
+    assert "TypeError" in swept.unreadable["later"] and "JSONDecodeError" in swept.unreadable["broken"]
+    rs.mark_txn(txn, swept.sealing[0], None, now)
+    skipped = rs.sweep_txn(txn, now, 2, skip=set(swept.unreadable))
+    assert (skipped.decided, skipped.unreadable) == (2, {}), "read past the skipped ones, within its limit"
+    assert sorted(swept.sealing + skipped.sealing) == ["due0", "due1", "due2"]
+    for key in skipped.sealing:
+        rs.mark_txn(txn, key, None, now)
+    assert [r.key for r in txn.rollouts.due(now, 10)] == ["later", "broken"], "left as they are"
+    leased = rs.lease_txn(txn, "sibling", 10, now, config)
+    assert [(x.group_id, x.slot) for x in leased] == [("broken", 1)], "its record reads: its missing slot is leased"
+    assert rs.unlease_txn(txn, ["later", "broken"], now) == 0
+    beat = rs.heartbeat_txn(txn, "p1", ["later", "broken"], now, LEASE_S)
+    assert beat == {"later": None, "broken": now + LEASE_S}, "the unreadable one holds nothing; the other beats"

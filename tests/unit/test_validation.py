@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.errors import InvalidData
 from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
-from api.ingest.validation import F32_OVERFLOW, GroupLimits, finite_as_f32, pack_group
+from api.ingest.validation import (
+    F32_OVERFLOW,
+    MAX_META_DEPTH,
+    GroupLimits,
+    check_printable,
+    finite_as_f32,
+    pack_group,
+)
 from api.wire.records import decode, encode
 from api.wire.schema import Registration, ScoredData
 from tests.factories import group, registration
@@ -160,3 +170,45 @@ def test_finite_as_f32_is_the_cast_then_isfinite(values: list[float], as_f32: bo
     with np.errstate(over="ignore"):
         expected = bool(np.isfinite(arr.astype(np.float32)).all())
     assert finite_as_f32(arr) is expected
+
+
+text = st.text(st.characters(categories=["Cs", "Ll", "Nd", "Cc"]), max_size=4)
+scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | text
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=10
+)
+
+
+def nest(depth: int) -> object:
+    value: object = 0
+    for _ in range(depth // 2):
+        value = {"k": [value]}
+    return value
+
+
+nested = st.integers(25, 40).map(nest)
+
+
+def depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values | nested | st.dictionaries(text, json_values | nested, max_size=3))
+def test_what_the_json_rule_lets_through_every_reply_and_store_can_carry(value: object) -> None:
+    """`check_printable` over any value (lone surrogates in strings and in map keys, at any depth, integers past 64
+    bits, NaN and infinities, nesting around its bound): refused naming where (a location that is itself valid
+    Unicode, for the reply that names it), or strict JSON of valid Unicode and 64-bit integers, within the bound."""
+    try:
+        check_printable({"v": value})
+    except InvalidData as exc:
+        assert exc.loc[0] == "v"
+        ".".join(map(str, exc.loc)).encode()  # the reply names it
+        return
+    json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
+    orjson.dumps(value)  # 64-bit integers, valid strings
+    assert depth(value) <= MAX_META_DEPTH
