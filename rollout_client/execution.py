@@ -184,7 +184,7 @@ class GroupExecutor:
 
         async def one(k: int) -> Rollout:
             try:
-                rollout = await self.run_slot(i, task, group_id, k, owner)
+                rollout = await self._slot_surviving_deaths(i, task, group_id, k, owner)
             finally:
                 self.on_rollout_end(group_id)
             if poster is not None:
@@ -197,6 +197,22 @@ class GroupExecutor:
             return GroupOutcome(None, PROMPT_TOO_LONG)
         rollouts = sorted([*done.items(), *((todo[n], r) for n, r in kept)], key=lambda x: x[0])
         return assemble(env, task, [r for _, r in rollouts], failures, judged=poster is None)
+
+    async def _slot_surviving_deaths(
+        self, i: int, task: Task, group_id: str, k: int, owner: asyncio.Task[Any] | None
+    ) -> Rollout:
+        """Rollout `k`, run again on another worker when its worker died (up to WORKER_RETRIES times, as a whole
+        group is): a death is the worker's, not the rollout's, so it must not shrink the group."""
+        deaths = 0
+        while True:
+            try:
+                return await self.run_slot(i, task, group_id, k, owner)
+            except WorkerDied:
+                assert self.pool is not None
+                self.stats.count_workers(self.pool)
+                deaths += 1
+                if deaths > WORKER_RETRIES or self.stopping.is_set():
+                    raise
 
     async def run_slot(
         self, i: int, task: Task, group_id: str, k: int, owner: asyncio.Task[Any] | None = None
