@@ -14,7 +14,6 @@ rollout is not lost to one bad call). Formats:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,18 +77,46 @@ def _loads(text: str, args_key: str) -> ToolCall | Malformed:
     return _call(obj, args_key, text)
 
 
-_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+
+
+def _closing_tag(text: str, start: int) -> int:
+    """Where the call whose body begins at `start` ends: the first `</tool_call>` outside a JSON string (an
+    argument may hold the tag itself: code, a quoted tag), else the first at all (a body whose string never
+    closes is malformed either way), else -1 (not closed)."""
+    in_str = esc = False
+    for k in range(start, len(text)):
+        ch = text[k]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif text.startswith(_CLOSE, k):
+            return k
+    return text.find(_CLOSE, start)
 
 
 def parse_hermes(text: str) -> Parsed:
     calls: list[ToolCall | Malformed] = []
-    for m in _HERMES.finditer(text):
-        body = m.group(1).strip()
+    content: list[str] = []
+    at = 0
+    while (opened := text.find(_OPEN, at)) >= 0:
+        content.append(text[at:opened])
+        start = opened + len(_OPEN)
+        end = _closing_tag(text, start)
+        body = (text[start:] if end < 0 else text[start:end]).strip()
         call = _loads(body, "arguments")
-        if not m.group(0).endswith("</tool_call>") and isinstance(call, ToolCall):
+        if end < 0 and isinstance(call, ToolCall):
             call = Malformed(body, "the tool call is not closed with </tool_call>")
         calls.append(call)
-    return Parsed(_HERMES.sub("", text).strip(), calls)
+        at = len(text) if end < 0 else end + len(_CLOSE)
+    content.append(text[at:])
+    return Parsed("".join(content).strip(), calls)
 
 
 _PYTHON_TAG = "<|python_tag|>"

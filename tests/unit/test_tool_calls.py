@@ -89,3 +89,19 @@ def test_a_thousand_nested_brackets_are_a_malformed_call_not_a_recursion_error()
         assert isinstance(call, Malformed) and "nested too deeply" in call.error
     [call] = parse_hermes('<tool_call>{"name": "f", "arguments": ' + json.dumps(deep) + "}</tool_call>").calls
     assert isinstance(call, Malformed) and "nested too deeply" in call.error
+
+
+def test_a_closing_tag_inside_an_argument_is_part_of_the_argument() -> None:
+    """A literal `</tool_call>` inside a JSON string (code the model writes, a quoted tag) does not end the call:
+    the call ends at the first closing tag outside the JSON's strings."""
+    args = {"code": 'print("</tool_call>")', "note": "a \\" + '" then </tool_call>'}
+    text = f"Let me run it. <tool_call>{json.dumps({'name': 'python', 'arguments': args})}</tool_call> done"
+    parsed = parse_hermes(text)
+    assert parsed.calls == [ToolCall("python", args)]
+    assert parsed.content == "Let me run it.  done"
+
+
+def test_an_unclosed_string_still_ends_the_call_at_its_closing_tag() -> None:
+    parsed = parse_hermes('<tool_call>{"name": "f", "arguments": {"a": "b}</tool_call> after')
+    assert len(parsed.calls) == 1 and isinstance(parsed.calls[0], Malformed)
+    assert parsed.content == "after"
