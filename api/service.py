@@ -55,6 +55,7 @@ from api.rollouts import service as rollout_service
 from api.scheduler import Scheduler
 from api.state import ANON_NAME, EnvRecord, RunState
 from api.store.base import Store, Txn
+from api.tasks import ending
 from api.views import stats
 from api.views.metrics import FORMATION_SECONDS
 from api.views.status import env_status, status_txn
@@ -467,9 +468,8 @@ class Service:
 
         def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
             books = recorder(self.books)
-            result = batch_txn(
-                txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books, rules=self.rules
-            )  # fmt: skip
+            result = batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books,
+                               rules=self.rules, gone_after=self.producers.gone_after)  # fmt: skip
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers, self._run) if waiting else None
 
@@ -515,13 +515,15 @@ class Service:
     async def status(self) -> Status:
         self.jobs.ask(SWEEP)
         now = time.time()
-        status, seen = await self.store.read(
-            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers, self._run))
-        )
+        status, seen, finished = await self.store.read(
+            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers, self._run),
+                         self._finished(txn, now))
+        )  # fmt: skip
         seen = self._graced(seen, now)
         status = status.model_copy(
-            update={"weights_step": seen.weights_step, "producers": seen.producers, "stall_reason": seen.stall_reason}
-        )
+            update={"weights_step": seen.weights_step, "producers": seen.producers, "finished": finished,
+                    "stall_reason": None if finished else seen.stall_reason}
+        )  # fmt: skip
         if status.rollouts is not None:
             self.rollouts_in_use(status.rollouts.open)
         report = await self.drop_bias()
@@ -538,6 +540,11 @@ class Service:
             ]
             self._bias_entries = (report, passed_over, entries)
         return status.model_copy(update={"drop_bias": entries})
+
+    def _finished(self, txn: Txn, now: float) -> bool:
+        """Whether the run is finished (api/tasks/ending.py): read in /status's transaction."""
+        end, _ = ending.read(txn, state.load(txn, self._run), now, self.producers.gone_after)
+        return ending.finished(txn, end)
 
     # ----------------------------------------------------------------------------- producers and weights
 

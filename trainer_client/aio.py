@@ -125,7 +125,7 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
         step = start_step if start_step is not None or not server.rollbuf else (await self.status()).current_step
         cursor = Cursor(query, step)
         cursor.progress.no_progress_timeout = no_progress_timeout
-        while True:
+        while not cursor.finished:
             request = cursor.request()
             reply = await self._request("GET", "/batch", **request)
             if len(reply.content) > DECODE_IN_THREAD_BYTES:
@@ -135,7 +135,7 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
             batch = cursor.receive(result)
             if batch is not None:
                 yield batch
-            elif pause := cursor.pause():
+            elif not cursor.finished and (pause := cursor.pause()):
                 await asyncio.sleep(pause)
 
     async def _request(

@@ -151,7 +151,7 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         stop: threading.Event | None = None,
         no_progress_timeout: float | None = NO_PROGRESS_S,
     ) -> Iterator[Batch]:
-        """Batches, one per step, forever (stop iterating to stop).
+        """Batches, one per step, until the run is finished or forever (stop iterating to stop).
 
         Asks for batch `start_step`, then the next, with `?step=`. A run registered with
         `acknowledge="next"` (the default) acknowledges batch N when N+1 is asked for; with
@@ -167,6 +167,11 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         `stop`: the iterator ends once it is set, checked after every reply (a reader thread stops within one
         long-poll, even while no batch comes).
 
+        The iterator ends on its own when the server says the run is finished (`finished`): every dataset feeding
+        it is done and nothing else can arrive (docs/tasks.md, "The end of a dataset"); in next mode the request
+        that learns it acknowledges the last batch. A run without datasets never finishes: stop iterating at your
+        own step count.
+
         No silent waits: when the server says nothing can arrive (its `stall_reason`: no live producer for the
         run's envs, or every live one held back waiting for the trainer) it is logged at once, and after
         `no_progress_timeout` s of it (None: never) NoProgress is raised with the reason.
@@ -180,12 +185,12 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
         cursor = Cursor(query, step)
         cursor.progress.no_progress_timeout = no_progress_timeout
-        while stop is None or not stop.is_set():
+        while (stop is None or not stop.is_set()) and not cursor.finished:
             request = cursor.request()
             batch = cursor.receive(parse_batch_reply(self._request("GET", "/batch", **request), request["step"]))
             if batch is not None:
                 yield batch
-            elif pause := cursor.pause():
+            elif not cursor.finished and (pause := cursor.pause()):
                 if stop is None:
                     time.sleep(pause)
                 else:

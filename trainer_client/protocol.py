@@ -155,6 +155,9 @@ class Waiting:
     """The server's read-ahead bound (commit mode): the next batch comes once the trainer commits."""
     stall: str | None = None
     """The server's `stall_reason`: why no data can arrive (no live producer, every one held back)."""
+    finished: bool = False
+    """The server says the run is finished: every dataset feeding it is done and nothing else can arrive, so no
+    batch will come (docs/tasks.md, "The end of a dataset")."""
 
 
 def is_read_ahead_full(response: httpx.Response) -> bool:
@@ -186,7 +189,8 @@ def parse_batch_reply(response: httpx.Response, step: int | None) -> Batch | Wai
         raise NotRegistered(body.get("message") or "the trainer is not registered: call register() first")
     groups = body.get("batch")
     if not groups:
-        return Waiting(body.get("blocked_reason"), stall=body.get("stall_reason"))
+        finished = body.get("finished") is True
+        return Waiting(body.get("blocked_reason"), stall=body.get("stall_reason"), finished=finished)
     return from_json(groups, body.get("step", served_step))
 
 
@@ -291,6 +295,8 @@ class Cursor:
     step: int | None
     progress: Progress = field(default_factory=Progress)
     _polls: int = 0
+    finished: bool = False
+    """The server said the run is finished: the loop ends (no batch will come)."""
 
     def request(self) -> dict[str, Any]:
         """Keyword arguments of the next GET /batch (the client's `_request`)."""
@@ -304,12 +310,20 @@ class Cursor:
         }
 
     def receive(self, result: Batch | Waiting) -> Batch | None:
-        """Take a parsed reply: the batch (the cursor moves to the next step), or None while waiting."""
+        """Take a parsed reply: the batch (the cursor moves to the next step), or None while waiting, or once the
+        run is finished (`finished`, logged: what a run over finite datasets ends with)."""
         if isinstance(result, Batch):
             self.progress.got(result)
             self._polls = 0
             self.step = None if self.step is None else self.step + 1
             return result
+        if result.finished:
+            self.finished = True
+            what = "no batch will come" if self.step is None else f"batch {self.step} will not come"
+            left = f" ({result.reason})" if result.reason else ""
+            log.info("the run is finished, %s: every dataset feeding it is done and nothing else can arrive%s",
+                     what, left)  # fmt: skip
+            return None
         how = f"long-poll {self.query.wait:g} s" if self.query.long_poll else "polling"
         self.progress.waiting(self.step, how, result)
         return None

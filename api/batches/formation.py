@@ -19,19 +19,23 @@ from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
 from api.batches.planner import BatchSpec, EnvWindow, LookAhead, NoBatch, Plan, plan_batch
 from api.batches.trim import first_sequences
 from api.batches.windows import scale_shares, take_window
-from api.config.groups import part, setting
+from api.config.groups import DEFAULTS, part, setting
 from api.errors import Conflict, Gone, RollbufError
 from api.ingest.filters import STALE
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder
 from api.state import RunState
 from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
+from api.tasks import ending
+from api.tasks.leases import RUN_TAIL
 from api.views import stats
 from api.wire.records import decode_meta
 
 log = logging.getLogger("rollbuf")
 
 DEFAULT_READ_AHEAD = ReadAhead()
+DEFAULT_GONE_AFTER: float = DEFAULTS["producer_gone_after"]
+"""Seconds without a heartbeat after which a producer is gone: the service passes its own (`ProducerSettings`)."""
 QUIET_SHARES = "quiet_shares"
 """Counter kind: episodes in which an env's minimum allocation held batches back past `quiet_share_seconds`,
 by env name."""
@@ -83,6 +87,7 @@ def batch_txn(
     read_ahead: ReadAhead = DEFAULT_READ_AHEAD,
     books: Recorder = OFF,
     rules: FormationRules = DEFAULT_RULES,
+    gone_after: float = DEFAULT_GONE_AFTER,
 ) -> FormedBatch | BatchWaiting:
     """Batch `step` (served again until it is acknowledged), or the next one formed; without `step`, the next
         one formed (in "next" mode not kept: Atropos). The first call marks the run as started. `known`: a run
@@ -91,7 +96,8 @@ def batch_txn(
         (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
         (`api/batches/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions).
         `rules`:
-    how far to look ahead and how long a quiet minimum share may hold a batch."""
+    how far to look ahead and how long a quiet minimum share may hold a batch. `gone_after`: when a producer is
+    gone, for the end of a run fed by datasets (api/tasks/ending.py)."""
     run = state.load(txn, known)
     reg = run.registration
     if reg is None:
@@ -104,7 +110,7 @@ def batch_txn(
         # ledger prune by it (the mark stayed at 0, and retain_bytes kept every served payload).
         # Batches kept by an earlier `?step=` are acknowledged now, as asking for one would.
         acknowledge(txn, state.load_kept(txn, run), run.step, books, time.time())
-        return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules)
+        return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules, gone_after=gone_after)
     if step is None:
         step = run.step
     if step > run.step:
@@ -136,7 +142,7 @@ def batch_txn(
     if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
         state.save_blocked(txn, why, warn=False)  # /status (and the producers' /status-env) say what holds batches back
         return BatchWaiting(reason=why, blocked=True, read_ahead=True)
-    result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules)
+    result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules, gone_after=gone_after)
     if isinstance(result, FormedBatch):
         kept = kept.keep(result.step, result.held or len(result.stored))
     if kept != before:
@@ -152,10 +158,13 @@ def form(
     as_json: bool = False,
     books: Recorder = OFF,
     rules: FormationRules = DEFAULT_RULES,
+    gone_after: float = DEFAULT_GONE_AFTER,
 ) -> FormedBatch | BatchWaiting:
     """Plan a batch from each env's queue head (dropping what is too stale on the way) and take it, or say
     why not (`BatchWaiting`, the reason kept for /status). When the heads (a batch's worth) hold no exact fill,
-    the queues are read further, as far as `rules.look_ahead` allows, and planned over again."""
+    the queues are read further, as far as `rules.look_ahead` allows, and planned over again. When no batch
+    forms in a run fed by datasets, the end of the run is judged (`_tail`): once nothing else can arrive, what is
+    queued is the run's tail, and once that is decided the run is finished."""
     start = time.perf_counter()
     now = time.time()
     reg = run.registration
@@ -177,12 +186,17 @@ def form(
         windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
         plan = plan_batch(windows, spec, credits)
     plan, waited = _await_arrivals(txn, plan, windows, spec, credits, now, run.step, rules.arrival_wait_seconds)
+    finished = False
+    if isinstance(plan, NoBatch):
+        plan, finished, waited = _tail(txn, run, plan, spec, credits, books, now, rules, gone_after, waited)
     recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
     if waited is not None:
         recheck = waited if recheck is None else min(recheck, waited)
     if isinstance(plan, NoBatch):
+        if finished and not plan.left_out and (left := state.load_blocked(txn)) is not None:
+            return BatchWaiting(reason=left, blocked=True, finished=True)  # what the run's end left out, if anything
         state.save_blocked(txn, plan.reason if plan.blocked else None)
-        return BatchWaiting(reason=plan.reason, blocked=plan.blocked, recheck_in=recheck)
+        return BatchWaiting(reason=plan.reason, blocked=plan.blocked, recheck_in=recheck, finished=finished)
     passed = state.load_passed(txn)
     aged = age(passed, plan, run.step)
     if aged != passed:
@@ -232,6 +246,43 @@ def _read(
         weight = env.weight if env else 1.0
         windows.append(EnvWindow(env_id, name, weight, share, win.items, due, win.more, len(win.stale)))
     return windows
+
+
+def _tail(
+    txn: Txn,
+    run: RunState,
+    plan: NoBatch,
+    spec: BatchSpec,
+    credits: dict[int, float],
+    books: Recorder,
+    now: float,
+    rules: FormationRules,
+    gone_after: float,
+    waited: float | None,
+) -> tuple[Plan | NoBatch, bool, float | None]:
+    """No batch formed: in a run fed by datasets where nothing else can arrive (`ending.read`), plan the run's
+    tail over the whole queue as far as formation looks ahead (`plan_batch(final=True)`: a last batch short of
+    `batch_size`, or the tail left out under exact batch sizes, dropped here as `RUN_TAIL`); then whether the run
+    is finished. Returns the plan, whether finished, and when to form again (at once while a tail left out has
+    more queued beyond what was read)."""
+    end, _ = ending.read(txn, run, now, gone_after)
+    if not end.final:
+        return plan, False, waited
+    look = rules.look_ahead
+    windows = _read(txn, run, spec, {}, books, now, max_seqs=look.sequences, max_items=look.groups,
+                    due_after=look.due_after)  # fmt: skip
+    tail = plan_batch(windows, spec, credits, final=True)
+    if isinstance(tail, NoBatch) and tail.left_out:
+        for w in windows:
+            if w.items:
+                ids = [m.item_id for m in w.items]
+                gone = txn.pop(w.env_id, ids, retain=books.retain)
+                books.dropped(txn, w.name, RUN_TAIL, ids, [g.payload for g in gone], step=run.step, at=now, popped=True)
+    if isinstance(tail, Plan):
+        return tail, False, None
+    done = ending.finished(txn, end)
+    more = not done and tail.left_out and any(c.items for c in txn.counts().values())
+    return tail, done, 0.0 if more else waited
 
 
 def _await_arrivals(

@@ -106,3 +106,6 @@ class BatchWaiting:
     """A trainer in commit mode read as far ahead as the bound allows: `reason` says so; a commit ends it."""
     recheck_in: float | None = None
     """Seconds after which forming may succeed with no change of data (a minimum share's hold runs out)."""
+    finished: bool = False
+    """The run is finished: every dataset feeding it is done, nothing else can arrive and nothing is queued, so no
+    batch will come (api/tasks/ending.py)."""

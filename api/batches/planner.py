@@ -19,6 +19,9 @@ later: from then on a batch must hold it, exactly if it can, else under the trai
 
 Token mode (`max_batch_tokens`): whole items are taken greedily, env with the most credit first, while
 they fit both the sequence and the token budget; see `_plan_tokens` for when such a batch is released.
+
+At the end of a run fed by datasets, once nothing else can arrive (`final`, api/tasks/ending.py), what is queued is
+the run's tail: served in batches short of `batch_size` where the trainer allows them, else left out (`_plan_tail`).
 """
 
 from __future__ import annotations
@@ -128,6 +131,9 @@ class NoBatch:
     awaiting: int | None = None
     """Sequences queued while an exact fill is waited for from arrivals (`WAIT_FOR_ARRIVALS_BATCHES`): the caller
     bounds that wait in time (`arrivals_waited_out`) and knows arrivals came when this number changes."""
+    left_out: bool = False
+    """The run's tail (`final`) under exact batch sizes ("trim", "wait"): what is queued makes no exact batch and
+    nothing else can arrive, so it is left out (the caller drops it)."""
 
 
 # ------------------------------------------------------------------------------------------- planning
@@ -140,11 +146,19 @@ def plan_batch(
     *,
     looked_further: bool = True,
     arrivals_waited_out: bool = False,
+    final: bool = False,
 ) -> Plan | NoBatch:
     """The next batch from these windows, or why there is none. `looked_further`: the windows are the longer
     read (`LookAhead`), or all that is queued; without it, a window with no exact fill asks for the longer read
     (`NoBatch.look_further`) before any policy for no exact fill applies. `arrivals_waited_out`: nothing arrived
-    for as long as an exact fill is waited for (`NoBatch.awaiting`), so the trainer's policy applies now."""
+    for as long as an exact fill is waited for (`NoBatch.awaiting`), so the trainer's policy applies now.
+
+    `final`: nothing else can arrive (every dataset feeding the run is exhausted, api/tasks/ending.py), so what is
+    queued is the run's tail and no wait can help: minimum shares no longer hold, and a batch short of
+    `batch_size` is served where the trainer allows one (exact mode "smaller", and token mode: whatever fits the
+    budgets); under "trim" and "wait" exact batches form while they can, and the rest is `NoBatch.left_out`."""
+    if final:
+        windows = [dataclasses.replace(w, min_share=0.0) for w in windows]
     active = [w for w in windows if w.items]
     credits_now = _earn(active, spec.batch_size, credits)
     lacking = [w for w in windows if w.min_share > 0 and _seqs(w.items) < _required(w, spec.batch_size)]
@@ -169,9 +183,9 @@ def plan_batch(
             return NoBatch(reason, blocked=True, credits=dict(credits), holding=w.env_id)
         return NoBatch(f"waiting for data: {reason}", blocked=False, credits=dict(credits))
     if spec.max_tokens is None:
-        plan = _plan_exact(active, spec, credits, credits_now, looked_further, arrivals_waited_out)
+        plan = _plan_exact(active, spec, credits, credits_now, looked_further, arrivals_waited_out, final)
     else:
-        plan = _plan_tokens(active, spec, credits, credits_now)
+        plan = _plan_tokens(active, spec, credits, credits_now, final)
     if isinstance(plan, NoBatch) and not plan.blocked and (note := _stale_note(windows)):
         return dataclasses.replace(plan, reason=f"{plan.reason}; {note}")
     return plan
@@ -258,20 +272,24 @@ def _plan_exact(
     credits_now: dict[int, float],
     looked_further: bool,
     arrivals_waited_out: bool = False,
+    final: bool = False,
 ) -> Plan | NoBatch:
     """Exactly `batch_size` sequences holding every due item; else, once the longer read was planned over, the
-    trainer's `no_exact_fill` policy (see the module's docstring)."""
+    trainer's `no_exact_fill` policy (see the module's docstring); `final`: the run's tail (`_plan_tail`)."""
     batch_size = spec.batch_size
     available = sum(_seqs(w.items) for w in active)
-    if available < batch_size:
-        return NoBatch(
-            f"waiting for data: {available} of {batch_size} sequences queued", blocked=False, credits=dict(credits)
-        )
-    take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size, credits_now)
-    if take is not None:
-        return _plan_from(take, credits_now, batch_size, active)
-    if not looked_further:
-        return NoBatch("no exact fill in the window", blocked=False, credits=dict(credits), look_further=True)
+    waiting = NoBatch(f"waiting for data: {available} of {batch_size} sequences queued", blocked=False,
+                      credits=dict(credits))  # fmt: skip
+    if available < batch_size and (not final or not available):
+        return waiting
+    if available >= batch_size:
+        take = _prefix_fill(active, batch_size, credits_now) or _subset_fill(active, batch_size, credits_now)
+        if take is not None:
+            return _plan_from(take, credits_now, batch_size, active)
+        if not looked_further:
+            return NoBatch("no exact fill in the window", blocked=False, credits=dict(credits), look_further=True)
+    if final:
+        return _plan_tail(active, spec, credits, credits_now)
     due = [w for w in active if w.due]
     smaller = spec.no_exact_fill in (SMALLER, TRIM)  # "trim" serves a smaller batch where no cut fits (minimums)
     if due:
@@ -319,6 +337,32 @@ def _plan_exact(
         f"{batch_size}{shares}; {policy}",
         blocked=True,
         credits=dict(credits),
+    )
+
+
+def _plan_tail(
+    active: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[int, float], credits_now: dict[int, float]
+) -> Plan | NoBatch:
+    """The run's tail in exact mode, when no exact fill of whole groups exists and nothing else can arrive:
+    "smaller" serves the fullest batch under `batch_size` (the last batches: every group trains), "trim" a batch of
+    exactly `batch_size` with the newest group cut while enough is queued, and what is left makes no batch under
+    "trim" or "wait": it is left out (`NoBatch.left_out`), as a trainer that requires exact batch sizes said."""
+    batch_size = spec.batch_size
+    if spec.no_exact_fill == TRIM and (cut := _trim_fill(active, batch_size, credits_now)) is not None:
+        return _plan_from(cut[0], credits_now, batch_size, active, cut[1])
+    if spec.no_exact_fill == SMALLER and (take := _subset_fill(active, batch_size, credits_now, exact=False)):
+        return _plan_from(take, credits_now, batch_size, active)
+    groups = sum(len(w.items) for w in active)
+    sizes = sorted({m.seqs for w in active for m in w.items})
+    seqs = sum(_seqs(w.items) for w in active)
+    return NoBatch(
+        f"the run's tail: {groups} queued group{'s' if groups != 1 else ''} ({seqs} sequences, sizes {sizes}) make "
+        f"no batch of exactly batch_size {batch_size}, and nothing else can arrive; no_exact_fill is "
+        f"{spec.no_exact_fill!r}, so no smaller batch is served: they are left out (dropped as 'run_tail'); register "
+        "no_exact_fill 'smaller' to train them in a last smaller batch",
+        blocked=True,
+        credits=dict(credits),
+        left_out=True,
     )
 
 
@@ -514,11 +558,15 @@ def _oldest_subset(items: Sequence[ItemMeta], total: int, first: bool, full: int
 
 
 def _plan_tokens(
-    active: Sequence[EnvWindow], spec: BatchSpec, credits: Mapping[int, float], credits_now: dict[int, float]
+    active: Sequence[EnvWindow],
+    spec: BatchSpec,
+    credits: Mapping[int, float],
+    credits_now: dict[int, float],
+    final: bool = False,
 ) -> Plan | NoBatch:
     """Greedy fill under both budgets. Released when it holds `batch_size` sequences, or at least
     `min_fill` of the token budget, or when every env's next item is too big to fit (FIFO: waiting cannot
-    help). Otherwise it waits for more data."""
+    help), or, `final`, with whatever fits (nothing else can arrive). Otherwise it waits for more data."""
     assert spec.max_tokens is not None
     budget_seqs, budget_tokens = spec.batch_size, spec.max_tokens
     take: dict[int, list[ItemMeta]] = {w.env_id: [] for w in active}
@@ -553,7 +601,7 @@ def _plan_tokens(
         owed[env] -= m.seqs
     full = seqs >= budget_seqs or tokens >= spec.min_fill * budget_tokens
     stuck = all(pos[w.env_id] < len(w.items) for w in active)  # every env's next item is too big
-    if seqs > 0 and (full or stuck):
+    if seqs > 0 and (full or stuck or final):
         return _plan_from(take, credits_now, spec.batch_size)
     if stuck and active:  # nothing fits even an empty batch: every env's oldest group exceeds a budget (FIFO)
         heads = ", ".join(f"{w.name!r} {w.items[0].seqs} sequences, {w.items[0].tokens} tokens" for w in active)

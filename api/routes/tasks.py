@@ -106,7 +106,10 @@ async def heartbeat(
 )
 async def fail(body: TaskFailure, service: ServiceDep, actor: ActorDep) -> TaskFailureReply:
     """End a lease without a group: failed with `reason` (the dataset's retry policy applies), or handed back."""
-    return await task_service.fail(service.store, body, actor)
+    reply = await task_service.fail(service.store, body, actor)
+    if reply.accepted:
+        service.wakeups.changed()  # a task failed may end its dataset: a waiting trainer may get the run's tail
+    return reply
 
 
 @route(router, "GET", "/tasks", ANY_KEY, acts=acts("dataset", others=RUN_WIDE), response_model=list[DatasetView])

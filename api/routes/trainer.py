@@ -159,7 +159,7 @@ async def batch(
                 why = result.reason or service.stall_reason or "no data"
                 log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which, why, more)
         remaining = deadline - now
-        if remaining <= 0 or wakeups.closed:  # the deadline, or the server is stopping: answer what there is
+        if remaining <= 0 or wakeups.closed or result.finished:  # the deadline, the server stopping, or the run's end
             if wakeups.count != tried_at:
                 wakeups.pass_on()  # a change since its last try or its wait ended: the next waiter tries it
             if result.read_ahead:  # not now: a commit ends it (clients retry a 503; a 4xx they would not)
@@ -232,11 +232,14 @@ def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None, gzip_l
 
 
 def _no_batch(result: BatchWaiting, stall: str | None = None) -> dict[str, object]:
-    """`{"batch": null}`, with why no batch can be formed and why no data can arrive, when known."""
+    """`{"batch": null}`, with why no batch can be formed and why no data can arrive, when known; `finished` once
+    the run is over (then no stall: nothing is awaited)."""
     out: dict[str, object] = {"batch": None}
     if result.blocked:
         out["blocked_reason"] = result.reason
-    if stall is not None:
+    if result.finished:
+        out["finished"] = True
+    elif stall is not None:
         out["stall_reason"] = stall
     return out
 

@@ -42,6 +42,14 @@ nonce's 24 hex digits (96 random bits; absent only from a lease taken before tok
 NONCE_BYTES = 12
 ANY_KEY = "tasks:any"
 """A named value set once a dataset exists: the hooks cost nothing in runs without one."""
+FED_KEY = "tasks:fed"
+"""A named value: the env ids that sent a group under a task lease (a JSON list), so that the end of a run tells an
+env fed by datasets from a free one, which may send for as long as it is live (api/tasks/ending.py). A named value,
+not a field of the dataset records, which a server of an earlier release reads as it wrote them."""
+RUN_TAIL = "run_tail"
+"""The drop reason of the groups a trainer of exact batch sizes (`no_exact_fill` "trim" or "wait") leaves out at the
+end of its run: fewer than an exact batch, and nothing else can arrive. Their tasks are dropped, never retried
+(another try would make the same tail)."""
 RECLAIM_LIMIT = 256
 """Expired leases returned to the front per lease call (the rest on the next ones)."""
 
@@ -99,10 +107,17 @@ class Dataset:
         return Dataset(**json.loads(text))
 
     @property
-    def done(self) -> bool:
-        """Every epoch handed out, and nothing left leased, waiting or submitted (a group may still be dropped)."""
+    def exhausted(self) -> bool:
+        """Every epoch handed out and nothing leased or waiting: what is left to come is the fate of its submitted
+        groups (queued, or held), of which a dropped one may still be offered again under `max_retries`."""
         last = self.epochs is not None and self.epoch >= self.epochs - 1 and self.position >= self.size
-        return self.sealed and last and not any(self.counts.get(s) for s in (LEASED, FRONT, SUBMITTED))
+        return self.sealed and last and not any(self.counts.get(s) for s in (LEASED, FRONT))
+
+    @property
+    def done(self) -> bool:
+        """Exhausted, and nothing submitted: every task trained, dropped or failed (docs/tasks.md, "The end of a
+        dataset")."""
+        return self.exhausted and not self.counts.get(SUBMITTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,8 +444,9 @@ def check_submission(txn: Txn, group_id: str, actor: Actor, producer: str | None
 
 
 def _ended(d: Dataset, row: TaskRow, fate: str, reason: str, step: int | None, now: float) -> TaskRow:
-    """A dropped or failed task: offered again while its retries last, else final."""
-    if row.retries < d.max_retries:
+    """A dropped or failed task: offered again while its retries last (never one left out as the run's tail),
+    else final."""
+    if row.retries < d.max_retries and reason != RUN_TAIL:
         _count(d, "retried")
         return _move(d, row, FRONT, retries=row.retries + 1, reason=f"{fate}: {reason}", step=step, updated_at=now)
     return _move(d, row, fate, reason=reason, step=step, updated_at=now, expires_at=None)
@@ -445,6 +461,7 @@ def on_acknowledged(txn: Txn, rows: Sequence[LedgerGroup]) -> None:
     leased = [(r, p) for r in rows if r.group_id is not None and (p := parse_token(r.group_id)) is not None]
     if not leased or txn.get_value(ANY_KEY) is None:
         return
+    _feeding(txn, {r.env_id for r, _ in leased})
     moves = _Moves(txn)
     now = rows[0].acked_at
     for ledger_row, token in leased:
@@ -460,6 +477,19 @@ def on_acknowledged(txn: Txn, rows: Sequence[LedgerGroup]) -> None:
             row = _ended(d, row, DROPPED, ledger_row.reason or "dropped", ledger_row.step, now)
         txn.tasks.put_rows([row])
     moves.write()
+
+
+def fed_envs(txn: Txn) -> set[int]:
+    """The env ids that sent a group under a task lease (`FED_KEY`)."""
+    raw = txn.get_value(FED_KEY)
+    return set() if raw is None else set(json.loads(raw))
+
+
+def _feeding(txn: Txn, env_ids: set[int]) -> None:
+    """Record that these envs sent groups under task leases: written only when one is new (once per env)."""
+    known = fed_envs(txn)
+    if not env_ids <= known:
+        txn.set_value(FED_KEY, json.dumps(sorted(known | env_ids)))
 
 
 def on_decided(txn: Txn, ids: Sequence[int], fate: str, *, step: int | None, reason: str | None, now: float) -> None:

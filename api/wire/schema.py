@@ -257,7 +257,11 @@ class Status(_Wire):
     """Every producer that heartbeats (POST /producers/heartbeat), live or gone, with its last-seen time."""
     stall_reason: str | None = None
     """Why nothing can arrive for a waiting trainer (no live producer for the connected envs, or every live one
-    held back waiting for the trainer), or null when something may."""
+    held back waiting for the trainer), or null when something may, or when the run is finished."""
+    finished: bool = False
+    """The run is over, no batch will come: every dataset feeding it is done, nothing else can arrive (every
+    connected env fed by a dataset, or without a live producer) and nothing is queued or held (docs/tasks.md, "The
+    end of a dataset"). Always false in a run without datasets: its trainer ends by its own step count."""
     rollouts: OpenGroupsStatus | None = None
     """Per-rollout groups (docs/rollouts.md): open now, their slots done and leased, redispatches, sealed and
     expired. Absent in runs that never opened one."""
@@ -533,6 +537,10 @@ class BatchReply(_Wire):
     stall_reason: str | None = None
     """With a null batch: why no data can arrive (no live producer for the connected envs, or every live one held
     back waiting for the trainer); null when some may. Atropos clients ignore it."""
+    finished: bool = False
+    """With a null batch: the run is over, no batch will come: every dataset feeding it is done (each task trained,
+    dropped or failed), nothing else can arrive and nothing is queued (docs/tasks.md, "The end of a dataset").
+    Sent only when true; never in a run without datasets. Atropos clients ignore it."""
     status: Literal["error"] | None = None
     """"error" before a trainer registered (Atropos's answer, HTTP 200)."""
     message: str | None = None

@@ -208,6 +208,36 @@ async def test_async_client_long_polls_until_data_arrives(settings: Settings) ->
                 await batches.aclose()
 
 
+@pytest.mark.anyio
+async def test_the_async_iterator_ends_once_a_run_over_a_dataset_is_finished(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three tasks of groups of 4 towards batches of 8: a batch of 8, the last smaller one of 4, then the server
+    says the run is finished and `async for` ends on its own (docs/tasks.md, "The end of a dataset")."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            async with AsyncTrainerClient(http_client=http) as rb:
+                await rb.register(batch_size=8, max_token_len=64)
+                assert (await http.get("/batch")).json() == {"batch": None}
+                assert (await http.post("/register-env", json=env())).json()["status"] == "success"
+                tasks = {"name": "d", "tasks": [0, 1, 2]}
+                assert (await http.post("/tasks/datasets", json=tasks)).status_code == 200
+                leased = await http.post("/tasks/lease", json={"dataset": "d", "producer_id": "p", "n": 3})
+                for i, x in enumerate(leased.json()["leases"]):
+                    sent = await http.post("/scored_data", json=group(4, seed=i, group_id=x["token"]))
+                    assert sent.status_code == 200, sent.text
+
+                async def sizes() -> list[int]:
+                    return [b.n_seqs async for b in rb.batches(start_step=0, wait=0)]
+
+                with caplog.at_level("INFO", logger="trainer_client"):
+                    assert await asyncio.wait_for(sizes(), 60) == [8, 4]  # a hang guard, not a speed check
+                assert any("the run is finished, batch 2 will not come" in r.getMessage() for r in caplog.records)
+                assert (await rb.status()).finished
+
+
 # ------------------------------------------------------------------ fakes: an Atropos server, failures
 
 

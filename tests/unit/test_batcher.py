@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -564,3 +565,79 @@ def test_stale_drops_are_named_in_both_modes() -> None:
         assert plan.reason.endswith(
             "; 1 stale group dropped just now (1 of 'math'): generated more than max_staleness steps behind the trainer"
         )
+
+
+# ---------------------------------------------------------------------------------------------- the run's tail
+
+
+def servable(case: tuple[list[EnvWindow], int]) -> tuple[list[EnvWindow], int]:
+    """The queues without groups larger than a batch (ingest refuses them: a group is never split)."""
+    windows, batch_size = case
+    return [dataclasses.replace(w, items=[m for m in w.items if m.seqs <= batch_size]) for w in windows], batch_size
+
+
+def drain_tail(windows: list[EnvWindow], spec: BatchSpec) -> tuple[list[Plan], NoBatch, list[EnvWindow]]:
+    """Plan the run's tail (`final`) batch after batch, each plan's items leaving the queue (a cut one whole),
+    until none forms: the plans, the last answer, and what is left."""
+    plans: list[Plan] = []
+    credits: dict[int, float] = {}
+    while True:
+        plan = plan_batch(windows, spec, credits, final=True)
+        if isinstance(plan, NoBatch):
+            return plans, plan, windows
+        assert len(plans) < 100, "the tail never drains"
+        plans.append(plan)
+        gone = {i for ids in plan.take.values() for i in ids}
+        windows = [dataclasses.replace(w, items=[m for m in w.items if m.item_id not in gone]) for w in windows]
+        credits = plan.credits
+
+
+@settings(max_examples=300, deadline=None)
+@given(queues())
+def test_a_batch_short_of_batch_size_is_served_only_once_nothing_else_can_arrive(
+    case: tuple[list[EnvWindow], int],
+) -> None:
+    """Under "smaller": a queue short of a batch is never served while more may arrive; once nothing can (`final`),
+    the whole queue is served, each group once, in batches of at most `batch_size` (minimum shares no longer
+    hold), and none is left out."""
+    windows, batch_size = servable(case)
+    spec = BatchSpec(batch_size)
+    available = sum(m.seqs for w in windows for m in w.items)
+    if available < batch_size:
+        assert isinstance(plan_batch(windows, spec, {}), NoBatch), "a short batch served while more may arrive"
+    plans, last, left = drain_tail(windows, spec)
+    served = [i for p in plans for ids in p.take.values() for i in ids]
+    assert sorted(served) == sorted(m.item_id for w in windows for m in w.items), "not every group served once"
+    assert all(0 < p.seqs <= batch_size and not p.trim for p in plans)
+    assert not last.left_out and not last.blocked and not any(w.items for w in left)
+
+
+@settings(max_examples=300, deadline=None)
+@given(queues(), st.sampled_from([TRIM, WAIT]))
+def test_under_exact_batch_sizes_the_tail_forms_exact_batches_and_leaves_out_only_what_cannot(
+    case: tuple[list[EnvWindow], int], policy: str
+) -> None:
+    """Under "trim" and "wait" (a trainer that requires exact batch sizes): the tail's batches are exactly
+    `batch_size` (whole groups under "wait"), and what is left out could make no such batch: fewer sequences than
+    a batch under "trim", no choice of whole groups adding up under "wait"."""
+    windows, batch_size = servable(case)
+    plans, last, left = drain_tail(windows, BatchSpec(batch_size, no_exact_fill=policy))
+    assert all(p.seqs == batch_size and not p.smaller for p in plans)
+    if policy == WAIT:
+        assert not any(p.trim for p in plans)
+    rest = [m.seqs for w in left for m in w.items]
+    assert last.left_out == bool(rest) and (not rest or "run_tail" in last.reason)
+    if policy == TRIM:
+        assert sum(rest) < batch_size
+    else:
+        assert not brute_force_exists([dataclasses.replace(w, min_share=0.0) for w in left], batch_size, False)
+
+
+def test_token_mode_releases_the_tail_whatever_fills_the_budgets_once_final() -> None:
+    """Token mode waits for `min_batch_fill` of the budget while more may arrive, and releases what is queued once
+    nothing can."""
+    queue = EnvWindow(0, "env0", 1.0, 0.0, token_items([(2, 100), (2, 100)]))
+    spec = BatchSpec(16, max_tokens=1000)
+    assert isinstance(plan_batch([queue], spec, {}), NoBatch)
+    plan = plan_batch([queue], spec, {}, final=True)
+    assert isinstance(plan, Plan) and plan.seqs == 4 and plan.tokens == 200
