@@ -1,38 +1,33 @@
 """schemathesis hooks (loaded with SCHEMATHESIS_HOOKS=tests.openapi_hooks) for the rules OpenAPI cannot state.
 
-The description states every rule on one value (types, ranges, `minItems`, required keys). Rules that tie
-values together or to the server's state it can only describe in words, so a request generated from the
-schema alone would break them and get a 422 that schemathesis counts as a valid request refused. These
-hooks make generated requests keep those rules. They only ever replace a value that is already valid by
-the schema with another valid one, and never add a field, so a request that breaks the schema still does
-(and is still expected to be refused). The rules:
+The description states every rule on one value (types, ranges, `minItems`, `maxItems`, required keys), with this
+server's settings where a bound is one (`task_page_size`, `rollout_max_deadline_s`, `max_world_size`). A request
+the schema calls valid that the server's state refuses is answered 404 (something it names is unknown) or 409 (a
+conflict with the state) on rollbuf's own routes, which schemathesis accepts, so they need no hook. What is left
+are rules that tie values of one request together, which the schema can only describe in words, and the Atropos
+routes' refusals of state, whose 422s docs/atropos-differences.md documents. These hooks make generated requests
+keep those rules. They only ever replace a value that is already valid by the schema with another valid one, and
+never add a field, so a request that breaks the schema still does (and is still expected to be refused). The rules:
 
 - a group's `masks`, `scores` and per-token float fields have one entry per sequence, each row as long as
   its tokens' row; `distill_*` rows likewise (set to null here rather than built);
-- `env_id` names a registered environment (null here), `policy_step` is at most the trainer's step (0),
-  `producer_id` is printable text (null here otherwise);
-- `group_size` is at most the trainer's `batch_size`: the test registers the largest, 2^31 - 1;
+- Atropos routes: `env_id` names a registered environment (null here), `policy_step` is at most the trainer's
+  step (0), `producer_id` is printable text (null here otherwise); `group_size` is at most the trainer's
+  `batch_size` (the test registers the largest, 2^31 - 1); `/status-env`: `env_id` comes as `?env_id=` or as the
+  JSON body (0 here when neither);
 - `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
-- `/status-env`: `env_id` comes as `?env_id=` or as the JSON body (0 here when neither);
-- `/weights`, `/weights/pending`: `step` is at most the trainer's step (0); a heartbeat's `env_ids` name
-  registered environments (none here);
-- `/tasks/datasets`: `path` names a file under the server's `task_files_dir` (the server under test has none:
-  null here); `levels` come with order `weighted` only, and then every task names one (here: no levels, and a
-  weighted order becomes shuffled); `/tasks/pages`: `first` is at most the tasks stored (0 here), a page holds
-  at most `task_page_size` tasks (the first 1000 here), each free-form as below;
-- `/tasks/rows`: `dataset` names a registered dataset (the test registers `conformance`);
-- `/rollouts/open`: `min_group_size` is at most `group_size` (null here otherwise), `deadline_s` at most
-  `rollout_max_deadline_s` (1 s here), `env_id` registered (null here); `/rollouts/post`: `masks` and
-  `inference_logprobs` have one entry per token (the tokens themselves, and null, here) and `slot` is below the
-  group's size (0 here);
-- free-form fields (`overrides`, `images`, ...) hold only what JSON prints back: integers within 64 bits,
+- `/tasks/datasets`: `path` or `tasks`, not both (`path` null here when both); `levels` come with order
+  `weighted` only, and then every task names one (here: no levels, and a weighted order becomes shuffled);
+- `/rollouts/open`: `min_group_size` is at most `group_size` (null here otherwise); `/rollouts/post`: `masks`
+  and `inference_logprobs` have one entry per token (the tokens themselves, and null, here);
+- free-form fields (`overrides`, `images`, tasks, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 import schemathesis
 from schemathesis.core import NOT_SET
@@ -64,12 +59,12 @@ def _number(value: Any, bound: float = math.inf) -> bool:
     )
 
 
-def _ints(row: Any) -> bool:
+def _ints(row: Any) -> TypeGuard[list[int]]:
     """A non-empty list of integers of any size."""
     return isinstance(row, list) and bool(row) and all(isinstance(v, int) and not isinstance(v, bool) for v in row)
 
 
-def _rows(value: Any, ok: Any) -> bool:
+def _rows(value: Any, ok: Any) -> TypeGuard[list[list[Any]]]:
     """A non-empty list of non-empty rows whose values all pass `ok`: valid by the schema."""
     return (
         isinstance(value, list)
@@ -127,41 +122,27 @@ def _align_body(path: str, body: Any) -> None:
     if path in ("/scored_data", "/scored_data_list"):
         for group in body if isinstance(body, list) else [body]:
             _align_group(group)
-    elif path in ("/weights", "/weights/pending") and isinstance(body, dict):
-        if _int(body.get("step"), 0, SAFE_INT_MAX):
-            body["step"] = 0
     elif path in ("/tasks/datasets", "/tasks/pages") and isinstance(body, dict):
-        if "path" in body:
+        if body.get("path") is not None and body.get("tasks") is not None:
             body["path"] = None
         if "levels" in body or body.get("order") == "weighted":
             body["levels"] = None
             if body.get("order") == "weighted":
                 body["order"] = "shuffled"
-        if _int(body.get("first"), 0, SAFE_INT_MAX):
-            body["first"] = 0
         if isinstance(body.get("tasks"), list):
-            body["tasks"] = [_printable(t) for t in body["tasks"][:1000]]
+            body["tasks"] = [_printable(t) for t in body["tasks"]]
     elif path == "/rollouts/open" and isinstance(body, dict):
-        if "env_id" in body:
-            body["env_id"] = None
-        if _number(body.get("deadline_s")):
-            body["deadline_s"] = min(body["deadline_s"], 1.0)
         least, size = body.get("min_group_size"), body.get("group_size")
         if _int(least, 1, SLOTS_MAX) and _int(size, 1, SLOTS_MAX) and int(least) > int(size):  # type: ignore[arg-type]
             body["min_group_size"] = None
         if "task" in body:
             body["task"] = _printable(body["task"])
     elif path == "/rollouts/post" and isinstance(body, dict):
-        if _int(body.get("slot"), 0, SLOTS_MAX):
-            body["slot"] = 0
         tokens, masks = body.get("tokens"), body.get("masks")
         if _ints(tokens) and _ints(masks):
             body["masks"] = list(tokens)
         if isinstance(body.get("inference_logprobs"), list):
             body["inference_logprobs"] = None
-    elif path == "/producers/heartbeat" and isinstance(body, dict):
-        if isinstance(body.get("env_ids"), list) and all(_int(e, -SAFE_INT_MAX, SAFE_INT_MAX) for e in body["env_ids"]):
-            body["env_ids"] = []
 
 
 def _query_int(value: Any) -> int | None:
@@ -180,8 +161,8 @@ def map_body(context: Any, body: Any) -> Any:
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
     path = case.operation.path
-    if path in ("/scored_data", "/scored_data_list", "/weights", "/weights/pending", "/producers/heartbeat",
-                "/tasks/datasets", "/tasks/pages", "/rollouts/open", "/rollouts/post"):  # fmt: skip
+    if path in ("/scored_data", "/scored_data_list", "/tasks/datasets", "/tasks/pages", "/rollouts/open",
+                "/rollouts/post"):  # fmt: skip
         _align_body(path, case.body)
         if case.meta is not None:
             case.meta.mark_dirty(ParameterLocation.BODY)
@@ -194,8 +175,6 @@ def map_case(context: Any, case: Any) -> Any:
             query["rank"] = 0
         elif rank is not None and world is not None and 0 <= world <= rank:
             query["rank"] = rank % world if world else rank
-    elif path == "/tasks/rows" and isinstance(case.query, dict) and isinstance(case.query.get("dataset"), str):
-        case.query["dataset"] = "conformance"
     elif path == "/status-env" and (case.query or {}).get("env_id") is None and case.body in (None, NOT_SET):
         case.body = {"env_id": 0}
     return case

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +41,24 @@ class ServerProcess:
 
 
 def start_server(
-    store: str, log: Path, port: int | None = None, *extra: str, host: str = "127.0.0.1", prefix: Sequence[str] = ()
+    store: str,
+    log: Path,
+    port: int | None = None,
+    *extra: str,
+    host: str = "127.0.0.1",
+    prefix: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
-    """`prefix`: what the command runs under (`ip netns exec NS`: the server in another network namespace)."""
+    """`prefix`: what the command runs under (`ip netns exec NS`: the server in another network namespace);
+    `env`: variables added to this process's environment for the server (`ROLLBUF_*` settings)."""
     port = port or free_port()
     cmd = [*prefix, sys.executable, "-m", "api", "serve", "--host", host, "--port", str(port), "--store", store,
            "--log-level", "warning", *extra]  # fmt: skip
     if host != "127.0.0.1":
         cmd.append("--allow-unauthenticated")  # a private test network, torn down with the test
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        environ = None if env is None else {**os.environ, **env}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=environ)
     server = ServerProcess(f"http://{host}:{port}", port, store, proc, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -67,8 +75,8 @@ def start_server(
 
 
 @contextmanager
-def running_server(store: str, log: Path, *extra: str) -> Iterator[ServerProcess]:
-    server = start_server(store, log, None, *extra)
+def running_server(store: str, log: Path, *extra: str, env: Mapping[str, str] | None = None) -> Iterator[ServerProcess]:
+    server = start_server(store, log, None, *extra, env=env)
     try:
         yield server
     finally:

@@ -57,6 +57,13 @@ class ServerSettings(Group):
     """Envs with their own series in /metrics and their own rows in /dashboard/data (the first registered); the
     rest are summed under `env="(other envs)"` (counters, gauges, the dashboard's queue rows) or left out (the
     drop-bias monitor's, flagged envs first), so that a scrape or a poll stays small with thousands of envs."""
+    views_max_datasets: int = Field(100, ge=1)
+    """Datasets listed one by one in /status and /dashboard/data (the first by name; `tasks_total` counts them all),
+    with their own series in /metrics (the rest summed under `dataset="(other datasets)"`), and in one page of
+    GET /tasks (`after` for the next), so that a view stays small however many datasets the keys registered."""
+    views_max_producers: int = Field(100, ge=1)
+    """Producers listed one by one in /status and /dashboard/data (live ones first; `producers_total` counts them
+    all), with their own series in /metrics, and in one page of GET /producers (`after` for the next)."""
     wandb_interval: float = Field(5.0, gt=0)
     """Seconds between two W&B logs of the buffer's stats (only when wandb is installed and configured:
     `WANDB_API_KEY` or `WANDB_MODE` in the environment, docs/observability.md#weights--biases)."""
@@ -206,6 +213,10 @@ class ProducerLimits(Group):
     max_producers: int = Field(1024, ge=1)
     """Producers the server keeps track of; a new one forgets the longest-gone, and with every one live it is
     refused (503) until one goes."""
+    max_producers_per_key: int = Field(256, ge=1)
+    """Of `max_producers`, those one key heartbeats under (on a server with keys): a key's new producer forgets
+    that key's longest-gone one, and with every one of them live it is refused (503) until one goes, so that one
+    key's producers leave room for the others'."""
 
 
 class TaskLeases(Group):
@@ -227,6 +238,15 @@ class TaskLeases(Group):
     task_max_bytes: int = Field(1 * MiB, gt=0)
     """Most bytes of one task as stored (JSON text: a line of a dataset file, a row of Parquet, a posted task):
     422 beyond, so that a file without line breaks is never read whole."""
+    task_max_datasets_per_key: int = Field(256, gt=0)
+    """Datasets one key registers (keyless: the server's): 409 beyond. Datasets are kept until the run is reset, so
+    that their tasks' fates stay readable."""
+    task_max_bytes_per_key: int = Field(8 * GiB, gt=0)
+    """Bytes of tasks the datasets of one key store (keyless: the server's), counted as JSON text plus 64 bytes a
+    task (its row): 409 for a page or a file that would pass it, whatever the datasets' names."""
+    task_lease_max_bytes: int = Field(16 * MiB, gt=0)
+    """Bytes of task data in one lease reply: a request gets the tasks that fit (one at least, however large),
+    the rest stay for the next, so that a reply's memory is bounded by bytes rather than by the count."""
 
 
 class RolloutGroups(Group):
@@ -239,6 +259,10 @@ class RolloutGroups(Group):
     """Longest deadline an open group may ask for (422 beyond)."""
     rollout_max_open_groups: int = Field(10_000, gt=0)
     """Open groups per env (a 503 to open more beyond, counted)."""
+    rollout_max_open_groups_per_key: int = Field(10_000, gt=0)
+    """Open groups one key holds over all its envs and none (on a server with keys; a 503 to open more beyond), so
+    that one key's groups leave room for the others'; its groups without an env count against this instead of
+    against `rollout_max_open_groups`."""
     rollout_max_open_bytes: int = Field(1024 * MiB, gt=0)
     """Bytes of acknowledged rollouts in an env's open groups (a 503 to post more beyond, counted)."""
     rollout_sweep_limit: int = Field(64, gt=0)

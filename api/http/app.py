@@ -25,7 +25,7 @@ from api.http import connections, keyring
 from api.http.frontdoor import Door, FrontDoor
 from api.http.inflight import BodyBudget
 from api.http.middleware import ObserveRequests
-from api.http.openapi import declare_limits, drop_auth
+from api.http.openapi import declare_body_limits, declare_limits, drop_auth
 from api.http.stopping import on_stop_signal
 from api.ingest.queue_limits import QueueLimits
 from api.ledger.drop_bias import Thresholds
@@ -167,6 +167,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         {
             ("/batch", "get", "world_size"): settings.max_world_size,
             ("/batch", "get", "rank"): settings.max_world_size - 1,
+        },
+    )
+    declare_body_limits(
+        app,
+        {
+            ("OpenRequest", "deadline_s", "maximum"): settings.rollout_max_deadline_s,
+            ("TaskPage", "tasks", "maxItems"): settings.task_page_size,
+            ("DatasetSpec", "tasks", "maxItems"): settings.task_page_size,
         },
     )
     return app

@@ -14,9 +14,12 @@ ERROR_DESCRIPTIONS = {
     401: "Missing or wrong API key (only when the server has keys): send `Authorization: Bearer <key>`.",
     403: "The key's role does not admit this route, an env key used another key's env, or a web page's "
     "cross-site request (docs/security.md).",
-    404: "No environment with this `env_id`.",
+    404: "What the request names is unknown to this key: an environment, a dataset, a lease, an open group, a "
+    "file under `task_files_dir`.",
     409: "Conflicts with the server's state: a registration unlike the run's, a `?step=` ahead of the next "
-    "batch, or a group id reused for different content. Nothing was applied.",
+    "batch or of the trainer's, a group id reused for different content, a name another key holds, a page past "
+    "the tasks stored, or one of the key's bounds reached (`task_max_datasets_per_key`, `task_max_bytes_per_key`)."
+    " Nothing was applied.",
     410: "`?step=N` for a batch the trainer has already acknowledged by asking for N+1.",
     413: "Body over `max_body_bytes`, or gzip that inflates past `max_decompressed_bytes`.",
     422: "The data breaks a rule: each of `errors` names the field (`loc`) and the rule (`msg`). Nothing of the "
@@ -83,6 +86,26 @@ def declare_limits(app: FastAPI, maxima: dict[tuple[str, str, str], int]) -> Non
                     for option in target.get("anyOf", [target]):
                         if option.get("type") == "integer":
                             option["maximum"] = maximum
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def declare_body_limits(app: FastAPI, bounds: dict[tuple[str, str, str], int | float]) -> None:
+    """Body fields whose bound is a setting, as (model, field, JSON Schema keyword) -> this server's value
+    (`maximum` of a number, `maxItems` of a list; of the list or number option of a nullable field): the
+    description states them, so that a request it calls valid is accepted."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = plain()
+        for (model, name, keyword), bound in bounds.items():
+            target = schema["components"]["schemas"][model]["properties"][name]
+            for option in target.get("anyOf", [target]):
+                if option.get("type") in ("array", "number", "integer"):
+                    option[keyword] = bound
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -1,11 +1,12 @@
 """Producers seen live, and the weights they follow: pure logic over plain records (no I/O).
 
 Every producer (a `RolloutRunner`) heartbeats with what it does: its envs, in flight, groups/s, failures, the
-weights step it generates with, what holds it back. The table of them is kept bounded (`max_producers`; the
-longest-gone is forgotten first) and judged against the clock: a producer not heard of for `gone_after` s is
-gone. From it, `stall_reason` says when a waiting trainer can get nothing: no live producer for the envs it
-needs, or every live one held back waiting for the trainer. Envs fed by a handler that never heartbeats (an
-Atropos handler, a hand-written loop) are never judged: something unknown may still send.
+weights step it generates with, what holds it back. The table of them is kept bounded (`max_producers`, and
+`max_producers_per_key` per key; the longest-gone is forgotten first) and judged against the clock: a producer
+not heard of for `gone_after` s is gone. From it, `stall_reason` says when a waiting trainer can get nothing: no
+live producer for the envs it needs, or every live one held back waiting for the trainer. Envs fed by a handler
+that never heartbeats (an Atropos handler, a hand-written loop) are never judged: something unknown may still
+send.
 """
 
 from __future__ import annotations
@@ -73,25 +74,41 @@ def record(
     gone_after: float,
     max_producers: int,
     may: Callable[[str | None], bool] = lambda owner: True,
-) -> None:
-    """Take in one heartbeat (in place). A new producer in a full table forgets the longest-gone one; with
-    every one live, `TooManyProducers`. `may(owner)`: whether the beat's key may act on a record of `owner`'s: a
-    live producer's id is its owner's (`ProducerTaken`); a gone one's, or one recorded before owners were (no
-    owner), is taken over."""
+    max_per_key: int | None = None,
+) -> list[str]:
+    """Take in one heartbeat (in place); the ids of the producers forgotten to make room. A new producer of a key
+    that has `max_per_key` (a server with keys; `beat.owner` set) forgets that key's longest-gone one, and one in a
+    full table the longest-gone of all; with every candidate live, `TooManyProducers`. `may(owner)`: whether the
+    beat's key may act on a record of `owner`'s: a live producer's id is its owner's (`ProducerTaken`); a gone
+    one's, or one recorded before owners were (no owner), is taken over."""
     old = table.get(beat.producer_id)
     if old is not None and old.owner is not None and old.live(now, gone_after) and not may(old.owner):
         raise ProducerTaken(f"producer id {beat.producer_id!r} is a live producer of another key: choose another id")
     if old is not None:
         beat.first_seen = old.first_seen
         table[beat.producer_id] = beat
-        return
+        return []
+    forgotten = []
+    if beat.owner is not None and max_per_key is not None:
+        mine = [p for p in table.values() if p.owner == beat.owner]
+        if len(mine) >= max_per_key:
+            forgotten.append(_forget(table, mine, now, gone_after, "of this key, the most one key may "
+                                     "(max_producers_per_key)"))  # fmt: skip
     if len(table) >= max_producers:
-        gone = [p for p in table.values() if not p.live(now, gone_after)]
-        if not gone:
-            raise TooManyProducers(f"{len(table)} live producers, the most the server keeps (max_producers)")
-        oldest = min(gone, key=lambda p: p.last_seen)
-        del table[oldest.producer_id]
+        forgotten.append(_forget(table, list(table.values()), now, gone_after, "the most the server keeps "
+                                 "(max_producers)"))  # fmt: skip
     table[beat.producer_id] = beat
+    return forgotten
+
+
+def _forget(table: dict[str, Producer], among: list[Producer], now: float, gone_after: float, bound: str) -> str:
+    """Forget the longest-gone producer of `among` (its id), or `TooManyProducers` if each one is live."""
+    gone = [p for p in among if not p.live(now, gone_after)]
+    if not gone:
+        raise TooManyProducers(f"{len(among)} live producers, {bound}")
+    oldest = min(gone, key=lambda p: p.last_seen)
+    del table[oldest.producer_id]
+    return oldest.producer_id
 
 
 def _ago(now: float, then: float) -> str:

@@ -1,5 +1,6 @@
-"""Producers and the announced weights as stored: two values of the store's key-value table (no schema of
-their own), so every server process and replica sharing the store sees the same producers and weights."""
+"""Producers and the announced weights as stored: values of the store's key-value table (no schema of their own),
+a value per producer, so every server process and replica sharing the store sees the same producers and weights,
+and a heartbeat costs its own producer only."""
 
 from __future__ import annotations
 
@@ -9,28 +10,68 @@ import orjson
 
 from api import state
 from api.config.groups import setting
-from api.errors import Conflict, InvalidData, Unavailable
+from api.errors import Conflict, NotFound, Unavailable
 from api.owners import ANYONE, Actor
 from api.producers import live as producers
 from api.producers.live import Producer
 from api.store.base import Txn
 from api.wire.producers import Heartbeat, ProducerView, WeightSyncReply
 
-PRODUCERS_KEY = "producers"
+PRODUCER = "producer:"
+"""Named values, one per producer (its id after the colon): its record as its last heartbeat wrote it, so that a
+heartbeat rewrites its own producer's value only."""
+PRODUCER_IDS = "producer_ids"
+"""A named value: the ids of the producers recorded (a JSON list), written when one is added or forgotten."""
+LEGACY_PRODUCERS = "producers"
+"""Where earlier releases kept every producer, as one value that each heartbeat rewrote: moved to the values
+above by the first heartbeat after an upgrade, and read as producers until then."""
 WEIGHTS_KEY = "weights"
 PENDING_KEY = "weights_pending"
 """The step of a weight sync begun (POST /weights/pending) and not yet announced; "null" when none."""
 
 
-def load_producers(txn: Txn) -> dict[str, Producer]:
-    raw = txn.get_value(PRODUCERS_KEY)
+def _ids(txn: Txn) -> list[str]:
+    raw = txn.get_value(PRODUCER_IDS)
+    return [] if raw is None else list(orjson.loads(raw))
+
+
+def _legacy(txn: Txn) -> dict[str, Producer]:
+    raw = txn.get_value(LEGACY_PRODUCERS)
     if raw is None:
         return {}
     return {pid: Producer.from_json(p) for pid, p in orjson.loads(raw).items()}
 
 
-def save_producers(txn: Txn, table: dict[str, Producer]) -> None:
-    txn.set_value(PRODUCERS_KEY, orjson.dumps({pid: p.to_json() for pid, p in table.items()}).decode())
+def load_producer(txn: Txn, producer_id: str) -> Producer | None:
+    raw = txn.get_value(PRODUCER + producer_id)
+    return None if raw is None else Producer.from_json(orjson.loads(raw))
+
+
+def load_producers(txn: Txn) -> dict[str, Producer]:
+    """Every producer recorded, by id (costs one value each: views and a new producer's admission read it)."""
+    table = _legacy(txn)
+    for pid in _ids(txn):
+        if (p := load_producer(txn, pid)) is not None:
+            table[pid] = p
+    return table
+
+
+def _save(txn: Txn, p: Producer) -> None:
+    txn.set_value(PRODUCER + p.producer_id, orjson.dumps(p.to_json()).decode())
+
+
+def _upgrade(txn: Txn) -> None:
+    """Move the producers an earlier release kept as one value to a value each (once)."""
+    legacy = _legacy(txn)
+    if not legacy and txn.get_value(LEGACY_PRODUCERS) is None:
+        return
+    ids = _ids(txn)
+    for pid, p in legacy.items():
+        if pid not in ids and txn.get_value(PRODUCER + pid) is None:
+            _save(txn, p)
+            ids.append(pid)
+    txn.set_value(PRODUCER_IDS, orjson.dumps(ids).decode())
+    txn.delete_value(LEGACY_PRODUCERS)
 
 
 def load_weights(txn: Txn) -> int | None:
@@ -56,6 +97,7 @@ class ProducerSettings:
     gone_after: float = setting("producer_gone_after")
     """Seconds without a heartbeat after which a producer is gone."""
     max_producers: int = setting("max_producers")
+    max_producers_per_key: int = setting("max_producers_per_key")
 
 
 def announce_txn(txn: Txn, step: int) -> int:
@@ -76,8 +118,8 @@ def _check_step(txn: Txn, step: int) -> state.RunState:
     if run.registration is None:
         raise Conflict("no trainer is registered: POST /register first", loc=("body", "step"))
     if step > run.step:
-        raise InvalidData(("body", "step"), f"step {step} is past the trainer's current step {run.step}: groups "
-                          "stamped with it would be refused")  # fmt: skip
+        raise Conflict(f"step {step} is past the trainer's current step {run.step}: groups stamped with it would be "
+                       "refused", loc=("body", "step"))  # fmt: skip
     return run
 
 
@@ -106,25 +148,42 @@ def sync_txn(txn: Txn, now: float, settings: ProducerSettings) -> WeightSyncRepl
 def heartbeat_txn(
     txn: Txn, beat: Heartbeat, now: float, settings: ProducerSettings, actor: Actor = ANYONE
 ) -> tuple[int | None, int | None]:
-    """Record a heartbeat (each env it names must exist and be `actor`'s to use; its id must not be another
-    key's live producer's); the weights step and the pending sync's."""
+    """Record a heartbeat (each env it names must exist and be `actor`'s to use: 404 otherwise; its id must not be
+    another key's live producer's); the weights step and the pending sync's. A known producer's heartbeat writes
+    its own value only; a new one reads the others' to find room (`producers.record`). `held` keeps the envs the
+    beat names only, so that what a producer's record holds is bounded by its envs."""
     run = state.load(txn)
     for i, env_id in enumerate(beat.env_ids):
         env = run.env(env_id)
         if env is None or actor.hides(env.owner, "env"):
-            raise InvalidData(("body", "env_ids", i), f"no environment with env_id {env_id}")
-    table = load_producers(txn)
-    fields = beat.model_dump()
+            raise NotFound(f"no environment with env_id {env_id}", loc=("body", "env_ids", i))
+    _upgrade(txn)
+    names = {run.env_name(e) for e in beat.env_ids}
+    fields = beat.model_dump() | {"held": {env: why for env, why in beat.held.items() if env in names}}
+    new = Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner)
+    old = load_producer(txn, beat.producer_id)
+    table = {beat.producer_id: old} if old is not None else load_producers(txn)
     try:
-        producers.record(table, Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner), now,
-                         settings.gone_after, settings.max_producers, actor.may)  # fmt: skip
+        forgotten = producers.record(table, new, now, settings.gone_after, settings.max_producers, actor.may,
+                                     settings.max_producers_per_key)  # fmt: skip
     except producers.ProducerTaken as exc:
         raise Conflict(str(exc), loc=("body", "producer_id")) from None
     except producers.TooManyProducers as exc:
         raise Unavailable(f"{exc}; one is forgotten once it is gone ({settings.gone_after:g} s)",
                           settings.gone_after) from None  # fmt: skip
-    save_producers(txn, table)
+    _save(txn, new)
+    if old is None:
+        for pid in forgotten:
+            txn.delete_value(PRODUCER + pid)
+        ids = [pid for pid in _ids(txn) if pid not in forgotten]
+        txn.set_value(PRODUCER_IDS, orjson.dumps([*ids, beat.producer_id]).decode())
     return load_weights_and_pending(txn)
+
+
+def shown_producers(views: list[ProducerView], cap: int) -> list[ProducerView]:
+    """The `cap` producers a view lists (`views_max_producers`): live ones first, each kind in the order given
+    (oldest first)."""
+    return sorted(views, key=lambda p: not p.live)[:cap]
 
 
 @dataclass(frozen=True, slots=True)

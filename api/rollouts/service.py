@@ -98,12 +98,22 @@ def _tally(row: GroupRow | None) -> tuple[int, int]:
 
 
 def _put(txn: Txn, old: GroupRow | None, new: GroupRow) -> None:
-    """Write the group's row, and move the open-slot counters by what changed."""
+    """Write the group's row, and move the open-slot counters (and its key's live groups, once decided) by what
+    changed."""
     txn.rollouts.put(new)
     (done0, leased0), (done1, leased1) = _tally(old), _tally(new)
     moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
     if any(moved.values()):
         txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
+    if old is not None and old.state in LIVE and new.state not in LIVE:
+        owner = rg.OpenGroup.of(new.record).owner
+        if owner is not None and txn.get_counts(BY_KEY).get(owner, 0) > 0:  # > 0: not one opened before counting
+            txn.add_counts(BY_KEY, {owner: -1})
+
+
+BY_KEY = "rollouts_by_key"
+"""Counter kind: the live open groups of each key (by its name), moved as they open and are decided, so that a
+key's bound (`rollout_max_open_groups_per_key`) costs one read."""
 
 
 def view(row: GroupRow) -> GroupView:
@@ -172,12 +182,17 @@ def open_txn(
     if req.env_id is not None:
         env = run.env(req.env_id)
         if env is None or caller.hides(env.owner, "env"):
-            raise InvalidData(("body", "env_id"), f"env {req.env_id} is not registered")
+            raise NotFound(f"env {req.env_id} is not registered", loc=("body", "env_id"))
     if task_leases.is_token(req.group_id):
         task_leases.check_submission(txn, req.group_id, caller, req.producer_id, ("body",))
-    n, _ = txn.rollouts.open_totals(ANON_ENV if req.env_id is None else req.env_id)
-    if n >= settings.rollout_max_open_groups:
-        raise Unavailable(f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry later")
+    mine = txn.get_counts(BY_KEY).get(caller.owner, 0) if caller.owner is not None else 0
+    if mine >= settings.rollout_max_open_groups_per_key:
+        raise Unavailable(f"this key has {mine} open groups; the limit is rollout_max_open_groups_per_key; retry later")
+    if req.env_id is not None or caller.owner is None:  # a key's groups without an env: its own bound alone
+        n, _ = txn.rollouts.open_totals(ANON_ENV if req.env_id is None else req.env_id)
+        if n >= settings.rollout_max_open_groups:
+            raise Unavailable(f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry "
+                              "later")  # fmt: skip
     g = rg.OpenGroup(
         key=req.group_id, env_id=req.env_id, group_size=req.group_size, min_group_size=least,
         deadline=now + req.deadline_s, producer=req.producer_id, expires_at=now + settings.rollout_lease_s,
@@ -186,6 +201,8 @@ def open_txn(
     row = _row(g, "open", 0)
     txn.rollouts.put(row)
     txn.add_counts(COUNTS, {"opened": 1})
+    if caller.owner is not None:
+        txn.add_counts(BY_KEY, {caller.owner: 1})
     return view(row)
 
 
@@ -211,7 +228,7 @@ def post_txn(
     first = row
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
-        raise InvalidData(("body", "slot"), f"the group has {g.group_size} slots")
+        raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
     run = state.load(txn, known_run)
     group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
     checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)

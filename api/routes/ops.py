@@ -78,8 +78,9 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
 async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
-    body = metrics.render(snap, await service.drop_bias(), await service.producer_report(), settings.metrics_max_envs)
-    body += task_metrics.render(await task_service.datasets(service.store))
+    body = metrics.render(snap, await service.drop_bias(), await service.producer_report(), settings.metrics_max_envs,
+                          settings.views_max_producers)  # fmt: skip
+    body += task_metrics.render(await task_service.datasets(service.store), settings.views_max_datasets)
     rollouts = await service.store.read(rollout_service.totals_txn)
     service.rollouts_in_use(rollouts.get("open", 0))
     body += rollout_metrics.render(rollouts)
@@ -100,7 +101,8 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     rollouts = await service.open_groups()
     body = dashboard_data_body(snap, await service.drop_bias(), await service.producer_report(),
                                settings.metrics_max_envs, await task_service.datasets(service.store),
-                               rollouts)  # fmt: skip
+                               rollouts, max_datasets=settings.views_max_datasets,
+                               max_producers=settings.views_max_producers)  # fmt: skip
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 

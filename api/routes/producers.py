@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from api.http.access import ANY_KEY, ENV_SIDE, TRAINER_SIDE
-from api.http.deps import ServiceDep
+from api.http.deps import ServiceDep, SettingsDep
 from api.http.frontdoor import actor_of
 from api.owners import RUN, acts
 from api.routes.spec import route
 from api.wire.producers import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
+from api.wire.rules import PRODUCER_ID_MAX, SAFE_INT_MAX
 
 router = APIRouter(tags=["producers"])
 
@@ -52,7 +53,7 @@ async def weight_sync(service: ServiceDep) -> WeightSyncReply:
     "/producers/heartbeat",
     ENV_SIDE,
     acts=acts("env", "producer"),
-    statuses=(400, 403, 422, 503),
+    statuses=(400, 403, 404, 409, 422, 503),
     response_model=HeartbeatReply,
 )
 async def heartbeat(body: Heartbeat, request: Request, service: ServiceDep) -> HeartbeatReply:
@@ -61,7 +62,17 @@ async def heartbeat(body: Heartbeat, request: Request, service: ServiceDep) -> H
     return await service.heartbeat(body, actor_of(request.scope))
 
 
-@route(router, "GET", "/producers", ANY_KEY, acts=RUN, response_model=list[ProducerView])
-async def producers(service: ServiceDep) -> list[ProducerView]:
-    """Every producer that heartbeats, live or gone, with its last-seen time (oldest first)."""
-    return (await service.producer_report()).producers
+@route(router, "GET", "/producers", ANY_KEY, acts=RUN, statuses=(422,), response_model=list[ProducerView])
+async def producers(
+    service: ServiceDep,
+    settings: SettingsDep,
+    after: str | None = Query(
+        None, max_length=PRODUCER_ID_MAX, description="Producers whose id sorts after this: the last page's last."
+    ),
+    limit: int | None = Query(None, ge=1, le=SAFE_INT_MAX, description="Most producers (at most views_max_producers)."),
+) -> list[ProducerView]:
+    """The producers that heartbeat, live or gone, with their last-seen time, by id, a page at a time
+    (`views_max_producers`; an empty page after the last)."""
+    views = sorted((await service.producer_report()).producers, key=lambda p: p.producer_id)
+    cap = min(limit or settings.views_max_producers, settings.views_max_producers)
+    return [p for p in views if after is None or p.producer_id > after][:cap]

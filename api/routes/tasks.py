@@ -34,15 +34,17 @@ router = APIRouter(tags=["tasks"])
     ENV_SIDE,
     acts=acts("dataset"),
     body="ingest",
-    statuses=(400, 409, 422, 503),
+    statuses=(400, 404, 409, 422, 503),
     response_model=DatasetView,
 )
 async def register_dataset(
     body: DatasetSpec, service: ServiceDep, settings: SettingsDep, actor: ActorDep
 ) -> DatasetView:
     """Register a dataset: its tasks inline (`tasks`, more pages with POST /tasks/pages) or a JSONL or Parquet
-    file the server reads (`path`, under `task_files_dir`; none without it). A retry of the same registration
-    is safe, and goes on reading a file where it stopped."""
+    file the server reads (`path`, under `task_files_dir`; none without it: 409). A retry of the same
+    registration is safe: while the file is read, it waits for that reading (from another server process: a 409
+    saying how far it got); after a reading cut off, it goes on where it stopped. A key registers at most
+    `task_max_datasets_per_key` datasets holding `task_max_bytes_per_key` of tasks (409 beyond)."""
     return await task_service.register(service.store, settings, body, actor)
 
 
@@ -53,11 +55,12 @@ async def register_dataset(
     ENV_SIDE,
     acts=acts("dataset"),
     body="ingest",
-    statuses=(400, 404, 422, 503),
+    statuses=(400, 404, 409, 422, 503),
     response_model=DatasetView,
 )
 async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> DatasetView:
-    """The next page of a dataset's tasks (`first`: the tasks stored so far); `last` seals it."""
+    """The next page of a dataset's tasks (`first`: the tasks stored so far, 409 past them; of a page sent again,
+    only the tasks past those stored are stored); `last` seals it."""
     return await task_service.add_page(service.store, settings, body, actor)
 
 
@@ -72,8 +75,9 @@ async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep, a
     response_model=LeaseReply,
 )
 async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> LeaseReply:
-    """Up to `n` tasks, each leased for `task_lease_s` unless heartbeated: tasks whose lease expired or that are
-    retried come first, then the cursor's next. Send each task's group with its `token` as `group_id`."""
+    """Up to `n` tasks (at most `task_page_size`, and those that fit `task_lease_max_bytes` of task data, one at
+    least), each leased for `task_lease_s` unless heartbeated: tasks whose lease expired or that are retried come
+    first, then the cursor's next. Send each task's group with its `token` as `group_id`."""
     return await task_service.lease(service.store, settings, body, actor)
 
 
@@ -112,10 +116,27 @@ async def fail(body: TaskFailure, service: ServiceDep, actor: ActorDep) -> TaskF
     return reply
 
 
-@route(router, "GET", "/tasks", ANY_KEY, acts=acts("dataset", others=RUN_WIDE), response_model=list[DatasetView])
-async def datasets(service: ServiceDep, actor: ActorDep) -> list[DatasetView]:
-    """Every dataset: its cursor and how many tasks are in each state."""
-    return await task_service.datasets(service.store, actor)
+@route(
+    router,
+    "GET",
+    "/tasks",
+    ANY_KEY,
+    acts=acts("dataset", others=RUN_WIDE),
+    statuses=(422,),
+    response_model=list[DatasetView],
+)
+async def datasets(
+    service: ServiceDep,
+    settings: SettingsDep,
+    actor: ActorDep,
+    after: str | None = Query(None, max_length=64, description="Datasets named after this: the last page's last."),
+    limit: int | None = Query(None, ge=1, le=SAFE_INT_MAX, description="Most datasets (at most views_max_datasets)."),
+) -> list[DatasetView]:
+    """The datasets this key sees, by name, a page at a time (`views_max_datasets`; an empty page after the last):
+    each one's cursor and how many tasks are in each state."""
+    views = sorted(await task_service.datasets(service.store, actor), key=lambda v: v.name)
+    cap = min(limit or settings.views_max_datasets, settings.views_max_datasets)
+    return [v for v in views if after is None or v.name > after][:cap]
 
 
 @route(

@@ -24,6 +24,7 @@ from api.logs import RateLimiter
 from api.owners import RUN
 from api.routes.spec import route
 from api.views.metrics import WAITING_LONG_POLLS
+from api.views.status import capped
 from api.wire.records import (
     MSGPACK,
     Buffer,
@@ -257,9 +258,9 @@ async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
 
 
 @route(router, "GET", "/status", ANY_KEY, acts=RUN, response_model=Status)
-async def status(service: ServiceDep) -> Response:
+async def status(service: ServiceDep, settings: SettingsDep) -> Response:
     """Step, queue size, and why no batch can be formed (if something other than data is missing)."""
-    status = await service.status()
+    status = capped(await service.status(), settings.views_max_datasets, settings.views_max_producers)
     hidden = {"rollouts"} if status.rollouts is None else None  # runs without per-rollout groups: nothing new
     return Response(status.model_dump_json(exclude=hidden), media_type="application/json")
 

@@ -185,6 +185,11 @@ class Txn(ABC):
     @abstractmethod
     def set_value(self, key: str, value: str) -> None: ...
 
+    @abstractmethod
+    def delete_value(self, key: str) -> None:
+        """Forget the value of `key` (none set: nothing happens), so that values made per thing (a producer, a
+        dataset being read) do not outlive it."""
+
     # --- the queue: one FIFO per env ---
     @abstractmethod
     def append(self, env_id: int, item: QueuedItem) -> None:

@@ -77,6 +77,11 @@ class TaskTxn(ABC):
     def task_data(self, name: str, indices: Iterable[int]) -> dict[int, str]:
         """The stored tasks of these indices (absent ones left out)."""
 
+    def task_sizes(self, name: str, indices: Iterable[int]) -> dict[int, int]:
+        """The sizes in bytes (UTF-8) of the stored tasks of these indices (absent ones left out), without reading
+        the tasks into memory where the backend can: a lease reply is bounded in bytes before it is read."""
+        return {i: len(text.encode()) for i, text in self.task_data(name, indices).items()}
+
     # --- rows: one per (dataset, epoch, index) handed out ---
     @abstractmethod
     def rows(self, name: str, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], TaskRow]:

@@ -18,7 +18,7 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
-from api.errors import InvalidData
+from api.errors import Conflict, InvalidData, NotFound
 from api.ingest.validation import MAX_META_DEPTH, check_printable
 
 WHERE = ("body", "path")
@@ -29,7 +29,7 @@ def resolve(root: Path | None, path: str) -> Path:
     """`path` (relative to `root`) as a regular file inside `root`, or 422 naming the rule it breaks: any text
     is answered so (a NUL byte, a name too long for the file system, a loop of symbolic links)."""
     if root is None:
-        raise InvalidData(WHERE, "this server reads no dataset files (task_files_dir is unset)")
+        raise Conflict("this server reads no dataset files (task_files_dir is unset)", loc=WHERE)
     if "\x00" in path:
         raise InvalidData(WHERE, "a path cannot hold a NUL byte")
     base = root.resolve()
@@ -43,7 +43,7 @@ def resolve(root: Path | None, path: str) -> Path:
     if not inside:
         raise InvalidData(WHERE, f"{path!r} is not under task_files_dir")
     if not found:
-        raise InvalidData(WHERE, f"no file {path!r} under task_files_dir")
+        raise NotFound(f"no file {path!r} under task_files_dir", loc=WHERE)
     return resolved
 
 

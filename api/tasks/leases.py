@@ -52,6 +52,56 @@ end of its run: fewer than an exact batch, and nothing else can arrive. Their ta
 (another try would make the same tail)."""
 RECLAIM_LIMIT = 256
 """Expired leases returned to the front per lease call (the rest on the next ones)."""
+KEY_TOTALS = "tasks:key:"
+"""Named values, one per key (its name after the colon; none after it without keys): the datasets it registered
+and the bytes of their tasks (`KeyTotals`), kept as they change, so that a key's bounds cost one read."""
+TASK_ROW_BYTES = 64
+"""What a task costs the store beside its text (its row and index entry), counted against the key's bytes: a
+dataset of empty tasks is not free."""
+READING = "tasks:reading:"
+"""Named values, one per dataset whose file a registration reads (its name after the colon): who reads it and
+until when the claim holds unless renewed (`claim_reading`)."""
+READ_CLAIM_S = 60.0
+"""Seconds a registration's claim on reading a dataset's file holds without a page stored: a reader that died
+(its server killed) lets another registration take over after this long; a live one renews it every page."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What `add_tasks` may store: a dataset's tasks (`task_max_dataset_size`) and a key's task bytes
+    (`task_max_bytes_per_key`); None: no bound."""
+
+    dataset_size: int | None = None
+    key_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyTotals:
+    """What one key's datasets hold: how many, and the bytes of their tasks (text and `TASK_ROW_BYTES` each)."""
+
+    datasets: int = 0
+    bytes: int = 0
+
+
+def key_totals(txn: Txn, owner: str | None) -> KeyTotals:
+    """The totals of the key `owner` (None: a keyless server's datasets). A store from before they were kept
+    counts its datasets once, at the first registration or page after (their bytes count from then on)."""
+    raw = txn.get_value(KEY_TOTALS + (owner or ""))
+    if raw is not None:
+        datasets, size = json.loads(raw)
+        return KeyTotals(int(datasets), int(size))
+    if txn.get_value(ANY_KEY) is None:
+        return KeyTotals()
+    mine = 0
+    for name in txn.tasks.dataset_names():
+        record = txn.tasks.get_dataset(name)
+        if record is not None and Dataset.of(record).owner == owner:
+            mine += 1
+    return KeyTotals(datasets=mine)
+
+
+def _put_totals(txn: Txn, owner: str | None, totals: KeyTotals) -> None:
+    txn.set_value(KEY_TOTALS + (owner or ""), json.dumps([totals.datasets, totals.bytes]))
 
 
 _WEIGHTED_DEFAULTS: dict[str, object] = {"levels": None, "level_key": "level", "level_sizes": {}, "taken": {}}
@@ -250,12 +300,18 @@ def dataset(moves: _Moves, name: str, actor: Actor, loc: tuple[str | int, ...] =
     return d
 
 
-def register(txn: Txn, d: Dataset) -> Dataset:
-    """Register a dataset (its tasks are added by `add_tasks`); Conflict if the name is taken."""
+def register(txn: Txn, d: Dataset, max_datasets: int | None = None) -> Dataset:
+    """Register a dataset (its tasks are added by `add_tasks`); Conflict if the name is taken, or if its key holds
+    `max_datasets` (`task_max_datasets_per_key`) already."""
     if txn.tasks.get_dataset(d.name) is not None:
         raise Conflict(f"dataset {d.name!r} is registered already")
+    held = key_totals(txn, d.owner)
+    if max_datasets is not None and held.datasets >= max_datasets:
+        raise Conflict(f"this key holds {held.datasets} datasets, the most one key may (task_max_datasets_per_key); "
+                       "datasets are kept until the run is reset", loc=("body", "name"))  # fmt: skip
     txn.tasks.put_dataset(d.name, d.to_json())
     txn.set_value(ANY_KEY, "1")
+    _put_totals(txn, d.owner, replace(held, datasets=held.datasets + 1))
     return d
 
 
@@ -268,22 +324,84 @@ def add_tasks(
     last: bool,
     where: tuple[str, ...] = ("body", "tasks"),
     actor: Actor = ANYONE,
+    bounds: Bounds = Bounds(),
+    reading: tuple[str, float] | None = None,
 ) -> Dataset:
-    """Store a page of tasks at `first` (the dataset's size so far: pages come in order, a page sent again is
-    a no-op); `last` seals the dataset. `where`: the field a task without a level is reported at."""
+    """Store a page of tasks at `first` (the dataset's size so far: pages come in order; of a page sent again only
+    the tasks past those stored are stored, so a retry is a no-op); `last` seals the dataset. `where`: the field a
+    task that breaks a rule is reported at. A page starting past the tasks stored is a 409 (at `first`), as is one
+    past the key's bytes (`bounds.key_bytes`); past `bounds.dataset_size` tasks, a 422. `reading`: (reader, now)
+    of a registration reading the dataset's file, whose claim (`claim_reading`) it renews, or ends with the last
+    page; a page of a reader whose claim another took over is a 409."""
     moves = _Moves(txn)
     d = dataset(moves, name, actor)
+    if reading is not None:
+        _renew(txn, d, *reading, last=last)
     if d.sealed and first + len(data) <= d.size:
         return d  # a retried page of a sealed dataset
     if first > d.size:
-        raise RollbufError(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}")
+        raise Conflict(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}",
+                       loc=(*where[:-1], "first") if where[-1] == "tasks" else where)  # fmt: skip
+    new = data[max(0, d.size - first) :]
+    if bounds.dataset_size is not None and d.size + len(new) > bounds.dataset_size:
+        raise InvalidData(where, f"more than {bounds.dataset_size} tasks (task_max_dataset_size)")
+    held = key_totals(txn, d.owner)
+    cost = sum(len(t.encode()) for t in new) + TASK_ROW_BYTES * len(new)
+    if bounds.key_bytes is not None and cost and held.bytes + cost > bounds.key_bytes:
+        raise Conflict(f"this key's datasets hold {held.bytes} bytes of tasks; {cost} more would pass "
+                       f"{bounds.key_bytes} (task_max_bytes_per_key)", loc=where)  # fmt: skip
     if d.order == WEIGHTED:
-        _index_levels(txn, d, first, data, where)
-    txn.tasks.add_tasks(name, first, data)
-    d.size = max(d.size, first + len(data))
+        _index_levels(txn, d, d.size, new, where)
+    if new:
+        txn.tasks.add_tasks(name, d.size, new)
+        _put_totals(txn, d.owner, replace(held, bytes=held.bytes + cost))
+    d.size += len(new)
     d.sealed = last
     moves.write()
     return d
+
+
+def claim_reading(txn: Txn, name: str, reader: str, now: float, actor: Actor = ANYONE) -> Dataset:
+    """Registration `reader` starts reading the file of dataset `name`, or takes over from one whose claim lapsed
+    (`READ_CLAIM_S` without a page): tasks are stored once however often a registration is sent. While another's
+    claim holds, a 409 saying how far it got."""
+    moves = _Moves(txn)
+    d = dataset(moves, name, actor, loc=("body", "name"))
+    if d.sealed:
+        return d
+    claim = _claim(txn, name)
+    if claim is not None and claim[0] != reader and claim[1] > now:
+        raise Conflict(f"dataset {name!r} is being read from its file by an earlier registration: {d.size} tasks "
+                       "stored so far; send this registration again once that one ends (GET /tasks shows the "
+                       "size; it is answered as the first once the file is read)", loc=("body", "path"))  # fmt: skip
+    txn.set_value(READING + name, json.dumps([reader, now + READ_CLAIM_S]))
+    return d
+
+
+def release_reading(txn: Txn, name: str, reader: str) -> None:
+    """Registration `reader` stopped reading (its file broke a rule, or it was cut off): another may start now."""
+    claim = _claim(txn, name)
+    if claim is not None and claim[0] == reader:
+        txn.delete_value(READING + name)
+
+
+def _claim(txn: Txn, name: str) -> tuple[str, float] | None:
+    raw = txn.get_value(READING + name)
+    if raw is None:
+        return None
+    reader, until = json.loads(raw)
+    return str(reader), float(until)
+
+
+def _renew(txn: Txn, d: Dataset, reader: str, now: float, *, last: bool) -> None:
+    claim = _claim(txn, d.name)
+    if claim is None or claim[0] != reader:
+        raise Conflict(f"another registration took over reading dataset {d.name!r}'s file (this one paused longer "
+                       f"than {READ_CLAIM_S:g} s): it goes on from task {d.size}", loc=("body", "path"))  # fmt: skip
+    if last:
+        txn.delete_value(READING + d.name)
+    else:
+        txn.set_value(READING + d.name, json.dumps([reader, now + READ_CLAIM_S]))
 
 
 def lease(
@@ -295,10 +413,12 @@ def lease(
     duration: float,
     max_held: int,
     actor: Actor = ANYONE,
+    max_bytes: int | None = None,
 ) -> list[Lease]:
-    """Up to `n` tasks for `producer` (fewer past `max_held` leases held, or when none is left now): expired
-    leases back to the front first, then the front, then the cursor. Each lease is bound to `actor`'s key and
-    `producer`, and its token has a random part of its own."""
+    """Up to `n` tasks for `producer` (fewer past `max_held` leases held, past `max_bytes` of task data in the
+    reply (one task at least), or when none is left now): expired leases back to the front first, then the front,
+    then the cursor. Each lease is bound to `actor`'s key and `producer`, and its token has a random part of its
+    own. Tasks that do not fit the reply stay where they were (the cursor is not moved past them)."""
     moves = _Moves(txn)
     d = dataset(moves, name, actor)
     tasks = txn.tasks
@@ -308,17 +428,14 @@ def lease(
         _count(d, "expired", len(expired))
     # Expired leases join the front behind what waits there already (their seq is the next), and are taken after.
     back = [_move(d, row, FRONT) for row in expired]
-    until = now + duration
-    holder = actor.owner
-    taken: list[TaskRow] = []
-    for row in (front + back)[:n]:
-        taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now,
-                           holder=holder, nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
+    again = (front + back)[:n]
+    cursors: list[tuple[int, int, dict[str, int]]] = []  # the cursor before each pick, to step back to
     fresh: list[tuple[str, int]] = []  # from the cursor: (level, rank) in a weighted order, else ("", index)
-    while len(taken) + len(fresh) < n and (d.sealed or d.order == SEQUENTIAL):  # others need the final size
+    while len(again) + len(fresh) < n and (d.sealed or d.order == SEQUENTIAL):  # others need the final size
+        cursors.append((d.epoch, d.position, dict(d.taken)))
         if d.position >= d.size:
             more = d.epochs is None or d.epoch + 1 < d.epochs
-            quiet = not d.counts.get(LEASED) and not d.counts.get(FRONT) and not taken and not fresh
+            quiet = not d.counts.get(LEASED) and not d.counts.get(FRONT) and not again and not fresh
             if not (d.sealed and more and quiet and d.size):
                 break  # wait: the epoch's last tasks are out, or pages are still coming, or the dataset is done
             d.epoch, d.position, d.taken = d.epoch + 1, 0, {}
@@ -329,7 +446,19 @@ def lease(
         else:
             fresh.append(("", task_at(d.order, d.seed, d.epoch, d.position, d.size)))
         d.position += 1
-    for index in _indices(txn, name, fresh):
+    indices = [r.index for r in again] + _indices(txn, name, fresh)
+    fits = _fitting(tasks.task_sizes(name, indices), indices, max_bytes)
+    if fits < len(indices):  # the rest stay: the front's rows where they wait, the cursor before its picks
+        if cursors:
+            d.epoch, d.position, d.taken = cursors[max(0, fits - len(again))]
+        again, indices = again[:fits], indices[:fits]
+    until = now + duration
+    holder = actor.owner
+    taken: list[TaskRow] = []
+    for row in again:
+        taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now,
+                           holder=holder, nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
+    for index in indices[len(again) :]:
         row = TaskRow(name, d.epoch, index, "", updated_at=now)
         taken.append(_move(d, row, LEASED, leases=1, producer=producer, expires_at=until, holder=holder,
                            nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
@@ -342,6 +471,19 @@ def lease(
     data = tasks.task_data(name, {r.index for r in taken})
     return [Lease(token_of(name, r.epoch, r.index, r.leases, r.nonce), r.epoch, r.index, data.get(r.index, "null"),
                   until) for r in taken]  # fmt: skip
+
+
+def _fitting(sizes: dict[int, int], indices: Sequence[int], max_bytes: int | None) -> int:
+    """How many of `indices`, in order, fit `max_bytes` of task data (one at least: a task is at most
+    `task_max_bytes`, so one always goes out)."""
+    if max_bytes is None:
+        return len(indices)
+    total = 0
+    for k, index in enumerate(indices):
+        total += sizes.get(index, 4)  # a task whose data is missing goes out as `null`
+        if k and total > max_bytes:
+            return k
+    return len(indices)
 
 
 def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:

@@ -4,9 +4,14 @@ by the task settings; a dataset file is read a page per transaction, never whole
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import secrets
 import time
+import weakref
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from api.config.settings import Settings
@@ -75,8 +80,11 @@ def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
 
 
 async def register(store: Store, settings: Settings, spec: wire.DatasetSpec, actor: Actor = ANYONE) -> wire.DatasetView:
-    """Register a dataset (a retry of the same registration is answered as the first was, and goes on reading
-    its file where it stopped); its first page, or its file a page at a time."""
+    """Register a dataset (a retry of the same registration is answered as the first was); its first page, or its
+    file a page at a time. A file is read by one registration at a time, so that its tasks are stored once however
+    often a client that gave up waiting sends it again: a retry in this process waits for the reading under way,
+    one in another process (a worker, a replica) gets a 409 saying how far it got; one after a reader that died
+    goes on where it stopped."""
     if spec.path is not None and spec.tasks is not None:
         raise InvalidData(("body", "path"), "give either path or tasks, not both")
     if not settings.ledger:
@@ -97,35 +105,72 @@ async def register(store: Store, settings: Settings, spec: wire.DatasetSpec, act
             if not _same(old, spec):
                 raise Conflict(f"dataset {spec.name!r} is registered already, differently")
             return old
-        tl.register(txn, new)
+        tl.register(txn, new, settings.task_max_datasets_per_key)
         if spec.tasks is not None:
-            return tl.add_tasks(txn, spec.name, 0, first, last=spec.last)
+            return tl.add_tasks(txn, spec.name, 0, first, last=spec.last, bounds=_bounds(settings))
         return new
 
     d = await store.transact(begin)
     if source is None or d.sealed:
         return view_of(d)
-    opened = await asyncio.to_thread(TaskFile, source, d.size, settings.task_page_size, settings.task_max_bytes)
-    with opened:  # one open file, read on from where the stored tasks end: O(1) per page
-        while not d.sealed:
-            page = await asyncio.to_thread(opened.next_page)
-            if d.size + len(page) > settings.task_max_dataset_size:
-                raise InvalidData(("body", "path"), f"more than {settings.task_max_dataset_size} tasks")
-            last = len(page) < settings.task_page_size
-            d = await store.transact(_adding(spec.name, d.size, page, last, actor))
-    return view_of(d)
+    reading = _READING.setdefault(store, {})
+    task = reading.get(spec.name)
+    if task is None:
+        task = asyncio.get_running_loop().create_task(_read_file(store, settings, spec.name, source, actor))
+        reading[spec.name] = task
+        task.add_done_callback(partial(_read, reading, spec.name))
+    return view_of(await asyncio.shield(task))  # a client that gives up leaves the reading to go on
 
 
-def _adding(name: str, first: int, page: list[str], last: bool, actor: Actor) -> Callable[[Txn], tl.Dataset]:
-    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"), actor=actor)
+_READING: weakref.WeakKeyDictionary[Store, dict[str, asyncio.Task[tl.Dataset]]] = weakref.WeakKeyDictionary()
+"""Per store, the dataset files this process reads now, by dataset: a registration sent again waits for its
+reading instead of starting another."""
+
+
+def _read(reading: dict[str, asyncio.Task[tl.Dataset]], name: str, task: asyncio.Task[tl.Dataset]) -> None:
+    if reading.get(name) is task:
+        del reading[name]
+    if not task.cancelled():
+        task.exception()  # seen here: a reading whose every client gave up logs no "never retrieved"
+
+
+async def _read_file(store: Store, settings: Settings, name: str, source: Path, actor: Actor) -> tl.Dataset:
+    """Read dataset `name`'s file into the store from where its stored tasks end, a page per transaction, under a
+    claim (`tl.claim_reading`) that keeps any other registration from reading it meanwhile."""
+    reader = secrets.token_hex(8)
+    d = await store.transact(lambda txn: tl.claim_reading(txn, name, reader, time.time(), actor))
+    if d.sealed:
+        return d
+    try:
+        opened = await asyncio.to_thread(TaskFile, source, d.size, settings.task_page_size, settings.task_max_bytes)
+        with opened:  # one open file, read on from where the stored tasks end: O(1) per page
+            while not d.sealed:
+                page = await asyncio.to_thread(opened.next_page)
+                last = len(page) < settings.task_page_size
+                d = await store.transact(_adding(name, d.size, page, last, actor, settings, reader))
+    except Exception:
+        with contextlib.suppress(Exception):  # the claim lapses by itself if the store cannot be reached now
+            await store.transact(lambda txn: tl.release_reading(txn, name, reader))
+        raise
+    return d
+
+
+def _bounds(settings: Settings) -> tl.Bounds:
+    return tl.Bounds(settings.task_max_dataset_size, settings.task_max_bytes_per_key)
+
+
+def _adding(
+    name: str, first: int, page: list[str], last: bool, actor: Actor, settings: Settings, reader: str
+) -> Callable[[Txn], tl.Dataset]:
+    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"), actor=actor,
+                                    bounds=_bounds(settings), reading=(reader, time.time()))  # fmt: skip
 
 
 async def add_page(store: Store, settings: Settings, page: wire.TaskPage, actor: Actor = ANYONE) -> wire.DatasetView:
     texts = _texts(page.tasks, settings, "tasks")
-    if page.first + len(texts) > settings.task_max_dataset_size:
-        raise InvalidData(("body", "tasks"), f"more than {settings.task_max_dataset_size} tasks")
+    bounds = _bounds(settings)
     d = await store.transact(
-        lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last, actor=actor)
+        lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last, actor=actor, bounds=bounds)
     )
     return view_of(d)
 
@@ -136,7 +181,7 @@ async def lease(store: Store, settings: Settings, req: wire.LeaseRequest, actor:
 
     def fn(txn: Txn) -> tuple[list[tl.Lease], bool]:
         leases = tl.lease(txn, req.dataset, req.producer_id, n, now, settings.task_lease_s,
-                          settings.task_max_leases_per_producer, actor)  # fmt: skip
+                          settings.task_max_leases_per_producer, actor, settings.task_lease_max_bytes)  # fmt: skip
         record = txn.tasks.get_dataset(req.dataset)
         return leases, record is not None and tl.Dataset.of(record).done
 

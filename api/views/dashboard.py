@@ -5,7 +5,8 @@ reads past its first screens. The first `max_envs` envs (registration order, so 
 between polls) keep their rows and the rest are summed into one `(other envs)` row: the page's totals (queued,
 received, drops, 503s) stay whole. The drop-bias table keeps flagged envs first, as /metrics does; both
 say how many envs there are in all. Runs that lease tasks (docs/tasks.md) get their datasets' fates in aggregate
-(`tasks`: the cursor and the tallies per state, as GET /tasks; never per task), capped the same way.
+(`tasks`: the cursor and the tallies per state, as GET /tasks; never per task), capped at `views_max_datasets`,
+and the producers at `views_max_producers`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from api.config.groups import SERVER
 from api.ledger.drop_bias import Report
-from api.producers.stored import ProducerReport
+from api.producers.stored import ProducerReport, shown_producers
 from api.views.stats import Snapshot
 from api.wire.rollouts import OpenGroupsStatus
 from api.wire.tasks import DatasetView
@@ -49,18 +51,23 @@ def body(
     max_envs: int,
     tasks: list[DatasetView] | None = None,
     rollouts: OpenGroupsStatus | None = None,
+    *,
+    max_datasets: int = SERVER.views_max_datasets,
+    max_producers: int = SERVER.views_max_producers,
 ) -> dict[str, Any]:
     """The dashboard's poll from a snapshot read with `max_envs` (`Service.snapshot`): at most `max_envs` env
-    rows plus one summing the rest (its `envs_total` counts them all); the first `max_envs` datasets' tallies
-    (`tasks_total` counts them all; no datasets: an empty list, and the page shows no task panel); `rollouts`
-    (the per-rollout groups' block, as /status's) only in runs that opened one."""
+    rows plus one summing the rest (its `envs_total` counts them all); the first `max_datasets` datasets' tallies
+    (`tasks_total` counts them all; no datasets: an empty list, and the page shows no task panel) and
+    `max_producers` producers (live ones first; `producers_total`); `rollouts` (the per-rollout groups' block, as
+    /status's) only in runs that opened one."""
     out = snap.to_json()
-    out["tasks"] = [v.model_dump() for v in (tasks or [])[:max_envs]]
+    out["tasks"] = [v.model_dump() for v in (tasks or [])[:max_datasets]]
     out["tasks_total"] = len(tasks or [])
     out["drop_bias"] = capped_bias(bias, max_envs)
     out["weights_step"] = seen.weights_step
     out["stall_reason"] = seen.stall_reason
-    out["producers"] = [p.model_dump() for p in seen.producers]
+    out["producers"] = [p.model_dump() for p in shown_producers(seen.producers, max_producers)]
+    out["producers_total"] = len(seen.producers)
     if rollouts is not None:
         out["rollouts"] = rollouts.model_dump()
     return out

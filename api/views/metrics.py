@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from api.config.groups import SERVER
 from api.ledger.drop_bias import CONDITIONS, Report
 from api.owners import REFUSALS
-from api.producers.stored import ProducerReport
+from api.producers.stored import ProducerReport, shown_producers
 from api.store.base import QueueCounts, Store, Txn
 from api.views.stats import OTHER_ENVS, EnvSnapshot, Snapshot
 
@@ -159,6 +159,7 @@ class TimedStore(Store):
 
 
 MAX_ENVS = SERVER.metrics_max_envs
+MAX_PRODUCERS = SERVER.views_max_producers
 
 
 def itemised(envs: Sequence[EnvSnapshot], cap: int) -> list[EnvSnapshot]:
@@ -367,9 +368,10 @@ class DropBiasCollector(Collector):
 class ProducersCollector(Collector):
     """Producers per env (live, gone), each producer's last-seen age, and the weights step announced."""
 
-    def __init__(self, report: ProducerReport, max_envs: int = MAX_ENVS) -> None:
+    def __init__(self, report: ProducerReport, max_envs: int = MAX_ENVS, max_producers: int = MAX_PRODUCERS) -> None:
         self.report = report
         self.max_envs = max_envs
+        self.max_producers = max_producers
 
     def collect(self) -> Iterator[Metric]:
         r = self.report
@@ -389,9 +391,12 @@ class ProducersCollector(Collector):
             capped[key] = capped.get(key, 0) + n
         for (env, state), n in sorted(capped.items()):
             per_env.add_metric([env, state], n)
-        seen = GaugeMetricFamily("rollbuf_producer_last_seen_seconds", "Seconds since a producer's last heartbeat.",
-                                 labels=["producer", "host"])  # fmt: skip
-        for p in r.producers:
+        seen = GaugeMetricFamily(
+            "rollbuf_producer_last_seen_seconds",
+            "Seconds since a producer's last heartbeat (at most views_max_producers of them, live ones first).",
+            labels=["producer", "host"],
+        )
+        for p in shown_producers(r.producers, self.max_producers):
             seen.add_metric([p.producer_id, p.host], p.last_seen_s)
         stalled = GaugeMetricFamily("rollbuf_stalled", "1 while nothing can arrive for a waiting trainer "
                                     "(/status stall_reason), else 0.", 1 if r.stall_reason else 0)  # fmt: skip
@@ -404,10 +409,15 @@ class _Process(Collector):
 
 
 def render(
-    snap: Snapshot, bias: Report | None = None, producers: ProducerReport | None = None, max_envs: int = MAX_ENVS
+    snap: Snapshot,
+    bias: Report | None = None,
+    producers: ProducerReport | None = None,
+    max_envs: int = MAX_ENVS,
+    max_producers: int = MAX_PRODUCERS,
 ) -> bytes:
     """The exposition text for one scrape (with the drop-bias monitor's report, when the ledger is on, and the
-    producers), per env for at most `max_envs` envs (`metrics_max_envs`)."""
+    producers), per env for at most `max_envs` envs (`metrics_max_envs`), per producer for at most
+    `max_producers` (`views_max_producers`, live ones first)."""
     sample_process(time.monotonic())
     registry = CollectorRegistry(auto_describe=False)
     if multiprocess():
@@ -418,5 +428,5 @@ def render(
     if bias is not None:
         registry.register(DropBiasCollector(bias, max_envs))
     if producers is not None:
-        registry.register(ProducersCollector(producers, max_envs))
+        registry.register(ProducersCollector(producers, max_envs, max_producers))
     return generate_latest(registry)

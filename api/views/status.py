@@ -6,6 +6,7 @@ import time
 
 from api import state
 from api.ingest.queue_limits import QueueLimits, capacity_groups
+from api.producers.stored import shown_producers
 from api.rollouts.service import open_groups_txn
 from api.state import EnvRecord, RunState
 from api.store.base import QueueCounts, Txn
@@ -48,6 +49,16 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
         tasks=views_txn(txn),
         rollouts=open_groups_txn(txn),
     )
+
+
+def capped(status: Status, max_datasets: int, max_producers: int) -> Status:
+    """/status with at most `max_datasets` datasets (the first by name) and `max_producers` producers (live ones
+    first, then the oldest), each list's total beside it: its size is bounded however many a run has."""
+    return status.model_copy(
+        update={"tasks": status.tasks[:max_datasets], "tasks_total": len(status.tasks),
+                "producers": shown_producers(status.producers, max_producers),
+                "producers_total": len(status.producers)}
+    )  # fmt: skip
 
 
 _TOTALS: dict[object, tuple[float, float]] = {}

@@ -3,9 +3,16 @@ two-phase weight sync, and the heartbeats by which producers are seen live (docs
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
-from api.wire.rules import PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
+from api.wire.rules import ENV_NAME_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
+
+HELD_REASON_MAX = 64
+"""Longest reason in a heartbeat's `held` (a word: `ahead_of_trainer`, `queue_full`, `draining`)."""
+WANDB_NAME_MAX = ENV_NAME_MAX + 24
+"""Longest env name as views show it (its W&B name: `desired_name` and `_N`), the keys of `held`."""
 
 
 class WeightsAnnounce(_Request):
@@ -58,8 +65,11 @@ class Heartbeat(_Request, _Text):
     """Groups failed since it started."""
     weights_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
     """The step of the weights it generates with now."""
-    held: dict[str, str] = Field(default_factory=dict, max_length=1024)
-    """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...)."""
+    held: dict[Annotated[str, Field(max_length=WANDB_NAME_MAX)], Annotated[str, Field(max_length=HELD_REASON_MAX)]] = (
+        Field(default_factory=dict, max_length=1024)
+    )
+    """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...), for the envs of
+    `env_ids`: entries naming another env are not kept."""
     waiting_for: str | None = Field(default=None, max_length=1000)
     """What it waits for, in words."""
     drains: bool = False

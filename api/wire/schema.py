@@ -247,14 +247,20 @@ class Status(_Wire):
     min_share_releases: dict[str, int] = Field(default_factory=dict)
     """Per env name: holds released after `quiet_share_seconds` (its minimum applies again once it queues enough)."""
     tasks: list[DatasetView] = Field(default_factory=list)
-    """Datasets of tasks leased to producers (docs/tasks.md): each one's cursor and tasks per state."""
+    """Datasets of tasks leased to producers (docs/tasks.md): each one's cursor and tasks per state; the first
+    `views_max_datasets` by name (GET /tasks pages through them all)."""
+    tasks_total: int = 0
+    """Datasets registered, listed in `tasks` or not."""
     drop_bias: list[EnvDropBias] = Field(default_factory=list)
     """Per env: its share of recent batches against its weight and minimum, and how the groups dropped compare with
     those trained (docs/ledger.md, "Drop-bias monitor"); empty with the ledger off."""
     weights_step: int | None = None
     """The step of the weights last announced live (POST /weights), or null before any."""
     producers: list[ProducerView] = Field(default_factory=list)
-    """Every producer that heartbeats (POST /producers/heartbeat), live or gone, with its last-seen time."""
+    """Producers that heartbeat (POST /producers/heartbeat), live or gone, with their last-seen time: the first
+    `views_max_producers`, live ones first (GET /producers pages through them all)."""
+    producers_total: int = 0
+    """Producers recorded, listed in `producers` or not."""
     stall_reason: str | None = None
     """Why nothing can arrive for a waiting trainer (no live producer for the connected envs, or every live one
     held back waiting for the trainer), or null when something may, or when the run is finished."""

@@ -85,7 +85,7 @@ class LeaseRequest(_Request, _Text):
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """Who holds the leases (its heartbeat id): `task_max_leases_per_producer` bounds what one holds."""
     n: int = Field(default=1, ge=1, le=SAFE_INT_MAX)
-    """Most tasks wanted (at most `task_page_size` are given)."""
+    """Most tasks wanted (at most `task_page_size` are given, and of those what fits `task_lease_max_bytes`)."""
 
 
 class LeasedTask(_Wire):

@@ -44,7 +44,7 @@ async def test_env_rows_past_the_cap_are_summed_and_the_totals_stay_whole() -> N
 
 
 async def test_datasets_come_in_aggregate_only_when_the_run_uses_tasks() -> None:
-    app = create_app(Settings(store="memory://", metrics_max_envs=2))
+    app = create_app(Settings(store="memory://", views_max_datasets=2))
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             before = (await c.get("/dashboard/data")).json()
@@ -56,5 +56,5 @@ async def test_datasets_come_in_aggregate_only_when_the_run_uses_tasks() -> None
             assert (await c.post("/tasks/fail", json={"token": token, "reason": "crashed"})).status_code == 200
             after = (await c.get("/dashboard/data")).json()
     assert (before["tasks"], before["tasks_total"]) == ([], 0)
-    assert [t["name"] for t in after["tasks"]] == ["a", "b"] and after["tasks_total"] == 3, "capped as envs are"
+    assert [t["name"] for t in after["tasks"]] == ["a", "b"] and after["tasks_total"] == 3, "views_max_datasets"
     assert after["tasks"][0]["counts"] == {"leased": 2, "failed": 1} and after["tasks"][0]["position"] == 3

@@ -31,12 +31,12 @@ async def test_announced_weights_reach_env_status_and_heartbeats_and_never_go_ba
         assert (await c.get("/weights")).json() == {"weights_step": None}
         assert (await c.post("/weights", json={"step": 0})).json() == {"weights_step": 0}
         past = await c.post("/weights", json={"step": 5})
-        assert past.status_code == 422 and past.json()["errors"][0]["loc"] == ["body", "step"]
+        assert past.status_code == 409 and past.json()["errors"][0]["loc"] == ["body", "step"]
         assert (await c.get("/status-env", params={"env_id": env_id})).json()["weights_step"] == 0
         hb = await c.post("/producers/heartbeat", json={"producer_id": "p1", "host": "h1", "env_ids": [env_id]})
         assert hb.json()["weights_step"] == 0 and hb.json()["gone_after"] == settings.producer_gone_after
         bad = await c.post("/producers/heartbeat", json={"producer_id": "p1", "env_ids": [99]})
-        assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == ["body", "env_ids", 0]
+        assert bad.status_code == 404 and bad.json()["errors"][0]["loc"] == ["body", "env_ids", 0]
 
 
 async def test_producers_show_live_then_gone_and_a_waiting_trainer_is_told_why(settings: Settings) -> None:
@@ -94,7 +94,7 @@ async def test_a_pending_sync_reaches_producers_waits_for_live_drain_producers_a
         await c.post("/scored_data", json=group(4, env_id=env_id))
         assert (await c.get("/batch")).json()["batch"] is not None  # the trainer is at step 1
         past = await c.post("/weights/pending", json={"step": 2})
-        assert past.status_code == 422 and past.json()["errors"][0]["loc"] == ["body", "step"]
+        assert past.status_code == 409 and past.json()["errors"][0]["loc"] == ["body", "step"]
         drains = {"producer_id": "d1", "host": "h1", "env_ids": [env_id], "drains": True}
         await c.post("/producers/heartbeat", json=drains)
         await c.post("/producers/heartbeat", json={"producer_id": "c1", "host": "h2", "env_ids": [env_id]})

@@ -115,7 +115,10 @@ async def test_pages_files_and_bounds(settings: Settings, tmp_path: Path) -> Non
         assert (
             await c.post("/tasks/pages", json={"dataset": "math", "first": 2, "tasks": [1, 2, 3, 4]})
         ).status_code == 422
-        assert (await c.post("/tasks/pages", json={"dataset": "math", "first": 5, "tasks": [3]})).status_code == 400
+        past = await c.post("/tasks/pages", json={"dataset": "math", "first": 5, "tasks": [3]})
+        assert past.status_code == 409 and past.json()["errors"][0]["loc"] == ["body", "first"], past.text
+        missing = await c.post("/tasks/datasets", json={"name": "y", "path": "no-such.jsonl"})
+        assert missing.status_code == 404 and missing.json()["errors"][0]["loc"] == ["body", "path"]
         assert (await c.post("/tasks/pages", json={"dataset": "nope", "first": 0, "tasks": [3]})).status_code == 404
         assert len((await lease(c, 5))["leases"]) == 2, "the cursor waits at the pages stored so far"
         page = await c.post("/tasks/pages", json={"dataset": "math", "first": 2, "tasks": [3], "last": True})
@@ -132,7 +135,7 @@ async def test_a_server_without_files_or_ledger_refuses(settings: Settings) -> N
     async with serving(settings, ledger=False) as c:
         assert (await c.post("/tasks/datasets", json={"name": "math", "tasks": []})).status_code == 409
     async with serving(settings) as c:
-        assert (await c.post("/tasks/datasets", json={"name": "m", "path": "x.jsonl"})).status_code == 422
+        assert (await c.post("/tasks/datasets", json={"name": "m", "path": "x.jsonl"})).status_code == 409
         assert (await c.get("/tasks")).json() == []
         assert (await c.get("/status")).json()["tasks"] == []
 

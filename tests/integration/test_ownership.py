@@ -175,7 +175,7 @@ def test_a_live_producers_id_is_its_keys(server: ServerProcess, env_ids: dict[st
         assert forged.status_code == 409, forged.text
         assert forged.json()["errors"][0]["loc"] == ["body", "producer_id"]
         theirs = two.post("/producers/heartbeat", json={**beat, "producer_id": "prod-2"})
-        assert theirs.status_code == 422 and "no environment" in theirs.text, "another key's env in a heartbeat"
+        assert theirs.status_code == 404 and "no environment" in theirs.text, "another key's env in a heartbeat"
         [mine] = [p for p in one.get("/producers").json() if p["producer_id"] == "prod-1"]
         assert (mine["host"], mine["in_flight"], mine["drained_for"]) == ("host-1", 3, None)
 

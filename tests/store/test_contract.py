@@ -129,6 +129,27 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
     assert await store.transact(snapshot) == (ids, [], counts, None, None, [], {}, None, None, [], {})
 
 
+async def test_a_value_deleted_is_gone_and_a_failed_delete_leaves_it(store: Store) -> None:
+    def write(t: Txn) -> None:
+        for key in ("a", "b", "c"):
+            t.set_value(key, key)
+        t.delete_value("a")
+        t.delete_value("never-set")
+
+    await store.transact(write)
+    assert await store.read(lambda t: [t.get_value(k) for k in ("a", "b", "c")]) == [None, "b", "c"]
+
+    def deleted_then_refused(t: Txn) -> None:
+        t.delete_value("b")
+        assert t.get_value("b") is None
+        raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(deleted_then_refused)
+    await store.transact(lambda t: (t.delete_value("c"), t.set_value("c", "again")))
+    assert await store.read(lambda t: [t.get_value(k) for k in ("a", "b", "c")]) == [None, "b", "again"]
+
+
 async def test_values_replies_batches_round_trip(store: Store) -> None:
     def write(t: Txn) -> None:
         t.set_value("k", "v1")

@@ -33,6 +33,13 @@ def ledger_row(id: int, group_id: str, fate: str = QUEUED, reason: str | None = 
                        reason=reason)  # fmt: skip
 
 
+async def test_task_sizes_are_bytes_as_stored(store: Store) -> None:
+    tasks = ['{"q":"a"}', '{"q":"\u00e9\u4e2d"}', "null"]
+    await store.transact(lambda txn: (txn.tasks.put_dataset("s", "{}"), txn.tasks.add_tasks("s", 0, tasks)))
+    sizes = await store.read(lambda txn: txn.tasks.task_sizes("s", [0, 1, 2, 7]))
+    assert sizes == {i: len(t.encode()) for i, t in enumerate(tasks)}
+
+
 async def test_rows_front_expiry_and_ledger_index(store: Store) -> None:
     def fn(txn: Txn) -> None:
         t = txn.tasks

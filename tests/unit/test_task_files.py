@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.errors import InvalidData, RollbufError
+from api.errors import Conflict, InvalidData, NotFound, RollbufError
 from api.ingest.validation import check_printable
 from api.tasks import files
 from api.tasks.files import TaskFile, resolve
@@ -22,7 +22,7 @@ from api.tasks.files import TaskFile, resolve
 
 def test_no_root_reads_nothing(tmp_path: Path) -> None:
     (tmp_path / "d.jsonl").write_text("1\n")
-    with pytest.raises(InvalidData, match="task_files_dir is unset"):
+    with pytest.raises(Conflict, match="task_files_dir is unset"):
         resolve(None, str(tmp_path / "d.jsonl"))
 
 
@@ -40,8 +40,8 @@ def test_paths_that_leave_the_root_are_refused(tmp_path: Path) -> None:
     for path in ("../secret.jsonl", str(outside), "link.jsonl", "sub/../../secret.jsonl", "/etc/passwd"):
         with pytest.raises(InvalidData, match="not under task_files_dir"):
             resolve(root, path)
-    for path in ("sub", "fifo.jsonl", "missing.jsonl", ""):
-        with pytest.raises(InvalidData, match="no file"):
+    for path in ("sub", "fifo.jsonl", "missing.jsonl", ""):  # no regular file: as unknown as one missing
+        with pytest.raises(NotFound, match="no file"):
             resolve(root, path)
 
 

@@ -73,12 +73,16 @@ class Leases(RuleBasedStateMachine):
         else:
             m.state, m.token = "final", None
 
-    @rule(producer=st.sampled_from(["a", "b"]), n=st.integers(1, 3))
-    def lease(self, producer: str, n: int) -> None:
+    @rule(producer=st.sampled_from(["a", "b"]), n=st.integers(1, 3), max_bytes=st.sampled_from([None, 1, 40]))
+    def lease(self, producer: str, n: int, max_bytes: int | None) -> None:
+        """`max_bytes`: 1 leaves one task a reply, 40 one or two (a task is about 20 bytes): the tasks left out
+        stay where they were, so each (epoch, task) is still handed out once."""
         for m in self.model.values():  # what the call reclaims first
             if m.state == LEASED and m.token is not None and self.expiry[m.token] <= self.now:
                 m.state, m.token = FRONT, None
-        got = tl.lease(self.txn, "d", producer, n, self.now, DURATION, 4)
+        got = tl.lease(self.txn, "d", producer, n, self.now, DURATION, 4, max_bytes=max_bytes)
+        if max_bytes is not None:
+            assert len(got) <= 1 or sum(len(x.data) for x in got) <= max_bytes, got
         for x in got:
             key = (x.epoch, x.index)
             assert 0 <= x.index < self.size and 0 <= x.epoch < self.epochs

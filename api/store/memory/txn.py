@@ -83,6 +83,11 @@ class MemoryTxn(Txn):
         self._undo.restore(self._s.values, key)
         self._s.values[key] = value
 
+    def delete_value(self, key: str) -> None:
+        if key in self._s.values:
+            self._undo.restore(self._s.values, key)
+            del self._s.values[key]
+
     def next_item_id(self) -> int:
         item_id = self._s.next_id
         self._s.next_id += 1  # ids are never reused, even after a rollback: harmless gaps

@@ -144,7 +144,8 @@ class Group:
     def commit(self, notify: str | None) -> None:
         """Send the buffered writes and COMMIT: one statement (api/store/postgres/flush.py) and the COMMIT in
         one round trip; step rows and their commit marks (one per formed batch) go as statements of their own
-        before the COMMIT (a mark may update a row written with it)."""
+        before the COMMIT (a mark may update a row written with it), as do named values deleted (the values' part
+        writes the same table)."""
         p = self.pending
         w = Writes()
         queued = [(m, n, env) for env, items in p.queued.items() for m, n in items.values()]
@@ -155,7 +156,9 @@ class Group:
             w.insert(flush.REPLIES, [(db_key(k), r, now) for k, r in p.replies.items()])
             self.replies_added += len(p.replies)
         w.insert(flush.COUNTS, [(env, *p.counts.get(env, [0, 0, 0, 0, 0])) for env in sorted(p.dirty_counts)])
-        w.insert(flush.VALUES, [(k, p.values[k]) for k in sorted(p.dirty_values)])
+        dirty = sorted(p.dirty_values)
+        w.insert(flush.VALUES, [(k, p.values[k]) for k in dirty if k in p.values])
+        deleted = [k for k in dirty if k not in p.values]
         w.insert(flush.COUNTERS, [(*k, p.counters[k]) for k in sorted(p.counters)])
         w.insert(flush.LEDGER, [group_values(r) for r in p.ledger.values()])
         w.insert(flush.TASK_SETS, [(k, p.task_sets[k]) for k in sorted(p.dirty_task_sets)])
@@ -168,6 +171,8 @@ class Group:
         with conn.pipeline():
             if (statement := w.statement()) is not None:
                 conn.execute(statement, w.params, binary=True)
+            if deleted:  # a statement of its own: the one statement's parts write a table each (flush.py)
+                conn.execute("DELETE FROM kv WHERE key = ANY(%b::text[])", [deleted], binary=True)
             if p.steps:
                 conn.cursor().executemany(_FLUSH_STEP, [step_values(r) for r in p.steps.values()])
             for first, before, at in p.committed:

@@ -75,6 +75,15 @@ class PostgresTaskTxn(TaskTxn):
         rows = self._read("SELECT idx, data FROM task_data WHERE dataset = %b AND idx = ANY(%b::int8[])", (name, ids))
         return {int(i): str(d) for i, d in rows}
 
+    def task_sizes(self, name: str, indices: Iterable[int]) -> dict[int, int]:
+        ids = list(indices)
+        if not ids:
+            return {}
+        rows = self._read(
+            "SELECT idx, octet_length(data) FROM task_data WHERE dataset = %b AND idx = ANY(%b::int8[])", (name, ids)
+        )
+        return {int(i): int(n) for i, n in rows}
+
     def rows(self, name: str, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], TaskRow]:
         written = self._p.task_rows
         asked = list(keys)

@@ -108,6 +108,11 @@ class PostgresTxn(Txn):
         self._p.values[key] = value
         self._p.dirty_values.add(key)
 
+    def delete_value(self, key: str) -> None:
+        self._writable()
+        self._p.values.pop(key, None)
+        self._p.dirty_values.add(key)  # dirty and absent: deleted with the COMMIT
+
     # --- the queue ---
     def next_item_id(self) -> int:
         self._writable()

@@ -42,6 +42,16 @@ class SqliteTaskTxn(TaskTxn):
                 out[i] = str(row[0])
         return out
 
+    def task_sizes(self, name: str, indices: Iterable[int]) -> dict[int, int]:
+        out = {}
+        for i in indices:
+            row = self._db.execute(
+                "SELECT length(CAST(data AS BLOB)) FROM task_data WHERE dataset = ? AND idx = ?", (name, i)
+            ).fetchone()
+            if row is not None:
+                out[i] = int(row[0])
+        return out
+
     def rows(self, name: str, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], TaskRow]:
         out = {}
         for epoch, index in keys:

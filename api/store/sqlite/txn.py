@@ -182,6 +182,10 @@ class SqliteTxn(Txn):
         self._db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
         self._values[key] = value
 
+    def delete_value(self, key: str) -> None:
+        self._db.execute("DELETE FROM kv WHERE key = ?", (key,))
+        self._values[key] = None
+
     # --- the queue ---
     def next_item_id(self) -> int:
         return self._ids.take(self._db)
