@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["COLUMNS", "FRONT", "LEASED", "TaskRow", "TaskTxn", "row_of", "values_of"]
+__all__ = ["COLUMNS", "FRONT", "LEASED", "MISSING_BYTES", "TaskRow", "TaskTxn", "fitting", "row_of", "values_of"]
 
 LEASED = "leased"
 FRONT = "waiting"
@@ -79,8 +79,17 @@ class TaskTxn(ABC):
 
     def task_sizes(self, name: str, indices: Iterable[int]) -> dict[int, int]:
         """The sizes in bytes (UTF-8) of the stored tasks of these indices (absent ones left out), without reading
-        the tasks into memory where the backend can: a lease reply is bounded in bytes before it is read."""
+        the tasks into memory where the backend can."""
         return {i: len(text.encode()) for i, text in self.task_data(name, indices).items()}
+
+    def tasks_within(self, name: str, indices: Sequence[int], max_bytes: int | None) -> tuple[int, dict[int, str]]:
+        """How many of `indices`, in order, fit `max_bytes` of task data (`fitting`), and the stored tasks of those:
+        a lease reply, bounded in bytes before more is read than it carries (the sizes first, then the tasks that
+        fit; a backend that reads a task at a time stops at the first that does not)."""
+        if max_bytes is None:
+            return len(indices), self.task_data(name, indices)
+        fits = fitting(self.task_sizes(name, indices), indices, max_bytes)
+        return fits, self.task_data(name, indices[:fits])
 
     # --- rows: one per (dataset, epoch, index) handed out ---
     @abstractmethod
@@ -111,6 +120,21 @@ class TaskTxn(ABC):
     @abstractmethod
     def scan(self, name: str, after: tuple[int, int], limit: int) -> list[TaskRow]:
         """Up to `limit` rows of `name` with (epoch, index) above `after`, in that order: paging for views."""
+
+
+MISSING_BYTES = 4
+"""What a task whose data is missing costs a reply: it goes out as `null`."""
+
+
+def fitting(sizes: dict[int, int], indices: Sequence[int], max_bytes: int) -> int:
+    """How many of `indices`, in order, fit `max_bytes` of task data (one at least: a task is at most
+    `task_max_bytes`, so one always goes out)."""
+    total = 0
+    for k, index in enumerate(indices):
+        total += sizes.get(index, MISSING_BYTES)
+        if k and total > max_bytes:
+            return k
+    return len(indices)
 
 
 COLUMNS = (

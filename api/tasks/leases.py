@@ -447,7 +447,7 @@ def lease(
             fresh.append(("", task_at(d.order, d.seed, d.epoch, d.position, d.size)))
         d.position += 1
     indices = [r.index for r in again] + _indices(txn, name, fresh)
-    fits = _fitting(tasks.task_sizes(name, indices), indices, max_bytes)
+    fits, data = tasks.tasks_within(name, indices, max_bytes)
     if fits < len(indices):  # the rest stay: the front's rows where they wait, the cursor before its picks
         if cursors:
             d.epoch, d.position, d.taken = cursors[max(0, fits - len(again))]
@@ -468,22 +468,8 @@ def lease(
     written = {(r.epoch, r.index): r for r in back + taken}  # one write per row, the last state
     tasks.put_rows(list(written.values()))
     moves.write()
-    data = tasks.task_data(name, {r.index for r in taken})
     return [Lease(token_of(name, r.epoch, r.index, r.leases, r.nonce), r.epoch, r.index, data.get(r.index, "null"),
                   until) for r in taken]  # fmt: skip
-
-
-def _fitting(sizes: dict[int, int], indices: Sequence[int], max_bytes: int | None) -> int:
-    """How many of `indices`, in order, fit `max_bytes` of task data (one at least: a task is at most
-    `task_max_bytes`, so one always goes out)."""
-    if max_bytes is None:
-        return len(indices)
-    total = 0
-    for k, index in enumerate(indices):
-        total += sizes.get(index, 4)  # a task whose data is missing goes out as `null`
-        if k and total > max_bytes:
-            return k
-    return len(indices)
 
 
 def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:

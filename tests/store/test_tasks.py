@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -38,6 +39,13 @@ async def test_task_sizes_are_bytes_as_stored(store: Store) -> None:
     await store.transact(lambda txn: (txn.tasks.put_dataset("s", "{}"), txn.tasks.add_tasks("s", 0, tasks)))
     sizes = await store.read(lambda txn: txn.tasks.task_sizes("s", [0, 1, 2, 7]))
     assert sizes == {i: len(t.encode()) for i, t in enumerate(tasks)}
+
+    def within(max_bytes: int) -> Callable[[Txn], tuple[int, dict[int, str]]]:
+        return lambda txn: txn.tasks.tasks_within("s", [1, 0, 7, 2], max_bytes)  # 13, 9, missing (4), 4 bytes
+
+    got = [await store.read(within(b)) for b in (1, 22, 26, 30)]
+    assert got == [(1, {1: tasks[1]}), (2, {1: tasks[1], 0: tasks[0]}), (3, {1: tasks[1], 0: tasks[0]}),
+                   (4, dict(enumerate(tasks)))], got  # fmt: skip
 
 
 async def test_rows_front_expiry_and_ledger_index(store: Store) -> None:

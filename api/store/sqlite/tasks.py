@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from api.store.tasks import COLUMNS, TaskRow, TaskTxn, row_of, values_of
+from api.store.tasks import COLUMNS, MISSING_BYTES, TaskRow, TaskTxn, row_of, values_of
 
 _PUT = f"INSERT OR REPLACE INTO tasks ({COLUMNS}) VALUES ({','.join('?' * 15)})"
 
@@ -42,15 +42,17 @@ class SqliteTaskTxn(TaskTxn):
                 out[i] = str(row[0])
         return out
 
-    def task_sizes(self, name: str, indices: Iterable[int]) -> dict[int, int]:
-        out = {}
-        for i in indices:
-            row = self._db.execute(
-                "SELECT length(CAST(data AS BLOB)) FROM task_data WHERE dataset = ? AND idx = ?", (name, i)
-            ).fetchone()
+    def tasks_within(self, name: str, indices: Sequence[int], max_bytes: int | None) -> tuple[int, dict[int, str]]:
+        out: dict[int, str] = {}
+        total = 0
+        for k, i in enumerate(indices):  # a task at a time: what does not fit is read once, and no more
+            row = self._db.execute("SELECT data FROM task_data WHERE dataset = ? AND idx = ?", (name, i)).fetchone()
+            total += MISSING_BYTES if row is None else len(str(row[0]).encode())
+            if k and max_bytes is not None and total > max_bytes:
+                return k, out
             if row is not None:
-                out[i] = int(row[0])
-        return out
+                out[i] = str(row[0])
+        return len(indices), out
 
     def rows(self, name: str, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], TaskRow]:
         out = {}
