@@ -18,7 +18,8 @@ never add a field, so a request that breaks the schema still does (and is still 
 - `/batch`: `rank` and `world_size` come together, with `rank < world_size`;
 - `/tasks/datasets`: `path` or `tasks`, not both (`path` null here when both); `levels` come with order
   `weighted` only, and then every task names one (here: no levels, and a weighted order becomes shuffled);
-- `/rollouts/open`: `min_group_size` is at most `group_size` (null here otherwise); `/rollouts/post`: `masks`
+- `/rollouts/*`: `producer_id` is printable text (`p` here otherwise); `/rollouts/open`: `min_group_size` is
+  at most `group_size` (null here otherwise); `/rollouts/post`: `masks`
   and `inference_logprobs` have one entry per token (the tokens themselves, and null, here);
 - free-form fields (`overrides`, `images`, tasks, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
@@ -60,8 +61,12 @@ def _number(value: Any, bound: float = math.inf) -> bool:
 
 
 def _ints(row: Any) -> TypeGuard[list[int]]:
-    """A non-empty list of integers of any size."""
-    return isinstance(row, list) and bool(row) and all(isinstance(v, int) and not isinstance(v, bool) for v in row)
+    """A non-empty list of integers of any size (an integral float, `438.0`, is an integer to JSON Schema)."""
+    return isinstance(row, list) and bool(row) and all(_integral(v) for v in row)
+
+
+def _integral(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
 
 
 def _rows(value: Any, ok: Any) -> TypeGuard[list[list[Any]]]:
@@ -110,6 +115,14 @@ def _align_group(group: Any) -> None:
                 group[name] = None
 
 
+def _printable_producer(body: dict[str, Any]) -> None:
+    """A producer id is printable text (`check_producer_id`: what the ledger stores and every view prints)."""
+    try:
+        check_producer_id(body["producer_id"])
+    except InvalidData:
+        body["producer_id"] = "p"
+
+
 def _printable(value: Any) -> Any:
     try:
         check_printable({"task": value})
@@ -131,7 +144,9 @@ def _align_body(path: str, body: Any) -> None:
                 body["order"] = "shuffled"
         if isinstance(body.get("tasks"), list):
             body["tasks"] = [_printable(t) for t in body["tasks"]]
-    elif path == "/rollouts/open" and isinstance(body, dict):
+    elif path.startswith("/rollouts/") and isinstance(body, dict) and isinstance(body.get("producer_id"), str):
+        _printable_producer(body)
+    if path == "/rollouts/open" and isinstance(body, dict):
         least, size = body.get("min_group_size"), body.get("group_size")
         if _int(least, 1, SLOTS_MAX) and _int(size, 1, SLOTS_MAX) and int(least) > int(size):  # type: ignore[arg-type]
             body["min_group_size"] = None

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from api.errors import InvalidData
+from api.errors import Conflict, InvalidData
 from api.ingest.validation import (
     GroupLimits,
     check_lengths,
@@ -60,9 +60,12 @@ def check_rollout(req: RolloutPost, env_id: int | None, group_id: str, current_s
     )
     try:
         pack_group(sd, env_id=env_id, current_step=current_step, limits=limits)
-        check_policy_step(req.policy_step, current_step)
     except InvalidData as exc:
         raise _in_post(exc) from None
+    try:
+        check_policy_step(req.policy_step, current_step)
+    except InvalidData as exc:  # valid in itself, refused by the run's state now: a conflict
+        raise Conflict(exc.msg, loc=("body", "policy_step")) from None
 
 
 def check_group_tokens(have: int, more: int, limits: GroupLimits) -> None:

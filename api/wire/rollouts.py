@@ -6,9 +6,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
-from api.wire.rules import ENV_NAME_MAX, GROUP_ID_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
+from api.wire.rules import (
+    ENV_NAME_MAX,
+    GROUP_ID_MAX,
+    INT32_MAX,
+    INT32_MIN,
+    PRODUCER_ID_MAX,
+    SAFE_INT_MAX,
+    TokenFloat,
+    TokenId,
+    _Request,
+    _Text,
+    _Wire,
+)
 
 ENVS_MAX = 64
 """Most env names a sibling lease request may name (a producer names the envs it runs; a list past this is refused
@@ -42,6 +54,10 @@ class OpenRequest(_Request, _Text):
     """What a sibling needs to redo a slot (a prompt, a task): handed out with each sibling lease."""
 
 
+RolloutMask = Annotated[int, WithJsonSchema({"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX})]
+"""A mask value of a post (an integer: a post is read strictly, where a group's masks may also be booleans)."""
+
+
 class RolloutPost(_Request, _Text):
     """POST /rollouts/post: one rollout of an open group, acknowledged durably."""
 
@@ -53,11 +69,11 @@ class RolloutPost(_Request, _Text):
     """Its slot in the group, 0 .. G - 1: the first rollout acknowledged for a slot is kept."""
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """The producer that rolled it out."""
-    tokens: list[int] = Field(min_length=1)
+    tokens: list[TokenId] = Field(min_length=1)
     """Its token ids, prompt and completion."""
-    masks: list[int] = Field(min_length=1)
+    masks: list[RolloutMask] = Field(min_length=1)
     """As a group's row: -100 where not trained on, else the token id."""
-    inference_logprobs: list[float] | None = None
+    inference_logprobs: list[TokenFloat] | None = None
     """The sampler's logprob of each token, as a group's row."""
     score: float | None = None
     """Its score, when each rollout is scored alone; null: scored at the seal."""
