@@ -8,7 +8,7 @@ WHEELHOUSE  := $(VENV)/wheelhouse
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/simple/index.html
 
 .DEFAULT_GOAL := all
-.PHONY: all install install-serve browser serve test lint format typecheck bench crash-matrix demo demo-learn clean
+.PHONY: all install install-serve browser serve test floors-test lint format typecheck bench crash-matrix demo demo-learn clean
 
 all: lint typecheck test
 
@@ -62,7 +62,31 @@ test: export PYTHONDONTWRITEBYTECODE =
 test: install browser  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not pg_cluster"
 	$(BIN)/python -m pytest -m pg_cluster
+	$(MAKE) --no-print-directory floors-test
 	$(MAKE) --no-print-directory image-test
+
+# The floor tier: the service's direct dependencies at the lowest versions pyproject.toml allows (uv's
+# lowest-direct resolution), in a venv of their own, made again when pyproject.toml changes; tests/floors.py checks
+# that each is at exactly its declared floor. On it: the unit and API tiers, the store contract on PostgreSQL
+# (psycopg's) and two real `rollbuf serve` processes (uvicorn's, and the flags pydantic-settings reads), with
+# `--floors` (tests/conftest.py: one store each, few hypothesis examples). tests/README.md: "Floors".
+FLOORS       := .venv-floors
+FLOORS_STAMP := $(FLOORS)/.installed
+FLOORS_TESTS := tests/unit tests/api tests/store/test_contract.py tests/store/test_postgres.py \
+	tests/integration/test_server_process.py::test_atropos_flow_over_tcp \
+	tests/integration/test_front_door.py::test_slow_heads_time_out
+
+$(FLOORS_STAMP): pyproject.toml | $(DEV_STAMP)
+	rm -rf $(FLOORS)
+	$(BIN)/uv venv --quiet --python $(BIN)/python $(FLOORS)
+	$(BIN)/uv pip install --quiet --python $(FLOORS)/bin/python --resolution lowest-direct -e .
+	$(BIN)/uv pip install --quiet --python $(FLOORS)/bin/python 'pytest>=8' 'hypothesis>=6.100' pytest-xdist==3.8.0
+	touch $(FLOORS_STAMP)
+
+floors-test: export PYTHONDONTWRITEBYTECODE =
+floors-test: $(FLOORS_STAMP)  ## the unit and API tiers on the lowest versions of the dependencies that pyproject.toml allows (.venv-floors)
+	$(FLOORS)/bin/python -m tests.floors
+	$(FLOORS)/bin/python -m pytest --floors -n 2 $(FLOORS_TESTS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -94,7 +118,7 @@ demo-learn: install  ## a torch policy learns through the service; report and re
 	$(BIN)/python -m demos.plot learn/report.json learn/reward.png
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) $(FLOORS) .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 # The image test builds the Dockerfile and runs it with podman (no Docker daemon or registry here): podman,
 # runc and mmdebstrap (for a stand-in python:3.11-slim) are installed with apt, as root, like chromium above.
