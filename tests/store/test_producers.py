@@ -45,7 +45,7 @@ def beat(pid: str, **extra: Any) -> Heartbeat:
 
 async def test_a_heartbeat_writes_its_own_producer_only(store: Store) -> None:
     """Each heartbeat rewrote every producer (one JSON value): 7.8 ms, then 129 ms with the table full."""
-    for i in range(200):
+    for i in range(100):
         await store.transact(partial(heartbeat_txn, beat=beat(f"p-{i}"), now=1.0, settings=SETTINGS))
 
     def again(txn: Txn) -> dict[str, int]:
@@ -56,7 +56,7 @@ async def test_a_heartbeat_writes_its_own_producer_only(store: Store) -> None:
     written = await store.transact(again)
     assert len(written) == 1 and sum(written.values()) < 2000, written
     table = await store.read(load_producers)
-    assert len(table) == 200 and (table["p-7"].in_flight, table["p-7"].last_seen) == (3, 2.0)
+    assert len(table) == 100 and (table["p-7"].in_flight, table["p-7"].last_seen) == (3, 2.0)
 
 
 async def test_producers_kept_as_one_value_are_read_then_moved(store: Store) -> None:
