@@ -5,6 +5,8 @@ then trained in its batch's step; the views (/tasks, /tasks/rows, /status, /metr
 from __future__ import annotations
 
 import io
+import json
+import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from api.config.settings import Settings
+from api.http.app import create_app
+from api.tasks import leases as tl
 from tests.asgi import serving
 from tests.factories import env, group, registration
 
@@ -129,6 +133,34 @@ async def test_pages_files_and_bounds(settings: Settings, tmp_path: Path) -> Non
         assert all(0 <= x["index"] < 7 for x in shuffled.json()["leases"])
         assert (await c.post("/tasks/lease", json={"dataset": "nope", "producer_id": "p"})).status_code == 404
         assert (await c.post("/tasks/fail", json={"token": "not-a-token"})).json() == {"accepted": False}
+
+
+async def test_a_file_another_process_reads_is_a_409_until_its_claim_lapses(settings: Settings, tmp_path: Path) -> None:
+    """A registration in another server process (a worker, a replica) reading the file holds a claim in the store:
+    the same registration here is a 409 saying how far it got, and goes on from there once the claim lapsed (its
+    reader died)."""
+    (tmp_path / "d.jsonl").write_text("".join(f'{{"q": {i}}}\n' for i in range(7)))
+    app = create_app(settings.model_copy(update={"task_files_dir": tmp_path, "task_page_size": 3}))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
+            store = app.state.service.store
+            body = {"name": "file", "path": "d.jsonl"}
+            await store.transact(lambda txn: tl.register(txn, tl.Dataset(name="file", sealed=False)))
+            await store.transact(lambda txn: tl.add_tasks(txn, "file", 0, ['{"q": 0}', '{"q": 1}', '{"q": 2}'],
+                                                          last=False))  # fmt: skip
+            await store.transact(lambda txn: tl.claim_reading(txn, "file", "elsewhere", time.time()))
+            busy = await c.post("/tasks/datasets", json=body)
+            assert busy.status_code == 409 and "3 tasks stored so far" in busy.text, busy.text
+            lapsed = time.time() - tl.READ_CLAIM_S - 1  # claimed that long ago, never renewed: its reader died
+            await store.transact(lambda txn: txn.set_value(tl.READING + "file", json.dumps(["elsewhere", lapsed])))
+            done = await c.post("/tasks/datasets", json=body)
+            assert (done.json()["size"], done.json()["sealed"]) == (7, True), done.text
+            tasks = []
+            for _ in range(3):  # a page (task_page_size) a lease
+                leased = await c.post("/tasks/lease", json={"dataset": "file", "producer_id": "p", "n": 3})
+                tasks += [x["task"] for x in leased.json()["leases"]]
+            assert tasks == [{"q": i} for i in range(7)], "each line once, at its index"
+            assert await store.read(lambda txn: txn.get_value(tl.READING + "file")) is None, "a claim left behind"
 
 
 async def test_a_server_without_files_or_ledger_refuses(settings: Settings) -> None:
