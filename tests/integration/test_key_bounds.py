@@ -10,6 +10,7 @@ the attacks they stop are the same at any scale."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -146,11 +147,17 @@ def test_open_groups_are_bounded_per_key(server: ServerProcess) -> None:
     """Open groups were bounded per env only: one key's env-less groups left none for another key's."""
     with client(server, "env-1") as one, client(server, "env-2") as two:
         spec = {"group_size": 2, "producer_id": "p", "deadline_s": 600}
-        for i in range(5):
+        for i in range(4):
             assert one.post("/rollouts/open", json={**spec, "group_id": f"open-{i}"}).status_code == 200
+        assert one.post("/rollouts/open", json={**spec, "group_id": "short", "deadline_s": 2}).status_code == 200
         refused = one.post("/rollouts/open", json={**spec, "group_id": "open-5"})
         assert refused.status_code == 503 and "rollout_max_open_groups_per_key" in refused.text, refused.text
         assert two.post("/rollouts/open", json={**spec, "group_id": "other-0"}).status_code == 200
+        deadline = time.monotonic() + 60  # a hang guard: the short group expires at its deadline, by the sweep
+        while (again := one.post("/rollouts/open", json={**spec, "group_id": "open-5"})).status_code == 503:
+            assert time.monotonic() < deadline, again.text
+            time.sleep(0.05)  # polling interval while the group expires
+        assert again.status_code == 200, "a group decided no longer counts against its key"
 
 
 def test_views_list_a_bounded_number_of_datasets_and_producers(server: ServerProcess) -> None:
