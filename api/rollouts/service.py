@@ -154,10 +154,11 @@ def open_txn(
     known: RunState | None = None,
 ) -> GroupView:
     """Open the group (the same spec again: its view); 409 for another spec under its id or another key's group
-    of that id, 503 past the env's bound on open groups or before a trainer registered. Nothing acknowledged is
-    refused later, so what its sealed group will be held to is checked now (`checks.check_open`: G within the
-    trainer's batch, `limits` the server's own, default from `settings`), and a group opened under a task lease
-    token must be its holder's, as its sealed group will be. `known`: the run state this process read last."""
+    of that id, 404 for an env unknown to the key, 503 past the env's or the key's bound on open groups or before a
+    trainer registered. Nothing acknowledged is refused later, so what its sealed group will be held to is checked
+    now (`checks.check_open`: G within the trainer's batch, `limits` the server's own, default from `settings`),
+    and a group opened under a task lease token must be its holder's, as its sealed group will be. `known`: the
+    run state this process read last."""
     if req.deadline_s > settings.rollout_max_deadline_s:
         raise InvalidData(("body", "deadline_s"), f"at most rollout_max_deadline_s ({settings.rollout_max_deadline_s})")
     least = req.group_size if req.min_group_size is None else req.min_group_size
