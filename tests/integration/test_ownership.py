@@ -182,8 +182,10 @@ def test_a_live_producers_id_is_its_keys(server: ServerProcess, env_ids: dict[st
 
 def test_refusals_are_counted_per_key(server: ServerProcess) -> None:
     """What another key tried shows in /metrics, per key and kind of resource."""
+    with client(server, "env-1") as one:
+        assert dataset(one, "counted", 1).status_code == 200
     with client(server, "env-2") as two:
-        two.post("/tasks/lease", json={"dataset": "paged", "producer_id": "thief"})
+        assert two.post("/tasks/lease", json={"dataset": "counted", "producer_id": "thief"}).status_code == 404
         with client(server, "trainer") as trainer:
             text = trainer.get("/metrics").text
     lines = [x for x in text.splitlines() if x.startswith("rollbuf_foreign_refused_total")]
