@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,21 @@ def test_the_vllm_sampling_example_produces_as_written(tmp_path: Path) -> None:
         out = run_example("vllm_sampling.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
                           MAX_GROUPS="2")  # fmt: skip
         assert out.strip() == "2 groups accepted, 0 failed"
+
+
+def test_the_read_ahead_trainer_finishes_fed_by_the_sums_producer(tmp_path: Path) -> None:
+    """docs/training.md's read-ahead trainer fed by docs/rollout-client.md's sums.py producer, both as written,
+    run together to the trainer's last step."""
+    with running_server("memory://", tmp_path / "s.log", "--shutdown-timeout", "1") as server, \
+            fake_vllm(tmp_path / "v.log") as vllm:  # fmt: skip
+        environ = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLBUF_URL": server.url, "INFERENCE_URL": vllm.url,
+                   "MODEL": MODEL}  # fmt: skip
+        producer = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / "sums.py")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    env=environ, cwd=tmp_path)  # fmt: skip
+        try:
+            out = run_example("read_ahead_trainer.py", tmp_path, ROLLBUF_URL=server.url, NUM_STEPS="6")
+        finally:
+            os.killpg(producer.pid, signal.SIGINT)
+            finish(producer, 60)
+    assert [line.split(":")[0] for line in out.splitlines()] == [f"step {s}" for s in range(6)], out
