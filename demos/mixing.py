@@ -70,8 +70,9 @@ def _envs() -> list[tuple[Environment, Tasks]]:
 
 
 def _chat_available() -> bool:
-    """The tool-calling chat env needs `tokenizers` and `transformers` (the trl or dev extra) for its template."""
-    return all(importlib.util.find_spec(m) is not None for m in ("tokenizers", "transformers"))
+    """The tool-calling chat env needs `tokenizers`, `transformers` and `jinja2` (the chat extra) for its
+    template."""
+    return all(importlib.util.find_spec(m) is not None for m in ("tokenizers", "transformers", "jinja2"))
 
 
 class DemoPolicy:
@@ -161,7 +162,7 @@ async def run_demo(steps: int, workers: int, export: Path | None = None) -> int:
             print("        tool_chat (a chat model calling a calculator tool: Qwen2.5's chat template on a tokenizer "
                   "built locally, Hermes tool calls, G=4, weight 1)")  # fmt: skip
         else:
-            print("        (tool_chat left out: it needs tokenizers and transformers, pip install -e '.[trl]')")
+            print("        (tool_chat left out: it needs the chat extra, pip install -e '.[chat]')")
         print("  policy: scripted, byte-level tokenizer (1 token per byte); trainer: trainer_client, pause/resume\n")
         runner = RolloutRunner(url, envs, DemoPolicy(), max_in_flight=64, num_workers=workers,
                                max_staleness=MAX_STALENESS, poll_interval=0.1)  # fmt: skip

@@ -4,10 +4,16 @@ rule) run as written."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import httpx
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from api.config.settings import Settings
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
@@ -65,6 +71,60 @@ def test_agentic_example_prints_what_the_page_says(capsys: pytest.CaptureFixture
     printed = page.split("prints\n\n```\n", 1)[1].split("```", 1)[0]
     exec(compile(example, "agentic.md", "exec"), {"__name__": "agentic_example"})
     assert capsys.readouterr().out == printed
+
+
+def distributions_installed_by(requirements: list[str]) -> set[str]:
+    """The distributions pip installs for `requirements` (their own requirements and extras, transitively), read
+    from this environment's metadata."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [Requirement(line) for line in requirements]
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(key)
+        for line in metadata.requires(req.name) or []:
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in {"", *req.extras}):
+                sub.marker = None
+                todo.append(sub)
+    return {name for name, _ in seen}
+
+
+ONLY_THESE_INSTALLED = """
+import importlib.machinery, sys
+
+class OnlyThese(importlib.machinery.PathFinder):
+    \"\"\"Finds what PathFinder finds, but for the top-level modules of the distributions left out.\"\"\"
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if name.split(".")[0] in LEFT_OUT else super().find_spec(name, path, target)
+
+sys.meta_path = [OnlyThese if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+"""
+
+
+def test_the_agentic_example_runs_with_the_service_install_and_the_chat_extra() -> None:
+    """docs/agentic.md's example builds its tokenizer with `tokenizers`, `transformers` and jinja2 (the template),
+    which `pip install -e .` (what `make serve` installs) does not bring: the page names the `chat` extra, and
+    the example prints what the page says in a process that can import only the service's install and that
+    extra's (every other installed distribution hidden from its imports)."""
+    page = (DOCS / "agentic.md").read_text()
+    assert "pip install -e '.[chat]'" in page
+    project = tomllib.loads((DOCS.parent / "pyproject.toml").read_text())["project"]
+    service = distributions_installed_by(project["dependencies"])
+    chat = distributions_installed_by(project["optional-dependencies"]["chat"])
+    assert {"tokenizers", "transformers", "jinja2"} <= chat - service  # what the page says the extra is for
+    installed = service | chat | {"rollbuf", "pip", "setuptools"}
+    left_out = {
+        m for m, ds in metadata.packages_distributions().items() if not {canonicalize_name(d) for d in ds} & installed
+    }
+    script = f"LEFT_OUT = {sorted(left_out)!r}\n{ONLY_THESE_INSTALLED}\n{python_blocks('agentic.md')[0]}"
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout == page.split("prints\n\n```\n", 1)[1].split("```", 1)[0]
 
 
 def test_trl_resume_picks_the_highest_committed_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
