@@ -115,7 +115,7 @@ def default_min_group_size(group_size: int) -> int:
     succeed only 27% of the time, so "every rollout must succeed" failed 73% of groups and ended the run
     (error rate 0.5); with half, a group fails about never, and the run's error rate follows the rollouts'
     own once it passes one in two. Survivor groups are queued whole (`variable_group_size`), and the batcher
-    fills exact batches with them (issue 33's exact-fill search)."""
+    fills exact batches with them (its exact-fill search, docs/batching.md)."""
     return min(group_size, max(2, math.ceil(group_size / 2)))
 
 

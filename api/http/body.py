@@ -200,7 +200,7 @@ def validate(adapter: TypeAdapter[T], data: Any, lenient: Callable[[Any], Any] |
 
 VALIDATE_SLICE = 1000
 """Items of a list body validated per pydantic call: one call holds the GIL throughout, so 100,000 tiny groups
-in one call stalled the event loop ~1.6 s even from a worker thread (issue 35); between slices it can run."""
+in one call would stall the event loop ~1.6 s even from a worker thread; between slices it can run."""
 
 
 def validate_list(adapter: TypeAdapter[list[T]], data: Any, lenient: Callable[[Any], Any] | None = None) -> list[T]:

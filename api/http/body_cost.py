@@ -3,8 +3,8 @@
 The budget (`api.http.inflight`) counts a body's bytes as they arrive, but decoding holds more: a JSON body's
 parser keeps 16 bytes of tape per number, its per-token lists become arrays, then stored records, and the
 store's transaction holds those. Counted by its bytes alone, one budgeted byte cost 12.9x (JSON of 5-digit
-token ids) to 19.1x (JSON of 1-digit ids) and 4.1x (msgpack) of peak memory (`python -m bench.body_rss`,
-issue 35). So before it is decoded a body is charged what decoding will cost, measured there: JSON its bytes
+token ids) to 19.1x (JSON of 1-digit ids) and 4.1x (msgpack) of peak memory (`python -m bench.body_rss`).
+So before it is decoded a body is charged what decoding will cost, measured there: JSON its bytes
 plus `JSON_VALUE_BYTES` per value (what the cost follows: a 1-digit id costs as much as a 5-digit one),
 msgpack `MSGPACK_FACTOR` times its bytes. Measured peak growth is then within 1.3x of what is counted.
 """

@@ -1,4 +1,4 @@
-"""Python's automatic garbage collection held off while a large body is ingested (issue 35).
+"""Python's automatic garbage collection held off while a large body is ingested.
 
 A list of 100,000 tiny groups builds a few million container objects (parsed fields, models, records) that
 live until the list is stored. The cyclic collector's full collections walk every such object while holding

@@ -40,7 +40,7 @@ def content_digest(rec: GroupRecord, sent_policy_step: int | None, *, narrowed: 
     `sent_policy_step` is the step as sent (None when the server stamped it), so a retry of an unstamped
     group at a later step is still the same content. The arrays are hashed as they are stored, without a
     copy: a float field in its narrowest exact form (`narrowest`, as both encodings store it), so the same
-    values give the same bytes. XXH3-128: 3 µs for a 262 KB group where SHA-256 took 130 (issue 38). It tells
+    values give the same bytes. XXH3-128: 3 µs for a 262 KB group where SHA-256 takes 130. It tells
     a retry from a different group under a reused key, which needs no resistance to crafted collisions: a key
     holder can only make its own reused key look like a duplicate (docs/security.md). `narrowed`: the record's
     float fields are in that form already (validation leaves them so), and are hashed without checking again."""

@@ -3,7 +3,7 @@ other route (OpenAPI, the route's name in metrics), but each request goes straig
 `handler(request) -> Response` that reads what it needs itself.
 
 For the ingest routes only: there FastAPI's dependency solving, its exit stack and its parameter checks cost
-more of the event loop than validating a small group does (issue 38). A handler so served checks its own
+more of the event loop than validating a small group does. A handler so served checks its own
 headers and raises the errors the app renders (its exception handlers still apply).
 
 `DirectLane` goes one step further: a request for such a route is handed to its handler from the middleware

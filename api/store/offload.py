@@ -1,7 +1,7 @@
-"""Transactions too large for the event loop (issue 35). A store whose transactions run on the loop (the
+"""Transactions too large for the event loop. A store whose transactions run on the loop (the
 memory store) runs one started inside `large()` in a worker thread instead, every other transaction waiting
-for it: storing a list of 100,000 tiny groups once held the loop 6.7-8.8 s (64 s on a loaded machine), and
-no other request, not even `GET /`, was answered meanwhile. Stores that already run transactions in a thread
+for it: storing a list of 100,000 tiny groups on the loop holds it 6.7-8.8 s (64 s on a loaded machine), and no
+other request, not even `GET /`, is answered meanwhile. Stores that already run transactions in a thread
 of their own (SQLite, PostgreSQL) ignore it."""
 
 from __future__ import annotations

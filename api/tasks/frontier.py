@@ -1,8 +1,8 @@
-"""Trained means acknowledged (docs/tasks.md, issue 39: "with commit mode, the cursor follows the committed
-step"). A task's row turns `trained` with its step when its batch is formed; the batch is trained only once the
-trainer acknowledged it (commit mode: `POST /commit`; next mode: asking for a later batch). Until then the views
-call it `served`. Derived when read, from the kept window (the ledger's step rows from the committed mark to the
-next step, bounded by the read-ahead), so the stores keep what they kept: no schema change. A batch served again
+"""Trained means acknowledged (docs/tasks.md: with commit mode, the cursor follows the committed step). A task's
+row turns `trained` with its step when its batch is formed; the batch is trained only once the trainer
+acknowledged it (commit mode: `POST /commit`; next mode: asking for a later batch). Until then the views call it
+`served`. Derived when read, from the kept window (the ledger's step rows from the committed mark to the
+next step, bounded by the read-ahead), so the stores keep nothing more for it. A batch served again
 after a trainer's crash is the same step, so a `served` task becomes `trained` in that step, never twice."""
 
 from __future__ import annotations
