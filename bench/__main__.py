@@ -1,6 +1,6 @@
 """`make bench`: every hot-path benchmark in one bounded run, rollbuf next to Atropos when it is installed.
 
-Figures are noisy on a shared 2-core machine: compare ratios within one run, not across runs.
+Figures are noisy on a shared machine: compare ratios within one run, not across runs.
 Results are appended as JSON lines to bench/results/.
 """
 

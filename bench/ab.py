@@ -11,7 +11,7 @@ environment's Python, from that directory.
 
 `--atropos` puts the Atropos server (from `.bench-venv`, bench/README.md) on the "before" side instead: JSON
 only (what Atropos reads), plain and gzipped as its stock clients send, against this checkout on `--store`.
-A third side then runs the same ingest against the shared harness's do-nothing endpoint (`ceiling`): what this
+A third side then runs the same ingest against the do-nothing endpoint (`bench/do_nothing.py`): what this
 client reaches against a server that reads the body and answers, so "x Atropos" can be read against the most
 any server could show with this client on this machine.
 """

@@ -6,7 +6,7 @@
    and p99 latency, and the server's peak RSS (VmHWM) over its RSS before;
 2. posts a 30 MB JSON list of valid groups while the prober sends `GET /`: the post's time and the
    prober's worst latency.
-Timing only: the figures go in the closing note and bench/README.md, never in a test assert.
+Timing only: the figures go in bench/README.md, never in a test assert.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 35: how long one POST /scored_data_list of many tiny groups stalls the event loop, against a real
+"""How long one POST /scored_data_list of many tiny groups stalls the event loop, against a real
 `rollbuf serve` from a given checkout. While the list is sent and stored, a probe GETs / back to back; the figure
 is the probe's slowest answer (the loop's longest stall) and the list's own time:
 

@@ -1,4 +1,4 @@
-"""Receiving a request body (`api.http.body.read_body`), apart from the rest of ingest (issue 38).
+"""Receiving a request body (`api.http.body.read_body`), apart from the rest of ingest.
 
 Bodies arrive as the ASGI messages uvicorn makes of them (64 KiB reads): an 8.4 KB small group in one, a 262 KB
 large group in five, a 4 MiB list in 64. Each size is read through `read_body` `--repeat` times; the best of

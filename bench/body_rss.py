@@ -1,4 +1,4 @@
-"""Issue 35: server memory per request against what the body budget counts (`max_inflight_bytes` counts a
+"""Server memory per request against what the body budget counts (`max_inflight_bytes` counts a
 body's bytes as they arrive, then charges what decoding it costs: `api.http.body_cost`). One POST
 /scored_data_list of about `--mb` MB (groups of 8 x 2048 tokens, JSON and msgpack) to a fresh `rollbuf
 serve` (SQLite); the figure is the peak RSS growth (VmHWM less the RSS before) over the body's size and over

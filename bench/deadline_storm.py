@@ -1,4 +1,4 @@
-"""Issue 35: 2,000 `GET /batch?wait=N` long-polls reaching their deadline together, against a real `rollbuf
+"""2,000 `GET /batch?wait=N` long-polls reaching their deadline together, against a real `rollbuf
 serve` from a given checkout: the slowest answer of a probe (`GET /`, back to back) while they expire, how long
 until every long-poll is answered, and the store transactions their expiry ran (the server's /metrics).
 `--change` posts one group while they wait (a change none of them can form a batch of 64 from).

@@ -1,5 +1,6 @@
-"""Issue 35's attacks on the new surfaces, each against a real `rollbuf serve` from a given checkout, printing
-one figure per attack (run it with the checkout before and after a change to compare):
+"""Attacks on the bounded surfaces (keys, retention, slow uploads, export), each against a real `rollbuf serve`
+from a given checkout, printing one figure per attack (run it with the checkout before and after a change to
+compare):
 
     python -m bench.edges [--root /path/to/checkout] [attack ...]
 

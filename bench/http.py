@@ -1,7 +1,8 @@
-"""The shared Atropos-protocol load harness (../shared/bench/buffer_bench.py) against each server.
+"""The Atropos-protocol load harness (`buffer_bench.py`, found by `bench.servers.SHARED_BENCH`) against each
+server.
 
-Each ingest level runs as its own harness call with the server's CPU time read around it: on a 2-core
-machine the harness's client saturates a core before a fast server does, so groups/s alone understates the
+Each ingest level runs as its own harness call with the server's CPU time read around it: on a machine of
+two cores the harness's client saturates a core before a fast server does, so groups/s alone understates the
 server. Server CPU milliseconds per ingested group is the capacity figure that survives that.
 """
 

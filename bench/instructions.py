@@ -1,6 +1,6 @@
 """Instructions per ingested group, counted by valgrind's callgrind: a figure that does not wander with the VM.
 
-On the 2-core VMs rollbuf is measured on, CPU time per group moves 10-20% between runs of the same code
+On the 2-vCPU VMs rollbuf is measured on, CPU time per group moves 10-20% between runs of the same code
 (docs/benchmarks.md), more than most single changes to ingest are worth. Callgrind counts the instructions
 executed instead, which are the same for the same work whatever else the machine does. This runs rollbuf's app
 in process under callgrind twice, posting `--few` and then `--many` groups one after another through a bare
@@ -10,8 +10,8 @@ more group: (I(many) - I(few)) / (many - few), so start-up and imports cancel ou
     python -m bench.instructions [--store memory,sqlite] [--workload small,large,list16] [--base DIR]
 
 The workloads are bench/limit.py's (msgpack groups of 8 x 64 and 8 x 2048 tokens, lists of 16 small ones).
-With `--base DIR` the same runs go through another checkout too (`git worktree add /tmp/base <rev>`, from stop 49
-on: the child takes its workloads and registrations from that checkout's bench/limit.py), for a change's before
+With `--base DIR` the same runs go through another checkout too (`git worktree add /tmp/base <rev>`; the
+child takes its workloads and registrations from that checkout's bench/limit.py), for a change's before
 and after. One client, so a SQLite group commits alone; the count includes the writer thread,
 the cyclic garbage collector and SQLite itself, not the kernel's side of system calls. Needs valgrind (Debian's
 package); a run takes a minute or two per store and workload.

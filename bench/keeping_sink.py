@@ -1,8 +1,8 @@
 """A do-nothing endpoint that keeps what it reads: the floor of a buffer that holds groups in memory.
 
-The shared harness's do-nothing endpoint drops each body, so its memory is reused from one request to the next;
-a buffer must keep its bytes, and memory the process has not touched before costs page faults (in this VM
-about 0.1 ms for 262 KB: as much as reading the request). This endpoint reads each body as rollbuf does (into
+The do-nothing endpoint (`bench/do_nothing.py`) drops each body, so its memory is reused from one request to the
+next; a buffer must keep its bytes, and memory the process has not touched before costs page faults (on a 2-vCPU
+VM about 0.1 ms for 262 KB: as much as reading the request). This endpoint reads each body as rollbuf does (into
 one buffer) and keeps it, nothing else: `bench.limit --sides keep` puts the memory store next to it.
 
     uvicorn bench.keeping_sink:app

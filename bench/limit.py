@@ -1,7 +1,7 @@
-"""Ingest against the machine's limit (issue 38): what a group costs the server next to reading its bytes.
+"""Ingest against the machine's limit: what a group costs the server next to reading its bytes.
 
-One table in one run: a do-nothing FastAPI endpoint that reads the body (the shared harness's
-`trivial_server.py`, the framework's ceiling), the same that keeps every body (`bench/keeping_sink.py`: the floor
+One table in one run: a do-nothing FastAPI endpoint that reads the body (`bench/do_nothing.py`,
+the framework's ceiling), the same that keeps every body (`bench/keeping_sink.py`: the floor
 of a buffer that holds its groups in memory), rollbuf on the memory store, SQLite and PostgreSQL, and the
 machine itself (sequential append + fsync per MiB on the disk the SQLite file lives on; a TCP transfer over
 loopback). Workloads, all msgpack as `rollout_client` sends them, each group with a fresh `group_id` (so the
@@ -24,8 +24,8 @@ there as well, in turns with this checkout, fresh server each round, so before/a
                           [--clients 8] [--workers 1] [--sqlite-query page_size=4096] [--pin]
 
 `--pin` runs each server pinned to one CPU (the last this process may use, with `taskset`) and the client on
-the others: the event loop and the store's writer thread then hand over to each other on one core. On the
-2-core VM of stop 45, cross-core handoffs cost SQLite 8-17% of its CPU per group (docs/benchmarks.md).
+the others: the event loop and the store's writer thread then hand over to each other on one core. On a
+2-vCPU VM, cross-core handoffs cost SQLite 8-17% of its CPU per group (docs/benchmarks.md).
 
 `--workers 2 --clients 32` measures server processes sharing the store (`rollbuf serve --workers N`): the
 clients' connections spread over the processes only when there are more of them than processes (8 keep-alive

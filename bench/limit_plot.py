@@ -34,7 +34,7 @@ SIDE_LABELS = {
 COLORS = {"sink": "#9e9e9e", "keep": "#cfcfcf", "memory": "tab:green", "sqlite": "tab:blue",
           "postgresql": "tab:purple"}  # fmt: skip
 GOALS = {("memory", "small"): 2.0, ("memory", "large"): 1.5, ("sqlite", "small"): 3.0, ("sqlite", "large"): 2.0}
-"""Issue 38's goals for server CPU per group, as a multiple of the do-nothing endpoint's."""
+"""The goals for server CPU per group, as a multiple of the do-nothing endpoint's (docs/benchmarks.md)."""
 LIST_GOAL = ("sqlite", "list16", 5000.0)
 """...and for groups/s through SQLite in lists of 16."""
 
@@ -66,7 +66,7 @@ def plot(run: dict[str, Any], out: Path, title: str = "") -> None:
                 cost.plot([xs[k] - width / 2, xs[k] + width / 2], [goal, goal], color="red", lw=2)
             if (side, w) == LIST_GOAL[:2]:
                 rate.plot([xs[k] - width / 2, xs[k] + width / 2], [LIST_GOAL[2]] * 2, color="red", lw=2)
-    cost.plot([], [], color="red", lw=2, label="goal (issue 38)")
+    cost.plot([], [], color="red", lw=2, label="goal")
     for ax, ylabel in ((cost, "server CPU per group, x the do-nothing endpoint"), (rate, "groups/s")):
         ax.set_xticks(range(len(WORKLOADS)), [WORKLOAD_LABELS[w] for w in WORKLOADS], fontsize=8)
         ax.set_ylabel(ylabel, fontsize=9)

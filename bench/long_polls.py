@@ -1,9 +1,9 @@
 """What waiting trainers cost: a server's CPU while 2,000 `GET /batch?wait=` long-polls wait and nothing
-changes, and ingest groups/s with them waiting against without (issue 19: each re-ran a write transaction
-every 0.5 s, 0.7-0.8 of a core, ingest 30-120x slower).
+changes, and ingest groups/s with them waiting against without (a long-poll that re-ran a write
+transaction every 0.5 s would cost 0.7-0.8 of a core and make ingest 30-120x slower).
 
 Run: `python -m bench.long_polls [--polls 2000] [--base DIR]`; with `--base`, that checkout's server is
-measured too, in turns. Figures are noisy on a shared 2-core machine: compare the rows of one run.
+measured too, in turns. Figures are noisy on a shared machine: compare the rows of one run.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-rollout ingest cost (issue 40, docs/rollouts.md): server CPU per rollout when a group of G arrives as one
+"""Per-rollout ingest cost (docs/rollouts.md): server CPU per rollout when a group of G arrives as one
 POST /scored_data against when it arrives as an open, G posts (the last sealing it) . Through the ASGI app in this
 process (CPU time of the process: the server's work plus httpx's, the same for both), per store.
 

@@ -1,4 +1,4 @@
-"""Rollouts paid twice when producers die (issue 40, docs/rollouts.md): the same fault schedule run twice, with
+"""Rollouts paid twice when producers die (docs/rollouts.md): the same fault schedule run twice, with
 whole-group submission and with per-rollout posts (`Environment.posts_each_rollout`).
 
 4 producer processes (tests/per_rollout_producer.py: `RolloutRunner`, G rollouts a group, each rollout

@@ -1,4 +1,4 @@
-"""Issue 38: the rollout runner's ingest with its submits coalesced into /scored_data_list
+"""The rollout runner's ingest with its submits coalesced into /scored_data_list
 (`Timeouts.submit_linger`, 2 ms: an env's groups that finish together go in one request) against every group
 sent alone (`submit_linger=0`), against a SQLite server, small groups.
 

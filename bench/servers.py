@@ -108,9 +108,8 @@ def keeping_sink() -> tuple[str, list[str], int]:
 
 
 def ceiling(log: Path) -> tuple[str, list[str], int]:
-    """The shared harness's do-nothing server: the ingest ceiling of this client, HTTP and framework."""
+    """The do-nothing server (`bench/do_nothing.py`): the ingest ceiling of this client, HTTP and framework."""
     port = _free_port()
-    app_dir = SHARED_BENCH
-    cmd = [sys.executable, "-m", "uvicorn", "trivial_server:app", "--app-dir", str(app_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning"]  # fmt: skip
+    cmd = [sys.executable, "-m", "uvicorn", "bench.do_nothing:app", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning"]  # fmt: skip
     return "do-nothing", cmd, port

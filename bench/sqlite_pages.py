@@ -1,4 +1,4 @@
-"""SQLite page size for new files, against write volume and the read path (issue 19, item 1).
+"""SQLite page size for new files, against write volume and the read path.
 
 Write: groups of 8 x 256 tokens (a 16 KB payload) appended one per transaction, as ingest does; the bytes the
 process writes per group (`wchar`: the WAL's frames and the checkpoints' copies back) and groups/s. Read: a

@@ -1,7 +1,7 @@
-"""Production during weight syncs (issue 37): groups/s with a sync after every trainer step, for each way
+"""Production during weight syncs: groups/s with a sync after every trainer step, for each way
 in-flight episodes meet new weights.
 
-A real rollbuf server process, the tests' stand-in inference server (`tests.fake_vllm`, each completion taking
+A real rollbuf server process, the tests' stand-in inference server (`demos.standin_inference`, each completion taking
 LATENCY_S) and a `RolloutRunner` of long-tail multi-turn episodes (1 to MAX_TURNS turns, G=4, 32 rollouts in
 flight). The trainer loop takes batch N (8 sequences), trains TRAIN_S, then syncs: it pushes the weights of
 step N+1 to the inference server and
@@ -35,7 +35,7 @@ from rollout_client.examples import Arithmetic, arithmetic_task
 from rollout_client.following import RESTARTED
 from rollout_client.policy import OpenAIPolicy, stable_unit
 from tests.factories import registration
-from tests.fake_vllm import fake_vllm
+from tests.standin import running_standin
 
 LATENCY_S = 0.1
 MAX_TURNS = 12
@@ -110,7 +110,10 @@ def run(policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         name, cmd, port = rollbuf("memory://", Path(tmp) / "rollbuf.log")
-        with serve(name, cmd, port, Path(tmp) / "rollbuf.log") as target, fake_vllm(Path(tmp) / "vllm.log") as vllm:
+        with (
+            serve(name, cmd, port, Path(tmp) / "rollbuf.log") as target,
+            running_standin(Path(tmp) / "vllm.log") as vllm,
+        ):
             for policy in policies:
                 r = asyncio.run(one(policy, target.url, vllm.url))
                 print(f"  {policy}: {r['groups_per_s']} groups/s, {r['steps_per_s']} steps/s, "

@@ -1,4 +1,4 @@
-"""Task leases per second (issue 39, docs/tasks.md): leasing must cost the same per task at 1k and at millions of
+"""Task leases per second (docs/tasks.md): leasing must cost the same per task at 1k and at millions of
 tasks. For each store and dataset size: the dataset loaded (tasks/s), then `--leases` leases taken one per
 transaction by 1 / 8 / 32 concurrent producers, each lease's group acknowledged (its task submitted) in its own
 transaction as ingest would; leases/s, and per shuffled and sequential order. Through the store, without HTTP.

@@ -1,4 +1,4 @@
-"""CPU per ingested group, thread by thread, in process: where a store's cost lands (issue 38).
+"""CPU per ingested group, thread by thread, in process: where a store's cost lands.
 
 `bench.limit` gives the whole server process's CPU per group; this splits it. rollbuf's app runs in this
 process, called through a bare ASGI call (as `bench.instructions` calls it: no sockets, no uvicorn), with
