@@ -3,8 +3,8 @@
 A socket held by an object in a reference cycle (an asyncio transport whose event loop closed with it open, an
 httpx client nobody closed) is closed only by the cyclic garbage collector, whenever that next runs: its
 ResourceWarning, an error under this suite's `filterwarnings = error`, then fails whichever later test happens
-to trigger the collection. Stop 49's CI lost a run so: a hypothesis test in tests/unit failed on four
-transports some other test on its worker had left. Here each test's new sockets are listed after its teardown
+to trigger the collection (a hypothesis test in tests/unit can fail on transports some other test on its
+worker left). Here each test's new sockets are listed after its teardown
 (a directory listing, cheap); only if some are still open is garbage collected, and what that closes is
 reported against the test that opened it.
 """

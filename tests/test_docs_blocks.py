@@ -1,6 +1,6 @@
 """House rule: every ```python block in README.md and docs/*.md either runs in a test or says it is a fragment.
 
-A newcomer copies these blocks (issue 36: "examples that run as written"). A block that runs is preceded by
+A newcomer copies these blocks, so they must run as written. A block that runs is preceded by
 `<!-- runs: tests/<file>.py::<test> -->` on the line before its fence, naming the test that executes it (the
 test extracts it from the page, or runs the docs/examples/ file the block shows whole). A block that does not
 run starts with a comment the reader sees, `# fragment: <what you supply>`. Parsing only: no process starts.

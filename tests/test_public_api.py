@@ -65,7 +65,7 @@ def test_the_client_core_stays_a_client_library() -> None:
 
 WIRE = ("api", "wire")
 """What of `api` the clients may use: the wire package (bodies, their shared rules, the binary record), nothing of
-the service (issue 34)."""
+the service (a trainer's or a producer's environment installs the clients without it)."""
 
 
 def _is_wire(module: str) -> bool:

@@ -1,5 +1,5 @@
-"""The body budget counts what a submission costs while it is decoded, not only its bytes (issue 35: a JSON
-body's peak memory was 12.9-19x its bytes, msgpack's 4.1x; `api.http.body_cost` charges the measured cost, and
+"""The body budget counts what a submission costs while it is decoded, not only its bytes (a JSON
+body's peak memory is 12.9-19x its bytes, msgpack's 4.1x; `api.http.body_cost` charges the measured cost, and
 `bench.body_rss` measures peak memory within 1.3x of what is counted)."""
 
 from __future__ import annotations

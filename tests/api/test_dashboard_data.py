@@ -1,5 +1,5 @@
 """/dashboard/data with many envs stays small: per env for the first `metrics_max_envs`, the rest summed (10,000
-envs made every poll a 9 MB body and 0.2-0.5 s of the event loop, issue 35)."""
+envs made every poll a 9 MB body and 0.2-0.5 s of the event loop)."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ async def test_without_the_ledger_the_monitor_is_off() -> None:
 
 
 async def test_the_monitor_counts_groups_passed_over(settings: Settings) -> None:
-    """Issue 33: a survivor group passed over for whole ones behind it shows in the env's drop_bias entry."""
+    """A survivor group passed over for whole ones behind it shows in the env's drop_bias entry."""
     async with serving(settings) as c:
         reg = registration(batch_size=256, max_token_len=64, no_exact_fill="wait")
         assert (await c.post("/register", json=reg)).status_code == 200
@@ -164,8 +164,8 @@ async def test_no_accepted_score_breaks_a_view(settings: Settings) -> None:
 async def test_the_dashboard_reads_no_unchanged_env_and_converts_a_report_once(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 35: /dashboard/data with 10,000 envs took 0.47 s: each poll re-read and parsed every env (twice)
-    and converted the drop-bias report's 10,000 entries again. Envs unchanged since this process read them are
+    """/dashboard/data with 10,000 envs: a poll that re-read and parsed every env (twice) and converted the
+    drop-bias report's 10,000 entries again took 0.47 s. Envs unchanged since this process read them are
     not read, and a report is converted once."""
     import api.ledger.drop_bias
     import api.state

@@ -1,5 +1,5 @@
 """Batches form whenever any choice could: survivor groups behind the window, no exact fill at all, and minimum
-shares of envs that go quiet (issue 33). Every store."""
+shares of envs that go quiet. Every store."""
 
 from __future__ import annotations
 

@@ -104,8 +104,8 @@ def tiny_list(n: int) -> bytes:
 async def test_a_large_list_runs_no_garbage_collection_and_the_loop_answers_meanwhile(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 35: with 100,000 tiny groups the cyclic collector's full collections (each walking every object
-    the list made, finding nothing) stalled the event loop 0.2-1.3 s each; none runs while a large list is
+    """With 100,000 tiny groups the cyclic collector's full collections (each walking every object the list
+    made, finding nothing) would stall the event loop 0.2-1.3 s each; none runs while a large list is
     ingested. And the loop answers another request while the list is decoded."""
     await start(client)
     body = tiny_list(20_000)
@@ -151,8 +151,8 @@ async def test_a_large_list_runs_no_garbage_collection_and_the_loop_answers_mean
 async def test_the_loop_answers_while_a_large_list_is_stored(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 35: the memory store ran the transaction storing 100,000 tiny groups on the event loop (6.7-8.8 s
-    without an answer to anyone); a large list's transaction runs off it. A read made meanwhile waits for the
+    """The transaction storing 100,000 tiny groups, run on the event loop, leaves everyone without an answer
+    for 6.7-8.8 s; a large list's transaction runs off it. A read made meanwhile waits for the
     whole list: it sees all of it or none."""
     await start(client)
     storing, probed = threading.Event(), threading.Event()

@@ -1,4 +1,4 @@
-"""`no_exact_fill: "trim"` (issue 33, item 2): survivor groups served in batches of exactly batch_size, the newest
+"""`no_exact_fill: "trim"`: survivor groups served in batches of exactly batch_size, the newest
 group taken cut to its first sequences, every per-sequence field cut alike in JSON and msgpack, served again from
 the store as first served, and the cut sequences counted as left out. Every store."""
 

@@ -296,8 +296,8 @@ def flaky(refusals: int) -> Any:
 def test_a_server_outage_is_logged_with_its_end(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 36: neither client logged while the server did not answer (retries are silent). The trainer client
-    tells an outage (here from its first refusal: AFTER_S 0) and its end."""
+    """Retries are silent, so a client that did not log while the server does not answer would hide an outage.
+    The trainer client tells an outage (here from its first refusal: AFTER_S 0) and its end."""
     monkeypatch.setattr(outage, "AFTER_S", 0.0)
     http = httpx.Client(transport=httpx.MockTransport(flaky(2)))
     with caplog.at_level(logging.WARNING), TrainerClient("http://down", http_client=http, tries=5) as rb:

@@ -181,7 +181,7 @@ def test_each_weight_sync_is_announced_to_rollbuf_at_its_step(url: str) -> None:
 
 
 def test_align_names_the_supported_trl_releases() -> None:
-    """Issue 36: TRL 1.18 removed the rollout_worker= / weight_transfer= seam; align() says so by name."""
+    """TRL 1.18 removed the rollout_worker= / weight_transfer= seam; align() says so by name."""
     from trainer_client.async_grpo import Misaligned, check_trl_version
 
     check_trl_version("1.16.0")

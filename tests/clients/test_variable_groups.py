@@ -1,4 +1,4 @@
-"""A group that kept the survivors of its failed rollouts (`min_group_size`, issue 23) reaches the trainer as
+"""A group that kept the survivors of its failed rollouts (`min_group_size`) reaches the trainer as
 submitted: the server queues it whole and `trainer_client` normalises GRPO advantages over exactly its
 sequences, not over `group_size` nor over another prompt's group."""
 

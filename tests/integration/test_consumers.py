@@ -12,7 +12,7 @@ change that would break one of them fails here. Sources read for the replays (th
   must be 200; `_register_with_atropos_api`: `response.json()["uuid"]`; `_retrieve_batch_with_retry`:
   `batch_data.get("batch", [])`, `"advantages" in item`).
 - The Axolotl Atropos plugin and Nous's torchtitan GRPO trainer: their batch-reading code was not in the
-  index; these replays follow what issue 10 records of them (Axolotl indexes `item["overrides"]` and takes
+  index; these replays follow their reported behaviour (Axolotl indexes `item["overrides"]` and takes
   the prompt length as the common prefix of a group's tokens; torchtitan trains on masks with -100 as the
   ignore index, and one rank fetches each batch and broadcasts it).
 
@@ -182,7 +182,7 @@ def test_atropos_example_trainer(url: str) -> None:
 
 
 def test_axolotl_atropos_plugin(url: str) -> None:
-    """Axolotl's Atropos plugin (as issue 10 records it): `item["overrides"]` indexed directly, so the key must
+    """Axolotl's Atropos plugin (as reported): `item["overrides"]` indexed directly, so the key must
     be there even when a handler sent none, and the prompt length taken as the common prefix of the group's
     token lists: the server must keep each group whole and each sequence's tokens in order."""
     with httpx.Client(base_url=url) as trainer:
@@ -232,7 +232,7 @@ def test_tinker_atropos(url: str) -> None:
 
 
 def test_torchtitan_grpo_one_rank_fetches_and_broadcasts(url: str) -> None:
-    """Nous's torchtitan GRPO (as issue 10 records it): rank 0 alone polls /batch and broadcasts the reply
+    """Nous's torchtitan GRPO (as reported): rank 0 alone polls /batch and broadcasts the reply
     (a pickled object, as `broadcast_object_list` sends it) to the other ranks, each of which trains on its
     part with -100 as the loss's ignore index. So the server must hand out each batch once, to one poller,
     advance the step once per batch, and serve masks with -100 exactly where the handler put them."""

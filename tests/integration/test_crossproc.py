@@ -1,4 +1,4 @@
-"""The run across processes (issue 37): a trainer process, the rollbuf server, the fake vLLM and a producer
+"""The run across processes: a trainer process, the rollbuf server, the fake vLLM and a producer
 process, each its own process as in a deployment. The trainer syncs its weights to the inference server and
 announces them through rollbuf; the producer follows without pause/resume: groups carry the weights that
 generated them across 20 syncs, `max_staleness` never stalls the run, and a producer killed -9 is marked gone

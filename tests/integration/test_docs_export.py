@@ -46,8 +46,9 @@ def test_the_export_example_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_export_columns_the_page_names_are_the_files_columns() -> None:
-    """Issue 36: docs/ledger.md named `id` and `reason` for groups.parquet, which has `group` and `drop_reason`.
-    Each file's row of the page's table names exactly its columns, in order (what is in parentheses explains)."""
+    """A page that names a column the file lacks (`id` for `group`, `reason` for `drop_reason`) misleads every
+    query written from it. Each file's row of the page's table names exactly its columns, in order (what is in
+    parentheses explains)."""
     from api.export.table import groups_schema, sequences_schema, steps_schema
 
     text = (ROOT / "docs" / "ledger.md").read_text()

@@ -1,4 +1,4 @@
-"""Issue 33 through real server processes on the stores that persist (SQLite, PostgreSQL): survivor groups all
+"""Batch formation through real server processes on the stores that persist (SQLite, PostgreSQL): survivor groups all
 train in exact mode and in token-budget mode, and a squatter env's minimum share holds batches back at most
 `quiet_share_seconds`, then a trainer key disconnects it. Groups are posted directly (no runner), so each store
 costs a server start or two."""

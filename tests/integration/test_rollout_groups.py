@@ -1,4 +1,4 @@
-"""Per-rollout groups across real processes (issue 40, docs/rollouts.md): a server on SQLite, a producer that
+"""Per-rollout groups across real processes (docs/rollouts.md): a server on SQLite, a producer that
 opens a G=8 group, posts 3 rollouts and is killed -9, and two sibling producers that take its missing slots as
 leases once it stops heartbeating. Every rollout the dead producer finished is kept, once; the group is sealed
 complete and served by /batch as one group of 8. Then the same across two replicas on PostgreSQL, with holders

@@ -1,4 +1,4 @@
-"""RolloutRunner on agentic workloads (issue 23, items 2-4), against real rollbuf server processes and the
+"""RolloutRunner on agentic workloads, against real rollbuf server processes and the
 stand-in inference process (which also serves a capped sandbox pool): groups that keep their survivors,
 slots freed per rollout and a group's rollouts spread over workers, shared pools that neither deadlock nor
 fail. Each test failed before its item was built (they assert on counts and state, never on timing)."""
@@ -43,7 +43,7 @@ GUARD_S = 120.0
 """Bound on a run that must finish: what hangs without the fix (a pool deadlock, slots never freed) fails
 the test in this time instead of stalling CI. A hang guard, not a speed check: the shared pool's run spawns and
 recycles worker processes (each imports the runner) and took 23 s serially and over 30 s beside other
-pytest-xdist workers on a loaded 2-core machine."""
+pytest-xdist workers on 2 loaded cores."""
 
 
 async def until(cond: Callable[[], bool], what: str) -> None:
@@ -101,7 +101,7 @@ class CrashingOnDefaults(Crashing):
 
 
 async def test_on_defaults_2_percent_crashing_rollouts_at_g64_do_not_end_the_run(tmp_path: Path) -> None:
-    """Issue 36: without min_group_size, every rollout had to succeed: 73% of G=64 groups failed at 2% of
+    """Without min_group_size every rollout would have to succeed: 73% of G=64 groups failed at 2% of
     rollouts crashing and the run ended (RunFailed past the error rate). The default keeps half the group."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=64 * 4)
@@ -308,7 +308,7 @@ class CrashingTen(Crashing):
 
 @pytest.mark.parametrize("env", [Crashing(), CrashingTen()], ids=["2pct", "10pct"])
 async def test_survivor_groups_train_in_exact_mode(tmp_path: Path, env: Crashing) -> None:
-    """Issue 33: G=64 survivor groups (min_group_size 48), batch 256, exact mode, the default no_exact_fill
+    """G=64 survivor groups (min_group_size 48), batch 256, exact mode, the default no_exact_fill
     ("smaller"): every kept group reaches the trainer but a remainder that holds no exact fill and that "smaller"
     still waits on arrivals to complete; before, exact fills lay beyond the window and no batch formed at all."""
     with running_server("memory://", tmp_path / "s.log") as server:
@@ -338,7 +338,7 @@ class Odd(Arithmetic):
 
 
 async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 33: a trainer that waits for exact fills (no_exact_fill "wait") and an env whose sizes cannot add up:
+    """A trainer that waits for exact fills (no_exact_fill "wait") and an env whose sizes cannot add up:
     the runner logs the server's reason once and `health()` shows it."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=256, no_exact_fill="wait")
@@ -361,7 +361,7 @@ async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pyt
 
 @pytest.mark.parametrize("how", ["stop", "group_timeout"])
 async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: Path, how: str) -> None:
-    """Issue 36: the pool takes a sandbox, then answers a second later; the group is cancelled meanwhile
+    """The pool takes a sandbox, then answers a second later; the group is cancelled meanwhile
     (`stop()` with a worker process, or `group_timeout` in process). Before: the cancelled request's sandbox
     stayed held at the pool (8 of 8 after a stop); now each acquire in progress finishes and is released."""
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
@@ -391,7 +391,7 @@ async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: 
 async def test_a_shared_pool_used_without_max_resources_is_named_in_a_warning_with_the_fix(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 36: the docs' Sandboxed env without max_resources on a blocking pool of 8, G=8, 16 in flight: two
+    """The docs' Sandboxed env without max_resources on a blocking pool of 8, G=8, 16 in flight: two
     groups each hold part of the pool and wait for the rest. Before: a silent deadlock (no error, no log); now
     a warning names the env and the fix (max_resources) once a group has held part of its units too long."""
     monkeypatch.setattr(resources, "HOLD_WARN_S", 1.0)

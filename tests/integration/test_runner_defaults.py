@@ -1,4 +1,4 @@
-"""RolloutRunner on its defaults (issue 36): a cancelled run stops its workers and its process exits, a worker
+"""RolloutRunner on its defaults: a cancelled run stops its workers and its process exits, a worker
 replaced during a pause follows the latest gate state, a cancelled sandbox acquire leaks no unit. Each test
 failed before its fix; each runs real worker processes against a real server."""
 

@@ -3,7 +3,7 @@ flaky and hanging inference (a fake vLLM process, `tests/fake_vllm.py`), environ
 that stops answering, sandboxes that fail to close, episodes past the token budget, trainers that sync
 weights every k steps, SIGTERM to the process group, and a synchronous trainer driving the runner.
 
-Each test names the defect of issue 14 it guards; each failed before the fix (see /work/notes/rollout.md).
+Each test names the defect it guards; each failed before its fix.
 """
 
 from __future__ import annotations

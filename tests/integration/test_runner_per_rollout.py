@@ -1,4 +1,4 @@
-"""The runner's per-rollout groups across real processes (issue 40, docs/rollouts.md): 4 producer processes
+"""The runner's per-rollout groups across real processes (docs/rollouts.md): 4 producer processes
 running `RolloutRunner` (tests/per_rollout_producer.py: G=16, each rollout posted as it ends), killed -9 at
 random (a bounded, seeded schedule) and replaced, against a server on SQLite. The groups of a killed producer
 are finished by the others through sibling leases. Every rollout the server acknowledged is served by /batch

@@ -1,4 +1,4 @@
-"""RolloutRunner against the faults of real runs (issue 22): a registration that disappears, an inference
+"""RolloutRunner against the faults of real runs: a registration that disappears, an inference
 server that restarts or rate-limits, verifiers that never return, sandbox closes that hang, workers out of
 memory, `exit()` in environment code, defaults that waited forever, curricula, bad inference replies, tasks
 that do not pickle and policy factories that raise. Each test names its item; each failed before the fix.

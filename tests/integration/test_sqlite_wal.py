@@ -1,5 +1,5 @@
 """The default store's write-ahead log stays bounded under sustained ingest with readers, and gives its disk
-back once ingest stops (issue 19, item 1). Before the bound, 15 s of two handlers posting 8 x 256-token
+back once ingest stops. Without the bound, 15 s of two handlers posting 8 x 256-token
 groups beside a reader left a 2.3 GB WAL that never shrank."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ SCRIPT_RUN_S = 300.0
 G = 4
 POOLS = pytest.mark.xdist_group("verifiers_pool")
 """On one worker, one after another: each pool starts 2-4 processes that import transformers, and each rollout is
-a harness subprocess; two such tests at once on a 2-core machine beside the rest ran past `RUN_S`."""
+a harness subprocess; two such tests at once on 2 cores beside the rest ran past `RUN_S`."""
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
 
 
 SYNCS = 20
-"""Weight syncs the pool producer follows (issue 37: "across 20 syncs", in process and through verifiers' pool)."""
+"""Weight syncs the pool producer follows (20 of them, in process and through verifiers' pool)."""
 SYNC_G = 2
 """Its groups' size: each rollout is a harness subprocess (about 2 s of CPU), and 4 a group took 3 CPU-minutes."""
 
@@ -130,11 +130,12 @@ SYNC_G = 2
 async def test_through_the_pool_groups_carry_the_weights_that_generated_them_across_20_syncs(
     tmp_path: Path, offline: Path
 ) -> None:
-    """Issue 37 through verifiers' pool, with `max_staleness` 1. First the weights of step 1 are announced while a
-    group's episodes are in flight at the pool's workers (`on_new_weights` "continue", the default): that group
-    keeps the stamp it started with and carries [0, 1]. Then the trainer takes a batch and announces its weights,
-    20 times: every group carries the weights that generated it (never newer than announced when it was served,
-    within the staleness bound of the batch that trains it), and the run never stalls."""
+    """Weights followed across syncs through verifiers' pool, with `max_staleness` 1. First the weights of step 1
+    are announced while a group's episodes are in flight at the pool's workers (`on_new_weights` "continue", the
+    default): that group keeps the stamp it started with and carries [0, 1]. Then the trainer takes a batch and
+    announces its weights, 20 times: every group carries the weights that generated it (never newer than
+    announced when it was served, within the staleness bound of the batch that trains it), and the run never
+    stalls."""
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=SYNC_G, max_staleness=1)
         httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()
@@ -329,9 +330,9 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
 def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline: Path) -> None:
     """docs/bring-your-environment.md's verifiers producer (section 2), as written but for its two addresses, the
     model (the stand-in's tokenizer directory) and one group of 2 in flight rather than eight of 8 (each rollout is
-    a harness subprocess: 64 at once took this 2-core machine 125 s alone, and 8 ran past `RUN_S` beside the other
+    a harness subprocess: 64 at once took 2 cores 125 s alone, and 8 ran past `RUN_S` beside the other
     tests in CI), run as a script beside the page's taskset module: with `workers=4` verifiers' pool spawns workers
-    that import the script again, which only its `__main__` guard makes work (issue 36: it failed as written). It
+    that import the script again, which only its `__main__` guard makes work. It
     produces groups until stopped."""
     page = (Path(__file__).resolve().parents[2] / "docs" / "bring-your-environment.md").read_text()
     section = page.split("## 2. A verifiers environment", 1)[1]

@@ -59,7 +59,7 @@ async def test_fifo_per_env_and_counts(store: Store) -> None:
 async def test_a_transaction_is_freed_as_its_function_returns(store: Store) -> None:
     """No reference cycle between a transaction and its parts: each ingested group's transaction would
     otherwise be left to the cyclic garbage collector (SQLite: 22 objects per small group, 14 us of
-    collections per group at 8 clients, stop 49)."""
+    collections per group at 8 clients)."""
     seen: list[weakref.ref[Txn]] = []
 
     def fn(txn: Txn) -> None:

@@ -380,7 +380,7 @@ def test_no_item_is_passed_over_more_than_due_after_batches(seed: int, batch_siz
         step += 1
 
 
-# ------------------------------------------------------------------------------- trimming (issue 33, item 2)
+# ------------------------------------------------------------------------------------------------- trimming
 
 
 def check_trimmed(plan: Plan, windows: list[EnvWindow], batch_size: int) -> None:
@@ -491,7 +491,7 @@ def test_trim_serves_every_group_once_batch_after_batch(seed: int, batch_size: i
     assert sum(m.seqs for q in queues.values() for m in q) < batch_size
 
 
-# --------------------------------------------------------------------- truthful reasons (issue 33, item 5)
+# ----------------------------------------------------------------------------------------- truthful reasons
 
 
 def token_items(sizes: list[tuple[int, int]]) -> list[ItemMeta]:

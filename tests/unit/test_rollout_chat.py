@@ -280,7 +280,7 @@ class Qwen3Like(ChatML):
 
 
 def test_a_template_that_drops_earlier_reasoning_is_flagged_not_an_error() -> None:
-    """Issue 36: a second user message makes a Qwen 3-style template drop the first answer's reasoning. Before:
+    """A second user message makes a Qwen 3-style template drop the first answer's reasoning. Before:
     ChatTemplateError, every multi-user-turn rollout failed; now the turn is flagged, the sampled tokens kept,
     and the new user turn is what the template adds after the earlier ones."""
     policy = Replies(["<think>\nsum it\n</think>\n\n408<|im_end|>", "<think>\nagain\n</think>\n\n409<|im_end|>"])
@@ -302,7 +302,7 @@ def test_a_template_that_drops_earlier_reasoning_is_flagged_not_an_error() -> No
 
 
 def test_a_lone_surrogate_in_tool_output_does_not_fail_the_rollout() -> None:
-    """Issue 36: a tool echoing undecodable bytes (`surrogateescape`) returned a lone surrogate; tokenising it
+    """A tool echoing undecodable bytes (`surrogateescape`) returned a lone surrogate; tokenising it
     raised and failed the rollout. Now it reaches the model as U+FFFD."""
 
     def echo(text: str) -> str:
@@ -315,7 +315,7 @@ def test_a_lone_surrogate_in_tool_output_does_not_fail_the_rollout() -> None:
 
 
 def test_a_tool_that_hangs_is_stopped_at_its_timeout_and_the_model_told() -> None:
-    """Issue 36: there was no per-tool timeout (a hung tool held the rollout until rollout_timeout). Now the
+    """Without a per-tool timeout a hung tool would hold the rollout until rollout_timeout. The
     call is cancelled at `tool_timeout` (or the tool's own `timeout`), told to the model, counted as a failure."""
 
     async def hang() -> str:
@@ -338,7 +338,7 @@ class SmallContext(Replies):
 
 
 def test_tool_output_is_clipped_to_the_model_s_context_not_the_trainer_s_budget() -> None:
-    """Issue 36: a 1,103-token tool output in a 900-token context was clipped to the trainer's 4,096 budget
+    """A 1,103-token tool output in a 900-token context was clipped to the trainer's 4,096 budget
     (the next turn could never be sampled: the context was overfull). Now at the context, marked truncated."""
 
     def dump() -> str:

@@ -1,4 +1,4 @@
-"""The pieces of issue 23's scheduling alone: slots given back per rollout and taken back for a retry,
+"""The pieces of the runner's scheduling alone: slots given back per rollout and taken back for a retry,
 a group keeping its survivors, a pool's admission (never over capacity, first come first served), and the
 backoff an "exhausted" pool gets."""
 
@@ -183,7 +183,7 @@ async def test_exhausted_past_the_timeout_is_a_resource_timeout() -> None:
 
 @given(st.integers(1, 128), st.integers(1, 512), st.integers(0, 8), st.booleans())
 def test_the_user_is_told_when_whole_groups_leave_workers_idle(g: int, slots: int, workers: int, each: bool) -> None:
-    """Issue 36: G=64 on 64 slots and 2 workers pinned one worker, silently. The hint comes exactly when fewer
+    """G=64 on 64 slots and 2 workers pins one worker, silently. The hint comes exactly when fewer
     groups fit than there are workers, names the env and the setting that spreads a group."""
     from rollout_client.examples import Arithmetic
     from rollout_client.execution import spread_hint

@@ -79,7 +79,7 @@ def test_calls_that_cannot_be_read_say_why() -> None:
 
 
 def test_a_thousand_nested_brackets_are_a_malformed_call_not_a_recursion_error() -> None:
-    """Issue 36: json's parser recurses per bracket; a sampled call 1,000 deep raised RecursionError out of
+    """json's parser recurses per bracket; a sampled call 1,000 deep raised RecursionError out of
     every parser (the rollout failed). Now it is a malformed call, told to the model."""
     deep = "[" * 1000 + "]" * 1000
     nested = '{"name": "f", "arguments": ' + deep + "}"
