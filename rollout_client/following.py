@@ -255,7 +255,7 @@ class Beats:
             env_ids=[c.env_id for c in self.clients if c.env_id is not None],
             in_flight=s.in_flight, groups_per_s=max(0.0, rate), accepted=s.accepted, failures=s.failed_total,
             weights_step=self.policy_step(), held=self.held(), waiting_for=self.waiting_for(),
-            drains=drains, drained_for=drained_for,
+            drains=drains, drained_for=drained_for, trainer_step=s.trainer_step,
         )  # fmt: skip
 
     def held(self) -> dict[str, str]:

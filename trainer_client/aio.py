@@ -79,7 +79,9 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
 
     async def announce_weights(self, step: int) -> WeightsReply:
         """See `TrainerClient.announce_weights`."""
-        return WeightsReply.model_validate_json((await self._request("POST", "/weights", json={"step": step})).content)
+        reply = WeightsReply.model_validate_json((await self._request("POST", "/weights", json={"step": step})).content)
+        self._moves += 1
+        return reply
 
     async def begin_weights(self, step: int) -> WeightSyncReply:
         """See `TrainerClient.begin_weights`."""
@@ -123,7 +125,7 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
         query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else (await self.status()).current_step
-        cursor = Cursor(query, step)
+        cursor = Cursor(query, step, moves=lambda: self._moves)
         cursor.progress.no_progress_timeout = no_progress_timeout
         while not cursor.finished:
             request = cursor.request()

@@ -38,6 +38,9 @@ class BaseTrainerClient(Generic[H]):
         """Logged while the server does not answer (the retries are silent), and when it answers again."""
         """The client's own http client is closed with it; one passed in is the caller's."""
         self._http: H = http_client or self._default_http()
+        self._moves = 0
+        """Weights announcements this client completed (POST /weights): the trainer moved without a batch, so a
+        stall said in the reply to a /batch sent before the latest one is not counted (`protocol.Progress`)."""
 
     def _default_http(self) -> H:
         raise NotImplementedError

@@ -97,7 +97,9 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         after each weight sync, with the step of the next batch to train (the weights trained on every batch
         before it). Producers stamp it on the groups they start from then on and judge `max_staleness` against
         it; an older step changes nothing, so it is retried like any request."""
-        return WeightsReply.model_validate_json(self._request("POST", "/weights", json={"step": step}).content)
+        reply = WeightsReply.model_validate_json(self._request("POST", "/weights", json={"step": step}).content)
+        self._moves += 1
+        return reply
 
     def begin_weights(self, step: int) -> WeightSyncReply:
         """Begin a weight sync to `step` (POST /weights/pending), before pushing weights: producers of
@@ -183,7 +185,7 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
                                 balance=balance, timeout=self.timeout)  # fmt: skip
         step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
-        cursor = Cursor(query, step)
+        cursor = Cursor(query, step, moves=lambda: self._moves)
         cursor.progress.no_progress_timeout = no_progress_timeout
         while (stop is None or not stop.is_set()) and not cursor.finished:
             request = cursor.request()

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -238,7 +239,13 @@ class Endpoint:
 
 @dataclass(slots=True)
 class Progress:
-    """Log lines saying what the iterator waits for: once when it starts waiting, then every PROGRESS_EVERY_S."""
+    """Log lines saying what the iterator waits for: once when it starts waiting, then every PROGRESS_EVERY_S;
+    and the no-progress clock, which runs while the server says nothing can arrive.
+
+    The clock counts only what the server said of the trainer as it stands: a stall in the reply to a request
+    sent before the trainer's latest move (weights announced by this client: `moves`) was judged before it, and
+    may no longer hold (producers held back for the trainer start again once they read the new weights), so it
+    stops the clock; the first stall said of a request sent since starts it again."""
 
     logger: logging.Logger = field(default_factory=lambda: log)
     clock: Any = time.monotonic
@@ -247,13 +254,20 @@ class Progress:
     no_progress_timeout: float | None = NO_PROGRESS_S
     _stalled_since: float | None = None
     _stall: str | None = None
+    _stall_moves: int = 0
+    """The trainer's moves when the clock started: a later move starts it again."""
 
-    def waiting(self, step: int | None, how: str, result: Waiting) -> None:
+    def waiting(self, step: int | None, how: str, result: Waiting, *, asked: int = 0, moves: int = 0) -> None:
         """Log the wait; raise NoProgress once the server has said for `no_progress_timeout` s that nothing can
-        arrive (logged at once, as a warning, when it starts saying so or its reason changes)."""
+        arrive (logged at once, as a warning, when it starts saying so or its reason changes). `asked`: the
+        trainer's moves when the request was sent, `moves`: now; a stall said before the latest is not counted."""
         now = self.clock()
         what = "the next batch" if step is None else f"batch {step}"
-        self._stalled(now, what, result.stall)
+        stall = result.stall if asked == moves else None
+        if self._stalled_since is not None and self._stall_moves != moves:
+            self._stalled_since = self._stall = None  # the trainer moved since the clock started
+        self._stall_moves = moves
+        self._stalled(now, what, stall)
         why = result.reason or result.stall or "not enough data queued yet"
         if self._since is None:
             self._since = self._last_log = now
@@ -294,13 +308,18 @@ class Cursor:
     query: BatchQuery
     step: int | None
     progress: Progress = field(default_factory=Progress)
+    moves: Callable[[], int] = lambda: 0
+    """How many times the trainer has moved without a batch (weights announced by its client): a reply to a
+    request sent before the latest move says nothing of where the trainer stands now (`Progress`)."""
     _polls: int = 0
+    _asked: int = 0
     finished: bool = False
     """The server said the run is finished: the loop ends (no batch will come)."""
 
     def request(self) -> dict[str, Any]:
         """Keyword arguments of the next GET /batch (the client's `_request`)."""
         q = self.query
+        self._asked = self.moves()
         return {
             "params": q.params(self.step),
             "headers": q.headers(),
@@ -325,7 +344,7 @@ class Cursor:
                      what, left)  # fmt: skip
             return None
         how = f"long-poll {self.query.wait:g} s" if self.query.long_poll else "polling"
-        self.progress.waiting(self.step, how, result)
+        self.progress.waiting(self.step, how, result, asked=self._asked, moves=self.moves())
         return None
 
     def pause(self) -> float:

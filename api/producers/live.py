@@ -7,6 +7,12 @@ not heard of for `gone_after` s is gone. From it, `stall_reason` says when a wai
 live producer for the envs it needs, or every live one held back waiting for the trainer. Envs fed by a handler
 that never heartbeats (an Atropos handler, a hand-written loop) are never judged: something unknown may still
 send.
+
+A producer's "held back" is judged where the trainer stood when the producer judged it (`Producer.judged_now`): a
+verdict from before the trainer's last batch or weights announcement may no longer hold (the producer starts
+groups again at its next status read), so it counts only once a heartbeat carries one judged since. The
+trainer's no-progress clock (`trainer_client`'s `NoProgress`) then starts on fresh evidence, not on a flag the
+trainer's own step already made stale.
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ class Producer:
     owner: str | None = None
     """The key that heartbeats under this id (None without keys): another key's heartbeat under it is refused
     while it is live (`api.owners`)."""
+    judged_step: int | None = None
+    """The trainer step its `held` verdicts were judged at: the run's step when the heartbeat was recorded, or the
+    step the producer says it judged at (its last /status-env read), whichever is lower. None: not known (a record
+    of an earlier release), never taken as current."""
+    judged_weights: int | None = None
+    """The weights step announced when the heartbeat was recorded (None: none announced yet)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,6 +69,15 @@ class Producer:
 
     def live(self, now: float, gone_after: float) -> bool:
         return now - self.last_seen <= gone_after
+
+    def judged_now(self, step: int, weights: int | None) -> bool:
+        """Whether its `held` verdicts were judged where the trainer stands now: at its current `step`, with no
+        weights announced since (`weights`), and generating with the weights announced or newer (else it has not
+        read the announcement yet). A verdict from before the trainer moved may no longer hold: ahead_of_trainer
+        is judged against the trainer's step and the weights, and a drain ends with the announcement."""
+        if self.judged_step is None or self.judged_step < step or self.judged_weights != weights:
+            return False
+        return weights is None or self.weights_step is None or self.weights_step >= weights
 
 
 class TooManyProducers(Exception):
@@ -115,9 +136,19 @@ def _ago(now: float, then: float) -> str:
     return f"{max(0.0, now - then):.0f} s ago"
 
 
-def stall_reason(connected: dict[int, str], table: dict[str, Producer], now: float, gone_after: float) -> str | None:
+def stall_reason(
+    connected: dict[int, str],
+    table: dict[str, Producer],
+    now: float,
+    gone_after: float,
+    *,
+    step: int,
+    weights: int | None,
+) -> str | None:
     """Why nothing can arrive for a waiting trainer, or None when something may. `connected`: the connected
-    envs, id -> name."""
+    envs, id -> name; `step` and `weights`: where the trainer stands (its current step, the weights announced
+    last). A producer held back counts as waiting for the trainer only on a verdict judged there
+    (`Producer.judged_now`): one from before the trainer moved is no evidence of a stall."""
     live = [p for p in table.values() if p.live(now, gone_after)]
     if not connected:
         if live:
@@ -143,14 +174,14 @@ def stall_reason(connected: dict[int, str], table: dict[str, Producer], now: flo
             if env_id not in connected:
                 continue
             why = p.held.get(connected[env_id])
-            if why is None or why in NOT_WAITING_ON_TRAINER:
-                return None  # this producer may start a group of a needed env
+            if why is None or why in NOT_WAITING_ON_TRAINER or not p.judged_now(step, weights):
+                return None  # this producer may start a group of a needed env (or may, since the trainer moved)
             held.append(f"{p.producer_id} on {p.host}: {connected[env_id]} held back ({why})")
-    weights = {p.weights_step for p in live}
+    generating = sorted({p.weights_step for p in live if p.weights_step is not None})
     detail = "; ".join(held[:5]) + (f"; and {len(held) - 5} more" if len(held) > 5 else "")
     hint = ""
     if any("ahead_of_trainer" in h for h in held):
-        hint = (f" (they generate with weights step {', '.join(map(str, sorted(w for w in weights if w is not None)))}"
+        hint = (f" (they generate with weights step {', '.join(map(str, generating))}"
                 " or older: announce new weights with POST /weights, or raise max_staleness)")  # fmt: skip
     return f"every live producer is held back waiting for the trainer: {detail}{hint}"
 

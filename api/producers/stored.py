@@ -151,16 +151,22 @@ def heartbeat_txn(
     """Record a heartbeat (each env it names must exist and be `actor`'s to use: 404 otherwise; its id must not be
     another key's live producer's); the weights step and the pending sync's. A known producer's heartbeat writes
     its own value only; a new one reads the others' to find room (`producers.record`). `held` keeps the envs the
-    beat names only, so that what a producer's record holds is bounded by its envs."""
+    beat names only, so that what a producer's record holds is bounded by its envs. The record keeps where the
+    trainer stood for its verdicts (`Producer.judged_step`, `judged_weights`): `stall_reason` takes them as a wait
+    for the trainer only while the trainer has not moved since."""
     run = state.load(txn)
     for i, env_id in enumerate(beat.env_ids):
         env = run.env(env_id)
         if env is None or actor.hides(env.owner, "env"):
             raise NotFound(f"no environment with env_id {env_id}", loc=("body", "env_ids", i))
     _upgrade(txn)
+    weights, pending = load_weights_and_pending(txn)
     names = {run.env_name(e) for e in beat.env_ids}
-    fields = beat.model_dump() | {"held": {env: why for env, why in beat.held.items() if env in names}}
-    new = Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner)
+    fields = beat.model_dump(exclude={"trainer_step"})
+    fields["held"] = {env: why for env, why in beat.held.items() if env in names}
+    judged = run.step if beat.trainer_step is None else min(run.step, beat.trainer_step)
+    new = Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner, judged_step=judged,
+                   judged_weights=weights)  # fmt: skip
     old = load_producer(txn, beat.producer_id)
     table = {beat.producer_id: old} if old is not None else load_producers(txn)
     try:
@@ -177,7 +183,7 @@ def heartbeat_txn(
             txn.delete_value(PRODUCER + pid)
         ids = [pid for pid in _ids(txn) if pid not in forgotten]
         txn.set_value(PRODUCER_IDS, orjson.dumps([*ids, beat.producer_id]).decode())
-    return load_weights_and_pending(txn)
+    return weights, pending
 
 
 def shown_producers(views: list[ProducerView], cap: int) -> list[ProducerView]:
@@ -218,8 +224,9 @@ def report_txn(txn: Txn, now: float, settings: ProducerSettings, known: state.Ru
         )  # fmt: skip
         for p in sorted(table.values(), key=lambda p: p.first_seen)
     ]
+    weights = load_weights(txn)
     stall = None
     if run.registration is not None:
         connected = {e.env_id: e.wandb_name for e in run.envs if e.connected}
-        stall = producers.stall_reason(connected, table, now, settings.gone_after)
-    return ProducerReport(load_weights(txn), views, stall)
+        stall = producers.stall_reason(connected, table, now, settings.gone_after, step=run.step, weights=weights)
+    return ProducerReport(weights, views, stall)

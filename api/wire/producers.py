@@ -47,7 +47,7 @@ class WeightSyncReply(_Wire):
 class Heartbeat(_Request, _Text):
     """POST /producers/heartbeat: a producer says it is alive and what it does."""
 
-    integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step", "drained_for"])
+    integer_fields = frozenset(["in_flight", "accepted", "failures", "weights_step", "drained_for", "trainer_step"])
 
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """Chosen by the producer once per process (a restart is a new producer)."""
@@ -70,6 +70,10 @@ class Heartbeat(_Request, _Text):
     )
     """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...), for the envs of
     `env_ids`: entries naming another env are not kept."""
+    trainer_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
+    """The trainer step its `held` verdicts were judged at (its last read of it, from /status-env). A waiting
+    trainer's `stall_reason` counts a producer held back for the trainer only on verdicts judged at the trainer's
+    current step, with no weights announced since; without it, the step when the heartbeat is recorded."""
     waiting_for: str | None = Field(default=None, max_length=1000)
     """What it waits for, in words."""
     drains: bool = False

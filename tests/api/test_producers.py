@@ -68,6 +68,41 @@ async def test_producers_show_live_then_gone_and_a_waiting_trainer_is_told_why(s
         assert "held back (ahead_of_trainer)" in (await c.get("/batch")).json()["stall_reason"]
 
 
+async def test_held_back_counts_as_a_stall_only_when_judged_since_the_trainer_last_moved(settings: Settings) -> None:
+    """A held-back verdict from before the trainer's last batch or weights announcement may no longer hold: the
+    trainer's no-progress clock must not start on it. It counts again once a heartbeat carries one judged since."""
+    async with serving(settings) as c:
+        env_id = await start(c)
+
+        async def held(trainer_step: int, weights_step: int = 0) -> None:
+            beat = {"producer_id": "p1", "host": "h1", "env_ids": [env_id], "held": {"math_0": "ahead_of_trainer"},
+                    "weights_step": weights_step, "trainer_step": trainer_step}  # fmt: skip
+            assert (await c.post("/producers/heartbeat", json=beat)).status_code == 200
+
+        async def stall() -> str | None:
+            reply = (await c.get("/batch")).json()
+            assert reply["batch"] is None
+            why: str | None = reply.get("stall_reason")
+            assert (await c.get("/status")).json()["stall_reason"] == why
+            return why
+
+        await held(trainer_step=0)
+        assert "held back (ahead_of_trainer)" in (await stall() or "")
+        await c.post("/scored_data", json=group(4, env_id=env_id))
+        assert (await c.get("/batch")).json()["batch"] is not None  # the trainer steps: batch 0, now at step 1
+        assert await stall() is None  # the producer judged at step 0: it may start groups at its next read
+        await held(trainer_step=0)  # a beat after the step, with a verdict read before it: still no evidence
+        assert await stall() is None
+        await held(trainer_step=1)
+        assert "held back (ahead_of_trainer)" in (await stall() or "")
+        assert (await c.post("/weights", json={"step": 1})).status_code == 200
+        assert await stall() is None  # new weights announced: it has not judged with them yet
+        await held(trainer_step=1, weights_step=0)  # it has not read the announcement: it generates with step 0
+        assert await stall() is None
+        await held(trainer_step=1, weights_step=1)
+        assert "held back (ahead_of_trainer)" in (await stall() or "")
+
+
 async def test_a_fresh_run_nothing_joined_is_a_stall_only_after_gone_after(settings: Settings) -> None:
     settings.producer_gone_after = 0.3
     async with serving(settings) as c:

@@ -14,6 +14,7 @@ from api.wire.schema import Info
 from trainer_client.arrays import Batch, from_json
 from trainer_client.errors import (
     BatchGone,
+    NoProgress,
     NotRegistered,
     Rejected,
     ServerUnreachable,
@@ -137,6 +138,35 @@ def test_progress_says_what_it_waits_for(caplog: pytest.LogCaptureFixture) -> No
         "waiting for batch 5 (long-poll 30 s): env 'math' holds back",
         "still waiting for batch 5 after 31 s: env 'math' holds back",
     ]
+
+
+def test_the_no_progress_clock_runs_on_stalls_said_since_the_trainer_last_moved() -> None:
+    """A stall in the reply to a request sent before the trainer announced weights was judged before it: it stops
+    the clock; the first stall said since starts it again, and a move after the clock started restarts it."""
+    now, moves = [0.0], [0]
+    cursor = Cursor(BatchQuery.make(ROLLBUF, wait=30, rank=None, world_size=None, encoding="msgpack",
+                                    balance="tokens", timeout=httpx.Timeout(30)), step=3,
+                    progress=Progress(clock=lambda: now[0]), moves=lambda: moves[0])  # fmt: skip
+    held = Waiting(stall="every live producer is held back waiting for the trainer: p on h: math_0 held back")
+
+    def poll(sent: float, answered: float, move_while_asked: bool = False) -> None:
+        now[0] = sent
+        cursor.request()
+        if move_while_asked:
+            moves[0] += 1  # the trainer announced weights (another thread) while this long-poll waited
+        now[0] = answered
+        cursor.receive(held)
+
+    poll(0.0, 0.0)  # the clock starts
+    poll(100.0, 650.0, move_while_asked=True)  # 650 s after the first stall, but said before the move
+    poll(700.0, 700.0)  # the clock starts again
+    poll(800.0, 800.0)
+    moves[0] += 1  # announced after that reply came
+    poll(900.0, 900.0)  # the clock starts again
+    poll(1450.0, 1450.0)  # 750 s after 700, 550 after 900
+    with pytest.raises(NoProgress) as exc:
+        poll(1500.0, 1500.0)
+    assert exc.value.waited == 600.0
 
 
 def test_cursor_moves_on_with_each_batch_and_backs_off_only_when_polling() -> None:

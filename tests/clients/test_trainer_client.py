@@ -321,6 +321,29 @@ async def test_the_async_client_logs_an_outage_and_its_end(
     assert sum("rollbuf server http://down reachable again after" in m for m in lines) == 1
 
 
+def test_a_stall_said_before_the_trainer_announced_weights_does_not_raise_no_progress() -> None:
+    """A long-poll that began before the trainer announced weights (from another thread) brings back a stall
+    judged before the announcement: producers held back for the trainer may start again. Only a stall said of a
+    request sent since counts: with no_progress_timeout 0, the second /batch raises, not the first."""
+    polls: list[int] = []
+    held = "every live producer is held back waiting for the trainer: p on h: math_0 held back (ahead_of_trainer)"
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/info":
+            return httpx.Response(200, json={"batch_size": 4, "max_token_len": 64, "content_types": ["application/json"]})
+        if request.url.path == "/weights":
+            return httpx.Response(200, json={"weights_step": 1})
+        polls.append(1)
+        if len(polls) == 1:
+            rb.announce_weights(1)  # the trainer's other thread, while this long-poll waits
+        return httpx.Response(200, json={"batch": None, "stall_reason": held})
+
+    with TrainerClient("http://rb", http_client=httpx.Client(transport=httpx.MockTransport(handle))) as rb:
+        with pytest.raises(NoProgress, match="held back"):
+            next(rb.batches(start_step=0, no_progress_timeout=0.0))
+    assert len(polls) == 2
+
+
 def test_503_is_retried_after_retry_after() -> None:
     answers = iter([httpx.Response(503, json={"detail": "busy"}, headers={"Retry-After": "0"})] * 2)
 

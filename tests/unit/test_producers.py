@@ -7,13 +7,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.producers.live import Producer, TooManyProducers, record, stall_reason, undrained
+from api.producers import live
+from api.producers.live import Producer, TooManyProducers, record, undrained
 
 GONE = 30.0
 
 
 def beat(pid: str, envs: list[int], at: float, **kw: object) -> Producer:
-    return Producer(pid, "h", envs, last_seen=at, first_seen=at, **kw)  # type: ignore[arg-type]
+    """A producer heard of at `at`, its verdicts judged at step 0 before any weights were announced."""
+    return Producer(pid, "h", envs, last_seen=at, first_seen=at, **{"judged_step": 0, **kw})  # type: ignore[arg-type]
+
+
+def stall_reason(connected: dict[int, str], table: dict[str, Producer], now: float, gone_after: float) -> str | None:
+    """`live.stall_reason` with the trainer at step 0, no weights announced: where `beat` judges."""
+    return live.stall_reason(connected, table, now, gone_after, step=0, weights=None)
 
 
 def test_a_heartbeat_keeps_the_first_seen_time() -> None:
@@ -64,6 +71,25 @@ def test_every_live_producer_held_back_on_the_trainer_is_a_stall_but_a_full_queu
     assert stall_reason({0: "math_0"}, full, 1.0, GONE) is None
     one_free = {**held, "b": beat("b", [0], 0.0)}
     assert stall_reason({0: "math_0"}, one_free, 1.0, GONE) is None
+
+
+STEPS = st.one_of(st.none(), st.integers(0, 5))
+
+
+@given(st.integers(0, 5), st.integers(0, 5), STEPS, STEPS, STEPS)
+def test_a_held_back_verdict_is_a_stall_only_when_judged_where_the_trainer_stands(
+    judged_step: int, step: int, judged_weights: int | None, weights: int | None, generating: int | None
+) -> None:
+    """Judged at an earlier step, before the weights announced last, or with older weights than those (not read
+    yet): the producer may start groups once it reads where the trainer is, so nothing says it cannot."""
+    p = beat("a", [0], 0.0, held={"math_0": "ahead_of_trainer"}, judged_step=judged_step,
+             judged_weights=judged_weights, weights_step=generating)  # fmt: skip
+    why = live.stall_reason({0: "math_0"}, {"a": p}, 1.0, GONE, step=step, weights=weights)
+    current = judged_step >= step and judged_weights == weights
+    read = weights is None or generating is None or generating >= weights
+    assert (why is not None) == (current and read)
+    unknown = beat("b", [0], 0.0, held={"math_0": "draining"}, judged_step=None)  # an earlier release's record
+    assert live.stall_reason({0: "math_0"}, {"b": unknown}, 1.0, GONE, step=0, weights=None) is None
 
 
 @pytest.mark.parametrize("now", [0.0, 10.0, GONE])
