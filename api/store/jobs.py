@@ -134,9 +134,9 @@ def next_group(lane: Lane, limit: int) -> tuple[list[Job], Stop | None]:
     all came, as PostgreSQL's `commit_delay` does when `commit_siblings` are active. A commit costs about as
     much as the functions it covers (BEGIN, the write lock, the COMMIT's page writes: every commit rewrites the
     last page of each table it appends to), and a group that goes out at once leaves out the clients answered
-    by the commit before, whose next requests arrive just after it: with SQLite at 8 clients, groups of 4.4
-    became 7.6 and a small group's server CPU went 0.29 -> 0.24 ms (docs/benchmarks.md). A lone client never
-    waits: nothing else is coming."""
+    by the commit before, whose next requests arrive just after it: with SQLite at 8 clients, a commit holds
+    4.4 groups without the wait and 7.6 with it, and a small group's server CPU is 0.29 ms without it and 0.24
+    with it (docs/benchmarks-settings.md). A lone client never waits: nothing else is coming."""
     jobs = lane.jobs
     first = jobs.get()
     if isinstance(first, Stop):

@@ -19,9 +19,9 @@ DURABLE_PARAMS = frozenset({"max_replies", "reply_ttl", "commit_delay"})
 MAX_REPLIES = 1_000_000
 """Idempotency replies kept by default, newest first (~200 bytes each): far more retries than clients make."""
 COMMIT_DELAY_US = 500
-"""Default `commit_delay`, microseconds. Measured on SQLite with small groups (docs/benchmarks.md): at 8 clients
-200 us gathered groups of 5.3-7.3 from run to run, 500 us 7.4-7.7 (of 8), 1,000 us no more; the wait ends as
-soon as every transaction being prepared has come, so a longer bound costs only when one never comes."""
+"""Default `commit_delay`, microseconds. Measured on SQLite with small groups (docs/benchmarks-settings.md): at
+8 clients 200 us gathered groups of 5.3-7.3 from run to run, 500 us 7.4-7.7 (of 8), 1,000 us no more; the wait
+ends as soon as every transaction being prepared has come, so a longer bound costs only when one never comes."""
 COMMIT_DELAY_MAX_US = 100_000
 """Largest `commit_delay`: past this a wait is a stall, not a gathering."""
 

@@ -260,7 +260,7 @@ class _Driver(Driver):
 
 def warn_without_autovacuum(conn: psycopg.Connection[Any], schema: str) -> None:
     """One line at start when the queue tables will not be vacuumed: they churn (every group is inserted and
-    deleted), and without autovacuum a 6-minute soak grew the database to 1.36 GB (docs/stores.md)."""
+    deleted), and without autovacuum a 6-minute soak grew the database to 1.36 GB (docs/deployment.md)."""
     row = conn.execute("SHOW autovacuum").fetchone()
     off_tables = conn.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -270,7 +270,7 @@ def warn_without_autovacuum(conn: psycopg.Connection[Any], schema: str) -> None:
     if row is not None and row[0] != "on":
         log.warning(
             "PostgreSQL's autovacuum is off: the queue tables grow without bound as groups come and go; "
-            "turn it on (ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()), see docs/stores.md"
+            "turn it on (ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()), see docs/deployment.md"
         )
     elif off_tables:
         names = ", ".join(sorted(r[0] for r in off_tables))
