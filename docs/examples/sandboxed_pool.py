@@ -1,4 +1,4 @@
-"""Each rollout holds a sandbox from a capped pool (docs/rollout-client.md, "Pool capacity and admission")."""
+"""Each rollout holds a sandbox from a capped pool (docs/rollout-client-pools.md, "Pool capacity and admission")."""
 
 import asyncio
 import os

@@ -1,5 +1,5 @@
 """A synchronous trainer that runs its producer in a background thread and pauses it around each weight sync
-(docs/rollout-client.md, "A synchronous trainer"). The environment is docs/examples/sums.py, beside this file."""
+(docs/rollout-client-runner.md, "A synchronous trainer"). The environment is docs/examples/sums.py, beside this file."""
 
 import itertools
 import os

@@ -28,10 +28,10 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {
     "read_ahead_trainer.py": "training.md",
-    "sandboxed_pool.py": "rollout-client.md",
+    "sandboxed_pool.py": "rollout-client-pools.md",
     "submit_groups.py": "rollout-client.md",
     "sums.py": "rollout-client.md",
-    "sync_trainer.py": "rollout-client.md",
+    "sync_trainer.py": "rollout-client-runner.md",
     "vllm_sampling.py": "training.md",
     "weight_sync_trainer.py": "trainer-client.md",
 }
@@ -88,8 +88,9 @@ def test_the_environment_example_runs_with_its_workers_as_written(tmp_path: Path
 
 
 def test_the_synchronous_trainer_example_trains_and_syncs_as_written(tmp_path: Path) -> None:
-    """docs/rollout-client.md's synchronous trainer: its producer in a thread, paused around each of two weight
-    syncs (announced through rollbuf), 4 batches of 8 sequences, nothing failed; the lag back to 0 each sync."""
+    """docs/rollout-client-runner.md's synchronous trainer: its producer in a thread, paused around each of two
+    weight syncs (announced through rollbuf), 4 batches of 8 sequences, nothing failed; the lag back to 0 each
+    sync."""
     with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
         out = run_example("sync_trainer.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL)
     lines = out.strip().splitlines()
