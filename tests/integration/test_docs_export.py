@@ -1,4 +1,4 @@
-"""docs/ledger.md's export example runs as written: `rollbuf demo --export run-export` (with `--steps 6` instead of
+"""docs/ledger-export.md's example runs as written: `rollbuf demo --export run-export` (with `--steps 6` instead of
 40, for time), then the notebook-style Python block, which reads the three tables and plots the run's mix and
 drops with matplotlib."""
 
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def example() -> tuple[list[str], str]:
     """The example's shell commands (not `pip`) and its Python block."""
-    text = (ROOT / "docs" / "ledger.md").read_text()
-    section = text.split("### Example: a run's mix and drops", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "ledger-export.md").read_text()
+    section = text.split("## Example: a run's mix and drops", 1)[1].split("\n## ", 1)[0]
     bash = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
     python = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     commands = [line for line in bash.splitlines() if line.strip() and not line.startswith("pip ")]
@@ -51,7 +51,7 @@ def test_the_export_columns_the_page_names_are_the_files_columns() -> None:
     parentheses explains)."""
     from api.export.table import groups_schema, sequences_schema, steps_schema
 
-    text = (ROOT / "docs" / "ledger.md").read_text()
+    text = (ROOT / "docs" / "ledger-export.md").read_text()
     for name, schema in (("sequences", sequences_schema()), ("groups", groups_schema()), ("steps", steps_schema())):
         [row] = [line for line in text.splitlines() if line.startswith(f"| `{name}.parquet` |")]
         cell = row.rstrip(" |").rsplit(" | ", 1)[1]
