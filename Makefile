@@ -4,11 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SERVE_STAMP := $(VENV)/.installed-serve
 DEV_STAMP   := $(VENV)/.installed-dev
+DOCS_STAMP  := $(VENV)/.installed-docs
 WHEELHOUSE  := $(VENV)/wheelhouse
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/simple/index.html
 
 .DEFAULT_GOAL := all
-.PHONY: all install install-serve browser serve test floors-test lint format typecheck bench crash-matrix demo demo-learn clean
+.PHONY: all install install-serve browser serve test floors-test lint format typecheck bench crash-matrix demo demo-learn docs clean
 
 all: lint typecheck test
 
@@ -24,7 +25,11 @@ $(SERVE_STAMP): pyproject.toml | $(BIN)/python
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(DEV_STAMP) $(SERVE_STAMP)
+	touch $(DEV_STAMP) $(SERVE_STAMP) $(DOCS_STAMP)
+
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP) $(SERVE_STAMP)
 
 # verifiers' harness runs `uv sync --script` in every worker process with UV_OFFLINE=false forced: the tests
 # point it (UV_DEFAULT_INDEX) at this local PEP 503 index of its script's dependencies, built once here.
@@ -117,8 +122,14 @@ demo-learn: install  ## a torch policy learns through the service; report and re
 	$(BIN)/rollbuf demo --learn --report learn/report.json
 	$(BIN)/python -m demos.plot learn/report.json learn/reward.png
 
+# The docs site from docs/ (mkdocs.yml): offline, no CDN or web font; the HTTP API reference is rendered from the
+# app's own OpenAPI and the build prints each page's words per sentence. `make test` builds it too, with --strict
+# (tests/test_docs_site.py). Open site/index.html, or serve it as you edit: .venv/bin/mkdocs serve
+docs: $(DOCS_STAMP)  ## the docs site into site/ (a broken link or anchor fails it)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(FLOORS) .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf site $(VENV) $(FLOORS) .pytest_cache .ruff_cache .mypy_cache .hypothesis
 
 # The image test builds the Dockerfile and runs it with podman (no Docker daemon or registry here): podman,
 # runc and mmdebstrap (for a stand-in python:3.11-slim) are installed with apt, as root, like chromium above.
