@@ -44,7 +44,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"a {cores}-core VM ({model}{memory}; `nproc`, /proc/cpuinfo)"
+    return f"a {cores}-vCPU VM ({model}{memory}; `nproc`, /proc/cpuinfo)"
 
 
 def git(*args: str) -> str:
