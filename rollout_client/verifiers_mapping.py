@@ -2,7 +2,7 @@
 import). It reads episodes by attribute, so it takes verifiers 0.4.0's objects (per-token streams as lists),
 0.4.1.dev's (numpy int32/bool/float32 arrays) and recorded ones alike.
 
-Mapping, per trainable branch of every kept trace (docs/bring-your-environment.md has the table):
+Mapping, per trainable branch of every kept trace (docs/bring-your-environment-verifiers.md has the table):
 tokens = `branch.token_ids` as sampled; masks = the token id where `branch.sampled_mask` is true, -100 elsewhere;
 inference logprobs = `branch.logprobs` on sampled positions, Atropos's 1.0 sentinel elsewhere (verifiers
 spreads 0.0 there, which is a real logprob; 1.0 is not one, so a trainer can tell the positions apart);
