@@ -1,7 +1,7 @@
-"""A verifiers taskset leased from rollbuf (docs/tasks.md, "From a producer"): registered once as a dataset, then
-each producer's task source is a `LeasedTasks` over it instead of its own walk of the taskset, so that many
-verifiers producers share one taskset, each task rolled out once per epoch, its fate known, resumed from the true
-frontier.
+"""A verifiers taskset leased from rollbuf (docs/tasks-producers.md, "From a producer"): registered once as a
+dataset, then each producer's task source is a `LeasedTasks` over it instead of its own walk of the taskset, so
+that many verifiers producers share one taskset, each task rolled out once per epoch, its fate known, resumed
+from the true frontier.
 
     await register_verifiers_dataset(url, "gsm8k", env_config, epochs=2, order="shuffled")   # once
     runner = RolloutRunner(url, [(env, verifiers_leased_tasks("gsm8k", url))], ExternalInference())
