@@ -1,6 +1,7 @@
 """Generic asyncio helpers the runner's group machinery is built on, none of them about rollouts: a blocking
 call off the loop in a daemon thread, waiting for an event or anything else, the first real error of a task
-group, bounded closes of an exit stack, and an all-or-nothing acquire of async context managers."""
+group, bounded closes of an exit stack that a cancellation cannot cut short, and an all-or-nothing acquire of
+async context managers."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any, TypeVar
 
 from rollout_client.errors import ResourceExhausted, exited
-from rollout_client.resources import let_go
 
 log = logging.getLogger("rollout_client.group")
 
@@ -145,30 +145,59 @@ def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException | Non
     return flat[0]
 
 
+async def outlast(fut: asyncio.Future[Any], timeout: float | None) -> tuple[bool, asyncio.CancelledError | None]:
+    """Wait until `fut` is done or `timeout` s have passed, whatever cancellations of the caller arrive
+    meanwhile: a release cut short by a stop would leave its unit held at the pool for good. Returns whether
+    `fut` is done and the cancellation that arrived meanwhile, if one did: the caller raises it once it has
+    dealt with `fut` (`timeout` still bounds how long a cancelled caller takes to end)."""
+    loop = asyncio.get_running_loop()
+    give_up = None if timeout is None else loop.time() + timeout
+    cancelled: asyncio.CancelledError | None = None
+    while not fut.done():
+        left = None if give_up is None else give_up - loop.time()
+        if left is not None and left <= 0:
+            break
+        try:
+            await asyncio.wait([fut], timeout=left)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    return fut.done(), cancelled
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark an abandoned task's outcome as seen: no "exception was never retrieved" noise."""
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
 async def bounded_close(stack: AsyncExitStack, timeout: float | None) -> bool:
     """Exit `stack` within `timeout` s: True if it did; else its exits are cancelled and abandoned (False).
-    Run as its own task, so that a close that hangs holds neither its group nor a cancellation of it."""
+    Run as its own task, so that a close that hangs cannot hold its group past `timeout`; a cancellation of
+    the caller (`stop()`, a stale group, a deadline) does not cut the exits short: they finish within
+    `timeout`, then the cancellation is raised, so every unit is given back to its pool on every path."""
     closing = asyncio.ensure_future(stack.aclose())
-    try:
-        done, _ = await asyncio.wait([closing], timeout=timeout)
-    except asyncio.CancelledError:
+    done, cancelled = await outlast(closing, timeout)
+    if not done:
         closing.cancel()
-        raise
+        _retrieved(closing)
+        log.warning("releasing a group's resources took more than release_timeout=%s s: abandoned", timeout)
+    if cancelled is not None:
+        if done and not closing.cancelled() and (err := closing.exception()) is not None:
+            log.warning("releasing resources as the group was cancelled: %s: %s", type(err).__name__, err)
+        raise cancelled
     if done:
         closing.result()  # re-raise what the exits raised
-        return True
-    closing.cancel()
-    closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" noise
-    log.warning("releasing a group's resources took more than release_timeout=%s s: abandoned", timeout)
-    return False
+    return done
 
 
 async def release(stack: AsyncExitStack, error: BaseException, timeout: float | None = RELEASE_S) -> None:
     """Exit `stack` after `error`, which stays the error: whatever the exits raise is attached to it as notes
-    (a sandbox that fails to close must not hide why the group failed). Bounded by `timeout`."""
+    (a sandbox that fails to close must not hide why the group failed). Bounded by `timeout`; a cancellation
+    that arrives meanwhile is raised once the exits are done (`bounded_close`)."""
     try:
         if not await bounded_close(stack, timeout):
             error.add_note(f"releasing its resources took more than {timeout} s: abandoned")
+    except asyncio.CancelledError:  # cancelled while releasing: released all the same, and the cancellation goes on
+        raise
     except BaseException as close_error:
         chain: list[BaseException] = []
         e: BaseException | None = close_error
@@ -179,6 +208,29 @@ async def release(stack: AsyncExitStack, error: BaseException, timeout: float | 
             error.add_note(f"while releasing resources after this error: {type(c).__name__}: {c}")
         log.warning("releasing resources after %s: %s: %s", type(error).__name__, type(close_error).__name__,
                     close_error)  # fmt: skip
+
+
+async def let_go(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any], timeout: float | None) -> None:
+    """An acquire cancelled mid-way may already hold its unit (a remote pool took it; its answer is on the
+    way): let it finish, within `timeout`, and release what it got, whatever further cancellations arrive (the
+    caller is being cancelled already and raises once this returns). Past `timeout` it is abandoned, logged."""
+    done, _ = await outlast(entering, timeout)
+    if not done:
+        entering.cancel()
+        _retrieved(entering)
+        log.warning("a cancelled resource acquire did not finish within release_timeout=%s s: abandoned (the "
+                    "pool may still hold its unit)", timeout)  # fmt: skip
+        return
+    if entering.cancelled() or entering.exception() is not None:
+        return  # it holds nothing
+    exiting = asyncio.ensure_future(cm.__aexit__(None, None, None))
+    done, _ = await outlast(exiting, timeout)
+    if not done:
+        exiting.cancel()
+        _retrieved(exiting)
+        log.warning("releasing a resource after a cancelled acquire took more than %s s: abandoned", timeout)
+    elif not exiting.cancelled() and (err := exiting.exception()) is not None:
+        log.warning("releasing a resource after a cancelled acquire: %s: %s", type(err).__name__, err)
 
 
 async def acquire_all(
@@ -244,12 +296,12 @@ async def acquire_all(
     except BaseExceptionGroup as group:
         watch.cancel()
         real = first_error(group)
-        await release(stack, real or group)
+        await release(stack, real or group, release_timeout)
         if real is not None:
             raise real from None
         raise
     except BaseException as exc:
         watch.cancel()
-        await release(stack, exc)
+        await release(stack, exc, release_timeout)
         raise
     return [entered[i] for i in range(len(cms))], stack

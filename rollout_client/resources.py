@@ -16,7 +16,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from rollout_client.errors import ResourceExhausted, ResourceTimeout
@@ -39,7 +39,7 @@ def backoff(attempt: int, retry_after: float | None, rng: random.Random) -> floa
     """Seconds to wait after the `attempt`-th exhausted answer in a row (from 0): exponential, capped,
     full jitter above half (waiters that met the same full pool do not come back in step), never under the
     pool's own `retry_after`."""
-    ceiling = min(MAX_BACKOFF_S, BACKOFF_S * 2.0**attempt)
+    ceiling = min(MAX_BACKOFF_S, BACKOFF_S * 2.0 ** min(attempt, 64))  # 2.0**1024 overflows (acquire_timeout=None)
     wait = ceiling / 2 + rng.random() * ceiling / 2
     return max(wait, retry_after or 0.0)
 
@@ -119,30 +119,6 @@ class Capacity:
             self._waiters.popleft()
             self.used += n
             fut.set_result(None)
-
-
-async def let_go(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any], timeout: float | None) -> None:
-    """An acquire cancelled mid-way may already hold its unit (a remote pool took it; its answer is on the
-    way): let it finish, within `timeout`, and release what it got. Past `timeout` it is abandoned, logged."""
-    try:
-        done, _ = await asyncio.wait([entering], timeout=timeout)
-    except asyncio.CancelledError:
-        entering.cancel()
-        raise
-    if not done:
-        entering.cancel()
-        log.warning("a cancelled resource acquire did not finish within release_timeout=%s s: abandoned (the "
-                    "pool may still hold its unit)", timeout)  # fmt: skip
-        return
-    if entering.cancelled() or entering.exception() is not None:
-        return  # it holds nothing
-    exiting = asyncio.ensure_future(cm.__aexit__(None, None, None))
-    done, _ = await asyncio.wait([exiting], timeout=timeout)
-    if not done:
-        exiting.cancel()
-        log.warning("releasing a resource after a cancelled acquire took more than %s s: abandoned", timeout)
-    elif not exiting.cancelled() and (err := exiting.exception()) is not None:
-        log.warning("releasing a resource after a cancelled acquire: %s: %s", type(err).__name__, err)
 
 
 def warn_unbounded_pool(env: Environment) -> tuple[float, Callable[[int, int], None]] | None:
