@@ -4,6 +4,7 @@ environments concurrently (optionally in worker processes) as a well-behaved pro
 from rollout_client.aio import acquire_all
 from rollout_client.chat import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
+from rollout_client.datasets import register_dataset
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, ExternalSequence, Gate, Session, Task
 from rollout_client.errors import (
     ClientError,
@@ -101,6 +102,7 @@ __all__ = [
     "build_group",
     "clip_max_tokens",
     "is_retryable",
+    "register_dataset",
     "run_group",
     "run_in_thread",
     "tool_schema",

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from api.wire.schema import (
     ScoredListReply,
     ScoredReply,
 )
+from api.wire.tasks import DatasetView
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from client_core.errors import (
     ClientError,
@@ -337,6 +339,12 @@ class SyncRolloutClient:
 
     def status(self) -> EnvStatus:
         return self._runner.run(self._client.status())
+
+    def register_dataset(self, name: str, tasks: Iterable[Any] | os.PathLike[str], **kwargs: Any) -> DatasetView:
+        """`rollout_client.register_dataset(client, name, tasks, **kwargs)` through this client (same retries)."""
+        from rollout_client.datasets import register_dataset  # it imports this module
+
+        return self._runner.run(register_dataset(self._client, name, tasks, **kwargs))
 
     def disconnect(self) -> None:
         self._runner.run(self._client.disconnect())

@@ -13,20 +13,17 @@ back into the `Task` that `verifiers_tasks` makes (`meta["verifiers_task"]`, wha
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from itertools import islice
 from typing import Any
 
 import httpx
 
 from api.wire.tasks import DatasetView
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
-from client_core.retry import post_retrying
+from rollout_client.client import RolloutClient
+from rollout_client.datasets import register_dataset
 from rollout_client.leased_tasks import LeasedTasks
 from rollout_client.verifiers import TASK_KEY
 from rollout_client.verifiers_pool import resolve
-
-PAGE = 1000
-"""Tasks per page posted (the server's `task_page_size` by default)."""
 
 
 def verifiers_task_rows(env_config: Mapping[str, Any], *, limit: int | None = None) -> Iterator[dict[str, Any]]:
@@ -49,29 +46,20 @@ async def register_verifiers_dataset(
     *,
     api_key: str | None = None,
     limit: int | None = None,
-    page: int = PAGE,
+    page: int | None = None,
     retry_deadline: float = RETRY_DEADLINE_S,
     transport: httpx.AsyncBaseTransport | None = None,
     **spec: Any,
 ) -> DatasetView:
     """Register the taskset as dataset `name` (`spec`: epochs, seed, order, max_retries... as POST /tasks/datasets
-    takes them), a page at a time. Safe to run again: a registration already made is answered as the first was,
-    and each page posted again is a no-op."""
+    takes them), a page at a time (`register_dataset`; `page`: most tasks a page, default the server's). Safe to
+    run again: a registration already made is answered as the first was, and each page posted again is a no-op."""
     rows = verifiers_task_rows(env_config, limit=limit)
-    async with httpx.AsyncClient(
+    http = httpx.AsyncClient(
         base_url=base_url, headers=auth_headers(api_key), timeout=DEFAULT_TIMEOUT, transport=transport
-    ) as http:
-        current = list(islice(rows, page))
-        following = list(islice(rows, page))
-        body = {**spec, "name": name, "tasks": current, "last": not following}
-        view = DatasetView.model_validate(await post_retrying(http, "/tasks/datasets", body, retry_deadline))
-        first = len(current)
-        while following:
-            current, following = following, list(islice(rows, page))
-            body = {"dataset": name, "first": first, "tasks": current, "last": not following}
-            view = DatasetView.model_validate(await post_retrying(http, "/tasks/pages", body, retry_deadline))
-            first += len(current)
-    return view
+    )
+    async with http, RolloutClient(base_url, retry_deadline=retry_deadline, http_client=http) as client:
+        return await register_dataset(client, name, rows, page=page, **spec)
 
 
 def verifiers_leased_tasks(dataset: str, base_url: str = DEFAULT_URL, **kw: Any) -> LeasedTasks:
