@@ -2,7 +2,7 @@
 environment run by verifiers' env-server pool (`serve_env(max_workers=2)`, both workers started up front),
 through RolloutRunner to a real rollbuf server. The environment is the tests' tiny one (tests/verifiers_tiny.py:
 one turn, verifiers' chat harness as a `uv` script in a subprocess per rollout) on the stand-in
-`/inference/v1/generate` (tests/fake_vllm.py), which answers at once: what is measured is verifiers'
+`/inference/v1/generate` (demos/standin_inference.py), which answers at once: what is measured is verifiers'
 per-rollout cost (harness process, interception, renderer, scoring) and rollbuf's, not a model's.
 
 Per mode: start-up (env built or pool up), the first group, then groups/s over the next GROUPS groups with
@@ -25,8 +25,8 @@ from typing import Any
 from bench.servers import rollbuf, save_rows, serve
 from rollout_client import RolloutRunner, Tasks
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
-from tests.fake_vllm import fake_vllm
 from tests.integration.test_runner import start_trainer
+from tests.standin import running_standin
 from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ
 
 G = 4
@@ -68,7 +68,10 @@ def run() -> list[dict[str, Any]]:
         tokenizer = build_tokenizer(Path(tmp) / "tokenizer")
         for workers in MODES:
             name, cmd, port = rollbuf("memory://", Path(tmp) / f"r{workers}.log")
-            with serve(name, cmd, port, Path(tmp) / f"r{workers}.log") as target, fake_vllm(Path(tmp) / "v.log") as v:
+            with (
+                serve(name, cmd, port, Path(tmp) / f"r{workers}.log") as target,
+                running_standin(Path(tmp) / "v.log") as v,
+            ):
                 start_trainer(target.url, batch_size=G)
                 out.append(asyncio.run(one(target.url, v.url, tokenizer, workers)))
                 print(json.dumps(out[-1]), flush=True)

@@ -44,12 +44,13 @@ one run, `count.py` the counter, `records.py` the record format, `page.py` this 
 | scale | per run: {scale} |
 
 Each run starts real processes, each its own process group: `rollbuf serve` (SQLite: one process; PostgreSQL:
-two replicas of one database), the stand-in inference server (`tests/fake_vllm.py`, {latency_ms:.0f} ms a completion), a
-trainer through `trainer_client` (`tests/resuming_trainer.py`; **commit** mode: a loader reading 2 batches
-ahead, a checkpoint and a commit every 2 steps; **next** mode: Atropos's acknowledgement, a checkpoint every
-step before asking for the next batch), and two producers through `rollout_client`'s `RolloutRunner` for each
-side at once: whole groups of 2 (`tests/producer_process.py`), tasks leased from a shuffled 2-epoch dataset,
-groups of 2 (`tests/producer_process.py --dataset`), per-rollout groups of 4, each rollout posted as it ends
+two replicas of one database), the stand-in inference server (`demos/standin_inference.py`, {latency_ms:.0f} ms a
+completion), a trainer through `trainer_client` (`tests/resuming_trainer.py`; **commit** mode: a loader reading 2
+batches ahead, a checkpoint and a commit every 2 steps; **next** mode: Atropos's acknowledgement, a checkpoint
+every step before asking for the next batch), and two producers through `rollout_client`'s `RolloutRunner` for
+each side at once: whole groups of 2 (`crash/producer.py`, the example producer writing down what it was told),
+tasks leased from a shuffled 2-epoch dataset, groups of 2 (`crash/producer.py --dataset`), per-rollout groups of
+4, each rollout posted as it ends
 (`tests/per_rollout_producer.py`); for the pool worker's kill, each producer runs its rollouts in 2 worker
 processes (`num_workers=2`). Task leases last {task_lease_s:g} s, a per-rollout holder's
 {rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (for the trainer's

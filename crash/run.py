@@ -1,14 +1,15 @@
 """One run of the crash matrix: every side at once against one store, one fault, then every unit counted.
 
 The processes are real and each its own process group: `rollbuf serve` (one on SQLite; two replicas of one
-PostgreSQL database), the stand-in inference server (tests/fake_vllm.py), a trainer through `trainer_client`
-(tests/resuming_trainer.py: commit mode reading 2 batches ahead with a checkpoint every 2 steps, or next mode
-with a checkpoint every step) and two producers of each side through `rollout_client`'s `RolloutRunner`:
-whole groups and tasks leased from a 2-epoch dataset (tests/producer_process.py, through the inference server),
-per-rollout groups (tests/per_rollout_producer.py). Once every side has acknowledged and trained something the
-fault is made; the run then goes on until every side has finished its work (a fixed number of groups per
-whole-groups producer, every task of both epochs, every per-rollout group sealed), the last batch is completed
-with filler groups, and the trainer has trained it. Then `crash.count` counts from the records.
+PostgreSQL database), the stand-in inference server (demos/standin_inference.py), a trainer through
+`trainer_client` (tests/resuming_trainer.py: commit mode reading 2 batches ahead with a checkpoint every 2 steps, or
+next mode with a checkpoint every step) and two producers of each side through `rollout_client`'s `RolloutRunner`:
+whole groups and tasks leased from a 2-epoch dataset (crash/producer.py: the example producer, through the
+inference server), per-rollout groups (tests/per_rollout_producer.py). Once every side has acknowledged and
+trained something the fault is made; the run then goes on until every side has finished its work (a fixed
+number of groups per whole-groups producer, every task of both epochs, every per-rollout group sealed), the last
+batch is completed with filler groups, and the trainer has trained it. Then `crash.count` counts from the
+records.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class Run:
                     str(self.workdir / f"{name}.idle"), "--tasks", str(self.scale.rollout_groups), "--offset",
                     str(1000 * k), "--group-size", "4", "--min-s", "0.3", "--max-s", "0.9"]  # fmt: skip
         else:
-            argv = ["tests.producer_process", "--server", url, "--inference", self.inference, "--name", side,
+            argv = ["crash.producer", "--server", url, "--inference", self.inference, "--name", side,
                     "--max-in-flight", "2", "--record", str(record)]  # fmt: skip
             argv += ["--dataset", "arith"] if side == "tasks" else ["--groups", str(self.scale.groups)]
         if workers:
@@ -288,10 +289,11 @@ def small_disk(workdir: Path) -> Iterator[Path]:
 
 @contextmanager
 def inference_server(run: Run) -> Iterator[str]:
-    """tests/fake_vllm.py as a process on a free port, each completion taking `LATENCY_S` (a model that takes
-    time, so that groups are in flight when the fault comes); its URL once it answers."""
+    """The stand-in inference server (demos/standin_inference.py) as a process on a free port, each completion
+    taking `LATENCY_S` (a model that takes time, so that groups are in flight when the fault comes); its URL once
+    it answers."""
     port = free_port()
-    proc = run.spawn("vllm", "tests.fake_vllm", "--port", str(port))
+    proc = run.spawn("vllm", "demos.standin_inference", "--port", str(port))
     url = f"http://127.0.0.1:{port}"
     try:
 

@@ -1,5 +1,7 @@
-"""`rollbuf demo`: registered in the `rollbuf.commands` entry-point group (pyproject.toml), so the service's
-own `rollbuf` command (`api.cli`) finds it without importing a client; `python -m demos` runs it directly."""
+"""`rollbuf demo`, `rollbuf standin-inference`, `rollbuf example-trainer` and `rollbuf example-producer`:
+registered in the `rollbuf.commands` entry-point group (pyproject.toml), so the service's own `rollbuf` command
+(`api.cli`) finds them without importing a client. `python -m demos` runs the demo directly, `python -m
+demos.standin_inference` (`.example_trainer`, `.example_producer`) the others."""
 
 from __future__ import annotations
 
@@ -21,3 +23,24 @@ def demo(args: list[str]) -> None:
     from demos.mixing import main as mixing
 
     mixing(args)
+
+
+def standin_inference(args: list[str]) -> None:
+    """a stand-in for vLLM in the four-process layout: its completion routes, no model (-h)"""
+    from demos.standin_inference import main
+
+    main(args)
+
+
+def example_trainer(args: list[str]) -> None:
+    """the four-process layout's trainer: trains on batches, syncs and announces weights (-h)"""
+    from demos.example_trainer import main
+
+    main(args)
+
+
+def example_producer(args: list[str]) -> None:
+    """the four-process layout's producer: a RolloutRunner leasing a dataset's tasks (-h)"""
+    from demos.example_producer import main
+
+    main(args)

@@ -1,9 +1,12 @@
-"""A fake vLLM: an OpenAI-compatible completions server, run as a real process on a loopback port, that
-misbehaves on request. It speaks vLLM's shape (`/v1/models` with `max_model_len`, `/tokenize`,
-`/v1/completions` with `return_tokens_as_token_ids`), tokenises byte by byte and answers with
-`arithmetic_script` (the scripted policy of the example envs), so the runner's tests can use `OpenAIPolicy`
-end to end over HTTP. It also speaks vLLM's token-in/token-out `/inference/v1/generate`, which verifiers'
-train client calls (`generate_reply`: the verifiers producer's tests).
+"""A stand-in inference server: no model, no GPU, answers at once. It speaks what rollbuf's examples and tests
+ask of vLLM: the OpenAI completions protocol as vLLM serves it (`/v1/models` with `max_model_len`, `/tokenize`,
+`/v1/completions` with `return_tokens_as_token_ids`), tokenising byte by byte and answering with
+`arithmetic_script` (the scripted policy of the example envs), and vLLM's token-in/token-out
+`/inference/v1/generate` (what verifiers' train client calls). It stands in for `vllm serve ...` in
+docs/bring-your-environment.md's four-process layout, so that the layout runs on any machine, and the tests drive
+it to misbehave on request.
+
+    rollbuf standin-inference --port 9000        (or: python -m demos.standin_inference --port 9000)
 
 Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
 - `fail_every` N: every Nth completion request answers 503;
@@ -37,8 +40,6 @@ in /stats: `sandbox_acquired`, `sandbox_exhausted`, `sandbox_max_held`, `sandbox
 `sandbox_opened` / `sandbox_closed` (per-process clients of the pool saying hello and goodbye). With
 `sandbox_delay` S an acquire takes its sandbox, then answers S seconds later (a client that gives up
 meanwhile leaves it held unless it waits for the answer and releases it).
-
-    python -m tests.fake_vllm --port 8001
 """
 
 from __future__ import annotations
@@ -47,19 +48,9 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -68,20 +59,21 @@ from starlette.routing import Route
 from rollout_client.chat_examples import CUT_SHORT, ByteChatCodec, chat_script
 from rollout_client.examples import arithmetic_script
 from rollout_client.policy import stable_unit
-from tests.servers import READY_TIMEOUT_S, free_port
 
 MODEL = "fake"
+"""The one model it serves (`/v1/models`): what a policy names in its requests."""
 CONTEXT = 1 << 20
 
 
 GENERATE_END = 258
-"""The end-of-turn id of `/inference/v1/generate`'s replies (`tests.verifiers_tiny`'s `<|im_end|>`)."""
+"""The end-of-turn id of `/inference/v1/generate`'s replies: `<|im_end|>` of a byte-level tokenizer with ChatML's
+special tokens from 256 (the tests' tiny verifiers environment)."""
 
 
 def generate_reply(prompt: str, nth: int) -> list[int]:
     """`/inference/v1/generate`'s completion (byte ids, then the end of turn) for the `nth` request with this
     prompt: for "Say <word>." the word on odd requests and "no" on even ones, so G rollouts of a task score
-    half 1.0 and half 0.0 (`tests.verifiers_tiny` rewards saying the word)."""
+    half 1.0 and half 0.0 under a reward for saying the word."""
     word = prompt.rsplit("Say ", 1)[-1].split(".", 1)[0] if "Say " in prompt else "ok"
     return [*(word if nth % 2 else "no").encode(), GENERATE_END]
 
@@ -126,7 +118,7 @@ def create_app() -> Starlette:
         ids = list(body["prompt"].encode())
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": CONTEXT})
 
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         body = await request.json()
         stats["requests"] += 1
         chat = faults["chat"]
@@ -177,7 +169,7 @@ def create_app() -> Starlette:
             logprobs[-1] = None
         if faults["nan_logprob_marker"] and faults["nan_logprob_marker"] in text and logprobs:
             logprobs[-1] = float("nan")
-        choice = {
+        choice: dict[str, Any] = {
             "index": 0,
             "text": ByteChatCodec.decode(ids) if chat else bytes(ids).decode(errors="replace"),
             "finish_reason": finish,
@@ -268,77 +260,18 @@ def create_app() -> Starlette:
     )
 
 
-@dataclass
-class FakeVLLM:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path = Path("/dev/null")
-    port: int = 0
-
-    def kill(self) -> None:
-        """SIGKILL its process group: the inference server is gone (a crash, a restart in progress)."""
-        _kill(self.proc)
-
-    def revive(self) -> None:
-        """Start it again on the same port (its faults and counts start afresh)."""
-        self.proc = _start(self.log, self.port)
-
-    def control(self, **faults: Any) -> None:
-        httpx.post(self.url + "/control", json=faults, timeout=10).raise_for_status()
-
-    def stats(self) -> dict[str, Any]:
-        return httpx.get(self.url + "/stats", timeout=10).json()  # type: ignore[no-any-return]
-
-
-def _start(log: Path, port: int) -> subprocess.Popen[bytes]:
-    """The fake server as a process on `port`, returned once /v1/models answers."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=Path(__file__).resolve().parents[1])  # fmt: skip
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fake vLLM exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1.0).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise RuntimeError(f"fake vLLM not ready after {READY_TIMEOUT_S} s:\n{log.read_text()}")
-        time.sleep(0.05)  # polling interval while waiting for readiness
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)  # requests it holds on purpose would stall a graceful stop
-    proc.wait(timeout=30)
-
-
-@contextmanager
-def fake_vllm(log: Path, **faults: Any) -> Iterator[FakeVLLM]:
-    """The fake server as a process on a free port, ready when /v1/models answers; killed by its process group.
-    `kill()` stops it as a crash would, `revive()` starts it again on the same port (a vLLM restart)."""
-    port = free_port()
-    server = FakeVLLM(f"http://127.0.0.1:{port}", _start(log, port))
-    server.log, server.port = log, port
-    try:
-        if faults:
-            server.control(**faults)
-        yield server
-    finally:
-        _kill(server.proc)
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--port", type=int, required=True)
-    args = ap.parse_args()
-    uvicorn.run(create_app(), host="127.0.0.1", port=args.port, log_level="warning")
+    ap = argparse.ArgumentParser(
+        prog="rollbuf standin-inference",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
+    ap.add_argument("--port", type=int, default=9000, help="the port to listen on (default: %(default)s)")
+    args = ap.parse_args(argv)
+    uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -8,18 +8,15 @@ rollbuf's own, so that the two distributions cannot drift apart."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tomllib
-import venv
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.wheels import ROOT, build_wheel, install, run_alone
+
 CLIENTS = ROOT / "clients"
 SERVICE_STACK = ("fastapi", "fastapi_offline", "uvicorn", "starlette", "psycopg", "psycopg_pool", "prometheus_client")
 """What a trainer's environment must not load: the service's HTTP stack and store drivers."""
@@ -68,28 +65,14 @@ def test_the_clients_version_floors_and_extras_are_rollbuf_s() -> None:
         assert lines == service["optional-dependencies"][extra], f"the {extra} extra differs from rollbuf's"
 
 
-def _run(cwd: Path, *args: str | Path) -> str:
-    """Run a command from `cwd`, without what would let it see the checkout or this venv; its stdout."""
-    drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"}
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)  # a hang guard
-    assert done.returncode == 0, f"{' '.join(map(str, args))}: exit {done.returncode}\n{done.stdout}{done.stderr}"
-    return done.stdout
-
-
 def test_the_clients_install_and_run_alone(tmp_path: Path) -> None:
     # The sources as a built sdist would hold them: the links in clients/ followed, nothing written in the checkout.
-    src, dist, env = tmp_path / "src", tmp_path / "dist", tmp_path / "venv"
+    src, env = tmp_path / "src", tmp_path / "venv"
     shutil.copytree(CLIENTS, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    _run(tmp_path, sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", dist, src)
-    [wheel] = dist.glob("rollbuf_client-*.whl")
-    venv.create(env, with_pip=True)
-    python = env / "bin" / "python"
-    _run(tmp_path, python, "-m", "pip", "install", "--quiet", wheel)
-    _run(tmp_path, python, "-m", "pip", "check")
+    python = install(tmp_path, [build_wheel(tmp_path, src, "rollbuf_client")], env)
 
     # From tmp_path, so that the checkout is not on sys.path: what is imported is the wheel's.
-    reply = json.loads(_run(tmp_path, python, "-c", SMOKE))
+    reply = json.loads(run_alone(tmp_path, python, "-c", SMOKE))
     assert reply["answered"] is False
     assert all(Path(f).is_relative_to(env) for f in reply["files"]), reply["files"]
     modules: list[str] = reply["modules"]

@@ -1,7 +1,7 @@
 """A tiny verifiers v1 environment for the producer's tests, run offline for real: a taskset (`TinyTaskset`:
 say a word back, reward 1.0 when the reply holds it), verifiers' own single-agent env and chat harness (its
 program runs as a `uv` script in a subprocess runtime), and a byte-level tokenizer built with `tokenizers`
-(no download). The model is `tests/fake_vllm.py`'s `/inference/v1/generate`, a stand-in speaking vLLM's
+(no download). The model is `demos/standin_inference.py`'s `/inference/v1/generate`, a stand-in speaking vLLM's
 token-in/token-out protocol.
 
 verifiers resolves a taskset by id as a top-level module: ours is `tests/vf_envs/rollbuf_tiny_vf.py`.

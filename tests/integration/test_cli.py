@@ -23,13 +23,13 @@ def rollbuf(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 def test_rollbuf_lists_serve_and_the_commands_installed_packages_register() -> None:
-    """`serve` and `export` are the service's own; `demo` lives in the demos (a client of the service) and reaches
-    `rollbuf` through the `rollbuf.commands` entry-point group, so the service's command lists it without
-    importing it."""
+    """`serve` and `export` are the service's own; `demo` and the four-process layout's commands live in the demos
+    (clients of the service) and reach `rollbuf` through the `rollbuf.commands` entry-point group, so the service's
+    command lists them without importing them."""
     out = rollbuf("--help")
     assert out.returncode == 0, out.stderr
     commands = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  ")]
-    assert commands == ["serve", "export", "demo"]
+    assert commands == ["serve", "export", "demo", "example-producer", "example-trainer", "standin-inference"]
     unknown = rollbuf("frobnicate")
     assert unknown.returncode == 2
     assert "unknown command 'frobnicate'" in unknown.stderr

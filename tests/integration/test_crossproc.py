@@ -1,15 +1,14 @@
-"""The run across processes: a trainer process, the rollbuf server, the fake vLLM and a producer
+"""The run across processes: a trainer process, the rollbuf server, the stand-in inference server and a producer
 process, each its own process as in a deployment. The trainer syncs its weights to the inference server and
-announces them through rollbuf; the producer follows without pause/resume: groups carry the weights that
-generated them across 20 syncs, `max_staleness` never stalls the run, and a producer killed -9 is marked gone
-within `producer_gone_after`, after which the trainer is told why nothing comes and raises."""
+announces them through rollbuf; the producer follows without pause/resume: with drain, every trained token comes
+from the weights its group is stamped with; a producer held back by weights never announced says so, and a
+producer killed -9 is marked gone within `producer_gone_after`, after which the trainer is told why nothing comes
+and raises. The documented layout itself, from an installed wheel: tests/test_four_process_layout.py."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -26,8 +25,8 @@ import pytest
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from tests.factories import registration
-from tests.fake_vllm import fake_vllm
-from tests.servers import free_port, running_server
+from tests.servers import running_server
+from tests.standin import running_standin
 
 pytestmark = pytest.mark.integration
 
@@ -68,79 +67,15 @@ def result(path: Path) -> dict[str, Any]:
     return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
 
 
-def layout(tmp: Path) -> list[list[str]]:
-    """The four command lines of docs/bring-your-environment.md's "The four-process layout", as written but for
-    free ports, files in `tmp`, and `python -m api` for the `rollbuf` script (what it runs)."""
-    page = (ROOT / "docs" / "bring-your-environment.md").read_text()
-    section = page.split("## The four-process layout", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
-    assert block is not None
-    ports = {"8000": str(free_port()), "9000": str(free_port())}
-    lines = []
-    for line in block.group(1).strip().splitlines():
-        for old, new in ports.items():
-            line = line.replace(f":{old}", f":{new}").replace(f"--port {old}", f"--port {new}")
-        line = line.replace("sqlite:///buffer.db", f"sqlite:///{tmp}/buffer.db")
-        line = line.replace("--out trainer.json", f"--out {tmp}/trainer.json")
-        args = shlex.split(line)
-        lines.append(["-m", "api", *args[1:]] if args[0] == "rollbuf" else args[1:])
-        assert args[0] in ("rollbuf", "python"), line
-    return lines
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1.0).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def test_the_documented_four_process_layout_carries_the_weights_that_generated_each_group_across_20_syncs(
-    tmp_path: Path,
-) -> None:
-    """The layout as documented, with `max_staleness` 1: the run never stalls."""
-    server, inference, trainer_line, producer_line = layout(tmp_path)
-    url = "http://127.0.0.1:" + server[server.index("--port") + 1]
-    vllm_url = "http://127.0.0.1:" + inference[inference.index("--port") + 1]
-    out = tmp_path / "trainer.json"
-    with (
-        process(server[1], tmp_path / "server.log", *server[2:]),
-        process(inference[1], tmp_path / "vllm.log", *inference[2:]),
-    ):
-        until(lambda: ready(url + "/") and ready(vllm_url + "/v1/models"), "the server and the inference server", 30)
-        httpx.post(vllm_url + "/control", json={"latency": 0.01}).raise_for_status()
-        with (
-            process(trainer_line[1], tmp_path / "trainer.log", *trainer_line[2:]) as trainer,
-            process(producer_line[1], tmp_path / "producer.log", *producer_line[2:]),
-        ):
-            until(lambda: trainer.poll() is not None, "the trainer's 20 steps")
-            assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
-            seen = status(url)
-    steps = result(out)["steps"]
-    assert [s["step"] for s in steps] == list(range(20))
-    groups = [(s["step"], g) for s in steps for g in s["groups"]]
-    for step, g in groups:
-        lo, hi = g["weight_versions"]
-        assert lo == g["policy_step"] <= hi <= step, g
-        # never newer than the weights that generated it: staleness is never under-counted
-        assert g["policy_step"] <= min(g["generated_with"]), g
-        assert step - g["policy_step"] <= 1  # max_staleness held
-    assert len({g["policy_step"] for _, g in groups}) >= 10  # the producer followed the syncs
-    # How many stamps equal the weights that sampled them depends on when syncs land (load): not asserted.
-    [producer] = seen["producers"]
-    assert producer["live"] and producer["envs"] == ["turns_0"]  # its weights: as of its last beat (every 5 s)
-    assert seen["weights_step"] == 19
-
-
 def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_then_raises(tmp_path: Path) -> None:
     out = tmp_path / "trainer.json"
     no_progress = 3.0
     with (
         running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
-        fake_vllm(tmp_path / "vllm.log") as vllm,
-        process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
+        running_standin(tmp_path / "vllm.log") as vllm,
+        process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
                 "--steps", "100000", "--no-progress-timeout", str(no_progress), "--out", str(out)) as trainer,
-        process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+        process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
                 vllm.url) as producer,
     ):  # fmt: skip
         until(lambda: status(server.url)["current_step"] >= 3 and bool(status(server.url)["producers"]), "batches")
@@ -168,13 +103,13 @@ def test_with_drain_no_token_of_a_group_is_sampled_by_weights_other_than_its_sta
     out = tmp_path / "trainer.json"
     with (
         running_server("memory://", tmp_path / "server.log") as server,
-        fake_vllm(tmp_path / "vllm.log") as vllm,
+        running_standin(tmp_path / "vllm.log") as vllm,
     ):
         httpx.post(vllm.url + "/control", json={"latency": 0.01}).raise_for_status()
         with (
-            process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference",
+            process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference",
                     vllm.url, "--steps", "8", "--drain", "--max-staleness", "1", "--out", str(out)) as trainer,
-            process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+            process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
                     vllm.url, "--on-new-weights", "drain", "--turns", "3", "--max-staleness", "1") as producer,
         ):  # fmt: skip
             until(lambda: trainer.poll() is not None, "the trainer's 8 steps")

@@ -16,11 +16,12 @@ import httpx
 import pytest
 
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
+from demos.standin_inference import MODEL
 from tests.factories import group
-from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import start_trainer
 from tests.integration.test_runner_faults import finish
 from tests.servers import running_server
+from tests.standin import running_standin
 from trainer_client.protocol import registration
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ def test_the_page_shows_the_example_whole(example: str) -> None:
 
 def test_the_sandboxed_pool_example_runs_as_written(tmp_path: Path) -> None:
     """Two worker processes, G=8 on a pool of 8, 16 in flight: no deadlock, every sandbox given back."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLBUF_URL": server.url,
                "SANDBOX_URL": pool.url + "/sandbox", "MAX_GROUPS": "4"}  # fmt: skip
@@ -79,7 +80,7 @@ def test_the_rollout_client_example_submits_a_group_as_written(tmp_path: Path) -
 def test_the_environment_example_runs_with_its_workers_as_written(tmp_path: Path) -> None:
     """docs/rollout-client.md's `Sums` and its runner (2 worker processes, an OpenAI-compatible policy) against
     the stand-in inference server: every group accepted."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         out = run_example("sums.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
                           MAX_GROUPS="4")  # fmt: skip
@@ -91,7 +92,7 @@ def test_the_synchronous_trainer_example_trains_and_syncs_as_written(tmp_path: P
     """docs/rollout-client-runner.md's synchronous trainer: its producer in a thread, paused around each of two
     weight syncs (announced through rollbuf), 4 batches of 8 sequences, nothing failed; the lag back to 0 each
     sync."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         out = run_example("sync_trainer.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL)
     lines = out.strip().splitlines()
     assert [line.split()[:3] for line in lines[:4]] == [[str(s), "8", "0"] for s in range(4)], out
@@ -105,7 +106,7 @@ def test_bring_your_environment_sums_runs_as_written(tmp_path: Path) -> None:
     section = page.split("## 3. rollbuf's own Environment", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, flags=re.S)
     assert block is not None
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         code = (block.group(1).replace("http://127.0.0.1:8000", server.url)
                 .replace("http://127.0.0.1:9000", vllm.url).replace('"my-model"', repr(MODEL)))  # fmt: skip
@@ -165,7 +166,7 @@ def test_the_vllm_sampling_example_produces_as_written(tmp_path: Path) -> None:
     """docs/training.md's sampling through `OpenAIPolicy` with worker processes, against the stand-in inference
     server: every group accepted (as the page had it, an OpenAIPolicy given to a runner with workers failed
     the run as it started: "cannot pickle '_thread.RLock' object")."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         out = run_example("vllm_sampling.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
                           MAX_GROUPS="2")  # fmt: skip
@@ -176,7 +177,7 @@ def test_the_read_ahead_trainer_finishes_fed_by_the_sums_producer(tmp_path: Path
     """docs/training.md's read-ahead trainer fed by docs/rollout-client.md's sums.py producer, both as written,
     run together to the trainer's last step."""
     with running_server("memory://", tmp_path / "s.log", "--shutdown-timeout", "1") as server, \
-            fake_vllm(tmp_path / "v.log") as vllm:  # fmt: skip
+            running_standin(tmp_path / "v.log") as vllm:  # fmt: skip
         environ = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLBUF_URL": server.url, "INFERENCE_URL": vllm.url,
                    "MODEL": MODEL}  # fmt: skip
         producer = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / "sums.py")],

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_vllm import fake_vllm
 from tests.integration.test_crossproc import process, result, until
 from tests.servers import running_server
+from tests.standin import running_standin
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +40,12 @@ def test_a_run_of_several_envs_at_the_least_staleness_bound_never_stalls(
     in_flight = str(max(int(spec.split(":")[0]) for spec in envs) * 2)
     with (
         running_server("memory://", tmp_path / "server.log") as server,
-        fake_vllm(tmp_path / "vllm.log") as vllm,
-        process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference",
+        running_standin(tmp_path / "vllm.log") as vllm,
+        process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference",
                 vllm.url, "--steps", str(STEPS), "--batch-size", str(batch_size), "--max-staleness", str(bound),
                 "--sync-every", str(interval), "--no-progress-timeout", str(NO_PROGRESS_S),
                 "--out", str(out)) as trainer,
-        process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+        process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
                 vllm.url, "--max-staleness", str(bound), "--max-in-flight", in_flight, *env_args),
     ):  # fmt: skip
         until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps", HANG_GUARD_S)

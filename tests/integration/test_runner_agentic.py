@@ -33,9 +33,9 @@ from rollout_client import (
 )
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.policy import stable_unit
-from tests.fake_vllm import fake_vllm
 from tests.integration.test_runner import drain, start_trainer, status
 from tests.servers import running_server
+from tests.standin import running_standin
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -259,7 +259,7 @@ async def test_a_shared_pool_of_8_with_g8_and_16_in_flight_makes_progress(tmp_pa
     """Item 4: without admission two groups each hold 4 sandboxes and wait for the rest, forever; with
     max_resources=8 one group at a time holds the pool. Each worker's shared client is set up once and torn
     down on recycling and on shutdown."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url, max_resources=8)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
@@ -276,7 +276,7 @@ async def test_a_shared_pool_of_8_with_g8_and_16_in_flight_makes_progress(tmp_pa
 async def test_a_pool_that_answers_exhausted_is_waited_out_without_failing_groups(tmp_path: Path) -> None:
     """Item 4: the capped pool answers 429 "exhausted" past 8 sandboxes: the env raises ResourceExhausted,
     the runner lets go of what the group holds, backs off and tries again; no group fails."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         pool.control(sandbox_exhausted=True)
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)
@@ -364,7 +364,7 @@ async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: 
     """The pool takes a sandbox, then answers a second later; the group is cancelled meanwhile
     (`stop()` with a worker process, or `group_timeout` in process). Before: the cancelled request's sandbox
     stayed held at the pool (8 of 8 after a stop); now each acquire in progress finishes and is released."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         pool.control(sandbox_delay=1.0)
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url, max_resources=8)
@@ -396,7 +396,7 @@ async def test_a_shared_pool_used_without_max_resources_is_named_in_a_warning_wi
     a warning names the env and the fix (max_resources) once a group has held part of its units too long."""
     monkeypatch.setattr(resources, "HOLD_WARN_S", 1.0)
     resources._warned_pools.clear()
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as pool:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)
         runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),

@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from api.wire.rules import MASK_IGNORE
+from demos.standin_inference import MODEL
 from rollout_client import OpenAIPolicy, RolloutRunner, Session, Tasks
 from rollout_client.chat_examples import LLAMA31_JSON_TEMPLATE, QWEN25_TEMPLATE, ByteChatCodec, ToolChat
 from rollout_client.env import PROMPT_LOGPROB
 from rollout_client.examples import arithmetic_task
-from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer
 from tests.servers import running_server
+from tests.standin import running_standin
 from tests.unit.test_rollout_chat import Replies
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -80,7 +81,7 @@ async def check_sequence(env: ToolChat, tokens: list[int], masks: list[int], log
 async def test_a_tool_using_chat_rollout_reaches_the_trainer_token_exact(tmp_path: Path, fmt: str,
                                                                          template: dict[str, Any],
                                                                          workers: int) -> None:  # fmt: skip
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         env = ToolChat(group_size=4, parser=fmt, **template)
         vllm.control(chat=fmt, chat_stop=env.eos, chat_cut_first=True)
         start_trainer(server.url, batch_size=8, max_token_len=2048)

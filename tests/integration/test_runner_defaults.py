@@ -20,13 +20,14 @@ import pytest
 
 from client_core import outage
 from client_core.errors import RetriesExhausted
+from demos.standin_inference import MODEL
 from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolicy, Tasks
 from rollout_client.client import RolloutClient
 from rollout_client.errors import InferenceError, SetupTimeout
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
-from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, _gone, start_trainer, until
 from tests.servers import running_server
+from tests.standin import running_standin
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -136,7 +137,7 @@ async def test_the_breaker_judges_a_hung_engine_by_completions_not_its_model_lis
     """An engine that hangs while /v1/models answers: before, each probe of /v1/models closed the breaker and
     the next completion opened it again (many "reachable again"/"unreachable" pairs); now the probe is a
     completion, which hangs too: the breaker stays open, one change, until the engine answers again."""
-    with fake_vllm(tmp_path / "v.log") as server:
+    with running_standin(tmp_path / "v.log") as server:
         policy = OpenAIPolicy(server.url, MODEL, timeout=0.3, max_attempts=1, retry_deadline=0.5)
         changes: list[bool] = []
         policy.on_reachability = changes.append

@@ -1,7 +1,8 @@
 """RolloutRunner against what real environments and inference servers do: large payloads through workers,
-flaky and hanging inference (a fake vLLM process, `tests/fake_vllm.py`), environments that raise, a server
-that stops answering, sandboxes that fail to close, episodes past the token budget, trainers that sync
-weights every k steps, SIGTERM to the process group, and a synchronous trainer driving the runner.
+flaky and hanging inference (the stand-in inference server as a process, `demos/standin_inference.py`),
+environments that raise, a server that stops answering, sandboxes that fail to close, episodes past the token
+budget, trainers that sync weights every k steps, SIGTERM to the process group, and a synchronous trainer driving
+the runner.
 
 Each test names the defect it guards; each failed before its fix.
 """
@@ -25,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from demos.standin_inference import MODEL
 from rollout_client import (
     Curriculum,
     FailurePolicy,
@@ -40,9 +42,9 @@ from rollout_client import (
 )
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
 from rollout_client.handle import run_in_thread
-from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
 from tests.servers import running_server
+from tests.standin import running_standin
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -134,7 +136,7 @@ def marked_task(i: int, marker: str = "", every: int = 0) -> Task:
 async def test_inference_5xx_is_retried_and_4xx_fails_only_its_group(tmp_path: Path, workers: int) -> None:
     """Defect 2: a fake vLLM answering 503 on 1 call in 7 costs nothing; a 400 is never retried and fails its
     group alone (counted as inference_error), and the run goes on."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(fail_every=7, reject_marker="REJECT")
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(partial(marked_task, marker="REJECT", every=5)))],
@@ -201,7 +203,7 @@ async def test_past_the_error_rate_the_run_ends_with_run_failed_carrying_the_ori
 async def test_retried_inference_that_keeps_failing_ends_the_run_with_the_inference_error(tmp_path: Path) -> None:
     """Defect 2: an inference server answering 503 to everything: bounded retries, then RunFailed from
     InferenceError (not an ExceptionGroup)."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(fail_every=1)
         start_trainer(server.url, batch_size=8)
         policy = partial(OpenAIPolicy, vllm.url, MODEL, max_attempts=2)
@@ -220,7 +222,7 @@ async def test_retried_inference_that_keeps_failing_ends_the_run_with_the_infere
 @pytest.mark.parametrize("workers", [0])  # a worker runs the same Session code; pause covers worker hangs
 async def test_a_hanging_generate_times_out_and_frees_its_slot(tmp_path: Path, workers: int) -> None:
     """Defect 3: one hanging generate no longer keeps run(max_groups=10) from returning."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(hang_marker="HANG")
         start_trainer(server.url, batch_size=8)
         # turn_timeout leaves a healthy turn room on a loaded machine (one took over 0.5 s in CI)
@@ -258,7 +260,7 @@ async def test_a_rollout_past_rollout_timeout_fails_its_group(tmp_path: Path) ->
 async def test_pause_with_a_timeout_returns_while_inference_hangs(tmp_path: Path, workers: int) -> None:
     """Defect 3: pause(timeout=...) returns within its bound while every request hangs; the groups still
     generating are cancelled, dropped and counted; resume() carries on."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai(vllm.url),
                                max_in_flight=8, num_workers=workers)  # fmt: skip

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from demos.standin_inference import MODEL
 from rollout_client import (
     Curriculum,
     FailurePolicy,
@@ -37,10 +38,10 @@ from rollout_client import (
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.group import Limits
 from rollout_client.workers import WorkerPool
-from tests.fake_vllm import MODEL, fake_vllm
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
 from tests.integration.test_runner_faults import finish, run_script
 from tests.servers import ServerProcess, running_server, start_server
+from tests.standin import running_standin
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -93,7 +94,7 @@ def openai_default(url: str) -> partial[OpenAIPolicy]:
 async def test_an_inference_restart_holds_dispatch_and_counts_one_outage(tmp_path: Path, workers: int) -> None:
     """Item 2: the inference server killed, then started again on its port: requests retry by deadline, the
     breaker opens (visible in health()) and holds dispatch, the outage counts once, no group fails."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
                                max_in_flight=8, num_workers=workers)  # fmt: skip
@@ -112,7 +113,7 @@ async def test_an_inference_restart_holds_dispatch_and_counts_one_outage(tmp_pat
 
 async def test_429_is_retried_after_its_retry_after(tmp_path: Path) -> None:
     """Item 2: one completion request in three answers 429 with Retry-After: every group still succeeds."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(rate_limit_every=3)
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
@@ -344,7 +345,7 @@ async def test_exit_in_environment_code_fails_its_group_not_the_runner(tmp_path:
 
 async def test_pause_without_a_timeout_is_bounded_by_the_runners_default(tmp_path: Path) -> None:
     """Item 7: pause() with no argument returns within `pause_timeout` while inference hangs."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
                                max_in_flight=8, timeouts=Timeouts(pause=0.5))  # fmt: skip
@@ -453,7 +454,7 @@ class NanScore(Arithmetic):
 async def test_inference_replies_are_validated_and_nan_scores_fail_as_env_errors(tmp_path: Path) -> None:
     """Item 9: a null or NaN logprob and a completion past max_tokens fail their group as inference errors
     with a clear reason (never stored as 0.0, never sent to the server); a NaN score is an env error."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(null_logprob_marker="NULLLP", nan_logprob_marker="NANLP", overlong_marker="LONG")
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(NanScore(), Tasks(marked))], openai_default(vllm.url),
@@ -474,7 +475,7 @@ def padded(i: int) -> Task:
 async def test_the_context_is_learned_from_the_first_400_and_truncation_there_is_flagged(tmp_path: Path) -> None:
     """Item 9: a server that does not list its context: the first 400 names it, requests are clipped to it,
     and completions stopped by it are marked truncated."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(context=48, advertise_context=False)
         start_trainer(server.url, batch_size=8)
         runner = RolloutRunner(server.url, [(Arithmetic(max_tokens=32), Tasks(padded))], openai_default(vllm.url),

@@ -24,10 +24,10 @@ import pytest
 from api.tasks.leases import parse_token
 from rollout_client.examples import arithmetic_task
 from tests import pg
-from tests.fake_vllm import fake_vllm
 from tests.integration.test_crossproc import process
 from tests.resuming_trainer import REGISTRATION
 from tests.servers import ServerProcess, start_server
+from tests.standin import running_standin
 from trainer_client.protocol import registration
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
         log = tmp_path / "server.log"
         servers = [start_server(store, log, None, *EXTRA) for store in stores]
         stack.callback(stop, servers)
-        vllm = stack.enter_context(fake_vllm(tmp_path / "vllm.log"))
+        vllm = stack.enter_context(running_standin(tmp_path / "vllm.log"))
         with httpx.Client(base_url=servers[0].url, timeout=30) as c:
             assert c.post("/register", json=registration(starting_step=0, **REGISTRATION)).status_code == 200
             tasks = [{"id": t.id, "prompt": t.prompt, "answer": t.answer} for t in map(arithmetic_task, range(TASKS))]
@@ -100,7 +100,7 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
         def producer(n: int) -> Any:
             url = live[n % len(live)].url  # on PostgreSQL, both replicas hand out leases
             args = ("--server", url, "--inference", vllm.url, "--dataset", "arith", "--max-in-flight", "2")
-            return stack.enter_context(process("tests.producer_process", tmp_path / f"producer-{n}.log", *args))
+            return stack.enter_context(process("demos.example_producer", tmp_path / f"producer-{n}.log", *args))
 
         checkpoint = tmp_path / "checkpoint.json"
         # The servers the trainer and new producers use: on PostgreSQL a killed replica stays down (its producers

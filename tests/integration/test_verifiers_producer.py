@@ -1,6 +1,6 @@
 """The verifiers producer end to end, offline: a real verifiers v1 environment (`tests/verifiers_tiny.py`, its
 chat harness run by `uv` from the local index `make install` builds) on the stand-in `/inference/v1/generate`
-(`tests/fake_vllm.py`), run by `RolloutRunner` in process and through verifiers' `serve_env(max_workers=2)`,
+(`demos/standin_inference.py`), run by `RolloutRunner` in process and through verifiers' `serve_env(max_workers=2)`,
 submitted to a real rollbuf server and read back from /batch: exact tokens, masks, sentinels, scores, group
 ids and the counts of what was dropped; and its taskset leased from rollbuf by two producers."""
 
@@ -23,14 +23,15 @@ import pytest
 
 from api.config.settings import Settings
 from api.http.app import create_app
+from demos.standin_inference import generate_logprob, generate_reply
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
 from rollout_client.verifiers_pool import POOL_START_S, children
 from rollout_client.verifiers_tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
 from tests.factories import group
-from tests.fake_vllm import fake_vllm, generate_logprob, generate_reply
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, until
 from tests.servers import running_server
+from tests.standin import running_standin
 from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ, prompt_ids
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -93,7 +94,7 @@ def check_group(group: dict[str, Any], word: str) -> None:
 @POOLS
 @pytest.mark.parametrize("workers", [0, 2], ids=["in_process", "serve_env_pool"])
 async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, workers: int) -> None:
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
         httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()  # the trainer's weights announced
         deltas: list[tuple[str, dict[str, Any]]] = []
@@ -136,7 +137,7 @@ async def test_through_the_pool_groups_carry_the_weights_that_generated_them_acr
     announces its weights, 20 times: every group carries the weights that generated it (never newer than
     announced when it was served, within the staleness bound of the batch that trains it), and the run never
     stalls."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=SYNC_G, max_staleness=1)
         httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()
         config = env_config_data()
@@ -180,7 +181,7 @@ async def test_through_the_pool_groups_carry_the_weights_that_generated_them_acr
 async def test_failed_episodes_and_flat_groups_are_counted_not_submitted(tmp_path: Path, offline: Path) -> None:
     """An episode the inference server refuses fails its group (counted by reason); with
     `require_reward_variance`, a group whose rollouts all score the same is counted, not submitted."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
         vllm.control(reject_marker="river", generate_echo=True)
         stats = await produce(server.url, vllm.url, offline, workers=0, words=3, require_reward_variance=True)
@@ -196,7 +197,7 @@ async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_i
 ) -> None:
     """verifiers' harness calls inference itself: `pause()` returns once no episode runs (none starts until
     `resume()`); episodes still running at its timeout are cancelled, their groups counted `pause_timeout`."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
         config = env_config_data()
         env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G)
@@ -267,7 +268,7 @@ async def test_a_group_left_short_is_submitted_whole_with_its_left_out_counts(tm
     prompt = len(prompt_ids("Say apple."))
     short, long = prompt + len(generate_reply("Say apple.", 2)), prompt + len(generate_reply("Say apple.", 1))
     assert short < long
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G, max_token_len=short)
         stats = await produce(server.url, vllm.url, offline, workers=0, words=2)
         served = drain(server.url)
@@ -295,7 +296,7 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
     """A pool worker killed -9 (verifiers' broker neither notices nor replaces it: its episodes hung until a
     pause or a rollout timeout, counted as skipped): it is logged, its group's episodes fail at once and are
     counted as failures (`pool_worker_died`, in stats and health), and the pool is restarted and serves."""
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
         config = env_config_data()
         env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G,
@@ -339,7 +340,7 @@ def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     [taskset] = [b for b in blocks if b.startswith("# my_taskset.py")]
     (tmp_path / "my_taskset.py").write_text(taskset)
-    with running_server("memory://", tmp_path / "s.log") as server, fake_vllm(tmp_path / "v.log") as vllm:
+    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=2)
         script = blocks[0]
         for written, here in {"http://127.0.0.1:9000": vllm.url, "http://127.0.0.1:8000": server.url,

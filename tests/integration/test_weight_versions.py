@@ -1,7 +1,7 @@
 """The weight versions a group states, against the weights that sampled its tokens, in the four-process layout
 (a trainer process, the rollbuf server, the stand-in inference server, a producer process). The trainer syncs
 inside `weight_sync` (POST /weights/pending, then the push, then POST /weights) after every step; the stand-in
-server marks each token's logprob with the weights that sampled it (`tests.fake_vllm.weights_logprob`), and
+server marks each token's logprob with the weights that sampled it (`demos.standin_inference.weights_logprob`), and
 the trainer reads them back from its batches. Under every `on_new_weights` policy, each trained group's
 `policy_step` and `generation_params["weight_versions"]` are the versions its tokens came from, and say so
 (`weight_versions_exact`)."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fake_vllm import fake_vllm
 from tests.integration.test_crossproc import process, result, until
 from tests.servers import running_server
+from tests.standin import running_standin
 
 pytestmark = pytest.mark.integration
 
@@ -27,13 +27,13 @@ def test_every_trained_group_states_the_weights_its_tokens_came_from(tmp_path: P
     out = tmp_path / "trainer.json"
     with (
         running_server("memory://", tmp_path / "server.log") as server,
-        fake_vllm(tmp_path / "vllm.log") as vllm,
+        running_standin(tmp_path / "vllm.log") as vllm,
     ):
         httpx.post(vllm.url + "/control", json={"latency": 0.02}).raise_for_status()
         with (
-            process("tests.trainer_process", tmp_path / "trainer.log", "--server", server.url, "--inference",
+            process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference",
                     vllm.url, "--steps", str(STEPS), "--drain", "--max-staleness", "1", "--out", str(out)) as trainer,
-            process("tests.producer_process", tmp_path / "producer.log", "--server", server.url, "--inference",
+            process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
                     vllm.url, "--on-new-weights", policy, "--turns", "3", "--max-in-flight", "16",
                     "--max-staleness", "1"),
         ):  # fmt: skip
