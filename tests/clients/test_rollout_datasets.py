@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Collection, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,12 @@ async def app() -> AsyncIterator[httpx.AsyncBaseTransport]:
         yield httpx.ASGITransport(app=application)
 
 
-def client(transport: httpx.AsyncBaseTransport) -> RolloutClient:
-    return RolloutClient(http_client=httpx.AsyncClient(transport=transport, base_url="http://localhost"))
+@asynccontextmanager
+async def client(transport: httpx.AsyncBaseTransport) -> AsyncIterator[RolloutClient]:
+    """A `RolloutClient` on `transport`; its HTTP client closed at the end."""
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+        async with RolloutClient(http_client=http) as c:
+            yield c
 
 
 def rows(n: int, start: int = 0) -> Iterator[dict[str, Any]]:
