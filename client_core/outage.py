@@ -1,6 +1,11 @@
 """A server outage, told to the user as it happens: a client retrying a server that does not answer logs it
 (once it has lasted `after_s`, then every `every_s`), and logs once more when the server answers again. The
-retries themselves are silent by design; an outage of minutes must not be."""
+retries themselves are silent by design; an outage of minutes must not be.
+
+A request can also go unanswered without failing: a server stopped (SIGSTOP) or a connection silenced keeps it
+waiting until its read timeout (30 s by default). A caller that knows how long an answer should take (the
+producer's heartbeat) says so with `unanswered` once that bound has passed: told at once, since the wait itself
+was the bound, and ended by the reply if it comes."""
 
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ EVERY_S = 30.0
 
 
 class Outage:
-    """Call `failed(why)` on each failed attempt to reach the server, `answered()` on each reply."""
+    """Call `failed(why)` on each failed attempt to reach the server, `answered()` on each reply, and
+    `unanswered(why, since)` for a request still waiting past its caller's bound."""
 
     def __init__(self, what: str, log: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
         self.what = what
@@ -24,14 +30,29 @@ class Outage:
         self.since: float | None = None
         self.logged: float | None = None
 
+    @property
+    def told(self) -> bool:
+        """An outage is going on and was logged (a blip that one retry covered is not told)."""
+        return self.logged is not None
+
     def failed(self, why: str) -> None:
         now = self.clock()
         if self.since is None:
             self.since = now
-        if now - self.since < AFTER_S:
-            return
+        if now - self.since >= AFTER_S:
+            self._tell(now, why)
+
+    def unanswered(self, why: str, since: float) -> None:
+        """A request sent at `since` has had no answer for as long as its caller waits for one: an outage that
+        began then at the latest, told now."""
+        if self.since is None or since < self.since:
+            self.since = since
+        self._tell(self.clock(), why)
+
+    def _tell(self, now: float, why: str) -> None:
         if self.logged is None or now - self.logged >= EVERY_S:
             self.logged = now
+            assert self.since is not None
             self.log.warning("%s unreachable for %.0f s, retrying: %s", self.what, now - self.since, why)
 
     def answered(self) -> None:

@@ -108,7 +108,9 @@ class RolloutClient:
         """Submit msgpack when the server offers it (`content_types` in /info); JSON otherwise."""
         self.binary = False
         """True once /info advertised msgpack submissions (and `prefer_binary`)."""
-        self._outage = Outage(f"rollbuf server {base_url}", log)
+        self.outage = Outage(f"rollbuf server {base_url}", log)
+        """This client's view of the server's reachability: its failed requests, its replies, and requests its
+        caller found unanswered past their bound (the runner's heartbeat), each logged as it starts and ends."""
 
     # ------------------------------------------------------------------------------------------- plumbing
 
@@ -139,9 +141,9 @@ class RolloutClient:
                     try:
                         reply = await self._send(method, path, **kwargs)
                     except TransportError as exc:
-                        self._outage.failed(f"{method} {path}: {exc}")
+                        self.outage.failed(f"{method} {path}: {exc}")
                         raise
-                    self._outage.answered()
+                    self.outage.answered()
                     return reply
         except RetryError as exc:
             last = exc.last_attempt.exception()

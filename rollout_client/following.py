@@ -32,9 +32,11 @@ served some of its turns with the next weights, so a group holding such a turn s
 false`: its versions are this producer's estimate (never newer than the truth: the runner learns of a push
 only after it).
 
-`Heartbeat` tells rollbuf that this producer is alive, every `gone_after / 6` s (the server's setting, from its
+`Beats` tells rollbuf that this producer is alive, every `gone_after / 6` s (the server's setting, from its
 reply): its envs, in flight, groups/s, failures, weights, what holds it back. It logs, rate-limited, while the
-server is unreachable and while this producer waits for the trainer.
+server is unreachable and while this producer waits for the trainer: a heartbeat unanswered after `reply_within`
+(a stopped or hung server, a silenced connection) is told then, not at the request's read timeout, and its
+answer, if it comes, tells the end.
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from api.wire.producers import Heartbeat
+from api.wire.producers import Heartbeat, HeartbeatReply
 from api.wire.schema import EnvStatus, ScoredData
-from client_core.errors import ClientError
+from client_core.errors import ClientError, RetriesExhausted, TransportError
 from rollout_client.pacing import AHEAD, DRAINING, QUEUE_FULL
 
 if TYPE_CHECKING:
@@ -70,6 +72,10 @@ RESTARTED = "restarted"
 BEAT_S = 1.0
 """Heartbeat interval until the server's first reply says `gone_after`."""
 BEAT_MIN_S, BEAT_MAX_S = 0.1, 10.0
+REPLY_S = 5.0
+"""Default bound on a heartbeat's answer before the server is reported unresponsive (`Timeouts.server_reply`):
+a heartbeat is one small write, answered in milliseconds by a server at work; one slower than this is a server
+stopped, hung or cut off, not a slow reply."""
 LOG_EVERY_S = 30.0
 """Rate limit of the 'waiting for the trainer' and 'server unreachable' log lines."""
 RATE_WINDOW_S = 60.0
@@ -240,8 +246,12 @@ class Beats:
     host: str = field(default_factory=socket.gethostname)
     interval: float = BEAT_S
     gone_after: float | None = None
+    reply_within: float | None = REPLY_S
+    """A heartbeat the server has not answered within this is reported at once (the client's `outage`: a log
+    line, and `stats.server_reachable`) while it goes on waiting for the answer, which ends the outage: a stopped
+    server or a silenced connection is told within one beat interval and this, not at the request's read timeout
+    (30 s). None: only a heartbeat that fails is reported."""
     _window: list[tuple[float, int]] = field(default_factory=list)
-    _down_since: float | None = None
     _logged: dict[str, float] = field(default_factory=dict)
 
     def beat_body(self, now: float) -> Heartbeat:
@@ -283,6 +293,30 @@ class Beats:
                     "POST /weights after each sync)")  # fmt: skip
         return f"the trainer: {', '.join(sorted(reasons))}"
 
+    async def _beat(self, client: RolloutClient, sent: float) -> HeartbeatReply:
+        """One heartbeat, sent at `sent`. One unanswered after `reply_within` is reported then, and still waited
+        for: a server that wakes up (SIGCONT) answers it, and the answer ends the outage at once."""
+        beat = asyncio.ensure_future(client.heartbeat(self.beat_body(sent)))
+        try:
+            if self.reply_within is not None:
+                done, _ = await asyncio.wait({beat}, timeout=self.reply_within)
+                if not done:
+                    why = f"POST /producers/heartbeat: no answer after {self.reply_within:g} s"
+                    client.outage.unanswered(why, sent)
+                    self.stats.server_reachable = False
+            return await beat
+        finally:
+            beat.cancel()  # (done already, unless this task is cancelled meanwhile)
+
+    def _failed(self, client: RolloutClient, sent: float, exc: ClientError) -> None:
+        """A heartbeat that failed: unreachable once its retries (HEARTBEAT_DEADLINE_S) are over, told at once;
+        an answer that refuses it (a 4xx, a 503 until the deadline) is not an outage, and is logged as it is."""
+        cause = exc.__cause__ if isinstance(exc, RetriesExhausted) else exc
+        if isinstance(cause, TransportError):
+            client.outage.unanswered(f"POST /producers/heartbeat: {exc}; still producing", sent)
+        else:
+            self._log("refused", sent, "the rollbuf server refused a heartbeat: %s", exc)
+
     def _log(self, kind: str, now: float, msg: str, *args: object) -> None:
         if now - self._logged.get(kind, -LOG_EVERY_S) >= LOG_EVERY_S:
             self._logged[kind] = now
@@ -293,19 +327,13 @@ class Beats:
         while True:
             now = time.monotonic()
             try:
-                reply = await client.heartbeat(self.beat_body(now))
+                reply = await self._beat(client, now)
             except ClientError as exc:
-                if self._down_since is None:
-                    self._down_since = now
-                self._log("down", now, "the rollbuf server is unreachable (for %.0f s): %s; still producing and "
-                          "retrying", now - self._down_since, exc)  # fmt: skip
+                self._failed(client, now, exc)
             else:
-                if self._down_since is not None:
-                    log.warning("the rollbuf server answers again (after %.0f s)", now - self._down_since)
-                    self._down_since = None
-                    self._logged.pop("down", None)
                 self.gone_after = reply.gone_after
                 self.interval = min(BEAT_MAX_S, max(BEAT_MIN_S, reply.gone_after / 6))
+            self.stats.server_reachable = not client.outage.told
             waiting = self.waiting_for()
             if waiting is not None and not set(self.stats.paused.values()) <= {DRAINING, QUEUE_FULL}:
                 # (a drain for a sync is the handshake at work: the trainer logs whom it waits for)

@@ -310,7 +310,8 @@ class RolloutRunner:
         try:
             try:
                 if await unless_stopped(self._stopping, self._start()):
-                    monitor = asyncio.create_task(self._watch.run(self._watch.beats(self.clients, self.producer_id)))
+                    beats = self._watch.beats(self.clients, self.producer_id, self.timeouts.server_reply)
+                    monitor = asyncio.create_task(self._watch.run(beats))
                     siblings = None
                     if self.groups is not None:  # an env posts each rollout: take sibling slots too
                         siblings = asyncio.create_task(self._siblings(self.groups).run())

@@ -61,6 +61,9 @@ class RunnerStats:
     """The inference circuit breaker is closed (while open, no group is dispatched)."""
     inference_outages: int = 0
     """Times the inference server became unreachable (one per outage, however many groups it touched)."""
+    server_reachable: bool = True
+    """The rollbuf server answers this runner's heartbeats: False once one failed, or went unanswered past
+    `Timeouts.server_reply`, until one is answered (production goes on meanwhile; submits retry)."""
     release_timeouts: int = 0
     """Resource releases abandoned after `release_timeout`."""
     reregistered: int = 0
@@ -106,6 +109,7 @@ class RunnerStats:
             inference_outages=self.inference_outages, workers_recycled=dict(self.workers_recycled),
             stalled=self.stalled, rollouts_failed={env: dict(c) for env, c in self.rollouts_failed.items()},
             partial_groups=self.partial_groups, server_blocked=self.server_blocked,
+            server_reachable=self.server_reachable,
         )  # fmt: skip
 
 
@@ -144,3 +148,5 @@ class RunnerHealth:
     server_blocked: str | None = None
     """Why the server can form no batch from what is queued (group sizes that cannot add up under its trainer's
     `no_exact_fill: "wait"`, a minimum share holding batches back), as it says; None while batches form."""
+    server_reachable: bool = True
+    """The rollbuf server answers this runner's heartbeats (see `RunnerStats.server_reachable`)."""

@@ -4,10 +4,11 @@ is configured with a few objects rather than seven loose keywords. `None` turns 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from rollout_client.aio import RELEASE_S
 from rollout_client.coalescing import LINGER_S
+from rollout_client.following import REPLY_S
 from rollout_client.group import Limits
 
 TURN_S = 600.0
@@ -44,9 +45,13 @@ class Timeouts:
     submit_linger: float = LINGER_S
     """How long a finished group waits for others of its env to be submitted with it, in one
     /scored_data_list (`rollout_client.coalescing`); 0 submits each group alone at once."""
+    server_reply: float | None = REPLY_S
+    """A heartbeat the rollbuf server has not answered within this reports it unresponsive (a log line,
+    `health().server_reachable` False) while the heartbeat waits on; its answer reports the recovery. A stopped
+    or hung server is so told within one heartbeat interval and this. None: only a failed heartbeat is told."""
 
     def __post_init__(self) -> None:
-        for name in ("turn", "rollout", "group", "release", "pause", "shutdown", "inference_outage", "submit_linger"):
+        for name in (f.name for f in fields(self)):  # every bound is seconds
             value = getattr(self, name)
             if value is not None and (math.isnan(value) or value < 0):
                 raise ValueError(f"Timeouts.{name} must be a number of seconds >= 0 (or None), got {value}")

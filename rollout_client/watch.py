@@ -28,7 +28,7 @@ from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
 from rollout_client.env import Gate
 from rollout_client.errors import RetriesExhausted
-from rollout_client.following import Beats, Follower
+from rollout_client.following import REPLY_S, Beats, Follower
 from rollout_client.inflight import InFlight
 from rollout_client.stats import RunnerStats
 from rollout_client.watching import Monitor, Sight, held_back
@@ -124,10 +124,12 @@ class Watch:
         self._hold: asyncio.Task[None] | None = None
         weights.gate, weights.pool = self.gate, pool
 
-    def beats(self, clients: Sequence[RolloutClient], producer_id: str) -> Beats:
-        """The heartbeat to run beside the watch: it carries the step generating and the drain state."""
+    def beats(self, clients: Sequence[RolloutClient], producer_id: str, reply_within: float | None = REPLY_S) -> Beats:
+        """The heartbeat to run beside the watch: it carries the step generating and the drain state, and tells a
+        server that leaves it unanswered past `reply_within` (`Timeouts.server_reply`)."""
         return Beats(list(clients), self.names, self.stats, lambda: self.weights.now,
-                     lambda: (self.follow.drains, self.drained_for), self.beat_now, producer_id)  # fmt: skip
+                     lambda: (self.follow.drains, self.drained_for), self.beat_now, producer_id,
+                     reply_within=reply_within)  # fmt: skip
 
     async def run(self, beats: Beats | None = None) -> None:
         """Watch (and heartbeat meanwhile) until cancelled; whatever goes wrong here ends the run through `end`,

@@ -23,18 +23,20 @@ async def test_beats_log_once_while_the_server_is_unreachable_and_say_what_they_
     stats = RunnerStats()
     stats.paused["turns"] = "ahead_of_trainer"
     stats.trainer_step = 7
-    async with RolloutClient(f"http://127.0.0.1:{free_port()}", retry_deadline=0.0) as client:  # nothing listens
+    url = f"http://127.0.0.1:{free_port()}"
+    async with RolloutClient(url, retry_deadline=0.0) as client:  # nothing listens
         beats = Beats([client], ["turns"], stats, lambda: 3, interval=0.05)
         with caplog.at_level(logging.WARNING, logger="rollout_client.runner"):
             running = asyncio.create_task(beats.run())
-            while sum("unreachable" in r.getMessage() for r in caplog.records) < 1 or beats._down_since is None:
+            while sum("unreachable" in r.getMessage() for r in caplog.records) < 1 or stats.server_reachable:
                 await asyncio.sleep(0.05)  # polling: the first beat's retries end within HEARTBEAT_DEADLINE_S
-            first = beats._down_since
+            first = time.monotonic()
             while time.monotonic() - first < 2 * HEARTBEAT_DEADLINE_S + 0.5:
                 await asyncio.sleep(0.05)  # more beats fail meanwhile: rate-limited, not logged again
             running.cancel()
     lines = [r.getMessage() for r in caplog.records]
-    assert sum("the rollbuf server is unreachable" in m for m in lines) == 1, lines
+    assert sum(m.startswith(f"rollbuf server {url} unreachable for") for m in lines) == 1, lines
+    assert not stats.server_reachable
     waits = [m for m in lines if m.startswith("waiting for new weights")]
     assert len(waits) == 1 and "generating with step 3, the trainer is at step 7" in waits[0]
     body = beats.beat_body(time.monotonic())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from rollout_client import FailurePolicy, RecyclePolicy, RolloutRunner, Scripted
 from rollout_client.deprecated import FAILURES, RECYCLE, TIMEOUTS
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 
-FIELDS = ["turn", "rollout", "group", "release", "pause", "shutdown", "inference_outage", "submit_linger"]
+FIELDS = [f.name for f in fields(Timeouts)]
 
 
 def runner(**kw: Any) -> RolloutRunner:
