@@ -365,7 +365,9 @@ class Environment(ABC):
     max_resources: int | None = None
     """Capacity of the shared pool `resource()` draws from (sandboxes on a capped server): at most this many
     rollouts of this env hold a resource at once, over every worker. A group that runs together is admitted
-    only when all its G fit, so groups never each hold part of the pool and wait for the rest."""
+    only when all its G fit, so groups never each hold part of the pool and wait for the rest. None: the
+    runner does not know the pool's size, and groups that run together acquire theirs one group at a time
+    (`resources.Turns`), which is safe but serial."""
     acquire_timeout: float | None = 300.0
     """How long a group (or a rollout run on its own) keeps retrying `resource()` that raises
     ResourceExhausted, with backoff, before it fails (`resource_timeout`)."""

@@ -22,6 +22,7 @@ from rollout_client.group import (
     survive,
 )
 from rollout_client.recycling import STUCK
+from rollout_client.resources import Turns, takes_turns
 
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Gate, Task
@@ -115,6 +116,8 @@ class GroupExecutor:
         self.stopping = stopping
         """Set once the run stops: a failed group is not run again."""
         self.on_rollout_end = on_rollout_end
+        self.turns = Turns()
+        """Groups that take several units of a pool of unknown size acquire them one group at a time."""
 
     async def run(self, i: int, task: Task, group_id: str, poster: Poster | None = None) -> GroupOutcome:
         """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
@@ -152,11 +155,7 @@ class GroupExecutor:
                         self.in_flight.hold_deadlines(asyncio.get_running_loop().time())
                 if self.envs[i].scores_each_rollout:
                     return await self._spread(i, task, group_id, poster)
-                if self.pool is None:
-                    return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
-                                           on_rollout_end=lambda: self.on_rollout_end(group_id),
-                                           **self.limits.kwargs())  # fmt: skip
-                return await self.pool.run(i, task, group_id, lambda: self.on_rollout_end(group_id))
+                return await self._whole(i, task, group_id)
         except TimeoutError:
             if not deadline.expired():
                 raise
@@ -170,6 +169,24 @@ class GroupExecutor:
                 self.pool.forget(group_id)
             if g is not None:
                 g.deadline = None
+
+    async def _whole(self, i: int, task: Task, group_id: str) -> GroupOutcome:
+        """The group's rollouts together, here or on one worker; in turn with the runner's other groups while it
+        acquires, when its env takes several units of a pool of unknown size (`takes_turns`)."""
+
+        def ended() -> None:
+            self.on_rollout_end(group_id)
+
+        if not takes_turns(self.envs[i]):
+            if self.pool is None:
+                return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
+                                       on_rollout_end=ended, **self.limits.kwargs())  # fmt: skip
+            return await self.pool.run(i, task, group_id, ended)
+        async with self.turns.turn() as acquired:
+            if self.pool is None:
+                return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
+                                       on_rollout_end=ended, on_acquired=acquired, **self.limits.kwargs())  # fmt: skip
+            return await self.pool.run(i, task, group_id, ended, on_acquired=acquired)
 
     async def _spread(self, i: int, task: Task, group_id: str, poster: Poster | None = None) -> GroupOutcome:
         """The group's rollouts one by one, each on the least-busy worker (or here), each taking a unit of the

@@ -27,7 +27,7 @@ from rollout_client.errors import (
     failure_reason,
 )
 from rollout_client.policy import Policy
-from rollout_client.resources import acquire_backing_off, warn_unbounded_pool
+from rollout_client.resources import acquire_backing_off, own_resources, warn_unbounded_pool
 
 PROMPT_TOO_LONG = "prompt_too_long"
 
@@ -184,7 +184,7 @@ async def acquire_resources(
     """`n` of the env's resources, all-or-nothing; "exhausted" means let go of all, back off, try again. An env
     without resources (`resource` not overridden: a null context each) gets n Nones at once: entering n null
     contexts concurrently costs a group more tasks than its rollouts."""
-    if getattr(env.resource, "__func__", None) is Environment.resource:  # not overridden, nor set on the instance
+    if not own_resources(env):
         return [None] * n, AsyncExitStack()
     on_stuck = warn_unbounded_pool(env)
     return await acquire_backing_off(
@@ -232,6 +232,7 @@ async def run_group(
     rollout_timeout: float | None = None,
     release_timeout: float | None = RELEASE_S,
     on_rollout_end: Callable[[], None] | None = None,
+    on_acquired: Callable[[], None] | None = None,
 ) -> GroupOutcome:
     """G rollouts of `task`, run together, each with its own session and resource; then scored.
 
@@ -243,12 +244,15 @@ async def run_group(
     Resources are acquired all-or-nothing, backing off while `resource()` raises ResourceExhausted. Scoring
     runs in a daemon thread (off the loop); a score that is not a finite number fails the group; releasing
     the resources is bounded by `release_timeout`. `on_rollout_end()` is called as each rollout ends (its
-    slot is free). A BaseException from the environment's code (`exit()`) fails the group as EnvExited.
+    slot is free), `on_acquired()` once the group holds all its resources (its turn to acquire ends: `Turns`).
+    A BaseException from the environment's code (`exit()`) fails the group as EnvExited.
     """
     gate = gate or Gate()
     owner = asyncio.current_task()
     resources, stack = await acquire_resources(env, task, env.group_size, release_timeout)
     try:
+        if on_acquired is not None:
+            on_acquired()
         sessions = [
             Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
                     seed=rollout_seed(group_key, i), resource=res, turn_timeout=turn_timeout, owner=owner)

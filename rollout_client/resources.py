@@ -1,12 +1,15 @@
-"""Shared resource pools: admission against a known capacity, and acquiring from a pool that answers
-"exhausted".
+"""Shared resource pools: admission against a known capacity, acquiring in turn from a pool of unknown size,
+and acquiring from a pool that answers "exhausted".
 
 Two ways a pool of sandboxes deadlocks or fails a run: groups that each hold part of it and wait for the
 rest (G=8 on a pool of 8, two groups in flight: 4 each, forever), and a capped server that answers
 "exhausted" (every group that meets it fails). `Capacity` admits work only when its whole need fits (the
 runner takes a group-scored group's G units at once, a rollout run on its own one unit), so no holder ever
-waits for a unit another holder has. `acquire_backing_off` treats ResourceExhausted as "wait": it lets go
-of everything the attempt holds (no hold-and-wait), backs off with jitter and tries again, up to a timeout.
+waits for a unit another holder has. Without a known capacity, `Turns` lets one group at a time acquire its
+units: the only group that can hold part of the pool while it waits is the one acquiring, and the units it
+waits for are held by groups that hold all theirs and give them back as they end. `acquire_backing_off`
+treats ResourceExhausted as "wait": it lets go of everything the attempt holds (no hold-and-wait), backs off
+with jitter and tries again, up to a timeout.
 """
 
 from __future__ import annotations
@@ -15,20 +18,18 @@ import asyncio
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
-from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
+from rollout_client.env import Environment
 from rollout_client.errors import ResourceExhausted, ResourceTimeout
-
-if TYPE_CHECKING:
-    from rollout_client.env import Environment
 
 log = logging.getLogger("rollout_client.resources")
 
 HOLD_WARN_S = 30.0
 """A group that has held part of its resources this long, waiting for the rest, is reported (once per env and
-process) as the likely deadlock of a shared pool used without `max_resources`."""
+process): a pool of unknown size that the rest of the run, or others, keep from it."""
 
 BACKOFF_S = 0.05
 """First wait after an "exhausted" answer; doubled per answer in a row, up to MAX_BACKOFF_S, jittered."""
@@ -121,10 +122,54 @@ class Capacity:
             fut.set_result(None)
 
 
+def own_resources(env: Environment) -> bool:
+    """Whether `env` holds something per rollout: `resource` overridden on its class or set on the instance
+    (else each rollout gets a null context, which nothing need acquire)."""
+    return getattr(env.resource, "__func__", None) is not Environment.resource
+
+
+def takes_turns(env: Environment) -> bool:
+    """Whether a group of `env` acquires its units in turn (`Turns`): it takes several at once (its G rollouts
+    run together) from a pool whose size the runner does not know (no `max_resources`)."""
+    return own_resources(env) and env.max_resources is None and not env.scores_each_rollout and env.group_size > 1
+
+
+class Turns:
+    """One group of the runner at a time acquires its units, first come first served; it holds the turn from
+    the start of an attempt until it holds all its units (or the attempt ends), then the next group takes it.
+    The only group that can hold part of the pool while it waits is then the one with the turn, and what it
+    waits for is held by groups that hold all theirs and give them back as they end: no set of groups can
+    wait for each other. The cost: groups of such envs acquire one after another (a group's own units still
+    concurrently); `max_resources` lifts it, since admission already keeps the groups within the pool."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[Callable[[], None]]:
+        """Wait for the turn; yields what to call once the group holds all its units (it ends the turn early;
+        leaving the block ends it otherwise)."""
+        await self._lock.acquire()
+        holding = True
+
+        def acquired() -> None:
+            nonlocal holding
+            if holding:
+                holding = False
+                self._lock.release()
+
+        try:
+            yield acquired
+        finally:
+            acquired()
+
+
 def warn_unbounded_pool(env: Environment) -> tuple[float, Callable[[int, int], None]] | None:
     """For an env without `max_resources`: what warns, once per process, that a group has held part of its
-    resources for HOLD_WARN_S while waiting for the rest: the mark of a shared pool smaller than the rollouts
-    in flight, where groups holding parts of it wait for each other forever. The warning names the fix."""
+    resources for HOLD_WARN_S while waiting for the rest. Its groups take turns to acquire (`Turns`), so they
+    cannot deadlock each other: the rest is held by groups still running (a long wait, not a deadlock), by
+    other users of the pool (other producers), or the pool is smaller than the group. The warning says which
+    and names the fix."""
     if env.max_resources is not None:
         return None
 
@@ -133,11 +178,12 @@ def warn_unbounded_pool(env: Environment) -> tuple[float, Callable[[int, int], N
             return
         _warned_pools.add(env.name)
         log.warning(
-            "env %r: a group has held %d of its %d resources for %.0f s, waiting for the rest: resource() seems to "
-            "draw from a shared pool smaller than the rollouts in flight, and groups that each hold part of it wait "
-            "for each other forever. Set max_resources = <the pool's capacity> on %s (the runner then admits a "
-            "group only when all its units are free), or raise ResourceExhausted from resource() when the pool is "
-            "full", env.name, held, n, HOLD_WARN_S, type(env).__name__,
+            "env %r: a group has held %d of its %d resources for %.0f s, waiting for the rest. Its groups acquire one "
+            "at a time, so they cannot deadlock each other: the rest is held by rollouts still running, or by other "
+            "users of the pool (another producer), or resource() draws from a pool of fewer than %d units, which "
+            "never fills a group. Set max_resources = <the pool's capacity> on %s (the runner then admits a group "
+            "only when all its units are free), or raise ResourceExhausted from resource() when the pool is full",
+            env.name, held, n, HOLD_WARN_S, n, type(env).__name__,
         )  # fmt: skip
 
     return HOLD_WARN_S, warn

@@ -24,6 +24,7 @@ from rollout_client.group import GroupOutcome, Limits, Rollout, run_group, run_r
 from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.policy import Policy
 from rollout_client.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes
+from rollout_client.resources import takes_turns
 
 log = logging.getLogger("rollout_client.workers")
 
@@ -142,8 +143,10 @@ async def _serve(
         outcome: GroupOutcome | Rollout
         try:
             if index is None:
+                acquired = (lambda: send(("acquired", job))) if takes_turns(envs[env_index]) else None
                 outcome = await run_group(envs[env_index], task, policy, gate=gate, group_key=key,
-                                          on_rollout_end=lambda: send(("ended", job)), **limits.kwargs())  # fmt: skip
+                                          on_rollout_end=lambda: send(("ended", job)), on_acquired=acquired,
+                                          **limits.kwargs())  # fmt: skip
             else:
                 outcome = await run_rollout(envs[env_index], task, policy, index, gate=gate, group_key=key,
                                             **limits.kwargs())  # fmt: skip

@@ -6,8 +6,10 @@ Parent to worker: ("run", job, env_index, task, group_key), ("run_one", job, env
 index) (one rollout of a group whose env scores each rollout alone), ("cancel", job), ("pause", token,
 timeout), ("resume",), ("weights", version) (the weights its requests are served by from now on: the gate's
 `weights`), ("stop",). Worker to parent: ("ready",) once its policy is built and its envs'
-`worker_setup` entered, ("fatal", exception) when they cannot be (then it exits), ("ended", job) when one
-rollout of a group ends (its slot is free), ("done", job, GroupOutcome | Rollout), ("error", job, exception),
+`worker_setup` entered, ("fatal", exception) when they cannot be (then it exits), ("acquired", job) once a
+group whose env takes turns to acquire holds all its resources (`resources.Turns`: the next group's turn),
+("ended", job) when one rollout of a group ends (its slot is free), ("done", job, GroupOutcome | Rollout),
+("error", job, exception),
 ("dropped", job, reason), ("cancelled", job), ("paused", token, drained), ("inference", reachable) when its
 policy's circuit breaker changes, ("retire", reason) when it must be replaced (`recycling.RecyclePolicy`: a
 MemoryError, an RSS cap; the pool itself retires a worker once it placed `max_groups` groups on it). A worker
@@ -126,6 +128,8 @@ class WorkerPool:
         self._futures: dict[int, asyncio.Future[Any]] = {}
         self._ended: dict[int, Callable[[], None]] = {}
         """Job id -> what to call as each of its rollouts ends."""
+        self._acquired: dict[int, Callable[[], None]] = {}
+        """Job id -> what to call once its group holds all its resources."""
         self._paused: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count()
         self.deaths = 0
@@ -232,6 +236,10 @@ class WorkerPool:
             fut = self._paused.pop(msg[1], None)
             if fut is not None and not fut.done():
                 fut.set_result(bool(msg[2]))
+            return
+        if kind == "acquired":
+            if (acquired := self._acquired.pop(msg[1], None)) is not None:
+                acquired()
             return
         if kind == "ended":
             if msg[1] in worker.jobs:
@@ -340,11 +348,19 @@ class WorkerPool:
         await self._spawn()
 
     async def run(
-        self, env_index: int, task: Task, key: str, on_rollout_end: Callable[[], None] | None = None
+        self,
+        env_index: int,
+        task: Task,
+        key: str,
+        on_rollout_end: Callable[[], None] | None = None,
+        on_acquired: Callable[[], None] | None = None,
     ) -> GroupOutcome:
         """Run one group on the least-busy worker; cancelling this cancels it in the worker. `on_rollout_end()`
-        is called as each of its rollouts ends."""
-        outcome: GroupOutcome = await self._job(("run", env_index, task, key), env_index, key, on_rollout_end)
+        is called as each of its rollouts ends, `on_acquired()` once it holds all its resources (told only for
+        an env that takes turns to acquire)."""
+        outcome: GroupOutcome = await self._job(
+            ("run", env_index, task, key), env_index, key, on_rollout_end, on_acquired
+        )
         return outcome
 
     async def run_one(self, env_index: int, task: Task, key: str, index: int) -> Rollout:
@@ -354,7 +370,12 @@ class WorkerPool:
         return rollout
 
     async def _job(
-        self, what: tuple[Any, ...], env_index: int, key: str, on_rollout_end: Callable[[], None] | None
+        self,
+        what: tuple[Any, ...],
+        env_index: int,
+        key: str,
+        on_rollout_end: Callable[[], None] | None,
+        on_acquired: Callable[[], None] | None = None,
     ) -> Any:
         while not (ready := [w for w in self.workers if not (w.retiring or self._recycle.spent(w.placed))]):
             if self.failed is not None:
@@ -381,6 +402,8 @@ class WorkerPool:
             self._in_background(self.retire(worker, MAX_GROUPS))
         if on_rollout_end is not None:
             self._ended[job] = on_rollout_end
+        if on_acquired is not None:
+            self._acquired[job] = on_acquired
         try:
             return await fut
         except asyncio.CancelledError:
@@ -393,6 +416,7 @@ class WorkerPool:
         finally:
             self._futures.pop(job, None)
             self._ended.pop(job, None)
+            self._acquired.pop(job, None)
             worker.jobs.pop(job, None)
             if (jobs := self._keys.get(key)) is not None:
                 jobs.discard(job)

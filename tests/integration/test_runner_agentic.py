@@ -29,7 +29,6 @@ from rollout_client import (
     Task,
     Tasks,
     Timeouts,
-    resources,
 )
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.policy import stable_unit
@@ -386,30 +385,3 @@ async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: 
         seen = pool.stats()
         assert seen["sandbox_acquired"] >= 8
         assert seen["sandbox_held"] == 0, f"{seen['sandbox_held']} of {seen['sandbox_acquired']} sandboxes leaked"
-
-
-async def test_a_shared_pool_used_without_max_resources_is_named_in_a_warning_with_the_fix(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The docs' Sandboxed env without max_resources on a blocking pool of 8, G=8, 16 in flight: two
-    groups each hold part of the pool and wait for the rest. Before: a silent deadlock (no error, no log); now
-    a warning names the env and the fix (max_resources) once a group has held part of its units too long."""
-    monkeypatch.setattr(resources, "HOLD_WARN_S", 1.0)
-    resources._warned_pools.clear()
-    with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
-        start_trainer(server.url, batch_size=8)
-        env = Sandboxed(pool_url=pool.url)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, timeouts=Timeouts(release=1.0))  # fmt: skip
-        run = asyncio.create_task(runner.run())
-        try:
-            await until(lambda: "max_resources" in caplog.text, "the warning")
-        finally:
-            runner.stop()
-            await finish(run)
-        [record] = [r for r in caplog.records if "max_resources" in r.getMessage()]
-        assert record.levelname == "WARNING"
-        assert (
-            "env 'sandboxed'" in record.getMessage()
-            and "Set max_resources = <the pool's capacity> on Sandboxed" in (record.getMessage())
-        )

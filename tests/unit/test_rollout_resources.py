@@ -1,5 +1,6 @@
-"""A group's resources go back to their pool on every path: a stop (a cancellation) that lands while a group
-acquires, backs off after "exhausted", runs or releases never leaves a unit taken."""
+"""Shared resource pools: a group's resources go back to their pool on every path (a stop that lands while a
+group acquires, backs off after "exhausted", runs or releases never leaves a unit taken), and groups sharing a
+pool of unknown size take turns to acquire, so they never each hold part of it and wait for the rest."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_client import Environment, ResourceExhausted, ScriptedPolicy, Session, Task
+from rollout_client import Environment, Gate, ResourceExhausted, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client import resources as resources_module
+from rollout_client.execution import GroupExecutor
 from rollout_client.group import acquire_resources, run_group
+from rollout_client.inflight import Group, InFlight
 from rollout_client.resources import Capacity
+from rollout_client.stats import RunnerStats
 
 pytestmark = pytest.mark.anyio
 
@@ -215,3 +219,81 @@ def test_the_backoff_stays_capped_however_long_the_pool_stays_exhausted(attempt:
     2 s each): the 1024th wait must be the cap, not an OverflowError that fails the group."""
     wait = resources_module.backoff(attempt, None, random.Random(0))
     assert resources_module.MAX_BACKOFF_S / 2 <= wait <= resources_module.MAX_BACKOFF_S
+
+
+class Blocking:
+    """A pool of `size` units that makes a request wait until a unit is free (a capped sandbox server that
+    holds the request), serving requests in the order they arrive. A group's i-th request arrives after i
+    loop turns, so two groups acquiring at once interleave their requests (A0, B0, A1, B1, ...)."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.waiting: list[asyncio.Future[None]] = []
+        self.most_waiting = 0
+
+    @asynccontextmanager
+    async def unit(self, i: int) -> AsyncIterator[None]:
+        for _ in range(i):
+            await asyncio.sleep(0)
+        if self.free == 0 or self.waiting:
+            fut = asyncio.get_running_loop().create_future()
+            self.waiting.append(fut)
+            self.most_waiting = max(self.most_waiting, len(self.waiting))
+            await fut  # handed a unit by a release
+        else:
+            self.free -= 1
+        try:
+            yield
+        finally:
+            if self.waiting:
+                self.waiting.pop(0).set_result(None)
+            else:
+                self.free += 1
+
+
+@dataclass
+class Shared(Environment):
+    """G rollouts, each holding a unit of a blocking pool for a few loop turns."""
+
+    pool: Blocking = field(default_factory=lambda: Blocking(4))
+    name: str = "shared"
+    group_size: int = 4
+    max_resources: int | None = None
+    requests: int = 0
+
+    def resource(self, task: Task) -> AbstractAsyncContextManager[None]:
+        self.requests += 1
+        return self.pool.unit((self.requests - 1) % self.group_size)
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        await session.observe(task.prompt)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await session.generate()
+
+    def score(self, task: Task, session: Session) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("groups", [2, 3])
+async def test_groups_sharing_a_pool_of_unknown_size_smaller_than_their_sum_all_finish(groups: int) -> None:
+    """Groups of 4 on a blocking pool of 4, no `max_resources`: acquiring at once, each would take part of the
+    pool and wait for the rest held by the others, forever. They take turns to acquire: each finishes."""
+    env = Shared()
+    stats = RunnerStats()
+    in_flight = InFlight(4 * groups, stats)
+    executor = GroupExecutor(
+        [env], pool=None, policy=ScriptedPolicy(lambda prompt, seed: " 1"), limits=Timeouts().limits(),
+        group_timeout=None, in_flight=in_flight, capacity=[Capacity(None)], gate=Gate(), stats=stats,
+        stopping=asyncio.Event(), on_rollout_end=lambda _: None,
+    )  # fmt: skip
+    tasks = []
+    for k in range(groups):
+        tasks.append(asyncio.create_task(executor.run(0, Task(f"t{k}", "Q:"), f"g{k}")))
+        in_flight.add(f"g{k}", Group(tasks[-1], 0, env.group_size, 0))  # type: ignore[arg-type]
+    done, pending = await asyncio.wait(tasks, timeout=10)
+    for t in pending:
+        t.cancel()
+    assert not pending, f"{len(pending)} of {groups} groups wait for each other (each holds part of the pool)"
+    assert all(t.result().group is not None for t in done)
+    assert env.pool.free == 4 and not env.pool.waiting
