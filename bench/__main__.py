@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import arrays, formation, ipc, limit, metrics_ab, pg, replicas, rss, runner, transport
-from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
+from bench.http import GZIP_TRANSPORT, HARNESSES, MSGPACK_TRANSPORT, run_harness, run_ingest, use_harness
 from bench.servers import atropos, ceiling, rollbuf, save_rows, serve
 
 INGEST_CLIENTS = [1, 8, 32]
@@ -28,7 +28,11 @@ def main() -> None:
     ap.add_argument("--only", choices=["arrays", "formation", "http", "ipc", "limit", "metrics", "replicas", "rss",
                                        "runner", "transport"],
                     help="run one part")  # fmt: skip
+    ap.add_argument("--harness", choices=HARNESSES, default="rollbuf",
+                    help="the HTTP load harness: rollbuf's (bench/harness.py), or the shared buffer_bench.py beside "
+                         "the checkout, as an outside cross-check")  # fmt: skip
     args = ap.parse_args()
+    use_harness(args.harness)
     results: list[dict[str, Any]] = []
     if args.only in (None, "formation"):
         results += formation.run()

@@ -3,9 +3,10 @@
 Each round starts a fresh server from each side (alternating which goes first, so both see the same
 background load on a shared machine) and runs, against it: ingest at 1 / 8 / 32 clients in JSON and in
 msgpack (groups/s and server CPU ms per group), then `/batch` 256 and 1024 x 2048 tokens (p50, the
-harness's JSON trainer). The report gives medians over the rounds and the ratio after / before. `--base`
-is a directory holding another checkout (`git worktree add /tmp/base <rev>`); its server runs with this
-environment's Python, from that directory.
+harness's JSON trainer), all through rollbuf's load harness (`bench/harness.py`; `--harness shared`: the
+shared `buffer_bench.py` beside the checkout, when it is there). The report gives medians over the rounds and
+the ratio after / before. `--base` is a directory holding another checkout (`git worktree add /tmp/base <rev>`);
+its server runs with this environment's Python, from that directory.
 
     python -m bench.ab --base /tmp/base [--rounds 3] [--store sqlite|memory|postgresql]
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import pg
-from bench.http import GZIP_TRANSPORT, MSGPACK_TRANSPORT, run_harness, run_ingest
+from bench.http import GZIP_TRANSPORT, HARNESSES, MSGPACK_TRANSPORT, run_harness, run_ingest, use_harness
 from bench.servers import ROOT, Target, atropos, ceiling, rollbuf, serve
 
 CLIENTS = [1, 8, 32]
@@ -130,7 +131,10 @@ def main() -> None:
     ap.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
     ap.add_argument("--sqlite-query", default="", help="this checkout's SQLite URL query, e.g. page_size=4096")
     ap.add_argument("--base-sqlite-query", default="", help="the base checkout's SQLite URL query")
+    ap.add_argument("--harness", choices=HARNESSES, default="rollbuf",
+                    help="the load harness: rollbuf's (bench/harness.py), or the shared buffer_bench.py")  # fmt: skip
     args = ap.parse_args()
+    use_harness(args.harness)
     base = None if args.atropos else args.base.resolve()
     results = run(base, args.rounds, args.store, (args.sqlite_query, args.base_sqlite_query))
     out = ROOT / "bench" / "results"
