@@ -325,7 +325,8 @@ async def enter_worker_setup(stack: AsyncExitStack, env: Environment) -> None:
         if not deadline.expired():
             raise
         raise SetupTimeout(
-            f"worker_setup() of env {env.name!r} did not finish within setup_timeout={env.setup_timeout} s"
+            f"worker_setup() of env {env.name!r} did not finish within setup_timeout={env.setup_timeout} s "
+            f"(raise {type(env).__name__}.setup_timeout if it needs longer)"
         ) from None
 
 

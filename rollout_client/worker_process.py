@@ -122,7 +122,8 @@ async def _serve(
     shared = contextlib.AsyncExitStack()
     try:
         policy = make_policy(spec)
-        for env in envs:
+        for i, env in enumerate(envs):
+            send(("setup", i))  # out before the setup runs: the parent bounds a setup that blocks this loop
             await enter_worker_setup(shared, env)
     except BaseException as exc:  # the parent carries it in the run's error (it is not only on stderr)
         send(("fatal", portable(exc if isinstance(exc, Exception) else exited(exc))))

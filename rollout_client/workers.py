@@ -5,8 +5,10 @@ Messages (pickled tuples over a `Channel`, which never blocks either event loop,
 Parent to worker: ("run", job, env_index, task, group_key), ("run_one", job, env_index, task, group_key,
 index) (one rollout of a group whose env scores each rollout alone), ("cancel", job), ("pause", token,
 timeout), ("resume",), ("weights", version) (the weights its requests are served by from now on: the gate's
-`weights`), ("stop",). Worker to parent: ("ready",) once its policy is built and its envs'
-`worker_setup` entered, ("fatal", exception) when they cannot be (then it exits), ("acquired", job) once a
+`weights`), ("stop",). Worker to parent: ("setup", env_index) as it starts entering that env's
+`worker_setup` (the parent bounds it too: a setup that blocks the worker's event loop cannot time itself out),
+("ready",) once its policy is built and its envs' `worker_setup` entered, ("fatal", exception) when they
+cannot be (then it exits), ("acquired", job) once a
 group whose env takes turns to acquire holds all its resources (`resources.Turns`: the next group's turn),
 ("ended", job) when one rollout of a group ends (its slot is free), ("done", job, GroupOutcome | Rollout),
 ("error", job, exception),
@@ -37,7 +39,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from rollout_client.env import Environment, Task
-from rollout_client.errors import GroupDropped, WorkerDied
+from rollout_client.errors import GroupDropped, SetupTimeout, WorkerDied
 from rollout_client.group import GroupOutcome, Limits, Rollout
 from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.recycling import MAX_GROUPS, MEMORY_ERROR, RecyclePolicy
@@ -50,8 +52,12 @@ STOP_GRACE_S = 5.0
 STARTUP_S = 60.0
 """How long the pool's start waits for its workers to build their policies."""
 STARTUP_FAILURES = 3
-"""Workers in a row that fail to start (their policy factory raises) before the pool gives up: the run
-ends with that error instead of spawning forever."""
+"""Workers in a row that fail to start (their policy factory raises, a `worker_setup` times out) before the
+pool gives up: the run ends with that error instead of spawning forever."""
+SETUP_GRACE_S = 5.0
+"""Past an env's `setup_timeout`, how long more (at most; the bound itself for bounds under it) the pool waits
+for a worker entering its `worker_setup` to answer before it kills the worker: its own timeout fires first
+unless the setup blocks its event loop."""
 
 
 # ------------------------------------------------------------------------------------------- parent side
@@ -75,6 +81,9 @@ class _Worker:
     """Tokens of the pauses sent to it and not yet answered."""
     started: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its policy is built (or it failed to start, or it exited)."""
+    setup: asyncio.TimerHandle | None = None
+    """While it enters an env's `worker_setup` with a bound: the watchdog that kills it past the env's
+    `setup_timeout` and a grace."""
 
     @property
     def load(self) -> int:
@@ -215,12 +224,18 @@ class WorkerPool:
 
     def _on_message(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
+        if kind == "setup":
+            self._watch_setup(worker, msg[1])
+            return
         if kind == "ready":
+            self._watch_setup(worker, None)
             self.startup_failures = 0
             worker.started.set()
             return
         if kind == "fatal":
-            worker.fatal = msg[1]
+            self._watch_setup(worker, None)
+            if worker.fatal is None:  # the watchdog's verdict, if it killed the worker first, stands
+                worker.fatal = msg[1]
             worker.started.set()
             return
         if kind == "inference":
@@ -262,6 +277,34 @@ class WorkerPool:
             fut_o.set_exception(GroupDropped(msg[2]))
         else:
             fut_o.cancel()
+
+    def _watch_setup(self, worker: _Worker, env_index: int | None) -> None:
+        """The worker begins entering env `env_index`'s `worker_setup` (None: it is done with them): bound it
+        from here too. A setup that awaits forever meets its own `setup_timeout` in the worker, which reports
+        it ("fatal"); one that blocks the worker's event loop (a synchronous call that never returns) cannot,
+        so past the bound and a grace the worker is killed here, with a SetupTimeout naming the hook, the env,
+        the worker, the bound and the setting, as its reason for not starting."""
+        if worker.setup is not None:
+            worker.setup.cancel()
+            worker.setup = None
+        if env_index is None or (bound := self._envs[env_index].setup_timeout) is None:
+            return
+        after = bound + min(SETUP_GRACE_S, bound)
+        worker.setup = asyncio.get_running_loop().call_later(after, self._setup_overdue, worker, env_index, after)
+
+    def _setup_overdue(self, worker: _Worker, env_index: int, waited: float) -> None:
+        worker.setup = None
+        if worker not in self.workers or worker.started.is_set():
+            return
+        env = self._envs[env_index]
+        worker.fatal = SetupTimeout(
+            f"worker_setup() of env {env.name!r} did not return within setup_timeout={env.setup_timeout} s in "
+            f"rollout worker pid {worker.process.pid}, whose event loop then stopped answering for {waited:.1f} s "
+            f"(a synchronous call in worker_setup() blocks it, so the worker's own timeout cannot cut it): the "
+            f"worker was killed. Await the setup's I/O (or run a blocking call in a thread), or raise "
+            f"{type(env).__name__}.setup_timeout if it needs longer"
+        )
+        self._kill(worker)  # its death is logged with this error, and counted as a start that failed
 
     def _in_background(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -309,6 +352,7 @@ class WorkerPool:
         self._placed.pop(key, None)
 
     async def _died(self, worker: _Worker) -> None:
+        self._watch_setup(worker, None)
         if worker not in self.workers or self.closing:
             return  # close() stops, reaps and accounts for every worker it found
         self.workers.remove(worker)
@@ -343,8 +387,12 @@ class WorkerPool:
                 log.error("%s", self.failed)
                 self.on_change()
                 return
-        log.warning("rollout worker pid %s died (exit %s); starting a new one", worker.process.pid,
-                    worker.process.exitcode)  # fmt: skip
+            log.error("rollout worker pid %s could not start (%d of %d in a row end the run): %s: %s; starting a "
+                      "new one", worker.process.pid, self.startup_failures, STARTUP_FAILURES,
+                      type(worker.fatal).__name__, worker.fatal)  # fmt: skip
+        else:
+            log.warning("rollout worker pid %s died (exit %s); starting a new one", worker.process.pid,
+                        worker.process.exitcode)  # fmt: skip
         await self._spawn()
 
     async def run(
@@ -475,6 +523,7 @@ class WorkerPool:
         cancelled (a worker ignores SIGTERM, so multiprocessing's exit hook would wait for it forever)."""
         self.closing = True
         for w in list(self.workers):
+            self._watch_setup(w, None)
             if w.process.is_alive() and w.process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(w.process.pid, signal.SIGKILL)
@@ -493,6 +542,7 @@ class WorkerPool:
             t.cancel()
         workers = list(self.workers)
         for w in workers:
+            self._watch_setup(w, None)
             try:
                 w.channel.send(("stop",))
             except ChannelClosed:

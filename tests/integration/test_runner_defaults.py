@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from client_core.errors import RetriesExhausted
 from demos.standin_inference import MODEL
 from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolicy, Tasks
 from rollout_client.client import RolloutClient
-from rollout_client.errors import InferenceError, SetupTimeout
+from rollout_client.errors import InferenceError, SetupTimeout, WorkerDied
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 from tests.integration.test_runner import HANG_GUARD_S, _gone, start_trainer, until
 from tests.servers import running_server
@@ -185,6 +186,47 @@ async def test_a_worker_setup_that_hangs_ends_the_run_with_an_error_naming_it(tm
             await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert isinstance(info.value.__cause__, SetupTimeout)
         assert "worker_setup() of env 'setup_hangs'" in str(info.value.__cause__)
+        assert "raise SetupHangs.setup_timeout if it needs longer" in str(info.value.__cause__)
+
+
+@dataclass
+class SetupBlocks(Synthetic):
+    """A tool server's client that connects with a synchronous call that never returns: `worker_setup()`
+    blocks its worker's event loop, where the worker's own `setup_timeout` cannot fire."""
+
+    name: str = "setup_blocks"
+    setup_timeout: float | None = 0.5
+
+    def worker_setup(self) -> AbstractAsyncContextManager[None]:
+        @asynccontextmanager
+        async def blocking() -> AsyncIterator[None]:
+            time.sleep(3600)  # ends with its worker
+            yield
+
+        return blocking()
+
+
+async def test_a_worker_setup_that_blocks_its_worker_is_cut_and_named_at_each_try(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a worker process, a `worker_setup()` that blocks the event loop: the runner kills the worker past its
+    `setup_timeout` (and a grace), says so at each try naming the hook, the env, the worker, the bound and the
+    setting, and after 3 tries in a row ends the run with that error; `worker_deaths` counts them."""
+    with caplog.at_level(logging.ERROR), running_server("memory://", tmp_path / "s.log") as server:
+        start_trainer(server.url, batch_size=16)
+        runner = RolloutRunner(server.url, [(SetupBlocks(), Tasks(arithmetic_task))],
+                               ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=1)  # fmt: skip
+        with pytest.raises(RunFailed) as info:
+            await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
+    assert isinstance(info.value.__cause__, WorkerDied) and isinstance(info.value.__cause__.__cause__, SetupTimeout)
+    named = ("worker_setup() of env 'setup_blocks' did not return within setup_timeout=0.5 s in rollout worker pid",
+             "raise SetupBlocks.setup_timeout if it needs longer")  # fmt: skip
+    assert all(part in str(info.value) for part in named), str(info.value)
+    tries = [r.getMessage() for r in caplog.records if r.name == "rollout_client.workers"]
+    for n in (1, 2):
+        [line] = [t for t in tries if f"could not start ({n} of 3 in a row end the run)" in t]
+        assert all(part in line for part in named), line
+    assert runner.stats.worker_deaths == 3
 
 
 async def test_a_producer_says_what_it_waits_for(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
