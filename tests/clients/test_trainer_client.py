@@ -330,7 +330,9 @@ def test_a_stall_said_before_the_trainer_announced_weights_does_not_raise_no_pro
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/info":
-            return httpx.Response(200, json={"batch_size": 4, "max_token_len": 64, "content_types": ["application/json"]})
+            return httpx.Response(
+                200, json={"batch_size": 4, "max_token_len": 64, "content_types": ["application/json"]}
+            )
         if request.url.path == "/weights":
             return httpx.Response(200, json={"weights_step": 1})
         polls.append(1)
