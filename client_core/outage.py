@@ -20,8 +20,8 @@ EVERY_S = 30.0
 
 
 class Outage:
-    """Call `failed(why)` on each failed attempt to reach the server, `answered()` on each reply, and
-    `unanswered(why, since)` for a request still waiting past its caller's bound."""
+    """Call `failed(why)` on each failed attempt to reach the server, `answered()` on each reply (an error reply
+    too: the server is there), and `unanswered(why, since)` for a request still waiting past its caller's bound."""
 
     def __init__(self, what: str, log: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
         self.what = what
@@ -29,6 +29,9 @@ class Outage:
         self.clock = clock
         self.since: float | None = None
         self.logged: float | None = None
+        self.answered_at: float | None = None
+        """When the server last answered (any reply, an error too): a request sent before then is not a sign of
+        an outage however long it waits (a long-poll, retries of a 503)."""
 
     @property
     def told(self) -> bool:
@@ -56,6 +59,8 @@ class Outage:
             self.log.warning("%s unreachable for %.0f s, retrying: %s", self.what, now - self.since, why)
 
     def answered(self) -> None:
+        now = self.clock()
         if self.since is not None and self.logged is not None:
-            self.log.warning("%s reachable again after %.0f s", self.what, self.clock() - self.since)
+            self.log.warning("%s reachable again after %.0f s", self.what, now - self.since)
         self.since = self.logged = None
+        self.answered_at = now

@@ -143,6 +143,9 @@ class RolloutClient:
                     except TransportError as exc:
                         self.outage.failed(f"{method} {path}: {exc}")
                         raise
+                    except ClientError:
+                        self.outage.answered()  # an error reply: the server is there
+                        raise
                     self.outage.answered()
                     return reply
         except RetryError as exc:

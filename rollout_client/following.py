@@ -300,7 +300,8 @@ class Beats:
         try:
             if self.reply_within is not None:
                 done, _ = await asyncio.wait({beat}, timeout=self.reply_within)
-                if not done:
+                answered = client.outage.answered_at
+                if not done and (answered is None or answered < sent):  # (its retries got answers: not silence)
                     why = f"POST /producers/heartbeat: no answer after {self.reply_within:g} s"
                     client.outage.unanswered(why, sent)
                     self.stats.server_reachable = False

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 
+import httpx
 import pytest
 
 from rollout_client.client import HEARTBEAT_DEADLINE_S, RolloutClient
@@ -41,3 +42,28 @@ async def test_beats_log_once_while_the_server_is_unreachable_and_say_what_they_
     assert len(waits) == 1 and "generating with step 3, the trainer is at step 7" in waits[0]
     body = beats.beat_body(time.monotonic())
     assert body.held == {} and body.env_ids == [] and body.weights_step == 3  # not registered: no env to name
+
+
+async def test_a_server_that_answers_errors_is_not_told_unreachable(caplog: pytest.LogCaptureFixture) -> None:
+    """Each retry of a heartbeat the server answers 500 to is an answer: however long the retries take past
+    `reply_within`, the server is there, and the heartbeat is told refused, not the server unreachable."""
+    answers = 0
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal answers
+        answers += 1
+        return httpx.Response(500, json={"detail": "a bug"})
+
+    stats = RunnerStats()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://rb")
+    async with RolloutClient("http://rb", http_client=http) as client:
+        beats = Beats([client], ["turns"], stats, lambda: 0, interval=60.0, reply_within=0.05)
+        with caplog.at_level(logging.WARNING, logger="rollout_client.runner"):
+            running = asyncio.create_task(beats.run())
+            while not any("refused a heartbeat" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.05)  # polling: the retries end within HEARTBEAT_DEADLINE_S
+            running.cancel()
+    await http.aclose()
+    lines = [r.getMessage() for r in caplog.records]
+    assert answers > 1 and stats.server_reachable, lines
+    assert not any("unreachable" in m for m in lines), lines
