@@ -566,10 +566,18 @@ class Service:
         return await self.store.read(lambda txn: sync_txn(txn, now, self.producers))
 
     async def heartbeat(self, beat: Heartbeat, caller: Actor = ANYONE) -> HeartbeatReply:
-        """Record a producer's heartbeat (one small write; wakes no long-poll in this process)."""
-        now = time.time()
-        weights, pending = await self.store.transact(lambda txn: heartbeat_txn(txn, beat, now, self.producers, caller))
-        return HeartbeatReply(weights_step=weights, weights_pending=pending, gone_after=self.producers.gone_after)
+        """Record a producer's heartbeat (one small write; wakes no long-poll in this process). With `sibling_envs`,
+        when slots of other producers' groups of them may be leased (an indexed read of a few open groups)."""
+        now, gone_after, known = time.time(), self.producers.gone_after, self._run
+
+        def txn_fn(txn: Txn) -> tuple[tuple[int | None, int | None], float | None]:
+            weights = heartbeat_txn(txn, beat, now, self.producers, caller)
+            if beat.sibling_envs is None:
+                return weights, None
+            return weights, rollout_service.siblings_due_txn(txn, beat.sibling_envs, now, gone_after, caller, known)
+
+        (weights, pending), due = await self.store.transact(txn_fn)
+        return HeartbeatReply(weights_step=weights, weights_pending=pending, gone_after=gone_after, siblings_due_in=due)
 
     async def producer_report(self) -> ProducerReport:
         """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None). A run

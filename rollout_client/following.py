@@ -246,6 +246,11 @@ class Beats:
     host: str = field(default_factory=socket.gethostname)
     interval: float = BEAT_S
     gone_after: float | None = None
+    sibling_envs: list[str] | None = None
+    """The env names whose missing slots this producer takes from other producers' groups (its per-rollout
+    envs), or None: each reply then says when there are some (`on_siblings`)."""
+    on_siblings: Callable[[float | None], None] = lambda due_in: None
+    """Told each reply's `siblings_due_in` (`rollout_client.siblings.SiblingSlots.heard`)."""
     reply_within: float | None = REPLY_S
     """A heartbeat the server has not answered within this is reported at once (the client's `outage`: a log
     line, and `stats.server_reachable`) while it goes on waiting for the answer, which ends the outage: a stopped
@@ -265,7 +270,7 @@ class Beats:
             env_ids=[c.env_id for c in self.clients if c.env_id is not None],
             in_flight=s.in_flight, groups_per_s=max(0.0, rate), accepted=s.accepted, failures=s.failed_total,
             weights_step=self.policy_step(), held=self.held(), waiting_for=self.waiting_for(),
-            drains=drains, drained_for=drained_for, trainer_step=s.trainer_step,
+            drains=drains, drained_for=drained_for, trainer_step=s.trainer_step, sibling_envs=self.sibling_envs,
         )  # fmt: skip
 
     def held(self) -> dict[str, str]:
@@ -334,6 +339,8 @@ class Beats:
             else:
                 self.gone_after = reply.gone_after
                 self.interval = min(BEAT_MAX_S, max(BEAT_MIN_S, reply.gone_after / 6))
+                if self.sibling_envs is not None:
+                    self.on_siblings(reply.siblings_due_in)
             self.stats.server_reachable = not client.outage.told
             waiting = self.waiting_for()
             if waiting is not None and not set(self.stats.paused.values()) <= {DRAINING, QUEUE_FULL}:

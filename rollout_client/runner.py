@@ -311,10 +311,12 @@ class RolloutRunner:
             try:
                 if await unless_stopped(self._stopping, self._start()):
                     beats = self._watch.beats(self.clients, self.producer_id, self.timeouts.server_reply)
-                    monitor = asyncio.create_task(self._watch.run(beats))
                     siblings = None
-                    if self.groups is not None:  # an env posts each rollout: take sibling slots too
-                        siblings = asyncio.create_task(self._siblings(self.groups).run())
+                    if self.groups is not None:  # an env posts each rollout: take sibling slots too, when due
+                        slots = self._siblings(self.groups)
+                        beats.sibling_envs, beats.on_siblings = slots.asked_for, slots.heard
+                        siblings = asyncio.create_task(slots.run())
+                    monitor = asyncio.create_task(self._watch.run(beats))
                     try:
                         await self._dispatch(max_groups)
                         if not self._stopping.is_set():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
@@ -26,9 +27,15 @@ log = logging.getLogger("rollout_client.runner")
 
 @dataclass
 class SiblingSlots:
-    """`run()` polls for sibling slots every `poll_s` while `may_take()` and rollout slots are free, until
-    cancelled; each slot runs as its own entry in `in_flight` (`group_id#slot`), so the runner's bound, pause,
-    staleness and shutdown apply to it as to its own rollouts."""
+    """`run()` leases sibling slots while `may_take()` and rollout slots are free, until cancelled; each slot runs
+    as its own entry in `in_flight` (`group_id#slot`), so the runner's bound, pause, staleness and shutdown apply
+    to it as to its own rollouts.
+
+    It asks only when the server says slots may be there: each producer heartbeat's reply says when a group of
+    its envs is next due (`heard`: its holder lapses, or a sibling's lease of a slot ends). From then until a
+    later reply moves it, it asks every `poll_s`, as it does when the server has said nothing (a server that
+    does not say); before then it asks nothing. So an idle producer among idle ones costs its heartbeat alone, and
+    a slot whose holder stopped is still taken within `poll_s` of its lapse once a heartbeat named the time."""
 
     groups: OpenGroups
     envs: Sequence[Environment]
@@ -44,11 +51,28 @@ class SiblingSlots:
     changed: Callable[[], None]
     holds: Holds = field(default_factory=Holds)
     """The groups it works on, heartbeated while any of their slots runs here."""
+    due: float | None = None
+    """When (monotonic) slots may next be leased, as the last heartbeat's reply said; None: unknown, ask."""
+    clock: Callable[[], float] = time.monotonic
+
+    def heard(self, due_in: float | None) -> None:
+        """A heartbeat's reply said slots may be leased in `due_in` s (None: it does not say)."""
+        self.due = None if due_in is None else self.clock() + due_in
+
+    def asking(self) -> bool:
+        """Whether to ask for slots now: rollout slots free, taking allowed, and slots may be there."""
+        return self.in_flight.free > 0 and self.may_take() and (self.due is None or self.clock() >= self.due)
 
     @property
     def names(self) -> list[str]:
         """The envs whose slots it takes: those of the runner's envs that post each rollout."""
         return sorted({e.name for e in self.envs if e.posts_each_rollout})
+
+    @property
+    def asked_for(self) -> list[str] | None:
+        """The env names a request may name (at most ENVS_MAX), or None: any env's (those of others lapse)."""
+        names = self.names
+        return names if len(names) <= ENVS_MAX else None
 
     def env_of(self, name: str) -> int | None:
         """The index of the runner's env named `name` that posts each rollout."""
@@ -56,11 +80,10 @@ class SiblingSlots:
 
     async def run(self) -> None:
         while True:
-            free = self.in_flight.free
-            if free > 0 and self.may_take():
+            if self.asking():
+                free = self.in_flight.free
                 try:
-                    names = self.names  # more than a request may name: any env's (those of others lapse)
-                    leases = await self.groups.lease(free, names if len(names) <= ENVS_MAX else None)
+                    leases = await self.groups.lease(free, self.asked_for)
                 except Exception as exc:  # the next poll tries again
                     log.warning("taking sibling slots failed: %s", exc)
                     leases = []

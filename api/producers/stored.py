@@ -162,7 +162,7 @@ def heartbeat_txn(
     _upgrade(txn)
     weights, pending = load_weights_and_pending(txn)
     names = {run.env_name(e) for e in beat.env_ids}
-    fields = beat.model_dump(exclude={"trainer_step"})
+    fields = {k: v for k, v in beat.model_dump().items() if k in Producer.__dataclass_fields__}  # what is kept
     fields["held"] = {env: why for env, why in beat.held.items() if env in names}
     judged = run.step if beat.trainer_step is None else min(run.step, beat.trainer_step)
     new = Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner, judged_step=judged,

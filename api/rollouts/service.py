@@ -465,6 +465,26 @@ def lease_txn(
     return out
 
 
+SIBLINGS_DUE_GROUPS = 16
+"""Open groups a heartbeat's `siblings_due_in` looks at (the soonest due): one indexed read of a few rows."""
+
+
+def siblings_due_txn(
+    txn: Txn, envs: Collection[str], now: float, horizon: float, caller: Actor = ANYONE, known: RunState | None = None
+) -> float:
+    """Seconds until `lease_txn` may give a slot of a group of the envs registered under these names: 0 when it
+    may now, `horizon` when no open group of them is due before then. What a producer's heartbeat answers, so
+    that it leases only when a sibling's group lapses (or is about to) instead of polling: an idle producer costs
+    its heartbeat alone. Another key's groups are left out, as the lease leaves them."""
+    names = set(envs)
+    ids = [e.env_id for e in state.load(txn, known).envs if e.desired_name in names]
+    for row in txn.rollouts.lapsed(now + horizon, SIBLINGS_DUE_GROUPS, ids):
+        g = _readable(row)
+        if g is not None and caller.may(g.owner):
+            return max(0.0, min(horizon, row.expires_at - now))  # soonest first: a missing slot or its next check
+    return horizon
+
+
 def _drop_lapsed(g: rg.OpenGroup, now: float) -> int:
     """Drop the group's sibling leases that lapsed (their slots missing again); how many."""
     gone = [k for k, v in g.leases.items() if k not in g.done and float(v[1]) <= now]

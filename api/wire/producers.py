@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from api.wire.rollouts import ENVS_MAX
 from api.wire.rules import ENV_NAME_MAX, PRODUCER_ID_MAX, SAFE_INT_MAX, _Request, _Text, _Wire
 
 HELD_REASON_MAX = 64
@@ -70,6 +71,10 @@ class Heartbeat(_Request, _Text):
     )
     """Env name -> why it starts no group of it now (`ahead_of_trainer`, `queue_full`, ...), for the envs of
     `env_ids`: entries naming another env are not kept."""
+    sibling_envs: list[Annotated[str, Field(max_length=ENV_NAME_MAX)]] | None = Field(default=None, max_length=ENVS_MAX)
+    """The env names (`desired_name`) whose missing slots it takes from other producers' per-rollout groups
+    (`POST /rollouts/lease`'s `envs`): the reply says when there are some to take (`siblings_due_in`), so that
+    it leases only then instead of polling."""
     trainer_step: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
     """The trainer step its `held` verdicts were judged at (its last read of it, from /status-env). A waiting
     trainer's `stall_reason` counts a producer held back for the trainer only on verdicts judged at the trainer's
@@ -89,6 +94,10 @@ class HeartbeatReply(_Wire):
     """The step of a weight sync begun and not yet announced, or null (as `/status-env`)."""
     gone_after: float
     """Seconds without a heartbeat after which the server counts a producer gone: beat well within it."""
+    siblings_due_in: float | None = None
+    """With `sibling_envs`: seconds until missing slots of open groups of those envs may be leased (`POST
+    /rollouts/lease`): 0 when some may now, `gone_after` when none may before then (null without
+    `sibling_envs`). The soonest of at most 16 groups: a producer whose lease comes back full leases again."""
 
 
 class ProducerView(_Wire):

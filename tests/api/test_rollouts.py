@@ -376,6 +376,31 @@ async def test_a_sibling_lease_can_be_asked_for_of_named_envs_only(settings: Set
         assert (await c.post("/rollouts/lease", json=many)).status_code == 422
 
 
+async def test_a_producer_heartbeat_says_when_sibling_slots_may_be_leased(settings: Settings) -> None:
+    """A producer that takes sibling slots names its envs in its heartbeat; the reply says when a group of theirs
+    is next due (its holder's lapse, a sibling lease's end), so it leases only then instead of polling."""
+    settings.producer_gone_after = 60.0
+    async with serving(settings, rollout_lease_s=0.5, rollout_sweep_every_s=3600.0) as c:
+        await start(c)
+
+        async def due(**extra: Any) -> float | None:
+            beat = {"producer_id": "p2", "env_ids": [0], "sibling_envs": ["math"], **extra}
+            reply = await c.post("/producers/heartbeat", json=beat)
+            assert reply.status_code == 200, reply.text
+            due_in: float | None = reply.json()["siblings_due_in"]
+            return due_in
+
+        assert await due() == 60.0, "no open group: none before the next beat (gone_after)"
+        g = await opened(c, "g")
+        assert 0.0 < (await due() or 0.0) <= 0.5, "when its holder lapses, unless it heartbeats"
+        assert await due(sibling_envs=["code"]) == 60.0, "another env's group is not due for this producer"
+        assert await due(sibling_envs=None) is None, "a producer that takes no sibling slot is not told"
+        await past(g["expires_at"])
+        assert await due() == 0.0, "its holder lapsed: lease now"
+        assert len(await leased(c, "p3", 8)) == 4
+        assert 0.0 < (await due() or 0.0) <= 0.5, "every missing slot leased: when the first lease ends"
+
+
 async def test_the_runners_sibling_taker_leases_slots_of_the_envs_it_runs_only(settings: Settings) -> None:
     """The runner's sibling taker asks for its per-rollout envs' slots by name (`OpenGroups.lease(envs=...)`):
     another env's group, open on the same server, is never leased to it."""

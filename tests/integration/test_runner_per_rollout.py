@@ -7,9 +7,11 @@ reasons). On SQLite and on PostgreSQL. And a runner whose rollouts crash seals i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -27,7 +29,8 @@ from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_ta
 from tests import pg
 from tests.factories import registration
 from tests.integration.test_crossproc import process
-from tests.servers import start_server
+from tests.per_rollout_producer import Slow
+from tests.servers import running_server, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +176,52 @@ async def test_the_runner_seals_its_survivors_and_counts_them(tmp_path: Path) ->
             assert sorted(len(g["tokens"]) for g in served) == [6, 6, 6]
     finally:
         server.kill()
+
+
+class Nothing:
+    """A task source with no task for now: the producer stays idle, its own groups none."""
+
+    async def anext_task(self) -> Task | None:
+        await asyncio.Event().wait()
+        return None
+
+    def next_task(self) -> Task | None:
+        raise AssertionError("anext_task is used")
+
+    def report(self, task: Task, mean_score: float) -> None:
+        pass
+
+
+def requests_by_route(url: str) -> Counter[str]:
+    """Requests the server answered so far, by route (`rollbuf_request_duration_seconds_count`)."""
+    out: Counter[str] = Counter()
+    text = httpx.get(url + "/metrics").text
+    for labels, n in re.findall(r"rollbuf_request_duration_seconds_count\{([^}]*)\} (\S+)", text):
+        out[dict(re.findall(r'(\w+)="([^"]*)"', labels))["route"]] += int(float(n))
+    return out
+
+
+@pytest.mark.anyio
+async def test_an_idle_per_rollout_producer_costs_its_heartbeat_and_no_sibling_poll(tmp_path: Path) -> None:
+    """A producer of per-rollout groups with nothing to do, and no group open anywhere: over N heartbeats it asks
+    for no sibling slot (each heartbeat's reply says none is due), instead of one lease per `poll_interval`."""
+    with running_server("memory://", tmp_path / "server.log", "--producer-gone-after", "3") as server:  # beats: 0.5 s
+        with httpx.Client(base_url=server.url) as c:
+            assert c.post("/register", json=registration(batch_size=G)).status_code == 200
+            c.get("/batch")
+        env = Slow(group_size=G)
+        runner = RolloutRunner(server.url, [(env, Nothing())], ScriptedPolicy(arithmetic_script), max_in_flight=G)
+        run = asyncio.create_task(runner.run())
+        try:
+            deadline = time.monotonic() + LIMIT_S
+            while (first := requests_by_route(server.url))["/producers/heartbeat"] < 2:  # the first reply taken in
+                assert time.monotonic() < deadline, "no heartbeat"
+                await asyncio.sleep(0.05)  # polling interval
+            while (now := requests_by_route(server.url))["/producers/heartbeat"] < first["/producers/heartbeat"] + 4:
+                assert time.monotonic() < deadline, "heartbeats stopped"
+                await asyncio.sleep(0.05)  # polling interval
+        finally:
+            runner.stop()
+            await asyncio.wait_for(run, LIMIT_S)
+    assert now["/producers/heartbeat"] - first["/producers/heartbeat"] >= 4
+    assert now["/rollouts/lease"] - first["/rollouts/lease"] == 0, (first, now)
