@@ -98,7 +98,7 @@ class Serve(Settings):
             "timeout_keep_alive": settings.keepalive_timeout,
         }
         if settings.workers == 1:
-            from api.http.app import create_app
+            from api.app import create_app
 
             uvicorn.run(create_app(settings), **serving)
             return
@@ -109,7 +109,7 @@ class Serve(Settings):
         if not os.environ.get(MULTIPROC_ENV):
             own_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="rollbuf-metrics-")
         try:
-            uvicorn.run("api.http.app:create_app", factory=True, workers=settings.workers, **serving)
+            uvicorn.run("api.app:create_app", factory=True, workers=settings.workers, **serving)
         finally:
             if own_dir:
                 shutil.rmtree(own_dir, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The service's exception tree. Routes raise these; one handler in `api.http.app` renders them.
+"""The service's exception tree. Routes raise these; one handler in `api.app` renders them.
 
 Atropos rollout handlers drop data on any 4xx and retry 5xx, so the status code is a promise:
 4xx means "this data is bad, resending it will never work"; 503 means "try again later".

@@ -20,11 +20,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
-from api import state
 from api.batches import lost
 from api.batches.acknowledge import commit_txn
 from api.batches.formation import FormationRules, batch_txn
-from api.batches.kept import Kept, ReadAhead
 from api.batches.outcomes import BatchWaiting, FormedBatch
 from api.batches.wakeups import Wakeups
 from api.errors import Conflict, InvalidData, NotFound, Unavailable
@@ -52,11 +50,12 @@ from api.producers.stored import (
     sync_txn,
 )
 from api.rollouts import service as rollout_service
+from api.run import state, stats
+from api.run.kept import Kept, ReadAhead
+from api.run.state import ANON_NAME, EnvRecord, RunState
 from api.scheduler import Scheduler
-from api.state import ANON_NAME, EnvRecord, RunState
 from api.store.base import Store, Txn
 from api.tasks import ending
-from api.views import stats
 from api.views.metrics import FORMATION_SECONDS
 from api.views.status import env_status, status_txn
 from api.wire.producers import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply

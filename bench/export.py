@@ -26,12 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from api import state
 from api.ledger import rules as ledger
-from api.state import EnvRecord
+from api.run import state, stats
+from api.run.state import EnvRecord
 from api.store import make_store
 from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
-from api.views import stats
 from api.wire.records import encode_submission
 from api.wire.schema import Registration
 from bench import pg

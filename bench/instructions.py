@@ -88,8 +88,8 @@ async def registered(app: Any, workload: str) -> list[bytes]:
 
 async def _child(store: str, workload: str, n: int) -> None:
     """Post `n` groups of `workload` to an app on `store`, one after another (what callgrind counts)."""
+    from api.app import create_app
     from api.config.settings import Settings
-    from api.http.app import create_app
     from api.wire.records import MSGPACK, encode_submission_list
     from bench.limit import WORKLOADS, _regroup
 

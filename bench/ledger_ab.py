@@ -82,8 +82,8 @@ def served_path(reps: int, store: str) -> list[dict[str, Any]]:
 
 
 async def _dropped_rate(url: str, retain: bool, n: int) -> float:
+    from api.app import create_app  # the service in process: only part 2 imports it
     from api.config.settings import Settings
-    from api.http.app import create_app  # the service in process: only part 2 imports it
     from api.wire.schema import REGISTRATION_EXAMPLE
 
     app = create_app(Settings(store=url, retain_steps=1000 if retain else None))
@@ -126,8 +126,8 @@ def dropped_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
 
 
 async def _cpu(url: str, extra: dict[str, Any], n: int) -> tuple[float, float]:
+    from api.app import create_app
     from api.config.settings import Settings
-    from api.http.app import create_app
     from api.wire.schema import REGISTRATION_EXAMPLE
 
     app = create_app(Settings(store=url, **extra))

@@ -12,8 +12,8 @@ import time
 
 import httpx
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 
 
 async def main(n: int) -> None:

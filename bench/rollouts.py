@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests.factories import env, registration
 
 TOKENS = 256

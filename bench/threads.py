@@ -46,8 +46,8 @@ def thread_times() -> dict[int, tuple[float, float]]:
 
 async def measure(store: str, workload: str, groups: int, in_flight: int) -> list[dict[str, Any]]:
     """Post `groups` groups to a fresh app, `in_flight` at a time; each thread's CPU per group."""
+    from api.app import create_app
     from api.config.settings import Settings
-    from api.http.app import create_app
     from api.wire.records import MSGPACK
 
     w = next(x for x in WORKLOADS if x.name == workload)

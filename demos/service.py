@@ -11,8 +11,8 @@ from typing import Any
 
 import uvicorn
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 
 
 @asynccontextmanager

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests import pg
 
 pytest_plugins = [

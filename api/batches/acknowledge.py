@@ -1,16 +1,16 @@
 """Acknowledging served batches, inside one store transaction: `acknowledge` (what asking for a later batch in
 "next" mode, and `POST /commit`, both do) frees the batches before the new mark on every store, and the mark is
-kept with them. The rules are `api/batches/kept.py`'s."""
+kept with them. The rules are `api/run/kept.py`'s."""
 
 from __future__ import annotations
 
 import time
 
-from api import state
-from api.batches.kept import Kept, check_commit
 from api.errors import Conflict
 from api.ledger.recorder import OFF, Recorder
-from api.state import RunState
+from api.run import state
+from api.run.kept import Kept, check_commit
+from api.run.state import RunState
 from api.store.base import Txn
 from api.wire.schema import CommitReply
 

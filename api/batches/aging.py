@@ -1,11 +1,11 @@
 """Aging: an env's oldest item passed over by formation (a newer item of its env taken) becomes due
 `LookAhead.due_after` batches later, and a batch must then hold it (docs/batching.md, "Aging"). Pure functions
-over plain data; the record lives in the store's values (`api.state`)."""
+over plain data; the record lives in the store's values (`api.run.state`)."""
 
 from __future__ import annotations
 
-from api.batches.items import ItemMeta
 from api.batches.planner import Plan
+from api.store.items import ItemMeta
 
 PassedOver = dict[int, tuple[int, int]]
 """Per env: its oldest item passed over (a newer item of its env taken) and the step it was first passed over."""

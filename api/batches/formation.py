@@ -10,10 +10,8 @@ import time
 
 import orjson
 
-from api import state
 from api.batches.acknowledge import acknowledge
 from api.batches.aging import age, is_due
-from api.batches.kept import COMMIT, ReadAhead, read_ahead_full
 from api.batches.lost import kept_batch_lost
 from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
 from api.batches.planner import BatchSpec, EnvWindow, LookAhead, NoBatch, Plan, plan_batch
@@ -21,14 +19,15 @@ from api.batches.trim import first_sequences
 from api.batches.windows import scale_shares, take_window
 from api.config.groups import DEFAULTS, part, setting
 from api.errors import Conflict, Gone, RollbufError
-from api.ingest.filters import STALE
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder
-from api.state import RunState
+from api.run import state, stats
+from api.run.filters import STALE
+from api.run.kept import COMMIT, ReadAhead, read_ahead_full
+from api.run.state import RunState
 from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
 from api.tasks import ending
 from api.tasks.leases import RUN_TAIL
-from api.views import stats
 from api.wire.records import decode_meta
 
 log = logging.getLogger("rollbuf")
@@ -94,7 +93,7 @@ def batch_txn(
         state read before, whose envs are reused as far as they have not changed (`state.load`). `as_json`: the
         batch will be served as JSON, so a batch JSON cannot print is refused before the step moves
         (`Unservable`), leaving its groups queued. `read_ahead`: the bound of a trainer in commit mode
-        (`api/batches/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions).
+        (`api/run/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions).
         `rules`:
     how far to look ahead and how long a quiet minimum share may hold a batch. `gone_after`: when a producer is
     gone, for the end of a run fed by datasets (api/tasks/ending.py)."""

@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TypeVar
 
-from api import state
 from api.errors import RollbufError
 from api.ledger.recorder import Recorder
-from api.state import RunState
+from api.run import state
+from api.run.state import RunState
 from api.store.base import PayloadLost, Store, Txn
 
 T = TypeVar("T")

@@ -42,7 +42,7 @@ class FormedBatch:
     formation: Formation | None = None
     held: int = 0
     """Bytes the store keeps for this batch where that is more than `stored` (a cut group is kept whole); 0 where
-    it is `stored`'s length. What the read-ahead bound counts (`api/batches/kept.py`)."""
+    it is `stored`'s length. What the read-ahead bound counts (`api/run/kept.py`)."""
 
     @property
     def records(self) -> memoryview:

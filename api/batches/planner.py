@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from api.batches.items import ItemMeta
 from api.config.groups import setting
+from api.store.items import ItemMeta
 
 CREDIT_CAP_BATCHES = 2.0
 """Credit an env may bank, in batches: enough to smooth a few batches of imbalance, small enough that an

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from api.batches.items import ItemMeta
+from api.store.items import ItemMeta
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from api.config.groups import (
     ServerSettings,
     TaskLeases,
 )
-from api.http.access import MIN_SECRET, Key
-from api.http.keyring import KeyFile, NoKey, describe, fixed_keys, parse_key_file, read_bounded
+from api.keys.access import MIN_SECRET, Key
+from api.keys.keyring import KeyFile, NoKey, describe, fixed_keys, parse_key_file, read_bounded
 from api.store import redacted
 
 log = logging.getLogger("rollbuf")
@@ -123,7 +123,7 @@ def to_environ(settings: Settings) -> dict[str, str]:
 
 
 def _fixed(settings: Settings) -> tuple[list[Key], list[str]]:
-    """`api_key`'s and `api_keys`' keys, checked (`api.http.keyring.fixed_keys`), and warnings."""
+    """`api_key`'s and `api_keys`' keys, checked (`api.keys.keyring.fixed_keys`), and warnings."""
     return fixed_keys(
         None if settings.api_key is None else settings.api_key.get_secret_value(),
         None if settings.api_keys is None else settings.api_keys.get_secret_value(),

@@ -18,7 +18,6 @@ import anyio.to_thread
 import msgpack
 import pyarrow as pa
 
-from api import state
 from api.export.parquet import ParquetChunks
 from api.export.rollouts_table import rollout_row, rollouts_schema
 from api.export.table import (
@@ -35,14 +34,14 @@ from api.export.table import (
 from api.export.tasks_table import task_row, tasks_schema
 from api.ledger.rules import readable_payloads
 from api.rollouts import service as rollout_service
-from api.state import RunState
+from api.run import state, stats
+from api.run.state import RunState
 from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
 from api.store.rollouts import GroupRow
 from api.store.tasks import TaskRow
 from api.tasks import frontier as task_frontier
 from api.tasks.leases import STATES
 from api.tasks.service import views_txn
-from api.views import stats
 from api.wire.records import Buffer, decode
 
 SEQUENCES = "sequences"

@@ -4,7 +4,7 @@ its body is read (docs/security.md).
 In order: the `Host` (DNS rebinding: a page whose name resolves to 127.0.0.1 must not reach a loopback
 server), browser-originated cross-site requests (an `Origin` of another site, `Sec-Fetch-Site: cross-site`:
 a web page opened on the machine must not reset the run or inject groups), the caller's key and role
-(`api.http.access`), a body type a browser may send cross-site without asking (`text/plain`, forms) on the
+(`api.keys.access`), a body type a browser may send cross-site without asking (`text/plain`, forms) on the
 routes that take JSON, and the body's size: declared sizes past the route's limit are refused before
 reading, and a body that keeps coming past it is cut off. Pure ASGI, like `api.http.middleware`.
 """
@@ -21,7 +21,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_body
-from api.http.access import ANONYMOUS, PUBLIC, Identity, Key, RouteTable, identify
+from api.keys.access import ANONYMOUS, PUBLIC, Identity, Key, RouteTable, identify
 from api.owners import ANYONE, Actor, actor
 
 SMALL_BODY = 64 * 1024

@@ -9,7 +9,7 @@ from api.config.groups import part, setting
 from api.errors import Unavailable
 from api.ingest.side_buffer import SideLimits
 from api.ingest.validation import GroupLimits
-from api.state import EnvRecord, RunState
+from api.run.state import EnvRecord, RunState
 from api.store.base import QueueCounts
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from api.config.groups import setting
-from api.ingest.filters import release_from_buffer
+from api.run.filters import release_from_buffer
 from api.store.base import HeldMeta, QueueCounts
 
 EXPIRED = "side_buffer_expired"

@@ -15,7 +15,7 @@ from api.ingest.json_groups import JsonGroup, read_groups
 from api.ingest.queue_limits import QueueLimits, group_limits
 from api.ingest.validation import pack_group
 from api.logs import request_env
-from api.state import ANON_NAME, RunState
+from api.run.state import ANON_NAME, RunState
 from api.wire.records import GroupRecord, encode, is_msgpack
 
 

@@ -8,20 +8,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from api import state
 from api.errors import Conflict, InvalidData, Unavailable
 from api.ingest import side_buffer
-from api.ingest.filters import filter_reason
 from api.ingest.idempotency import remember, same_content
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import Submission
 from api.ingest.validation import check_policy_step
 from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
-from api.state import ANON_NAME, EnvRecord, RunState
+from api.run import state, stats
+from api.run.filters import filter_reason
+from api.run.state import ANON_NAME, EnvRecord, RunState
 from api.store.base import ANON_ENV, HELD, QUEUED, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.tasks import leases as task_leases
-from api.views import stats
 from api.wire.schema import ScoredReply
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from api.config.groups import setting
-from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE
+from api.run.filters import SCORE_RANGE, ZERO_VARIANCE
 
 FILTER_REASONS = frozenset({ZERO_VARIANCE, SCORE_RANGE})
 """Drop reasons that are the trainer's own choice (its group filters): left out of the skew comparisons."""

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from api import state
 from api.batches.windows import scale_shares
 from api.ledger.drop_bias import (
     Decision,
@@ -33,7 +32,8 @@ from api.ledger.drop_bias import (
     describe,
     describe_end,
 )
-from api.state import RunState
+from api.run import state
+from api.run.state import RunState
 from api.store.base import LedgerGroup, LedgerStep, Store, Txn
 
 log = logging.getLogger("rollbuf")

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from api import state
 from api.ingest.submissions import Submission
 from api.ledger import rules as ledger
+from api.run import state
 from api.store.base import DROPPED, SERVED, LedgerGroup, LedgerStep, Txn
 from api.tasks import leases as task_leases
 

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from api import state
 from api.config.groups import setting
 from api.ledger.replies import GROUP_FIELDS
+from api.run import state
 from api.store.base import ANON_ENV, SERVED, KeptPayload, LedgerGroup, LedgerStep, PayloadLost, Txn
 from api.store.ledger_contract import GROUP_RECORD
 from api.wire.records import GroupRecord, decode, to_atropos

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from api import state
 from api.config.groups import setting
 from api.errors import Conflict, NotFound, Unavailable
 from api.owners import ANYONE, Actor
 from api.producers import live as producers
 from api.producers.live import Producer
+from api.run import state
 from api.store.base import Txn
 from api.wire.producers import Heartbeat, ProducerView, WeightSyncReply
 

@@ -13,7 +13,6 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from api import state
 from api.config.groups import built, setting
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData, NotFound, RollbufError, Unavailable
@@ -23,7 +22,8 @@ from api.ledger.recorder import OFF, Recorder, recorder
 from api.owners import ANYONE, Actor
 from api.rollouts import checks
 from api.rollouts import groups as rg
-from api.state import RunState
+from api.run import state
+from api.run.state import RunState
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
 from api.tasks import leases as task_leases

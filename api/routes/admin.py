@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
-from api.http.access import PUBLIC, TRAINER_SIDE
-from api.http.deps import ServiceDep
 from api.http.openapi import ERROR_DESCRIPTIONS, ERROR_REF
+from api.keys.access import PUBLIC, TRAINER_SIDE
 from api.owners import RUN
+from api.routes.deps import ServiceDep
 from api.routes.spec import route
 from api.wire.records import dumps, to_atropos
 

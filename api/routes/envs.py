@@ -14,14 +14,14 @@ from pydantic import TypeAdapter
 from api.config.settings import Settings
 from api.errors import InvalidData
 from api.http import body_cost
-from api.http.access import ANY_KEY, ENV_SIDE
 from api.http.body import INLINE_PARSE, off_loop, parse_json, read_body
-from api.http.deps import ServiceDep, SettingsDep, holder
 from api.http.frontdoor import actor_of
 from api.ingest.gc_pause import collection_paused
 from api.ingest.submissions import request_key
 from api.ingest.submit import reply_fields
+from api.keys.access import ANY_KEY, ENV_SIDE
 from api.owners import RUN, RUN_WIDE, acts
+from api.routes.deps import ServiceDep, SettingsDep, holder
 from api.routes.direct import DirectRoute, served_by
 from api.routes.spec import route
 from api.service import Service

@@ -14,9 +14,9 @@ from fastapi.responses import StreamingResponse
 
 from api import export
 from api.errors import NotInstalled, Unavailable
-from api.http.access import TRAINER_SIDE
-from api.http.deps import ServiceDep, SettingsDep
+from api.keys.access import TRAINER_SIDE
 from api.owners import RUN
+from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 
 router = APIRouter(tags=["trainer"])

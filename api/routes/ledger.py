@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from api.http.access import TRAINER_SIDE
-from api.http.deps import ServiceDep
+from api.keys.access import TRAINER_SIDE
 from api.ledger.replies import LedgerGroupsReply, LedgerStepReply
 from api.owners import RUN
+from api.routes.deps import ServiceDep
 from api.routes.spec import route
 from api.wire.records import dumps
 

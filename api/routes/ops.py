@@ -11,12 +11,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from api.errors import Unavailable
-from api.http.access import ANY_KEY, PUBLIC
-from api.http.deps import ServiceDep, SettingsDep
-from api.http.keyring import KeyFile
+from api.keys.access import ANY_KEY, PUBLIC
+from api.keys.keyring import KeyFile
 from api.owners import RUN
 from api.rollouts import metrics as rollout_metrics
 from api.rollouts import service as rollout_service
+from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.tasks import metrics as task_metrics
 from api.tasks import service as task_service

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from api.http.access import ANY_KEY, ENV_SIDE, TRAINER_SIDE
-from api.http.deps import ServiceDep, SettingsDep
 from api.http.frontdoor import actor_of
+from api.keys.access import ANY_KEY, ENV_SIDE, TRAINER_SIDE
 from api.owners import RUN, acts
+from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.wire.producers import Heartbeat, HeartbeatReply, ProducerView, WeightsAnnounce, WeightsReply, WeightSyncReply
 from api.wire.rules import PRODUCER_ID_MAX, SAFE_INT_MAX

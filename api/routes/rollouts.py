@@ -7,11 +7,11 @@ import time
 
 from fastapi import APIRouter, Query
 
-from api.http.access import ANY_KEY, ENV_SIDE
-from api.http.deps import ActorDep, ServiceDep, SettingsDep
+from api.keys.access import ANY_KEY, ENV_SIDE
 from api.ledger.recorder import recorder
 from api.owners import RUN, RUN_WIDE, Actor, acts
 from api.rollouts import service as rs
+from api.routes.deps import ActorDep, ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.wire.rollouts import (
     GroupView,

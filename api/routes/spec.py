@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends
 
-from api.http.access import PUBLIC, Body, Rule
 from api.http.auth import require_api_key
 from api.http.openapi import SECURED, errors
+from api.keys.access import PUBLIC, Body, Rule
 from api.owners import Acts
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -3,7 +3,7 @@ and FastAPI's own description pages: what the front door enforces (`api.http.fro
 
 from __future__ import annotations
 
-from api.http.access import PUBLIC, Body, RouteTable, Rule
+from api.keys.access import PUBLIC, Body, RouteTable, Rule
 from api.owners import Acts
 from api.routes import admin, envs, export, ledger, ops, producers, rollouts, tasks, trainer
 from api.routes.spec import DECLARED

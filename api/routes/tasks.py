@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
-from api.http.access import ANY_KEY, ENV_SIDE
-from api.http.deps import ActorDep, ServiceDep, SettingsDep
+from api.keys.access import ANY_KEY, ENV_SIDE
 from api.owners import RUN_WIDE, acts
+from api.routes.deps import ActorDep, ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.tasks import service as task_service
 from api.wire.rules import SAFE_INT_MAX

@@ -11,18 +11,18 @@ import anyio
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
-from api.batches.kept import ReadAheadFull
 from api.batches.outcomes import BatchWaiting, FormedBatch
 from api.batches.sharding import Cost, rank_share, shard, subset
 from api.errors import InvalidData
-from api.http.access import ANY_KEY, TRAINER_SIDE
 from api.http.auth import Unauthorized
 from api.http.body import accepts_gzip, gzip_compress
-from api.http.deps import ServiceDep, SettingsDep
 from api.http.frontdoor import still_admitted
+from api.keys.access import ANY_KEY, TRAINER_SIDE
 from api.logs import RateLimiter
 from api.owners import RUN
+from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
+from api.run.kept import ReadAheadFull
 from api.views.metrics import WAITING_LONG_POLLS
 from api.views.status import capped
 from api.wire.records import (

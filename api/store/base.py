@@ -15,8 +15,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
-from api.batches.items import ItemMeta
 from api.errors import Unavailable
+from api.store.items import ItemMeta
 from api.store.ledger_contract import (
     DROPPED,
     FATES,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from api.producers.stored import load_producers
-from api.state import RunState
+from api.run.state import RunState
 from api.store.base import Txn
 from api.tasks import leases
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import orjson
 
-from api.batches.kept import Kept
-from api.state import KEPT_KEY, STEP_KEY
+from api.run.kept import Kept
+from api.run.state import KEPT_KEY, STEP_KEY
 from api.store.base import Txn
 from api.store.tasks import TaskRow
 from api.tasks import leases as tl

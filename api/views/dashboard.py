@@ -17,7 +17,7 @@ from typing import Any
 from api.config.groups import SERVER
 from api.ledger.drop_bias import Report
 from api.producers.stored import ProducerReport, shown_producers
-from api.views.stats import Snapshot
+from api.run.stats import Snapshot
 from api.wire.rollouts import OpenGroupsStatus
 from api.wire.tasks import DatasetView
 

@@ -2,7 +2,7 @@
 
 Two kinds, so that the numbers are right with `--workers N` and with replicas on a shared store:
 - the buffer's state and its counters (step, queues, received, dropped, served, backpressure, staleness)
-  are read from the store at scrape time (`api.views.stats`): every process and replica reports the run's
+  are read from the store at scrape time (`api.run.stats`): every process and replica reports the run's
   values, whichever one is scraped;
 - timings (request duration, batch formation, store transactions) are this process's histograms; with
   `--workers N` they use prometheus-client's multiprocess mode (`PROMETHEUS_MULTIPROC_DIR`, set by
@@ -28,8 +28,8 @@ from api.config.groups import SERVER
 from api.ledger.drop_bias import CONDITIONS, Report
 from api.owners import REFUSALS
 from api.producers.stored import ProducerReport, shown_producers
+from api.run.stats import OTHER_ENVS, EnvSnapshot, Snapshot
 from api.store.base import QueueCounts, Store, Txn
-from api.views.stats import OTHER_ENVS, EnvSnapshot, Snapshot
 
 T = TypeVar("T")
 

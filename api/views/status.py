@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import time
 
-from api import state
 from api.ingest.queue_limits import QueueLimits, capacity_groups
 from api.producers.stored import shown_producers
 from api.rollouts.service import open_groups_txn
-from api.state import EnvRecord, RunState
+from api.run import state, stats
+from api.run.state import EnvRecord, RunState
 from api.store.base import QueueCounts, Txn
 from api.tasks.service import views_txn
-from api.views import stats
 from api.wire.schema import EnvStatus, Status
 
 MIN_ENV_WEIGHT = 0.01

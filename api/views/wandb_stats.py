@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from api.run.stats import Snapshot
 from api.store.base import Store, Txn
-from api.views.stats import Snapshot
 
 log = logging.getLogger("rollbuf")
 

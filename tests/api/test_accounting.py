@@ -72,7 +72,7 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
     assert len(served) == len(set(served)), "a group was served twice"
     assert set(served) <= submitted
     assert len(served) + status.queue_size + dropped == len(submitted)
-    # the counters the operator's views read (api.views.stats) tell the same story
+    # the counters the operator's views read (api.run.stats) tell the same story
     snap = await service.snapshot()
     assert sum(e.received for e in snap.envs) == len(submitted)
     assert sum(e.served_groups for e in snap.envs) == len(served) == sum(snap.staleness.values())

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.store.base import ItemMeta, QueuedItem, Txn
 from api.wire.records import (
     MSGPACK,

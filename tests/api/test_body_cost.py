@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.http.body_cost import JSON_VALUE_BYTES, MSGPACK_FACTOR, decoded_cost
 from api.http.inflight import BodyBudget
 from api.wire.records import encode_submission

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.http.body_cost import decoded_cost
 from api.service import LATEST_MAX_BYTES
 from tests.factories import env, group, registration

@@ -13,8 +13,8 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.wire.records import decode_batch
 from tests.factories import env, group, registration
 from trainer_client.arrays import from_records

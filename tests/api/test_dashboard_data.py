@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.store.base import QueueCounts
 from tests.factories import env, group, registration
 

@@ -168,16 +168,16 @@ async def test_the_dashboard_reads_no_unchanged_env_and_converts_a_report_once(
     drop-bias report's 10,000 entries again took 0.47 s. Envs unchanged since this process read them are
     not read, and a report is converted once."""
     import api.ledger.drop_bias
-    import api.state
+    import api.run.state
 
     await client.post("/register", json=registration(batch_size=4))
     await client.get("/batch")
     for i in range(3):
         await client.post("/register-env", json=env(desired_name=f"e{i}", group_size=4))
     applied: list[int] = []
-    real_apply = api.state._apply
+    real_apply = api.run.state._apply
     monkeypatch.setattr(
-        api.state, "_apply", lambda envs, changed: (applied.append(len(changed)), real_apply(envs, changed))
+        api.run.state, "_apply", lambda envs, changed: (applied.append(len(changed)), real_apply(envs, changed))
     )
     converted: list[int] = []
     real_json = api.ledger.drop_bias.Report.to_json

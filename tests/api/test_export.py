@@ -20,9 +20,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
 from api.export import PARQUET
-from api.http.app import create_app
 from api.wire.records import MSGPACK, decode_batch
 from tests.asgi import serving
 from tests.factories import env, group, registration
@@ -194,7 +194,7 @@ async def test_exports_at_once_are_bounded() -> None:
 
 
 def test_the_service_never_imports_pyarrow() -> None:
-    code = "import sys, api.http.app, api.cli; api.http.app.create_app(); print('pyarrow' in sys.modules)"
+    code = "import sys, api.app, api.cli; api.app.create_app(); print('pyarrow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio

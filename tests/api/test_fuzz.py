@@ -9,8 +9,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests.factories import env, group, registration
 
 json_values = st.recursive(

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests import pg
 from tests.factories import env, group, registration
 

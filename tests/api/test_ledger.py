@@ -14,8 +14,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.ledger.rules import RETAINED, LedgerSettings
 from api.service import Service
 from api.wire.records import MSGPACK, encode_submission

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api import logs
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.logs import RateLimiter
 from api.routes import trainer as trainer_routes
 from api.store.base import Store

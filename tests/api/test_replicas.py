@@ -9,8 +9,8 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests import pg
 from tests.factories import env, group, registration
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from rollout_client.examples import Arithmetic
 from rollout_client.inflight import InFlight
 from rollout_client.open_groups import OpenGroups
@@ -215,8 +215,8 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
 
     import pyarrow.parquet as pq
 
+    from api.app import create_app
     from api.export.stream import ExportLimits, pages, parquet_stream
-    from api.http.app import create_app
 
     app = create_app(settings.model_copy(update={"rollout_lease_s": 2.0, "rollout_sweep_every_s": 0.02}))
     async with app.router.lifespan_context(app):

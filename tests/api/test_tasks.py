@@ -13,8 +13,8 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.tasks import leases as tl
 from tests.asgi import serving
 from tests.factories import env, group, registration

@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.wire.records import MSGPACK, decode_batch
 from tests.factories import env, group, registration
 

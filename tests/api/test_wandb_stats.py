@@ -8,12 +8,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
+from api.run.stats import EnvSnapshot, Snapshot
 from api.store.base import QueueCounts
 from api.store.memory import MemoryStore
 from api.views import wandb_stats
-from api.views.stats import EnvSnapshot, Snapshot
 from tests.small_run import MAX_ENV_QUEUE_GROUPS, small_run
 from tests.wandb_files import history, records, run_info
 

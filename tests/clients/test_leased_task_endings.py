@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.wire.tasks import REASON_MAX
 from rollout_client import LeasedTasks
 from rollout_client.leased_tasks import lease_token

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from rollout_client import LeasedTasks
 from rollout_client.leased_tasks import lease_token
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import uvicorn
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from client_core import outage
 from tests.factories import env, group

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from demos.standin_inference import generate_logprob, generate_reply
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks

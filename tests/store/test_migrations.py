@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from api.store import postgres, sqlite
 from api.store.migrations import SchemaRefused, Step, migrate
 from tests import pg

@@ -1,4 +1,4 @@
-"""api.http.access and the front door's pure checks: keys, the role matrix (and that it names every route the app
+"""api.keys.access and the front door's pure checks: keys, the role matrix (and that it names every route the app
 has), hosts, cross-site requests."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from fastapi import APIRouter
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.access import ANY_KEY, PUBLIC, Identity, Key, identify, parse_keys
-from api.http.app import create_app
 from api.http.frontdoor import cross_site, host_allowed, loopback_host
-from api.http.keyring import KeyFile, fixed_keys
+from api.keys.access import ANY_KEY, PUBLIC, Identity, Key, identify, parse_keys
+from api.keys.keyring import KeyFile, fixed_keys
 from api.owners import RUN
 from api.routes.spec import route
 from api.routes.table import ROUTES, TABLE

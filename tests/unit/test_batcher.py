@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.batches.aging import PassedOver, age, is_due
-from api.batches.items import ItemMeta
 from api.batches.planner import (
     SMALLER,
     TRIM,
@@ -25,6 +24,7 @@ from api.batches.planner import (
     plan_batch,
 )
 from api.batches.windows import scale_shares, take_window
+from api.store.items import ItemMeta
 
 _ids = itertools.count(1)
 

@@ -1,4 +1,4 @@
-"""api.batches.kept' pure rules: the acknowledged mark only moves forward and frees what is before it, a commit
+"""api.run.kept' pure rules: the acknowledged mark only moves forward and frees what is before it, a commit
 cannot pass what was served, and the read-ahead bound counts batches and bytes past the mark."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.batches.kept import Kept, ReadAhead, check_commit, read_ahead_full
 from api.errors import Conflict
+from api.run.kept import Kept, ReadAhead, check_commit, read_ahead_full
 
 
 @given(st.integers(0, 50), st.dictionaries(st.integers(0, 100), st.integers(1, 10**6)), st.lists(st.integers(0, 120)))

@@ -8,7 +8,6 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE
 from api.ingest.side_buffer import EXPIRED
 from api.ledger.drop_bias import (
     LENGTH_SKEW,
@@ -24,6 +23,7 @@ from api.ledger.drop_bias import (
     required_seqs,
     standardised_difference,
 )
+from api.run.filters import SCORE_RANGE, ZERO_VARIANCE
 
 T = Thresholds(starve_steps=3, min_groups=4, window_steps=20, window_groups=50)
 TARGETS = [EnvTarget("a", 1.0, 0.25), EnvTarget("b", 3.0)]

@@ -15,7 +15,7 @@ from api.ingest.queue_limits import QueueLimits
 from api.ingest.side_buffer import SideLimits
 from api.ingest.submissions import Submission, decode, group_key, request_key
 from api.ingest.submit import QueueFull, check_capacity, queued_reply, reply_fields, reused_key_message, still_valid
-from api.state import EnvRecord, RunState
+from api.run.state import EnvRecord, RunState
 from api.store.base import QueueCounts
 from api.wire.schema import Registration, ScoredReply
 from tests.factories import group, registration

@@ -1,4 +1,4 @@
-"""api.http.keyring: when a changed key file is used (`Settle`, pure), and `KeyFile`'s looks at a file in
+"""api.keys.keyring: when a changed key file is used (`Settle`, pure), and `KeyFile`'s looks at a file in
 `tmp_path` on a clock the test sets; the watcher thread once, on the real clock."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.config.settings import Settings
-from api.http import keyring
-from api.http.access import Identity, identify
-from api.http.keyring import CHECK_S, KeyFile, Settle
+from api.keys import keyring
+from api.keys.access import Identity, identify
+from api.keys.keyring import CHECK_S, KeyFile, Settle
 
 SECRET = "0123456789abcdef"
 SETTLE = 0.5

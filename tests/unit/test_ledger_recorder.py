@@ -13,12 +13,12 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api import state
 from api.batches.outcomes import FormedBatch
 from api.errors import RollbufError
 from api.ingest.submit import expire_txn
 from api.ledger.recorder import LEDGER, OFF, RETAINING, Ledger, Recorder, Retaining, recorder
 from api.ledger.rules import RETAINED, LedgerSettings
+from api.run import state
 from api.service import Service
 from api.store.base import DROPPED, HELD, QUEUED, SERVED, LedgerGroup, Txn
 from api.store.memory import MemoryStore

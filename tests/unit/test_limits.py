@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from api.errors import Unavailable
 from api.ingest.queue_limits import QueueLimits, capacity_groups, group_limits
-from api.state import RunState
+from api.run.state import RunState
 from api.store.base import QueueCounts
 from api.wire.schema import Registration
 from tests.factories import registration

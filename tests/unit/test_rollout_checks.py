@@ -17,7 +17,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from api import state
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData
 from api.ingest.queue_limits import QueueLimits
@@ -26,7 +25,8 @@ from api.ingest.validation import check_policy_step
 from api.owners import ANYONE
 from api.rollouts import groups as rg
 from api.rollouts import service as rs
-from api.state import RunState
+from api.run import state
+from api.run.state import RunState
 from api.store.memory import MemoryTxn, State
 from api.wire.rollouts import OpenRequest, RolloutPost, SealRequest
 from api.wire.schema import Registration

@@ -13,12 +13,12 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from api import state
 from api.config.settings import Settings
 from api.errors import RollbufError
 from api.owners import ANYONE
 from api.rollouts import groups as rg
 from api.rollouts import service as rs
+from api.run import state
 from api.store.memory import MemoryTxn, State
 from api.store.rollouts import LIVE, GroupRow, SlotRow
 from api.wire.rollouts import OpenRequest, RolloutPost

@@ -7,17 +7,17 @@ import os
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from api.app import create_app
 from api.batches.formation import FormationRules
-from api.batches.kept import ReadAhead
 from api.batches.planner import LookAhead
 from api.config.groups import GROUPS, built
 from api.config.settings import Settings, to_environ
-from api.http.app import create_app
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.side_buffer import SideLimits
 from api.ledger.drop_bias import Thresholds
 from api.ledger.rules import LedgerSettings
 from api.producers.stored import ProducerSettings
+from api.run.kept import ReadAhead
 from api.service import Service
 from api.store import make_store
 from api.views.metrics import MAX_ENVS as METRICS_MAX_ENVS

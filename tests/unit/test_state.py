@@ -1,12 +1,12 @@
-"""api.state: the run state a transaction reads. Envs are rows; a process that read them before reads only what
+"""api.run.state: the run state a transaction reads. Envs are rows; a process that read them before reads only what
 changed since (so a request costs the same with 10,000 envs as with 10), and a reset starts a new env list."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from api import state
-from api.state import EnvRecord, RunState
+from api.run import state
+from api.run.state import EnvRecord, RunState
 from api.store.memory import MemoryTxn, State
 from api.wire.schema import Registration
 from tests.factories import registration

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from api.ingest.queue_limits import QueueLimits
-from api.state import EnvRecord, RunState
+from api.run.state import EnvRecord, RunState
 from api.store.base import QueueCounts
 from api.views.status import MIN_ENV_WEIGHT, env_status
 from api.wire.schema import Registration

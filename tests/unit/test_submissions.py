@@ -14,7 +14,7 @@ from api.errors import InvalidData, Unavailable
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import decode as decode_request
 from api.ingest.submissions import group_key, request_key
-from api.state import EnvRecord, RunState
+from api.run.state import EnvRecord, RunState
 from api.wire.records import MSGPACK, decode, encode_submission, encode_submission_list
 from api.wire.schema import Registration
 from tests.factories import group, registration

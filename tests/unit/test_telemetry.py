@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 
+from api.app import TELEMETRY_OFF, create_app, otel_configured
 from api.config.settings import Settings
-from api.http.app import TELEMETRY_OFF, create_app, otel_configured
 
 
 def test_without_a_provider_the_instrumentation_is_off() -> None:

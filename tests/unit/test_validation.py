@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.errors import InvalidData
-from api.ingest.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
 from api.ingest.validation import (
     F32_OVERFLOW,
     MAX_META_DEPTH,
@@ -20,6 +19,7 @@ from api.ingest.validation import (
     finite_as_f32,
     pack_group,
 )
+from api.run.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
 from api.wire.records import decode, encode
 from api.wire.schema import Registration, ScoredData
 from tests.factories import group, registration

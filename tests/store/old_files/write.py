@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from tests import pg
 from tests.factories import env, group, registration
 

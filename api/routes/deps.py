@@ -13,9 +13,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.config.settings import Settings
-from api.http.access import ANONYMOUS
 from api.http.frontdoor import actor_of, identity_of
 from api.http.inflight import Hold
+from api.keys.access import ANONYMOUS
 from api.owners import Actor
 from api.service import Service
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from api.batches.kept import Kept
+from api.run.kept import Kept
 from api.store.base import Txn
 from api.wire.schema import Registration
 
@@ -20,7 +20,7 @@ STEP_KEY = "step"
 ENV_DIR_KEY = "env_dir"
 """The env list's epoch, version and length; the envs themselves are rows (`Txn.put_env`)."""
 KEPT_KEY = "kept"
-"""The acknowledged mark and the sizes of the batches kept past it (`api.batches.kept.Kept`)."""
+"""The acknowledged mark and the sizes of the batches kept past it (`api.run.kept.Kept`)."""
 CREDITS_KEY = "credits"
 BLOCKED_KEY = "blocked"
 PASSED_KEY = "passed_over"

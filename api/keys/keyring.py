@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
-from api.http.access import Key, check_distinct, parse_keys
+from api.keys.access import Key, check_distinct, parse_keys
 from api.views.metrics import KEY_FILE_STALE
 
 log = logging.getLogger("rollbuf")

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from api import state
+from api.run import state
 from api.store.base import ANON_ENV, QueueCounts, Txn
 
 RECEIVED = "received"

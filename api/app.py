@@ -16,18 +16,18 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from api.batches.formation import FormationRules
-from api.batches.kept import ReadAhead
 from api.config.groups import built
 from api.config.settings import Settings, door_hosts, door_keys, inflight_per_client, log_keys
 from api.errors import HTTP_CODES, RollbufError, error_body
 from api.export import PARQUET
-from api.http import connections, keyring
+from api.http import connections
 from api.http.frontdoor import Door, FrontDoor
 from api.http.inflight import BodyBudget
 from api.http.middleware import ObserveRequests
 from api.http.openapi import declare_body_limits, declare_limits, drop_auth
 from api.http.stopping import on_stop_signal
 from api.ingest.queue_limits import QueueLimits
+from api.keys import keyring
 from api.ledger.drop_bias import Thresholds
 from api.ledger.drop_bias_watch import BiasWatch
 from api.ledger.rules import LedgerSettings
@@ -37,6 +37,7 @@ from api.rollouts.service import SweepSettings
 from api.routes import ops
 from api.routes.direct import DirectLane
 from api.routes.table import ROUTERS, TABLE
+from api.run.kept import ReadAhead
 from api.service import Service
 from api.store import make_store
 from api.views import wandb_stats
