@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the FastAPI application, its lifespan-owned store and its one error handler."""
+"""`create_app(settings)`: the composition root (`api/layers.py`): the FastAPI application, its lifespan-owned
+store and service, its routes, and its one error handler."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from api.ledger.drop_bias import Thresholds
 from api.ledger.drop_bias_watch import BiasWatch
 from api.ledger.rules import LedgerSettings
 from api.logs import log_client_gone, log_error, log_validation_errors
+from api.meters import TimedStore
 from api.producers.stored import ProducerSettings
 from api.rollouts.service import SweepSettings
 from api.routes import ops
@@ -41,7 +43,6 @@ from api.run.kept import ReadAhead
 from api.service import Service
 from api.store import make_store
 from api.views import wandb_stats
-from api.views.metrics import TimedStore
 from api.wire.records import MSGPACK_TYPES
 
 log = logging.getLogger("rollbuf")

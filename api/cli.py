@@ -28,7 +28,7 @@ from pydantic_settings import CliApp, CliSettingsSource, SettingsError
 
 from api.config.settings import Settings, to_environ
 from api.logs import log_config
-from api.views.metrics import MULTIPROC_ENV
+from api.meters import MULTIPROC_ENV
 
 COMMANDS_GROUP = "rollbuf.commands"
 """Entry-point group of the other `rollbuf` commands: `name = "module:function"`, the function taking the

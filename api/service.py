@@ -26,7 +26,6 @@ from api.batches.formation import FormationRules, batch_txn
 from api.batches.outcomes import BatchWaiting, FormedBatch
 from api.batches.wakeups import Wakeups
 from api.errors import Conflict, InvalidData, NotFound, Unavailable
-from api.http.body import INLINE_PARSE, off_loop
 from api.ingest import submissions
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import Submission
@@ -36,6 +35,7 @@ from api.ledger.drop_bias import Report
 from api.ledger.drop_bias_watch import BiasWatch
 from api.ledger.recorder import recorder
 from api.logs import request_env
+from api.meters import FORMATION_SECONDS
 from api.owners import ANYONE, Actor
 from api.producers.live import NOTHING_YET
 from api.producers.stored import (
@@ -52,11 +52,11 @@ from api.producers.stored import (
 from api.rollouts import service as rollout_service
 from api.run import state, stats
 from api.run.kept import Kept, ReadAhead
+from api.run.offloop import INLINE_PARSE, off_loop
 from api.run.state import ANON_NAME, EnvRecord, RunState
 from api.scheduler import Scheduler
 from api.store.base import Store, Txn
 from api.tasks import ending
-from api.views.metrics import FORMATION_SECONDS
 from api.views.status import env_status, status_txn
 from api.wire.producers import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply
 from api.wire.records import GroupRecord, decode

@@ -35,7 +35,8 @@ from schemathesis.core import NOT_SET
 from schemathesis.core.parameters import ParameterLocation
 
 from api.errors import InvalidData
-from api.ingest.validation import check_printable, check_producer_id
+from api.ingest.validation import check_producer_id
+from api.run.printable import check_printable
 from api.wire.rollouts import SLOTS_MAX
 
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")

@@ -16,7 +16,7 @@ from api.batches.lost import kept_batch_lost
 from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
 from api.batches.planner import BatchSpec, EnvWindow, LookAhead, NoBatch, Plan, plan_batch
 from api.batches.trim import first_sequences
-from api.batches.windows import scale_shares, take_window
+from api.batches.windows import take_window
 from api.config.groups import DEFAULTS, part, setting
 from api.errors import Conflict, Gone, RollbufError
 from api.ledger import rules as ledger
@@ -24,7 +24,7 @@ from api.ledger.recorder import OFF, Recorder
 from api.run import state, stats
 from api.run.filters import STALE
 from api.run.kept import COMMIT, ReadAhead, read_ahead_full
-from api.run.state import RunState
+from api.run.state import RunState, scale_shares
 from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
 from api.tasks import ending
 from api.tasks.leases import RUN_TAIL

@@ -1,10 +1,10 @@
 """What formation reads of each env's queue before planning (`take_window`: bounded by what any batch could use,
-the stale items set aside on the way), and the minimum allocations as formation applies them (`scale_shares`).
+the stale items set aside on the way).
 Pure functions over plain data; no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from api.store.items import ItemMeta
@@ -48,11 +48,3 @@ def take_window(
         ):
             return Window(items, stale, more=True)
     return Window(items, stale)
-
-
-def scale_shares(shares: Mapping[int, float | None]) -> dict[int, float]:
-    """Minimum allocations as given, scaled down proportionally when they add up past 1."""
-    given = {env: s for env, s in shares.items() if s}
-    total = sum(given.values())
-    factor = 1.0 / total if total > 1.0 else 1.0
-    return {env: s * factor for env, s in given.items()}

@@ -2,7 +2,7 @@
 
 Gzip bodies inflate as a stream, a megabyte at a time, and stop at the limit: a bomb costs the server at
 most `max_decompressed_bytes` of memory and the time to inflate that much, in a worker thread
-(`off_loop`), so other requests go on meanwhile. Bytes after the end of the gzip data are refused.
+(`api.run.offloop`), so other requests go on meanwhile. Bytes after the end of the gzip data are refused.
 
 `parse_json` is the schema path: orjson, then pydantic over the Python objects, faster than FastAPI's
 stdlib-json body parsing; errors keep FastAPI's 422 shape with `loc` starting at "body". Scored groups
@@ -12,12 +12,10 @@ mostly skip it: `api.ingest.json_groups` reads their per-token lists straight in
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import anyio
 import orjson
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from api.errors import BadEncoding, PayloadTooLarge
 from api.http.inflight import UNBOUNDED, Hold
+from api.run.offloop import off_loop
 from api.wire.records import Buffer
 
 T = TypeVar("T")
@@ -34,22 +33,10 @@ INFLATE_STEP = 1 << 20
 """Bytes of output per inflate call: the most a bomb allocates beyond the limit, and short GIL holds."""
 INLINE_GZIP = 64 << 10
 """Gzip bodies up to this size inflate on the event loop; larger ones (up to any ratio) in a thread."""
-INLINE_PARSE = 1 << 20
-"""Bodies up to this size are parsed and validated on the event loop (a thread hop costs more than a
-group); larger ones in a thread, so that a 30 MB list does not hold up the requests behind it."""
 JOIN_UP_TO = 1 << 20
 """Bodies up to this size are received as their chunks, joined once at the end (a body of one chunk is not
 copied at all): appending each chunk to one buffer re-copied a 262 KB body as the buffer grew, 46 against 9 us.
 A larger body grows one buffer in place, as joining would hold it twice at the end."""
-_BODY_WORK = anyio.CapacityLimiter(max(2, os.cpu_count() or 2))
-"""Large bodies decoded at once: bounds the memory of concurrent bombs to this many times the limit."""
-
-
-async def off_loop(size: int, inline_up_to: int, fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` on the event loop for small inputs, else in a worker thread (at most `_BODY_WORK` at once)."""
-    if size <= inline_up_to:
-        return fn(*args)
-    return await anyio.to_thread.run_sync(fn, *args, limiter=_BODY_WORK)
 
 
 async def read_body(

@@ -12,7 +12,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.logs import request_env, request_id
-from api.views.metrics import REQUEST_SECONDS, sample_process
+from api.meters import REQUEST_SECONDS, sample_process
 
 log = logging.getLogger("rollbuf.request")
 

@@ -16,14 +16,8 @@ import numpy as np
 from pydantic import ValidationError
 
 from api.errors import InvalidData
-from api.ingest.validation import (
-    GroupLimits,
-    check_distill,
-    check_lengths,
-    check_printable,
-    check_producer_id,
-    check_values,
-)
+from api.ingest.validation import GroupLimits, check_distill, check_lengths, check_producer_id, check_values
+from api.run.printable import check_printable
 from api.wire.records import (
     F32,
     F64,

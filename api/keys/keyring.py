@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 from api.keys.access import Key, check_distinct, parse_keys
-from api.views.metrics import KEY_FILE_STALE
+from api.meters import KEY_FILE_STALE
 
 log = logging.getLogger("rollbuf")
 

@@ -76,7 +76,7 @@ class EnvTarget:
     name: str
     weight: float
     min_share: float = 0.0
-    """Already scaled as formation scales minimum allocations (`api.batches.windows.scale_shares`)."""
+    """Already scaled as formation scales minimum allocations (`api.run.state.scale_shares`)."""
     connected: bool = True
 
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from api.batches.windows import scale_shares
 from api.ledger.drop_bias import (
     Decision,
     DropBias,
@@ -33,7 +32,7 @@ from api.ledger.drop_bias import (
     describe_end,
 )
 from api.run import state
-from api.run.state import RunState
+from api.run.state import RunState, scale_shares
 from api.store.base import LedgerGroup, LedgerStep, Store, Txn
 
 log = logging.getLogger("rollbuf")

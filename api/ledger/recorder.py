@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from api.ingest.submissions import Submission
 from api.ledger import rules as ledger
 from api.run import state
 from api.store.base import DROPPED, SERVED, LedgerGroup, LedgerStep, Txn
 from api.tasks import leases as task_leases
+
+if TYPE_CHECKING:  # the ledger records what ingest submits; ingest sits above it (api/layers.py)
+    from api.ingest.submissions import Submission
 
 
 class Arrivals:

@@ -19,11 +19,11 @@ from api.ingest.validation import (
     GroupLimits,
     check_lengths,
     check_policy_step,
-    check_printable,
     check_producer_id,
     check_scores,
     pack_group,
 )
+from api.run.printable import check_printable
 from api.wire.records import F64, FLOAT_FIELDS
 from api.wire.rollouts import OpenRequest, RolloutPost
 from api.wire.schema import ScoredData

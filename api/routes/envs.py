@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 from api.config.settings import Settings
 from api.errors import InvalidData
 from api.http import body_cost
-from api.http.body import INLINE_PARSE, off_loop, parse_json, read_body
+from api.http.body import parse_json, read_body
 from api.http.frontdoor import actor_of
 from api.ingest.gc_pause import collection_paused
 from api.ingest.submissions import request_key
@@ -24,6 +24,7 @@ from api.owners import RUN, RUN_WIDE, acts
 from api.routes.deps import ServiceDep, SettingsDep, holder
 from api.routes.direct import DirectRoute, served_by
 from api.routes.spec import route
+from api.run.offloop import INLINE_PARSE, off_loop
 from api.service import Service
 from api.store.offload import large
 from api.wire.records import MSGPACK, dumps

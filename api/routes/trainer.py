@@ -19,11 +19,11 @@ from api.http.body import accepts_gzip, gzip_compress
 from api.http.frontdoor import still_admitted
 from api.keys.access import ANY_KEY, TRAINER_SIDE
 from api.logs import RateLimiter
+from api.meters import WAITING_LONG_POLLS
 from api.owners import RUN
 from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.run.kept import ReadAheadFull
-from api.views.metrics import WAITING_LONG_POLLS
 from api.views.status import capped
 from api.wire.records import (
     MSGPACK,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -78,6 +79,15 @@ class EnvsVersion:
 
     epoch: str
     version: int
+
+
+def scale_shares(shares: Mapping[int, float | None]) -> dict[int, float]:
+    """Minimum allocations (`EnvRecord.min_batch_allocation`) as given, scaled down proportionally when they add up
+    past 1: as formation applies them and as the drop-bias watch weighs them."""
+    given = {env: s for env, s in shares.items() if s}
+    total = sum(given.values())
+    factor = 1.0 / total if total > 1.0 else 1.0
+    return {env: s * factor for env, s in given.items()}
 
 
 def _get(txn: Txn, key: str, default: Any) -> Any:

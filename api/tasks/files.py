@@ -5,7 +5,7 @@ read an arbitrary file: the path is resolved (`..` and symbolic links followed) 
 inside the resolved root. How: a page at a time from one open file, never the whole file, each task at most
 `task_max_bytes`: JSONL (one JSON value a line, blank lines skipped) or, for a name ending in `.parquet`, Parquet
 (one task a row, a JSON object of its columns; needs pyarrow, the `export` extra), read a record batch at a time.
-Each task is held to the rules of tasks sent inline (`api.ingest.validation.check_printable`): every lease hands it
+Each task is held to the rules of tasks sent inline (`api.run.printable.check_printable`): every lease hands it
 out as JSON, so what no reply can carry is refused when the dataset is registered, naming the task.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from api.errors import Conflict, InvalidData, NotFound
-from api.ingest.validation import MAX_META_DEPTH, check_printable
+from api.run.printable import MAX_META_DEPTH, check_printable
 
 WHERE = ("body", "path")
 PARQUET_SUFFIX = ".parquet"

@@ -16,8 +16,8 @@ from typing import Any
 
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData, NotFound
-from api.ingest.validation import check_printable
 from api.owners import ANYONE, Actor
+from api.run.printable import check_printable
 from api.store.base import Store, Txn
 from api.store.tasks import TaskRow
 from api.tasks import frontier

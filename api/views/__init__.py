@@ -1,3 +1,3 @@
-"""What operators read: /status, the counters and the buffer's snapshot, /metrics, the dashboard's
-data and the W&B run.
+"""What operators read: /status, /metrics, the dashboard's data and the W&B run, from the counters and the
+buffer's snapshot (`api.run.stats`) and this process's meters (`api.meters`).
 """

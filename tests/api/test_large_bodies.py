@@ -15,6 +15,7 @@ import pytest
 
 import api.http.body
 import api.ingest.submissions
+import api.run.offloop
 import api.service
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group, registration
@@ -50,7 +51,7 @@ async def test_large_json_is_parsed_off_the_event_loop(
     inflated = spy(monkeypatch, api.http.body, "gunzip")
     small = json.dumps(group(8, length=64, env_id=0)).encode()
     large = json.dumps([group(8, length=2048, env_id=0, seed=i) for i in range(4)]).encode()
-    assert len(small) < api.http.body.INLINE_PARSE < len(large)
+    assert len(small) < api.run.offloop.INLINE_PARSE < len(large)
     assert (await client.post("/scored_data", content=small)).status_code == 200
     assert (await client.post("/scored_data_list", content=large)).status_code == 200
     gz = gzip.compress(large, compresslevel=1)
@@ -68,7 +69,7 @@ async def test_large_binary_is_validated_off_the_event_loop(
     await start(client)
     checked = spy(monkeypatch, api.ingest.submissions, "check_body")
     body = encode_submission_list(encode_submission(**group(8, length=4096, env_id=0, seed=i)) for i in range(4))
-    assert len(body) > api.http.body.INLINE_PARSE
+    assert len(body) > api.run.offloop.INLINE_PARSE
     r = await client.post("/scored_data_list", content=body, headers={"Content-Type": MSGPACK})
     assert r.status_code == 200
     assert checked[0] != threading.get_ident()
@@ -109,7 +110,7 @@ async def test_a_large_list_runs_no_garbage_collection_and_the_loop_answers_mean
     ingested. And the loop answers another request while the list is decoded."""
     await start(client)
     body = tiny_list(20_000)
-    assert len(body) > api.http.body.INLINE_PARSE
+    assert len(body) > api.run.offloop.INLINE_PARSE
     decoding, probed = threading.Event(), threading.Event()
     real = api.ingest.submissions.decode
     collections: list[int] = []

@@ -17,9 +17,9 @@ from api import logs
 from api.app import create_app
 from api.config.settings import Settings
 from api.logs import RateLimiter
+from api.meters import TimedStore
 from api.routes import trainer as trainer_routes
 from api.store.base import Store
-from api.views.metrics import TimedStore
 from tests.factories import registration
 from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
 

@@ -23,7 +23,8 @@ from api.batches.planner import (
     arrival_that_fills,
     plan_batch,
 )
-from api.batches.windows import scale_shares, take_window
+from api.batches.windows import take_window
+from api.run.state import scale_shares
 from api.store.items import ItemMeta
 
 _ids = itertools.count(1)

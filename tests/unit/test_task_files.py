@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.errors import Conflict, InvalidData, NotFound, RollbufError
-from api.ingest.validation import check_printable
+from api.run.printable import check_printable
 from api.tasks import files
 from api.tasks.files import TaskFile, resolve
 

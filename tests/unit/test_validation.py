@@ -11,15 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.errors import InvalidData
-from api.ingest.validation import (
-    F32_OVERFLOW,
-    MAX_META_DEPTH,
-    GroupLimits,
-    check_printable,
-    finite_as_f32,
-    pack_group,
-)
+from api.ingest.validation import F32_OVERFLOW, GroupLimits, finite_as_f32, pack_group
 from api.run.filters import SCORE_RANGE, ZERO_VARIANCE, filter_reason, release_from_buffer
+from api.run.printable import MAX_META_DEPTH, check_printable
 from api.wire.records import decode, encode
 from api.wire.schema import Registration, ScoredData
 from tests.factories import group, registration
