@@ -1,8 +1,8 @@
 """Background jobs of one process, by name: each runs in a task of its own when asked, never twice at once, at
-most once per its interval, and all stop with one `close()` (`Service`'s refusal flush, side-buffer sweep, ledger
-prune, drop-bias watch and open-group sweep). A job that fails is logged and asked again later, never fatal to its
-caller. A job whose work falls due by the clock rather than by a request is also asked by a timer
-(`keep_asking`): a deadline passes while no client calls."""
+most once per its interval, and all stop with one `close()`. Jobs are declared as `Periodic` values beside the
+state they keep (the open-group sweep's is `Rollouts.job`), and `Service` adds the list. A job that fails is
+logged and asked again later, never fatal to its caller. A job whose work falls due by the clock rather than by
+a request is also asked by a timer (`keep_asking`): a deadline passes while no client calls."""
 
 from __future__ import annotations
 
@@ -25,6 +25,21 @@ MIN_WAIT_S = 0.01
 
 def always() -> float | None:
     return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Periodic:
+    """A background job as its flow declares it (as arq declares `cron(...)` jobs): asked by requests, and also by
+    a timer when its work falls due by the clock (`by_clock`)."""
+
+    name: str
+    run: Callable[[], Awaitable[bool | None]]
+    """The work; True when it wants to run again at once (what it was asked for came in while it ran)."""
+    every: Callable[[], float | None] = always
+    """Least seconds between two starts, read when asked (None: not now)."""
+    by_clock: bool = False
+    """Asked by a timer too (`Scheduler.keep_asking`, once the service starts): a deadline passes while no
+    client calls."""
 
 
 @dataclass(slots=True)
@@ -52,6 +67,10 @@ class Scheduler:
     ) -> None:
         """Name a job; its interval counts from now (a process just started has nothing to catch up on)."""
         self._jobs[name] = Job(run, every, self._clock())
+
+    def declare(self, job: Periodic) -> None:
+        """Add a flow's job (`add`)."""
+        self.add(job.name, job.run, job.every)
 
     def ask(self, name: str) -> bool:
         """Start job `name` in the background unless it is running or ran less than its interval ago; whether

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import math
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
@@ -49,18 +48,17 @@ from api.producers.stored import (
     report_txn,
     sync_txn,
 )
-from api.rollouts import service as rollout_service
+from api.rollouts.service import Rollouts, SweepSettings
 from api.run import state, stats
 from api.run.kept import Kept, ReadAhead
 from api.run.offloop import INLINE_PARSE, off_loop
 from api.run.state import ANON_NAME, EnvRecord, RunState
-from api.scheduler import Scheduler
+from api.scheduler import Periodic, Scheduler
 from api.store.base import Store, Txn
 from api.tasks import ending
 from api.views.status import env_status, status_txn
 from api.wire.producers import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply
 from api.wire.records import GroupRecord, decode
-from api.wire.rollouts import OpenGroupsStatus
 from api.wire.schema import (
     CommitReply,
     EnvDropBias,
@@ -80,8 +78,7 @@ REFUSALS_FLUSH_S = 1.0
 LATEST_MAX_BYTES = 4 << 20
 """Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
 REFUSALS, SWEEP, PRUNE, WATCH = "refusals", "side_buffer_sweep", "ledger_prune", "drop_bias_watch"
-ROLLOUTS = "rollout_sweep"
-"""The background jobs' names (`Service.jobs`)."""
+"""The background jobs' names (`Service.jobs`; the open-group sweep's is `api.rollouts.service.SWEEP_JOB`)."""
 
 
 @dataclass(slots=True)
@@ -117,55 +114,47 @@ class Service:
     """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
     _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
     """The last drop-bias report and /status's entries for it (`status`)."""
-    rollout_sweep: rollout_service.SweepSettings = field(default_factory=rollout_service.SweepSettings)
-    """How often, and over how many groups, the background job seals or expires open groups past their deadline."""
-    rollouts_lapse_cursor: tuple[float, str] = (-math.inf, "")
-    """Where the open-group sweep's walk over lapsed groups stands (`rollout_service.unlease`): (lapse, key)."""
-    rollouts_prune_at: float = 0.0
-    """When (monotonic) the open-group sweep next looks for decided groups past `rollout_keep_s`
-    (`rollout_service.prune`)."""
-    rollouts_unfinished: set[str] = field(default_factory=set)
-    """Open groups this process's sweep could not finish (a record it cannot read, a bug): logged and counted once,
-    then skipped by its sweeps (`rollout_service.sweep`)."""
-    _rollouts_seen: bool = False
-    """Whether this process has seen per-rollout groups in use: its rollout routes called, a view that found groups
-    open, or live or decided groups in the store when it started. Until then the open-group sweep reads nothing: a run
-    without them pays no store read a second (a waiting long-poll's process stays without transactions)."""
+    rollout_sweep: InitVar[SweepSettings | None] = None
+    """How often, and over how many groups, the open-group sweep runs (`Rollouts.sweeping`)."""
+    rollouts: Rollouts = field(init=False)
+    """The per-rollout groups' flow, and its sweep's state."""
+    periodic: list[Periodic] = field(init=False)
+    """The flows' background jobs, as each declares it (`api.scheduler.Periodic`)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, rollout_sweep: SweepSettings | None) -> None:
+        self.rollouts = Rollouts(
+            self.store,
+            lambda body: self.ingest(body, "application/json", many=False, caller=ANYONE),
+            lambda: recorder(self.books),
+            self.limits,
+            lambda: self._run,
+            rollout_sweep or SweepSettings(),
+        )
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
         # Each runs in the background when asked, never on a request's path: refusals counted in memory are written
         # together; the side buffers' expired groups are swept from a live run's calls (an env whose groups expire
         # may send nothing more); the ledger is pruned in transactions of bounded size (`ledger.PRUNE_CHUNK`), so
         # ingest waits for one no longer than for a batch's formation; the drop-bias monitor refreshes when a
         # batch is formed, so that an episode is logged even when nobody looks at the views.
-        self.jobs.add(REFUSALS, self._flush_refused)
-        self.jobs.add(SWEEP, self._sweep, lambda: self.limits.side.sweep_every())
-        self.jobs.add(PRUNE, self._prune, lambda: self.books.prune_every if self.books.enabled else None)
-        self.jobs.add(
-            WATCH, self._watch, lambda: 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
-        )
-        # Open groups past their deadline are sealed by the clock, not by a request: every producer of a group may
-        # be dead, and nothing else calls (`start` sets its timer going), once per-rollout groups are in use.
-        self.jobs.add(ROLLOUTS, self._sweep_rollouts, lambda: self.rollout_sweep.every if self._rollouts_seen else None)
+        # Open groups past their deadline are sealed by the clock, not by a request (`Rollouts.job`).
+        self.periodic = [
+            Periodic(REFUSALS, self._flush_refused),
+            Periodic(SWEEP, self._sweep, lambda: self.limits.side.sweep_every()),
+            Periodic(PRUNE, self._prune, lambda: self.books.prune_every if self.books.enabled else None),
+            Periodic(
+                WATCH, self._watch, lambda: 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
+            ),
+            self.rollouts.job,
+        ]
+        for job in self.periodic:
+            self.jobs.declare(job)
 
     async def start(self) -> None:
-        """Start the jobs that run by the clock (from the app's lifespan, in its loop): the open-group sweep at
-        once if the store holds live or decided groups (a restart), else from the first sign of per-rollout groups."""
-        try:
-            live = await self.store.read(
-                lambda txn: bool(txn.rollouts.due(math.inf, 1) or txn.rollouts.decided(math.inf, 1))
-            )
-        except Unavailable:
-            live = True  # unknown: sweep, one read a sweep while nothing is due
-        self._rollouts_seen = self._rollouts_seen or live
-        self.jobs.keep_asking(ROLLOUTS)
-
-    def rollouts_in_use(self, open_now: int = 1) -> None:
-        """Per-rollout groups are in use (a rollout route was called, or a view found `open_now` groups open):
-        the background sweep runs from now on."""
-        if open_now > 0:
-            self._rollouts_seen = True
+        """Start the jobs that run by the clock (from the app's lifespan, in its loop)."""
+        await self.rollouts.start()
+        for job in self.periodic:
+            if job.by_clock:
+                self.jobs.keep_asking(job.name)
 
     @property
     def latest(self) -> GroupRecord | None:
@@ -407,21 +396,6 @@ class Service:
             log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
                      n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
 
-    async def open_groups(self) -> OpenGroupsStatus | None:
-        """The per-rollout groups' block of the views (None in runs without them)."""
-        block = await self.store.read(rollout_service.open_groups_txn)
-        if block is not None:
-            self.rollouts_in_use(block.open)
-        return block
-
-    async def _sweep_rollouts(self) -> bool:
-        """Seal or expire the open groups past their deadline, drop lapsed sibling leases, and prune the decided
-        groups past their retention; again at once when any found as many as its limit."""
-        limit = self.rollout_sweep.limit
-        more = await rollout_service.sweep(self, limit)
-        more = await rollout_service.unlease(self, limit) or more
-        return await rollout_service.prune(self, self.rollout_sweep.keep, limit) or more
-
     async def _prune(self) -> None:
         payloads, rows = await self.prune()
         if payloads or rows:
@@ -430,6 +404,9 @@ class Service:
     async def prune(self) -> tuple[int, int]:
         """One prune now (tests, and the background `PRUNE` job): (retained payloads, ledger rows) forgotten."""
         return await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
+
+    def _watch_every(self) -> float | None:
+        return 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
 
     async def _watch(self) -> None:
         await self.bias.refresh(self.store)
@@ -524,7 +501,7 @@ class Service:
                     "stall_reason": None if finished else seen.stall_reason}
         )  # fmt: skip
         if status.rollouts is not None:
-            self.rollouts_in_use(status.rollouts.open)
+            self.rollouts.in_use(status.rollouts.open)
         report = await self.drop_bias()
         if report is None:
             return status

@@ -82,7 +82,7 @@ async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Resp
                           settings.views_max_producers)  # fmt: skip
     body += task_metrics.render(await task_service.datasets(service.store), settings.views_max_datasets)
     rollouts = await service.store.read(rollout_service.totals_txn)
-    service.rollouts_in_use(rollouts.get("open", 0))
+    service.rollouts.in_use(rollouts.get("open", 0))
     body += rollout_metrics.render(rollouts)
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
@@ -98,7 +98,7 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     """What the dashboard polls: one consistent snapshot of the buffer, per env for at most `metrics_max_envs`
     envs (the rest summed, as /metrics does)."""
     snap = await service.snapshot(settings.metrics_max_envs)
-    rollouts = await service.open_groups()
+    rollouts = await service.rollouts.open_groups()
     body = dashboard_data_body(snap, await service.drop_bias(), await service.producer_report(),
                                settings.metrics_max_envs, await task_service.datasets(service.store),
                                rollouts, max_datasets=settings.views_max_datasets,
