@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             books=built(LedgerSettings, settings),
             rules=built(FormationRules, settings),
             bias=BiasWatch(built(Thresholds, settings)),
-            producers=built(ProducerSettings, settings),
+            producer_settings=built(ProducerSettings, settings),
             rollout_sweep=built(SweepSettings, settings),
         )
         await service.start()

@@ -36,19 +36,14 @@ from api.ledger.recorder import recorder
 from api.logs import request_env
 from api.meters import FORMATION_SECONDS
 from api.owners import ANYONE, Actor
-from api.producers.live import NOTHING_YET
+from api.producers.service import Producers
 from api.producers.stored import (
     ProducerReport,
     ProducerSettings,
-    announce_txn,
-    begin_txn,
-    heartbeat_txn,
-    load_weights,
     load_weights_and_pending,
     report_txn,
-    sync_txn,
 )
-from api.rollouts.service import Rollouts, SweepSettings
+from api.rollouts.service import Rollouts, SweepSettings, siblings_due_txn
 from api.run import state, stats
 from api.run.kept import Kept, ReadAhead
 from api.run.offloop import INLINE_PARSE, off_loop
@@ -57,7 +52,6 @@ from api.scheduler import Periodic, Scheduler
 from api.store.base import Store, Txn
 from api.tasks import ending
 from api.views.status import env_status, status_txn
-from api.wire.producers import Heartbeat, HeartbeatReply, WeightsReply, WeightSyncReply
 from api.wire.records import GroupRecord, decode
 from api.wire.schema import (
     CommitReply,
@@ -105,23 +99,26 @@ class Service:
     """The drop-bias monitor, fed from the ledger (`api.ledger.drop_bias_watch`)."""
     jobs: Scheduler = field(default_factory=Scheduler)
     """This process's background jobs (`__post_init__` names them)."""
-    producers: ProducerSettings = field(default_factory=ProducerSettings)
-    """When a producer that stops heartbeating counts as gone, and how many are kept (`api.producers.live`)."""
+    producer_settings: InitVar[ProducerSettings | None] = None
+    """When a producer that stops heartbeating counts as gone, and how many are kept (`Producers.settings`)."""
     stall_reason: str | None = None
     """Why nothing can arrive for a waiting trainer, as this process's last batch attempt that found no batch
     read it (in the same transaction: a waiting long-poll costs no read of its own)."""
-    _nothing_since: float | None = None
-    """Since when (Unix time) this process has seen a registered run that no env or producer joined."""
     _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
     """The last drop-bias report and /status's entries for it (`status`)."""
     rollout_sweep: InitVar[SweepSettings | None] = None
     """How often, and over how many groups, the open-group sweep runs (`Rollouts.sweeping`)."""
+    producers: Producers = field(init=False)
+    """The producers' flow: heartbeats, weights, who is producing."""
     rollouts: Rollouts = field(init=False)
     """The per-rollout groups' flow, and its sweep's state."""
     periodic: list[Periodic] = field(init=False)
     """The flows' background jobs, as each declares it (`api.scheduler.Periodic`)."""
 
-    def __post_init__(self, rollout_sweep: SweepSettings | None) -> None:
+    def __post_init__(self, producer_settings: ProducerSettings | None, rollout_sweep: SweepSettings | None) -> None:
+        self.producers = Producers(
+            self.store, producer_settings or ProducerSettings(), lambda: self._run, siblings_due=siblings_due_txn
+        )
         self.rollouts = Rollouts(
             self.store,
             lambda body: self.ingest(body, "application/json", many=False, caller=ANYONE),
@@ -445,12 +442,12 @@ class Service:
         def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
             books = recorder(self.books)
             result = batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books,
-                               rules=self.rules, gone_after=self.producers.gone_after)  # fmt: skip
+                               rules=self.rules, gone_after=self.producers.settings.gone_after)  # fmt: skip
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
-            return result, report_txn(txn, now, self.producers, self._run) if waiting else None
+            return result, report_txn(txn, now, self.producers.settings, self._run) if waiting else None
 
         result, report = await lost.dropping_lost(self.store, txn_fn, self._run, recorder(self.books))
-        self.stall_reason = None if report is None else self._graced(report, now).stall_reason
+        self.stall_reason = None if report is None else self.producers.graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
             self.jobs.ask(WATCH)  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
             formed = result.formation
@@ -492,10 +489,10 @@ class Service:
         self.jobs.ask(SWEEP)
         now = time.time()
         status, seen, finished = await self.store.read(
-            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers, self._run),
+            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers.settings, self._run),
                          self._finished(txn, now))
         )  # fmt: skip
-        seen = self._graced(seen, now)
+        seen = self.producers.graced(seen, now)
         status = status.model_copy(
             update={"weights_step": seen.weights_step, "producers": seen.producers, "finished": finished,
                     "stall_reason": None if finished else seen.stall_reason}
@@ -519,58 +516,8 @@ class Service:
 
     def _finished(self, txn: Txn, now: float) -> bool:
         """Whether the run is finished (api/tasks/ending.py): read in /status's transaction."""
-        end, _ = ending.read(txn, state.load(txn, self._run), now, self.producers.gone_after)
+        end, _ = ending.read(txn, state.load(txn, self._run), now, self.producers.settings.gone_after)
         return ending.finished(txn, end)
-
-    # ----------------------------------------------------------------------------- producers and weights
-
-    async def announce_weights(self, step: int) -> WeightsReply:
-        """POST /weights: the weights of `step` are live; producers read it in /status-env and heartbeats."""
-        return WeightsReply(weights_step=await self.store.transact(lambda txn: announce_txn(txn, step)))
-
-    async def weights(self) -> WeightsReply:
-        return WeightsReply(weights_step=await self.store.read(load_weights))
-
-    async def begin_weights(self, step: int) -> WeightSyncReply:
-        """POST /weights/pending: a sync to `step` begins; drain envs' producers stop and report drained."""
-        now = time.time()
-        return await self.store.transact(lambda txn: begin_txn(txn, step, now, self.producers))
-
-    async def weight_sync(self) -> WeightSyncReply:
-        """GET /weights/pending: the pending sync and who it waits for."""
-        now = time.time()
-        return await self.store.read(lambda txn: sync_txn(txn, now, self.producers))
-
-    async def heartbeat(self, beat: Heartbeat, caller: Actor = ANYONE) -> HeartbeatReply:
-        """Record a producer's heartbeat (one small write; wakes no long-poll in this process). With `sibling_envs`,
-        when slots of other producers' groups of them may be leased (an indexed read of a few open groups)."""
-        now, gone_after, known = time.time(), self.producers.gone_after, self._run
-
-        def txn_fn(txn: Txn) -> tuple[tuple[int | None, int | None], float | None]:
-            weights = heartbeat_txn(txn, beat, now, self.producers, caller)
-            if beat.sibling_envs is None:
-                return weights, None
-            return weights, rollout_service.siblings_due_txn(txn, beat.sibling_envs, now, gone_after, caller, known)
-
-        (weights, pending), due = await self.store.transact(txn_fn)
-        return HeartbeatReply(weights_step=weights, weights_pending=pending, gone_after=gone_after, siblings_due_in=due)
-
-    async def producer_report(self) -> ProducerReport:
-        """Producers (live and gone), the weights step, and why a waiting trainer can get nothing (or None). A run
-        nothing has joined yet is a stall only once that has lasted `gone_after` s (as seen by this process)."""
-        now = time.time()
-        known = self._run
-        return self._graced(await self.store.read(lambda txn: report_txn(txn, now, self.producers, known)), now)
-
-    def _graced(self, report: ProducerReport, now: float) -> ProducerReport:
-        if report.stall_reason is None or not report.stall_reason.startswith(NOTHING_YET):
-            self._nothing_since = None
-            return report
-        if self._nothing_since is None:
-            self._nothing_since = now
-        if now - self._nothing_since < self.producers.gone_after:
-            return replace(report, stall_reason=None)
-        return report
 
     async def env_status(self, env_id: int, caller: Actor = ANYONE) -> EnvStatus:
         def txn_fn(txn: Txn) -> tuple[EnvStatus, RunState]:

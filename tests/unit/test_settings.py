@@ -75,7 +75,7 @@ def test_in_process_defaults_are_the_servers(monkeypatch: pytest.MonkeyPatch) ->
     assert service.rules == built(FormationRules, server)
     assert service.rules.look_ahead == built(LookAhead, server)
     assert service.bias.thresholds == built(Thresholds, server)
-    assert service.producers == built(ProducerSettings, server)
+    assert service.producers.settings == built(ProducerSettings, server)
     assert METRICS_MAX_ENVS == server.metrics_max_envs
 
 
@@ -88,4 +88,4 @@ async def test_the_app_builds_its_service_from_its_settings() -> None:
         service: Service = app.state.service
         assert service.limits.max_tokens is None and service.read_ahead.max_batches == 3
         assert not service.books.enabled and service.rules.look_ahead.due_after == 9
-        assert service.bias.thresholds.starve_steps == 4 and service.producers.max_producers == 7
+        assert service.bias.thresholds.starve_steps == 4 and service.producers.settings.max_producers == 7
