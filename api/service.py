@@ -29,10 +29,9 @@ from api.ingest import submissions
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import Submission
 from api.ingest.submit import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
-from api.ledger import rules as ledger
-from api.ledger.drop_bias import Report
 from api.ledger.drop_bias_watch import BiasWatch
-from api.ledger.recorder import recorder
+from api.ledger.rules import LedgerSettings
+from api.ledger.service import PRUNE, WATCH, Ledger
 from api.logs import request_env
 from api.meters import FORMATION_SECONDS
 from api.owners import ANYONE, Actor
@@ -71,8 +70,9 @@ REFUSALS_FLUSH_S = 1.0
 """Longest time a refusal's count waits in memory before it is written (with every other one since)."""
 LATEST_MAX_BYTES = 4 << 20
 """Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
-REFUSALS, SWEEP, PRUNE, WATCH = "refusals", "side_buffer_sweep", "ledger_prune", "drop_bias_watch"
-"""The background jobs' names (`Service.jobs`; the open-group sweep's is `api.rollouts.service.SWEEP_JOB`)."""
+REFUSALS, SWEEP = "refusals", "side_buffer_sweep"
+"""The ingest flow's background jobs' names (the ledger's are `api.ledger.service`'s, the open-group sweep's
+`api.rollouts.service.SWEEP_JOB`)."""
 
 
 @dataclass(slots=True)
@@ -93,10 +93,10 @@ class Service:
     refusals_flush_s: float = REFUSALS_FLUSH_S
     _refused: dict[str, int] = field(default_factory=dict)
     """Submissions refused for a full queue, by env name, not written yet (`_count_refused`)."""
-    books: ledger.LedgerSettings = field(default_factory=ledger.LedgerSettings)
+    books: InitVar[LedgerSettings | None] = None
     """The ledger: whether it is written, how long it and retained payloads are kept (docs/ledger.md)."""
-    bias: BiasWatch = field(default_factory=BiasWatch)
-    """The drop-bias monitor, fed from the ledger (`api.ledger.drop_bias_watch`)."""
+    bias: InitVar[BiasWatch | None] = None
+    """The drop-bias monitor, fed from the ledger (`Ledger.bias`)."""
     jobs: Scheduler = field(default_factory=Scheduler)
     """This process's background jobs (`__post_init__` names them)."""
     producer_settings: InitVar[ProducerSettings | None] = None
@@ -108,6 +108,8 @@ class Service:
     """The last drop-bias report and /status's entries for it (`status`)."""
     rollout_sweep: InitVar[SweepSettings | None] = None
     """How often, and over how many groups, the open-group sweep runs (`Rollouts.sweeping`)."""
+    ledger: Ledger = field(init=False)
+    """The ledger's flow: its reads, its retention, the drop-bias monitor."""
     producers: Producers = field(init=False)
     """The producers' flow: heartbeats, weights, who is producing."""
     rollouts: Rollouts = field(init=False)
@@ -115,14 +117,21 @@ class Service:
     periodic: list[Periodic] = field(init=False)
     """The flows' background jobs, as each declares it (`api.scheduler.Periodic`)."""
 
-    def __post_init__(self, producer_settings: ProducerSettings | None, rollout_sweep: SweepSettings | None) -> None:
+    def __post_init__(
+        self,
+        books: LedgerSettings | None,
+        bias: BiasWatch | None,
+        producer_settings: ProducerSettings | None,
+        rollout_sweep: SweepSettings | None,
+    ) -> None:
+        self.ledger = Ledger(self.store, books or LedgerSettings(), bias or BiasWatch())
         self.producers = Producers(
             self.store, producer_settings or ProducerSettings(), lambda: self._run, siblings_due=siblings_due_txn
         )
         self.rollouts = Rollouts(
             self.store,
             lambda body: self.ingest(body, "application/json", many=False, caller=ANYONE),
-            lambda: recorder(self.books),
+            self.ledger.recorder,
             self.limits,
             lambda: self._run,
             rollout_sweep or SweepSettings(),
@@ -130,17 +139,11 @@ class Service:
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
         # Each runs in the background when asked, never on a request's path: refusals counted in memory are written
         # together; the side buffers' expired groups are swept from a live run's calls (an env whose groups expire
-        # may send nothing more); the ledger is pruned in transactions of bounded size (`ledger.PRUNE_CHUNK`), so
-        # ingest waits for one no longer than for a batch's formation; the drop-bias monitor refreshes when a
-        # batch is formed, so that an episode is logged even when nobody looks at the views.
-        # Open groups past their deadline are sealed by the clock, not by a request (`Rollouts.job`).
+        # may send nothing more); the ledger's (`Ledger.jobs`) and the open-group sweep (`Rollouts.job`).
         self.periodic = [
             Periodic(REFUSALS, self._flush_refused),
             Periodic(SWEEP, self._sweep, lambda: self.limits.side.sweep_every()),
-            Periodic(PRUNE, self._prune, lambda: self.books.prune_every if self.books.enabled else None),
-            Periodic(
-                WATCH, self._watch, lambda: 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
-            ),
+            *self.ledger.jobs,
             self.rollouts.job,
         ]
         for job in self.periodic:
@@ -346,7 +349,7 @@ class Service:
         sent them (the ledger names its key; a group under a task lease must be its holder's)."""
         try:
             replies, self._run = await self.store.transact(
-                lambda txn: submit_txn(txn, subs, run, self.limits, recorder(self.books), caller),
+                lambda txn: submit_txn(txn, subs, run, self.limits, self.ledger.recorder(), caller),
                 replies=[s.key for s in subs if s.key],
             )
         except StaleRun as stale:
@@ -387,34 +390,11 @@ class Service:
         if not await self.store.read(lambda txn: bool(txn.held.counts())):
             return  # the common case: nothing held, nothing written
         n = await self.store.transact(
-            lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, recorder(self.books))
+            lambda txn: expire_txn(txn, time.time(), self.limits.side, self._run, self.ledger.recorder())
         )
         if n:
             log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
                      n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
-
-    async def _prune(self) -> None:
-        payloads, rows = await self.prune()
-        if payloads or rows:
-            log.debug("ledger: pruned %d retained payloads and %d rows", payloads, rows)
-
-    async def prune(self) -> tuple[int, int]:
-        """One prune now (tests, and the background `PRUNE` job): (retained payloads, ledger rows) forgotten."""
-        return await self.store.transact(lambda txn: ledger.prune_txn(txn, self.books))
-
-    def _watch_every(self) -> float | None:
-        return 0.0 if self.books.enabled and self.bias.due(time.monotonic()) else None
-
-    async def _watch(self) -> None:
-        await self.bias.refresh(self.store)
-
-    async def drop_bias(self) -> Report | None:
-        """The drop-bias monitor's report, refreshed if it is older than `REFRESH_S`; None without the ledger."""
-        if not self.books.enabled:
-            return None
-        if self.bias.report is not None and not self.bias.due(time.monotonic()):
-            return self.bias.report  # a view polled often (10,000 envs' /status) reads and recomputes nothing
-        return await self.bias.refresh(self.store)
 
     async def close(self) -> None:
         """Stop the background jobs, and write what is counted in memory (refusals) before the store closes."""
@@ -440,13 +420,13 @@ class Service:
         now = time.time()
 
         def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
-            books = recorder(self.books)
+            books = self.ledger.recorder()
             result = batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books,
                                rules=self.rules, gone_after=self.producers.settings.gone_after)  # fmt: skip
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers.settings, self._run) if waiting else None
 
-        result, report = await lost.dropping_lost(self.store, txn_fn, self._run, recorder(self.books))
+        result, report = await lost.dropping_lost(self.store, txn_fn, self._run, self.ledger.recorder())
         self.stall_reason = None if report is None else self.producers.graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
             self.jobs.ask(WATCH)  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
@@ -461,27 +441,11 @@ class Service:
 
     async def commit(self, step: int) -> CommitReply:
         """Acknowledge every batch before `step` (POST /commit); wakes a trainer waiting at its read-ahead bound."""
-        reply, self._run = await self.store.transact(lambda txn: commit_txn(txn, step, self._run, recorder(self.books)))
+        reply, self._run = await self.store.transact(
+            lambda txn: commit_txn(txn, step, self._run, self.ledger.recorder())
+        )
         self.wakeups.changed()
         return reply
-
-    # ----------------------------------------------------------------------------- the ledger
-
-    async def ledger_step(self, step: int, *, data: bool = False) -> dict[str, object]:
-        """Step `step`'s ledger row and its groups' (GET /ledger/steps/{step}); 404 if there is none."""
-        found = await self.store.read(lambda txn: ledger.read_step(txn, step, data))
-        if found is None:
-            raise NotFound(f"the ledger has no batch {step}: not formed yet, pruned (ledger_max_steps), or the "
-                           "ledger is off", loc=("path", "step"))  # fmt: skip
-        return await off_loop(sum(len(p) for p in found.payloads.values()), INLINE_PARSE, ledger.step_view, found)
-
-    async def ledger_named(self, group_id: str, *, data: bool = False) -> list[dict[str, object]]:
-        """The ledger rows of groups sent under `group_id` (GET /ledger/groups/{group_id}); 404 if none."""
-        found = await self.store.read(lambda txn: ledger.read_named(txn, group_id, data))
-        if not found.groups:
-            raise NotFound(f"the ledger has no group with group_id {group_id!r}", loc=("path", "group_id"))
-        size = sum(len(p) for p in found.payloads.values())
-        return await off_loop(size, INLINE_PARSE, lambda: [ledger.group_view(g, found) for g in found.groups])
 
     # ----------------------------------------------------------------------------- status
 
@@ -499,7 +463,7 @@ class Service:
         )  # fmt: skip
         if status.rollouts is not None:
             self.rollouts.in_use(status.rollouts.open)
-        report = await self.drop_bias()
+        report = await self.ledger.drop_bias()
         if report is None:
             return status
         passed_over = tuple(sorted(status.passed_over.items()))

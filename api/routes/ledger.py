@@ -42,7 +42,7 @@ async def ledger_step(
 ) -> Response:
     """What batch `step` held: its groups (in batch order) with their envs, policy steps, sizes and scores, the
     mix by env, the staleness histogram, when it was formed and committed."""
-    return Response(dumps(await service.ledger_step(step, data=data)), media_type="application/json")
+    return Response(dumps(await service.ledger.step(step, data=data)), media_type="application/json")
 
 
 @route(
@@ -67,5 +67,5 @@ async def ledger_group(
 ) -> Response:
     """What became of the group sent under `group_id` (URL-encoded; it may hold `/`): queued, side-buffered
     ("held"), served in step N (and whether that batch is committed) or dropped, and why."""
-    rows = await service.ledger_named(group_id, data=data)
+    rows = await service.ledger.named(group_id, data=data)
     return Response(dumps({"groups": rows}), media_type="application/json")

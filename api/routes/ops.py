@@ -78,8 +78,8 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
 async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     snap = await service.snapshot()
-    body = metrics.render(snap, await service.drop_bias(), await service.producers.report(), settings.metrics_max_envs,
-                          settings.views_max_producers)  # fmt: skip
+    body = metrics.render(snap, await service.ledger.drop_bias(), await service.producers.report(),
+                          settings.metrics_max_envs, settings.views_max_producers)  # fmt: skip
     body += task_metrics.render(await task_service.datasets(service.store), settings.views_max_datasets)
     rollouts = await service.store.read(rollout_service.totals_txn)
     service.rollouts.in_use(rollouts.get("open", 0))
@@ -99,7 +99,7 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     envs (the rest summed, as /metrics does)."""
     snap = await service.snapshot(settings.metrics_max_envs)
     rollouts = await service.rollouts.open_groups()
-    body = dashboard_data_body(snap, await service.drop_bias(), await service.producers.report(),
+    body = dashboard_data_body(snap, await service.ledger.drop_bias(), await service.producers.report(),
                                settings.metrics_max_envs, await task_service.datasets(service.store),
                                rollouts, max_datasets=settings.views_max_datasets,
                                max_producers=settings.views_max_producers)  # fmt: skip

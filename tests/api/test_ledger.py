@@ -74,14 +74,14 @@ async def test_retained_groups_read_back_as_served_until_their_steps_pass(settin
         assert z["data"]["tokens"] == sent["Z/0"]["tokens"] and z["data"]["masks"] == sent["Z/0"]["masks"]
         assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in sent])
 
-        assert await service.prune() == (5, 0)  # steps 0 and 1 are past the bound (step 3 is next), 2 is not
+        assert await service.ledger.prune() == (5, 0)  # steps 0 and 1 are past the bound (step 3 is next), 2 is not
         for gid in ("A0", "A1", "A2", "A3", "Z/0"):
             got = await row(c, gid)
             assert (got["kept"], got["data"]) == (False, None), gid
             assert got["fate"] in ("served", "dropped")  # the row stays: only the payload went
         assert (await row(c, "A4"))["data"] == served["A4"]
         assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A4", "A5")])
-        assert await service.prune() == (0, 0)  # nothing more to prune
+        assert await service.ledger.prune() == (0, 0)  # nothing more to prune
 
 
 async def test_a_byte_budget_keeps_the_newest_that_fit(settings: Settings) -> None:
@@ -91,7 +91,7 @@ async def test_a_byte_budget_keeps_the_newest_that_fit(settings: Settings) -> No
             await post(c, gid)
         await c.get("/batch", params={"step": 0})
         await c.get("/batch", params={"step": 1})  # batch 0 acknowledged: retained; batch 1 is still kept
-        payloads, _ = await service.prune()
+        payloads, _ = await service.ledger.prune()
         assert payloads == 2  # batch 0's two groups, over the budget; batch 1's are part of a kept batch
         assert [(await row(c, g))["kept"] for g in ("A0", "A1", "A2", "A3")] == [False, False, True, True]
         assert (await row(c, "A2"))["data"] is not None
@@ -117,7 +117,7 @@ async def test_the_ledgers_own_rows_are_pruned_past_their_bounds(settings: Setti
             await post(c, gid)
         await c.get("/batch", params={"step": 0})
         await c.get("/batch", params={"step": 1})
-        _, rows = await service.prune()
+        _, rows = await service.ledger.prune()
         assert rows == 4  # the served ones: Q0 and Q1 are queued, their rows stay whatever the bound
         for gid in ("A0", "A3"):
             assert (await c.get(f"/ledger/groups/{gid}")).status_code == 404
@@ -144,9 +144,9 @@ async def test_retention_turned_off_lets_go_of_what_it_kept(settings: Settings) 
             await post(c, gid)
         await c.get("/batch", params={"step": 0})
         await c.get("/batch", params={"step": 1})
-        assert await service.prune() == (0, 0)  # within 100 steps
-        service.books = LedgerSettings()  # as a restart without retain_steps would have it
-        assert await service.prune() == (2, 0)  # batch 0's; batch 1 is still kept for serving again
+        assert await service.ledger.prune() == (0, 0)  # within 100 steps
+        service.ledger.settings = LedgerSettings()  # as a restart without retain_steps would have it
+        assert await service.ledger.prune() == (2, 0)  # batch 0's; batch 1 is still kept for serving again
         assert [(await row(c, g))["kept"] for g in ("A0", "A1", "A2", "A3")] == [False, False, True, True]
         assert (await row(c, "A2"))["data"] is not None
         assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A2", "A3")])
@@ -164,7 +164,10 @@ async def test_a_plain_atropos_trainer_acknowledges_what_it_asked_past(settings:
         for _ in range(3):
             assert len((await c.get("/batch")).json()["batch"]) == 2
         assert (await c.get("/status")).json()["committed_step"] == 2  # asking for batch 2 acknowledged 0 and 1
-        assert await service.prune() == (4, 0)  # batches 0 and 1, over the budget; batch 2 is not acknowledged yet
+        assert await service.ledger.prune() == (
+            4,
+            0,
+        )  # batches 0 and 1, over the budget; batch 2 is not acknowledged yet
         assert [(await row(c, g))["kept"] for g in ("A0", "A3", "A4", "A5")] == [False, False, True, True]
         assert await retained_bytes(service) == sum([(await row(c, g, False))["bytes"] for g in ("A4", "A5")])
 

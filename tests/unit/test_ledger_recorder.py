@@ -75,7 +75,7 @@ async def run_ops(books: LedgerSettings, mode: str, ops: list[tuple[Any, ...]]) 
             out.append(await outcome(service.commit((await service.run_state()).step)))
         else:  # every held group past its ttl
             far = time.time() + 1e6
-            expire = partial(expire_txn, now=far, limits=service.limits.side, books=recorder(service.books))
+            expire = partial(expire_txn, now=far, limits=service.limits.side, books=service.ledger.recorder())
             out.append(await service.store.transact(expire))
     out.append(await service.store.read(decided))
     books_kept = await service.store.read(written)

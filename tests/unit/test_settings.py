@@ -71,10 +71,10 @@ def test_in_process_defaults_are_the_servers(monkeypatch: pytest.MonkeyPatch) ->
     assert (service.limits.max_tokens, service.limits.max_bytes) == (2**28, 4 << 30)  # bounded, as the server
     assert service.limits.side == built(SideLimits, server)
     assert service.read_ahead == built(ReadAhead, server)
-    assert service.books == built(LedgerSettings, server)
+    assert service.ledger.settings == built(LedgerSettings, server)
     assert service.rules == built(FormationRules, server)
     assert service.rules.look_ahead == built(LookAhead, server)
-    assert service.bias.thresholds == built(Thresholds, server)
+    assert service.ledger.bias.thresholds == built(Thresholds, server)
     assert service.producers.settings == built(ProducerSettings, server)
     assert METRICS_MAX_ENVS == server.metrics_max_envs
 
@@ -87,5 +87,5 @@ async def test_the_app_builds_its_service_from_its_settings() -> None:
     async with app.router.lifespan_context(app):
         service: Service = app.state.service
         assert service.limits.max_tokens is None and service.read_ahead.max_batches == 3
-        assert not service.books.enabled and service.rules.look_ahead.due_after == 9
-        assert service.bias.thresholds.starve_steps == 4 and service.producers.settings.max_producers == 7
+        assert not service.ledger.settings.enabled and service.rules.look_ahead.due_after == 9
+        assert service.ledger.bias.thresholds.starve_steps == 4 and service.producers.settings.max_producers == 7
