@@ -1,7 +1,7 @@
 """mkdocs hook: pages made at build time, so the site cannot drift from what they describe.
 
 - `reference/http-api.md` and `reference/http-schemas.md`: the HTTP API reference, rendered as Markdown from the
-  OpenAPI description the app itself builds (`api.http.app.create_app`, no server, no store opened). The
+  OpenAPI description the app itself builds (`api.app.create_app`, no server, no store opened). The
   Swagger UI at `/docs` needs a running server and JavaScript; these pages need neither.
 - `changelog.md`: CHANGELOG.md from the repository's top, which lives outside `docs/`.
 """
@@ -51,8 +51,8 @@ def openapi() -> dict[str, Any]:
     checkout, whatever else is installed."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    from api.app import create_app
     from api.config.settings import Settings
-    from api.http.app import create_app
 
     schema: dict[str, Any] = create_app(Settings()).openapi()
     return schema
@@ -60,7 +60,7 @@ def openapi() -> dict[str, Any]:
 
 def route_roles() -> dict[tuple[str, str], str]:
     """(METHOD, path) -> who may call the route when the server has keys, from the routes' own declarations."""
-    from api.http.access import PUBLIC
+    from api.keys.access import PUBLIC
     from api.routes.spec import DECLARED
 
     out = {}
