@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from api.app import create_app
 from api.config.settings import Settings
-from api.http.app import create_app
 from rollout_client import RolloutClient, SyncRolloutClient, register_dataset
 from tests.clients.test_trainer_client import serve_in_thread
 
