@@ -9,7 +9,7 @@ WHEELHOUSE  := $(VENV)/wheelhouse
 WHEELHOUSE_STAMP := $(WHEELHOUSE)/simple/index.html
 
 .DEFAULT_GOAL := all
-.PHONY: all install install-serve browser serve test floors-test lint format typecheck bench crash-matrix demo demo-learn docs clean
+.PHONY: all install install-serve browser nginx serve test floors-test lint format typecheck bench crash-matrix demo demo-learn docs clean
 
 all: lint typecheck test
 
@@ -55,6 +55,18 @@ browser:
 	  fi; \
 	fi
 
+# tests/integration/test_deploy.py runs deploy/nginx.conf with Debian's nginx, installed here like chromium. The test
+# starts an nginx of its own; the package's service starts only where the init system lets it (not in containers
+# whose policy-rc.d forbids it, as these machines' does).
+nginx:
+	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx; \
+	  else \
+	    echo "the deploy/ test needs nginx: sudo apt-get install nginx" >&2; \
+	  fi; \
+	fi
+
 # The suite runs on TEST_WORKERS pytest-xdist workers: most of its time is spent waiting on real processes, so
 # workers overlap well even on 2 cores. The tests that stop the machine's PostgreSQL (marker pg_cluster) run
 # after, alone: beside the others they would take the database from under them. tests/README.md: "In parallel".
@@ -64,7 +76,7 @@ TEST_WORKERS ?= 4
 # PYTHONDONTWRITEBYTECODE set (some machines set it: this one does) each one compiled every
 # module it imported from source, 0.2-0.6 s of CPU a process. The tests write bytecode (ignored by git).
 test: export PYTHONDONTWRITEBYTECODE =
-test: install browser  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
+test: install browser nginx  ## every test: unit, API, store contract, integration (real server processes, SQLite, headless chromium), schemathesis against /openapi.json
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not pg_cluster"
 	$(BIN)/python -m pytest -m pg_cluster
 	$(MAKE) --no-print-directory floors-test
