@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -15,6 +15,8 @@ from api.store.base import Txn
 from api.wire.schema import Registration
 
 log = logging.getLogger("rollbuf")
+
+T = TypeVar("T")
 
 RUN_KEY = "run"
 STEP_KEY = "step"
@@ -99,6 +101,103 @@ def _put(txn: Txn, key: str, value: Any) -> None:
     txn.set_value(key, orjson.dumps(value).decode())
 
 
+@dataclass(frozen=True, slots=True)
+class Key(Generic[T]):
+    """A run-state value kept under one store key as JSON: how it reads (`decode`, from the JSON as stored, None
+    when the key is absent) and how it is written (`encode`, to what is stored as JSON). The `load_*`/`save_*`
+    functions and `Unit` both go through it, so both store the same bytes."""
+
+    name: str
+    decode: Callable[[Any], T]
+    encode: Callable[[T], Any]
+
+    def load(self, txn: Txn) -> T:
+        return self.decode(_get(txn, self.name, None))
+
+    def save(self, txn: Txn, value: T) -> None:
+        _put(txn, self.name, self.encode(value))
+
+
+def _awaiting(got: Any) -> tuple[float, int, int] | None:
+    if got is None or len(got) != 3:  # a record of the layout before the step was kept: the wait starts again
+        return None
+    return float(got[0]), int(got[1]), int(got[2])
+
+
+STEP: Key[int] = Key(STEP_KEY, lambda got: 0 if got is None else got, lambda step: step)
+KEPT: Key[Kept | None] = Key(
+    KEPT_KEY,
+    lambda got: None if got is None else Kept.from_json(got),
+    lambda kept: None if kept is None else kept.to_json(),
+)
+CREDITS: Key[dict[int, float]] = Key(
+    CREDITS_KEY,
+    lambda got: {int(k): float(v) for k, v in (got or {}).items()},
+    lambda credits: {str(k): v for k, v in credits.items()},
+)
+BLOCKED: Key[str | None] = Key(BLOCKED_KEY, lambda got: got, lambda reason: reason)
+PASSED: Key[dict[int, tuple[int, int]]] = Key(
+    PASSED_KEY,
+    lambda got: {int(k): (int(v[0]), int(v[1])) for k, v in (got or {}).items()},
+    lambda passed: {str(k): list(v) for k, v in passed.items()},
+)
+QUIET: Key[dict[int, tuple[float, bool]]] = Key(
+    QUIET_KEY,
+    lambda got: {int(k): (float(v[0]), bool(v[1])) for k, v in (got or {}).items()},
+    lambda quiet: {str(k): list(v) for k, v in quiet.items()},
+)
+AWAITING: Key[tuple[float, int, int] | None] = Key(
+    ARRIVALS_KEY, _awaiting, lambda awaiting: None if awaiting is None else list(awaiting)
+)
+
+
+class Unit:
+    """The run-state values of one transaction as a unit of work: each key read from the store at most once,
+    when first asked for, changed in memory, and each key set written once, by `commit`, with the bytes
+    `Key.save` writes (not at all when they are the bytes read). Formation reads and changes the same few keys
+    many times over in one transaction; this makes that one read and at most one write per key. Values returned
+    are shared with the unit: replaced through `set`, never changed in place. What is not committed is not
+    written (a transaction that raises is rolled back on every store anyway)."""
+
+    __slots__ = ("_dirty", "_raw", "_txn", "_values")
+
+    def __init__(self, txn: Txn) -> None:
+        self._txn = txn
+        self._values: dict[str, Any] = {}
+        self._raw: dict[str, str | None] = {}
+        """The store's bytes for each key read or written by the unit."""
+        self._dirty: dict[str, Key[Any]] = {}
+
+    def get(self, key: Key[T]) -> T:
+        if key.name not in self._values:
+            raw = self._raw[key.name] = self._txn.get_value(key.name)
+            self._values[key.name] = key.decode(None if raw is None else orjson.loads(raw))
+        return self._values[key.name]  # type: ignore[no-any-return]
+
+    def set(self, key: Key[T], value: T) -> None:
+        self._values[key.name] = value
+        self._dirty[key.name] = key
+
+    def kept(self, run: RunState) -> Kept:
+        """`load_kept`, read once."""
+        return _kept_or_new(self.get(KEPT), run)
+
+    def set_blocked(self, reason: str | None, *, warn: bool = True) -> None:
+        """`save_blocked`: set, and logged, when the reason changes."""
+        if reason != self.get(BLOCKED):
+            self.set(BLOCKED, reason)
+            _log_blocked(reason, warn)
+
+    def commit(self) -> None:
+        """Write each key set since the unit began (or since the last commit) whose bytes are not the store's."""
+        for name, key in self._dirty.items():
+            raw = orjson.dumps(key.encode(self._values[name])).decode()
+            if self._raw.get(name) != raw:
+                self._txn.set_value(name, raw)
+                self._raw[name] = raw
+        self._dirty.clear()
+
+
 _last_run: tuple[str, Registration | None, bool] = ("", None, False)
 """The run's row as last read and what it says: every submission reads it, and it changes once per run."""
 
@@ -160,18 +259,21 @@ def save_run(txn: Txn, registration: Registration, started: bool) -> None:
 
 
 def save_step(txn: Txn, step: int) -> None:
-    _put(txn, STEP_KEY, step)
+    STEP.save(txn, step)
 
 
 def load_kept(txn: Txn, run: RunState) -> Kept:
     """What the run keeps for serving again. A store written before this was tracked knows of no commit: the
     mark starts at the next step (what it served before stays servable as it was, by `Txn.get_batch`)."""
-    raw = _get(txn, KEPT_KEY, None)
-    return Kept(run.step) if raw is None else Kept.from_json(raw)
+    return _kept_or_new(KEPT.load(txn), run)
+
+
+def _kept_or_new(kept: Kept | None, run: RunState) -> Kept:
+    return Kept(run.step) if kept is None else kept
 
 
 def save_kept(txn: Txn, kept: Kept) -> None:
-    _put(txn, KEPT_KEY, kept.to_json())
+    KEPT.save(txn, kept)
 
 
 def save_env(txn: Txn, run: RunState, env: EnvRecord) -> RunState:
@@ -190,11 +292,11 @@ def save_env(txn: Txn, run: RunState, env: EnvRecord) -> RunState:
 
 
 def load_credits(txn: Txn) -> dict[int, float]:
-    return {int(k): float(v) for k, v in _get(txn, CREDITS_KEY, {}).items()}
+    return CREDITS.load(txn)
 
 
 def save_credits(txn: Txn, credits: dict[int, float]) -> None:
-    _put(txn, CREDITS_KEY, {str(k): v for k, v in credits.items()})
+    CREDITS.save(txn, credits)
 
 
 DROPPED = "dropped"
@@ -216,42 +318,43 @@ def count_dropped(txn: Txn, env_name: str, reason: str, n: int = 1) -> None:
 
 
 def load_blocked(txn: Txn) -> str | None:
-    return _get(txn, BLOCKED_KEY, None)  # type: ignore[no-any-return]
+    return BLOCKED.load(txn)
 
 
 def save_blocked(txn: Txn, reason: str | None, *, warn: bool = True) -> None:
     """Why no batch can be formed, for /status; `warn=False` logs it at info (a bound a trainer reaches in normal
     use, such as the read-ahead bound before its next commit)."""
     if reason != load_blocked(txn):
-        _put(txn, BLOCKED_KEY, reason)
-        if reason:
-            log.log(logging.WARNING if warn else logging.INFO, "no batch can be formed: %s", reason)
-        else:
-            log.info("batches can be formed again")
+        BLOCKED.save(txn, reason)
+        _log_blocked(reason, warn)
+
+
+def _log_blocked(reason: str | None, warn: bool) -> None:
+    if reason:
+        log.log(logging.WARNING if warn else logging.INFO, "no batch can be formed: %s", reason)
+    else:
+        log.info("batches can be formed again")
 
 
 def load_passed(txn: Txn) -> dict[int, tuple[int, int]]:
-    return {int(k): (int(v[0]), int(v[1])) for k, v in _get(txn, PASSED_KEY, {}).items()}
+    return PASSED.load(txn)
 
 
 def save_passed(txn: Txn, passed: dict[int, tuple[int, int]]) -> None:
-    _put(txn, PASSED_KEY, {str(k): list(v) for k, v in passed.items()})
+    PASSED.save(txn, passed)
 
 
 def load_quiet(txn: Txn) -> dict[int, tuple[float, bool]]:
-    return {int(k): (float(v[0]), bool(v[1])) for k, v in _get(txn, QUIET_KEY, {}).items()}
+    return QUIET.load(txn)
 
 
 def save_quiet(txn: Txn, quiet: dict[int, tuple[float, bool]]) -> None:
-    _put(txn, QUIET_KEY, {str(k): list(v) for k, v in quiet.items()})
+    QUIET.save(txn, quiet)
 
 
 def load_awaiting(txn: Txn) -> tuple[float, int, int] | None:
-    got = _get(txn, ARRIVALS_KEY, None)
-    if got is None or len(got) != 3:  # a record of the layout before the step was kept: the wait starts again
-        return None
-    return float(got[0]), int(got[1]), int(got[2])
+    return AWAITING.load(txn)
 
 
 def save_awaiting(txn: Txn, awaiting: tuple[float, int, int]) -> None:
-    _put(txn, ARRIVALS_KEY, list(awaiting))
+    AWAITING.save(txn, awaiting)
