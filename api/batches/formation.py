@@ -24,7 +24,7 @@ from api.ledger.recorder import OFF, Recorder
 from api.run import state, stats
 from api.run.filters import STALE
 from api.run.kept import COMMIT, ReadAhead, read_ahead_full
-from api.run.state import RunState, scale_shares
+from api.run.state import AWAITING, BLOCKED, CREDITS, KEPT, PASSED, QUIET, STEP, RunState, Unit, scale_shares
 from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
 from api.tasks import ending
 from api.tasks.leases import RUN_TAIL
@@ -96,7 +96,26 @@ def batch_txn(
         (`api/run/kept.py`). `books`: the ledger's recorder (its rows are written here, with the decisions).
         `rules`:
     how far to look ahead and how long a quiet minimum share may hold a batch. `gone_after`: when a producer is
-    gone, for the end of a run fed by datasets (api/tasks/ending.py)."""
+    gone, for the end of a run fed by datasets (api/tasks/ending.py).
+
+    The run state it changes is read once and written once, at the end of the transaction (`state.Unit`)."""
+    unit = Unit(txn)
+    result = _batch(txn, unit, step, known, as_json, read_ahead, books, rules, gone_after)
+    unit.commit()
+    return result
+
+
+def _batch(
+    txn: Txn,
+    unit: Unit,
+    step: int | None,
+    known: RunState | None,
+    as_json: bool,
+    read_ahead: ReadAhead,
+    books: Recorder,
+    rules: FormationRules,
+    gone_after: float,
+) -> FormedBatch | BatchWaiting:
     run = state.load(txn, known)
     reg = run.registration
     if reg is None:
@@ -108,15 +127,17 @@ def batch_txn(
         # Atropos's loop: asking for the next batch acknowledges every one before it, so retention and the
         # ledger prune by it (the mark stayed at 0, and retain_bytes kept every served payload).
         # Batches kept by an earlier `?step=` are acknowledged now, as asking for one would.
-        acknowledge(txn, state.load_kept(txn, run), run.step, books, time.time())
-        return form(txn, run, keep=False, as_json=as_json, books=books, rules=rules, gone_after=gone_after)
+        kept = unit.kept(run)
+        if (after := acknowledge(txn, kept, run.step, books, time.time(), save=False)) != kept:
+            unit.set(KEPT, after)
+        return form(txn, unit, run, keep=False, as_json=as_json, books=books, rules=rules, gone_after=gone_after)
     if step is None:
         step = run.step
     if step > run.step:
         raise Conflict(
             f"batch {step} cannot be formed yet: the next batch to form is {run.step}", loc=("query", "step")
         )
-    kept = before = state.load_kept(txn, run)
+    kept = before = unit.kept(run)
     if not commit_mode:  # asking for N acknowledges every batch before it (saved below, with what is formed)
         kept = acknowledge(txn, kept, step, books, time.time(), save=False)
     elif step < kept.committed:
@@ -126,7 +147,7 @@ def batch_txn(
         )
     if step < run.step:
         if kept != before:
-            state.save_kept(txn, kept)
+            unit.set(KEPT, kept)
         try:
             stored = txn.get_batch(step)
         except PayloadLost as exc:
@@ -139,18 +160,19 @@ def batch_txn(
             )
         return FormedBatch.unpack(step, stored)
     if commit_mode and (why := read_ahead_full(kept, run.step, read_ahead)) is not None:
-        state.save_blocked(txn, why, warn=False)  # /status (and the producers' /status-env) say what holds batches back
+        unit.set_blocked(why, warn=False)  # /status (and the producers' /status-env) say what holds batches back
         return BatchWaiting(reason=why, blocked=True, read_ahead=True)
-    result = form(txn, run, keep=True, as_json=as_json, books=books, rules=rules, gone_after=gone_after)
+    result = form(txn, unit, run, keep=True, as_json=as_json, books=books, rules=rules, gone_after=gone_after)
     if isinstance(result, FormedBatch):
         kept = kept.keep(result.step, result.held or len(result.stored))
     if kept != before:
-        state.save_kept(txn, kept)
+        unit.set(KEPT, kept)
     return result
 
 
 def form(
     txn: Txn,
+    unit: Unit,
     run: RunState,
     *,
     keep: bool,
@@ -170,44 +192,45 @@ def form(
     assert reg is not None
     spec = BatchSpec(reg.batch_size, reg.max_batch_tokens, reg.min_batch_fill, reg.no_exact_fill)
     look = rules.look_ahead
-    quiet = state.load_quiet(txn)
+    quiet = unit.get(QUIET)
     released = {e for e, (since, _) in quiet.items() if now - since >= rules.quiet_share_seconds}
     given = {e.env_id: e.min_batch_allocation for e in run.envs if e.connected}
     shares = scale_shares({e: s for e, s in given.items() if e not in released})
-    windows = _read(txn, run, spec, shares, books, now, max_seqs=spec.batch_size, max_items=None,
+    windows = _read(txn, unit, run, spec, shares, books, now, max_seqs=spec.batch_size, max_items=None,
                     due_after=look.due_after)  # fmt: skip
-    credits = state.load_credits(txn)
+    credits = unit.get(CREDITS)
     plan = plan_batch(windows, spec, credits, looked_further=False)
     if isinstance(plan, NoBatch) and plan.look_further:
         dropped = {w.env_id: w.stale for w in windows}  # the first read dropped them: still this batch's
-        windows = _read(txn, run, spec, shares, books, now, max_seqs=look.sequences, max_items=look.groups,
+        windows = _read(txn, unit, run, spec, shares, books, now, max_seqs=look.sequences, max_items=look.groups,
                         due_after=look.due_after)  # fmt: skip
         windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
         plan = plan_batch(windows, spec, credits)
-    plan, waited = _await_arrivals(txn, plan, windows, spec, credits, now, run.step, rules.arrival_wait_seconds)
+    plan, waited = _await_arrivals(unit, plan, windows, spec, credits, now, run.step, rules.arrival_wait_seconds)
     finished = False
     if isinstance(plan, NoBatch):
-        plan, finished, waited = _tail(txn, run, plan, spec, credits, books, now, rules, gone_after, waited)
-    recheck = _hold(txn, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
+        plan, finished, waited = _tail(txn, unit, run, plan, spec, credits, books, now, rules, gone_after, waited)
+    recheck = _hold(txn, unit, run, quiet, released, windows, plan, now, rules.quiet_share_seconds, given)
     if waited is not None:
         recheck = waited if recheck is None else min(recheck, waited)
     if isinstance(plan, NoBatch):
-        if finished and not plan.left_out and (left := state.load_blocked(txn)) is not None:
+        if finished and not plan.left_out and (left := unit.get(BLOCKED)) is not None:
             return BatchWaiting(reason=left, blocked=True, finished=True)  # what the run's end left out, if anything
-        state.save_blocked(txn, plan.reason if plan.blocked else None)
+        unit.set_blocked(plan.reason if plan.blocked else None)
         return BatchWaiting(reason=plan.reason, blocked=plan.blocked, recheck_in=recheck, finished=finished)
-    passed = state.load_passed(txn)
+    passed = unit.get(PASSED)
     aged = age(passed, plan, run.step)
     if aged != passed:
-        state.save_passed(txn, aged)
+        unit.set(PASSED, aged)
     if plan.passed_over or plan.smaller:
         stats.count_passed_over(txn, {run.env_name(e): 1 for e in plan.passed_over}, smaller=plan.smaller)
-    batch, seqs_by_env = take(txn, run, plan, keep, as_json, books, now, start)
+    batch, seqs_by_env = take(txn, unit, run, plan, keep, as_json, books, now, start)
     return dataclasses.replace(batch, formation=Formation(seqs_by_env, time.perf_counter() - start))
 
 
 def _read(
     txn: Txn,
+    unit: Unit,
     run: RunState,
     spec: BatchSpec,
     shares: dict[int, float],
@@ -223,7 +246,7 @@ def _read(
     reg = run.registration
     assert reg is not None
     min_step = None if reg.max_staleness is None else run.step - reg.max_staleness
-    passed = state.load_passed(txn)
+    passed = unit.get(PASSED)
     windows: list[EnvWindow] = []
     counts = txn.counts()
     for env_id in [ANON_ENV, *(e.env_id for e in run.envs)]:
@@ -249,6 +272,7 @@ def _read(
 
 def _tail(
     txn: Txn,
+    unit: Unit,
     run: RunState,
     plan: NoBatch,
     spec: BatchSpec,
@@ -268,7 +292,7 @@ def _tail(
     if not end.final:
         return plan, False, waited
     look = rules.look_ahead
-    windows = _read(txn, run, spec, {}, books, now, max_seqs=look.sequences, max_items=look.groups,
+    windows = _read(txn, unit, run, spec, {}, books, now, max_seqs=look.sequences, max_items=look.groups,
                     due_after=look.due_after)  # fmt: skip
     tail = plan_batch(windows, spec, credits, final=True)
     if isinstance(tail, NoBatch) and tail.left_out:
@@ -285,7 +309,7 @@ def _tail(
 
 
 def _await_arrivals(
-    txn: Txn,
+    unit: Unit,
     plan: Plan | NoBatch,
     windows: list[EnvWindow],
     spec: BatchSpec,
@@ -303,17 +327,18 @@ def _await_arrivals(
     ended is told apart without a read (or a write) on every formation."""
     if not isinstance(plan, NoBatch) or plan.awaiting is None:
         return plan, None
-    saved = state.load_awaiting(txn)
+    saved = unit.get(AWAITING)
     since = saved[0] if saved is not None and saved[1:] == (plan.awaiting, step) else now
     if now - since >= limit:
         return plan_batch(windows, spec, credits, arrivals_waited_out=True), None
     if saved != (since, plan.awaiting, step):
-        state.save_awaiting(txn, (since, plan.awaiting, step))
+        unit.set(AWAITING, (since, plan.awaiting, step))
     return plan, since + limit - now
 
 
 def _hold(
     txn: Txn,
+    unit: Unit,
     run: RunState,
     quiet: dict[int, tuple[float, bool]],
     released: set[int],
@@ -352,7 +377,7 @@ def _hold(
     if holding is not None and holding not in out:
         out[holding] = (now, False)
     if out != quiet:
-        state.save_quiet(txn, out)
+        unit.set(QUIET, out)
     if holding is None:
         return None
     return max(0.0, out[holding][0] + limit - now)
@@ -360,6 +385,7 @@ def _hold(
 
 def take(
     txn: Txn,
+    unit: Unit,
     run: RunState,
     plan: Plan,
     keep: bool,
@@ -406,9 +432,9 @@ def take(
     stats.count_batch(txn, groups_by_env, seqs_by_env, staleness)
     if cuts:
         stats.count_trimmed(txn, trimmed)
-    state.save_credits(txn, plan.credits)
-    state.save_blocked(txn, None)
-    state.save_step(txn, run.step + 1)
+    unit.set(CREDITS, plan.credits)
+    unit.set_blocked(None)
+    unit.set(STEP, run.step + 1)
     batch = FormedBatch.build(run.step, n_groups, plan.seqs, tokens, payloads, cuts)
     if cuts:
         batch = dataclasses.replace(batch, held=len(batch.prefix()) + sum(map(len, stored)))
