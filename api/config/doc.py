@@ -1,6 +1,6 @@
 """docs/settings.md's tables, generated from the settings' declarations (`api.config.groups`), so that the
 document cannot drift from what the server does: `python -m api.config.doc` rewrites them, `--check` says
-whether they differ (tests/unit/test_settings_doc.py runs it)."""
+whether they differ (tests/unit/config/test_config_doc.py runs it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Who may do what: API keys with roles, and how a table of the roles each route admits is read (the routes
 declare theirs beside them: `api.routes.spec`, `api.routes.table`). Pure: no request, no I/O (the key sources
-are `api.keys.keyring`'s), so the matrix is tested alone (tests/unit/test_access.py).
+are `api.keys.keyring`'s), so the matrix is tested alone (tests/unit/keys/test_keys_access.py).
 
 Three roles (docs/security.md): `env` (a rollout handler: register envs, submit to its own, read status),
 `trainer` (register the run, take batches, reset it), `admin` (everything). A key has a name, a role and a

@@ -19,7 +19,7 @@ DESCRIPTION_PAGES: dict[tuple[str, str], Rule] = {
 }
 """The API's description, served by FastAPI itself: no data, no key."""
 ROUTES: dict[tuple[str, str], Rule] = {**DESCRIPTION_PAGES, **{key: roles for key, (roles, *_) in DECLARED.items()}}
-"""Every route and the roles it admits (tests/unit/test_access.py checks that the app has no other)."""
+"""Every route and the roles it admits (tests/unit/keys/test_keys_access.py checks that the app has no other)."""
 BODIES: dict[str, Body] = {path: body for (_, path), (_, body, _) in DECLARED.items() if body != "small"}
 ACTS: dict[tuple[str, str], Acts] = {key: acts for key, (*_, acts) in DECLARED.items()}
 """What each route acts on and who may act on another key's (the description pages act on nothing)."""

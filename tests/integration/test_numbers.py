@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from api.wire.records import F64, MSGPACK, decode_batch, encode_submission
 from tests.factories import registration
 from tests.servers import running_server
-from tests.unit.test_records import any_value, bits, body_with, float32_values, rows_of
+from tests.unit.wire.test_wire_records import any_value, bits, body_with, float32_values, rows_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("numbers")]  # one worker: one module-scoped server
 JSON = {"Content-Type": "application/json"}

@@ -13,7 +13,7 @@ from api.run.state import RunState
 from api.store.base import QueueCounts
 from api.wire.schema import Registration
 from tests.factories import registration
-from tests.unit.test_status import ENVS, counts
+from tests.unit.views.test_views_status import ENVS, counts
 
 
 @given(st.integers(0, 50), st.integers(0, 50), st.none() | st.integers(1, 100), st.none() | st.integers(1, 100_000),
