@@ -19,10 +19,8 @@ from dataclasses import InitVar, dataclass, field, replace
 from functools import partial
 from typing import Any, cast
 
-from api.batches import lost
-from api.batches.acknowledge import commit_txn
-from api.batches.formation import FormationRules, batch_txn
-from api.batches.outcomes import BatchWaiting, FormedBatch
+from api.batches.formation import FormationRules
+from api.batches.service import Batches
 from api.batches.wakeups import Wakeups
 from api.errors import Conflict, InvalidData, NotFound, Unavailable
 from api.ingest import submissions
@@ -31,17 +29,11 @@ from api.ingest.submissions import Submission
 from api.ingest.submit import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
 from api.ledger.drop_bias_watch import BiasWatch
 from api.ledger.rules import LedgerSettings
-from api.ledger.service import PRUNE, WATCH, Ledger
+from api.ledger.service import PRUNE, Ledger
 from api.logs import request_env
-from api.meters import FORMATION_SECONDS
 from api.owners import ANYONE, Actor
 from api.producers.service import Producers
-from api.producers.stored import (
-    ProducerReport,
-    ProducerSettings,
-    load_weights_and_pending,
-    report_txn,
-)
+from api.producers.stored import ProducerSettings, load_weights_and_pending, report_txn
 from api.rollouts.service import Rollouts, SweepSettings, siblings_due_txn
 from api.run import state, stats
 from api.run.kept import Kept, ReadAhead
@@ -53,7 +45,6 @@ from api.tasks import ending
 from api.views.status import env_status, status_txn
 from api.wire.records import GroupRecord, decode
 from api.wire.schema import (
-    CommitReply,
     EnvDropBias,
     EnvRegistered,
     EnvStatus,
@@ -101,9 +92,6 @@ class Service:
     """This process's background jobs (`__post_init__` names them)."""
     producer_settings: InitVar[ProducerSettings | None] = None
     """When a producer that stops heartbeating counts as gone, and how many are kept (`Producers.settings`)."""
-    stall_reason: str | None = None
-    """Why nothing can arrive for a waiting trainer, as this process's last batch attempt that found no batch
-    read it (in the same transaction: a waiting long-poll costs no read of its own)."""
     _bias_entries: tuple[object, tuple[tuple[str, int], ...], list[EnvDropBias]] = (None, (), [])
     """The last drop-bias report and /status's entries for it (`status`)."""
     rollout_sweep: InitVar[SweepSettings | None] = None
@@ -114,6 +102,8 @@ class Service:
     """The producers' flow: heartbeats, weights, who is producing."""
     rollouts: Rollouts = field(init=False)
     """The per-rollout groups' flow, and its sweep's state."""
+    batches: Batches = field(init=False)
+    """The batches' flow: forming, acknowledging, and GET /batch's long-poll."""
     periodic: list[Periodic] = field(init=False)
     """The flows' background jobs, as each declares it (`api.scheduler.Periodic`)."""
 
@@ -136,6 +126,18 @@ class Service:
             lambda: self._run,
             rollout_sweep or SweepSettings(),
         )
+        self.batches = Batches(
+            self.store,
+            lambda: self._run,
+            self._remember,
+            self.ledger.recorder,
+            self.producers,
+            self.jobs,
+            (SWEEP, PRUNE),
+            self.read_ahead,
+            self.rules,
+            self.wakeups,
+        )
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
         # Each runs in the background when asked, never on a request's path: refusals counted in memory are written
         # together; the side buffers' expired groups are swept from a live run's calls (an env whose groups expire
@@ -155,6 +157,9 @@ class Service:
         for job in self.periodic:
             if job.by_clock:
                 self.jobs.keep_asking(job.name)
+
+    def _remember(self, run: RunState) -> None:
+        self._run = run
 
     @property
     def latest(self) -> GroupRecord | None:
@@ -405,47 +410,6 @@ class Service:
                 await self.store.transact(lambda txn: txn.add_counts(stats.BACKPRESSURE, refused))
             except Unavailable:
                 log.warning("refusals not counted at shutdown, the store being unavailable: %s", refused)
-
-    # ----------------------------------------------------------------------------- batches
-
-    async def next_batch(self, step: int | None = None, *, as_json: bool = False) -> FormedBatch | BatchWaiting:
-        """Batch `step`, forming it if it is the next one; without `step`, form the next batch (Atropos).
-
-        With `step`, batch N stays available until batch N+1 is asked for, so a trainer that retries or
-        restarts gets the same batch again: nothing skipped, nothing trained twice. The first call of either
-        kind marks the run as started (environments may register from then on).
-        """
-        self.jobs.ask(SWEEP)
-        self.jobs.ask(PRUNE)
-        now = time.time()
-
-        def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
-            books = self.ledger.recorder()
-            result = batch_txn(txn, step, self._run, as_json=as_json, read_ahead=self.read_ahead, books=books,
-                               rules=self.rules, gone_after=self.producers.settings.gone_after)  # fmt: skip
-            waiting = isinstance(result, BatchWaiting) and not result.not_registered
-            return result, report_txn(txn, now, self.producers.settings, self._run) if waiting else None
-
-        result, report = await lost.dropping_lost(self.store, txn_fn, self._run, self.ledger.recorder())
-        self.stall_reason = None if report is None else self.producers.graced(report, now).stall_reason
-        if isinstance(result, FormedBatch) and result.formation is not None:
-            self.jobs.ask(WATCH)  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
-            formed = result.formation
-            FORMATION_SECONDS.observe(formed.seconds)
-            mix = " ".join(f"{name}={n}" for name, n in formed.seqs_by_env.items())
-            log.info(
-                "batch step=%d groups=%d sequences=%d tokens=%d mix=[%s] formation_ms=%.2f",
-                result.step, result.n_groups, result.seqs, result.tokens, mix, formed.seconds * 1000,
-            )  # fmt: skip
-        return result
-
-    async def commit(self, step: int) -> CommitReply:
-        """Acknowledge every batch before `step` (POST /commit); wakes a trainer waiting at its read-ahead bound."""
-        reply, self._run = await self.store.transact(
-            lambda txn: commit_txn(txn, step, self._run, self.ledger.recorder())
-        )
-        self.wakeups.changed()
-        return reply
 
     # ----------------------------------------------------------------------------- status
 

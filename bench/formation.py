@@ -60,7 +60,7 @@ async def _setup(url: str, queued: int, scenario: str) -> Service:
                        checkpoint_dir="c", save_checkpoint_interval=0, starting_step=0, num_steps=10**9,
                        no_exact_fill="trim" if scenario.endswith("_trim") else "smaller")  # fmt: skip
     await service.register_trainer(reg)
-    await service.next_batch()
+    await service.batches.next_batch()
     envs = SCENARIOS[scenario]
     for name, size, weight, share in envs:
         await service.register_env(RegisterEnv(max_token_length=4096, desired_name=name, weight=weight,
@@ -110,7 +110,7 @@ async def _measure(url: str, queued: int, reps: int, scenario: str) -> dict[str,
         formed = exact = 0
         for _ in range(reps):
             t0 = time.perf_counter()
-            result = await service.next_batch()
+            result = await service.batches.next_batch()
             times.append(time.perf_counter() - t0)
             if isinstance(result, FormedBatch):
                 formed += 1

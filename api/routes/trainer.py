@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import logging
-import math
-import time
 from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.responses import Response
 
-from api.batches.outcomes import BatchWaiting, FormedBatch
+from api.batches.outcomes import FormedBatch
 from api.batches.sharding import Cost, rank_share, shard, subset
 from api.errors import InvalidData
-from api.http.auth import Unauthorized
 from api.http.body import accepts_gzip, gzip_compress
 from api.http.frontdoor import still_admitted
 from api.keys.access import ANY_KEY, TRAINER_SIDE
-from api.logs import RateLimiter
-from api.meters import WAITING_LONG_POLLS
 from api.owners import RUN
 from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
-from api.run.kept import ReadAheadFull
 from api.views.status import capped
 from api.wire.records import (
     MSGPACK,
@@ -51,15 +44,10 @@ from api.wire.schema import (
 )
 
 router = APIRouter(tags=["trainer"])
-log = logging.getLogger("rollbuf")
 
 CONTENT_TYPES = ["application/json", MSGPACK]
 """Advertised in /info: clients that see msgpack here may use the binary path."""
 STEP_HEADER = "X-Rollbuf-Step"
-
-STALL_WARN_S = 30.0
-STALLS = RateLimiter(interval=STALL_WARN_S, burst=1)
-"""A long-poll that has waited this long without a batch logs a warning with the reason (then every 30 s)."""
 
 
 @route(
@@ -136,65 +124,18 @@ async def batch(
         )
     share = None if rank is None or world_size is None else (rank, world_size, balance)
     binary = is_msgpack(request.headers.get("accept"))
-    started = time.monotonic()
-    deadline = started + min(wait, settings.max_batch_wait)
-    warn_at = started + STALL_WARN_S
-    wakeups = service.wakeups
-    tried_at = wakeups.count
-    result = await service.next_batch(step, as_json=not binary)
-    recheck_at = _recheck_at(result)
-    while True:
-        if isinstance(result, FormedBatch):
-            wakeups.pass_on()  # another waiter may find a batch too
-            gzip_level = settings.gzip_level if accepts_gzip(request) else None
-            return await _render(result, share, binary=binary, gzip_level=gzip_level)
-        if result.not_registered:
-            return _json({"status": "error", "message": "Trainer not registered. Call /register first.", "batch": []})
-        now = time.monotonic()
-        if now >= warn_at:
-            warn_at = now + STALL_WARN_S
-            held = STALLS.allow(("stall",))  # one line for all the waiters: 2,000 of them are one stall
-            if held is not None:
-                which = "the next batch" if step is None else f"batch {step}"
-                more = f" ({held} similar lines held back)" if held else ""
-                why = result.reason or service.stall_reason or "no data"
-                log.warning("stall: a trainer has waited %.0f s for %s: %s%s", now - started, which, why, more)
-        remaining = deadline - now
-        if remaining <= 0 or wakeups.closed or result.finished:  # the deadline, the server stopping, or the run's end
-            if wakeups.count != tried_at:
-                wakeups.pass_on()  # a change since its last try or its wait ended: the next waiter tries it
-            if result.read_ahead:  # not now: a commit ends it (clients retry a 503; a 4xx they would not)
-                raise ReadAheadFull(result.reason, settings.retry_after)
-            return _json(_no_batch(result, service.stall_reason))
-        # Nothing changed since the last try: wait, at no cost, to be woken. Changes while waiting without being
-        # woken were another waiter's to try (it found no batch, or it took one and woke the next): a deadline
-        # passes on nothing, so 2,000 polls expiring together run no formation (they once ran ~1,100, #35).
-        if wakeups.count == tried_at:
-            with WAITING_LONG_POLLS.track_inprogress():
-                seen = await wakeups.wait(min(remaining, warn_at - now, max(0.0, recheck_at - now)))
-            if wakeups.closed:
-                continue  # answered above, with what the last try found
-            if seen is not None:  # not woken: the changes it slept through woke another waiter, theirs to try
-                tried_at = seen
-                if time.monotonic() < recheck_at:
-                    continue  # the deadline or the stall warning
-        # Checked before forming again: a batch formed for a client that has gone would be lost (without ?step=).
-        if await request.is_disconnected():
-            wakeups.pass_on()
-            log.info("GET /batch: client went away after %.1f s of long-poll", time.monotonic() - started)
-            return _json(_no_batch(result))
-        if not still_admitted(getattr(request.app.state, "door", None), request.scope):
-            wakeups.pass_on()  # a key revoked while it waited takes no batch (it would be lost to it)
-            raise Unauthorized("the key of this request was revoked or rotated while it waited")
-        tried_at = wakeups.count
-        result = await service.next_batch(step, as_json=not binary)
-        recheck_at = _recheck_at(result)
-
-
-def _recheck_at(result: FormedBatch | BatchWaiting) -> float:
-    """When (monotonic) to form again though nothing changed: a minimum share's hold runs out then."""
-    recheck = result.recheck_in if isinstance(result, BatchWaiting) else None
-    return math.inf if recheck is None else time.monotonic() + recheck + 0.05
+    result = await service.batches.poll(
+        step,
+        as_json=not binary,
+        wait=min(wait, settings.max_batch_wait),
+        gone=request.is_disconnected,
+        admitted=lambda: still_admitted(getattr(request.app.state, "door", None), request.scope),
+        retry_after=settings.retry_after,
+    )
+    if not isinstance(result, FormedBatch):
+        return _json(result)
+    gzip_level = settings.gzip_level if accepts_gzip(request) else None
+    return await _render(result, share, binary=binary, gzip_level=gzip_level)
 
 
 async def _render(
@@ -232,19 +173,6 @@ def _render_json(batch: FormedBatch, share: tuple[int, int, Cost] | None, gzip_l
     return body if gzip_level is None else gzip_compress(body, gzip_level)
 
 
-def _no_batch(result: BatchWaiting, stall: str | None = None) -> dict[str, object]:
-    """`{"batch": null}`, with why no batch can be formed and why no data can arrive, when known; `finished` once
-    the run is over (then no stall: nothing is awaited)."""
-    out: dict[str, object] = {"batch": None}
-    if result.blocked:
-        out["blocked_reason"] = result.reason
-    if result.finished:
-        out["finished"] = True
-    elif stall is not None:
-        out["stall_reason"] = stall
-    return out
-
-
 def _json(obj: object) -> Response:
     return Response(dumps(obj), media_type="application/json")
 
@@ -254,7 +182,7 @@ async def commit(body: CommitRequest, service: ServiceDep) -> CommitReply:
     """Acknowledge every batch before `step`: trained and saved, so they are freed (the trainer's checkpoint
     hook sends it; one commit for all data-parallel ranks). With `acknowledge: "commit"` this is how batches are
     acknowledged; a commit at or below the last one changes nothing, so retrying one is safe."""
-    return await service.commit(body.step)
+    return await service.batches.commit(body.step)
 
 
 @route(router, "GET", "/status", ANY_KEY, acts=RUN, response_model=Status)

@@ -36,7 +36,7 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
         )
     )  # "wait": every batch exactly 8 (the default serves fewer when nothing queued adds up)
     await service.register_trainer(reg)
-    await service.next_batch()
+    await service.batches.next_batch()
     for name, gs in [("a", 4), ("b", 2), ("c", 3)]:
         await service.register_env(RegisterEnv(max_token_length=512, desired_name=name, weight=1.0, group_size=gs))
     sizes = {0: 4, 1: 2, 2: 3}
@@ -60,7 +60,7 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
             await service.ingest(orjson.dumps(body), "application/json", many=False)
             submitted.add(gid)
         else:
-            result = await service.next_batch()
+            result = await service.batches.next_batch()
             if isinstance(result, FormedBatch):
                 recs = decode_batch(result.records)
                 assert sum(r.seqs for r in recs) == 8

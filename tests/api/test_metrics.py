@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import logs
 from api.app import create_app
+from api.batches import service as batches_flow
 from api.config.settings import Settings
 from api.logs import RateLimiter
 from api.meters import TimedStore
-from api.routes import trainer as trainer_routes
 from api.store.base import Store
 from tests.factories import registration
 from tests.small_run import MAX_ENV_QUEUE_GROUPS, check_process_metrics, check_store_metrics, parse_metrics, small_run
@@ -130,8 +130,8 @@ async def test_log_lines_of_a_small_run(
 async def test_a_long_poll_that_stalls_logs_why(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trainer_routes, "STALL_WARN_S", 0.2)
-    monkeypatch.setattr(trainer_routes, "STALLS", RateLimiter(interval=0.2, burst=1))  # not another test's
+    monkeypatch.setattr(batches_flow, "STALL_WARN_S", 0.2)
+    monkeypatch.setattr(batches_flow, "STALLS", RateLimiter(interval=0.2, burst=1))  # not another test's
     await client.post("/register", json=registration(batch_size=8))
     with caplog.at_level(logging.WARNING, logger="rollbuf"):
         reply = await client.get("/batch", params={"wait": 0.8})

@@ -58,7 +58,7 @@ async def run_ops(books: LedgerSettings, mode: str, ops: list[tuple[Any, ...]]) 
     service = Service(MemoryStore(), books=books)
     reg = registration(batch_size=8, drop_zero_variance=True, max_staleness=1, acknowledge=mode)
     await service.register_trainer(Registration(**reg))
-    out: list[object] = [await outcome(service.next_batch(0 if mode == "commit" else None))]
+    out: list[object] = [await outcome(service.batches.next_batch(0 if mode == "commit" else None))]
     await service.register_env(RegisterEnv(**env("math", group_size=4)))
     for i, (kind, *args) in enumerate(ops):
         if kind == "post":
@@ -70,9 +70,9 @@ async def run_ops(books: LedgerSettings, mode: str, ops: list[tuple[Any, ...]]) 
         elif kind == "batch":
             run = await service.run_state()
             step = {None: None, "next": run.step, "again": max(0, run.step - 1)}[args[0]]
-            out.append(await outcome(service.next_batch(step)))
+            out.append(await outcome(service.batches.next_batch(step)))
         elif kind == "commit":
-            out.append(await outcome(service.commit((await service.run_state()).step)))
+            out.append(await outcome(service.batches.commit((await service.run_state()).step)))
         else:  # every held group past its ttl
             far = time.time() + 1e6
             expire = partial(expire_txn, now=far, limits=service.limits.side, books=service.ledger.recorder())
