@@ -42,6 +42,7 @@ from api.run.state import ANON_NAME, EnvRecord, RunState
 from api.scheduler import Periodic, Scheduler
 from api.store.base import Store, Txn
 from api.tasks import ending
+from api.tasks.service import Tasks
 from api.views.status import env_status, status_txn
 from api.wire.records import GroupRecord, decode
 from api.wire.schema import (
@@ -104,6 +105,8 @@ class Service:
     """The per-rollout groups' flow, and its sweep's state."""
     batches: Batches = field(init=False)
     """The batches' flow: forming, acknowledging, and GET /batch's long-poll."""
+    tasks: Tasks = field(init=False)
+    """The tasks' flow: datasets registered and read, leases taken, heartbeated and given up."""
     periodic: list[Periodic] = field(init=False)
     """The flows' background jobs, as each declares it (`api.scheduler.Periodic`)."""
 
@@ -138,6 +141,7 @@ class Service:
             self.rules,
             self.wakeups,
         )
+        self.tasks = Tasks(self.store, self.wakeups.changed)
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
         # Each runs in the background when asked, never on a request's path: refusals counted in memory are written
         # together; the side buffers' expired groups are swept from a live run's calls (an env whose groups expire

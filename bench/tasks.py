@@ -4,7 +4,7 @@ transaction by 1 / 8 / 32 concurrent producers, each lease's group acknowledged 
 transaction as ingest would; leases/s, and per shuffled and sequential order. Through the store, without HTTP.
 
 `--source file` registers the dataset as the server does from a JSONL file under `task_files_dir`
-(api/tasks/service.py's `register`: one open file, a page per transaction), and the process's resident memory
+(api/tasks/service.py's `Tasks.register`: one open file, a page per transaction), and the process's resident memory
 (VmRSS, this process is the server here) is reported after the store opened, after the load and after the
 leases: on SQLite and PostgreSQL it stays flat whatever the dataset's size (the memory store keeps the tasks in
 memory, by design).
@@ -32,7 +32,8 @@ from api.config.settings import Settings
 from api.store import Store, make_store
 from api.store.base import QUEUED, LedgerGroup, Txn
 from api.tasks import leases as tl
-from api.tasks import service as task_service
+from api.tasks.service import Tasks
+from api.wire.tasks import DatasetSpec
 
 PAGE = 10_000
 
@@ -66,9 +67,9 @@ async def load_file(store: Store, size: int, order: str, tmp: Path) -> float:
     if not path.exists():
         write_jsonl(path, size)
     settings = Settings(store="memory://", task_files_dir=tmp)
-    spec = task_service.DatasetSpec(name="d", order=order, epochs=None, path=path.name)
+    spec = DatasetSpec(name="d", order=order, epochs=None, path=path.name)
     started = time.perf_counter()
-    view = await task_service.register(store, settings, spec)
+    view = await Tasks(store).register(settings, spec)
     assert view.size == size and view.sealed, view
     return size / (time.perf_counter() - started)
 

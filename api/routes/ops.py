@@ -19,7 +19,6 @@ from api.rollouts import service as rollout_service
 from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
 from api.tasks import metrics as task_metrics
-from api.tasks import service as task_service
 from api.views import metrics
 from api.views.dashboard import body as dashboard_data_body
 from api.wire.records import dumps
@@ -80,7 +79,7 @@ async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Resp
     snap = await service.snapshot()
     body = metrics.render(snap, await service.ledger.drop_bias(), await service.producers.report(),
                           settings.metrics_max_envs, settings.views_max_producers)  # fmt: skip
-    body += task_metrics.render(await task_service.datasets(service.store), settings.views_max_datasets)
+    body += task_metrics.render(await service.tasks.datasets(), settings.views_max_datasets)
     rollouts = await service.store.read(rollout_service.totals_txn)
     service.rollouts.in_use(rollouts.get("open", 0))
     body += rollout_metrics.render(rollouts)
@@ -100,7 +99,7 @@ async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response
     snap = await service.snapshot(settings.metrics_max_envs)
     rollouts = await service.rollouts.open_groups()
     body = dashboard_data_body(snap, await service.ledger.drop_bias(), await service.producers.report(),
-                               settings.metrics_max_envs, await task_service.datasets(service.store),
+                               settings.metrics_max_envs, await service.tasks.datasets(),
                                rollouts, max_datasets=settings.views_max_datasets,
                                max_producers=settings.views_max_producers)  # fmt: skip
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})

@@ -9,7 +9,6 @@ from api.keys.access import ANY_KEY, ENV_SIDE
 from api.owners import RUN_WIDE, acts
 from api.routes.deps import ActorDep, ServiceDep, SettingsDep
 from api.routes.spec import route
-from api.tasks import service as task_service
 from api.wire.rules import SAFE_INT_MAX
 from api.wire.tasks import (
     DatasetSpec,
@@ -45,7 +44,7 @@ async def register_dataset(
     registration is safe: while the file is read, it waits for that reading (from another server process: a 409
     saying how far it got); after a reading cut off, it goes on where it stopped. A key registers at most
     `task_max_datasets_per_key` datasets holding `task_max_bytes_per_key` of tasks (409 beyond)."""
-    return await task_service.register(service.store, settings, body, actor)
+    return await service.tasks.register(settings, body, actor)
 
 
 @route(
@@ -61,7 +60,7 @@ async def register_dataset(
 async def add_page(body: TaskPage, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> DatasetView:
     """The next page of a dataset's tasks (`first`: the tasks stored so far, 409 past them; of a page sent again,
     only the tasks past those stored are stored); `last` seals it."""
-    return await task_service.add_page(service.store, settings, body, actor)
+    return await service.tasks.add_page(settings, body, actor)
 
 
 @route(
@@ -78,7 +77,7 @@ async def lease(body: LeaseRequest, service: ServiceDep, settings: SettingsDep, 
     """Up to `n` tasks (at most `task_page_size`, and those that fit `task_lease_max_bytes` of task data, one at
     least), each leased for `task_lease_s` unless heartbeated: tasks whose lease expired or that are retried come
     first, then the cursor's next. Send each task's group with its `token` as `group_id`."""
-    return await task_service.lease(service.store, settings, body, actor)
+    return await service.tasks.lease(settings, body, actor)
 
 
 @route(
@@ -95,7 +94,7 @@ async def heartbeat(
     body: TaskTokens, service: ServiceDep, settings: SettingsDep, actor: ActorDep
 ) -> TaskHeartbeatReply:
     """Extend leases; null for those lost."""
-    return await task_service.heartbeat(service.store, settings, body.tokens, actor)
+    return await service.tasks.heartbeat(settings, body.tokens, actor)
 
 
 @route(
@@ -110,10 +109,7 @@ async def heartbeat(
 )
 async def fail(body: TaskFailure, service: ServiceDep, actor: ActorDep) -> TaskFailureReply:
     """End a lease without a group: failed with `reason` (the dataset's retry policy applies), or handed back."""
-    reply = await task_service.fail(service.store, body, actor)
-    if reply.accepted:
-        service.wakeups.changed()  # a task failed may end its dataset: a waiting trainer may get the run's tail
-    return reply
+    return await service.tasks.fail(body, actor)
 
 
 @route(
@@ -134,9 +130,8 @@ async def datasets(
 ) -> list[DatasetView]:
     """The datasets this key sees, by name, a page at a time (`views_max_datasets`; an empty page after the last):
     each one's cursor and how many tasks are in each state."""
-    views = sorted(await task_service.datasets(service.store, actor), key=lambda v: v.name)
-    cap = min(limit or settings.views_max_datasets, settings.views_max_datasets)
-    return [v for v in views if after is None or v.name > after][:cap]
+    cap = settings.views_max_datasets
+    return await service.tasks.datasets(actor, after=after, limit=min(limit or cap, cap))
 
 
 @route(
@@ -160,4 +155,4 @@ async def rows(
     limit: int = Query(1000, ge=1, le=SAFE_INT_MAX, description="Most tasks (at most `task_page_size`)."),
 ) -> TaskRows:
     """A page of a dataset's tasks handed out so far, by (epoch, index), each with its fate."""
-    return await task_service.rows(service.store, settings, dataset, (after_epoch, after_index), limit, actor)
+    return await service.tasks.rows(settings, dataset, (after_epoch, after_index), limit, actor)

@@ -1,5 +1,5 @@
-"""What the task routes do (docs/tasks.md): each request is one store transaction over api/tasks/leases.py, bounded
-by the task settings; a dataset file is read a page per transaction, never whole."""
+"""What the task routes do (docs/tasks.md): `Tasks`, one operation a route, each one store transaction over
+api/tasks/leases.py, bounded by the task settings; a dataset file is read a page per transaction, never whole."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import contextlib
 import json
 import secrets
 import time
-import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -79,52 +79,122 @@ def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
     )  # fmt: skip
 
 
-async def register(store: Store, settings: Settings, spec: wire.DatasetSpec, actor: Actor = ANYONE) -> wire.DatasetView:
-    """Register a dataset (a retry of the same registration is answered as the first was); its first page, or its
-    file a page at a time. A file is read by one registration at a time, so that its tasks are stored once however
-    often a client that gave up waiting sends it again: a retry in this process waits for the reading under way,
-    one in another process (a worker, a replica) gets a 409 saying how far it got; one after a reader that died
-    goes on where it stopped."""
-    if spec.path is not None and spec.tasks is not None:
-        raise InvalidData(("body", "path"), "give either path or tasks, not both")
-    if not settings.ledger:
-        raise Conflict("tasks follow their groups through the ledger: this server runs with ledger off")
-    source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
-    first = _texts(spec.tasks or [], settings, "tasks")
-    new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
-                     max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
-                     level_key=spec.level_key, owner=actor.owner)  # fmt: skip
+@dataclass(slots=True)
+class Tasks:
+    """The tasks' flow: one operation a route, each one store transaction (a dataset file, one a page). The
+    settings are the request's (`task_*`, `ledger`), so the bounds a route enforces are the server's."""
 
-    def begin(txn: Txn) -> tl.Dataset:
-        record = txn.tasks.get_dataset(spec.name)
-        if record is not None:
-            old = tl.Dataset.of(record)
-            if old.owner != actor.owner:
-                raise Conflict(f"the dataset name {spec.name!r} is another key's: names are unique across keys (a "
-                               "lease token names its dataset); choose another", loc=("body", "name"))  # fmt: skip
-            if not _same(old, spec):
-                raise Conflict(f"dataset {spec.name!r} is registered already, differently")
-            return old
-        tl.register(txn, new, settings.task_max_datasets_per_key)
-        if spec.tasks is not None:
-            return tl.add_tasks(txn, spec.name, 0, first, last=spec.last, bounds=_bounds(settings))
-        return new
+    store: Store
+    changed: Callable[[], None] = lambda: None
+    """Called when a task ends without a group: its dataset may end, and a waiting trainer may get the run's
+    tail (`Wakeups.changed`)."""
+    _reading: dict[str, asyncio.Task[tl.Dataset]] = field(default_factory=dict)
+    """The dataset files this process reads now, by dataset: a registration sent again waits for its reading
+    instead of starting another."""
 
-    d = await store.transact(begin)
-    if source is None or d.sealed:
+    async def register(self, settings: Settings, spec: wire.DatasetSpec, actor: Actor = ANYONE) -> wire.DatasetView:
+        """Register a dataset (a retry of the same registration is answered as the first was); its first page, or
+        its file a page at a time. A file is read by one registration at a time, so that its tasks are stored once
+        however often a client that gave up waiting sends it again: a retry in this process waits for the reading
+        under way, one in another process (a worker, a replica) gets a 409 saying how far it got; one after a
+        reader that died goes on where it stopped."""
+        if spec.path is not None and spec.tasks is not None:
+            raise InvalidData(("body", "path"), "give either path or tasks, not both")
+        if not settings.ledger:
+            raise Conflict("tasks follow their groups through the ledger: this server runs with ledger off")
+        source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
+        first = _texts(spec.tasks or [], settings, "tasks")
+        new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
+                         max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
+                         level_key=spec.level_key, owner=actor.owner)  # fmt: skip
+
+        def begin(txn: Txn) -> tl.Dataset:
+            record = txn.tasks.get_dataset(spec.name)
+            if record is not None:
+                old = tl.Dataset.of(record)
+                if old.owner != actor.owner:
+                    raise Conflict(f"the dataset name {spec.name!r} is another key's: names are unique across "
+                                   "keys (a lease token names its dataset); choose another",
+                                   loc=("body", "name"))  # fmt: skip
+                if not _same(old, spec):
+                    raise Conflict(f"dataset {spec.name!r} is registered already, differently")
+                return old
+            tl.register(txn, new, settings.task_max_datasets_per_key)
+            if spec.tasks is not None:
+                return tl.add_tasks(txn, spec.name, 0, first, last=spec.last, bounds=_bounds(settings))
+            return new
+
+        d = await self.store.transact(begin)
+        if source is None or d.sealed:
+            return view_of(d)
+        reading = self._reading
+        task = reading.get(spec.name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(_read_file(self.store, settings, spec.name, source, actor))
+            reading[spec.name] = task
+            task.add_done_callback(partial(_read, reading, spec.name))
+        return view_of(await asyncio.shield(task))  # a client that gives up leaves the reading to go on
+
+    async def add_page(self, settings: Settings, page: wire.TaskPage, actor: Actor = ANYONE) -> wire.DatasetView:
+        texts = _texts(page.tasks, settings, "tasks")
+        bounds = _bounds(settings)
+        d = await self.store.transact(
+            lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last, actor=actor, bounds=bounds)
+        )
         return view_of(d)
-    reading = _READING.setdefault(store, {})
-    task = reading.get(spec.name)
-    if task is None:
-        task = asyncio.get_running_loop().create_task(_read_file(store, settings, spec.name, source, actor))
-        reading[spec.name] = task
-        task.add_done_callback(partial(_read, reading, spec.name))
-    return view_of(await asyncio.shield(task))  # a client that gives up leaves the reading to go on
 
+    async def lease(self, settings: Settings, req: wire.LeaseRequest, actor: Actor = ANYONE) -> wire.LeaseReply:
+        n = min(req.n, settings.task_page_size)
+        now = time.time()
 
-_READING: weakref.WeakKeyDictionary[Store, dict[str, asyncio.Task[tl.Dataset]]] = weakref.WeakKeyDictionary()
-"""Per store, the dataset files this process reads now, by dataset: a registration sent again waits for its
-reading instead of starting another."""
+        def fn(txn: Txn) -> tuple[list[tl.Lease], bool]:
+            leases = tl.lease(txn, req.dataset, req.producer_id, n, now, settings.task_lease_s,
+                              settings.task_max_leases_per_producer, actor, settings.task_lease_max_bytes)  # fmt: skip
+            record = txn.tasks.get_dataset(req.dataset)
+            return leases, record is not None and tl.Dataset.of(record).done
+
+        leases, done = await self.store.transact(fn)
+        return wire.LeaseReply(
+            leases=[wire.LeasedTask(token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data),
+                               expires_at=x.expires_at) for x in leases],
+            done=done,
+        )  # fmt: skip
+
+    async def heartbeat(self, settings: Settings, tokens: list[str], actor: Actor = ANYONE) -> wire.TaskHeartbeatReply:
+        now = time.time()
+        out = await self.store.transact(lambda txn: tl.heartbeat(txn, tokens, now, settings.task_lease_s, actor))
+        return wire.TaskHeartbeatReply(expires_at=out)
+
+    async def fail(self, body: wire.TaskFailure, actor: Actor = ANYONE) -> wire.TaskFailureReply:
+        now = time.time()
+        accepted = await self.store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now, actor))
+        if accepted:
+            self.changed()  # a task failed may end its dataset: a waiting trainer may get the run's tail
+        return wire.TaskFailureReply(accepted=accepted)
+
+    async def datasets(
+        self, actor: Actor = ANYONE, *, after: str | None = None, limit: int | None = None
+    ) -> list[wire.DatasetView]:
+        """The datasets `actor` sees, by name: those named after `after`, at most `limit` of them (all: None)."""
+        views = sorted(await self.store.read(lambda txn: views_txn(txn, actor)), key=lambda v: v.name)
+        return [v for v in views if after is None or v.name > after][:limit]
+
+    async def rows(
+        self, settings: Settings, name: str, after: tuple[int, int], limit: int, actor: Actor = ANYONE
+    ) -> wire.TaskRows:
+        limit = max(1, min(limit, settings.task_page_size))
+
+        def fn(txn: Txn) -> tuple[list[TaskRow], int]:
+            record = txn.tasks.get_dataset(name)
+            unknown = NotFound(f"no dataset {name!r}", loc=("query", "dataset"))
+            if record is None:
+                raise unknown
+            actor.check(tl.Dataset.of(record).owner, "dataset", unknown)
+            return txn.tasks.scan(name, after, limit), frontier.marks(txn)[0]
+
+        found, mark = await self.store.read(fn)
+        nxt = (found[-1].epoch, found[-1].index) if len(found) == limit else None
+        return wire.TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)
 
 
 def _read(reading: dict[str, asyncio.Task[tl.Dataset]], name: str, task: asyncio.Task[tl.Dataset]) -> None:
@@ -164,67 +234,3 @@ def _adding(
 ) -> Callable[[Txn], tl.Dataset]:
     return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"), actor=actor,
                                     bounds=_bounds(settings), reading=(reader, time.time()))  # fmt: skip
-
-
-async def add_page(store: Store, settings: Settings, page: wire.TaskPage, actor: Actor = ANYONE) -> wire.DatasetView:
-    texts = _texts(page.tasks, settings, "tasks")
-    bounds = _bounds(settings)
-    d = await store.transact(
-        lambda txn: tl.add_tasks(txn, page.dataset, page.first, texts, last=page.last, actor=actor, bounds=bounds)
-    )
-    return view_of(d)
-
-
-async def lease(store: Store, settings: Settings, req: wire.LeaseRequest, actor: Actor = ANYONE) -> wire.LeaseReply:
-    n = min(req.n, settings.task_page_size)
-    now = time.time()
-
-    def fn(txn: Txn) -> tuple[list[tl.Lease], bool]:
-        leases = tl.lease(txn, req.dataset, req.producer_id, n, now, settings.task_lease_s,
-                          settings.task_max_leases_per_producer, actor, settings.task_lease_max_bytes)  # fmt: skip
-        record = txn.tasks.get_dataset(req.dataset)
-        return leases, record is not None and tl.Dataset.of(record).done
-
-    leases, done = await store.transact(fn)
-    return wire.LeaseReply(
-        leases=[wire.LeasedTask(token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data),
-                           expires_at=x.expires_at) for x in leases],
-        done=done,
-    )  # fmt: skip
-
-
-async def heartbeat(
-    store: Store, settings: Settings, tokens: list[str], actor: Actor = ANYONE
-) -> wire.TaskHeartbeatReply:
-    now = time.time()
-    out = await store.transact(lambda txn: tl.heartbeat(txn, tokens, now, settings.task_lease_s, actor))
-    return wire.TaskHeartbeatReply(expires_at=out)
-
-
-async def fail(store: Store, body: wire.TaskFailure, actor: Actor = ANYONE) -> wire.TaskFailureReply:
-    now = time.time()
-    return wire.TaskFailureReply(
-        accepted=await store.transact(lambda txn: tl.give_up(txn, body.token, body.reason, now, actor))
-    )
-
-
-async def datasets(store: Store, actor: Actor = ANYONE) -> list[wire.DatasetView]:
-    return await store.read(lambda txn: views_txn(txn, actor))
-
-
-async def rows(
-    store: Store, settings: Settings, name: str, after: tuple[int, int], limit: int, actor: Actor = ANYONE
-) -> wire.TaskRows:
-    limit = max(1, min(limit, settings.task_page_size))
-
-    def fn(txn: Txn) -> tuple[list[TaskRow], int]:
-        record = txn.tasks.get_dataset(name)
-        unknown = NotFound(f"no dataset {name!r}", loc=("query", "dataset"))
-        if record is None:
-            raise unknown
-        actor.check(tl.Dataset.of(record).owner, "dataset", unknown)
-        return txn.tasks.scan(name, after, limit), frontier.marks(txn)[0]
-
-    found, mark = await store.read(fn)
-    nxt = (found[-1].epoch, found[-1].index) if len(found) == limit else None
-    return wire.TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)
