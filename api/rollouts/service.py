@@ -1,5 +1,5 @@
 """What the rollout routes do (docs/rollouts.md): `Rollouts`, one operation a route, each one store transaction
-over api/rollouts/groups.py; a sealed group is ingested through the ingest flow (`Service.ingest`), under
+over api/rollouts/groups.py; a sealed group is ingested through the ingest flow (`Ingest.submit`), under
 the group's id, so filters, limits, the ledger and a task lease's fate apply unchanged, and a seal interrupted
 between its ingest and its mark is ingested again as a duplicate, never twice."""
 

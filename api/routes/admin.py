@@ -43,7 +43,8 @@ async def root() -> dict[str, str]:
 @route(router, "GET", "/latest_example", TRAINER_SIDE, acts=RUN)
 async def latest_example(service: ServiceDep) -> Response:
     """The last group this server process queued, for eyeballing what envs send."""
-    body = _EMPTY_EXAMPLE if service.latest is None else to_atropos(service.latest)
+    latest = service.ingest.latest
+    body = _EMPTY_EXAMPLE if latest is None else to_atropos(latest)
     return Response(dumps(body), media_type="application/json")
 
 

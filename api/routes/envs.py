@@ -158,7 +158,7 @@ async def _submitted(
         service: Service = state.service
         big = len(raw) > INLINE_PARSE
         with collection_paused() if big else nullcontext(), large() if big else nullcontext():
-            replies = await service.ingest(raw, content_type, many=many, key=key, caller=actor_of(request.scope))
+            replies = await service.ingest.submit(raw, content_type, many=many, key=key, caller=actor_of(request.scope))
             response = answer(replies)
             del replies, raw
         return response

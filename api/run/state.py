@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 import orjson
 
+from api.owners import Actor
 from api.run.kept import Kept
 from api.store.base import Txn
 from api.wire.schema import Registration
@@ -358,3 +359,14 @@ def load_awaiting(txn: Txn) -> tuple[float, int, int] | None:
 
 def save_awaiting(txn: Txn, awaiting: tuple[float, int, int]) -> None:
     AWAITING.save(txn, awaiting)
+
+
+def visible_env(caller: Actor, run: RunState, env_id: int) -> EnvRecord | None:
+    """The env, if it exists and `caller` may act on it; None otherwise, so that another key's env answers as an
+    unknown one (an env key uses only the envs it registered, bound to its name so rotating its secret keeps
+    them; trainer and admin keys act on any env where the route lets them: a trainer disconnects an env that
+    holds its batches back)."""
+    env = run.env(env_id)
+    if env is None or caller.hides(env.owner, "env"):
+        return None
+    return env

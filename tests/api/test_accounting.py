@@ -57,7 +57,7 @@ async def run(ops: list[Op], max_staleness: int | None, drop_zero_variance: bool
                 policy_step=policy_step,
                 scores=[1.0] * sizes[env_id] if same_scores else None,
             )
-            await service.ingest(orjson.dumps(body), "application/json", many=False)
+            await service.ingest.submit(orjson.dumps(body), "application/json", many=False)
             submitted.add(gid)
         else:
             result = await service.batches.next_batch()

@@ -14,7 +14,7 @@ import pytest
 from api.app import create_app
 from api.config.settings import Settings
 from api.http.body_cost import decoded_cost
-from api.service import LATEST_MAX_BYTES
+from api.ingest.service import LATEST_MAX_BYTES
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
@@ -135,7 +135,7 @@ async def test_refusals_are_counted_without_a_write_each(settings: Settings) -> 
             await start(client)
             assert (await client.post("/scored_data", json=group(4, env_id=0))).status_code == 200
             service = app.state.service
-            service.refusals_flush_s = 3600  # written at shutdown, then: a machine under load takes its time
+            service.ingest.refusals_flush_s = 3600  # written at shutdown, then: a machine under load takes its time
             store = service.store
             committed = 0
             real = store.transact

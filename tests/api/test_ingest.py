@@ -213,7 +213,7 @@ def group_committing(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
 async def test_a_request_is_announced_to_the_group_commit_while_its_transaction_runs(
     group_committing: Settings,
 ) -> None:
-    """`Service.ingest` tells the store a transaction is coming (`Store.expecting`), so a SQL store's writer
+    """`Ingest.submit` tells the store a transaction is coming (`Store.expecting`), so a SQL store's writer
     can wait for it (`api.store.jobs.next_group`): counted while its transaction runs, and no longer after."""
     app = create_app(group_committing)
     async with app.router.lifespan_context(app):

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.service import REFUSALS_FLUSH_S
+from api.ingest.service import REFUSALS_FLUSH_S
 from tests import pg
 from tests.servers import running_server
 from tests.small_run import (

@@ -66,7 +66,7 @@ async def run_ops(books: LedgerSettings, mode: str, ops: list[tuple[Any, ...]]) 
             scores = [1.0] * n if flat else [float(j % 2) for j in range(n)]
             extra: dict[str, Any] = {"policy_step": 0} if old else {}
             body = group(n, seed=i, scores=scores, **extra)
-            out.append(await outcome(service.ingest(orjson.dumps(body), "application/json", many=False)))
+            out.append(await outcome(service.ingest.submit(orjson.dumps(body), "application/json", many=False)))
         elif kind == "batch":
             run = await service.run_state()
             step = {None: None, "next": run.step, "again": max(0, run.step - 1)}[args[0]]
