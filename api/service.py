@@ -27,6 +27,7 @@ from api.ledger.service import PRUNE, Ledger
 from api.owners import ANYONE, Actor
 from api.producers.service import Producers
 from api.producers.stored import ProducerSettings, load_weights_and_pending, report_txn
+from api.rollouts import metrics as rollout_metrics
 from api.rollouts.service import Rollouts, SweepSettings, siblings_due_txn
 from api.run import state, stats
 from api.run.kept import Kept, ReadAhead
@@ -34,7 +35,10 @@ from api.run.state import ANON_NAME, EnvRecord, RunState, visible_env
 from api.scheduler import Periodic, Scheduler
 from api.store.base import Store, Txn
 from api.tasks import ending
+from api.tasks import metrics as task_metrics
 from api.tasks.service import Tasks
+from api.views import metrics as views_metrics
+from api.views.dashboard import body as dashboard_body
 from api.views.status import env_status, status_txn
 from api.wire.schema import (
     EnvDropBias,
@@ -303,6 +307,26 @@ class Service:
             ]
             self._bias_entries = (report, passed_over, entries)
         return status.model_copy(update={"drop_bias": entries})
+
+    async def metrics(self, max_envs: int, max_producers: int, max_datasets: int) -> bytes:
+        """GET /metrics: the Prometheus exposition of the run's counters and gauges, the ledger's drop bias, the
+        producers, the datasets and the open groups, with this process's timings."""
+        snap = await self.snapshot()
+        body = views_metrics.render(snap, await self.ledger.drop_bias(), await self.producers.report(),
+                                    max_envs, max_producers)  # fmt: skip
+        body += task_metrics.render(await self.tasks.datasets(), max_datasets)
+        rollouts = await self.rollouts.totals()
+        self.rollouts.in_use(rollouts.get("open", 0))
+        return body + rollout_metrics.render(rollouts)
+
+    async def dashboard_data(self, max_envs: int, max_producers: int, max_datasets: int) -> dict[str, Any]:
+        """GET /dashboard/data: one consistent snapshot of the buffer, per env for at most `max_envs` envs (the rest
+        summed, as /metrics does)."""
+        snap = await self.snapshot(max_envs)
+        rollouts = await self.rollouts.open_groups()
+        return dashboard_body(snap, await self.ledger.drop_bias(), await self.producers.report(), max_envs,
+                              await self.tasks.datasets(), rollouts, max_datasets=max_datasets,
+                              max_producers=max_producers)  # fmt: skip
 
     def _finished(self, txn: Txn, now: float) -> bool:
         """Whether the run is finished (api/tasks/ending.py): read in /status's transaction."""

@@ -14,13 +14,9 @@ from api.errors import Unavailable
 from api.keys.access import ANY_KEY, PUBLIC
 from api.keys.keyring import KeyFile
 from api.owners import RUN
-from api.rollouts import metrics as rollout_metrics
-from api.rollouts import service as rollout_service
 from api.routes.deps import ServiceDep, SettingsDep
 from api.routes.spec import route
-from api.tasks import metrics as task_metrics
 from api.views import metrics
-from api.views.dashboard import body as dashboard_data_body
 from api.wire.records import dumps
 
 log = logging.getLogger("rollbuf")
@@ -76,13 +72,7 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
        responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})  # fmt: skip
 async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
-    snap = await service.snapshot()
-    body = metrics.render(snap, await service.ledger.drop_bias(), await service.producers.report(),
-                          settings.metrics_max_envs, settings.views_max_producers)  # fmt: skip
-    body += task_metrics.render(await service.tasks.datasets(), settings.views_max_datasets)
-    rollouts = await service.store.read(rollout_service.totals_txn)
-    service.rollouts.in_use(rollouts.get("open", 0))
-    body += rollout_metrics.render(rollouts)
+    body = await service.metrics(settings.metrics_max_envs, settings.views_max_producers, settings.views_max_datasets)
     return Response(body, media_type=metrics.CONTENT_TYPE)
 
 
@@ -96,12 +86,9 @@ async def dashboard() -> HTMLResponse:
 async def dashboard_data(service: ServiceDep, settings: SettingsDep) -> Response:
     """What the dashboard polls: one consistent snapshot of the buffer, per env for at most `metrics_max_envs`
     envs (the rest summed, as /metrics does)."""
-    snap = await service.snapshot(settings.metrics_max_envs)
-    rollouts = await service.rollouts.open_groups()
-    body = dashboard_data_body(snap, await service.ledger.drop_bias(), await service.producers.report(),
-                               settings.metrics_max_envs, await service.tasks.datasets(),
-                               rollouts, max_datasets=settings.views_max_datasets,
-                               max_producers=settings.views_max_producers)  # fmt: skip
+    body = await service.dashboard_data(
+        settings.metrics_max_envs, settings.views_max_producers, settings.views_max_datasets
+    )
     return Response(dumps(body), media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
