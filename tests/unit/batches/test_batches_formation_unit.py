@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from api import service as service_module
 from api.batches import formation
+from api.batches import service as batches_flow
 from api.batches.outcomes import BatchWaiting, FormedBatch
 from api.run import state
 from api.service import Service
@@ -51,7 +51,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[tuple[str, str]
 
     monkeypatch.setattr(MemoryTxn, "get_value", get_value)
     monkeypatch.setattr(MemoryTxn, "set_value", set_value)
-    monkeypatch.setattr(service_module, "batch_txn", batch_txn)
+    monkeypatch.setattr(batches_flow, "batch_txn", batch_txn)
     yield calls
 
 
@@ -72,7 +72,7 @@ async def _batches(
                            save_checkpoint_interval=0, starting_step=0, num_steps=1000,
                            no_exact_fill=no_exact_fill)  # type: ignore[arg-type]  # fmt: skip
         await service.register_trainer(reg)
-        await service.next_batch()
+        await service.batches.next_batch()
         for i, size in enumerate(sizes):
             share = 0.25 if i == 0 else None
             await service.register_env(RegisterEnv(max_token_length=4096, desired_name=f"e{i}", weight=1.0,
@@ -81,7 +81,7 @@ async def _batches(
         outcomes, step = [], 0
         for _ in range(8):
             calls.clear()
-            got = await (service.next_batch(step) if by_step else service.next_batch())
+            got = await (service.batches.next_batch(step) if by_step else service.batches.next_batch())
             step += isinstance(got, FormedBatch)
             outcomes.append(type(got).__name__)
             for (op, key), n in calls.items():
