@@ -107,11 +107,14 @@ def refused_at_ingest(raw: bytes, run: RunState) -> bool:
 @example({"tokens": [1], "masks": [1], "score": math.nan})  # was stored as null: unscored until its deadline
 @example({"tokens": [1], "masks": [1], "score": 1.0, "overrides": {"a": ["\ud800"], "\udfff": 1}})
 @example({"tokens": [1], "masks": [1], "score": 1.0, "policy_step": STEP + 1})
+@example({"tokens": [0], "masks": [0], "score": 0.0, "overrides": {"\ud800\udc00": [[[[0]]]]}})
 def test_a_rollout_is_refused_at_its_post_or_its_sealed_group_passes_ingest(rollout: dict[str, Any]) -> None:
     txn, run = started()
     opened(txn, "g")
     try:
-        post = RolloutPost.model_validate({"group_id": "g", "slot": 0, "producer_id": "p1", **rollout})
+        # As the route reads it: from the JSON text, which is what ingest reads too (a Python string holding
+        # the two halves of a surrogate pair is refused as lone surrogates; its JSON text is one character).
+        post = RolloutPost.model_validate_json(json.dumps({"group_id": "g", "slot": 0, "producer_id": "p1", **rollout}))
     except ValidationError:
         return  # the route's own 422
     try:
