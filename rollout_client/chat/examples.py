@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rollout_client.chat import ChatEnvironment, ChatTokenizer, Message
+from rollout_client.chat.session import ChatEnvironment, ChatTokenizer, Message
 from rollout_client.env import Session, Task
 from rollout_client.policy import stable_unit
 

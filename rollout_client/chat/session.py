@@ -14,7 +14,7 @@ text, drops earlier reasoning, or moves the tools) the trained tokens are still 
 inference with that template would condition on something else: the turn is flagged
 (`turns[i]["template_mismatch"]`), counted (`mismatches`) and logged once per process.
 
-Tool calls are parsed by model family (`rollout_client.tool_calls`); a call that cannot be read, names no
+Tool calls are parsed by model family (`rollout_client.chat.tool_calls`); a call that cannot be read, names no
 tool, or has arguments that do not fit is answered to the model as a tool turn saying what is wrong, and
 counted (the turn's `malformed`, the tool's `malformed`); a tool that raises is answered with its error and
 counted as the tool's failure. Neither ends the rollout.
@@ -37,10 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from rollout_client.chat.tool_calls import PARSERS, Malformed, Parsed, ToolCall
+from rollout_client.chat.tools import TOOL_TIMEOUT_S, BadArguments, Tool, as_tools, bind, call_tool, valid_text
 from rollout_client.env import Environment, Session, Task
 from rollout_client.policy import Completion
-from rollout_client.tool_calls import PARSERS, Malformed, Parsed, ToolCall
-from rollout_client.tools import TOOL_TIMEOUT_S, BadArguments, Tool, as_tools, bind, call_tool, valid_text
 
 log = logging.getLogger("rollout_client.chat")
 

@@ -2,7 +2,7 @@
 `transformers.utils.get_json_schema` gives and chat templates render), and the call of one tool on the
 arguments a model wrote, sync or async, with what went wrong said in words the model can act on.
 
-Pure apart from calling the tool: the chat session (rollout_client.chat) times the calls and records them.
+Pure apart from calling the tool: the chat session (rollout_client.chat.session) times the calls and records them.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 from api.wire.schema import ScoredData
 from rollout_client.errors import failure_reason
-from rollout_client.failures import Failed, FailurePolicy, Refused, Stored
 from rollout_client.group import GroupOutcome, failures_of
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.failures import Failed, FailurePolicy, Refused, Stored
+from rollout_client.runner.stats import RunnerStats
 
 log = logging.getLogger("rollout_client.runner")
 

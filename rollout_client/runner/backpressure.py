@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from api.wire.schema import EnvStatus
-from rollout_client.pacing import pause_reason
+from rollout_client.runner.pacing import pause_reason
 
 
 class Backpressure:

@@ -8,9 +8,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_client.failures import FailurePolicy
-from rollout_client.recycling import RecyclePolicy
-from rollout_client.timeouts import Timeouts
+from rollout_client.runner.failures import FailurePolicy
+from rollout_client.runner.timeouts import Timeouts
+from rollout_client.workers.recycling import RecyclePolicy
 
 TIMEOUTS = {
     "turn_timeout": "turn",

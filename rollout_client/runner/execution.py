@@ -21,16 +21,16 @@ from rollout_client.group import (
     run_rollout,
     survive,
 )
-from rollout_client.recycling import STUCK
 from rollout_client.resources import Turns, takes_turns
+from rollout_client.workers.recycling import STUCK
 
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Gate, Task
-    from rollout_client.inflight import InFlight
-    from rollout_client.per_rollout import Poster
     from rollout_client.resources import Capacity
-    from rollout_client.stats import RunnerStats
-    from rollout_client.workers import WorkerPool
+    from rollout_client.runner.inflight import InFlight
+    from rollout_client.runner.per_rollout import Poster
+    from rollout_client.runner.stats import RunnerStats
+    from rollout_client.workers.pool import WorkerPool
 
 
 def check_env(env: Environment, max_in_flight: int) -> None:

@@ -22,7 +22,7 @@ them by their env's `on_new_weights` policy:
 Which weights sampled each turn: a weights version changes at the inference server when the trainer pushes,
 which the runner learns of only from a later status read. So on a pending sync every runner, whatever its envs'
 policies, also shuts its generation gate once its drain envs' episodes are over, waits until no request is at
-the inference server and only then reports `drained_for` (`rollout_client.watch`); the trainer pushes after
+the inference server and only then reports `drained_for` (`rollout_client.runner.watch`); the trainer pushes after
 that, and the runner opens the gate once it has read the announcement, with the gate's `weights` set to the new
 version. Each turn records the version it passed the gate with (`turns[k]["weights"]`), and the group's
 `weight_versions` and `policy_step` are taken from its turns. They are exact (`weight_versions_exact: true`)
@@ -55,13 +55,13 @@ from typing import TYPE_CHECKING, Literal
 from api.wire.producers import Heartbeat, HeartbeatReply
 from api.wire.schema import EnvStatus, ScoredData
 from client_core.errors import ClientError, RetriesExhausted, TransportError
-from rollout_client.pacing import AHEAD, DRAINING, QUEUE_FULL
+from rollout_client.runner.pacing import AHEAD, DRAINING, QUEUE_FULL
 
 if TYPE_CHECKING:
     from rollout_client.client import RolloutClient
     from rollout_client.env import Environment, Task
-    from rollout_client.inflight import InFlight
-    from rollout_client.stats import RunnerStats
+    from rollout_client.runner.inflight import InFlight
+    from rollout_client.runner.stats import RunnerStats
 
 log = logging.getLogger("rollout_client.runner")
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
-from rollout_client.runner import RolloutRunner
-from rollout_client.stats import RunnerHealth, RunnerStats
+from rollout_client.runner.runner import RolloutRunner
+from rollout_client.runner.stats import RunnerHealth, RunnerStats
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.stats import RunnerStats
 
 log = logging.getLogger("rollout_client.runner")
 

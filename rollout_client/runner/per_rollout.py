@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from api.wire.rollouts import GroupView
-from rollout_client.accounting import Tally
 from rollout_client.env import Environment, Task
 from rollout_client.errors import Rejected, RetriesExhausted
 from rollout_client.group import Rollout, needed, timings, transcript_record
-from rollout_client.open_groups import OpenGroups
-from rollout_client.stats import RunnerStats
-from rollout_client.timeouts import GROUP_S
+from rollout_client.leases.open_groups import OpenGroups
+from rollout_client.runner.accounting import Tally
+from rollout_client.runner.stats import RunnerStats
+from rollout_client.runner.timeouts import GROUP_S
 
 log = logging.getLogger("rollout_client.runner")
 T = TypeVar("T")

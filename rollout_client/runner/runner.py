@@ -30,35 +30,35 @@ from collections.abc import Sequence
 from typing import Any
 
 from api.wire.schema import EnvRegistered, Info
-from rollout_client.accounting import Tally
 from rollout_client.aio import bounded_close, wait_first
-from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
-from rollout_client.coalescing import Coalescer
-from rollout_client.deprecated import resolve
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import GroupDropped, Rejected, RetriesExhausted, RunFailed, exited, failure_reason
-from rollout_client.execution import GroupExecutor, check_env, spread_hint, units_at_start
-from rollout_client.failures import FailurePolicy
-from rollout_client.following import Follower, producer_id
-from rollout_client.inflight import Group, InFlight
-from rollout_client.leased_tasks import lease_token
-from rollout_client.lifecycle import disconnect_all, stop_on_signals, unless_stopped
-from rollout_client.open_groups import OpenGroups
-from rollout_client.pacing import pick_env
-from rollout_client.per_rollout import Poster, Posting
-from rollout_client.recycling import RecyclePolicy
-from rollout_client.registration import Registrations, register
+from rollout_client.leases.open_groups import OpenGroups
+from rollout_client.leases.tasks import lease_token
 from rollout_client.resources import Capacity
-from rollout_client.siblings import SiblingSlots
-from rollout_client.stats import RunnerHealth, RunnerStats
+from rollout_client.runner.accounting import Tally
+from rollout_client.runner.backpressure import Backpressure
+from rollout_client.runner.coalescing import Coalescer
+from rollout_client.runner.deprecated import resolve
+from rollout_client.runner.execution import GroupExecutor, check_env, spread_hint, units_at_start
+from rollout_client.runner.failures import FailurePolicy
+from rollout_client.runner.following import Follower, producer_id
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.lifecycle import disconnect_all, stop_on_signals, unless_stopped
+from rollout_client.runner.pacing import pick_env
+from rollout_client.runner.per_rollout import Poster, Posting
+from rollout_client.runner.registration import Registrations, register
+from rollout_client.runner.siblings import SiblingSlots
+from rollout_client.runner.stats import RunnerHealth, RunnerStats
+from rollout_client.runner.timeouts import Timeouts
+from rollout_client.runner.watch import Watch, Weights
+from rollout_client.runner.watching import Monitor
 from rollout_client.tasks import TaskSource, ended_unscored, next_task_unless
-from rollout_client.timeouts import Timeouts
-from rollout_client.watch import Watch, Weights
-from rollout_client.watching import Monitor
-from rollout_client.worker_process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
-from rollout_client.workers import WorkerPool, check_picklable
+from rollout_client.workers.pool import WorkerPool, check_picklable
+from rollout_client.workers.process import CANCEL_GRACE_S, PAUSE_TIMEOUT, PolicySpec, close_policy, make_policy
+from rollout_client.workers.recycling import RecyclePolicy
 
 log = logging.getLogger("rollout_client.runner")
 
@@ -97,7 +97,7 @@ class RolloutRunner:
     """Run `envs` (each with its task source) against the rollbuf server at `base_url`.
 
     Use `await runner.run()` (until `stop()`, a signal or `max_groups`), with `pause()`/`resume()` around
-    weight updates; or `rollout_client.handle.run_in_thread(runner)` for a blocking handle from synchronous
+    weight updates; or `rollout_client.runner.handle.run_in_thread(runner)` for a blocking handle from synchronous
     code. `policy` is a Policy or a zero-argument factory; with `num_workers > 0` it must pickle (each worker
     builds its own from it), and so must the environments and tasks.
 
@@ -186,11 +186,11 @@ class RolloutRunner:
         self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
         self._submits = Coalescer(self._registrations.submit, self._registrations.submit_list,
                                   linger=self.timeouts.submit_linger)  # fmt: skip
-        """Each env's groups that finish together go in one /scored_data_list (`rollout_client.coalescing`)."""
+        """Each env's groups that finish together go in one /scored_data_list (`rollout_client.runner.coalescing`)."""
         self._executor: GroupExecutor | None = None
         """What runs the groups, once the run has started (`_start`)."""
         self._follow = Follower(self.envs)
-        """The weights the trainer announces, followed (`rollout_client.following`)."""
+        """The weights the trainer announces, followed (`rollout_client.runner.following`)."""
         self._watch = Watch(
             names=self._names, statuses=self._registrations, backpressure=self._backpressure,
             follow=self._follow, monitor=Monitor(max_staleness, stall_warning, self.timeouts.inference_outage),
@@ -198,7 +198,7 @@ class RolloutRunner:
             poll_interval=poll_interval, changed=self._changed, end=self._end, paused=lambda: self.paused,
             pool=lambda: self.pool, gate=self._gate, user_paused=lambda: not self._dispatch_open.is_set(),
         )  # fmt: skip
-        """Reads the server and applies what it says, beside dispatch (`rollout_client.watch`)."""
+        """Reads the server and applies what it says, beside dispatch (`rollout_client.runner.watch`)."""
         self.groups: OpenGroups | None = None
         """Per-rollout groups (`Environment.posts_each_rollout`), once the run has started, if an env posts so."""
         self._posting: Posting | None = None

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 from api.wire.rollouts import ENVS_MAX
 from rollout_client.errors import failure_reason
-from rollout_client.inflight import Group, InFlight
-from rollout_client.open_groups import OpenGroups
-from rollout_client.per_rollout import Holds, Poster, task_from_wire
-from rollout_client.stats import RunnerStats
+from rollout_client.leases.open_groups import OpenGroups
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.per_rollout import Holds, Poster, task_from_wire
+from rollout_client.runner.stats import RunnerStats
 
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Task
-    from rollout_client.execution import GroupExecutor
+    from rollout_client.runner.execution import GroupExecutor
 
 log = logging.getLogger("rollout_client.runner")
 

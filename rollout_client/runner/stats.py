@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rollout_client.workers import WorkerPool
+    from rollout_client.workers.pool import WorkerPool
 
 
 @dataclass

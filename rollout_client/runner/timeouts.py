@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, fields
 
 from rollout_client.aio import RELEASE_S
-from rollout_client.coalescing import LINGER_S
-from rollout_client.following import REPLY_S
 from rollout_client.group import Limits
+from rollout_client.runner.coalescing import LINGER_S
+from rollout_client.runner.following import REPLY_S
 
 TURN_S = 600.0
 ROLLOUT_S = 1800.0
@@ -44,7 +44,7 @@ class Timeouts:
     """The inference server unreachable this long (its circuit breaker open) ends the run."""
     submit_linger: float = LINGER_S
     """How long a finished group waits for others of its env to be submitted with it, in one
-    /scored_data_list (`rollout_client.coalescing`); 0 submits each group alone at once."""
+    /scored_data_list (`rollout_client.runner.coalescing`); 0 submits each group alone at once."""
     server_reply: float | None = REPLY_S
     """A heartbeat the rollbuf server has not answered within this reports it unresponsive (a log line,
     `health().server_reachable` False) while the heartbeat waits on; its answer reports the recovery. A stopped

@@ -10,7 +10,7 @@ It also holds generation for a weight sync the trainer has begun (`weights_pendi
 episodes are over it shuts the generation gate (this process's and every worker's), waits until no request is
 at the inference server, and reports drained for the sync; it opens the gate when it reads the announcement,
 the gate's `weights` set to the new version first. So a request is never at the inference server while the
-trainer pushes, and every turn knows which weights sampled it (`rollout_client.following`).
+trainer pushes, and every turn knows which weights sampled it (`rollout_client.runner.following`).
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from api.wire.schema import EnvStatus
-from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.client import RolloutClient
 from rollout_client.env import Gate
 from rollout_client.errors import RetriesExhausted
-from rollout_client.following import REPLY_S, Beats, Follower
-from rollout_client.inflight import InFlight
-from rollout_client.stats import RunnerStats
-from rollout_client.watching import Monitor, Sight, held_back
-from rollout_client.workers import WorkerPool
+from rollout_client.runner.backpressure import Backpressure
+from rollout_client.runner.following import REPLY_S, Beats, Follower
+from rollout_client.runner.inflight import InFlight
+from rollout_client.runner.stats import RunnerStats
+from rollout_client.runner.watching import Monitor, Sight, held_back
+from rollout_client.workers.pool import WorkerPool
 
 log = logging.getLogger("rollout_client.runner")
 

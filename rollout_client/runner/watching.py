@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollout_client.pacing import AHEAD, DRAINING, is_stale
+from rollout_client.runner.pacing import AHEAD, DRAINING, is_stale
 
 _DIGITS = re.compile(r"\d+")
 log = logging.getLogger("rollout_client.runner")

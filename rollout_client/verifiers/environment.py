@@ -3,7 +3,7 @@
 `VerifiersEnvironment` is a rollbuf `Environment` whose rollout is one verifiers episode: run in this process
 (`env.slots` / `env.run_slot` inside `env.serving()`), or by verifiers' own env-server pool
 (`serve_env(max_workers=N)` in a child process, driven by `EnvClient.run`). Each episode's trainable branches
-become the group's sequences (`rollout_client.verifiers_mapping`), recorded with `Session.record_sequences`;
+become the group's sequences (`rollout_client.verifiers.mapping`), recorded with `Session.record_sequences`;
 rollbuf's `RolloutRunner` runs it like any environment: weighted pick, backpressure, staleness, timeouts,
 the failure policy, stats and bounded shutdown (docs/bring-your-environment.md).
 
@@ -28,8 +28,8 @@ from rollout_client.env import Environment, ExternalSequence, Session, Task
 from rollout_client.errors import EpisodeFailed
 from rollout_client.policy import Completion
 from rollout_client.tasks import Tasks
-from rollout_client.verifiers_mapping import episode_failure, failure_detail, group_verdict, map_episode
-from rollout_client.verifiers_pool import Delta, Pool, resolve
+from rollout_client.verifiers.mapping import episode_failure, failure_detail, group_verdict, map_episode
+from rollout_client.verifiers.pool import Delta, Pool, resolve
 
 TASK_KEY = "verifiers_task"
 """Where a rollbuf `Task` carries the verifiers task's wire data (`TaskData.model_dump(mode="json")`)."""
@@ -128,7 +128,7 @@ class VerifiersEnvironment(Environment):
     logged, counted (`pool_worker_deaths`), fails the episodes in flight at the pool at once (counted as
     failures, `pool_worker_died`) and the pool is restarted (`pool_restarts`); past `MAX_RESTARTS` deaths in
     `RESTART_WINDOW_S`, or when a restart fails, episodes fail as `pool_down` and the run ends with RunFailed
-    (rollout_client/verifiers_pool.py).
+    (rollout_client/verifiers/pool.py).
     """
 
     variable_group_size = True  # a group holds each episode's trainable branches: not always G sequences

@@ -1,6 +1,6 @@
-"""A verifiers episode as rollbuf sequences: the pure half of `rollout_client.verifiers` (no I/O, no verifiers
-import). It reads episodes by attribute, so it takes verifiers 0.4.0's objects (per-token streams as lists),
-0.4.1.dev's (numpy int32/bool/float32 arrays) and recorded ones alike.
+"""A verifiers episode as rollbuf sequences: the pure half of `rollout_client.verifiers.environment` (no I/O, no
+verifiers import). It reads episodes by attribute, so it takes verifiers 0.4.0's objects (per-token streams as
+lists), 0.4.1.dev's (numpy int32/bool/float32 arrays) and recorded ones alike.
 
 Mapping, per trainable branch of every kept trace (docs/bring-your-environment-verifiers.md has the table):
 tokens = `branch.token_ids` as sampled; masks = the token id where `branch.sampled_mask` is true, -100 elsewhere;

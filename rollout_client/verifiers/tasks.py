@@ -21,9 +21,9 @@ from api.wire.tasks import DatasetView
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from rollout_client.client import RolloutClient
 from rollout_client.datasets import register_dataset
-from rollout_client.leased_tasks import LeasedTasks
-from rollout_client.verifiers import TASK_KEY
-from rollout_client.verifiers_pool import resolve
+from rollout_client.leases.tasks import LeasedTasks
+from rollout_client.verifiers.environment import TASK_KEY
+from rollout_client.verifiers.pool import resolve
 
 
 def verifiers_task_rows(env_config: Mapping[str, Any], *, limit: int | None = None) -> Iterator[dict[str, Any]]:

@@ -41,9 +41,9 @@ from typing import Any
 from rollout_client.env import Environment, Task
 from rollout_client.errors import GroupDropped, SetupTimeout, WorkerDied
 from rollout_client.group import GroupOutcome, Limits, Rollout
-from rollout_client.ipc import Channel, ChannelClosed
-from rollout_client.recycling import MAX_GROUPS, MEMORY_ERROR, RecyclePolicy
-from rollout_client.worker_process import CANCEL_GRACE_S, PolicySpec, ignoring_stop_signals, worker_main
+from rollout_client.workers.ipc import Channel, ChannelClosed
+from rollout_client.workers.process import CANCEL_GRACE_S, PolicySpec, ignoring_stop_signals, worker_main
+from rollout_client.workers.recycling import MAX_GROUPS, MEMORY_ERROR, RecyclePolicy
 
 log = logging.getLogger("rollout_client.workers")
 

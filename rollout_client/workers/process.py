@@ -1,5 +1,5 @@
 """What runs inside a worker process (`worker_main`), and what both sides share (`PolicySpec`, `make_policy`,
-`close_policy`). The pool that starts and feeds these processes is `rollout_client.workers`, whose docstring
+`close_policy`). The pool that starts and feeds these processes is `rollout_client.workers.pool`, whose docstring
 lists the messages between the two.
 """
 
@@ -21,10 +21,10 @@ from rollout_client.aio import bounded_close
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
 from rollout_client.errors import WorkerFailed, exited
 from rollout_client.group import GroupOutcome, Limits, Rollout, run_group, run_rollout
-from rollout_client.ipc import Channel, ChannelClosed
 from rollout_client.policy import Policy
-from rollout_client.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes
 from rollout_client.resources import takes_turns
+from rollout_client.workers.ipc import Channel, ChannelClosed
+from rollout_client.workers.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes
 
 log = logging.getLogger("rollout_client.workers")
 

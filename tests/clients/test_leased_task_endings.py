@@ -18,7 +18,7 @@ from api.app import create_app
 from api.config.settings import Settings
 from api.wire.tasks import REASON_MAX
 from rollout_client import LeasedTasks
-from rollout_client.leased_tasks import lease_token
+from rollout_client.leases.tasks import lease_token
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import pytest
 from api.app import create_app
 from api.config.settings import Settings
 from rollout_client import LeasedTasks
-from rollout_client.leased_tasks import lease_token
+from rollout_client.leases.tasks import lease_token
 
 pytestmark = pytest.mark.anyio
 

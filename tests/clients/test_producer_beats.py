@@ -1,4 +1,4 @@
-"""`rollout_client.following.Beats`, the producer's heartbeat, against a port nothing listens on: one log line
+"""`rollout_client.runner.following.Beats`, the producer's heartbeat, against a port nothing listens on: one log line
 while the server is unreachable (rate-limited), and one saying what the producer waits for."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from rollout_client.client import HEARTBEAT_DEADLINE_S, RolloutClient
-from rollout_client.following import Beats
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.following import Beats
+from rollout_client.runner.stats import RunnerStats
 from tests.servers import free_port
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""How the runner counts each group that ends (rollout_client/accounting.py), alone: one bucket per group,
+"""How the runner counts each group that ends (rollout_client/runner/accounting.py), alone: one bucket per group,
 the failure policy consulted, the mean score over the last groups stored."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.wire.schema import ScoredData
-from rollout_client.accounting import SCORE_WINDOW, Tally
 from rollout_client.errors import InferenceError, Rejected, TurnTimeout
-from rollout_client.failures import FailurePolicy
 from rollout_client.group import GroupOutcome
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.accounting import SCORE_WINDOW, Tally
+from rollout_client.runner.failures import FailurePolicy
+from rollout_client.runner.stats import RunnerStats
 
 
 def scored(scores: list[float]) -> ScoredData:

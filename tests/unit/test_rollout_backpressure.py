@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.wire.schema import EnvStatus
-from rollout_client.backpressure import Backpressure
-from rollout_client.pacing import AHEAD, QUEUE_FULL, pause_reason
+from rollout_client.runner.backpressure import Backpressure
+from rollout_client.runner.pacing import AHEAD, QUEUE_FULL, pause_reason
 
 
 def status(step: int, queued: int = 0, room: int | None = None, weight: float = 1.0) -> EnvStatus:

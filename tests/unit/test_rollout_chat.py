@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from api.wire.rules import MASK_IGNORE
 from rollout_client import Completion, EpisodeTruncated, Session
 from rollout_client.chat import ChatSession
-from rollout_client.chat_examples import (
+from rollout_client.chat.examples import (
     LLAMA3_TEMPLATE,
     LLAMA31_JSON_TEMPLATE,
     SPECIAL_TOKENS,
@@ -26,9 +26,9 @@ from rollout_client.chat_examples import (
     local_tokenizer,
     tool_call_text,
 )
+from rollout_client.chat.tools import Tool
 from rollout_client.env import PROMPT_LOGPROB
 from rollout_client.policy import clip_max_tokens
-from rollout_client.tools import Tool
 
 
 class Replies:

@@ -1,4 +1,4 @@
-"""`rollout_client.coalescing.Coalescer` alone, against a scripted server in place of the HTTP client: groups
+"""`rollout_client.runner.coalescing.Coalescer` alone, against a scripted server in place of the HTTP client: groups
 finishing together go in one list (at the count and byte bounds at once), a lone group goes alone, each
 caller gets its own group's reply (duplicates named by index), a refused list is sent again group by group,
 an unsendable one fails for each caller, and a cancelled caller breaks none of the others."""
@@ -15,8 +15,8 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from api.wire.schema import ScoredData, ScoredListReply, ScoredReply
-from rollout_client.coalescing import Coalescer, approx_bytes, replies_of
 from rollout_client.errors import Rejected, RetriesExhausted, Unavailable
+from rollout_client.runner.coalescing import Coalescer, approx_bytes, replies_of
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The group executor alone (rollout_client/execution.py): a group run in this process to its outcome, each
+"""The group executor alone (rollout_client/runner/execution.py): a group run in this process to its outcome, each
 rollout's end told, retries where the env allows them, `group_timeout` with paused time excluded."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 from rollout_client import Gate, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.errors import GroupTimeout
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
-from rollout_client.execution import GroupExecutor, units_at_start
 from rollout_client.group import GroupOutcome
-from rollout_client.inflight import Group, InFlight
 from rollout_client.resources import Capacity
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.execution import GroupExecutor, units_at_start
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.stats import RunnerStats
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rollout_client.failures import Failed, FailurePolicy, Outcome, Refused, Stored
+from rollout_client.runner.failures import Failed, FailurePolicy, Outcome, Refused, Stored
 
 TASKS = ["a", "b", "c"]
 

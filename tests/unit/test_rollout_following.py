@@ -1,4 +1,4 @@
-"""`rollout_client.following.Follower`: announced weights become the stamp of new groups; groups in flight meet
+"""`rollout_client.runner.following.Follower`: announced weights become the stamp of new groups; groups in flight meet
 them by their env's `on_new_weights` (continue: the span is recorded; restart: cancelled, the task run again)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from api.wire.schema import EnvStatus, ScoredData
 from rollout_client.env import Task
 from rollout_client.examples import Arithmetic
-from rollout_client.following import RESTARTED, Follower
-from rollout_client.inflight import Group, InFlight
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.following import RESTARTED, Follower
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.stats import RunnerStats
 
 pytestmark = pytest.mark.anyio
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from rollout_client.inflight import Group, InFlight
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.stats import RunnerStats
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from api.wire.tasks import REASON_MAX
 from rollout_client import Curriculum, Task
 from rollout_client.errors import GroupTimeout, InferenceError, Rejected
-from rollout_client.leased_tasks import LEASE_KEY, Deadlines, bounded_reason
-from rollout_client.runner import UNTRIED, lease_refused, task_failure
+from rollout_client.leases.tasks import LEASE_KEY, Deadlines, bounded_reason
+from rollout_client.runner.runner import UNTRIED, lease_refused, task_failure
 from rollout_client.tasks import ended_unscored
 
 

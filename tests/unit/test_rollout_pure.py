@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from api.wire.schema import EnvStatus
 from rollout_client import Curriculum, PromptTooLong, Task, Tasks, clip_max_tokens
-from rollout_client.backpressure import Backpressure
-from rollout_client.pacing import AHEAD, QUEUE_FULL, is_stale, pause_reason, pick_env
 from rollout_client.policy import InferenceError, parse_completion
+from rollout_client.runner.backpressure import Backpressure
+from rollout_client.runner.pacing import AHEAD, QUEUE_FULL, is_stale, pause_reason, pick_env
 
 
 @given(st.integers(0, 5000), st.integers(1, 5000), st.none() | st.integers(1, 6000), st.none() | st.integers(1, 6000))

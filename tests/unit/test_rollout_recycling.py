@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_client.recycling import MEMORY_ERROR, RSS, RecyclePolicy, rss_bytes
+from rollout_client.workers.recycling import MEMORY_ERROR, RSS, RecyclePolicy, rss_bytes
 
 
 @given(st.none() | st.integers(1, 10**10), st.none() | st.integers(0, 10**11), st.booleans())

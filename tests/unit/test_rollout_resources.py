@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from rollout_client import Environment, Gate, ResourceExhausted, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client import resources as resources_module
-from rollout_client.execution import GroupExecutor
 from rollout_client.group import acquire_resources, run_group
-from rollout_client.inflight import Group, InFlight
 from rollout_client.resources import Capacity
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.execution import GroupExecutor
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.stats import RunnerStats
 
 pytestmark = pytest.mark.anyio
 

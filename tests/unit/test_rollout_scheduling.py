@@ -15,9 +15,9 @@ from rollout_client import ResourceExhausted, ResourceTimeout
 from rollout_client.aio import acquire_all
 from rollout_client.errors import EnvExited, GroupDropped
 from rollout_client.group import failures_of, survive
-from rollout_client.inflight import Group, InFlight
 from rollout_client.resources import MAX_BACKOFF_S, Capacity, acquire_backing_off, backoff
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.stats import RunnerStats
 
 pytestmark = pytest.mark.anyio
 
@@ -186,7 +186,7 @@ def test_the_user_is_told_when_whole_groups_leave_workers_idle(g: int, slots: in
     """G=64 on 64 slots and 2 workers pins one worker, silently. The hint comes exactly when fewer
     groups fit than there are workers, names the env and the setting that spreads a group."""
     from rollout_client.examples import Arithmetic
-    from rollout_client.execution import spread_hint
+    from rollout_client.runner.execution import spread_hint
 
     env = Arithmetic(name="big", group_size=g)
     env.scores_each_rollout = each

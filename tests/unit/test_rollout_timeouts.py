@@ -1,5 +1,5 @@
 """`Timeouts`, and the `RolloutRunner` keywords it and the policy objects replace: still accepted for one
-release, each with a DeprecationWarning that names its new form (rollout_client/timeouts.py, deprecated.py)."""
+release, each with a DeprecationWarning that names its new form (rollout_client/runner/timeouts.py, deprecated.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollout_client import FailurePolicy, RecyclePolicy, RolloutRunner, ScriptedPolicy, Tasks, Timeouts
-from rollout_client.deprecated import FAILURES, RECYCLE, TIMEOUTS
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
+from rollout_client.runner.deprecated import FAILURES, RECYCLE, TIMEOUTS
 
 FIELDS = [f.name for f in fields(Timeouts)]
 

@@ -1,4 +1,4 @@
-"""rollout_client.tools: a tool's schema from its signature and docstring is the one transformers'
+"""rollout_client.chat.tools: a tool's schema from its signature and docstring is the one transformers'
 `get_json_schema` writes (what chat templates are tested with), and arguments that do not fit are refused
 before the tool runs."""
 
@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pytest
 from transformers.utils import get_json_schema
 
-from rollout_client.tools import BadArguments, Tool, as_tools, bind, call_tool, tool_schema
+from rollout_client.chat.tools import BadArguments, Tool, as_tools, bind, call_tool, tool_schema
 
 
 def search(query: str, limit: int = 5, exact: bool = False, tags: list[str] | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""rollout_client.verifiers_mapping: a verifiers episode as rollbuf sequences. Property-tested over episodes
+"""rollout_client.verifiers.mapping: a verifiers episode as rollbuf sequences. Property-tested over episodes
 built as plain records (the mapping reads attributes only), in both per-token forms verifiers produces: lists
 (0.4.0) and int32/bool/float32 numpy arrays (0.4.1.dev); and checked exactly on an episode recorded from a
 real verifiers 0.4.0 run (`data/verifiers_episode_0.4.0.json`, the tiny env of tests/verifiers_tiny.py)."""
@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_client.verifiers_mapping import (
+from rollout_client.verifiers.mapping import (
     UNSAMPLED_LOGPROB,
     branch_streams,
     episode_failure,

@@ -1,4 +1,4 @@
-"""`rollout_client.watch.Watch` alone: what one pass over the envs' statuses does to the runner's shared state
+"""`rollout_client.runner.watch.Watch` alone: what one pass over the envs' statuses does to the runner's shared state
 (announced weights taken as the step generating, stale groups cancelled, envs held back, the run ended when
 the server stays unreachable or inference stays down), with a scripted status source in place of the server."""
 
@@ -10,17 +10,17 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from api.wire.schema import EnvStatus
-from rollout_client.backpressure import Backpressure
 from rollout_client.breaker import Breaker
 from rollout_client.env import Gate
 from rollout_client.errors import RetriesExhausted
 from rollout_client.examples import Arithmetic
-from rollout_client.following import Follower
-from rollout_client.inflight import Group, InFlight
-from rollout_client.pacing import QUEUE_FULL
-from rollout_client.stats import RunnerStats
-from rollout_client.watch import Watch, Weights
-from rollout_client.watching import Monitor
+from rollout_client.runner.backpressure import Backpressure
+from rollout_client.runner.following import Follower
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.pacing import QUEUE_FULL
+from rollout_client.runner.stats import RunnerStats
+from rollout_client.runner.watch import Watch, Weights
+from rollout_client.runner.watching import Monitor
 
 pytestmark = pytest.mark.anyio
 

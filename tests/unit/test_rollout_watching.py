@@ -1,4 +1,4 @@
-"""The runner's watch, alone (rollout_client/watching.py): what a tick says to hold back, cancel and end, the
+"""The runner's watch, alone (rollout_client/runner/watching.py): what a tick says to hold back, cancel and end, the
 stall it reports, and the server's reasons told once per kind of block."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_client.pacing import AHEAD, DRAINING, QUEUE_FULL, is_stale
-from rollout_client.watching import Monitor, Sight, held_back
+from rollout_client.runner.pacing import AHEAD, DRAINING, QUEUE_FULL, is_stale
+from rollout_client.runner.watching import Monitor, Sight, held_back
 
 REASONS = st.sampled_from([None, QUEUE_FULL, AHEAD])
 

@@ -1,4 +1,4 @@
-"""The runner's per-rollout pieces alone (rollout_client/per_rollout.py, `Environment.posts_each_rollout`): what
+"""The runner's per-rollout pieces alone (rollout_client/runner/per_rollout.py, `Environment.posts_each_rollout`): what
 a slot holds, the task a sibling lease carries, what follows the last post, the sibling holds, the env checks,
 and the executor posting each rollout as it ends and redoing only unacknowledged slots when a group runs again."""
 
@@ -17,10 +17,11 @@ from api.wire.rollouts import GroupView
 from rollout_client import Gate, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.env import ExternalSequence
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
-from rollout_client.execution import GroupExecutor, check_env
 from rollout_client.group import Rollout, build_group, rollout_seed
-from rollout_client.inflight import Group, InFlight
-from rollout_client.per_rollout import (
+from rollout_client.resources import Capacity
+from rollout_client.runner.execution import GroupExecutor, check_env
+from rollout_client.runner.inflight import Group, InFlight
+from rollout_client.runner.per_rollout import (
     REFUSED,
     SEAL,
     STORED,
@@ -31,8 +32,7 @@ from rollout_client.per_rollout import (
     task_to_wire,
     verdict,
 )
-from rollout_client.resources import Capacity
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.stats import RunnerStats
 
 
 def rollout(external: list[ExternalSequence] | None = None) -> Rollout:

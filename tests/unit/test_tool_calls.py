@@ -1,4 +1,4 @@
-"""rollout_client.tool_calls: each family's format read back exactly (hypothesis, any names and JSON arguments),
+"""rollout_client.chat.tool_calls: each family's format read back exactly (hypothesis, any names and JSON arguments),
 text around the calls kept as content, and a call that cannot be read returned as Malformed with the reason."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_client.tool_calls import PARSERS, Malformed, ToolCall, parse_hermes, parse_llama3, parse_mistral
+from rollout_client.chat.tool_calls import PARSERS, Malformed, ToolCall, parse_hermes, parse_llama3, parse_mistral
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=12),

@@ -1,4 +1,4 @@
-"""How the verifiers producer sees its pool's processes (rollout_client/verifiers_pool.py): a child killed -9
+"""How the verifiers producer sees its pool's processes (rollout_client/verifiers/pool.py): a child killed -9
 stops counting at once, while it is still an unreaped zombie (verifiers' broker never reaps a dead worker)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from rollout_client.verifiers_pool import children
+from rollout_client.verifiers.pool import children
 
 
 def test_a_child_killed_is_no_longer_a_live_child_even_unreaped() -> None:
