@@ -1,0 +1,10 @@
+"""Moved to `rollout_client.leases.open_groups`: importing this path warns once and gives that module."""
+
+from typing import TYPE_CHECKING
+
+from rollout_client._moved import moved
+
+if TYPE_CHECKING:
+    from rollout_client.leases.open_groups import *  # noqa: F403
+
+moved(__name__)

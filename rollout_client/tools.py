@@ -1,0 +1,10 @@
+"""Moved to `rollout_client.chat.tools`: importing this path warns once and gives that module."""
+
+from typing import TYPE_CHECKING
+
+from rollout_client._moved import moved
+
+if TYPE_CHECKING:
+    from rollout_client.chat.tools import *  # noqa: F403
+
+moved(__name__)

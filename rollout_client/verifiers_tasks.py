@@ -1,0 +1,10 @@
+"""Moved to `rollout_client.verifiers.tasks`: importing this path warns once and gives that module."""
+
+from typing import TYPE_CHECKING
+
+from rollout_client._moved import moved
+
+if TYPE_CHECKING:
+    from rollout_client.verifiers.tasks import *  # noqa: F403
+
+moved(__name__)
