@@ -24,7 +24,7 @@ from rollout_client.examples import arithmetic_task
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer
 from tests.servers import running_server
 from tests.standin import running_standin
-from tests.unit.test_rollout_chat import Replies
+from tests.unit.rollout_client.chat.test_chat_session import Replies
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
