@@ -5,7 +5,6 @@ from rollout_client.aio import acquire_all
 from rollout_client.chat.session import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
 from rollout_client.chat.tools import Tool, tool_schema
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
-from rollout_client.datasets import register_dataset
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, ExternalSequence, Gate, Session, Task
 from rollout_client.errors import (
     ClientError,
@@ -29,6 +28,7 @@ from rollout_client.errors import (
     is_retryable,
 )
 from rollout_client.group import GroupOutcome, Limits, build_group, run_group
+from rollout_client.leases.datasets import register_dataset
 from rollout_client.leases.tasks import LeasedTasks
 from rollout_client.policy import (
     CharTokenizer,

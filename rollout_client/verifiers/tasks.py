@@ -20,7 +20,7 @@ import httpx
 from api.wire.tasks import DatasetView
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
 from rollout_client.client import RolloutClient
-from rollout_client.datasets import register_dataset
+from rollout_client.leases.datasets import register_dataset
 from rollout_client.leases.tasks import LeasedTasks
 from rollout_client.verifiers.environment import TASK_KEY
 from rollout_client.verifiers.pool import resolve

@@ -20,7 +20,7 @@ from api.config.settings import Settings
 from rollout_client import RolloutClient, SyncRolloutClient, register_dataset
 from tests.clients.test_trainer_client import serve_in_thread
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[4] / "docs"
 PAGE = 10
 """The server's `task_page_size` in these tests: 25 rows are three pages."""
 
