@@ -18,7 +18,7 @@ from typing import Any
 
 from rollout_client import Completion, Session
 from rollout_client.chat import ChatSession
-from rollout_client.chat_examples import ByteChatCodec, calculate, local_tokenizer, tool_call_text
+from rollout_client.chat.examples import ByteChatCodec, calculate, local_tokenizer, tool_call_text
 
 CALL = "Let me compute. " + tool_call_text("hermes", "calculate", {"a": 12, "op": "*", "b": 34}) + "<|im_end|>"
 ANSWER = "The answer is 408.<|im_end|>"

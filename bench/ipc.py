@@ -1,4 +1,4 @@
-"""Worker IPC throughput for large payloads: the runner's channel (`rollout_client.ipc`) between the runner's
+"""Worker IPC throughput for large payloads: the runner's channel (`rollout_client.workers.ipc`) between the runner's
 event loop and a worker process, both directions at once, as the runner uses it.
 
 The parent keeps IN_FLIGHT jobs outstanding: each "run" message carries a task with TASK_BYTES of metadata;
@@ -23,7 +23,7 @@ from typing import Any
 from api.wire.schema import ScoredData
 from rollout_client.env import Task
 from rollout_client.group import GroupOutcome
-from rollout_client.ipc import Channel, ChannelClosed
+from rollout_client.workers.ipc import Channel, ChannelClosed
 
 G = 4
 IN_FLIGHT = 16

@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.http import cpu_seconds
 from bench.servers import Target, rollbuf, save_rows, serve
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks, Timeouts
-from rollout_client.coalescing import LINGER_S
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
+from rollout_client.runner.coalescing import LINGER_S
 
 GROUP_SIZE = 2
 WAIT_S = 0.01

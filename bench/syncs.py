@@ -32,8 +32,8 @@ import httpx
 from bench.servers import rollbuf, serve
 from rollout_client import RolloutRunner, Session, Task, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_task
-from rollout_client.following import RESTARTED
 from rollout_client.policy import OpenAIPolicy, stable_unit
+from rollout_client.runner.following import RESTARTED
 from tests.factories import registration
 from tests.standin import running_standin
 

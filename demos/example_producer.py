@@ -32,7 +32,7 @@ from typing import Any
 from rollout_client import LeasedTasks, RolloutClient, RolloutRunner, Session, Task, Tasks, register_dataset
 from rollout_client.examples import Arithmetic, arithmetic_task
 from rollout_client.policy import OpenAIPolicy
-from rollout_client.stats import RunnerStats
+from rollout_client.runner.stats import RunnerStats
 
 
 @dataclass

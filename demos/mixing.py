@@ -30,7 +30,7 @@ import numpy as np
 
 from demos.service import serve_in_thread
 from rollout_client import Completion, Environment, RolloutRunner, ScriptedPolicy, Tasks
-from rollout_client.chat_examples import SPECIAL_ID, ByteChatCodec, ToolChat, chat_script
+from rollout_client.chat.examples import SPECIAL_ID, ByteChatCodec, ToolChat, chat_script
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
 from trainer_client import AsyncTrainerClient, Batch
 

@@ -27,7 +27,7 @@ Faults, set with POST /control (JSON, any subset) and counted in GET /stats:
   apply there too.
 
 Chat mode, also set with /control: `chat` "hermes" | "llama3" | "mistral" makes it a tool-calling chat model
-(`rollout_client.chat_examples.chat_script`) on `local_tokenizer()`'s ids (bytes, then special tokens from 256,
+(`rollout_client.chat.examples.chat_script`) on `local_tokenizer()`'s ids (bytes, then special tokens from 256,
 decoded and encoded with `ByteChatCodec`), writing its tool calls in that family's format and ending each turn
 with `chat_stop` (default: the family's own end-of-turn token). GET /stats counts each answer's text under
 `answers`. With `chat_cut_first` the first tool call it writes is cut short whatever the request's seed (the
@@ -56,7 +56,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollout_client.chat_examples import CUT_SHORT, ByteChatCodec, chat_script
+from rollout_client.chat.examples import CUT_SHORT, ByteChatCodec, chat_script
 from rollout_client.examples import arithmetic_script
 from rollout_client.policy import stable_unit
 

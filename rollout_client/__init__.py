@@ -2,9 +2,9 @@
 environments concurrently (optionally in worker processes) as a well-behaved producer (docs/rollout-client.md)."""
 
 from rollout_client.aio import acquire_all
-from rollout_client.chat import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
+from rollout_client.chat.session import AssistantTurn, ChatEnvironment, ChatSession, ChatTemplateError
+from rollout_client.chat.tools import Tool, tool_schema
 from rollout_client.client import RolloutClient, SyncRolloutClient, TrainerNotStarted
-from rollout_client.datasets import register_dataset
 from rollout_client.env import Environment, Episode, EpisodeEnvironment, ExternalSequence, Gate, Session, Task
 from rollout_client.errors import (
     ClientError,
@@ -27,10 +27,9 @@ from rollout_client.errors import (
     WorkerFailed,
     is_retryable,
 )
-from rollout_client.failures import FailurePolicy
 from rollout_client.group import GroupOutcome, Limits, build_group, run_group
-from rollout_client.handle import RunnerHandle, run_in_thread
-from rollout_client.leased_tasks import LeasedTasks
+from rollout_client.leases.datasets import register_dataset
+from rollout_client.leases.tasks import LeasedTasks
 from rollout_client.policy import (
     CharTokenizer,
     Completion,
@@ -39,12 +38,13 @@ from rollout_client.policy import (
     ScriptedPolicy,
     clip_max_tokens,
 )
-from rollout_client.recycling import RecyclePolicy
-from rollout_client.runner import RolloutRunner
-from rollout_client.stats import RunnerHealth, RunnerStats
+from rollout_client.runner.failures import FailurePolicy
+from rollout_client.runner.handle import RunnerHandle, run_in_thread
+from rollout_client.runner.runner import RolloutRunner
+from rollout_client.runner.stats import RunnerHealth, RunnerStats
+from rollout_client.runner.timeouts import Timeouts
 from rollout_client.tasks import Curriculum, Tasks, TaskSource
-from rollout_client.timeouts import Timeouts
-from rollout_client.tools import Tool, tool_schema
+from rollout_client.workers.recycling import RecyclePolicy
 
 __all__ = [
     "AssistantTurn",

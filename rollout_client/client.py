@@ -347,7 +347,7 @@ class SyncRolloutClient:
 
     def register_dataset(self, name: str, tasks: Iterable[Any] | os.PathLike[str], **kwargs: Any) -> DatasetView:
         """`rollout_client.register_dataset(client, name, tasks, **kwargs)` through this client (same retries)."""
-        from rollout_client.datasets import register_dataset  # it imports this module
+        from rollout_client.leases.datasets import register_dataset  # it imports this module
 
         return self._runner.run(register_dataset(self._client, name, tasks, **kwargs))
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from api.wire.rules import MASK_IGNORE
+from rollout_client.chat.tools import valid_text
 from rollout_client.errors import EpisodeTruncated, PromptTooLong, SetupTimeout, TurnTimeout
 from rollout_client.policy import Completion, Policy
-from rollout_client.tools import valid_text
 
 PROMPT_LOGPROB = 1.0
 """Logprob recorded at positions the policy did not sample (prompt, tool output), as Atropos handlers do."""
@@ -60,7 +60,7 @@ class Gate:
 
     `weights` is the version of the weights that requests let through now are served by, as the runner knows
     it: it changes only while the gate is shut and drained during a weight sync the runner took part in
-    (`rollout_client.watch`), so each turn records the version that sampled it (its `weights`).
+    (`rollout_client.runner.watch`), so each turn records the version that sampled it (its `weights`).
     """
 
     def __init__(self) -> None:
@@ -174,7 +174,7 @@ class Session:
         """The episode reached the token budget: tool output was clipped or a completion stopped at it."""
         self.tools: dict[str, dict[str, float | int]] = {}
         """Per tool name: `calls`, `failures`, `seconds` (recorded by `async with session.tool(name)`), and
-        `malformed` (calls a chat session refused before running the tool: `rollout_client.chat`)."""
+        `malformed` (calls a chat session refused before running the tool: `rollout_client.chat.session`)."""
         self.external: list[ExternalSequence] | None = None
         """Sequences recorded with `record_sequence` (None: none). When set, they are this rollout's part of
         the group, 0 or more sequences with their own scores, in place of the session's own transcript."""
@@ -379,7 +379,7 @@ class Environment(ABC):
     """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
     rollout that records 0 or several sequences with `Session.record_sequence`)."""
     on_new_weights: Literal["continue", "restart", "drain"] = "continue"
-    """What its groups in flight do when the trainer announces new weights (`rollout_client.following`):
+    """What its groups in flight do when the trainer announces new weights (`rollout_client.runner.following`):
     "continue" (their episodes span versions; stamped with the oldest, `generation_params["weight_versions"]`
     holds [min, max]), "restart" (cancelled and run again with the new weights) or "drain" (when the trainer
     begins a sync with `TrainerClient.weight_sync`, no new group starts, those in flight finish, and the trainer

@@ -16,7 +16,7 @@ from itertools import count
 from typing import Protocol
 
 from rollout_client.env import Task
-from rollout_client.lifecycle import unless_stopped
+from rollout_client.runner.lifecycle import unless_stopped
 
 log = logging.getLogger("rollout_client.tasks")
 

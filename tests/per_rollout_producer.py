@@ -28,7 +28,7 @@ from api.wire.rollouts import PostReply
 from rollout_client import Environment, RolloutRunner, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.examples import arithmetic_script, arithmetic_task
 from rollout_client.group import rollout_seed
-from rollout_client.open_groups import OpenGroups
+from rollout_client.leases.open_groups import OpenGroups
 
 OUT: TextIO | None = None
 

@@ -13,7 +13,7 @@ import json
 
 import httpx
 
-from rollout_client.open_groups import OpenGroups
+from rollout_client.leases.open_groups import OpenGroups
 
 
 def tokens(slot: int, producer: int) -> list[int]:

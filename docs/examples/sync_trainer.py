@@ -7,7 +7,7 @@ import os
 from sums import INFERENCE_URL, MODEL, ROLLBUF_URL, Sums, sum_task
 
 from rollout_client import OpenAIPolicy, RolloutRunner, Tasks
-from rollout_client.handle import run_in_thread
+from rollout_client.runner.handle import run_in_thread
 from trainer_client import TrainerClient
 
 STEPS = int(os.environ.get("STEPS", "4"))

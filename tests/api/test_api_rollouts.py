@@ -15,10 +15,10 @@ import pytest
 from api.app import create_app
 from api.config.settings import Settings
 from rollout_client.examples import Arithmetic
-from rollout_client.inflight import InFlight
-from rollout_client.open_groups import OpenGroups
-from rollout_client.siblings import SiblingSlots
-from rollout_client.stats import RunnerStats
+from rollout_client.leases.open_groups import OpenGroups
+from rollout_client.runner.inflight import InFlight
+from rollout_client.runner.siblings import SiblingSlots
+from rollout_client.runner.stats import RunnerStats
 from tests.asgi import serving
 from tests.factories import env, group, registration
 

@@ -2,7 +2,7 @@
 allows it (`max_staleness` K - 1), one producer process running three envs (or two, one of groups larger than
 the others' whole share of a batch), a real server and the stand-in inference server. The runner's pacing
 holds an env back only when what it would start would arrive stale; a batch short of sequences is never left
-waiting on envs it holds back, so every run trains all its batches (rollout_client/pacing.py)."""
+waiting on envs it holds back, so every run trains all its batches (rollout_client/runner/pacing.py)."""
 
 from __future__ import annotations
 

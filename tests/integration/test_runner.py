@@ -30,7 +30,7 @@ from rollout_client import (
     Timeouts,
 )
 from rollout_client.examples import Arithmetic, Synthetic, arithmetic_script, arithmetic_task
-from rollout_client.pacing import AHEAD, QUEUE_FULL
+from rollout_client.runner.pacing import AHEAD, QUEUE_FULL
 from tests.factories import group, registration
 from tests.servers import ServerProcess, running_server, start_server
 

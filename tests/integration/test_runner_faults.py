@@ -41,7 +41,7 @@ from rollout_client import (
     Timeouts,
 )
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
-from rollout_client.handle import run_in_thread
+from rollout_client.runner.handle import run_in_thread
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
 from tests.servers import running_server
 from tests.standin import running_standin

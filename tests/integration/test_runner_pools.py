@@ -24,7 +24,7 @@ async def test_groups_on_a_blocking_pool_without_max_resources_take_turns_and_fi
     """The docs' Sandboxed env without max_resources on a blocking pool of 8, G=8, 16 in flight: acquiring at
     once, two groups each took part of the pool and waited for the rest, forever. Its groups take turns to
     acquire (the turn kept by the runner, told by the worker when a group holds all its units), so each gets
-    its 8 as the one before ends. In process: tests/unit/test_rollout_resources.py."""
+    its 8 as the one before ends. In process: tests/unit/rollout_client/test_rollout_resources.py."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)

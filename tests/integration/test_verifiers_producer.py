@@ -26,8 +26,8 @@ from api.config.settings import Settings
 from demos.standin_inference import generate_logprob, generate_reply
 from rollout_client import RolloutRunner, RunnerStats
 from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, verifiers_tasks
-from rollout_client.verifiers_pool import POOL_START_S, children
-from rollout_client.verifiers_tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
+from rollout_client.verifiers.pool import POOL_START_S, children
+from rollout_client.verifiers.tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
 from tests.factories import group
 from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, until
 from tests.servers import running_server
@@ -222,7 +222,7 @@ async def test_pause_waits_for_running_episodes_and_cancels_those_that_outlive_i
 async def test_tasks_from_a_finite_taskset_cycle_an_endless_one_streams_and_producers_can_lease_them(
     offline: Path,
 ) -> None:
-    """`verifiers_tasks` walks the taskset; registered with rollbuf (rollout_client/verifiers_tasks.py, a page at a
+    """`verifiers_tasks` walks the taskset; registered with rollbuf (rollout_client/verifiers/tasks.py, a page at a
     time, safe to run again), two producers lease it: each task once in the epoch, as `verifiers_tasks` makes it.
     One test, so that verifiers' import (seconds) is paid once."""
     finite = verifiers_tasks(env_config_data(), limit=2)
