@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 import api.http.body
+import api.ingest.service
 import api.ingest.submissions
 import api.run.offloop
-import api.service
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from tests.factories import env, group, registration
 
@@ -157,14 +157,14 @@ async def test_the_loop_answers_while_a_large_list_is_stored(
     whole list: it sees all of it or none."""
     await start(client)
     storing, probed = threading.Event(), threading.Event()
-    real = api.service.submit_txn
+    real = api.ingest.service.submit_txn
 
     def submit_txn(*args: Any, **kwargs: Any) -> Any:
         storing.set()
         probed.wait(10)  # the probe is answered while this transaction is under way (before: the loop was held)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(api.service, "submit_txn", submit_txn)
+    monkeypatch.setattr(api.ingest.service, "submit_txn", submit_txn)
     posted = asyncio.create_task(client.post("/scored_data_list", content=tiny_list(20_000)))
     while not storing.is_set():
         await asyncio.sleep(0.01)  # polling interval
