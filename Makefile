@@ -33,8 +33,8 @@ $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 
 # verifiers' harness runs `uv sync --script` in every worker process with UV_OFFLINE=false forced: the tests
 # point it (UV_DEFAULT_INDEX) at this local PEP 503 index of its script's dependencies, built once here.
-$(WHEELHOUSE_STAMP): tests/wheelhouse.py | $(DEV_STAMP)
-	$(BIN)/python -m tests.wheelhouse $(WHEELHOUSE)
+$(WHEELHOUSE_STAMP): rollout_client/verifiers/wheelhouse.py | $(DEV_STAMP)
+	$(BIN)/python -m rollout_client.verifiers.wheelhouse $(WHEELHOUSE)
 
 install-serve: $(SERVE_STAMP)
 

@@ -99,7 +99,7 @@ def client_config(base_url: str, tokenizer: Path) -> dict[str, Any]:
 
 
 WHEELHOUSE = Path(os.environ.get("ROLLBUF_WHEELHOUSE", Path(__file__).resolve().parents[1] / ".venv" / "wheelhouse"))
-"""The harness's offline index, built by `make install` (`python -m tests.wheelhouse`)."""
+"""The harness's offline index, built by `make install` (`python -m rollout_client.verifiers.wheelhouse`)."""
 
 
 def offline_environ(wheelhouse: Path = WHEELHOUSE) -> dict[str, str]:
@@ -108,7 +108,9 @@ def offline_environ(wheelhouse: Path = WHEELHOUSE) -> dict[str, str]:
     taskset importable in verifiers' worker processes."""
     simple = wheelhouse / "simple"
     if not (simple / "index.html").is_file():
-        raise RuntimeError(f"no offline index at {simple}: `make install` builds it (python -m tests.wheelhouse)")
+        raise RuntimeError(
+            f"no offline index at {simple}: `make install` builds it (python -m rollout_client.verifiers.wheelhouse)"
+        )
     path = os.environ.get("PYTHONPATH", "")
     return {
         "UV_DEFAULT_INDEX": simple.resolve().as_uri(),

@@ -6,7 +6,7 @@ downloads the program's dependencies (its PEP 723 header) into a wheelhouse and 
 index over it; the tests set `UV_DEFAULT_INDEX=file://<dir>/simple` (tests/verifiers_tiny.py) and run with no
 network.
 
-    python -m tests.wheelhouse .venv/wheelhouse
+    python -m rollout_client.verifiers.wheelhouse .venv/wheelhouse
 """
 
 from __future__ import annotations
