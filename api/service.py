@@ -28,7 +28,8 @@ from api.owners import ANYONE, Actor
 from api.producers.service import Producers
 from api.producers.stored import ProducerSettings, load_weights_and_pending, report_txn
 from api.rollouts import metrics as rollout_metrics
-from api.rollouts.service import Rollouts, SweepSettings, siblings_due_txn
+from api.rollouts.service import Rollouts, SweepSettings
+from api.rollouts.txns import siblings_due_txn
 from api.run import state, stats
 from api.run.kept import Kept, ReadAhead
 from api.run.state import ANON_NAME, EnvRecord, RunState, visible_env

@@ -33,7 +33,7 @@ from api.export.table import (
 )
 from api.export.tasks_table import task_row, tasks_schema
 from api.ledger.rules import readable_payloads
-from api.rollouts import service as rollout_service
+from api.rollouts import txns as rollout_txns
 from api.run import state, stats
 from api.run.state import RunState
 from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
@@ -274,7 +274,7 @@ async def totals(store: Store) -> dict[str, int]:
     def read(txn: Txn) -> dict[str, int]:
         received = sum(stats.load(txn).received.values())
         handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES or k == task_frontier.SERVED)
-        opened = rollout_service.totals_txn(txn).get("opened", 0)
+        opened = rollout_txns.totals_txn(txn).get("opened", 0)
         return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step, TASKS: handed, ROLLOUTS: opened}
 
     return await store.read(read)

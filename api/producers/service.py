@@ -36,7 +36,7 @@ class Producers:
     known: Callable[[], RunState | None] = lambda: None
     """The run state this process saw last (a report reads the envs past it only as far as they changed)."""
     siblings_due: SiblingsDue | None = None
-    """When a slot of another producer's group of the named envs may be leased (`api.rollouts.service
+    """When a slot of another producer's group of the named envs may be leased (`api.rollouts.txns
     .siblings_due_txn`, given by the service: the rollouts flow sits above this one), for a heartbeat that names
     `sibling_envs`."""
     _nothing_since: float | None = None

@@ -1,7 +1,7 @@
 """What an open group does, as pure functions over its record (docs/rollouts.md): which slots are missing and
 may be leased out, what a posted rollout does to a slot, and when and how the group is sealed.
 
-No store and no clock here: api/rollouts/service.py reads the record, calls these with `now`, and writes back.
+No store and no clock here: api/rollouts/txns.py reads the record, calls these with `now`, and writes back.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ by one (docs/rollouts.md), each slot acknowledged in the transaction that stores
 that a group's seal and its ingest see one store.
 
 The logic (what opening, posting, leasing and sealing do) is written once, in api/rollouts/groups.py and
-api/rollouts/service.py, over these rows; a backend only stores them. Every method costs the rows it names or
+api/rollouts/txns.py, over these rows; a backend only stores them. Every method costs the rows it names or
 returns (indexed by key, deadline and holder expiry), never the groups ever opened.
 """
 

@@ -6,7 +6,7 @@ import time
 
 from api.ingest.queue_limits import QueueLimits, capacity_groups
 from api.producers.stored import shown_producers
-from api.rollouts.service import open_groups_txn
+from api.rollouts.txns import open_groups_txn
 from api.run import state, stats
 from api.run.state import EnvRecord, RunState
 from api.store.base import QueueCounts, Txn

@@ -24,7 +24,7 @@ from api.ingest.submissions import decode
 from api.ingest.validation import check_policy_step
 from api.owners import ANYONE
 from api.rollouts import groups as rg
-from api.rollouts import service as rs
+from api.rollouts import txns as rs
 from api.run import state
 from api.run.state import RunState
 from api.store.memory import MemoryTxn, State

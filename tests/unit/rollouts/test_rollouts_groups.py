@@ -1,7 +1,7 @@
 """The open group's pure logic (api/rollouts/groups.py), property-tested: whatever order rollouts arrive in and
 whoever sends them, each slot keeps its first acknowledged rollout, a seal covers every slot exactly once (in the
 group or left out with why), never seals fewer than `min_group_size`, waits before the deadline only while
-incomplete, and only missing slots are leased out. Then the service's transactions over it (api/rollouts/service.py)
+incomplete, and only missing slots are leased out. Then the service's transactions over it (api/rollouts/txns.py)
 in any order: the views' counters stay true through lapses, sweeps and pruning."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from api.config.settings import Settings
 from api.errors import RollbufError
 from api.owners import ANYONE
 from api.rollouts import groups as rg
-from api.rollouts import service as rs
+from api.rollouts import txns as rs
 from api.run import state
 from api.store.memory import MemoryTxn, State
 from api.store.rollouts import LIVE, GroupRow, SlotRow
