@@ -15,7 +15,7 @@ from api.routes.spec import route
 from api.wire.records import dumps, to_atropos
 
 router = APIRouter(tags=["admin"])
-health = APIRouter(tags=["admin"])
+health = APIRouter(tags=["operations"])
 """The health check, first of all routes."""
 
 _EMPTY_EXAMPLE: dict[str, list[Any]] = {
