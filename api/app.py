@@ -144,8 +144,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         exclude_content_types=(*MSGPACK_TYPES, PARQUET),  # binary, already compressed
     )
     # Inside the front door, outside gzip: the ingest routes' requests go straight to their handlers.
-    app.add_middleware(DirectLane, gzip_min=GZIP_MIN, gzip_level=settings.gzip_level,
-                       gzip_skip=(*MSGPACK_TYPES, PARQUET))  # fmt: skip
+    app.add_middleware(
+        DirectLane, gzip_min=GZIP_MIN, gzip_level=settings.gzip_level, gzip_skip=(*MSGPACK_TYPES, PARQUET)
+    )
     door = Door(
         door_keys(settings), door_hosts(settings), settings.allow_simple_content_types, settings.max_body_bytes, TABLE
     )

@@ -177,8 +177,10 @@ def commands() -> dict[str, Callable[[list[str]], None]]:
 
 def usage(found: dict[str, Callable[[list[str]], None]]) -> str:
     width = max(8, *map(len, found))
-    lines = [f"  {name:<{width}} {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}".rstrip()
-             for name, fn in found.items()]  # fmt: skip
+    lines = [
+        f"  {name:<{width}} {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}".rstrip()
+        for name, fn in found.items()
+    ]
     return "usage: rollbuf COMMAND [flags]\n\ncommands:\n" + "\n".join(lines) + "\n"
 
 

@@ -151,8 +151,10 @@ class Refusals:
             log.warning(
                 "key %r acted on a %s it does not own (answered as unknown); further refusals of this key are "
                 "counted in rollbuf_foreign_refused_total, logged again after %g s without one",
-                key, kind.replace("_", " "), QUIET_S,
-            )  # fmt: skip
+                key,
+                kind.replace("_", " "),
+                QUIET_S,
+            )
 
 
 REFUSALS = Refusals()

@@ -284,14 +284,21 @@ class Service:
         self.jobs.ask(SWEEP)
         now = time.time()
         status, seen, finished = await self.store.read(
-            lambda txn: (status_txn(txn, self._run), report_txn(txn, now, self.producers.settings, self._run),
-                         self._finished(txn, now))
-        )  # fmt: skip
+            lambda txn: (
+                status_txn(txn, self._run),
+                report_txn(txn, now, self.producers.settings, self._run),
+                self._finished(txn, now),
+            )
+        )
         seen = self.producers.graced(seen, now)
         status = status.model_copy(
-            update={"weights_step": seen.weights_step, "producers": seen.producers, "finished": finished,
-                    "stall_reason": None if finished else seen.stall_reason}
-        )  # fmt: skip
+            update={
+                "weights_step": seen.weights_step,
+                "producers": seen.producers,
+                "finished": finished,
+                "stall_reason": None if finished else seen.stall_reason,
+            }
+        )
         if status.rollouts is not None:
             self.rollouts.in_use(status.rollouts.open)
         report = await self.ledger.drop_bias()
@@ -313,8 +320,9 @@ class Service:
         """GET /metrics: the Prometheus exposition of the run's counters and gauges, the ledger's drop bias, the
         producers, the datasets and the open groups, with this process's timings."""
         snap = await self.snapshot()
-        body = views_metrics.render(snap, await self.ledger.drop_bias(), await self.producers.report(),
-                                    max_envs, max_producers)  # fmt: skip
+        body = views_metrics.render(
+            snap, await self.ledger.drop_bias(), await self.producers.report(), max_envs, max_producers
+        )
         body += task_metrics.render(await self.tasks.datasets(), max_datasets)
         rollouts = await self.rollouts.totals()
         self.rollouts.in_use(rollouts.get("open", 0))
@@ -325,9 +333,16 @@ class Service:
         summed, as /metrics does)."""
         snap = await self.snapshot(max_envs)
         rollouts = await self.rollouts.open_groups()
-        return dashboard_body(snap, await self.ledger.drop_bias(), await self.producers.report(), max_envs,
-                              await self.tasks.datasets(), rollouts, max_datasets=max_datasets,
-                              max_producers=max_producers)  # fmt: skip
+        return dashboard_body(
+            snap,
+            await self.ledger.drop_bias(),
+            await self.producers.report(),
+            max_envs,
+            await self.tasks.datasets(),
+            rollouts,
+            max_datasets=max_datasets,
+            max_producers=max_producers,
+        )
 
     def _finished(self, txn: Txn, now: float) -> bool:
         """Whether the run is finished (api/tasks/ending.py): read in /status's transaction."""

@@ -25,12 +25,18 @@ HTTP_ARGS = ["--batch-sizes", "256,1024", "--batch-reps", "256:3,1024:2", "--mem
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--skip-atropos", action="store_true", help="do not run the Atropos server side by side")
-    ap.add_argument("--only", choices=["arrays", "formation", "http", "ipc", "limit", "metrics", "replicas", "rss",
-                                       "runner", "transport"],
-                    help="run one part")  # fmt: skip
-    ap.add_argument("--harness", choices=HARNESSES, default="rollbuf",
-                    help="the HTTP load harness: rollbuf's (bench/harness.py), or the shared buffer_bench.py beside "
-                         "the checkout, as an outside cross-check")  # fmt: skip
+    ap.add_argument(
+        "--only",
+        choices=["arrays", "formation", "http", "ipc", "limit", "metrics", "replicas", "rss", "runner", "transport"],
+        help="run one part",
+    )
+    ap.add_argument(
+        "--harness",
+        choices=HARNESSES,
+        default="rollbuf",
+        help="the HTTP load harness: rollbuf's (bench/harness.py), or the shared buffer_bench.py beside "
+        "the checkout, as an outside cross-check",
+    )
     args = ap.parse_args()
     use_harness(args.harness)
     results: list[dict[str, Any]] = []
@@ -85,8 +91,15 @@ def main() -> None:
         results += transport.compare_stores(1024)  # the default store against the memory store, in turns
         results += transport.run([1024], with_atropos=False, with_json=False, store="postgresql", with_ingest=False)
     out = save_rows("bench", results)
-    print(report(results) + runner.report(results) + ipc.report(results) + "\n" + transport.report(results) + "\n"
-          + arrays.report(results))  # fmt: skip
+    print(
+        report(results)
+        + runner.report(results)
+        + ipc.report(results)
+        + "\n"
+        + transport.report(results)
+        + "\n"
+        + arrays.report(results)
+    )
     print(metrics_ab.report(results))
     print(replicas.report(results))
     if limits:
@@ -102,8 +115,11 @@ def report(results: list[dict[str, Any]]) -> str:
         for scenario in sorted({r.get("scenario", "mixed") for r in form}):
             lines.append(f"  {scenario}:")
             for store in ("memory", "sqlite", "postgresql"):
-                row = [f"{r['queued_groups']:>7} queued: {r['median_ms']:6.2f} ({r['formed']}/{r['exact']})"
-                       for r in form if r["store"] == store and r.get("scenario", "mixed") == scenario]  # fmt: skip
+                row = [
+                    f"{r['queued_groups']:>7} queued: {r['median_ms']:6.2f} ({r['formed']}/{r['exact']})"
+                    for r in form
+                    if r["store"] == store and r.get("scenario", "mixed") == scenario
+                ]
                 if row:
                     lines.append(f"    {store:10} " + " | ".join(row))
     targets = sorted({r["target"] for r in results if "target" in r})
@@ -119,16 +135,25 @@ def report(results: list[dict[str, Any]]) -> str:
                 lines.append(f"  {t:24} {rate:28} {cpu}")
         lines.append("\n/batch latency p50 (ms; JSON, gzipped where marked; sequences of 2048 tokens):")
         for t in targets:
-            row = [f"B={r['batch_size']}: {r['latency'].get('p50_ms')}" for r in results
-                   if r.get("target") == t and r.get("phase") == "batch" and "latency" in r]  # fmt: skip
-            row += [f"B={r.get('batch_size')}: {r['error']}" for r in results
-                    if r.get("target") == t and r.get("phase") == "batch" and "error" in r]  # fmt: skip
+            row = [
+                f"B={r['batch_size']}: {r['latency'].get('p50_ms')}"
+                for r in results
+                if r.get("target") == t and r.get("phase") == "batch" and "latency" in r
+            ]
+            row += [
+                f"B={r.get('batch_size')}: {r['error']}"
+                for r in results
+                if r.get("target") == t and r.get("phase") == "batch" and "error" in r
+            ]
             if row:
                 lines.append(f"  {t:24} " + "  ".join(row))
         lines.append("\nserver RSS per queued token position (bytes; raw int32+int32+float32 = 12):")
         for t in targets:
-            row = [f"{r.get('bytes_per_token_position')}" for r in results
-                   if r.get("target") == t and r.get("phase") == "memory"]  # fmt: skip
+            row = [
+                f"{r.get('bytes_per_token_position')}"
+                for r in results
+                if r.get("target") == t and r.get("phase") == "memory"
+            ]
             if row:
                 lines.append(f"  {t:24} " + " ".join(row))
     lines += rss.report(results)

@@ -45,8 +45,9 @@ def _measure(target: Target, transports: dict[str, str] = TRANSPORTS, batch: boo
         for r in run_ingest(target, CLIENTS, INGEST_ARGS, transport=transport):
             k = r.get("clients")
             rows.append({"metric": f"ingest {name} {k} clients groups/s", "value": r.get("groups_per_s")})
-            rows.append({"metric": f"ingest {name} {k} clients server CPU ms/group",
-                         "value": r.get("server_cpu_ms_per_group")})  # fmt: skip
+            rows.append(
+                {"metric": f"ingest {name} {k} clients server CPU ms/group", "value": r.get("server_cpu_ms_per_group")}
+            )
     for r in run_harness(target, "batch", BATCH_ARGS) if batch else []:
         if r.get("phase") == "batch" and "latency" in r:
             rows.append({"metric": f"/batch {r.get('batch_size')} x 2048 p50 ms", "value": r["latency"]["p50_ms"]})
@@ -116,8 +117,10 @@ def report(results: list[dict[str, Any]], names: tuple[str, str] = ("before", "a
         b, a, c = med(m, "before"), med(m, "after"), med(m, "ceiling")
         line = f"{m:45} {cell(b, 9)} {cell(a, 9)} {cell(a / b if a and b else None, 15, True)}"
         if has_ceiling:
-            line += (f" {cell(c, 9)} {cell(c / b if c and b else None, 16, True)}"
-                     f" {cell(a / c if a and c else None, 16, True)}")  # fmt: skip
+            line += (
+                f" {cell(c, 9)} {cell(c / b if c and b else None, 16, True)}"
+                f" {cell(a / c if a and c else None, 16, True)}"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -131,8 +134,12 @@ def main() -> None:
     ap.add_argument("--store", choices=["sqlite", "memory", "postgresql"], default="sqlite")
     ap.add_argument("--sqlite-query", default="", help="this checkout's SQLite URL query, e.g. page_size=4096")
     ap.add_argument("--base-sqlite-query", default="", help="the base checkout's SQLite URL query")
-    ap.add_argument("--harness", choices=HARNESSES, default="rollbuf",
-                    help="the load harness: rollbuf's (bench/harness.py), or the shared buffer_bench.py")  # fmt: skip
+    ap.add_argument(
+        "--harness",
+        choices=HARNESSES,
+        default="rollbuf",
+        help="the load harness: rollbuf's (bench/harness.py), or the shared buffer_bench.py",
+    )
     args = ap.parse_args()
     use_harness(args.harness)
     base = None if args.atropos else args.base.resolve()

@@ -31,11 +31,19 @@ def make_batch(ragged: bool) -> Batch:
         lengths = rng.integers(SEQ_LEN // 2, SEQ_LEN + 1, GROUP) if ragged else np.full(GROUP, SEQ_LEN)
         total = int(lengths.sum())
         tokens = rng.integers(0, 150_000, total).astype(np.int32)
-        records.append(GroupRecord(env_id=0, lengths=lengths.astype(np.int32), tokens=tokens,
-                                   masks=np.where(rng.random(total) < 0.25, -100, tokens).astype(np.int32),
-                                   scores=rng.integers(0, 2, GROUP).astype(np.float64), policy_step=0,
-                                   group_id=f"g{g}", floats={"inference_logprobs": -rng.random(total, np.float32)},
-                                   meta={}))  # fmt: skip
+        records.append(
+            GroupRecord(
+                env_id=0,
+                lengths=lengths.astype(np.int32),
+                tokens=tokens,
+                masks=np.where(rng.random(total) < 0.25, -100, tokens).astype(np.int32),
+                scores=rng.integers(0, 2, GROUP).astype(np.float64),
+                policy_step=0,
+                group_id=f"g{g}",
+                floats={"inference_logprobs": -rng.random(total, np.float32)},
+                meta={},
+            )
+        )
     return from_records(records, step=0)
 
 
@@ -63,10 +71,15 @@ def run() -> list[dict[str, Any]]:
         batch = make_batch(ragged)
         p = batch.padded()
         nbytes = sum(a.nbytes for a in (p.tokens, p.masks, p.attention_mask, p.advantages, *p.floats.values()))
-        row: dict[str, Any] = {"bench": "arrays", "lengths": "1024-2048" if ragged else "2048",
-                               "tokens": batch.n_tokens, "out_mb": nbytes / 1e6,
-                               "copy_ms": _median_ms(_copy(nbytes)), "padded_ms": _median_ms(batch.padded),
-                               "packed_ms": _median_ms(partial(batch.packed, SEQ_LEN))}  # fmt: skip
+        row: dict[str, Any] = {
+            "bench": "arrays",
+            "lengths": "1024-2048" if ragged else "2048",
+            "tokens": batch.n_tokens,
+            "out_mb": nbytes / 1e6,
+            "copy_ms": _median_ms(_copy(nbytes)),
+            "padded_ms": _median_ms(batch.padded),
+            "packed_ms": _median_ms(partial(batch.packed, SEQ_LEN)),
+        }
         try:
             import torch  # noqa: F401
 
@@ -82,9 +95,11 @@ def report(results: list[dict[str, Any]]) -> str:
     lines = [f"batch -> arrays in process, {SEQS} sequences with logprobs (median ms):"] if rows else []
     for r in rows:
         torch = f" | padded().to_torch() {r['padded_to_torch_ms']:.1f}" if "padded_to_torch_ms" in r else ""
-        lines.append(f"  lengths {r['lengths']:>9}: padded() {r['padded_ms']:.1f} | packed({SEQ_LEN}) "
-                     f"{r['packed_ms']:.1f}{torch} | one copy of the {r['out_mb']:.0f} MB output "
-                     f"{r['copy_ms']:.1f}")  # fmt: skip
+        lines.append(
+            f"  lengths {r['lengths']:>9}: padded() {r['padded_ms']:.1f} | packed({SEQ_LEN}) "
+            f"{r['packed_ms']:.1f}{torch} | one copy of the {r['out_mb']:.0f} MB output "
+            f"{r['copy_ms']:.1f}"
+        )
     return "\n".join(lines)
 
 

@@ -118,13 +118,26 @@ def run(bomb_gb: float, n_bombs: int, list_mb: int, store: str) -> dict[str, Any
     cache = Path(tempfile.gettempdir()) / f"rollbuf-bomb-{bomb_gb}g.gz"
     data = bomb(cache, int(bomb_gb * GiB))
     big = json_list(list_mb << 20)
-    out: dict[str, Any] = {"bomb_gzip_mb": round(len(data) / 1e6, 1), "bomb_inflated_gb": bomb_gb,
-                           "list_mb": round(len(big) / 1e6, 1)}  # fmt: skip
+    out: dict[str, Any] = {
+        "bomb_gzip_mb": round(len(data) / 1e6, 1),
+        "bomb_inflated_gb": bomb_gb,
+        "list_mb": round(len(big) / 1e6, 1),
+    }
     with tempfile.TemporaryDirectory() as tmp, serve(*rollbuf(store, Path(tmp) / "s.log"), Path(tmp) / "s.log") as t:
         with httpx.Client(base_url=t.url) as c:
-            c.post("/register", json={"wandb_group": "g", "wandb_project": "p", "batch_size": 64,
-                                      "max_token_len": 4096, "checkpoint_dir": "c", "save_checkpoint_interval": 1,
-                                      "starting_step": 0, "num_steps": 10})  # fmt: skip
+            c.post(
+                "/register",
+                json={
+                    "wandb_group": "g",
+                    "wandb_project": "p",
+                    "batch_size": 64,
+                    "max_token_len": 4096,
+                    "checkpoint_dir": "c",
+                    "save_checkpoint_interval": 1,
+                    "starting_step": 0,
+                    "num_steps": 10,
+                },
+            )
             c.get("/batch")
             c.post("/register-env", json={"max_token_length": 4096, "desired_name": "e", "group_size": 8})
         out["rss_before_mb"] = round(rss_kb(t.pid, "VmRSS") / 1024)

@@ -55,8 +55,10 @@ def attack(root: Path, store: str, transport: str, n: int) -> str:
             done.set()
             prober.join()
             size = f"{len(raw) / 1e6:.1f} MB"
-            return (f"{store} {transport}: {n:,} groups ({size}) -> {r.status_code} {r.text[:40]} in {took:.2f} s; "
-                    f"probe max {worst[0] * 1000:.0f} ms over {probes[0]} probes")  # fmt: skip
+            return (
+                f"{store} {transport}: {n:,} groups ({size}) -> {r.status_code} {r.text[:40]} in {took:.2f} s; "
+                f"probe max {worst[0] * 1000:.0f} ms over {probes[0]} probes"
+            )
 
 
 def main() -> None:

@@ -35,8 +35,12 @@ def body(transport: str, mb: int, env_id: int, digits: int = 5) -> tuple[bytes, 
     size = 0
     i = 0
     while size < mb << 20:
-        g = {"env_id": env_id, "tokens": [[(i + j) % 10**digits for j in range(2048)]] * 8,
-             "masks": [[1] * 2048] * 8, "scores": [float(k % 2) for k in range(8)]}  # fmt: skip
+        g = {
+            "env_id": env_id,
+            "tokens": [[(i + j) % 10**digits for j in range(2048)]] * 8,
+            "masks": [[1] * 2048] * 8,
+            "scores": [float(k % 2) for k in range(8)],
+        }
         groups.append(g)
         size += 8 * 2048 * 8  # about what one group costs as JSON
         i += 1
@@ -57,9 +61,11 @@ def measure(root: Path, transport: str, mb: int, digits: int = 5) -> str:
                 r = c.post("/scored_data_list", content=raw, headers={"content-type": ctype})
                 peak = _status_kb(proc.pid, "VmHWM")
         grew = (peak - before) * 1024
-        return (f"{transport}: {len(raw) / 1e6:.1f} MB body -> {r.status_code} {r.text[:40]}; "
-                f"peak RSS +{grew / 1e6:.1f} MB = {grew / len(raw):.2f}x its bytes, "
-                f"{grew / decoded_cost(raw, ctype):.2f}x what the budget counts")  # fmt: skip
+        return (
+            f"{transport}: {len(raw) / 1e6:.1f} MB body -> {r.status_code} {r.text[:40]}; "
+            f"peak RSS +{grew / 1e6:.1f} MB = {grew / len(raw):.2f}x its bytes, "
+            f"{grew / decoded_cost(raw, ctype):.2f}x what the budget counts"
+        )
 
 
 def main() -> None:

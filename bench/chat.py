@@ -60,17 +60,19 @@ async def by_hand(turns: int, prompt: str) -> Session:
         if "<tool_call>" not in text:
             return session
         result = calculate(12, "*", 34)
-        await session.observe(f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
-                              "<|im_start|>assistant\n")  # fmt: skip
+        await session.observe(
+            f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        )
 
 
 def measure(turns: int, reps: int) -> dict[str, Any]:
     tok: Any = local_tokenizer()
     prompt = tok.apply_chat_template(
         [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": "Q: 12 * 34 ="}],
-        tools=[ChatSession(Session(Instant(1)), tok, tools=[calculate]).schemas[0]], add_generation_prompt=True,
+        tools=[ChatSession(Session(Instant(1)), tok, tools=[calculate]).schemas[0]],
+        add_generation_prompt=True,
         tokenize=False,
-    )  # fmt: skip
+    )
     out: dict[str, Any] = {"bench": "chat", "turns": turns}
     for name, run in (("chat", lambda: chat_rollout(turns)), ("by_hand", lambda: by_hand(turns, prompt))):
         per_turn = []
@@ -92,8 +94,10 @@ def main() -> None:
     for turns in args.turns:
         r = measure(turns, args.reps)
         print(json.dumps(r))
-        print(f"  {turns:3d} turns ({r['chat_tokens']} tokens): chat session {r['chat_us_per_turn']:8.0f} us/turn, "
-              f"by hand {r['by_hand_us_per_turn']:8.0f} us/turn")  # fmt: skip
+        print(
+            f"  {turns:3d} turns ({r['chat_tokens']} tokens): chat session {r['chat_us_per_turn']:8.0f} us/turn, "
+            f"by hand {r['by_hand_us_per_turn']:8.0f} us/turn"
+        )
 
 
 if __name__ == "__main__":

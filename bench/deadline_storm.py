@@ -26,12 +26,21 @@ WAIT_S = 25.0
 async def storm(url: str, polls: int, change: bool) -> str:
     port = int(url.rsplit(":", 1)[1])
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-        reg = {"wandb_group": "b", "wandb_project": "b", "batch_size": 64, "max_token_len": 4096,
-               "checkpoint_dir": "c", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 10}  # fmt: skip
+        reg = {
+            "wandb_group": "b",
+            "wandb_project": "b",
+            "batch_size": 64,
+            "max_token_len": 4096,
+            "checkpoint_dir": "c",
+            "save_checkpoint_interval": 10,
+            "starting_step": 0,
+            "num_steps": 10,
+        }
         (await c.post("/register", json=reg)).raise_for_status()
         await c.get("/batch")
-        await c.post("/register-env", json={"max_token_length": 4096, "desired_name": "e", "weight": 1.0,
-                                            "group_size": 4})  # fmt: skip
+        await c.post(
+            "/register-env", json={"max_token_length": 4096, "desired_name": "e", "weight": 1.0, "group_size": 4}
+        )
         opened = time.monotonic()
         conns = []
         for _ in range(polls):
@@ -68,8 +77,10 @@ async def storm(url: str, polls: int, change: bool) -> str:
         txns = await transactions(c) - before
         for _, w in conns:
             w.close()
-        return (f"{polls} long-polls, change={change}: all answered {all_done:.1f} s past the last deadline; probe max "
-                f"{worst * 1000:.0f} ms; {txns:.0f} store transactions while they expired")  # fmt: skip
+        return (
+            f"{polls} long-polls, change={change}: all answered {all_done:.1f} s past the last deadline; probe max "
+            f"{worst * 1000:.0f} ms; {txns:.0f} store transactions while they expired"
+        )
 
 
 async def transactions(c: httpx.AsyncClient) -> float:

@@ -59,8 +59,15 @@ async def register(request: Request) -> dict[str, int]:
 @app.post("/register-env")
 async def register_env(request: Request) -> dict[str, object]:
     await request.body()
-    return {"status": "success", "env_id": 0, "wandb_name": "x_0", "checkpoint_dir": "", "starting_step": 0,
-            "checkpoint_interval": 0, "num_steps": 0}  # fmt: skip
+    return {
+        "status": "success",
+        "env_id": 0,
+        "wandb_name": "x_0",
+        "checkpoint_dir": "",
+        "starting_step": 0,
+        "checkpoint_interval": 0,
+        "num_steps": 0,
+    }
 
 
 @app.get("/batch")

@@ -51,8 +51,9 @@ def server(
     cmd = [*prefix, sys.executable, "-m", "api", "serve", "--port", str(port), *args]
     full_env = {**os.environ, **(env or {}), "PYTHONPATH": str(root)}
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=root,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=root, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -72,17 +73,34 @@ def server(
 
 
 def group(env_id: int, n: int = 4, length: int = 8, scores: list[float] | None = None, **extra: object) -> dict:
-    return {"env_id": env_id, "tokens": [[1] * length] * n, "masks": [[1] * length] * n,
-            "scores": scores or [float(i % 2) for i in range(n)], **extra}  # fmt: skip
+    return {
+        "env_id": env_id,
+        "tokens": [[1] * length] * n,
+        "masks": [[1] * length] * n,
+        "scores": scores or [float(i % 2) for i in range(n)],
+        **extra,
+    }
 
 
 def start_run(c: httpx.Client, batch_size: int = 4, **reg: object) -> int:
-    c.post("/register", json={"batch_size": batch_size, "max_token_len": 4096, "wandb_group": "g",
-                              "wandb_project": "p", "checkpoint_dir": "c", "save_checkpoint_interval": 1,
-                              "starting_step": 0, "num_steps": 100000, **reg})  # fmt: skip
+    c.post(
+        "/register",
+        json={
+            "batch_size": batch_size,
+            "max_token_len": 4096,
+            "wandb_group": "g",
+            "wandb_project": "p",
+            "checkpoint_dir": "c",
+            "save_checkpoint_interval": 1,
+            "starting_step": 0,
+            "num_steps": 100000,
+            **reg,
+        },
+    )
     c.get("/batch")
-    reply = c.post("/register-env", json={"max_token_length": 4096, "desired_name": "math", "weight": 1.0,
-                                          "group_size": 4})  # fmt: skip
+    reply = c.post(
+        "/register-env", json={"max_token_length": 4096, "desired_name": "math", "weight": 1.0, "group_size": 4}
+    )
     return int(reply.json()["env_id"])
 
 
@@ -107,8 +125,10 @@ def retention(root: Path) -> str:
                 env_id = start_run(c, batch_size=4)
                 pad = "x" * (100 * 1024)
                 for i in range(300):  # 120 MB of payloads, served by a plain GET /batch loop
-                    c.post("/scored_data", json=group(env_id, scores=[0, 1, 0, 1], group_id=f"g{i}",
-                                                      overrides=[{"pad": pad}] * 4))  # fmt: skip
+                    c.post(
+                        "/scored_data",
+                        json=group(env_id, scores=[0, 1, 0, 1], group_id=f"g{i}", overrides=[{"pad": pad}] * 4),
+                    )
                     c.get("/batch")
                 committed = c.get("/status").json().get("committed_step")
                 time.sleep(12)  # the background prune runs every 10 s
@@ -122,8 +142,10 @@ def retention(root: Path) -> str:
 
 def _dribbler(port: int, declared: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n " % declared)  # fmt: skip
+    sock.sendall(
+        b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n " % declared
+    )
     return sock
 
 
@@ -240,9 +262,14 @@ def export_full(root: Path) -> str:
         out_dir = Path(d) / "out"
         out_dir.mkdir()
         (out_dir / "sequences.parquet.part").symlink_to("/dev/full")
-        out = subprocess.run([sys.executable, "-m", "api", "export", str(out_dir), "--store", store], cwd=root,
-                             env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
-                             check=False)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "api", "export", str(out_dir), "--store", store],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     lines = out.stderr.strip().splitlines()
     traceback = "Traceback" in out.stderr
     return f"rollbuf export on a full disk: exit {out.returncode}, {len(lines)} stderr lines, traceback: {traceback}"
@@ -278,8 +305,10 @@ def keyfile(root: Path) -> str:
             status(f"{SECRET}2")
             time.sleep(0.5)
             ready = httpx.get(url + "/readyz").json()
-    return (f"key file: same-size same-mtime rotation {'noticed' if same == 200 else 'unnoticed'}; "
-            f"truncate-then-write: {refused}/50 requests refused; deleted: /readyz {ready}")  # fmt: skip
+    return (
+        f"key file: same-size same-mtime rotation {'noticed' if same == 200 else 'unnoticed'}; "
+        f"truncate-then-write: {refused}/50 requests refused; deleted: /readyz {ready}"
+    )
 
 
 ATTACKS: dict[str, Callable[[Path], str]] = {

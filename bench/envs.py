@@ -41,8 +41,10 @@ async def _register(c: httpx.AsyncClient, n: int) -> float:
     async def one(i: int) -> None:
         async with sem:
             start = time.perf_counter()
-            r = await c.post("/register-env", json={"max_token_length": 4096, "desired_name": f"env{i % 97}",
-                                                      "weight": 1.0, "group_size": 8})  # fmt: skip
+            r = await c.post(
+                "/register-env",
+                json={"max_token_length": 4096, "desired_name": f"env{i % 97}", "weight": 1.0, "group_size": 8},
+            )
             r.raise_for_status()
             if i >= n - PROBES:
                 last.append(time.perf_counter() - start)
@@ -81,17 +83,33 @@ async def _ingest(c: httpx.AsyncClient) -> float:
 
 async def measure(url: str, n_envs: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-        (await c.post("/register", json={"wandb_group": "b", "wandb_project": "b", "batch_size": 64,
-                                          "max_token_len": 4096, "checkpoint_dir": "c", "save_checkpoint_interval": 10,
-                                          "starting_step": 0, "num_steps": 10**6})).raise_for_status()  # fmt: skip
+        (
+            await c.post(
+                "/register",
+                json={
+                    "wandb_group": "b",
+                    "wandb_project": "b",
+                    "batch_size": 64,
+                    "max_token_len": 4096,
+                    "checkpoint_dir": "c",
+                    "save_checkpoint_interval": 10,
+                    "starting_step": 0,
+                    "num_steps": 10**6,
+                },
+            )
+        ).raise_for_status()
         await c.get("/batch")
         registration = await _register(c, n_envs)
         status_env = await _latency(c, "/status-env", {"env_id": 0})
         groups_per_s = await _ingest(c)
         batch = await _latency(c, "/batch", {})
-    return {"envs": n_envs, "ingest_groups_per_s": round(groups_per_s, 1),
-            "register_ms": round(registration * 1000, 2), "status_env_ms": round(status_env * 1000, 2),
-            "batch_ms": round(batch * 1000, 2)}  # fmt: skip
+    return {
+        "envs": n_envs,
+        "ingest_groups_per_s": round(groups_per_s, 1),
+        "register_ms": round(registration * 1000, 2),
+        "status_env_ms": round(status_env * 1000, 2),
+        "batch_ms": round(batch * 1000, 2),
+    }
 
 
 def main() -> None:

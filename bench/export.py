@@ -43,10 +43,18 @@ PER_STEP = 16
 
 
 def _setup(txn: Txn, groups: int) -> None:
-    reg = Registration.model_validate({
-        "wandb_group": "g", "wandb_project": "p", "batch_size": PER_STEP * 4, "max_token_len": 4096,
-        "checkpoint_dir": "c", "save_checkpoint_interval": 0, "starting_step": 0, "num_steps": 10**9,
-    })  # fmt: skip
+    reg = Registration.model_validate(
+        {
+            "wandb_group": "g",
+            "wandb_project": "p",
+            "batch_size": PER_STEP * 4,
+            "max_token_len": 4096,
+            "checkpoint_dir": "c",
+            "save_checkpoint_interval": 0,
+            "starting_step": 0,
+            "num_steps": 10**9,
+        }
+    )
     state.save_run(txn, reg, started=True)
     run = state.load(txn)
     for i, name in enumerate(ENVS):
@@ -69,15 +77,38 @@ def _chunk(txn: Txn, start: int, n: int, seqs: int, tokens: int, rng: np.random.
         masks = toks[k].copy()
         masks[:, : tokens // 2] = -100
         policy = max(0, step - 1)
-        payload = encode_submission(toks[k], masks, [float(gid % 2)] * seqs, env_id=gid % len(ENVS),
-                                    policy_step=policy, group_id=f"g{gid}", inference_logprobs=lps[k])  # fmt: skip
+        payload = encode_submission(
+            toks[k],
+            masks,
+            [float(gid % 2)] * seqs,
+            env_id=gid % len(ENVS),
+            policy_step=policy,
+            group_id=f"g{gid}",
+            inference_logprobs=lps[k],
+        )
         dropped = gid % 10 == 9
-        rows.append(LedgerGroup(
-            id=gid, env_id=gid % len(ENVS), group_id=f"g{gid}", handler=None, acked_at=now, policy_step=policy,
-            seqs=seqs, tokens=seqs * tokens, bytes=len(payload), score_mean=float(gid % 2), score_min=float(gid % 2),
-            score_max=float(gid % 2), score_std=0.0, fate=DROPPED if dropped else SERVED, step=step,
-            reason="stale" if dropped else None, decided_at=now, kept=True,
-        ))  # fmt: skip
+        rows.append(
+            LedgerGroup(
+                id=gid,
+                env_id=gid % len(ENVS),
+                group_id=f"g{gid}",
+                handler=None,
+                acked_at=now,
+                policy_step=policy,
+                seqs=seqs,
+                tokens=seqs * tokens,
+                bytes=len(payload),
+                score_mean=float(gid % 2),
+                score_min=float(gid % 2),
+                score_max=float(gid % 2),
+                score_std=0.0,
+                fate=DROPPED if dropped else SERVED,
+                step=step,
+                reason="stale" if dropped else None,
+                decided_at=now,
+                kept=True,
+            )
+        )
         payloads.append((gid, payload))
         size += len(payload)
     txn.ledger.add(rows)
@@ -90,8 +121,9 @@ def _chunk(txn: Txn, start: int, n: int, seqs: int, tokens: int, rng: np.random.
             by_env[name] = by_env.get(name, 0) + 1
         by_seqs = {e: g * seqs for e, g in by_env.items()}
         n_seqs = len(ids) * seqs
-        row = ledger.step_row(step, now, 0.001, ids, n_seqs, n_seqs * tokens, by_env, by_seqs, {1: len(ids)},
-                              committed=True)  # fmt: skip
+        row = ledger.step_row(
+            step, now, 0.001, ids, n_seqs, n_seqs * tokens, by_env, by_seqs, {1: len(ids)}, committed=True
+        )
         txn.ledger.put_step(row)
     return size
 
@@ -113,8 +145,12 @@ async def build(url: str, groups: int, seqs: int, tokens: int) -> int:
 def export(url: str, out: Path, tables: str) -> dict[str, Any]:
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "api", "export", str(out), "--store", url, "--tables", tables],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api", "export", str(out), "--store", url, "--tables", tables],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
         _, status, usage = os.wait4(proc.pid, 0)  # this process's own peak RSS and CPU, not its siblings'
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - start
@@ -150,9 +186,14 @@ def main() -> None:
         built = time.perf_counter() - t0
         rows = args.groups * args.seqs
         results: dict[str, Any] = {
-            "bench": "export", "store": args.store, "groups": args.groups, "sequences": rows,
-            "tokens": rows * args.tokens, "payload_mb": round(payload / 1e6, 1), "build_s": round(built, 1),
-        }  # fmt: skip
+            "bench": "export",
+            "store": args.store,
+            "groups": args.groups,
+            "sequences": rows,
+            "tokens": rows * args.tokens,
+            "payload_mb": round(payload / 1e6, 1),
+            "build_s": round(built, 1),
+        }
         seq = export(url, Path(tmp) / "seq", "sequences")
         seq["rows_per_s"] = round(rows / seq["export_s"])
         seq["payload_mb_per_s"] = round(payload / 1e6 / seq["export_s"], 1)

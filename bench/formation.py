@@ -56,15 +56,26 @@ PAYLOAD = b"\0" * 256  # payload bytes are moved, never parsed, while forming a 
 
 async def _setup(url: str, queued: int, scenario: str) -> Service:
     service = Service(make_store(url))
-    reg = Registration(wandb_group="b", wandb_project="b", batch_size=BATCH_SIZE, max_token_len=4096,
-                       checkpoint_dir="c", save_checkpoint_interval=0, starting_step=0, num_steps=10**9,
-                       no_exact_fill="trim" if scenario.endswith("_trim") else "smaller")  # fmt: skip
+    reg = Registration(
+        wandb_group="b",
+        wandb_project="b",
+        batch_size=BATCH_SIZE,
+        max_token_len=4096,
+        checkpoint_dir="c",
+        save_checkpoint_interval=0,
+        starting_step=0,
+        num_steps=10**9,
+        no_exact_fill="trim" if scenario.endswith("_trim") else "smaller",
+    )
     await service.register_trainer(reg)
     await service.batches.next_batch()
     envs = SCENARIOS[scenario]
     for name, size, weight, share in envs:
-        await service.register_env(RegisterEnv(max_token_length=4096, desired_name=name, weight=weight,
-                                               group_size=size, min_batch_allocation=share))  # fmt: skip
+        await service.register_env(
+            RegisterEnv(
+                max_token_length=4096, desired_name=name, weight=weight, group_size=size, min_batch_allocation=share
+            )
+        )
 
     await top_up(service, queued, scenario)
     if url.startswith("postgresql"):
@@ -118,9 +129,15 @@ async def _measure(url: str, queued: int, reps: int, scenario: str) -> dict[str,
             if scenario == "mixed":
                 assert isinstance(result, FormedBatch) and result.seqs == BATCH_SIZE
             await top_up(service, queued, scenario)
-        return {"scenario": scenario, "queued_groups": queued, "formed": formed, "exact": exact, "reps": reps,
-                "median_ms": round(statistics.median(times) * 1e3, 2),
-                "p90_ms": round(sorted(times)[int(0.9 * (len(times) - 1))] * 1e3, 2)}  # fmt: skip
+        return {
+            "scenario": scenario,
+            "queued_groups": queued,
+            "formed": formed,
+            "exact": exact,
+            "reps": reps,
+            "median_ms": round(statistics.median(times) * 1e3, 2),
+            "p90_ms": round(sorted(times)[int(0.9 * (len(times) - 1))] * 1e3, 2),
+        }
     finally:
         await service.store.close()
 

@@ -89,8 +89,9 @@ def _reps(text: str) -> dict[int, int]:
 def parser() -> argparse.ArgumentParser:
     """The flags of `Config` under the shared harness's names, so `bench/http.py` hands either harness the same
     arguments; and, for a run by hand, the target's."""
-    ap = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.harness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--pid", type=int, default=None, help="the server's pid: RSS columns and the memory phase")
     ap.add_argument("--phases", default="memory,ingest,batch", help="comma list of: " + ",".join(PHASES))
@@ -231,9 +232,15 @@ def latency(seconds: Sequence[float]) -> dict[str, float | int]:
         return {"n": 0}
     ms = np.asarray(seconds, dtype=np.float64) * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"n": int(ms.size), "p50_ms": round(float(p50), 3), "p90_ms": round(float(p90), 3),
-            "p99_ms": round(float(p99), 3), "mean_ms": round(float(ms.mean()), 3),
-            "min_ms": round(float(ms.min()), 3), "max_ms": round(float(ms.max()), 3)}  # fmt: skip
+    return {
+        "n": int(ms.size),
+        "p50_ms": round(float(p50), 3),
+        "p90_ms": round(float(p90), 3),
+        "p99_ms": round(float(p99), 3),
+        "mean_ms": round(float(ms.mean()), 3),
+        "min_ms": round(float(ms.min()), 3),
+        "max_ms": round(float(ms.max()), 3),
+    }
 
 
 def rss_kb(pid: int | None) -> int | None:
@@ -350,9 +357,16 @@ class Client:
         """Reset, register a trainer, fetch once (Atropos refuses `/register-env` until the trainer's first
         `/batch`), register one env: its id."""
         await self.control("GET", "/reset_data", timeout=120)
-        registration = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": batch_size,
-                        "max_token_len": max_token_len, "checkpoint_dir": "bench-ckpt",
-                        "save_checkpoint_interval": 1000, "starting_step": 0, "num_steps": 10_000}  # fmt: skip
+        registration = {
+            "wandb_group": "bench",
+            "wandb_project": "bench",
+            "batch_size": batch_size,
+            "max_token_len": max_token_len,
+            "checkpoint_dir": "bench-ckpt",
+            "save_checkpoint_interval": 1000,
+            "starting_step": 0,
+            "num_steps": 10_000,
+        }
         await self.control("POST", "/register", registration)
         env = {"max_token_length": max_token_len, "desired_name": "bench", "weight": 1.0, "group_size": group_size}
         answer: Any = None
@@ -425,13 +439,20 @@ async def ingest(client: Client, cfg: Config, pid: int | None, out: list[Record]
         await asyncio.gather(*(client.post(bodies[j % len(bodies)][0]) for j in range(clients)))
         rss_before = rss_kb(pid)
         level = await _ingest_level(client, clients, bodies, cfg.ingest_requests, cfg.ingest_time_cap)
-        out.append({
-            "phase": "ingest", "clients": clients, "group_size": cfg.group_size, "seq_len": [cfg.seq_min, cfg.seq_max],
-            **level, "avg_req_bytes": int(np.mean([len(b[1]) for b, _ in bodies])),
-            "avg_group_tokens": int(np.mean([n for _, n in bodies])),
-            "queue_after": await client.control("GET", "/status"),
-            "rss_kb_before": rss_before, "rss_kb_after": rss_kb(pid),
-        })  # fmt: skip
+        out.append(
+            {
+                "phase": "ingest",
+                "clients": clients,
+                "group_size": cfg.group_size,
+                "seq_len": [cfg.seq_min, cfg.seq_max],
+                **level,
+                "avg_req_bytes": int(np.mean([len(b[1]) for b, _ in bodies])),
+                "avg_group_tokens": int(np.mean([n for _, n in bodies])),
+                "queue_after": await client.control("GET", "/status"),
+                "rss_kb_before": rss_before,
+                "rss_kb_after": rss_kb(pid),
+            }
+        )
     await client.control("GET", "/reset_data", timeout=120)
 
 
@@ -469,11 +490,16 @@ async def _ingest_level(
     await asyncio.gather(*(env_client() for _ in range(clients)))
     wall = time.perf_counter() - t0
     return {
-        "requests_ok": len(ok_seconds), "errors": errors, "http_codes": codes, "response_status": answers,
-        "wall_s": round(wall, 3), "groups_per_s": round(len(ok_seconds) / wall, 2),
-        "tokens_per_s": round(done_tokens / wall, 1), "req_MB_per_s": round(done_bytes / wall / 1e6, 2),
+        "requests_ok": len(ok_seconds),
+        "errors": errors,
+        "http_codes": codes,
+        "response_status": answers,
+        "wall_s": round(wall, 3),
+        "groups_per_s": round(len(ok_seconds) / wall, 2),
+        "tokens_per_s": round(done_tokens / wall, 1),
+        "req_MB_per_s": round(done_bytes / wall / 1e6, 2),
         "latency": latency(ok_seconds),
-    }  # fmt: skip
+    }
 
 
 async def batch(client: Client, cfg: Config, pid: int | None, out: list[Record]) -> None:
@@ -485,8 +511,10 @@ async def batch(client: Client, cfg: Config, pid: int | None, out: list[Record])
         reps = cfg.batch_reps.get(size, cfg.batch_reps_default)
         env_id = await client.new_run(size, cfg.batch_seq_len + 64, g)
         rng = np.random.default_rng(cfg.seed + size)
-        pool = [{**make_group(rng, g, cfg.batch_seq_len, cfg.batch_seq_len), "env_id": env_id}
-                for _ in range(min(cfg.pool, size // g))]  # fmt: skip
+        pool = [
+            {**make_group(rng, g, cfg.batch_seq_len, cfg.batch_seq_len), "env_id": env_id}
+            for _ in range(min(cfg.pool, size // g))
+        ]
         one = client.transport.scored(pool[0])
         per_request = max(1, min(16, cfg.fill_request_bytes // len(one[1])))
         rss_before = rss_kb(pid)
@@ -507,19 +535,30 @@ async def batch(client: Client, cfg: Config, pid: int | None, out: list[Record])
         first, rest = calls[0], calls[1:]
         ok = [c for c in rest if c["nseqs"]]
 
-        out.append({
-            "phase": "batch", "batch_size": size, "group_size": g, "seq_len": cfg.batch_seq_len,
-            "fill": fill, "fill_groups_per_s": round(fill["groups"] / fill["fill_s"], 2) if fill["fill_s"] else None,
-            "first_call": {k: round(v, 4) if isinstance(v, float) else v for k, v in first.items()},
-            "n": len(ok), "nseqs": sorted({c["nseqs"] for c in ok}),
-            "latency": _stats(ok, "latency_s"), "ttfb": _stats(ok, "ttfb_s"), "decode": _stats(ok, "decode_s"),
-            "decompress": _stats(ok, "decompress_s"), "materialize": _stats(ok, "materialize_s"),
-            "status_probe_max": _stats(ok, "status_probe_max_s"),
-            "wire_bytes": int(np.median([c["wire_bytes"] for c in ok])) if ok else None,
-            "decoded_bytes": int(np.median([c.get("decoded_bytes", c["wire_bytes"]) for c in ok])) if ok else None,
-            "bad_status": [c["status"] for c in rest if c["status"] != 200],
-            "rss_kb_before_fill": rss_before, "rss_kb_full": rss_full,
-        })  # fmt: skip
+        out.append(
+            {
+                "phase": "batch",
+                "batch_size": size,
+                "group_size": g,
+                "seq_len": cfg.batch_seq_len,
+                "fill": fill,
+                "fill_groups_per_s": round(fill["groups"] / fill["fill_s"], 2) if fill["fill_s"] else None,
+                "first_call": {k: round(v, 4) if isinstance(v, float) else v for k, v in first.items()},
+                "n": len(ok),
+                "nseqs": sorted({c["nseqs"] for c in ok}),
+                "latency": _stats(ok, "latency_s"),
+                "ttfb": _stats(ok, "ttfb_s"),
+                "decode": _stats(ok, "decode_s"),
+                "decompress": _stats(ok, "decompress_s"),
+                "materialize": _stats(ok, "materialize_s"),
+                "status_probe_max": _stats(ok, "status_probe_max_s"),
+                "wire_bytes": int(np.median([c["wire_bytes"] for c in ok])) if ok else None,
+                "decoded_bytes": int(np.median([c.get("decoded_bytes", c["wire_bytes"]) for c in ok])) if ok else None,
+                "bad_status": [c["status"] for c in rest if c["status"] != 200],
+                "rss_kb_before_fill": rss_before,
+                "rss_kb_full": rss_full,
+            }
+        )
         await client.control("GET", "/reset_data", timeout=120)
         gc.collect()
 
@@ -576,15 +615,23 @@ async def memory(client: Client, cfg: Config, pid: int | None, out: list[Record]
     await client.control("GET", "/reset_data", timeout=120)
     await asyncio.sleep(1.0)
     delta = (full - start) * 1024
-    out.append({
-        "phase": "memory", "groups": groups, "token_positions": tokens, "group_size": cfg.group_size,
-        "fields": "tokens+masks+inference_logprobs (+scores)",
-        "rss_kb_start": start, "rss_kb_full": full, "rss_kb_after_reset": rss_kb(pid), "delta_kb": full - start,
-        "bytes_per_group": round(delta / groups, 1) if groups else None,
-        "bytes_per_token_position": round(delta / tokens, 2) if tokens else None,
-        "json_bytes_per_token_position": round(json_bytes / tokens, 2) if tokens else None,
-        "dense_bytes_per_token_position": 12.0,
-    })  # fmt: skip
+    out.append(
+        {
+            "phase": "memory",
+            "groups": groups,
+            "token_positions": tokens,
+            "group_size": cfg.group_size,
+            "fields": "tokens+masks+inference_logprobs (+scores)",
+            "rss_kb_start": start,
+            "rss_kb_full": full,
+            "rss_kb_after_reset": rss_kb(pid),
+            "delta_kb": full - start,
+            "bytes_per_group": round(delta / groups, 1) if groups else None,
+            "bytes_per_token_position": round(delta / tokens, 2) if tokens else None,
+            "json_bytes_per_token_position": round(json_bytes / tokens, 2) if tokens else None,
+            "dense_bytes_per_token_position": 12.0,
+        }
+    )
 
 
 Phase = Callable[[Client, Config, int | None, list[Record]], Awaitable[None]]
@@ -620,9 +667,14 @@ async def run(
 
 
 def run_sync(
-    url: str, phases: Sequence[str], args: Sequence[str] = (), transport: str = "json", pid: int | None = None,
-    label: str = "", timeout: float = 600,
-) -> list[Record]:  # fmt: skip
+    url: str,
+    phases: Sequence[str],
+    args: Sequence[str] = (),
+    transport: str = "json",
+    pid: int | None = None,
+    label: str = "",
+    timeout: float = 600,
+) -> list[Record]:
     """`run` from synchronous code, with harness flags (`args`, the shared harness's names) and a limit on the
     whole call: past `timeout` seconds, one record with the `error` in place of the phases'."""
     cfg = config(args)
@@ -631,8 +683,15 @@ def run_sync(
         try:
             return await asyncio.wait_for(run(url, phases, cfg, transport, pid, label), timeout)
         except TimeoutError:
-            return [{"label": label, "url": url, "transport": transport, "phase": phases[0] if phases else "",
-                     "error": f"the harness ran past {timeout} s"}]  # fmt: skip
+            return [
+                {
+                    "label": label,
+                    "url": url,
+                    "transport": transport,
+                    "phase": phases[0] if phases else "",
+                    "error": f"the harness ran past {timeout} s",
+                }
+            ]
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(bounded())

@@ -103,8 +103,23 @@ def _run_shared(target: Target, phases: str, extra: list[str], timeout: float, t
     python, env = (
         (harness_python(), None) if transport == "json" else (sys.executable, {**os.environ, "PYTHONPATH": str(ROOT)})
     )
-    cmd = [python, str(SHARED_HARNESS), "--url", target.url, "--phases", phases, "--out", str(out),
-           "--pid", str(target.pid), "--label", target.name, "--transport", transport, *extra]  # fmt: skip
+    cmd = [
+        python,
+        str(SHARED_HARNESS),
+        "--url",
+        target.url,
+        "--phases",
+        phases,
+        "--out",
+        str(out),
+        "--pid",
+        str(target.pid),
+        "--label",
+        target.name,
+        "--transport",
+        transport,
+        *extra,
+    ]
     subprocess.run(cmd, check=False, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     out.unlink()

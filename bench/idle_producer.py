@@ -58,8 +58,9 @@ async def measure(url: str, seconds: float, poll_interval: float) -> dict[str, f
     with httpx.Client(base_url=url) as c:
         c.post("/register", json=registration(batch_size=16)).raise_for_status()
         c.get("/batch")
-    runner = RolloutRunner(url, [(Slow(), Nothing())], ScriptedPolicy(arithmetic_script), max_in_flight=16,
-                           poll_interval=poll_interval)  # fmt: skip
+    runner = RolloutRunner(
+        url, [(Slow(), Nothing())], ScriptedPolicy(arithmetic_script), max_in_flight=16, poll_interval=poll_interval
+    )
     run = asyncio.create_task(runner.run())
     try:
         while requests(url)["POST /producers/heartbeat"] < 2:  # the first reply taken in

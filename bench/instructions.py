@@ -39,12 +39,23 @@ COLLECTED = re.compile(rb"Collected : (\d+)")
 async def _asgi(app: Any, method: str, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
     """One request through the app, as a server would call it: (status, body)."""
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-        "headers": [(b"host", b"127.0.0.1"), (b"content-type", content_type.encode()),
-                    (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000),
-    }  # fmt: skip
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8000),
+    }
     sent = False
     status, out = 0, bytearray()
 
@@ -103,8 +114,11 @@ async def _child(store: str, workload: str, n: int) -> None:
         gc.freeze()
         for i in range(n // w.per_request):
             groups = [_regroup(templates[(i * w.per_request + j) % 16]) for j in range(w.per_request)]
-            body, path = (groups[0], "/scored_data") if w.per_request == 1 else (
-                encode_submission_list(groups), "/scored_data_list")  # fmt: skip
+            body, path = (
+                (groups[0], "/scored_data")
+                if w.per_request == 1
+                else (encode_submission_list(groups), "/scored_data_list")
+            )
             status, reply = await _asgi(app, "POST", path, body, MSGPACK)
             if status != 200:
                 raise SystemExit(f"POST {path}: {status} {reply[:200]!r}")
@@ -114,8 +128,18 @@ def count(cwd: Path, store: str, workload: str, n: int) -> int:
     """Instructions callgrind counted for a child posting `n` groups, run from checkout `cwd`."""
     # This file runs the child (another checkout may not have it); `api` and `bench` come from `cwd` (`-P`: not
     # bench/, whose http.py would shadow the standard library's).
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-           sys.executable, "-P", str(Path(__file__).resolve()), "--child", store, workload, str(n)]  # fmt: skip
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        "-P",
+        str(Path(__file__).resolve()),
+        "--child",
+        store,
+        workload,
+        str(n),
+    ]
     env = {**os.environ, "PYTHONPATH": str(cwd), "PYTHONDONTWRITEBYTECODE": ""}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, timeout=1800)
     found = COLLECTED.search(proc.stderr)
@@ -140,8 +164,13 @@ def main() -> None:
     checkouts = [("after", ROOT)] + ([("before", args.base.resolve())] if args.base else [])
     for _, cwd in checkouts:  # compiled once outside the count: a first run that compiles would count it
         env = {**os.environ, "PYTHONPATH": str(cwd), "PYTHONDONTWRITEBYTECODE": ""}
-        subprocess.run([sys.executable, "-P", str(Path(__file__).resolve()), "--child", "memory://", "small", "1"],
-                       cwd=cwd, env=env, check=True, timeout=600)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-P", str(Path(__file__).resolve()), "--child", "memory://", "small", "1"],
+            cwd=cwd,
+            env=env,
+            check=True,
+            timeout=600,
+        )
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for store_name in args.store.split(","):
@@ -152,8 +181,13 @@ def main() -> None:
                         url = "memory://" if store_name == "memory" else f"sqlite:///{tmp}/{label}-{workload}-{n}/r.db"
                         counts.append(count(cwd, url, workload, n))
                     per_group = (counts[1] - counts[0]) / (args.many - args.few)
-                    row = {"bench": "instructions", "store": store_name, "workload": workload, "checkout": label,
-                           "instructions_per_group": round(per_group)}  # fmt: skip
+                    row = {
+                        "bench": "instructions",
+                        "store": store_name,
+                        "workload": workload,
+                        "checkout": label,
+                        "instructions_per_group": round(per_group),
+                    }
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     out = ROOT / "bench" / "results" / time.strftime("instructions-%Y%m%dT%H%M%S.json")

@@ -125,8 +125,11 @@ def run() -> list[dict[str, Any]]:
     results = []
     for task_bytes, tokens in CONFIGS:
         r = asyncio.run(_measure(task_bytes, tokens))
-        print(f"  task {task_bytes // 1000} KB, {tokens} tokens: {r['groups_per_s']} groups/s, "
-              f"{r['up_mb_s']} MB/s up, {r['down_mb_s']} MB/s down", flush=True)  # fmt: skip
+        print(
+            f"  task {task_bytes // 1000} KB, {tokens} tokens: {r['groups_per_s']} groups/s, "
+            f"{r['up_mb_s']} MB/s up, {r['down_mb_s']} MB/s down",
+            flush=True,
+        )
         results.append(r)
     return results
 
@@ -135,13 +138,17 @@ def report(results: list[dict[str, Any]]) -> str:
     rows = [r for r in results if r.get("bench") == "ipc"]
     if not rows:
         return ""
-    lines = [f"\nworker IPC ({IN_FLIGHT} groups of G={G} in flight, both directions at once):",
-             f"  {'task':>8} {'tokens':>7} {'up KB':>8} {'down MB':>8} {'groups/s':>9} {'up MB/s':>8} "
-             f"{'down MB/s':>10} {'loop stall ms':>14}"]  # fmt: skip
+    lines = [
+        f"\nworker IPC ({IN_FLIGHT} groups of G={G} in flight, both directions at once):",
+        f"  {'task':>8} {'tokens':>7} {'up KB':>8} {'down MB':>8} {'groups/s':>9} {'up MB/s':>8} "
+        f"{'down MB/s':>10} {'loop stall ms':>14}",
+    ]
     for r in rows:
-        lines.append(f"  {r['task_bytes'] // 1000:>6}KB {r['tokens']:>7} {r['up_bytes'] / 1e3:>8.0f} "
-                     f"{r['down_bytes'] / 1e6:>8.2f} {r['groups_per_s']:>9} {r['up_mb_s']:>8} {r['down_mb_s']:>10} "
-                     f"{r['max_loop_stall_ms']:>14}")  # fmt: skip
+        lines.append(
+            f"  {r['task_bytes'] // 1000:>6}KB {r['tokens']:>7} {r['up_bytes'] / 1e3:>8.0f} "
+            f"{r['down_bytes'] / 1e6:>8.2f} {r['groups_per_s']:>9} {r['up_mb_s']:>8} {r['down_mb_s']:>10} "
+            f"{r['max_loop_stall_ms']:>14}"
+        )
     return "\n".join(lines)
 
 

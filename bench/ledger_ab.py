@@ -74,8 +74,14 @@ def served_path(reps: int, store: str) -> list[dict[str, Any]]:
                 with contextlib.ExitStack() as dbs:
                     label, cmd, port = rollbuf(_store(store, Path(tmp), key, dbs), Path(tmp) / f"{key}.log")
                     with serve(label, [*cmd, *extra], port, Path(tmp) / f"{key}.out", cwd=ROOT) as target:
-                        row = {"bench": "ledger_ab", "part": "served", "store": store, "side": name, "rep": rep,
-                               **_measure(target)}  # fmt: skip
+                        row = {
+                            "bench": "ledger_ab",
+                            "part": "served",
+                            "store": store,
+                            "side": name,
+                            "rep": rep,
+                            **_measure(target),
+                        }
                 print(json.dumps(row), flush=True)
                 results.append(row)
     return results
@@ -118,8 +124,14 @@ def dropped_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
                 key = name.replace(" ", "-") + f"-d{rep}"
                 with contextlib.ExitStack() as dbs:
                     rate = asyncio.run(_dropped_rate(_store(store, Path(tmp), key, dbs), retain, n))
-                row = {"bench": "ledger_ab", "part": "dropped", "store": store, "side": name, "rep": rep,
-                       "dropped_groups_per_s": rate}  # fmt: skip
+                row = {
+                    "bench": "ledger_ab",
+                    "part": "dropped",
+                    "store": store,
+                    "side": name,
+                    "rep": rep,
+                    "dropped_groups_per_s": rate,
+                }
                 print(json.dumps(row), flush=True)
                 results.append(row)
     return results
@@ -137,8 +149,11 @@ async def _cpu(url: str, extra: dict[str, Any], n: int) -> tuple[float, float]:
     bodies = []
     for i in range(n):
         tokens = [rng.integers(0, 150_000, 512).tolist() for _ in range(8)]
-        bodies.append(json.dumps({"tokens": tokens, "masks": tokens, "scores": [float(i % 2), 1.0] * 4, "env_id": 0,
-                                  "group_id": f"g{i}"}).encode())  # fmt: skip
+        bodies.append(
+            json.dumps(
+                {"tokens": tokens, "masks": tokens, "scores": [float(i % 2), 1.0] * 4, "env_id": 0, "group_id": f"g{i}"}
+            ).encode()
+        )
     headers = {"Content-Type": "application/json"}
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -170,8 +185,15 @@ def cpu_path(reps: int, store: str, n: int) -> list[dict[str, Any]]:
                 key = name.replace(" ", "-") + f"-c{rep}"
                 with contextlib.ExitStack() as dbs:
                     ingest, batch = asyncio.run(_cpu(_store(store, Path(tmp), key, dbs), extra, n))
-                row = {"bench": "ledger_ab", "part": "cpu", "store": store, "side": name, "rep": rep,
-                       "ingest_cpu_ms_per_group": ingest, "batch_cpu_ms": batch}  # fmt: skip
+                row = {
+                    "bench": "ledger_ab",
+                    "part": "cpu",
+                    "store": store,
+                    "side": name,
+                    "rep": rep,
+                    "ingest_cpu_ms_per_group": ingest,
+                    "batch_cpu_ms": batch,
+                }
                 print(json.dumps(row), flush=True)
                 results.append(row)
     return results
@@ -186,8 +208,15 @@ async def _store_costs(url: str, n: int = 400) -> dict[str, float]:
     from api.wire.records import GroupRecord
 
     store = make_store(url)
-    rec = GroupRecord(0, np.full(8, 512, np.int32), np.zeros(4096, np.int32), np.zeros(4096, np.int32),
-                      np.arange(8, dtype=np.float64), 0, "g")  # fmt: skip
+    rec = GroupRecord(
+        0,
+        np.full(8, 512, np.int32),
+        np.zeros(4096, np.int32),
+        np.zeros(4096, np.int32),
+        np.arange(8, dtype=np.float64),
+        0,
+        "g",
+    )
     ingest: list[float] = []
     batch: list[float] = []
     ids: list[int] = []
@@ -260,8 +289,10 @@ def report(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{side:28} {cells[0]:>16} {cells[1]:>13}")
     for r in rows:
         if r["part"] == "store":
-            lines.append(f"\nthe ledger's writes in a transaction: {r['ledger_us_per_group']:.1f} us per group "
-                         f"ingested, {r['ledger_us_per_batch']:.1f} us per batch of 8 groups")  # fmt: skip
+            lines.append(
+                f"\nthe ledger's writes in a transaction: {r['ledger_us_per_group']:.1f} us per group "
+                f"ingested, {r['ledger_us_per_batch']:.1f} us per batch of 8 groups"
+            )
     lines.append("")
     lines.append(f"{'dropped path (in process)':28} {'dropped groups/s':>16}")
     for side in ("retention off", "retention on"):

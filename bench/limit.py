@@ -87,8 +87,9 @@ def _group(rng: np.random.Generator, seq_len: int, env_id: int) -> bytes:
     tokens = rng.integers(0, 150_000, size=(8, seq_len), dtype=np.int32)
     masks = np.where(rng.random((8, seq_len)) < 0.3, -100, tokens).astype(np.int32)
     logprobs = -rng.random((8, seq_len))  # float64 that float32 does not hold: 8 bytes a token, as vLLM's JSON
-    return encode_submission(tokens, masks, rng.random(8), env_id=env_id, group_id=uuid.uuid4().hex,
-                             inference_logprobs=logprobs)  # fmt: skip
+    return encode_submission(
+        tokens, masks, rng.random(8), env_id=env_id, group_id=uuid.uuid4().hex, inference_logprobs=logprobs
+    )
 
 
 class Requests:
@@ -106,8 +107,10 @@ class Requests:
         self.sent += 1
         groups = [_regroup(self.base[(i * per + j) % TEMPLATES]) for j in range(per)]
         body, path = (groups[0], "/scored_data") if per == 1 else (encode_submission_list(groups), "/scored_data_list")
-        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: {MSGPACK}\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: {MSGPACK}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         return head + body, len(body)
 
 
@@ -135,8 +138,11 @@ async def _load(
                 t0 = time.perf_counter()
                 writer.write(raw)
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length"))  # fmt: skip
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
                 await reader.readexactly(length)
                 lat.append(time.perf_counter() - t0)
                 if head.startswith(b"HTTP/1.1 200"):
@@ -153,9 +159,16 @@ async def _load(
 
 def trainer_registration(max_len: int) -> dict[str, Any]:
     """The bench's trainer: a batch it never fills, so every group posted stays queued."""
-    return {"wandb_group": "bench", "wandb_project": "bench", "batch_size": 10**9, "max_token_len": max_len,
-            "checkpoint_dir": "x", "save_checkpoint_interval": 1000, "starting_step": 0,
-            "num_steps": 10_000}  # fmt: skip
+    return {
+        "wandb_group": "bench",
+        "wandb_project": "bench",
+        "batch_size": 10**9,
+        "max_token_len": max_len,
+        "checkpoint_dir": "x",
+        "save_checkpoint_interval": 1000,
+        "starting_step": 0,
+        "num_steps": 10_000,
+    }
 
 
 def env_registration(max_len: int) -> dict[str, Any]:
@@ -348,9 +361,18 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return round(statistics.median(vals), 4) if vals else None
 
         row = {"side": side, "checkout": checkout, "workload": wl, "rounds": len(got)}
-        for field in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "server_cpu_ms_per_MB", "p50_ms",
-                      "server_cores", "client_cores", "machine_busy", "write_amplification",
-                      "page_faults_per_group"):  # fmt: skip
+        for field in (
+            "groups_per_s",
+            "MB_per_s",
+            "server_cpu_ms_per_group",
+            "server_cpu_ms_per_MB",
+            "p50_ms",
+            "server_cores",
+            "client_cores",
+            "machine_busy",
+            "write_amplification",
+            "page_faults_per_group",
+        ):
             row[field] = med(field)
         if side == "sink" and row["server_cpu_ms_per_group"]:
             sink[wl] = row["server_cpu_ms_per_group"]
@@ -366,16 +388,33 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def report(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'side':11} {'checkout':8} {'workload':8} {'groups/s':>9} {'MB/s':>7} {'CPU ms/group':>12} "
-             f"{'x sink':>6} {'CPU ms/MB':>9} {'p50 ms':>7} {'server':>6} {'client':>6} {'busy':>5} "
-             f"{'write amp':>9} {'faults':>6}"]  # fmt: skip
+    lines = [
+        f"{'side':11} {'checkout':8} {'workload':8} {'groups/s':>9} {'MB/s':>7} {'CPU ms/group':>12} "
+        f"{'x sink':>6} {'CPU ms/MB':>9} {'p50 ms':>7} {'server':>6} {'client':>6} {'busy':>5} "
+        f"{'write amp':>9} {'faults':>6}"
+    ]
     for r in rows:
-        cells = [r.get(f) for f in ("groups_per_s", "MB_per_s", "server_cpu_ms_per_group", "cpu_x_sink",
-                                    "server_cpu_ms_per_MB", "p50_ms", "server_cores", "client_cores",
-                                    "machine_busy", "write_amplification", "page_faults_per_group")]  # fmt: skip
+        cells = [
+            r.get(f)
+            for f in (
+                "groups_per_s",
+                "MB_per_s",
+                "server_cpu_ms_per_group",
+                "cpu_x_sink",
+                "server_cpu_ms_per_MB",
+                "p50_ms",
+                "server_cores",
+                "client_cores",
+                "machine_busy",
+                "write_amplification",
+                "page_faults_per_group",
+            )
+        ]
         g, mb, cpu, x, permb, p50, sc, cc, busy, wa, pf = ("-" if c is None else c for c in cells)
-        lines.append(f"{r['side']:11} {r['checkout']:8} {r['workload']:8} {g:>9} {mb:>7} {cpu:>12} {x:>6} "
-                     f"{permb:>9} {p50:>7} {sc:>6} {cc:>6} {busy:>5} {wa:>9} {pf:>6}")  # fmt: skip
+        lines.append(
+            f"{r['side']:11} {r['checkout']:8} {r['workload']:8} {g:>9} {mb:>7} {cpu:>12} {x:>6} "
+            f"{permb:>9} {p50:>7} {sc:>6} {cc:>6} {busy:>5} {wa:>9} {pf:>6}"
+        )
     return "\n".join(lines)
 
 

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 WORKLOADS = ("small", "large", "list16")
-WORKLOAD_LABELS = {"small": "small\n8 x 64 tokens", "large": "large\n8 x 2048 tokens",
-                   "list16": "lists of 16\nsmall groups"}  # fmt: skip
+WORKLOAD_LABELS = {
+    "small": "small\n8 x 64 tokens",
+    "large": "large\n8 x 2048 tokens",
+    "list16": "lists of 16\nsmall groups",
+}
 SIDES = ("sink", "keep", "memory", "sqlite", "postgresql")
 SIDE_LABELS = {
     "sink": "do-nothing endpoint",
@@ -31,8 +34,7 @@ SIDE_LABELS = {
     "sqlite": "rollbuf, SQLite",
     "postgresql": "rollbuf, PostgreSQL",
 }
-COLORS = {"sink": "#9e9e9e", "keep": "#cfcfcf", "memory": "tab:green", "sqlite": "tab:blue",
-          "postgresql": "tab:purple"}  # fmt: skip
+COLORS = {"sink": "#9e9e9e", "keep": "#cfcfcf", "memory": "tab:green", "sqlite": "tab:blue", "postgresql": "tab:purple"}
 GOALS = {("memory", "small"): 2.0, ("memory", "large"): 1.5, ("sqlite", "small"): 3.0, ("sqlite", "large"): 2.0}
 """The goals for server CPU per group, as a multiple of the do-nothing endpoint's (docs/benchmarks.md)."""
 LIST_GOAL = ("sqlite", "list16", 5000.0)
@@ -58,8 +60,15 @@ def plot(run: dict[str, Any], out: Path, title: str = "") -> None:
         xs = [k + (i - (len(sides) - 1) / 2) * width for k in range(len(WORKLOADS))]
         for ax, field in ((cost, "cpu_x_sink"), (rate, "groups_per_s")):
             vals = [rows.get((side, w), {}).get(field) for w in WORKLOADS]
-            ax.bar([x for x, v in zip(xs, vals, strict=True) if v], [v for v in vals if v], width,
-                   color=COLORS[side], label=SIDE_LABELS[side], edgecolor="black", linewidth=0.4)  # fmt: skip
+            ax.bar(
+                [x for x, v in zip(xs, vals, strict=True) if v],
+                [v for v in vals if v],
+                width,
+                color=COLORS[side],
+                label=SIDE_LABELS[side],
+                edgecolor="black",
+                linewidth=0.4,
+            )
         for k, w in enumerate(WORKLOADS):
             goal = GOALS.get((side, w))
             if goal is not None:

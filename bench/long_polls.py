@@ -80,13 +80,29 @@ async def _ingest(url: str, seconds: float) -> float:
 
 async def measure(url: str, port: int, pid: int, polls: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url) as c:
-        reg = {"wandb_group": "b", "wandb_project": "b", "batch_size": 64, "max_token_len": 4096,
-               "checkpoint_dir": "c", "save_checkpoint_interval": 10, "starting_step": 0, "num_steps": 10}  # fmt: skip
+        reg = {
+            "wandb_group": "b",
+            "wandb_project": "b",
+            "batch_size": 64,
+            "max_token_len": 4096,
+            "checkpoint_dir": "c",
+            "save_checkpoint_interval": 10,
+            "starting_step": 0,
+            "num_steps": 10,
+        }
         (await c.post("/register", json=reg)).raise_for_status()
         await c.get("/batch")
         for name, share in (("e", None), ("silent", 0.5)):  # half of each batch waits for an env that never sends:
-            await c.post("/register-env", json={"max_token_length": 4096, "desired_name": name, "weight": 1.0,
-                                                "group_size": 8, "min_batch_allocation": share})  # fmt: skip
+            await c.post(
+                "/register-env",
+                json={
+                    "max_token_length": 4096,
+                    "desired_name": name,
+                    "weight": 1.0,
+                    "group_size": 8,
+                    "min_batch_allocation": share,
+                },
+            )
     alone = await _ingest(url, INGEST_S)  # so no batch forms, and the long-polls keep waiting
     writers = await _hold(port, polls)
     settled = await _until_waiting(url, polls)

@@ -20,14 +20,25 @@ async def main(n: int) -> None:
     app = create_app(Settings(store="memory://"))
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
-            await c.post("/register", json={"batch_size": 4, "max_token_len": 4096, "wandb_group": "g",
-                                            "wandb_project": "p", "checkpoint_dir": "c",
-                                            "save_checkpoint_interval": 1, "starting_step": 0,
-                                            "num_steps": 1000})  # fmt: skip
+            await c.post(
+                "/register",
+                json={
+                    "batch_size": 4,
+                    "max_token_len": 4096,
+                    "wandb_group": "g",
+                    "wandb_project": "p",
+                    "checkpoint_dir": "c",
+                    "save_checkpoint_interval": 1,
+                    "starting_step": 0,
+                    "num_steps": 1000,
+                },
+            )
             await c.get("/batch")
             for i in range(n):
-                reply = await c.post("/register-env", json={"max_token_length": 4096, "desired_name": f"e{i}",
-                                                            "weight": 1.0, "group_size": 4})  # fmt: skip
+                reply = await c.post(
+                    "/register-env",
+                    json={"max_token_length": 4096, "desired_name": f"e{i}", "weight": 1.0, "group_size": 4},
+                )
                 env_id = reply.json()["env_id"]
                 if i % 10 == 0:
                     await c.post(
@@ -50,8 +61,10 @@ async def main(n: int) -> None:
                     reply = await c.get(path)
                     times.append(time.perf_counter() - start)
                     cpu.append(time.process_time() - start_cpu)  # this process's CPU: a loaded machine's wall is not
-                print(f"{n} envs: {path} median {sorted(times)[2] * 1000:.0f} ms "
-                      f"({sorted(cpu)[2] * 1000:.0f} ms CPU), {len(reply.content) / 1e6:.2f} MB")  # fmt: skip
+                print(
+                    f"{n} envs: {path} median {sorted(times)[2] * 1000:.0f} ms "
+                    f"({sorted(cpu)[2] * 1000:.0f} ms CPU), {len(reply.content) / 1e6:.2f} MB"
+                )
 
 
 if __name__ == "__main__":

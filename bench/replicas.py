@@ -72,9 +72,16 @@ def run(rounds: int = 40) -> list[dict[str, Any]]:
         a_cmd, b_cmd = rollbuf(url, Path(tmp) / "a.log"), rollbuf(url, Path(tmp) / "b.log")
         with serve(*a_cmd, Path(tmp) / "a.log") as a, serve(*b_cmd, Path(tmp) / "b.log") as b:
             with httpx.Client(base_url=a.url, timeout=30) as c:
-                reg = {"wandb_group": "b", "wandb_project": "b", "batch_size": GROUP, "max_token_len": 64,
-                       "checkpoint_dir": "c", "save_checkpoint_interval": 0, "starting_step": 0,
-                       "num_steps": 10**6}  # fmt: skip
+                reg = {
+                    "wandb_group": "b",
+                    "wandb_project": "b",
+                    "batch_size": GROUP,
+                    "max_token_len": 64,
+                    "checkpoint_dir": "c",
+                    "save_checkpoint_interval": 0,
+                    "starting_step": 0,
+                    "num_steps": 10**6,
+                }
                 c.post("/register", json=reg).raise_for_status()
                 c.get("/batch", params={"step": 0}).raise_for_status()
                 env = {"max_token_length": 64, "desired_name": "wake", "weight": 1.0, "group_size": GROUP}
@@ -83,12 +90,17 @@ def run(rounds: int = 40) -> list[dict[str, Any]]:
             for name, post_url in (("other replica", b.url), ("same replica", a.url)):
                 lat, step = measure(a.url, post_url, env_id, step, rounds)
                 lat.sort()
-                results.append({
-                    "bench": "wakeup", "store": "postgresql", "posted_to": name, "rounds": rounds,
-                    "median_ms": round(statistics.median(lat) * 1e3, 2),
-                    "p90_ms": round(lat[int(0.9 * (len(lat) - 1))] * 1e3, 2),
-                    "max_ms": round(lat[-1] * 1e3, 2),
-                })  # fmt: skip
+                results.append(
+                    {
+                        "bench": "wakeup",
+                        "store": "postgresql",
+                        "posted_to": name,
+                        "rounds": rounds,
+                        "median_ms": round(statistics.median(lat) * 1e3, 2),
+                        "p90_ms": round(lat[int(0.9 * (len(lat) - 1))] * 1e3, 2),
+                        "max_ms": round(lat[-1] * 1e3, 2),
+                    }
+                )
     return results
 
 
@@ -97,8 +109,10 @@ def report(results: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     lines = ["long-poll wake-up, PostgreSQL replicas (env's 200 to the trainer's batch, ms):"]
-    lines += [f"  posted to the {r['posted_to']:13}: median {r['median_ms']}, p90 {r['p90_ms']}, max {r['max_ms']}"
-              for r in rows]  # fmt: skip
+    lines += [
+        f"  posted to the {r['posted_to']:13}: median {r['median_ms']}, p90 {r['p90_ms']}, max {r['max_ms']}"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 

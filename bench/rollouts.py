@@ -36,8 +36,13 @@ async def run(store: str, groups: int, size: int) -> tuple[float, float, float]:
             row = list(range(1, TOKENS + 1))
             start = time.process_time()
             for g in range(groups):
-                body = {"tokens": [row] * size, "masks": [row] * size, "scores": [1.0] * size, "env_id": 0,
-                        "group_id": f"whole-{g}"}  # fmt: skip
+                body = {
+                    "tokens": [row] * size,
+                    "masks": [row] * size,
+                    "scores": [1.0] * size,
+                    "env_id": 0,
+                    "group_id": f"whole-{g}",
+                }
                 assert (await c.post("/scored_data", json=body)).status_code == 200
             whole = (time.process_time() - start) / (groups * size)
             start = time.process_time()
@@ -67,8 +72,10 @@ def main() -> None:
         for name in args.stores:
             store = "memory://" if name == "memory" else f"sqlite:///{Path(tmp) / 'bench.db'}"
             whole, each, seal = asyncio.run(run(store, args.groups, args.group_size))
-            print(f"{name:8} CPU ms per rollout: whole group {whole * 1e3:.3f}, per rollout {each * 1e3:.3f} "
-                  f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms")  # fmt: skip
+            print(
+                f"{name:8} CPU ms per rollout: whole group {whole * 1e3:.3f}, per rollout {each * 1e3:.3f} "
+                f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms"
+            )
 
 
 if __name__ == "__main__":

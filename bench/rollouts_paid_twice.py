@@ -60,10 +60,27 @@ def run(whole: bool, args: argparse.Namespace, schedule: list[tuple[float, int]]
             c.get("/batch")
 
             def start(n: int) -> None:
-                cmd = [sys.executable, "-m", "tests.per_rollout_producer", "--server", server.url,
-                       "--events", str(tmp / f"events-{n}.jsonl"), "--idle", str(tmp / f"idle-{n}"),
-                       "--tasks", str(args.tasks), "--offset", str(100 * n), "--group-size", str(args.group_size),
-                       "--min-s", str(args.min_s), "--max-s", str(args.max_s)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "tests.per_rollout_producer",
+                    "--server",
+                    server.url,
+                    "--events",
+                    str(tmp / f"events-{n}.jsonl"),
+                    "--idle",
+                    str(tmp / f"idle-{n}"),
+                    "--tasks",
+                    str(args.tasks),
+                    "--offset",
+                    str(100 * n),
+                    "--group-size",
+                    str(args.group_size),
+                    "--min-s",
+                    str(args.min_s),
+                    "--max-s",
+                    str(args.max_s),
+                ]
                 cmd += ["--whole"] if whole else []
                 with (tmp / f"producer-{n}.log").open("ab") as out:
                     procs[n] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -112,8 +129,10 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     schedule = sorted((round(rng.uniform(0.2, 5.0), 2), rng.randrange(1000)) for _ in range(args.kills))
-    print(f"kills at (s, victim pick): {schedule}; G={args.group_size}, {args.producers} producers, "
-          f"{args.tasks} groups each, rollouts {args.min_s}-{args.max_s} s")  # fmt: skip
+    print(
+        f"kills at (s, victim pick): {schedule}; G={args.group_size}, {args.producers} producers, "
+        f"{args.tasks} groups each, rollouts {args.min_s}-{args.max_s} s"
+    )
     for whole in (True, False):
         with tempfile.TemporaryDirectory() as tmp:
             r = run(whole, args, schedule, Path(tmp))

@@ -36,10 +36,15 @@ def _chunk_body(env_id: int, n: int, rng: np.random.Generator) -> bytes:
     masks[:, :, : LEN // 2] = -100
     lps = -rng.exponential(0.5, (n, SEQS, LEN)).astype(np.float32).astype(np.float64)
     groups = [
-        {"env_id": env_id, "tokens": tokens[i].tolist(), "masks": masks[i].tolist(),
-         "inference_logprobs": lps[i].tolist(), "scores": [0.0, 1.0] * (SEQS // 2)}
+        {
+            "env_id": env_id,
+            "tokens": tokens[i].tolist(),
+            "masks": masks[i].tolist(),
+            "inference_logprobs": lps[i].tolist(),
+            "scores": [0.0, 1.0] * (SEQS // 2),
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
     return orjson.dumps(groups)
 
 
@@ -47,12 +52,23 @@ def measure(store: str, log: Path) -> list[dict[str, Any]]:
     out = []
     rng = np.random.default_rng(0)
     with serve(*rollbuf(store, log), log) as target, httpx.Client(base_url=target.url, timeout=120) as c:
-        c.post("/register", json={"wandb_group": "b", "wandb_project": "b", "batch_size": 1 << 20,
-                                  "max_token_len": LEN, "checkpoint_dir": "c", "save_checkpoint_interval": 0,
-                                  "starting_step": 0, "num_steps": 1})  # fmt: skip
+        c.post(
+            "/register",
+            json={
+                "wandb_group": "b",
+                "wandb_project": "b",
+                "batch_size": 1 << 20,
+                "max_token_len": LEN,
+                "checkpoint_dir": "c",
+                "save_checkpoint_interval": 0,
+                "starting_step": 0,
+                "num_steps": 1,
+            },
+        )
         c.get("/batch")
-        env_id = c.post("/register-env", json={"max_token_length": LEN, "desired_name": "rss", "weight": 1.0,
-                                               "group_size": SEQS}).json()["env_id"]  # fmt: skip
+        env_id = c.post(
+            "/register-env", json={"max_token_length": LEN, "desired_name": "rss", "weight": 1.0, "group_size": SEQS}
+        ).json()["env_id"]
         body = _chunk_body(env_id, CHUNK, rng)  # the same chunk over and over: encoding is not measured
         base = _rss_kb(target.pid)
         queued = 0
@@ -64,8 +80,15 @@ def measure(store: str, log: Path) -> list[dict[str, Any]]:
             assert c.get("/status").json()["queue_size"] == queued
             rss = _rss_kb(target.pid)
             positions = queued * SEQS * LEN
-            out.append({"bench": "rss", "store": store.split(":")[0], "queued_groups": queued, "rss_mb": rss // 1024,
-                        "growth_bytes_per_position": round((rss - base) * 1024 / positions, 2)})  # fmt: skip
+            out.append(
+                {
+                    "bench": "rss",
+                    "store": store.split(":")[0],
+                    "queued_groups": queued,
+                    "rss_mb": rss // 1024,
+                    "growth_bytes_per_position": round((rss - base) * 1024 / positions, 2),
+                }
+            )
     return out
 
 
@@ -81,11 +104,16 @@ def report(results: list[dict[str, Any]]) -> list[str]:
     rows = [r for r in results if r.get("bench") == "rss"]
     if not rows:
         return []
-    lines = [f"\nserver RSS vs queue depth ({SEQS} x {LEN}-token groups; growth per token position, raw payload "
-             f"= {RAW_BYTES_PER_POSITION} bytes):"]  # fmt: skip
+    lines = [
+        f"\nserver RSS vs queue depth ({SEQS} x {LEN}-token groups; growth per token position, raw payload "
+        f"= {RAW_BYTES_PER_POSITION} bytes):"
+    ]
     for store in ("memory", "sqlite"):
-        cells = [f"{r['queued_groups']:>7}: {r['rss_mb']:5} MB ({r['growth_bytes_per_position']:6} B/pos)"
-                 for r in rows if r["store"] == store]  # fmt: skip
+        cells = [
+            f"{r['queued_groups']:>7}: {r['rss_mb']:5} MB ({r['growth_bytes_per_position']:6} B/pos)"
+            for r in rows
+            if r["store"] == store
+        ]
         lines.append(f"  {store:7} " + " | ".join(cells))
     return lines
 

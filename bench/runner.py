@@ -66,13 +66,23 @@ async def serial(url: str) -> dict[str, Any]:
             await client.submit(build_group(task, sessions, scores, [0.0] * GROUP_SIZE, 0.0))
             groups, i = groups + 1, i + 1
         elapsed = time.perf_counter() - t0
-    return {"bench": "runner", "mode": "serial", "concurrency": 1, "workers": 0,
-            "groups_per_s": round(groups / elapsed, 2)}  # fmt: skip
+    return {
+        "bench": "runner",
+        "mode": "serial",
+        "concurrency": 1,
+        "workers": 0,
+        "groups_per_s": round(groups / elapsed, 2),
+    }
 
 
 async def with_runner(url: str, concurrency: int, workers: int) -> dict[str, Any]:
-    runner = RolloutRunner(url, [(_env(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=concurrency, num_workers=workers)  # fmt: skip
+    runner = RolloutRunner(
+        url,
+        [(_env(), Tasks(arithmetic_task))],
+        ScriptedPolicy(arithmetic_script),
+        max_in_flight=concurrency,
+        num_workers=workers,
+    )
     run = asyncio.create_task(runner.run())
     while runner.stats.accepted == 0 and not run.done():
         await asyncio.sleep(0.05)
@@ -81,15 +91,31 @@ async def with_runner(url: str, concurrency: int, workers: int) -> dict[str, Any
     a1, t1 = runner.stats.accepted, time.perf_counter()
     runner.stop()
     stats = await run
-    return {"bench": "runner", "mode": "runner", "concurrency": concurrency, "workers": workers,
-            "groups_per_s": round((a1 - a0) / (t1 - t0), 2), "max_in_flight": stats.max_in_flight}  # fmt: skip
+    return {
+        "bench": "runner",
+        "mode": "runner",
+        "concurrency": concurrency,
+        "workers": workers,
+        "groups_per_s": round((a1 - a0) / (t1 - t0), 2),
+        "max_in_flight": stats.max_in_flight,
+    }
 
 
 async def _all(url: str) -> list[dict[str, Any]]:
     with httpx.Client(base_url=url) as http:
-        http.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": 64,
-                                     "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 0,
-                                     "starting_step": 0, "num_steps": 1})  # fmt: skip
+        http.post(
+            "/register",
+            json={
+                "wandb_group": "bench",
+                "wandb_project": "bench",
+                "batch_size": 64,
+                "max_token_len": 512,
+                "checkpoint_dir": "c",
+                "save_checkpoint_interval": 0,
+                "starting_step": 0,
+                "num_steps": 1,
+            },
+        )
         http.get("/batch")
     results = [await serial(url)]
     print(f"  serial: {results[0]['groups_per_s']} groups/s", flush=True)
@@ -106,8 +132,11 @@ def _where(workers: int) -> str:
 
 
 def run() -> list[dict[str, Any]]:
-    print(f"runner throughput: G={GROUP_SIZE}, {STEPS} steps of {WAIT_S * 1000:.0f} ms wait + {CPU_S * 1000:.0f} ms "
-          "CPU per rollout", flush=True)  # fmt: skip
+    print(
+        f"runner throughput: G={GROUP_SIZE}, {STEPS} steps of {WAIT_S * 1000:.0f} ms wait + {CPU_S * 1000:.0f} ms "
+        "CPU per rollout",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         name, cmd, port = rollbuf("memory://", Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target:
@@ -119,12 +148,23 @@ def report(results: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     serial_rate = next((r["groups_per_s"] for r in rows if r["mode"] == "serial"), None)
-    lines = [f"\nrollout runner (groups/s; G={GROUP_SIZE}, {STEPS} x ({WAIT_S * 1000:.0f} ms wait + "
-             f"{CPU_S * 1000:.0f} ms CPU) per rollout; serial: {serial_rate}):",  # fmt: skip
-             "  in flight   " + "".join(f"{_where(w):>14}" for w in WORKERS)]  # fmt: skip
+    lines = [
+        f"\nrollout runner (groups/s; G={GROUP_SIZE}, {STEPS} x ({WAIT_S * 1000:.0f} ms wait + "
+        f"{CPU_S * 1000:.0f} ms CPU) per rollout; serial: {serial_rate}):",
+        "  in flight   " + "".join(f"{_where(w):>14}" for w in WORKERS),
+    ]
     for c in CONCURRENCY:
-        cells = [next((r["groups_per_s"] for r in rows if r["mode"] == "runner" and r["concurrency"] == c
-                       and r["workers"] == w), "-") for w in WORKERS]  # fmt: skip
+        cells = [
+            next(
+                (
+                    r["groups_per_s"]
+                    for r in rows
+                    if r["mode"] == "runner" and r["concurrency"] == c and r["workers"] == w
+                ),
+                "-",
+            )
+            for w in WORKERS
+        ]
         lines.append(f"  {c:9d}   " + "".join(f"{cell:>14}" for cell in cells))
     return "\n".join(lines)
 
@@ -134,8 +174,15 @@ def _side(root: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(root)}
     with tempfile.TemporaryDirectory() as tmp:  # run from a folder of its own: bench/http.py would shadow http
         script = shutil.copy(ROOT / "bench" / "scheduling.py", tmp)
-        out = subprocess.run([sys.executable, script, "--json"], cwd=root, env=env, capture_output=True, text=True,
-                             check=True, timeout=300).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, script, "--json"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -153,26 +200,37 @@ def scheduling(base: Path | None, rounds: int) -> list[dict[str, Any]]:
         tail = [x["long_tail"] for x in results]
         grouped = [x["long_tail_group"] for x in results]
         g64 = [x["g64_2_workers"] for x in results]
-        rows.append({"bench": "runner_scheduling", "side": name, "rounds": rounds,
-                     "long_tail_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in tail),
-                     "long_tail_running_of_held": statistics.median(t["running_of_held"] for t in tail),
-                     "long_tail_running_of_slots": statistics.median(t["running_of_slots"] for t in tail),
-                     "grouped_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in grouped),
-                     "grouped_running_of_held": statistics.median(t["running_of_held"] for t in grouped),
-                     "grouped_running_of_slots": statistics.median(t["running_of_slots"] for t in grouped),
-                     "g64_rollouts_per_s": statistics.median(g["rollouts_per_s"] for g in g64),
-                     "g64_mean_worker_idle": statistics.median(g["mean_idle"] for g in g64),
-                     "g64_most_idle_worker": statistics.median(g["worker_idle"][-1] for g in g64)})  # fmt: skip
+        rows.append(
+            {
+                "bench": "runner_scheduling",
+                "side": name,
+                "rounds": rounds,
+                "long_tail_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in tail),
+                "long_tail_running_of_held": statistics.median(t["running_of_held"] for t in tail),
+                "long_tail_running_of_slots": statistics.median(t["running_of_slots"] for t in tail),
+                "grouped_rollouts_per_s": statistics.median(t["rollouts_per_s"] for t in grouped),
+                "grouped_running_of_held": statistics.median(t["running_of_held"] for t in grouped),
+                "grouped_running_of_slots": statistics.median(t["running_of_slots"] for t in grouped),
+                "g64_rollouts_per_s": statistics.median(g["rollouts_per_s"] for g in g64),
+                "g64_mean_worker_idle": statistics.median(g["mean_idle"] for g in g64),
+                "g64_most_idle_worker": statistics.median(g["worker_idle"][-1] for g in g64),
+            }
+        )
     return rows
 
 
 def scheduling_report(rows: list[dict[str, Any]]) -> str:
-    cols = [("grouped_rollouts_per_s", "tail, per group: rollouts/s"), ("grouped_running_of_held", "running/held"),
-            ("grouped_running_of_slots", "running/32 slots"),
-            ("long_tail_rollouts_per_s", "tail, per rollout: rollouts/s"),
-            ("long_tail_running_of_held", "running/held"),
-            ("long_tail_running_of_slots", "running/32 slots"), ("g64_rollouts_per_s", "G=64 2w rollouts/s"),
-            ("g64_mean_worker_idle", "mean worker idle"), ("g64_most_idle_worker", "most idle worker")]  # fmt: skip
+    cols = [
+        ("grouped_rollouts_per_s", "tail, per group: rollouts/s"),
+        ("grouped_running_of_held", "running/held"),
+        ("grouped_running_of_slots", "running/32 slots"),
+        ("long_tail_rollouts_per_s", "tail, per rollout: rollouts/s"),
+        ("long_tail_running_of_held", "running/held"),
+        ("long_tail_running_of_slots", "running/32 slots"),
+        ("g64_rollouts_per_s", "G=64 2w rollouts/s"),
+        ("g64_mean_worker_idle", "mean worker idle"),
+        ("g64_most_idle_worker", "most idle worker"),
+    ]
     lines = ["\nrollout scheduling (medians): " + "".join(f"{r['side']:>10}" for r in rows)]
     for key, label in cols:
         lines.append(f"  {label:>30}: " + "".join(f"{r[key]:>10}" for r in rows))

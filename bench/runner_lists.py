@@ -54,16 +54,31 @@ def _requests(url: str) -> dict[str, float]:
 
 async def _measure(target: Target, linger: float, seconds: float, in_flight: int) -> dict[str, Any]:
     env = Synthetic(group_size=GROUP_SIZE, steps=1, wait_s=WAIT_S, cpu_s=0.0)
-    runner = RolloutRunner(target.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=in_flight, timeouts=Timeouts(submit_linger=linger))  # fmt: skip
+    runner = RolloutRunner(
+        target.url,
+        [(env, Tasks(arithmetic_task))],
+        ScriptedPolicy(arithmetic_script),
+        max_in_flight=in_flight,
+        timeouts=Timeouts(submit_linger=linger),
+    )
     run = asyncio.create_task(runner.run())
     while runner.stats.accepted < 100 and not run.done():  # registered, warmed up
         await asyncio.sleep(0.05)
-    a0, t0, s0, c0, r0 = runner.stats.accepted, time.perf_counter(), cpu_seconds(target.pid), time.process_time(), \
-        _requests(target.url)  # fmt: skip
+    a0, t0, s0, c0, r0 = (
+        runner.stats.accepted,
+        time.perf_counter(),
+        cpu_seconds(target.pid),
+        time.process_time(),
+        _requests(target.url),
+    )
     await asyncio.sleep(seconds)
-    a1, t1, s1, c1, r1 = runner.stats.accepted, time.perf_counter(), cpu_seconds(target.pid), time.process_time(), \
-        _requests(target.url)  # fmt: skip
+    a1, t1, s1, c1, r1 = (
+        runner.stats.accepted,
+        time.perf_counter(),
+        cpu_seconds(target.pid),
+        time.process_time(),
+        _requests(target.url),
+    )
     runner.stop()
     await run
     groups = a1 - a0
@@ -82,9 +97,19 @@ def _side(linger: float, seconds: float, in_flight: int) -> dict[str, Any]:
         name, cmd, port = rollbuf(f"sqlite:///{tmp}/r.db", Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target:
             with httpx.Client(base_url=target.url) as http:
-                http.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": 64,
-                                             "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 0,
-                                             "starting_step": 0, "num_steps": 1})  # fmt: skip
+                http.post(
+                    "/register",
+                    json={
+                        "wandb_group": "bench",
+                        "wandb_project": "bench",
+                        "batch_size": 64,
+                        "max_token_len": 512,
+                        "checkpoint_dir": "c",
+                        "save_checkpoint_interval": 0,
+                        "starting_step": 0,
+                        "num_steps": 1,
+                    },
+                )
                 http.get("/batch")
             return asyncio.run(_measure(target, linger, seconds, in_flight))
 
@@ -100,9 +125,18 @@ def run(rounds: int, seconds: float, levels: list[int]) -> list[dict[str, Any]]:
                 result = _side(SIDES[side], seconds, n)
                 runs[n, side].append(result)
                 print(f"  round {r + 1}, {n} in flight, {side}: {json.dumps(result)}", flush=True)
-    return [{"bench": "runner_lists", "side": side, "submit_linger": SIDES[side], "rounds": rounds, "in_flight": n,
-             "group_size": GROUP_SIZE, **{k: statistics.median(x[k] for x in results) for k in KEYS}}
-            for (n, side), results in runs.items()]  # fmt: skip
+    return [
+        {
+            "bench": "runner_lists",
+            "side": side,
+            "submit_linger": SIDES[side],
+            "rounds": rounds,
+            "in_flight": n,
+            "group_size": GROUP_SIZE,
+            **{k: statistics.median(x[k] for x in results) for k in KEYS},
+        }
+        for (n, side), results in runs.items()
+    ]
 
 
 def report(rows: list[dict[str, Any]]) -> str:

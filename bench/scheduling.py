@@ -100,19 +100,21 @@ async def _measure(runner: RolloutRunner, size: int, sample: Any = None) -> tupl
 
 async def long_tail(url: str, per_rollout: bool) -> dict[str, Any]:
     env = LongTail(name=f"long_tail_{int(per_rollout)}", scores_each_rollout=per_rollout)
-    runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=32)  # fmt: skip
+    runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=32)
     rate, _, _, samples = await _measure(runner, 8, lambda: (RUNNING["now"], runner.stats.in_flight))
     held = [r / h for r, h in samples if h > 0]
-    return {"rollouts_per_s": round(rate, 1),
-            "running_of_held": round(sum(held) / max(1, len(held)), 3),
-            "running_of_slots": round(sum(r for r, _ in samples) / max(1, len(samples)) / 32, 3)}  # fmt: skip
+    return {
+        "rollouts_per_s": round(rate, 1),
+        "running_of_held": round(sum(held) / max(1, len(held)), 3),
+        "running_of_slots": round(sum(r for r, _ in samples) / max(1, len(samples)) / 32, 3),
+    }
 
 
 async def two_workers(url: str, log: Path) -> dict[str, Any]:
     env = Heavy(log=str(log))
-    runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=64, num_workers=2)  # fmt: skip
+    runner = RolloutRunner(
+        url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=64, num_workers=2
+    )
     _, t0, t1, _ = await _measure(runner, 64)
     spans: dict[str, list[tuple[float, float]]] = {}
     for line in log.read_text().splitlines():
@@ -122,18 +124,34 @@ async def two_workers(url: str, log: Path) -> dict[str, Any]:
     rate = ended / (t1 - t0)  # rollouts, not groups x 64: a 6 s window holds only a few groups
     idle = sorted(1 - _union(s, t0, t1) / (t1 - t0) for s in spans.values())
     idle += [1.0] * max(0, 2 - len(idle))  # a worker that never ran a rollout was idle throughout
-    return {"rollouts_per_s": round(rate, 1), "worker_idle": [round(x, 3) for x in idle],
-            "mean_idle": round(sum(idle) / len(idle), 3)}  # fmt: skip
+    return {
+        "rollouts_per_s": round(rate, 1),
+        "worker_idle": [round(x, 3) for x in idle],
+        "mean_idle": round(sum(idle) / len(idle), 3),
+    }
 
 
 async def main_async(url: str, tmp: Path) -> dict[str, Any]:
     with httpx.Client(base_url=url) as http:
-        http.post("/register", json={"wandb_group": "bench", "wandb_project": "bench", "batch_size": 64,
-                                     "max_token_len": 512, "checkpoint_dir": "c", "save_checkpoint_interval": 0,
-                                     "starting_step": 0, "num_steps": 1})  # fmt: skip
+        http.post(
+            "/register",
+            json={
+                "wandb_group": "bench",
+                "wandb_project": "bench",
+                "batch_size": 64,
+                "max_token_len": 512,
+                "checkpoint_dir": "c",
+                "save_checkpoint_interval": 0,
+                "starting_step": 0,
+                "num_steps": 1,
+            },
+        )
         http.get("/batch")
-    return {"long_tail": await long_tail(url, True), "long_tail_group": await long_tail(url, False),
-            "g64_2_workers": await two_workers(url, tmp / "spans.log")}  # fmt: skip
+    return {
+        "long_tail": await long_tail(url, True),
+        "long_tail_group": await long_tail(url, False),
+        "g64_2_workers": await two_workers(url, tmp / "spans.log"),
+    }
 
 
 def main() -> None:

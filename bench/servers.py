@@ -82,8 +82,22 @@ def serve(name: str, cmd: list[str], port: int, log: Path, ready_path: str = "/"
 
 def rollbuf(store: str, log: Path, workers: int = 1) -> tuple[str, list[str], int]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "api", "serve", "--host", "127.0.0.1", "--port", str(port), "--store", store,
-           "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "api",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--store",
+        store,
+        "--log-level",
+        "warning",
+        "--workers",
+        str(workers),
+    ]
     suffix = f" x{workers}" if workers > 1 else ""
     return f"rollbuf[{store.split(':')[0]}{suffix}]", cmd, port
 
@@ -94,22 +108,50 @@ def atropos(log: Path) -> tuple[str, list[str], int] | None:
     if not uvicorn.exists():
         return None
     port = _free_port()
-    cmd = [str(uvicorn), "atroposlib.api.server:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        str(uvicorn),
+        "atroposlib.api.server:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     return "atropos", cmd, port
 
 
 def keeping_sink() -> tuple[str, list[str], int]:
     """A do-nothing endpoint that keeps every body it reads (`bench/keeping_sink.py`)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "bench.keeping_sink:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.keeping_sink:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     return "keeping sink", cmd, port
 
 
 def ceiling(log: Path) -> tuple[str, list[str], int]:
     """The do-nothing server (`bench/do_nothing.py`): the ingest ceiling of this client, HTTP and framework."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "bench.do_nothing:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "bench.do_nothing:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     return "do-nothing", cmd, port

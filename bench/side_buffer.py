@@ -35,12 +35,28 @@ def group(seed: int) -> bytes:
 
 async def measure(url: str, n: int, wal: Path | None) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-        (await c.post("/register", json={"wandb_group": "b", "wandb_project": "b", "batch_size": 64,
-                                          "max_token_len": 4096, "checkpoint_dir": "c", "save_checkpoint_interval": 10,
-                                          "starting_step": 0, "num_steps": 10**6})).raise_for_status()  # fmt: skip
+        (
+            await c.post(
+                "/register",
+                json={
+                    "wandb_group": "b",
+                    "wandb_project": "b",
+                    "batch_size": 64,
+                    "max_token_len": 4096,
+                    "checkpoint_dir": "c",
+                    "save_checkpoint_interval": 10,
+                    "starting_step": 0,
+                    "num_steps": 10**6,
+                },
+            )
+        ).raise_for_status()
         await c.get("/batch")
-        (await c.post("/register-env", json={"max_token_length": 4096, "desired_name": "short", "weight": 1.0,
-                                              "group_size": 8})).raise_for_status()  # fmt: skip
+        (
+            await c.post(
+                "/register-env",
+                json={"max_token_length": 4096, "desired_name": "short", "weight": 1.0, "group_size": 8},
+            )
+        ).raise_for_status()
         bodies = [group(s) for s in range(32)]
         took: list[float] = []
         wal_max = 0
@@ -56,9 +72,14 @@ async def measure(url: str, n: int, wal: Path | None) -> dict[str, Any]:
         seconds = time.monotonic() - start
         status = (await c.get("/status")).json()
     first, last = took[:WINDOW], took[-WINDOW:]
-    return {"groups": n, "seconds": round(seconds, 2), "first_ms": round(1000 * sum(first) / len(first), 2),
-            "last_ms": round(1000 * sum(last) / len(last), 2), "wal_max_mb": round(wal_max / 1e6, 1),
-            "held_groups": status.get("held_groups")}  # fmt: skip
+    return {
+        "groups": n,
+        "seconds": round(seconds, 2),
+        "first_ms": round(1000 * sum(first) / len(first), 2),
+        "last_ms": round(1000 * sum(last) / len(last), 2),
+        "wal_max_mb": round(wal_max / 1e6, 1),
+        "held_groups": status.get("held_groups"),
+    }
 
 
 def main() -> None:

@@ -70,8 +70,13 @@ async def measure(path: Path, page_size: int) -> dict[str, object]:
         batch_ms = await batches(store)
     finally:
         await store.close()
-    return {"bench": "sqlite-pages", "page_size": page_size, "written_kb_per_group": round(per_group / 1024, 1),
-            "groups_per_s": round(WRITES / seconds), "batch_ms": round(batch_ms, 2)}  # fmt: skip
+    return {
+        "bench": "sqlite-pages",
+        "page_size": page_size,
+        "written_kb_per_group": round(per_group / 1024, 1),
+        "groups_per_s": round(WRITES / seconds),
+        "batch_ms": round(batch_ms, 2),
+    }
 
 
 def main() -> None:

@@ -100,8 +100,10 @@ async def main() -> None:
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         kinds = backends(Path(tmp), args.sync.split(","))
-        print(f"Ingest: {args.n} appends, 1 item per transaction, {args.payload_kb} KB payload, {SEQS} seqs, "
-              f"{TOKENS} tokens")  # fmt: skip
+        print(
+            f"Ingest: {args.n} appends, 1 item per transaction, {args.payload_kb} KB payload, {SEQS} seqs, "
+            f"{TOKENS} tokens"
+        )
         print(f"{'backend':<16}{'producers':>10}{'appends/s':>12}{'MB/s':>9}{'vs memory':>11}")
         base: dict[int, float] = {}
         for name, make in kinds:
@@ -114,8 +116,10 @@ async def main() -> None:
                 base.setdefault(p, rate)
                 print(f"{name:<16}{p:>10}{rate:>12,.0f}{rate * mb / args.n:>9,.0f}{rate / base[p]:>10.0%}")
 
-        print(f"\nhead() + pop() of the first {TAKE} items, one transaction, median of {args.reps} (ms); "
-              f"queued items carry {args.depth_payload_kb} KB payloads")  # fmt: skip
+        print(
+            f"\nhead() + pop() of the first {TAKE} items, one transaction, median of {args.reps} (ms); "
+            f"queued items carry {args.depth_payload_kb} KB payloads"
+        )
         print(f"{'backend':<16}" + "".join(f"{f'depth {d:,}':>16}" for d in depths))
         small = os.urandom(args.depth_payload_kb * 1024)
         for name, make in kinds:

@@ -90,8 +90,10 @@ def report(results: list[dict[str, Any]]) -> str:
         return ""
     lines = []
     for transport in sorted({r["transport"] for r in rows}):
-        lines.append(f"ingest per store, {transport}, medians over rounds in turns: groups/s at "
-                     f"{' / '.join(map(str, CLIENTS))} clients (server | database CPU ms per group)")  # fmt: skip
+        lines.append(
+            f"ingest per store, {transport}, medians over rounds in turns: groups/s at "
+            f"{' / '.join(map(str, CLIENTS))} clients (server | database CPU ms per group)"
+        )
         median: dict[tuple[str, int], float] = {}
         for side in SIDES:
             cells = []

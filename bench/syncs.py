@@ -71,8 +71,13 @@ async def one(policy: str, url: str, inference: str) -> dict[str, Any]:
         await http.get("/batch", params={"step": 0})
         env = LongTail()
         env.on_new_weights = {"restart": "restart", "drain_handshake": "drain"}.get(policy, "continue")  # type: ignore[assignment]
-        runner = RolloutRunner(url, [(env, Tasks(arithmetic_task))], lambda: OpenAIPolicy(inference, "fake"),
-                               max_in_flight=32, poll_interval=0.1)  # fmt: skip
+        runner = RolloutRunner(
+            url,
+            [(env, Tasks(arithmetic_task))],
+            lambda: OpenAIPolicy(inference, "fake"),
+            max_in_flight=32,
+            poll_interval=0.1,
+        )
         running = asyncio.create_task(runner.run())
         await runner.ready.wait()
         staleness: list[int] = []
@@ -99,11 +104,18 @@ async def one(policy: str, url: str, inference: str) -> dict[str, Any]:
         runner.stop()
         stats = await running
     return {
-        "bench": "syncs", "policy": policy, "steps": STEPS, "seconds": round(elapsed, 2),
-        "groups": groups, "groups_per_s": round(groups / elapsed, 2), "steps_per_s": round(STEPS / elapsed, 2),
+        "bench": "syncs",
+        "policy": policy,
+        "steps": STEPS,
+        "seconds": round(elapsed, 2),
+        "groups": groups,
+        "groups_per_s": round(groups / elapsed, 2),
+        "steps_per_s": round(STEPS / elapsed, 2),
         "mean_staleness": round(sum(staleness) / max(1, len(staleness)), 2),
-        "restarted": stats.skipped.get(RESTARTED, 0), "latency_s": LATENCY_S, "max_turns": MAX_TURNS,
-    }  # fmt: skip
+        "restarted": stats.skipped.get(RESTARTED, 0),
+        "latency_s": LATENCY_S,
+        "max_turns": MAX_TURNS,
+    }
 
 
 def run(policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
@@ -116,8 +128,11 @@ def run(policies: tuple[str, ...] = POLICIES) -> list[dict[str, Any]]:
         ):
             for policy in policies:
                 r = asyncio.run(one(policy, target.url, vllm.url))
-                print(f"  {policy}: {r['groups_per_s']} groups/s, {r['steps_per_s']} steps/s, "
-                      f"staleness {r['mean_staleness']}, restarted {r['restarted']}", flush=True)  # fmt: skip
+                print(
+                    f"  {policy}: {r['groups_per_s']} groups/s, {r['steps_per_s']} steps/s, "
+                    f"staleness {r['mean_staleness']}, restarted {r['restarted']}",
+                    flush=True,
+                )
                 out.append(r)
     return out
 

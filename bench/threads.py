@@ -73,8 +73,14 @@ async def measure(store: str, workload: str, groups: int, in_flight: int) -> lis
         user0, system0 = before.get(tid, (0.0, 0.0))
         du, ds = (user - user0) / groups * 1e6, (system - system0) / groups * 1e6
         if du + ds > 0:
-            rows.append({"thread": names.get(tid, f"tid {tid}"), "user_us_per_group": round(du, 1),
-                         "system_us_per_group": round(ds, 1), "us_per_group": round(du + ds, 1)})  # fmt: skip
+            rows.append(
+                {
+                    "thread": names.get(tid, f"tid {tid}"),
+                    "user_us_per_group": round(du, 1),
+                    "system_us_per_group": round(ds, 1),
+                    "us_per_group": round(du + ds, 1),
+                }
+            )
     return sorted(rows, key=lambda r: -r["us_per_group"])
 
 
@@ -101,8 +107,10 @@ def main() -> None:
             for row in rows:
                 row.update(bench="threads", store=store, round=rnd, workload=args.workload, in_flight=args.in_flight)
                 results.append(row)
-                print(f"{store:8s} {rnd:5d}  {row['thread']:28s} {row['user_us_per_group']:8.1f} "
-                      f"{row['system_us_per_group']:8.1f} {row['us_per_group']:9.1f}")  # fmt: skip
+                print(
+                    f"{store:8s} {rnd:5d}  {row['thread']:28s} {row['user_us_per_group']:8.1f} "
+                    f"{row['system_us_per_group']:8.1f} {row['us_per_group']:9.1f}"
+                )
             total = sum(r["us_per_group"] for r in rows)
             print(f"{store:8s} {rnd:5d}  {'(process)':28s} {'':8s} {'':8s} {total:9.1f}", flush=True)
     out = ROOT / "bench" / "results" / time.strftime("threads-%Y%m%dT%H%M%S.json")

@@ -62,20 +62,30 @@ def make_pool(rng: np.random.Generator) -> list[dict[str, Any]]:
         masks[:, : SEQ_LEN // 4] = -100
         lps = np.zeros((GROUP_SIZE, SEQ_LEN), np.float32)
         lps[:, SEQ_LEN // 4 :] = -rng.exponential(0.5, (GROUP_SIZE, SEQ_LEN - SEQ_LEN // 4))
-        pool.append({
-            "tokens": tokens.tolist(),
-            "masks": masks.tolist(),
-            "scores": rng.integers(0, 2, GROUP_SIZE).astype(float).tolist(),
-            "inference_logprobs": lps.astype(np.float64).tolist(),
-        })  # fmt: skip
+        pool.append(
+            {
+                "tokens": tokens.tolist(),
+                "masks": masks.tolist(),
+                "scores": rng.integers(0, 2, GROUP_SIZE).astype(float).tolist(),
+                "inference_logprobs": lps.astype(np.float64).tolist(),
+            }
+        )
     return pool
 
 
 def start_run(c: httpx.Client, batch_size: int, pool: list[dict[str, Any]], batches: int) -> None:
     """Reset, register, start the run, register one env, queue `batches` batches' worth of groups."""
     c.get("/reset_data")
-    reg = {"wandb_group": "bench", "wandb_project": "bench", "batch_size": batch_size, "max_token_len": SEQ_LEN,
-           "checkpoint_dir": "c", "save_checkpoint_interval": 0, "starting_step": 0, "num_steps": 10**6}  # fmt: skip
+    reg = {
+        "wandb_group": "bench",
+        "wandb_project": "bench",
+        "batch_size": batch_size,
+        "max_token_len": SEQ_LEN,
+        "checkpoint_dir": "c",
+        "save_checkpoint_interval": 0,
+        "starting_step": 0,
+        "num_steps": 10**6,
+    }
     c.post("/register", json=reg).raise_for_status()
     c.get("/batch")  # Atropos gates /register-env on the trainer's first poll
     env = {"max_token_length": SEQ_LEN, "desired_name": "bench", "weight": 1.0, "group_size": GROUP_SIZE}
@@ -118,9 +128,11 @@ def measure(
             wire = out_bytes = 0
             for _ in range(reps):
                 seconds, wire, batch, out_bytes = fetch(
-                    c, step=step if mode != "atropos-json" else None, binary=mode.startswith("msgpack"),
+                    c,
+                    step=step if mode != "atropos-json" else None,
+                    binary=mode.startswith("msgpack"),
                     pad=mode == "msgpack-padded",
-                )  # fmt: skip
+                )
                 assert batch.n_seqs == size and batch.n_tokens == size * SEQ_LEN, (batch.n_seqs, batch.n_tokens)
                 times.append(seconds)
                 if raw is not None and mode == "msgpack":
@@ -129,15 +141,32 @@ def measure(
                 if raw is not None and mode == "msgpack-padded":
                     refs["raw-loopback+copy"].append(raw.fetch(wire) + copy_seconds(out_bytes))
                 step += 1
-            out.append({"bench": "transport", "mode": mode, "sequences": size, "seq_len": SEQ_LEN,
-                        "median_s": statistics.median(times), "times_s": times, "wire_bytes": wire,
-                        "out_bytes": out_bytes})  # fmt: skip
+            out.append(
+                {
+                    "bench": "transport",
+                    "mode": mode,
+                    "sequences": size,
+                    "seq_len": SEQ_LEN,
+                    "median_s": statistics.median(times),
+                    "times_s": times,
+                    "wire_bytes": wire,
+                    "out_bytes": out_bytes,
+                }
+            )
             for ref, ref_times in refs.items():
                 if ref_times:
                     ratios = [t / r for t, r in zip(times, ref_times, strict=True)]
-                    out.append({"bench": "transport", "mode": ref, "sequences": size, "wire_bytes": wire,
-                                "median_s": statistics.median(ref_times), "times_s": ref_times,
-                                "paired_ratio_median": statistics.median(ratios)})  # fmt: skip
+                    out.append(
+                        {
+                            "bench": "transport",
+                            "mode": ref,
+                            "sequences": size,
+                            "wire_bytes": wire,
+                            "median_s": statistics.median(ref_times),
+                            "times_s": ref_times,
+                            "paired_ratio_median": statistics.median(ratios),
+                        }
+                    )
     return out
 
 
@@ -235,15 +264,24 @@ def ingest(group: dict[str, Any], reps: int = 20) -> list[dict[str, Any]]:
 
     assert check_record(canonical, env_ids=(), current_step=0, limits=limits).passthrough
     out = []
-    for mode, fn in [("json", json_path), ("msgpack-reencoded", binary_path(loose)),
-                     ("msgpack-canonical", binary_path(canonical))]:  # fmt: skip
+    for mode, fn in [
+        ("json", json_path),
+        ("msgpack-reencoded", binary_path(loose)),
+        ("msgpack-canonical", binary_path(canonical)),
+    ]:
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        out.append({"bench": "transport-ingest", "mode": mode, "tokens": GROUP_SIZE * SEQ_LEN,
-                    "median_ms": statistics.median(times) * 1e3})  # fmt: skip
+        out.append(
+            {
+                "bench": "transport-ingest",
+                "mode": mode,
+                "tokens": GROUP_SIZE * SEQ_LEN,
+                "median_ms": statistics.median(times) * 1e3,
+            }
+        )
     return out
 
 
@@ -271,9 +309,17 @@ def compare_stores(size: int, reps: int = 7, say: Callable[[str], None] = print)
                 for name, client in order:
                     times[name].append(fetch(client, step=step, binary=True)[0])
     ratios = [s / m for s, m in zip(times["sqlite"], times["memory"], strict=True)]
-    return [{"bench": "transport-stores", "sequences": size, "seq_len": SEQ_LEN,
-             "memory_s": statistics.median(times["memory"]), "sqlite_s": statistics.median(times["sqlite"]),
-             "times_s": times, "paired_ratio_median": statistics.median(ratios)}]  # fmt: skip
+    return [
+        {
+            "bench": "transport-stores",
+            "sequences": size,
+            "seq_len": SEQ_LEN,
+            "memory_s": statistics.median(times["memory"]),
+            "sqlite_s": statistics.median(times["sqlite"]),
+            "times_s": times,
+            "paired_ratio_median": statistics.median(ratios),
+        }
+    ]
 
 
 # ------------------------------------------------------------------------------------- driver
@@ -332,9 +378,15 @@ def report(results: list[dict[str, Any]]) -> str:
     if not results:
         return "\n".join(lines)
     lines.append(f"/batch end to end, request -> numpy arrays (median ms; sequences of {SEQ_LEN} tokens):")
-    labels = {"msgpack": "rollbuf msgpack", "msgpack-padded": "msgpack to padded", "json": "rollbuf JSON",
-              "atropos-json": "Atropos JSON", "raw-loopback": "raw socket", "raw-http": "raw over HTTP",
-              "raw-loopback+copy": "raw socket + one copy of the padded bytes"}  # fmt: skip
+    labels = {
+        "msgpack": "rollbuf msgpack",
+        "msgpack-padded": "msgpack to padded",
+        "json": "rollbuf JSON",
+        "atropos-json": "Atropos JSON",
+        "raw-loopback": "raw socket",
+        "raw-http": "raw over HTTP",
+        "raw-loopback+copy": "raw socket + one copy of the padded bytes",
+    }
     for server, size in sorted({(r.get("server", ""), r["sequences"]) for r in results}):
         rows = {r["mode"]: r for r in results if r["sequences"] == size and r.get("server", "") in (server, "atropos")}
         if server == "atropos":
@@ -353,11 +405,19 @@ def report(results: list[dict[str, Any]]) -> str:
                 lines.append(
                     f"         rollbuf msgpack / {labels[ref]} = {ratio:.2f}x, median of paired runs (target <= 3x)"
                 )
-        memory = next((r for r in results if r["mode"] == "msgpack" and r["sequences"] == size
-                       and r.get("server") == "rollbuf[memory]"), None)  # fmt: skip
+        memory = next(
+            (
+                r
+                for r in results
+                if r["mode"] == "msgpack" and r["sequences"] == size and r.get("server") == "rollbuf[memory]"
+            ),
+            None,
+        )
         if b and memory and server != "rollbuf[memory]":
-            lines.append(f"         {server} msgpack / rollbuf[memory] msgpack = "
-                         f"{b['median_s'] / memory['median_s']:.2f}x (target <= 1.5x)")  # fmt: skip
+            lines.append(
+                f"         {server} msgpack / rollbuf[memory] msgpack = "
+                f"{b['median_s'] / memory['median_s']:.2f}x (target <= 1.5x)"
+            )
         padded, ref = rows.get("msgpack-padded"), rows.get("raw-loopback+copy")
         if padded and ref:
             lines.append(
@@ -379,8 +439,12 @@ def main(argv: list[str] | None = None) -> None:
         results = [r for size in args.sizes.split(",") for r in compare_stores(int(size))]
         print(report(results))
         return
-    results = run([int(s) for s in args.sizes.split(",")], with_atropos=not args.skip_atropos,
-                  with_json=not args.skip_json, store=args.store)  # fmt: skip
+    results = run(
+        [int(s) for s in args.sizes.split(",")],
+        with_atropos=not args.skip_atropos,
+        with_json=not args.skip_json,
+        store=args.store,
+    )
     out = save_rows("transport", results)
     print(report(results))
     print(f"\nJSON lines: {out}", file=sys.stderr)

@@ -37,8 +37,15 @@ MODES = (0, 2)
 
 async def one(url: str, vllm_url: str, tokenizer: Path, workers: int) -> dict[str, Any]:
     config = env_config_data()
-    env = VerifiersEnvironment(config, client=client_config(vllm_url, tokenizer), model="fake", group_size=G,
-                               workers=workers, pool={"elastic": False}, name=f"vf{workers}")  # fmt: skip
+    env = VerifiersEnvironment(
+        config,
+        client=client_config(vllm_url, tokenizer),
+        model="fake",
+        group_size=G,
+        workers=workers,
+        pool={"elastic": False},
+        name=f"vf{workers}",
+    )
     t0 = time.perf_counter()
     async with env:
         started = time.perf_counter() - t0
@@ -52,11 +59,17 @@ async def one(url: str, vllm_url: str, tokenizer: Path, workers: int) -> dict[st
         t2 = time.perf_counter()
         stats = await run
         steady = time.perf_counter() - t2
-    return {"bench": "verifiers_producer", "mode": "in_process" if workers == 0 else f"serve_env_{workers}",
-            "startup_s": round(started, 2), "first_group_s": round(first, 2),
-            "groups": stats.accepted - 1, "groups_per_s": round((stats.accepted - 1) / steady, 3),
-            "rollouts_per_s": round(G * (stats.accepted - 1) / steady, 3), "failed": dict(stats.failed),
-            "skipped": dict(stats.skipped)}  # fmt: skip
+    return {
+        "bench": "verifiers_producer",
+        "mode": "in_process" if workers == 0 else f"serve_env_{workers}",
+        "startup_s": round(started, 2),
+        "first_group_s": round(first, 2),
+        "groups": stats.accepted - 1,
+        "groups_per_s": round((stats.accepted - 1) / steady, 3),
+        "rollouts_per_s": round(G * (stats.accepted - 1) / steady, 3),
+        "failed": dict(stats.failed),
+        "skipped": dict(stats.skipped),
+    }
 
 
 def run() -> list[dict[str, Any]]:

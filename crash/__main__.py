@@ -107,17 +107,25 @@ def main() -> None:
                 or {side: (c["acknowledged"], c["lost"], c["trained_twice"]) for side, c in result["cells"].items()}
             )
             print(f"{name}: {summary} ({result.get('seconds', 0)} s)", flush=True)
-    command = "make crash-matrix" if not (args.small or args.only or args.stores != list(STORES)) else " ".join(
-        ["python -m crash", *sys.argv[1:]])  # fmt: skip
+    command = (
+        "make crash-matrix"
+        if not (args.small or args.only or args.stores != list(STORES))
+        else " ".join(["python -m crash", *sys.argv[1:]])
+    )
     matrix = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
         "commit": git("rev-parse", "--short", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "machine": machine(), "command": command, "seconds": round(time.monotonic() - started),
-        "scale": scale.__dict__, "batch": BATCH, "task_lease_s": TASK_LEASE_S, "rollout_lease_s": ROLLOUT_LEASE_S,
+        "machine": machine(),
+        "command": command,
+        "seconds": round(time.monotonic() - started),
+        "scale": scale.__dict__,
+        "batch": BATCH,
+        "task_lease_s": TASK_LEASE_S,
+        "rollout_lease_s": ROLLOUT_LEASE_S,
         "latency_s": LATENCY_S,
         "runs": runs,
-    }  # fmt: skip
+    }
     args.json.write_text(json.dumps(matrix, indent=1) + "\n")
     args.page.write_text(render(matrix))
     bad = [r for r in runs if failed(r)]

@@ -137,11 +137,16 @@ def count(producers: list[Producer], steps: list[Step], fault_at: float | None =
         twice, edge, reason, examples = _twice(trained, side)
         lost = sorted(map(str, acked - set(trained)))
         out[side] = Cell(
-            acknowledged=len(acked), lost=len(lost), trained_twice=twice, at_least_once=edge,
-            at_least_once_reason=reason, redone=_redone(side, made, acked_ids),
+            acknowledged=len(acked),
+            lost=len(lost),
+            trained_twice=twice,
+            at_least_once=edge,
+            at_least_once_reason=reason,
+            redone=_redone(side, made, acked_ids),
             recover_s=_recover((t for p in mine for t, _ in p.acks), times, fault_at),
-            unclaimed=len(set(trained) - acked), examples={"lost": lost[:5], "trained_twice": list(map(str, examples))},
-        )  # fmt: skip
+            unclaimed=len(set(trained) - acked),
+            examples={"lost": lost[:5], "trained_twice": list(map(str, examples))},
+        )
     mine = by_side["rollouts"]
     acked_slots = {(a[0], a[1]): a[2] for p in mine for _, a in p.acks}
     acked_seqs = Counter((g, d) for (g, _), d in acked_slots.items())
@@ -164,10 +169,12 @@ def count(producers: list[Producer], steps: list[Step], fault_at: float | None =
     lost_seqs = acked_seqs - trained_seqs
     done = Counter(m for p in mine for _, m in p.made)
     out["rollouts"] = Cell(
-        acknowledged=len(acked_slots), lost=sum(lost_seqs.values()), trained_twice=again,
+        acknowledged=len(acked_slots),
+        lost=sum(lost_seqs.values()),
+        trained_twice=again,
         redone=sum(n - 1 for n in done.values() if n > 1),
         recover_s=_recover((t for p in mine for t, _ in p.acks), times, fault_at),
         unclaimed=sum((trained_seqs - acked_seqs).values()),
         examples={"lost": [f"{g}:{d}" for g, d in list(lost_seqs)[:5]], "trained_twice": again_groups[:5]},
-    )  # fmt: skip
+    )
     return out

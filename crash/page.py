@@ -109,11 +109,15 @@ def row_name(run: dict[str, Any]) -> str:
 
 def table(side: str, runs: list[dict[str, Any]]) -> list[str]:
     out = [f"## {SIDE_TITLES[side]}", "", f"Units: {UNITS[side]}.", ""]
-    out += ["| fault | store | acknowledged | lost | trained twice | at-least-once | redone | recover | unclaimed |",
-            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out += [
+        "| fault | store | acknowledged | lost | trained twice | at-least-once | redone | recover | unclaimed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
-        head = [FAULTS[run["fault"]] + (f" — trainer in {run['mode']} mode" if run["fault"] == "trainer" else ""),
-                STORE_NAMES[run["store"]]]  # fmt: skip
+        head = [
+            FAULTS[run["fault"]] + (f" — trainer in {run['mode']} mode" if run["fault"] == "trainer" else ""),
+            STORE_NAMES[run["store"]],
+        ]
         if "not_run" in run:
             out.append("| " + " | ".join(head + [f"does not apply: {run['not_run']}"] + [""] * 6) + " |")
         elif "error" in run:
@@ -128,20 +132,32 @@ def table(side: str, runs: list[dict[str, Any]]) -> list[str]:
 def render(matrix: dict[str, Any]) -> str:
     scale = matrix["scale"]
     text = INTRO.format(
-        command=matrix["command"], date=matrix["date"], commit=matrix["commit"],
+        command=matrix["command"],
+        date=matrix["date"],
+        commit=matrix["commit"],
         dirty=" (with uncommitted changes in the tree)" if matrix.get("dirty") else "",
-        machine=matrix["machine"], seconds=matrix["seconds"],
-        scale=(f"{scale['tasks']} tasks x {scale['epochs']} epochs; {scale['groups']} whole groups per producer; "
-               f"{scale['rollout_groups']} per-rollout groups per producer; batches of {matrix['batch']} sequences"),
-        task_lease_s=matrix["task_lease_s"], rollout_lease_s=matrix["rollout_lease_s"],
+        machine=matrix["machine"],
+        seconds=matrix["seconds"],
+        scale=(
+            f"{scale['tasks']} tasks x {scale['epochs']} epochs; {scale['groups']} whole groups per producer; "
+            f"{scale['rollout_groups']} per-rollout groups per producer; batches of {matrix['batch']} sequences"
+        ),
+        task_lease_s=matrix["task_lease_s"],
+        rollout_lease_s=matrix["rollout_lease_s"],
         latency_ms=1000 * matrix["latency_s"],
-    )  # fmt: skip
+    )
     lines = [text]
-    failed = [r for r in matrix["runs"] if r.get("error") or any(
-        c["lost"] or c["trained_twice"] for c in r.get("cells", {}).values())]  # fmt: skip
+    failed = [
+        r
+        for r in matrix["runs"]
+        if r.get("error") or any(c["lost"] or c["trained_twice"] for c in r.get("cells", {}).values())
+    ]
     if failed:
-        lines.append("**Runs that lost data, trained it twice, or did not finish**: " + "; ".join(
-            f"{row_name(r)} on {STORE_NAMES[r['store']]}" for r in failed) + ". Their rows say what.\n")  # fmt: skip
+        lines.append(
+            "**Runs that lost data, trained it twice, or did not finish**: "
+            + "; ".join(f"{row_name(r)} on {STORE_NAMES[r['store']]}" for r in failed)
+            + ". Their rows say what.\n"
+        )
     else:
         lines.append("**In this run nothing acknowledged was lost and nothing was trained twice, in any cell.**\n")
     for side in SIDE_TITLES:

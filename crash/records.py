@@ -121,6 +121,12 @@ def read_trainer(path: Path) -> list[Step]:
     seqs = saved.get("seqs", [])
     out = []
     for k, (step, groups) in enumerate(saved["trained"]):
-        out.append(Step(int(step), float(at[k]) if k < len(at) else 0.0, [str(g) for g in groups],
-                        dict(seqs[k]) if k < len(seqs) else {}))  # fmt: skip
+        out.append(
+            Step(
+                int(step),
+                float(at[k]) if k < len(at) else 0.0,
+                [str(g) for g in groups],
+                dict(seqs[k]) if k < len(seqs) else {},
+            )
+        )
     return out

@@ -66,8 +66,14 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
 BATCH = 8
 TASK_LEASE_S = 3.0
 ROLLOUT_LEASE_S = 1.0
-EXTRA = ("--task-lease-s", str(TASK_LEASE_S), "--rollout-lease-s", str(ROLLOUT_LEASE_S),
-         "--ledger-max-groups", "100000")  # fmt: skip
+EXTRA = (
+    "--task-lease-s",
+    str(TASK_LEASE_S),
+    "--rollout-lease-s",
+    str(ROLLOUT_LEASE_S),
+    "--ledger-max-groups",
+    "100000",
+)
 DISK = "32m"
 HANG_GUARD_S = 300.0
 """Bound on each wait of a run: a hang guard for a loaded machine, never a speed check."""
@@ -131,8 +137,13 @@ class Run:
 
     def spawn(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.workdir / f"{name}.log").open("ab") as out:
-            return subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=ROOT)  # fmt: skip
+            return subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=ROOT,
+            )
 
     def url(self, n: int) -> str:
         return self.servers[n % len(self.servers)].url
@@ -145,12 +156,39 @@ class Run:
         record = self.workdir / f"{name}.jsonl"
         url = self.url(k)
         if side == "rollouts":
-            argv = ["tests.per_rollout_producer", "--server", url, "--events", str(record), "--idle",
-                    str(self.workdir / f"{name}.idle"), "--tasks", str(self.scale.rollout_groups), "--offset",
-                    str(1000 * k), "--group-size", "4", "--min-s", "0.3", "--max-s", "0.9"]  # fmt: skip
+            argv = [
+                "tests.per_rollout_producer",
+                "--server",
+                url,
+                "--events",
+                str(record),
+                "--idle",
+                str(self.workdir / f"{name}.idle"),
+                "--tasks",
+                str(self.scale.rollout_groups),
+                "--offset",
+                str(1000 * k),
+                "--group-size",
+                "4",
+                "--min-s",
+                "0.3",
+                "--max-s",
+                "0.9",
+            ]
         else:
-            argv = ["crash.producer", "--server", url, "--inference", self.inference, "--name", side,
-                    "--max-in-flight", "2", "--record", str(record)]  # fmt: skip
+            argv = [
+                "crash.producer",
+                "--server",
+                url,
+                "--inference",
+                self.inference,
+                "--name",
+                side,
+                "--max-in-flight",
+                "2",
+                "--record",
+                str(record),
+            ]
             argv += ["--dataset", "arith"] if side == "tasks" else ["--groups", str(self.scale.groups)]
         if workers:
             argv += ["--workers", str(workers)]
@@ -367,8 +405,11 @@ def make_fault(run: Run, victims: list[Proc]) -> tuple[float, float]:
         fill_up(filler)
         try:
             with contextlib.suppress(TimeoutError):  # a write refused shows in /readyz; bounded, then freed anyway
-                until(lambda: httpx.get(run.servers[0].url + "/readyz", timeout=10).status_code == 503,
-                      "the server to find the disk full", 30)  # fmt: skip
+                until(
+                    lambda: httpx.get(run.servers[0].url + "/readyz", timeout=10).status_code == 503,
+                    "the server to find the disk full",
+                    30,
+                )
             hold_until = time.monotonic() + 2.0
             until(lambda: time.monotonic() >= hold_until, "the disk to stay full a while")
         finally:
@@ -402,8 +443,13 @@ def finish(run: Run) -> None:
                 raise TimeoutError(f"the queue never emptied: {queued} sequences left")
             if queued % BATCH:
                 fillers += 1
-                group = {"tokens": [[1, 2, 3, 4], [1, 2, 3, 5]], "masks": [[-100, -100, 3, 4], [-100, -100, 3, 5]],
-                         "scores": [1.0, 0.0], "env_id": env_id, "group_id": f"{FILLER}{fillers}"}  # fmt: skip
+                group = {
+                    "tokens": [[1, 2, 3, 4], [1, 2, 3, 5]],
+                    "masks": [[-100, -100, 3, 4], [-100, -100, 3, 5]],
+                    "scores": [1.0, 0.0],
+                    "env_id": env_id,
+                    "group_id": f"{FILLER}{fillers}",
+                }
                 assert c.post("/scored_data", json=group).status_code == 200
             settle = time.monotonic() + 1.0
 
@@ -458,16 +504,37 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
         run.servers = [start_server(s, workdir / f"server-{k}.log", None, *EXTRA) for k, s in enumerate(run.stores)]
         run.inference = stack.enter_context(inference_server(run))
         with httpx.Client(base_url=run.servers[0].url, timeout=30) as c:
-            tasks = [{"id": f"t{i}", "prompt": f"Q: {100 + i} + {7 * i} =", "answer": str(100 + 8 * i)}
-                     for i in range(scale.tasks)]  # fmt: skip
-            spec = {"name": "arith", "tasks": tasks, "epochs": scale.epochs, "order": "shuffled", "seed": 3,
-                    "max_retries": 5}  # fmt: skip
+            tasks = [
+                {"id": f"t{i}", "prompt": f"Q: {100 + i} + {7 * i} =", "answer": str(100 + 8 * i)}
+                for i in range(scale.tasks)
+            ]
+            spec = {
+                "name": "arith",
+                "tasks": tasks,
+                "epochs": scale.epochs,
+                "order": "shuffled",
+                "seed": 3,
+                "max_retries": 5,
+            }
             reply = c.post("/tasks/datasets", json=spec)
             assert reply.status_code == 200, reply.text
         checkpoint = workdir / "checkpoint.json"
-        run.trainer_argv = ["tests.resuming_trainer", run.url(0), str(checkpoint), str(10**6), "--commit-url",
-                            run.url(1), "--train-s", "0.05", "--acknowledge", mode, "--batch-size", str(BATCH),
-                            "--until", str(workdir / "until.txt")]  # fmt: skip
+        run.trainer_argv = [
+            "tests.resuming_trainer",
+            run.url(0),
+            str(checkpoint),
+            str(10**6),
+            "--commit-url",
+            run.url(1),
+            "--train-s",
+            "0.05",
+            "--acknowledge",
+            mode,
+            "--batch-size",
+            str(BATCH),
+            "--until",
+            str(workdir / "until.txt"),
+        ]
         run.start_trainer()
         for side in SIDES:  # for the pool worker's kill, each with worker processes: any may be the victim
             run.producer(side, workers=2 if fault == "worker" else 0)
@@ -485,8 +552,7 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
             victims = run.victims()
             assert victims is not None
             fault_at, fault_end = make_fault(run, victims)
-            until(lambda: run.settled(),
-                  "every side to finish its work")  # fmt: skip
+            until(lambda: run.settled(), "every side to finish its work")
             finish(run)
             exits(run)
         except (TimeoutError, RuntimeError, AssertionError) as exc:
@@ -494,9 +560,14 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
         producers = [read_producer(p.record, p.side) for p in run.producers]
         steps = read_trainer(checkpoint)
         cells = count(producers, steps, fault_at)
-        result.update(cells={side: cells[side].as_dict() for side in SIDES}, fault_at=fault_at, fault_end=fault_end,
-                      steps=len(steps), seconds=round(time.monotonic() - began, 1),
-                      producers=len(run.producers))  # fmt: skip
+        result.update(
+            cells={side: cells[side].as_dict() for side in SIDES},
+            fault_at=fault_at,
+            fault_end=fault_end,
+            steps=len(steps),
+            seconds=round(time.monotonic() - began, 1),
+            producers=len(run.producers),
+        )
     return result
 
 

@@ -142,10 +142,14 @@ def main(
         leased = LeasedTasks(args.dataset, args.server, batch=2, poll_s=0.1) if args.dataset else None
         sources = [(env, leased or Tasks(arithmetic_task)) for env in envs]
         runner = RolloutRunner(
-            args.server, sources, functools.partial(OpenAIPolicy, args.inference, args.model),
-            max_in_flight=args.max_in_flight, max_staleness=args.max_staleness, poll_interval=0.1,
+            args.server,
+            sources,
+            functools.partial(OpenAIPolicy, args.inference, args.model),
+            max_in_flight=args.max_in_flight,
+            max_staleness=args.max_staleness,
+            poll_interval=0.1,
             num_workers=args.workers,
-        )  # fmt: skip
+        )
         if instrument is not None:
             instrument(runner, args)
         try:

@@ -69,8 +69,14 @@ def groups_of(batch: Any) -> list[dict[str, Any]]:
             a, b = int(batch.offsets[i]), int(batch.offsets[i + 1])
             versions |= {weights_of(float(x)) for x in lp[a:b][trained[a:b]]}
         meta = batch.meta[g].get("generation_params") or {}
-        out.append({"policy_step": int(batch.policy_steps[seqs[0]]), "weight_versions": meta.get("weight_versions"),
-                    "exact": meta.get("weight_versions_exact"), "generated_with": sorted(versions)})  # fmt: skip
+        out.append(
+            {
+                "policy_step": int(batch.policy_steps[seqs[0]]),
+                "weight_versions": meta.get("weight_versions"),
+                "exact": meta.get("weight_versions_exact"),
+                "generated_with": sorted(versions),
+            }
+        )
     return out
 
 
@@ -109,8 +115,9 @@ def main(argv: list[str] | None = None) -> None:
             batches = rb.batches(start_step=0, wait=2.0, no_progress_timeout=args.no_progress_timeout)
             for batch in batches:
                 assert batch.step is not None
-                result["steps"].append({"step": batch.step, "groups": groups_of(batch),
-                                        "at": time.monotonic() - started})  # fmt: skip
+                result["steps"].append(
+                    {"step": batch.step, "groups": groups_of(batch), "at": time.monotonic() - started}
+                )
                 if args.steps is not None and batch.step + 1 >= args.steps:
                     break
                 # trained on batch N: the weights of step N + 1, synced every `--sync-every` steps

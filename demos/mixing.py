@@ -96,8 +96,9 @@ class DemoPolicy:
 
 async def _train(url: str, runner: RolloutRunner, steps: int, tally: Tally, names: dict[int, str]) -> None:
     async with AsyncTrainerClient(url) as trainer:
-        await trainer.register(batch_size=BATCH_SIZE, max_token_len=MAX_TOKEN_LEN, max_staleness=MAX_STALENESS,
-                               num_steps=steps)  # fmt: skip
+        await trainer.register(
+            batch_size=BATCH_SIZE, max_token_len=MAX_TOKEN_LEN, max_staleness=MAX_STALENESS, num_steps=steps
+        )
         batches = cast(AsyncGenerator[Batch, None], trainer.batches(start_step=0, wait=5.0))
         async with contextlib.aclosing(batches):
             async for batch in batches:
@@ -145,27 +146,40 @@ async def _progress(runner: RolloutRunner, tally: Tally, started: float) -> None
         held = ", ".join(f"{k}: {v}" for k, v in sorted(s.paused.items())) or "-"
         stale = tally.staleness
         mean = sum(k * v for k, v in stale.items()) / max(1, sum(stale.values()))
-        print(f"[{time.monotonic() - started:4.1f}s] step {s.trainer_step:3d} | groups {s.accepted:4d} ({per_env}) | "
-              f"batches {tally.batches:3d} | last mix {tally.last_mix or '-'} | staleness {mean:.2f} | held: {held}",
-              flush=True)  # fmt: skip
+        print(
+            f"[{time.monotonic() - started:4.1f}s] step {s.trainer_step:3d} | groups {s.accepted:4d} ({per_env}) | "
+            f"batches {tally.batches:3d} | last mix {tally.last_mix or '-'} | staleness {mean:.2f} | held: {held}",
+            flush=True,
+        )
 
 
 async def run_demo(steps: int, workers: int, export: Path | None = None) -> int:
     started = time.monotonic()
     keep = {"retain_steps": steps + 1} if export else {}  # every group's data kept, for the export
-    with tempfile.TemporaryDirectory(prefix="rollbuf-demo-") as tmp, serve_in_thread(f"sqlite:///{tmp}/demo.db",
-                                                                                      **keep) as url:  # fmt: skip
+    with (
+        tempfile.TemporaryDirectory(prefix="rollbuf-demo-") as tmp,
+        serve_in_thread(f"sqlite:///{tmp}/demo.db", **keep) as url,
+    ):
         print(f"rollbuf demo: service on {url} (SQLite in {tmp}); {steps} training steps of {BATCH_SIZE} sequences")
         print("  envs: add (G=4, weight 2), mul (G=8, weight 1), calculator (two turns with a tool, G=8, weight 1)")
         envs = _envs()
         if len(envs) > 3:
-            print("        tool_chat (a chat model calling a calculator tool: Qwen2.5's chat template on a tokenizer "
-                  "built locally, Hermes tool calls, G=4, weight 1)")  # fmt: skip
+            print(
+                "        tool_chat (a chat model calling a calculator tool: Qwen2.5's chat template on a tokenizer "
+                "built locally, Hermes tool calls, G=4, weight 1)"
+            )
         else:
             print("        (tool_chat left out: it needs the chat extra, pip install -e '.[chat]')")
         print("  policy: scripted, byte-level tokenizer (1 token per byte); trainer: trainer_client, pause/resume\n")
-        runner = RolloutRunner(url, envs, DemoPolicy(), max_in_flight=64, num_workers=workers,
-                               max_staleness=MAX_STALENESS, poll_interval=0.1)  # fmt: skip
+        runner = RolloutRunner(
+            url,
+            envs,
+            DemoPolicy(),
+            max_in_flight=64,
+            num_workers=workers,
+            max_staleness=MAX_STALENESS,
+            poll_interval=0.1,
+        )
         tally = Tally()
         names: dict[int, str] = {}
         run = asyncio.create_task(runner.run())
@@ -215,15 +229,19 @@ def summary(runner: RolloutRunner, tally: Tally, status: dict[str, object], elap
     lines.append(f"staleness (batch step - policy step) of sequences trained on: {hist or '-'}")
     if c := tally.chat:
         calc = {k: tally.tools[f"calculate.{k}"] for k in ("calls", "failures")}
-        lines.append(f"tool_chat: {c['rollouts']} rollouts trained on, {c['turns']} turns, {c['tool_calls']} tool "
-                     f"calls ({c['malformed']} malformed, answered to the model), calculate ran {calc['calls']} times "
-                     f"({calc['failures']} failures), template mismatches "
-                     f"{c['template_mismatch']}")  # fmt: skip
+        lines.append(
+            f"tool_chat: {c['rollouts']} rollouts trained on, {c['turns']} turns, {c['tool_calls']} tool "
+            f"calls ({c['malformed']} malformed, answered to the model), calculate ran {calc['calls']} times "
+            f"({calc['failures']} failures), template mismatches "
+            f"{c['template_mismatch']}"
+        )
     queued = status.get("queue_size")
     lines.append(f"server: {queued} groups still queued, {n_dropped} dropped {dropped or ''}")
     balanced = s.accepted == tally.groups + (queued if isinstance(queued, int) else 0) + n_dropped
-    lines.append(f"accounting: {s.accepted} accepted = {tally.groups} trained on + {queued} queued + {n_dropped} "
-                 f"dropped: {'ok' if balanced else 'MISMATCH'}")  # fmt: skip
+    lines.append(
+        f"accounting: {s.accepted} accepted = {tally.groups} trained on + {queued} queued + {n_dropped} "
+        f"dropped: {'ok' if balanced else 'MISMATCH'}"
+    )
     return lines
 
 
@@ -235,9 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--steps", type=int, default=40, help="training steps to run (default 40)")
     ap.add_argument("--workers", type=int, default=0, help="rollout worker processes (default 0: in-process)")
-    ap.add_argument("--export", type=Path, metavar="DIR",
-                    help="keep every group's data, and write the run as Parquet into DIR when it ends (rollbuf "
-                    "export: the ledger and the groups, docs/ledger.md; needs pip install -e '.[export]')")  # fmt: skip
+    ap.add_argument(
+        "--export",
+        type=Path,
+        metavar="DIR",
+        help="keep every group's data, and write the run as Parquet into DIR when it ends (rollbuf "
+        "export: the ledger and the groups, docs/ledger.md; needs pip install -e '.[export]')",
+    )
     args = ap.parse_args(argv)
     if args.export is not None:
         from api import export

@@ -24,19 +24,24 @@ def plot(report: dict[str, Any], out: Path) -> None:
     rows = report["rows"]
     steps = [r["step"] for r in rows]
     reward = [r["reward"] for r in rows]
-    smooth = [sum(reward[max(0, i - WINDOW + 1) : i + 1]) / len(reward[max(0, i - WINDOW + 1) : i + 1])
-              for i in range(len(reward))]  # fmt: skip
+    smooth = [
+        sum(reward[max(0, i - WINDOW + 1) : i + 1]) / len(reward[max(0, i - WINDOW + 1) : i + 1])
+        for i in range(len(reward))
+    ]
     cfg = report.get("config", {})
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=120)
     ax.plot(steps, reward, ".", color="tab:blue", alpha=0.35, label="batch mean reward")
     ax.plot(steps, smooth, "-", color="tab:blue", label=f"mean of the last {WINDOW} steps")
     ax.axhline(1 / 12, color="grey", ls=":", label="chance (1/12 per position)")
-    ax.set_xlabel("trainer step (one batch of "
-                  f"{cfg.get('group_size', '?')} x {cfg.get('groups_per_step', '?')} sequences)")  # fmt: skip
+    ax.set_xlabel(
+        f"trainer step (one batch of {cfg.get('group_size', '?')} x {cfg.get('groups_per_step', '?')} sequences)"
+    )
     ax.set_ylabel("reward (fraction of digits right)")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"rollbuf demo --learn: reverse {cfg.get('digits', '?')} digits, "
-                 f"{report['steps']} steps in {report['seconds']:.0f} s on {cfg.get('device', 'cpu')}")  # fmt: skip
+    ax.set_title(
+        f"rollbuf demo --learn: reverse {cfg.get('digits', '?')} digits, "
+        f"{report['steps']} steps in {report['seconds']:.0f} s on {cfg.get('device', 'cpu')}"
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

@@ -94,13 +94,28 @@ def weights_of(logprob: float) -> int:
 
 
 def create_app() -> Starlette:
-    faults: dict[str, Any] = {"fail_every": 0, "reject_marker": None, "hang_marker": None, "hang_all": False,
-                              "rate_limit_every": 0, "context": CONTEXT, "advertise_context": True,
-                              "null_logprob_marker": None, "nan_logprob_marker": None,
-                              "overlong_marker": None, "chat": None, "chat_stop": None,
-                              "sandboxes": 8, "sandbox_exhausted": False, "sandbox_delay": 0.0,
-                              "generate_echo": False, "generate_text": None, "weights": None,
-                              "latency": 0.0, "chat_cut_first": False}  # fmt: skip
+    faults: dict[str, Any] = {
+        "fail_every": 0,
+        "reject_marker": None,
+        "hang_marker": None,
+        "hang_all": False,
+        "rate_limit_every": 0,
+        "context": CONTEXT,
+        "advertise_context": True,
+        "null_logprob_marker": None,
+        "nan_logprob_marker": None,
+        "overlong_marker": None,
+        "chat": None,
+        "chat_stop": None,
+        "sandboxes": 8,
+        "sandbox_exhausted": False,
+        "sandbox_delay": 0.0,
+        "generate_echo": False,
+        "generate_text": None,
+        "weights": None,
+        "latency": 0.0,
+        "chat_cut_first": False,
+    }
     stats: Counter[str] = Counter()
     prompts: Counter[str] = Counter()
     answers: Counter[str] = Counter()
@@ -135,15 +150,18 @@ def create_app() -> Starlette:
             return JSONResponse({"object": "error", "message": "engine overloaded"}, status_code=503)
         if faults["rate_limit_every"] and stats["requests"] % faults["rate_limit_every"] == 0:
             stats["429"] += 1
-            return JSONResponse({"object": "error", "message": "rate limited"}, status_code=429,
-                                headers={"Retry-After": "0.2"})  # fmt: skip
+            return JSONResponse(
+                {"object": "error", "message": "rate limited"}, status_code=429, headers={"Retry-After": "0.2"}
+            )
         context = faults["context"]
         asked = len(body["prompt"]) + body["max_tokens"]
         if not faults["advertise_context"] and asked > context:
             stats["400_context"] += 1
-            message = (f"This model's maximum context length is {context} tokens. However, you requested "
-                       f"{asked} tokens ({len(body['prompt'])} in the messages, {body['max_tokens']} in the "
-                       "completion). Please reduce the length of the messages or completion.")  # fmt: skip
+            message = (
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{asked} tokens ({len(body['prompt'])} in the messages, {body['max_tokens']} in the "
+                "completion). Please reduce the length of the messages or completion."
+            )
             return JSONResponse({"object": "error", "message": message, "code": 400}, status_code=400)
         seed = body.get("seed") or 0
         if chat and faults["chat_cut_first"] and not stats["chat_cut"]:
@@ -233,8 +251,12 @@ def create_app() -> Starlette:
         )
         ids = reply[: body["sampling_params"].get("max_tokens") or 1 << 20]
         content = [{"token": f"token_id:{t}", "logprob": generate_logprob(i)} for i, t in enumerate(ids)]
-        choice = {"index": 0, "token_ids": ids, "finish_reason": "stop" if ids[-1:] == [GENERATE_END] else "length",
-                  "logprobs": {"content": content}}  # fmt: skip
+        choice = {
+            "index": 0,
+            "token_ids": ids,
+            "finish_reason": "stop" if ids[-1:] == [GENERATE_END] else "length",
+            "logprobs": {"content": content},
+        }
         return JSONResponse({"request_id": f"gen-{stats['generate']}", "choices": [choice]})
 
     async def control(request: Request) -> JSONResponse:

@@ -206,8 +206,9 @@ async def release(stack: AsyncExitStack, error: BaseException, timeout: float | 
             e = e.__context__
         for c in reversed(chain):
             error.add_note(f"while releasing resources after this error: {type(c).__name__}: {c}")
-        log.warning("releasing resources after %s: %s: %s", type(error).__name__, type(close_error).__name__,
-                    close_error)  # fmt: skip
+        log.warning(
+            "releasing resources after %s: %s: %s", type(error).__name__, type(close_error).__name__, close_error
+        )
 
 
 async def let_go(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any], timeout: float | None) -> None:
@@ -218,8 +219,11 @@ async def let_go(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[
     if not done:
         entering.cancel()
         _retrieved(entering)
-        log.warning("a cancelled resource acquire did not finish within release_timeout=%s s: abandoned (the "
-                    "pool may still hold its unit)", timeout)  # fmt: skip
+        log.warning(
+            "a cancelled resource acquire did not finish within release_timeout=%s s: abandoned (the "
+            "pool may still hold its unit)",
+            timeout,
+        )
         return
     if entering.cancelled() or entering.exception() is not None:
         return  # it holds nothing
@@ -255,8 +259,9 @@ async def acquire_all(
     async def exit_all(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         """Exit every held one at once: one cancellation reaches every exit (a bounded release that gives
         up on closes that hang cancels them all, not one after another)."""
-        results = await asyncio.gather(*(cm.__aexit__(exc_type, exc, tb) for cm in reversed(held)),
-                                       return_exceptions=True)  # fmt: skip
+        results = await asyncio.gather(
+            *(cm.__aexit__(exc_type, exc, tb) for cm in reversed(held)), return_exceptions=True
+        )
         errors = [r for r in results if isinstance(r, BaseException) and r is not exc]
         for other in errors[1:]:
             errors[0].add_note(f"also, releasing another resource: {type(other).__name__}: {other}")

@@ -302,13 +302,18 @@ def encode_msgpack(group: ScoredData) -> tuple[bytes, dict[str, str]]:
     """A group as a binary body (docs/binary-format.md): raw int32/float32 arrays, no digits to print or parse."""
     fields = group.model_dump(exclude_none=True)
     body = records.encode_submission(
-        fields.pop("tokens"), fields.pop("masks"), fields.pop("scores"),
-        env_id=fields.pop("env_id", None), policy_step=fields.pop("policy_step", None),
-        group_id=fields.pop("group_id", None), producer_id=fields.pop("producer_id", None),
+        fields.pop("tokens"),
+        fields.pop("masks"),
+        fields.pop("scores"),
+        env_id=fields.pop("env_id", None),
+        policy_step=fields.pop("policy_step", None),
+        group_id=fields.pop("group_id", None),
+        producer_id=fields.pop("producer_id", None),
         advantages=fields.pop("advantages", None),
-        ref_logprobs=fields.pop("ref_logprobs", None), inference_logprobs=fields.pop("inference_logprobs", None),
+        ref_logprobs=fields.pop("ref_logprobs", None),
+        inference_logprobs=fields.pop("inference_logprobs", None),
         **fields,
-    )  # fmt: skip
+    )
     return body, {"Content-Type": MSGPACK}
 
 

@@ -244,9 +244,11 @@ class Session:
             try:
                 async with asyncio.timeout(self.turn_timeout):
                     out = await self.policy.generate(
-                        list(self.tokens), max_tokens=max_tokens or self.max_tokens, token_limit=self.token_limit,
+                        list(self.tokens),
+                        max_tokens=max_tokens or self.max_tokens,
+                        token_limit=self.token_limit,
                         seed=seed,
-                    )  # fmt: skip
+                    )
             except TimeoutError:
                 raise TurnTimeout(f"generate() took more than turn_timeout={self.turn_timeout} s") from None
             except PromptTooLong:
@@ -259,7 +261,7 @@ class Session:
             "completion_tokens": len(out.token_ids),
             "wait_s": round(started - queued, 6),
             "generate_s": round(time.perf_counter() - started, 6),
-        }  # fmt: skip
+        }
         if weights is not None:
             turn["weights"] = weights
         self.turns.append(turn)

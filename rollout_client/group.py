@@ -56,8 +56,12 @@ class Limits:
     release_timeout: float | None = RELEASE_S
 
     def kwargs(self) -> dict[str, Any]:
-        return {"token_limit": self.token_limit, "turn_timeout": self.turn_timeout,
-                "rollout_timeout": self.rollout_timeout, "release_timeout": self.release_timeout}  # fmt: skip
+        return {
+            "token_limit": self.token_limit,
+            "turn_timeout": self.turn_timeout,
+            "rollout_timeout": self.rollout_timeout,
+            "release_timeout": self.release_timeout,
+        }
 
 
 def rollout_seed(group_key: str, index: int) -> int:
@@ -87,8 +91,20 @@ class Rollout:
 
     @classmethod
     def of(cls, s: Session, score: float, elapsed: float, score_s: float) -> Rollout:
-        return cls(s.tokens, s.masks, s.logprobs, s.turns, s.truncated, s.finish_reason, s.tools, score, elapsed,
-                   score_s, external=s.external, left_out=s.left_out)  # fmt: skip
+        return cls(
+            s.tokens,
+            s.masks,
+            s.logprobs,
+            s.turns,
+            s.truncated,
+            s.finish_reason,
+            s.tools,
+            score,
+            elapsed,
+            score_s,
+            external=s.external,
+            left_out=s.left_out,
+        )
 
 
 class Transcript(Protocol):
@@ -254,10 +270,18 @@ async def run_group(
         if on_acquired is not None:
             on_acquired()
         sessions = [
-            Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
-                    seed=rollout_seed(group_key, i), resource=res, turn_timeout=turn_timeout, owner=owner)
+            Session(
+                policy,
+                gate=gate,
+                token_limit=token_limit,
+                max_tokens=env.max_tokens,
+                seed=rollout_seed(group_key, i),
+                resource=res,
+                turn_timeout=turn_timeout,
+                owner=owner,
+            )
             for i, res in enumerate(resources)
-        ]  # fmt: skip
+        ]
 
         async def one(session: Session) -> float:
             try:
@@ -305,9 +329,16 @@ async def run_rollout(
     gate = gate or Gate()
     (resource,), stack = await acquire_resources(env, task, 1, release_timeout)
     try:
-        session = Session(policy, gate=gate, token_limit=token_limit, max_tokens=env.max_tokens,
-                          seed=rollout_seed(group_key, index), resource=resource, turn_timeout=turn_timeout,
-                          owner=owner or asyncio.current_task())  # fmt: skip
+        session = Session(
+            policy,
+            gate=gate,
+            token_limit=token_limit,
+            max_tokens=env.max_tokens,
+            seed=rollout_seed(group_key, index),
+            resource=resource,
+            turn_timeout=turn_timeout,
+            owner=owner or asyncio.current_task(),
+        )
         elapsed = await play(env, task, session, rollout_timeout)
         t0 = time.perf_counter()
         (score,) = await in_daemon_thread(lambda: [float(env.score(task, session))])
@@ -410,8 +441,13 @@ def timings(elapsed: float, score_s: float) -> dict[str, Any]:
 
 def transcript_record(s: Transcript) -> dict[str, Any]:
     """A transcript's record, as its `overrides` entry carries it."""
-    return {"turns": s.turns, "num_turns": len(s.turns), "truncated": s.truncated, "finish_reason": s.finish_reason,
-            "tools": s.tools}  # fmt: skip
+    return {
+        "turns": s.turns,
+        "num_turns": len(s.turns),
+        "truncated": s.truncated,
+        "finish_reason": s.finish_reason,
+        "tools": s.tools,
+    }
 
 
 def group_overrides(task: Task, sessions: Sequence[Transcript]) -> dict[str, Any]:

@@ -238,8 +238,12 @@ class OpenAIPolicy:
 
     def _unreachable(self, exc: BaseException, sent: float) -> None:
         if self.breaker.failure(time.monotonic(), sent):
-            log.warning("inference server %s unreachable (%s: %s): holding new groups until it answers",
-                        self._http.base_url, type(exc).__name__, exc)  # fmt: skip
+            log.warning(
+                "inference server %s unreachable (%s: %s): holding new groups until it answers",
+                self._http.base_url,
+                type(exc).__name__,
+                exc,
+            )
             if self.on_reachability is not None:
                 self.on_reachability(False)
             if self._probe is None or self._probe.done():
@@ -277,8 +281,11 @@ class OpenAIPolicy:
                         log.warning("inference server: the model's context is %d tokens (from a 400)", learned)
                         self.context_length = learned
                     raise _ContextLearned()
-            raise InferenceError(f"POST {path}: HTTP {r.status_code}: {r.text[:500]}", r.status_code,
-                                 retry_after=parse_retry_after(r.headers.get("Retry-After")))  # fmt: skip
+            raise InferenceError(
+                f"POST {path}: HTTP {r.status_code}: {r.text[:500]}",
+                r.status_code,
+                retry_after=parse_retry_after(r.headers.get("Retry-After")),
+            )
         try:
             return r.json()
         except ValueError:

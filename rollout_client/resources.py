@@ -183,8 +183,13 @@ def warn_unbounded_pool(env: Environment) -> tuple[float, Callable[[int, int], N
             "users of the pool (another producer), or resource() draws from a pool of fewer than %d units, which "
             "never fills a group. Set max_resources = <the pool's capacity> on %s (the runner then admits a group "
             "only when all its units are free), or raise ResourceExhausted from resource() when the pool is full",
-            env.name, held, n, HOLD_WARN_S, n, type(env).__name__,
-        )  # fmt: skip
+            env.name,
+            held,
+            n,
+            HOLD_WARN_S,
+            n,
+            type(env).__name__,
+        )
 
     return HOLD_WARN_S, warn
 

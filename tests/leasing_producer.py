@@ -59,9 +59,13 @@ def main() -> None:
 
     async def run() -> None:
         leased = LeasedTasks(args.dataset, args.server, producer_id=args.producer_id, batch=2, poll_s=0.1)
-        runner = RolloutRunner(args.server, [(Slow(rollout_s=args.rollout_s), leased)],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=args.max_in_flight,
-                               poll_interval=0.1)  # fmt: skip
+        runner = RolloutRunner(
+            args.server,
+            [(Slow(rollout_s=args.rollout_s), leased)],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=args.max_in_flight,
+            poll_interval=0.1,
+        )
         stopper = None if args.stop_after is None else asyncio.create_task(stop_after(runner, args.stop_after))
         try:
             stats = await runner.run()

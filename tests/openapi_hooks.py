@@ -177,8 +177,14 @@ def map_body(context: Any, body: Any) -> Any:
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
     path = case.operation.path
-    if path in ("/scored_data", "/scored_data_list", "/tasks/datasets", "/tasks/pages", "/rollouts/open",
-                "/rollouts/post"):  # fmt: skip
+    if path in (
+        "/scored_data",
+        "/scored_data_list",
+        "/tasks/datasets",
+        "/tasks/pages",
+        "/rollouts/open",
+        "/rollouts/post",
+    ):
         _align_body(path, case.body)
         if case.meta is not None:
             case.meta.mark_dirty(ParameterLocation.BODY)

@@ -138,9 +138,14 @@ def main() -> None:
     env = Slow(group_size=args.group_size, posts_each_rollout=not args.whole, min_s=args.min_s, max_s=args.max_s)
     holder: list[RolloutRunner] = []
     runner = RolloutRunner(
-        args.server, [(env, Finite(args.tasks, args.offset, args.idle, holder))], ScriptedPolicy(arithmetic_script),
-        max_in_flight=args.group_size, poll_interval=0.1, timeouts=Timeouts(group=120.0), num_workers=args.workers,
-    )  # fmt: skip
+        args.server,
+        [(env, Finite(args.tasks, args.offset, args.idle, holder))],
+        ScriptedPolicy(arithmetic_script),
+        max_in_flight=args.group_size,
+        poll_interval=0.1,
+        timeouts=Timeouts(group=120.0),
+        num_workers=args.workers,
+    )
     holder.append(runner)
     observe_acks(runner)
     asyncio.run(runner.run())

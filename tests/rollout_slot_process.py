@@ -50,8 +50,13 @@ async def main() -> None:
             for lease in await client.lease(2, envs=["math"]):
                 if args.leases:
                     with open(args.leases, "a") as out:
-                        out.write(json.dumps({"group": lease.group_id, "slot": lease.slot, "producer": args.producer,
-                                              "expires_at": lease.expires_at}) + "\n")  # fmt: skip
+                        row = {
+                            "group": lease.group_id,
+                            "slot": lease.slot,
+                            "producer": args.producer,
+                            "expires_at": lease.expires_at,
+                        }
+                        out.write(json.dumps(row) + "\n")
                 await asyncio.sleep(0.05)  # a rollout takes a while: siblings share the missing slots
                 t = tokens(lease.slot, args.producer)
                 assert t[1] == mine

@@ -52,8 +52,22 @@ def start_server(
     """`prefix`: what the command runs under (`ip netns exec NS`: the server in another network namespace);
     `env`: variables added to this process's environment for the server (`ROLLBUF_*` settings)."""
     port = port or free_port()
-    cmd = [*prefix, sys.executable, "-m", "api", "serve", "--host", host, "--port", str(port), "--store", store,
-           "--log-level", "warning", *extra]  # fmt: skip
+    cmd = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "api",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--store",
+        store,
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     if host != "127.0.0.1":
         cmd.append("--allow-unauthenticated")  # a private test network, torn down with the test
     with log.open("ab") as out:

@@ -48,8 +48,13 @@ class StandIn:
 def _start(log: Path, port: int) -> subprocess.Popen[bytes]:
     """The stand-in as a process on `port`, returned once /v1/models answers."""
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "demos.standin_inference", "--port", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "demos.standin_inference", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         if proc.poll() is not None:

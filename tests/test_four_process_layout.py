@@ -41,9 +41,11 @@ def page_lines() -> list[str]:
     assert block is not None
     lines = block.group(1).strip().splitlines()
     assert [shlex.split(line)[:2] for line in lines] == [
-        ["rollbuf", "serve"], ["rollbuf", "standin-inference"], ["rollbuf", "example-trainer"],
+        ["rollbuf", "serve"],
+        ["rollbuf", "standin-inference"],
+        ["rollbuf", "example-trainer"],
         ["rollbuf", "example-producer"],
-    ]  # fmt: skip
+    ]
     return lines
 
 
@@ -67,8 +69,14 @@ def started(line: str, cwd: Path, bin_dir: Path, log: Path) -> Iterator[subproce
     """`line` as its own process group, from `cwd`, the virtualenv's `bin` first on PATH; killed by its group if
     still running at the end."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(shlex.split(line), cwd=cwd, env=alone_environ(bin_dir), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            shlex.split(line),
+            cwd=cwd,
+            env=alone_environ(bin_dir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         yield proc
     finally:
@@ -86,9 +94,7 @@ def test_the_documented_four_process_layout_runs_from_an_installed_wheel_and_end
     assert all(Path(f).is_relative_to(tmp_path / "venv") for f in found.split()), found
 
     server_port, inference_port = free_port(), free_port()
-    lines = [
-        line.replace("8000", str(server_port)).replace("9000", str(inference_port)) for line in page_lines()
-    ]  # fmt: skip
+    lines = [line.replace("8000", str(server_port)).replace("9000", str(inference_port)) for line in page_lines()]
     url, inference = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{inference_port}"
     logs = {name: tmp_path / f"{name}.log" for name in ("server", "standin", "trainer", "producer")}
     with ExitStack() as stack:

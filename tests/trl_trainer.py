@@ -32,8 +32,13 @@ from trainer_client.trl_worker import RollbufRolloutWorker
 
 VOCAB = 64
 BATCH_SIZE = 8
-REGISTRATION: dict[str, Any] = {"batch_size": BATCH_SIZE, "max_token_len": 32, "acknowledge": "commit",
-                                "starting_step": 0, "max_staleness": 16}  # fmt: skip
+REGISTRATION: dict[str, Any] = {
+    "batch_size": BATCH_SIZE,
+    "max_token_len": 32,
+    "acknowledge": "commit",
+    "starting_step": 0,
+    "max_staleness": 16,
+}
 
 
 def tokenizer() -> PreTrainedTokenizerFast:
@@ -48,9 +53,18 @@ def tokenizer() -> PreTrainedTokenizerFast:
 def tiny_llama(path: Path) -> str:
     if not (path / "config.json").exists():
         torch.manual_seed(0)
-        config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                             pad_token_id=0, eos_token_id=1, bos_token_id=1)  # fmt: skip
+        config = LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=1,
+        )
         LlamaForCausalLM(config).save_pretrained(path)
     return str(path)
 
@@ -94,13 +108,28 @@ def main() -> None:
     rb = TrainerClient(args.url)
     rb.register(**REGISTRATION)
     config = AsyncGRPOConfig(
-        output_dir=str(args.out / "run"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        max_steps=args.max_steps, token_budget=0, weight_sync_steps=1, save_strategy="steps", save_steps=2,
-        logging_steps=1, report_to=[], use_cpu=True, learning_rate=1e-2, dtype="float32",
-        heartbeat_stale_after_s=120.0, seed=0,
-    )  # fmt: skip
-    align(config, batch_size=BATCH_SIZE, max_staleness=REGISTRATION["max_staleness"],
-          read_ahead_bound=rb.info().max_read_ahead_batches)  # fmt: skip
+        output_dir=str(args.out / "run"),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=args.max_steps,
+        token_budget=0,
+        weight_sync_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        learning_rate=1e-2,
+        dtype="float32",
+        heartbeat_stale_after_s=120.0,
+        seed=0,
+    )
+    align(
+        config,
+        batch_size=BATCH_SIZE,
+        max_staleness=REGISTRATION["max_staleness"],
+        read_ahead_bound=rb.info().max_read_ahead_batches,
+    )
     worker = RollbufRolloutWorker(rb, wait=2.0)
     buffer = ConsumedSteps(BATCH_SIZE * 2)
     worker.rollout_buffer = buffer
@@ -108,10 +137,14 @@ def main() -> None:
     log = Losses()
     weights = RollbufWeightSync()
     trainer = AsyncGRPOTrainer(
-        model=tiny_llama(args.out / "model"), args=config, processing_class=tokenizer(),
+        model=tiny_llama(args.out / "model"),
+        args=config,
+        processing_class=tokenizer(),
         train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * BATCH_SIZE}),
-        callbacks=[checkpoints, log], rollout_worker=worker, weight_transfer=weights,
-    )  # fmt: skip
+        callbacks=[checkpoints, log],
+        rollout_worker=worker,
+        weight_transfer=weights,
+    )
     model = trainer.model
     assert model is not None
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -121,10 +154,17 @@ def main() -> None:
         checkpoint = str(saved[-1]) if saved else None
     trainer.train(resume_from_checkpoint=checkpoint)
     changed = any(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters())
-    result = {"changed": changed, "losses": log.losses, "committed": checkpoints.committed, "taken": buffer.taken,
-              "finite": all(math.isfinite(v) for v in log.losses.values()), "resumed_from": checkpoint,
-              "global_step": trainer.state.global_step, "syncs": weights.syncs,
-              "start_step": worker.first_step_read}  # fmt: skip
+    result = {
+        "changed": changed,
+        "losses": log.losses,
+        "committed": checkpoints.committed,
+        "taken": buffer.taken,
+        "finite": all(math.isfinite(v) for v in log.losses.values()),
+        "resumed_from": checkpoint,
+        "global_step": trainer.state.global_step,
+        "syncs": weights.syncs,
+        "start_step": worker.first_step_read,
+    }
     (args.out / "result.json").write_text(json.dumps(result))
 
 

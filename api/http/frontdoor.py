@@ -126,14 +126,23 @@ class FrontDoor:
             found = identify(door.keys(), token.strip() if scheme.lower() == "bearer" else None)
             if found is None:
                 await _refuse(
-                    send, 401, "unauthorized", "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                    ["header", "authorization"], {"www-authenticate": "Bearer"},
-                )  # fmt: skip
+                    send,
+                    401,
+                    "unauthorized",
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    ["header", "authorization"],
+                    {"www-authenticate": "Bearer"},
+                )
                 return
             if found.role not in rule:
                 roles = " or ".join(sorted(rule))
-                await _refuse(send, 403, "forbidden", f"{method} {path} needs a key of role {roles}; "
-                              f"{found.name!r} is {found.role}", ["header", "authorization"])  # fmt: skip
+                await _refuse(
+                    send,
+                    403,
+                    "forbidden",
+                    f"{method} {path} needs a key of role {roles}; {found.name!r} is {found.role}",
+                    ["header", "authorization"],
+                )
                 return
             identity = found
         state = scope.setdefault("state", {})
@@ -141,15 +150,25 @@ class FrontDoor:
         if body != "small" and not door.allow_simple_types:
             ctype = headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
             if ctype in SIMPLE_TYPES:
-                await _refuse(send, 415, "unsupported_media_type", f"Content-Type {ctype} is refused on {path} (a "
-                              "browser sends it cross-site without asking): send application/json",
-                              ["header", "content-type"])  # fmt: skip
+                await _refuse(
+                    send,
+                    415,
+                    "unsupported_media_type",
+                    f"Content-Type {ctype} is refused on {path} (a "
+                    "browser sends it cross-site without asking): send application/json",
+                    ["header", "content-type"],
+                )
                 return
         limit = door.max_ingest_body if body == "ingest" else SMALL_BODY
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _refuse(send, 413, "payload_too_large", f"request body of {int(declared)} bytes exceeds the "
-                          f"limit of {limit} for {path}", ["body"])  # fmt: skip
+            await _refuse(
+                send,
+                413,
+                "payload_too_large",
+                f"request body of {int(declared)} bytes exceeds the limit of {limit} for {path}",
+                ["body"],
+            )
             return
         await self.app(scope, *_bounded(receive, send, limit, path))
 
@@ -171,8 +190,13 @@ def _bounded(receive: Receive, send: Send, limit: int, path: str) -> tuple[Recei
             if received > limit:
                 refused = True
                 if not started:
-                    await _refuse(send, 413, "payload_too_large", f"request body exceeds the limit of {limit} "
-                                  f"bytes for {path}", ["body"])  # fmt: skip
+                    await _refuse(
+                        send,
+                        413,
+                        "payload_too_large",
+                        f"request body exceeds the limit of {limit} bytes for {path}",
+                        ["body"],
+                    )
                 return {"type": "http.disconnect"}
         return message
 

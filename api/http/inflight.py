@@ -50,11 +50,15 @@ class BodyBudget:
                 self.peak = max(self.peak, self.held)
                 return
         if held + n > self.limit:
-            why = f"the server holds {held} bytes of request bodies; this request needs {n} more and the limit " \
-                  f"(max_inflight_bytes) is {self.limit}"  # fmt: skip
+            why = (
+                f"the server holds {held} bytes of request bodies; this request needs {n} more and the limit "
+                f"(max_inflight_bytes) is {self.limit}"
+            )
         else:
-            why = f"{holder or 'this client'} holds {mine} bytes of request bodies; this request needs {n} more " \
-                  f"and one key's or client's share (max_inflight_bytes_per_client) is {self.per_holder}"  # fmt: skip
+            why = (
+                f"{holder or 'this client'} holds {mine} bytes of request bodies; this request needs {n} more "
+                f"and one key's or client's share (max_inflight_bytes_per_client) is {self.per_holder}"
+            )
         raise Busy(f"{why}: retry later", self.retry_after)
 
     def give(self, n: int, holder: str = "") -> None:

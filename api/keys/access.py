@@ -18,8 +18,24 @@ from typing import Literal
 
 from api.owners import ANONYMOUS, ROLES, Acts, Identity, Role
 
-__all__ = ["ANONYMOUS", "ANY_KEY", "ENV_SIDE", "PUBLIC", "ROLES", "TRAINER_SIDE", "Acts", "Body", "Identity", "Key",
-           "RouteTable", "Role", "Rule", "check_distinct", "identify", "parse_keys"]  # fmt: skip
+__all__ = [
+    "ANONYMOUS",
+    "ANY_KEY",
+    "ENV_SIDE",
+    "PUBLIC",
+    "ROLES",
+    "TRAINER_SIDE",
+    "Acts",
+    "Body",
+    "Identity",
+    "Key",
+    "RouteTable",
+    "Role",
+    "Rule",
+    "check_distinct",
+    "identify",
+    "parse_keys",
+]
 MIN_SECRET = 16
 """Shortest secret accepted: a key that can be guessed is no key."""
 

@@ -223,8 +223,10 @@ class KeyFile:
             self._logged = now
             log.error(
                 "api_keys_file %s cannot be used (%s): keeping the last good keys (%s)",
-                self.path, why, describe(self.keys) or "none",
-            )  # fmt: skip
+                self.path,
+                why,
+                describe(self.keys) or "none",
+            )
         self.error = why
         KEY_FILE_STALE.set(1)
 

@@ -113,11 +113,13 @@ def record(
     if beat.owner is not None and max_per_key is not None:
         mine = [p for p in table.values() if p.owner == beat.owner]
         if len(mine) >= max_per_key:
-            forgotten.append(_forget(table, mine, now, gone_after, "of this key, the most one key may "
-                                     "(max_producers_per_key)"))  # fmt: skip
+            forgotten.append(
+                _forget(table, mine, now, gone_after, "of this key, the most one key may (max_producers_per_key)")
+            )
     if len(table) >= max_producers:
-        forgotten.append(_forget(table, list(table.values()), now, gone_after, "the most the server keeps "
-                                 "(max_producers)"))  # fmt: skip
+        forgotten.append(
+            _forget(table, list(table.values()), now, gone_after, "the most the server keeps (max_producers)")
+        )
     table[beat.producer_id] = beat
     return forgotten
 
@@ -156,8 +158,10 @@ def stall_reason(
         if not table:
             return f"{NOTHING_YET}: start a producer (docs/bring-your-environment.md)"
         last = max(table.values(), key=lambda p: p.last_seen)
-        return (f"no environment is connected and no producer is live: the last, {last.producer_id} on "
-                f"{last.host}, was last seen {_ago(now, last.last_seen)} (gone after {gone_after:g} s)")  # fmt: skip
+        return (
+            f"no environment is connected and no producer is live: the last, {last.producer_id} on "
+            f"{last.host}, was last seen {_ago(now, last.last_seen)} (gone after {gone_after:g} s)"
+        )
     watched = {e for p in table.values() for e in p.env_ids}
     if any(env_id not in watched for env_id in connected):
         return None  # a handler that does not heartbeat may send
@@ -165,9 +169,11 @@ def stall_reason(
     if not feeding:
         names = ", ".join(sorted(connected.values()))
         last = max((p for p in table.values() if set(p.env_ids) & set(connected)), key=lambda p: p.last_seen)
-        return (f"no live producer for env(s) {names}: the last, {last.producer_id} on {last.host}, was last "
-                f"seen {_ago(now, last.last_seen)} (producers are gone after {gone_after:g} s without a "
-                "heartbeat)")  # fmt: skip
+        return (
+            f"no live producer for env(s) {names}: the last, {last.producer_id} on {last.host}, was last "
+            f"seen {_ago(now, last.last_seen)} (producers are gone after {gone_after:g} s without a "
+            "heartbeat)"
+        )
     held: list[str] = []
     for p in live:
         for env_id in p.env_ids:
@@ -181,8 +187,10 @@ def stall_reason(
     detail = "; ".join(held[:5]) + (f"; and {len(held) - 5} more" if len(held) > 5 else "")
     hint = ""
     if any("ahead_of_trainer" in h for h in held):
-        hint = (f" (they generate with weights step {', '.join(map(str, generating))}"
-                " or older: announce new weights with POST /weights, or raise max_staleness)")  # fmt: skip
+        hint = (
+            f" (they generate with weights step {', '.join(map(str, generating))}"
+            " or older: announce new weights with POST /weights, or raise max_staleness)"
+        )
     return f"every live producer is held back waiting for the trainer: {detail}{hint}"
 
 
@@ -190,7 +198,10 @@ def undrained(table: dict[str, Producer], pending: int, now: float, gone_after: 
     """The live producers a weight sync to `pending` still waits for: those of drain envs that have not reported
     drained for it (or a later sync). A gone producer is not waited for: it samples nothing."""
     return sorted(
-        (p for p in table.values()
-         if p.drains and p.live(now, gone_after) and (p.drained_for is None or p.drained_for < pending)),
+        (
+            p
+            for p in table.values()
+            if p.drains and p.live(now, gone_after) and (p.drained_for is None or p.drained_for < pending)
+        ),
         key=lambda p: p.first_seen,
-    )  # fmt: skip
+    )

@@ -118,8 +118,10 @@ def _check_step(txn: Txn, step: int) -> state.RunState:
     if run.registration is None:
         raise Conflict("no trainer is registered: POST /register first", loc=("body", "step"))
     if step > run.step:
-        raise Conflict(f"step {step} is past the trainer's current step {run.step}: groups stamped with it would be "
-                       "refused", loc=("body", "step"))  # fmt: skip
+        raise Conflict(
+            f"step {step} is past the trainer's current step {run.step}: groups stamped with it would be refused",
+            loc=("body", "step"),
+        )
     return run
 
 
@@ -165,18 +167,21 @@ def heartbeat_txn(
     fields = {k: v for k, v in beat.model_dump().items() if k in Producer.__dataclass_fields__}  # what is kept
     fields["held"] = {env: why for env, why in beat.held.items() if env in names}
     judged = run.step if beat.trainer_step is None else min(run.step, beat.trainer_step)
-    new = Producer(**fields, last_seen=now, first_seen=now, owner=actor.owner, judged_step=judged,
-                   judged_weights=weights)  # fmt: skip
+    new = Producer(
+        **fields, last_seen=now, first_seen=now, owner=actor.owner, judged_step=judged, judged_weights=weights
+    )
     old = load_producer(txn, beat.producer_id)
     table = {beat.producer_id: old} if old is not None else load_producers(txn)
     try:
-        forgotten = producers.record(table, new, now, settings.gone_after, settings.max_producers, actor.may,
-                                     settings.max_producers_per_key)  # fmt: skip
+        forgotten = producers.record(
+            table, new, now, settings.gone_after, settings.max_producers, actor.may, settings.max_producers_per_key
+        )
     except producers.ProducerTaken as exc:
         raise Conflict(str(exc), loc=("body", "producer_id")) from None
     except producers.TooManyProducers as exc:
-        raise Unavailable(f"{exc}; one is forgotten once it is gone ({settings.gone_after:g} s)",
-                          settings.gone_after) from None  # fmt: skip
+        raise Unavailable(
+            f"{exc}; one is forgotten once it is gone ({settings.gone_after:g} s)", settings.gone_after
+        ) from None
     _save(txn, new)
     if old is None:
         for pid in forgotten:
@@ -221,7 +226,7 @@ def report_txn(txn: Txn, now: float, settings: ProducerSettings, known: state.Ru
             waiting_for=p.waiting_for,
             drains=p.drains,
             drained_for=p.drained_for,
-        )  # fmt: skip
+        )
         for p in sorted(table.values(), key=lambda p: p.first_seen)
     ]
     weights = load_weights(txn)

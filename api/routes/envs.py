@@ -83,8 +83,17 @@ async def register_env(
 
 
 # ANY_KEY: an env key disconnects its own envs; trainer and admin keys any env
-@route(router, "POST", "/disconnect-env", ANY_KEY, acts=acts("env", others=RUN_WIDE), body="json",
-       statuses=(400, 422), response_model=DisconnectReply, response_model_exclude_none=True)  # fmt: skip
+@route(
+    router,
+    "POST",
+    "/disconnect-env",
+    ANY_KEY,
+    acts=acts("env", others=RUN_WIDE),
+    body="json",
+    statuses=(400, 422),
+    response_model=DisconnectReply,
+    response_model_exclude_none=True,
+)
 async def disconnect_env(
     body: Annotated[
         EnvIdentifier, Body(openapi_examples={"env": {"summary": "The first env", "value": {"env_id": 0}}})
@@ -130,11 +139,16 @@ def _idempotency_key(request: Request) -> str | None:
     """The Idempotency-Key header, checked as FastAPI checks the declared `Header` (a 422 past its length)."""
     key = request.headers.get("idempotency-key")
     if key is not None and len(key) > IDEMPOTENCY_KEY_MAX:
-        raise RequestValidationError([{
-            "type": "string_too_long", "loc": ("header", "idempotency-key"),
-            "msg": f"String should have at most {IDEMPOTENCY_KEY_MAX} characters",
-            "ctx": {"max_length": IDEMPOTENCY_KEY_MAX},
-        }])  # fmt: skip
+        raise RequestValidationError(
+            [
+                {
+                    "type": "string_too_long",
+                    "loc": ("header", "idempotency-key"),
+                    "msg": f"String should have at most {IDEMPOTENCY_KEY_MAX} characters",
+                    "ctx": {"max_length": IDEMPOTENCY_KEY_MAX},
+                }
+            ]
+        )
     return key
 
 

@@ -63,7 +63,7 @@ async def export_table(
             description="`sequences`: one row per kept sequence; `groups`: the ledger's group rows; `steps`: "
             "its step rows; `tasks`: every task handed out, with its fate (docs/tasks.md); `rollouts`: every group "
             "opened for per-rollout submission, with its slots (docs/rollouts.md)."
-        ),  # fmt: skip
+        ),
     ] = "sequences",
 ) -> StreamingResponse:
     """The run's data as a dataset: the ledger's groups or steps, or every sequence of the groups the store still

@@ -68,8 +68,15 @@ async def readyz(request: Request, service: ServiceDep) -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-@route(prometheus, "GET", "/metrics", ANY_KEY, acts=RUN, response_class=Response,
-       responses={200: {"content": {metrics.CONTENT_TYPE: {}}}})  # fmt: skip
+@route(
+    prometheus,
+    "GET",
+    "/metrics",
+    ANY_KEY,
+    acts=RUN,
+    response_class=Response,
+    responses={200: {"content": {metrics.CONTENT_TYPE: {}}}},
+)
 async def prometheus_metrics(service: ServiceDep, settings: SettingsDep) -> Response:
     """Prometheus exposition: the run's counters and gauges from the store, this replica's timings."""
     body = await service.metrics(settings.metrics_max_envs, settings.views_max_producers, settings.views_max_datasets)

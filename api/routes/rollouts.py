@@ -25,15 +25,31 @@ from api.wire.rules import GROUP_ID_MAX
 router = APIRouter(tags=["rollouts"])
 
 
-@route(router, "POST", "/rollouts/open", ENV_SIDE, acts=acts("env", "open_group"), body="json",
-       statuses=(400, 403, 404, 409, 422, 503), response_model=GroupView)  # fmt: skip
+@route(
+    router,
+    "POST",
+    "/rollouts/open",
+    ENV_SIDE,
+    acts=acts("env", "open_group"),
+    body="json",
+    statuses=(400, 403, 404, 409, 422, 503),
+    response_model=GroupView,
+)
 async def open_group(body: OpenRequest, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> GroupView:
     """Open a group of `group_size` rollouts for one task; post them with POST /rollouts/post as they end."""
     return await service.rollouts.open(body, settings, actor)
 
 
-@route(router, "POST", "/rollouts/post", ENV_SIDE, acts=acts("open_group"), body="ingest",
-       statuses=(400, 404, 409, 422, 503), response_model=PostReply)  # fmt: skip
+@route(
+    router,
+    "POST",
+    "/rollouts/post",
+    ENV_SIDE,
+    acts=acts("open_group"),
+    body="ingest",
+    statuses=(400, 404, 409, 422, 503),
+    response_model=PostReply,
+)
 async def post_rollout(body: RolloutPost, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> PostReply:
     """One rollout, acknowledged durably (the same content again: `duplicate`; from another producer after the
     first: `redone`, the first kept; other content from its producer: 409), once it meets every rule its sealed
@@ -41,23 +57,47 @@ async def post_rollout(body: RolloutPost, service: ServiceDep, settings: Setting
     return await service.rollouts.post(body, settings, actor)
 
 
-@route(router, "POST", "/rollouts/seal", ENV_SIDE, acts=acts("open_group"), body="json",
-       statuses=(400, 404, 409, 422, 503), response_model=GroupView)  # fmt: skip
+@route(
+    router,
+    "POST",
+    "/rollouts/seal",
+    ENV_SIDE,
+    acts=acts("open_group"),
+    body="json",
+    statuses=(400, 404, 409, 422, 503),
+    response_model=GroupView,
+)
 async def seal(body: SealRequest, service: ServiceDep, actor: ActorDep) -> GroupView:
     """Seal the group now with what is in (at least `min_group_size`), with the group's scores if scored as one."""
     return await service.rollouts.seal(body, actor)
 
 
-@route(router, "POST", "/rollouts/lease", ENV_SIDE, acts=acts("open_group"), body="json",
-       statuses=(400, 413, 422, 503), response_model=SlotLeaseReply)  # fmt: skip
+@route(
+    router,
+    "POST",
+    "/rollouts/lease",
+    ENV_SIDE,
+    acts=acts("open_group"),
+    body="json",
+    statuses=(400, 413, 422, 503),
+    response_model=SlotLeaseReply,
+)
 async def lease(body: SlotLeaseRequest, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> SlotLeaseReply:
     """Up to `n` missing slots of this key's groups whose producer stopped heartbeating, each for
     `rollout_lease_s` (of the envs named in `envs` only, if given)."""
     return SlotLeaseReply(leases=await service.rollouts.lease(body, settings, actor))
 
 
-@route(router, "POST", "/rollouts/heartbeat", ENV_SIDE, acts=acts("open_group"), body="json",
-       statuses=(400, 422, 503), response_model=RolloutHeartbeatReply)  # fmt: skip
+@route(
+    router,
+    "POST",
+    "/rollouts/heartbeat",
+    ENV_SIDE,
+    acts=acts("open_group"),
+    body="json",
+    statuses=(400, 422, 503),
+    response_model=RolloutHeartbeatReply,
+)
 async def heartbeat(
     body: RolloutHeartbeat, service: ServiceDep, settings: SettingsDep, actor: ActorDep
 ) -> RolloutHeartbeatReply:
@@ -73,8 +113,15 @@ async def totals(service: ServiceDep) -> dict[str, int]:
     return await service.rollouts.totals()
 
 
-@route(router, "GET", "/rollouts/group", ANY_KEY, acts=acts("open_group", others=RUN_WIDE), statuses=(404, 422),
-       response_model=GroupView)  # fmt: skip
+@route(
+    router,
+    "GET",
+    "/rollouts/group",
+    ANY_KEY,
+    acts=acts("open_group", others=RUN_WIDE),
+    statuses=(404, 422),
+    response_model=GroupView,
+)
 async def group(
     service: ServiceDep,
     actor: ActorDep,

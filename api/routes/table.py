@@ -8,8 +8,19 @@ from api.owners import Acts
 from api.routes import admin, envs, export, ledger, ops, producers, rollouts, tasks, trainer
 from api.routes.spec import DECLARED
 
-ROUTERS = (admin.health, ops.probes, admin.router, trainer.router, envs.router, producers.router, tasks.router,
-           rollouts.router, ledger.router, ops.router, export.router)  # fmt: skip
+ROUTERS = (
+    admin.health,
+    ops.probes,
+    admin.router,
+    trainer.router,
+    envs.router,
+    producers.router,
+    tasks.router,
+    rollouts.router,
+    ledger.router,
+    ops.router,
+    export.router,
+)
 """Every router, in the order the app includes them (`ops.prometheus`, /metrics, only with `metrics` on)."""
 DESCRIPTION_PAGES: dict[tuple[str, str], Rule] = {
     ("GET", "/docs"): PUBLIC,

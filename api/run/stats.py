@@ -289,8 +289,13 @@ def _summed(
 
     def queues(by_id: dict[int, QueueCounts]) -> QueueCounts:
         found = [c for c in map(by_id.get, ids) if c is not None]
-        return QueueCounts(sum(c.items for c in found), sum(c.groups for c in found), sum(c.seqs for c in found),
-                           sum(c.tokens for c in found), sum(c.bytes for c in found))  # fmt: skip
+        return QueueCounts(
+            sum(c.items for c in found),
+            sum(c.groups for c in found),
+            sum(c.seqs for c in found),
+            sum(c.tokens for c in found),
+            sum(c.bytes for c in found),
+        )
 
     reasons: dict[str, int] = {}
     for by_reason in filter(None, map(dropped.get, names)):

@@ -46,10 +46,19 @@ def itemised(envs: Sequence[EnvSnapshot], cap: int) -> list[EnvSnapshot]:
             dropped[reason] = dropped.get(reason, 0) + n
         queue, held = queue + e.queue, held + e.held
     other = EnvSnapshot(
-        OTHER_ENVS, sum(e.weight for e in rest), 0, any(e.connected for e in rest), None, queue,
-        sum(e.received for e in rest), sum(e.served_groups for e in rest), sum(e.served_seqs for e in rest),
-        sum(e.backpressure for e in rest), dropped, held,
-    )  # fmt: skip
+        OTHER_ENVS,
+        sum(e.weight for e in rest),
+        0,
+        any(e.connected for e in rest),
+        None,
+        queue,
+        sum(e.received for e in rest),
+        sum(e.served_groups for e in rest),
+        sum(e.served_seqs for e in rest),
+        sum(e.backpressure for e in rest),
+        dropped,
+        held,
+    )
     return [*envs[:cap], other]
 
 
@@ -247,8 +256,9 @@ class ProducersCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         r = self.report
         if r.weights_step is not None:
-            yield GaugeMetricFamily("rollbuf_weights_step", "The step of the weights announced live (POST /weights).",
-                                    r.weights_step)  # fmt: skip
+            yield GaugeMetricFamily(
+                "rollbuf_weights_step", "The step of the weights announced live (POST /weights).", r.weights_step
+            )
         per_env = GaugeMetricFamily("rollbuf_producers", "Producers per env, live or gone.", labels=["env", "state"])
         counts: dict[tuple[str, str], int] = {}
         for p in r.producers:
@@ -269,8 +279,11 @@ class ProducersCollector(Collector):
         )
         for p in shown_producers(r.producers, self.max_producers):
             seen.add_metric([p.producer_id, p.host], p.last_seen_s)
-        stalled = GaugeMetricFamily("rollbuf_stalled", "1 while nothing can arrive for a waiting trainer "
-                                    "(/status stall_reason), else 0.", 1 if r.stall_reason else 0)  # fmt: skip
+        stalled = GaugeMetricFamily(
+            "rollbuf_stalled",
+            "1 while nothing can arrive for a waiting trainer (/status stall_reason), else 0.",
+            1 if r.stall_reason else 0,
+        )
         yield from (per_env, seen, stalled)
 
 

@@ -54,10 +54,13 @@ def capped(status: Status, max_datasets: int, max_producers: int) -> Status:
     """/status with at most `max_datasets` datasets (the first by name) and `max_producers` producers (live ones
     first, then the oldest), each list's total beside it: its size is bounded however many a run has."""
     return status.model_copy(
-        update={"tasks": status.tasks[:max_datasets], "tasks_total": len(status.tasks),
-                "producers": shown_producers(status.producers, max_producers),
-                "producers_total": len(status.producers)}
-    )  # fmt: skip
+        update={
+            "tasks": status.tasks[:max_datasets],
+            "tasks_total": len(status.tasks),
+            "producers": shown_producers(status.producers, max_producers),
+            "producers_total": len(status.producers),
+        }
+    )
 
 
 _TOTALS: dict[object, tuple[float, float]] = {}

@@ -92,10 +92,12 @@ class Run:
         self.rows.append(row)
         if not self.quiet:
             recent = np.mean([r["reward"] for r in self.rows[-WINDOW:]])
-            print(f"[{elapsed:6.1f}s] step {row['step']:4d} | reward {row['reward']:.3f} (last {WINDOW}: {recent:.3f})"
-                  f" | staleness {row['staleness']:.2f} (max {row['max_staleness']})"
-                  f" | clipped {row['clip_fraction']:.3f} | {row['groups_per_s']:.1f} groups/s",
-                  flush=True)  # fmt: skip
+            print(
+                f"[{elapsed:6.1f}s] step {row['step']:4d} | reward {row['reward']:.3f} (last {WINDOW}: {recent:.3f})"
+                f" | staleness {row['staleness']:.2f} (max {row['max_staleness']})"
+                f" | clipped {row['clip_fraction']:.3f} | {row['groups_per_s']:.1f} groups/s",
+                flush=True,
+            )
 
     def report(self) -> dict[str, Any]:
         rewards = [r["reward"] for r in self.rows]
@@ -112,8 +114,12 @@ class Run:
 async def _train(url: str, cfg: Config, model: TinyGPT, policy: TorchPolicy, runner: RolloutRunner, run: Run) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     async with AsyncTrainerClient(url) as trainer:
-        await trainer.register(batch_size=cfg.batch_size, max_token_len=2 * cfg.digits + 1,
-                               max_staleness=cfg.max_staleness, num_steps=cfg.steps)  # fmt: skip
+        await trainer.register(
+            batch_size=cfg.batch_size,
+            max_token_len=2 * cfg.digits + 1,
+            max_staleness=cfg.max_staleness,
+            num_steps=cfg.steps,
+        )
         batches = cast(AsyncGenerator[Batch, None], trainer.batches(start_step=0, wait=10.0))
         async with contextlib.aclosing(batches):
             async for batch in batches:
@@ -143,11 +149,19 @@ async def learn(cfg: Config, *, quiet: bool = False) -> dict[str, Any]:
             n_params = sum(p.numel() for p in model.parameters())
             print(f"rollbuf demo --learn: service on {url} (SQLite in {tmp})")
             print(f"  task: reverse {cfg.digits} digits, reward = fraction of positions right (chance 1/12)")
-            print(f"  policy: a {n_params / 1e3:.0f}k-parameter transformer, random init, on {cfg.device}; "
-                  f"{cfg.groups_per_step} groups of G={cfg.group_size} per step, PPO-clip on GRPO advantages, "
-                  f"max_staleness {cfg.max_staleness}\n")  # fmt: skip
-        runner = RolloutRunner(url, [(env, tasks)], policy, max_in_flight=2 * cfg.batch_size,
-                               max_staleness=cfg.max_staleness, poll_interval=0.05)  # fmt: skip
+            print(
+                f"  policy: a {n_params / 1e3:.0f}k-parameter transformer, random init, on {cfg.device}; "
+                f"{cfg.groups_per_step} groups of G={cfg.group_size} per step, PPO-clip on GRPO advantages, "
+                f"max_staleness {cfg.max_staleness}\n"
+            )
+        runner = RolloutRunner(
+            url,
+            [(env, tasks)],
+            policy,
+            max_in_flight=2 * cfg.batch_size,
+            max_staleness=cfg.max_staleness,
+            poll_interval=0.05,
+        )
         run = Run(cfg, runner, quiet)
         producing = asyncio.create_task(runner.run())
         training = asyncio.create_task(_train(url, cfg, model, policy, runner, run))
@@ -157,8 +171,10 @@ async def learn(cfg: Config, *, quiet: bool = False) -> dict[str, Any]:
         await training if training in done else _cancel(training)
     report = run.report()
     if not quiet:
-        print(f"\ndone: {report['steps']} steps in {report['seconds']:.0f} s; mean reward of the first {WINDOW} "
-              f"steps {report['initial_reward']}, of the last {WINDOW} {report['final_reward']}")  # fmt: skip
+        print(
+            f"\ndone: {report['steps']} steps in {report['seconds']:.0f} s; mean reward of the first {WINDOW} "
+            f"steps {report['initial_reward']}, of the last {WINDOW} {report['final_reward']}"
+        )
     return report
 
 
@@ -185,8 +201,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
-    cfg = Config(steps=args.steps, digits=args.digits, group_size=args.group_size, groups_per_step=args.groups_per_step,
-                 lr=args.lr, max_staleness=args.max_staleness, device=args.device, seed=args.seed)  # fmt: skip
+    cfg = Config(
+        steps=args.steps,
+        digits=args.digits,
+        group_size=args.group_size,
+        groups_per_step=args.groups_per_step,
+        lr=args.lr,
+        max_staleness=args.max_staleness,
+        device=args.device,
+        seed=args.seed,
+    )
     report = asyncio.run(learn(cfg, quiet=args.quiet))
     if args.report:
         args.report.write_text(json.dumps(report, indent=1) + "\n")

@@ -53,8 +53,13 @@ class Sandboxed(Environment):
 
 
 async def main() -> None:
-    runner = RolloutRunner(ROLLBUF_URL, [(Sandboxed(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                           max_in_flight=16, num_workers=2)  # fmt: skip
+    runner = RolloutRunner(
+        ROLLBUF_URL,
+        [(Sandboxed(), Tasks(arithmetic_task))],
+        ScriptedPolicy(arithmetic_script),
+        max_in_flight=16,
+        num_workers=2,
+    )
     stats = await runner.run(max_groups=int(os.environ.get("MAX_GROUPS", "0")) or None)
     print(f"{stats.accepted} groups accepted, {stats.failed_total} failed")
 

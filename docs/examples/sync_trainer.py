@@ -21,8 +21,9 @@ def train_on(batch) -> None:  # your optimizer step; here, a look at what it wou
 def main() -> None:
     with TrainerClient(ROLLBUF_URL) as trainer:
         trainer.register(batch_size=8, max_token_len=256)
-        runner = RolloutRunner(ROLLBUF_URL, [(Sums(), Tasks(sum_task))], OpenAIPolicy(INFERENCE_URL, MODEL),
-                               max_in_flight=16)  # fmt: skip
+        runner = RolloutRunner(
+            ROLLBUF_URL, [(Sums(), Tasks(sum_task))], OpenAIPolicy(INFERENCE_URL, MODEL), max_in_flight=16
+        )
         with run_in_thread(runner) as handle:  # stop() and join() on exit
             # no handle.wait_ready() here: the runner registers once the trainer has asked for a batch
             for batch in itertools.islice(trainer.batches(start_step=0), STEPS):

@@ -19,8 +19,9 @@ async def main() -> None:
     # A factory, not an OpenAIPolicy: each worker process builds its own (a policy holds connections; it does not
     # pickle, and a runner with workers given one fails as it starts).
     policy = partial(OpenAIPolicy, INFERENCE_URL, MODEL, temperature=1.0)
-    runner = RolloutRunner(ROLLBUF_URL, [(Sums(), Tasks(sum_task))], policy,
-                           max_in_flight=256, num_workers=2, max_staleness=1)  # fmt: skip
+    runner = RolloutRunner(
+        ROLLBUF_URL, [(Sums(), Tasks(sum_task))], policy, max_in_flight=256, num_workers=2, max_staleness=1
+    )
     stats = await runner.run(max_groups=int(os.environ.get("MAX_GROUPS", "0")) or None)  # None: until stopped
     print(f"{stats.accepted} groups accepted, {stats.failed_total} failed")
 

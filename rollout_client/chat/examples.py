@@ -259,9 +259,14 @@ def local_tokenizer(chat_template: str = QWEN25_TEMPLATE, eos_token: str = "<|im
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL_TOKENS])
     extra = [s for s in SPECIAL_TOKENS if s not in (eos_token, "<|endoftext|>")]
     out: ChatTokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tok, eos_token=eos_token, pad_token="<|endoftext|>", bos_token="<|begin_of_text|>",
-        extra_special_tokens=extra, chat_template=chat_template, clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+        tokenizer_object=tok,
+        eos_token=eos_token,
+        pad_token="<|endoftext|>",
+        bos_token="<|begin_of_text|>",
+        extra_special_tokens=extra,
+        chat_template=chat_template,
+        clean_up_tokenization_spaces=False,
+    )
     return out
 
 

@@ -137,9 +137,12 @@ class ChatSession:
         if not messages:
             return ""
         out = self.tokenizer.apply_chat_template(
-            messages, tools=self.schemas or None, add_generation_prompt=add_generation_prompt, tokenize=False,
+            messages,
+            tools=self.schemas or None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
             **self.template_kwargs,
-        )  # fmt: skip
+        )
         if not isinstance(out, str):
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(out).__name__}, not text")
         return out
@@ -159,9 +162,11 @@ class ChatSession:
         key = f"{type(self.tokenizer).__name__}:{why}"
         if key not in _warned:
             _warned.add(key)
-            log.warning("chat template mismatch (%s): the tokens trained on are the ones sampled, but the "
-                        "template renders this conversation differently; counted in turns[i]['template_mismatch']",
-                        why)  # fmt: skip
+            log.warning(
+                "chat template mismatch (%s): the tokens trained on are the ones sampled, but the "
+                "template renders this conversation differently; counted in turns[i]['template_mismatch']",
+                why,
+            )
 
     def _flush(self) -> None:
         """Put the messages added since the last turn, and the generation prompt, into the session's tokens."""
@@ -224,10 +229,15 @@ class ChatSession:
         call_ids = tuple(f"call{next(self._call_ids):05d}" for _ in parsed.calls)  # 9 alphanumerics, as Mistral's
         message: Message = {"role": "assistant", "content": content}
         if self.calls_as == "tool_calls" and parsed.calls and all(isinstance(c, ToolCall) for c in parsed.calls):
-            message = {"role": "assistant", "content": parsed.content, "tool_calls": [
-                {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for i, c in zip(call_ids, parsed.calls, strict=True) if isinstance(c, ToolCall)
-            ]}  # fmt: skip
+            message = {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": [
+                    {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for i, c in zip(call_ids, parsed.calls, strict=True)
+                    if isinstance(c, ToolCall)
+                ],
+            }
         self.messages.append(message)
         self._rendered = len(self.messages)
         rendered = self.render(self.messages, False)
@@ -370,9 +380,15 @@ class ChatEnvironment(Environment):
     def chat(self, session: Session) -> ChatSession:
         """The rollout's chat session (made on first use, kept in `session.state["chat"]`)."""
         if "chat" not in session.state:
-            session.state["chat"] = ChatSession(session, self.tokenizer(), tools=self.tools(), parser=self.parser,
-                                                template_kwargs=self.template_kwargs(),
-                                                calls_as=self.calls_as, tool_timeout=self.tool_timeout)  # fmt: skip
+            session.state["chat"] = ChatSession(
+                session,
+                self.tokenizer(),
+                tools=self.tools(),
+                parser=self.parser,
+                template_kwargs=self.template_kwargs(),
+                calls_as=self.calls_as,
+                tool_timeout=self.tool_timeout,
+            )
         chat: ChatSession = session.state["chat"]
         return chat
 

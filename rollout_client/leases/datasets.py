@@ -69,9 +69,16 @@ async def register_dataset(
     retries (`retry_deadline`), and a registration cut off midway goes on where the server's tasks end. A
     registration of `name` with another spec is a 409 (`Rejected`); a row that is not JSON (NaN, a set) is a
     ValueError naming its index, or its line in a file, before anything more is sent."""
-    spec: dict[str, Any] = {"name": name, "env": env, "epochs": epochs, "order": order, "seed": seed,
-                            "max_retries": max_retries, "levels": None if levels is None else dict(levels),
-                            "level_key": level_key}  # fmt: skip
+    spec: dict[str, Any] = {
+        "name": name,
+        "env": env,
+        "epochs": epochs,
+        "order": order,
+        "seed": seed,
+        "max_retries": max_retries,
+        "levels": None if levels is None else dict(levels),
+        "level_key": level_key,
+    }
     size = page if page is not None else await server_page_size(client)
     if size < 1 or page_bytes < 1:
         raise ValueError(f"page and page_bytes must be at least 1, got {size} and {page_bytes}")

@@ -74,9 +74,16 @@ class OpenGroups:
         task: Any = None,
     ) -> GroupView:
         """Open a group (a retry of the same open is safe) and hold its missing slots while heartbeating."""
-        body = {"group_id": group_id, "env_id": env_id, "producer_id": self.producer_id, "group_size": group_size,
-                "min_group_size": min_group_size, "deadline_s": deadline_s, "scores_at_seal": scores_at_seal,
-                "task": task}  # fmt: skip
+        body = {
+            "group_id": group_id,
+            "env_id": env_id,
+            "producer_id": self.producer_id,
+            "group_size": group_size,
+            "min_group_size": min_group_size,
+            "deadline_s": deadline_s,
+            "scores_at_seal": scores_at_seal,
+            "task": task,
+        }
         view = GroupView.model_validate(await self._call("/rollouts/open", body))
         self._hold(group_id, view.expires_at)
         return view
@@ -96,10 +103,17 @@ class OpenGroups:
         """Post one rollout as it ends; once the reply comes it is durable. `redone`: another producer's
         rollout of this slot came first and is kept. `policy_step`: the weights it was generated with (the sealed
         group's is its oldest rollout's); `overrides`: its record, the sealed group's `overrides` entry."""
-        body = {"group_id": group_id, "slot": slot, "producer_id": self.producer_id, "tokens": list(tokens),
-                "masks": list(masks), "score": score,
-                "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs),
-                "policy_step": policy_step, "overrides": None if overrides is None else dict(overrides)}  # fmt: skip
+        body = {
+            "group_id": group_id,
+            "slot": slot,
+            "producer_id": self.producer_id,
+            "tokens": list(tokens),
+            "masks": list(masks),
+            "score": score,
+            "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs),
+            "policy_step": policy_step,
+            "overrides": None if overrides is None else dict(overrides),
+        }
         reply = PostReply.model_validate(await self._call("/rollouts/post", body))
         if reply.group.state != "open":
             self._held.discard(group_id)
@@ -107,8 +121,11 @@ class OpenGroups:
 
     async def seal(self, group_id: str, scores: dict[int, float] | None = None) -> GroupView:
         """Seal the group now with what is in (with the group's scores, when scored as a group)."""
-        body = {"group_id": group_id, "producer_id": self.producer_id,
-                "scores": None if scores is None else {str(k): v for k, v in scores.items()}}  # fmt: skip
+        body = {
+            "group_id": group_id,
+            "producer_id": self.producer_id,
+            "scores": None if scores is None else {str(k): v for k, v in scores.items()},
+        }
         self._held.discard(group_id)
         return GroupView.model_validate(await self._call("/rollouts/seal", body))
 

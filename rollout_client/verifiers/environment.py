@@ -184,8 +184,9 @@ class VerifiersEnvironment(Environment):
         from verifiers.v1.configs.client import TrainClientConfig
         from verifiers.v1.types import SamplingConfig
 
-        return ModelContext(model=self.model, client=TrainClientConfig(**self.client_config),
-                            sampling=SamplingConfig(**self.sampling))  # fmt: skip
+        return ModelContext(
+            model=self.model, client=TrainClientConfig(**self.client_config), sampling=SamplingConfig(**self.sampling)
+        )
 
     async def start(self) -> None:
         """Build the env in this process, or start verifiers' env-server pool (bounded by `POOL_START_S`)."""

@@ -111,10 +111,15 @@ class Pool:
         queue = ctx.Queue()
         proc = ctx.Process(
             target=serve_env,
-            kwargs={"max_workers": self.max_workers, "address": "tcp://127.0.0.1:0", "address_queue": queue,
-                    "config_data": env_config_data(resolve(self.env_config)), **self.pool},
+            kwargs={
+                "max_workers": self.max_workers,
+                "address": "tcp://127.0.0.1:0",
+                "address_queue": queue,
+                "config_data": env_config_data(resolve(self.env_config)),
+                **self.pool,
+            },
             daemon=False,
-        )  # fmt: skip
+        )
         proc.start()
         life = Life(proc, None)
         try:

@@ -58,10 +58,19 @@ def main() -> None:
     args = parser.parse_args()
     files = args.dir / "files"
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "-d", str(files),
-         *HARNESS_DEPENDENCIES],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-d",
+            str(files),
+            *HARNESS_DEPENDENCIES,
+        ],
         check=True,
-    )  # fmt: skip
+    )
     n = write_index(files, args.dir / "simple")
     print(f"wheelhouse: {n} projects in {args.dir / 'simple'}")
 

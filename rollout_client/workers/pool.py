@@ -102,19 +102,21 @@ def check_picklable(envs: Sequence[Environment], policy: PolicySpec) -> None:
                 "worker_setup), or run with num_workers=0",
             )
             for e in envs
-        ),  # fmt: skip
+        ),
         (
             "the policy",
             policy,
             "pass a zero-argument factory instead, e.g. functools.partial(OpenAIPolicy, ...): "
             "each worker builds its own",
-        ),  # fmt: skip
+        ),
     ]:
         try:
             pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001 - what pickle raises varies by object (TypeError, PicklingError...)
-            raise TypeError(f"with num_workers > 0, {what} is sent to each worker process and must pickle, but it "
-                            f"does not ({exc}): {fix}") from exc  # fmt: skip
+            raise TypeError(
+                f"with num_workers > 0, {what} is sent to each worker process and must pickle, but it "
+                f"does not ({exc}): {fix}"
+            ) from exc
 
 
 class WorkerPool:
@@ -325,8 +327,12 @@ class WorkerPool:
             return
         if worker.retiring:
             if now:
-                log.warning("killing rollout worker pid %s, being replaced (%s), at once (%s)", worker.process.pid,
-                            worker.retiring, reason)  # fmt: skip
+                log.warning(
+                    "killing rollout worker pid %s, being replaced (%s), at once (%s)",
+                    worker.process.pid,
+                    worker.retiring,
+                    reason,
+                )
                 self._kill(worker)
             return
         worker.retiring = reason
@@ -387,12 +393,18 @@ class WorkerPool:
                 log.error("%s", self.failed)
                 self.on_change()
                 return
-            log.error("rollout worker pid %s could not start (%d of %d in a row end the run): %s: %s; starting a "
-                      "new one", worker.process.pid, self.startup_failures, STARTUP_FAILURES,
-                      type(worker.fatal).__name__, worker.fatal)  # fmt: skip
+            log.error(
+                "rollout worker pid %s could not start (%d of %d in a row end the run): %s: %s; starting a new one",
+                worker.process.pid,
+                self.startup_failures,
+                STARTUP_FAILURES,
+                type(worker.fatal).__name__,
+                worker.fatal,
+            )
         else:
-            log.warning("rollout worker pid %s died (exit %s); starting a new one", worker.process.pid,
-                        worker.process.exitcode)  # fmt: skip
+            log.warning(
+                "rollout worker pid %s died (exit %s); starting a new one", worker.process.pid, worker.process.exitcode
+            )
         await self._spawn()
 
     async def run(

@@ -145,12 +145,20 @@ async def _serve(
         try:
             if index is None:
                 acquired = (lambda: send(("acquired", job))) if takes_turns(envs[env_index]) else None
-                outcome = await run_group(envs[env_index], task, policy, gate=gate, group_key=key,
-                                          on_rollout_end=lambda: send(("ended", job)), on_acquired=acquired,
-                                          **limits.kwargs())  # fmt: skip
+                outcome = await run_group(
+                    envs[env_index],
+                    task,
+                    policy,
+                    gate=gate,
+                    group_key=key,
+                    on_rollout_end=lambda: send(("ended", job)),
+                    on_acquired=acquired,
+                    **limits.kwargs(),
+                )
             else:
-                outcome = await run_rollout(envs[env_index], task, policy, index, gate=gate, group_key=key,
-                                            **limits.kwargs())  # fmt: skip
+                outcome = await run_rollout(
+                    envs[env_index], task, policy, index, gate=gate, group_key=key, **limits.kwargs()
+                )
         except asyncio.CancelledError:
             reason = dropped.pop(job, None)
             send(("dropped", job, reason) if reason else ("cancelled", job))

@@ -203,7 +203,8 @@ async def test_the_ledger_and_the_export_name_each_groups_producer(settings: Set
         assert served and not any("producer_id" in g for g in served)
         step = (await c.get("/ledger/steps/0")).json()
         assert {g["group_id"]: g["producer_id"] for g in step["groups"]} == {
-            g["group_id"]: producers[g["group_id"]] for g in served}  # fmt: skip
+            g["group_id"]: producers[g["group_id"]] for g in served
+        }
         exported = await c.get("/export", params={"table": "groups"})
         assert exported.status_code == 200, exported.text
         groups = pq.read_table(io.BytesIO(exported.content)).to_pylist()

@@ -75,8 +75,14 @@ async def test_held_back_counts_as_a_stall_only_when_judged_since_the_trainer_la
         env_id = await start(c)
 
         async def held(trainer_step: int, weights_step: int = 0) -> None:
-            beat = {"producer_id": "p1", "host": "h1", "env_ids": [env_id], "held": {"math_0": "ahead_of_trainer"},
-                    "weights_step": weights_step, "trainer_step": trainer_step}  # fmt: skip
+            beat = {
+                "producer_id": "p1",
+                "host": "h1",
+                "env_ids": [env_id],
+                "held": {"math_0": "ahead_of_trainer"},
+                "weights_step": weights_step,
+                "trainer_step": trainer_step,
+            }
             assert (await c.post("/producers/heartbeat", json=beat)).status_code == 200
 
         async def stall() -> str | None:
@@ -148,6 +154,9 @@ async def test_a_pending_sync_reaches_producers_waits_for_live_drain_producers_a
         assert (await c.get("/weights/pending")).json()["waiting_on"] == []
         assert (await c.post("/weights", json={"step": 1})).json() == {"weights_step": 1}
         assert (await c.get("/weights/pending")).json() == {
-            "weights_step": 1, "pending_step": None, "waiting_on": [], "drained": False
-        }  # fmt: skip
+            "weights_step": 1,
+            "pending_step": None,
+            "waiting_on": [],
+            "drained": False,
+        }
         assert (await c.get("/status-env", params={"env_id": env_id})).json()["weights_pending"] is None

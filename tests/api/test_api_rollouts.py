@@ -33,8 +33,15 @@ async def start(c: httpx.AsyncClient, group_size: int = 4, **extra: Any) -> None
 
 def rollout(gid: str, slot: int, producer: str = "p1", score: float | None = 1.0, n: int = 6) -> dict[str, Any]:
     tokens = [slot + 1] * n
-    return {"group_id": gid, "slot": slot, "producer_id": producer, "tokens": tokens, "masks": tokens,
-            "inference_logprobs": [-0.5] * n, "score": score}  # fmt: skip
+    return {
+        "group_id": gid,
+        "slot": slot,
+        "producer_id": producer,
+        "tokens": tokens,
+        "masks": tokens,
+        "inference_logprobs": [-0.5] * n,
+        "score": score,
+    }
 
 
 async def opened(c: httpx.AsyncClient, gid: str, **extra: Any) -> dict[str, Any]:
@@ -241,12 +248,15 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
             assert list(rows) == ["a-sealed", "b-partial", "c-expired", "d-open"]
             a, b, x, d = rows.values()
             assert (a["state"], [s["slot"] for s in a["done"]], a["left_out"]) == ("sealed", [0, 1, 2, 3], [])
-            assert (b["state"], b["left_out"]) == ("sealed", [
-                {"slot": 1, "reason": "not_done_by_deadline"}, {"slot": 2, "reason": "not_done_by_deadline"}
-            ])  # fmt: skip
+            assert (b["state"], b["left_out"]) == (
+                "sealed",
+                [{"slot": 1, "reason": "not_done_by_deadline"}, {"slot": 2, "reason": "not_done_by_deadline"}],
+            )
             assert (x["state"], x["expired_reason"], x["done"]) == (
-                "expired", "too_few_by_deadline", [{"slot": 1, "producer": "p1"}]
-            )  # fmt: skip
+                "expired",
+                "too_few_by_deadline",
+                [{"slot": 1, "producer": "p1"}],
+            )
             assert (d["state"], d["env_id"], d["env"], d["redispatched"]) == ("open", None, "(no env_id)", 1)
             assert [(s["slot"], s["producer"]) for s in d["leased"]] == [(0, "p2")]
             assert a["env"] == "math_0" and a["bytes"] > 0 and a["deadline"] is not None
@@ -416,9 +426,17 @@ async def test_the_runners_sibling_taker_leases_slots_of_the_envs_it_runs_only(s
             stats, math = RunnerStats(), Arithmetic(name="math")
             math.posts_each_rollout = math.scores_each_rollout = True
             taker = SiblingSlots(
-                groups, [math, Arithmetic(name="code")], None, InFlight(4, stats), stats, poll_s=0.01,  # type: ignore[arg-type]
-                may_take=lambda: True, policy_step=lambda: 0, rollout_ended=lambda _: None, changed=lambda: None,
-            )  # fmt: skip
+                groups,
+                [math, Arithmetic(name="code")],
+                None,  # type: ignore[arg-type]
+                InFlight(4, stats),
+                stats,
+                poll_s=0.01,
+                may_take=lambda: True,
+                policy_step=lambda: 0,
+                rollout_ended=lambda _: None,
+                changed=lambda: None,
+            )
             assert taker.names == ["math"], "code is submitted whole: no sibling slot of it is taken"
             leases = await groups.lease(8, taker.names)
             assert sorted((x.group_id, x.slot) for x in leases) == [("m1", s) for s in range(4)]

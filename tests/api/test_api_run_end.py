@@ -76,8 +76,9 @@ async def test_two_datasets_end_together_with_a_last_smaller_batch(settings: Set
         status = (await c.get("/status")).json()
         assert status["finished"] and status["smaller_batches"] == 1 and status["queue_size"] == 0
         assert {d["name"]: (d["counts"], d["done"]) for d in status["tasks"]} == {
-            "a": ({"trained": 3}, True), "b": ({"trained": 2}, True)
-        }  # fmt: skip
+            "a": ({"trained": 3}, True),
+            "b": ({"trained": 2}, True),
+        }
 
 
 async def test_two_epochs_end_once_the_last_epoch_is_out(settings: Settings) -> None:

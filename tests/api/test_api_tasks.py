@@ -74,8 +74,10 @@ async def test_leased_tasks_are_submitted_then_trained_in_their_step(settings: S
         exported = await c.get("/export", params={"table": "tasks"})
         table = pq.read_table(io.BytesIO(exported.content)).to_pylist()
         assert [(t["index"], t["state"], t["step"], t["retries"]) for t in table] == [
-            (0, "trained", 0, 0), (1, "trained", 1, 1), (2, "trained", 2, 0)
-        ]  # fmt: skip
+            (0, "trained", 0, 0),
+            (1, "trained", 1, 1),
+            (2, "trained", 2, 0),
+        ]
         assert {t["group"] for t in table} == {r["ledger_id"] for r in rows["tasks"] + rest.json()["tasks"]}
         metrics = (await c.get("/metrics")).text
         assert 'rollbuf_tasks{dataset="math",state="trained"} 3.0' in metrics
@@ -146,8 +148,9 @@ async def test_a_file_another_process_reads_is_a_409_until_its_claim_lapses(sett
             store = app.state.service.store
             body = {"name": "file", "path": "d.jsonl"}
             await store.transact(lambda txn: tl.register(txn, tl.Dataset(name="file", sealed=False)))
-            await store.transact(lambda txn: tl.add_tasks(txn, "file", 0, ['{"q": 0}', '{"q": 1}', '{"q": 2}'],
-                                                          last=False))  # fmt: skip
+            await store.transact(
+                lambda txn: tl.add_tasks(txn, "file", 0, ['{"q": 0}', '{"q": 1}', '{"q": 2}'], last=False)
+            )
             await store.transact(lambda txn: tl.claim_reading(txn, "file", "elsewhere", time.time()))
             busy = await c.post("/tasks/datasets", json=body)
             assert busy.status_code == 409 and "3 tasks stored so far" in busy.text, busy.text

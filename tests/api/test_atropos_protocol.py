@@ -14,10 +14,21 @@ from tests.factories import env, group, registration
 pytestmark = pytest.mark.anyio
 
 SCORED_KEYS = {
-    "tokens", "masks", "scores", "advantages", "ref_logprobs", "messages", "generation_params",
-    "inference_logprobs", "overrides", "group_overrides", "images", "env_id", "distill_token_ids",
+    "tokens",
+    "masks",
+    "scores",
+    "advantages",
+    "ref_logprobs",
+    "messages",
+    "generation_params",
+    "inference_logprobs",
+    "overrides",
+    "group_overrides",
+    "images",
+    "env_id",
+    "distill_token_ids",
     "distill_logprobs",
-}  # fmt: skip
+}
 BOTH = ["application/json", "application/msgpack"]
 """rollbuf's additions to /info (`content_types`, `max_read_ahead_batches`); Atropos clients read only the other
 two keys."""

@@ -44,8 +44,11 @@ async def test_read_ahead_batches_are_served_again_byte_for_byte_until_committed
         assert status["kept_bytes"] >= sum(len(b) for b in first) - 64
         reply = await c.post("/commit", json={"step": 2})
         assert reply.json() == {
-            "committed_step": 2, "next_step": 4, "kept_batches": 2, "kept_bytes": reply.json()["kept_bytes"]
-        }  # fmt: skip
+            "committed_step": 2,
+            "next_step": 4,
+            "kept_batches": 2,
+            "kept_bytes": reply.json()["kept_bytes"],
+        }
         gone = await batch(c, 1)
         assert gone.status_code == 410 and "every batch before 2 was committed" in gone.text
         assert (await batch(c, 2)).content == first[2] and (await batch(c, 3)).content == first[3]

@@ -31,8 +31,11 @@ async def test_a_large_error_answer_is_gzipped_only_for_a_client_that_accepts_it
 def _counts(text: str) -> dict[str, float]:
     """Requests to /scored_data by status (the process's registry: other tests' requests are counted too)."""
     name = "rollbuf_request_duration_seconds_count"
-    return {dict(k[1])["status"]: v for k, v in parse_metrics(text).items()
-            if k[0] == name and dict(k[1]).get("route") == "/scored_data"}  # fmt: skip
+    return {
+        dict(k[1])["status"]: v
+        for k, v in parse_metrics(text).items()
+        if k[0] == name and dict(k[1]).get("route") == "/scored_data"
+    }
 
 
 async def test_small_answers_go_as_they_are_and_are_counted_under_their_route() -> None:

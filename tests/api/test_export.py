@@ -92,11 +92,16 @@ def assert_sequences_match(rows: list[dict[str, Any]], served: Served) -> None:
         assert {r["fate"] for r in got} == {"served"}
     assert sorted(by_group) == ["g0", "g1", "g2", "g3", "n0", "n1", "zv"]  # kept: served and dropped, not queued
     assert {(r["group_id"], r["drop_reason"]) for r in rows if r["fate"] == "dropped"} == {
-        ("g2", "stale"), ("g3", "stale"), ("zv", "zero_variance"),
-    }  # fmt: skip
+        ("g2", "stale"),
+        ("g3", "stale"),
+        ("zv", "zero_variance"),
+    }
     assert {(r["group_id"], r["trained_step"]) for r in rows if r["fate"] == "served"} == {
-        ("g0", 0), ("g1", 0), ("n0", 1), ("n1", 1),
-    }  # fmt: skip
+        ("g0", 0),
+        ("g1", 0),
+        ("n0", 1),
+        ("n1", 1),
+    }
 
 
 async def test_the_export_reads_back_as_served(settings: Settings, tmp_path: Path) -> None:
@@ -122,11 +127,15 @@ async def test_the_export_reads_back_as_served(settings: Settings, tmp_path: Pat
         fates = {g["group_id"]: (g["fate"], g["trained_step"], g["drop_reason"]) for g in groups}
         assert len(groups) == len(fates) == 8  # every acknowledged group once
         assert fates == {
-            "g0": ("served", 0, None), "g1": ("served", 0, None),
-            "n0": ("served", 1, None), "n1": ("served", 1, None),
-            "g2": ("dropped", None, "stale"), "g3": ("dropped", None, "stale"),
-            "zv": ("dropped", None, "zero_variance"), "q0": ("queued", None, None),
-        }  # fmt: skip
+            "g0": ("served", 0, None),
+            "g1": ("served", 0, None),
+            "n0": ("served", 1, None),
+            "n1": ("served", 1, None),
+            "g2": ("dropped", None, "stale"),
+            "g3": ("dropped", None, "stale"),
+            "zv": ("dropped", None, "zero_variance"),
+            "q0": ("queued", None, None),
+        }
         steps = pq.read_table(io.BytesIO(await export(c, "steps"))).to_pylist()
         assert [s["step"] for s in steps] == [0, 1]
         assert [sorted(m["env"] for m in s["mix"]) for s in steps] == [["code_0", "math_0"]] * 2
@@ -177,9 +186,19 @@ async def test_exports_at_once_are_bounded() -> None:
             first_chunk.set()
             await release.wait()
 
-    scope = {"type": "http", "http_version": "1.1", "method": "GET", "path": "/export", "raw_path": b"/export",
-             "query_string": b"", "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 1),
-             "server": ("localhost", 80), "scheme": "http", "root_path": ""}  # fmt: skip
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "GET",
+        "path": "/export",
+        "raw_path": b"/export",
+        "query_string": b"",
+        "headers": [(b"host", b"localhost")],
+        "client": ("127.0.0.1", 1),
+        "server": ("localhost", 80),
+        "scheme": "http",
+        "root_path": "",
+    }
     async with app.router.lifespan_context(app), anyio.create_task_group() as tg:
         tg.start_soon(app, scope, receive, slow_client)
         await first_chunk.wait()

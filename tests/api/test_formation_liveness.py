@@ -34,8 +34,9 @@ RUNNER = {"Authorization": "Bearer runner-secret-0123456789"}
 TRAINER = {"Authorization": "Bearer trainer-secret-012345"}
 
 
-async def start(client: httpx.AsyncClient, envs: list[dict[str, Any]], headers: dict[str, str] | None = None,
-                **reg: Any) -> None:  # fmt: skip
+async def start(
+    client: httpx.AsyncClient, envs: list[dict[str, Any]], headers: dict[str, str] | None = None, **reg: Any
+) -> None:
     await client.post("/register", json=registration(**reg), headers=TRAINER if headers else None)
     await client.get("/batch", params={"step": 0}, headers=TRAINER if headers else None)
     for e in envs:
@@ -88,8 +89,9 @@ async def test_survivor_groups_all_train_in_exact_mode(client: httpx.AsyncClient
 async def test_survivor_groups_all_train_in_token_budget_mode(client: httpx.AsyncClient, crash: float) -> None:
     """The same survivors under a token budget (`max_batch_tokens`): taken as they are, every kept group trains,
     each batch within both budgets; only a remainder under `min_batch_fill` waits for the next groups."""
-    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
-                max_batch_tokens=1024)  # fmt: skip
+    await start(
+        client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64, max_batch_tokens=1024
+    )
     rng = np.random.default_rng(7 + int(crash * 100))
     sizes = [int(s) for s in 64 - rng.binomial(64, crash, 48) if s >= 48]
     reply = await client.post("/scored_data_list", json=[survivor(s, i) for i, s in enumerate(sizes)])
@@ -110,8 +112,9 @@ async def test_survivor_groups_all_train_in_token_budget_mode(client: httpx.Asyn
 
 async def test_odd_groups_ahead_of_whole_ones_do_not_stop_the_run(client: httpx.AsyncClient) -> None:
     """The issue's queue, under "wait": five odd groups fill the window; the four 64s behind them form a batch."""
-    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
-                no_exact_fill="wait")  # fmt: skip
+    await start(
+        client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64, no_exact_fill="wait"
+    )
     for i, s in enumerate([59, 60, 61, 62, 63, 64, 64, 64, 64]):
         await client.post("/scored_data", json=survivor(s, i))
     body = (await client.get("/batch", params={"step": 0})).json()
@@ -120,8 +123,9 @@ async def test_odd_groups_ahead_of_whole_ones_do_not_stop_the_run(client: httpx.
 
 
 async def test_no_exact_fill_at_all_is_said_or_served_smaller(client: httpx.AsyncClient) -> None:
-    await start(client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64,
-                no_exact_fill="wait")  # fmt: skip
+    await start(
+        client, [env(group_size=64, variable_group_size=True)], batch_size=256, max_token_len=64, no_exact_fill="wait"
+    )
     for i in range(5):
         await client.post("/scored_data", json=survivor(63, i))
     body = (await client.get("/batch", params={"step": 0})).json()
@@ -179,8 +183,13 @@ async def test_token_mode_names_a_minimum_share_and_its_stale_drops_as_what_bloc
     """Token budget 1,000, batch_size 64: math queues a full token budget in 12 sequences, and code (minimum 0.25)
     queues only groups too stale to train. The reply and /status name code's minimum and its stale drops (it was
     reported as waiting for data: fewer than batch_size sequences were queued)."""
-    await start(client, [env("math"), env("code", min_batch_allocation=0.25)], batch_size=64, max_batch_tokens=1000,
-                max_staleness=0)  # fmt: skip
+    await start(
+        client,
+        [env("math"), env("code", min_batch_allocation=0.25)],
+        batch_size=64,
+        max_batch_tokens=1000,
+        max_staleness=0,
+    )
     math = [group(4, length=100, seed=i, env_id=0) for i in range(3)]
     code = [group(4, length=10, seed=10 + i, env_id=1) for i in range(4)]
     assert (await client.post("/scored_data_list", json=math + code)).status_code == 200

@@ -30,9 +30,14 @@ def binary(body: dict[str, Any]) -> bytes:
     meta = {k: v for k, v in body.items() if k not in ("tokens", "masks", "scores", "env_id", "group_id")}
     lps = meta.pop("inference_logprobs", None)
     return encode_submission(
-        body["tokens"], body["masks"], body["scores"], env_id=body["env_id"], group_id=body.get("group_id"),
-        inference_logprobs=lps, **meta,
-    )  # fmt: skip
+        body["tokens"],
+        body["masks"],
+        body["scores"],
+        env_id=body["env_id"],
+        group_id=body.get("group_id"),
+        inference_logprobs=lps,
+        **meta,
+    )
 
 
 async def test_same_id_same_content_is_a_duplicate(client: httpx.AsyncClient) -> None:

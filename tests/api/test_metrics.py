@@ -171,8 +171,11 @@ async def test_per_env_series_are_capped_and_the_rest_summed() -> None:
             samples = parse_metrics((await c.get("/metrics")).text)
     received = {k[1]: v for k, v in samples.items() if k[0] == "rollbuf_groups_received_total"}
     assert received == {
-        (("env", "e0_0"),): 1, (("env", "e1_0"),): 1, (("env", "e2_0"),): 1, (("env", "(other envs)"),): 7,
-    }  # fmt: skip
+        (("env", "e0_0"),): 1,
+        (("env", "e1_0"),): 1,
+        (("env", "e2_0"),): 1,
+        (("env", "(other envs)"),): 7,
+    }
     assert samples[("rollbuf_envs", ())] == 10
     assert sum(v for k, v in samples.items() if k[0] == "rollbuf_queue_groups") == 10
 

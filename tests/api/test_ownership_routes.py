@@ -25,8 +25,12 @@ from tests.asgi import serving
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
-SECRETS = {"env-1": "env-one-secret-0123456789", "env-2": "env-two-secret-0123456789",
-           "trainer": "trainer-secret-0123456789", "admin": "admin-secret-0123456789"}  # fmt: skip
+SECRETS = {
+    "env-1": "env-one-secret-0123456789",
+    "env-2": "env-two-secret-0123456789",
+    "trainer": "trainer-secret-0123456789",
+    "admin": "admin-secret-0123456789",
+}
 KEYS = "; ".join(f"{name} {name.split('-')[0]} {secret}" for name, secret in SECRETS.items())
 
 
@@ -43,8 +47,9 @@ class Names:
     """env-2's own env."""
 
 
-UNKNOWN = Names(env_id=7, dataset="no-set", token="task:no-set:0:0:1." + "0" * 24, group_id="no-group",
-                producer_id="p-1")  # fmt: skip
+UNKNOWN = Names(
+    env_id=7, dataset="no-set", token="task:no-set:0:0:1." + "0" * 24, group_id="no-group", producer_id="p-1"
+)
 """Resources that do not exist (the producer id is env-1's: a producer id names no resource until heartbeated,
 and the heartbeat route is a name route)."""
 
@@ -53,8 +58,7 @@ Request = tuple[str, dict[str, Any]]
 
 
 def _rollout(n: Names) -> dict[str, Any]:
-    return {"group_id": n.group_id, "slot": 1, "producer_id": "p-1", "tokens": [5, 6], "masks": [-100, 6],
-            "score": 0.5}  # fmt: skip
+    return {"group_id": n.group_id, "slot": 1, "producer_id": "p-1", "tokens": [5, 6], "masks": [-100, 6], "score": 0.5}
 
 
 OWNED: dict[tuple[str, str], Callable[[Names], Request]] = {
@@ -74,7 +78,7 @@ OWNED: dict[tuple[str, str], Callable[[Names], Request]] = {
     ("POST", "/rollouts/heartbeat"): lambda n: (
         "/rollouts/heartbeat",
         {"producer_id": "p-1", "group_ids": [n.group_id]},
-    ),  # fmt: skip
+    ),
     ("GET", "/rollouts/group"): lambda n: (f"/rollouts/group?group_id={n.group_id}", {}),
 }
 """A request env-1 makes on its own resources, for each route that acts on owned ones."""
@@ -84,7 +88,7 @@ NAMED: dict[tuple[str, str], Callable[[Names], Request]] = {
     ("POST", "/rollouts/open"): lambda n: (
         "/rollouts/open",
         {"group_id": n.group_id, "group_size": 2, "producer_id": "p-2", "deadline_s": 60},
-    ),  # fmt: skip
+    ),
     ("POST", "/producers/heartbeat"): lambda n: ("/producers/heartbeat", {"producer_id": n.producer_id}),
 }
 """Routes that take a name another key may hold: a 409 naming the field, the other key's resource untouched."""
@@ -127,8 +131,12 @@ async def world(c: httpx.AsyncClient) -> Names:
 async def snapshot(c: httpx.AsyncClient, n: Names) -> list[Any]:
     """What env-1's resources read as, to the trainer (which reads everything)."""
     t = headers("trainer")
-    paths = ["/tasks", f"/tasks/rows?dataset={n.dataset}", f"/rollouts/group?group_id={n.group_id}",
-             f"/status-env?env_id={n.env_id}"]  # fmt: skip
+    paths = [
+        "/tasks",
+        f"/tasks/rows?dataset={n.dataset}",
+        f"/rollouts/group?group_id={n.group_id}",
+        f"/status-env?env_id={n.env_id}",
+    ]
     out = [(await c.get(path, headers=t)).json() for path in paths]
     producers = (await c.get("/producers", headers=t)).json()
     out.append([{k: v for k, v in p.items() if k not in ("last_seen", "last_seen_s")} for p in producers])
@@ -137,8 +145,14 @@ async def snapshot(c: httpx.AsyncClient, n: Names) -> list[Any]:
 
 def masked(text: str, n: Names) -> str:
     """An answer with the names it holds replaced by placeholders: env-1's and the unknown ones read the same."""
-    for a, b in ((n.token, "<token>"), (UNKNOWN.token, "<token>"), (n.group_id, "<group>"), (UNKNOWN.group_id,
-                 "<group>"), (n.dataset, "<dataset>"), (UNKNOWN.dataset, "<dataset>")):  # fmt: skip
+    for a, b in (
+        (n.token, "<token>"),
+        (UNKNOWN.token, "<token>"),
+        (n.group_id, "<group>"),
+        (UNKNOWN.group_id, "<group>"),
+        (n.dataset, "<dataset>"),
+        (UNKNOWN.dataset, "<dataset>"),
+    ):
         text = text.replace(f"'{a}'", b).replace(f'"{a}"', b)
     for env_id in (n.env_id, UNKNOWN.env_id):
         text = text.replace(f"env_id {env_id}", "env_id <env>").replace(f"env {env_id}", "env <env>")
@@ -207,9 +221,11 @@ async def test_a_group_under_another_keys_lease_is_refused_as_an_unknown_lease(s
     async with serving(settings) as c:
         mine = await world(c)
         env2 = mine.other_env
-        theirs = await c.post("/scored_data", json=group(2, env_id=env2, seed=8, group_id=mine.token),
-                              headers=headers("env-2"))  # fmt: skip
-        unknown = await c.post("/scored_data", json=group(2, env_id=env2, seed=8, group_id=UNKNOWN.token),
-                               headers=headers("env-2"))  # fmt: skip
+        theirs = await c.post(
+            "/scored_data", json=group(2, env_id=env2, seed=8, group_id=mine.token), headers=headers("env-2")
+        )
+        unknown = await c.post(
+            "/scored_data", json=group(2, env_id=env2, seed=8, group_id=UNKNOWN.token), headers=headers("env-2")
+        )
         assert theirs.status_code == unknown.status_code == 404, theirs.text
         assert masked(theirs.text, mine) == masked(unknown.text, mine)

@@ -72,8 +72,10 @@ async def test_an_env_registered_through_another_process(two: tuple[httpx.AsyncC
     [first] = await start(a)
     assert (await b.post("/scored_data", json=group(4, env_id=first, seed=1))).status_code == 200
     second = (await a.post("/register-env", json=env("late", group_size=4))).json()["env_id"]
-    for route, body in (("/scored_data", group(4, env_id=second, seed=2)),
-                        ("/scored_data_list", [group(4, env_id=second, seed=3)])):  # fmt: skip
+    for route, body in (
+        ("/scored_data", group(4, env_id=second, seed=2)),
+        ("/scored_data_list", [group(4, env_id=second, seed=3)]),
+    ):
         r = await b.post(route, json=body)
         assert r.status_code == 200, r.text
     unknown = await b.post("/scored_data", json=group(4, env_id=second + 1, seed=4))

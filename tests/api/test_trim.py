@@ -38,8 +38,9 @@ def survivor(size: int, i: int) -> dict[str, Any]:
     body = group(size, length=lengths, seed=i, group_id=f"g{i}")
     body["advantages"] = [[float(k) / 4 for k in range(n)] for n in lengths]
     body["ref_logprobs"] = [[-0.5] * n for n in lengths]
-    body["messages"] = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{k}"}]
-                        for k in range(size)]  # fmt: skip
+    body["messages"] = [
+        [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{k}"}] for k in range(size)
+    ]
     body["overrides"] = [{"seq": k} for k in range(size)]
     body["scores"] = [float(k % 3) for k in range(size)]
     return body
@@ -93,8 +94,10 @@ async def serve_all(
         reply = await client.get("/batch", params={"step": step}, headers=ACCEPT)
         assert reply.status_code == 200 and reply.headers["content-type"] == MSGPACK
         check_binary(decode_batch(reply.content), batch)
-        shares = [(await client.get("/batch", params={"step": step, "rank": r, "world_size": 2})).json()["batch"]
-                  for r in range(2)]  # fmt: skip
+        shares = [
+            (await client.get("/batch", params={"step": step, "rank": r, "world_size": 2})).json()["batch"]
+            for r in range(2)
+        ]
         assert sum(len(g["tokens"]) for share in shares for g in share) == 256, "rank shares do not cover the cut"
         batches.append(batch)
     raise AssertionError("never drained")
@@ -123,8 +126,9 @@ async def test_survivor_groups_are_served_trimmed_to_exactly_batch_size(
     status = (await now.get("/status")).json()
     assert status["queued_sequences"] == sum(left) < 256, "a group neither served nor queued"
     assert status["trimmed_sequences"] == {"math_0": trimmed} and trimmed > 0
-    assert status["trimmed_batches"] == sum(any(len(g["tokens"]) < len(sent[g["group_id"]]["tokens"]) for g in b)
-                                            for b in batches)  # fmt: skip
+    assert status["trimmed_batches"] == sum(
+        any(len(g["tokens"]) < len(sent[g["group_id"]]["tokens"]) for g in b) for b in batches
+    )
     assert status["smaller_batches"] == 0
     metrics = (await now.get("/metrics")).text
     assert f'rollbuf_sequences_trimmed_total{{env="math_0"}} {float(trimmed)}' in metrics

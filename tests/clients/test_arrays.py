@@ -134,9 +134,17 @@ def test_handler_advantages_win_where_sent() -> None:
 
 def test_a_rank_holding_part_of_a_group_normalises_over_the_whole_group() -> None:
     [rec] = make_records([[2, 2]])
-    part = GroupRecord(**{**_fields(rec), "lengths": rec.lengths[:1], "tokens": rec.tokens[:2],
-                          "masks": rec.masks[:2], "scores": np.array([1.0]), "floats": {},
-                          "meta": {"group_scores": [1.0, 0.0, 0.0, 1.0]}})  # fmt: skip
+    part = GroupRecord(
+        **{
+            **_fields(rec),
+            "lengths": rec.lengths[:1],
+            "tokens": rec.tokens[:2],
+            "masks": rec.masks[:2],
+            "scores": np.array([1.0]),
+            "floats": {},
+            "meta": {"group_scores": [1.0, 0.0, 0.0, 1.0]},
+        }
+    )
     batch = from_records([part], step=0)
     assert np.allclose(batch.grpo_advantages(), [1.0], atol=1e-5)
     assert batch.meta == [{}]

@@ -99,8 +99,9 @@ def test_query_against_rollbuf_and_atropos() -> None:
     q = BatchQuery.make(ROLLBUF, wait=30, rank=1, world_size=4, encoding="msgpack", balance="tokens", timeout=timeout)
     assert q.params(7) == {"wait": 30, "step": 7, "rank": 1, "world_size": 4, "balance": "tokens"}
     assert q.headers() == {"Accept": MSGPACK} and q.long_poll and q.timeout.read == pytest.approx(30 + 15 + 0.42, 0.01)
-    a = BatchQuery.make(ATROPOS, wait=30, rank=None, world_size=None, encoding="msgpack", balance="tokens",
-                        timeout=timeout)  # fmt: skip
+    a = BatchQuery.make(
+        ATROPOS, wait=30, rank=None, world_size=None, encoding="msgpack", balance="tokens", timeout=timeout
+    )
     assert a.params(7) == {} and a.headers() == {"Accept": "application/json"} and not a.long_poll
     with pytest.raises(ValueError, match="rank shares need a rollbuf server"):
         BatchQuery.make(ATROPOS, wait=0, rank=0, world_size=2, encoding="json", balance="tokens", timeout=timeout)
@@ -144,9 +145,20 @@ def test_the_no_progress_clock_runs_on_stalls_said_since_the_trainer_last_moved(
     """A stall in the reply to a request sent before the trainer announced weights was judged before it: it stops
     the clock; the first stall said since starts it again, and a move after the clock started restarts it."""
     now, moves = [0.0], [0]
-    cursor = Cursor(BatchQuery.make(ROLLBUF, wait=30, rank=None, world_size=None, encoding="msgpack",
-                                    balance="tokens", timeout=httpx.Timeout(30)), step=3,
-                    progress=Progress(clock=lambda: now[0]), moves=lambda: moves[0])  # fmt: skip
+    cursor = Cursor(
+        BatchQuery.make(
+            ROLLBUF,
+            wait=30,
+            rank=None,
+            world_size=None,
+            encoding="msgpack",
+            balance="tokens",
+            timeout=httpx.Timeout(30),
+        ),
+        step=3,
+        progress=Progress(clock=lambda: now[0]),
+        moves=lambda: moves[0],
+    )
     held = Waiting(stall="every live producer is held back waiting for the trainer: p on h: math_0 held back")
 
     def poll(sent: float, answered: float, move_while_asked: bool = False) -> None:
@@ -171,13 +183,27 @@ def test_the_no_progress_clock_runs_on_stalls_said_since_the_trainer_last_moved(
 
 def test_cursor_moves_on_with_each_batch_and_backs_off_only_when_polling() -> None:
     batch = from_json([{"tokens": [[1, 2]], "masks": [[-100, 2]], "scores": [1.0]}], step=4)
-    long_poll = Cursor(BatchQuery.make(ROLLBUF, wait=30, rank=None, world_size=None, encoding="msgpack",
-                                       balance="tokens", timeout=httpx.Timeout(30)), step=4)  # fmt: skip
+    long_poll = Cursor(
+        BatchQuery.make(
+            ROLLBUF,
+            wait=30,
+            rank=None,
+            world_size=None,
+            encoding="msgpack",
+            balance="tokens",
+            timeout=httpx.Timeout(30),
+        ),
+        step=4,
+    )
     assert long_poll.request()["step"] == 4 and long_poll.request()["params"]["step"] == 4
     assert long_poll.receive(Waiting()) is None and long_poll.pause() == 0.0 and long_poll.step == 4
     assert long_poll.receive(batch) is batch and long_poll.step == 5
-    polling = Cursor(BatchQuery.make(ATROPOS, wait=30, rank=None, world_size=None, encoding="json",
-                                     balance="tokens", timeout=httpx.Timeout(30)), step=None)  # fmt: skip
+    polling = Cursor(
+        BatchQuery.make(
+            ATROPOS, wait=30, rank=None, world_size=None, encoding="json", balance="tokens", timeout=httpx.Timeout(30)
+        ),
+        step=None,
+    )
     assert polling.request()["params"] == {} and polling.receive(Waiting()) is None
     waits = [polling.pause() for _ in range(6)]
     assert all(w > 0 for w in waits) and max(waits) <= 10.0

@@ -44,8 +44,13 @@ def reference_padded(batch: Batch, width: int, pad_id: int) -> dict[str, np.ndar
 
 def padded_arrays(batch: Batch, multiple: int = 1, pad_id: int = 0) -> dict[str, np.ndarray]:
     p = batch.padded(pad_to_multiple_of=multiple, pad_id=pad_id)
-    return {"tokens": p.tokens, "masks": p.masks, "attention_mask": p.attention_mask, "advantages": p.advantages,
-            **p.floats}  # fmt: skip
+    return {
+        "tokens": p.tokens,
+        "masks": p.masks,
+        "attention_mask": p.attention_mask,
+        "advantages": p.advantages,
+        **p.floats,
+    }
 
 
 @given(st.one_of(group_lengths, equal_lengths), st.integers(1, 8), st.lists(st.booleans(), min_size=12, max_size=12))
@@ -119,8 +124,12 @@ def test_padded_tensors_have_the_dtypes_a_loss_takes_and_equal_the_arrays() -> N
 def test_labels_follow_the_trained_positions_whatever_the_masks_hold() -> None:
     """A handler that sent 1 for "train here" still gets token ids as labels, never the mask's value."""
     [rec] = make_records([[4]])
-    rec = GroupRecord(**{**{f: getattr(rec, f) for f in GroupRecord.__dataclass_fields__},
-                         "masks": np.array([-100, 1, 1, -100], np.int32)})  # fmt: skip
+    rec = GroupRecord(
+        **{
+            **{f: getattr(rec, f) for f in GroupRecord.__dataclass_fields__},
+            "masks": np.array([-100, 1, 1, -100], np.int32),
+        }
+    )
     t = from_records([rec], step=0).padded().to_torch()
     assert t["labels"].tolist() == [[-100, int(rec.tokens[1]), int(rec.tokens[2]), -100]]
 

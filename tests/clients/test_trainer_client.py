@@ -65,10 +65,11 @@ def http(settings: Settings) -> Iterator[httpx.Client]:
 def submit(http: httpx.Client, n_groups: int, *, first: int = 0, size: int = 4) -> None:
     """Groups of `size` sequences without an env (accepted as soon as a trainer registered)."""
     body = encode_submission_list(
-        encode_submission(**group(size, length=[5 + i % 7 for i in range(size)], env_id=None, seed=g),
-                          group_id=f"g{g}", policy_step=0)
+        encode_submission(
+            **group(size, length=[5 + i % 7 for i in range(size)], env_id=None, seed=g), group_id=f"g{g}", policy_step=0
+        )
         for g in range(first, first + n_groups)
-    )  # fmt: skip
+    )
     assert http.post("/scored_data_list", content=body, headers=BIN).status_code == 200
 
 

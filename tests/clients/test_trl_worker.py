@@ -146,9 +146,16 @@ def test_align_refuses_what_cannot_line_up() -> None:
     from trainer_client.async_grpo import Misaligned, align
 
     def config(**over: Any) -> Any:
-        base = {"token_budget": 0, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-                "max_steps": 10, "save_strategy": "steps", "save_steps": 2, "weight_sync_steps": 2,
-                "max_staleness": 4}  # fmt: skip
+        base = {
+            "token_budget": 0,
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 10,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "weight_sync_steps": 2,
+            "max_staleness": 4,
+        }
         return SimpleNamespace(**(base | over))
 
     args = config()
@@ -211,7 +218,11 @@ def test_the_weight_sync_hook_with_drain_waits_for_drain_producers_then_announce
         assert c.get("/weights/pending").json()["drained"] is True
         hook.send_weights(iter([]))
         hook.resume()
-        assert c.get("/weights/pending").json() == {"weights_step": 1, "pending_step": None, "waiting_on": [],
-                                                    "drained": False}  # fmt: skip
+        assert c.get("/weights/pending").json() == {
+            "weights_step": 1,
+            "pending_step": None,
+            "waiting_on": [],
+            "drained": False,
+        }
     with pytest.raises(ValueError, match="drain=True needs client and step"):
         RollbufWeightSync(drain=True)

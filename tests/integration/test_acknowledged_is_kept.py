@@ -80,25 +80,36 @@ POSTS: list[tuple[str, dict[str, Any], list[Any], str]] = [  # (what, fields, th
     ("a token id past int32", {"tokens": [5, 2**40, 7]}, ["body", "tokens", 1], "token ids must fit in int32"),
     ("a token id past 64 bits", {"tokens": [5, 2**70, 7]}, ["body", "tokens"], "must fit in int32"),
     ("a negative token id", {"tokens": [-5, 6, 7]}, ["body", "tokens", 0], "token ids must be >= 0"),
-    ("3,000 tokens past max_token_len", {"tokens": [1] * LONG, "masks": [1] * LONG,
-     "inference_logprobs": [-0.1] * LONG}, ["body", "tokens"],
-     f"exceed the trainer's max_token_len of {MAX_TOKEN_LEN}"),
+    (
+        "3,000 tokens past max_token_len",
+        {"tokens": [1] * LONG, "masks": [1] * LONG, "inference_logprobs": [-0.1] * LONG},
+        ["body", "tokens"],
+        f"exceed the trainer's max_token_len of {MAX_TOKEN_LEN}",
+    ),
     ("a mask past int32", {"masks": [-100, 2**40, 7]}, ["body", "masks", 1], "mask values must fit in int32"),
     ("masks not one per token", {"masks": [1]}, ["body", "masks"], "one mask per token"),
     ("logprobs not one per token", {"inference_logprobs": [-0.1]}, ["body", "inference_logprobs"], "one logprob"),
     ("a NaN logprob", {"inference_logprobs": [-0.1, NAN, -0.3]}, ["body", "inference_logprobs"], "finite float32"),
-    ("a logprob past float32", {"inference_logprobs": [-0.1, -1e39, -0.3]}, ["body", "inference_logprobs"],
-     "finite float32"),
+    (
+        "a logprob past float32",
+        {"inference_logprobs": [-0.1, -1e39, -0.3]},
+        ["body", "inference_logprobs"],
+        "finite float32",
+    ),
     ("a NaN score", {"score": NAN}, ["body", "score"], "scores must be finite"),
     ("an infinite score", {"score": INF}, ["body", "score"], "scores must be finite"),
-    ("a lone surrogate in the record", {"overrides": {"turns": ["\ud800"]}}, ["body", "overrides", "turns", 0],
-     "valid Unicode"),
+    (
+        "a lone surrogate in the record",
+        {"overrides": {"turns": ["\ud800"]}},
+        ["body", "overrides", "turns", 0],
+        "valid Unicode",
+    ),
     ("a lone surrogate as a record's key", {"overrides": {"\udfff": 1}}, ["body", "overrides"], "valid Unicode"),
     ("a record nested 40 deep", {"overrides": {"a": DEEP}}, ["body", "overrides", "a"], "nested deeper than 32"),
     ("an integer past 64 bits in the record", {"overrides": {"n": 2**70}}, ["body", "overrides", "n"], "64 bits"),
     ("NaN in the record", {"overrides": {"x": NAN}}, ["body", "overrides", "x"], "finite"),
     ("a policy_step ahead of the trainer", {"policy_step": 5}, ["body", "policy_step"], "ahead of the trainer"),
-]  # fmt: skip
+]
 
 
 def test_every_ingest_rule_a_rollout_can_break_is_refused_at_its_post(c: httpx.Client) -> None:
@@ -114,13 +125,18 @@ def test_every_ingest_rule_a_rollout_can_break_is_refused_at_its_post(c: httpx.C
     before = c.get("/rollouts").json()
     for i, (what, fields, loc, rule) in enumerate(POSTS):
         rollout = {**ROLLOUT, **fields}
-        code, where, msg = refusal(send(c, "/rollouts/post", {"group_id": "rules", "slot": 0, "producer_id": "p1",
-                                                              **rollout}))  # fmt: skip
+        code, where, msg = refusal(
+            send(c, "/rollouts/post", {"group_id": "rules", "slot": 0, "producer_id": "p1", **rollout})
+        )
         expected = 409 if "policy_step" in fields else 422  # a step ahead: valid, refused by the run's state now
         assert (code, where[: len(loc)]) == (expected, loc) and rule in msg, (what, code, where, msg)
         whole: dict[str, Any] = {k: [v] * 4 for k, v in rollout.items() if k not in ("score", "policy_step")}
-        whole |= {"scores": [rollout["score"]] * 4, "policy_step": rollout.get("policy_step"), "env_id": 0,
-                  "group_id": f"whole-{i}"}  # fmt: skip
+        whole |= {
+            "scores": [rollout["score"]] * 4,
+            "policy_step": rollout.get("policy_step"),
+            "env_id": 0,
+            "group_id": f"whole-{i}",
+        }
         assert send(c, "/scored_data", whole).status_code == 422, f"{what}: not an ingest rule?"
     assert c.get("/rollouts").json() == before, "something was acknowledged"
     for slot in range(4):  # the group itself goes on: sealed whole, served as any group
@@ -157,8 +173,15 @@ def test_a_group_the_trainer_could_never_serve_is_refused_at_its_open(c: httpx.C
 def test_a_seal_with_a_score_that_is_not_finite_is_refused_and_the_group_stays_open(c: httpx.Client) -> None:
     """A producer's seal with the group's scores: a NaN among them is a 422 naming its slot (before: the seal
     answered with the group expired, `refused: ... scores must be finite`, its rollouts dropped)."""
-    spec = {"group_id": "scored", "env_id": 0, "producer_id": "p1", "group_size": 4, "min_group_size": 2,
-            "deadline_s": 600, "scores_at_seal": True}  # fmt: skip
+    spec = {
+        "group_id": "scored",
+        "env_id": 0,
+        "producer_id": "p1",
+        "group_size": 4,
+        "min_group_size": 2,
+        "deadline_s": 600,
+        "scores_at_seal": True,
+    }
     assert c.post("/rollouts/open", json=spec).status_code == 200
     for slot in (0, 1):
         post = {"group_id": "scored", "slot": slot, "producer_id": "p1", **ROLLOUT, "score": None}
@@ -191,13 +214,20 @@ def test_lease_tokens_parse_totally_on_every_store(backend: str, tmp_path: Path)
         [lease] = c.post("/tasks/lease", json={"dataset": "d", "producer_id": "p1"}).json()["leases"]
         token = lease["token"]
         name, epoch, index, rest = token.split(":", 1)[1].split(":")
-        bad = ["task:x:0:0:\u00b2", f"task:d:{epoch}:{index}:{'9' * 30}", f"task:d:{'9' * 25}:0:1",
-               f"task:d:0{epoch}:{index}:{rest}", f"task:d:{epoch}:{index}:\u0661"]  # fmt: skip
+        bad = [
+            "task:x:0:0:\u00b2",
+            f"task:d:{epoch}:{index}:{'9' * 30}",
+            f"task:d:{'9' * 25}:0:1",
+            f"task:d:0{epoch}:{index}:{rest}",
+            f"task:d:{epoch}:{index}:\u0661",
+        ]
         for gid in bad:
             reply = c.post("/scored_data", json=group(4, env_id=0, group_id=gid, producer_id="p1"))
             assert refusal(reply)[:2] == (422, ["body", "group_id"]), (gid, reply.text)
-            opened = c.post("/rollouts/open", json={"group_id": gid, "env_id": 0, "producer_id": "p1",
-                                                    "group_size": 4, "deadline_s": 60})  # fmt: skip
+            opened = c.post(
+                "/rollouts/open",
+                json={"group_id": gid, "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 60},
+            )
             assert refusal(opened)[:2] == (422, ["body", "group_id"]), (gid, opened.text)
             assert c.post("/tasks/fail", json={"token": gid, "reason": "x"}).json() == {"accepted": False}
         beat = c.post("/tasks/heartbeat", json={"tokens": [*bad, token]})
@@ -256,8 +286,14 @@ def test_the_sweep_passes_over_a_group_it_cannot_finish(tmp_path: Path) -> None:
     with running_server(url, log) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         started(c)
         for k in range(3):
-            spec = {"group_id": f"due{k}", "env_id": 0, "producer_id": "p1", "group_size": 4, "min_group_size": 1,
-                    "deadline_s": 600}  # fmt: skip
+            spec = {
+                "group_id": f"due{k}",
+                "env_id": 0,
+                "producer_id": "p1",
+                "group_size": 4,
+                "min_group_size": 1,
+                "deadline_s": 600,
+            }
             assert c.post("/rollouts/open", json=spec).status_code == 200
             post = {"group_id": f"due{k}", "slot": 0, "producer_id": "p1", **ROLLOUT}
             assert c.post("/rollouts/post", json=post).status_code == 200
@@ -270,12 +306,21 @@ def test_the_sweep_passes_over_a_group_it_cannot_finish(tmp_path: Path) -> None:
             g = rg.OpenGroup.of(row.record)
             g.deadline = past
             txn.rollouts.put(replace(row, deadline=past, record=g.to_json()))
-        later = rg.OpenGroup(key="later", env_id=0, group_size=2, min_group_size=1, deadline=past - 2,
-                             producer="p1", expires_at=past - 2)  # fmt: skip
+        later = rg.OpenGroup(
+            key="later", env_id=0, group_size=2, min_group_size=1, deadline=past - 2, producer="p1", expires_at=past - 2
+        )
         record = {**json.loads(later.to_json()), "from_a_later_release": 1}
         txn.rollouts.put(GroupRow("later", 0, "open", past - 2, past - 2, 0, json.dumps(record)))
-        broken = rg.OpenGroup(key="broken", env_id=0, group_size=2, min_group_size=1, deadline=past - 1,
-                              producer="p1", expires_at=past - 1, done={"0": "p1"})  # fmt: skip
+        broken = rg.OpenGroup(
+            key="broken",
+            env_id=0,
+            group_size=2,
+            min_group_size=1,
+            deadline=past - 1,
+            producer="p1",
+            expires_at=past - 1,
+            done={"0": "p1"},
+        )
         txn.rollouts.put(GroupRow("broken", 0, "sealing", past - 1, past - 1, 9, broken.to_json()))
         txn.rollouts.put_slot(SlotRow("broken", 0, "p1", "d", "{not json"))
 

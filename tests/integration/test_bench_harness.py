@@ -17,8 +17,19 @@ pytestmark = pytest.mark.integration
 
 SMALL = ["--pool", "2", "--group-size", "4", "--seq-min", "16", "--seq-max", "64"]
 INGEST = [*SMALL, "--ingest-requests", "6", "--ingest-time-cap", "30"]
-BATCH = [*SMALL, "--batch-sizes", "8,6", "--batch-group-size", "4", "--batch-seq-len", "32",
-         "--batch-reps", "8:2", "--memory-groups", "4"]  # fmt: skip
+BATCH = [
+    *SMALL,
+    "--batch-sizes",
+    "8,6",
+    "--batch-group-size",
+    "4",
+    "--batch-seq-len",
+    "32",
+    "--batch-reps",
+    "8:2",
+    "--memory-groups",
+    "4",
+]
 
 
 def test_every_phase_and_transport_against_a_server(tmp_path: Path) -> None:

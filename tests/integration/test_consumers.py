@@ -148,8 +148,14 @@ def test_atropos_example_trainer(url: str) -> None:
                     generation_params={"temperature": 0.7},
                 )
             )
-            env.post(make_group(prompt, [[30], [31], [32], [33]], group_overrides={"temperature": 0.9},
-                                overrides=[{"set_advantage_to_zero": True}, {}, {}, {}]))  # fmt: skip
+            env.post(
+                make_group(
+                    prompt,
+                    [[30], [31], [32], [33]],
+                    group_overrides={"temperature": 0.9},
+                    overrides=[{"set_advantage_to_zero": True}, {}, {}, {}],
+                )
+            )
 
         data = poll_until_batch(trainer)
     batch = data["batch"]

@@ -49,8 +49,13 @@ def until(cond: Callable[[], bool], what: str, limit: float = HANG_GUARD_S) -> f
 def process(module: str, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
     """`python -m module args` in its own process group, stopped (killed) by its group at the end."""
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=ROOT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+        )
     try:
         yield proc
     finally:
@@ -73,11 +78,24 @@ def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_th
     with (
         running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
         running_standin(tmp_path / "vllm.log") as vllm,
-        process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference", vllm.url,
-                "--steps", "100000", "--no-progress-timeout", str(no_progress), "--out", str(out)) as trainer,
-        process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
-                vllm.url) as producer,
-    ):  # fmt: skip
+        process(
+            "demos.example_trainer",
+            tmp_path / "trainer.log",
+            "--server",
+            server.url,
+            "--inference",
+            vllm.url,
+            "--steps",
+            "100000",
+            "--no-progress-timeout",
+            str(no_progress),
+            "--out",
+            str(out),
+        ) as trainer,
+        process(
+            "demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference", vllm.url
+        ) as producer,
+    ):
         until(lambda: status(server.url)["current_step"] >= 3 and bool(status(server.url)["producers"]), "batches")
         assert status(server.url)["stall_reason"] is None
         os.killpg(producer.pid, signal.SIGKILL)
@@ -107,11 +125,36 @@ def test_with_drain_no_token_of_a_group_is_sampled_by_weights_other_than_its_sta
     ):
         httpx.post(vllm.url + "/control", json={"latency": 0.01}).raise_for_status()
         with (
-            process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference",
-                    vllm.url, "--steps", "8", "--drain", "--max-staleness", "1", "--out", str(out)) as trainer,
-            process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
-                    vllm.url, "--on-new-weights", "drain", "--turns", "3", "--max-staleness", "1") as producer,
-        ):  # fmt: skip
+            process(
+                "demos.example_trainer",
+                tmp_path / "trainer.log",
+                "--server",
+                server.url,
+                "--inference",
+                vllm.url,
+                "--steps",
+                "8",
+                "--drain",
+                "--max-staleness",
+                "1",
+                "--out",
+                str(out),
+            ) as trainer,
+            process(
+                "demos.example_producer",
+                tmp_path / "producer.log",
+                "--server",
+                server.url,
+                "--inference",
+                vllm.url,
+                "--on-new-weights",
+                "drain",
+                "--turns",
+                "3",
+                "--max-staleness",
+                "1",
+            ) as producer,
+        ):
             until(lambda: trainer.poll() is not None, "the trainer's 8 steps")
             assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
             assert producer.poll() is None
@@ -137,9 +180,15 @@ async def test_a_producer_held_back_by_weights_never_announced_says_so_and_so_do
             assert http.post("/register", json=registration(batch_size=8)).status_code == 200
             http.get("/batch")
             http.post("/weights", json={"step": 0}).raise_for_status()
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, max_staleness=1,
-                               stall_warning=0.5, poll_interval=0.05)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            max_staleness=1,
+            stall_warning=0.5,
+            poll_interval=0.05,
+        )
         run = asyncio.create_task(runner.run())
         reply: dict[str, Any] = {}
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:

@@ -131,8 +131,14 @@ def test_the_per_rollout_groups_card_shows_only_once_a_group_was_opened(
         c.post("/rollouts/open", json=opened).raise_for_status()
         for slot in range(2):
             tokens = [slot + 1] * 4
-            rollout = {"group_id": "g1", "slot": slot, "producer_id": "p1", "tokens": tokens, "masks": tokens,
-                       "score": 1.0}  # fmt: skip
+            rollout = {
+                "group_id": "g1",
+                "slot": slot,
+                "producer_id": "p1",
+                "tokens": tokens,
+                "masks": tokens,
+                "score": 1.0,
+            }
             c.post("/rollouts/post", json=rollout).raise_for_status()
         until(browser, 'tr[data-rollouts="open"] td:last-child', "1")
         until(browser, 'tr[data-rollouts="slots_done"] td:last-child', "2")

@@ -18,8 +18,10 @@ __all__ = ["browser"]  # the fixture, used by name
 
 
 def test_the_drop_bias_card_shows_a_starved_env(tmp_path: Path, browser: webdriver.Chrome) -> None:
-    with running_server("memory://", tmp_path / "server.log", "--drop-bias-starve-steps", "3") as server, \
-            httpx.Client(base_url=server.url) as c:  # fmt: skip
+    with (
+        running_server("memory://", tmp_path / "server.log", "--drop-bias-starve-steps", "3") as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
         browser.get(server.url + "/dashboard")
         c.post("/register", json=registration(batch_size=8, max_staleness=0)).raise_for_status()
         c.get("/batch")

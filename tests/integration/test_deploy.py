@@ -254,8 +254,13 @@ def nginx_conf_here(text: str, ports: Mapping[str, int], listen_port: int, run_d
     paths = "".join(
         f"\n  {kind}_temp_path {run_dir / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
     )
-    text, n = re.subn(r"^(\s*http\s*\{)", lambda m: f"{m[1]}\n  access_log {run_dir / 'access.log'};{paths}", text,
-                      count=1, flags=re.M)  # fmt: skip
+    text, n = re.subn(
+        r"^(\s*http\s*\{)",
+        lambda m: f"{m[1]}\n  access_log {run_dir / 'access.log'};{paths}",
+        text,
+        count=1,
+        flags=re.M,
+    )
     assert n == 1
     return text
 
@@ -334,8 +339,14 @@ def replicas(compose: Compose, image: Image, store: str, tmp_path: Path) -> Iter
             workdir.mkdir(parents=True)
             log = tmp_path / f"{name}.log"
             with log.open("wb") as out:
-                proc = subprocess.Popen([executable, *argv[1:]], cwd=workdir, env=environment, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                proc = subprocess.Popen(
+                    [executable, *argv[1:]],
+                    cwd=workdir,
+                    env=environment,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             started[name] = Replica(name, port, environment, proc, log)
         for replica in started.values():
 
@@ -358,8 +369,15 @@ def nginx(conf: str, run_dir: Path, port: int) -> Iterator[str]:
     binary = nginx_binary()
     conf_path = run_dir / "nginx.conf"
     conf_path.write_text(conf)
-    command = [binary, "-p", f"{run_dir}/", "-c", str(conf_path),
-               "-g", f"daemon off; pid {run_dir / 'nginx.pid'}; error_log {run_dir / 'error.log'};"]  # fmt: skip
+    command = [
+        binary,
+        "-p",
+        f"{run_dir}/",
+        "-c",
+        str(conf_path),
+        "-g",
+        f"daemon off; pid {run_dir / 'nginx.pid'}; error_log {run_dir / 'error.log'};",
+    ]
     checked = subprocess.run([*command, "-t"], capture_output=True, text=True, timeout=GUARD_S)
     assert checked.returncode == 0, f"nginx -t refuses deploy/nginx.conf:\n{checked.stderr}"
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -458,8 +476,10 @@ def postgres_binary(compose: Compose) -> Path:
     assert match, f"the postgres service's image {image!r} names no major version"
     binary = Path(f"/usr/lib/postgresql/{match[1]}/bin/postgres")
     if not binary.exists():
-        pytest.fail(f"{binary} is missing: the flags of {image} are checked by PostgreSQL {match[1]}'s own binary "
-                    f"(apt-get install postgresql-{match[1]})")  # fmt: skip
+        pytest.fail(
+            f"{binary} is missing: the flags of {image} are checked by PostgreSQL {match[1]}'s own binary "
+            f"(apt-get install postgresql-{match[1]})"
+        )
     return binary
 
 
@@ -496,8 +516,9 @@ def test_postgres_flags_are_settings_postgres_takes(tmp_path: Path) -> None:
     (data / "postgresql.auto.conf").touch()
     flags = postgres_flags(compose)
     given = [arg for name, value in flags for arg in ("-c", f"{name}={value}")]
-    read = subprocess.run([binary, "-C", flags[0][0], "-D", data, *given], capture_output=True, text=True,
-                          timeout=GUARD_S)  # fmt: skip
+    read = subprocess.run(
+        [binary, "-C", flags[0][0], "-D", data, *given], capture_output=True, text=True, timeout=GUARD_S
+    )
     assert read.returncode == 0, f"PostgreSQL refuses the postgres service's {' '.join(given)}:\n{read.stderr}"
     with pg.database() as dbname:
         applied = apply_database_flags(compose, dbname)
@@ -663,8 +684,10 @@ def test_compose_deployment(tmp_path: Path) -> None:
 def declared_body(port: int, key: str, length: int) -> tuple[int, dict[str, str]]:
     """POST /scored_data declaring a `length`-byte body and sending one byte of it: the answer's status and
     headers."""
-    head = (f"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{").encode()  # fmt: skip
+    head = (
+        f"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{"
+    ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=GUARD_S) as s:
         s.sendall(head)
         data = b""

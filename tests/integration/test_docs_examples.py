@@ -49,11 +49,21 @@ def test_the_sandboxed_pool_example_runs_as_written(tmp_path: Path) -> None:
     """Two worker processes, G=8 on a pool of 8, 16 in flight: no deadlock, every sandbox given back."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLBUF_URL": server.url,
-               "SANDBOX_URL": pool.url + "/sandbox", "MAX_GROUPS": "4"}  # fmt: skip
-        proc = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / "sandboxed_pool.py")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env,
-                                cwd=tmp_path)  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "ROLLBUF_URL": server.url,
+            "SANDBOX_URL": pool.url + "/sandbox",
+            "MAX_GROUPS": "4",
+        }
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "docs" / "examples" / "sandboxed_pool.py")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            cwd=tmp_path,
+        )
         code, out, err = finish(proc, 120)
         assert code == 0, err[-3000:]
         assert out.strip() == "4 groups accepted, 0 failed"
@@ -64,8 +74,14 @@ def test_the_sandboxed_pool_example_runs_as_written(tmp_path: Path) -> None:
 def run_example(example: str, tmp_path: Path, **env: str) -> str:
     """Run docs/examples/<example> as a user would (its own process, env vars for the URLs); its stdout."""
     environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / example)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, env=environ, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "docs" / "examples" / example)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=environ,
+        cwd=tmp_path,
+    )
     code, out, err = finish(proc, 120)
     assert code == 0, err[-3000:]
     return out
@@ -82,8 +98,9 @@ def test_the_environment_example_runs_with_its_workers_as_written(tmp_path: Path
     the stand-in inference server: every group accepted."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
-        out = run_example("sums.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
-                          MAX_GROUPS="4")  # fmt: skip
+        out = run_example(
+            "sums.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL, MAX_GROUPS="4"
+        )
         assert out.strip() == "4 groups accepted, 0 failed"
         assert vllm.stats()["200"] >= 16  # 4 groups of G=4, each a completion
 
@@ -108,8 +125,12 @@ def test_bring_your_environment_sums_runs_as_written(tmp_path: Path) -> None:
     assert block is not None
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
-        code = (block.group(1).replace("http://127.0.0.1:8000", server.url)
-                .replace("http://127.0.0.1:9000", vllm.url).replace('"my-model"', repr(MODEL)))  # fmt: skip
+        code = (
+            block.group(1)
+            .replace("http://127.0.0.1:8000", server.url)
+            .replace("http://127.0.0.1:9000", vllm.url)
+            .replace('"my-model"', repr(MODEL))
+        )
         scope: dict[str, Any] = {"__name__": "docs_byo_env"}
         exec(compile(code, "bring-your-environment.md", "exec"), scope)
         runner = scope["runner"]
@@ -168,21 +189,34 @@ def test_the_vllm_sampling_example_produces_as_written(tmp_path: Path) -> None:
     the run as it started: "cannot pickle '_thread.RLock' object")."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
-        out = run_example("vllm_sampling.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL,
-                          MAX_GROUPS="2")  # fmt: skip
+        out = run_example(
+            "vllm_sampling.py", tmp_path, ROLLBUF_URL=server.url, INFERENCE_URL=vllm.url, MODEL=MODEL, MAX_GROUPS="2"
+        )
         assert out.strip() == "2 groups accepted, 0 failed"
 
 
 def test_the_read_ahead_trainer_finishes_fed_by_the_sums_producer(tmp_path: Path) -> None:
     """docs/training.md's read-ahead trainer fed by docs/rollout-client.md's sums.py producer, both as written,
     run together to the trainer's last step."""
-    with running_server("memory://", tmp_path / "s.log", "--shutdown-timeout", "1") as server, \
-            running_standin(tmp_path / "v.log") as vllm:  # fmt: skip
-        environ = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLBUF_URL": server.url, "INFERENCE_URL": vllm.url,
-                   "MODEL": MODEL}  # fmt: skip
-        producer = subprocess.Popen([sys.executable, str(ROOT / "docs" / "examples" / "sums.py")],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                    env=environ, cwd=tmp_path)  # fmt: skip
+    with (
+        running_server("memory://", tmp_path / "s.log", "--shutdown-timeout", "1") as server,
+        running_standin(tmp_path / "v.log") as vllm,
+    ):
+        environ = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "ROLLBUF_URL": server.url,
+            "INFERENCE_URL": vllm.url,
+            "MODEL": MODEL,
+        }
+        producer = subprocess.Popen(
+            [sys.executable, str(ROOT / "docs" / "examples" / "sums.py")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=environ,
+            cwd=tmp_path,
+        )
         try:
             out = run_example("read_ahead_trainer.py", tmp_path, ROLLBUF_URL=server.url, NUM_STEPS="6")
         finally:

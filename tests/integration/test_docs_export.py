@@ -35,11 +35,19 @@ def test_the_export_example_runs_as_written(tmp_path: Path) -> None:
     for command in commands:
         args = shlex.split(command)
         assert args[0] == "rollbuf"
-        done = subprocess.run([sys.executable, "-m", "api", *args[1:], "--steps", "6"], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "api", *args[1:], "--steps", "6"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
-    ran = subprocess.run([sys.executable, "-c", python], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, "-c", python], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert ran.returncode == 0, ran.stderr
     assert re.fullmatch(r"6 steps, \d+ groups dropped, \d+ sequences trained on\n", ran.stdout), ran.stdout
     assert (tmp_path / "run-mix.png").stat().st_size > 10_000

@@ -44,8 +44,9 @@ def headers(key: str | None) -> dict[str, str]:
 def keyed(tmp_path: Path) -> Iterator[ServerProcess]:
     keyfile = tmp_path / "keys"
     keyfile.write_text("".join(f"{role}-1 {role} {secret}\n" for role, secret in KEYS.items()))
-    with running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile),
-                        "--max-batch-wait", "0") as server:  # fmt: skip
+    with running_server(
+        "memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--max-batch-wait", "0"
+    ) as server:
         yield server
 
 
@@ -53,8 +54,14 @@ def test_an_empty_key_source_fails_closed(tmp_path: Path) -> None:
     """`ROLLBUF_API_KEYS=""` used to start a keyless server that called itself keyed: on a host other machines
     reach it is now an error at start; on loopback a warning, and every request needing a key is refused."""
     env = {**os.environ, "ROLLBUF_API_KEYS": ""}
-    out = subprocess.run([sys.executable, "-m", "api", "serve", "--host", "0.0.0.0", "--store", "memory://"],
-                         capture_output=True, text=True, timeout=60, env=env, check=False)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "api", "serve", "--host", "0.0.0.0", "--store", "memory://"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert out.returncode == 2 and "api_keys holds no key" in out.stderr, out.stderr
     log = tmp_path / "server.log"
     with running_server("memory://", log, "--api-keys", "# todo", "--log-level", "info") as server:
@@ -64,8 +71,9 @@ def test_an_empty_key_source_fails_closed(tmp_path: Path) -> None:
     text = log.read_text()
     assert "api_keys holds no key" in text and "keys in use: none" in text
     log.write_text("")
-    with running_server("memory://", log, "--api-keys", f"math env {KEYS['env']}#x", "--api-key", KEYS["admin"],
-                        "--log-level", "info") as server:  # fmt: skip
+    with running_server(
+        "memory://", log, "--api-keys", f"math env {KEYS['env']}#x", "--api-key", KEYS["admin"], "--log-level", "info"
+    ) as server:
         assert httpx.get(server.url + "/status", headers=headers(KEYS["env"])).status_code == 401  # no cut at `#`
         assert httpx.get(server.url + "/status", headers=headers(KEYS["env"] + "#x")).status_code == 200
     text = log.read_text()

@@ -91,13 +91,21 @@ def test_one_key_cannot_hold_the_whole_budget(tmp_path: Path) -> None:
         with httpx.Client(base_url=server.url) as c:
             with body_in_flight(server.port, 16 * MiB, "a" * 16), body_in_flight(server.port, 16 * MiB, "a" * 16):
                 deadline = time.monotonic() + POLL_S
-                while (r := c.post("/scored_data", content=b"{}", headers={"Authorization": "Bearer " + "a" * 16,
-                                   "Content-Type": "application/json"})).status_code != 503:  # fmt: skip
+                while (
+                    r := c.post(
+                        "/scored_data",
+                        content=b"{}",
+                        headers={"Authorization": "Bearer " + "a" * 16, "Content-Type": "application/json"},
+                    )
+                ).status_code != 503:
                     assert time.monotonic() < deadline
                     time.sleep(0.02)  # polling interval
                 assert "max_inflight_bytes_per_client" in r.text
-                b = c.post("/scored_data", content=b"{}", headers={"Authorization": "Bearer " + "b" * 16,
-                           "Content-Type": "application/json"})  # fmt: skip
+                b = c.post(
+                    "/scored_data",
+                    content=b"{}",
+                    headers={"Authorization": "Bearer " + "b" * 16, "Content-Type": "application/json"},
+                )
                 assert b.status_code == 422  # read: the other key's share is its own
 
 
@@ -106,8 +114,10 @@ def test_a_dribbled_body_ends_with_408(tmp_path: Path) -> None:
     bytes) for ever. A body must now average `min_body_rate` after `body_timeout`."""
     with running_server("memory://", tmp_path / "server.log", "--body-timeout", "1") as server:
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
-            sock.sendall(b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 268435456\r\n\r\n")  # fmt: skip
+            sock.sendall(
+                b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 268435456\r\n\r\n"
+            )
             sock.settimeout(0.3)
             start = time.monotonic()
             reply = b""
@@ -133,8 +143,10 @@ def test_slow_bodies_past_the_descriptor_limit_do_not_stop_a_client(tmp_path: Pa
     try:
         for _ in range(150):  # max_connections is lowered to 128 - 64 here
             sock = socket.create_connection(("127.0.0.1", server.port))
-            sock.sendall(b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 1000\r\n\r\n ")  # fmt: skip
+            sock.sendall(
+                b"POST /scored_data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n "
+            )
             slow.append(sock)
         deadline = time.monotonic() + 30
         while True:

@@ -42,14 +42,17 @@ async def test_export_from_the_store_and_from_the_server(tmp_path: Path) -> None
             assert out.stderr.strip().splitlines()[-1].endswith("(nothing of this table was left behind)")
             assert "No space left on device" in out.stderr and list(full.iterdir()) == []
     lines = direct.stderr.splitlines()  # not a terminal: one line per table, when it is done
-    assert [line.split()[:3] for line in lines] == [["sequences", "28", "rows,"], ["groups", "8", "rows,"],
-                                                    ["steps", "2", "rows,"]]  # fmt: skip
+    assert [line.split()[:3] for line in lines] == [
+        ["sequences", "28", "rows,"],
+        ["groups", "8", "rows,"],
+        ["steps", "2", "rows,"],
+    ]
     for out in ("direct", "remote"):
         assert sorted(p.name for p in (tmp_path / out).iterdir()) == [
             "groups.parquet",
             "sequences.parquet",
             "steps.parquet",
-        ]  # fmt: skip  (no .part left behind)
+        ]  # no .part left behind
         assert_sequences_match(pq.read_table(tmp_path / out / "sequences.parquet").to_pylist(), served)
         assert pq.read_table(tmp_path / out / "groups.parquet").num_rows == 8
     direct_groups = pq.read_table(tmp_path / "direct" / "groups.parquet")

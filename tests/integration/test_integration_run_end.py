@@ -100,8 +100,20 @@ def test_a_finite_dataset_whose_groups_do_not_fill_a_last_batch_ends(tmp_path: P
         with httpx.Client(base_url=server.url, timeout=30) as http:
             assert http.post("/tasks/datasets", json={"name": "d", "tasks": tasks}).status_code == 200
         trainer = stack.enter_context(Trainer(server.url))
-        args = ("--server", server.url, "--dataset", "d", "--producer-id", "P", "--stats", str(tmp_path / "P.json"),
-                "--rollout-s", "0.02", "--max-in-flight", "16")  # fmt: skip
+        args = (
+            "--server",
+            server.url,
+            "--dataset",
+            "d",
+            "--producer-id",
+            "P",
+            "--stats",
+            str(tmp_path / "P.json"),
+            "--rollout-s",
+            "0.02",
+            "--max-in-flight",
+            "16",
+        )
         producer = stack.enter_context(process("tests.leasing_producer", tmp_path / "P.log", *args))
 
         def handed_in() -> bool:  # every task's group acknowledged (96 of them trained, 4 short of a batch)

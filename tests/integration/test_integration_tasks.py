@@ -59,8 +59,18 @@ def get(servers: list[ServerProcess], path: str, **params: Any) -> Any:
 
 
 def trainer(url: str, commit_url: str, checkpoint: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "tests.resuming_trainer", url, str(checkpoint), str(STEPS), "--commit-url",
-           commit_url, "--train-s", str(TRAIN_S)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.resuming_trainer",
+        url,
+        str(checkpoint),
+        str(STEPS),
+        "--commit-url",
+        commit_url,
+        "--train-s",
+        str(TRAIN_S),
+    ]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -93,8 +103,7 @@ def test_every_task_is_trained_once_per_epoch_across_producer_trainer_and_server
         with httpx.Client(base_url=servers[0].url, timeout=30) as c:
             assert c.post("/register", json=registration(starting_step=0, **REGISTRATION)).status_code == 200
             tasks = [{"id": t.id, "prompt": t.prompt, "answer": t.answer} for t in map(arithmetic_task, range(TASKS))]
-            spec = {"name": "arith", "tasks": tasks, "epochs": EPOCHS, "order": "shuffled", "seed": 3,
-                    "max_retries": 5}  # fmt: skip
+            spec = {"name": "arith", "tasks": tasks, "epochs": EPOCHS, "order": "shuffled", "seed": 3, "max_retries": 5}
             assert c.post("/tasks/datasets", json=spec).status_code == 200
 
         def producer(n: int) -> Any:

@@ -23,8 +23,15 @@ from tests.servers import ServerProcess, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("key_bounds")]
 KiB = 1024
-ROLES = {"env-1": "env", "env-2": "env", "env-3": "env", "env-4": "env", "files": "env", "ops": "admin",
-         "trainer": "trainer"}  # fmt: skip
+ROLES = {
+    "env-1": "env",
+    "env-2": "env",
+    "env-3": "env",
+    "env-4": "env",
+    "files": "env",
+    "ops": "admin",
+    "trainer": "trainer",
+}
 SECRETS = {name: f"{name}-secret-0123456789" for name in ROLES}
 BOUNDS = {
     "ROLLBUF_TASK_MAX_DATASETS_PER_KEY": "4",
@@ -48,8 +55,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     keys.write_text("".join(f"{name} {ROLES[name]} {secret}\n" for name, secret in SECRETS.items()))
     (tmp / "files").mkdir()
     (tmp / "files" / "lines.jsonl").write_text("".join(f'{{"i":{i}}}\n' for i in range(LINES)))
-    flags = ("--api-keys-file", str(keys), "--max-batch-wait", "0", "--task-files-dir", str(tmp / "files"),
-             "--task-page-size", "20")  # fmt: skip
+    flags = (
+        "--api-keys-file",
+        str(keys),
+        "--max-batch-wait",
+        "0",
+        "--task-files-dir",
+        str(tmp / "files"),
+        "--task-page-size",
+        "20",
+    )
     with running_server(f"sqlite:///{tmp / 'rollbuf.db'}", tmp / "server.log", *flags, env=BOUNDS) as server:
         with client(server, "trainer") as trainer:
             assert trainer.post("/register", json=registration(batch_size=64)).status_code == 200
@@ -178,8 +193,11 @@ def test_views_list_a_bounded_number_of_datasets_and_producers(server: ServerPro
         assert len(data["tasks"]) == 3 and len(data["producers"]) == 3
         assert data["producers_total"] == len(producers)
         metrics = trainer.get("/metrics").text
-        shown = {line.split('dataset="')[1].split('"')[0] for line in metrics.splitlines()
-                 if line.startswith("rollbuf_task_epoch{")}  # fmt: skip
+        shown = {
+            line.split('dataset="')[1].split('"')[0]
+            for line in metrics.splitlines()
+            if line.startswith("rollbuf_task_epoch{")
+        }
         assert len(shown) == 4 and "(other datasets)" in shown, shown
         seen = [line for line in metrics.splitlines() if line.startswith("rollbuf_producer_last_seen_seconds{")]
         assert len(seen) == 3, seen
@@ -204,15 +222,17 @@ def test_state_conflicts_are_404_or_409_not_422(server: ServerProcess) -> None:
             assert error(trainer.post(path, json={"step": 10**6}))[:2] == (409, ["body", "step"])
     with client(server, "env-2") as two:
         assert error(two.post("/producers/heartbeat", json={"producer_id": "s", "env_ids": [10**6]}))[:2] == (
-            404, ["body", "env_ids", 0],
-        )  # fmt: skip
+            404,
+            ["body", "env_ids", 0],
+        )
         from_file = two.post("/tasks/datasets", json={"name": "from-file", "path": "no-such.jsonl"})
         assert error(from_file)[:2] == (404, ["body", "path"])
         own = two.post("/tasks/datasets", json={"name": "conflicts", "tasks": [1], "last": False})
         assert own.status_code == 200, own.text  # this test's own: others' datasets may be elsewhere
         assert error(two.post("/tasks/pages", json={"dataset": "conflicts", "first": 10**6, "tasks": [1]}))[:2] == (
-            409, ["body", "first"],
-        )  # fmt: skip
+            409,
+            ["body", "first"],
+        )
         spec = {"group_id": "codes", "group_size": 2, "producer_id": "p", "deadline_s": 600}
         assert error(two.post("/rollouts/open", json={**spec, "env_id": 10**6}))[:2] == (404, ["body", "env_id"])
         assert two.post("/rollouts/open", json=spec).status_code == 200

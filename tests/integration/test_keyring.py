@@ -57,10 +57,11 @@ def test_a_key_removed_from_the_file_is_refused_on_its_next_request(tmp_path: Pa
     keyfile = tmp_path / "keys"
     keyfile.write_text(lines("env-1", "trainer-1", "admin-1"))
     with (
-        running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--log-level", "info")
-        as server,
+        running_server(
+            "memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--log-level", "info"
+        ) as server,
         httpx.Client(base_url=server.url, timeout=60) as c,
-    ):  # fmt: skip
+    ):
         trainer, env_key, admin = headers("trainer-1"), headers("env-1"), headers("admin-1")
         assert c.post("/register", json=registration(batch_size=8), headers=trainer).status_code == 200
         c.get("/batch", headers=trainer)
@@ -90,10 +91,11 @@ def test_a_key_added_to_the_file_is_accepted_on_its_first_request(tmp_path: Path
     keyfile = tmp_path / "keys"
     keyfile.write_text(lines("env-1", "trainer-1", "admin-1"))
     with (
-        running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--log-level", "info")
-        as server,
+        running_server(
+            "memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--log-level", "info"
+        ) as server,
         httpx.Client(base_url=server.url, timeout=60) as c,
-    ):  # fmt: skip
+    ):
         keyfile.write_text(lines("env-1", "trainer-1", "admin-1", "env-2"))
         read = logged(server, in_use("env-1", "trainer-1", "admin-1", "env-2"))
         first = c.post("/register-env", json=env("new"), headers=headers("env-2"))
@@ -117,10 +119,11 @@ def test_a_file_caught_half_written_is_not_used(tmp_path: Path, monkeypatch: pyt
     keyfile.write_text(lines("env-1", "trainer-1", "admin-1"))
     monkeypatch.setenv("ROLLBUF_API_KEYS_FILE_SETTLE", str(SETTLE_S))  # inherited by the server's process
     with (
-        running_server("memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--log-level", "info")
-        as server,
+        running_server(
+            "memory://", tmp_path / "server.log", "--api-keys-file", str(keyfile), "--log-level", "info"
+        ) as server,
         httpx.Client(base_url=server.url, timeout=60) as c,
-    ):  # fmt: skip
+    ):
         sent, refused = 0, 0
 
         def trainer_asks() -> None:

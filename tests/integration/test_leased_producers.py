@@ -166,8 +166,9 @@ def trained_once(url: str, trainer: Trainer, producers: dict[str, subprocess.Pop
 
 def test_sigterm_to_one_of_two_producers_hands_its_tasks_back_untried(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        server = stack.enter_context(running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log",
-                                                    "--task-lease-s", "5"))  # fmt: skip
+        server = stack.enter_context(
+            running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log", "--task-lease-s", "5")
+        )
         trainer = stack.enter_context(Trainer(server.url))
         register_dataset(server.url)
         a = stack.enter_context(producer(tmp_path, server, "A", "--rollout-s", "0.6"))
@@ -182,8 +183,9 @@ def test_sigterm_to_one_of_two_producers_hands_its_tasks_back_untried(tmp_path: 
 
 def test_runner_stop_hands_its_tasks_back_untried_and_a_restarted_producer_finishes(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        server = stack.enter_context(running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log",
-                                                    "--task-lease-s", "5"))  # fmt: skip
+        server = stack.enter_context(
+            running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log", "--task-lease-s", "5")
+        )
         trainer = stack.enter_context(Trainer(server.url))
         register_dataset(server.url)
         with producer(tmp_path, server, "A", "--rollout-s", "0.5", "--stop-after", "3") as a:
@@ -196,8 +198,9 @@ def test_runner_stop_hands_its_tasks_back_untried_and_a_restarted_producer_finis
 
 def test_a_producer_frozen_past_its_leases_drops_their_groups(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        server = stack.enter_context(running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log",
-                                                    "--task-lease-s", "2"))  # fmt: skip
+        server = stack.enter_context(
+            running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "server.log", "--task-lease-s", "2")
+        )
         trainer = stack.enter_context(Trainer(server.url))
         register_dataset(server.url)
         a = stack.enter_context(producer(tmp_path, server, "A", "--rollout-s", "0.8"))

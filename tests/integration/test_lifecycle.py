@@ -28,8 +28,13 @@ async def test_a_worker_death_runs_the_rollouts_of_a_spread_group_again_instead_
         start_trainer(server.url, batch_size=16)
         env = Synthetic(group_size=8, steps=3, wait_s=0.2)
         env.scores_each_rollout = True
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, num_workers=2)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            num_workers=2,
+        )
         run = asyncio.create_task(runner.run(max_groups=6))
         await until(lambda: runner.stats.accepted >= 1, "a first group")
         assert runner.pool is not None

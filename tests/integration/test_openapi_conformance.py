@@ -49,11 +49,31 @@ set-up registers the dataset): test data, not a rule."""
 def schemathesis(server: ServerProcess, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
-    cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run", f"{server.url}/openapi.json",
-           "--checks", "all", "--workers", "1", "--max-examples", EXAMPLES, "--seed", SEED,
-           "--generation-database", "none", "--header", f"Authorization: Bearer {KEY}", "--no-color",
-           "--suppress-health-check", "too_slow",
-           *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(config),
+        "run",
+        f"{server.url}/openapi.json",
+        "--checks",
+        "all",
+        "--workers",
+        "1",
+        "--max-examples",
+        EXAMPLES,
+        "--seed",
+        SEED,
+        "--generation-database",
+        "none",
+        "--header",
+        f"Authorization: Bearer {KEY}",
+        "--no-color",
+        "--suppress-health-check",
+        "too_slow",
+        *args,
+    ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.openapi_hooks", "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540, check=False)
 

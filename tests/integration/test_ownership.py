@@ -16,8 +16,11 @@ from tests.factories import env, group, registration
 from tests.servers import ServerProcess, running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ownership")]
-SECRETS = {"env-1": "env-one-secret-0123456789", "env-2": "env-two-secret-0123456789",
-           "trainer": "trainer-secret-0123456789"}  # fmt: skip
+SECRETS = {
+    "env-1": "env-one-secret-0123456789",
+    "env-2": "env-two-secret-0123456789",
+    "trainer": "trainer-secret-0123456789",
+}
 ROLES = {"env-1": "env", "env-2": "env", "trainer": "trainer"}
 
 
@@ -112,8 +115,9 @@ def test_leases_cannot_be_heartbeated_failed_or_submitted_by_another_key(
         stolen = two.post("/scored_data", json=group(4, env_id=env_ids["env-2"], seed=5, group_id=tokens[0]))
         assert stolen.status_code == 404, stolen.text
         assert stolen.json()["errors"][0]["loc"] == ["body", "group_id"]
-        own = one.post("/scored_data", json=group(4, env_id=env_ids["env-1"], seed=6, group_id=tokens[0],
-                                                  producer_id="p1"))  # fmt: skip
+        own = one.post(
+            "/scored_data", json=group(4, env_id=env_ids["env-1"], seed=6, group_id=tokens[0], producer_id="p1")
+        )
         assert own.status_code == 200, own.text
         rows = {r["index"]: r for r in one.get("/tasks/rows", params={"dataset": "leased"}).json()["tasks"]}
         assert rows[leases[0]["index"]]["state"] == "submitted"
@@ -126,11 +130,25 @@ def test_an_open_group_is_its_keys_alone(server: ServerProcess, env_ids: dict[st
     sealed it with scores of 100, heartbeated it under env1's producer id (read from GET /rollouts/group) so its
     slots were never redispatched, and leased its missing slots."""
     with client(server, "env-1") as one, client(server, "env-2") as two:
-        opened = one.post("/rollouts/open", json={"group_id": "g-owned", "env_id": env_ids["env-1"], "group_size": 2,
-                                                  "producer_id": "p1", "deadline_s": 600})  # fmt: skip
+        opened = one.post(
+            "/rollouts/open",
+            json={
+                "group_id": "g-owned",
+                "env_id": env_ids["env-1"],
+                "group_size": 2,
+                "producer_id": "p1",
+                "deadline_s": 600,
+            },
+        )
         assert opened.status_code == 200, opened.text
-        rollout = {"group_id": "g-owned", "slot": 0, "producer_id": "p1", "tokens": [1, 2], "masks": [-100, 2],
-                   "score": 1.0}  # fmt: skip
+        rollout = {
+            "group_id": "g-owned",
+            "slot": 0,
+            "producer_id": "p1",
+            "tokens": [1, 2],
+            "masks": [-100, 2],
+            "score": 1.0,
+        }
         posted = two.post("/rollouts/post", json={**rollout, "producer_id": "thief", "tokens": [6, 6]})
         assert posted.status_code == 404, posted.text
         assert one.post("/rollouts/post", json=rollout).json()["status"] == "accepted", "env1's slot 0 was taken"
@@ -139,8 +157,13 @@ def test_an_open_group_is_its_keys_alone(server: ServerProcess, env_ids: dict[st
         assert two.get("/rollouts/group", params={"group_id": "g-owned"}).status_code == 404
         beat = two.post("/rollouts/heartbeat", json={"producer_id": "p1", "group_ids": ["g-owned"]})
         assert beat.json()["expires_at"] == {"g-owned": None}
-        spec = {"group_id": "g-owned", "env_id": env_ids["env-2"], "group_size": 2, "producer_id": "p2",
-                "deadline_s": 600}  # fmt: skip
+        spec = {
+            "group_id": "g-owned",
+            "env_id": env_ids["env-2"],
+            "group_size": 2,
+            "producer_id": "p2",
+            "deadline_s": 600,
+        }
         reopened = two.post("/rollouts/open", json=spec)
         assert reopened.status_code == 409 and "another key's" in reopened.text
         view = one.get("/rollouts/group", params={"group_id": "g-owned"}).json()
@@ -150,8 +173,13 @@ def test_an_open_group_is_its_keys_alone(server: ServerProcess, env_ids: dict[st
 def test_another_keys_missing_slots_are_not_leased(server: ServerProcess, env_ids: dict[str, int]) -> None:
     """Attack 2: env2 leased env1's missing slots (and sat on them until the deadline)."""
     with client(server, "env-1") as one, client(server, "env-2") as two:
-        spec = {"group_id": "g-lapse", "env_id": env_ids["env-1"], "group_size": 2, "producer_id": "p-gone",
-                "deadline_s": 600}  # fmt: skip
+        spec = {
+            "group_id": "g-lapse",
+            "env_id": env_ids["env-1"],
+            "group_size": 2,
+            "producer_id": "p-gone",
+            "deadline_s": 600,
+        }
         assert one.post("/rollouts/open", json=spec).status_code == 200
         lapses = one.get("/rollouts/group", params={"group_id": "g-lapse"}).json()["expires_at"]
         deadline = time.monotonic() + 60  # a hang guard: the holder's lease is 1 s
@@ -170,8 +198,9 @@ def test_a_live_producers_id_is_its_keys(server: ServerProcess, env_ids: dict[st
     with client(server, "env-1") as one, client(server, "env-2") as two:
         beat = {"producer_id": "prod-1", "host": "host-1", "env_ids": [env_ids["env-1"]], "in_flight": 3}
         assert one.post("/producers/heartbeat", json=beat).status_code == 200
-        forged = two.post("/producers/heartbeat", json={"producer_id": "prod-1", "host": "evil", "env_ids": [],
-                                                         "drained_for": 99})  # fmt: skip
+        forged = two.post(
+            "/producers/heartbeat", json={"producer_id": "prod-1", "host": "evil", "env_ids": [], "drained_for": 99}
+        )
         assert forged.status_code == 409, forged.text
         assert forged.json()["errors"][0]["loc"] == ["body", "producer_id"]
         theirs = two.post("/producers/heartbeat", json={**beat, "producer_id": "prod-2"})

@@ -23,11 +23,11 @@ NO_PROGRESS_S = 15.0
 """How long the trainer waits on a run every producer of which is held back before it gives up (exit 3)."""
 HANG_GUARD_S = 240.0
 
-CASES = [
-    pytest.param(32, ["4:1", "8:1", "4:1"], interval, id=f"G4-8-4-w1:1:1-sync{interval}") for interval in (1, 2, 3)
-] + [
-    pytest.param(32, ["4:2", "8:1", "4:1"], interval, id=f"G4-8-4-w2:1:1-sync{interval}") for interval in (1, 2, 3)
-] + [pytest.param(64, ["8:1", "64:1"], 3, id="G8-64-w1:1-sync3")]  # fmt: skip
+CASES = (
+    [pytest.param(32, ["4:1", "8:1", "4:1"], interval, id=f"G4-8-4-w1:1:1-sync{interval}") for interval in (1, 2, 3)]
+    + [pytest.param(32, ["4:2", "8:1", "4:1"], interval, id=f"G4-8-4-w2:1:1-sync{interval}") for interval in (1, 2, 3)]
+    + [pytest.param(64, ["8:1", "64:1"], 3, id="G8-64-w1:1-sync3")]
+)
 
 
 @pytest.mark.parametrize(("batch_size", "envs", "interval"), CASES)
@@ -41,13 +41,40 @@ def test_a_run_of_several_envs_at_the_least_staleness_bound_never_stalls(
     with (
         running_server("memory://", tmp_path / "server.log") as server,
         running_standin(tmp_path / "vllm.log") as vllm,
-        process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference",
-                vllm.url, "--steps", str(STEPS), "--batch-size", str(batch_size), "--max-staleness", str(bound),
-                "--sync-every", str(interval), "--no-progress-timeout", str(NO_PROGRESS_S),
-                "--out", str(out)) as trainer,
-        process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
-                vllm.url, "--max-staleness", str(bound), "--max-in-flight", in_flight, *env_args),
-    ):  # fmt: skip
+        process(
+            "demos.example_trainer",
+            tmp_path / "trainer.log",
+            "--server",
+            server.url,
+            "--inference",
+            vllm.url,
+            "--steps",
+            str(STEPS),
+            "--batch-size",
+            str(batch_size),
+            "--max-staleness",
+            str(bound),
+            "--sync-every",
+            str(interval),
+            "--no-progress-timeout",
+            str(NO_PROGRESS_S),
+            "--out",
+            str(out),
+        ) as trainer,
+        process(
+            "demos.example_producer",
+            tmp_path / "producer.log",
+            "--server",
+            server.url,
+            "--inference",
+            vllm.url,
+            "--max-staleness",
+            str(bound),
+            "--max-in-flight",
+            in_flight,
+            *env_args,
+        ),
+    ):
         until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps", HANG_GUARD_S)
     run = result(out)
     trained = [s["step"] for s in run["steps"]]

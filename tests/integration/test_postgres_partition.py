@@ -73,8 +73,11 @@ def host() -> Iterator[Host]:
         _ip("addr", "add", f"{net}.1/29", "dev", outside)
         _ip("addr", "add", f"{net}.3/32", "dev", outside)
         _ip("link", "set", outside, "up")
-        for args in (("addr", "add", f"{net}.2/29", "dev", inside), ("link", "set", inside, "up"),
-                     ("link", "set", "lo", "up")):  # fmt: skip
+        for args in (
+            ("addr", "add", f"{net}.2/29", "dev", inside),
+            ("link", "set", inside, "up"),
+            ("link", "set", "lo", "up"),
+        ):
             _ip("netns", "exec", ns, "ip", *args)
         yield Host(ns, f"{net}.2", f"{net}.3")
     finally:
@@ -89,8 +92,12 @@ class SilenceAware(Relay):
     replica's session end, as it would without a relay in between."""
 
     def prepare(self, client: socket.socket) -> None:
-        for option, value in ((socket.TCP_KEEPIDLE, 5), (socket.TCP_KEEPINTVL, 2), (socket.TCP_KEEPCNT, 3),
-                              (socket.TCP_USER_TIMEOUT, 10_000)):  # fmt: skip
+        for option, value in (
+            (socket.TCP_KEEPIDLE, 5),
+            (socket.TCP_KEEPINTVL, 2),
+            (socket.TCP_KEEPCNT, 3),
+            (socket.TCP_USER_TIMEOUT, 10_000),
+        ):
             client.setsockopt(socket.IPPROTO_TCP, option, value)
         client.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
@@ -113,8 +120,10 @@ def test_a_replica_cut_off_from_the_database(dbname: str, host: Host, tmp_path: 
         env_ids, step = setup_run(kept.url)
         load = Load([cut.url, kept.url], env_ids, step)
         load.start()
-        wait_for(lambda: served_by(load, cut) >= 50 and served_by(load, kept) >= 50 and load.step >= 5,
-                 "load through both replicas")  # fmt: skip
+        wait_for(
+            lambda: served_by(load, cut) >= 50 and served_by(load, kept) >= 50 and load.step >= 5,
+            "load through both replicas",
+        )
 
         host.cut()
         cut_at = time.monotonic()

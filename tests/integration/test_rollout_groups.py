@@ -36,8 +36,9 @@ def wait_for(what: str, ok: Any, limit_s: float = 60.0) -> None:
 
 
 def test_a_group_spread_over_producers_survives_one_killed_mid_group(tmp_path: Path) -> None:
-    server = start_server(f"sqlite:///{tmp_path / 'rollbuf.db'}", tmp_path / "server.log", None,
-                          "--rollout-lease-s", "1")  # fmt: skip
+    server = start_server(
+        f"sqlite:///{tmp_path / 'rollbuf.db'}", tmp_path / "server.log", None, "--rollout-lease-s", "1"
+    )
     with ExitStack() as stack, httpx.Client(base_url=server.url, timeout=30) as c:
         stack.callback(lambda: server.kill(signal.SIGKILL))
         assert c.post("/register", json=registration(batch_size=8)).status_code == 200
@@ -49,8 +50,12 @@ def test_a_group_spread_over_producers_survives_one_killed_mid_group(tmp_path: P
             return stack.enter_context(process("tests.rollout_slot_process", tmp_path / f"producer-{n}.log", *argv))
 
         holder = producer(0, "--open", "8", "--slots", "0,1,2")
-        wait_for("the holder's 3 rollouts", lambda: c.get("/rollouts/group", params={"group_id": "g"}).status_code
-                 == 200 and view(c)["done"] == [0, 1, 2])  # fmt: skip
+        wait_for(
+            "the holder's 3 rollouts",
+            lambda: (
+                c.get("/rollouts/group", params={"group_id": "g"}).status_code == 200 and view(c)["done"] == [0, 1, 2]
+            ),
+        )
         siblings = [producer(n) for n in (1, 2)]
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
@@ -84,8 +89,9 @@ def test_groups_survive_producers_killed_across_two_postgresql_replicas(tmp_path
     holders' by the holders; no slot was leased to two producers at once."""
     with ExitStack() as stack:
         store = pg.url_of(stack.enter_context(pg.database()))
-        servers = [start_server(store, tmp_path / f"server-{k}.log", None, "--rollout-lease-s", str(LEASE_S))
-                   for k in (0, 1)]  # fmt: skip
+        servers = [
+            start_server(store, tmp_path / f"server-{k}.log", None, "--rollout-lease-s", str(LEASE_S)) for k in (0, 1)
+        ]
         for s in servers:
             stack.callback(s.kill)
         a, b = servers
@@ -109,7 +115,7 @@ def test_groups_survive_producers_killed_across_two_postgresql_replicas(tmp_path
         holders = [
             producer(n, server, "--group", ",".join(groups[n]), "--open", str(G), "--slots", ",".join(map(str, slots)))
             for n, server, slots in ((0, a, HELD[0]), (1, b, HELD[1]))
-        ]  # fmt: skip
+        ]
 
         def posted() -> bool:
             seen = views(cb)
@@ -121,8 +127,9 @@ def test_groups_survive_producers_killed_across_two_postgresql_replicas(tmp_path
             p.wait(timeout=30)
         sibling_args = ("--group", ",".join(everyone), "--leases", str(leases))
         siblings = [producer(n, server, *sibling_args) for n, server in ((2, b), (3, a), (4, b))]
-        wait_for("a lease held by sibling 4", lambda: any(
-            "producer-4" in v["leased"].values() for v in views(c).values()))  # fmt: skip
+        wait_for(
+            "a lease held by sibling 4", lambda: any("producer-4" in v["leased"].values() for v in views(c).values())
+        )
         siblings[2].send_signal(signal.SIGKILL)
         siblings[2].wait(timeout=30)
         wait_for("every group's seal", lambda: all(v["state"] == "sealed" for v in views(c).values()))

@@ -134,8 +134,13 @@ async def test_workers_survive_a_worker_death(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
         env = Synthetic(group_size=4, steps=3, wait_s=0.03)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, num_workers=2)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            num_workers=2,
+        )
         run = asyncio.create_task(runner.run(max_groups=40))
         await until(lambda: runner.stats.accepted >= 5, "first groups")
         assert runner.pool is not None
@@ -153,8 +158,13 @@ async def test_shutdown_under_load_on_a_full_queue(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log", "--max-queue-groups", "5", "--retry-after", "1") as server:
         start_trainer(server.url, batch_size=64)
         env = Synthetic(group_size=4, steps=1, wait_s=0.01)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, timeouts=Timeouts(shutdown=0.5))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            timeouts=Timeouts(shutdown=0.5),
+        )
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.paused.get(env.name) == QUEUE_FULL, "the runner to see the full queue")
         runner.stop()
@@ -188,8 +198,13 @@ async def test_pause_holds_every_request_and_resume_stamps_the_new_step(tmp_path
     events.touch()
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8, starting_step=3)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], Recording(events),
-                               max_in_flight=8, num_workers=workers)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            Recording(events),
+            max_in_flight=8,
+            num_workers=workers,
+        )
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.accepted >= 3, "first groups")
         assert runner.policy_step == 3, "starts at the trainer's step"
@@ -220,13 +235,20 @@ async def test_stale_groups_cancelled_and_production_held_back(tmp_path: Path) -
         # Rollouts outlast the test's steps (they end by being cancelled): on a loaded machine the blocking
         # requests below took longer than a 0.3 s rollout, which then finished and was submitted, not stale.
         env = Synthetic(group_size=4, steps=1, wait_s=30.0)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, max_staleness=0, poll_interval=0.05)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            max_staleness=0,
+            poll_interval=0.05,
+        )
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.in_flight == 8, "rollouts in flight")
         with httpx.Client(base_url=server.url) as http:  # another producer lets the trainer move on two steps
-            other = http.post("/register-env", json={"max_token_length": 512, "desired_name": "other",
-                                                      "group_size": 4}).json()["env_id"]  # fmt: skip
+            other = http.post(
+                "/register-env", json={"max_token_length": 512, "desired_name": "other", "group_size": 4}
+            ).json()["env_id"]
             for i in range(2):
                 assert http.post("/scored_data", json=group(4, env_id=other, seed=i)).status_code == 200
                 assert http.get("/batch").json()["batch"]
@@ -244,8 +266,9 @@ async def test_server_restart_mid_run_loses_and_duplicates_nothing(tmp_path: Pat
     try:
         start_trainer(server.url, batch_size=16)
         env = Synthetic(group_size=4, steps=1, wait_s=0.02)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=16
+        )
         run = asyncio.create_task(runner.run(max_groups=80))
         await until(lambda: runner.stats.accepted >= 15, "first groups")
         server.kill()  # SIGKILL mid-run
@@ -292,8 +315,12 @@ async def test_no_worker_outlives_the_runner(tmp_path: Path, sig: int) -> None:
     """SIGTERM: the runner shuts down in order and exits 0. SIGKILL: its worker notices and exits by itself."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
-        proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, server.url], stdout=subprocess.PIPE,
-                                start_new_session=True, cwd=Path(__file__).parents[2])  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ORPHAN_SCRIPT, server.url],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            cwd=Path(__file__).parents[2],
+        )
         try:
             assert proc.stdout is not None
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), HANG_GUARD_S)
@@ -330,8 +357,9 @@ def padded_task(i: int) -> Task:
 async def test_prompts_over_the_token_budget_are_skipped_and_counted(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8, max_token_len=40)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(padded_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Arithmetic(), Tasks(padded_task))], ScriptedPolicy(arithmetic_script), max_in_flight=8
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
         assert stats.skipped == {"prompt_too_long": 10} and stats.accepted == 20
         assert all(len(t) <= 40 for g in drain(server.url) for t in g["tokens"])
@@ -353,13 +381,18 @@ class Overflowing(Arithmetic):
 async def test_rejected_groups_are_counted_and_a_run_of_them_ends_the_run(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8, max_token_len=40)
-        runner = RolloutRunner(server.url, [(Overflowing(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=4)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Overflowing(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=4
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
         assert stats.skipped == {"rejected": 10} and stats.accepted == 20
 
-        always = RolloutRunner(server.url, [(Overflowing(every=1), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=4)  # fmt: skip
+        always = RolloutRunner(
+            server.url,
+            [(Overflowing(every=1), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=4,
+        )
         with pytest.raises(RunFailed, match="in a row rejected") as info:
             await asyncio.wait_for(always.run(), HANG_GUARD_S)
         assert isinstance(info.value.__cause__, Rejected) and "tokens" in str(info.value.__cause__)

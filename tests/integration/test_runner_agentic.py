@@ -81,8 +81,9 @@ async def test_two_percent_crashing_rollouts_at_g64_keep_the_survivors_queued_wh
     server queued each partial group whole (registered variable_group_size), none side-buffered."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=64 * 4)
-        runner = RolloutRunner(server.url, [(Crashing(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=128)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Crashing(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=128
+        )
         stats = await finish(runner.run(max_groups=12))
         crashed = stats.rollouts_failed["crashing"]["env_error"]
         assert runner.health().rollouts_failed == {"crashing": {"env_error": crashed}}
@@ -104,9 +105,13 @@ async def test_on_defaults_2_percent_crashing_rollouts_at_g64_do_not_end_the_run
     rollouts crashing and the run ended (RunFailed past the error rate). The default keeps half the group."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=64 * 4)
-        runner = RolloutRunner(server.url, [(CrashingOnDefaults(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=128,
-                               failures=FailurePolicy(error_window=8))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(CrashingOnDefaults(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=128,
+            failures=FailurePolicy(error_window=8),
+        )
         stats = await finish(runner.run(max_groups=12))
         assert stats.accepted == 12 and not stats.failed and stats.error_rate == 0.0
         assert stats.rollouts_failed["crashing"]["env_error"] > 0 and stats.partial_groups > 0
@@ -131,8 +136,13 @@ async def test_a_group_with_too_few_survivors_is_dropped_and_counted(tmp_path: P
     """Item 2: below min_group_size a group fails (counted as a failed group, its rollouts by reason)."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Fragile(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, failures=FailurePolicy(max_error_rate=None))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Fragile(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            failures=FailurePolicy(max_error_rate=None),
+        )
         stats = await finish(runner.run(max_groups=6))
         dropped = stats.failed["fragile"]["env_error"]
         assert dropped + stats.accepted == 6 and dropped > 0
@@ -167,8 +177,9 @@ async def test_a_long_tail_rollout_holds_its_own_slot_not_its_groups(tmp_path: P
     STARTED.clear()
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(LongTail(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(LongTail(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=8
+        )
         run = asyncio.create_task(runner.run(max_groups=5))
         await until(lambda: runner.stats.dispatched >= 5, "a group per 3 freed slots (2 at a time before)")
         await until(lambda: runner.stats.in_flight == 5, "the slow rollouts' slots alone still held")
@@ -196,8 +207,13 @@ async def test_the_rollouts_of_a_group_scored_per_rollout_spread_over_the_worker
     """Item 3: one group at a time (G=8, 8 slots) on 2 workers: each group's rollouts ran on both."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(WherePerRollout(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=2)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(WherePerRollout(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            num_workers=2,
+        )
         stats = await finish(runner.run(max_groups=4))
         assert stats.accepted == 4 and not stats.failed
         groups = drain(server.url)
@@ -261,8 +277,14 @@ async def test_a_shared_pool_of_8_with_g8_and_16_in_flight_makes_progress(tmp_pa
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url, max_resources=8)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, num_workers=2, recycle=RecyclePolicy(max_groups=2))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            num_workers=2,
+            recycle=RecyclePolicy(max_groups=2),
+        )
         stats = await finish(runner.run(max_groups=6))
         assert stats.accepted == 6 and not stats.failed
         seen = pool.stats()
@@ -279,8 +301,9 @@ async def test_a_pool_that_answers_exhausted_is_waited_out_without_failing_group
         pool.control(sandbox_exhausted=True)
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=16
+        )
         stats = await finish(runner.run(max_groups=6))
         seen = pool.stats()
         assert seen["sandbox_exhausted"] > 0, "the pool did run out"
@@ -312,8 +335,9 @@ async def test_survivor_groups_train_in_exact_mode(tmp_path: Path, env: Crashing
     still waits on arrivals to complete; before, exact fills lay beyond the window and no batch formed at all."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=256)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=256)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=256
+        )
         stats = await finish(runner.run(max_groups=16))
         # a group fails when more than 16 of its 64 rollouts crash: at 10%, about once in 7,000 groups
         lost = stats.failed_total
@@ -341,8 +365,13 @@ async def test_the_runner_is_told_why_no_batch_forms(tmp_path: Path, caplog: pyt
     the runner logs the server's reason once and `health()` shows it."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=256, no_exact_fill="wait")
-        runner = RolloutRunner(server.url, [(Odd(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=64, poll_interval=0.05)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Odd(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=64,
+            poll_interval=0.05,
+        )
         task = asyncio.create_task(runner.run())  # until stopped: the watch goes on while the test asks
         try:
             async with httpx.AsyncClient(base_url=server.url) as http:
@@ -368,8 +397,13 @@ async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: 
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url, max_resources=8)
         if how == "stop":
-            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                                   max_in_flight=8, num_workers=1)  # fmt: skip
+            runner = RolloutRunner(
+                server.url,
+                [(env, Tasks(arithmetic_task))],
+                ScriptedPolicy(arithmetic_script),
+                max_in_flight=8,
+                num_workers=1,
+            )
             run = asyncio.create_task(runner.run())
             await until(
                 lambda: pool.stats().get("sandbox_acquired", 0) >= 8, "the pool to take the first group's units"
@@ -377,9 +411,14 @@ async def test_a_cancelled_acquire_leaves_no_sandbox_held_at_the_pool(tmp_path: 
             runner.stop()
             await finish(run)
         else:
-            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                                   max_in_flight=8, timeouts=Timeouts(group=0.5),
-                                   failures=FailurePolicy(max_error_rate=None))  # fmt: skip
+            runner = RolloutRunner(
+                server.url,
+                [(env, Tasks(arithmetic_task))],
+                ScriptedPolicy(arithmetic_script),
+                max_in_flight=8,
+                timeouts=Timeouts(group=0.5),
+                failures=FailurePolicy(max_error_rate=None),
+            )
             stats = await finish(runner.run(max_groups=2))
             assert stats.failed["sandboxed"]["group_timeout"] == 2
         seen = pool.stats()

@@ -29,8 +29,12 @@ from tests.unit.rollout_client.chat.test_chat_session import Replies
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 QWEN = {"template": QWEN25_TEMPLATE, "eos": "<|im_end|>"}
-LLAMA31 = {"template": LLAMA31_JSON_TEMPLATE, "eos": "<|eot_id|>", "calls_as": "tool_calls",
-           "template_vars": {"date_string": "26 Jul 2024"}}  # fmt: skip
+LLAMA31 = {
+    "template": LLAMA31_JSON_TEMPLATE,
+    "eos": "<|eot_id|>",
+    "calls_as": "tool_calls",
+    "template_vars": {"date_string": "26 Jul 2024"},
+}
 
 
 def trained_runs(tokens: list[int], masks: list[int]) -> list[list[int]]:
@@ -42,8 +46,15 @@ def trained_runs(tokens: list[int], masks: list[int]) -> list[list[int]]:
     return runs
 
 
-async def check_sequence(env: ToolChat, tokens: list[int], masks: list[int], logprobs: list[float],
-                         overrides: dict[str, Any], answers: dict[str, int], task_id: str) -> int:  # fmt: skip
+async def check_sequence(
+    env: ToolChat,
+    tokens: list[int],
+    masks: list[int],
+    logprobs: list[float],
+    overrides: dict[str, Any],
+    answers: dict[str, int],
+    task_id: str,
+) -> int:
     """Checks one served sequence; returns how many malformed calls it had."""
     assert all(m in (MASK_IGNORE, t) for t, m in zip(tokens, masks, strict=True))
     assert all((lp == PROMPT_LOGPROB) == (m == MASK_IGNORE) for lp, m in zip(logprobs, masks, strict=True))
@@ -78,16 +89,21 @@ async def check_sequence(env: ToolChat, tokens: list[int], masks: list[int], log
     ("fmt", "template", "workers"),
     [("hermes", QWEN, 1), ("llama3", LLAMA31, 0), ("mistral", QWEN, 0)],  # Mistral's calls in Qwen's turns
 )
-async def test_a_tool_using_chat_rollout_reaches_the_trainer_token_exact(tmp_path: Path, fmt: str,
-                                                                         template: dict[str, Any],
-                                                                         workers: int) -> None:  # fmt: skip
+async def test_a_tool_using_chat_rollout_reaches_the_trainer_token_exact(
+    tmp_path: Path, fmt: str, template: dict[str, Any], workers: int
+) -> None:
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         env = ToolChat(group_size=4, parser=fmt, **template)
         vllm.control(chat=fmt, chat_stop=env.eos, chat_cut_first=True)
         start_trainer(server.url, batch_size=8, max_token_len=2048)
         tasks = Tasks(partial(arithmetic_task, digits=2, op="*"))
-        runner = RolloutRunner(server.url, [(env, tasks)], partial(OpenAIPolicy, vllm.url, MODEL, max_attempts=3),
-                               max_in_flight=8, num_workers=workers)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, tasks)],
+            partial(OpenAIPolicy, vllm.url, MODEL, max_attempts=3),
+            max_in_flight=8,
+            num_workers=workers,
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert stats.accepted == 4 and not stats.failed and not stats.skipped
         answers = vllm.stats()["answers"]
@@ -95,8 +111,10 @@ async def test_a_tool_using_chat_rollout_reaches_the_trainer_token_exact(tmp_pat
         assert len(served) == 4
         malformed = 0
         for g in served:
-            for tokens, masks, logprobs, overrides in zip(g["tokens"], g["masks"], g["inference_logprobs"],
-                                                          g["overrides"], strict=True):  # fmt: skip
-                malformed += await check_sequence(env, tokens, masks, logprobs, overrides, answers,
-                                                  g["group_overrides"]["task_id"])  # fmt: skip
+            for tokens, masks, logprobs, overrides in zip(
+                g["tokens"], g["masks"], g["inference_logprobs"], g["overrides"], strict=True
+            ):
+                malformed += await check_sequence(
+                    env, tokens, masks, logprobs, overrides, answers, g["group_overrides"]["task_id"]
+                )
         assert malformed > 0, "some calls were malformed, answered to the model, and the rollouts went on"

@@ -81,9 +81,14 @@ async def test_a_cancelled_run_stops_its_workers_and_the_process_exits(tmp_path:
     stayed (they ignore SIGTERM, so multiprocessing's exit hook waited on them forever)."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
-        proc = subprocess.Popen([sys.executable, "-c", CANCELLED_RUN, server.url, how], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CANCELLED_RUN, server.url, how],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         try:
             assert proc.stdout is not None
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), HANG_GUARD_S)
@@ -114,8 +119,13 @@ async def test_a_worker_replaced_during_a_pause_follows_resume(tmp_path: Path) -
     (1 h); now the gate follows the messages' order and groups flow again."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
-        runner = RolloutRunner(server.url, [(Synthetic(group_size=4, wait_s=0.02), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Synthetic(group_size=4, wait_s=0.02), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            num_workers=1,
+        )
         run = asyncio.create_task(runner.run())
         try:
             await until(lambda: runner.stats.accepted >= 2, "first groups")
@@ -180,8 +190,9 @@ async def test_a_worker_setup_that_hangs_ends_the_run_with_an_error_naming_it(tm
     reports it as a fatal start, and 3 in a row end the run the same way: 25 s more of test for one path.)"""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
-        runner = RolloutRunner(server.url, [(SetupHangs(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(SetupHangs(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=8
+        )
         with pytest.raises(RunFailed) as info:
             await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert isinstance(info.value.__cause__, SetupTimeout)
@@ -214,13 +225,20 @@ async def test_a_worker_setup_that_blocks_its_worker_is_cut_and_named_at_each_tr
     setting, and after 3 tries in a row ends the run with that error; `worker_deaths` counts them."""
     with caplog.at_level(logging.ERROR), running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
-        runner = RolloutRunner(server.url, [(SetupBlocks(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(SetupBlocks(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            num_workers=1,
+        )
         with pytest.raises(RunFailed) as info:
             await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
     assert isinstance(info.value.__cause__, WorkerDied) and isinstance(info.value.__cause__.__cause__, SetupTimeout)
-    named = ("worker_setup() of env 'setup_blocks' did not return within setup_timeout=0.5 s in rollout worker pid",
-             "raise SetupBlocks.setup_timeout if it needs longer")  # fmt: skip
+    named = (
+        "worker_setup() of env 'setup_blocks' did not return within setup_timeout=0.5 s in rollout worker pid",
+        "raise SetupBlocks.setup_timeout if it needs longer",
+    )
     assert all(part in str(info.value) for part in named), str(info.value)
     tries = [r.getMessage() for r in caplog.records if r.name == "rollout_client.workers"]
     for n in (1, 2):

@@ -17,8 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_runs_and_accounts_for_every_group(workers: int) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "api", "demo", "--steps", "6", "--workers", str(workers)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert any(line.startswith("done in") and "6 batches of 32 sequences" in line for line in lines), out.stdout

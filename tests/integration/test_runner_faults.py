@@ -53,8 +53,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_script(path: Path, *args: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, whatever is installed
-    return subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, cwd=ROOT, env=env)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, str(path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, str, str]:
@@ -139,8 +145,13 @@ async def test_inference_5xx_is_retried_and_4xx_fails_only_its_group(tmp_path: P
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(fail_every=7, reject_marker="REJECT")
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(partial(marked_task, marker="REJECT", every=5)))],
-                               openai(vllm.url), max_in_flight=16, num_workers=workers)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(partial(marked_task, marker="REJECT", every=5)))],
+            openai(vllm.url),
+            max_in_flight=16,
+            num_workers=workers,
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=40), HANG_GUARD_S)
         v = vllm.stats()
         assert v["503"] > 0, "the fake server did fail"
@@ -173,8 +184,9 @@ async def test_an_env_that_raises_fails_its_group_and_a_task_that_keeps_failing_
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         tasks = Tasks([arithmetic_task(i) for i in range(4)], cycle=True)  # task 0 always fails
-        runner = RolloutRunner(server.url, [(Flaky(), tasks)], ScriptedPolicy(arithmetic_script), max_in_flight=4,
-                               num_workers=workers)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Flaky(), tasks)], ScriptedPolicy(arithmetic_script), max_in_flight=4, num_workers=workers
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=40), HANG_GUARD_S)
         assert stats.failed == {"flaky": {"env_error": 3}}
         assert stats.quarantined == {"flaky": {"+2-0"}} and stats.skipped["quarantined"] >= 1
@@ -189,9 +201,14 @@ async def test_past_the_error_rate_the_run_ends_with_run_failed_carrying_the_ori
     """Defect 2: `except` on the env's own error type works, in process and through a worker."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Flaky(every=2), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=4, num_workers=workers,
-                               failures=FailurePolicy(max_error_rate=0.4, error_window=10))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Flaky(every=2), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=4,
+            num_workers=workers,
+            failures=FailurePolicy(max_error_rate=0.4, error_window=10),
+        )
         with pytest.raises(RunFailed, match="max_error_rate") as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         assert isinstance(info.value.__cause__, ValueError) and info.value.error is info.value.__cause__
@@ -207,8 +224,13 @@ async def test_retried_inference_that_keeps_failing_ends_the_run_with_the_infere
         vllm.control(fail_every=1)
         start_trainer(server.url, batch_size=8)
         policy = partial(OpenAIPolicy, vllm.url, MODEL, max_attempts=2)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], policy, max_in_flight=8,
-                               failures=FailurePolicy(error_window=4))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            policy,
+            max_in_flight=8,
+            failures=FailurePolicy(error_window=4),
+        )
         with pytest.raises(RunFailed) as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         cause = info.value.__cause__
@@ -226,9 +248,14 @@ async def test_a_hanging_generate_times_out_and_frees_its_slot(tmp_path: Path, w
         vllm.control(hang_marker="HANG")
         start_trainer(server.url, batch_size=8)
         # turn_timeout leaves a healthy turn room on a loaded machine (one took over 0.5 s in CI)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(partial(marked_task, marker="HANG", every=4)))],
-                               openai(vllm.url), max_in_flight=8, num_workers=workers,
-                               timeouts=Timeouts(turn=2.0))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(partial(marked_task, marker="HANG", every=4)))],
+            openai(vllm.url),
+            max_in_flight=8,
+            num_workers=workers,
+            timeouts=Timeouts(turn=2.0),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
         assert stats.failed == {"arithmetic": {"turn_timeout": 3}} and stats.accepted == 7
         assert stats.in_flight == 0
@@ -250,8 +277,13 @@ class Slow(Arithmetic):
 async def test_a_rollout_past_rollout_timeout_fails_its_group(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Slow(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, timeouts=Timeouts(rollout=0.3))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Slow(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            timeouts=Timeouts(rollout=0.3),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert stats.failed == {"slow": {"rollout_timeout": 4}} and stats.accepted == 0
 
@@ -262,8 +294,9 @@ async def test_pause_with_a_timeout_returns_while_inference_hangs(tmp_path: Path
     generating are cancelled, dropped and counted; resume() carries on."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai(vllm.url),
-                               max_in_flight=8, num_workers=workers)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai(vllm.url), max_in_flight=8, num_workers=workers
+        )
         vllm.control(hang_all=True)
         run = asyncio.create_task(runner.run())
         await until(lambda: vllm.stats().get("hung", 0) >= 4, "requests to hang")
@@ -288,8 +321,9 @@ async def test_run_returns_within_shutdown_timeout_when_the_server_hangs(tmp_pat
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
         envs = [(Arithmetic(name=f"e{k}"), Tasks(arithmetic_task)) for k in range(3)]
-        runner = RolloutRunner(server.url, envs, ScriptedPolicy(arithmetic_script), max_in_flight=12,
-                               timeouts=Timeouts(shutdown=2.0))  # fmt: skip
+        runner = RolloutRunner(
+            server.url, envs, ScriptedPolicy(arithmetic_script), max_in_flight=12, timeouts=Timeouts(shutdown=2.0)
+        )
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.accepted >= 6, "first groups")
         os.killpg(server.proc.pid, signal.SIGSTOP)
@@ -342,9 +376,14 @@ async def test_a_failed_rollback_keeps_the_original_error(tmp_path: Path, worker
     """Defect 5: the caller sees the OSError that failed the group, with the close error attached."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Sandboxed(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=4, num_workers=workers,
-                               failures=FailurePolicy(max_error_rate=0.0, error_window=1))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Sandboxed(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=4,
+            num_workers=workers,
+            failures=FailurePolicy(max_error_rate=0.0, error_window=1),
+        )
         with pytest.raises(RunFailed) as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         cause = info.value.__cause__
@@ -363,8 +402,9 @@ async def test_multi_turn_episodes_past_the_budget_are_truncated_not_dropped(
     every group is stored, truncated sequences are marked, none is over the budget."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8, max_token_len=max_token_len)
-        runner = RolloutRunner(server.url, [(Calculator(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Calculator(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), max_in_flight=16
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=20), HANG_GUARD_S)
         assert stats.accepted == 20 and not stats.skipped and not stats.failed
         served = drain(server.url)
@@ -388,8 +428,14 @@ async def test_a_trainer_syncing_every_k_steps_never_deadlocks_with_the_default_
     served (a loaded CI machine once saw one group 3 steps old without it)."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8, max_staleness=2)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, max_staleness=2, poll_interval=0.05)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            max_staleness=2,
+            poll_interval=0.05,
+        )
         run = asyncio.create_task(runner.run())
         try:
             async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -478,8 +524,13 @@ async def test_the_curriculum_forgets_groups_that_are_never_reported(tmp_path: P
     curriculum = Curriculum([Tasks(arithmetic_task), Tasks(partial(arithmetic_task, digits=3))])
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Mixed(), curriculum)], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, failures=FailurePolicy(max_error_rate=None))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Mixed(), curriculum)],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            failures=FailurePolicy(max_error_rate=None),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=30), HANG_GUARD_S)
         assert stats.failed_total > 0 and stats.skipped["rejected"] > 0
         assert curriculum._level_of == {}, "every handed-out task was reported or discarded"
@@ -492,8 +543,13 @@ def test_a_synchronous_trainer_drives_the_runner_through_a_blocking_handle(tmp_p
     """The trainer's thread pauses and resumes the runner around pretend weight syncs and reads its health."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            num_workers=1,
+        )
         with run_in_thread(runner) as handle, httpx.Client(base_url=server.url, timeout=30) as http:
             assert handle.wait_ready(HANG_GUARD_S)
             step, deadline = 0, time.monotonic() + HANG_GUARD_S

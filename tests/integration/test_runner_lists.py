@@ -61,15 +61,20 @@ async def test_groups_finishing_together_go_in_lists_and_are_stored_once(tmp_pat
     groups = 3 * WAVE // 2  # three waves of rollouts, in groups of 2
     with running_server(f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=16)
-        runner = RolloutRunner(server.url, [(Together(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=WAVE, timeouts=Timeouts(submit_linger=linger))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Together(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=WAVE,
+            timeouts=Timeouts(submit_linger=linger),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=groups), HANG_GUARD_S)
         assert stats.produced == stats.accepted == groups and stats.duplicates == 0 and not stats.skipped
         samples = parse_metrics(httpx.get(server.url + "/metrics").text)
         requests = {
             route: total(samples, "rollbuf_request_duration_seconds_count", route=route, method="POST", status="200")
             for route in ("/scored_data", "/scored_data_list")
-        }  # fmt: skip
+        }
         assert total(samples, "rollbuf_groups_received_total") == groups  # its one env
         if linger:
             assert requests["/scored_data_list"] >= 1 and sum(requests.values()) < groups, requests
@@ -88,11 +93,18 @@ async def test_a_list_the_queue_has_room_for_in_part_fills_it_group_by_group(tmp
     with running_server("memory://", tmp_path / "s.log", "--max-queue-groups", "5", "--retry-after", "1") as server:
         start_trainer(server.url, batch_size=64)
         env = Together()
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=WAVE, timeouts=Timeouts(submit_linger=0.1, shutdown=0.5))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=WAVE,
+            timeouts=Timeouts(submit_linger=0.1, shutdown=0.5),
+        )
         run = asyncio.create_task(runner.run())
-        await until(lambda: runner.stats.accepted == 5 and runner.stats.paused.get(env.name) == QUEUE_FULL,
-                    "the queue filled to its limit")  # fmt: skip
+        await until(
+            lambda: runner.stats.accepted == 5 and runner.stats.paused.get(env.name) == QUEUE_FULL,
+            "the queue filled to its limit",
+        )
         runner.stop()
         stats = await asyncio.wait_for(run, HANG_GUARD_S)
         samples = parse_metrics(httpx.get(server.url + "/metrics").text)

@@ -83,9 +83,22 @@ def test_producers_killed_at_random_lose_no_acknowledged_rollout(tmp_path: Path,
         live: dict[int, Any] = {}
 
         def start(n: int) -> None:
-            argv = ("--server", server.url, "--events", str(tmp_path / f"events-{n}.jsonl"), "--idle",
-                    str(tmp_path / f"idle-{n}"), "--tasks", str(TASKS), "--offset", str(100 * n), "--min-s", "0.2",
-                    "--max-s", "0.8")  # fmt: skip
+            argv = (
+                "--server",
+                server.url,
+                "--events",
+                str(tmp_path / f"events-{n}.jsonl"),
+                "--idle",
+                str(tmp_path / f"idle-{n}"),
+                "--tasks",
+                str(TASKS),
+                "--offset",
+                str(100 * n),
+                "--min-s",
+                "0.2",
+                "--max-s",
+                "0.8",
+            )
             live[n] = stack.enter_context(process("tests.per_rollout_producer", tmp_path / f"producer-{n}.log", *argv))
 
         for n in range(PRODUCERS):
@@ -160,8 +173,13 @@ async def test_the_runner_seals_its_survivors_and_counts_them(tmp_path: Path) ->
             assert c.post("/register", json=registration(batch_size=18)).status_code == 200
             c.get("/batch")
             env = TwoCrash()
-            runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                                   max_in_flight=8, poll_interval=0.05)  # fmt: skip
+            runner = RolloutRunner(
+                server.url,
+                [(env, Tasks(arithmetic_task))],
+                ScriptedPolicy(arithmetic_script),
+                max_in_flight=8,
+                poll_interval=0.05,
+            )
             stats = await runner.run(max_groups=3)
             assert (stats.accepted, stats.partial_groups, stats.failed_total) == (3, 3, 0)
             assert stats.rollouts_failed["two_crash"] == {"env_error": 6}

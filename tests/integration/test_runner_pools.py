@@ -28,8 +28,13 @@ async def test_groups_on_a_blocking_pool_without_max_resources_take_turns_and_fi
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as pool:
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            num_workers=1,
+        )
         stats = await finish(runner.run(max_groups=2))  # both start at once
         seen = pool.stats()
         assert stats.accepted == 2 and not stats.failed
@@ -48,8 +53,13 @@ async def test_a_group_that_still_waits_for_part_of_a_pool_is_named_in_a_warning
         pool.control(sandboxes=6)
         start_trainer(server.url, batch_size=8)
         env = Sandboxed(pool_url=pool.url)
-        runner = RolloutRunner(server.url, [(env, Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=16, timeouts=Timeouts(release=1.0))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(env, Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=16,
+            timeouts=Timeouts(release=1.0),
+        )
         run = asyncio.create_task(runner.run())
         try:
             await until(lambda: "max_resources" in caplog.text, "the warning")

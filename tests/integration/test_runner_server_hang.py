@@ -28,9 +28,14 @@ async def test_a_stopped_server_is_reported_while_a_heartbeat_waits_and_so_is_it
     the outage (a read timeout, 30 s by default, used to be the first to)."""
     with running_server("memory://", tmp_path / "s.log", "--producer-gone-after", "3") as server:  # beats: 0.5 s
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, client_options={"timeout": httpx.Timeout(None)},
-                               timeouts=Timeouts(server_reply=1.0, shutdown=2.0))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            client_options={"timeout": httpx.Timeout(None)},
+            timeouts=Timeouts(server_reply=1.0, shutdown=2.0),
+        )
         with caplog.at_level(logging.WARNING, logger="rollout_client"):
             run = asyncio.create_task(runner.run())
             await until(lambda: runner.stats.accepted >= 2, "first groups")

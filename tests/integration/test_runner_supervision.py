@@ -61,8 +61,13 @@ async def test_a_lost_registration_is_registered_again_and_the_run_goes_on(tmp_p
     server: ServerProcess = start_server("memory://", log)
     try:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            num_workers=1,
+        )
         run = asyncio.create_task(runner.run(max_groups=40))
         await until(lambda: runner.stats.accepted >= 5, "first groups")
         if how == "reset":
@@ -96,8 +101,13 @@ async def test_an_inference_restart_holds_dispatch_and_counts_one_outage(tmp_pat
     breaker opens (visible in health()) and holds dispatch, the outage counts once, no group fails."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
-                               max_in_flight=8, num_workers=workers)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            openai_default(vllm.url),
+            max_in_flight=8,
+            num_workers=workers,
+        )
         run = asyncio.create_task(runner.run(max_groups=30))
         await until(lambda: runner.stats.accepted >= 5, "first groups")
         vllm.kill()
@@ -116,8 +126,9 @@ async def test_429_is_retried_after_its_retry_after(tmp_path: Path) -> None:
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(rate_limit_every=3)
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
-                               max_in_flight=8)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url), max_in_flight=8
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=8), HANG_GUARD_S)
         assert vllm.stats()["429"] > 0
         assert not stats.failed and stats.accepted == 8
@@ -144,8 +155,14 @@ async def test_a_verifier_that_never_returns_fails_its_group_and_its_worker_is_r
     and counts it, and the run goes on."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Spinning(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=8, num_workers=1, timeouts=Timeouts(group=5.0))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Spinning(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            num_workers=1,
+            timeouts=Timeouts(group=5.0),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=8), HANG_GUARD_S)
         assert stats.failed == {"spinning": {"group_timeout": 1}}
         assert stats.workers_recycled["stuck"] == 1 and stats.worker_deaths == 0
@@ -221,15 +238,23 @@ async def test_a_hanging_sandbox_close_is_abandoned_and_stop_still_returns(tmp_p
     while closes hang returns within shutdown_timeout."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(HangingClose(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8,
-                               timeouts=Timeouts(release=0.5))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(HangingClose(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            timeouts=Timeouts(release=0.5),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=6), HANG_GUARD_S)
         assert stats.accepted == 6 and stats.release_timeouts == 6
 
-        runner = RolloutRunner(server.url, [(HangingClose(hang_rollout=True), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8,
-                               timeouts=Timeouts(shutdown=2.0))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(HangingClose(hang_rollout=True), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            timeouts=Timeouts(shutdown=2.0),
+        )
         run = asyncio.create_task(runner.run())
         await until(lambda: runner.stats.in_flight == 8, "rollouts to hang")
         runner.stop()
@@ -260,8 +285,13 @@ async def test_a_worker_out_of_memory_is_recycled_and_its_groups_run_again(tmp_p
     """Item 5: a MemoryError replaces its worker; its groups run again on the new one; nothing fails."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Leaky(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=4, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Leaky(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=4,
+            num_workers=1,
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
         assert not stats.failed and stats.accepted == 10
         assert stats.workers_recycled["memory_error"] >= 2 and stats.worker_deaths == 0
@@ -271,9 +301,14 @@ async def test_workers_are_recycled_after_n_groups(tmp_path: Path) -> None:
     """Item 5: `recycle_after_groups` replaces a worker after that many groups, in order (no group lost)."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=4, num_workers=1,
-                               recycle=RecyclePolicy(max_groups=4))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=4,
+            num_workers=1,
+            recycle=RecyclePolicy(max_groups=4),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
         assert not stats.failed and stats.accepted == 10 and stats.worker_deaths == 0
         assert stats.workers_recycled["max_groups"] == 2
@@ -287,8 +322,14 @@ async def test_a_worker_being_recycled_that_runs_out_of_memory_is_killed_and_its
     (which never answers) still kills it at once, and the group runs again on its replacement: no hang."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Leaky(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=4, num_workers=1, recycle=RecyclePolicy(max_groups=4))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Leaky(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=4,
+            num_workers=1,
+            recycle=RecyclePolicy(max_groups=4),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=10), HANG_GUARD_S)
         assert not stats.failed and stats.accepted == 10 and stats.worker_deaths == 0
         assert stats.workers_recycled["max_groups"] >= 1
@@ -347,8 +388,13 @@ async def test_pause_without_a_timeout_is_bounded_by_the_runners_default(tmp_pat
     """Item 7: pause() with no argument returns within `pause_timeout` while inference hangs."""
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], openai_default(vllm.url),
-                               max_in_flight=8, timeouts=Timeouts(pause=0.5))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            openai_default(vllm.url),
+            max_in_flight=8,
+            timeouts=Timeouts(pause=0.5),
+        )
         vllm.control(hang_all=True)
         run = asyncio.create_task(runner.run())
         await until(lambda: vllm.stats().get("hung", 0) >= 4, "requests to hang")
@@ -365,9 +411,14 @@ async def test_a_runner_held_ahead_of_the_trainer_without_resume_says_so(
     caplog.set_level(logging.WARNING, logger="rollout_client.runner")
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))],
-                               ScriptedPolicy(arithmetic_script), max_in_flight=8, max_staleness=1,
-                               stall_warning=0.5)  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(Arithmetic(), Tasks(arithmetic_task))],
+            ScriptedPolicy(arithmetic_script),
+            max_in_flight=8,
+            max_staleness=1,
+            stall_warning=0.5,
+        )
         run = asyncio.create_task(runner.run())
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
             deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
@@ -428,8 +479,9 @@ async def test_a_curriculum_promotes_with_repeated_ids_and_uses_every_level(tmp_
         assert cur.level == 2, "promoted to the last level by its scores"
 
         cur = Curriculum([Tasks([arithmetic_task(i) for i in range(6)]) for _ in range(3)], window=4)
-        runner = RolloutRunner(server.url, [(Graded(grade=0.5), cur)], ScriptedPolicy(arithmetic_script),
-                               max_in_flight=4)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Graded(grade=0.5), cur)], ScriptedPolicy(arithmetic_script), max_in_flight=4
+        )
         stats = await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         assert stats.dispatched == 18 and stats.accepted == 18, "every level's tasks used"
 
@@ -457,9 +509,13 @@ async def test_inference_replies_are_validated_and_nan_scores_fail_as_env_errors
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(null_logprob_marker="NULLLP", nan_logprob_marker="NANLP", overlong_marker="LONG")
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(NanScore(), Tasks(marked))], openai_default(vllm.url),
-                               max_in_flight=8,
-                               failures=FailurePolicy(max_error_rate=None, quarantine_after=None))  # fmt: skip
+        runner = RolloutRunner(
+            server.url,
+            [(NanScore(), Tasks(marked))],
+            openai_default(vllm.url),
+            max_in_flight=8,
+            failures=FailurePolicy(max_error_rate=None, quarantine_after=None),
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=16), HANG_GUARD_S)
         assert stats.failed == {"checked": {"inference_error": 6, "env_error": 2}}
         assert stats.accepted == 8 and stats.skipped["rejected"] == 0
@@ -478,8 +534,9 @@ async def test_the_context_is_learned_from_the_first_400_and_truncation_there_is
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         vllm.control(context=48, advertise_context=False)
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(max_tokens=32), Tasks(padded))], openai_default(vllm.url),
-                               max_in_flight=8)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Arithmetic(max_tokens=32), Tasks(padded))], openai_default(vllm.url), max_in_flight=8
+        )
         stats = await asyncio.wait_for(runner.run(max_groups=4), HANG_GUARD_S)
         assert not stats.failed and stats.accepted == 4
         assert vllm.stats()["400_context"] >= 1
@@ -520,8 +577,9 @@ async def test_a_policy_factory_that_raises_ends_the_run_with_its_error(tmp_path
     workers in a row failed to start, not dozens."""
     with running_server("memory://", tmp_path / "s.log") as server:
         start_trainer(server.url, batch_size=8)
-        runner = RolloutRunner(server.url, [(Arithmetic(), Tasks(arithmetic_task))], broken_policy,
-                               max_in_flight=4, num_workers=1)  # fmt: skip
+        runner = RolloutRunner(
+            server.url, [(Arithmetic(), Tasks(arithmetic_task))], broken_policy, max_in_flight=4, num_workers=1
+        )
         with pytest.raises(RunFailed, match="no GPU here") as info:
             await asyncio.wait_for(runner.run(), HANG_GUARD_S)
         cause: BaseException | None = info.value

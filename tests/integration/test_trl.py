@@ -35,15 +35,21 @@ def groups(url: str, n: int) -> None:
     with httpx.Client(base_url=url, timeout=30) as c:
         assert c.post("/register", json=registration(**REGISTRATION)).status_code == 200
         c.get("/batch", params={"step": 0})
-        assert c.post("/register-env", json={"max_token_length": 32, "desired_name": "tiny", "weight": 1.0,
-                                             "group_size": GROUP}).status_code == 200  # fmt: skip
+        env = {"max_token_length": 32, "desired_name": "tiny", "weight": 1.0, "group_size": GROUP}
+        assert c.post("/register-env", json=env).status_code == 200
         for g in range(n):
             tokens = rng.integers(3, VOCAB, (GROUP, 12))
             masks = tokens.copy()
             masks[:, :4] = -100
             logprobs = np.where(masks == -100, 0.0, -rng.exponential(1.0, tokens.shape))
-            body = {"tokens": tokens.tolist(), "masks": masks.tolist(), "scores": rng.random(GROUP).tolist(),
-                    "inference_logprobs": logprobs.tolist(), "env_id": 0, "group_id": f"g{g}"}  # fmt: skip
+            body = {
+                "tokens": tokens.tolist(),
+                "masks": masks.tolist(),
+                "scores": rng.random(GROUP).tolist(),
+                "inference_logprobs": logprobs.tolist(),
+                "env_id": 0,
+                "group_id": f"g{g}",
+            }
             assert c.post("/scored_data", json=body).status_code == 200
 
 

@@ -58,11 +58,19 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 async def produce(url: str, vllm_url: str, tokenizer: Path, *, workers: int, words: int, **kw: Any) -> RunnerStats:
     """Run the tiny env's first `words` tasks once each through the runner."""
     config = env_config_data()
-    env = VerifiersEnvironment(config, client=client_config(vllm_url, tokenizer), model="fake", group_size=G,
-                               workers=workers, pool={"elastic": False}, **kw)  # fmt: skip
+    env = VerifiersEnvironment(
+        config,
+        client=client_config(vllm_url, tokenizer),
+        model="fake",
+        group_size=G,
+        workers=workers,
+        pool={"elastic": False},
+        **kw,
+    )
     async with env:
-        runner = RolloutRunner(url, [(env, verifiers_tasks(config, cycle=False, limit=words))], ExternalInference(),
-                               max_in_flight=2 * G)  # fmt: skip
+        runner = RolloutRunner(
+            url, [(env, verifiers_tasks(config, cycle=False, limit=words))], ExternalInference(), max_in_flight=2 * G
+        )
         return await asyncio.wait_for(runner.run(), RUN_S)
 
 
@@ -98,15 +106,20 @@ async def test_groups_reach_the_batch_exactly(tmp_path: Path, offline: Path, wor
         start_trainer(server.url, batch_size=G)
         httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()  # the trainer's weights announced
         deltas: list[tuple[str, dict[str, Any]]] = []
-        stats = await produce(server.url, vllm.url, offline, workers=workers, words=2,
-                              on_delta=lambda task, delta: deltas.append((task, delta)))  # fmt: skip
+        stats = await produce(
+            server.url,
+            vllm.url,
+            offline,
+            workers=workers,
+            words=2,
+            on_delta=lambda task, delta: deltas.append((task, delta)),
+        )
         assert stats.accepted == 2 and stats.duplicates == 0 and not stats.failed and not stats.skipped
         served = drain(server.url)
     assert len(served) == 2
     by_word = {g["group_overrides"]["task_id"]: g for g in served}
     assert len(by_word) == 2
-    words = sorted(bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0]
-                   for g in served)  # fmt: skip
+    words = sorted(bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0] for g in served)
     assert words == ["apple", "river"]
     for g in served:
         word = bytes(t for t in g["tokens"][0] if t < 256).decode().split("Say ")[1].split(".")[0]
@@ -141,12 +154,14 @@ async def test_through_the_pool_groups_carry_the_weights_that_generated_them_acr
         start_trainer(server.url, batch_size=SYNC_G, max_staleness=1)
         httpx.post(server.url + "/weights", json={"step": 0}).raise_for_status()
         config = env_config_data()
-        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=SYNC_G,
-                                   workers=2)  # fmt: skip
+        env = VerifiersEnvironment(
+            config, client=client_config(vllm.url, offline), model="fake", group_size=SYNC_G, workers=2
+        )
         vllm.control(hang_all=True)  # the first group's episodes stay in flight at the pool's workers
         async with env:
-            runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(),
-                                   max_in_flight=SYNC_G, max_staleness=1)  # fmt: skip
+            runner = RolloutRunner(
+                server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=SYNC_G, max_staleness=1
+            )
             run = asyncio.create_task(runner.run())
             at_workers = until_run_s(lambda: [r.traces for r in env.live.values()] == [1] * SYNC_G)
             await asyncio.wait_for(at_workers, RUN_S)  # the worker sets its harness up first
@@ -299,8 +314,9 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=G)
         config = env_config_data()
-        env = VerifiersEnvironment(config, client=client_config(vllm.url, offline), model="fake", group_size=G,
-                                   workers=2)  # fmt: skip
+        env = VerifiersEnvironment(
+            config, client=client_config(vllm.url, offline), model="fake", group_size=G, workers=2
+        )
         # elastic, verifiers' default: the pool starts one worker (cheaper here than two)
         vllm.control(hang_all=True)  # the episodes stay in flight at the pool's workers
         async with env:
@@ -309,8 +325,11 @@ async def test_a_pool_worker_killed_fails_its_episodes_at_once_and_the_pool_rest
             runner = RolloutRunner(server.url, [(env, verifiers_tasks(config))], ExternalInference(), max_in_flight=G)
             run = asyncio.create_task(runner.run())
             # the pool's first worker imports verifiers and builds the env first: bounded as the pool bounds it
-            await until(lambda: [r.traces for r in env.live.values()] == [1] * G, "a group's episodes at the workers",
-                        POOL_START_S + HANG_GUARD_S)  # fmt: skip
+            await until(
+                lambda: [r.traces for r in env.live.values()] == [1] * G,
+                "a group's episodes at the workers",
+                POOL_START_S + HANG_GUARD_S,
+            )
             victim = min(pool_workers(broker))
             os.kill(victim, signal.SIGKILL)
             await until(lambda: runner.stats.failed["verifiers"]["pool_worker_died"] == 1, "the group failed")
@@ -343,16 +362,26 @@ def test_the_docs_producer_runs_as_written_with_its_pool(tmp_path: Path, offline
     with running_server("memory://", tmp_path / "s.log") as server, running_standin(tmp_path / "v.log") as vllm:
         start_trainer(server.url, batch_size=2)
         script = blocks[0]
-        for written, here in {"http://127.0.0.1:9000": vllm.url, "http://127.0.0.1:8000": server.url,
-                              "Qwen/Qwen3-0.6B": str(offline), "group_size=8": "group_size=2",
-                              "max_in_flight=64": "max_in_flight=2"}.items():  # fmt: skip
+        for written, here in {
+            "http://127.0.0.1:9000": vllm.url,
+            "http://127.0.0.1:8000": server.url,
+            "Qwen/Qwen3-0.6B": str(offline),
+            "group_size=8": "group_size=2",
+            "max_in_flight=64": "max_in_flight=2",
+        }.items():
             assert written in script, f"the page no longer says {written}: change it here too"
             script = script.replace(written, here)
         (tmp_path / "produce.py").write_text(script)
         env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ['PYTHONPATH']}"}
         with (tmp_path / "produce.log").open("wb") as log:
-            proc = subprocess.Popen([sys.executable, str(tmp_path / "produce.py")], cwd=tmp_path, env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, str(tmp_path / "produce.py")],
+                cwd=tmp_path,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + SCRIPT_RUN_S
             while httpx.get(server.url + "/status").json()["queue_size"] < 1:

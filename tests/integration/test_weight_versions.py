@@ -31,19 +31,49 @@ def test_every_trained_group_states_the_weights_its_tokens_came_from(tmp_path: P
     ):
         httpx.post(vllm.url + "/control", json={"latency": 0.02}).raise_for_status()
         with (
-            process("demos.example_trainer", tmp_path / "trainer.log", "--server", server.url, "--inference",
-                    vllm.url, "--steps", str(STEPS), "--drain", "--max-staleness", "1", "--out", str(out)) as trainer,
-            process("demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference",
-                    vllm.url, "--on-new-weights", policy, "--turns", "3", "--max-in-flight", "16",
-                    "--max-staleness", "1"),
-        ):  # fmt: skip
+            process(
+                "demos.example_trainer",
+                tmp_path / "trainer.log",
+                "--server",
+                server.url,
+                "--inference",
+                vllm.url,
+                "--steps",
+                str(STEPS),
+                "--drain",
+                "--max-staleness",
+                "1",
+                "--out",
+                str(out),
+            ) as trainer,
+            process(
+                "demos.example_producer",
+                tmp_path / "producer.log",
+                "--server",
+                server.url,
+                "--inference",
+                vllm.url,
+                "--on-new-weights",
+                policy,
+                "--turns",
+                "3",
+                "--max-in-flight",
+                "16",
+                "--max-staleness",
+                "1",
+            ),
+        ):
             until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps")
             assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     run = result(out)
     assert run["undrained_syncs"] == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     groups = [g for s in run["steps"] for g in s["groups"]]
-    wrong = [g for g in groups if g["weight_versions"] != [min(g["generated_with"]), max(g["generated_with"])]
-             or g["policy_step"] != min(g["generated_with"])]  # fmt: skip
+    wrong = [
+        g
+        for g in groups
+        if g["weight_versions"] != [min(g["generated_with"]), max(g["generated_with"])]
+        or g["policy_step"] != min(g["generated_with"])
+    ]
     assert not wrong, f"{len(wrong)} of {len(groups)} groups state other weights than their tokens': {wrong[:5]}"
     if policy != "continue":  # no episode spans a sync
         assert all(len(g["generated_with"]) == 1 for g in groups), groups

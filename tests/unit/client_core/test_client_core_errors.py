@@ -51,9 +51,20 @@ def test_is_retryable(exc: BaseException, retry: bool) -> None:
 
 @pytest.mark.parametrize(
     ("status", "kind"),
-    [(429, Unavailable), (503, Unavailable), (500, ServerError), (502, ServerError), (504, ServerError),
-     (400, Rejected), (401, Rejected), (404, Rejected), (409, Rejected), (413, Rejected), (422, Rejected)],
-)  # fmt: skip
+    [
+        (429, Unavailable),
+        (503, Unavailable),
+        (500, ServerError),
+        (502, ServerError),
+        (504, ServerError),
+        (400, Rejected),
+        (401, Rejected),
+        (404, Rejected),
+        (409, Rejected),
+        (413, Rejected),
+        (422, Rejected),
+    ],
+)
 def test_status_to_error(status: int, kind: type[ServerError]) -> None:
     """429 and 503 are "not now"; another 5xx is a plain (retried) ServerError; a 4xx is Rejected."""
     exc = core.error_for_status(status, {"detail": "x"}, None)
@@ -77,8 +88,8 @@ def test_error_for_reads_an_httpx_reply_json_or_not() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "seconds"), [(None, None), ("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("soon", None),
-                           ("Wed, 21 Oct 2015 07:28:00 GMT", None)],
-)  # fmt: skip
+    ("value", "seconds"),
+    [(None, None), ("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("soon", None), ("Wed, 21 Oct 2015 07:28:00 GMT", None)],
+)
 def test_parse_retry_after(value: str | None, seconds: float | None) -> None:
     assert core.parse_retry_after(value) == seconds

@@ -32,8 +32,15 @@ def test_delay_ceiling_grows_exponentially_until_the_cap() -> None:
     assert top == sorted(top) and top[1] == pytest.approx(2 * top[0]) and top[-1] == pytest.approx(CAP_S, rel=1e-3)
 
 
-@pytest.mark.parametrize("bad", [{"deadline": -1}, {"deadline": 1, "max_attempts": 0}, {"deadline": 1, "base": 0},
-                                 {"deadline": 1, "base": 2, "cap": 1}])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"deadline": -1},
+        {"deadline": 1, "max_attempts": 0},
+        {"deadline": 1, "base": 0},
+        {"deadline": 1, "base": 2, "cap": 1},
+    ],
+)
 def test_nonsense_budgets_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**bad)  # type: ignore[arg-type]

@@ -25,9 +25,14 @@ from api.views.metrics import MAX_ENVS as METRICS_MAX_ENVS
 
 def test_environment_round_trip_rebuilds_the_same_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Settings(
-        store="sqlite:///x.db", workers=3, api_key=SecretStr("k"), max_queue_tokens=None, max_env_queue_groups=7,
-        allow_unauthenticated=True, retry_after=0.5,
-    )  # fmt: skip
+        store="sqlite:///x.db",
+        workers=3,
+        api_key=SecretStr("k"),
+        max_queue_tokens=None,
+        max_env_queue_groups=7,
+        allow_unauthenticated=True,
+        retry_after=0.5,
+    )
     for key, value in to_environ(original).items():
         monkeypatch.setenv(key, value)
     rebuilt = Settings()
@@ -81,8 +86,15 @@ def test_in_process_defaults_are_the_servers(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.anyio
 async def test_the_app_builds_its_service_from_its_settings() -> None:
-    settings = Settings(store="memory://", max_queue_tokens=None, max_read_ahead_batches=3, ledger=False,
-                        formation_due_after=9, drop_bias_starve_steps=4, max_producers=7)  # fmt: skip
+    settings = Settings(
+        store="memory://",
+        max_queue_tokens=None,
+        max_read_ahead_batches=3,
+        ledger=False,
+        formation_due_after=9,
+        drop_bias_starve_steps=4,
+        max_producers=7,
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         service: Service = app.state.service

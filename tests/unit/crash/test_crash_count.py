@@ -35,8 +35,11 @@ def test_a_task_is_one_unit_under_all_its_lease_tokens() -> None:
 
 
 def test_rollouts_counted_by_slot_and_tokens() -> None:
-    p = Producer("rollouts", acks=[(1.0, ("g", 0, "x")), (1.1, ("g", 1, "x")), (1.2, ("h", 0, "y"))],
-                 made=[(0.9, 11), (1.0, 12), (1.1, 13), (5.0, 13)])  # fmt: skip
+    p = Producer(
+        "rollouts",
+        acks=[(1.0, ("g", 0, "x")), (1.1, ("g", 1, "x")), (1.2, ("h", 0, "y"))],
+        made=[(0.9, 11), (1.0, 12), (1.1, 13), (5.0, 13)],
+    )
     fine = [step(0, 2.0, "g", "h", seqs={"g": ["x", "x"], "h": ["y"]})]
     cell = count([p], fine)["rollouts"]
     assert (cell.acknowledged, cell.lost, cell.trained_twice, cell.redone) == (3, 0, 0, 1)
@@ -77,8 +80,16 @@ def test_a_record_cut_short_by_a_kill_reads_up_to_its_last_whole_line(tmp_path: 
 def test_the_trainer_s_checkpoint_is_its_record(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     assert read_trainer(path) == []
-    path.write_text(json.dumps({"step": 2, "trained": [[0, ["a"]], [1, ["b", "c"]]], "at": [1.0, 2.0],
-                                "seqs": [{"a": ["x"]}, {"b": ["y"], "c": []}]}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "step": 2,
+                "trained": [[0, ["a"]], [1, ["b", "c"]]],
+                "at": [1.0, 2.0],
+                "seqs": [{"a": ["x"]}, {"b": ["y"], "c": []}],
+            }
+        )
+    )
     assert read_trainer(path) == [Step(0, 1.0, ["a"], {"a": ["x"]}), Step(1, 2.0, ["b", "c"], {"b": ["y"], "c": []})]
     path.write_text(json.dumps({"step": 1, "trained": [[0, ["a"]]]}))  # written before records had times
     assert read_trainer(path) == [Step(0, 0.0, ["a"], {})]

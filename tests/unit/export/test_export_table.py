@@ -45,8 +45,16 @@ def groups(draw: st.DrawFn) -> GroupRecord:
 
 
 def fate(i: int, rec: GroupRecord) -> Fate:
-    return Fate(group=i, group_id=f"g{i}", env="math_0", env_id=0, policy_step=rec.policy_step, fate=SERVED,
-                trained_step=i // 2, acked_at=1_700_000_000.25 + i)  # fmt: skip
+    return Fate(
+        group=i,
+        group_id=f"g{i}",
+        env="math_0",
+        env_id=0,
+        policy_step=rec.policy_step,
+        fate=SERVED,
+        trained_step=i // 2,
+        acked_at=1_700_000_000.25 + i,
+    )
 
 
 def read_back(data: bytes) -> pa.Table:
@@ -109,8 +117,22 @@ def test_record_batches_are_bounded_but_never_split_a_group(
 
 
 def ledger_row(**changes: object) -> LedgerGroup:
-    row = LedgerGroup(id=7, env_id=0, group_id="q", handler=None, acked_at=10.5, policy_step=3, seqs=4, tokens=40,
-                      bytes=400, score_mean=0.5, score_min=0.0, score_max=1.0, score_std=0.5, fate=QUEUED)  # fmt: skip
+    row = LedgerGroup(
+        id=7,
+        env_id=0,
+        group_id="q",
+        handler=None,
+        acked_at=10.5,
+        policy_step=3,
+        seqs=4,
+        tokens=40,
+        bytes=400,
+        score_mean=0.5,
+        score_min=0.0,
+        score_max=1.0,
+        score_std=0.5,
+        fate=QUEUED,
+    )
     return LedgerGroup(**{**{f: getattr(row, f) for f in row.__dataclass_fields__}, **changes})  # type: ignore[arg-type]
 
 
@@ -126,11 +148,19 @@ def test_ledger_tables_convert_every_field() -> None:
     rows = [group_row(ledger_row(fate=DROPPED, step=2, reason="zero_variance", decided_at=12.0, kept=True), "m")]
     table = pa.Table.from_pylist(rows, schema=groups_schema())
     got = table.to_pylist()[0]
-    assert (got["group"], got["env"], got["drop_reason"], got["dropped_step"], got["kept"]) == (
-        7, "m", "zero_variance", 2, True,
-    )  # fmt: skip
-    step = LedgerStep(step=4, formed_at=20.0, formation_s=0.001, group_ids=(3, 1), seqs=8, tokens=80,
-                      groups_by_env={"a": 1, "b": 1}, seqs_by_env={"a": 4, "b": 4}, staleness={0: 1, 2: 1})  # fmt: skip
+    cells = (got["group"], got["env"], got["drop_reason"], got["dropped_step"], got["kept"])
+    assert cells == (7, "m", "zero_variance", 2, True)
+    step = LedgerStep(
+        step=4,
+        formed_at=20.0,
+        formation_s=0.001,
+        group_ids=(3, 1),
+        seqs=8,
+        tokens=80,
+        groups_by_env={"a": 1, "b": 1},
+        seqs_by_env={"a": 4, "b": 4},
+        staleness={0: 1, 2: 1},
+    )
     srow = pa.Table.from_pylist([step_row(step)], schema=steps_schema()).to_pylist()[0]
     assert srow["groups"] == [3, 1] and srow["committed_at"] is None
     assert srow["mix"] == [{"env": "a", "groups": 1, "seqs": 4}, {"env": "b", "groups": 1, "seqs": 4}]

@@ -81,9 +81,17 @@ def test_the_matrix_names_every_route_of_the_app() -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("localhost:8000", True), ("127.0.0.1", True), ("[::1]:8000", True), ("app.localhost", True),
-     ("127.1.2.3:1", True), ("evil.example", False), ("127.0.0.1.evil.example", False), ("10.0.0.1:8000", False)],
-)  # fmt: skip
+    [
+        ("localhost:8000", True),
+        ("127.0.0.1", True),
+        ("[::1]:8000", True),
+        ("app.localhost", True),
+        ("127.1.2.3:1", True),
+        ("evil.example", False),
+        ("127.0.0.1.evil.example", False),
+        ("10.0.0.1:8000", False),
+    ],
+)
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert loopback_host(host) is loopback
     assert host_allowed(host, ("loopback",)) is loopback

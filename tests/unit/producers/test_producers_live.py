@@ -82,8 +82,15 @@ def test_a_held_back_verdict_is_a_stall_only_when_judged_where_the_trainer_stand
 ) -> None:
     """Judged at an earlier step, before the weights announced last, or with older weights than those (not read
     yet): the producer may start groups once it reads where the trainer is, so nothing says it cannot."""
-    p = beat("a", [0], 0.0, held={"math_0": "ahead_of_trainer"}, judged_step=judged_step,
-             judged_weights=judged_weights, weights_step=generating)  # fmt: skip
+    p = beat(
+        "a",
+        [0],
+        0.0,
+        held={"math_0": "ahead_of_trainer"},
+        judged_step=judged_step,
+        judged_weights=judged_weights,
+        weights_step=generating,
+    )
     why = live.stall_reason({0: "math_0"}, {"a": p}, 1.0, GONE, step=step, weights=weights)
     current = judged_step >= step and judged_weights == weights
     read = weights is None or generating is None or generating >= weights

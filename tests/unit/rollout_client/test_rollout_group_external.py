@@ -13,8 +13,9 @@ pytestmark = pytest.mark.anyio
 
 
 def seq(n: int, score: float, tag: str) -> ExternalSequence:
-    return ExternalSequence(list(range(1, n + 1)), [-100] + list(range(2, n + 1)), [1.0] + [-0.5] * (n - 1), score,
-                            {"tag": tag})  # fmt: skip
+    return ExternalSequence(
+        list(range(1, n + 1)), [-100] + list(range(2, n + 1)), [1.0] + [-0.5] * (n - 1), score, {"tag": tag}
+    )
 
 
 class Recorded(Environment):

@@ -34,8 +34,15 @@ def test_clip_max_tokens_never_exceeds_a_limit(prompt: int, want: int, trainer: 
 
 
 def _status(**kw: float | None) -> EnvStatus:
-    base = dict(current_step=0, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=4,
-                env_weight=1.0, queue_capacity_groups=None)  # fmt: skip
+    base = dict(
+        current_step=0,
+        queue_size=0,
+        unallocated_fraction=1.0,
+        self_queue_size=0,
+        max_group_size=4,
+        env_weight=1.0,
+        queue_capacity_groups=None,
+    )
     return EnvStatus.model_validate({**base, **kw})
 
 
@@ -81,10 +88,18 @@ def test_no_env_is_held_ahead_while_the_batch_being_formed_lacks_sequences(
 ) -> None:
     """Whatever this env's share and queue: while every queued and pending sequence leaves the batch short, a
     group generated with weights within the bound is wanted now; otherwise AHEAD only past the bound."""
-    read = _status(current_step=10, queue_size=queued // g, self_queue_size=own // g, env_weight=weight,
-                  queued_sequences=queued)  # fmt: skip
-    reason = pause_reason(read, batch_size=batch, group_size=g, policy_step=10 - lag, max_staleness=bound,
-                          pending_seqs=min(pending, own), pending_all=pending)  # fmt: skip
+    read = _status(
+        current_step=10, queue_size=queued // g, self_queue_size=own // g, env_weight=weight, queued_sequences=queued
+    )
+    reason = pause_reason(
+        read,
+        batch_size=batch,
+        group_size=g,
+        policy_step=10 - lag,
+        max_staleness=bound,
+        pending_seqs=min(pending, own),
+        pending_all=pending,
+    )
     if lag > bound:
         assert reason == AHEAD
     elif queued + pending < batch:
@@ -270,11 +285,19 @@ class Batches:
         out = []
         for i, g in enumerate(self.run.sizes):
             own = sum(q.size for q in self.queues[i])
-            out.append(EnvStatus.model_validate({
-                "current_step": self.step, "queue_size": total // g, "unallocated_fraction": 1.0,
-                "self_queue_size": own // g, "max_group_size": max(self.run.sizes),
-                "env_weight": self.run.weights[i] / sum(self.run.weights), "queued_sequences": total,
-            }))  # fmt: skip
+            out.append(
+                EnvStatus.model_validate(
+                    {
+                        "current_step": self.step,
+                        "queue_size": total // g,
+                        "unallocated_fraction": 1.0,
+                        "self_queue_size": own // g,
+                        "max_group_size": max(self.run.sizes),
+                        "env_weight": self.run.weights[i] / sum(self.run.weights),
+                        "queued_sequences": total,
+                    }
+                )
+            )
         return out
 
     def form(self) -> bool:
@@ -295,10 +318,12 @@ class Batches:
         budget = run.max_batch_tokens if run.lengths is not None else None
         while True:
             fits = [
-                i for i in with_data
-                if taken[i] < len(self.queues[i]) and seqs + self.queues[i][taken[i]].size <= run.batch_size
+                i
+                for i in with_data
+                if taken[i] < len(self.queues[i])
+                and seqs + self.queues[i][taken[i]].size <= run.batch_size
                 and (budget is None or tokens + self.queues[i][taken[i]].tokens <= budget)
-            ]  # fmt: skip
+            ]
             if not fits:
                 break
             i = max(fits, key=lambda j: credit[j])

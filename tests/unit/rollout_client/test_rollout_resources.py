@@ -150,8 +150,9 @@ def _run(size: int, groups: int, g: int, turns: list[int], stops: list[int]) -> 
                 t.cancel()
         done, pending = await asyncio.wait(tasks, timeout=30.0)
         assert not pending, "a stopped group went on"
-        ends = ["cancelled" if t.cancelled() else type(t.exception()).__name__ if t.exception() else "done"
-                for t in tasks]  # fmt: skip
+        ends = [
+            "cancelled" if t.cancelled() else type(t.exception()).__name__ if t.exception() else "done" for t in tasks
+        ]
         return pool.free, ends
 
     with mock.patch.object(resources_module, "BACKOFF_S", 0.0):  # "exhausted" tried again at the next turn
@@ -180,7 +181,7 @@ def test_wherever_a_stop_lands_every_unit_goes_back(
     size=st.integers(1, 6),
     plan=st.lists(
         st.tuples(st.integers(1, 6), st.integers(0, 5), st.none() | st.integers(0, 8)), min_size=1, max_size=10
-    ),  # fmt: skip
+    ),
 )
 def test_a_capacity_cancelled_anywhere_ends_with_nothing_used(
     size: int, plan: list[tuple[int, int, int | None]]
@@ -283,10 +284,18 @@ async def test_groups_sharing_a_pool_of_unknown_size_smaller_than_their_sum_all_
     stats = RunnerStats()
     in_flight = InFlight(4 * groups, stats)
     executor = GroupExecutor(
-        [env], pool=None, policy=ScriptedPolicy(lambda prompt, seed: " 1"), limits=Timeouts().limits(),
-        group_timeout=None, in_flight=in_flight, capacity=[Capacity(None)], gate=Gate(), stats=stats,
-        stopping=asyncio.Event(), on_rollout_end=lambda _: None,
-    )  # fmt: skip
+        [env],
+        pool=None,
+        policy=ScriptedPolicy(lambda prompt, seed: " 1"),
+        limits=Timeouts().limits(),
+        group_timeout=None,
+        in_flight=in_flight,
+        capacity=[Capacity(None)],
+        gate=Gate(),
+        stats=stats,
+        stopping=asyncio.Event(),
+        on_rollout_end=lambda _: None,
+    )
     tasks = []
     for k in range(groups):
         tasks.append(asyncio.create_task(executor.run(0, Task(f"t{k}", "Q:"), f"g{k}")))

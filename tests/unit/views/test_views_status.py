@@ -14,8 +14,10 @@ RUN = RunState(Registration.model_validate(registration(batch_size=32)), 5, True
 
 
 def counts(a_groups: int, b_groups: int) -> dict[int, QueueCounts]:
-    return {0: QueueCounts(a_groups, a_groups, 4 * a_groups, 400 * a_groups),
-            1: QueueCounts(b_groups, b_groups, 8 * b_groups, 800 * b_groups)}  # fmt: skip
+    return {
+        0: QueueCounts(a_groups, a_groups, 4 * a_groups, 400 * a_groups),
+        1: QueueCounts(b_groups, b_groups, 8 * b_groups, 800 * b_groups),
+    }
 
 
 def test_env_status_counts_others_beyond_their_reserved_share() -> None:

@@ -86,9 +86,13 @@ async def test_a_dataset_larger_than_a_page_goes_in_pages_the_server_takes(app: 
         small = await register_dataset(c, "small", rows(3), page_bytes=1)
         assert (small.size, small.sealed) == (3, True)
     assert recorder.sent == [
-        ("/tasks/datasets", 0, 10), ("/tasks/pages", 10, 10), ("/tasks/pages", 20, 5),
-        ("/tasks/datasets", 0, 1), ("/tasks/pages", 1, 1), ("/tasks/pages", 2, 1),
-    ]  # fmt: skip
+        ("/tasks/datasets", 0, 10),
+        ("/tasks/pages", 10, 10),
+        ("/tasks/pages", 20, 5),
+        ("/tasks/datasets", 0, 1),
+        ("/tasks/pages", 1, 1),
+        ("/tasks/pages", 2, 1),
+    ]
     assert await stored(app, "d") == [f"t{i}" for i in range(25)]
 
 
@@ -101,9 +105,12 @@ async def test_a_page_whose_reply_is_lost_is_sent_again_and_stores_nothing_twice
         view = await register_dataset(c, "d", rows(25))
     assert (view.size, view.sealed) == (25, True)
     assert recorder.sent == [
-        ("/tasks/datasets", 0, 10), ("/tasks/datasets", 0, 10), ("/tasks/pages", 10, 10), ("/tasks/pages", 10, 10),
+        ("/tasks/datasets", 0, 10),
+        ("/tasks/datasets", 0, 10),
+        ("/tasks/pages", 10, 10),
+        ("/tasks/pages", 10, 10),
         ("/tasks/pages", 20, 5),
-    ]  # fmt: skip
+    ]
     assert await stored(app, "d") == [f"t{i}" for i in range(25)]
 
 
@@ -123,9 +130,11 @@ async def test_a_registration_cut_off_midway_goes_on_where_the_servers_tasks_end
         assert (once_more.size, once_more.sealed) == (25, True)
     assert recorder.sent == [
         ("/tasks/datasets", 0, 10),
-        ("/tasks/datasets", 0, 10), ("/tasks/pages", 10, 10), ("/tasks/pages", 20, 5),
         ("/tasks/datasets", 0, 10),
-    ]  # fmt: skip
+        ("/tasks/pages", 10, 10),
+        ("/tasks/pages", 20, 5),
+        ("/tasks/datasets", 0, 10),
+    ]
     assert await stored(app, "d") == [f"t{i}" for i in range(25)]
 
 
@@ -156,11 +165,15 @@ def test_the_docs_block_registers_as_written(
 ) -> None:
     """docs/tasks.md's block against a real server (its default page of 1000 tasks), from a JSONL file in the
     working directory; the blocking twin registers the same dataset again and is answered as it was."""
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", (DOCS / "tasks.md").read_text(), flags=re.S)
-               if "register_dataset(client" in b]  # fmt: skip
+    [block] = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", (DOCS / "tasks.md").read_text(), flags=re.S)
+        if "register_dataset(client" in b
+    ]
     monkeypatch.chdir(tmp_path)
-    Path("gsm8k.jsonl").write_text("".join(json.dumps({"prompt": f"{i} + 2 =", "answer": str(i + 2)}) + "\n"
-                                           for i in range(3)))  # fmt: skip
+    Path("gsm8k.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"{i} + 2 =", "answer": str(i + 2)}) + "\n" for i in range(3))
+    )
     with serve_in_thread(Settings(store="memory://")) as url:
         exec(compile(block, "tasks.md", "exec"), {"URL": url, "__name__": "tasks_md"})
         assert capsys.readouterr().out.splitlines() == ["doubles 2500 True", "gsm8k 3 True"]

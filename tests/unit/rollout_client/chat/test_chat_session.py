@@ -121,8 +121,13 @@ def test_the_trained_mask_covers_exactly_the_sampled_tokens(texts: list[str]) ->
 
 def test_a_tool_using_conversation_renders_as_qwen_does() -> None:
     answer = "The answer is 408.<|im_end|>"
-    chat, policy = run(["Let me compute. " + tool_call_text("hermes", "calculate", {"a": 12, "op": "*", "b": 34})
-                        + "<|im_end|>", answer], [calculate])  # fmt: skip
+    chat, policy = run(
+        [
+            "Let me compute. " + tool_call_text("hermes", "calculate", {"a": 12, "op": "*", "b": 34}) + "<|im_end|>",
+            answer,
+        ],
+        [calculate],
+    )
     text = ByteChatCodec.decode(chat.session.tokens)
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions")
     assert '{"type": "function", "function": {"name": "calculate", "description": "Compute a + b or a * b' in text
@@ -190,8 +195,14 @@ def test_llama31_writes_the_calls_itself_from_the_message(calls_as: str) -> None
     with the calls parsed into the message, the conversation renders as exactly the tokens sampled."""
     tok = local_tokenizer(LLAMA31_JSON_TEMPLATE, "<|eot_id|>")
     call = tool_call_text("llama3", "calculate", {"a": 12, "op": "*", "b": 34})
-    chat, policy = run([call + "<|eot_id|>", "The answer is 408.<|eot_id|>"], [calculate], tokenizer=tok,
-                       parser="llama3", calls_as=calls_as, template_kwargs={"date_string": "26 Jul 2024"})  # fmt: skip
+    chat, policy = run(
+        [call + "<|eot_id|>", "The answer is 408.<|eot_id|>"],
+        [calculate],
+        tokenizer=tok,
+        parser="llama3",
+        calls_as=calls_as,
+        template_kwargs={"date_string": "26 Jul 2024"},
+    )
     check_masks(chat, policy)
     assert chat.mismatches == 0 and chat.session.tokens == the_template_renders(chat)
     assert ("tool_calls" in chat.messages[2]) == (calls_as == "tool_calls")
@@ -217,8 +228,14 @@ def test_a_stop_at_max_tokens_is_closed_by_the_template_and_the_budget_holds() -
     check_masks(chat, policy)
     assert chat.session.tokens == the_template_renders(chat)
     budget = len(chat.session.tokens) - 5
-    chat, policy = run(["Let me see. " + tool_call_text("hermes", "calculate", {"a": 1, "op": "+", "b": 1})
-                        + "<|im_end|>", "2<|im_end|>"], [calculate], token_limit=budget)  # fmt: skip
+    chat, policy = run(
+        [
+            "Let me see. " + tool_call_text("hermes", "calculate", {"a": 1, "op": "+", "b": 1}) + "<|im_end|>",
+            "2<|im_end|>",
+        ],
+        [calculate],
+        token_limit=budget,
+    )
     assert len(chat.session.tokens) <= budget and chat.session.truncated
     check_masks(chat, policy)
 
@@ -296,8 +313,10 @@ def test_a_template_that_drops_earlier_reasoning_is_flagged_not_an_error() -> No
     check_masks(chat, policy)
     assert chat.mismatches == 1 and [t["template_mismatch"] for t in chat.session.turns] == [0, 1]
     text = ByteChatCodec.decode(chat.session.tokens)
-    assert text.endswith("408<|im_end|>\n<|im_start|>user\nAnd plus one?<|im_end|>\n<|im_start|>assistant\n"
-                         "<think>\nagain\n</think>\n\n409<|im_end|>\n")  # fmt: skip
+    assert text.endswith(
+        "408<|im_end|>\n<|im_start|>user\nAnd plus one?<|im_end|>\n<|im_start|>assistant\n"
+        "<think>\nagain\n</think>\n\n409<|im_end|>\n"
+    )
     assert text.count("sum it") == 1, "the sampled reasoning is kept in the tokens"
 
 

@@ -21,7 +21,7 @@ calls = st.lists(
         ToolCall,
         st.from_regex(r"[a-z_][a-z0-9_]{0,15}", fullmatch=True),
         st.dictionaries(st.text(max_size=8), json_values, max_size=4),
-    ),  # fmt: skip
+    ),
     min_size=1,
     max_size=3,
 )
@@ -83,8 +83,11 @@ def test_a_thousand_nested_brackets_are_a_malformed_call_not_a_recursion_error()
     every parser (the rollout failed). Now it is a malformed call, told to the model."""
     deep = "[" * 1000 + "]" * 1000
     nested = '{"name": "f", "arguments": ' + deep + "}"
-    for parsed in (parse_hermes(f"<tool_call>{nested}</tool_call>"), parse_llama3(nested),
-                   parse_mistral(f"[TOOL_CALLS]{deep}")):  # fmt: skip
+    for parsed in (
+        parse_hermes(f"<tool_call>{nested}</tool_call>"),
+        parse_llama3(nested),
+        parse_mistral(f"[TOOL_CALLS]{deep}"),
+    ):
         [call] = parsed.calls
         assert isinstance(call, Malformed) and "nested too deeply" in call.error
     [call] = parse_hermes('<tool_call>{"name": "f", "arguments": ' + json.dumps(deep) + "}</tool_call>").calls

@@ -12,9 +12,14 @@ from rollout_client.runner.pacing import AHEAD, QUEUE_FULL, pause_reason
 
 def status(step: int, queued: int = 0, room: int | None = None, weight: float = 1.0) -> EnvStatus:
     return EnvStatus(
-        current_step=step, queue_size=queued, unallocated_fraction=1.0, self_queue_size=queued,
-        max_group_size=4, env_weight=weight, queue_capacity_groups=room,
-    )  # fmt: skip
+        current_step=step,
+        queue_size=queued,
+        unallocated_fraction=1.0,
+        self_queue_size=queued,
+        max_group_size=4,
+        env_weight=weight,
+        queue_capacity_groups=room,
+    )
 
 
 def test_nothing_is_held_before_the_first_read_and_each_env_is_judged_alone() -> None:
@@ -82,7 +87,12 @@ def test_each_env_is_judged_with_everything_not_in_its_read(
     pending = [sum(n for env, n in acks[split:] if env == i) + sizes[i] * flying.count(i) for i in range(len(sizes))]
     for i, read in enumerate(reads):
         want = pause_reason(
-            read, batch_size=batch, group_size=sizes[i], policy_step=0, max_staleness=staleness,
-            pending_seqs=pending[i], pending_all=sum(pending),
-        )  # fmt: skip
+            read,
+            batch_size=batch,
+            group_size=sizes[i],
+            policy_step=0,
+            max_staleness=staleness,
+            pending_seqs=pending[i],
+            pending_all=sum(pending),
+        )
         assert held[i] == want

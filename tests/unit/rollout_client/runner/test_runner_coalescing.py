@@ -209,8 +209,11 @@ async def test_linger_zero_sends_each_group_alone_at_once() -> None:
 
 def test_replies_of_a_list() -> None:
     mixed = ScoredListReply(groups_processed=3, buffered=1, last_buffer_size=4, duplicates=1, duplicate_at=[2])
-    assert replies_of(mixed, 3) == [ScoredReply(status="received"), ScoredReply(status="received"),
-                                    ScoredReply(status="received", duplicate=True)]  # fmt: skip
+    assert replies_of(mixed, 3) == [
+        ScoredReply(status="received"),
+        ScoredReply(status="received"),
+        ScoredReply(status="received", duplicate=True),
+    ]
     held = ScoredListReply(groups_processed=2, buffered=2, last_buffer_size=6)
     assert replies_of(held, 2) == [ScoredReply(status="buffered"), ScoredReply(status="buffered", buffer_size=6)]
 
@@ -225,8 +228,13 @@ def test_approx_bytes_grows_with_tokens_fields_and_text() -> None:
 
 def test_bounds_are_checked() -> None:
     server = Server.__new__(Server)
-    for bad in ({"linger": -1.0}, {"linger": float("inf")}, {"linger": float("nan")}, {"max_groups": 0},
-                {"max_bytes": 0}):  # fmt: skip
+    for bad in (
+        {"linger": -1.0},
+        {"linger": float("inf")},
+        {"linger": float("nan")},
+        {"max_groups": 0},
+        {"max_bytes": 0},
+    ):
         with pytest.raises(ValueError):
             Coalescer(server.one, server.many, **bad)
 
@@ -249,10 +257,13 @@ def test_every_group_is_stored_at_most_once_and_every_caller_gets_its_own_answer
     ids = [f"g{k}" for k in range(len(subs))]
 
     async def main() -> list[ScoredReply | BaseException]:
-        server = Server(bad=[i for i, s in zip(ids, subs, strict=True) if s[1]],
-                        stored=[i for i, s in zip(ids, subs, strict=True) if s[2] and not s[1]])  # fmt: skip
-        c = Coalescer(server.one, server.many, linger=0.001, max_groups=max_groups, max_bytes=max_in_bytes,
-                      size=lambda g: 1)  # fmt: skip
+        server = Server(
+            bad=[i for i, s in zip(ids, subs, strict=True) if s[1]],
+            stored=[i for i, s in zip(ids, subs, strict=True) if s[2] and not s[1]],
+        )
+        c = Coalescer(
+            server.one, server.many, linger=0.001, max_groups=max_groups, max_bytes=max_in_bytes, size=lambda g: 1
+        )
         tasks = []
         for gid, (env, _, _, yields) in zip(ids, subs, strict=True):
             tasks.append(asyncio.ensure_future(c.submit(env, group(gid))))

@@ -56,10 +56,18 @@ class Harness:
         self.stopping = asyncio.Event()
         self.ended: list[str] = []
         self.executor = GroupExecutor(
-            [env], pool=None, policy=ScriptedPolicy(arithmetic_script), limits=Timeouts().limits(),
-            group_timeout=group_timeout, in_flight=self.in_flight, capacity=[Capacity(None)], gate=self.gate,
-            stats=self.stats, stopping=self.stopping, on_rollout_end=self.ended.append,
-        )  # fmt: skip
+            [env],
+            pool=None,
+            policy=ScriptedPolicy(arithmetic_script),
+            limits=Timeouts().limits(),
+            group_timeout=group_timeout,
+            in_flight=self.in_flight,
+            capacity=[Capacity(None)],
+            gate=self.gate,
+            stats=self.stats,
+            stopping=self.stopping,
+            on_rollout_end=self.ended.append,
+        )
 
     def launch(self, group_id: str = "g") -> asyncio.Task[GroupOutcome]:
         """Start the group as the runner does: its task, then its entry in flight (before it first runs)."""

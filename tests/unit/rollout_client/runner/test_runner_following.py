@@ -18,8 +18,16 @@ pytestmark = pytest.mark.anyio
 
 
 def status(weights: int | None, pending: int | None = None) -> EnvStatus:
-    return EnvStatus(current_step=9, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=2,
-                     env_weight=1.0, weights_step=weights, weights_pending=pending)  # fmt: skip
+    return EnvStatus(
+        current_step=9,
+        queue_size=0,
+        unallocated_fraction=1.0,
+        self_queue_size=0,
+        max_group_size=2,
+        env_weight=1.0,
+        weights_step=weights,
+        weights_pending=pending,
+    )
 
 
 GROUP = ScoredData(tokens=[[1, 2]], masks=[[-100, 2]], scores=[1.0], generation_params={"temperature": 1.0})
@@ -40,8 +48,11 @@ async def test_continue_records_the_span_and_restart_runs_the_task_again() -> No
     assert follow.observed([status(5), status(4)], in_flight) == 5
     assert follow.observed([status(5)], in_flight) is None  # not new
     # turns that name no weights: the range the group was in flight over, as an estimate
-    assert follow.stamp("g0", GROUP, 3).generation_params == {"temperature": 1.0, "weight_versions": [3, 5],
-                                                              "weight_versions_exact": False}  # fmt: skip
+    assert follow.stamp("g0", GROUP, 3).generation_params == {
+        "temperature": 1.0,
+        "weight_versions": [3, 5],
+        "weight_versions_exact": False,
+    }
     await asyncio.sleep(0)
     assert tasks[1].cancelled() and not tasks[0].done()
     assert in_flight.stats.skipped[RESTARTED] == 1
@@ -55,8 +66,11 @@ async def test_continue_records_the_span_and_restart_runs_the_task_again() -> No
     assert [(i, t.id) for i, t in follow.drop_restarts()] == [(1, "t1")]  # the run stops first: discarded
     assert follow.restart(1) is None
     assert follow.ended("g0") is False
-    assert follow.stamp("fresh", GROUP, 5).generation_params == {"temperature": 1.0, "weight_versions": [5, 5],
-                                                                 "weight_versions_exact": False}  # fmt: skip
+    assert follow.stamp("fresh", GROUP, 5).generation_params == {
+        "temperature": 1.0,
+        "weight_versions": [5, 5],
+        "weight_versions_exact": False,
+    }
     forever.set()
     await tasks[0]
 
@@ -91,11 +105,14 @@ async def test_a_pending_sync_holds_only_drain_envs_which_are_drained_once_none_
 
 def with_turns(*per_sequence: list[int | None]) -> ScoredData:
     """A group whose sequences' turns name these weights versions (None: a turn that names none)."""
-    turns = [[{"completion_tokens": 1} if v is None else {"completion_tokens": 1, "weights": v} for v in seq]
-             for seq in per_sequence]  # fmt: skip
+    turns = [
+        [{"completion_tokens": 1} if v is None else {"completion_tokens": 1, "weights": v} for v in seq]
+        for seq in per_sequence
+    ]
     n = len(per_sequence)
-    return ScoredData(tokens=[[1, 2]] * n, masks=[[-100, 2]] * n, scores=[1.0] * n,
-                      overrides=[{"turns": t} for t in turns])  # fmt: skip
+    return ScoredData(
+        tokens=[[1, 2]] * n, masks=[[-100, 2]] * n, scores=[1.0] * n, overrides=[{"turns": t} for t in turns]
+    )
 
 
 def test_a_group_states_the_versions_its_turns_name_exact_only_under_the_sync_handshake() -> None:
@@ -103,14 +120,18 @@ def test_a_group_states_the_versions_its_turns_name_exact_only_under_the_sync_ha
     in_flight = InFlight(16, RunnerStats())
     assert follow.observed([status(3)], in_flight) == 3  # announced before this producer held anything
     stamped = follow.stamp("g", with_turns([3, 3], [3]), 2)
-    assert stamped.policy_step == 3 and stamped.generation_params == {"weight_versions": [3, 3],
-                                                                      "weight_versions_exact": False}  # fmt: skip
+    assert stamped.policy_step == 3 and stamped.generation_params == {
+        "weight_versions": [3, 3],
+        "weight_versions_exact": False,
+    }
     follow.observed([status(3, pending=4)], in_flight)
     follow.quiesced = 4  # the watch held generation: no request in flight
     assert follow.observed([status(4)], in_flight) == 4 and follow.handshake
     span = follow.stamp("g", with_turns([3, 4], [4]), 3)
-    assert span.policy_step == 3 and span.generation_params == {"weight_versions": [3, 4],
-                                                                "weight_versions_exact": True}  # fmt: skip
+    assert span.policy_step == 3 and span.generation_params == {
+        "weight_versions": [3, 4],
+        "weight_versions_exact": True,
+    }
     follow.quiesced = None
     assert follow.observed([status(5)], in_flight) == 5 and not follow.handshake  # announced without holding
     late = follow.stamp("g", with_turns([4], [5]), 4).generation_params or {}

@@ -40,8 +40,20 @@ def rollout(external: list[ExternalSequence] | None = None) -> Rollout:
 
 
 def view(state: str) -> GroupView:
-    return GroupView(group_id="g", env_id=0, state=state, group_size=4, min_group_size=2, producer="p",  # type: ignore[arg-type]
-                     deadline=0.0, expires_at=0.0, done=[], leased={}, redispatched=0, left_out={})  # fmt: skip
+    return GroupView(  # type: ignore[arg-type]
+        group_id="g",
+        env_id=0,
+        state=state,
+        group_size=4,
+        min_group_size=2,
+        producer="p",
+        deadline=0.0,
+        expires_at=0.0,
+        done=[],
+        leased={},
+        redispatched=0,
+        left_out={},
+    )
 
 
 def test_a_slot_holds_the_transcript_or_its_one_recorded_sequence() -> None:
@@ -59,8 +71,13 @@ def test_a_slot_holds_the_transcript_or_its_one_recorded_sequence() -> None:
             slot_content(rollout([seq] * n))
 
 
-@given(st.text(min_size=1), st.text(), st.text(), st.none() | st.integers() | st.text(),
-       st.dictionaries(st.text(), st.integers()))  # fmt: skip
+@given(
+    st.text(min_size=1),
+    st.text(),
+    st.text(),
+    st.none() | st.integers() | st.text(),
+    st.dictionaries(st.text(), st.integers()),
+)
 def test_a_task_comes_back_from_a_sibling_lease_as_it_was_opened(
     env: str, task_id: str, prompt: str, answer: Any, meta: dict[str, int]
 ) -> None:
@@ -157,10 +174,18 @@ async def test_a_group_run_again_redoes_only_the_slots_not_posted() -> None:
     stats = RunnerStats()
     in_flight = InFlight(8, stats)
     executor = GroupExecutor(
-        [env], pool=None, policy=ScriptedPolicy(arithmetic_script), limits=Timeouts().limits(), group_timeout=None,
-        in_flight=in_flight, capacity=[Capacity(None)], gate=Gate(), stats=stats, stopping=asyncio.Event(),
+        [env],
+        pool=None,
+        policy=ScriptedPolicy(arithmetic_script),
+        limits=Timeouts().limits(),
+        group_timeout=None,
+        in_flight=in_flight,
+        capacity=[Capacity(None)],
+        gate=Gate(),
+        stats=stats,
+        stopping=asyncio.Event(),
         on_rollout_end=in_flight.ended,
-    )  # fmt: skip
+    )
     poster = Recorder(env)
     task = asyncio.create_task(executor.run(0, arithmetic_task(1), "g", poster))  # type: ignore[arg-type]
     in_flight.add("g", Group(task, 0, env.group_size, 0))  # type: ignore[arg-type]

@@ -20,15 +20,15 @@ FIELDS = [f.name for f in fields(Timeouts)]
 
 
 def runner(**kw: Any) -> RolloutRunner:
-    return RolloutRunner("http://127.0.0.1:9", [(Arithmetic(), Tasks(arithmetic_task))],
-                         ScriptedPolicy(arithmetic_script), **kw)  # fmt: skip
+    return RolloutRunner(
+        "http://127.0.0.1:9", [(Arithmetic(), Tasks(arithmetic_task))], ScriptedPolicy(arithmetic_script), **kw
+    )
 
 
 def test_the_defaults_are_the_runners_old_ones() -> None:
     t = Timeouts()
-    assert (t.turn, t.rollout, t.group, t.release, t.pause, t.shutdown, t.inference_outage) == (
-        600.0, 1800.0, 3600.0, 30.0, 60.0, 10.0, 600.0,
-    )  # fmt: skip
+    defaults = (t.turn, t.rollout, t.group, t.release, t.pause, t.shutdown, t.inference_outage)
+    assert defaults == (600.0, 1800.0, 3600.0, 30.0, 60.0, 10.0, 600.0)
     assert t.submit_linger == 0.002, "a few ms: groups finishing together share a /scored_data_list"
     r = runner()
     assert r.timeouts == t and r.limits == t.limits()
@@ -48,9 +48,8 @@ def test_a_timeout_is_a_number_of_seconds_at_least_zero(name: str, value: float)
 
 def test_limits_carry_the_rollout_bounds_and_the_servers_token_limit() -> None:
     limits = Timeouts(turn=1.0, rollout=2.0, release=None).limits(4096)
-    assert (limits.token_limit, limits.turn_timeout, limits.rollout_timeout, limits.release_timeout) == (
-        4096, 1.0, 2.0, None,
-    )  # fmt: skip
+    bounds = (limits.token_limit, limits.turn_timeout, limits.rollout_timeout, limits.release_timeout)
+    assert bounds == (4096, 1.0, 2.0, None)
 
 
 def test_the_new_form_is_taken_as_given_without_warnings() -> None:

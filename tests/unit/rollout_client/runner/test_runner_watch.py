@@ -28,9 +28,17 @@ pytestmark = pytest.mark.anyio
 def status(
     step: int = 0, *, weights: int | None = None, capacity: int | None = None, pending: int | None = None
 ) -> EnvStatus:
-    return EnvStatus(current_step=step, queue_size=0, unallocated_fraction=1.0, self_queue_size=0, max_group_size=2,
-                     env_weight=1.0, weights_step=weights, queue_capacity_groups=capacity,
-                     weights_pending=pending)  # fmt: skip
+    return EnvStatus(
+        current_step=step,
+        queue_size=0,
+        unallocated_fraction=1.0,
+        self_queue_size=0,
+        max_group_size=2,
+        env_weight=1.0,
+        weights_step=weights,
+        queue_capacity_groups=capacity,
+        weights_pending=pending,
+    )
 
 
 class Script:
@@ -71,11 +79,22 @@ def watch(
     stats = RunnerStats()
     ended: list[str] = []
     w = Watch(
-        names=["math"], statuses=script, backpressure=Backpressure([2], max_staleness), follow=Follower([Arithmetic()]),
-        monitor=Monitor(max_staleness, None, outage), in_flight=InFlight(8, stats), inference=Breaker(), stats=stats,
-        weights=Weights(stats, step=3), poll_interval=0.0, changed=asyncio.Event(),
-        end=lambda reason, exc: ended.append(reason), paused=lambda: False, pool=lambda: None, gate=Gate(),
-    )  # fmt: skip
+        names=["math"],
+        statuses=script,
+        backpressure=Backpressure([2], max_staleness),
+        follow=Follower([Arithmetic()]),
+        monitor=Monitor(max_staleness, None, outage),
+        in_flight=InFlight(8, stats),
+        inference=Breaker(),
+        stats=stats,
+        weights=Weights(stats, step=3),
+        poll_interval=0.0,
+        changed=asyncio.Event(),
+        end=lambda reason, exc: ended.append(reason),
+        paused=lambda: False,
+        pool=lambda: None,
+        gate=Gate(),
+    )
     return w, ended
 
 

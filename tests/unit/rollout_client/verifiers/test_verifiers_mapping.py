@@ -78,8 +78,14 @@ class Episode:
 
 def as_arrays(b: Branch) -> Branch:
     """The branch as verifiers 0.4.1.dev gives it: int32 / bool / float32 numpy arrays."""
-    return Branch(b.index, np.asarray(b.token_ids, dtype=np.int32), np.asarray(b.sampled_mask, dtype=bool),
-                  np.asarray(b.logprobs, dtype=np.float32), b.trainable, b.nodes)  # fmt: skip
+    return Branch(
+        b.index,
+        np.asarray(b.token_ids, dtype=np.int32),
+        np.asarray(b.sampled_mask, dtype=bool),
+        np.asarray(b.logprobs, dtype=np.float32),
+        b.trainable,
+        b.nodes,
+    )
 
 
 # logprobs exact in float32, so the array form must give the very same numbers
@@ -150,8 +156,9 @@ def test_every_trainable_branch_of_every_kept_trace_and_nothing_else(ep: Episode
     rewards = {t.id: t.reward for t in ep.traces}
     assert all(s.score == rewards[s.overrides["trace_id"]] for s in mapped.sequences)
     # the same episode in verifiers 0.4.1.dev's array form maps to the same sequences
-    arrays = Episode([Trace(t.id, t.reward, [as_arrays(b) for b in t.branches], t.agent, dropped=t.dropped)
-                      for t in ep.traces])  # fmt: skip
+    arrays = Episode(
+        [Trace(t.id, t.reward, [as_arrays(b) for b in t.branches], t.agent, dropped=t.dropped) for t in ep.traces]
+    )
     assert map_episode(arrays) == mapped
 
 
@@ -202,11 +209,21 @@ def test_a_recorded_verifiers_episode_maps_exactly_in_both_forms() -> None:
     assert seq.masks == [-100] * len(prompt) + completion
     assert seq.logprobs == [1.0] * len(prompt) + [-(i + 1) / 64 for i in range(len(completion))]
     assert seq.score == trace.reward == 1.0
-    assert seq.overrides == {"trace_id": trace.id, "branch": 0, "agent": "agent", "stop_condition": "agent_completed",
-                             "num_turns": 1, "truncated": False, "episode_id": episode.id}  # fmt: skip
+    assert seq.overrides == {
+        "trace_id": trace.id,
+        "branch": 0,
+        "agent": "agent",
+        "stop_condition": "agent_completed",
+        "num_turns": 1,
+        "truncated": False,
+        "episode_id": episode.id,
+    }
     assert not mapped.left_out
     # 0.4.1.dev's form: the same branch's streams as numpy arrays
     (branch,) = trace.branches
     arrays = as_arrays(Branch(0, branch.token_ids, branch.sampled_mask, branch.logprobs))
-    assert branch_streams(arrays.token_ids, arrays.sampled_mask, arrays.logprobs) == (seq.tokens, seq.masks,
-                                                                                       seq.logprobs)  # fmt: skip
+    assert branch_streams(arrays.token_ids, arrays.sampled_mask, arrays.logprobs) == (
+        seq.tokens,
+        seq.masks,
+        seq.logprobs,
+    )
