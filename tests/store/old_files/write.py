@@ -92,8 +92,14 @@ async def trained_tasks(c: httpx.AsyncClient) -> None:
 
 def rollout(group_id: str, slot: int, producer: str) -> dict[str, object]:
     """One rollout of an open group, as `POST /rollouts/post` takes it."""
-    return {"group_id": group_id, "slot": slot, "producer_id": producer, "tokens": [1, 2, 3 + slot],
-            "masks": [-100, 2, 3 + slot], "score": float(slot % 2)}  # fmt: skip
+    return {
+        "group_id": group_id,
+        "slot": slot,
+        "producer_id": producer,
+        "tokens": [1, 2, 3 + slot],
+        "masks": [-100, 2, 3 + slot],
+        "score": float(slot % 2),
+    }
 
 
 def write_sqlite(tmp: Path) -> Path:
