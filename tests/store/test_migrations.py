@@ -20,8 +20,10 @@ import pytest
 
 from api.app import create_app
 from api.config.settings import Settings
-from api.store import postgres, sqlite
+from api.store import make_store, postgres, sqlite
+from api.store.base import Txn
 from api.store.migrations import SchemaRefused, Step, migrate
+from api.tasks import leases as tl
 from tests import pg
 from tests.factories import env, group
 from tests.store.old_files.write import DRILL
@@ -166,8 +168,11 @@ async def trained_and_served(c: httpx.AsyncClient) -> None:
     assert views["arith"]["counts"] == {"leased": 1}, views
     rows = (await c.get("/tasks/rows", params={"dataset": "drill"})).json()["tasks"]
     assert [(r["index"], r["state"], r["step"]) for r in rows] == [
-        (0, "trained", 0), (1, "trained", 0), (2, "served", 1), (3, "served", 1)
-    ]  # fmt: skip
+        (0, "trained", 0),
+        (1, "trained", 0),
+        (2, "served", 1),
+        (3, "served", 1),
+    ]
     [arith] = (await c.get("/tasks/rows", params={"dataset": "arith"})).json()["tasks"]
     assert (arith["state"], arith["producer"], arith["leases"]) == ("leased", "p-1", 1), "a lease from before was lost"
     status = {v["name"]: v for v in (await c.get("/status")).json()["tasks"]}
@@ -190,8 +195,14 @@ def test_a_sqlite_file_of_an_earlier_version_opens_and_serves_what_it_held(versi
     path = tmp_path / "rollbuf.db"
     with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    asyncio.run(served(f"sqlite:///{path}", ledgered=version >= SQLITE_LEDGER, owned=version >= SQLITE_OWNED,
-                       staged=version >= SQLITE_STAGED))  # fmt: skip
+    asyncio.run(
+        served(
+            f"sqlite:///{path}",
+            ledgered=version >= SQLITE_LEDGER,
+            owned=version >= SQLITE_OWNED,
+            staged=version >= SQLITE_STAGED,
+        )
+    )
     fresh = tmp_path / "fresh.db"
     asyncio.run(sqlite.SqliteStore(f"sqlite:///{fresh}").close())
     assert _sqlite_layout(path) == _sqlite_layout(fresh), "a migrated file differs from a new one"
@@ -243,6 +254,49 @@ def _postgres_layout(dbname: str, schema: str) -> list[tuple[Any, ...]]:
         ).fetchall()
         version = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchall()
     return [*columns, *indexes, *version]
+
+
+def _stored_tasks(url: str) -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
+    """Drill's rows (index, state, step) and tallies, and arith's tallies, as the store at `url` holds them."""
+
+    def read(txn: Txn) -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
+        rows = [(r.index, r.state, r.step) for r in txn.tasks.scan("drill", (-1, -1), 10)]
+        drill, arith = (tl.Dataset.of(str(txn.tasks.get_dataset(name))) for name in ("drill", "arith"))
+        return rows, {k: v for k, v in drill.counts.items() if v}, {k: v for k, v in arith.counts.items() if v}
+
+    async def opened() -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
+        store = make_store(url)
+        try:
+            return await store.read(read)
+        finally:
+            await store.close()
+
+    return asyncio.run(opened())
+
+
+STAGED_ROWS = [(0, "trained", 0), (1, "trained", 0), (2, "served", 1), (3, "served", 1)]
+"""Drill's rows once migrated: step 1 is at the committed mark (1), so its tasks are served, not trained."""
+
+
+def test_a_sqlite_file_stores_tasks_served_past_the_committed_mark_as_served(tmp_path: Path) -> None:
+    """Layout 12's rule: a task stored `trained` in a step at or after the committed mark was served in a batch
+    the trainer has not acknowledged; it is stored `served`, and its dataset's tallies count it there."""
+    path = tmp_path / "rollbuf.db"
+    with gzip.open(versions("sqlite")[SQLITE_STAGED]) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM tasks WHERE state = 'trained'").fetchone() == (4,), "as written"
+    assert _stored_tasks(f"sqlite:///{path}") == (STAGED_ROWS, {"trained": 2, "served": 2}, {"leased": 1})
+
+
+def test_a_postgres_schema_stores_tasks_served_past_the_committed_mark_as_served(dbname: str) -> None:
+    """Layout 10's rule on PostgreSQL, as layout 12's on SQLite."""
+    dump = gzip.decompress(versions("postgres")[POSTGRES_STAGED].read_bytes()).decode()
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        conn.execute(dump.encode())
+        assert conn.execute("SELECT count(*) FROM old_run.tasks WHERE state = 'trained'").fetchone() == (4,)
+    url = pg.url_of(dbname, schema="old_run")
+    assert _stored_tasks(url) == (STAGED_ROWS, {"trained": 2, "served": 2}, {"leased": 1})
 
 
 def test_a_dataset_from_before_owners_is_its_envs_key(tmp_path: Path) -> None:
