@@ -450,16 +450,12 @@ def lease(
     until = now + duration
     holder = actor.owner
     rows = again + [TaskRow(name, d.epoch, index, NEW, updated_at=now) for index in indices[len(again) :]]
-    taken = [
-        _moved(
-            d,
-            row,
-            states.lease(
-                row, producer=producer, until=until, holder=holder, nonce=secrets.token_hex(NONCE_BYTES), now=now
-            ),
+    taken: list[TaskRow] = []
+    for row in rows:
+        nonce = secrets.token_hex(NONCE_BYTES)  # each lease's token has a random part of its own
+        taken.append(
+            _moved(d, row, states.lease(row, producer=producer, until=until, holder=holder, nonce=nonce, now=now))
         )
-        for row in rows
-    ]
     written = {(r.epoch, r.index): r for r in back + taken}  # one write per row, the last state
     tasks.put_rows(list(written.values()))
     moves.write()
