@@ -17,12 +17,15 @@ from api.wire.schema import CommitReply
 
 def acknowledge(txn: Txn, kept: Kept, step: int, books: Recorder, at: float, *, save: bool = True) -> Kept:
     """Every batch before `step` acknowledged: the batches kept for serving again before it are freed (their
-    payloads retained with retention), their ledger steps marked committed, and the moved mark saved (unless
-    `save` is False: the caller saves it with more). A step at or below the mark changes nothing."""
+    payloads retained with retention), their ledger steps marked committed, the tasks served in the steps passed
+    trained (`Recorder.trained`), and the moved mark saved (unless `save` is False: the caller saves it with
+    more). A step at or below the mark changes nothing."""
     after = kept.acknowledge(step)
     if after.sizes != kept.sizes:  # the mark passed kept batches (a batch not kept was never stored)
         txn.drop_batches_before(after.committed, retain=books.retain)
         books.committed(txn, kept.committed, after.committed, at)
+    if after.committed > kept.committed:
+        books.trained(txn, kept.committed, after.committed, at)
     if save and after != kept:
         state.save_kept(txn, after)
     return after

@@ -27,7 +27,7 @@ from api.run.kept import COMMIT, ReadAhead, read_ahead_full
 from api.run.state import AWAITING, BLOCKED, CREDITS, KEPT, PASSED, QUIET, STEP, RunState, Unit, scale_shares
 from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
 from api.tasks import ending
-from api.tasks.leases import RUN_TAIL
+from api.tasks.states import RUN_TAIL
 from api.wire.records import decode_meta
 
 log = logging.getLogger("rollbuf")

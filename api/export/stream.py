@@ -11,7 +11,7 @@ back short; step rows by step, up to the run's step when the export began.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import anyio.to_thread
@@ -39,9 +39,8 @@ from api.run.state import RunState
 from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
 from api.store.rollouts import GroupRow
 from api.store.tasks import TaskRow
-from api.tasks import frontier as task_frontier
-from api.tasks.leases import STATES
 from api.tasks.service import views_txn
+from api.tasks.states import STATES
 from api.wire.records import Buffer, decode
 
 SEQUENCES = "sequences"
@@ -118,10 +117,8 @@ def read_steps(txn: Txn, first: int, last: int) -> Page:
 
 
 def read_tasks(txn: Txn, name: str, after: tuple[int, int], limit: int) -> Page:
-    """A page of task rows as the views show them (`served` until their batch is acknowledged)."""
-    mark = task_frontier.marks(txn)[0]
-    rows = [replace(r, state=task_frontier.state_of(r, mark)) for r in txn.tasks.scan(name, after, limit)]
-    return Page([], [], {}, state.load(txn), tasks=rows)
+    """A page of task rows, as stored."""
+    return Page([], [], {}, state.load(txn), tasks=txn.tasks.scan(name, after, limit))
 
 
 def read_rollouts(txn: Txn, after: str, limit: int) -> Page:
@@ -273,7 +270,7 @@ async def totals(store: Store) -> dict[str, int]:
 
     def read(txn: Txn) -> dict[str, int]:
         received = sum(stats.load(txn).received.values())
-        handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES or k == task_frontier.SERVED)
+        handed = sum(n for v in views_txn(txn) for k, n in v.counts.items() if k in STATES)
         opened = rollout_txns.totals_txn(txn).get("opened", 0)
         return {SEQUENCES: received, GROUPS: received, STEPS: state.load(txn).step, TASKS: handed, ROLLOUTS: opened}
 

@@ -131,7 +131,11 @@ class Recorder:
         """A batch formed (`row`: the ledger's row of it) of groups popped with `retain`, whose `payloads`."""
 
     def committed(self, txn: Txn, first: int, before: int, at: float) -> None:
-        """The steps in [first, before) acknowledged at `at`."""
+        """The kept batches of the steps in [first, before) acknowledged at `at` (freed)."""
+
+    def trained(self, txn: Txn, first: int, before: int, at: float) -> None:
+        """The committed mark moved from `first` to `before` at `at`: the trainer acknowledged those steps, kept or
+        not (next mode without `?step=` keeps none)."""
 
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         """A side-buffered group released into the queue under a new id."""
@@ -165,6 +169,9 @@ class Ledger(Recorder):
 
     def committed(self, txn: Txn, first: int, before: int, at: float) -> None:
         txn.ledger.committed(first, before, at)
+
+    def trained(self, txn: Txn, first: int, before: int, at: float) -> None:
+        task_leases.on_trained(txn, first, before, at)  # their served tasks are trained
 
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         txn.ledger.requeue(old_id, new_id)

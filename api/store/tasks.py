@@ -2,9 +2,10 @@
 fate (docs/tasks.md), stored beside the queue so that a lease, a submission and a trained step land in the same
 transaction as the decision they record.
 
-The logic (what a lease, a heartbeat, a drop does) is written once, in api/tasks/leases.py, over these rows; a
-backend only stores them. Every method costs the rows it names or returns, never the dataset: a dataset of 10M
-tasks is read a page at a time and its rows exist only for tasks that were handed out.
+The logic (what a lease, a heartbeat, a drop does) is written once, in api/tasks/leases.py and the moves of
+api/tasks/states.py, over these rows; a backend only stores them. Every method costs the rows it names or
+returns, never the dataset: a dataset of 10M tasks is read a page at a time and its rows exist only for tasks
+that were handed out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class TaskRow:
     index: int
     """The task's position in the dataset as registered (its line in the file, its place in the pages posted)."""
     state: str
-    """One of api/tasks/leases.py's STATES."""
+    """One of api/tasks/states.py's STATES, written only by its moves."""
     leases: int = 0
     """How many times it was leased: a lease token names this number, so a lease that expired is told apart from
     the one that replaced it."""
@@ -41,7 +42,7 @@ class TaskRow:
     ledger_id: int | None = None
     """Submitted and after: its group's ledger id."""
     step: int | None = None
-    """Trained: the batch's step. Dropped: the step being formed when it was dropped."""
+    """Served or trained: the batch's step. Dropped: the step being formed when it was dropped."""
     reason: str | None = None
     """Dropped or failed (or offered again after either): why."""
     updated_at: float = 0.0

@@ -2,11 +2,11 @@
 and each task's fate, as synchronous functions over a store transaction (`txn.tasks`, `txn.get_value`).
 
 A dataset's record (its spec, cursor and tallies) is one JSON row, read and rewritten by each function that moves
-it; a task has a row from its first lease on, keyed by (epoch, index). States: leased -> submitted -> trained, or
-dropped / failed (offered again, back at the front, while its retries last: `max_retries`); a lease that ends
-without a heartbeat puts its task back at the front (not a retry). The cursor enters the next epoch only when the
-current one has nothing leased or waiting, so a task is in at most one lease at a time. Every function costs the
-tasks it touches, never the dataset.
+it; a task has a row from its first lease on, keyed by (epoch, index), whose state only api/tasks/states.py's
+moves write (leased -> submitted -> served -> trained, or dropped / failed, offered again while retries last). The
+cursor enters the next epoch only when the current one has nothing leased or waiting, so a task is in at most one
+lease at a time. Every function costs the tasks it touches, never the dataset: a trainer's acknowledgement costs
+the rows of the steps it acknowledges.
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ from dataclasses import dataclass, field, fields, replace
 
 from api.errors import Conflict, InvalidData, NotFound, RollbufError
 from api.owners import ANYONE, Actor
-from api.store.base import DROPPED, SERVED, LedgerGroup, Txn
-from api.store.tasks import FRONT, LEASED, TaskRow
+from api.store import base as fates
+from api.store.base import LedgerGroup, Txn
+from api.store.tasks import TaskRow
+from api.tasks import states
 from api.tasks.order import SEQUENTIAL, WEIGHTED, task_at, weighted_at
+from api.tasks.states import DROPPED, LEASED, NEW, SUBMITTED, WAITING
 
-SUBMITTED = "submitted"
-TRAINED = "trained"
-FAILED = "failed"
-STATES = (LEASED, FRONT, SUBMITTED, TRAINED, DROPPED, FAILED)
 EVENTS = ("expired", "retried", "late")
 """Counted, not states: leases that ended unheartbeated, tasks offered again under the retry policy, groups that
 came on a lease their task no longer had (their task was already submitted)."""
@@ -46,10 +45,6 @@ FED_KEY = "tasks:fed"
 """A named value: the env ids that sent a group under a task lease (a JSON list), so that the end of a run tells an
 env fed by datasets from a free one, which may send for as long as it is live (api/tasks/ending.py). A named value,
 not a field of the dataset records, which a server of an earlier release reads as it wrote them."""
-RUN_TAIL = "run_tail"
-"""The drop reason of the groups a trainer of exact batch sizes (`no_exact_fill` "trim" or "wait") leaves out at the
-end of its run: fewer than an exact batch, and nothing else can arrive. Their tasks are dropped, never retried
-(another try would make the same tail)."""
 RECLAIM_LIMIT = 256
 """Expired leases returned to the front per lease call (the rest on the next ones)."""
 KEY_TOTALS = "tasks:key:"
@@ -161,7 +156,7 @@ class Dataset:
         """Every epoch handed out and nothing leased or waiting: what is left to come is the fate of its submitted
         groups (queued, or held), of which a dropped one may still be offered again under `max_retries`."""
         last = self.epochs is not None and self.epoch >= self.epochs - 1 and self.position >= self.size
-        return self.sealed and last and not any(self.counts.get(s) for s in (LEASED, FRONT))
+        return self.sealed and last and not any(self.counts.get(s) for s in (LEASED, WAITING))
 
     @property
     def done(self) -> bool:
@@ -267,23 +262,23 @@ class _Moves:
             self.txn.tasks.put_dataset(d.name, d.to_json())
 
 
-def _move(d: Dataset, row: TaskRow, state: str, **changes: object) -> TaskRow:
-    """`row` in `state`, the tallies moved with it."""
-    if row.state != state:
-        if row.state:
-            d.counts[row.state] = d.counts.get(row.state, 0) - 1
-        d.counts[state] = d.counts.get(state, 0) + 1
+def _moved(d: Dataset, row: TaskRow, new: TaskRow) -> TaskRow:
+    """`new`, a move of `row` (api/tasks/states.py), with its dataset's tallies and held leases moved along: a
+    move to the front takes the place `d.next_seq` gave it, and a task offered again counts as retried."""
+    d.counts = states.counted(d.counts, row.state, new.state)
     if row.state == LEASED and row.producer is not None:
         left = d.held.get(row.producer, 0) - 1
         if left > 0:
             d.held[row.producer] = left
         else:
             d.held.pop(row.producer, None)
-    if state == FRONT:
-        changes.setdefault("seq", d.next_seq)
-        d.next_seq += 1
-        changes.setdefault("expires_at", None)
-    return replace(row, state=state, **changes)  # type: ignore[arg-type]
+    if new.state == LEASED and new.producer is not None:
+        d.held[new.producer] = d.held.get(new.producer, 0) + 1
+    if new.state == WAITING:
+        d.next_seq = max(d.next_seq, new.seq + 1)
+        if new.retries > row.retries:
+            _count(d, "retried")
+    return new
 
 
 def _count(d: Dataset, event: str, n: int = 1) -> None:
@@ -427,7 +422,7 @@ def lease(
     if expired:
         _count(d, "expired", len(expired))
     # Expired leases join the front behind what waits there already (their seq is the next), and are taken after.
-    back = [_move(d, row, FRONT) for row in expired]
+    back = [_moved(d, row, states.expire(row, d.next_seq)) for row in expired]
     again = (front + back)[:n]
     cursors: list[tuple[int, int, dict[str, int]]] = []  # the cursor before each pick, to step back to
     fresh: list[tuple[str, int]] = []  # from the cursor: (level, rank) in a weighted order, else ("", index)
@@ -435,7 +430,7 @@ def lease(
         cursors.append((d.epoch, d.position, dict(d.taken)))
         if d.position >= d.size:
             more = d.epochs is None or d.epoch + 1 < d.epochs
-            quiet = not d.counts.get(LEASED) and not d.counts.get(FRONT) and not again and not fresh
+            quiet = not d.counts.get(LEASED) and not d.counts.get(WAITING) and not again and not fresh
             if not (d.sealed and more and quiet and d.size):
                 break  # wait: the epoch's last tasks are out, or pages are still coming, or the dataset is done
             d.epoch, d.position, d.taken = d.epoch + 1, 0, {}
@@ -454,17 +449,13 @@ def lease(
         again, indices = again[:fits], indices[:fits]
     until = now + duration
     holder = actor.owner
+    rows = again + [TaskRow(name, d.epoch, index, NEW, updated_at=now) for index in indices[len(again) :]]
     taken: list[TaskRow] = []
-    for row in again:
-        taken.append(_move(d, row, LEASED, leases=row.leases + 1, producer=producer, expires_at=until, updated_at=now,
-                           holder=holder, nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
-    for index in indices[len(again) :]:
-        row = TaskRow(name, d.epoch, index, "", updated_at=now)
-        taken.append(_move(d, row, LEASED, leases=1, producer=producer, expires_at=until, holder=holder,
-                           nonce=secrets.token_hex(NONCE_BYTES)))  # fmt: skip
-    for row in taken:
-        if row.producer is not None:
-            d.held[row.producer] = d.held.get(row.producer, 0) + 1
+    for row in rows:
+        nonce = secrets.token_hex(NONCE_BYTES)  # each lease's token has a random part of its own
+        taken.append(
+            _moved(d, row, states.lease(row, producer=producer, until=until, holder=holder, nonce=nonce, now=now))
+        )
     written = {(r.epoch, r.index): r for r in back + taken}  # one write per row, the last state
     tasks.put_rows(list(written.values()))
     moves.write()
@@ -530,9 +521,9 @@ def give_up(txn: Txn, token: str, reason: str | None, now: float, actor: Actor =
         return False
     d, row, moves = found
     if reason is None:
-        txn.tasks.put_rows([_move(d, row, FRONT, updated_at=now)])
+        txn.tasks.put_rows([_moved(d, row, states.hand_back(row, d.next_seq, now))])
     else:
-        txn.tasks.put_rows([_ended(d, row, FAILED, reason, None, now)])
+        txn.tasks.put_rows([_moved(d, row, states.fail(row, reason, now, max_retries=d.max_retries, seq=d.next_seq))])
     moves.write()
     return True
 
@@ -564,20 +555,16 @@ def check_submission(txn: Txn, group_id: str, actor: Actor, producer: str | None
             raise unknown
         raise Conflict(f"the lease {group_id!r} lapsed and its task was leased again: this group is not its task's "
                        "submission; nothing was stored (docs/tasks.md, 'Leases')", loc=at)  # fmt: skip
-    if row.state not in (LEASED, FRONT):
+    if not states.may("submit", row):
         raise Conflict(f"the task of lease {group_id!r} is {row.state} already: nothing was stored", loc=at)
     if producer is not None and row.producer is not None and producer != row.producer:
         raise Conflict(f"the lease {group_id!r} is held by another producer than {producer!r}: nothing was stored",
                        loc=(*loc, "producer_id"))  # fmt: skip
 
 
-def _ended(d: Dataset, row: TaskRow, fate: str, reason: str, step: int | None, now: float) -> TaskRow:
-    """A dropped or failed task: offered again while its retries last (never one left out as the run's tail),
-    else final."""
-    if row.retries < d.max_retries and reason != RUN_TAIL:
-        _count(d, "retried")
-        return _move(d, row, FRONT, retries=row.retries + 1, reason=f"{fate}: {reason}", step=step, updated_at=now)
-    return _move(d, row, fate, reason=reason, step=step, updated_at=now, expires_at=None)
+def _dropped(d: Dataset, row: TaskRow, reason: str, step: int | None, now: float) -> TaskRow:
+    """A submitted task whose group was dropped: offered again while its retries last, else dropped."""
+    return _moved(d, row, states.drop(row, reason, step, now, max_retries=d.max_retries, seq=d.next_seq))
 
 
 # --- hooks: called where the ledger records a group's fate, in the same transaction ---
@@ -596,13 +583,13 @@ def on_acknowledged(txn: Txn, rows: Sequence[LedgerGroup]) -> None:
         name, key = token.dataset, (token.epoch, token.index)
         d = moves.get(name)
         row = txn.tasks.rows(name, [key]).get(key) if d else None
-        if d is None or row is None or row.state not in (LEASED, FRONT):
+        if d is None or row is None or not states.may("submit", row):
             if d is not None:
                 _count(d, "late")
             continue
-        row = _move(d, row, SUBMITTED, ledger_id=ledger_row.id, updated_at=now, expires_at=None)
-        if ledger_row.fate == DROPPED:
-            row = _ended(d, row, DROPPED, ledger_row.reason or "dropped", ledger_row.step, now)
+        row = _moved(d, row, states.submit(row, ledger_row.id, now))
+        if ledger_row.fate == fates.DROPPED:
+            row = _dropped(d, row, ledger_row.reason or DROPPED, ledger_row.step, now)
         txn.tasks.put_rows([row])
     moves.write()
 
@@ -620,9 +607,10 @@ def _feeding(txn: Txn, env_ids: set[int]) -> None:
         txn.set_value(FED_KEY, json.dumps(sorted(known | env_ids)))
 
 
-def on_decided(txn: Txn, ids: Sequence[int], fate: str, *, step: int | None, reason: str | None, now: float) -> None:
-    """Groups served (trained in `step`) or dropped (`reason`): their tasks follow."""
-    if not ids or fate not in (SERVED, DROPPED) or txn.get_value(ANY_KEY) is None:
+def on_decided(txn: Txn, ids: Sequence[int], fate: str, *, step: int, reason: str | None, now: float) -> None:
+    """Groups served in batch `step` or dropped (`reason`) at it: their tasks follow (served until the trainer
+    acknowledges the step: `on_trained`)."""
+    if not ids or fate not in (fates.SERVED, fates.DROPPED) or txn.get_value(ANY_KEY) is None:
         return
     rows = txn.tasks.by_ledger(ids)
     if not rows:
@@ -631,14 +619,33 @@ def on_decided(txn: Txn, ids: Sequence[int], fate: str, *, step: int | None, rea
     out = []
     for row in rows:
         d = moves.get(row.dataset)
-        if d is None or row.state != SUBMITTED:
+        if d is None or not states.may("serve" if fate == fates.SERVED else "drop", row):
             continue
-        if fate == SERVED:
-            out.append(_move(d, row, TRAINED, step=step, updated_at=now))
+        if fate == fates.SERVED:
+            out.append(_moved(d, row, states.serve(row, step, now)))
         else:
-            out.append(_ended(d, row, DROPPED, reason or "dropped", step, now))
+            out.append(_dropped(d, row, reason or DROPPED, step, now))
     txn.tasks.put_rows(out)
     moves.write()
+
+
+def on_trained(txn: Txn, first: int, before: int, now: float) -> None:
+    """The trainer acknowledged the batches of steps `first` to `before - 1` (the committed mark moved): their
+    served tasks are trained, in their steps. Costs the ledger's rows of those steps and their tasks' rows: the
+    groups of each step come from its ledger row, their tasks by ledger id."""
+    if before <= first or txn.get_value(ANY_KEY) is None:
+        return
+    ids = [i for row in txn.ledger.steps(first, before - 1) for i in row.group_ids]
+    rows = txn.tasks.by_ledger(ids) if ids else []
+    moves = _Moves(txn)
+    out = []
+    for row in rows:
+        d = moves.get(row.dataset)
+        if d is not None and states.may("acknowledge", row) and row.step is not None and first <= row.step < before:
+            out.append(_moved(d, row, states.acknowledge(row, now)))
+    if out:
+        txn.tasks.put_rows(out)
+        moves.write()
 
 
 def on_requeued(txn: Txn, old_id: int, new_id: int) -> None:

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.tasks.frontier import SERVED
-from api.tasks.leases import EVENTS, STATES
+from api.tasks.leases import EVENTS
+from api.tasks.states import STATES
 from api.wire.tasks import DatasetView
 
 OTHER_DATASETS = "(other datasets)"
@@ -34,7 +34,7 @@ class TasksCollector(Collector):
             "rollbuf_task_position", "The task cursor's position in its epoch", labels=["dataset"]
         )
         for v in self.views:
-            for state in (*STATES, SERVED):  # served: formed into a batch not acknowledged yet
+            for state in STATES:
                 tasks.add_metric([v.name, state], v.counts.get(state, 0))
             for event in EVENTS:
                 events.add_metric([v.name, event], v.counts.get(event, 0))

@@ -20,15 +20,14 @@ from api.owners import ANYONE, Actor
 from api.run.printable import check_printable
 from api.store.base import Store, Txn
 from api.store.tasks import TaskRow
-from api.tasks import frontier
 from api.tasks import leases as tl
 from api.tasks.files import TaskFile, resolve
 from api.wire import tasks as wire
 
 
-def view_of(d: tl.Dataset, served: int = 0) -> wire.DatasetView:
-    """`served`: of its `trained` tasks, those whose batch is not acknowledged yet (api/tasks/frontier.py)."""
-    counts = frontier.split({k: v for k, v in d.counts.items() if v}, served)
+def view_of(d: tl.Dataset) -> wire.DatasetView:
+    """A dataset as the views show it: its tallies as stored, those at 0 left out."""
+    counts = {k: v for k, v in d.counts.items() if v}
     return wire.DatasetView(
         name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, levels=d.levels,
         level_sizes=d.level_sizes or None, seed=d.seed,
@@ -41,19 +40,16 @@ def views_txn(txn: Txn, actor: Actor = ANYONE) -> list[wire.DatasetView]:
     if txn.get_value(tl.ANY_KEY) is None:
         return []
     out = []
-    served = frontier.unacknowledged(txn)
     for name in txn.tasks.dataset_names():
         record = txn.tasks.get_dataset(name)
         if record is not None and actor.may((d := tl.Dataset.of(record)).owner):
-            out.append(view_of(d, served.get(name, 0)))
+            out.append(view_of(d))
     return out
 
 
-def task_view(r: TaskRow, mark: int | None = None) -> wire.TaskView:
-    """`mark`: the committed mark, below which a `trained` row's batch is acknowledged (else it shows `served`)."""
-    shown = r.state if mark is None else frontier.state_of(r, mark)
+def task_view(r: TaskRow) -> wire.TaskView:
     return wire.TaskView(
-        dataset=r.dataset, epoch=r.epoch, index=r.index, state=shown, leases=r.leases, producer=r.producer,
+        dataset=r.dataset, epoch=r.epoch, index=r.index, state=r.state, leases=r.leases, producer=r.producer,
         expires_at=r.expires_at, retries=r.retries, ledger_id=r.ledger_id, step=r.step, reason=r.reason,
         updated_at=r.updated_at,
     )  # fmt: skip
@@ -184,17 +180,17 @@ class Tasks:
     ) -> wire.TaskRows:
         limit = max(1, min(limit, settings.task_page_size))
 
-        def fn(txn: Txn) -> tuple[list[TaskRow], int]:
+        def fn(txn: Txn) -> list[TaskRow]:
             record = txn.tasks.get_dataset(name)
             unknown = NotFound(f"no dataset {name!r}", loc=("query", "dataset"))
             if record is None:
                 raise unknown
             actor.check(tl.Dataset.of(record).owner, "dataset", unknown)
-            return txn.tasks.scan(name, after, limit), frontier.marks(txn)[0]
+            return txn.tasks.scan(name, after, limit)
 
-        found, mark = await self.store.read(fn)
+        found = await self.store.read(fn)
         nxt = (found[-1].epoch, found[-1].index) if len(found) == limit else None
-        return wire.TaskRows(tasks=[task_view(r, mark) for r in found], next=nxt)
+        return wire.TaskRows(tasks=[task_view(r) for r in found], next=nxt)
 
 
 def _read(reading: dict[str, asyncio.Task[tl.Dataset]], name: str, task: asyncio.Task[tl.Dataset]) -> None:

@@ -20,10 +20,13 @@ import pytest
 
 from api.app import create_app
 from api.config.settings import Settings
-from api.store import postgres, sqlite
+from api.store import make_store, postgres, sqlite
+from api.store.base import Txn
 from api.store.migrations import SchemaRefused, Step, migrate
+from api.tasks import leases as tl
 from tests import pg
 from tests.factories import env, group
+from tests.store.old_files.write import DRILL
 
 OLD_FILES = Path(__file__).parent / "old_files"
 SQLITE_LEDGER, POSTGRES_LEDGER = 6, 5
@@ -31,6 +34,9 @@ SQLITE_LEDGER, POSTGRES_LEDGER = 6, 5
 SQLITE_OWNED, POSTGRES_OWNED = 10, 8
 """The first layout version of each backend whose file holds a dataset with a lease and an open group (the
 last before owners were recorded)."""
+SQLITE_STAGED, POSTGRES_STAGED = 11, 9
+"""The first layout version of each backend whose file holds tasks trained and tasks served in a batch not
+acknowledged yet (the last before `served` was stored), and a group open with 2 of its 4 slots posted."""
 
 
 class FakeDatabase:
@@ -93,29 +99,37 @@ def versions(backend: str) -> dict[int, Path]:
     return found
 
 
-async def served(store: str, *, ledgered: bool = False, owned: bool = False) -> None:
+async def served(store: str, *, ledgered: bool = False, owned: bool = False, staged: bool = False) -> None:
     """What tests/store/old_files/write.py put in: a registered run, env 0 (math, groups of 4), three queued
     groups (the first with group id g-1), half a group in the side buffer (held since the file was written, in a
     layout that keeps when: no ttl here, or it would expire as the file ages). `ledgered`: the file's layout
     has the ledger, so those groups have rows (with no producer: that column came later). `owned`: the file
     holds a dataset with task 0 leased (its token from before tokens had a random part) and group o-1 open,
-    from before owners were recorded: written without keys, they have none, and the lease goes on."""
+    from before owners were recorded: written without keys, they have none, and the lease goes on. `staged`: before
+    all of that, two batches in "next" mode of dataset drill's 4 tasks (`write.trained_tasks`: the first two
+    trained in step 0, the last two served in step 1), so the run is at step 2; task 0 of arith leased with a
+    token of its own; and group o-2 open with slots 0 and 1 posted."""
+    drilled = DRILL if staged else 0  # drill's groups, two a batch
+    first = drilled // 2  # the step the run's own groups are formed in
     app = create_app(Settings(store=store, side_buffer_ttl_s=None))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            if owned:
+            if staged:
+                await trained_and_served(c)
+            elif owned:
                 beat = (await c.post("/tasks/heartbeat", json={"tokens": ["task:arith:0:0:1"]})).json()
                 assert beat["expires_at"]["task:arith:0:0:1"] is not None, "a lease from before was lost"
-                [arith] = (await c.get("/tasks")).json()
+            if owned:
+                arith = {v["name"]: v for v in (await c.get("/tasks")).json()}["arith"]
                 assert (arith["name"], arith["size"]) == ("arith", 2)
                 opened = (await c.get("/rollouts/group", params={"group_id": "o-1"})).json()
                 assert (opened["state"], opened["producer"]) == ("open", "p-1")
             status = (await c.get("/status")).json()
-            assert (status["current_step"], status["queue_size"]) == (0, 3)
+            assert (status["current_step"], status["queue_size"]) == (first, 3)
             assert status["queued_bytes"] > 0  # counted from the payloads by the migration that added the count
             [math] = (await c.get("/dashboard/data")).json()["envs"]
-            assert (math["name"], math["received"]) == ("math_0", 4), "the env or its counters were lost"
+            assert (math["name"], math["received"]) == ("math_0", 4 + drilled), "the env or its counters were lost"
             assert (await c.post("/register-env", json=env("math", group_size=4))).json()["wandb_name"] == "math_1"
             again = await c.post("/scored_data", json=group(4, seed=1, group_id="g-1"))
             assert again.json() == {"status": "received", "duplicate": True}, "the stored reply was lost"
@@ -124,20 +138,50 @@ async def served(store: str, *, ledgered: bool = False, owned: bool = False) -> 
             assert (await c.get("/status")).json()["queue_size"] == 5  # two half groups, queued together
             batch = (await c.get("/batch")).json()["batch"]  # batch_size 8: the two oldest groups
             assert [g["tokens"] for g in batch] == [group(4, seed=1)["tokens"], group(4, seed=2)["tokens"]]
-            assert (await c.get("/status")).json()["current_step"] == 1
-            step = (await c.get("/ledger/steps/0")).json()  # the ledger starts at the migration: groups from
+            assert (await c.get("/status")).json()["current_step"] == first + 1
+            if staged:  # asking for step 2 acknowledged step 1: its tasks are trained
+                drill = {v["name"]: v for v in (await c.get("/tasks")).json()}["drill"]
+                assert drill["counts"] == {"trained": 4}, drill
+                rows = (await c.get("/tasks/rows", params={"dataset": "drill"})).json()["tasks"]
+                assert [(r["state"], r["step"]) for r in rows] == [("trained", 0)] * 2 + [("trained", 1)] * 2
+            step = (await c.get(f"/ledger/steps/{first}")).json()  # the ledger starts at the migration: groups from
             assert (step["groups_by_env"], step["seqs"]) == ({"math_0": 2}, 8)  # before, no rows
             rows = [(g["group_id"], g["fate"], g["producer_id"]) for g in step["groups"]]
             assert rows == ([("g-1", "served", None), (None, "served", None)] if ledgered else [])
             assert len((await c.get("/batch")).json()["batch"]) == 3  # the last group and the two halves
             served = {e["name"]: e for e in (await c.get("/dashboard/data")).json()["envs"]}
-            assert (served["math_0"]["received"], served["math_0"]["served_groups"]) == (5, 5)
+            assert (served["math_0"]["received"], served["math_0"]["served_groups"]) == (5 + drilled, 5 + drilled)
             drained = (await c.get("/status")).json()
             assert (drained["queue_size"], drained["queued_bytes"]) == (0, 0), "queued bytes miscounted"
             sent = await c.post("/scored_data", json=group(4, seed=9, group_id="g-new", producer_id="host-1-abc"))
             assert sent.status_code == 200, sent.text
             [row] = (await c.get("/ledger/groups/g-new")).json()["groups"]
             assert row["producer_id"] == "host-1-abc", "the migrated ledger lost a new group's producer"
+
+
+async def trained_and_served(c: httpx.AsyncClient) -> None:
+    """What `staged` adds, as every view shows it before the trainer asks for anything: drill's tasks 0 and 1
+    trained in step 0, 2 and 3 served in step 1 (not acknowledged yet), arith's task 0 leased, o-2's first two
+    slots posted."""
+    views = {v["name"]: v for v in (await c.get("/tasks")).json()}
+    assert views["drill"]["counts"] == {"trained": 2, "served": 2} and views["drill"]["done"], views
+    assert views["arith"]["counts"] == {"leased": 1}, views
+    rows = (await c.get("/tasks/rows", params={"dataset": "drill"})).json()["tasks"]
+    assert [(r["index"], r["state"], r["step"]) for r in rows] == [
+        (0, "trained", 0),
+        (1, "trained", 0),
+        (2, "served", 1),
+        (3, "served", 1),
+    ]
+    [arith] = (await c.get("/tasks/rows", params={"dataset": "arith"})).json()["tasks"]
+    assert (arith["state"], arith["producer"], arith["leases"]) == ("leased", "p-1", 1), "a lease from before was lost"
+    status = {v["name"]: v for v in (await c.get("/status")).json()["tasks"]}
+    assert status["drill"]["counts"] == {"trained": 2, "served": 2}
+    metrics = (await c.get("/metrics")).text
+    for state, n in (("trained", 2), ("served", 2), ("submitted", 0)):
+        assert f'rollbuf_tasks{{dataset="drill",state="{state}"}} {n}.0' in metrics, state
+    opened = (await c.get("/rollouts/group", params={"group_id": "o-2"})).json()
+    assert (opened["state"], opened["producer"], opened["done"]) == ("open", "p-2", [0, 1])
 
 
 @pytest.fixture
@@ -151,7 +195,14 @@ def test_a_sqlite_file_of_an_earlier_version_opens_and_serves_what_it_held(versi
     path = tmp_path / "rollbuf.db"
     with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
         shutil.copyfileobj(src, dst)
-    asyncio.run(served(f"sqlite:///{path}", ledgered=version >= SQLITE_LEDGER, owned=version >= SQLITE_OWNED))
+    asyncio.run(
+        served(
+            f"sqlite:///{path}",
+            ledgered=version >= SQLITE_LEDGER,
+            owned=version >= SQLITE_OWNED,
+            staged=version >= SQLITE_STAGED,
+        )
+    )
     fresh = tmp_path / "fresh.db"
     asyncio.run(sqlite.SqliteStore(f"sqlite:///{fresh}").close())
     assert _sqlite_layout(path) == _sqlite_layout(fresh), "a migrated file differs from a new one"
@@ -180,7 +231,10 @@ def test_a_postgres_schema_of_an_earlier_version_opens_and_serves_what_it_held(v
         conn.execute(dump.encode())  # several statements, no parameters: sent as one simple query
     asyncio.run(
         served(
-            pg.url_of(dbname, schema="old_run"), ledgered=version >= POSTGRES_LEDGER, owned=version >= POSTGRES_OWNED
+            pg.url_of(dbname, schema="old_run"),
+            ledgered=version >= POSTGRES_LEDGER,
+            owned=version >= POSTGRES_OWNED,
+            staged=version >= POSTGRES_STAGED,
         )
     )
     asyncio.run(postgres.PostgresStore(pg.url_of(dbname, schema="fresh")).close())
@@ -200,6 +254,49 @@ def _postgres_layout(dbname: str, schema: str) -> list[tuple[Any, ...]]:
         ).fetchall()
         version = conn.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchall()
     return [*columns, *indexes, *version]
+
+
+def _stored_tasks(url: str) -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
+    """Drill's rows (index, state, step) and tallies, and arith's tallies, as the store at `url` holds them."""
+
+    def read(txn: Txn) -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
+        rows = [(r.index, r.state, r.step) for r in txn.tasks.scan("drill", (-1, -1), 10)]
+        drill, arith = (tl.Dataset.of(str(txn.tasks.get_dataset(name))) for name in ("drill", "arith"))
+        return rows, {k: v for k, v in drill.counts.items() if v}, {k: v for k, v in arith.counts.items() if v}
+
+    async def opened() -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
+        store = make_store(url)
+        try:
+            return await store.read(read)
+        finally:
+            await store.close()
+
+    return asyncio.run(opened())
+
+
+STAGED_ROWS = [(0, "trained", 0), (1, "trained", 0), (2, "served", 1), (3, "served", 1)]
+"""Drill's rows once migrated: step 1 is at the committed mark (1), so its tasks are served, not trained."""
+
+
+def test_a_sqlite_file_stores_tasks_served_past_the_committed_mark_as_served(tmp_path: Path) -> None:
+    """Layout 12's rule: a task stored `trained` in a step at or after the committed mark was served in a batch
+    the trainer has not acknowledged; it is stored `served`, and its dataset's tallies count it there."""
+    path = tmp_path / "rollbuf.db"
+    with gzip.open(versions("sqlite")[SQLITE_STAGED]) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM tasks WHERE state = 'trained'").fetchone() == (4,), "as written"
+    assert _stored_tasks(f"sqlite:///{path}") == (STAGED_ROWS, {"trained": 2, "served": 2}, {"leased": 1})
+
+
+def test_a_postgres_schema_stores_tasks_served_past_the_committed_mark_as_served(dbname: str) -> None:
+    """Layout 10's rule on PostgreSQL, as layout 12's on SQLite."""
+    dump = gzip.decompress(versions("postgres")[POSTGRES_STAGED].read_bytes()).decode()
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        conn.execute(dump.encode())
+        assert conn.execute("SELECT count(*) FROM old_run.tasks WHERE state = 'trained'").fetchone() == (4,)
+    url = pg.url_of(dbname, schema="old_run")
+    assert _stored_tasks(url) == (STAGED_ROWS, {"trained": 2, "served": 2}, {"leased": 1})
 
 
 def test_a_dataset_from_before_owners_is_its_envs_key(tmp_path: Path) -> None:

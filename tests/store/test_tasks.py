@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from api.store import Store
-from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup, Txn
+from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup, LedgerStep, Txn
 from api.store.tasks import FRONT, LEASED, TaskRow
 from api.tasks import leases as tl
 
@@ -103,13 +103,21 @@ async def test_leases_expire_to_the_front_and_fates_follow_the_ledger(store: Sto
     await store.transact(acked)
     await store.transact(lambda txn: tl.on_decided(txn, [7], SERVED, step=3, reason=None, now=13.0))
     await store.transact(lambda txn: tl.on_decided(txn, [8], DROPPED, step=3, reason="stale", now=13.0))
+    served = await store.transact(lambda txn: txn.tasks.rows("math", [(0, 0)]))
+    assert (served[0, 0].state, served[0, 0].step) == ("served", 3), "served until the trainer acknowledges step 3"
     again = await store.transact(lambda txn: tl.lease(txn, "math", "p3", 1, 14.0, 10.0, 100))
     assert [x.index for x in again] == [1], "a drop is retried (max_retries=1) before the cursor moves"
     await store.transact(lambda txn: tl.on_acknowledged(txn, [ledger_row(9, again[0].token, DROPPED, "filter")]))
+
+    def acknowledged(txn: Txn) -> None:  # step 3 formed of group 7, then the trainer acknowledges steps 0 to 3
+        txn.ledger.put_step(LedgerStep(3, 13.0, 0.0, (7,), 4, 40, {}, {}, {}))
+        tl.on_trained(txn, 0, 4, 15.0)
+
+    await store.transact(acknowledged)
     d = tl.Dataset.of(str(await store.transact(lambda txn: txn.tasks.get_dataset("math"))))
     assert {k: v for k, v in d.counts.items() if v} == {"trained": 1, "dropped": 1, "expired": 1, "retried": 1}
     rows = await store.transact(lambda txn: txn.tasks.rows("math", [(0, 0), (0, 1)]))
-    assert (rows[0, 0].state, rows[0, 0].step, rows[0, 0].ledger_id) == ("trained", 3, 7)
+    assert (rows[0, 0].state, rows[0, 0].step, rows[0, 0].ledger_id, rows[0, 0].updated_at) == ("trained", 3, 7, 15.0)
     assert (rows[0, 1].state, rows[0, 1].reason, rows[0, 1].retries) == ("dropped", "filter", 1)
 
 

@@ -187,6 +187,20 @@ STEPS = (
             "e.record::jsonb->'owner' FROM {s}.envs e WHERE e.env_id = g.env_id), 'null'::jsonb))::text",
         ),
     ),
+    Step(
+        "a task whose group is in a batch the trainer has not acknowledged is stored `served` (docs/tasks-fates.md), "
+        "and turns `trained` when the batch is acknowledged: the rows stored `trained` in a step at or after the "
+        "committed mark (the kept value's, else the run's step) become `served`, their datasets' tallies with them",
+        (
+            "UPDATE {s}.tasks SET state = 'served' WHERE state = 'trained' AND step >= coalesce((SELECT "
+            "(value::jsonb->>'committed')::bigint FROM {s}.kv WHERE key = 'kept'), (SELECT value::bigint FROM {s}.kv "
+            "WHERE key = 'step'))",
+            "UPDATE {s}.task_sets t SET record = jsonb_set(jsonb_set(t.record::jsonb, '{{counts,trained}}', "
+            "to_jsonb(coalesce((t.record::jsonb#>>'{{counts,trained}}')::bigint, 0) - c.n)), '{{counts,served}}', "
+            "to_jsonb(c.n))::text FROM (SELECT dataset, count(*) AS n FROM {s}.tasks WHERE state = 'served' "
+            "GROUP BY dataset) c WHERE c.dataset = t.name",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

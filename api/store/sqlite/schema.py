@@ -194,6 +194,21 @@ STEPS = (
             "'$.owner') FROM envs e WHERE e.env_id = rollout_groups.env_id))",
         ),
     ),
+    Step(
+        "a task whose group is in a batch the trainer has not acknowledged is stored `served` (docs/tasks-fates.md), "
+        "and turns `trained` when the batch is acknowledged: the rows stored `trained` in a step at or after the "
+        "committed mark (the kept value's, else the run's step) become `served`, their datasets' tallies with them",
+        (
+            "UPDATE tasks SET state = 'served' WHERE state = 'trained' AND step >= coalesce((SELECT "
+            "json_extract(value, '$.committed') FROM kv WHERE key = 'kept'), (SELECT json_extract(value, '$') "
+            "FROM kv WHERE key = 'step'))",
+            "UPDATE task_sets SET record = json_set(record, '$.counts.trained', "
+            "coalesce(json_extract(record, '$.counts.trained'), 0) - (SELECT count(*) FROM tasks t WHERE "
+            "t.dataset = task_sets.name AND t.state = 'served'), '$.counts.served', (SELECT count(*) FROM tasks t "
+            "WHERE t.dataset = task_sets.name AND t.state = 'served')) WHERE EXISTS (SELECT 1 FROM tasks t WHERE "
+            "t.dataset = task_sets.name AND t.state = 'served')",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

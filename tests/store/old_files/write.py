@@ -4,7 +4,9 @@ Run it at the release whose files they stand for, before changing the layout (`p
 tests.store.old_files.write`), and commit what it writes; a file once committed is never rewritten, so every
 later release is tested against what that one really wrote. It goes through the HTTP API only, so it runs
 at any release: a registered run, an env, queued groups (one with a group id), a partial group in the side
-buffer. The files are named by the schema version stored in them.
+buffer; from SQLite layout 11 and PostgreSQL layout 9 on also tasks trained and tasks served in a batch not
+acknowledged yet (`trained_tasks`), and a group open for per-rollout submission with 2 of its 4 slots posted. The
+files are named by the schema version stored in them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from api.config.settings import Settings
 from tests import pg
 from tests.factories import env, group, registration
 
+DRILL = 4
+"""Tasks of the dataset `drill`, each one group of 4 sequences: batches of 8 train two of them a step."""
+
 HERE = Path(__file__).parent
 SCHEMA = "old_run"
 """The PostgreSQL schema the dump holds (not the default one: `?schema=` must keep working too)."""
@@ -39,6 +44,11 @@ async def fill(store: str) -> None:
                 ("POST", "/register", registration(batch_size=8)),
                 ("GET", "/batch", None),  # the trainer polls: envs may register now
                 ("POST", "/register-env", env("math", group_size=4)),
+            ]:
+                reply = await c.request(method, path, json=body)
+                reply.raise_for_status()
+            await trained_tasks(c)
+            for method, path, body in [
                 ("POST", "/scored_data", group(4, seed=1, group_id="g-1")),
                 ("POST", "/scored_data", group(4, seed=2)),
                 ("POST", "/scored_data", group(4, seed=3)),
@@ -51,9 +61,45 @@ async def fill(store: str) -> None:
                     "/rollouts/open",
                     {"group_id": "o-1", "env_id": 0, "group_size": 4, "producer_id": "p-1", "deadline_s": 3600},
                 ),
+                # From layout 11 (SQLite) and 9 (PostgreSQL) on: a group open with 2 of its 4 slots posted.
+                (
+                    "POST",
+                    "/rollouts/open",
+                    {"group_id": "o-2", "env_id": 0, "group_size": 4, "producer_id": "p-2", "deadline_s": 3600},
+                ),
+                *(("POST", "/rollouts/post", rollout("o-2", slot, "p-2")) for slot in (0, 1)),
             ]:
                 reply = await c.request(method, path, json=body)
                 reply.raise_for_status()
+
+
+async def trained_tasks(c: httpx.AsyncClient) -> None:
+    """From layout 11 (SQLite) and 9 (PostgreSQL) on: dataset `drill`'s tasks leased and sent as groups, and two
+    batches asked for in "next" mode: tasks 0 and 1 trained in step 0 (asking for step 1 acknowledged it), tasks 2
+    and 3 served in step 1, which nothing acknowledged yet."""
+    made = await c.post("/tasks/datasets", json={"name": "drill", "env": "math", "tasks": list(range(DRILL))})
+    made.raise_for_status()
+    leased = await c.post("/tasks/lease", json={"dataset": "drill", "producer_id": "p-2", "n": DRILL})
+    leased.raise_for_status()
+    for x in leased.json()["leases"]:
+        sent = await c.post("/scored_data", json=group(4, seed=100 + x["index"], group_id=x["token"]))
+        sent.raise_for_status()
+    for _ in range(2):
+        batch = await c.get("/batch")
+        batch.raise_for_status()
+        assert len(batch.json()["batch"]) == 2, batch.text
+
+
+def rollout(group_id: str, slot: int, producer: str) -> dict[str, object]:
+    """One rollout of an open group, as `POST /rollouts/post` takes it."""
+    return {
+        "group_id": group_id,
+        "slot": slot,
+        "producer_id": producer,
+        "tokens": [1, 2, 3 + slot],
+        "masks": [-100, 2, 3 + slot],
+        "score": float(slot % 2),
+    }
 
 
 def write_sqlite(tmp: Path) -> Path:

@@ -1,7 +1,8 @@
 """The lease/fate logic (api/tasks/leases.py) against a simple model, as a hypothesis state machine over the
-in-process task tables: leases, heartbeats, expiry, groups acknowledged and decided, failures, epochs. The
-invariants: a task is in at most one live lease, the tallies are the rows' states, no (epoch, task) is trained
-twice, retries stay within the policy, and a finished dataset has every (epoch, task) in a final state."""
+in-process task tables: leases, heartbeats, expiry, groups acknowledged and decided, steps acknowledged by the
+trainer, failures, epochs. The invariants: a task is in at most one live lease, the tallies are the rows' states,
+no (epoch, task) is trained twice, a served task is trained in the step it was served in, retries stay within the
+policy, and a finished dataset has every (epoch, task) served or in a final state."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup
+from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup, LedgerStep
 from api.store.memory import MemoryTxn, State
 from api.store.tasks import FRONT, LEASED
 from api.tasks import leases as tl
+from api.tasks import states
 from api.tasks.order import ORDERS, POSITIONAL, WEIGHTED, task_at
 
 DURATION = 10.0
@@ -38,6 +40,8 @@ class Model:
     ledger: int | None = None
     retries: int = 0
     trained: int = 0
+    step: int | None = None
+    """Served or trained: the step it was served in."""
 
 
 class Leases(RuleBasedStateMachine):
@@ -61,6 +65,10 @@ class Leases(RuleBasedStateMachine):
         self.tokens: list[str] = []
         self.ledger: dict[int, tuple[int, int]] = {}
         self.next_ledger = 1
+        self.step = 0
+        """The next step to form: each group served is a batch of its own."""
+        self.mark = 0
+        """Every step before it is acknowledged by the trainer."""
 
     def _key(self, token: str) -> tuple[int, int]:
         parsed = tl.parse_token(token)
@@ -132,7 +140,7 @@ class Leases(RuleBasedStateMachine):
         )
         tl.on_acknowledged(self.txn, [row])
         if m.state in (LEASED, FRONT):
-            m.state, m.token, m.ledger = tl.SUBMITTED, None, lid
+            m.state, m.token, m.ledger = states.SUBMITTED, None, lid
             self.ledger[lid] = self._key(token)
             if dropped:
                 self._ended(m)
@@ -142,12 +150,27 @@ class Leases(RuleBasedStateMachine):
     def group_decided(self, data: st.DataObject, served: bool) -> None:
         lid = data.draw(st.sampled_from(sorted(self.ledger)))
         m = self.model[self.ledger.pop(lid)]
-        tl.on_decided(self.txn, [lid], SERVED if served else DROPPED, step=3, reason="stale", now=self.now)
-        if m.state == tl.SUBMITTED and m.ledger == lid:
+        step = self.step
+        if served:  # a batch of this one group, as formation writes it: its ledger row, then the decision
+            self.txn.ledger.put_step(LedgerStep(step, self.now, 0.0, (lid,), 1, 1, {}, {}, {}))
+            self.step += 1
+        tl.on_decided(self.txn, [lid], SERVED if served else DROPPED, step=step, reason="stale", now=self.now)
+        if m.state == states.SUBMITTED and m.ledger == lid:
             if served:
-                m.state, m.trained = "final", m.trained + 1
+                m.state, m.step = states.SERVED, step
             else:
                 self._ended(m)
+
+    @precondition(lambda self: self.step > self.mark)
+    @rule(data=st.data())
+    def steps_acknowledged(self, data: st.DataObject) -> None:
+        """The trainer acknowledges every step before `before` (a commit, or asking for a later batch)."""
+        before = data.draw(st.integers(self.mark + 1, self.step))
+        tl.on_trained(self.txn, self.mark, before, self.now)
+        for m in self.model.values():
+            if m.state == states.SERVED and m.step is not None and m.step < before:
+                m.state, m.trained = "final", m.trained + 1
+        self.mark = before
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), reason=st.sampled_from([None, "boom"]))
@@ -169,7 +192,13 @@ class Leases(RuleBasedStateMachine):
         live = [k for k, m in self.model.items() if m.state == LEASED]
         assert d.counts.get(LEASED, 0) == len(live)
         assert d.counts.get(FRONT, 0) == sum(m.state == FRONT for m in self.model.values())
-        assert d.counts.get(tl.SUBMITTED, 0) == sum(m.state == tl.SUBMITTED for m in self.model.values())
+        assert d.counts.get(states.SUBMITTED, 0) == sum(m.state == states.SUBMITTED for m in self.model.values())
+        assert d.counts.get(states.SERVED, 0) == sum(m.state == states.SERVED for m in self.model.values())
+        assert d.counts.get(states.TRAINED, 0) == sum(m.trained for m in self.model.values())
+        rows = self.txn.tasks.rows("d", list(self.model))
+        for key, m in self.model.items():
+            if m.state == states.SERVED or m.trained:
+                assert rows[key].step == m.step, f"{key} trained in another step than it was served in"
         assert sum(d.held.values()) == len(live)
         # One lease per task, except a task retried after its epoch's cursor moved on (its group dropped once the
         # next epoch began), leased beside its next epoch's lease: the documented edge (docs/tasks.md).
@@ -178,7 +207,7 @@ class Leases(RuleBasedStateMachine):
         assert all(m.trained <= 1 and m.retries <= self.max_retries for m in self.model.values())
         if d.done:
             assert len(self.model) == self.size * self.epochs
-            assert all(m.state == "final" for m in self.model.values())
+            assert all(m.state in ("final", states.SERVED) for m in self.model.values())
 
 
 Leases.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
