@@ -2,7 +2,10 @@
 POST /scored_data against when it arrives as an open, G posts (the last sealing it) . Through the ASGI app in this
 process (CPU time of the process: the server's work plus httpx's, the same for both), per store.
 
-    python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite]
+    python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite] [--large 4096]
+
+With `--large G` it also posts the rollouts of one group of G and prints the CPU of a post at its slots 1 to 50
+against its slots 4,000 to 4,049 (what a post costs as the group fills; G at least 4,050).
 
 Figures are noisy on a shared machine: compare the rows of one run.
 """
@@ -57,11 +60,35 @@ async def run(store: str, groups: int, size: int) -> tuple[float, float, float]:
             return whole, each, seal / groups
 
 
+async def large(store: str, size: int, at: tuple[int, int] = (1, 4000), n: int = 50) -> tuple[float, float]:
+    """CPU seconds of a post at slots at[0].. and at[1].. (n of each) of one open group of `size`."""
+    app = create_app(Settings(store=store, max_queue_groups=None))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await c.post("/register", json=registration(batch_size=size))
+            await c.get("/batch")
+            await c.post("/register-env", json=env(group_size=size))
+            row = list(range(1, TOKENS + 1))
+            opened = {"group_id": "large", "env_id": 0, "producer_id": "p", "group_size": size, "deadline_s": 600.0}
+            assert (await c.post("/rollouts/open", json=opened)).status_code == 200
+            spent = {first: 0.0 for first in at}
+            for s in range(at[1] + n):
+                post = {"group_id": "large", "slot": s, "producer_id": "p", "tokens": row, "masks": row, "score": 1.0}
+                t0 = time.process_time()
+                assert (await c.post("/rollouts/post", json=post)).status_code == 200
+                for first in at:
+                    if first <= s < first + n:
+                        spent[first] += time.process_time() - t0
+            return spent[at[0]] / n, spent[at[1]] / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=100)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite"])
+    parser.add_argument("--large", type=int, default=0, help="G of the one large group (0: none)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.stores:
@@ -69,6 +96,11 @@ def main() -> None:
             whole, each, seal = asyncio.run(run(store, args.groups, args.group_size))
             print(f"{name:8} CPU ms per rollout: whole group {whole * 1e3:.3f}, per rollout {each * 1e3:.3f} "
                   f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms")  # fmt: skip
+        for name in args.stores if args.large else []:
+            store = "memory://" if name == "memory" else f"sqlite:///{Path(tmp) / 'large.db'}"
+            early, late = asyncio.run(large(store, args.large))
+            print(f"{name:8} CPU ms per post in a group of {args.large}: slots 1-50 {early * 1e3:.3f}, "
+                  f"slots 4000-4049 {late * 1e3:.3f} ({late / early:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -199,6 +199,8 @@ STEPS = (
             "ALTER TABLE {s}.rollout_slots ADD COLUMN tokens bigint NOT NULL DEFAULT 0",
             "ALTER TABLE {s}.rollout_slots ADD COLUMN score double precision",
             "ALTER TABLE {s}.rollout_slots ADD COLUMN policy_step bigint",
+            # Which slots are in and whose (views, leases, a post's reply) read this index, not the records.
+            "CREATE INDEX rollout_slots_done ON {s}.rollout_slots (key, slot, producer)",
         ),
         lambda db: _packed_slots(db),
     ),

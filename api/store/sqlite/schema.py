@@ -224,6 +224,8 @@ STEPS = (
             "ALTER TABLE rollout_slots ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE rollout_slots ADD COLUMN score REAL",
             "ALTER TABLE rollout_slots ADD COLUMN policy_step INTEGER",
+            # Which slots are in and whose (views, leases, a post's reply) read this index, not the records.
+            "CREATE INDEX rollout_slots_done ON rollout_slots (key, slot, producer)",
         ),
         _packed_slots,
     ),
