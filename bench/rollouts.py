@@ -5,7 +5,8 @@ process (CPU time of the process: the server's work plus httpx's, the same for b
     python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite] [--large 4096]
 
 With `--large G` it also posts the rollouts of one group of G and prints the CPU of a post at its slots 1 to 50
-against its slots 4,000 to 4,049 (what a post costs as the group fills; G at least 4,050).
+against its slots 4,000 to 4,049 (`--late`: another slot than 4,000; G at least 50 more): what a post costs as the
+group fills.
 
 Figures are noisy on a shared machine: compare the rows of one run.
 """
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite"])
     parser.add_argument("--large", type=int, default=0, help="G of the one large group (0: none)")
+    parser.add_argument("--late", type=int, default=4000, help="the first of the late slots measured")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.stores:
@@ -98,9 +100,9 @@ def main() -> None:
                   f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms")  # fmt: skip
         for name in args.stores if args.large else []:
             store = "memory://" if name == "memory" else f"sqlite:///{Path(tmp) / 'large.db'}"
-            early, late = asyncio.run(large(store, args.large))
+            early, late = asyncio.run(large(store, args.large, (1, args.late)))
             print(f"{name:8} CPU ms per post in a group of {args.large}: slots 1-50 {early * 1e3:.3f}, "
-                  f"slots 4000-4049 {late * 1e3:.3f} ({late / early:.2f}x)")  # fmt: skip
+                  f"slots {args.late}-{args.late + 49} {late * 1e3:.3f} ({late / early:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":
