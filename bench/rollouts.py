@@ -4,9 +4,11 @@ process (CPU time of the process: the server's work plus httpx's, the same for b
 
     python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite] [--large 4096]
 
-With `--large G` it also posts the rollouts of one group of G and prints the CPU of a post at its slots 1 to 50
-against its slots 4,000 to 4,049 (`--late`: another slot than 4,000; G at least 50 more): what a post costs as the
-group fills.
+With `--seal G` it also prints the CPU of the seal's own work on a group of G rollouts of 2,048 tokens (with
+logprobs), in process, no HTTP: the sealed group's body assembled from its stored slots, and ingest's validation
+of that body. With `--large G` it also posts the rollouts of one group of G and prints the CPU of a post at its
+slots 1 to 50 against its slots 4,000 to 4,049 (`--late`: another slot than 4,000; G at least 50 more): what a post
+costs as the group fills.
 
 Figures are noisy on a shared machine: compare the rows of one run.
 """
@@ -23,6 +25,15 @@ import httpx
 
 from api.app import create_app
 from api.config.settings import Settings
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.submissions import decode
+from api.owners import ANYONE
+from api.rollouts import txns
+from api.run import state
+from api.store.memory import MemoryTxn, State
+from api.wire.records import MSGPACK
+from api.wire.rollouts import OpenRequest, RolloutPost
+from api.wire.schema import Registration
 from tests.factories import env, registration
 
 TOKENS = 256
@@ -84,6 +95,28 @@ async def large(store: str, size: int, at: tuple[int, int] = (1, 4000), n: int =
             return spent[at[0]] / n, spent[at[1]] / n
 
 
+def seal_cost(size: int, tokens: int = 2048, rounds: int = 20) -> float:
+    """CPU seconds of a sealed group's body (`group_body`) and ingest's validation of it (`decode`)."""
+    settings, limits = Settings(store="memory://"), QueueLimits()
+    txn = MemoryTxn(State())
+    reg = Registration.model_validate(registration(batch_size=size, max_token_len=tokens))
+    state.save_run(txn, reg, started=True)
+    opened = OpenRequest(group_id="g", producer_id="p", group_size=size, deadline_s=600.0)
+    txns.open_txn(txn, opened, 0.0, settings, ANYONE, limits=limits)
+    row, logprobs = list(range(1, tokens + 1)), [-0.5] * tokens
+    for s in range(size):
+        post = {"group_id": "g", "slot": s, "producer_id": "p", "tokens": row, "masks": row,
+                "inference_logprobs": logprobs, "score": 1.0}  # fmt: skip
+        txns.post_txn(txn, RolloutPost.model_validate(post), 0.0, settings, limits=limits)
+    run = state.load(txn)
+    start = time.process_time()
+    for _ in range(rounds):
+        body = txns.group_body(txn, "g")
+        assert body is not None
+        decode(body, MSGPACK, run, limits, many=False)
+    return (time.process_time() - start) / rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=100)
@@ -91,6 +124,7 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite"])
     parser.add_argument("--large", type=int, default=0, help="G of the one large group (0: none)")
     parser.add_argument("--late", type=int, default=4000, help="the first of the late slots measured")
+    parser.add_argument("--seal", type=int, nargs="*", default=[], help="G of the groups whose seal is measured")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.stores:
@@ -98,6 +132,9 @@ def main() -> None:
             whole, each, seal = asyncio.run(run(store, args.groups, args.group_size))
             print(f"{name:8} CPU ms per rollout: whole group {whole * 1e3:.3f}, per rollout {each * 1e3:.3f} "
                   f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms")  # fmt: skip
+        for size in args.seal:
+            cost = seal_cost(size)
+            print(f"seal of G={size} (2,048 tokens a rollout): body and ingest validation {cost * 1e3:.2f} CPU ms")
         for name in args.stores if args.large else []:
             store = "memory://" if name == "memory" else f"sqlite:///{Path(tmp) / 'large.db'}"
             early, late = asyncio.run(large(store, args.large, (1, args.late)))
