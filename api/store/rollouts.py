@@ -134,7 +134,7 @@ class OpenGroupTxn(ABC):
 
 
 def packed_slot(text: str) -> tuple[bytes, int, float | None, int | None]:
-    """A slot's `data` as layouts before SQLite 12 and PostgreSQL 10 stored it (the post's JSON: tokens, masks,
+    """A slot's `data` as layouts before SQLite 13 and PostgreSQL 11 stored it (the post's JSON: tokens, masks,
     inference_logprobs, score, policy_step, overrides, checked when it was acknowledged) as this one stores it:
     (its record, tokens, score, policy_step). The schema steps that bring those layouts here convert with it."""
     r: dict[str, Any] = json.loads(text)

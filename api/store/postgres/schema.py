@@ -229,7 +229,7 @@ CLEARED = (
 
 
 def _packed_slots(db: _Schema) -> None:
-    """Version 10: each acknowledged slot's JSON becomes its packed record (with its tokens, score and policy_step
+    """Version 11: each acknowledged slot's JSON becomes its packed record (with its tokens, score and policy_step
     beside it), each group's record loses what its slots' rows say, and its counters count its slots."""
     c, s = db.conn, db.schema
     for key, slot, data in c.execute(sql.SQL("SELECT key, slot, data FROM {}.rollout_slots").format(s)).fetchall():

@@ -43,7 +43,7 @@ def _held_rows(f: _File) -> None:
 
 
 def _packed_slots(f: _File) -> None:
-    """Version 12: each acknowledged slot's JSON becomes its packed record (with its tokens, score and policy_step
+    """Version 13: each acknowledged slot's JSON becomes its packed record (with its tokens, score and policy_step
     beside it), each group's record loses what its slots' rows say, and its counters count its slots."""
     db = f.db
     rows = db.execute("SELECT key, slot, data FROM rollout_slots").fetchall()
