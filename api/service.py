@@ -41,6 +41,7 @@ from api.tasks.service import Tasks
 from api.views import metrics as views_metrics
 from api.views.dashboard import body as dashboard_body
 from api.views.status import env_status, status_txn
+from api.wire.records import MSGPACK
 from api.wire.schema import (
     EnvDropBias,
     EnvRegistered,
@@ -117,7 +118,7 @@ class Service:
         )
         self.rollouts = Rollouts(
             self.store,
-            lambda body: self.ingest.submit(body, "application/json", many=False, caller=ANYONE),
+            lambda body: self.ingest.submit(body, MSGPACK, many=False, caller=ANYONE),
             self.ledger.recorder,
             self.limits,
             lambda: self._run,

@@ -2,7 +2,13 @@
 POST /scored_data against when it arrives as an open, G posts (the last sealing it) . Through the ASGI app in this
 process (CPU time of the process: the server's work plus httpx's, the same for both), per store.
 
-    python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite]
+    python -m bench.rollouts [--groups 100] [--group-size 8] [--stores memory sqlite] [--large 4096]
+
+With `--seal G` it also prints the CPU of the seal's own work on a group of G rollouts of 2,048 tokens (with
+logprobs), in process, no HTTP: the sealed group's body assembled from its stored slots, and ingest's validation
+of that body. With `--large G` it also posts the rollouts of one group of G and prints the CPU of a post at its
+slots 1 to 50 against its slots 4,000 to 4,049 (`--late`: another slot than 4,000; G at least 50 more): what a post
+costs as the group fills.
 
 Figures are noisy on a shared machine: compare the rows of one run.
 """
@@ -19,6 +25,15 @@ import httpx
 
 from api.app import create_app
 from api.config.settings import Settings
+from api.ingest.queue_limits import QueueLimits
+from api.ingest.submissions import decode
+from api.owners import ANYONE
+from api.rollouts import txns
+from api.run import state
+from api.store.memory import MemoryTxn, State
+from api.wire.records import MSGPACK
+from api.wire.rollouts import OpenRequest, RolloutPost
+from api.wire.schema import Registration
 from tests.factories import env, registration
 
 TOKENS = 256
@@ -62,11 +77,66 @@ async def run(store: str, groups: int, size: int) -> tuple[float, float, float]:
             return whole, each, seal / groups
 
 
+async def large(store: str, size: int, at: tuple[int, int] = (1, 4000), n: int = 50) -> tuple[float, float]:
+    """CPU seconds of a post at slots at[0].. and at[1].. (n of each) of one open group of `size`."""
+    app = create_app(Settings(store=store, max_queue_groups=None))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            await c.post("/register", json=registration(batch_size=size))
+            await c.get("/batch")
+            await c.post("/register-env", json=env(group_size=size))
+            row = list(range(1, TOKENS + 1))
+            opened = {"group_id": "large", "env_id": 0, "producer_id": "p", "group_size": size, "deadline_s": 600.0}
+            assert (await c.post("/rollouts/open", json=opened)).status_code == 200
+            spent = {first: 0.0 for first in at}
+            for s in range(at[1] + n):
+                post = {"group_id": "large", "slot": s, "producer_id": "p", "tokens": row, "masks": row, "score": 1.0}
+                t0 = time.process_time()
+                assert (await c.post("/rollouts/post", json=post)).status_code == 200
+                for first in at:
+                    if first <= s < first + n:
+                        spent[first] += time.process_time() - t0
+            return spent[at[0]] / n, spent[at[1]] / n
+
+
+def seal_cost(size: int, tokens: int = 2048, rounds: int = 20) -> float:
+    """CPU seconds of a sealed group's body (`group_body`) and ingest's validation of it (`decode`)."""
+    settings, limits = Settings(store="memory://"), QueueLimits()
+    txn = MemoryTxn(State())
+    reg = Registration.model_validate(registration(batch_size=size, max_token_len=tokens))
+    state.save_run(txn, reg, started=True)
+    opened = OpenRequest(group_id="g", producer_id="p", group_size=size, deadline_s=600.0)
+    txns.open_txn(txn, opened, 0.0, settings, ANYONE, limits=limits)
+    row, logprobs = list(range(1, tokens + 1)), [-0.5] * tokens
+    for s in range(size):
+        post = {
+            "group_id": "g",
+            "slot": s,
+            "producer_id": "p",
+            "tokens": row,
+            "masks": row,
+            "inference_logprobs": logprobs,
+            "score": 1.0,
+        }
+        txns.post_txn(txn, RolloutPost.model_validate(post), 0.0, settings, limits=limits)
+    run = state.load(txn)
+    start = time.process_time()
+    for _ in range(rounds):
+        body = txns.group_body(txn, "g")
+        assert body is not None
+        decode(body, MSGPACK, run, limits, many=False)
+    return (time.process_time() - start) / rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=100)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite"])
+    parser.add_argument("--large", type=int, default=0, help="G of the one large group (0: none)")
+    parser.add_argument("--late", type=int, default=4000, help="the first of the late slots measured")
+    parser.add_argument("--seal", type=int, nargs="*", default=[], help="G of the groups whose seal is measured")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.stores:
@@ -75,6 +145,16 @@ def main() -> None:
             print(
                 f"{name:8} CPU ms per rollout: whole group {whole * 1e3:.3f}, per rollout {each * 1e3:.3f} "
                 f"({each / whole:.1f}x); seal (the last post, ingest included) {seal * 1e3:.1f} ms"
+            )
+        for size in args.seal:
+            cost = seal_cost(size)
+            print(f"seal of G={size} (2,048 tokens a rollout): body and ingest validation {cost * 1e3:.2f} CPU ms")
+        for name in args.stores if args.large else []:
+            store = "memory://" if name == "memory" else f"sqlite:///{Path(tmp) / 'large.db'}"
+            early, late = asyncio.run(large(store, args.large, (1, args.late)))
+            print(
+                f"{name:8} CPU ms per post in a group of {args.large}: slots 1-50 {early * 1e3:.3f}, "
+                f"slots {args.late}-{args.late + 49} {late * 1e3:.3f} ({late / early:.2f}x)"
             )
 
 

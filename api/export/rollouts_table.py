@@ -47,19 +47,20 @@ def _micros(t: float) -> int:
     return round(t * 1_000_000)
 
 
-def rollout_row(row: GroupRow, env: str) -> dict[str, Any]:
-    """`leased`: missing slots under a sibling's lease (lapsed or not) while the group is live; `left_out`: the
-    slots a sealed group was sealed without; `expired_reason`: why an expired group expired."""
+def rollout_row(row: GroupRow, done: dict[int, str], env: str) -> dict[str, Any]:
+    """`done`: its acknowledged slots -> their producer (`OpenGroupTxn.done`); `leased`: missing slots under a
+    sibling's lease (lapsed or not) while the group is live; `left_out`: the slots a sealed group was sealed
+    without; `expired_reason`: why an expired group expired."""
     g = rg.OpenGroup.of(row.record)
     live = row.state in ("open", "sealing")
-    leased = sorted((int(k), v) for k, v in g.leases.items() if k not in g.done) if live else []
+    leased = sorted((int(k), v) for k, v in g.leases.items() if int(k) not in done) if live else []
     expired = g.left_out.get("group") if row.state == "expired" else None
     left = [] if expired is not None else sorted((int(k), why) for k, why in g.left_out.items())
     return {
         "group_id": g.key, "env": env, "env_id": None if row.env_id == ANON_ENV else row.env_id, "state": row.state,
         "group_size": g.group_size, "min_group_size": g.min_group_size, "producer": g.producer,
         "deadline": _micros(g.deadline), "scores_at_seal": g.scores_at_seal,
-        "done": [{"slot": int(k), "producer": p} for k, p in sorted(g.done.items(), key=lambda kv: int(kv[0]))],
+        "done": [{"slot": k, "producer": p} for k, p in sorted(done.items())],
         "leased": [{"slot": s, "producer": str(v[0]), "expires_at": _micros(float(v[1]))} for s, v in leased],
         "redispatched": g.redispatched,
         "left_out": [{"slot": s, "reason": why} for s, why in left],

@@ -86,6 +86,8 @@ class Page:
     """Task rows (the `tasks` table: docs/tasks.md)."""
     rollouts: list[GroupRow] = field(default_factory=list)
     """Groups opened for per-rollout submission (the `rollouts` table: docs/rollouts.md)."""
+    rollout_slots: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Their acknowledged slots -> producer, by group."""
 
     @property
     def size(self) -> int:
@@ -122,7 +124,9 @@ def read_tasks(txn: Txn, name: str, after: tuple[int, int], limit: int) -> Page:
 
 
 def read_rollouts(txn: Txn, after: str, limit: int) -> Page:
-    return Page([], [], {}, state.load(txn), rollouts=txn.rollouts.scan(after, limit))
+    rows = txn.rollouts.scan(after, limit)
+    done = {r.key: txn.rollouts.done(r.key) for r in rows}
+    return Page([], [], {}, state.load(txn), rollouts=rows, rollout_slots=done)
 
 
 async def pages(table: str, store: Store, limits: ExportLimits) -> AsyncIterator[Page]:
@@ -215,7 +219,11 @@ class TableWriter:
     def _batches(self, page: Page) -> Iterator[pa.RecordBatch]:
         if self.table == ROLLOUTS:
             for group in page.rollouts:
-                if (batch := self.rows.add(rollout_row(group, page.run.env_name(group.env_id)))) is not None:
+                if (
+                    batch := self.rows.add(
+                        rollout_row(group, page.rollout_slots.get(group.key, {}), page.run.env_name(group.env_id))
+                    )
+                ) is not None:
                     yield batch
             return
         if self.table == TASKS:

@@ -24,7 +24,7 @@ from api.ingest.validation import (
     pack_group,
 )
 from api.run.printable import check_printable
-from api.wire.records import F64, FLOAT_FIELDS
+from api.wire.records import F64, FLOAT_FIELDS, GroupRecord
 from api.wire.rollouts import OpenRequest, RolloutPost
 from api.wire.schema import ScoredData
 
@@ -44,10 +44,13 @@ def check_open(req: OpenRequest, limits: GroupLimits) -> None:
         raise exc.at("body") from None
 
 
-def check_rollout(req: RolloutPost, env_id: int | None, group_id: str, current_step: int, limits: GroupLimits) -> None:
+def check_rollout(
+    req: RolloutPost, env_id: int | None, group_id: str, current_step: int, limits: GroupLimits
+) -> GroupRecord:
     """The rollout as the one sequence of its group, under the rules of ingest; its `policy_step` at most the
     run's step (the sealed group's is the oldest of its rollouts', so one ahead is never acknowledged). Errors
-    name the post's field (`body.tokens.5`, `body.score`)."""
+    name the post's field (`body.tokens.5`, `body.score`). Returns it packed, as its slot stores it: what the seal
+    concatenates (its score is the post's, 0.0 for none: scored at the seal)."""
     sd = ScoredData.model_construct(  # its fields were validated as the post's (strict types)
         tokens=[req.tokens],
         masks=[req.masks],
@@ -59,13 +62,14 @@ def check_rollout(req: RolloutPost, env_id: int | None, group_id: str, current_s
         policy_step=req.policy_step,
     )
     try:
-        pack_group(sd, env_id=env_id, current_step=current_step, limits=limits)
+        packed = pack_group(sd, env_id=env_id, current_step=current_step, limits=limits)
     except InvalidData as exc:
         raise _in_post(exc) from None
     try:
         check_policy_step(req.policy_step, current_step)
     except InvalidData as exc:  # valid in itself, refused by the run's state now: a conflict
         raise Conflict(exc.msg, loc=("body", "policy_step")) from None
+    return packed
 
 
 def check_group_tokens(have: int, more: int, limits: GroupLimits) -> None:

@@ -1,16 +1,30 @@
 """What an open group does, as pure functions over its record (docs/rollouts.md): which slots are missing and
 may be leased out, what a posted rollout does to a slot, and when and how the group is sealed.
 
-No store and no clock here: api/rollouts/txns.py reads the record, calls these with `now`, and writes back.
+No store and no clock here: api/rollouts/txns.py reads the record, calls these with `now`, and writes back. The
+record holds what the group is and what was leased or decided; which slots are in (`done`, slot -> producer) is the
+slots' own rows, read where a rule needs it, so that a post writes its slot's row and never the record.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ACCEPTED", "CONFLICT", "DUPLICATE", "REDONE", "OpenGroup", "Seal", "missing", "post", "seal_decision"]
+__all__ = [
+    "ACCEPTED",
+    "CONFLICT",
+    "DUPLICATE",
+    "REDONE",
+    "OpenGroup",
+    "Seal",
+    "missing",
+    "post",
+    "seal_decision",
+    "settle",
+]
 
 ACCEPTED = "accepted"
 DUPLICATE = "duplicate"
@@ -43,10 +57,9 @@ class OpenGroup:
     """Scored as a group (a verifier that needs all G): sealed only by its producer, with the scores."""
     task: Any = None
     """What a sibling needs to redo a slot (the prompt, a task lease's task): handed out with the slot's lease."""
-    done: dict[str, str] = field(default_factory=dict)
-    """Acknowledged slots (as JSON keys) -> the producer that sent them."""
     leases: dict[str, list[Any]] = field(default_factory=dict)
-    """Missing slots leased to a sibling producer -> [producer, expires_at]."""
+    """Slots leased to a sibling producer -> [producer, expires_at]. A post does not rewrite the record, so a leased
+    slot may be in since: a lease counts only for a missing slot (`settle` drops the others before a write)."""
     redispatched: int = 0
     left_out: dict[str, str] = field(default_factory=dict)
     """Sealed: slots not in the sealed group -> why. Expired: `group` -> why."""
@@ -55,15 +68,9 @@ class OpenGroup:
     owner: str | None = None
     """The key that opened it (None without keys): only that key's producers post, seal, heartbeat and lease its
     slots (`api.owners`)."""
-    tokens: int | None = None
-    """Tokens of its acknowledged rollouts, kept once the trainer has a token budget per batch (a group's tokens
-    must fit it); None: not counted (left out of the record, which then reads as before)."""
 
     def to_json(self) -> str:
-        record = asdict(self)
-        if record["tokens"] is None:
-            del record["tokens"]
-        return json.dumps(record, separators=(",", ":"))
+        return json.dumps(asdict(self), separators=(",", ":"))
 
     @staticmethod
     def of(text: str) -> OpenGroup:
@@ -81,13 +88,21 @@ class Seal:
     expired: str | None = None
 
 
-def missing(g: OpenGroup, now: float) -> list[int]:
+def settle(g: OpenGroup, done: Collection[int]) -> int:
+    """Drop the leases of slots acknowledged since they were leased (a post leaves the record as it is); how many."""
+    gone = [k for k in g.leases if int(k) in done]
+    for k in gone:
+        del g.leases[k]
+    return len(gone)
+
+
+def missing(g: OpenGroup, done: Collection[int], now: float) -> list[int]:
     """Slots neither acknowledged nor under a live sibling lease, once the holder lapsed (before: none)."""
     if g.expires_at > now:
         return []
     return [
         s for s in range(g.group_size)
-        if str(s) not in g.done and not (str(s) in g.leases and g.leases[str(s)][1] > now)
+        if s not in done and not (str(s) in g.leases and g.leases[str(s)][1] > now)
     ]  # fmt: skip
 
 
@@ -98,21 +113,19 @@ def lease_slots(g: OpenGroup, producer: str, slots: list[int], until: float) -> 
     g.redispatched += len(slots)
 
 
-def next_check(g: OpenGroup) -> float:
+def next_check(g: OpenGroup, done: int) -> float:
     """When the group's missing slots should be looked at again: its holder's lapse while a missing slot is leased
-    to nobody (it is handed out from then on), else the soonest end of a sibling lease of a missing slot."""
-    missing = [str(s) for s in range(g.group_size) if str(s) not in g.done]
-    pending = [float(g.leases[k][1]) for k in missing if k in g.leases]
-    if len(pending) < len(missing) or not pending:
+    to nobody (it is handed out from then on), else the soonest end of a sibling lease of a missing slot. `done`:
+    how many slots are in; `g`'s leases are of missing slots (`settle`)."""
+    pending = [float(v[1]) for v in g.leases.values()]
+    if len(pending) < g.group_size - done or not pending:
         return g.expires_at
     return max(g.expires_at, min(pending))
 
 
-def post(g: OpenGroup, slot: int, producer: str, known: tuple[str, str] | None, digest: str) -> str:
-    """What a rollout posted for `slot` does, given the slot's acknowledged (producer, digest) if any."""
+def post(producer: str, known: tuple[str, str] | None, digest: str) -> str:
+    """What a rollout posted for a slot does, given the slot's acknowledged (producer, digest) if any."""
     if known is None:
-        g.done[str(slot)] = producer
-        g.leases.pop(str(slot), None)
         return ACCEPTED
     first, first_digest = known
     if first_digest == digest:
@@ -120,18 +133,16 @@ def post(g: OpenGroup, slot: int, producer: str, known: tuple[str, str] | None, 
     return CONFLICT if first == producer else REDONE
 
 
-def complete(g: OpenGroup) -> bool:
-    return len(g.done) == g.group_size
-
-
-def seal_decision(g: OpenGroup, now: float, scored: set[int], *, by_producer: bool = False) -> Seal:
-    """Whether to seal now, and with which slots: all G in (and scored, unless the producer seals with scores);
-    at the deadline, the slots in if at least `min_group_size` are (and scored), the rest left out with why;
-    below that at the deadline, the group expires."""
-    done = sorted(int(s) for s in g.done)
+def seal_decision(
+    g: OpenGroup, in_: Collection[int], now: float, scored: set[int], *, by_producer: bool = False
+) -> Seal:
+    """Whether to seal now, and with which slots (`in_`: those acknowledged): all G in (and scored, unless the
+    producer seals with scores); at the deadline, the slots in if at least `min_group_size` are (and scored), the
+    rest left out with why; below that at the deadline, the group expires."""
+    done, got = sorted(in_), set(in_)
     if by_producer:
         if len(done) >= g.min_group_size:
-            return Seal(slots=tuple(done), left_out={s: NOT_DONE for s in range(g.group_size) if s not in done})
+            return Seal(slots=tuple(done), left_out={s: NOT_DONE for s in range(g.group_size) if s not in got})
         return Seal(wait=True)
     if len(done) == g.group_size and not g.scores_at_seal and scored >= set(done):
         return Seal(slots=tuple(done))
@@ -140,6 +151,6 @@ def seal_decision(g: OpenGroup, now: float, scored: set[int], *, by_producer: bo
     usable = [s for s in done if s in scored] if not g.scores_at_seal else []
     if len(usable) < g.min_group_size:
         return Seal(expired=UNSCORED if len(done) >= g.min_group_size else TOO_FEW)
-    left = {s: NOT_DONE for s in range(g.group_size) if str(s) not in g.done}
+    left = {s: NOT_DONE for s in range(g.group_size) if s not in got}
     left.update({s: "unscored" for s in done if s not in scored})
     return Seal(slots=tuple(usable), left_out=left)

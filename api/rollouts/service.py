@@ -81,7 +81,8 @@ class Rollouts:
 
     store: Store
     ingest: Callable[[bytes], Awaitable[object]]
-    """Ingest a sealed group's body (JSON, one group, on behalf of no key: its posts were checked)."""
+    """Ingest a sealed group's body (one msgpack group record, api/rollouts/assembly.py, on behalf of no key: its
+    posts were checked)."""
     books: Callable[[], Recorder]
     """The ledger's recorder for one transaction, as the service's ledger settings make it now."""
     limits: QueueLimits = field(default_factory=QueueLimits)
@@ -169,7 +170,7 @@ class Rollouts:
         return await self.store.read(totals_txn)
 
     async def group(self, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id")) -> GroupView:
-        return view(await self.store.read(lambda txn: group_of(txn, key, actor, loc)))
+        return await self.store.read(lambda txn: view(txn, group_of(txn, key, actor, loc)))
 
     async def open_groups(self) -> OpenGroupsStatus | None:
         """The per-rollout groups' block of the views (None in runs without them)."""

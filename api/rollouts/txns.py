@@ -1,6 +1,11 @@
 """The rollout routes' transactions (docs/rollouts.md): each one store transaction over
 api/rollouts/groups.py's pure rules, reading the group's record, deciding with `now`, writing it back. The flow
-object that calls them, one a route, is `Rollouts` (api/rollouts/service.py)."""
+object that calls them, one a route, is `Rollouts` (api/rollouts/service.py).
+
+A post is the hot one: it reads its group's row and its own slot's, and writes its slot's row and its group's
+counters (`OpenGroupTxn.add_slot`), whatever G and however many slots are in; the record is rewritten by what
+changes it (a lease, a heartbeat, a decision), and the seal reads the slots once, as stored
+(api/rollouts/assembly.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.config.groups import built
@@ -20,11 +25,13 @@ from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
 from api.rollouts import checks
 from api.rollouts import groups as rg
+from api.rollouts.assembly import Part, sealed_body
 from api.run import state
 from api.run.state import RunState
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow
 from api.tasks import leases as task_leases
+from api.wire.records import encode
 from api.wire.rollouts import (
     GroupView,
     OpenGroupsStatus,
@@ -57,10 +64,21 @@ def readable(row: GroupRow) -> rg.OpenGroup | None:
         return None
 
 
-def _row(g: rg.OpenGroup, state_: str, size: int, expires_at: float | None = None) -> GroupRow:
+def _row(g: rg.OpenGroup, state_: str, base: GroupRow | None, expires_at: float | None = None) -> GroupRow:
+    """The group's row with `g` as its record: its counters (`done`, `tokens`, `bytes`) those of `base`, its
+    next check `expires_at` or what `g`'s leases make it."""
     env_id = ANON_ENV if g.env_id is None else g.env_id
-    at = rg.next_check(g) if expires_at is None else expires_at
-    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json())
+    done, tokens, size = (0, 0, 0) if base is None else (base.done, base.tokens, base.bytes)
+    at = rg.next_check(g, done) if expires_at is None else expires_at
+    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json(), done, tokens)
+
+
+def settled(txn: Txn, row: GroupRow) -> rg.OpenGroup:
+    """The row's group, its leases those of missing slots only (a post does not rewrite the record: a slot
+    acknowledged since its lease is dropped here, by one read of that slot's row)."""
+    g = rg.OpenGroup.of(row.record)
+    rg.settle(g, [int(k) for k in g.leases if txn.rollouts.slot(g.key, int(k)) is not None])
+    return g
 
 
 OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
@@ -69,26 +87,25 @@ to a sibling (a lapsed sibling lease stops counting at the first sweep after its
 views read them without a scan of the open groups."""
 
 
-def _tally(row: GroupRow | None) -> tuple[int, int]:
-    """(slots done, slots leased to siblings) of a live group; nothing for a decided one."""
-    if row is None or row.state not in LIVE:
+def _tally(row: GroupRow, g: rg.OpenGroup) -> tuple[int, int]:
+    """(slots done, slots leased to siblings) of a live group (`g` settled: its leases are of missing slots);
+    nothing for a decided one."""
+    if row.state not in LIVE:
         return 0, 0
-    g = rg.OpenGroup.of(row.record)
-    return len(g.done), sum(1 for k in g.leases if k not in g.done)
+    return row.done, len(g.leases)
 
 
-def _put(txn: Txn, old: GroupRow | None, new: GroupRow) -> None:
-    """Write the group's row, and move the open-slot counters (and its key's live groups, once decided) by what
-    changed."""
+def _put(txn: Txn, old: GroupRow, before: tuple[int, int], new: GroupRow, g: rg.OpenGroup) -> None:
+    """Write the group's row (`g` its record), and move the open-slot counters from `before` (the old row's
+    `_tally`, of its settled group) by what changed (and its key's live groups, once decided)."""
     txn.rollouts.put(new)
-    (done0, leased0), (done1, leased1) = _tally(old), _tally(new)
+    (done0, leased0), (done1, leased1) = before, _tally(new, g)
     moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
     if any(moved.values()):
         txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
-    if old is not None and old.state in LIVE and new.state not in LIVE:
-        owner = rg.OpenGroup.of(new.record).owner
-        if owner is not None and txn.get_counts(BY_KEY).get(owner, 0) > 0:  # > 0: not one opened before counting
-            txn.add_counts(BY_KEY, {owner: -1})
+    if old.state in LIVE and new.state not in LIVE:
+        if g.owner is not None and txn.get_counts(BY_KEY).get(g.owner, 0) > 0:  # > 0: not one opened before counting
+            txn.add_counts(BY_KEY, {g.owner: -1})
 
 
 BY_KEY = "rollouts_by_key"
@@ -96,12 +113,14 @@ BY_KEY = "rollouts_by_key"
 key's bound (`rollout_max_open_groups_per_key`) costs one read."""
 
 
-def view(row: GroupRow) -> GroupView:
+def view(txn: Txn, row: GroupRow) -> GroupView:
+    """The group as GET /rollouts/group shows it (its slots in: one read of their numbers)."""
     g = rg.OpenGroup.of(row.record)
+    done = txn.rollouts.done(g.key)
     return GroupView(
         group_id=g.key, env_id=g.env_id, state=row.state, group_size=g.group_size,
         min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline, expires_at=g.expires_at,
-        done=sorted(int(s) for s in g.done), leased={k: str(v[0]) for k, v in g.leases.items() if k not in g.done},
+        done=sorted(done), leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
         redispatched=g.redispatched, left_out=dict(g.left_out),
     )  # fmt: skip
 
@@ -157,7 +176,7 @@ def open_txn(
             req.task,
         ):
             raise Conflict(f"group {req.group_id!r} was opened before with another spec")
-        return view(old)
+        return view(txn, old)
     run = state.load(txn, known)
     checks.check_open(req, group_limits(run, built(QueueLimits, settings) if limits is None else limits))
     if req.env_id is not None:
@@ -179,12 +198,12 @@ def open_txn(
         deadline=now + req.deadline_s, producer=req.producer_id, expires_at=now + settings.rollout_lease_s,
         scores_at_seal=req.scores_at_seal, task=req.task, owner=caller.owner,
     )  # fmt: skip
-    row = _row(g, "open", 0)
+    row = _row(g, "open", None)
     txn.rollouts.put(row)
     txn.add_counts(COUNTS, {"opened": 1})
     if caller.owner is not None:
         txn.add_counts(BY_KEY, {caller.owner: 1})
-    return view(row)
+    return view(txn, row)
 
 
 def post_txn(
@@ -206,54 +225,60 @@ def post_txn(
     if req.inference_logprobs is not None and len(req.inference_logprobs) != len(req.tokens):
         raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
     row = group_of(txn, req.group_id, caller)
-    first = row
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
         raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
     run = state.load(txn, known_run)
     group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
-    checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)
+    packed = checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)
     d = digest(req)
-    slots = txn.rollouts.slots(req.group_id)
-    known = next(((s.producer, s.digest) for s in slots if s.slot == req.slot), None)
+    had = txn.rollouts.slot(req.group_id, req.slot)
+    known = None if had is None else (had.producer, had.digest)
     if known is None and row.state not in LIVE:
         txn.add_counts(COUNTS, {"redone": 1})
-        return PostReply(status="redone", group=view(row)), False
-    if known is None and (group_limit.max_group_tokens is not None or g.tokens is not None):
-        have = g.tokens if g.tokens is not None else sum(len(json.loads(s.data)["tokens"]) for s in slots)
-        checks.check_group_tokens(have, len(req.tokens), group_limit)
-        g.tokens = have + len(req.tokens)
-    outcome = rg.post(g, req.slot, req.producer_id, known, d)
+        return PostReply(status="redone", group=view(txn, row)), False
+    outcome = rg.post(req.producer_id, known, d)
     if outcome == rg.CONFLICT:
         raise Conflict(f"slot {req.slot} of group {req.group_id!r} was acknowledged with other content")
     if outcome != rg.ACCEPTED:
         if outcome == rg.REDONE:
             txn.add_counts(COUNTS, {"redone": 1})
-        return PostReply(status=outcome, group=view(row)), False
-    data = req.model_dump_json(include={"tokens", "masks", "inference_logprobs", "score", "policy_step", "overrides"})
+        return PostReply(status=outcome, group=view(txn, row)), False
+    if group_limit.max_group_tokens is not None:
+        checks.check_group_tokens(row.tokens, len(req.tokens), group_limit)
+    data = encode(packed)
     _, size = txn.rollouts.open_totals(row.env_id)
     if size + len(data) > settings.rollout_max_open_bytes:
         txn.add_counts(COUNTS, {"refused": 1})
         raise Unavailable(f"env {g.env_id}'s open groups hold {size} bytes; the limit is rollout_max_open_bytes")
-    txn.rollouts.put_slot(SlotRow(req.group_id, req.slot, req.producer_id, d, data))
-    txn.add_counts(COUNTS, {"slots": 1})
-    row = _row(g, row.state, row.bytes + len(data))
+    txn.rollouts.add_slot(SlotRow(req.group_id, req.slot, req.producer_id, d, data, len(req.tokens), req.score,
+                                  req.policy_step), len(data))  # fmt: skip
+    leased = str(req.slot) in g.leases and row.state in LIVE  # a sibling's lease ends with its slot in
+    txn.add_counts(COUNTS, {"slots": 1, **({OPEN_DONE: 1} if row.state in LIVE else {}),
+                            **({OPEN_LEASED: -1} if leased else {})})  # fmt: skip
+    row = replace(row, done=row.done + 1, tokens=row.tokens + len(req.tokens), bytes=row.bytes + len(data))
     sealing = False
-    if row.state == "open" and rg.complete(g):  # deadlines are the sweep's: a post never expires its own group
-        scored = {s.slot for s in txn.rollouts.slots(req.group_id) if json.loads(s.data)["score"] is not None}
-        decision = rg.seal_decision(g, now, scored)
+    if row.state == "open" and row.done == g.group_size:  # deadlines are the sweep's: a post never expires its group
+        slots = txn.rollouts.slots(req.group_id)
+        scored = {s.slot for s in slots if s.score is not None}
+        decision = rg.seal_decision(g, [s.slot for s in slots], now, scored)
         if not decision.wait:
-            row, sealing = _decide(txn, g, row, decision, now, books), decision.expired is None
-    _put(txn, first, row)
-    return PostReply(status="accepted", group=view(row)), sealing
+            rg.settle(g, [s.slot for s in slots])
+            new = _decide(txn, g, row, decision, now, books, slots)
+            _put(txn, row, (row.done, len(g.leases)), new, g)
+            row, sealing = new, decision.expired is None
+    return PostReply(status="accepted", group=view(txn, row)), sealing
 
 
-def _decide(txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: float, books: Recorder) -> GroupRow:
-    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted, and in the ledger)."""
+def _decide(
+    txn: Txn, g: rg.OpenGroup, row: GroupRow, decision: rg.Seal, now: float, books: Recorder, slots: list[SlotRow]
+) -> GroupRow:
+    """Apply a seal decision: `sealing` with its slots chosen, or `expired` (counted, and in the ledger). `slots`:
+    the group's, as read."""
     if decision.expired is not None:
-        return _expire(txn, g, row, decision.expired, now, books)
+        return _expire(txn, g, row, decision.expired, now, books, slots)
     g.left_out = {str(s): why for s, why in decision.left_out.items()}
-    return _row(g, "sealing", row.bytes, g.deadline)
+    return _row(g, "sealing", row, g.deadline)
 
 
 def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> bool:
@@ -262,47 +287,41 @@ def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> 
     if row.state != "open":
         return row.state == "sealing"
     g = rg.OpenGroup.of(row.record)
-    decision = rg.seal_decision(g, now, set(), by_producer=True)
+    slots = txn.rollouts.slots(g.key)
+    done = [s.slot for s in slots]
+    rg.settle(g, done)
+    decision = rg.seal_decision(g, done, now, set(), by_producer=True)
     if decision.wait:
-        raise Conflict(f"group {req.group_id!r} has {len(g.done)} rollouts; its min_group_size is {g.min_group_size}")
+        raise Conflict(f"group {req.group_id!r} has {len(done)} rollouts; its min_group_size is {g.min_group_size}")
     if req.scores is not None:
-        if set(req.scores) != set(g.done):
+        if set(req.scores) != {str(s) for s in done}:
             raise InvalidData(("body", "scores"), "one score per acknowledged slot")
         checks.check_seal_scores(req.scores)
         g.scores = dict(req.scores)
     elif g.scores_at_seal:
         raise InvalidData(("body", "scores"), "the group is scored at its seal: send its scores")
     else:
-        unscored = [s.slot for s in txn.rollouts.slots(g.key) if json.loads(s.data)["score"] is None]
+        unscored = [s.slot for s in slots if s.score is None]
         if unscored:
             raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
-    _put(txn, row, _decide(txn, g, row, decision, now, OFF))  # a producer's seal never expires the group
+    before = _tally(row, g)
+    _put(txn, row, before, _decide(txn, g, row, decision, now, OFF, slots), g)  # a producer's seal never expires it
     return True
 
 
 def group_body(txn: Txn, key: str) -> bytes | None:
-    """The sealed group as POST /scored_data would carry it (None unless it is `sealing`)."""
+    """The sealed group as a binary POST /scored_data would carry it (None unless it is `sealing`): its slots'
+    stored records concatenated (api/rollouts/assembly.py), none parsed again."""
     row = txn.rollouts.get(key)
     if row is None or row.state != "sealing":
         return None
     g = rg.OpenGroup.of(row.record)
-    rollouts = [(s.slot, json.loads(s.data)) for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out]
-    body: dict[str, Any] = {
-        "tokens": [r["tokens"] for _, r in rollouts],
-        "masks": [r["masks"] for _, r in rollouts],
-        "scores": [g.scores[str(s)] if g.scores else r["score"] for s, r in rollouts],
-        "env_id": g.env_id,
-        "group_id": key,
-        "producer_id": g.producer,
-    }
-    if all(r.get("inference_logprobs") is not None for _, r in rollouts):
-        body["inference_logprobs"] = [r["inference_logprobs"] for _, r in rollouts]
-    steps = [r["policy_step"] for _, r in rollouts if r.get("policy_step") is not None]
-    if steps:  # staleness counts from the oldest weights in the group
-        body["policy_step"] = min(steps)
-    if any(r.get("overrides") is not None for _, r in rollouts):
-        body["overrides"] = [r.get("overrides") or {} for _, r in rollouts]
-    return json.dumps(body, separators=(",", ":")).encode()
+    parts = [
+        Part(s.data, g.scores[str(s.slot)] if g.scores else float(s.score if s.score is not None else 0.0),
+             s.policy_step)
+        for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out
+    ]  # fmt: skip
+    return sealed_body(parts, env_id=g.env_id, group_id=key, producer_id=g.producer)
 
 
 EXPIRED_PREFIX = "rollouts_"
@@ -310,23 +329,24 @@ EXPIRED_PREFIX = "rollouts_"
 `rollouts_unscored_by_deadline`, `rollouts_refused`)."""
 
 
-def _expire(txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, now: float, books: Recorder) -> GroupRow:
+def _expire(
+    txn: Txn, g: rg.OpenGroup, row: GroupRow, why: str, now: float, books: Recorder, slots: list[SlotRow]
+) -> GroupRow:
     """The group expires: counted, kept with why (until `rollout_keep_s` after now), and recorded as a dropped
-    group (the ledger's row of its acknowledged rollouts, the env's drop counter; a task lease's task follows, as
-    for any dropped group)."""
-    slots = [json.loads(s.data) for s in txn.rollouts.slots(g.key)]  # read before anything is written
+    group (the ledger's row of its acknowledged rollouts, `slots`, the env's drop counter; a task lease's task
+    follows, as for any dropped group)."""
     short = why.split(":")[0]
     g.left_out = {"group": why}
     txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
     run = state.load(txn)
-    mean, lo, hi, std = ledger.score_summary([r["score"] for r in slots if r["score"] is not None])
+    mean, lo, hi, std = ledger.score_summary([s.score for s in slots if s.score is not None])
     books.expired_open(txn, run.env_name(g.env_id), LedgerGroup(
         id=txn.next_item_id(), env_id=row.env_id, group_id=g.key, handler=None, producer_id=g.producer,
-        acked_at=now, policy_step=run.step, seqs=len(slots), tokens=sum(len(r["tokens"]) for r in slots),
+        acked_at=now, policy_step=run.step, seqs=len(slots), tokens=sum(s.tokens for s in slots),
         bytes=row.bytes, score_mean=mean, score_min=lo, score_max=hi, score_std=std, fate=DROPPED, step=run.step,
         reason=EXPIRED_PREFIX + short, decided_at=now,
     ))  # fmt: skip
-    return _row(g, "expired", row.bytes, now)
+    return _row(g, "expired", row, now)
 
 
 def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorder = OFF) -> None:
@@ -334,13 +354,14 @@ def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorde
     row = txn.rollouts.get(key)
     if row is None or row.state != "sealing":
         return
-    g = rg.OpenGroup.of(row.record)
+    g = settled(txn, row)
+    before = _tally(row, g)
     if refused is not None:
-        _put(txn, row, _expire(txn, g, row, refused, now, books))
+        _put(txn, row, before, _expire(txn, g, row, refused, now, books, txn.rollouts.slots(key)), g)
         return
     partial = len(g.left_out) > 0
     txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
-    _put(txn, row, _row(g, "sealed", row.bytes, now))  # kept `rollout_keep_s` from now
+    _put(txn, row, before, _row(g, "sealed", row, now), g)  # kept `rollout_keep_s` from now
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,18 +388,21 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF, skip: Col
             continue
         try:
             g = rg.OpenGroup.of(row.record)
+            slots = txn.rollouts.slots(row.key)
+            done = [s.slot for s in slots]
+            rg.settle(g, done)
+            before = _tally(row, g)
             if g.scores_at_seal:
-                decision = rg.Seal(expired=rg.UNSCORED if len(g.done) >= g.min_group_size else rg.TOO_FEW)
+                decision = rg.Seal(expired=rg.UNSCORED if len(done) >= g.min_group_size else rg.TOO_FEW)
             else:
-                scored = {s.slot for s in txn.rollouts.slots(row.key) if json.loads(s.data)["score"] is not None}
-                decision = rg.seal_decision(g, now, scored)
+                decision = rg.seal_decision(g, done, now, {s.slot for s in slots if s.score is not None})
             if decision.wait:
                 continue
-            new = _decide(txn, g, row, decision, now, books)  # reads the rollouts before it writes anything
+            new = _decide(txn, g, row, decision, now, books, slots)  # reads the rollouts before it writes anything
         except UNREADABLE as exc:
             unreadable[row.key] = f"{type(exc).__name__}: {exc}"
             continue
-        _put(txn, row, new)
+        _put(txn, row, before, new, g)
         decided += 1
         if new.state == "sealing":
             out.append(row.key)
@@ -414,12 +438,15 @@ def lease_txn(
             continue  # a group this release cannot read: the sweep logs it
         if not caller.may(g.owner):
             continue  # another key's group: its slots are its own producers' to redo
+        done = txn.rollouts.done(g.key)
+        rg.settle(g, done)
+        before = _tally(row, g)
         lapsed += drop_lapsed(g, now)  # the sweep may not see them: a group with a slot nobody leases stays due
-        slots = rg.missing(g, now)[: n - len(out)]
+        slots = rg.missing(g, done, now)[: n - len(out)]
         rg.lease_slots(g, producer, slots, until)
         out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
                           expires_at=until) for s in slots]  # fmt: skip
-        _put(txn, row, _row(g, row.state, row.bytes))  # due again at once while a missing slot is leased to nobody
+        _put(txn, row, before, _row(g, row.state, row), g)  # due again at once while a missing slot is leased out
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})
     if lapsed:
@@ -448,8 +475,8 @@ def siblings_due_txn(
 
 
 def drop_lapsed(g: rg.OpenGroup, now: float) -> int:
-    """Drop the group's sibling leases that lapsed (their slots missing again); how many."""
-    gone = [k for k, v in g.leases.items() if k not in g.done and float(v[1]) <= now]
+    """Drop the group's sibling leases that lapsed (their slots missing again: `g` settled); how many."""
+    gone = [k for k, v in g.leases.items() if float(v[1]) <= now]
     for k in gone:
         del g.leases[k]
     return len(gone)
@@ -461,11 +488,13 @@ def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
     dropped = 0
     for key in keys:
         row = txn.rollouts.get(key)
-        if row is None or row.state != "open" or (g := readable(row)) is None:
+        if row is None or row.state != "open" or readable(row) is None:
             continue
+        g = settled(txn, row)
+        before = _tally(row, g)
         if not (gone := drop_lapsed(g, now)):
             continue
-        _put(txn, row, _row(g, row.state, row.bytes))  # its next check: the holder's lapse, or the next lease's end
+        _put(txn, row, before, _row(g, row.state, row), g)  # next check: the holder's lapse, or a lease's end
         dropped += gone
     if dropped:
         txn.add_counts(COUNTS, {"lease_lapsed": dropped})
@@ -496,7 +525,9 @@ def heartbeat_txn(
         if caller.hides(g.owner, "open_group"):
             out[key] = None
             continue
-        mine = [k for k, v in g.leases.items() if v[0] == producer and k not in g.done]
+        g = settled(txn, row)
+        before = _tally(row, g)
+        mine = [k for k, v in g.leases.items() if v[0] == producer]
         if g.producer != producer and not mine:
             out[key] = None
             continue
@@ -505,7 +536,7 @@ def heartbeat_txn(
             g.expires_at = until
         for k in mine:
             g.leases[k][1] = until
-        txn.rollouts.put(_row(g, row.state, row.bytes))
+        _put(txn, row, before, _row(g, row.state, row), g)
         out[key] = until
     return out
 

@@ -9,11 +9,17 @@ returns (indexed by key, deadline and holder expiry), never the groups ever open
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["DECIDED", "LIVE", "GroupRow", "OpenGroupTxn", "SlotRow"]
+import numpy as np
+
+from api.wire.records import F64, I32, GroupRecord, encode, narrowest
+
+__all__ = ["DECIDED", "LIVE", "GroupRow", "OpenGroupTxn", "SlotRow", "lean_record", "packed_slot"]
 
 LIVE = ("open", "sealing")
 """States of a group still waiting for its seal to finish."""
@@ -37,7 +43,13 @@ class GroupRow:
     bytes: int
     """What its acknowledged slots hold (the per-env bound on open bytes)."""
     record: str
-    """JSON text of api/rollouts/groups.py's `OpenGroup`."""
+    """JSON text of api/rollouts/groups.py's `OpenGroup`: what the group is and what was leased or decided, never
+    what each slot holds (that is the slots' rows), so that a post never rewrites it."""
+    done: int = 0
+    """Acknowledged slots: moved by `add_slot` with the slot's row, so that the post that completes the group knows
+    it without reading the others."""
+    tokens: int = 0
+    """Tokens of its acknowledged slots (the trainer's token budget per group), moved by `add_slot` alike."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +60,15 @@ class SlotRow:
     slot: int
     producer: str
     digest: str
-    data: str
-    """JSON text of the rollout as posted (tokens, masks, logprobs, score...)."""
+    data: bytes
+    """The rollout as the one sequence of a group record (api/wire/records.py `encode`: its tokens, masks, logprobs
+    and `overrides` as checked when it was acknowledged), so that the seal concatenates the slots' arrays without
+    parsing any rollout again."""
+    tokens: int
+    score: float | None
+    """As posted (None: scored at the seal)."""
+    policy_step: int | None
+    """As posted (None: not sent)."""
 
 
 class OpenGroupTxn(ABC):
@@ -95,8 +114,53 @@ class OpenGroupTxn(ABC):
 
     @abstractmethod
     def slots(self, key: str) -> list[SlotRow]:
-        """The group's acknowledged slots, by slot."""
+        """The group's acknowledged slots, by slot (what its seal or expiry reads)."""
 
     @abstractmethod
-    def put_slot(self, row: SlotRow) -> None:
-        """Store an acknowledged slot (never replaced: the first acknowledged is kept)."""
+    def slot(self, key: str, slot: int) -> SlotRow | None:
+        """One acknowledged slot, by its key: what a post compares itself with."""
+
+    @abstractmethod
+    def done(self, key: str) -> dict[int, str]:
+        """The group's acknowledged slots -> the producer that sent each, without their data (the views, leases)."""
+
+    @abstractmethod
+    def add_slot(self, row: SlotRow, size: int) -> None:
+        """Store a slot not yet acknowledged, and move its group's `done`, `tokens` and `bytes` (by `size`): the
+        group's record is not rewritten, and no other slot is read."""
+
+
+# ------------------------------------------------------------------ what earlier layouts stored, as this one does
+
+
+def packed_slot(text: str) -> tuple[bytes, int, float | None, int | None]:
+    """A slot's `data` as layouts before SQLite 13 and PostgreSQL 11 stored it (the post's JSON: tokens, masks,
+    inference_logprobs, score, policy_step, overrides, checked when it was acknowledged) as this one stores it:
+    (its record, tokens, score, policy_step). The schema steps that bring those layouts here convert with it."""
+    r: dict[str, Any] = json.loads(text)
+    tokens = np.asarray(r["tokens"], dtype=np.int64)
+    floats = {}
+    if r.get("inference_logprobs") is not None:
+        floats["inference_logprobs"] = narrowest(np.asarray(r["inference_logprobs"], dtype=F64))
+    rec = GroupRecord(
+        env_id=None,
+        lengths=np.array([tokens.shape[0]], dtype=I32),
+        tokens=tokens.astype(I32),
+        masks=np.asarray(r["masks"], dtype=np.int64).astype(I32),
+        scores=np.array([0.0 if r.get("score") is None else r["score"]], dtype=F64),
+        policy_step=0 if r.get("policy_step") is None else int(r["policy_step"]),
+        floats=floats,
+        meta={} if r.get("overrides") is None else {"overrides": [r["overrides"]]},
+    )
+    score = r.get("score")
+    return encode(rec), int(tokens.shape[0]), None if score is None else float(score), r.get("policy_step")
+
+
+def lean_record(text: str) -> str:
+    """A group's record as earlier layouts stored it (with `done`, slot -> producer, and `tokens`) as this one does:
+    those are the slots' rows and the group's counters now."""
+    record: dict[str, Any] = json.loads(text)
+    done = record.pop("done", {})
+    record.pop("tokens", None)
+    record["leases"] = {k: v for k, v in record.get("leases", {}).items() if k not in done}
+    return json.dumps(record, separators=(",", ":"))

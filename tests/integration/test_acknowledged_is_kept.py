@@ -278,7 +278,7 @@ def rewrite(url: str, fn: Any) -> None:
 
 def test_the_sweep_passes_over_a_group_it_cannot_finish(tmp_path: Path) -> None:
     """Two groups this release cannot read are due first (a record of a later release; a `sealing` group whose
-    rollout is not JSON) and three good groups behind them: the restarted server seals the three, logs each of the
+    rollout is not a record) and three good groups behind them: the restarted server seals the three, logs each of the
     two once, counts them (`unfinished`), and its lease requests answer. Before: the first unreadable group failed
     the sweep at every try, and the three stayed `open` past their deadline (the 500 of a `task:x:0:0:²` group at
     the head of the sweep had kept 3 of 3 groups behind it `sealing` 8 s past their deadline)."""
@@ -319,10 +319,9 @@ def test_the_sweep_passes_over_a_group_it_cannot_finish(tmp_path: Path) -> None:
             deadline=past - 1,
             producer="p1",
             expires_at=past - 1,
-            done={"0": "p1"},
         )
-        txn.rollouts.put(GroupRow("broken", 0, "sealing", past - 1, past - 1, 9, broken.to_json()))
-        txn.rollouts.put_slot(SlotRow("broken", 0, "p1", "d", "{not json"))
+        txn.rollouts.put(GroupRow("broken", 0, "sealing", past - 1, past - 1, 0, broken.to_json()))
+        txn.rollouts.add_slot(SlotRow("broken", 0, "p1", "d", b"{not a record", 1, 1.0, None), 13)
 
     rewrite(url, damage)
     with running_server(url, log, "--rollout-sweep-every-s", "0.1") as server:

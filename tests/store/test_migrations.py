@@ -299,6 +299,49 @@ def test_a_postgres_schema_stores_tasks_served_past_the_committed_mark_as_served
     assert _stored_tasks(url) == (STAGED_ROWS, {"trained": 2, "served": 2}, {"leased": 1})
 
 
+async def sealed_from_posted(store: str) -> None:
+    """The open group o-2 of the file, with the 2 slots posted when it was written: they are still in (as its
+    view and its next posts see them), and the group sealed with the 2 missing slots holds all 4 rollouts."""
+    app = create_app(Settings(store=store, side_buffer_ttl_s=None))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            opened = (await c.get("/rollouts/group", params={"group_id": "o-2"})).json()
+            assert (opened["state"], len(opened["done"])) == ("open", 2), opened
+            assert (await c.get("/rollouts")).json()["open_slots_done"] == 2
+            missing = sorted(set(range(4)) - set(opened["done"]))
+            for slot in missing:
+                body = {
+                    "group_id": "o-2",
+                    "slot": slot,
+                    "producer_id": opened["producer"],
+                    "tokens": [7, 8],
+                    "masks": [-100, 8],
+                    "score": 0.5,
+                }
+                reply = await c.post("/rollouts/post", json=body)
+                assert reply.status_code == 200, reply.text
+            assert reply.json()["group"]["state"] == "sealed", reply.json()
+            [row] = (await c.get("/ledger/groups/o-2")).json()["groups"]
+            assert row["seqs"] == 4 and row["tokens"] >= 4 * 2, row
+
+
+@pytest.mark.parametrize("version", [v for v in sorted(versions("sqlite")) if v >= SQLITE_STAGED])
+def test_a_sqlite_files_posted_slots_are_sealed_with_their_group(version: int, tmp_path: Path) -> None:
+    path = tmp_path / "rollbuf.db"
+    with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    asyncio.run(sealed_from_posted(f"sqlite:///{path}"))
+
+
+@pytest.mark.parametrize("version", [v for v in sorted(versions("postgres")) if v >= POSTGRES_STAGED])
+def test_a_postgres_schemas_posted_slots_are_sealed_with_their_group(version: int, dbname: str) -> None:
+    dump = gzip.decompress(versions("postgres")[version].read_bytes()).decode()
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        conn.execute(dump.encode())
+    asyncio.run(sealed_from_posted(pg.url_of(dbname, schema="old_run")))
+
+
 def test_a_dataset_from_before_owners_is_its_envs_key(tmp_path: Path) -> None:
     """Layout 11's rule: a dataset stored before owners were recorded belongs to the one key that registered the
     envs of its env's name, and an open group to its env's key. A file of layout 10 whose env a key registered."""

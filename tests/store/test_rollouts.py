@@ -43,26 +43,39 @@ async def test_groups_are_found_by_deadline_lapse_and_env(store: Store) -> None:
     assert [g.key for g in await store.read(lambda txn: txn.rollouts.scan("c", 3))] == ["d", "e"]
 
 
-async def test_slots_keep_the_first_and_follow_their_transaction(store: Store) -> None:
+def slot_row(key: str, slot: int, producer: str = "p1", digest: str = "d", tokens: int = 3) -> SlotRow:
+    return SlotRow(key, slot, producer, digest, b"\x81\xa1v\x01", tokens, None if slot == 0 else 1.0, slot or None)
+
+
+async def test_slots_keep_the_first_move_their_group_and_follow_their_transaction(store: Store) -> None:
+    """A slot is stored once (the first kept); storing it moves its group's counters, the record untouched."""
+
     def fill(txn: Txn) -> None:
         txn.rollouts.put(row("a"))
-        txn.rollouts.put_slot(SlotRow("a", 1, "p1", "d1", "{}"))
-        txn.rollouts.put_slot(SlotRow("a", 0, "p1", "d0", "{}"))
-        txn.rollouts.put_slot(SlotRow("a", 1, "p2", "other", "{}"))
+        txn.rollouts.add_slot(slot_row("a", 1, digest="d1"), 10)
+        txn.rollouts.add_slot(slot_row("a", 0, digest="d0", tokens=5), 20)
+        txn.rollouts.add_slot(slot_row("a", 1, "p2", "other", tokens=100), 1000)
 
     await store.transact(fill)
     slots = await store.read(lambda txn: txn.rollouts.slots("a"))
     assert [(s.slot, s.producer, s.digest) for s in slots] == [(0, "p1", "d0"), (1, "p1", "d1")]
+    assert slots[1] == slot_row("a", 1, digest="d1"), "as stored: data, tokens, score, policy_step"
+    assert slots[0].score is None and slots[0].policy_step is None
+    assert await store.read(lambda txn: txn.rollouts.slot("a", 1)) == slots[1]
+    assert await store.read(lambda txn: txn.rollouts.slot("a", 2)) is None
+    assert await store.read(lambda txn: txn.rollouts.done("a")) == {0: "p1", 1: "p1"}
+    got = await store.read(lambda txn: txn.rollouts.get("a"))
+    assert got is not None and (got.done, got.tokens, got.bytes, got.record) == (2, 8, 130, row("a").record)
 
     def fails(txn: Txn) -> None:
-        txn.rollouts.put_slot(SlotRow("a", 2, "p1", "d2", "{}"))
+        txn.rollouts.add_slot(slot_row("a", 2, digest="d2"), 7)
         txn.rollouts.put(row("a", state="sealed"))
         raise RuntimeError("undone")
 
     with pytest.raises(RuntimeError):
         await store.transact(fails)
     assert len(await store.read(lambda txn: txn.rollouts.slots("a"))) == 2
-    assert (await store.read(lambda txn: txn.rollouts.get("a"))) == row("a")
+    assert (await store.read(lambda txn: txn.rollouts.get("a"))) == got
     await store.transact(lambda txn: txn.clear())
     assert await store.read(lambda txn: txn.rollouts.get("a")) is None
     assert await store.read(lambda txn: txn.rollouts.slots("a")) == []
@@ -90,7 +103,7 @@ async def test_decided_groups_are_found_by_decision_time_and_deleted_with_their_
         txn.rollouts.put(row("sealing", state="sealing", deadline=1.0, expires_at=1.0))
         for i, key in enumerate(["s1", "s2", "s3"]):
             txn.rollouts.put(row(key, state="open", expires_at=50.0))
-            txn.rollouts.put_slot(SlotRow(key, 0, "p", "d", "{}"))
+            txn.rollouts.add_slot(slot_row(key, 0), 0)
             txn.rollouts.put(row(key, state="sealed" if i != 1 else "expired", expires_at=10.0 + i))
         txn.rollouts.put(row("new", state="sealed", expires_at=100.0))
 

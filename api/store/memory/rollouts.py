@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from api.store.rollouts import LIVE, GroupRow, OpenGroupTxn, SlotRow
@@ -113,13 +114,28 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
         got = self._s.slots.get(key, {})
         return [got[i] for i in sorted(got)]
 
-    def put_slot(self, row: SlotRow) -> None:
-        got = self._s.slots.setdefault(row.key, {})
+    def slot(self, key: str, slot: int) -> SlotRow | None:
+        return self._s.slots.get(key, {}).get(slot)
+
+    def done(self, key: str) -> dict[int, str]:
+        got = self._s.slots.get(key, {})
+        return {i: got[i].producer for i in sorted(got)}
+
+    def add_slot(self, row: SlotRow, size: int) -> None:
+        s = self._s
+        got = s.slots.setdefault(row.key, {})
         if row.slot in got:
             return
         got[row.slot] = row
+        group = s.groups.get(row.key)
+        if group is not None:
+            s.groups[row.key] = replace(
+                group, done=group.done + 1, tokens=group.tokens + row.tokens, bytes=group.bytes + size
+            )
 
         def undo() -> None:
             del got[row.slot]
+            if group is not None:
+                s.groups[row.key] = group
 
         self._undo.append(undo)

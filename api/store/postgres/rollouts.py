@@ -10,7 +10,8 @@ import psycopg
 
 from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
 
-_G = "key, env_id, state, deadline, expires_at, bytes, record"
+_G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens"
+_S = "key, slot, producer, digest, data, tokens, score, policy_step"
 _LIVE = "state IN ('open', 'sealing')"
 Write = Callable[[str, Sequence[Any]], psycopg.Cursor[Any]]
 
@@ -29,10 +30,11 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
 
     def put(self, row: GroupRow) -> None:
         self._write(
-            f"INSERT INTO rollout_groups ({_G}) VALUES (%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key) DO UPDATE SET "
+            f"INSERT INTO rollout_groups ({_G}) VALUES (%b,%b,%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key) DO UPDATE SET "
             "env_id = excluded.env_id, state = excluded.state, deadline = excluded.deadline, "
-            "expires_at = excluded.expires_at, bytes = excluded.bytes, record = excluded.record",
-            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record),
+            "expires_at = excluded.expires_at, bytes = excluded.bytes, record = excluded.record, "
+            "done = excluded.done, tokens = excluded.tokens",
+            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record, row.done, row.tokens),
         )
 
     def due(self, now: float, limit: int) -> list[GroupRow]:
@@ -93,14 +95,24 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
         return int(rows[0][0]), int(rows[0][1])
 
     def slots(self, key: str) -> list[SlotRow]:
-        rows = self._read(
-            "SELECT key, slot, producer, digest, data FROM rollout_slots WHERE key = %b ORDER BY slot", (key,)
-        )
+        rows = self._read(f"SELECT {_S} FROM rollout_slots WHERE key = %b ORDER BY slot", (key,))
         return [SlotRow(*r) for r in rows]
 
-    def put_slot(self, row: SlotRow) -> None:
+    def slot(self, key: str, slot: int) -> SlotRow | None:
+        rows = self._read(f"SELECT {_S} FROM rollout_slots WHERE key = %b AND slot = %b", (key, slot))
+        return SlotRow(*rows[0]) if rows else None
+
+    def done(self, key: str) -> dict[int, str]:
+        rows = self._read("SELECT slot, producer FROM rollout_slots WHERE key = %b ORDER BY slot", (key,))
+        return {int(r[0]): r[1] for r in rows}
+
+    def add_slot(self, row: SlotRow, size: int) -> None:
+        # One statement: the slot's row, and its group's counters only if the slot was new.
         self._write(
-            "INSERT INTO rollout_slots (key, slot, producer, digest, data) VALUES (%b,%b,%b,%b,%b) "
-            "ON CONFLICT (key, slot) DO NOTHING",
-            (row.key, row.slot, row.producer, row.digest, row.data),
-        )
+            f"WITH added AS (INSERT INTO rollout_slots ({_S}) VALUES (%b,%b,%b,%b,%b,%b,%b,%b) "
+            "ON CONFLICT (key, slot) DO NOTHING RETURNING key) "
+            "UPDATE rollout_groups SET done = done + 1, tokens = tokens + %b, bytes = bytes + %b "
+            "WHERE key IN (SELECT key FROM added)",
+            (row.key, row.slot, row.producer, row.digest, row.data, row.tokens, row.score, row.policy_step,
+             row.tokens, size),
+        )  # fmt: skip

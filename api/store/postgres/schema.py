@@ -16,6 +16,7 @@ from psycopg import sql
 from api.store.base import held_slot
 from api.store.migrations import Step, migrate
 from api.store.postgres.config import PostgresConfig
+from api.store.rollouts import lean_record, packed_slot
 
 
 def _held_rows(db: _Schema) -> None:
@@ -201,6 +202,22 @@ STEPS = (
             "GROUP BY dataset) c WHERE c.dataset = t.name",
         ),
     ),
+    Step(
+        "a post writes its slot's row and moves its group's counters, never rewriting the group's record or reading "
+        "another slot (docs/rollouts.md, Costs): a group counts its acknowledged slots and their tokens; a slot "
+        "keeps its rollout packed as the seal concatenates it, with its tokens, score and policy_step beside it",
+        (
+            "ALTER TABLE {s}.rollout_groups ADD COLUMN done bigint NOT NULL DEFAULT 0",
+            "ALTER TABLE {s}.rollout_groups ADD COLUMN tokens bigint NOT NULL DEFAULT 0",
+            "ALTER TABLE {s}.rollout_slots ALTER COLUMN data TYPE bytea USING convert_to(data, 'UTF8')",
+            "ALTER TABLE {s}.rollout_slots ADD COLUMN tokens bigint NOT NULL DEFAULT 0",
+            "ALTER TABLE {s}.rollout_slots ADD COLUMN score double precision",
+            "ALTER TABLE {s}.rollout_slots ADD COLUMN policy_step bigint",
+            # Which slots are in and whose (views, leases, a post's reply) read this index, not the records.
+            "CREATE INDEX rollout_slots_done ON {s}.rollout_slots (key, slot, producer)",
+        ),
+        lambda db: _packed_slots(db),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -223,6 +240,28 @@ CLEARED = (
     "rollout_slots",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
+
+
+def _packed_slots(db: _Schema) -> None:
+    """Version 11: each acknowledged slot's JSON becomes its packed record (with its tokens, score and policy_step
+    beside it), each group's record loses what its slots' rows say, and its counters count its slots."""
+    c, s = db.conn, db.schema
+    for key, slot, data in c.execute(sql.SQL("SELECT key, slot, data FROM {}.rollout_slots").format(s)).fetchall():
+        packed, tokens, score, step = packed_slot(bytes(data).decode())
+        c.execute(
+            sql.SQL("UPDATE {}.rollout_slots SET data = %b, tokens = %b, score = %b, policy_step = %b "
+                    "WHERE key = %b AND slot = %b").format(s),
+            (packed, tokens, score, step, key, slot),
+        )  # fmt: skip
+    for key, record in c.execute(sql.SQL("SELECT key, record FROM {}.rollout_groups").format(s)).fetchall():
+        c.execute(
+            sql.SQL("UPDATE {}.rollout_groups SET record = %b WHERE key = %b").format(s), (lean_record(record), key)
+        )
+    counted = (
+        "UPDATE {0}.rollout_groups g SET done = (SELECT count(*) FROM {0}.rollout_slots x WHERE x.key = g.key), "
+        "tokens = (SELECT coalesce(sum(x.tokens), 0) FROM {0}.rollout_slots x WHERE x.key = g.key)"
+    )
+    c.execute(sql.SQL(counted).format(s))
 
 
 class _Schema:

@@ -8,7 +8,8 @@ from collections.abc import Collection
 
 from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
 
-_G = "key, env_id, state, deadline, expires_at, bytes, record"
+_G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens"
+_S = "key, slot, producer, digest, data, tokens, score, policy_step"
 _LIVE = "state IN ('open', 'sealing')"
 
 
@@ -24,8 +25,8 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
 
     def put(self, row: GroupRow) -> None:
         self._db.execute(
-            f"INSERT OR REPLACE INTO rollout_groups ({_G}) VALUES (?,?,?,?,?,?,?)",
-            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record),
+            f"INSERT OR REPLACE INTO rollout_groups ({_G}) VALUES (?,?,?,?,?,?,?,?,?)",
+            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record, row.done, row.tokens),
         )
 
     def due(self, now: float, limit: int) -> list[GroupRow]:
@@ -84,13 +85,24 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         return int(n), int(size)
 
     def slots(self, key: str) -> list[SlotRow]:
-        cur = self._db.execute(
-            "SELECT key, slot, producer, digest, data FROM rollout_slots WHERE key = ? ORDER BY slot", (key,)
-        )
+        cur = self._db.execute(f"SELECT {_S} FROM rollout_slots WHERE key = ? ORDER BY slot", (key,))
         return [SlotRow(*r) for r in cur]
 
-    def put_slot(self, row: SlotRow) -> None:
-        self._db.execute(
-            "INSERT OR IGNORE INTO rollout_slots (key, slot, producer, digest, data) VALUES (?,?,?,?,?)",
-            (row.key, row.slot, row.producer, row.digest, row.data),
-        )
+    def slot(self, key: str, slot: int) -> SlotRow | None:
+        row = self._db.execute(f"SELECT {_S} FROM rollout_slots WHERE key = ? AND slot = ?", (key, slot)).fetchone()
+        return None if row is None else SlotRow(*row)
+
+    def done(self, key: str) -> dict[int, str]:
+        cur = self._db.execute("SELECT slot, producer FROM rollout_slots WHERE key = ? ORDER BY slot", (key,))
+        return dict(cur.fetchall())
+
+    def add_slot(self, row: SlotRow, size: int) -> None:
+        added = self._db.execute(
+            f"INSERT OR IGNORE INTO rollout_slots ({_S}) VALUES (?,?,?,?,?,?,?,?)",
+            (row.key, row.slot, row.producer, row.digest, row.data, row.tokens, row.score, row.policy_step),
+        ).rowcount
+        if added:
+            self._db.execute(
+                "UPDATE rollout_groups SET done = done + 1, tokens = tokens + ?, bytes = bytes + ? WHERE key = ?",
+                (row.tokens, size, row.key),
+            )

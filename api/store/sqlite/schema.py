@@ -14,6 +14,7 @@ import msgpack
 
 from api.store.base import held_slot
 from api.store.migrations import Step, migrate
+from api.store.rollouts import lean_record, packed_slot
 
 
 def _held_rows(f: _File) -> None:
@@ -39,6 +40,25 @@ def _held_rows(f: _File) -> None:
             )
     db.execute("UPDATE meta SET value = ? WHERE key = 'next_item_id'", (next_id,))
     db.execute("DROP TABLE buffers")
+
+
+def _packed_slots(f: _File) -> None:
+    """Version 13: each acknowledged slot's JSON becomes its packed record (with its tokens, score and policy_step
+    beside it), each group's record loses what its slots' rows say, and its counters count its slots."""
+    db = f.db
+    rows = db.execute("SELECT key, slot, data FROM rollout_slots").fetchall()
+    for key, slot, data in rows:
+        packed, tokens, score, step = packed_slot(data)
+        db.execute(
+            "UPDATE rollout_slots SET data = ?, tokens = ?, score = ?, policy_step = ? WHERE key = ? AND slot = ?",
+            (packed, tokens, score, step, key, slot),
+        )
+    for key, record in db.execute("SELECT key, record FROM rollout_groups").fetchall():
+        db.execute("UPDATE rollout_groups SET record = ? WHERE key = ?", (lean_record(record), key))
+    db.execute(
+        "UPDATE rollout_groups SET done = (SELECT count(*) FROM rollout_slots s WHERE s.key = rollout_groups.key), "
+        "tokens = (SELECT coalesce(sum(s.tokens), 0) FROM rollout_slots s WHERE s.key = rollout_groups.key)"
+    )
 
 
 STEPS = (
@@ -208,6 +228,21 @@ STEPS = (
             "WHERE t.dataset = task_sets.name AND t.state = 'served')) WHERE EXISTS (SELECT 1 FROM tasks t WHERE "
             "t.dataset = task_sets.name AND t.state = 'served')",
         ),
+    ),
+    Step(
+        "a post writes its slot's row and moves its group's counters, never rewriting the group's record or reading "
+        "another slot (docs/rollouts.md, Costs): a group counts its acknowledged slots and their tokens; a slot "
+        "keeps its rollout packed as the seal concatenates it, with its tokens, score and policy_step beside it",
+        (
+            "ALTER TABLE rollout_groups ADD COLUMN done INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE rollout_groups ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE rollout_slots ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE rollout_slots ADD COLUMN score REAL",
+            "ALTER TABLE rollout_slots ADD COLUMN policy_step INTEGER",
+            # Which slots are in and whose (views, leases, a post's reply) read this index, not the records.
+            "CREATE INDEX rollout_slots_done ON rollout_slots (key, slot, producer)",
+        ),
+        _packed_slots,
     ),
 )
 SCHEMA_VERSION = len(STEPS)

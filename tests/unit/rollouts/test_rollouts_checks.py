@@ -23,11 +23,11 @@ from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import decode
 from api.ingest.validation import check_policy_step
 from api.owners import ANYONE
-from api.rollouts import groups as rg
 from api.rollouts import txns as rs
 from api.run import state
 from api.run.state import RunState
 from api.store.memory import MemoryTxn, State
+from api.wire.records import MSGPACK
 from api.wire.rollouts import OpenRequest, RolloutPost, SealRequest
 from api.wire.schema import Registration
 from tests.factories import registration
@@ -88,11 +88,11 @@ def opened(txn: MemoryTxn, key: str, size: int = 2) -> None:
     rs.open_txn(txn, req, 0.0, SETTINGS, ANYONE, limits=LIMITS)
 
 
-def refused_at_ingest(raw: bytes, run: RunState) -> bool:
-    """Whether POST /scored_data refuses this group: its validation, and the transaction's one check of the data
-    (`policy_step` against the run's step)."""
+def refused_at_ingest(raw: bytes, run: RunState, content_type: str = "application/json") -> bool:
+    """Whether POST /scored_data refuses this group (JSON, or a sealed group's msgpack record): its validation, and
+    the transaction's one check of the data (`policy_step` against the run's step)."""
     try:
-        [sub] = decode(raw, "application/json", run, LIMITS, many=False)
+        [sub] = decode(raw, content_type, run, LIMITS, many=False)
         check_policy_step(sub.sent_policy_step, run.step)
     except (InvalidData, RequestValidationError):
         return True
@@ -128,7 +128,7 @@ def test_a_rollout_is_refused_at_its_post_or_its_sealed_group_passes_ingest(roll
         assert sealing, "the second of two scored rollouts seals the group"
         body = rs.group_body(txn, "g")
         assert body is not None
-        assert not refused_at_ingest(body, run), f"acknowledged, then refused at ingest: {rollout}"
+        assert not refused_at_ingest(body, run, MSGPACK), f"acknowledged, then refused at ingest: {rollout}"
         refused = False
     whole = {"tokens": [rollout["tokens"]] * 2, "masks": [rollout["masks"]] * 2, "scores": [rollout["score"]] * 2,
              "group_id": "whole", "policy_step": rollout.get("policy_step")}  # fmt: skip
@@ -177,17 +177,17 @@ def test_a_groups_tokens_stay_within_the_trainers_token_budget_as_rollouts_arriv
         post(2, 21)
     assert refused.value.loc == ("body", "tokens") and "max_batch_tokens of 100" in refused.value.msg
     assert post(2, 20) == "accepted"
-    assert rg.OpenGroup.of(txn.rollouts.get("g").record).tokens == 100  # type: ignore[union-attr]
+    assert txn.rollouts.get("g").tokens == 100  # type: ignore[union-attr]
 
 
 def test_a_group_opened_before_the_trainer_had_a_budget_counts_its_tokens_from_its_rollouts() -> None:
-    """A record without a count (the trainer re-registered with a budget while the group was open) is counted from
-    its acknowledged rollouts once."""
+    """A group's tokens are counted with every slot (`GroupRow.tokens`), so a budget the trainer registers while
+    the group is open holds its next rollouts to what is already in."""
     txn, _ = started()
     opened(txn, "g", size=4)
     body = {"group_id": "g", "slot": 0, "producer_id": "p1", "tokens": [1] * 60, "masks": [1] * 60, "score": 1.0}
     rs.post_txn(txn, RolloutPost.model_validate(body), 0.0, SETTINGS, limits=LIMITS)
-    assert "tokens" not in txn.rollouts.get("g").record  # type: ignore[union-attr]  # as records were before
+    assert txn.rollouts.get("g").tokens == 60  # type: ignore[union-attr]
     state.save_run(txn, Registration.model_validate(registration(batch_size=BATCH, max_token_len=MAX_LEN,
                                                                  max_batch_tokens=100)), started=True)  # fmt: skip
     with pytest.raises(InvalidData):

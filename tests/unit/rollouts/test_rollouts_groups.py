@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +46,7 @@ def test_slots_keep_the_first_and_seals_cover_every_slot_once(
         if slot >= size:
             continue
         known = acked.get(slot)
-        outcome = rg.post(g, slot, producer, known, f"c{content}")
+        outcome = rg.post(producer, known, f"c{content}")
         if known is None:
             assert outcome == rg.ACCEPTED
             acked[slot] = (producer, f"c{content}")
@@ -53,10 +54,9 @@ def test_slots_keep_the_first_and_seals_cover_every_slot_once(
             assert outcome == rg.DUPLICATE
         else:
             assert outcome == (rg.CONFLICT if known[0] == producer else rg.REDONE)
-    assert {int(s): p for s, p in g.done.items()} == {s: p for s, (p, _) in acked.items()}, "the first is kept"
-    decision = rg.seal_decision(g, now, scored)
+    decision = rg.seal_decision(g, set(acked), now, scored)
     if decision.wait:
-        assert now < g.deadline and not (rg.complete(g) and not at_seal and scored >= set(acked))
+        assert now < g.deadline and not (len(acked) == size and not at_seal and scored >= set(acked))
     elif decision.expired is None:
         assert set(decision.slots) <= set(acked) and len(decision.slots) >= least
         assert set(decision.slots) | set(decision.left_out) == set(range(size))
@@ -64,7 +64,7 @@ def test_slots_keep_the_first_and_seals_cover_every_slot_once(
         assert set(decision.slots) <= scored and not at_seal
     else:
         assert now >= g.deadline
-    by_producer = rg.seal_decision(g, now, set(), by_producer=True)
+    by_producer = rg.seal_decision(g, set(acked), now, set(), by_producer=True)
     assert by_producer.wait == (len(acked) < least)
 
 
@@ -74,19 +74,19 @@ def test_only_missing_slots_are_leased_and_only_once_the_holder_lapsed(
     size: int, done: set[int], now: float, lease_until: float
 ) -> None:
     g = group(size, 1)
-    for s in done:
-        if s < size:
-            rg.post(g, s, "p1", None, "d")
-    m = rg.missing(g, now)
+    done = {s for s in done if s < size}
+    m = rg.missing(g, done, now)
     if now < g.expires_at:
         assert m == []
         return
-    assert set(m) == set(range(size)) - {int(s) for s in g.done}
+    assert set(m) == set(range(size)) - done
     rg.lease_slots(g, "p2", m, lease_until)
     assert g.redispatched == len(m)
-    again = rg.missing(g, now)
+    again = rg.missing(g, done, now)
     assert again == ([] if lease_until > now else m), "a live sibling lease is not handed out twice"
-    assert rg.next_check(g) >= g.expires_at
+    assert rg.next_check(g, len(done)) >= g.expires_at
+    rg.settle(g, set(m[:1]))  # a leased slot in since (a post leaves the record): its lease ends
+    assert set(g.leases) == {str(s) for s in m[1:]}
 
 
 OPS = st.lists(
@@ -129,11 +129,14 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
         return len(rows) >= limit
 
     def check() -> None:
-        groups = [rg.OpenGroup.of(r.record) for r in txn.rollouts.scan("", 100) if r.state in LIVE]
+        rows = [r for r in txn.rollouts.scan("", 100) if r.state in LIVE]
+        done = {r.key: txn.rollouts.done(r.key) for r in rows}
+        groups = [rg.OpenGroup.of(r.record) for r in rows]
         counts = rs.totals_txn(txn)
         assert counts["open"] == len(groups)
-        assert counts.get(rs.OPEN_DONE, 0) == sum(len(g.done) for g in groups)
-        assert counts.get(rs.OPEN_LEASED, 0) == sum(1 for g in groups for k in g.leases if k not in g.done)
+        assert [r.done for r in rows] == [len(done[r.key]) for r in rows], "a group's counter counts its slots"
+        assert counts.get(rs.OPEN_DONE, 0) == sum(len(done[g.key]) for g in groups)
+        assert counts.get(rs.OPEN_LEASED, 0) == sum(1 for g in groups for k in g.leases if int(k) not in done[g.key])
 
     for op in ops:
         kind = op[0]
@@ -175,7 +178,8 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
         the next taker, which drops them)."""
         for r in txn.rollouts.scan("", 100):
             g = rg.OpenGroup.of(r.record)
-            missing = [str(s) for s in range(g.group_size) if str(s) not in g.done]
+            done = txn.rollouts.done(r.key)
+            missing = [str(s) for s in range(g.group_size) if s not in done]
             if r.state != "open" or g.expires_at > now or (only_walked and any(k not in g.leases for k in missing)):
                 continue
             if any(float(g.leases[k][1]) <= now for k in missing if k in g.leases):
@@ -198,16 +202,16 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
 
 
 def unreadable_rows(txn: MemoryTxn, now: float) -> None:
-    """Two due groups this release cannot read, due before any other: a record of a later release (a field it does
-    not know) and an open group whose acknowledged rollout is not JSON."""
+    """Two due groups this release cannot finish, due before any other: a record of a later release (a field it
+    does not know) and an open group whose acknowledged rollout is not a record (its seal cannot assemble it)."""
     later = rg.OpenGroup(key="later", env_id=None, group_size=2, min_group_size=1, deadline=now - 100, producer="p1",
                          expires_at=now - 100)  # fmt: skip
     record = {**json.loads(later.to_json()), "from_a_later_release": 1}
     txn.rollouts.put(GroupRow("later", -1, "open", now - 100, now - 100, 0, json.dumps(record)))
     broken = rg.OpenGroup(key="broken", env_id=None, group_size=2, min_group_size=1, deadline=now - 99,
-                          producer="p1", expires_at=now - 99, done={"0": "p1"})  # fmt: skip
-    txn.rollouts.put(GroupRow("broken", -1, "open", now - 99, now - 99, 1, broken.to_json()))
-    txn.rollouts.put_slot(SlotRow("broken", 0, "p1", "d", "{not json"))
+                          producer="p1", expires_at=now - 99)  # fmt: skip
+    txn.rollouts.put(GroupRow("broken", -1, "open", now - 99, now - 99, 0, broken.to_json()))
+    txn.rollouts.add_slot(SlotRow("broken", 0, "p1", "d", b"{not a record", 1, 1.0, None), 1)
 
 
 def test_what_touches_many_groups_passes_over_one_it_cannot_read() -> None:
@@ -225,18 +229,20 @@ def test_what_touches_many_groups_passes_over_one_it_cannot_read() -> None:
         rs.post_txn(txn, RolloutPost.model_validate(post), now - 10, config)
     unreadable_rows(txn, now)
     swept = rs.sweep_txn(txn, now, 3)
-    assert swept.decided == len(swept.sealing) == 1, "the group behind them is decided"
-    assert sorted(swept.unreadable) == ["broken", "later"]
-    assert "TypeError" in swept.unreadable["later"] and "JSONDecodeError" in swept.unreadable["broken"]
-    rs.mark_txn(txn, swept.sealing[0], None, now)
-    skipped = rs.sweep_txn(txn, now, 2, skip=set(swept.unreadable))
+    assert swept.decided == len(swept.sealing) == 2, "the groups behind it are decided"
+    assert sorted(swept.unreadable) == ["later"] and "TypeError" in swept.unreadable["later"]
+    assert swept.sealing[0] == "broken", "its rollouts are read at its seal: the service's finish meets it"
+    with pytest.raises(rs.UNREADABLE):
+        rs.group_body(txn, "broken")
+    rs.mark_txn(txn, swept.sealing[1], None, now)
+    skipped = rs.sweep_txn(txn, now, 2, skip={"later", "broken"})
     assert (skipped.decided, skipped.unreadable) == (2, {}), "read past the skipped ones, within its limit"
-    assert sorted(swept.sealing + skipped.sealing) == ["due0", "due1", "due2"]
+    assert sorted(swept.sealing[1:] + skipped.sealing) == ["due0", "due1", "due2"]
     for key in skipped.sealing:
         rs.mark_txn(txn, key, None, now)
     assert [r.key for r in txn.rollouts.due(now, 10)] == ["later", "broken"], "left as they are"
     leased = rs.lease_txn(txn, "sibling", 10, now, config)
-    assert [(x.group_id, x.slot) for x in leased] == [("broken", 1)], "its record reads: its missing slot is leased"
+    assert leased == [], "nothing of the one it cannot read; the other is sealing"
     assert rs.unlease_txn(txn, ["later", "broken"], now) == 0
     beat = rs.heartbeat_txn(txn, "p1", ["later", "broken"], now, LEASE_S)
-    assert beat == {"later": None, "broken": now + LEASE_S}, "the unreadable one holds nothing; the other beats"
+    assert beat == {"later": None, "broken": None}, "the unreadable one holds nothing, nor a sealing one"
