@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from api.wire.records import FLOAT_FIELDS, GroupRecord
+from api.wire.records import FLOAT_FIELDS, VERSIONS_FIELD, GroupRecord
 from api.wire.rules import MASK_IGNORE
 from trainer_client.tensors import to_tensors
 
@@ -30,6 +30,8 @@ GRPO_EPS = 1e-6
 """Added to a group's score standard deviation: a group with equal scores gets zero advantages, not NaN."""
 NO_ENV = -1
 """`env_ids` value of a group sent without an env id."""
+NO_VERSION = -1
+"""`weight_versions` value of a token whose group was sent without per-token versions, and of padding."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,9 @@ class Padded:
     """float32 [n, L]; 0 on padding."""
     floats: dict[str, np.ndarray] = field(default_factory=dict)
     """Per-token float fields the batch carries (`inference_logprobs`, `ref_logprobs`), float32 [n, L]."""
+    weight_versions: np.ndarray | None = None
+    """int64 [n, L] when a group of the batch sent `token_weight_versions`: the trainer step of the weights that
+    sampled each token, -1 on padding and where a group sent none."""
 
     @property
     def trained(self) -> np.ndarray:
@@ -59,6 +64,8 @@ class Padded:
         # the handler's raw `advantages` (NaN where a group sent none) gives way to the merged ones
         arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "attention_mask": self.attention_mask,
                   "advantages": self.advantages}  # fmt: skip
+        if self.weight_versions is not None:
+            arrays["weight_versions"] = self.weight_versions
         return to_tensors(arrays, device, non_blocking=non_blocking)
 
 
@@ -84,6 +91,8 @@ class Packed:
     cu_seqlens: list[np.ndarray]
     """Per row, int32 cumulative sequence lengths `[0, l1, l1 + l2, ...]` in placement order."""
     floats: dict[str, np.ndarray] = field(default_factory=dict)
+    weight_versions: np.ndarray | None = None
+    """int64 [R, max_len] when a group of the batch sent per-token versions; -1 on padding (as `Padded`)."""
 
     @property
     def trained(self) -> np.ndarray:
@@ -93,9 +102,11 @@ class Packed:
     def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
         """Tensors `[R, max_len]`: `tokens`, `labels`, `position_ids`, `segment_ids` int64, `trained` bool,
         `advantages` and the floats float32 (as `Padded.to_torch`)."""
-        return to_tensors({**self.floats, "tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
-                           "segment_ids": self.segment_ids, "advantages": self.advantages},
-                          device, non_blocking=non_blocking)  # fmt: skip
+        arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
+                  "segment_ids": self.segment_ids, "advantages": self.advantages}  # fmt: skip
+        if self.weight_versions is not None:
+            arrays["weight_versions"] = self.weight_versions
+        return to_tensors(arrays, device, non_blocking=non_blocking)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +136,9 @@ class Batch:
     group_ids: list[str | None]
     meta: list[dict[str, Any]]
     """Per group: messages, overrides, generation_params, ... as sent."""
+    weight_versions: np.ndarray | None = None
+    """int64 [T], beside the masks, when at least one group sent `token_weight_versions`: the trainer step of the
+    weights that sampled each token; -1 in the groups that did not send them. None when no group did."""
 
     @property
     def lengths(self) -> np.ndarray:
@@ -195,6 +209,8 @@ class Batch:
         sent = self.floats.get("advantages")
         flats: list[Fill] = [(self.tokens, pad_id, I32), (self.masks, MASK_IGNORE, I32)]
         flats += [(v, 0.0, F32) for v in self.floats.values()]
+        if self.weight_versions is not None:
+            flats.append((self.weight_versions, NO_VERSION, I64))
         if sent is not None:
             flats.append((self.advantages, 0.0, F32))
         out = _pad_rows(self.offsets, width, flats)
@@ -202,12 +218,14 @@ class Batch:
             advantages = np.where(attention, self.grpo_advantages()[:, None], np.float32(0))
         else:
             advantages = out.pop()
+        versions = out.pop() if self.weight_versions is not None else None
         return Padded(
             tokens=out[0],
             masks=out[1],
             attention_mask=attention,
             advantages=advantages,
             floats=dict(zip(self.floats, out[2:], strict=True)),
+            weight_versions=versions,
         )
 
     def packed(self, max_len: int, *, pad_id: int = 0) -> Packed:
@@ -233,8 +251,13 @@ class Batch:
         floats = {k: np.zeros(shape, F32) for k in self.floats}
         flat_adv = self.advantages
         ramp = np.arange(max_len, dtype=I32)
-        pairs = [(tokens, self.tokens), (masks, self.masks), (advantages, flat_adv)]
+        pairs: list[tuple[np.ndarray, np.ndarray]] = [(tokens, self.tokens), (masks, self.masks)]
+        pairs.append((advantages, flat_adv))
         pairs += [(floats[k], v) for k, v in self.floats.items()]
+        versions = None
+        if self.weight_versions is not None:
+            versions = np.full(shape, NO_VERSION, I64)
+            pairs.append((versions, self.weight_versions))
         bounds_ = zip(self.offsets[:-1].tolist(), self.offsets[1:].tolist(), row.tolist(), start.tolist(), strict=True)
         for i, (a, b, r, c) in enumerate(bounds_):
             n = b - a
@@ -252,14 +275,17 @@ class Batch:
             start=start.astype(I32),
             cu_seqlens=cu,
             floats=floats,
+            weight_versions=versions,
         )
 
     def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
         """The flat arrays as tensors: `tokens`, `labels`, `offsets`, `group_index` int64, `trained` bool,
         `scores` float64, `advantages` and the floats float32 (as `Padded.to_torch`)."""
-        return to_tensors({**self.floats, "tokens": self.tokens, "masks": self.masks, "offsets": self.offsets,
-                           "scores": self.scores, "advantages": self.advantages, "group_index": self.group_index},
-                          device, non_blocking=non_blocking)  # fmt: skip
+        arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "offsets": self.offsets,
+                  "scores": self.scores, "advantages": self.advantages, "group_index": self.group_index}  # fmt: skip
+        if self.weight_versions is not None:
+            arrays["weight_versions"] = self.weight_versions
+        return to_tensors(arrays, device, non_blocking=non_blocking)
 
 
 def trained_positions(masks: np.ndarray) -> np.ndarray:
@@ -322,6 +348,11 @@ def from_records(records: Sequence[GroupRecord], step: int | None) -> Batch:
         if any(name in r.floats for r in records):
             parts = [r.floats[name] if name in r.floats else np.full(r.n_tokens, np.nan, F32) for r in records]
             floats[name] = _concat(parts, F32)
+    versions = None
+    if any(r.weight_versions is not None for r in records):
+        parts = [np.full(r.n_tokens, NO_VERSION, I64) if r.weight_versions is None else r.weight_versions
+                 for r in records]  # fmt: skip
+        versions = _concat(parts, I64)
     return Batch(
         step=step,
         tokens=_concat([r.tokens for r in records], I32),
@@ -335,6 +366,7 @@ def from_records(records: Sequence[GroupRecord], step: int | None) -> Batch:
         group_scores=[np.asarray(r.meta.get("group_scores", r.scores), F64) for r in records],
         group_ids=[r.group_id for r in records],
         meta=[{k: v for k, v in r.meta.items() if k != "group_scores"} for r in records],
+        weight_versions=versions,
     )
 
 
@@ -360,7 +392,16 @@ def from_json(groups: Iterable[Mapping[str, Any]], step: int | None) -> Batch:
                 for g in groups
             ]  # fmt: skip
             floats[name] = _concat(parts, F32)
-    skip = {"tokens", "masks", "scores", "env_id", "policy_step", "group_id", "group_scores", *FLOAT_FIELDS}
+    versions = None
+    if any(g.get(VERSIONS_FIELD) is not None for g in groups):
+        parts = [
+            np.fromiter(chain.from_iterable(g[VERSIONS_FIELD]), I64) if g.get(VERSIONS_FIELD) is not None
+            else np.full(sum(map(len, g["tokens"])), NO_VERSION, I64)
+            for g in groups
+        ]  # fmt: skip
+        versions = _concat(parts, I64)
+    skip = {"tokens", "masks", "scores", "env_id", "policy_step", "group_id", "group_scores", VERSIONS_FIELD,
+            *FLOAT_FIELDS}  # fmt: skip
     return Batch(
         step=step,
         tokens=flat("tokens", I32),
@@ -374,6 +415,7 @@ def from_json(groups: Iterable[Mapping[str, Any]], step: int | None) -> Batch:
         group_scores=[np.asarray(g.get("group_scores") or g["scores"], F64) for g in groups],
         group_ids=[g.get("group_id") for g in groups],
         meta=[{k: v for k, v in g.items() if k not in skip and v is not None} for g in groups],
+        weight_versions=versions,
     )
 
 

@@ -2,8 +2,9 @@
 
 Used by `no_exact_fill: "trim"` (a group served with its first sequences only, `api/batches/formation.py`) and by
 the data-parallel shares (`api/batches/sharding.py`). Every per-sequence field is cut alike: the per-token arrays
-(tokens, masks, advantages, ref and inference logprobs) through `lengths`, the scores, and the free-form fields
-that hold one entry per sequence (messages, overrides, distill ids and logprobs: a list as long as the group).
+(tokens, masks, advantages, ref and inference logprobs, weight versions) through `lengths`, the scores, and the
+free-form fields that hold one entry per sequence (messages, overrides, distill ids and logprobs: a list as long as
+the group).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def cut(rec: GroupRecord, seqs: np.ndarray) -> GroupRecord:
         scores=rec.scores[seqs],
         floats={k: v[index] for k, v in rec.floats.items()},
         meta=meta,
+        weight_versions=None if rec.weight_versions is None else rec.weight_versions[index],
     )
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from api.store.base import ANON_ENV, DROPPED, SERVED, LedgerGroup, LedgerStep
 from api.store.ledger_contract import GROUP_RECORD
-from api.wire.records import F64, FLOAT_FIELDS, I32, GroupRecord
+from api.wire.records import F64, FLOAT_FIELDS, I32, VERSIONS_FIELD, GroupRecord
 
 ROW_GROUP_ROWS = 8192
 """Most sequences in one record batch (one Parquet row group)."""
@@ -94,6 +94,7 @@ def sequences_schema() -> pa.Schema:
             pa.field("masks", pa.list_(pa.int32()), nullable=False),
             pa.field("score", pa.float64(), nullable=False),
             *floats,
+            pa.field(VERSIONS_FIELD, pa.list_(pa.int32())),
             pa.field("meta", pa.string()),
         ]
     )
@@ -120,7 +121,8 @@ def meta_text(rec: GroupRecord) -> str | None:
 def record_bytes(rec: GroupRecord, meta: str | None = None) -> int:
     """Bytes a group adds to a record batch: its arrays (float fields as float64), and its metadata's text,
     repeated on each of its sequence rows (1 MB of `images` in a group of 4 is 4 MB of the batch)."""
-    arrays = rec.n_tokens * (2 * I32.itemsize + F64.itemsize * len(rec.floats)) + rec.seqs * 64
+    ints = 2 + (rec.weight_versions is not None)
+    arrays = rec.n_tokens * (ints * I32.itemsize + F64.itemsize * len(rec.floats)) + rec.seqs * 64
     return arrays + (len(meta) * rec.seqs if meta else 0)
 
 
@@ -174,10 +176,22 @@ def _float_lists(records: Sequence[GroupRecord], name: str, lengths: np.ndarray,
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), mask=mask)
 
 
+def _version_lists(records: Sequence[GroupRecord], lengths: np.ndarray, per_seq: np.ndarray) -> pa.Array:
+    """The per-token weight versions as int32 lists; null for the sequences of groups sent without them."""
+    sent = np.fromiter((r.weight_versions is not None for r in records), np.bool_, count=len(records))
+    present = np.repeat(sent, per_seq)
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(np.where(present, lengths, 0), out=offsets[1:])
+    values = [r.weight_versions for r in records if r.weight_versions is not None]
+    flat = np.concatenate(values) if values else np.empty(0, I32)
+    mask = None if sent.all() else pa.array(~present)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32()), mask=mask)
+
+
 _SCALARS = ("group", "group_id", "env", "env_id", "policy_step", "fate", "trained_step", "drop_reason",
             "dropped_step", "acked_at", "meta")  # fmt: skip
 """Columns that hold one value per group, repeated for each of its sequences."""
-_PER_SEQ = ("seq", "length", "score", "tokens", "masks", *FLOAT_FIELDS)
+_PER_SEQ = ("seq", "length", "score", "tokens", "masks", *FLOAT_FIELDS, VERSIONS_FIELD)
 
 
 def sequences_batch(
@@ -220,6 +234,8 @@ def sequences_batch(
             arrays.append(pa.array(np.concatenate([r.scores for r in records])))
         elif f.name in ("tokens", "masks"):
             arrays.append(_lists([getattr(r, f.name) for r in records], lengths, pa.int32()))
+        elif f.name == VERSIONS_FIELD:
+            arrays.append(_version_lists(records, lengths, per_seq))
         else:
             arrays.append(_float_lists(records, f.name, lengths, per_seq))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -16,7 +16,14 @@ import numpy as np
 from pydantic import ValidationError
 
 from api.errors import InvalidData
-from api.ingest.validation import GroupLimits, check_distill, check_lengths, check_producer_id, check_values
+from api.ingest.validation import (
+    GroupLimits,
+    check_distill,
+    check_lengths,
+    check_producer_id,
+    check_values,
+    check_versions,
+)
 from api.run.printable import check_printable
 from api.wire.records import (
     F32,
@@ -25,7 +32,9 @@ from api.wire.records import (
     I32,
     META_FIELDS,
     RECORD_KEYS,
+    VERSIONED_KEYS,
     VERSIONS,
+    VERSIONS_FIELD,
     Buffer,
     GroupRecord,
     encode,
@@ -99,6 +108,10 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
     scores = _array(m, "scores", F64, count=lengths.shape[0], what="one per sequence")
     floats = {name: _float_field(m, name, total, lengths) for name in FLOAT_FIELDS if m.get(name) is not None}
     check_values(lengths, tokens, masks, scores, floats)
+    versions = None
+    if m.get(VERSIONS_FIELD) is not None:
+        versions = _array(m, VERSIONS_FIELD, I32, count=total, lengths=lengths)
+        check_versions(lengths, versions)
     raw_meta = m.get("meta")
     meta = _check_meta(raw_meta, lengths)
 
@@ -113,14 +126,16 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
         floats=floats,
         meta=meta,
         producer_id=producer_id,
+        weight_versions=versions,
     )
     keys = tuple(m)
-    if producer_id is not None and keys == _WITH_PRODUCER:  # the stored form but for its last key: cut it off
-        cut = _without_producer(raw, producer_id)
+    stored_keys = RECORD_KEYS if versions is None else VERSIONED_KEYS
+    if producer_id is not None and keys == (*stored_keys, "producer_id"):  # the stored form but its last key: cut it
+        cut = _without_producer(raw, producer_id, len(stored_keys))
         if cut is not None:
-            raw, keys = cut, RECORD_KEYS
+            raw, keys = cut, stored_keys
     stored_form = (
-        keys == RECORD_KEYS
+        keys == stored_keys
         and version == version_of(floats)
         and all(len(m[name]) == floats[name].nbytes for name in floats)  # no float64 that float32 holds
         and raw_meta == meta
@@ -132,19 +147,18 @@ def check_record(raw: Buffer, *, env_ids: Container[int], current_step: int, lim
 
 
 _NIL_STEP = msgpack.packb("policy_step") + b"\xc0"
-_WITH_PRODUCER = (*RECORD_KEYS, "producer_id")
-_STORED_MAP = 0x80 | len(RECORD_KEYS)  # a fixmap header: the stored form has fewer than 16 keys
+_FIXMAP = 0x80  # a fixmap header: the stored form has fewer than 16 keys
 
 
-def _without_producer(raw: Buffer, producer_id: str) -> bytes | None:
+def _without_producer(raw: Buffer, producer_id: str, stored_keys: int) -> bytes | None:
     """A record in the stored form plus `producer_id` as its last key (as `encode_submission` writes it), with
     that key cut off: the ledger keeps the producer apart, and the group's bytes are still stored as sent
     rather than re-encoded. None when the bytes are not laid out so."""
     tail = msgpack.packb("producer_id") + msgpack.packb(producer_id)
     view = memoryview(raw)
-    if view[0] != _STORED_MAP + 1 or bytes(view[-len(tail) :]) != tail:
+    if view[0] != _FIXMAP | (stored_keys + 1) or bytes(view[-len(tail) :]) != tail:
         return None
-    return b"".join((bytes((_STORED_MAP,)), view[1 : -len(tail)]))
+    return b"".join((bytes((_FIXMAP | stored_keys,)), view[1 : -len(tail)]))
 
 
 def _stamped(raw: Buffer, step: int) -> bytes | None:

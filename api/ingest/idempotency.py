@@ -78,6 +78,9 @@ def _feed(h: Any, rec: GroupRecord, sent_policy_step: int | None, narrowed: bool
         h.update(b"\x04" if values.dtype == _F32 else b"\x08")
         h.update(np.ascontiguousarray(values, values.dtype.newbyteorder("<")).data)
     h.update(msgpack.packb(_canonical(rec.meta), use_bin_type=True) if rec.meta else _EMPTY_MAP)
+    if rec.weight_versions is not None:  # hashed only when sent: the digests of groups without them are unchanged
+        h.update(b"\x05")
+        h.update(np.ascontiguousarray(rec.weight_versions, "<i4").data)
 
 
 def _hash_ids(h: Any, rec: GroupRecord, sent_policy_step: int | None) -> None:

@@ -13,7 +13,7 @@ from api.ingest import side_buffer
 from api.ingest.idempotency import remember, same_content
 from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import Submission
-from api.ingest.validation import check_policy_step
+from api.ingest.validation import check_policy_step, check_versions_step
 from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
 from api.run import state, stats
@@ -60,6 +60,7 @@ def submit_txn(
     for sub in subs:  # against the step now, not the snapshot's: it may have moved since
         try:
             check_policy_step(sub.sent_policy_step, run.step)
+            check_versions_step(sub.record, run.step)
         except InvalidData as exc:
             raise exc.at(*sub.loc) from None
     now = time.time()

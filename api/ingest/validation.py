@@ -17,7 +17,7 @@ import numpy as np
 
 from api.errors import InvalidData
 from api.run.printable import check_printable
-from api.wire.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, GroupRecord, narrowest
+from api.wire.records import F32, F64, FLOAT_FIELDS, I32, META_FIELDS, VERSIONS_FIELD, GroupRecord, narrowest
 from api.wire.rules import INT32_MAX, INT32_MIN, PRODUCER_ID_MAX
 from api.wire.schema import ScoredData
 
@@ -48,6 +48,7 @@ COLUMN_DTYPES: dict[str, np.dtype[Any]] = {
     "tokens": np.dtype(np.int64),
     "masks": np.dtype(np.int64),
     **{name: F64 for name in FLOAT_FIELDS},
+    VERSIONS_FIELD: np.dtype(np.int64),
 }
 """The per-token fields that become columns, and the dtype each is read into before checking."""
 
@@ -106,6 +107,10 @@ def pack_group(
             check_rows(name, col.lengths, lengths)
             floats[name] = narrowest(col.values)  # float32 where exact, else float64: numbers as sent
     check_distill(sd, lengths)
+    versions = cols.get(VERSIONS_FIELD)
+    if versions is not None:
+        check_rows(VERSIONS_FIELD, versions.lengths, lengths)
+        check_versions(lengths, versions.values)
     tokens, masks = cols["tokens"].values, cols["masks"].values
     scores = np.asarray(sd.scores, dtype=F64)
     check_values(lengths, tokens, masks, scores, floats)
@@ -123,6 +128,7 @@ def pack_group(
         floats=floats,
         meta=meta,
         producer_id=check_producer_id(sd.producer_id),
+        weight_versions=None if versions is None else versions.values.astype(I32),
     )
 
 
@@ -234,6 +240,30 @@ def finite_as_f32(values: np.ndarray) -> bool:
     if values.dtype == F32:
         return bool(np.logical_and.reduce(np.isfinite(values)))
     return bool(-F32_OVERFLOW < np.minimum.reduce(values) and np.maximum.reduce(values) < F32_OVERFLOW)
+
+
+def check_versions(lengths: np.ndarray, versions: np.ndarray) -> None:
+    """Per-token weight versions (both paths) are trainer steps: from 0 to int32's largest, as they are stored.
+    Whether they are ahead of the trainer is known in the store transaction (`check_versions_step`)."""
+    if versions.size and (np.minimum.reduce(versions) < 0 or np.maximum.reduce(versions) > INT32_MAX):
+        flat = int(np.argmax((versions < 0) | (versions > INT32_MAX)))
+        seq, offset = _position(lengths, flat)
+        value = int(versions[flat])
+        rule = "weight versions must be >= 0" if value < 0 else "weight versions must fit in int32"
+        raise InvalidData((VERSIONS_FIELD, seq, offset), f"{rule}, got {value}")
+
+
+def check_versions_step(rec: GroupRecord, current_step: int) -> None:
+    """No token comes from weights the trainer has not produced yet: every per-token weight version is at most the
+    run's current step, as `policy_step` is (`check_policy_step`). A token ahead of the trainer would never be
+    masked or dropped as stale."""
+    versions = rec.weight_versions
+    if versions is None or not versions.size or int(np.maximum.reduce(versions)) <= current_step:
+        return
+    flat = int(np.argmax(versions > current_step))
+    seq, offset = _position(rec.lengths, flat)
+    rule = f"{int(versions[flat])} is ahead of the trainer, which is at step {current_step}"
+    raise InvalidData((VERSIONS_FIELD, seq, offset), rule)
 
 
 def check_policy_step(policy_step: int | None, current_step: int) -> None:

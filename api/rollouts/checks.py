@@ -21,14 +21,15 @@ from api.ingest.validation import (
     check_policy_step,
     check_producer_id,
     check_scores,
+    check_versions_step,
     pack_group,
 )
 from api.run.printable import check_printable
-from api.wire.records import F64, FLOAT_FIELDS, GroupRecord
+from api.wire.records import F64, FLOAT_FIELDS, VERSIONS_FIELD, GroupRecord
 from api.wire.rollouts import OpenRequest, RolloutPost
 from api.wire.schema import ScoredData
 
-PER_SEQUENCE = frozenset({"tokens", "masks", "scores", "overrides", *FLOAT_FIELDS})
+PER_SEQUENCE = frozenset({"tokens", "masks", "scores", "overrides", VERSIONS_FIELD, *FLOAT_FIELDS})
 """A group's fields with a row per sequence: an error in one names the sequence, which a post does not have."""
 
 
@@ -57,6 +58,7 @@ def check_rollout(
         scores=[0.0 if req.score is None else req.score],  # scored at the seal: checked there
         inference_logprobs=None if req.inference_logprobs is None else [req.inference_logprobs],
         overrides=None if req.overrides is None else [req.overrides],
+        token_weight_versions=None if req.token_weight_versions is None else [req.token_weight_versions],
         env_id=env_id,
         group_id=group_id,
         policy_step=req.policy_step,
@@ -67,8 +69,9 @@ def check_rollout(
         raise _in_post(exc) from None
     try:
         check_policy_step(req.policy_step, current_step)
+        check_versions_step(packed, current_step)
     except InvalidData as exc:  # valid in itself, refused by the run's state now: a conflict
-        raise Conflict(exc.msg, loc=("body", "policy_step")) from None
+        raise Conflict(exc.msg, loc=_in_post(exc).loc) from None
     return packed
 
 

@@ -58,6 +58,12 @@ RECORD_KEYS = (
     "meta",
 )
 """Every key of a record, in the order `encode` writes them (the canonical form the server stores as sent)."""
+VERSIONS_FIELD = "token_weight_versions"
+"""The optional per-token int32 field: the trainer step of the weights that sampled each token. Written after
+`meta`, and only when the group carries it, so a group without it is stored and served byte for byte as before
+(readers that do not know the key skip it)."""
+VERSIONED_KEYS = (*RECORD_KEYS, VERSIONS_FIELD)
+"""The keys of a record that carries per-token weight versions, in `encode`'s order."""
 
 
 @dataclass(slots=True)
@@ -78,6 +84,9 @@ class GroupRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     producer_id: str | None = None
     """Who made it, as sent: the ledger row keeps it; the stored record (`encode`) does not (it is not served)."""
+    weight_versions: np.ndarray | None = None
+    """int32 [T], per token: the trainer step of the weights that sampled it (`VERSIONS_FIELD`), or None when the
+    group was sent without it."""
 
     @property
     def seqs(self) -> int:
@@ -141,6 +150,8 @@ def encode(rec: GroupRecord) -> bytes:
         arr = rec.floats.get(name)
         body[name] = None if arr is None else arr.astype(float_dtype(arr), copy=False).tobytes()
     body["meta"] = rec.meta
+    if rec.weight_versions is not None:
+        body[VERSIONS_FIELD] = rec.weight_versions.astype(I32, copy=False).tobytes()
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -165,6 +176,7 @@ def _from_map(m: dict[str, Any]) -> GroupRecord:
         group_id=m.get("group_id"),
         floats=floats,
         meta=m.get("meta") or {},
+        weight_versions=None if m.get(VERSIONS_FIELD) is None else np.frombuffer(m[VERSIONS_FIELD], I32),
     )
 
 
@@ -253,6 +265,7 @@ def encode_submission(
     advantages: Sequence[Any] | np.ndarray | None = None,
     ref_logprobs: Sequence[Any] | np.ndarray | None = None,
     inference_logprobs: Sequence[Any] | np.ndarray | None = None,
+    token_weight_versions: Sequence[Any] | np.ndarray | None = None,
     **meta: Any,
 ) -> bytes:
     """One group as the body of `POST /scored_data` with `Content-Type: application/msgpack`.
@@ -285,6 +298,8 @@ def encode_submission(
     if unknown:
         raise TypeError(f"unknown group fields {unknown}; known: {', '.join(META_FIELDS)}")
     body["meta"] = {k: v for k, v in meta.items() if v is not None}
+    if token_weight_versions is not None:
+        body[VERSIONS_FIELD] = _flat_rows(token_weight_versions, I32)[0].tobytes()
     if producer_id is not None:
         body["producer_id"] = producer_id
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]
@@ -320,6 +335,8 @@ def to_atropos(rec: GroupRecord) -> dict[str, Any]:
     out["env_id"] = rec.env_id
     out["policy_step"] = rec.policy_step
     out["group_id"] = rec.group_id
+    if rec.weight_versions is not None:  # only when sent: a group without it is served as Atropos serves it
+        out[VERSIONS_FIELD] = rec.split(rec.weight_versions)
     if "group_scores" in rec.meta:  # a group split across ranks: the whole group's scores, for its advantages
         out["group_scores"] = rec.meta["group_scores"]
     return out

@@ -17,6 +17,7 @@ from api.wire.rules import (
     SAFE_INT_MAX,
     TokenFloat,
     TokenId,
+    WeightVersion,
     _Request,
     _Text,
     _Wire,
@@ -61,7 +62,7 @@ RolloutMask = Annotated[int, WithJsonSchema({"type": "integer", "minimum": INT32
 class RolloutPost(_Request, _Text):
     """POST /rollouts/post: one rollout of an open group, acknowledged durably."""
 
-    integer_fields = frozenset(["slot", "tokens", "masks", "policy_step"])
+    integer_fields = frozenset(["slot", "tokens", "masks", "policy_step", "token_weight_versions"])
 
     group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
     """The open group it belongs to."""
@@ -82,6 +83,9 @@ class RolloutPost(_Request, _Text):
     rollouts' (staleness counts from it); null for all: the group has none, as a group sent without one."""
     overrides: dict[str, Any] | None = None
     """Its record (turns, timings, truncation...): the sealed group's `overrides` entry for it."""
+    token_weight_versions: list[WeightVersion] | None = None
+    """Per token, the trainer step of the weights that sampled it, as a group's row (one per token, each at most the
+    trainer's current step: 409 beyond)."""
 
 
 class SealRequest(_Request, _Text):

@@ -82,6 +82,8 @@ MaskValue = Annotated[
     WithJsonSchema({"anyOf": [{"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX}, {"type": "boolean"}]}),
 ]
 """A mask value; `true`/`false` (verl's Atropos recipe sends boolean masks, which Atropos coerces) is 1/0."""
+WeightVersion = Annotated[int, WithJsonSchema({"type": "integer", "minimum": 0, "maximum": INT32_MAX})]
+"""A token's weights version: a trainer step, stored as int32 beside the token."""
 TokenFloat = Annotated[float, WithJsonSchema({"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX})]
 NON_EMPTY = Field(json_schema_extra={"minItems": 1})
 Message = Annotated[

@@ -26,6 +26,7 @@ from api.wire.rules import (
     Message,
     TokenFloat,
     TokenId,
+    WeightVersion,
     _Request,
     _Text,
     _Wire,
@@ -385,7 +386,7 @@ class ScoredData(_Wire):
     common case pays nothing for them (`api.http.body.validate`)."""
 
     integer_fields: ClassVar[frozenset[str]] = frozenset(
-        ["tokens", "masks", "env_id", "distill_token_ids", "policy_step"]
+        ["tokens", "masks", "env_id", "distill_token_ids", "policy_step", "token_weight_versions"]
     )
 
     model_config = ConfigDict(json_schema_extra={"examples": [GROUP_EXAMPLE]})
@@ -430,6 +431,11 @@ class ScoredData(_Wire):
     acknowledged (`duplicate: true`) and not stored twice; with different content it is a 409."""
     producer_id: str | None = Field(default=None, min_length=1, max_length=PRODUCER_ID_MAX)
     """The producer that made it (its heartbeat `producer_id`): kept in the group's ledger row, not served."""
+    token_weight_versions: list[list[WeightVersion]] | None = None
+    """Per token, the trainer step of the weights that sampled it (an episode that spanned weight syncs has several;
+    prompt and tool positions may carry the version of the turn they precede): one row per sequence, each as long as
+    its tokens, every value from 0 to the trainer's current step (422 otherwise). Stored and served in /batch beside
+    the masks; without it the group is stored and served as before."""
 
     @field_validator("messages")
     @classmethod
@@ -528,6 +534,9 @@ class BatchGroup(_Wire):
     """The handler's group id, or null."""
     group_scores: list[float] | None = None
     """With `?rank=`: the whole group's scores when this share holds only some of its sequences."""
+    token_weight_versions: list[list[int]] | None = None
+    """Per token, the trainer step of the weights that sampled it, when the handler sent them (the key is absent
+    otherwise)."""
 
 
 class BatchReply(_Wire):
