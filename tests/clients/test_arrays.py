@@ -17,7 +17,9 @@ from trainer_client.arrays import Batch, first_fit_decreasing, from_json, from_r
 group_lengths = st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=6), min_size=1, max_size=12)
 
 
-def make_records(groups: list[list[int]], *, advantages: bool | list[bool] = False) -> list[GroupRecord]:
+def make_records(
+    groups: list[list[int]], *, advantages: bool | list[bool] = False, versions: list[bool] | None = None
+) -> list[GroupRecord]:
     rng = np.random.default_rng(len(groups))
     out = []
     for g, lengths in enumerate(groups):
@@ -38,6 +40,7 @@ def make_records(groups: list[list[int]], *, advantages: bool | list[bool] = Fal
                 group_id=f"g{g}",
                 floats=floats,
                 meta={"messages": [[{"role": "user", "content": str(g)}]] * len(lengths)},
+                weight_versions=g + rng.integers(0, 3, total).astype(I32) if versions and versions[g] else None,
             )
         )
     return out
@@ -163,6 +166,37 @@ def test_json_and_binary_give_the_same_batch(groups: list[list[int]]) -> None:
         assert np.array_equal(from_wire.floats[name], arr, equal_nan=True)
     assert from_wire.group_ids == direct.group_ids
     assert [m["messages"] for m in from_wire.meta] == [m["messages"] for m in direct.meta]
+    assert from_wire.weight_versions is None and direct.weight_versions is None
+
+
+@given(group_lengths, st.data())
+@settings(max_examples=30)
+def test_weight_versions_sit_beside_the_masks_in_every_view(groups: list[list[int]], data: st.DataObject) -> None:
+    """Per token, the version its group sent (-1 in groups that sent none, and on padding), in the flat, padded and
+    packed views alike, from JSON as from the binary records."""
+    sent = data.draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
+    records = make_records(groups, versions=sent)
+    direct = from_records(records, step=0)
+    from_wire = from_json(orjson.loads(dumps({"batch": [to_atropos(r) for r in records]}))["batch"], step=0)
+    if not any(sent):
+        assert direct.weight_versions is None and from_wire.weight_versions is None
+        return
+    expected = np.concatenate(
+        [np.full(r.n_tokens, -1) if r.weight_versions is None else r.weight_versions for r in records]
+    )
+    assert direct.weight_versions is not None and from_wire.weight_versions is not None
+    assert np.array_equal(direct.weight_versions, expected) and direct.weight_versions.dtype == np.int64
+    assert np.array_equal(from_wire.weight_versions, expected) and from_wire.weight_versions.dtype == np.int64
+    padded = direct.padded()
+    assert padded.weight_versions is not None
+    assert np.array_equal(padded.weight_versions[padded.attention_mask], expected)
+    assert (padded.weight_versions[~padded.attention_mask] == -1).all()
+    packed = direct.packed(max(map(max, groups)) + 3)
+    assert packed.weight_versions is not None
+    for i, seq in enumerate(direct.sequences(direct.weight_versions)):
+        r, c = int(packed.row[i]), int(packed.start[i])
+        assert np.array_equal(packed.weight_versions[r, c : c + seq.shape[0]], seq)
+    assert (packed.weight_versions[packed.segment_ids == -1] == -1).all()
 
 
 def test_torch_is_optional_with_a_helpful_error(monkeypatch: pytest.MonkeyPatch) -> None:

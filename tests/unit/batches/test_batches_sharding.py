@@ -18,6 +18,7 @@ def record(lengths: list[int], gid: str) -> GroupRecord:
         env_id=0, lengths=ls, tokens=tokens, masks=tokens.copy(), scores=np.arange(len(ls), dtype=np.float64),
         policy_step=0, group_id=gid, floats={"inference_logprobs": tokens.astype(np.float32)},
         meta={"messages": [[{"role": "user", "content": str(i)}] for i in range(len(ls))], "generation_params": {}},
+        weight_versions=tokens + 1000,
     )  # fmt: skip
 
 
@@ -58,3 +59,4 @@ def test_split_group_keeps_per_sequence_fields_aligned() -> None:
             assert p.meta["group_scores"] == [0.0, 1.0, 2.0]
             assert len(p.meta["messages"]) == p.seqs
             assert np.array_equal(p.floats["inference_logprobs"], p.tokens.astype(np.float32))
+            assert p.weight_versions is not None and np.array_equal(p.weight_versions, p.tokens + 1000)

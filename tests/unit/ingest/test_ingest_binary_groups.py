@@ -108,3 +108,33 @@ def test_arrays_are_views_on_the_sent_bytes_with_the_wire_dtypes() -> None:
     rec = check(encode_submission(**group(2, length=4, env_id=0))).record
     assert (rec.tokens.dtype, rec.masks.dtype, rec.scores.dtype) == (np.dtype("<i4"), np.dtype("<i4"), np.dtype("<f8"))
     assert rec.floats["inference_logprobs"].dtype == np.dtype("<f4") and rec.policy_step == 7
+
+
+def test_weight_versions_stay_in_the_stored_form() -> None:
+    """A record with per-token versions (and a producer, cut off) is stored as sent, as one without them is."""
+    body = group(2, length=[3, 2], env_id=0)
+    versions = [[1, 2, 2], [0, 2]]
+    stored = encode_submission(**body, policy_step=0, token_weight_versions=versions)
+    checked = check(encode_submission(**body, policy_step=0, token_weight_versions=versions, producer_id="p"))
+    assert checked.passthrough and checked.payload == stored
+    assert checked.record.weight_versions is not None and checked.record.weight_versions.tolist() == [1, 2, 2, 0, 2]
+    unstamped = check(encode_submission(**body, token_weight_versions=versions))
+    assert not unstamped.passthrough and unstamped.payload == encode_submission(
+        **body, policy_step=7, token_weight_versions=versions
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "loc", "rule"),
+    [
+        (np.array([1, 2, 2, 0], "<i4").tobytes(), ("token_weight_versions", 1), "run out in sequence 1"),
+        (np.array([1, 2, -2, 0, 0], "<i4").tobytes(), ("token_weight_versions", 0, 2), "must be >= 0, got -2"),
+        ([1, 2, 2, 0, 2], ("token_weight_versions",), "must be msgpack bin of little-endian int32"),
+        (b"\x00" * 7, ("token_weight_versions",), "not a whole number of int32 values"),
+    ],
+)
+def test_bad_weight_versions_are_named_on_the_binary_path(value: Any, loc: tuple[Any, ...], rule: str) -> None:
+    raw = encode_submission(**group(2, length=[3, 2], env_id=0), policy_step=0)
+    with pytest.raises(InvalidData, match=rule) as exc:
+        check(msgpack.packb({**msgpack.unpackb(raw), "token_weight_versions": value}, use_bin_type=True))
+    assert exc.value.loc == loc

@@ -56,6 +56,11 @@ def test_any_change_changes_the_digest(seq: int, pos: int, delta: int) -> None:
     other = {**body, "inference_logprobs": [list(r) for r in body["inference_logprobs"]]}
     other["inference_logprobs"][seq][pos] = float(np.nextafter(np.float32(other["inference_logprobs"][seq][pos]), 9))
     assert content_digest(packed(other), None) != base
+    versions = [[0] * 8, [0] * 8]
+    with_versions = content_digest(packed({**body, "token_weight_versions": versions}), None)
+    assert with_versions != base  # sending them is content
+    versions[seq][pos] = delta
+    assert content_digest(packed({**body, "token_weight_versions": versions}), None) != with_versions
 
 
 def test_remembered_replies_carry_the_digest_and_legacy_ones_match_anything() -> None:

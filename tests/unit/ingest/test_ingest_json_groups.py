@@ -91,6 +91,8 @@ def group_bodies(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         body["advantages"] = [[0.5] * k for k in lengths]
     if draw(st.booleans()):
+        body["token_weight_versions"] = [[draw(st.integers(0, 3))] * k for k in lengths]
+    if draw(st.booleans()):
         body["messages"] = [[{"role": draw(TEXT), "content": draw(TEXT)}] for _ in range(n)]
     if draw(st.booleans()):
         body["overrides"] = draw(st.lists(st.dictionaries(TEXT, JSONISH, max_size=2), max_size=3))
@@ -98,7 +100,7 @@ def group_bodies(draw: st.DrawFn) -> dict[str, Any]:
         body[draw(TEXT)] = draw(JSONISH)  # a key the schema ignores
     odd = draw(st.sampled_from(["none", "none", "none", "none", "rows", "rows", "rows", "scores", "env_id", "missing"]))
     if odd == "rows":
-        name = draw(st.sampled_from(["tokens", "masks", "inference_logprobs", "advantages"]))
+        name = draw(st.sampled_from(["tokens", "masks", "inference_logprobs", "advantages", "token_weight_versions"]))
         if name in body:
             body[name] = perturb_rows(draw, body[name])
     elif odd == "scores":

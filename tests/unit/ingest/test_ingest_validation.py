@@ -206,3 +206,56 @@ def test_what_the_json_rule_lets_through_every_reply_and_store_can_carry(value: 
     json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
     orjson.dumps(value)  # 64-bit integers, valid strings
     assert depth(value) <= MAX_META_DEPTH
+
+
+# ------------------------------------------------------------------------------------ per-token weight versions
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=12), min_size=1, max_size=4))
+def test_weight_versions_are_kept_as_sent_beside_the_masks(versions: list[list[int]]) -> None:
+    body = group(len(versions), length=[len(v) for v in versions])
+    body["token_weight_versions"] = versions
+    rec = pack_group(ScoredData.model_validate(body), env_id=None, current_step=0, limits=LIMITS)
+    back = decode(encode(rec))
+    assert back.weight_versions is not None and back.weight_versions.dtype == np.int32
+    assert [v.tolist() for v in back.split(back.weight_versions)] == versions
+
+
+def test_a_group_without_weight_versions_is_encoded_as_before() -> None:
+    """The key is written only when sent: the stored bytes of a group without it are those of a record without
+    the field at all (a reader that does not know it, or an older server, sees the same bytes)."""
+    import msgpack
+
+    rec = pack_group(ScoredData.model_validate(group(2, length=4)), env_id=None, current_step=0, limits=LIMITS)
+    assert rec.weight_versions is None
+    assert "token_weight_versions" not in msgpack.unpackb(encode(rec))
+
+
+@pytest.mark.parametrize(
+    ("rows", "loc", "rule"),
+    [
+        ([[0, 0, 0, 0], [0, 0, -1, 0]], ("token_weight_versions", 1, 2), "must be >= 0, got -1"),
+        ([[0, 0, 0, 2**31], [0, 0, 0, 0]], ("token_weight_versions", 0, 3), "must fit in int32"),
+        ([[0, 0, 0], [0, 0, 0, 0]], ("token_weight_versions", 0), "3 values for 4 tokens: lengths must match"),
+        ([[0, 0, 0, 0]], ("token_weight_versions",), "1 rows for 2 sequences: need one per sequence"),
+    ],
+)
+def test_bad_weight_versions_are_named(rows: list[list[int]], loc: tuple[object, ...], rule: str) -> None:
+    body = group(2, length=4)
+    body["token_weight_versions"] = rows
+    with pytest.raises(InvalidData, match=rule) as exc:
+        pack_group(ScoredData.model_validate(body), env_id=None, current_step=9, limits=LIMITS)
+    assert exc.value.loc == loc
+
+
+def test_weight_versions_ahead_of_the_trainer_are_named() -> None:
+    from api.ingest.validation import check_versions_step
+
+    body = group(2, length=4)
+    body["token_weight_versions"] = [[3, 3, 4, 4], [3, 5, 5, 3]]
+    rec = pack_group(ScoredData.model_validate(body), env_id=None, current_step=9, limits=LIMITS)
+    check_versions_step(rec, 5)  # every token from weights the trainer made
+    with pytest.raises(InvalidData, match="5 is ahead of the trainer, which is at step 4") as exc:
+        check_versions_step(rec, 4)
+    assert exc.value.loc == ("token_weight_versions", 1, 1)
