@@ -41,7 +41,11 @@ def groups(draw: st.DrawFn) -> GroupRecord:
             floats[name] = [draw(st.lists(float_rows, min_size=n, max_size=n)) for n in lengths]
     meta = {"messages": [{"role": "user", "content": "q"}]} if draw(st.booleans()) else {}
     step = draw(st.integers(0, 50))
-    return decode(encode_submission(toks, masks, scores, env_id=0, policy_step=step, **floats, **meta))
+    versions = [draw(st.lists(st.integers(0, step), min_size=n, max_size=n)) for n in lengths]
+    sent = versions if draw(st.booleans()) else None
+    return decode(
+        encode_submission(toks, masks, scores, env_id=0, policy_step=step, token_weight_versions=sent, **floats, **meta)
+    )
 
 
 def fate(i: int, rec: GroupRecord) -> Fate:
@@ -90,6 +94,10 @@ def test_sequences_read_back_as_stored(recs: list[GroupRecord], max_rows: int, m
                     assert got is None
                 else:
                     assert np.asarray(got, F64).tobytes() == sent[a:b].astype(F64).tobytes()
+            if rec.weight_versions is None:
+                assert row["token_weight_versions"] is None
+            else:
+                assert row["token_weight_versions"] == rec.weight_versions[a:b].tolist()
             assert (row["fate"], row["trained_step"], row["drop_reason"]) == (SERVED, i // 2, None)
             assert row["acked_at"].timestamp() == 1_700_000_000.25 + i
             assert (row["meta"] is None) == (not rec.meta)
