@@ -58,16 +58,23 @@ def sync(inference: str, rb: TrainerClient, step: int, drain: bool) -> bool:
 
 
 def groups_of(batch: Any) -> list[dict[str, Any]]:
-    """Per group: its stamp, the range it says it spanned, and the weights its trained tokens came from."""
+    """Per group: its stamp, the range it says it spanned, the weights its trained tokens came from, and how many
+    of those tokens the per-token versions served beside them (`token_weight_versions`) name otherwise (None: the
+    group was served without them)."""
     out = []
     lp = batch.floats["inference_logprobs"]
     trained = batch.trained
+    served = batch.weight_versions
     for g in range(len(batch.group_ids)):
         seqs = np.flatnonzero(batch.group_index == g)
         versions: set[int] = set()
+        mismatched: int | None = None if served is None or (served[batch.offsets[seqs[0]]] < 0) else 0
         for i in seqs.tolist():
             a, b = int(batch.offsets[i]), int(batch.offsets[i + 1])
-            versions |= {weights_of(float(x)) for x in lp[a:b][trained[a:b]]}
+            sampled_by = [weights_of(float(x)) for x in lp[a:b][trained[a:b]]]
+            versions |= set(sampled_by)
+            if mismatched is not None and served is not None:
+                mismatched += int(np.count_nonzero(served[a:b][trained[a:b]] != np.asarray(sampled_by, np.int64)))
         meta = batch.meta[g].get("generation_params") or {}
         out.append(
             {
@@ -75,6 +82,7 @@ def groups_of(batch: Any) -> list[dict[str, Any]]:
                 "weight_versions": meta.get("weight_versions"),
                 "exact": meta.get("weight_versions_exact"),
                 "generated_with": sorted(versions),
+                "token_mismatches": mismatched,
             }
         )
     return out

@@ -48,6 +48,9 @@ class ExternalSequence:
     """Inference logprobs, 1.0 (`PROMPT_LOGPROB`) where the policy did not sample."""
     score: float
     overrides: dict[str, Any] = field(default_factory=dict)
+    weight_versions: list[int] | None = None
+    """Per token, the weights version that sampled it (or, where nothing was sampled, the one that read it), when
+    the harness knows them: the group carries them as `token_weight_versions` when every sequence has them."""
 
 
 class Gate:

@@ -409,6 +409,7 @@ def build_group(
     logprobs: list[list[float]] = []
     out_scores: list[float] = []
     overrides: list[dict[str, Any]] = []
+    versions: list[list[int] | None] = []
     for s, t, score in zip(sessions, elapsed, scores, strict=True):
         timing = timings(t, score_s)
         if s.external is not None:
@@ -418,7 +419,9 @@ def build_group(
                 logprobs.append(seq.logprobs)
                 out_scores.append(float(seq.score))
                 overrides.append({**timing, **seq.overrides})
+                versions.append(seq.weight_versions)
             continue
+        versions.append(None)  # the runner stamps a session's from its turns (`runner.following.token_versions`)
         tokens.append(s.tokens)
         masks.append(s.masks)
         logprobs.append(s.logprobs)
@@ -431,6 +434,9 @@ def build_group(
         inference_logprobs=logprobs,
         overrides=overrides,
         group_overrides=group_overrides(task, sessions),
+        token_weight_versions=known
+        if versions and len(known := [v for v in versions if v is not None]) == len(versions)
+        else None,
     )
 
 

@@ -201,6 +201,9 @@ class Follower:
         if versions:
             lo, hi, exact = min(versions), max(versions), self.exact(versions)
             update["policy_step"] = lo
+            per_token = token_versions(group) if group.token_weight_versions is None else None
+            if per_token is not None:
+                update["token_weight_versions"] = per_token
         else:
             lo, hi, exact = step, max(step, self._spans.get(group_id, step)), False
         update["generation_params"] = {**(group.generation_params or {}), "weight_versions": [lo, hi],
@@ -222,6 +225,36 @@ def turn_versions(overrides: Sequence[dict[str, object]] | None) -> set[int]:
                 return set()
             versions.add(weights)
     return versions
+
+
+def token_versions(group: ScoredData) -> list[list[int]] | None:
+    """Per token, the weights version of the turn that sampled it (`token_weight_versions`), from each sequence's
+    turns: turn k's completion is the `completion_tokens` after its first `prompt_tokens`. A position no turn
+    sampled (the prompt, a tool's output) carries the version of the next turn, which read it, or of the last turn
+    after the last one: such positions are not trained on, and their version is the one that saw them. None when a
+    sequence's turns do not all name a version, or do not lie within its tokens (nothing is known of it then)."""
+    if group.overrides is None or len(group.overrides) != len(group.tokens):
+        return None
+    out: list[list[int]] = []
+    for tokens, record in zip(group.tokens, group.overrides, strict=True):
+        turns = record.get("turns")
+        if not isinstance(turns, list) or not turns:
+            return None
+        row: list[int] = []
+        last = 0
+        for turn in turns:
+            if not isinstance(turn, dict):
+                return None
+            weights, start, length = turn.get("weights"), turn.get("prompt_tokens"), turn.get("completion_tokens")
+            if not (isinstance(weights, int) and isinstance(start, int) and isinstance(length, int)):
+                return None
+            if start < len(row) or start + length > len(tokens):
+                return None
+            last = weights
+            row += [last] * (start + length - len(row))  # what it read since the last turn, and its completion
+        row += [last] * (len(tokens) - len(row))
+        out.append(row)
+    return out
 
 
 def producer_id() -> str:

@@ -252,7 +252,8 @@ class VerifiersEnvironment(Environment):
         mapped = map_episode(episode, session.token_limit)
         session.left_out.update(mapped.left_out)
         session.record_sequences(
-            ExternalSequence(seq.tokens, seq.masks, seq.logprobs, seq.score, seq.overrides) for seq in mapped.sequences
+            ExternalSequence(seq.tokens, seq.masks, seq.logprobs, seq.score, seq.overrides, seq.weight_versions)
+            for seq in mapped.sequences
         )
 
     def score(self, task: Task, session: Session) -> float:

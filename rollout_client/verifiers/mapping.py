@@ -34,6 +34,8 @@ class MappedSequence:
     logprobs: list[float]
     score: float
     overrides: dict[str, Any]
+    weight_versions: list[int] | None = None
+    """Per token, the weights version that sampled it (`branch_versions`), or None when the server reported none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,49 @@ def weight_versions(branch: Any) -> list[int]:
     return out
 
 
+def branch_versions(branch: Any, n_tokens: int) -> list[int] | None:
+    """Per token of a branch, the weights version that sampled it, from its nodes' `weight_versions` (concatenated,
+    the nodes' `token_ids` are the branch's tokens): a node's list is one version per token, one per sampled token
+    (`mask` true), or one for the whole node. A token no node sampled carries the version of the next node that
+    sampled, which read it (of the last one past it). None when a node that sampled reports no versions, or the
+    nodes do not add up to the branch's tokens: nothing is guessed."""
+    row: list[int | None] = []
+    seen: list[int] = []
+    for node in getattr(branch, "nodes", None) or []:
+        ids = getattr(node, "token_ids", None)
+        if ids is None:
+            return None
+        n = len(ids)
+        mask = getattr(node, "mask", None)
+        sampled = [False] * n if mask is None or not len(mask) else _bools(mask)
+        if len(sampled) != n:
+            return None
+        given = getattr(node, "weight_versions", None)
+        reported = [] if given is None else _ints(given)
+        if not any(sampled):
+            row += [None] * n
+            continue
+        if len(reported) == n:
+            row += reported
+        elif len(reported) == sum(sampled):
+            it = iter(reported)
+            row += [next(it) if s else None for s in sampled]
+        elif len(reported) == 1:
+            row += [reported[0]] * n
+        else:
+            return None
+        seen += reported
+    if len(row) != n_tokens or not seen:
+        return None
+    out: list[int] = []
+    after = seen[-1]
+    for v in reversed(row):  # unsampled positions: the next sampled one's version
+        after = after if v is None else v
+        out.append(after)
+    out.reverse()
+    return out
+
+
 def map_episode(episode: Any, token_limit: int | None = None) -> MappedEpisode:
     """Every trainable branch of every kept trace of a successful episode, as sequences; a branch longer than
     `token_limit` (the trainer's `max_token_len`, which the server enforces) is left out as `too_long`, not
@@ -169,9 +214,9 @@ def map_episode(episode: Any, token_limit: int | None = None) -> MappedEpisode:
             if token_limit is not None and len(tokens) > token_limit:
                 left_out["too_long"] += 1
                 continue
-            sequences.append(
-                MappedSequence(tokens, masks, logprobs, reward, trace_overrides(trace, branch, episode_id))
-            )
+            overrides = trace_overrides(trace, branch, episode_id)
+            versions = branch_versions(branch, len(tokens))
+            sequences.append(MappedSequence(tokens, masks, logprobs, reward, overrides, versions))
     return MappedEpisode(sequences, left_out)
 
 

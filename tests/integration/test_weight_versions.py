@@ -4,7 +4,8 @@ inside `weight_sync` (POST /weights/pending, then the push, then POST /weights) 
 server marks each token's logprob with the weights that sampled it (`demos.standin_inference.weights_logprob`), and
 the trainer reads them back from its batches. Under every `on_new_weights` policy, each trained group's
 `policy_step` and `generation_params["weight_versions"]` are the versions its tokens came from, and say so
-(`weight_versions_exact`)."""
+(`weight_versions_exact`), and every trained token's served version (`token_weight_versions`, stamped by the
+runner from its turns) is the one that sampled it."""
 
 from __future__ import annotations
 
@@ -75,6 +76,10 @@ def test_every_trained_group_states_the_weights_its_tokens_came_from(tmp_path: P
         or g["policy_step"] != min(g["generated_with"])
     ]
     assert not wrong, f"{len(wrong)} of {len(groups)} groups state other weights than their tokens': {wrong[:5]}"
+    per_token = [g for g in groups if g["token_mismatches"] != 0]  # None: served without per-token versions
+    assert not per_token, (
+        f"{len(per_token)} of {len(groups)} groups' tokens served with other versions: {per_token[:5]}"
+    )
     if policy != "continue":  # no episode spans a sync
         assert all(len(g["generated_with"]) == 1 for g in groups), groups
     # after the first sync the producer has taken part in, every group's versions are exact, and say so

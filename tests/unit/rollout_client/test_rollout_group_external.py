@@ -3,6 +3,8 @@ does): `Session.record_sequence` and the group built from it, `Environment.skip_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,6 +57,32 @@ async def test_no_sequence_or_a_skip_reason_is_counted_not_built() -> None:
     assert (await run_group(Recorded([0, 0]), Task("t", "p"), ScriptedPolicy(lambda *_: ""))).skipped == "no_sequences"
     out = await run_group(Recorded([1, 1], skip="too_few"), Task("t", "p"), ScriptedPolicy(lambda *_: ""))
     assert out.group is None and out.skipped == "too_few"
+
+
+class Versioned(Environment):
+    """Two rollouts, each one sequence; the harness knows the versions of rollout 0's tokens, and of rollout 1's
+    when `both`."""
+
+    name = "versioned"
+    group_size = 2
+
+    def __init__(self, both: bool) -> None:
+        self.both, self.calls = both, 0
+
+    async def rollout(self, task: Task, session: Session) -> None:
+        i, self.calls = self.calls, self.calls + 1
+        versions = [i, i, i + 1] if i == 0 or self.both else None
+        session.record_sequence(replace(seq(3, float(i), str(i)), weight_versions=versions))
+
+    def score(self, task: Task, session: Session) -> float:
+        return 0.0  # not used for a session with recorded sequences
+
+
+async def test_the_group_carries_per_token_versions_only_when_every_sequence_has_them() -> None:
+    out = await run_group(Versioned(both=True), Task("t", "p"), ScriptedPolicy(lambda *_: ""))
+    assert out.group is not None and out.group.token_weight_versions == [[0, 0, 1], [1, 1, 2]]
+    out = await run_group(Versioned(both=False), Task("t", "p"), ScriptedPolicy(lambda *_: ""))
+    assert out.group is not None and out.group.token_weight_versions is None
 
 
 @given(st.integers(0, 4), st.integers(0, 4), st.integers(0, 4))

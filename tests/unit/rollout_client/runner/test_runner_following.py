@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from api.wire.schema import EnvStatus, ScoredData
 from rollout_client.env import Task
 from rollout_client.examples import Arithmetic
-from rollout_client.runner.following import RESTARTED, Follower
+from rollout_client.runner.following import RESTARTED, Follower, token_versions
 from rollout_client.runner.inflight import Group, InFlight
 from rollout_client.runner.stats import RunnerStats
 
@@ -140,3 +142,56 @@ def test_a_group_states_the_versions_its_turns_name_exact_only_under_the_sync_ha
     assert early["weight_versions_exact"] is True  # 3 ended under it
     unknown = follow.stamp("g", with_turns([5, None]), 5)  # a turn that names no version: the range, estimated
     assert unknown.policy_step is None and (unknown.generation_params or {})["weight_versions_exact"] is False
+
+
+episodes = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 9)), min_size=1, max_size=5)
+"""Per turn: tokens observed before it (prompt, tool output), tokens it sampled, its weights version."""
+
+
+def episode(turns: list[tuple[int, int, int]], tail: int) -> tuple[list[int], dict[str, object], list[int]]:
+    """The tokens, the `overrides` record a session writes, and the version each token should carry."""
+    tokens: list[int] = []
+    records, expected = [], []
+    for observed, sampled, weights in turns:
+        tokens += [1] * observed
+        expected += [weights] * (observed + sampled)
+        records.append({"prompt_tokens": len(tokens), "completion_tokens": sampled, "weights": weights})
+        tokens += [2] * sampled
+    tokens += [3] * tail
+    expected += [turns[-1][2]] * tail
+    return tokens, {"turns": records}, expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(episodes, st.integers(0, 3)), min_size=1, max_size=4))
+def test_each_token_carries_the_version_of_the_turn_that_sampled_or_read_it(
+    sequences: list[tuple[list[tuple[int, int, int]], int]],
+) -> None:
+    built = [episode(turns, tail) for turns, tail in sequences]
+    if any(not tokens for tokens, _, _ in built):
+        return  # an empty sequence is no group
+    group = ScoredData(tokens=[t for t, _, _ in built], masks=[t for t, _, _ in built], scores=[0.0] * len(built),
+                       overrides=[o for _, o, _ in built])  # fmt: skip
+    assert token_versions(group) == [e for _, _, e in built]
+
+
+def test_no_per_token_versions_where_a_turn_names_none_or_lies_outside_its_tokens() -> None:
+    tokens, record, _ = episode([(2, 3, 4), (1, 2, 5)], 1)
+    turns: list[dict[str, object]] = record["turns"]  # type: ignore[assignment]
+    group = ScoredData(tokens=[tokens], masks=[tokens], scores=[0.0], overrides=[record])
+    assert token_versions(group) == [[4, 4, 4, 4, 4, 5, 5, 5, 5]]
+    unnamed = [turns[0], {k: v for k, v in turns[1].items() if k != "weights"}]
+    assert token_versions(group.model_copy(update={"overrides": [{"turns": unnamed}]})) is None
+    beyond = [turns[0], {**turns[1], "completion_tokens": 9}]
+    assert token_versions(group.model_copy(update={"overrides": [{"turns": beyond}]})) is None
+    assert token_versions(group.model_copy(update={"overrides": None})) is None
+
+
+def test_the_stamp_carries_per_token_versions_beside_the_range() -> None:
+    follow = Follower([Arithmetic()])
+    in_flight = InFlight(16, RunnerStats())
+    assert follow.observed([status(4)], in_flight) == 4
+    tokens, record, expected = episode([(2, 3, 3), (1, 2, 4)], 0)
+    stamped = follow.stamp("g", ScoredData(tokens=[tokens], masks=[tokens], scores=[0.0], overrides=[record]), 3)
+    assert stamped.policy_step == 3 and (stamped.generation_params or {})["weight_versions"] == [3, 4]
+    assert stamped.token_weight_versions == [expected]

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from rollout_client.verifiers.mapping import (
     UNSAMPLED_LOGPROB,
     branch_streams,
+    branch_versions,
     episode_failure,
     group_verdict,
     map_episode,
@@ -41,6 +42,8 @@ class Agent:
 @dataclass
 class Node:
     weight_versions: list[int] | None = None
+    token_ids: Any = None
+    mask: Any = None
 
 
 @dataclass
@@ -227,3 +230,47 @@ def test_a_recorded_verifiers_episode_maps_exactly_in_both_forms() -> None:
         seq.masks,
         seq.logprobs,
     )
+
+
+def nodes_of(spec: list[tuple[list[bool], list[int] | None]]) -> Branch:
+    """A branch from its nodes: each node's mask (True: sampled) and the versions the server reported on it."""
+    nodes = [Node(versions, list(range(len(mask))), mask) for mask, versions in spec]
+    tokens = [t for node in nodes for t in node.token_ids]
+    sampled = [m for node in nodes for m in node.mask]
+    return Branch(0, tokens, sampled, [-0.5] * len(tokens), nodes=nodes)
+
+
+def test_per_token_versions_follow_the_nodes_that_sampled_them() -> None:
+    """A prompt, a turn at 7 then 8 (per sampled token), a tool's output, a turn at 9 (one for the node): every
+    token the version that sampled it, the prompt and the tool's output that of the next turn, which read them."""
+    branch = nodes_of(
+        [([False] * 3, None), ([False, True, True, True], [7, 7, 8]), ([False] * 2, None), ([True, True], [9])]
+    )
+    assert branch_versions(branch, 11) == [7, 7, 7, 7, 7, 7, 8, 9, 9, 9, 9]
+    (seq,) = map_episode(Episode([Trace("t", 1.0, [branch])])).sequences
+    assert seq.weight_versions == [7, 7, 7, 7, 7, 7, 8, 9, 9, 9, 9]
+    assert seq.overrides["weight_versions"] == [7, 9]
+
+
+def test_no_per_token_versions_where_the_server_reported_none_or_the_nodes_do_not_add_up() -> None:
+    assert branch_versions(nodes_of([([False], None), ([True, True], None)]), 3) is None  # verifiers 0.4.0
+    assert branch_versions(nodes_of([([True], [4]), ([True, True], None)]), 3) is None  # one turn unknown
+    assert branch_versions(nodes_of([([True, True, True], [4, 5])]), 3) is None  # neither per token nor per node
+    assert branch_versions(nodes_of([([True, True], [4])]), 3) is None  # the nodes hold 2 of the branch's 3 tokens
+
+
+@given(st.lists(st.tuples(st.lists(st.booleans(), min_size=1, max_size=4), st.integers(0, 20)), min_size=1, max_size=6))
+def test_each_sampled_token_carries_its_reported_version(spec: list[tuple[list[bool], int]]) -> None:
+    branch = nodes_of([(mask, [v + i for i, s in enumerate(mask) if s]) for mask, v in spec])
+    got = branch_versions(branch, len(branch.token_ids))
+    flat = [(s, v + i if s else None) for mask, v in spec for i, s in enumerate(mask)]
+    if not any(s for s, _ in flat):
+        assert got is None
+        return
+    assert got is not None
+    for k, (s, want) in enumerate(flat):
+        if s:
+            assert got[k] == want
+        else:
+            later = [w for t, w in flat[k:] if t]
+            assert got[k] == (later[0] if later else [w for t, w in flat if t][-1])
