@@ -237,6 +237,7 @@ class Service:
                 min_batch_allocation=reg.min_batch_allocation,
                 owner=caller.owner,
                 variable_group_size=reg.variable_group_size,
+                max_token_staleness=reg.max_token_staleness,
             )
             after = state.save_env(txn, run, env)
             warning = None

@@ -15,6 +15,7 @@ from api.batches.aging import age, is_due
 from api.batches.lost import kept_batch_lost
 from api.batches.outcomes import BatchWaiting, Formation, FormedBatch
 from api.batches.planner import BatchSpec, EnvWindow, LookAhead, NoBatch, Plan, plan_batch
+from api.batches.token_staleness import mask_item, oldest_kept
 from api.batches.trim import first_sequences
 from api.batches.windows import take_window
 from api.config.groups import DEFAULTS, part, setting
@@ -405,6 +406,8 @@ def take(
     order: list[int] = []
     cuts: dict[int, int] = {}  # record index in the batch: sequences kept (`no_exact_fill: "trim"`)
     trimmed: dict[str, int] = {}  # sequences cut off, left out, per env
+    masked: dict[int, int] = {}  # record index in the batch: oldest weights version trained (`max_token_staleness`)
+    stale: dict[str, int] = {}  # trained tokens masked for their age, per env
     tokens = plan.tokens
     n_groups = 0
     groups_by_env: dict[str, int] = {}
@@ -412,6 +415,8 @@ def take(
     staleness: dict[int, int] = {}
     for env_id, item_ids in plan.take.items():
         name = run.env_name(env_id)
+        env = run.env(env_id)
+        oldest = oldest_kept(run.step, None if env is None else env.max_token_staleness)
         for item in txn.pop(env_id, item_ids, keep_for=run.step if keep else None, retain=books.retain):
             if as_json:
                 check_servable(item.payload, run.step, name)
@@ -421,6 +426,11 @@ def take(
                 cuts[n_groups], seqs = keep_seqs, keep_seqs
                 tokens -= cut_tokens
                 trimmed[name] = trimmed.get(name, 0) + item.meta.seqs - keep_seqs
+            if oldest is not None:
+                payload, per_record = mask_item(payload, item.n_groups, oldest)
+                masked.update((n_groups + k, oldest) for k, n in enumerate(per_record) if n)
+                if any(per_record):
+                    stale[name] = stale.get(name, 0) + sum(per_record)
             payloads.append(payload)
             stored.append(item.payload)
             order.append(item.meta.item_id)
@@ -432,11 +442,13 @@ def take(
     stats.count_batch(txn, groups_by_env, seqs_by_env, staleness)
     if cuts:
         stats.count_trimmed(txn, trimmed)
+    if stale:
+        stats.count_stale_masked(txn, stale)
     unit.set(CREDITS, plan.credits)
     unit.set_blocked(None)
     unit.set(STEP, run.step + 1)
-    batch = FormedBatch.build(run.step, n_groups, plan.seqs, tokens, payloads, cuts)
-    if cuts:
+    batch = FormedBatch.build(run.step, n_groups, plan.seqs, tokens, payloads, cuts, masked)
+    if cuts or masked:
         batch = dataclasses.replace(batch, held=len(batch.prefix()) + sum(map(len, stored)))
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import msgpack
 
+from api.batches.token_staleness import apply_masks
 from api.batches.trim import apply_cuts
 from api.wire.records import msgpack_array_header
 
@@ -22,7 +23,8 @@ class Formation:
 
 HEADER_MAX = 32
 """Longest `FormedBatch` header of a batch with no group cut: a msgpack array of three ints (1 + 3 * 9 bytes). A
-batch with cut groups (`no_exact_fill: "trim"`) adds a fourth entry, the cuts: read on, a little at a time."""
+batch with cut groups (`no_exact_fill: "trim"`) adds a fourth entry, the cuts, and one with stale tokens masked
+(`max_token_staleness`) a fifth: read on, a little at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +37,9 @@ class FormedBatch:
     seqs: int
     tokens: int
     stored: bytes
-    """A small msgpack header (groups, sequences, tokens, and any cuts as `[[record index, sequences kept], ...]`),
-    then `records`: what `Txn.get_batch` returns, with the cuts applied (the store keeps the groups whole)."""
+    """A small msgpack header (groups, sequences, tokens, any cuts as `[[record index, sequences kept], ...]`, and
+    any masked records as `[[record index, oldest version trained], ...]`), then `records`: what `Txn.get_batch`
+    returns, with the cuts and masks applied (the store keeps the groups as they came)."""
     offset: int
     """Where `records` starts in `stored`."""
     formation: Formation | None = None
@@ -58,12 +61,17 @@ class FormedBatch:
         tokens: int,
         payloads: list[bytes],
         cuts: Mapping[int, int] | None = None,
+        masked: Mapping[int, int] | None = None,
     ) -> FormedBatch:
-        """`payloads` as served (the cut groups already cut); `cuts`: record index to sequences kept, for the header,
-        so that the batch kept by reference to the whole groups is cut again when it is read back (`unpack`)."""
+        """`payloads` as served (the cut groups already cut, the stale tokens masked); `cuts`: record index to
+        sequences kept, `masked`: record index to the oldest weights version whose tokens it trains on, for the
+        header, so that the batch kept by reference to the groups as stored is served alike when it is read back
+        (`unpack`)."""
         fields: list[object] = [n_groups, seqs, tokens]
-        if cuts:
-            fields.append(sorted([i, keep] for i, keep in cuts.items()))
+        if cuts or masked:
+            fields.append(sorted([i, keep] for i, keep in (cuts or {}).items()))
+        if masked:
+            fields.append(sorted([i, oldest] for i, oldest in masked.items()))
         header = msgpack.packb(fields)
         stored = b"".join([header, msgpack_array_header(n_groups), *payloads])
         return cls(step, n_groups, seqs, tokens, stored, len(header))
@@ -89,8 +97,11 @@ class FormedBatch:
                 read += 4096
         n_groups, seqs, tokens = fields[:3]
         offset = unpacker.tell()
-        if len(fields) > 3:
+        if len(fields) > 3 and fields[3]:
             records = apply_cuts(memoryview(data)[offset:], n_groups, {i: keep for i, keep in fields[3]})
+            data = data[:offset] + records
+        if len(fields) > 4:  # cut first, then masked, as formed
+            records = apply_masks(memoryview(data)[offset:], n_groups, {i: oldest for i, oldest in fields[4]})
             data = data[:offset] + records
         return cls(step, n_groups, seqs, tokens, data, offset)
 

@@ -53,6 +53,8 @@ class EnvRecord:
     """The name of the key that registered it (servers with keys): only that key's env role may use it."""
     variable_group_size: bool = False
     """Its groups vary in size (survivors of failed rollouts, branches): each is queued whole, never held."""
+    max_token_staleness: int | None = None
+    """Trained tokens sampled by weights older than the batch's step minus this are served masked (None: never)."""
 
 
 @dataclass(slots=True)

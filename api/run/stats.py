@@ -30,6 +30,9 @@ TRIMMED = "trimmed_sequences"
 """Counter kind: sequences cut off served groups (`no_exact_fill: "trim"`), left out, by env name; under
 `TRIMMED_BATCHES`' "" the batches that cut any."""
 TRIMMED_BATCHES = "trimmed_batches"
+STALE_MASKED = "stale_tokens_masked"
+"""Counter kind: trained tokens served masked because older weights than the env's `max_token_staleness` allows
+sampled them, by env name."""
 RELEASED_SHARES = "quiet_shares"
 """Counter kind (`api.batches.formation.QUIET_SHARES`): holds of a minimum allocation released, by env name."""
 SERVED_KEY = "stats:served"
@@ -94,6 +97,11 @@ def count_trimmed(txn: Txn, per_env: dict[str, int]) -> None:
     txn.add_counts(TRIMMED_BATCHES, {"": 1})
 
 
+def count_stale_masked(txn: Txn, per_env: dict[str, int]) -> None:
+    """A batch masked these many trained tokens out of the loss for their age, per env."""
+    txn.add_counts(STALE_MASKED, per_env)
+
+
 def holds(txn: Txn, run: state.RunState, now: float) -> tuple[dict[str, float], dict[str, int]]:
     """Seconds each env's minimum allocation has held batches back so far (this episode), and holds released."""
     held = {run.env_name(e): now - since for e, (since, _) in state.load_quiet(txn).items()}
@@ -135,6 +143,8 @@ class EnvSnapshot:
     """Episodes in which its minimum held batches back past `quiet_share_seconds` and was released."""
     trimmed: int = 0
     """Sequences cut off its served groups and left out (`no_exact_fill: "trim"`)."""
+    stale_masked: int = 0
+    """Trained tokens of its served groups masked out of the loss for their age (`max_token_staleness`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +228,7 @@ def snapshot(
     dropped = state.load_dropped(txn)
     passed = txn.get_counts(PASSED_OVER)
     trimmed = txn.get_counts(TRIMMED)
+    stale_masked = txn.get_counts(STALE_MASKED)
     holding, released = holds(txn, run, time.time())
     counts = txn.counts()
     held = txn.held.counts()
@@ -256,10 +267,11 @@ def snapshot(
                 holding_seconds=holding.get(name, 0.0),
                 released_shares=released.get(name, 0),
                 trimmed=trimmed.get(name, 0),
+                stale_masked=stale_masked.get(name, 0),
             )
             for env_id, name, weight, group_size, connected, share in shown
         ]
-        + ([_summed(rest, counts, held, stats, dropped, passed, released, trimmed)] if rest else []),
+        + ([_summed(rest, counts, held, stats, dropped, passed, released, trimmed, stale_masked)] if rest else []),
         wandb_project=reg.wandb_project if reg else None,
         wandb_group=reg.wandb_group if reg else None,
         committed=kept.committed if reg else 0,
@@ -279,6 +291,7 @@ def _summed(
     passed: dict[str, int],
     released: dict[str, int],
     trimmed: dict[str, int],
+    stale_masked: dict[str, int],
 ) -> EnvSnapshot:
     """These envs as one `OTHER_ENVS` entry: counts summed, weight summed, connected if any is."""
     ids = [e[0] for e in envs]
@@ -317,4 +330,5 @@ def _summed(
         passed_over=total(passed),
         released_shares=total(released),
         trimmed=total(trimmed),
+        stale_masked=total(stale_masked),
     )

@@ -110,8 +110,14 @@ class SnapshotCollector(Collector):
             'Sequences cut off served groups and left out (no_exact_fill "trim").',
             labels=["env"],
         )
+        stale = CounterMetricFamily(
+            "rollbuf_tokens_stale_masked",
+            "Trained tokens served masked out of the loss: weights older than its max_token_staleness sampled them.",
+            labels=["env"],
+        )
         for e in snap.envs:
             trimmed.add_metric([e.name], e.trimmed)
+            stale.add_metric([e.name], e.stale_masked)
             holding.add_metric([e.name], e.holding_seconds)
             released.add_metric([e.name], e.released_shares)
             passed.add_metric([e.name], e.passed_over)
@@ -119,6 +125,7 @@ class SnapshotCollector(Collector):
         yield released
         yield passed
         yield trimmed
+        yield stale
 
         received = CounterMetricFamily(
             "rollbuf_groups_received", "Groups acknowledged (not duplicates).", labels=["env"]

@@ -43,6 +43,7 @@ def status_txn(txn: Txn, known: RunState | None = None) -> Status:
         smaller_batches=txn.get_counts(stats.SMALLER).get("", 0),
         trimmed_batches=txn.get_counts(stats.TRIMMED_BATCHES).get("", 0),
         trimmed_sequences=txn.get_counts(stats.TRIMMED),
+        stale_tokens_masked=txn.get_counts(stats.STALE_MASKED),
         min_share_holds=holding,
         min_share_releases=released,
         tasks=views_txn(txn),

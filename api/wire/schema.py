@@ -243,6 +243,9 @@ class Status(_Wire):
     """Exact-mode batches that cut sequences off a group to hold exactly `batch_size` (`no_exact_fill: "trim"`)."""
     trimmed_sequences: dict[str, int] = Field(default_factory=dict)
     """Per env name: sequences cut off served groups (`no_exact_fill: "trim"`), left out like failed rollouts."""
+    stale_tokens_masked: dict[str, int] = Field(default_factory=dict)
+    """Per env name: trained tokens served masked out of the loss (-100) because older weights than the env's
+    `max_token_staleness` allows sampled them."""
     min_share_holds: dict[str, float] = Field(default_factory=dict)
     """Per env name: seconds its `min_batch_allocation` has held batches back so far (it queues too little)."""
     min_share_releases: dict[str, int] = Field(default_factory=dict)
@@ -280,7 +283,7 @@ class Status(_Wire):
 class RegisterEnv(_Request, _Text):
     """POST /register-env: a rollout handler announces itself."""
 
-    integer_fields = frozenset(["max_token_length", "group_size"])
+    integer_fields = frozenset(["max_token_length", "group_size", "max_token_staleness"])
 
     model_config = ConfigDict(json_schema_extra={"examples": [ENV_EXAMPLE]})
 
@@ -299,6 +302,10 @@ class RegisterEnv(_Request, _Text):
     """rollbuf: this environment's groups may hold fewer (or more) sequences than `group_size` and are complete
     as sent (a group that kept the survivors of failed rollouts): each is queued whole. Without it, a group of
     another size waits in the side buffer until such groups add up to `group_size` (Atropos's rule)."""
+    max_token_staleness: int | None = Field(default=None, ge=0, le=SAFE_INT_MAX)
+    """rollbuf: when a batch is formed at step S, the trained tokens of this env's groups that weights older than
+    S - max_token_staleness sampled (by their `token_weight_versions`) are masked out of the loss: served with the
+    mask -100, counted in /status `stale_tokens_masked`. Null (the default): no token is masked for its age."""
 
 
 class EnvRegistered(_Wire):

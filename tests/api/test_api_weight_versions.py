@@ -173,3 +173,30 @@ async def test_a_rollout_post_checks_its_versions(settings: Settings) -> None:
         assert ahead.status_code == 409, ahead.text
         assert ahead.json()["errors"][0]["loc"] == ["body", "token_weight_versions", 2]
         assert (await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0, 0]})).status_code == 200
+
+
+async def test_tokens_older_than_the_envs_max_token_staleness_are_served_masked(client: httpx.AsyncClient) -> None:
+    """At step 3 with `max_token_staleness` 1, the trained tokens of weights 0 and 1 are served with -100 (the others
+    as sent), counted per env in /status and /metrics; the group keeps its `policy_step`, and the batch served again
+    is the same bytes."""
+    await start(client, max_token_staleness=1)
+    await advance(client, 3)
+    body = group(4, length=8, env_id=0, seed=9, policy_step=0)
+    body["token_weight_versions"] = [[0, 0, 0, 1, 1, 2, 3, 3]] * 4  # masks: -100 on the first 4 (the prompt)
+    assert (await client.post("/scored_data", json=body)).status_code == 200
+    first = await client.get("/batch?step=3")  # asked by step: kept for serving again
+    [served] = first.json()["batch"]
+    expected = [[-100 if v < 2 else m for m, v in zip(row, body["token_weight_versions"][0], strict=True)]
+                for row in body["masks"]]  # fmt: skip
+    assert served["masks"] == expected and served["tokens"] == body["tokens"] and served["policy_step"] == 0
+    assert served["token_weight_versions"] == body["token_weight_versions"]
+    assert (await client.get("/status")).json()["stale_tokens_masked"] == {"math_0": 4}  # position 4 of each
+    metrics = (await client.get("/metrics")).text
+    assert 'rollbuf_tokens_stale_masked_total{env="math_0"} 4.0' in metrics
+    again = await client.get("/batch?step=3")
+    assert again.content == first.content
+    binary = [await client.get("/batch?step=3", headers={"Accept": MSGPACK}) for _ in range(2)]
+    assert binary[0].content == binary[1].content
+    [rec] = decode_batch(binary[0].content)
+    assert [m.tolist() for m in rec.split(rec.masks)] == expected
+    assert (await client.get("/status")).json()["stale_tokens_masked"] == {"math_0": 4}  # counted once
