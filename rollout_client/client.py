@@ -175,12 +175,14 @@ class RolloutClient:
         wait_timeout: float | None = None,
         on_wait: Callable[[str], None] | None = None,
         variable_group_size: bool = False,
+        max_token_staleness: int | None = None,
     ) -> EnvRegistered:
         """Register this environment, waiting (with backoff, up to `wait_timeout` s; None: forever) while the
         trainer has not registered or not asked for its first batch. `max_token_length` defaults to the
         trainer's `max_token_len`. `variable_group_size`: its groups are complete at any size (survivors of
         failed rollouts, `min_group_size`; several sequences per rollout, `Environment.variable_group_size`): the
-        server queues each whole."""
+        server queues each whole. `max_token_staleness`: trained tokens of weights more than this many steps older
+        than the batch they are served in are served masked (docs/api-environments.md)."""
         loop = asyncio.get_running_loop()
         give_up = None if wait_timeout is None else loop.time() + wait_timeout
         attempt = 0
@@ -194,6 +196,7 @@ class RolloutClient:
                     group_size=group_size,
                     min_batch_allocation=min_batch_allocation,
                     variable_group_size=variable_group_size,
+                    max_token_staleness=max_token_staleness,
                 )
                 raw = await self._call("POST", "/register-env", json=body.model_dump(exclude_none=True))
                 if raw.get("status") != "wait for trainer to start":

@@ -383,6 +383,10 @@ class Environment(ABC):
     variable_group_size: bool = False
     """Registered with `variable_group_size`: a group may hold more or fewer sequences than `group_size` (a
     rollout that records 0 or several sequences with `Session.record_sequence`)."""
+    max_token_staleness: int | None = None
+    """Registered with the env: the server serves masked (-100) the trained tokens that weights more than this many
+    steps older than the batch sampled (each token's version: `token_weight_versions`, which the runner sends).
+    None: none is masked for its age."""
     on_new_weights: Literal["continue", "restart", "drain"] = "continue"
     """What its groups in flight do when the trainer announces new weights (`rollout_client.runner.following`):
     "continue" (their episodes span versions; stamped with the oldest, `generation_params["weight_versions"]`

@@ -45,7 +45,7 @@ async def register(client: RolloutClient, env: Environment, wait_timeout: float 
     return await client.register(
         env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
         wait_timeout=wait_timeout, variable_group_size=env.variable_group_size or needed(env) < env.group_size,
-        on_wait=waiting,
+        on_wait=waiting, max_token_staleness=env.max_token_staleness,
     )  # fmt: skip
 
 

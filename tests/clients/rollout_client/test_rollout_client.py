@@ -163,11 +163,29 @@ async def test_binary_submission_keeps_every_field(client: httpx.AsyncClient) ->
     await start_trainer(client, batch_size=4)
     async with RolloutClient(http_client=client) as rc:
         await rc.register("math", 4)
-        sent = ScoredData.model_validate(group(4, env_id=None, overrides=[{"turns": [1]}] * 4, policy_step=0))
+        body = group(4, env_id=None, overrides=[{"turns": [1]}] * 4, policy_step=0)
+        sent = ScoredData.model_validate({**body, "token_weight_versions": [[0] * len(t) for t in body["tokens"]]})
         await rc.submit(sent)
         [rec] = decode_batch((await client.get("/batch", headers={"Accept": MSGPACK})).content)
     assert rec.split(rec.tokens)[0].tolist() == sent.tokens[0]
     assert rec.meta["overrides"] == sent.overrides and rec.group_id is not None
+    assert rec.weight_versions is not None and rec.split(rec.weight_versions)[0].tolist() == [0] * len(sent.tokens[0])
+
+
+async def test_an_env_registered_with_max_token_staleness_gets_its_old_tokens_masked(
+    client: httpx.AsyncClient,
+) -> None:
+    await start_trainer(client, batch_size=4)
+    async with RolloutClient(http_client=client) as rc:
+        await rc.register("math", 4, max_token_staleness=0)
+        await rc.submit(ScoredData.model_validate(group(4, env_id=None, seed=1)))
+        assert (await client.get("/batch")).json()["batch"] is not None  # the trainer is at step 1 now
+        body = group(4, length=4, env_id=None, seed=2, policy_step=0)
+        body["token_weight_versions"] = [[0, 0, 0, 1]] * 4  # trained: the last two; of weights 0: the third
+        await rc.submit(ScoredData.model_validate(body))
+        [served] = (await client.get("/batch")).json()["batch"]
+    assert [row[2:] for row in served["masks"]] == [[-100, row[3]] for row in body["masks"]]
+    assert (await client.get("/status")).json()["stale_tokens_masked"] == {"math_0": 4}
 
 
 def test_sync_twin_against_a_server_process(tmp_path: Path) -> None:
