@@ -162,7 +162,7 @@ def test_read_only_arrays_are_copied_without_a_warning() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 def test_straight_onto_a_cuda_device() -> None:
-    batch = from_records(make_records([[3, 5], [4]]), step=0)
+    batch = from_records(make_records([[3, 5], [4]], versions=[True, False]), step=0)
     p = batch.padded()
     t = p.to_torch("cuda")
     torch.cuda.synchronize()
@@ -190,3 +190,18 @@ def test_the_device_path_gives_the_same_dtypes_and_shapes() -> None:
     assert sorted(on_meta) == sorted(on_host)
     for k, v in on_host.items():
         assert on_meta[k].device.type == "meta" and on_meta[k].dtype == v.dtype and on_meta[k].shape == v.shape, k
+
+
+def test_weight_versions_travel_as_int64_beside_the_masks() -> None:
+    """Per-token weight versions (a group that sent them, one that did not: -1) in every view's tensors, on the host
+    and on the device path."""
+    batch = from_records(make_records([[3, 5], [4]], versions=[True, False]), step=0)
+    assert batch.weight_versions is not None
+    for view in (batch, batch.padded(), batch.packed(8)):
+        on_host, on_meta = view.to_torch(), view.to_torch("meta")
+        versions = view.weight_versions
+        assert versions is not None
+        assert on_host["weight_versions"].dtype == torch.int64
+        assert np.array_equal(on_host["weight_versions"].numpy(), versions)
+        assert on_meta["weight_versions"].dtype == torch.int64 and on_meta["weight_versions"].shape == versions.shape
+    assert "weight_versions" not in from_records(make_records([[3]]), step=0).padded().to_torch()
