@@ -9,8 +9,9 @@ routes' refusals of state, whose 422s docs/atropos-differences.md documents. The
 keep those rules. They only ever replace a value that is already valid by the schema with another valid one, and
 never add a field, so a request that breaks the schema still does (and is still expected to be refused). The rules:
 
-- a group's `masks`, `scores` and per-token float fields have one entry per sequence, each row as long as
-  its tokens' row; `distill_*` rows likewise (set to null here rather than built);
+- a group's `masks`, `scores`, per-token float fields and `token_weight_versions` have one entry per sequence,
+  each row as long as its tokens' row (versions at most the trainer's step: 0 here); `distill_*` rows likewise (set
+  to null here rather than built);
 - Atropos routes: `env_id` names a registered environment (null here), `policy_step` is at most the trainer's
   step (0), `producer_id` is printable text (null here otherwise); `group_size` is at most the trainer's
   `batch_size` (the test registers the largest, 2^31 - 1); `/status-env`: `env_id` comes as `?env_id=` or as the
@@ -19,8 +20,9 @@ never add a field, so a request that breaks the schema still does (and is still 
 - `/tasks/datasets`: `path` or `tasks`, not both (`path` null here when both); `levels` come with order
   `weighted` only, and then every task names one (here: no levels, and a weighted order becomes shuffled);
 - `/rollouts/*`: `producer_id` is printable text (`p` here otherwise); `/rollouts/open`: `min_group_size` is
-  at most `group_size` (null here otherwise); `/rollouts/post`: `masks`
-  and `inference_logprobs` have one entry per token (the tokens themselves, and null, here);
+  at most `group_size` (null here otherwise); `/rollouts/post`: `masks`,
+  `inference_logprobs` and `token_weight_versions` have one entry per token (the tokens themselves, null, and 0
+  each, here);
 - free-form fields (`overrides`, `images`, tasks, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
@@ -105,6 +107,11 @@ def _align_group(group: Any) -> None:
             isinstance(r, list) and all(_number(v, FLOAT32_MAX) for v in r) for r in value
         ):
             group[name] = [[0.5] * len(row) for row in tokens]
+    versions = group.get("token_weight_versions")
+    if isinstance(versions, list) and all(
+        isinstance(r, list) and all(_int(v, 0, INT32[1]) for v in r) for r in versions
+    ):
+        group["token_weight_versions"] = [[0] * len(row) for row in tokens]
     for name in ("distill_token_ids", "distill_logprobs"):
         if group.get(name) is not None:
             group[name] = None
@@ -159,6 +166,9 @@ def _align_body(path: str, body: Any) -> None:
             body["masks"] = list(tokens)
         if isinstance(body.get("inference_logprobs"), list):
             body["inference_logprobs"] = None
+        versions = body.get("token_weight_versions")
+        if _ints(tokens) and isinstance(versions, list) and all(_int(v, 0, INT32[1]) for v in versions):
+            body["token_weight_versions"] = [0] * len(tokens)
 
 
 def _query_int(value: Any) -> int | None:
