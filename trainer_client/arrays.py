@@ -102,8 +102,14 @@ class Packed:
     def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
         """Tensors `[R, max_len]`: `tokens`, `labels`, `position_ids`, `segment_ids` int64, `trained` bool,
         `advantages` and the floats float32 (as `Padded.to_torch`)."""
-        arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "position_ids": self.position_ids,
-                  "segment_ids": self.segment_ids, "advantages": self.advantages}  # fmt: skip
+        arrays = {
+            **self.floats,
+            "tokens": self.tokens,
+            "masks": self.masks,
+            "position_ids": self.position_ids,
+            "segment_ids": self.segment_ids,
+            "advantages": self.advantages,
+        }
         if self.weight_versions is not None:
             arrays["weight_versions"] = self.weight_versions
         return to_tensors(arrays, device, non_blocking=non_blocking)
@@ -281,8 +287,15 @@ class Batch:
     def to_torch(self, device: Any = None, *, non_blocking: bool = True) -> dict[str, Any]:
         """The flat arrays as tensors: `tokens`, `labels`, `offsets`, `group_index` int64, `trained` bool,
         `scores` float64, `advantages` and the floats float32 (as `Padded.to_torch`)."""
-        arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "offsets": self.offsets,
-                  "scores": self.scores, "advantages": self.advantages, "group_index": self.group_index}  # fmt: skip
+        arrays = {
+            **self.floats,
+            "tokens": self.tokens,
+            "masks": self.masks,
+            "offsets": self.offsets,
+            "scores": self.scores,
+            "advantages": self.advantages,
+            "group_index": self.group_index,
+        }
         if self.weight_versions is not None:
             arrays["weight_versions"] = self.weight_versions
         return to_tensors(arrays, device, non_blocking=non_blocking)
@@ -350,8 +363,9 @@ def from_records(records: Sequence[GroupRecord], step: int | None) -> Batch:
             floats[name] = _concat(parts, F32)
     versions = None
     if any(r.weight_versions is not None for r in records):
-        parts = [np.full(r.n_tokens, NO_VERSION, I64) if r.weight_versions is None else r.weight_versions
-                 for r in records]  # fmt: skip
+        parts = [
+            np.full(r.n_tokens, NO_VERSION, I64) if r.weight_versions is None else r.weight_versions for r in records
+        ]
         versions = _concat(parts, I64)
     return Batch(
         step=step,
@@ -395,13 +409,23 @@ def from_json(groups: Iterable[Mapping[str, Any]], step: int | None) -> Batch:
     versions = None
     if any(g.get(VERSIONS_FIELD) is not None for g in groups):
         parts = [
-            np.fromiter(chain.from_iterable(g[VERSIONS_FIELD]), I64) if g.get(VERSIONS_FIELD) is not None
+            np.fromiter(chain.from_iterable(g[VERSIONS_FIELD]), I64)
+            if g.get(VERSIONS_FIELD) is not None
             else np.full(sum(map(len, g["tokens"])), NO_VERSION, I64)
             for g in groups
-        ]  # fmt: skip
+        ]
         versions = _concat(parts, I64)
-    skip = {"tokens", "masks", "scores", "env_id", "policy_step", "group_id", "group_scores", VERSIONS_FIELD,
-            *FLOAT_FIELDS}  # fmt: skip
+    skip = {
+        "tokens",
+        "masks",
+        "scores",
+        "env_id",
+        "policy_step",
+        "group_id",
+        "group_scores",
+        VERSIONS_FIELD,
+        *FLOAT_FIELDS,
+    }
     return Batch(
         step=step,
         tokens=flat("tokens", I32),

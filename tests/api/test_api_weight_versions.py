@@ -64,9 +64,21 @@ async def test_a_group_without_versions_is_served_to_atropos_as_before(client: h
     body = group(4, length=[5, 8, 3, 6], env_id=0, seed=2)
     assert (await client.post("/scored_data", json=body)).status_code == 200
     reply = await client.get("/batch")
-    keys = ["tokens", "masks", "scores", "advantages", "ref_logprobs", "inference_logprobs", "messages",
-            "generation_params", "overrides", "group_overrides", "images", "distill_token_ids",
-            "distill_logprobs"]  # fmt: skip
+    keys = [
+        "tokens",
+        "masks",
+        "scores",
+        "advantages",
+        "ref_logprobs",
+        "inference_logprobs",
+        "messages",
+        "generation_params",
+        "overrides",
+        "group_overrides",
+        "images",
+        "distill_token_ids",
+        "distill_logprobs",
+    ]
     expected = {k: body.get(k) for k in keys}
     expected.update(env_id=0, policy_step=0, group_id=None)
     assert reply.content == orjson.dumps({"batch": [expected]})
@@ -103,8 +115,11 @@ async def test_versions_ahead_of_the_trainer_are_422_on_the_binary_path_too(clie
     await start(client)
     body = group(4, env_id=0, seed=4)
     versions = versions_of(body)  # the trainer is at step 0: the last quarter of each sequence, at 1, is ahead
-    r = await client.post("/scored_data", content=encode_submission(**body, token_weight_versions=versions),
-                          headers={"Content-Type": MSGPACK})  # fmt: skip
+    r = await client.post(
+        "/scored_data",
+        content=encode_submission(**body, token_weight_versions=versions),
+        headers={"Content-Type": MSGPACK},
+    )
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["loc"] == ["body", "token_weight_versions", 0, 6]
     assert (await client.get("/status")).json()["queue_size"] == 0
@@ -137,8 +152,11 @@ async def test_a_retry_with_other_versions_under_the_same_group_id_is_a_conflict
 
 async def test_another_keys_env_is_refused_alike_with_versions() -> None:
     """A group with versions into another key's env is answered as one without (the env is unknown to it)."""
-    secrets = {"env-1": "env-one-secret-0123456789", "env-2": "env-two-secret-0123456789",
-               "trainer": "trainer-secret-0123456789"}  # fmt: skip
+    secrets = {
+        "env-1": "env-one-secret-0123456789",
+        "env-2": "env-two-secret-0123456789",
+        "trainer": "trainer-secret-0123456789",
+    }
     keys = "; ".join(f"{name} {name.split('-')[0]} {secret}" for name, secret in secrets.items())
 
     def as_(name: str) -> dict[str, str]:
@@ -165,8 +183,14 @@ async def test_a_rollout_post_checks_its_versions(settings: Settings) -> None:
         await start(c)
         body = {"group_id": "g1", "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 600.0}
         assert (await c.post("/rollouts/open", json=body)).status_code == 200
-        post = {"group_id": "g1", "slot": 0, "producer_id": "p1", "tokens": [5, 6, 7], "masks": [-100, 6, 7],
-                "score": 1.0}  # fmt: skip
+        post = {
+            "group_id": "g1",
+            "slot": 0,
+            "producer_id": "p1",
+            "tokens": [5, 6, 7],
+            "masks": [-100, 6, 7],
+            "score": 1.0,
+        }
         short = await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0]})
         assert short.status_code == 422 and short.json()["errors"][0]["loc"] == ["body", "token_weight_versions"]
         ahead = await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0, 1]})
@@ -186,8 +210,10 @@ async def test_tokens_older_than_the_envs_max_token_staleness_are_served_masked(
     assert (await client.post("/scored_data", json=body)).status_code == 200
     first = await client.get("/batch?step=3")  # asked by step: kept for serving again
     [served] = first.json()["batch"]
-    expected = [[-100 if v < 2 else m for m, v in zip(row, body["token_weight_versions"][0], strict=True)]
-                for row in body["masks"]]  # fmt: skip
+    expected = [
+        [-100 if v < 2 else m for m, v in zip(row, body["token_weight_versions"][0], strict=True)]
+        for row in body["masks"]
+    ]
     assert served["masks"] == expected and served["tokens"] == body["tokens"] and served["policy_step"] == 0
     assert served["token_weight_versions"] == body["token_weight_versions"]
     assert (await client.get("/status")).json()["stale_tokens_masked"] == {"math_0": 4}  # position 4 of each

@@ -22,10 +22,14 @@ def records(draw: st.DrawFn, versions: bool | None = None) -> GroupRecord:
     sent = draw(st.booleans()) if versions is None else versions
     steps = np.asarray(draw(st.lists(st.integers(0, 9), min_size=total, max_size=total)), np.int32)
     return GroupRecord(
-        env_id=0, lengths=np.asarray(lengths, np.int32), tokens=tokens,
-        masks=np.where(trained, tokens, MASK_IGNORE).astype(np.int32), scores=np.zeros(len(lengths)),
-        policy_step=int(steps.min()), weight_versions=steps if sent else None,
-    )  # fmt: skip
+        env_id=0,
+        lengths=np.asarray(lengths, np.int32),
+        tokens=tokens,
+        masks=np.where(trained, tokens, MASK_IGNORE).astype(np.int32),
+        scores=np.zeros(len(lengths)),
+        policy_step=int(steps.min()),
+        weight_versions=steps if sent else None,
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -67,8 +71,9 @@ def test_a_kept_batch_is_served_again_byte_for_byte(recs: list[GroupRecord], old
         served.append(out)
         if n:
             masked[i] = oldest
-    formed = FormedBatch.build(7, len(recs), sum(r.seqs for r in recs), sum(r.n_tokens for r in recs), served,
-                               None, masked)  # fmt: skip
+    formed = FormedBatch.build(
+        7, len(recs), sum(r.seqs for r in recs), sum(r.n_tokens for r in recs), served, None, masked
+    )
     kept = formed.prefix() + b"".join(stored)  # what `Txn.get_batch` gives back: the groups as stored
     again = FormedBatch.unpack(7, kept)
     assert bytes(again.records) == bytes(formed.records)
@@ -78,8 +83,18 @@ def test_a_kept_batch_is_served_again_byte_for_byte(recs: list[GroupRecord], old
 def test_no_setting_masks_nothing() -> None:
     assert oldest_kept(9, None) is None
     assert oldest_kept(9, 2) == 7
-    rec = decode(encode(GroupRecord(env_id=0, lengths=np.array([2], np.int32), tokens=np.array([1, 2], np.int32),
-                                    masks=np.array([1, 2], np.int32), scores=np.zeros(1), policy_step=0,
-                                    weight_versions=np.array([0, 8], np.int32))))  # fmt: skip
+    rec = decode(
+        encode(
+            GroupRecord(
+                env_id=0,
+                lengths=np.array([2], np.int32),
+                tokens=np.array([1, 2], np.int32),
+                masks=np.array([1, 2], np.int32),
+                scores=np.zeros(1),
+                policy_step=0,
+                weight_versions=np.array([0, 8], np.int32),
+            )
+        )
+    )
     assert mask(rec, 7)[0].masks.tolist() == [MASK_IGNORE, 2]
     assert mask(rec, 0)[1] == 0

@@ -170,8 +170,12 @@ def test_each_token_carries_the_version_of_the_turn_that_sampled_or_read_it(
     built = [episode(turns, tail) for turns, tail in sequences]
     if any(not tokens for tokens, _, _ in built):
         return  # an empty sequence is no group
-    group = ScoredData(tokens=[t for t, _, _ in built], masks=[t for t, _, _ in built], scores=[0.0] * len(built),
-                       overrides=[o for _, o, _ in built])  # fmt: skip
+    group = ScoredData(
+        tokens=[t for t, _, _ in built],
+        masks=[t for t, _, _ in built],
+        scores=[0.0] * len(built),
+        overrides=[o for _, o, _ in built],
+    )
     assert token_versions(group) == [e for _, _, e in built]
 
 
