@@ -12,7 +12,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from api.wire.records import F32, F64, FLOAT_FIELDS, I32, decode, version_of
+from api.wire.records import F32, F64, FLOAT_FIELDS, I32, VERSIONS_FIELD, decode, version_of
 
 __all__ = ["Part", "sealed_body"]
 
@@ -30,7 +30,8 @@ def sealed_body(parts: Sequence[Part], *, env_id: int | None, group_id: str, pro
     """The group of these slots, in this order, as one msgpack group record: per-token arrays concatenated, a
     float field only if every slot has it (float32 unless a slot's is float64, as the JSON path narrows a whole
     group's), `overrides` one per slot (`{}` for a slot without) if any slot has them, and `policy_step` the oldest
-    posted (staleness counts from the oldest weights in the group; none posted: stamped at ingest)."""
+    posted (staleness counts from the oldest weights in the group; none posted: stamped at ingest); per-token
+    `token_weight_versions` only if every slot has them (after `meta`, where `encode` writes them)."""
     recs = [decode(p.data) for p in parts]
     floats: dict[str, np.ndarray] = {}
     for name in FLOAT_FIELDS:
@@ -58,5 +59,8 @@ def sealed_body(parts: Sequence[Part], *, env_id: int | None, group_id: str, pro
     if any(o is not None for o in overrides):
         meta["overrides"] = [o or {} for o in overrides]
     body["meta"] = meta
+    versions = [r.weight_versions for r in recs]
+    if versions and all(v is not None for v in versions):
+        body[VERSIONS_FIELD] = np.concatenate(versions).astype(I32, copy=False).tobytes()  # type: ignore[arg-type]
     body["producer_id"] = producer_id
     return msgpack.packb(body, use_bin_type=True)  # type: ignore[no-any-return]

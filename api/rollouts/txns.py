@@ -129,6 +129,8 @@ def digest(post: RolloutPost) -> str:
     content: list[Any] = [post.tokens, post.masks, post.inference_logprobs, post.score]
     if post.policy_step is not None or post.overrides is not None:  # posts without them digest as before
         content += [post.policy_step, post.overrides]
+    if post.token_weight_versions is not None:
+        content.append(post.token_weight_versions)
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -177,26 +177,31 @@ async def test_another_keys_env_is_refused_alike_with_versions() -> None:
         assert served["token_weight_versions"] == versioned["token_weight_versions"]
 
 
-async def test_a_rollout_post_checks_its_versions(settings: Settings) -> None:
-    """A per-rollout post's versions are a row of its group: one per token (422), none ahead of the trainer (409)."""
+async def test_a_rollout_post_checks_its_versions_and_the_sealed_group_serves_them(settings: Settings) -> None:
+    """A per-rollout post's versions are a row of its group: one per token (422), none ahead of the trainer (409),
+    part of its content (a repost with others is a 409); the group sealed from its slots serves them in slot order."""
     async with serving(settings) as c:
         await start(c)
+        await advance(c, 1)  # the trainer is at step 1
         body = {"group_id": "g1", "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 600.0}
         assert (await c.post("/rollouts/open", json=body)).status_code == 200
-        post = {
-            "group_id": "g1",
-            "slot": 0,
-            "producer_id": "p1",
-            "tokens": [5, 6, 7],
-            "masks": [-100, 6, 7],
-            "score": 1.0,
-        }
+        post = {"group_id": "g1", "slot": 0, "producer_id": "p1", "tokens": [5, 6, 7], "masks": [-100, 6, 7]}
+        post["score"] = 1.0
         short = await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0]})
         assert short.status_code == 422 and short.json()["errors"][0]["loc"] == ["body", "token_weight_versions"]
-        ahead = await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0, 1]})
+        ahead = await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 1, 2]})
         assert ahead.status_code == 409, ahead.text
         assert ahead.json()["errors"][0]["loc"] == ["body", "token_weight_versions", 2]
-        assert (await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0, 0]})).status_code == 200
+        assert (await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0, 1]})).status_code == 200
+        assert (await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 0, 1]})).status_code == 200
+        other = await c.post("/rollouts/post", json={**post, "token_weight_versions": [0, 1, 1]})
+        assert other.status_code == 409, other.text  # another content for an acknowledged slot
+        for slot in (1, 2, 3):
+            rollout = {**post, "slot": slot, "tokens": [5, 6, 7 + slot], "masks": [-100, 6, 7 + slot]}
+            reply = await c.post("/rollouts/post", json={**rollout, "token_weight_versions": [1, 1, slot % 2]})
+            assert reply.status_code == 200, reply.text
+        [served] = (await c.get("/batch")).json()["batch"]
+        assert served["token_weight_versions"] == [[0, 0, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]]
 
 
 async def test_tokens_older_than_the_envs_max_token_staleness_are_served_masked(client: httpx.AsyncClient) -> None:
