@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import psycopg
 
+from api.store import overlay
 from api.store.base import ANON_ENV, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.store.jobs import head_chunk_sizes
 from api.store.postgres.cache import Group, db_key
@@ -49,6 +50,18 @@ ids AS (SELECT unnest(items) AS id FROM old),
 gone AS (DELETE FROM payloads WHERE item_id IN (SELECT id FROM ids))
 SELECT coalesce(array_agg(id), '{{}}') FROM ids
 """
+
+
+_NONE: dict[int, tuple[ItemMeta, int]] = {}
+"""The queue of an env this group appended nothing to."""
+
+
+def _meta(queued: tuple[ItemMeta, int]) -> ItemMeta:
+    return queued[0]
+
+
+def _item_id(meta: ItemMeta) -> int:
+    return meta.item_id
 
 
 class _Writes:
@@ -130,18 +143,13 @@ class PostgresTxn(Txn):
 
     def head(self, env_id: int) -> Iterator[ItemMeta]:
         # Keyset pages, not one open cursor: pops and appends between two reads of the iterator are safe.
-        # Items appended in this group come after every stored one (ids only grow).
-        after = -(2**63)
-        for limit in head_chunk_sizes():
-            rows = self._db.execute(_HEAD, (env_id, after, limit), binary=True).fetchall()
-            for row in rows:
-                yield ItemMeta(*row)
-            if len(rows) < limit:
-                break
-            after = rows[-1][0]
-        for meta, _ in list(self._p.queued.get(env_id, {}).values()):
-            if meta.item_id in self._p.queued.get(env_id, {}):
-                yield meta
+        db, p = self._db, self._p
+
+        def read(after: int | None, limit: int) -> list[ItemMeta]:
+            first = -(2**63) if after is None else after
+            return [ItemMeta(*row) for row in db.execute(_HEAD, (env_id, first, limit), binary=True).fetchall()]
+
+        return overlay.paged(read, lambda: p.queued.get(env_id, _NONE), _meta, _item_id, head_chunk_sizes())
 
     def pop(
         self, env_id: int, item_ids: Iterable[int], *, keep_for: int | None = None, retain: bool = False
@@ -213,10 +221,11 @@ class PostgresTxn(Txn):
 
     # --- idempotency replies ---
     def get_reply(self, key: str) -> str | None:
-        if key in self._p.replies:
-            return self._p.replies[key]
-        if key in self._p.fetched_replies:
-            return self._p.fetched_replies[key]
+        # Written by this group, else read at BEGIN (the keys announced to `transact`), else read now.
+        p = self._p
+        return overlay.one(key, p.replies, lambda k: overlay.one(k, p.fetched_replies, self._reply))
+
+    def _reply(self, key: str) -> str | None:
         row = self._db.execute("SELECT reply FROM replies WHERE key = %b", (db_key(key),), binary=True).fetchone()
         return None if row is None else cast(str, row[0])
 
@@ -228,13 +237,8 @@ class PostgresTxn(Txn):
     def put_batch(self, step: int, header: bytes, item_ids: Sequence[int]) -> None:
         self._writable()
         ids = list(item_ids)
-        stored = [i for i in set(ids) if i not in self._p.payloads]
-        if stored:
-            row = self._db.execute(
-                "SELECT count(*) FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
-            ).fetchone()
-            if row is None or row[0] != len(stored):
-                raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
+        if len(overlay.point(set(ids), self._p.payloads, self._payload_ids)) != len(set(ids)):
+            raise KeyError(f"batch {step} refers to items that were not popped with keep_for={step}")
         self._drop_batches("=", step)
         self._write("INSERT INTO batches (step, header, items) VALUES (%b, %b, %b)", (step, header, ids))
 
@@ -243,14 +247,17 @@ class PostgresTxn(Txn):
         if row is None:
             return None
         header, ids = row
-        payloads = {i: self._p.payloads[i] for i in ids if i in self._p.payloads}
-        stored = [i for i in ids if i not in payloads]
-        if stored:
-            cur = self._db.execute(
-                "SELECT item_id, payload FROM payloads WHERE item_id = ANY(%b)", (stored,), binary=True
-            )
-            payloads.update(cur.fetchall())
+        payloads = overlay.point(ids, self._p.payloads, self._payloads)
         return b"".join([header, *(payloads[i] for i in ids)])
+
+    def _payloads(self, ids: list[int]) -> list[tuple[int, bytes]]:
+        cur = self._db.execute("SELECT item_id, payload FROM payloads WHERE item_id = ANY(%b)", (ids,), binary=True)
+        return cur.fetchall()
+
+    def _payload_ids(self, ids: list[int]) -> list[tuple[int, bytes]]:
+        """Which of `ids` have a stored payload, each with b"" (the payload is not read)."""
+        cur = self._db.execute("SELECT item_id FROM payloads WHERE item_id = ANY(%b)", (ids,), binary=True)
+        return [(int(r[0]), b"") for r in cur.fetchall()]
 
     def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
         self._drop_batches("<", step, retain)

@@ -2,8 +2,8 @@
 queries.sql: a backend supplies how a query runs (`_read`, `_write`, with or without a list of ids).
 
 Rows a backend holds in memory until its COMMIT (PostgreSQL's write-back cache: `Local`) are laid over the
-stored ones by every read here, once for all reads; a backend that writes through (SQLite) holds none, and the
-same reads return what is stored.
+stored ones by every read here, through api/store/overlay.py as every table of that cache is; a backend that
+writes through (SQLite) holds none, and the same reads return what is stored.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from api.store import overlay
 from api.store.ledger_contract import DROPPED, QUEUED, KeptPayload, LedgerGroup, LedgerStep, LedgerTxn
 from api.store.ledger_rows import gid_bytes, group_of, group_values, step_of, step_values
 
@@ -136,55 +137,63 @@ class SqlLedger(LedgerTxn):
         self._write_ids("prune_payloads", wanted)
         self._write_ids("prune_kept", wanted)
 
-    # --- read: what is stored, with the rows held in memory laid over it ---
+    # --- read: what is stored, with the rows held in memory laid over it (api/store/overlay.py) ---
     def groups(self, ids: Iterable[int]) -> list[LedgerGroup]:
         wanted = list(ids)
-        local = self._local.ledger
-        found = {i: local[i] for i in wanted if i in local}
-        stored = [i for i in wanted if i not in found]
-        if stored:
-            found.update((r.id, r) for r in map(group_of, self._read_ids("ledger_groups", stored)))
+        found = overlay.point(wanted, self._local.ledger, self._groups)
         return [found[i] for i in wanted if i in found]
 
+    def _groups(self, ids: list[int]) -> list[tuple[int, LedgerGroup]]:
+        return [(r.id, r) for r in map(group_of, self._read_ids("ledger_groups", ids))]
+
     def named(self, group_id: str) -> list[LedgerGroup]:
-        rows = {r.id: r for r in map(group_of, self._read("ledger_named", (gid_bytes(group_id),)))}
-        rows.update((r.id, r) for r in self._local.ledger.values() if r.group_id == group_id)
-        return [rows[i] for i in sorted(rows)]
+        stored = map(group_of, self._read("ledger_named", (gid_bytes(group_id),)))
+        return overlay.lay(stored, self._local.ledger, _id, where=lambda r: r.group_id == group_id, order=_id)
 
     def scan(self, after_id: int, limit: int) -> list[LedgerGroup]:
-        rows = {r.id: r for r in map(group_of, self._read("ledger_scan", (after_id, limit)))}
-        rows.update((r.id, r) for r in self._local.ledger.values() if r.id > after_id)
-        return [rows[i] for i in sorted(rows)[:limit]]
+        local = self._local.ledger
+        stored = map(group_of, self._read("ledger_scan", (after_id, overlay.wanted(limit, local))))
+        return overlay.lay(stored, local, _id, where=lambda r: r.id > after_id, order=_id, limit=limit)
 
     def dropped(self, first_step: int, last_step: int, limit: int) -> list[LedgerGroup]:
-        stored = self._read("ledger_dropped", (first_step, last_step, limit))
-        rows = {r.id: r for r in map(group_of, stored)}
-        rows.update(self._local.ledger)  # rows written by this transaction, as they are now
-        found = [(r.step, r.id, r) for r in rows.values() if r.fate == DROPPED and r.step is not None]
-        return [r for step, _, r in sorted(found, key=lambda f: f[:2]) if first_step <= step <= last_step][:limit]
+        local = self._local.ledger
+        stored = map(group_of, self._read("ledger_dropped", (first_step, last_step, overlay.wanted(limit, local))))
+        where = lambda r: r.fate == DROPPED and r.step is not None and first_step <= r.step <= last_step  # noqa: E731
+        return overlay.lay(stored, local, _id, where=where, order=lambda r: (r.step, r.id), limit=limit)
 
     def steps(self, first: int, last: int) -> list[LedgerStep]:
-        rows = {r.step: r for r in map(step_of, self._read("ledger_steps", (first, last)))}
         marks = self._local.committed
-        for step, row in rows.items():  # marks not written yet
+
+        def marked(row: LedgerStep) -> LedgerStep:
+            """A stored step row with the commit marks not written yet."""
             if row.committed_at is None:
-                at = next((at for f, b, at in marks if f <= step < b), None)
+                at = next((at for f, b, at in marks if f <= row.step < b), None)
                 if at is not None:
-                    rows[step] = replace(row, committed_at=at)
-        rows.update((s, r) for s, r in self._local.steps.items() if first <= s <= last)
-        return [rows[s] for s in sorted(rows)]
+                    return replace(row, committed_at=at)
+            return row
+
+        stored = (marked(step_of(r)) for r in self._read("ledger_steps", (first, last)))
+        return overlay.lay(stored, self._local.steps, _step, where=lambda r: first <= r.step <= last, order=_step)
 
     def kept_payloads(self, ids: Iterable[int]) -> dict[int, bytes]:
         self._before_payloads()
-        wanted = list(ids)
-        local = self._local.payloads
-        out = {i: local[i] for i in wanted if i in local}
-        stored = [i for i in wanted if i not in out]
-        if stored:
-            out.update((int(i), bytes(p)) for i, p in self._read_ids("kept_payloads", stored))
-        return out
+        return overlay.point(ids, self._local.payloads, self._kept_payloads)
+
+    def _kept_payloads(self, ids: list[int]) -> list[tuple[int, bytes]]:
+        return [(int(i), bytes(p)) for i, p in self._read_ids("kept_payloads", ids)]
 
     def kept_oldest(self, limit: int) -> list[KeptPayload]:
-        out = {int(r[0]): KeptPayload(int(r[0]), int(r[1]), int(r[2])) for r in self._read("kept_oldest", (limit,))}
-        out.update((r.id, KeptPayload(r.id, r.step or 0, r.bytes)) for r in self._local.ledger.values() if r.kept)
-        return sorted(out.values(), key=lambda k: (k.step, k.id))[:limit]
+        local = {r.id: KeptPayload(r.id, r.step or 0, r.bytes) if r.kept else None for r in self._local.ledger.values()}
+        stored = (
+            KeptPayload(int(r[0]), int(r[1]), int(r[2]))
+            for r in self._read("kept_oldest", (overlay.wanted(limit, local),))
+        )
+        return overlay.lay(stored, local, lambda k: k.id, order=lambda k: (k.step, k.id), limit=limit)
+
+
+def _id(row: LedgerGroup) -> int:
+    return row.id
+
+
+def _step(row: LedgerStep) -> int:
+    return row.step
