@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from api.store import overlay
@@ -12,9 +12,9 @@ from api.store import overlay
 Row = tuple[int, int]
 """(key, value)."""
 
-keys = st.integers(0, 30)
-stored_tables = st.dictionaries(keys, st.integers(0, 9))
-pending_tables = st.dictionaries(keys, st.none() | st.integers(0, 9))
+keys = st.integers(0, 5)  # few keys: pending rows often replace stored ones
+stored_tables = st.dictionaries(keys, st.integers(0, 5))
+pending_tables = st.dictionaries(keys, st.none() | st.integers(0, 5))
 """A pending table: a row by key, None where it is gone."""
 
 
@@ -36,7 +36,9 @@ def _order(r: Row) -> tuple[int, int]:
     return r[1], r[0]
 
 
-@given(stored=stored_tables, pending=pending_tables, below=st.integers(0, 10), limit=st.none() | st.integers(0, 8))
+@given(stored=stored_tables, pending=pending_tables, below=st.integers(0, 6), limit=st.none() | st.integers(0, 5))
+@settings(max_examples=400)
+@example(stored={1: 0, 2: 1}, pending={1: 5}, below=3, limit=1)  # the first stored row moved out: ask for one more
 def test_lay_answers_as_the_table_after_the_commit(
     stored: dict[int, int], pending: dict[int, int | None], below: int, limit: int | None
 ) -> None:
