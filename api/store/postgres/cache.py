@@ -5,7 +5,8 @@ A `Group` is one PostgreSQL transaction. BEGIN, the store lock, the small tables
 counter, the task datasets' records) and the replies the functions announced are read in one round trip; most
 writes (appended items, their payloads, replies, counts, values, ledger and task rows) wait in `Pending` and go
 with the COMMIT, as one statement (api/store/postgres/flush.py), in one round trip. Reads that miss the cache
-go to the database (api/store/postgres/txn.py).
+go to the database (api/store/postgres/txn.py) and lay the pending rows over what it returns, all through
+api/store/overlay.py.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class Pending:
     """Dataset records (docs/tasks.md), read at BEGIN: one row per dataset, read and rewritten by every lease."""
     dirty_task_sets: set[str] = field(default_factory=set)
     task_rows: dict[tuple[str, int, int], TaskRow] = field(default_factory=dict)
-    """Task rows written in this group, by (dataset, epoch, index): reads overlay them, the COMMIT writes them."""
+    """Task rows written in this group, by (dataset, epoch, index): reads lay them over the stored ones
+    (api/store/overlay.py), the COMMIT writes them."""
 
     def copy(self) -> Pending:
         return Pending(
