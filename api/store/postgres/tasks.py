@@ -31,6 +31,11 @@ def _key(r: TaskRow) -> tuple[str, int, int]:
     return r.dataset, r.epoch, r.index
 
 
+def _position(r: TaskRow) -> tuple[int, int]:
+    """Where a row is in its dataset's scan."""
+    return r.epoch, r.index
+
+
 class PostgresTaskTxn(TaskTxn):
     def __init__(self, db: psycopg.Connection[Any], pending: Pending, write: Write, writable: Callable[[], None]):
         self._db = db
@@ -106,13 +111,19 @@ class PostgresTaskTxn(TaskTxn):
     def reclaimable(self, name: str, now: float, limit: int, front: int) -> tuple[list[TaskRow], list[TaskRow]]:
         mine = self._mine(name)
         found = self._read(_RECLAIMABLE, (name, now, overlay.wanted(limit, mine), name, overlay.wanted(front, mine)))
-        ended = lambda r: r.dataset == name and r.state == LEASED and r.expires_at is not None and r.expires_at <= now  # noqa: E731
-        waiting = lambda r: r.dataset == name and r.state == FRONT  # noqa: E731
-        expired = overlay.lay((row_of(r[1:]) for r in found if r[0] == 0), mine, _key, where=ended,
-                              order=lambda r: r.expires_at or 0.0, limit=limit)  # fmt: skip
-        front_rows = overlay.lay((row_of(r[1:]) for r in found if r[0] == 1), mine, _key, where=waiting,
-                                 order=lambda r: r.seq, limit=front)  # fmt: skip
-        return expired, front_rows
+
+        def ended(r: TaskRow) -> bool:
+            return r.state == LEASED and r.expires_at is not None and r.expires_at <= now
+
+        def waiting(r: TaskRow) -> bool:
+            return r.state == FRONT
+
+        expired = (row_of(r[1:]) for r in found if r[0] == 0)
+        first = (row_of(r[1:]) for r in found if r[0] == 1)
+        return (
+            overlay.lay(expired, mine, _key, where=ended, order=lambda r: r.expires_at or 0.0, limit=limit),
+            overlay.lay(first, mine, _key, where=waiting, order=lambda r: r.seq, limit=front),
+        )
 
     def by_ledger(self, ids: Sequence[int]) -> list[TaskRow]:
         wanted = set(ids)
@@ -127,5 +138,6 @@ class PostgresTaskTxn(TaskTxn):
             f"SELECT {COLUMNS} FROM tasks WHERE dataset = %b AND (epoch, idx) > (%b, %b) ORDER BY epoch, idx LIMIT %b",
             (name, after[0], after[1], overlay.wanted(limit, mine)),
         )
-        return overlay.lay(map(row_of, found), mine, _key, where=lambda r: (r.epoch, r.index) > after,
-                           order=lambda r: (r.epoch, r.index), limit=limit)  # fmt: skip
+        return overlay.lay(
+            map(row_of, found), mine, _key, where=lambda r: _position(r) > after, order=_position, limit=limit
+        )
