@@ -8,6 +8,9 @@ is about). A row the group deletes is taken out of its pending table if it was o
 it deletes is deleted in the database at once (under the function's savepoint), so no read of the database
 returns it. Tables written through (held groups, open groups and their slots, envs, batches, task data) have no
 pending rows: the database read inside the group's transaction already sees them.
+Two kinds of cached state are not laid over anything: the small tables read whole at BEGIN (named values, queue
+and side-buffer counts, task datasets), which reads answer from alone, and the counters' deltas, which are added
+to what is stored.
 
 Pure logic, no I/O: the caller reads the database and hands the rows over.
 
