@@ -30,16 +30,31 @@ Ctx = dict[str, Any]
 """What a case's steps hand each other (the item ids they made), one per store it runs on."""
 Step = Callable[[Txn, Ctx], Any]
 
-CONTRACTS: dict[str, type] = {"txn": Txn, "held": HeldTxn, "ledger": LedgerTxn, "tasks": TaskTxn,
-                              "rollouts": OpenGroupTxn}  # fmt: skip
+CONTRACTS: dict[str, type] = {
+    "txn": Txn,
+    "held": HeldTxn,
+    "ledger": LedgerTxn,
+    "tasks": TaskTxn,
+    "rollouts": OpenGroupTxn,
+}
 WRITES = {
-    "txn": {"set_value", "delete_value", "append", "next_item_id", "put_env", "add_counts", "put_reply", "put_batch",
-            "drop_batches_before", "clear"},
+    "txn": {
+        "set_value",
+        "delete_value",
+        "append",
+        "next_item_id",
+        "put_env",
+        "add_counts",
+        "put_reply",
+        "put_batch",
+        "drop_batches_before",
+        "clear",
+    },
     "held": {"add"},
     "ledger": {"add", "decide", "requeue", "put_step", "committed", "prune", "keep_payloads", "prune_payloads"},
     "tasks": {"put_dataset", "add_tasks", "put_rows"},
     "rollouts": {"put", "delete", "put_slot"},
-}  # fmt: skip
+}
 """Methods that write and read nothing back: each of their writes is read by some case."""
 NOT_HERE = {("txn", "drop_lost"): "only a store that can lose payloads (SQLite's segment files) has it"}
 MUTATING = {("txn", "pop"), ("held", "release")}
@@ -48,8 +63,12 @@ MUTATING = {("txn", "pop"), ("held", "release")}
 
 def methods() -> set[tuple[str, str]]:
     """Every public method of the contracts."""
-    return {(part, name) for part, cls in CONTRACTS.items() for name in dir(cls)
-            if not name.startswith("_") and callable(getattr(cls, name))}  # fmt: skip
+    return {
+        (part, name)
+        for part, cls in CONTRACTS.items()
+        for name in dir(cls)
+        if not name.startswith("_") and callable(getattr(cls, name))
+    }
 
 
 @dataclass(frozen=True)
@@ -133,9 +152,12 @@ def task_rows(first: int, n: int, state: str, ledgered: int | None = None, **fie
 
     def step(t: Txn, c: Ctx) -> None:
         ids = [None if ledgered is None else ledgered + i for i in range(first, first + n)]
-        rows = [TaskRow("d", 0, i, state, seq=100 - i, ledger_id=ids[i - first], **fields)
-                for i in range(first, first + n)]  # fmt: skip
-        t.tasks.put_rows(rows)
+        t.tasks.put_rows(
+            [
+                TaskRow("d", 0, i, state, seq=100 - i, ledger_id=ids[i - first], **fields)
+                for i in range(first, first + n)
+            ]
+        )
 
     return step
 
