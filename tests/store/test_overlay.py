@@ -53,7 +53,7 @@ WRITES = {
     "held": {"add"},
     "ledger": {"add", "decide", "requeue", "put_step", "committed", "prune", "keep_payloads", "prune_payloads"},
     "tasks": {"put_dataset", "add_tasks", "put_rows"},
-    "rollouts": {"put", "delete", "put_slot"},
+    "rollouts": {"put", "delete", "add_slot"},
 }
 """Methods that write and read nothing back: each of their writes is read by some case."""
 NOT_HERE = {("txn", "drop_lost"): "only a store that can lose payloads (SQLite's segment files) has it"}
@@ -173,7 +173,17 @@ def dataset(name: str = "d") -> Step:
 def group(key: str, state: str = "open", deadline: float = 10.0, expires: float = 20.0, env: int = 0) -> Step:
     def step(t: Txn, c: Ctx) -> None:
         t.rollouts.put(GroupRow(key, env, state, deadline, expires, len(key), f"record {key}"))
-        t.rollouts.put_slot(SlotRow(key, 0, "p", "digest", f"slot of {key}"))
+        slot_row(key, 0)(t, c)
+
+    return step
+
+
+def slot_row(key: str, slot: int) -> Step:
+    """An acknowledged rollout in slot `slot` of group `key`."""
+
+    def step(t: Txn, c: Ctx) -> None:
+        data = f"slot {slot} of {key}".encode()
+        t.rollouts.add_slot(SlotRow(key, slot, f"p{slot}", f"digest {slot}", data, 3 + slot, 0.5, None), len(data))
 
     return step
 
@@ -275,8 +285,11 @@ CASES: dict[tuple[str, str], Case] = {
     ("rollouts", "open_totals"): Case(run(group("a")), run(group("bb"), group("a", "sealed")),
                                       lambda t, c: t.rollouts.open_totals(0)),
     ("rollouts", "slots"): Case(run(group("a")),
-                                run(lambda t, c: t.rollouts.put_slot(SlotRow("a", 1, "q", "d2", "second"))),
-                                lambda t, c: t.rollouts.slots("a")),
+                                run(slot_row("a", 1), slot_row("b", 0)), lambda t, c: t.rollouts.slots("a")),
+    ("rollouts", "slot"): Case(run(group("a")), run(slot_row("a", 1)),
+                               lambda t, c: [t.rollouts.slot("a", i) for i in range(3)]),
+    ("rollouts", "done"): Case(run(group("a")), run(slot_row("a", 2), slot_row("b", 0)),
+                               lambda t, c: t.rollouts.done("a")),
 }  # fmt: skip
 
 
