@@ -8,8 +8,8 @@ and the database's own CPU are left out: on a shared machine they only add noise
 Per transaction, microseconds: an ingest (a reply looked up, an item appended with its ledger row, the reply
 stored), alone and 32 at a time (one group commit); a batch's head and pop (the first 32 of a queue); a task
 lease's reads (the reclaimable rows, rows written, read back). With `--base`, DIR (another checkout, e.g.
-`git worktree add /tmp/base main`) runs the same in turns, each round on a fresh database, and the medians and
-their ratio (this checkout / DIR) are printed.
+`git worktree add /tmp/base main`) runs the same in turns (which goes first alternates), each round on a fresh
+database, and the medians and their ratio (this checkout / DIR) are printed.
 """
 
 from __future__ import annotations
@@ -38,15 +38,33 @@ from bench import pg  # noqa: E402
 TASKS = 20_000
 
 
+def _row(item_id: int, group_id: str) -> LedgerGroup:
+    """An ingested group's ledger row."""
+    return LedgerGroup(
+        id=item_id,
+        env_id=0,
+        group_id=group_id,
+        handler=None,
+        acked_at=1.0,
+        policy_step=0,
+        seqs=8,
+        tokens=800,
+        bytes=2000,
+        score_mean=0.5,
+        score_min=0.0,
+        score_max=1.0,
+        score_std=0.5,
+        fate=QUEUED,
+    )
+
+
 def _ingest(n: int) -> Callable[[Txn], None]:
     def fn(t: Txn) -> None:
         key = f"k{n}"
         t.get_reply(key)
         meta = ItemMeta(t.next_item_id(), 8, 800, 0)
         t.append(0, QueuedItem(meta, 1, b"x" * 2000))
-        t.ledger.add([LedgerGroup(id=meta.item_id, env_id=0, group_id=key, handler=None, acked_at=1.0,
-                                  policy_step=0, seqs=8, tokens=800, bytes=2000, score_mean=0.5, score_min=0.0,
-                                  score_max=1.0, score_std=0.5, fate=QUEUED)])  # fmt: skip
+        t.ledger.add([_row(meta.item_id, key)])
         t.put_reply(key, "ok")
 
     return fn
@@ -128,7 +146,7 @@ def main() -> None:
     sides = {"this": here, **({"base": args.base.resolve()} if args.base else {})}
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for r in range(args.rounds):
-        for side, root in sides.items():
+        for side, root in list(sides.items())[:: 1 if r % 2 == 0 else -1]:  # which goes first alternates
             env = {**os.environ, "PYTHONPATH": str(root)}
             cmd = [sys.executable, str(root / "bench" / "pg_reads.py"), "--one", "--n", str(args.n)]
             if not (root / "bench" / "pg_reads.py").exists():  # a base from before this file: run this one there
