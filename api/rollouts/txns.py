@@ -259,6 +259,8 @@ def post_txn(
     txn.add_counts(COUNTS, {"slots": 1, **({OPEN_DONE: 1} if row.state in LIVE else {}),
                             **({OPEN_LEASED: -1} if leased else {})})  # fmt: skip
     row = replace(row, done=row.done + 1, tokens=row.tokens + len(req.tokens), bytes=row.bytes + len(data))
+    if row.state == "open" and g.leases:
+        row = _recheck(txn, row)
     sealing = False
     if row.state == "open" and row.done == g.group_size:  # deadlines are the sweep's: a post never expires its group
         slots = txn.rollouts.slots(req.group_id)
@@ -484,6 +486,19 @@ def drop_lapsed(g: rg.OpenGroup, now: float) -> int:
     return len(gone)
 
 
+def _recheck(txn: Txn, row: GroupRow) -> GroupRow:
+    """The open row with its next check (`expires_at`) as its missing slots' leases make it now. The sweep walks
+    groups by next check and passes each one once, so a row whose next check moved must say so: a post that fills
+    the last missing slot nobody leased (its next check becomes the soonest sibling lease's end, after the holder's
+    lapse the walk passed), or the slot of the soonest lease. Only groups whose siblings hold leases pay for it."""
+    at = rg.next_check(settled(txn, row), row.done)
+    if at == row.expires_at:
+        return row
+    row = replace(row, expires_at=at)
+    txn.rollouts.put(row)
+    return row
+
+
 def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
     """Drop the lapsed sibling leases of these open groups (counted `lease_lapsed`; the slots are missing again,
     for `lease_txn` to hand out): `slots_leased` counts leases that hold. How many it dropped."""
@@ -495,6 +510,7 @@ def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
         g = settled(txn, row)
         before = _tally(row, g)
         if not (gone := drop_lapsed(g, now)):
+            _recheck(txn, row)  # none lapsed yet: looked at again when the soonest one ends
             continue
         _put(txn, row, before, _row(g, row.state, row), g)  # next check: the holder's lapse, or a lease's end
         dropped += gone
