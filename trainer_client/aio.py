@@ -122,8 +122,15 @@ class AsyncTrainerClient(BaseTrainerClient[httpx.AsyncClient]):
     ) -> AsyncIterator[Batch]:
         """See `TrainerClient.batches`."""
         server = Server.from_info(await self.info())
-        query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
-                                balance=balance, timeout=self.timeout)  # fmt: skip
+        query = BatchQuery.make(
+            server,
+            wait=wait,
+            rank=rank,
+            world_size=world_size,
+            encoding=encoding,
+            balance=balance,
+            timeout=self.timeout,
+        )
         step = start_step if start_step is not None or not server.rollbuf else (await self.status()).current_step
         cursor = Cursor(query, step, moves=lambda: self._moves)
         cursor.progress.no_progress_timeout = no_progress_timeout

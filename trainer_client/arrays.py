@@ -62,8 +62,13 @@ class Padded:
         where trained on, -100 elsewhere, as `cross_entropy` ignores), `trained` and `attention_mask` bool,
         `advantages` and the floats float32. See `trainer_client.tensors` for how they travel."""
         # the handler's raw `advantages` (NaN where a group sent none) gives way to the merged ones
-        arrays = {**self.floats, "tokens": self.tokens, "masks": self.masks, "attention_mask": self.attention_mask,
-                  "advantages": self.advantages}  # fmt: skip
+        arrays = {
+            **self.floats,
+            "tokens": self.tokens,
+            "masks": self.masks,
+            "attention_mask": self.attention_mask,
+            "advantages": self.advantages,
+        }
         if self.weight_versions is not None:
             arrays["weight_versions"] = self.weight_versions
         return to_tensors(arrays, device, non_blocking=non_blocking)
@@ -401,10 +406,11 @@ def from_json(groups: Iterable[Mapping[str, Any]], step: int | None) -> Batch:
     for name in FLOAT_FIELDS:
         if any(g.get(name) is not None for g in groups):
             parts = [
-                np.fromiter(chain.from_iterable(g[name]), F32) if g.get(name) is not None
+                np.fromiter(chain.from_iterable(g[name]), F32)
+                if g.get(name) is not None
                 else np.full(sum(map(len, g["tokens"])), np.nan, F32)
                 for g in groups
-            ]  # fmt: skip
+            ]
             floats[name] = _concat(parts, F32)
     versions = None
     if any(g.get(VERSIONS_FIELD) is not None for g in groups):

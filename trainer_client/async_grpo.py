@@ -48,11 +48,16 @@ def check_trl_version(trl_version: str) -> None:
             "(pip install 'rollbuf[trl]')"
         )
     if at < low:
-        raise Misaligned(f"trl {trl_version} predates the async GRPO seam this adapter uses; install "
-                         "'trl>=1.16,<1.18' (pip install 'rollbuf[trl]')")  # fmt: skip
+        raise Misaligned(
+            f"trl {trl_version} predates the async GRPO seam this adapter uses; install "
+            "'trl>=1.16,<1.18' (pip install 'rollbuf[trl]')"
+        )
     if not trl_version.startswith(TESTED_TRL):
-        log.warning("trl %s: within the supported range (>=1.16,<1.18) but not the tested release (%s.x)",
-                    trl_version, ", ".join(TESTED_TRL))  # fmt: skip
+        log.warning(
+            "trl %s: within the supported range (>=1.16,<1.18) but not the tested release (%s.x)",
+            trl_version,
+            ", ".join(TESTED_TRL),
+        )
 
 
 STATE_FILE = "rollbuf_state.json"
@@ -191,8 +196,13 @@ class RollbufCheckpoints(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         info = self.client.info()
         checked = copy.copy(args)  # TRL read its staleness bound already: `align` before building the trainer sets it
-        align(checked, batch_size=info.batch_size, world_size=args.world_size,
-              read_ahead_bound=info.max_read_ahead_batches, buffered_batches=self.worker.buffered_batches)  # fmt: skip
+        align(
+            checked,
+            batch_size=info.batch_size,
+            world_size=args.world_size,
+            read_ahead_bound=info.max_read_ahead_batches,
+            buffered_batches=self.worker.buffered_batches,
+        )
         resume = self.starting_step + state.global_step
         saved = _saved_step(getattr(args, "resume_from_checkpoint", None))
         if saved is not None and saved != resume:

@@ -30,8 +30,9 @@ class BaseTrainerClient(Generic[H]):
         retry_deadline: float = RETRY_DEADLINE_S,
         tries: int | None = None,
     ) -> None:
-        self.endpoint = Endpoint.make(base_url, str(http_client.base_url) if http_client else "", timeout, api_key,
-                                      retry_deadline, tries)  # fmt: skip
+        self.endpoint = Endpoint.make(
+            base_url, str(http_client.base_url) if http_client else "", timeout, api_key, retry_deadline, tries
+        )
         self.base_url, self.timeout = self.endpoint.base_url, self.endpoint.timeout
         self._own = http_client is None
         self._outage = Outage(f"rollbuf server {self.base_url}", log)

@@ -182,8 +182,15 @@ class TrainerClient(BaseTrainerClient[httpx.Client]):
         ServerUnreachable once a request got no answer until the retry deadline.
         """
         server = Server.from_info(self.info())
-        query = BatchQuery.make(server, wait=wait, rank=rank, world_size=world_size, encoding=encoding,
-                                balance=balance, timeout=self.timeout)  # fmt: skip
+        query = BatchQuery.make(
+            server,
+            wait=wait,
+            rank=rank,
+            world_size=world_size,
+            encoding=encoding,
+            balance=balance,
+            timeout=self.timeout,
+        )
         step = start_step if start_step is not None or not server.rollbuf else self.status().current_step
         cursor = Cursor(query, step, moves=lambda: self._moves)
         cursor.progress.no_progress_timeout = no_progress_timeout

@@ -340,8 +340,9 @@ class Cursor:
             self.finished = True
             what = "no batch will come" if self.step is None else f"batch {self.step} will not come"
             left = f" ({result.reason})" if result.reason else ""
-            log.info("the run is finished, %s: every dataset feeding it is done and nothing else can arrive%s",
-                     what, left)  # fmt: skip
+            log.info(
+                "the run is finished, %s: every dataset feeding it is done and nothing else can arrive%s", what, left
+            )
             return None
         how = f"long-poll {self.query.wait:g} s" if self.query.long_poll else "polling"
         self.progress.waiting(self.step, how, result, asked=self._asked, moves=self.moves())
@@ -382,12 +383,22 @@ class DrainWait:
                 log.info("weight sync to step %d: every drain producer drained after %.1f s", self.step, waited)
             return "drained"
         if self.timeout is not None and waited >= self.timeout:
-            log.warning("weight sync to step %d: %s not drained after %.0f s; syncing without them (their episodes "
-                        "in flight span the sync)", self.step, ", ".join(reply.waiting_on), waited)  # fmt: skip
+            log.warning(
+                "weight sync to step %d: %s not drained after %.0f s; syncing without them (their episodes "
+                "in flight span the sync)",
+                self.step,
+                ", ".join(reply.waiting_on),
+                waited,
+            )
             return "timeout"
         if self._logged is None or now - self._logged >= DRAIN_LOG_EVERY_S:
             self._logged = now
-            log.info("weight sync to step %d waits for %d producer(s) to drain (%.0f s so far%s): %s", self.step,
-                     len(reply.waiting_on), waited, "" if self.timeout is None else f", at most {self.timeout:g} s",
-                     ", ".join(reply.waiting_on))  # fmt: skip
+            log.info(
+                "weight sync to step %d waits for %d producer(s) to drain (%.0f s so far%s): %s",
+                self.step,
+                len(reply.waiting_on),
+                waited,
+                "" if self.timeout is None else f", at most {self.timeout:g} s",
+                ", ".join(reply.waiting_on),
+            )
         return "wait"

@@ -165,8 +165,12 @@ class RollbufRolloutWorker:
     def _read(self) -> None:
         convert = self._convert or to_trl_sample()
         try:
-            batches = self.client.batches(start_step=self.start_step, wait=self.wait, stop=self._stop,
-                                          no_progress_timeout=self.no_progress_timeout)  # fmt: skip
+            batches = self.client.batches(
+                start_step=self.start_step,
+                wait=self.wait,
+                stop=self._stop,
+                no_progress_timeout=self.no_progress_timeout,
+            )
             for batch in batches:
                 assert batch.step is not None
                 samples = samples_of(batch, sync_every=self.sync_every, offset=self._offset)
@@ -179,12 +183,14 @@ class RollbufRolloutWorker:
                 self.steps_read.append(batch.step)
                 self._progress_at = time.monotonic()
                 staleness = [s.metrics["rollbuf/staleness"] for s in samples]
-                self.metrics_queue.put({
-                    "rollbuf/step": float(batch.step),
-                    "rollbuf/groups": float(batch.n_groups),
-                    "rollbuf/staleness_mean": sum(staleness) / max(1, len(staleness)),
-                    "rollbuf/staleness_max": max(staleness, default=0.0),
-                })  # fmt: skip
+                self.metrics_queue.put(
+                    {
+                        "rollbuf/step": float(batch.step),
+                        "rollbuf/groups": float(batch.n_groups),
+                        "rollbuf/staleness_mean": sum(staleness) / max(1, len(staleness)),
+                        "rollbuf/staleness_max": max(staleness, default=0.0),
+                    }
+                )
                 if self._stop.is_set():
                     return
         except BaseException as exc:  # kept for check_health, which TRL calls from its training loop

@@ -197,14 +197,25 @@ def form(
     released = {e for e, (since, _) in quiet.items() if now - since >= rules.quiet_share_seconds}
     given = {e.env_id: e.min_batch_allocation for e in run.envs if e.connected}
     shares = scale_shares({e: s for e, s in given.items() if e not in released})
-    windows = _read(txn, unit, run, spec, shares, books, now, max_seqs=spec.batch_size, max_items=None,
-                    due_after=look.due_after)  # fmt: skip
+    windows = _read(
+        txn, unit, run, spec, shares, books, now, max_seqs=spec.batch_size, max_items=None, due_after=look.due_after
+    )
     credits = unit.get(CREDITS)
     plan = plan_batch(windows, spec, credits, looked_further=False)
     if isinstance(plan, NoBatch) and plan.look_further:
         dropped = {w.env_id: w.stale for w in windows}  # the first read dropped them: still this batch's
-        windows = _read(txn, unit, run, spec, shares, books, now, max_seqs=look.sequences, max_items=look.groups,
-                        due_after=look.due_after)  # fmt: skip
+        windows = _read(
+            txn,
+            unit,
+            run,
+            spec,
+            shares,
+            books,
+            now,
+            max_seqs=look.sequences,
+            max_items=look.groups,
+            due_after=look.due_after,
+        )
         windows = [dataclasses.replace(w, stale=w.stale + dropped.get(w.env_id, 0)) for w in windows]
         plan = plan_batch(windows, spec, credits)
     plan, waited = _await_arrivals(unit, plan, windows, spec, credits, now, run.step, rules.arrival_wait_seconds)
@@ -293,8 +304,9 @@ def _tail(
     if not end.final:
         return plan, False, waited
     look = rules.look_ahead
-    windows = _read(txn, unit, run, spec, {}, books, now, max_seqs=look.sequences, max_items=look.groups,
-                    due_after=look.due_after)  # fmt: skip
+    windows = _read(
+        txn, unit, run, spec, {}, books, now, max_seqs=look.sequences, max_items=look.groups, due_after=look.due_after
+    )
     tail = plan_batch(windows, spec, credits, final=True)
     if isinstance(tail, NoBatch) and tail.left_out:
         for w in windows:
@@ -370,8 +382,9 @@ def _hold(
                 log.warning(
                     "env %r has held batches back for %.0f s with its min_batch_allocation (it queues too little): "
                     "its minimum no longer holds them until it queues its share again",
-                    name, now - since,
-                )  # fmt: skip
+                    name,
+                    now - since,
+                )
             out[env_id] = (since, True)
         elif env_id == holding:
             out[env_id] = (since, counted)
@@ -452,7 +465,17 @@ def take(
         batch = dataclasses.replace(batch, held=len(batch.prefix()) + sum(map(len, stored)))
     if keep:
         txn.put_batch(batch.step, batch.prefix(), order)
-    row = ledger.step_row(run.step, now, time.perf_counter() - start, order, plan.seqs, tokens,
-                          groups_by_env, seqs_by_env, staleness, committed=not keep)  # fmt: skip
+    row = ledger.step_row(
+        run.step,
+        now,
+        time.perf_counter() - start,
+        order,
+        plan.seqs,
+        tokens,
+        groups_by_env,
+        seqs_by_env,
+        staleness,
+        committed=not keep,
+    )
     books.served(txn, row, stored)
     return batch, seqs_by_env

@@ -278,8 +278,9 @@ def _plan_exact(
     trainer's `no_exact_fill` policy (see the module's docstring); `final`: the run's tail (`_plan_tail`)."""
     batch_size = spec.batch_size
     available = sum(_seqs(w.items) for w in active)
-    waiting = NoBatch(f"waiting for data: {available} of {batch_size} sequences queued", blocked=False,
-                      credits=dict(credits))  # fmt: skip
+    waiting = NoBatch(
+        f"waiting for data: {available} of {batch_size} sequences queued", blocked=False, credits=dict(credits)
+    )
     if available < batch_size and (not final or not available):
         return waiting
     if available >= batch_size:

@@ -78,8 +78,16 @@ class Batches:
 
         def txn_fn(txn: Txn) -> tuple[FormedBatch | BatchWaiting, ProducerReport | None]:
             gone_after = self.producers.settings.gone_after
-            result = batch_txn(txn, step, self.known(), as_json=as_json, read_ahead=self.read_ahead,
-                               books=self.books(), rules=self.rules, gone_after=gone_after)  # fmt: skip
+            result = batch_txn(
+                txn,
+                step,
+                self.known(),
+                as_json=as_json,
+                read_ahead=self.read_ahead,
+                books=self.books(),
+                rules=self.rules,
+                gone_after=gone_after,
+            )
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers.settings, self.known()) if waiting else None
 
@@ -92,8 +100,13 @@ class Batches:
             mix = " ".join(f"{name}={n}" for name, n in formed.seqs_by_env.items())
             log.info(
                 "batch step=%d groups=%d sequences=%d tokens=%d mix=[%s] formation_ms=%.2f",
-                result.step, result.n_groups, result.seqs, result.tokens, mix, formed.seconds * 1000,
-            )  # fmt: skip
+                result.step,
+                result.n_groups,
+                result.seqs,
+                result.tokens,
+                mix,
+                formed.seconds * 1000,
+            )
         return result
 
     async def commit(self, step: int) -> CommitReply:

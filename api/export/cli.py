@@ -159,8 +159,12 @@ def main(argv: list[str]) -> None:
         help="the store to read (default: ROLLBUF_STORE, else rollbuf serve's default)",
     )
     source.add_argument("--url", metavar="URL", help="a running server to ask instead (http://HOST:PORT)")
-    parser.add_argument("--api-key", metavar="KEY", default=os.environ.get("ROLLBUF_API_KEY"),
-                        help="with --url: a trainer or admin key (default: ROLLBUF_API_KEY)")  # fmt: skip
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get("ROLLBUF_API_KEY"),
+        help="with --url: a trainer or admin key (default: ROLLBUF_API_KEY)",
+    )
     parser.add_argument(
         "--tables",
         default=",".join(("sequences", "groups", "steps")),

@@ -57,12 +57,19 @@ def rollout_row(row: GroupRow, done: dict[int, str], env: str) -> dict[str, Any]
     expired = g.left_out.get("group") if row.state == "expired" else None
     left = [] if expired is not None else sorted((int(k), why) for k, why in g.left_out.items())
     return {
-        "group_id": g.key, "env": env, "env_id": None if row.env_id == ANON_ENV else row.env_id, "state": row.state,
-        "group_size": g.group_size, "min_group_size": g.min_group_size, "producer": g.producer,
-        "deadline": _micros(g.deadline), "scores_at_seal": g.scores_at_seal,
+        "group_id": g.key,
+        "env": env,
+        "env_id": None if row.env_id == ANON_ENV else row.env_id,
+        "state": row.state,
+        "group_size": g.group_size,
+        "min_group_size": g.min_group_size,
+        "producer": g.producer,
+        "deadline": _micros(g.deadline),
+        "scores_at_seal": g.scores_at_seal,
         "done": [{"slot": k, "producer": p} for k, p in sorted(done.items())],
         "leased": [{"slot": s, "producer": str(v[0]), "expires_at": _micros(float(v[1]))} for s, v in leased],
         "redispatched": g.redispatched,
         "left_out": [{"slot": s, "reason": why} for s, why in left],
-        "expired_reason": expired, "bytes": row.bytes,
-    }  # fmt: skip
+        "expired_reason": expired,
+        "bytes": row.bytes,
+    }

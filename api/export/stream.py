@@ -162,9 +162,12 @@ async def pages(table: str, store: Store, limits: ExportLimits) -> AsyncIterator
     after = -(1 << 62)
     while True:
         read = partial(
-            read_groups, after_id=after, limit=limits.page_groups, payloads=table == SEQUENCES,
+            read_groups,
+            after_id=after,
+            limit=limits.page_groups,
+            payloads=table == SEQUENCES,
             max_bytes=limits.page_bytes,
-        )  # fmt: skip
+        )
         page = await store.read(read)
         if page.groups:
             yield page

@@ -188,8 +188,19 @@ def _version_lists(records: Sequence[GroupRecord], lengths: np.ndarray, per_seq:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32()), mask=mask)
 
 
-_SCALARS = ("group", "group_id", "env", "env_id", "policy_step", "fate", "trained_step", "drop_reason",
-            "dropped_step", "acked_at", "meta")  # fmt: skip
+_SCALARS = (
+    "group",
+    "group_id",
+    "env",
+    "env_id",
+    "policy_step",
+    "fate",
+    "trained_step",
+    "drop_reason",
+    "dropped_step",
+    "acked_at",
+    "meta",
+)
 """Columns that hold one value per group, repeated for each of its sequences."""
 _PER_SEQ = ("seq", "length", "score", "tokens", "masks", *FLOAT_FIELDS, VERSIONS_FIELD)
 
@@ -244,18 +255,30 @@ def sequences_batch(
 # ------------------------------------------------------------------------------------------- ledger tables
 
 
-_ARROW = {"int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
-          "bool": pa.bool_(), "timestamp": TIMESTAMP}  # fmt: skip
+_ARROW = {
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "bool": pa.bool_(),
+    "timestamp": TIMESTAMP,
+}
 """The Arrow types a ledger column's `Column.arrow` names."""
 _DERIVED: dict[str, list[pa.Field]] = {
     "id": [pa.field("group", pa.int64(), nullable=False)],
     "env_id": [],
-    "group_id": [pa.field("group_id", pa.string()), pa.field("env", pa.string(), nullable=False),
-                 pa.field("env_id", pa.int32())],
-    "step": [pa.field("trained_step", pa.int64()), pa.field("drop_reason", pa.string()),
-             pa.field("dropped_step", pa.int64())],
+    "group_id": [
+        pa.field("group_id", pa.string()),
+        pa.field("env", pa.string(), nullable=False),
+        pa.field("env_id", pa.int32()),
+    ],
+    "step": [
+        pa.field("trained_step", pa.int64()),
+        pa.field("drop_reason", pa.string()),
+        pa.field("dropped_step", pa.int64()),
+    ],
     "reason": [],
-}  # fmt: skip
+}
 """The `groups` columns the export derives from a ledger column (`Column.arrow` None), in its place: the
 group's ledger id is `group`, its env's name follows its group id, `step` and `reason` split by fate."""
 

@@ -31,7 +31,15 @@ def tasks_schema() -> pa.Schema:
 def task_row(r: TaskRow) -> dict[str, Any]:
     """`group`: the ledger id of its group (the `groups` table's `group`)."""
     return {
-        "dataset": r.dataset, "epoch": r.epoch, "index": r.index, "state": r.state, "leases": r.leases,
-        "producer": r.producer, "retries": r.retries, "group": r.ledger_id, "step": r.step, "reason": r.reason,
+        "dataset": r.dataset,
+        "epoch": r.epoch,
+        "index": r.index,
+        "state": r.state,
+        "leases": r.leases,
+        "producer": r.producer,
+        "retries": r.retries,
+        "group": r.ledger_id,
+        "step": r.step,
+        "reason": r.reason,
         "updated_at": round(r.updated_at * 1_000_000),
-    }  # fmt: skip
+    }

@@ -137,9 +137,11 @@ class Ingest:
         ctx = contextvars.copy_context()
         try:
             return await off_loop(
-                len(raw), INLINE_PARSE, ctx.run,
+                len(raw),
+                INLINE_PARSE,
+                ctx.run,
                 partial(submissions.decode, raw, content_type, run, self.limits, many=many, key=key),
-            )  # fmt: skip
+            )
         finally:
             request_env.set(ctx.get(request_env))
 
@@ -196,8 +198,12 @@ class Ingest:
             lambda txn: expire_txn(txn, time.time(), self.limits.side, self.known(), self.books())
         )
         if n:
-            log.info("side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
-                     n, self.limits.side.ttl, "side_buffer_expired")  # fmt: skip
+            log.info(
+                "side buffer: %d held groups expired after %.0f s (counted as dropped: %s)",
+                n,
+                self.limits.side.ttl,
+                "side_buffer_expired",
+            )
 
     async def close(self) -> None:
         """Write what is counted in memory (refusals) before the store closes (after the jobs stopped)."""

@@ -88,10 +88,15 @@ def from_binary(
         raw, many=many, env_ids=range(len(run.envs)), current_step=run.step, limits=group_limits(run, limits)
     )
     return [
-        Submission.of(g.record, g.payload, key or group_key(g.record.env_id, g.record.group_id), g.sent_policy_step,
-                      ("body", i) if many else ("body",))
+        Submission.of(
+            g.record,
+            g.payload,
+            key or group_key(g.record.env_id, g.record.group_id),
+            g.sent_policy_step,
+            ("body", i) if many else ("body",),
+        )
         for i, g in enumerate(checked)
-    ]  # fmt: skip
+    ]
 
 
 def from_json(

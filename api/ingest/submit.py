@@ -177,8 +177,11 @@ def check_capacity(
     if full is None and any(limit is not None for limit, *_ in one):
         for env_id, more in adds.items():
             q, h = counts.get(env_id), held.get(env_id)
-            have = [sum(c.groups for c in (q, h) if c), sum(c.tokens for c in (q, h) if c),
-                    sum(c.bytes for c in (q, h) if c)]  # fmt: skip
+            have = [
+                sum(c.groups for c in (q, h) if c),
+                sum(c.tokens for c in (q, h) if c),
+                sum(c.bytes for c in (q, h) if c),
+            ]
             if (full := _over(f"env {env_id} has", have, more, one, " queued")) is not None:
                 break
     if full:
@@ -221,8 +224,13 @@ def hold_group(
     meta = ItemMeta(txn.next_item_id(), sub.record.seqs, sub.record.n_tokens, step)
     picked = side_buffer.to_release(held, meta.seqs, env.group_size)
     if picked is None:
-        holds = QueueCounts(len(held), len(held), sum(h.meta.seqs for h in held), sum(h.meta.tokens for h in held),
-                            sum(h.size for h in held))  # fmt: skip
+        holds = QueueCounts(
+            len(held),
+            len(held),
+            sum(h.meta.seqs for h in held),
+            sum(h.meta.tokens for h in held),
+            sum(h.size for h in held),
+        )
         why = side_buffer.full(holds, QueueCounts(1, 1, meta.seqs, meta.tokens, len(sub.payload)), limits.side)
         if why is not None:
             raise QueueFull(

@@ -25,16 +25,19 @@ def _group_fields() -> dict[str, Any]:
         "fate": {
             "fate": (
                 Literal["queued", "held", "served", "dropped"],
-                Field(description='What became of it: queued, "held" in its env\'s side buffer, served in a batch, '
-                      "or dropped."),
+                Field(
+                    description='What became of it: queued, "held" in its env\'s side buffer, served in a batch, '
+                    "or dropped."
+                ),
             ),
         },
         "kept": {
             "committed": (
-                bool | None, Field(description="Served: whether its batch is acknowledged (trained); null otherwise.")
+                bool | None,
+                Field(description="Served: whether its batch is acknowledged (trained); null otherwise."),
             ),
         },
-    }  # fmt: skip
+    }
     out: dict[str, Any] = {}
     for c in GROUP_RECORD:
         out.update(own.get(c.name, {}))

@@ -61,10 +61,22 @@ def group_row(
     """A newly acknowledged group's row (its fate as decided at ingest)."""
     mean, lo, hi, std = score_summary(rec.scores.tolist())
     return LedgerGroup(
-        id=item_id, env_id=env_id, group_id=rec.group_id, handler=handler, acked_at=now, policy_step=rec.policy_step,
-        seqs=rec.seqs, tokens=rec.n_tokens, bytes=size, score_mean=mean, score_min=lo, score_max=hi, score_std=std,
-        fate=fate, producer_id=rec.producer_id,
-    )  # fmt: skip
+        id=item_id,
+        env_id=env_id,
+        group_id=rec.group_id,
+        handler=handler,
+        acked_at=now,
+        policy_step=rec.policy_step,
+        seqs=rec.seqs,
+        tokens=rec.n_tokens,
+        bytes=size,
+        score_mean=mean,
+        score_min=lo,
+        score_max=hi,
+        score_std=std,
+        fate=fate,
+        producer_id=rec.producer_id,
+    )
 
 
 def score_summary(scores: list[float]) -> tuple[float, float, float, float]:
@@ -99,9 +111,17 @@ def step_row(
 ) -> LedgerStep:
     """A formed batch's row; `committed` when nothing acknowledges it later (Atropos's `/batch` without `step`)."""
     return LedgerStep(
-        step, now, seconds, tuple(order), seqs, tokens, dict(groups_by_env), dict(seqs_by_env), dict(staleness),
+        step,
+        now,
+        seconds,
+        tuple(order),
+        seqs,
+        tokens,
+        dict(groups_by_env),
+        dict(seqs_by_env),
+        dict(staleness),
         now if committed else None,
-    )  # fmt: skip
+    )
 
 
 def count_retained(txn: Txn, groups: int, size: int) -> None:

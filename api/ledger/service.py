@@ -49,8 +49,10 @@ class Ledger:
         """Step `step`'s ledger row and its groups' (GET /ledger/steps/{step}); 404 if there is none."""
         found = await self.store.read(lambda txn: ledger.read_step(txn, step, data))
         if found is None:
-            raise NotFound(f"the ledger has no batch {step}: not formed yet, pruned (ledger_max_steps), or the "
-                           "ledger is off", loc=("path", "step"))  # fmt: skip
+            raise NotFound(
+                f"the ledger has no batch {step}: not formed yet, pruned (ledger_max_steps), or the ledger is off",
+                loc=("path", "step"),
+            )
         return await off_loop(sum(len(p) for p in found.payloads.values()), INLINE_PARSE, ledger.step_view, found)
 
     async def named(self, group_id: str, *, data: bool = False) -> list[dict[str, object]]:

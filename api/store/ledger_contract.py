@@ -85,10 +85,13 @@ class LedgerGroup:
     producer_id: str | None = field(
         default=None,
         metadata=_col(
-            "TEXT", "text", "string", "The producer that made it (the group's `producer_id`: its heartbeat id), if it "
-            "sent one.", added=1,
+            "TEXT",
+            "text",
+            "string",
+            "The producer that made it (the group's `producer_id`: its heartbeat id), if it sent one.",
+            added=1,
         ),
-    )  # fmt: skip
+    )
     """The producer that made it (the group's `producer_id`, a rollbuf extension: its heartbeat id), if sent."""
     acked_at: float = field(metadata=_col(*_REAL, "timestamp", "Unix time it was acknowledged."))
     """Wall-clock seconds when it was acknowledged."""
@@ -109,18 +112,23 @@ class LedgerGroup:
     step: int | None = field(
         default=None,
         metadata=_col(
-            "INTEGER", "bigint", None, "Served: the batch's step. Dropped: the step formed next when it was dropped. "
-            "Else null.",
+            "INTEGER",
+            "bigint",
+            None,
+            "Served: the batch's step. Dropped: the step formed next when it was dropped. Else null.",
         ),
-    )  # fmt: skip
+    )
     """Served: the batch's step. Dropped: the step to be formed next when it was dropped. Else None."""
     reason: str | None = field(
         default=None,
         metadata=_col(
-            "TEXT", "text", None, "Dropped: why (`zero_variance`, `score_range`, `stale`, `side_buffer_expired`, "
+            "TEXT",
+            "text",
+            None,
+            "Dropped: why (`zero_variance`, `score_range`, `stale`, `side_buffer_expired`, "
             "`rollouts_...`: an open group that expired, `payload_lost`). Else null.",
         ),
-    )  # fmt: skip
+    )
     """Dropped: why (a filter's name, `stale`, `side_buffer_expired`, `rollouts_<why>`, `payload_lost`). Else None."""
     decided_at: float | None = field(
         default=None, metadata=_col("REAL", "double precision", "timestamp", "Unix time it was served or dropped.")
@@ -129,10 +137,12 @@ class LedgerGroup:
     kept: bool = field(
         default=False,
         metadata=_col(
-            "INTEGER NOT NULL DEFAULT 0", "boolean NOT NULL DEFAULT false", "bool",
+            "INTEGER NOT NULL DEFAULT 0",
+            "boolean NOT NULL DEFAULT false",
+            "bool",
             "Its payload is retained (`retain_steps`, `retain_bytes`).",
         ),
-    )  # fmt: skip
+    )
     """Its payload is retained past its fate (retention): readable with `ledger.kept_payloads` until pruned."""
 
 

@@ -60,8 +60,9 @@ def migrate(db: Database, steps: Sequence[Step], *, hint: str = "") -> int:
     if "meta" in tables:
         found = db.version()
     elif tables:
-        raise SchemaRefused(f"{db.where} holds tables that are not rollbuf's ({', '.join(sorted(tables))}): "
-                            f"not touching it{hint}")  # fmt: skip
+        raise SchemaRefused(
+            f"{db.where} holds tables that are not rollbuf's ({', '.join(sorted(tables))}): not touching it{hint}"
+        )
     else:
         found = 0
     latest = len(steps)

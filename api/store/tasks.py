@@ -151,5 +151,20 @@ def row_of(r: Sequence[object]) -> TaskRow:
 
 
 def values_of(row: TaskRow) -> tuple[object, ...]:
-    return (row.dataset, row.epoch, row.index, row.state, row.leases, row.producer, row.expires_at, row.retries,
-            row.ledger_id, row.step, row.reason, row.updated_at, row.seq, row.holder, row.nonce)  # fmt: skip
+    return (
+        row.dataset,
+        row.epoch,
+        row.index,
+        row.state,
+        row.leases,
+        row.producer,
+        row.expires_at,
+        row.retries,
+        row.ledger_id,
+        row.step,
+        row.reason,
+        row.updated_at,
+        row.seq,
+        row.holder,
+        row.nonce,
+    )

@@ -302,8 +302,11 @@ def register(txn: Txn, d: Dataset, max_datasets: int | None = None) -> Dataset:
         raise Conflict(f"dataset {d.name!r} is registered already")
     held = key_totals(txn, d.owner)
     if max_datasets is not None and held.datasets >= max_datasets:
-        raise Conflict(f"this key holds {held.datasets} datasets, the most one key may (task_max_datasets_per_key); "
-                       "datasets are kept until the run is reset", loc=("body", "name"))  # fmt: skip
+        raise Conflict(
+            f"this key holds {held.datasets} datasets, the most one key may (task_max_datasets_per_key); "
+            "datasets are kept until the run is reset",
+            loc=("body", "name"),
+        )
     txn.tasks.put_dataset(d.name, d.to_json())
     txn.set_value(ANY_KEY, "1")
     _put_totals(txn, d.owner, replace(held, datasets=held.datasets + 1))
@@ -335,16 +338,21 @@ def add_tasks(
     if d.sealed and first + len(data) <= d.size:
         return d  # a retried page of a sealed dataset
     if first > d.size:
-        raise Conflict(f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}",
-                       loc=(*where[:-1], "first") if where[-1] == "tasks" else where)  # fmt: skip
+        raise Conflict(
+            f"dataset {name!r} holds {d.size} tasks: a page must start at or before {d.size}",
+            loc=(*where[:-1], "first") if where[-1] == "tasks" else where,
+        )
     new = data[max(0, d.size - first) :]
     if bounds.dataset_size is not None and d.size + len(new) > bounds.dataset_size:
         raise InvalidData(where, f"more than {bounds.dataset_size} tasks (task_max_dataset_size)")
     held = key_totals(txn, d.owner)
     cost = sum(len(t.encode()) for t in new) + TASK_ROW_BYTES * len(new)
     if bounds.key_bytes is not None and cost and held.bytes + cost > bounds.key_bytes:
-        raise Conflict(f"this key's datasets hold {held.bytes} bytes of tasks; {cost} more would pass "
-                       f"{bounds.key_bytes} (task_max_bytes_per_key)", loc=where)  # fmt: skip
+        raise Conflict(
+            f"this key's datasets hold {held.bytes} bytes of tasks; {cost} more would pass "
+            f"{bounds.key_bytes} (task_max_bytes_per_key)",
+            loc=where,
+        )
     if d.order == WEIGHTED:
         _index_levels(txn, d, d.size, new, where)
     if new:
@@ -366,9 +374,12 @@ def claim_reading(txn: Txn, name: str, reader: str, now: float, actor: Actor = A
         return d
     claim = _claim(txn, name)
     if claim is not None and claim[0] != reader and claim[1] > now:
-        raise Conflict(f"dataset {name!r} is being read from its file by an earlier registration: {d.size} tasks "
-                       "stored so far; send this registration again once that one ends (GET /tasks shows the "
-                       "size; it is answered as the first once the file is read)", loc=("body", "path"))  # fmt: skip
+        raise Conflict(
+            f"dataset {name!r} is being read from its file by an earlier registration: {d.size} tasks "
+            "stored so far; send this registration again once that one ends (GET /tasks shows the "
+            "size; it is answered as the first once the file is read)",
+            loc=("body", "path"),
+        )
     txn.set_value(READING + name, json.dumps([reader, now + READ_CLAIM_S]))
     return d
 
@@ -391,8 +402,11 @@ def _claim(txn: Txn, name: str) -> tuple[str, float] | None:
 def _renew(txn: Txn, d: Dataset, reader: str, now: float, *, last: bool) -> None:
     claim = _claim(txn, d.name)
     if claim is None or claim[0] != reader:
-        raise Conflict(f"another registration took over reading dataset {d.name!r}'s file (this one paused longer "
-                       f"than {READ_CLAIM_S:g} s): it goes on from task {d.size}", loc=("body", "path"))  # fmt: skip
+        raise Conflict(
+            f"another registration took over reading dataset {d.name!r}'s file (this one paused longer "
+            f"than {READ_CLAIM_S:g} s): it goes on from task {d.size}",
+            loc=("body", "path"),
+        )
     if last:
         txn.delete_value(READING + d.name)
     else:
@@ -459,8 +473,10 @@ def lease(
     written = {(r.epoch, r.index): r for r in back + taken}  # one write per row, the last state
     tasks.put_rows(list(written.values()))
     moves.write()
-    return [Lease(token_of(name, r.epoch, r.index, r.leases, r.nonce), r.epoch, r.index, data.get(r.index, "null"),
-                  until) for r in taken]  # fmt: skip
+    return [
+        Lease(token_of(name, r.epoch, r.index, r.leases, r.nonce), r.epoch, r.index, data.get(r.index, "null"), until)
+        for r in taken
+    ]
 
 
 def _indices(txn: Txn, name: str, fresh: list[tuple[str, int]]) -> list[int]:
@@ -553,13 +569,18 @@ def check_submission(txn: Txn, group_id: str, actor: Actor, producer: str | None
     if row.leases > parsed.lease:
         if actor.hides(d.owner, "task_lease"):
             raise unknown
-        raise Conflict(f"the lease {group_id!r} lapsed and its task was leased again: this group is not its task's "
-                       "submission; nothing was stored (docs/tasks.md, 'Leases')", loc=at)  # fmt: skip
+        raise Conflict(
+            f"the lease {group_id!r} lapsed and its task was leased again: this group is not its task's "
+            "submission; nothing was stored (docs/tasks.md, 'Leases')",
+            loc=at,
+        )
     if not states.may("submit", row):
         raise Conflict(f"the task of lease {group_id!r} is {row.state} already: nothing was stored", loc=at)
     if producer is not None and row.producer is not None and producer != row.producer:
-        raise Conflict(f"the lease {group_id!r} is held by another producer than {producer!r}: nothing was stored",
-                       loc=(*loc, "producer_id"))  # fmt: skip
+        raise Conflict(
+            f"the lease {group_id!r} is held by another producer than {producer!r}: nothing was stored",
+            loc=(*loc, "producer_id"),
+        )
 
 
 def _dropped(d: Dataset, row: TaskRow, reason: str, step: int | None, now: float) -> TaskRow:

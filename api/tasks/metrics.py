@@ -53,8 +53,20 @@ def itemised(views: Sequence[DatasetView], cap: int) -> list[DatasetView]:
         for name, n in v.counts.items():
             counts[name] = counts.get(name, 0) + n
     size = sum(v.size for v in views[cap:])
-    other = DatasetView(name=OTHER_DATASETS, env=None, size=size, sealed=False, epochs=None, order="", seed=0,
-                        max_retries=0, epoch=0, position=0, counts=counts, done=False)  # fmt: skip
+    other = DatasetView(
+        name=OTHER_DATASETS,
+        env=None,
+        size=size,
+        sealed=False,
+        epochs=None,
+        order="",
+        seed=0,
+        max_retries=0,
+        epoch=0,
+        position=0,
+        counts=counts,
+        done=False,
+    )
     return [*views[:cap], other]
 
 

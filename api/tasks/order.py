@@ -76,8 +76,9 @@ def level_at(seed: int, epoch: int, position: int, weights: dict[str, float], le
     return live[-1]  # rounding at the very top
 
 
-def weighted_at(seed: int, epoch: int, position: int, weights: dict[str, float], sizes: dict[str, int],
-                taken: dict[str, int]) -> tuple[str, int]:  # fmt: skip
+def weighted_at(
+    seed: int, epoch: int, position: int, weights: dict[str, float], sizes: dict[str, int], taken: dict[str, int]
+) -> tuple[str, int]:
     """(level, rank within the level) of the task handed out `position`-th in `epoch`, given the tasks of each
     level (`sizes`) and those of each level already handed out this epoch (`taken`); the caller counts it taken."""
     left = {level: sizes.get(level, 0) - taken.get(level, 0) for level in weights}

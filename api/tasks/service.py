@@ -29,10 +29,21 @@ def view_of(d: tl.Dataset) -> wire.DatasetView:
     """A dataset as the views show it: its tallies as stored, those at 0 left out."""
     counts = {k: v for k, v in d.counts.items() if v}
     return wire.DatasetView(
-        name=d.name, env=d.env, size=d.size, sealed=d.sealed, epochs=d.epochs, order=d.order, levels=d.levels,
-        level_sizes=d.level_sizes or None, seed=d.seed,
-        max_retries=d.max_retries, epoch=d.epoch, position=d.position, counts=counts, done=d.done,
-    )  # fmt: skip
+        name=d.name,
+        env=d.env,
+        size=d.size,
+        sealed=d.sealed,
+        epochs=d.epochs,
+        order=d.order,
+        levels=d.levels,
+        level_sizes=d.level_sizes or None,
+        seed=d.seed,
+        max_retries=d.max_retries,
+        epoch=d.epoch,
+        position=d.position,
+        counts=counts,
+        done=d.done,
+    )
 
 
 def views_txn(txn: Txn, actor: Actor = ANYONE) -> list[wire.DatasetView]:
@@ -49,10 +60,19 @@ def views_txn(txn: Txn, actor: Actor = ANYONE) -> list[wire.DatasetView]:
 
 def task_view(r: TaskRow) -> wire.TaskView:
     return wire.TaskView(
-        dataset=r.dataset, epoch=r.epoch, index=r.index, state=r.state, leases=r.leases, producer=r.producer,
-        expires_at=r.expires_at, retries=r.retries, ledger_id=r.ledger_id, step=r.step, reason=r.reason,
+        dataset=r.dataset,
+        epoch=r.epoch,
+        index=r.index,
+        state=r.state,
+        leases=r.leases,
+        producer=r.producer,
+        expires_at=r.expires_at,
+        retries=r.retries,
+        ledger_id=r.ledger_id,
+        step=r.step,
+        reason=r.reason,
         updated_at=r.updated_at,
-    )  # fmt: skip
+    )
 
 
 def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
@@ -71,8 +91,14 @@ def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
 
 def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
     return (d.env, d.epochs, d.seed, d.order, d.max_retries, d.levels, d.level_key) == (
-        spec.env, spec.epochs, spec.seed, spec.order, spec.max_retries, spec.levels, spec.level_key,
-    )  # fmt: skip
+        spec.env,
+        spec.epochs,
+        spec.seed,
+        spec.order,
+        spec.max_retries,
+        spec.levels,
+        spec.level_key,
+    )
 
 
 @dataclass(slots=True)
@@ -100,18 +126,29 @@ class Tasks:
             raise Conflict("tasks follow their groups through the ledger: this server runs with ledger off")
         source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
         first = _texts(spec.tasks or [], settings, "tasks")
-        new = tl.Dataset(name=spec.name, sealed=False, epochs=spec.epochs, seed=spec.seed, order=spec.order,
-                         max_retries=spec.max_retries, env=spec.env, levels=spec.levels,
-                         level_key=spec.level_key, owner=actor.owner)  # fmt: skip
+        new = tl.Dataset(
+            name=spec.name,
+            sealed=False,
+            epochs=spec.epochs,
+            seed=spec.seed,
+            order=spec.order,
+            max_retries=spec.max_retries,
+            env=spec.env,
+            levels=spec.levels,
+            level_key=spec.level_key,
+            owner=actor.owner,
+        )
 
         def begin(txn: Txn) -> tl.Dataset:
             record = txn.tasks.get_dataset(spec.name)
             if record is not None:
                 old = tl.Dataset.of(record)
                 if old.owner != actor.owner:
-                    raise Conflict(f"the dataset name {spec.name!r} is another key's: names are unique across "
-                                   "keys (a lease token names its dataset); choose another",
-                                   loc=("body", "name"))  # fmt: skip
+                    raise Conflict(
+                        f"the dataset name {spec.name!r} is another key's: names are unique across "
+                        "keys (a lease token names its dataset); choose another",
+                        loc=("body", "name"),
+                    )
                 if not _same(old, spec):
                     raise Conflict(f"dataset {spec.name!r} is registered already, differently")
                 return old
@@ -144,17 +181,30 @@ class Tasks:
         now = time.time()
 
         def fn(txn: Txn) -> tuple[list[tl.Lease], bool]:
-            leases = tl.lease(txn, req.dataset, req.producer_id, n, now, settings.task_lease_s,
-                              settings.task_max_leases_per_producer, actor, settings.task_lease_max_bytes)  # fmt: skip
+            leases = tl.lease(
+                txn,
+                req.dataset,
+                req.producer_id,
+                n,
+                now,
+                settings.task_lease_s,
+                settings.task_max_leases_per_producer,
+                actor,
+                settings.task_lease_max_bytes,
+            )
             record = txn.tasks.get_dataset(req.dataset)
             return leases, record is not None and tl.Dataset.of(record).done
 
         leases, done = await self.store.transact(fn)
         return wire.LeaseReply(
-            leases=[wire.LeasedTask(token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data),
-                               expires_at=x.expires_at) for x in leases],
+            leases=[
+                wire.LeasedTask(
+                    token=x.token, epoch=x.epoch, index=x.index, task=json.loads(x.data), expires_at=x.expires_at
+                )
+                for x in leases
+            ],
             done=done,
-        )  # fmt: skip
+        )
 
     async def heartbeat(self, settings: Settings, tokens: list[str], actor: Actor = ANYONE) -> wire.TaskHeartbeatReply:
         now = time.time()
@@ -228,5 +278,14 @@ def _bounds(settings: Settings) -> tl.Bounds:
 def _adding(
     name: str, first: int, page: list[str], last: bool, actor: Actor, settings: Settings, reader: str
 ) -> Callable[[Txn], tl.Dataset]:
-    return lambda txn: tl.add_tasks(txn, name, first, page, last=last, where=("body", "path"), actor=actor,
-                                    bounds=_bounds(settings), reading=(reader, time.time()))  # fmt: skip
+    return lambda txn: tl.add_tasks(
+        txn,
+        name,
+        first,
+        page,
+        last=last,
+        where=("body", "path"),
+        actor=actor,
+        bounds=_bounds(settings),
+        reading=(reader, time.time()),
+    )

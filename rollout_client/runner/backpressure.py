@@ -54,7 +54,12 @@ class Backpressure:
         for i, st in enumerate(self._statuses):
             if st is not None:
                 self.held[i] = pause_reason(
-                    st, batch_size=self.batch_size, group_size=self.group_sizes[i], policy_step=policy_step,
-                    max_staleness=self.max_staleness, pending_seqs=pending[i], pending_all=everything,
-                )  # fmt: skip
+                    st,
+                    batch_size=self.batch_size,
+                    group_size=self.group_sizes[i],
+                    policy_step=policy_step,
+                    max_staleness=self.max_staleness,
+                    pending_seqs=pending[i],
+                    pending_all=everything,
+                )
         return self.held

@@ -58,8 +58,9 @@ def replies_of(reply: ScoredListReply, n: int) -> list[ScoredReply]:
     `duplicates` names none: they read as stored, and count so.)"""
     duplicates = set(reply.duplicate_at or ())
     buffered = reply.buffered == n
-    out = [ScoredReply(status="buffered" if buffered else "received", duplicate=k in duplicates or None)
-           for k in range(n)]  # fmt: skip
+    out = [
+        ScoredReply(status="buffered" if buffered else "received", duplicate=k in duplicates or None) for k in range(n)
+    ]
     if buffered and out:
         out[-1].buffer_size = reply.last_buffer_size
     return out
@@ -181,8 +182,9 @@ class Coalescer:
         except (Rejected, Unavailable) as exc:  # one bad group, or no room for all: alone, each as it may
             level = logging.INFO if isinstance(exc, Rejected) else logging.DEBUG
             log.log(level, "a list of %d groups was refused (%s): sending them one by one", len(groups), exc)
-            await asyncio.gather(*(_answer(w, self._one(key, g))
-                                   for g, w in zip(groups, waiters, strict=True) if not w.done()))  # fmt: skip
+            await asyncio.gather(
+                *(_answer(w, self._one(key, g)) for g, w in zip(groups, waiters, strict=True) if not w.done())
+            )
             return
         except Exception as exc:  # RetriesExhausted, a reply that does not parse...: the same for each
             for w in waiters:

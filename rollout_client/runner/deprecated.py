@@ -32,11 +32,13 @@ def _pick(legacy: Mapping[str, Any], names: Mapping[str, str], given: object, ne
     """The old keywords of one group, as the new object's fields; each one warned about."""
     picked = {names[k]: v for k, v in legacy.items() if k in names}
     if picked and given is not None:
-        raise TypeError(f"RolloutRunner: give {new}= or the old {', '.join(k for k in legacy if k in names)}, "
-                        "not both")  # fmt: skip
+        raise TypeError(f"RolloutRunner: give {new}= or the old {', '.join(k for k in legacy if k in names)}, not both")
     for old, field in ((k, names[k]) for k in legacy if k in names):
-        warnings.warn(f"RolloutRunner({old}=...) is deprecated and goes in the next release: pass "
-                      f"{new}={build}({field}=...)", DeprecationWarning, stacklevel=4)  # fmt: skip
+        warnings.warn(
+            f"RolloutRunner({old}=...) is deprecated and goes in the next release: pass {new}={build}({field}=...)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
     return picked
 
 

@@ -44,17 +44,22 @@ def check_env(env: Environment, max_in_flight: int) -> None:
         raise ValueError(f"min_group_size of {env.name!r} must be between 1 and group_size {env.group_size}")
     if env.posts_each_rollout:
         if not env.scores_each_rollout:
-            raise ValueError(f"posts_each_rollout of {env.name!r} needs scores_each_rollout: the server seals the "
-                             "group with the scores posted with its rollouts")  # fmt: skip
+            raise ValueError(
+                f"posts_each_rollout of {env.name!r} needs scores_each_rollout: the server seals the "
+                "group with the scores posted with its rollouts"
+            )
         if env.on_new_weights == "restart":
-            raise ValueError(f"posts_each_rollout of {env.name!r} with on_new_weights='restart': a restart would "
-                             "redo rollouts the server already acknowledged")  # fmt: skip
+            raise ValueError(
+                f"posts_each_rollout of {env.name!r} with on_new_weights='restart': a restart would "
+                "redo rollouts the server already acknowledged"
+            )
     if env.max_resources is not None:
         least = 1 if env.scores_each_rollout else env.group_size
         if env.max_resources < least:
             why = "a group's rollouts hold theirs together" if least > 1 else "a rollout holds one"
-            raise ValueError(f"max_resources {env.max_resources} of {env.name!r} < {least}: {why}, so it could "
-                             "never start")  # fmt: skip
+            raise ValueError(
+                f"max_resources {env.max_resources} of {env.name!r} < {least}: {why}, so it could never start"
+            )
 
 
 def units_at_start(env: Environment) -> int:
@@ -74,10 +79,12 @@ def spread_hint(env: Environment, max_in_flight: int, num_workers: int) -> str |
     fit = max_in_flight // env.group_size
     if fit >= num_workers:
         return None
-    return (f"env {env.name!r}: a group of {env.group_size} rollouts runs on one worker and {fit} fit in "
-            f"max_in_flight={max_in_flight}, so {num_workers - fit} of {num_workers} workers wait; if score() reads "
-            "each rollout alone, set scores_each_rollout = True to spread a group's rollouts over the workers "
-            "(or raise max_in_flight)")  # fmt: skip
+    return (
+        f"env {env.name!r}: a group of {env.group_size} rollouts runs on one worker and {fit} fit in "
+        f"max_in_flight={max_in_flight}, so {num_workers - fit} of {num_workers} workers wait; if score() reads "
+        "each rollout alone, set scores_each_rollout = True to spread a group's rollouts over the workers "
+        "(or raise max_in_flight)"
+    )
 
 
 WORKER_RETRIES = 3
@@ -179,13 +186,28 @@ class GroupExecutor:
 
         if not takes_turns(self.envs[i]):
             if self.pool is None:
-                return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
-                                       on_rollout_end=ended, **self.limits.kwargs())  # fmt: skip
+                return await run_group(
+                    self.envs[i],
+                    task,
+                    self.policy,
+                    gate=self.gate,
+                    group_key=group_id,
+                    on_rollout_end=ended,
+                    **self.limits.kwargs(),
+                )
             return await self.pool.run(i, task, group_id, ended)
         async with self.turns.turn() as acquired:
             if self.pool is None:
-                return await run_group(self.envs[i], task, self.policy, gate=self.gate, group_key=group_id,
-                                       on_rollout_end=ended, on_acquired=acquired, **self.limits.kwargs())  # fmt: skip
+                return await run_group(
+                    self.envs[i],
+                    task,
+                    self.policy,
+                    gate=self.gate,
+                    group_key=group_id,
+                    on_rollout_end=ended,
+                    on_acquired=acquired,
+                    **self.limits.kwargs(),
+                )
             return await self.pool.run(i, task, group_id, ended, on_acquired=acquired)
 
     async def _spread(self, i: int, task: Task, group_id: str, poster: Poster | None = None) -> GroupOutcome:
@@ -240,8 +262,16 @@ class GroupExecutor:
         await capacity.take(1)
         try:
             if self.pool is None:
-                return await run_rollout(self.envs[i], task, self.policy, k, gate=self.gate, group_key=group_id,
-                                         owner=owner or asyncio.current_task(), **self.limits.kwargs())  # fmt: skip
+                return await run_rollout(
+                    self.envs[i],
+                    task,
+                    self.policy,
+                    k,
+                    gate=self.gate,
+                    group_key=group_id,
+                    owner=owner or asyncio.current_task(),
+                    **self.limits.kwargs(),
+                )
             return await self.pool.run_one(i, task, group_id, k)
         finally:
             capacity.give(1)

@@ -206,8 +206,11 @@ class Follower:
                 update["token_weight_versions"] = per_token
         else:
             lo, hi, exact = step, max(step, self._spans.get(group_id, step)), False
-        update["generation_params"] = {**(group.generation_params or {}), "weight_versions": [lo, hi],
-                                       "weight_versions_exact": exact}  # fmt: skip
+        update["generation_params"] = {
+            **(group.generation_params or {}),
+            "weight_versions": [lo, hi],
+            "weight_versions_exact": exact,
+        }
         return group.model_copy(update=update)
 
 
@@ -299,12 +302,21 @@ class Beats:
         rate = (s.accepted - n0) / (now - t0) if now > t0 else 0.0
         drains, drained_for = self.drain()
         return Heartbeat(
-            producer_id=self.producer_id, host=self.host,
+            producer_id=self.producer_id,
+            host=self.host,
             env_ids=[c.env_id for c in self.clients if c.env_id is not None],
-            in_flight=s.in_flight, groups_per_s=max(0.0, rate), accepted=s.accepted, failures=s.failed_total,
-            weights_step=self.policy_step(), held=self.held(), waiting_for=self.waiting_for(),
-            drains=drains, drained_for=drained_for, trainer_step=s.trainer_step, sibling_envs=self.sibling_envs,
-        )  # fmt: skip
+            in_flight=s.in_flight,
+            groups_per_s=max(0.0, rate),
+            accepted=s.accepted,
+            failures=s.failed_total,
+            weights_step=self.policy_step(),
+            held=self.held(),
+            waiting_for=self.waiting_for(),
+            drains=drains,
+            drained_for=drained_for,
+            trainer_step=s.trainer_step,
+            sibling_envs=self.sibling_envs,
+        )
 
     def held(self) -> dict[str, str]:
         """Why each registered env starts no group now, by its registered (wandb) name, as the server names it."""
@@ -326,9 +338,11 @@ class Beats:
         if reasons <= {DRAINING, QUEUE_FULL}:
             return f"the trainer to announce the weights of step {self.drain()[1]} (drained for its sync)"
         if AHEAD in reasons:
-            return (f"new weights: generating with step {self.policy_step()}, the trainer is at step "
-                    f"{self.stats.trainer_step}; more would arrive stale (the trainer announces weights with "
-                    "POST /weights after each sync)")  # fmt: skip
+            return (
+                f"new weights: generating with step {self.policy_step()}, the trainer is at step "
+                f"{self.stats.trainer_step}; more would arrive stale (the trainer announces weights with "
+                "POST /weights after each sync)"
+            )
         return f"the trainer: {', '.join(sorted(reasons))}"
 
     async def _beat(self, client: RolloutClient, sent: float) -> HeartbeatReply:

@@ -64,8 +64,7 @@ async def disconnect_all(clients: list[RolloutClient], deadline: float) -> None:
         for t in pending:
             t.cancel()
         if pending:
-            log.warning("%d envs not disconnected within shutdown_timeout: the server did not answer",
-                        len(pending))  # fmt: skip
+            log.warning("%d envs not disconnected within shutdown_timeout: the server did not answer", len(pending))
             await asyncio.wait(pending)
     for client in clients:
         await client.aclose()

@@ -35,9 +35,12 @@ def pause_reason(
         return QUEUE_FULL
     if max_staleness is not None and batch_size > 0:
         steps = steps_to_consume(
-            status, batch_size=batch_size, group_size=group_size, pending_seqs=pending_seqs,
+            status,
+            batch_size=batch_size,
+            group_size=group_size,
+            pending_seqs=pending_seqs,
             pending_all=pending_seqs if pending_all is None else pending_all,
-        )  # fmt: skip
+        )
         if status.current_step + steps - policy_step > max_staleness:
             return AHEAD
     return None

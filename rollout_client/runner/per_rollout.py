@@ -52,8 +52,9 @@ def slot_content(rollout: Rollout) -> SlotContent:
         record = {**timing, **transcript_record(rollout)}
         return SlotContent(rollout.tokens, rollout.masks, rollout.logprobs, rollout.score, record)
     if len(rollout.external) != 1:
-        raise ValueError(f"a rollout posted alone (posts_each_rollout) must be one sequence; it recorded "
-                         f"{len(rollout.external)}")  # fmt: skip
+        raise ValueError(
+            f"a rollout posted alone (posts_each_rollout) must be one sequence; it recorded {len(rollout.external)}"
+        )
     (seq,) = rollout.external
     return SlotContent(seq.tokens, seq.masks, seq.logprobs, float(seq.score), {**timing, **seq.overrides})
 
@@ -101,9 +102,16 @@ class Poster:
 
     async def __call__(self, slot: int, rollout: Rollout) -> None:
         c = slot_content(rollout)
-        reply = await self.groups.post(self.group_id, slot, c.tokens, c.masks, score=c.score,
-                                       inference_logprobs=c.logprobs, policy_step=self.policy_step,
-                                       overrides=c.overrides)  # fmt: skip
+        reply = await self.groups.post(
+            self.group_id,
+            slot,
+            c.tokens,
+            c.masks,
+            score=c.score,
+            inference_logprobs=c.logprobs,
+            policy_step=self.policy_step,
+            overrides=c.overrides,
+        )
         self.done[slot] = rollout
         self.last = reply.group
         if reply.status == "redone":
@@ -152,8 +160,14 @@ class Posting:
         """Open the group on the server (its rollouts are posted as they end); None when it cannot be (counted)."""
         env = self.envs[i]
         deadline = deadline_s(self.group_timeout, GROUP_S)
-        opened = self.groups.open(group_id, env.group_size, env_id=self.env_id(i), min_group_size=needed(env),
-                                  deadline_s=deadline, task=task_to_wire(env.name, task))  # fmt: skip
+        opened = self.groups.open(
+            group_id,
+            env.group_size,
+            env_id=self.env_id(i),
+            min_group_size=needed(env),
+            deadline_s=deadline,
+            task=task_to_wire(env.name, task),
+        )
         if await self._on_server(i, group_id, "opened", opened) is None:
             return None
         return Poster(self.groups, group_id, self.stats, step)

@@ -43,10 +43,15 @@ async def register(client: RolloutClient, env: Environment, wait_timeout: float 
             log.warning("env %s: waiting to register (%.0f s so far): %s", env.name, now - started, reason)
 
     return await client.register(
-        env.name, env.group_size, weight=env.weight, min_batch_allocation=env.min_batch_allocation,
-        wait_timeout=wait_timeout, variable_group_size=env.variable_group_size or needed(env) < env.group_size,
-        on_wait=waiting, max_token_staleness=env.max_token_staleness,
-    )  # fmt: skip
+        env.name,
+        env.group_size,
+        weight=env.weight,
+        min_batch_allocation=env.min_batch_allocation,
+        wait_timeout=wait_timeout,
+        variable_group_size=env.variable_group_size or needed(env) < env.group_size,
+        on_wait=waiting,
+        max_token_staleness=env.max_token_staleness,
+    )
 
 
 class Registrations:

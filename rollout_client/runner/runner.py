@@ -184,20 +184,32 @@ class RolloutRunner:
         """Reachability of the inference server, over every policy (this process's, the workers')."""
         self._policy_down = False
         self._registrations = Registrations(self.envs, self.clients, register_wait, self._registered_again)
-        self._submits = Coalescer(self._registrations.submit, self._registrations.submit_list,
-                                  linger=self.timeouts.submit_linger)  # fmt: skip
+        self._submits = Coalescer(
+            self._registrations.submit, self._registrations.submit_list, linger=self.timeouts.submit_linger
+        )
         """Each env's groups that finish together go in one /scored_data_list (`rollout_client.runner.coalescing`)."""
         self._executor: GroupExecutor | None = None
         """What runs the groups, once the run has started (`_start`)."""
         self._follow = Follower(self.envs)
         """The weights the trainer announces, followed (`rollout_client.runner.following`)."""
         self._watch = Watch(
-            names=self._names, statuses=self._registrations, backpressure=self._backpressure,
-            follow=self._follow, monitor=Monitor(max_staleness, stall_warning, self.timeouts.inference_outage),
-            in_flight=self._in_flight, inference=self._inference, stats=self.stats, weights=self._weights,
-            poll_interval=poll_interval, changed=self._changed, end=self._end, paused=lambda: self.paused,
-            pool=lambda: self.pool, gate=self._gate, user_paused=lambda: not self._dispatch_open.is_set(),
-        )  # fmt: skip
+            names=self._names,
+            statuses=self._registrations,
+            backpressure=self._backpressure,
+            follow=self._follow,
+            monitor=Monitor(max_staleness, stall_warning, self.timeouts.inference_outage),
+            in_flight=self._in_flight,
+            inference=self._inference,
+            stats=self.stats,
+            weights=self._weights,
+            poll_interval=poll_interval,
+            changed=self._changed,
+            end=self._end,
+            paused=lambda: self.paused,
+            pool=lambda: self.pool,
+            gate=self._gate,
+            user_paused=lambda: not self._dispatch_open.is_set(),
+        )
         """Reads the server and applies what it says, beside dispatch (`rollout_client.runner.watch`)."""
         self.groups: OpenGroups | None = None
         """Per-rollout groups (`Environment.posts_each_rollout`), once the run has started, if an env posts so."""
@@ -381,15 +393,31 @@ class RolloutRunner:
 
                 self._policy.on_reachability = changed
         if any(e.posts_each_rollout for e in self.envs):
-            self.groups = OpenGroups(self.base_url, api_key=self.client_options.get("api_key"),
-                                     producer_id=self.producer_id)  # fmt: skip
-            self._posting = Posting(self.groups, self.envs, lambda i: self.clients[i].env_id, self.stats,
-                                    self._tally, self._end, self.timeouts.group)  # fmt: skip
+            self.groups = OpenGroups(
+                self.base_url, api_key=self.client_options.get("api_key"), producer_id=self.producer_id
+            )
+            self._posting = Posting(
+                self.groups,
+                self.envs,
+                lambda i: self.clients[i].env_id,
+                self.stats,
+                self._tally,
+                self._end,
+                self.timeouts.group,
+            )
         self._executor = GroupExecutor(
-            self.envs, pool=self.pool, policy=self._policy, limits=self.limits, group_timeout=self.timeouts.group,
-            in_flight=self._in_flight, capacity=self._capacity, gate=self._gate, stats=self.stats,
-            stopping=self._stopping, on_rollout_end=self._rollout_ended,
-        )  # fmt: skip
+            self.envs,
+            pool=self.pool,
+            policy=self._policy,
+            limits=self.limits,
+            group_timeout=self.timeouts.group,
+            in_flight=self._in_flight,
+            capacity=self._capacity,
+            gate=self._gate,
+            stats=self.stats,
+            stopping=self._stopping,
+            on_rollout_end=self._rollout_ended,
+        )
         self.ready.set()
 
     # ------------------------------------------------------------------------------------------- supervision
@@ -456,8 +484,9 @@ class RolloutRunner:
                 self._discard(i, task, "quarantined: its groups failed too often in a row")
                 quarantined_in_a_row[i] += 1
                 if quarantined_in_a_row[i] >= QUARANTINED_IN_A_ROW:
-                    log.error("env %s: its task source hands out only quarantined tasks; no more from it",
-                              self.envs[i].name)  # fmt: skip
+                    log.error(
+                        "env %s: its task source hands out only quarantined tasks; no more from it", self.envs[i].name
+                    )
                     self._exhausted[i] = True
                 await asyncio.sleep(0)
                 continue
@@ -564,10 +593,17 @@ class RolloutRunner:
     def _siblings(self, groups: OpenGroups) -> SiblingSlots:
         assert self._executor is not None
         return SiblingSlots(
-            groups, self.envs, self._executor, self._in_flight, self.stats, poll_s=self.poll_interval,
+            groups,
+            self.envs,
+            self._executor,
+            self._in_flight,
+            self.stats,
+            poll_s=self.poll_interval,
             may_take=lambda: self._dispatch_open.is_set() and self._inference.closed,
-            policy_step=lambda: self.policy_step, rollout_ended=self._rollout_ended, changed=self._changed.set,
-        )  # fmt: skip
+            policy_step=lambda: self.policy_step,
+            rollout_ended=self._rollout_ended,
+            changed=self._changed.set,
+        )
 
     # ------------------------------------------------------------------------------------------- failures
 

@@ -96,8 +96,7 @@ class SiblingSlots:
                     self.holds.take(lease.group_id)
                     key = f"{lease.group_id}#{lease.slot}"
                     step = self.policy_step()
-                    handle = asyncio.create_task(self._one(i, wire[1], lease.group_id, lease.slot, key, step),
-                                                 name=key)  # fmt: skip
+                    handle = asyncio.create_task(self._one(i, wire[1], lease.group_id, lease.slot, key, step), name=key)
                     self.in_flight.add(key, Group(handle, i, 1, step), dispatched=False)
             await asyncio.sleep(self.poll_s)
 

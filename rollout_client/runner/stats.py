@@ -101,16 +101,29 @@ class RunnerStats:
     def health(self, *, running: bool, paused: bool, policy_step: int, error: str | None) -> RunnerHealth:
         """The snapshot of these counts a trainer checks, with what only the runner knows."""
         return RunnerHealth(
-            running=running, paused=paused, workers_alive=self.workers_alive, in_flight=self.in_flight,
-            accepted=self.accepted, failed={env: dict(c) for env, c in self.failed.items()},
-            failed_total=self.failed_total, error_rate=self.error_rate, skipped=dict(self.skipped),
-            held_back=dict(self.paused), trainer_step=self.trainer_step, policy_step=policy_step,
-            lag=max(0, self.trainer_step - policy_step), error=error, inference_reachable=self.inference_reachable,
-            inference_outages=self.inference_outages, workers_recycled=dict(self.workers_recycled),
-            stalled=self.stalled, rollouts_failed={env: dict(c) for env, c in self.rollouts_failed.items()},
-            partial_groups=self.partial_groups, server_blocked=self.server_blocked,
+            running=running,
+            paused=paused,
+            workers_alive=self.workers_alive,
+            in_flight=self.in_flight,
+            accepted=self.accepted,
+            failed={env: dict(c) for env, c in self.failed.items()},
+            failed_total=self.failed_total,
+            error_rate=self.error_rate,
+            skipped=dict(self.skipped),
+            held_back=dict(self.paused),
+            trainer_step=self.trainer_step,
+            policy_step=policy_step,
+            lag=max(0, self.trainer_step - policy_step),
+            error=error,
+            inference_reachable=self.inference_reachable,
+            inference_outages=self.inference_outages,
+            workers_recycled=dict(self.workers_recycled),
+            stalled=self.stalled,
+            rollouts_failed={env: dict(c) for env, c in self.rollouts_failed.items()},
+            partial_groups=self.partial_groups,
+            server_blocked=self.server_blocked,
             server_reachable=self.server_reachable,
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,16 @@ class Watch:
     def beats(self, clients: Sequence[RolloutClient], producer_id: str, reply_within: float | None = REPLY_S) -> Beats:
         """The heartbeat to run beside the watch: it carries the step generating and the drain state, and tells a
         server that leaves it unanswered past `reply_within` (`Timeouts.server_reply`)."""
-        return Beats(list(clients), self.names, self.stats, lambda: self.weights.now,
-                     lambda: (self.follow.drains, self.drained_for), self.beat_now, producer_id,
-                     reply_within=reply_within)  # fmt: skip
+        return Beats(
+            list(clients),
+            self.names,
+            self.stats,
+            lambda: self.weights.now,
+            lambda: (self.follow.drains, self.drained_for),
+            self.beat_now,
+            producer_id,
+            reply_within=reply_within,
+        )
 
     async def run(self, beats: Beats | None = None) -> None:
         """Watch (and heartbeat meanwhile) until cancelled; whatever goes wrong here ends the run through `end`,
@@ -161,12 +168,17 @@ class Watch:
             self._drained_now()
             self.stats.trainer_step = trainer_step
             sight = Sight(
-                held, self.draining(), [(k, g.policy_step, g.submitting) for k, g in self.in_flight.groups.items()],
-                self.weights.now, trainer_step, paused=self.paused(), resumed=self.weights.resumed,
+                held,
+                self.draining(),
+                [(k, g.policy_step, g.submitting) for k, g in self.in_flight.groups.items()],
+                self.weights.now,
+                trainer_step,
+                paused=self.paused(),
+                resumed=self.weights.resumed,
                 weights_step=self.follow.weights_step,
                 blocked_reason=next((st.blocked_reason for st in statuses if st.blocked_reason), None),
                 inference_down_for=self.inference.down_for(time.monotonic()),
-            )  # fmt: skip
+            )
             tick = self.monitor.tick(sight, time.monotonic())
             self.stats.hold(self.names, tick.held)
             self.stats.stalled, self.stats.server_blocked = tick.stalled, tick.server_blocked
@@ -205,8 +217,11 @@ class Watch:
             self.drained_for = drained
             self.beat_now.set()
             if drained is not None:
-                log.info("drained for the weight sync to step %d: no drain env's episode and no generation "
-                         "request in flight", drained)  # fmt: skip
+                log.info(
+                    "drained for the weight sync to step %d: no drain env's episode and no generation "
+                    "request in flight",
+                    drained,
+                )
 
     def _hold_for_sync(self) -> None:
         """Hold generation for a pending sync once the drain envs' episodes are over; let it go on once the sync

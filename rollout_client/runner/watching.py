@@ -86,8 +86,11 @@ class Monitor:
         limit = self.inference_outage_timeout
         if limit is not None and sight.inference_down_for > limit:
             end = f"the inference server stayed unreachable for {limit} s"
-        stale = tuple(g for g, step, submitting in sight.groups
-                      if not submitting and is_stale(step, sight.trainer_step, self.max_staleness))  # fmt: skip
+        stale = tuple(
+            g
+            for g, step, submitting in sight.groups
+            if not submitting and is_stale(step, sight.trainer_step, self.max_staleness)
+        )
         return Tick(held, stale, end, stalled, blocked)
 
     def _stall(self, sight: Sight, ahead: bool, now: float) -> str | None:
@@ -104,8 +107,10 @@ class Monitor:
         fix = "call resume() after each weight sync, or resume(policy_step=N)"
         if sight.weights_step is not None:
             fix = f"the trainer announced no weights after step {sight.weights_step} (POST /weights)"
-        stalled = (f"held back ahead_of_trainer for {held:.0f} s at policy step {sight.policy_step} (trainer at "
-                   f"{sight.trainer_step}): {fix}")  # fmt: skip
+        stalled = (
+            f"held back ahead_of_trainer for {held:.0f} s at policy step {sight.policy_step} (trainer at "
+            f"{sight.trainer_step}): {fix}"
+        )
         if self._stall_logged is None or now - self._stall_logged >= self.stall_warning:
             self._stall_logged = now
             log.warning("the runner is stalled: %s%s", stalled, "" if sight.resumed else " (resume() was never called)")

@@ -108,8 +108,19 @@ def test_each_function_in_its_savepoint_answered_after_commit() -> None:
     d = FakeDriver()
     got = outcomes(d, [ok(0), raises(1), ok(2)])
     assert got[0] == 0 and got[2] == 2 and isinstance(got[1], ValueError)
-    assert d.log == ["begin", "savepoint", "fn0", "release", "savepoint", "fn1", "rollback_to",
-                     "savepoint", "fn2", "release", "commit"]  # fmt: skip
+    assert d.log == [
+        "begin",
+        "savepoint",
+        "fn0",
+        "release",
+        "savepoint",
+        "fn1",
+        "rollback_to",
+        "savepoint",
+        "fn2",
+        "release",
+        "commit",
+    ]
 
 
 def test_a_function_alone_has_the_transaction_to_itself() -> None:
@@ -139,8 +150,17 @@ def test_a_lost_transaction_by_the_function_at_fault_runs_the_others_again() -> 
     d = FakeDriver(Loss.RETRY_OTHERS)
     got = outcomes(d, [ok(0), raises(1, Lost), ok(2)])
     assert got[0] == 0 and isinstance(got[1], Lost) and got[2] == 2
-    assert d.log[d.log.index("rollback") :] == ["rollback", "begin", "savepoint", "fn0", "release", "savepoint",
-                                                "fn2", "release", "commit"]  # fmt: skip
+    assert d.log[d.log.index("rollback") :] == [
+        "rollback",
+        "begin",
+        "savepoint",
+        "fn0",
+        "release",
+        "savepoint",
+        "fn2",
+        "release",
+        "commit",
+    ]
 
 
 def test_a_lost_transaction_by_the_store_fails_the_whole_group() -> None:

@@ -120,10 +120,18 @@ async def test_failed_transaction_leaves_no_trace(store: Store) -> None:
 
     def snapshot(t: Txn) -> tuple[object, ...]:
         return (
-            [m.item_id for m in t.head(0)], list(t.head(7)), t.counts(), t.get_value("k"), t.get_value("after-clear"),
-            t.held.groups(0), t.held.counts(), t.get_reply("key"), t.get_batch(3), t.envs_since(-1),
+            [m.item_id for m in t.head(0)],
+            list(t.head(7)),
+            t.counts(),
+            t.get_value("k"),
+            t.get_value("after-clear"),
+            t.held.groups(0),
+            t.held.counts(),
+            t.get_reply("key"),
+            t.get_batch(3),
+            t.envs_since(-1),
             t.get_counts("received"),
-        )  # fmt: skip
+        )
 
     counts = {0: QueueCounts(3, 3, 12, 120, size(ids))}
     assert await store.transact(snapshot) == (ids, [], counts, None, None, [], {}, None, None, [], {})
@@ -408,9 +416,16 @@ async def test_a_durable_store_reopened_keeps_everything(backend: str, new_url: 
     store = make_store(url)
     try:
         got = await store.transact(
-            lambda t: ([m.item_id for m in t.head(0)], t.get_value("step"), t.get_batch(6), t.counts()[0].items,
-                       t.envs_since(-1), t.get_counts("received"), t.next_item_id())
-        )  # fmt: skip
+            lambda t: (
+                [m.item_id for m in t.head(0)],
+                t.get_value("step"),
+                t.get_batch(6),
+                t.counts()[0].items,
+                t.envs_since(-1),
+                t.get_counts("received"),
+                t.next_item_id(),
+            )
+        )
         assert got[:6] == ([ids[0], ids[2]], "7", b"batch-kept", 2, [(0, "{}")], {"math_0": 3})
         assert got[6] > max(ids)
     finally:
@@ -458,8 +473,11 @@ async def test_announced_replies_read_as_any_other(store: Store) -> None:
     assert await store.transact(clear_then_read, replies=["stored", "k1"]) == ["old", None, None]
 
 
-@given(keys=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40),
-                     min_size=1, max_size=5, unique=True))  # fmt: skip
+@given(
+    keys=st.lists(
+        st.text(st.characters(blacklist_categories=("Cs",)), max_size=40), min_size=1, max_size=5, unique=True
+    )
+)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 async def test_announced_replies_with_any_key(store: Store, keys: list[str]) -> None:
     """Keys travel as the client sent them (quotes, braces, backslashes, commas, NUL, any script)."""

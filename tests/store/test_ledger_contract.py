@@ -35,10 +35,22 @@ def ledger_row(
     item_id: int, *, env_id: int = 0, group_id: str | None = None, fate: str = QUEUED, producer_id: str | None = None
 ) -> LedgerGroup:
     return LedgerGroup(
-        id=item_id, env_id=env_id, group_id=group_id, handler="h", acked_at=100.0 + item_id, policy_step=3,
-        seqs=4, tokens=40, bytes=len(f"payload-{item_id}"), score_mean=0.5, score_min=0.0, score_max=1.0,
-        score_std=0.5, fate=fate, producer_id=producer_id,
-    )  # fmt: skip
+        id=item_id,
+        env_id=env_id,
+        group_id=group_id,
+        handler="h",
+        acked_at=100.0 + item_id,
+        policy_step=3,
+        seqs=4,
+        tokens=40,
+        bytes=len(f"payload-{item_id}"),
+        score_mean=0.5,
+        score_min=0.0,
+        score_max=1.0,
+        score_std=0.5,
+        fate=fate,
+        producer_id=producer_id,
+    )
 
 
 async def queued_with_rows(
@@ -105,7 +117,10 @@ async def test_ledger_rows_are_written_and_decided_with_their_transaction(store:
 async def test_ledger_rows_keep_the_producer_that_made_each_group(store: Store) -> None:
     ids = await queued_with_rows(store, 3, producers=["host-1-a1b2c3", None, "h\u00e9te 2"])
     assert [r.producer_id for r in await store.read(lambda t: t.ledger.groups(ids))] == [
-        "host-1-a1b2c3", None, "h\u00e9te 2"]  # fmt: skip
+        "host-1-a1b2c3",
+        None,
+        "h\u00e9te 2",
+    ]
 
     def serve(txn: Txn) -> None:
         txn.pop(0, ids[:2], keep_for=1)
@@ -201,9 +216,13 @@ View = tuple[
 def view(t: Txn) -> View:
     """Every read of the ledger, over all of it."""
     return (
-        t.ledger.scan(-1, 1000), t.ledger.named("a"), t.ledger.named("b"), t.ledger.dropped(0, 100, 1000),
-        t.ledger.steps(0, 100), t.ledger.kept_oldest(1000),
-    )  # fmt: skip
+        t.ledger.scan(-1, 1000),
+        t.ledger.named("a"),
+        t.ledger.named("b"),
+        t.ledger.dropped(0, 100, 1000),
+        t.ledger.steps(0, 100),
+        t.ledger.kept_oldest(1000),
+    )
 
 
 async def test_a_transaction_reads_its_own_ledger_writes(store: Store) -> None:

@@ -23,10 +23,25 @@ from api.store.migrations import Step
 from tests import pg
 
 ROW = LedgerGroup(
-    id=7, env_id=1, group_id="g", handler="h", producer_id="p", acked_at=1.5, policy_step=2, seqs=4, tokens=40,
-    bytes=400, score_mean=0.5, score_min=0.0, score_max=1.0, score_std=0.5, fate=SERVED, step=3, decided_at=2.5,
+    id=7,
+    env_id=1,
+    group_id="g",
+    handler="h",
+    producer_id="p",
+    acked_at=1.5,
+    policy_step=2,
+    seqs=4,
+    tokens=40,
+    bytes=400,
+    score_mean=0.5,
+    score_min=0.0,
+    score_max=1.0,
+    score_std=0.5,
+    fate=SERVED,
+    step=3,
+    decided_at=2.5,
     kept=True,
-)  # fmt: skip
+)
 
 
 def _creating(steps: tuple[Step, ...], table: str) -> int:
@@ -34,9 +49,13 @@ def _creating(steps: tuple[Step, ...], table: str) -> int:
     return next(k for k, s in enumerate(steps) if any(t.startswith(f"CREATE TABLE {table} (") for t in s.statements))
 
 
-@pytest.mark.parametrize(("steps", "dialect", "table"), [
-    (sqlite.schema.STEPS, "sqlite", "ledger"), (postgres.schema.STEPS, "postgres", "{s}.ledger"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("steps", "dialect", "table"),
+    [
+        (sqlite.schema.STEPS, "sqlite", "ledger"),
+        (postgres.schema.STEPS, "postgres", "{s}.ledger"),
+    ],
+)
 def test_the_released_ledger_steps_are_what_the_declaration_derives(
     steps: tuple[Step, ...], dialect: str, table: str
 ) -> None:

@@ -194,103 +194,169 @@ def run(*steps: Step) -> tuple[Step, ...]:
 
 CASES: dict[tuple[str, str], Case] = {
     # --- Txn ---
-    ("txn", "get_value"): Case(run(lambda t, c: t.set_value("a", "1")),
-                               run(lambda t, c: t.set_value("a", "2"), lambda t, c: t.set_value("b", "3")),
-                               lambda t, c: (t.get_value("a"), t.get_value("b"))),
-    ("txn", "head"): Case(run(queue(0, 2)), run(queue(0, 2)),
-                          lambda t, c: [(m.item_id in c["items"], m.tokens) for m in t.head(0)]),
-    ("txn", "pop"): Case(run(queue(0, 2)), run(queue(0, 2)),
-                         caught(lambda t, c: [(i.meta.tokens, i.payload == f"payload-{i.meta.item_id}".encode())
-                                              for i in t.pop(0, c["items"][1:])])),
+    ("txn", "get_value"): Case(
+        run(lambda t, c: t.set_value("a", "1")),
+        run(lambda t, c: t.set_value("a", "2"), lambda t, c: t.set_value("b", "3")),
+        lambda t, c: (t.get_value("a"), t.get_value("b")),
+    ),
+    ("txn", "head"): Case(
+        run(queue(0, 2)), run(queue(0, 2)), lambda t, c: [(m.item_id in c["items"], m.tokens) for m in t.head(0)]
+    ),
+    ("txn", "pop"): Case(
+        run(queue(0, 2)),
+        run(queue(0, 2)),
+        caught(
+            lambda t, c: [
+                (i.meta.tokens, i.payload == f"payload-{i.meta.item_id}".encode()) for i in t.pop(0, c["items"][1:])
+            ]
+        ),
+    ),
     ("txn", "counts"): Case(run(queue(0, 1)), run(queue(0, 2), queue(1, 1)), lambda t, c: t.counts()),
-    ("txn", "envs_since"): Case(run(lambda t, c: t.put_env(1, "one", 1, "r1")),
-                                run(lambda t, c: t.put_env(2, "two", 2, "r2")), lambda t, c: t.envs_since(0)),
-    ("txn", "count_named"): Case(run(lambda t, c: t.put_env(1, "one", 1, "r1")),
-                                 run(lambda t, c: t.put_env(2, "one", 2, "r2")), lambda t, c: t.count_named("one")),
-    ("txn", "get_counts"): Case(run(lambda t, c: t.add_counts("k", {"a": 1})),
-                                run(lambda t, c: t.add_counts("k", {"a": 2, "b": 1})), lambda t, c: t.get_counts("k")),
-    ("txn", "get_reply"): Case(run(lambda t, c: t.put_reply("a", "1")),
-                               run(lambda t, c: t.put_reply("a", "2"), lambda t, c: t.put_reply("b", "3")),
-                               lambda t, c: (t.get_reply("a"), t.get_reply("b"), t.get_reply("c"))),
+    ("txn", "envs_since"): Case(
+        run(lambda t, c: t.put_env(1, "one", 1, "r1")),
+        run(lambda t, c: t.put_env(2, "two", 2, "r2")),
+        lambda t, c: t.envs_since(0),
+    ),
+    ("txn", "count_named"): Case(
+        run(lambda t, c: t.put_env(1, "one", 1, "r1")),
+        run(lambda t, c: t.put_env(2, "one", 2, "r2")),
+        lambda t, c: t.count_named("one"),
+    ),
+    ("txn", "get_counts"): Case(
+        run(lambda t, c: t.add_counts("k", {"a": 1})),
+        run(lambda t, c: t.add_counts("k", {"a": 2, "b": 1})),
+        lambda t, c: t.get_counts("k"),
+    ),
+    ("txn", "get_reply"): Case(
+        run(lambda t, c: t.put_reply("a", "1")),
+        run(lambda t, c: t.put_reply("a", "2"), lambda t, c: t.put_reply("b", "3")),
+        lambda t, c: (t.get_reply("a"), t.get_reply("b"), t.get_reply("c")),
+    ),
     ("txn", "get_batch"): Case(run(queue(0, 2)), run(queue(0, 1), pop_kept(4)), lambda t, c: t.get_batch(4)),
     # --- held groups ---
-    ("held", "groups"): Case(run(held(3, 1)), run(held(3, 2)),
-                             lambda t, c: [(h.held_at - h.meta.item_id, h.size) for h in t.held.groups(3)]),
+    ("held", "groups"): Case(
+        run(held(3, 1)), run(held(3, 2)), lambda t, c: [(h.held_at - h.meta.item_id, h.size) for h in t.held.groups(3)]
+    ),
     ("held", "counts"): Case(run(held(3, 1)), run(held(3, 1), held(4, 1)), lambda t, c: t.held.counts()),
-    ("held", "release"): Case(run(held(3, 1)), run(held(3, 2)),
-                              caught(lambda t, c: [h.payload == f"held-{h.meta.item_id}".encode()
-                                                   for h in t.held.release(3, c["held"][1:])])),
+    ("held", "release"): Case(
+        run(held(3, 1)),
+        run(held(3, 2)),
+        caught(lambda t, c: [h.payload == f"held-{h.meta.item_id}".encode() for h in t.held.release(3, c["held"][1:])]),
+    ),
     # --- the ledger ---
-    ("ledger", "groups"): Case(run(queue(0, 2)), run(queue(0, 2), decide_dropped()),
-                               lambda t, c: [(r.fate, r.step) for r in t.ledger.groups(c["items"])]),
-    ("ledger", "named"): Case(run(queue(0, 2)), run(queue(0, 3)),
-                              lambda t, c: [r.id in c["items"] for r in t.ledger.named("g1")]),
-    ("ledger", "scan"): Case(run(queue(0, 2)), run(queue(0, 2), decide_dropped()),
-                             lambda t, c: [(r.fate, r.tokens) for r in t.ledger.scan(0, 3)]),
-    ("ledger", "dropped"): Case(run(queue(0, 1)), run(queue(0, 3), decide_dropped()),
-                                lambda t, c: [r.tokens for r in t.ledger.dropped(0, 9, 2)]),
-    ("ledger", "steps"): Case(run(step_row(1), step_row(3)),
-                              run(step_row(2), lambda t, c: t.ledger.committed(1, 3, 7.0)),
-                              lambda t, c: t.ledger.steps(0, 9)),
-    ("ledger", "kept_payloads"): Case(run(kept("kept", b"a")),
-                                      run(kept("kept", b"b"), queue(0, 1),
-                                          lambda t, c: t.pop(0, c["items"], retain=True)),
-                                      lambda t, c: sorted(t.ledger.kept_payloads(c["kept"] + c.get("items", []))
-                                                          .values())),
-    ("ledger", "kept_oldest"): Case(run(queue(0, 3), lambda t, c: t.ledger.decide(c["items"][:1], DROPPED, step=2,
-                                                                                   kept=True)),
-                                    run(queue(0, 2), lambda t, c: t.ledger.decide(c["items"][3:], DROPPED, step=1,
-                                                                                  kept=True)),
-                                    lambda t, c: [(k.step, k.bytes) for k in t.ledger.kept_oldest(2)]),
+    ("ledger", "groups"): Case(
+        run(queue(0, 2)),
+        run(queue(0, 2), decide_dropped()),
+        lambda t, c: [(r.fate, r.step) for r in t.ledger.groups(c["items"])],
+    ),
+    ("ledger", "named"): Case(
+        run(queue(0, 2)), run(queue(0, 3)), lambda t, c: [r.id in c["items"] for r in t.ledger.named("g1")]
+    ),
+    ("ledger", "scan"): Case(
+        run(queue(0, 2)),
+        run(queue(0, 2), decide_dropped()),
+        lambda t, c: [(r.fate, r.tokens) for r in t.ledger.scan(0, 3)],
+    ),
+    ("ledger", "dropped"): Case(
+        run(queue(0, 1)), run(queue(0, 3), decide_dropped()), lambda t, c: [r.tokens for r in t.ledger.dropped(0, 9, 2)]
+    ),
+    ("ledger", "steps"): Case(
+        run(step_row(1), step_row(3)),
+        run(step_row(2), lambda t, c: t.ledger.committed(1, 3, 7.0)),
+        lambda t, c: t.ledger.steps(0, 9),
+    ),
+    ("ledger", "kept_payloads"): Case(
+        run(kept("kept", b"a")),
+        run(kept("kept", b"b"), queue(0, 1), lambda t, c: t.pop(0, c["items"], retain=True)),
+        lambda t, c: sorted(t.ledger.kept_payloads(c["kept"] + c.get("items", [])).values()),
+    ),
+    ("ledger", "kept_oldest"): Case(
+        run(queue(0, 3), lambda t, c: t.ledger.decide(c["items"][:1], DROPPED, step=2, kept=True)),
+        run(queue(0, 2), lambda t, c: t.ledger.decide(c["items"][3:], DROPPED, step=1, kept=True)),
+        lambda t, c: [(k.step, k.bytes) for k in t.ledger.kept_oldest(2)],
+    ),
     # --- tasks ---
-    ("tasks", "get_dataset"): Case(run(dataset("d")),
-                                   run(lambda t, c: t.tasks.put_dataset("d", "changed"), dataset("e")),
-                                   lambda t, c: (t.tasks.get_dataset("d"), t.tasks.get_dataset("e"))),
+    ("tasks", "get_dataset"): Case(
+        run(dataset("d")),
+        run(lambda t, c: t.tasks.put_dataset("d", "changed"), dataset("e")),
+        lambda t, c: (t.tasks.get_dataset("d"), t.tasks.get_dataset("e")),
+    ),
     ("tasks", "dataset_names"): Case(run(dataset("d")), run(dataset("e")), lambda t, c: t.tasks.dataset_names()),
     ("tasks", "task_data"): Case(run(dataset("d")), run(dataset("e")), lambda t, c: t.tasks.task_data("e", [0, 2])),
     ("tasks", "task_sizes"): Case(run(dataset("d")), run(dataset("e")), lambda t, c: t.tasks.task_sizes("e", [1, 3])),
-    ("tasks", "tasks_within"): Case(run(dataset("d")), run(dataset("e")),
-                                    lambda t, c: t.tasks.tasks_within("e", [0, 1, 2], 40)),
-    ("tasks", "rows"): Case(run(task_rows(0, 3, FRONT)), run(task_rows(1, 3, LEASED, expires_at=5.0)),
-                            lambda t, c: t.tasks.rows("d", [(0, i) for i in range(5)])),
-    ("tasks", "front"): Case(run(task_rows(0, 4, FRONT)), run(task_rows(2, 2, LEASED, expires_at=5.0)),
-                             lambda t, c: t.tasks.front("d", 3)),
-    ("tasks", "expired"): Case(run(task_rows(0, 4, LEASED, expires_at=5.0)),
-                               run(task_rows(0, 1, FRONT), task_rows(4, 1, LEASED, expires_at=1.0)),
-                               lambda t, c: t.tasks.expired("d", 6.0, 3)),
-    ("tasks", "reclaimable"): Case(run(task_rows(0, 4, LEASED, expires_at=5.0), task_rows(4, 3, FRONT)),
-                                   run(task_rows(0, 1, FRONT), task_rows(4, 1, LEASED, expires_at=1.0)),
-                                   lambda t, c: t.tasks.reclaimable("d", 6.0, 3, 2)),
-    ("tasks", "by_ledger"): Case(run(task_rows(0, 3, LEASED, ledgered=10)), run(task_rows(1, 3, LEASED, ledgered=20)),
-                                 lambda t, c: sorted(t.tasks.by_ledger([10, 11, 21, 22, 23]), key=lambda r: r.index)),
-    ("tasks", "scan"): Case(run(task_rows(0, 4, FRONT)), run(task_rows(1, 1, LEASED), task_rows(5, 1, FRONT)),
-                            lambda t, c: t.tasks.scan("d", (0, 0), 3)),
+    ("tasks", "tasks_within"): Case(
+        run(dataset("d")), run(dataset("e")), lambda t, c: t.tasks.tasks_within("e", [0, 1, 2], 40)
+    ),
+    ("tasks", "rows"): Case(
+        run(task_rows(0, 3, FRONT)),
+        run(task_rows(1, 3, LEASED, expires_at=5.0)),
+        lambda t, c: t.tasks.rows("d", [(0, i) for i in range(5)]),
+    ),
+    ("tasks", "front"): Case(
+        run(task_rows(0, 4, FRONT)), run(task_rows(2, 2, LEASED, expires_at=5.0)), lambda t, c: t.tasks.front("d", 3)
+    ),
+    ("tasks", "expired"): Case(
+        run(task_rows(0, 4, LEASED, expires_at=5.0)),
+        run(task_rows(0, 1, FRONT), task_rows(4, 1, LEASED, expires_at=1.0)),
+        lambda t, c: t.tasks.expired("d", 6.0, 3),
+    ),
+    ("tasks", "reclaimable"): Case(
+        run(task_rows(0, 4, LEASED, expires_at=5.0), task_rows(4, 3, FRONT)),
+        run(task_rows(0, 1, FRONT), task_rows(4, 1, LEASED, expires_at=1.0)),
+        lambda t, c: t.tasks.reclaimable("d", 6.0, 3, 2),
+    ),
+    ("tasks", "by_ledger"): Case(
+        run(task_rows(0, 3, LEASED, ledgered=10)),
+        run(task_rows(1, 3, LEASED, ledgered=20)),
+        lambda t, c: sorted(t.tasks.by_ledger([10, 11, 21, 22, 23]), key=lambda r: r.index),
+    ),
+    ("tasks", "scan"): Case(
+        run(task_rows(0, 4, FRONT)),
+        run(task_rows(1, 1, LEASED), task_rows(5, 1, FRONT)),
+        lambda t, c: t.tasks.scan("d", (0, 0), 3),
+    ),
     # --- open groups ---
-    ("rollouts", "get"): Case(run(group("a")), run(group("a", "sealing"), group("b")),
-                              lambda t, c: (t.rollouts.get("a"), t.rollouts.get("b"))),
-    ("rollouts", "due"): Case(run(group("a", deadline=1.0), group("b", deadline=2.0)),
-                              run(group("a", "sealed", deadline=1.0), group("c", deadline=1.5)),
-                              lambda t, c: t.rollouts.due(5.0, 2)),
-    ("rollouts", "lapsed"): Case(run(group("a", expires=1.0), group("b", expires=2.0, env=1)),
-                                 run(group("a", "sealed", expires=1.0), group("c", expires=1.5)),
-                                 lambda t, c: (t.rollouts.lapsed(5.0, 2), t.rollouts.lapsed(5.0, 2, [1]))),
-    ("rollouts", "lapsed_since"): Case(run(group("a", expires=1.0), group("b", expires=2.0)),
-                                       run(group("b", "sealed", expires=2.0), group("c", expires=1.5)),
-                                       lambda t, c: t.rollouts.lapsed_since((1.0, "a"), 5.0, 2)),
-    ("rollouts", "decided"): Case(run(group("a", "sealed", expires=1.0)),
-                                  run(group("b", "expired", expires=1.0), lambda t, c: t.rollouts.delete(["a"])),
-                                  lambda t, c: t.rollouts.decided(5.0, 3)),
-    ("rollouts", "scan"): Case(run(group("a"), group("b")), run(group("c"), lambda t, c: t.rollouts.delete(["a"])),
-                               lambda t, c: t.rollouts.scan("", 2)),
-    ("rollouts", "open_totals"): Case(run(group("a")), run(group("bb"), group("a", "sealed")),
-                                      lambda t, c: t.rollouts.open_totals(0)),
-    ("rollouts", "slots"): Case(run(group("a")),
-                                run(slot_row("a", 1), slot_row("b", 0)), lambda t, c: t.rollouts.slots("a")),
-    ("rollouts", "slot"): Case(run(group("a")), run(slot_row("a", 1)),
-                               lambda t, c: [t.rollouts.slot("a", i) for i in range(3)]),
-    ("rollouts", "done"): Case(run(group("a")), run(slot_row("a", 2), slot_row("b", 0)),
-                               lambda t, c: t.rollouts.done("a")),
-}  # fmt: skip
+    ("rollouts", "get"): Case(
+        run(group("a")), run(group("a", "sealing"), group("b")), lambda t, c: (t.rollouts.get("a"), t.rollouts.get("b"))
+    ),
+    ("rollouts", "due"): Case(
+        run(group("a", deadline=1.0), group("b", deadline=2.0)),
+        run(group("a", "sealed", deadline=1.0), group("c", deadline=1.5)),
+        lambda t, c: t.rollouts.due(5.0, 2),
+    ),
+    ("rollouts", "lapsed"): Case(
+        run(group("a", expires=1.0), group("b", expires=2.0, env=1)),
+        run(group("a", "sealed", expires=1.0), group("c", expires=1.5)),
+        lambda t, c: (t.rollouts.lapsed(5.0, 2), t.rollouts.lapsed(5.0, 2, [1])),
+    ),
+    ("rollouts", "lapsed_since"): Case(
+        run(group("a", expires=1.0), group("b", expires=2.0)),
+        run(group("b", "sealed", expires=2.0), group("c", expires=1.5)),
+        lambda t, c: t.rollouts.lapsed_since((1.0, "a"), 5.0, 2),
+    ),
+    ("rollouts", "decided"): Case(
+        run(group("a", "sealed", expires=1.0)),
+        run(group("b", "expired", expires=1.0), lambda t, c: t.rollouts.delete(["a"])),
+        lambda t, c: t.rollouts.decided(5.0, 3),
+    ),
+    ("rollouts", "scan"): Case(
+        run(group("a"), group("b")),
+        run(group("c"), lambda t, c: t.rollouts.delete(["a"])),
+        lambda t, c: t.rollouts.scan("", 2),
+    ),
+    ("rollouts", "open_totals"): Case(
+        run(group("a")), run(group("bb"), group("a", "sealed")), lambda t, c: t.rollouts.open_totals(0)
+    ),
+    ("rollouts", "slots"): Case(
+        run(group("a")), run(slot_row("a", 1), slot_row("b", 0)), lambda t, c: t.rollouts.slots("a")
+    ),
+    ("rollouts", "slot"): Case(
+        run(group("a")), run(slot_row("a", 1)), lambda t, c: [t.rollouts.slot("a", i) for i in range(3)]
+    ),
+    ("rollouts", "done"): Case(
+        run(group("a")), run(slot_row("a", 2), slot_row("b", 0)), lambda t, c: t.rollouts.done("a")
+    ),
+}
 
 
 def test_every_method_of_the_contract_has_a_case() -> None:

@@ -44,8 +44,15 @@ def test_url_forms() -> None:
     assert cfg.schema == "exp_7" and cfg.reply_ttl == 60.0 and cfg.max_replies == 1_000_000
     # rollbuf's own parameters are taken out; libpq's stay, with a connect timeout and a name by default.
     info = psycopg.conninfo.conninfo_to_dict(cfg.conninfo)
-    assert info == {"user": "u", "password": "pw", "host": "db.example", "port": "6543", "dbname": "run1",
-                    "sslmode": "require", **LIBPQ_DEFAULTS}  # fmt: skip
+    assert info == {
+        "user": "u",
+        "password": "pw",
+        "host": "db.example",
+        "port": "6543",
+        "dbname": "run1",
+        "sslmode": "require",
+        **LIBPQ_DEFAULTS,
+    }
     assert LIBPQ_DEFAULTS["connect_timeout"] == "5" and LIBPQ_DEFAULTS["application_name"] == "rollbuf"
     given = psycopg.conninfo.conninfo_to_dict(
         parse_url("postgresql://h/db?tcp_user_timeout=0&connect_timeout=2").conninfo
@@ -53,8 +60,15 @@ def test_url_forms() -> None:
     assert given["tcp_user_timeout"] == "0" and given["connect_timeout"] == "2", "what the URL says wins"
     assert parse_url("postgres://h/db").schema == "rollbuf"
     assert redacted("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
-    for bad in ("postgresql://h", "postgresql://h/", "postgresql://h/db?schema=Bad-Name", "postgresql://h/db?lock_timeout=0",
-                "postgresql://h/db?max_replies=x", "postgresql://h/db?nonsense=1", "mysql://h/db"):  # fmt: skip
+    for bad in (
+        "postgresql://h",
+        "postgresql://h/",
+        "postgresql://h/db?schema=Bad-Name",
+        "postgresql://h/db?lock_timeout=0",
+        "postgresql://h/db?max_replies=x",
+        "postgresql://h/db?nonsense=1",
+        "mysql://h/db",
+    ):
         with pytest.raises(ValueError):
             parse_url(bad)
 
@@ -216,8 +230,13 @@ async def test_sessions_notice_a_silent_peer_within_seconds(dbname: str) -> None
             assert conn.info.get_parameters()["keepalives_idle"] == "5"
     finally:
         await store.close()
-    assert got == {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
-                   "tcp_user_timeout": "10000", "idle_in_transaction_session_timeout": "15s"}  # fmt: skip
+    assert got == {
+        "tcp_keepalives_idle": "5",
+        "tcp_keepalives_interval": "2",
+        "tcp_keepalives_count": "3",
+        "tcp_user_timeout": "10000",
+        "idle_in_transaction_session_timeout": "15s",
+    }
 
 
 def test_a_cluster_without_autovacuum_is_named_at_start(dbname: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -242,9 +261,24 @@ def test_every_part_of_the_commit_statement_writes_one_row_or_several(dbname: st
         create_or_migrate(conn, config)
 
         def ledger(i: int) -> tuple[object, ...]:
-            return group_values(LedgerGroup(id=i, env_id=1, group_id=f"g{i}\0", handler=None, acked_at=1.5,
-                                            policy_step=0, seqs=8, tokens=512, bytes=3, score_mean=0.5,
-                                            score_min=0.0, score_max=1.0, score_std=0.5, fate="queued"))  # fmt: skip
+            return group_values(
+                LedgerGroup(
+                    id=i,
+                    env_id=1,
+                    group_id=f"g{i}\0",
+                    handler=None,
+                    acked_at=1.5,
+                    policy_step=0,
+                    seqs=8,
+                    tokens=512,
+                    bytes=3,
+                    score_mean=0.5,
+                    score_min=0.0,
+                    score_max=1.0,
+                    score_std=0.5,
+                    fate="queued",
+                )
+            )
 
         def rows(ids: list[int]) -> dict[flush.Insert, list[tuple[object, ...]]]:
             return {
@@ -276,14 +310,26 @@ def test_every_part_of_the_commit_statement_writes_one_row_or_several(dbname: st
             (2, 3000),
         ]
         assert conn.execute("SELECT key, reply FROM replies ORDER BY 1").fetchall() == [
-            ("k1", "reply 2"), ("k2", "reply 2"), ("k3", "reply 2")]  # fmt: skip
+            ("k1", "reply 2"),
+            ("k2", "reply 2"),
+            ("k3", "reply 2"),
+        ]
         assert conn.execute("SELECT env_id, bytes FROM counts ORDER BY 1").fetchall() == [(1, 2), (2, 2), (3, 2)]
         assert conn.execute("SELECT key, value FROM kv ORDER BY 1").fetchall() == [
-            ("v1", "value 2"), ("v2", "value 2"), ("v3", "value 2")]  # fmt: skip
+            ("v1", "value 2"),
+            ("v2", "value 2"),
+            ("v3", "value 2"),
+        ]
         assert conn.execute("SELECT name, n FROM counters ORDER BY 2, 1").fetchall() == [
-            ("env3", 2), ("env1", 4), ("env2", 4)]  # fmt: skip
+            ("env3", 2),
+            ("env1", 4),
+            ("env2", 4),
+        ]
         assert conn.execute("SELECT id, group_id FROM ledger ORDER BY 1").fetchall() == [(1, b"g1\0"), (2, b"g2\0")]
         assert conn.execute("SELECT name, record FROM task_sets ORDER BY 1").fetchall() == [
-            ("set1", "record 2"), ("set2", "record 2"), ("set3", "record 2")]  # fmt: skip
+            ("set1", "record 2"),
+            ("set2", "record 2"),
+            ("set3", "record 2"),
+        ]
         assert conn.execute("SELECT idx, seq FROM tasks ORDER BY 1").fetchall() == [(1, 2), (2, 2), (3, 2)]
         assert conn.execute("SELECT count(*) FROM queue").fetchone() == (2,)

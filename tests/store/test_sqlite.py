@@ -46,8 +46,14 @@ def test_url_forms() -> None:
     assert parse_url("sqlite:////tmp/x.db?synchronous=full&reply_ttl=60") == SqliteConfig(
         Path("/tmp/x.db"), "FULL", reply_ttl=60.0
     )
-    for bad in ("sqlite:///", "sqlite:///:memory:", "sqlite://host/x.db", "sqlite:///x.db?synchronous=OFF",
-                "sqlite:///x.db?max_replies=-1", "sqlite:///x.db?fsync=1"):  # fmt: skip
+    for bad in (
+        "sqlite:///",
+        "sqlite:///:memory:",
+        "sqlite://host/x.db",
+        "sqlite:///x.db?synchronous=OFF",
+        "sqlite:///x.db?max_replies=-1",
+        "sqlite:///x.db?fsync=1",
+    ):
         with pytest.raises(ValueError):
             parse_url(bad)
 

@@ -29,9 +29,23 @@ async def registered(store: Store, n: int = 10, **kw: object) -> None:
 
 
 def ledger_row(id: int, group_id: str, fate: str = QUEUED, reason: str | None = None) -> LedgerGroup:
-    return LedgerGroup(id=id, env_id=0, group_id=group_id, handler=None, acked_at=1.0, policy_step=0, seqs=4,
-                       tokens=40, bytes=100, score_mean=0.5, score_min=0.0, score_max=1.0, score_std=0.5, fate=fate,
-                       reason=reason)  # fmt: skip
+    return LedgerGroup(
+        id=id,
+        env_id=0,
+        group_id=group_id,
+        handler=None,
+        acked_at=1.0,
+        policy_step=0,
+        seqs=4,
+        tokens=40,
+        bytes=100,
+        score_mean=0.5,
+        score_min=0.0,
+        score_max=1.0,
+        score_std=0.5,
+        fate=fate,
+        reason=reason,
+    )
 
 
 async def test_task_sizes_are_bytes_as_stored(store: Store) -> None:
@@ -44,8 +58,12 @@ async def test_task_sizes_are_bytes_as_stored(store: Store) -> None:
         return lambda txn: txn.tasks.tasks_within("s", [1, 0, 7, 2], max_bytes)  # 13, 9, missing (4), 4 bytes
 
     got = [await store.read(within(b)) for b in (1, 22, 26, 30)]
-    assert got == [(1, {1: tasks[1]}), (2, {1: tasks[1], 0: tasks[0]}), (3, {1: tasks[1], 0: tasks[0]}),
-                   (4, dict(enumerate(tasks)))], got  # fmt: skip
+    assert got == [
+        (1, {1: tasks[1]}),
+        (2, {1: tasks[1], 0: tasks[0]}),
+        (3, {1: tasks[1], 0: tasks[0]}),
+        (4, dict(enumerate(tasks))),
+    ], got
 
 
 async def test_rows_front_expiry_and_ledger_index(store: Store) -> None:

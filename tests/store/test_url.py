@@ -45,9 +45,16 @@ def test_durable_parameters_parse_alike_on_every_backend() -> None:
     assert durable_params({}, "x://") == Durable() == default
     given = {"max_replies": "5", "reply_ttl": "1.5", "commit_delay": "0"}
     assert durable_params(given, "x://") == Durable(max_replies=5, reply_ttl=1.5, commit_delay=0.0)
-    bad = ({"max_replies": "x"}, {"max_replies": "-1"}, {"reply_ttl": "-2"}, {"reply_ttl": "nan"},
-           {"commit_delay": "-1"}, {"commit_delay": "0.5"}, {"commit_delay": ""},
-           {"commit_delay": str(COMMIT_DELAY_MAX_US + 1)})  # fmt: skip
+    bad = (
+        {"max_replies": "x"},
+        {"max_replies": "-1"},
+        {"reply_ttl": "-2"},
+        {"reply_ttl": "nan"},
+        {"commit_delay": "-1"},
+        {"commit_delay": "0.5"},
+        {"commit_delay": ""},
+        {"commit_delay": str(COMMIT_DELAY_MAX_US + 1)},
+    )
     for params in bad:
         [name] = params
         with pytest.raises(ValueError, match=f": {name} must") as raised:  # the parameter at fault, alone

@@ -97,14 +97,24 @@ def parse_url(url: str) -> PostgresConfig:
         raise ValueError(f"store URL {redacted(url)!r}: lock_timeout and pool_timeout are seconds") from None
     if not lock_timeout > 0 or not pool_timeout > 0:
         raise ValueError(f"store URL {redacted(url)!r}: lock_timeout and pool_timeout must be positive")
-    return PostgresConfig(conninfo, schema, lock_timeout, pool_timeout, max_replies=shared.max_replies,
-                          reply_ttl=shared.reply_ttl, commit_delay=shared.commit_delay)  # fmt: skip
+    return PostgresConfig(
+        conninfo,
+        schema,
+        lock_timeout,
+        pool_timeout,
+        max_replies=shared.max_replies,
+        reply_ttl=shared.reply_ttl,
+        commit_delay=shared.commit_delay,
+    )
 
 
 def connect_kwargs(config: PostgresConfig) -> dict[str, Any]:
     """`psycopg.connect` arguments (besides the conninfo) of the writer's and the reader's sessions:
     autocommit (the store sends BEGIN itself), SESSION_SETTINGS, lock_timeout and the schema's search_path."""
-    settings = {"search_path": config.schema, "lock_timeout": str(round(config.lock_timeout * 1000)),
-                **SESSION_SETTINGS}  # fmt: skip
+    settings = {
+        "search_path": config.schema,
+        "lock_timeout": str(round(config.lock_timeout * 1000)),
+        **SESSION_SETTINGS,
+    }
     options = " ".join(f"-c {name}={value}" for name, value in settings.items())
     return {"autocommit": True, "options": options}

@@ -26,7 +26,8 @@ def is_transient(exc: BaseException) -> bool:
 
 def unavailable(what: str, cause: BaseException) -> StoreUnavailable:
     """One exception per waiting caller (an exception object raised in several tasks gets its traceback mixed)."""
-    exc = StoreUnavailable(f"the database is unavailable ({what}: {type(cause).__name__}: {cause}); retry",
-                           RETRY_AFTER_S)  # fmt: skip
+    exc = StoreUnavailable(
+        f"the database is unavailable ({what}: {type(cause).__name__}: {cause}); retry", RETRY_AFTER_S
+    )
     exc.__cause__ = cause
     return exc

@@ -58,15 +58,41 @@ COUNTERS = Insert.of(
 )
 LEDGER = Insert.of("ledger", [(c.name, PG_ARRAYS[column_type(c, "postgres")]) for c in GROUP_RECORD])
 TASK_SETS = Insert.of("task_sets", [("name", "text"), ("record", "text")], _upsert("name", ("record",)))
-_TASK_UPDATED = ("state", "leases", "producer", "expires_at", "retries", "ledger_id", "step", "reason", "updated_at",
-                 "seq", "holder", "nonce")  # fmt: skip
+_TASK_UPDATED = (
+    "state",
+    "leases",
+    "producer",
+    "expires_at",
+    "retries",
+    "ledger_id",
+    "step",
+    "reason",
+    "updated_at",
+    "seq",
+    "holder",
+    "nonce",
+)
 TASKS = Insert.of(
     "tasks",
-    [("dataset", "text"), ("epoch", "int8"), ("idx", "int8"), ("state", "text"), ("leases", "int8"),
-     ("producer", "text"), ("expires_at", "float8"), ("retries", "int8"), ("ledger_id", "int8"), ("step", "int8"),
-     ("reason", "text"), ("updated_at", "float8"), ("seq", "int8"), ("holder", "text"), ("nonce", "text")],
+    [
+        ("dataset", "text"),
+        ("epoch", "int8"),
+        ("idx", "int8"),
+        ("state", "text"),
+        ("leases", "int8"),
+        ("producer", "text"),
+        ("expires_at", "float8"),
+        ("retries", "int8"),
+        ("ledger_id", "int8"),
+        ("step", "int8"),
+        ("reason", "text"),
+        ("updated_at", "float8"),
+        ("seq", "int8"),
+        ("holder", "text"),
+        ("nonce", "text"),
+    ],
     _upsert("dataset, epoch, idx", _TASK_UPDATED),
-)  # fmt: skip
+)
 NEXT_ID = "UPDATE meta SET value = %b::int8 WHERE key = 'next_item_id'"
 NOTIFY = "SELECT pg_notify(%b, %b)"
 

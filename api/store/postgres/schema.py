@@ -249,10 +249,12 @@ def _packed_slots(db: _Schema) -> None:
     for key, slot, data in c.execute(sql.SQL("SELECT key, slot, data FROM {}.rollout_slots").format(s)).fetchall():
         packed, tokens, score, step = packed_slot(bytes(data).decode())
         c.execute(
-            sql.SQL("UPDATE {}.rollout_slots SET data = %b, tokens = %b, score = %b, policy_step = %b "
-                    "WHERE key = %b AND slot = %b").format(s),
+            sql.SQL(
+                "UPDATE {}.rollout_slots SET data = %b, tokens = %b, score = %b, policy_step = %b "
+                "WHERE key = %b AND slot = %b"
+            ).format(s),
             (packed, tokens, score, step, key, slot),
-        )  # fmt: skip
+        )
     for key, record in c.execute(sql.SQL("SELECT key, record FROM {}.rollout_groups").format(s)).fetchall():
         c.execute(
             sql.SQL("UPDATE {}.rollout_groups SET record = %b WHERE key = %b").format(s), (lean_record(record), key)

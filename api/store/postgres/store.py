@@ -72,9 +72,11 @@ class PostgresStore(Store):
         self._writer, self._reader = Lane(self.url, self.config.commit_delay), Lane(self.url)
         self._threads = [
             threading.Thread(target=self._main, args=(lane, _Driver(self, read_only, replica)), name=name, daemon=True)
-            for lane, read_only, name in ((self._writer, False, "rollbuf-postgres"),
-                                          (self._reader, True, "rollbuf-postgres-read"))
-        ]  # fmt: skip
+            for lane, read_only, name in (
+                (self._writer, False, "rollbuf-postgres"),
+                (self._reader, True, "rollbuf-postgres-read"),
+            )
+        ]
         self._replies_since_trim = 0
         for thread in self._threads:
             thread.start()

@@ -70,9 +70,14 @@ def parse_url(url: str) -> SqliteConfig:
         raise ValueError(f"store URL {url!r}: wal_limit must be at least 1048576 (1 MiB)")
     shared = durable_params(query, url)
     return SqliteConfig(
-        Path(path), sync, page_size, wal_limit,
-        max_replies=shared.max_replies, reply_ttl=shared.reply_ttl, commit_delay=shared.commit_delay,
-    )  # fmt: skip
+        Path(path),
+        sync,
+        page_size,
+        wal_limit,
+        max_replies=shared.max_replies,
+        reply_ttl=shared.reply_ttl,
+        commit_delay=shared.commit_delay,
+    )
 
 
 def _int(query: dict[str, str], name: str, default: int, url: str) -> int:

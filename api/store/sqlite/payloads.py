@@ -226,9 +226,12 @@ def check_present(db: sqlite3.Connection, path: Path) -> None:
     present = set(numbers(directory))
     missing = [n for n in live if n not in present]
     if missing:
-        log.error("payload segments %s are missing from %s: their queued groups will be dropped as payload_lost "
-                  "when a batch picks them (restore them now, with the server stopped, if they were backed up)",
-                  missing, directory)  # fmt: skip
+        log.error(
+            "payload segments %s are missing from %s: their queued groups will be dropped as payload_lost "
+            "when a batch picks them (restore them now, with the server stopped, if they were backed up)",
+            missing,
+            directory,
+        )
 
 
 def delete_orphans(db: sqlite3.Connection, path: Path) -> list[int]:
@@ -253,6 +256,7 @@ def delete_orphans(db: sqlite3.Connection, path: Path) -> list[int]:
         return []
     finally:
         segments.close()
-    log.warning("payload segments %s referred to no payload (a rolled-back rollover, a failed unlink): deleted",
-                orphans)  # fmt: skip
+    log.warning(
+        "payload segments %s referred to no payload (a rolled-back rollover, a failed unlink): deleted", orphans
+    )
     return orphans

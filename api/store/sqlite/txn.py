@@ -136,8 +136,21 @@ class SqliteTxn(Txn):
     memory, this function's own until it returns (`_Writes`), then the transaction's (`Deferred`), and go out
     merged before the COMMIT; any other statement writes them first (`_flush`)."""
 
-    __slots__ = ("_db", "_config", "_ids", "_w", "_defer", "_flush", "_add", "_replies", "_values", "_payloads",
-                 "held", "ledger", "tasks")  # fmt: skip
+    __slots__ = (
+        "_db",
+        "_config",
+        "_ids",
+        "_w",
+        "_defer",
+        "_flush",
+        "_add",
+        "_replies",
+        "_values",
+        "_payloads",
+        "held",
+        "ledger",
+        "tasks",
+    )
 
     def __init__(
         self,
@@ -361,8 +374,14 @@ class SqliteTxn(Txn):
         self._payloads.clear(self._db)
 
 
-def flush(db: sqlite3.Connection, config: SqliteConfig, deferred: Deferred, now: float,
-          ops: dict[str, list[Row]] | None = None, counts: Counts | None = None) -> None:  # fmt: skip
+def flush(
+    db: sqlite3.Connection,
+    config: SqliteConfig,
+    deferred: Deferred,
+    now: float,
+    ops: dict[str, list[Row]] | None = None,
+    counts: Counts | None = None,
+) -> None:
     """Write what waits in `deferred` (and a function's own `ops` and `counts`), trimming old replies every
     REPLY_TRIM_EVERY written."""
     deferred.flush(db, {} if ops is None else ops, {} if counts is None else counts)

@@ -22,8 +22,9 @@ from api.store.memory import MemoryTxn
 from api.wire.records import encode_submission
 from api.wire.schema import RegisterEnv, Registration
 
-FORMATION_KEYS = {k.name for k in (state.STEP, state.KEPT, state.CREDITS, state.BLOCKED, state.PASSED,
-                                   state.QUIET, state.AWAITING)} | {state.RUN_KEY, state.ENV_DIR_KEY}  # fmt: skip
+FORMATION_KEYS = {
+    k.name for k in (state.STEP, state.KEPT, state.CREDITS, state.BLOCKED, state.PASSED, state.QUIET, state.AWAITING)
+} | {state.RUN_KEY, state.ENV_DIR_KEY}
 
 
 @pytest.fixture
@@ -68,15 +69,26 @@ async def _batches(
 ) -> list[str]:
     service = Service(make_store("memory://"))
     try:
-        reg = Registration(wandb_group="g", wandb_project="p", batch_size=16, max_token_len=4096, checkpoint_dir="c",
-                           save_checkpoint_interval=0, starting_step=0, num_steps=1000,
-                           no_exact_fill=no_exact_fill)  # type: ignore[arg-type]  # fmt: skip
+        reg = Registration(
+            wandb_group="g",
+            wandb_project="p",
+            batch_size=16,
+            max_token_len=4096,
+            checkpoint_dir="c",
+            save_checkpoint_interval=0,
+            starting_step=0,
+            num_steps=1000,
+            no_exact_fill=no_exact_fill,
+        )  # type: ignore[arg-type]
         await service.register_trainer(reg)
         await service.batches.next_batch()
         for i, size in enumerate(sizes):
             share = 0.25 if i == 0 else None
-            await service.register_env(RegisterEnv(max_token_length=4096, desired_name=f"e{i}", weight=1.0,
-                                                   group_size=size, min_batch_allocation=share))  # fmt: skip
+            await service.register_env(
+                RegisterEnv(
+                    max_token_length=4096, desired_name=f"e{i}", weight=1.0, group_size=size, min_batch_allocation=share
+                )
+            )
         await service.store.transact(lambda t: _fill(t, sizes, 6))
         outcomes, step = [], 0
         for _ in range(8):

@@ -33,11 +33,18 @@ def test_a_kept_batch_with_cut_groups_reads_back_cut_as_served(sizes: list[int],
     """The store keeps cut groups whole and the batch's header the cuts (a header past HEADER_MAX with many of
     them): read back, every group is cut as it was served, every per-sequence field alike."""
     records = [
-        encode_submission([[i, k] for k in range(n)], [[1, 1]] * n, [float(k) for k in range(n)], env_id=0,
-                          policy_step=0, group_id=f"g{i}", inference_logprobs=[[-0.5, -0.25]] * n,
-                          messages=[[{"role": "user", "content": str(k)}] for k in range(n)])
+        encode_submission(
+            [[i, k] for k in range(n)],
+            [[1, 1]] * n,
+            [float(k) for k in range(n)],
+            env_id=0,
+            policy_step=0,
+            group_id=f"g{i}",
+            inference_logprobs=[[-0.5, -0.25]] * n,
+            messages=[[{"role": "user", "content": str(k)}] for k in range(n)],
+        )
         for i, n in enumerate(sizes)
-    ]  # fmt: skip
+    ]
     cuts = {i: data.draw(st.integers(1, n - 1)) for i, n in enumerate(sizes) if data.draw(st.booleans())}
     served = [first_sequences(r, cuts[i])[0] if i in cuts else r for i, r in enumerate(records)]
     seqs = sum(cuts.get(i, n) for i, n in enumerate(sizes))

@@ -15,11 +15,17 @@ def record(lengths: list[int], gid: str) -> GroupRecord:
     total = int(ls.sum())
     tokens = np.arange(total, dtype=np.int32)
     return GroupRecord(
-        env_id=0, lengths=ls, tokens=tokens, masks=tokens.copy(), scores=np.arange(len(ls), dtype=np.float64),
-        policy_step=0, group_id=gid, floats={"inference_logprobs": tokens.astype(np.float32)},
+        env_id=0,
+        lengths=ls,
+        tokens=tokens,
+        masks=tokens.copy(),
+        scores=np.arange(len(ls), dtype=np.float64),
+        policy_step=0,
+        group_id=gid,
+        floats={"inference_logprobs": tokens.astype(np.float32)},
         meta={"messages": [[{"role": "user", "content": str(i)}] for i in range(len(ls))], "generation_params": {}},
         weight_versions=tokens + 1000,
-    )  # fmt: skip
+    )
 
 
 groups_strategy = st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=6), min_size=1, max_size=12)
@@ -51,8 +57,13 @@ def test_whole_groups_kept_only_when_balanced(groups: list[list[int]], world: in
 def test_split_group_keeps_per_sequence_fields_aligned() -> None:
     recs = [record([5, 7, 9], "a")]
     parts = [rank_share(recs, r, 2) for r in range(2)]
-    got = sorted((int(p.lengths[0]), p.tokens.tolist(), p.meta["messages"][0][0]["content"])
-                 for share in parts for p in share for _ in [0] if p.seqs == 1)  # fmt: skip
+    got = sorted(
+        (int(p.lengths[0]), p.tokens.tolist(), p.meta["messages"][0][0]["content"])
+        for share in parts
+        for p in share
+        for _ in [0]
+        if p.seqs == 1
+    )
     assert all(len(tokens) == length for length, tokens, _ in got)
     for share in parts:
         for p in share:

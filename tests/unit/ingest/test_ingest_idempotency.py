@@ -33,8 +33,15 @@ def packed(body: dict[str, object], step: int = 0):  # type: ignore[no-untyped-d
 
 def test_json_and_binary_of_one_group_have_one_digest() -> None:
     body = group(3, length=[5, 9, 2], group_id="g", overrides=[{"t": 1.0}] * 3)
-    raw = encode_submission(body["tokens"], body["masks"], body["scores"], env_id=0, group_id="g",
-                            inference_logprobs=body["inference_logprobs"], overrides=body["overrides"])  # fmt: skip
+    raw = encode_submission(
+        body["tokens"],
+        body["masks"],
+        body["scores"],
+        env_id=0,
+        group_id="g",
+        inference_logprobs=body["inference_logprobs"],
+        overrides=body["overrides"],
+    )
     assert content_digest(packed(body), None) == content_digest(decode(raw), None)
 
 

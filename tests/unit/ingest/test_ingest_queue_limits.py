@@ -16,8 +16,14 @@ from tests.factories import registration
 from tests.unit.views.test_views_status import ENVS, counts
 
 
-@given(st.integers(0, 50), st.integers(0, 50), st.none() | st.integers(1, 100), st.none() | st.integers(1, 100_000),
-       st.none() | st.integers(1, 60), st.none() | st.integers(1, 60_000))  # fmt: skip
+@given(
+    st.integers(0, 50),
+    st.integers(0, 50),
+    st.none() | st.integers(1, 100),
+    st.none() | st.integers(1, 100_000),
+    st.none() | st.integers(1, 60),
+    st.none() | st.integers(1, 60_000),
+)
 def test_capacity_is_what_every_limit_still_admits(
     a: int, b: int, max_groups: int | None, max_tokens: int | None, env_groups: int | None, env_tokens: int | None
 ) -> None:

@@ -43,14 +43,26 @@ def submissions(groups: list[dict[str, Any]], encoding: str, many: bool, run: Ru
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 4), st.integers(2, 16), st.sampled_from([None, 0, 1]),
-                          st.none() | st.text(min_size=1, max_size=8)), min_size=1, max_size=4),
-       st.booleans())  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 4),
+            st.integers(2, 16),
+            st.sampled_from([None, 0, 1]),
+            st.none() | st.text(min_size=1, max_size=8),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    st.booleans(),
+)
 def test_json_and_msgpack_give_the_same_submissions(shapes: list[Any], many: bool) -> None:
     """The two encodings are two spellings of one request: same records, keys, digests, locations."""
     shapes = shapes if many else shapes[:1]
-    groups = [group(n, length, env_id, seed=i, **({"group_id": gid} if gid else {}))
-              for i, (n, length, env_id, gid) in enumerate(shapes)]  # fmt: skip
+    groups = [
+        group(n, length, env_id, seed=i, **({"group_id": gid} if gid else {}))
+        for i, (n, length, env_id, gid) in enumerate(shapes)
+    ]
     run = run_with()
     from_json = submissions(groups, "json", many, run)
     from_binary = submissions(groups, "msgpack", many, run)

@@ -65,9 +65,18 @@ def test_reused_key_messages_name_the_key_and_where() -> None:
     )
 
 
-@given(st.integers(0, 20), st.integers(0, 20), st.integers(1, 4), st.none() | st.integers(1, 30),
-       st.none() | st.integers(1, 1000), st.none() | st.integers(1, 20), st.none() | st.integers(1, 600),
-       st.none() | st.integers(1, 20 * SIZE), st.none() | st.integers(1, 10 * SIZE), st.integers(0, 20))  # fmt: skip
+@given(
+    st.integers(0, 20),
+    st.integers(0, 20),
+    st.integers(1, 4),
+    st.none() | st.integers(1, 30),
+    st.none() | st.integers(1, 1000),
+    st.none() | st.integers(1, 20),
+    st.none() | st.integers(1, 600),
+    st.none() | st.integers(1, 20 * SIZE),
+    st.none() | st.integers(1, 10 * SIZE),
+    st.integers(0, 20),
+)
 def test_a_submission_is_refused_exactly_when_it_takes_a_limit_past_its_bound(
     a: int,
     b: int,

@@ -145,8 +145,17 @@ def test_negative_and_zero_lengths_are_named() -> None:
         check_lengths(np.array([0], dtype=np.int32), LIMITS, "tokens")
 
 
-_EDGES = [0.0, -0.0, 1e-45, float(np.finfo(np.float32).max), F32_OVERFLOW, np.nextafter(F32_OVERFLOW, 0.0), 1e300,
-          float("inf"), float("nan")]  # fmt: skip
+_EDGES = [
+    0.0,
+    -0.0,
+    1e-45,
+    float(np.finfo(np.float32).max),
+    F32_OVERFLOW,
+    np.nextafter(F32_OVERFLOW, 0.0),
+    1e300,
+    float("inf"),
+    float("nan"),
+]
 
 
 @given(

@@ -14,9 +14,12 @@ datasets = st.lists(
     ),
     max_size=4,
 )
-sources = st.lists(st.builds(Source, st.sampled_from(["math", "code", "free"]), st.booleans(), st.booleans(),
-                             st.booleans()).map(lambda s: Source(s.name, s.fed, s.watched, s.live and s.watched)),
-                   max_size=4)  # fmt: skip
+sources = st.lists(
+    st.builds(Source, st.sampled_from(["math", "code", "free"]), st.booleans(), st.booleans(), st.booleans()).map(
+        lambda s: Source(s.name, s.fed, s.watched, s.live and s.watched)
+    ),
+    max_size=4,
+)
 """A live source is watched: liveness is that of the producers heartbeating for it."""
 
 

@@ -149,8 +149,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=8) | st.text(st.sampled_from("a/.\x00\ud800\udc80"), max_size=8) | st.just("a" * 300)
-       | st.sampled_from(["loop", "loop/x", "d.jsonl", "d.jsonl\x00", "x/" * 3000]))  # fmt: skip
+@given(
+    st.text(max_size=8)
+    | st.text(st.sampled_from("a/.\x00\ud800\udc80"), max_size=8)
+    | st.just("a" * 300)
+    | st.sampled_from(["loop", "loop/x", "d.jsonl", "d.jsonl\x00", "x/" * 3000])
+)
 def test_a_path_resolves_inside_the_root_or_is_a_422_naming_it(root: Path, path: str) -> None:
     """Any text as a dataset `path` (NUL bytes, lone surrogates, names too long for the file system, a loop of
     symbolic links) is a file under the root or a 4xx naming `path`."""

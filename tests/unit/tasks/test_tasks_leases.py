@@ -246,8 +246,13 @@ def test_a_lease_token_parses_totally_and_only_as_the_server_writes_it(token: st
     assert tl.token_of(parsed.dataset, parsed.epoch, parsed.index, parsed.lease, parsed.nonce) == token
 
 
-@given(st.text(max_size=30), st.integers(0, 10**18 - 1), st.integers(0, 10**18 - 1), st.integers(0, 10**18 - 1),
-       st.none() | st.binary(min_size=12, max_size=12).map(bytes.hex))  # fmt: skip
+@given(
+    st.text(max_size=30),
+    st.integers(0, 10**18 - 1),
+    st.integers(0, 10**18 - 1),
+    st.integers(0, 10**18 - 1),
+    st.none() | st.binary(min_size=12, max_size=12).map(bytes.hex),
+)
 def test_every_token_the_server_writes_parses_back(name: str, epoch: int, index: int, lease: int, nonce: str) -> None:
     name = "".join(c for c in name if c.isascii() and (c.isalnum() or c in "_.-"))[:64] or "d"
     token = tl.token_of(name, epoch, index, lease, nonce)

@@ -114,8 +114,13 @@ def test_the_issue_examples_come_back_as_the_text_sent() -> None:
 @settings(max_examples=100, deadline=None)
 @given(rows_of(any_value))
 def test_binary_submissions_keep_float64_and_narrow_what_float32_holds(lps: list[list[float]]) -> None:
-    raw = encode_submission([[1] * len(r) for r in lps], [[1] * len(r) for r in lps], [0.0] * len(lps),
-                            inference_logprobs=lps, policy_step=0)  # fmt: skip
+    raw = encode_submission(
+        [[1] * len(r) for r in lps],
+        [[1] * len(r) for r in lps],
+        [0.0] * len(lps),
+        inference_logprobs=lps,
+        policy_step=0,
+    )
     checked = check_record(raw, env_ids=set(), current_step=0, limits=LIMITS)
     stored = checked.record.floats["inference_logprobs"]
     assert stored.tolist() == [x for r in lps for x in r]
@@ -132,11 +137,22 @@ def test_binary_submissions_keep_float64_and_narrow_what_float32_holds(lps: list
 
 def test_records_written_before_float64_fields_still_read() -> None:
     """A version-1 record (all float fields float32), as stores written before this change hold them."""
-    old = msgpack.packb({"v": 1, "env_id": 0, "policy_step": 3, "group_id": None,
-                         "lengths": np.array([2], "<i4").tobytes(), "tokens": np.array([5, 6], "<i4").tobytes(),
-                         "masks": np.array([-100, 6], "<i4").tobytes(), "scores": np.array([1.0]).tobytes(),
-                         "advantages": None, "ref_logprobs": None,
-                         "inference_logprobs": np.array([1.0, -0.7], F32).tobytes(), "meta": {}})  # fmt: skip
+    old = msgpack.packb(
+        {
+            "v": 1,
+            "env_id": 0,
+            "policy_step": 3,
+            "group_id": None,
+            "lengths": np.array([2], "<i4").tobytes(),
+            "tokens": np.array([5, 6], "<i4").tobytes(),
+            "masks": np.array([-100, 6], "<i4").tobytes(),
+            "scores": np.array([1.0]).tobytes(),
+            "advantages": None,
+            "ref_logprobs": None,
+            "inference_logprobs": np.array([1.0, -0.7], F32).tobytes(),
+            "meta": {},
+        }
+    )
     rec = decode(old)
     assert rec.floats["inference_logprobs"].dtype == F32
     assert rec.floats["inference_logprobs"].tolist() == [1.0, float(np.float32(-0.7))]

@@ -64,8 +64,11 @@ def test_unknown_fields_are_ignored_as_atropos_does() -> None:
 
 def test_lenient_group_takes_the_lax_forms_real_clients_send() -> None:
     """verl's Atropos recipe sends boolean masks; some clients send integral floats for token ids."""
-    sent = {**GROUP_EXAMPLE, "masks": [[False, False, True, True], [False, False, True, True]],
-            "tokens": [[1.0, 2.0, 3.0, 4.0], [1, 2, 3, 5]]}  # fmt: skip
+    sent = {
+        **GROUP_EXAMPLE,
+        "masks": [[False, False, True, True], [False, False, True, True]],
+        "tokens": [[1.0, 2.0, 3.0, 4.0], [1, 2, 3, 5]],
+    }
     group = ScoredData.model_validate(lenient_group(sent))
     assert group.masks == [[0, 0, 1, 1], [0, 0, 1, 1]] and group.tokens[0] == [1, 2, 3, 4]
     assert all(type(t) is int for t in group.tokens[0])
