@@ -156,7 +156,11 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
         if at in got:
             return
         got[at] = row
-        self._undo.append(lambda: got.pop(at, None))
+
+        def undo() -> None:
+            del got[at]
+
+        self._undo.append(undo)
 
     def drop_turns(self, key: str) -> None:
         got = self._s.turns.pop(key, None)
