@@ -285,8 +285,8 @@ class RolloutGroups(Group):
     rollout_max_turns_per_slot: int = Field(1024, gt=0)
     """Turns one slot acknowledges before its final post: 409 beyond."""
     rollout_max_turn_bytes_per_env: int = Field(1024 * MiB, gt=0)
-    """Bytes of acknowledged turns held by an env's open groups (a 503 to post more beyond, counted `refused`):
-    turns are freed with their group's decision."""
+    """Bytes of acknowledged turns held by an env's open groups (a 503 to post more beyond): turns are freed with
+    their group's decision."""
     rollout_max_turn_bytes_per_key: int = Field(1024 * MiB, gt=0)
     """Bytes of acknowledged turns held by one key's open groups over all its envs (on a server with keys; a 503
     beyond), so that one key's turns leave room for the others'."""

@@ -398,11 +398,9 @@ def turn_txn(
     held = txn.get_counts(TURN_BYTES)
     env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
     if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:
-        txn.add_counts(COUNTS, {"refused": 1})
         raise Unavailable(f"env {g.env_id}'s open groups hold {held.get(env_key, 0)} bytes of turns; the limit is "
                           "rollout_max_turn_bytes_per_env; retry later")  # fmt: skip
     if g.owner is not None and held.get(key_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_key:
-        txn.add_counts(COUNTS, {"refused": 1})
         raise Unavailable(f"this key's open groups hold {held.get(key_key, 0)} bytes of turns; the limit is "
                           "rollout_max_turn_bytes_per_key; retry later")  # fmt: skip
     txn.rollouts.add_turn(TurnRow(req.group_id, req.slot, req.turn, req.producer_id, d, blob, len(blob)))
