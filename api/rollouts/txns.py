@@ -265,6 +265,7 @@ def post_txn(
     if req.slot >= g.group_size:
         raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
     if req.after_turns:
+        _check_holder(txn, g, req.slot, req.producer_id)
         req = _after_turns(txn, req)
     if not req.tokens:
         raise InvalidData(("body", "tokens"), "at least one token (with after_turns: in its turns and this post)")
@@ -320,16 +321,33 @@ def _check_rows(tokens: list[int], masks: list[int], logprobs: list[float] | Non
         raise InvalidData(("body", "token_weight_versions"), "one weights version per token")
 
 
+def _check_holder(txn: Txn, g: rg.OpenGroup, slot: int, producer: str) -> None:
+    """A slot not yet acknowledged takes turns (and a final post after them) from its holder only (409 naming
+    `producer_id`): a producer its lease passed from would mix its rollout with the next holder's. Once the slot is
+    in, a post is judged by its content, as any post."""
+    if (holds := tn.holder(g, slot)) != producer and txn.rollouts.slot(g.key, slot) is None:
+        raise Conflict(
+            f"slot {slot} is held by producer {holds!r}, not this one: a slot's turns are its holder's (its lease "
+            "may have passed on: stop this rollout)",
+            loc=("body", "producer_id"),
+        )
+
+
 def _after_turns(txn: Txn, req: RolloutPost) -> RolloutPost:
     """The whole rollout a final post `after_turns` stands for: its slot's acknowledged turns, then what it
     carries (the same turns and tail again: the same rollout, so a post sent again is a duplicate)."""
     tail = tn.TurnData(req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions)
     pieces = [tn.TurnData.decode(t.data) for t in txn.rollouts.turns(req.group_id, req.slot)]
     whole = tn.concatenate([*pieces, tail])
-    return req.model_copy(update={
-        "tokens": whole.tokens, "masks": whole.masks, "inference_logprobs": whole.inference_logprobs,
-        "token_weight_versions": whole.token_weight_versions, "after_turns": False,
-    })  # fmt: skip
+    return req.model_copy(
+        update={
+            "tokens": whole.tokens,
+            "masks": whole.masks,
+            "inference_logprobs": whole.inference_logprobs,
+            "token_weight_versions": whole.token_weight_versions,
+            "after_turns": False,
+        }
+    )
 
 
 def turn_txn(
@@ -362,11 +380,10 @@ def turn_txn(
         raise Conflict(f"group {req.group_id!r} is {row.state}: it takes no more turns", loc=("body", "group_id"))
     if txn.rollouts.slot(req.group_id, req.slot) is not None:
         raise Conflict(f"slot {req.slot} is acknowledged: it takes no more turns", loc=("body", "slot"))
-    if (holds := tn.holder(g, req.slot)) != req.producer_id:
-        raise Conflict(f"slot {req.slot} is held by another producer ({holds!r}): its lease passed on; stop this "
-                       "rollout", loc=("body", "producer_id"))  # fmt: skip
-    data = tn.TurnData(req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions, req.tool_results,
-                       snapshot)  # fmt: skip
+    _check_holder(txn, g, req.slot, req.producer_id)
+    data = tn.TurnData(
+        req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions, req.tool_results, snapshot
+    )
     blob, d = data.encode(), data.digest()
     prior = txn.rollouts.turns(req.group_id, req.slot)
     pieces = [tn.TurnData.decode(t.data) for t in prior]
@@ -378,8 +395,11 @@ def turn_txn(
     if outcome == tn.GAP:
         raise Conflict(f"the slot's next turn is {len(prior)}", loc=("body", "turn"))
     if len(prior) >= settings.rollout_max_turns_per_slot:
-        raise Conflict(f"the slot has {len(prior)} turns; the limit is rollout_max_turns_per_slot: post the rest "
-                       "with its final post", loc=("body", "turn"))  # fmt: skip
+        raise Conflict(
+            f"the slot has {len(prior)} turns; the limit is rollout_max_turns_per_slot: post the rest "
+            "with its final post",
+            loc=("body", "turn"),
+        )
     if len(blob) > settings.rollout_max_turn_bytes:
         raise InvalidData(("body",), f"this turn stores {len(blob)} bytes; the limit is rollout_max_turn_bytes")
     whole = tn.concatenate([*pieces, data])
@@ -387,10 +407,18 @@ def turn_txn(
         run = state.load(txn, known_run)
         group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
         post = RolloutPost.model_construct(
-            group_id=req.group_id, slot=req.slot, producer_id=req.producer_id, tokens=whole.tokens, masks=whole.masks,
-            inference_logprobs=whole.inference_logprobs, token_weight_versions=whole.token_weight_versions,
-            score=None, policy_step=None, overrides=None, after_turns=False,
-        )  # fmt: skip
+            group_id=req.group_id,
+            slot=req.slot,
+            producer_id=req.producer_id,
+            tokens=whole.tokens,
+            masks=whole.masks,
+            inference_logprobs=whole.inference_logprobs,
+            token_weight_versions=whole.token_weight_versions,
+            score=None,
+            policy_step=None,
+            overrides=None,
+            after_turns=False,
+        )
         try:
             checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
         except (InvalidData, Conflict) as exc:
@@ -398,11 +426,15 @@ def turn_txn(
     held = txn.get_counts(TURN_BYTES)
     env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
     if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:
-        raise Unavailable(f"env {g.env_id}'s open groups hold {held.get(env_key, 0)} bytes of turns; the limit is "
-                          "rollout_max_turn_bytes_per_env; retry later")  # fmt: skip
+        raise Unavailable(
+            f"env {g.env_id}'s open groups hold {held.get(env_key, 0)} bytes of turns; the limit is "
+            "rollout_max_turn_bytes_per_env; retry later"
+        )
     if g.owner is not None and held.get(key_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_key:
-        raise Unavailable(f"this key's open groups hold {held.get(key_key, 0)} bytes of turns; the limit is "
-                          "rollout_max_turn_bytes_per_key; retry later")  # fmt: skip
+        raise Unavailable(
+            f"this key's open groups hold {held.get(key_key, 0)} bytes of turns; the limit is "
+            "rollout_max_turn_bytes_per_key; retry later"
+        )
     txn.rollouts.add_turn(TurnRow(req.group_id, req.slot, req.turn, req.producer_id, d, blob, len(blob)))
     txn.add_counts(TURN_BYTES, {env_key: len(blob), **({key_key: len(blob)} if g.owner is not None else {})})
     txn.add_counts(COUNTS, {"turns": 1, "turn_bytes": len(blob)})
@@ -439,6 +471,18 @@ def _in_turn(exc: InvalidData | Conflict, offset: int) -> InvalidData | Conflict
     return Conflict(exc.detail, loc=loc)
 
 
+def _turn_view(row: TurnRow, data: tn.TurnData) -> TurnView:
+    return TurnView(
+        turn=row.turn,
+        producer=row.producer,
+        tokens=data.tokens,
+        masks=data.masks,
+        inference_logprobs=data.inference_logprobs,
+        token_weight_versions=data.token_weight_versions,
+        tool_results=data.tool_results,
+    )
+
+
 def prefix_txn(txn: Txn, key: str, slot: int, budget: int, start: int = 0) -> SlotPrefix | None:
     """The slot's acknowledged turns from `start` (None: none at all): with the turns themselves if they hold at
     most `budget` bytes, else without (`complete` false). The snapshot is the last one any turn carried."""
@@ -451,14 +495,14 @@ def prefix_txn(txn: Txn, key: str, slot: int, budget: int, start: int = 0) -> Sl
     if sum(t.bytes for t, _ in wanted) > budget:
         return SlotPrefix(turns=len(rows), tokens=tokens, complete=False, items=[], snapshot=None)
     snap = next((p.snapshot for p in reversed(pieces) if p.snapshot is not None), None)
-    items = [
-        TurnView(turn=t.turn, producer=t.producer, tokens=p.tokens, masks=p.masks,
-                 inference_logprobs=p.inference_logprobs, token_weight_versions=p.token_weight_versions,
-                 tool_results=p.tool_results)
-        for t, p in wanted
-    ]  # fmt: skip
-    return SlotPrefix(turns=len(rows), tokens=tokens, complete=True, items=items,
-                      snapshot=None if snap is None else TurnSnapshot(**snap))  # fmt: skip
+    items = [_turn_view(t, p) for t, p in wanted]
+    return SlotPrefix(
+        turns=len(rows),
+        tokens=tokens,
+        complete=True,
+        items=items,
+        snapshot=None if snap is None else TurnSnapshot(**snap),
+    )
 
 
 def turns_txn(
@@ -476,12 +520,15 @@ def turns_txn(
         if items and used + t.bytes > budget:
             break
         used += t.bytes
-        items.append(TurnView(turn=t.turn, producer=t.producer, tokens=p.tokens, masks=p.masks,
-                              inference_logprobs=p.inference_logprobs, token_weight_versions=p.token_weight_versions,
-                              tool_results=p.tool_results))  # fmt: skip
+        items.append(_turn_view(t, p))
     last = items[-1].turn + 1 if items else start
-    return SlotPrefix(turns=len(rows), tokens=sum(len(p.tokens) for p in pieces), complete=last >= len(rows),
-                      items=items, snapshot=None if snap is None else TurnSnapshot(**snap))  # fmt: skip
+    return SlotPrefix(
+        turns=len(rows),
+        tokens=sum(len(p.tokens) for p in pieces),
+        complete=last >= len(rows),
+        items=items,
+        snapshot=None if snap is None else TurnSnapshot(**snap),
+    )
 
 
 def _decide(
@@ -531,10 +578,12 @@ def group_body(txn: Txn, key: str) -> bytes | None:
         return None
     g = rg.OpenGroup.of(row.record)
     parts = [
-        Part(s.data, g.scores[str(s.slot)] if g.scores else float(s.score if s.score is not None else 0.0),
-             s.policy_step)
-        for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out
-    ]  # fmt: skip
+        Part(
+            s.data, g.scores[str(s.slot)] if g.scores else float(s.score if s.score is not None else 0.0), s.policy_step
+        )
+        for s in txn.rollouts.slots(key)
+        if str(s.slot) not in g.left_out
+    ]
     return sealed_body(parts, env_id=g.env_id, group_id=key, producer_id=g.producer)
 
 
@@ -664,8 +713,17 @@ def lease_txn(
             if prefix is not None:
                 budget -= sum(t.bytes for t in txn.rollouts.turns(g.key, s)) if prefix.complete else 0
                 txn.add_counts(COUNTS, {"resumed": 1, "tokens_carried": prefix.tokens})
-            out.append(SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
-                                 expires_at=until, prefix=prefix))  # fmt: skip
+            out.append(
+                SlotLease(
+                    group_id=g.key,
+                    slot=s,
+                    env_id=g.env_id,
+                    group_size=g.group_size,
+                    task=g.task,
+                    expires_at=until,
+                    prefix=prefix,
+                )
+            )
         _put(txn, row, before, _row(g, row.state, row), g)  # due again at once while a missing slot is leased out
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})

@@ -82,6 +82,10 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
 
         tail = {**turn("t1", 0, 3, producer="p2"), "score": 1.0, "after_turns": True}
         del tail["turn"]
+        stale_tail = await post(
+            c, {**tail, "producer_id": "p1", "tokens": [9], "masks": [9], "inference_logprobs": [0.0]}, 409
+        )
+        assert refused_at(stale_tail) == ["body", "producer_id"], "p1's end would follow p2's turn"
         assert (await post(c, tail))["status"] == "accepted"
         assert (await post(c, tail))["status"] == "duplicate", "the same turns and tail: the same rollout"
         closed = await sent(c, turn("t1", 0, 3, producer="p2"), 409)
