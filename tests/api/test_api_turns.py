@@ -161,3 +161,22 @@ async def test_turn_bytes_are_bounded_per_env_and_freed_with_the_groups_decision
         assert (await c.post("/rollouts/seal", json={"group_id": "a", "producer_id": "p1"})).status_code == 200
         assert (await settled(c, "a"))["turns"] == {}
         assert (await sent(c, turn("b", 0, 0)))["status"] == "accepted", "a's turns no longer count"
+
+
+async def test_a_prefix_past_the_reply_bound_is_left_out_of_the_lease_and_read_in_pages(settings: Settings) -> None:
+    async with serving(settings, rollout_lease_s=0.001, rollout_max_prefix_reply_bytes=200) as c:
+        await start(c, group_size=2)
+        await opened(c, "t4", group_size=2)
+        for k in range(3):
+            await sent(c, turn("t4", 1, k))
+        [lease] = [x for x in await leased(c, "p2", 8) if x["slot"] == 1]
+        assert lease["prefix"] == {"turns": 3, "tokens": 9, "complete": False, "items": [], "snapshot": None}
+        got: list[int] = []
+        while True:
+            page = (await c.get("/rollouts/turns", params={"group_id": "t4", "slot": 1, "start": len(got)})).json()
+            got += [t["turn"] for t in page["items"]]
+            assert page["items"], "one turn at least a page"
+            if page["complete"]:
+                break
+        assert got == [0, 1, 2]
+        await sent(c, turn("t4", 1, 3, producer="p2"))
