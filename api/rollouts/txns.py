@@ -483,26 +483,27 @@ def _turn_view(row: TurnRow, data: tn.TurnData) -> TurnView:
     )
 
 
-def prefix_txn(txn: Txn, key: str, slot: int, budget: int, start: int = 0) -> SlotPrefix | None:
-    """The slot's acknowledged turns from `start` (None: none at all): with the turns themselves if they hold at
-    most `budget` bytes, else without (`complete` false). The snapshot is the last one any turn carried."""
+def prefix_txn(txn: Txn, key: str, slot: int, budget: int) -> tuple[SlotPrefix | None, int]:
+    """The slot's acknowledged turns as a lease carries them (None: none at all), and the bytes it carries: the turns
+    themselves if they hold at most `budget` bytes, else none (`complete` false: GET /rollouts/turns reads them).
+    The snapshot is the last one any turn carried."""
     rows = txn.rollouts.turns(key, slot)
     if not rows:
-        return None
+        return None, 0
     pieces = [tn.TurnData.decode(t.data) for t in rows]
     tokens = sum(len(p.tokens) for p in pieces)
-    wanted = list(zip(rows, pieces, strict=True))[start:]
-    if sum(t.bytes for t, _ in wanted) > budget:
-        return SlotPrefix(turns=len(rows), tokens=tokens, complete=False, items=[], snapshot=None)
+    size = sum(t.bytes for t in rows)
+    if size > budget:
+        return SlotPrefix(turns=len(rows), tokens=tokens, complete=False, items=[], snapshot=None), 0
     snap = next((p.snapshot for p in reversed(pieces) if p.snapshot is not None), None)
-    items = [_turn_view(t, p) for t, p in wanted]
-    return SlotPrefix(
+    prefix = SlotPrefix(
         turns=len(rows),
         tokens=tokens,
         complete=True,
-        items=items,
+        items=[_turn_view(t, p) for t, p in zip(rows, pieces, strict=True)],
         snapshot=None if snap is None else TurnSnapshot(**snap),
     )
+    return prefix, size
 
 
 def turns_txn(
@@ -709,9 +710,9 @@ def lease_txn(
         slots = rg.missing(g, done, now)[: n - len(out)]
         rg.lease_slots(g, producer, slots, until)
         for s in slots:
-            prefix = prefix_txn(txn, g.key, s, budget)
+            prefix, carried = prefix_txn(txn, g.key, s, budget)
+            budget -= carried
             if prefix is not None:
-                budget -= sum(t.bytes for t in txn.rollouts.turns(g.key, s)) if prefix.complete else 0
                 txn.add_counts(COUNTS, {"resumed": 1, "tokens_carried": prefix.tokens})
             out.append(
                 SlotLease(
