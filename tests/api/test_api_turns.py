@@ -14,6 +14,7 @@ import pytest
 from api.config.settings import Settings
 from tests.api.test_api_rollouts import leased, opened, post, rollout, settled, start
 from tests.asgi import serving
+from tests.factories import env, registration
 
 pytestmark = pytest.mark.anyio
 
@@ -180,3 +181,34 @@ async def test_a_prefix_past_the_reply_bound_is_left_out_of_the_lease_and_read_i
                 break
         assert got == [0, 1, 2]
         await sent(c, turn("t4", 1, 3, producer="p2"))
+
+
+async def test_turn_bytes_are_bounded_per_key_over_its_envs(settings: Settings) -> None:
+    """A key's turns over all its envs stay within `rollout_max_turn_bytes_per_key` (the env's own bound, larger,
+    is not reached): a 503 beyond for that key, while another key's turns go on."""
+    secrets = {"env-1": "env-one-secret-0123456789", "env-2": "env-two-secret-0123456789", "t": "trainer-0123456789ab"}
+    keys = f"env-1 env {secrets['env-1']}; env-2 env {secrets['env-2']}; t trainer {secrets['t']}"
+
+    def auth(name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {secrets[name]}"}
+
+    keyed = Settings(**{**settings.model_dump(), "api_keys": keys})
+    async with serving(keyed, rollout_max_turn_bytes_per_key=200) as c:
+        assert (await c.post("/register", json=registration(batch_size=4), headers=auth("t"))).status_code == 200
+        await c.get("/batch", headers=auth("t"))
+        envs: dict[str, list[int]] = {}
+        for name in ("env-1", "env-1", "env-2"):
+            reply = await c.post("/register-env", json=env(group_size=2), headers=auth(name))
+            envs.setdefault(name, []).append(reply.json()["env_id"])
+        opens = [
+            ("k1", "env-1", envs["env-1"][0]),
+            ("k2", "env-1", envs["env-1"][1]),
+            ("k3", "env-2", envs["env-2"][0]),
+        ]
+        for gid, name, env_id in opens:
+            spec = {"group_id": gid, "env_id": env_id, "producer_id": "p1", "group_size": 2, "deadline_s": 60}
+            assert (await c.post("/rollouts/open", json=spec, headers=auth(name))).status_code == 200
+        assert (await c.post("/rollouts/turn", json=turn("k1", 0, 0), headers=auth("env-1"))).status_code == 200
+        full = await c.post("/rollouts/turn", json=turn("k2", 0, 0), headers=auth("env-1"))
+        assert full.status_code == 503 and "rollout_max_turn_bytes_per_key" in full.json()["message"]
+        assert (await c.post("/rollouts/turn", json=turn("k3", 0, 0), headers=auth("env-2"))).status_code == 200
