@@ -10,7 +10,6 @@ changes it (a lease, a heartbeat, a decision), and the seal reads the slots once
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import json
 import logging
@@ -38,6 +37,7 @@ from api.tasks import leases as task_leases
 from api.wire.records import encode
 from api.wire.rollouts import (
     GroupView,
+    InlineSnapshot,
     OpenGroupsStatus,
     OpenRequest,
     PostReply,
@@ -46,6 +46,7 @@ from api.wire.rollouts import (
     SlotLease,
     SlotPrefix,
     SlotTurns,
+    SnapshotByUri,
     TurnPost,
     TurnReply,
     TurnSnapshot,
@@ -259,7 +260,7 @@ def post_txn(
     """Acknowledge one rollout; whether the group is now complete and is being sealed. The rollout is checked first
     against every rule its sealed group meets at ingest (`checks.check_rollout`; 503 before a trainer registered),
     so that no rollout acknowledged is refused with its group. `limits` and `known_run` as for `open_txn`."""
-    _check_rows(req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions)
+    _check_rows(req.tokens, req.masks, req.inference_logprobs)
     row = group_of(txn, req.group_id, caller)
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
@@ -267,8 +268,6 @@ def post_txn(
     if req.after_turns:
         _check_holder(txn, g, req.slot, req.producer_id)
         req = _after_turns(txn, req)
-    if not req.tokens:
-        raise InvalidData(("body", "tokens"), "at least one token (with after_turns: in its turns and this post)")
     run = state.load(txn, known_run)
     group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
     packed = checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)
@@ -311,14 +310,12 @@ def post_txn(
     return PostReply(status="accepted", group=view(txn, row)), sealing
 
 
-def _check_rows(tokens: list[int], masks: list[int], logprobs: list[float] | None, versions: list[int] | None) -> None:
-    """One mask, and one logprob and weights version if sent, per token (422 naming the field)."""
+def _check_rows(tokens: list[int], masks: list[int], logprobs: list[float] | None) -> None:
+    """One mask, and one logprob if sent, per token (422 naming the field)."""
     if len(masks) != len(tokens):
         raise InvalidData(("body", "masks"), "one mask per token")
     if logprobs is not None and len(logprobs) != len(tokens):
         raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
-    if versions is not None and len(versions) != len(tokens):
-        raise InvalidData(("body", "token_weight_versions"), "one weights version per token")
 
 
 def _check_holder(txn: Txn, g: rg.OpenGroup, slot: int, producer: str) -> None:
@@ -365,8 +362,7 @@ def turn_txn(
     one are checked against every rule its sealed rollout meets (`checks.check_rollout`: 422 naming the field), so
     that a final post `after_turns` is never refused for them; its bytes within `rollout_max_turn_bytes` (422) and
     the env's and key's turn bytes within their bounds (503)."""
-    _check_rows(req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions)
-    snapshot = _snapshot(req.snapshot, settings)
+    _check_rows(req.tokens, req.masks, req.inference_logprobs)
     if req.tool_results is not None:
         try:
             check_printable({"tool_results": req.tool_results})
@@ -381,6 +377,9 @@ def turn_txn(
     if txn.rollouts.slot(req.group_id, req.slot) is not None:
         raise Conflict(f"slot {req.slot} is acknowledged: it takes no more turns", loc=("body", "slot"))
     _check_holder(txn, g, req.slot, req.producer_id)
+    if req.token_weight_versions is not None and len(req.token_weight_versions) != len(req.tokens):
+        raise InvalidData(("body", "token_weight_versions"), "one weights version per token")
+    snapshot = _snapshot(req.snapshot, settings)
     data = tn.TurnData(
         req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions, req.tool_results, snapshot
     )
@@ -441,20 +440,14 @@ def turn_txn(
     return TurnReply(status="accepted", turns=len(prior) + 1, tokens=len(whole.tokens))
 
 
-def _snapshot(snap: TurnSnapshot | None, settings: Settings) -> dict[str, str] | None:
-    """The turn's snapshot as stored: exactly one of inline bytes (base64, within `rollout_max_snapshot_bytes`) or
-    a URI (422 naming the field)."""
+def _snapshot(snap: InlineSnapshot | SnapshotByUri | None, settings: Settings) -> dict[str, str] | None:
+    """The turn's snapshot as stored: inline bytes within `rollout_max_snapshot_bytes` (422 naming the field), or
+    a URI."""
     if snap is None:
         return None
-    if (snap.data is None) == (snap.uri is None):
-        raise InvalidData(("body", "snapshot"), "exactly one of data (base64) or uri")
-    if snap.uri is not None:
+    if isinstance(snap, SnapshotByUri):
         return {"uri": snap.uri}
-    assert snap.data is not None
-    try:
-        size = len(base64.b64decode(snap.data, validate=True))
-    except (binascii.Error, ValueError):
-        raise InvalidData(("body", "snapshot", "data"), "base64 (RFC 4648, padded)") from None
+    size = len(base64.b64decode(snap.data))  # the schema's pattern: padded base64
     if size > settings.rollout_max_snapshot_bytes:
         raise InvalidData(("body", "snapshot", "data"), f"{size} bytes; the limit is rollout_max_snapshot_bytes")
     return {"data": snap.data}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema
+from pydantic import ConfigDict, Field, WithJsonSchema
 
 from api.wire.rules import (
     ENV_NAME_MAX,
@@ -70,9 +70,10 @@ class RolloutPost(_Request, _Text):
     """Its slot in the group, 0 .. G - 1: the first rollout acknowledged for a slot is kept."""
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """The producer that rolled it out."""
-    tokens: list[TokenId]
-    """Its token ids, prompt and completion (at least one; with `after_turns`, those after its turns')."""
-    masks: list[RolloutMask]
+    tokens: list[TokenId] = Field(min_length=1)
+    """Its token ids, prompt and completion (with `after_turns`, those after its turns': at least one, the last
+    turn's own or the end of the rollout)."""
+    masks: list[RolloutMask] = Field(min_length=1)
     """As a group's row: -100 where not trained on, else the token id."""
     inference_logprobs: list[TokenFloat] | None = None
     """The sampler's logprob of each token, as a group's row."""
@@ -98,13 +99,33 @@ TOOL_RESULTS_MAX = 256
 """Most entries of a turn's `tool_results`."""
 
 
-class TurnSnapshot(_Request, _Text):
-    """An env state the env can restore, opaque to rollbuf: inline bytes or a reference (exactly one)."""
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Base64 with its padding (RFC 4648), as the schema states it."""
 
-    data: str | None = Field(default=None, pattern=r"^[A-Za-z0-9+/]*={0,2}$")
+
+class InlineSnapshot(_Request, _Text):
+    """An env state sent inline: its bytes, base64."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", strict=True)
+
+    data: str = Field(pattern=BASE64)
     """The state's bytes, base64 (at most `rollout_max_snapshot_bytes` decoded)."""
-    uri: str | None = Field(default=None, min_length=1, max_length=SNAPSHOT_URI_MAX)
-    """Where the state is kept, for a state too large to send (rollbuf never reads it)."""
+
+
+class SnapshotByUri(_Request, _Text):
+    """An env state kept elsewhere: where (rollbuf never reads it)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", strict=True)
+
+    uri: str = Field(min_length=1, max_length=SNAPSHOT_URI_MAX)
+    """Where the state is kept, for a state too large to send."""
+
+
+class TurnSnapshot(_Wire):
+    """A turn's env state as a reply carries it: inline (`data`, base64) or by reference (`uri`)."""
+
+    data: str | None = None
+    uri: str | None = None
 
 
 class TurnPost(_Request, _Text):
@@ -120,9 +141,9 @@ class TurnPost(_Request, _Text):
     """The producer holding the slot: the group's opener while no sibling leased it, else the sibling."""
     turn: int = Field(ge=0, le=SAFE_INT_MAX)
     """0, 1, ...: the slot's next turn (a gap is a 409 naming the one expected)."""
-    tokens: list[TokenId]
-    """The token ids this turn appends to the rollout."""
-    masks: list[RolloutMask]
+    tokens: list[TokenId] = Field(min_length=1)
+    """The token ids this turn appends to the rollout (one at least)."""
+    masks: list[RolloutMask] = Field(min_length=1)
     """One per token, as a post's."""
     inference_logprobs: list[TokenFloat] | None = None
     """One per token, as a post's (every turn of a slot sends them, or none does)."""
@@ -130,8 +151,9 @@ class TurnPost(_Request, _Text):
     """One per token, as a post's (every turn of a slot sends them, or none does)."""
     tool_results: list[Any] | None = Field(default=None, max_length=TOOL_RESULTS_MAX)
     """What the env's tools answered in this turn (JSON), handed back with the slot's lease."""
-    snapshot: TurnSnapshot | None = None
-    """The env's state after this turn: the lease hands the last one to the producer that continues."""
+    snapshot: InlineSnapshot | SnapshotByUri | None = None
+    """The env's state after this turn, opaque to rollbuf (`{"data": base64}` or `{"uri": ...}`): the lease hands
+    the last one to the producer that continues."""
 
 
 class TurnReply(_Wire):
