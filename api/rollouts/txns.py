@@ -402,26 +402,25 @@ def turn_txn(
     if len(blob) > settings.rollout_max_turn_bytes:
         raise InvalidData(("body",), f"this turn stores {len(blob)} bytes; the limit is rollout_max_turn_bytes")
     whole = tn.concatenate([*pieces, data])
-    if whole.tokens:
-        run = state.load(txn, known_run)
-        group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
-        post = RolloutPost.model_construct(
-            group_id=req.group_id,
-            slot=req.slot,
-            producer_id=req.producer_id,
-            tokens=whole.tokens,
-            masks=whole.masks,
-            inference_logprobs=whole.inference_logprobs,
-            token_weight_versions=whole.token_weight_versions,
-            score=None,
-            policy_step=None,
-            overrides=None,
-            after_turns=False,
-        )
-        try:
-            checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
-        except (InvalidData, Conflict) as exc:
-            raise _in_turn(exc, len(whole.tokens) - len(req.tokens)) from None
+    run = state.load(txn, known_run)
+    group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
+    post = RolloutPost.model_construct(
+        group_id=req.group_id,
+        slot=req.slot,
+        producer_id=req.producer_id,
+        tokens=whole.tokens,
+        masks=whole.masks,
+        inference_logprobs=whole.inference_logprobs,
+        token_weight_versions=whole.token_weight_versions,
+        score=None,
+        policy_step=None,
+        overrides=None,
+        after_turns=False,
+    )
+    try:
+        checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
+    except (InvalidData, Conflict) as exc:
+        raise _in_turn(exc, len(whole.tokens) - len(req.tokens)) from None
     held = txn.get_counts(TURN_BYTES)
     env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
     if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:
