@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from api.config.settings import Settings
-from tests.api.test_api_rollouts import leased, opened, post, rollout, settled, start
+from tests.api.test_api_rollouts import leased, opened, past, post, rollout, settled, start
 from tests.asgi import serving
 from tests.factories import env, registration
 
@@ -211,3 +211,17 @@ async def test_turn_bytes_are_bounded_per_key_over_its_envs(settings: Settings) 
         full = await c.post("/rollouts/turn", json=turn("k2", 0, 0), headers=auth("env-1"))
         assert full.status_code == 503 and "rollout_max_turn_bytes_per_key" in full.json()["message"]
         assert (await c.post("/rollouts/turn", json=turn("k3", 0, 0), headers=auth("env-2"))).status_code == 200
+
+
+async def test_an_expired_groups_turns_are_freed_with_its_expiry(settings: Settings) -> None:
+    async with serving(settings, rollout_sweep_every_s=0.05) as c:
+        await start(c, group_size=2)
+        g = await opened(c, "t5", group_size=2, deadline_s=0.2)
+        await sent(c, turn("t5", 0, 0))
+        await sent(c, turn("t5", 1, 0, snapshot={"uri": "s3://bucket/t5"}))
+        await past(g["deadline"])
+        view = await settled(c, "t5")
+        assert view["state"] == "expired" and view["turns"] == {}
+        for slot in (0, 1):
+            assert (await c.get("/rollouts/turns", params={"group_id": "t5", "slot": slot})).json()["turns"] == 0
+        assert (await c.post("/rollouts/turn", json=turn("t5", 0, 1))).status_code == 409, "no more turns"
