@@ -421,6 +421,8 @@ def turn_txn(
         checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
     except (InvalidData, Conflict) as exc:
         raise _in_turn(exc, len(whole.tokens) - len(req.tokens)) from None
+    if group_limit.max_group_tokens is not None:  # the slots in and this one so far (not other slots' turns)
+        checks.check_group_tokens(row.tokens, len(whole.tokens), group_limit)
     held = txn.get_counts(TURN_BYTES)
     env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
     if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:

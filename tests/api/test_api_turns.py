@@ -225,3 +225,19 @@ async def test_an_expired_groups_turns_are_freed_with_its_expiry(settings: Setti
         for slot in (0, 1):
             assert (await c.get("/rollouts/turns", params={"group_id": "t5", "slot": slot})).json()["turns"] == 0
         assert (await c.post("/rollouts/turn", json=turn("t5", 0, 1))).status_code == 409, "no more turns"
+
+
+async def test_a_turn_past_the_trainers_token_budget_with_the_slots_in_is_refused(settings: Settings) -> None:
+    """With `max_batch_tokens`, the group's acknowledged slots and this slot's turns stay within it (what its seal
+    requires), each within `max_token_len`."""
+    async with serving(settings) as c:
+        reg = registration(batch_size=2, max_token_len=8, max_batch_tokens=10)
+        assert (await c.post("/register", json=reg)).status_code == 200
+        await c.get("/batch")
+        assert (await c.post("/register-env", json=env(group_size=2, max_token_length=8))).status_code == 200
+        await opened(c, "t6", group_size=2)
+        await post(c, rollout("t6", 1, n=4))
+        for k in range(3):
+            await sent(c, turn("t6", 0, k, n=2))
+        over = await sent(c, turn("t6", 0, 3, n=2), 422)
+        assert refused_at(over) == ["body", "tokens"] and "max_batch_tokens of 10" in over["message"]
