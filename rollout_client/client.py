@@ -7,6 +7,7 @@ this client makes after a timeout, a restart or a 503 can never store a group tw
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import logging
 import os
@@ -23,6 +24,7 @@ from tenacity import RetryError
 from api.wire import records
 from api.wire.producers import Heartbeat, HeartbeatReply
 from api.wire.records import MSGPACK
+from api.wire.rollouts import TurnReply
 from api.wire.schema import (
     EnvRegistered,
     EnvStatus,
@@ -225,6 +227,47 @@ class RolloutClient:
         body, headers = encode_msgpack(group) if self.binary else encode_json(group)
         raw = await self._call("POST", "/scored_data", deadline, content=body, headers=headers)
         return ScoredReply.model_validate(raw)
+
+    async def post_turn(
+        self,
+        group_id: str,
+        slot: int,
+        producer_id: str,
+        turn: int,
+        tokens: Sequence[int],
+        masks: Sequence[int],
+        *,
+        inference_logprobs: Sequence[float] | None = None,
+        token_weight_versions: Sequence[int] | None = None,
+        tool_results: Sequence[Any] | None = None,
+        snapshot: bytes | str | None = None,
+        deadline: float | None = None,
+    ) -> TurnReply:
+        """Acknowledge turn `turn` (0, 1, ...) of a slot of an open per-rollout group as it ends: the tokens it
+        appends, one mask (and logprob and weights version, if sent) per token, its tools' results and the env's
+        state after it (`snapshot`: bytes sent inline, or a `str` URI where the state is kept). Retried until
+        acknowledged or `deadline` seconds: a retry is the same turn, answered `duplicate`. `Rejected` (409) when
+        the slot's lease passed to another producer: stop the rollout. A producer that takes the slot's lease gets
+        the turns (`SlotLease.prefix`); the slot's final post sends the rest with `after_turns`
+        (docs/rollouts.md, Turns)."""
+        snap: dict[str, str] | None = None
+        if isinstance(snapshot, bytes):
+            snap = {"data": base64.b64encode(snapshot).decode()}
+        elif snapshot is not None:
+            snap = {"uri": snapshot}
+        body = {
+            "group_id": group_id,
+            "slot": slot,
+            "producer_id": producer_id,
+            "turn": turn,
+            "tokens": list(tokens),
+            "masks": list(masks),
+            "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs),
+            "token_weight_versions": None if token_weight_versions is None else list(token_weight_versions),
+            "tool_results": None if tool_results is None else list(tool_results),
+            "snapshot": snap,
+        }
+        return TurnReply.model_validate(await self._call("POST", "/rollouts/turn", deadline, json=body))
 
     async def submit_list(
         self, groups: Sequence[ScoredData], *, deadline: float | None = None, retry_unavailable: bool = True

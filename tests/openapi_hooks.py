@@ -20,9 +20,10 @@ never add a field, so a request that breaks the schema still does (and is still 
 - `/tasks/datasets`: `path` or `tasks`, not both (`path` null here when both); `levels` come with order
   `weighted` only, and then every task names one (here: no levels, and a weighted order becomes shuffled);
 - `/rollouts/*`: `producer_id` is printable text (`p` here otherwise); `/rollouts/open`: `min_group_size` is
-  at most `group_size` (null here otherwise); `/rollouts/post`: `masks`,
+  at most `group_size` (null here otherwise); `/rollouts/post` and `/rollouts/turn`: `masks`,
   `inference_logprobs` and `token_weight_versions` have one entry per token (the tokens themselves, null, and 0
-  each, here);
+  each, here); a slot's turns all send `token_weight_versions` or none do (none here), and a turn's `tool_results`
+  JSON prints back (as free-form fields, below);
 - free-form fields (`overrides`, `images`, tasks, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
 """
@@ -41,6 +42,9 @@ from api.ingest.validation import check_producer_id
 from api.run.printable import check_printable
 from api.wire.rollouts import SLOTS_MAX
 
+OPEN_GROUP = "conformance"
+"""The group tests/integration/test_openapi_conformance.py opens: a turn names it, to reach past the 404 (test data,
+as its config's for the query routes)."""
 PER_TOKEN_FLOATS = ("advantages", "ref_logprobs", "inference_logprobs")
 FREE_FORM = ("messages", "overrides", "group_overrides", "generation_params", "images")
 SAFE_INT_MAX = 2**53 - 1
@@ -160,7 +164,7 @@ def _align_body(path: str, body: Any) -> None:
             body["min_group_size"] = None
         if "task" in body:
             body["task"] = _printable(body["task"])
-    elif path == "/rollouts/post" and isinstance(body, dict):
+    elif path in ("/rollouts/post", "/rollouts/turn") and isinstance(body, dict):
         tokens, masks = body.get("tokens"), body.get("masks")
         if _ints(tokens) and _ints(masks):
             body["masks"] = list(tokens)
@@ -169,6 +173,13 @@ def _align_body(path: str, body: Any) -> None:
         versions = body.get("token_weight_versions")
         if _ints(tokens) and isinstance(versions, list) and all(_int(v, 0, INT32[1]) for v in versions):
             body["token_weight_versions"] = [0] * len(tokens)
+    if path == "/rollouts/turn" and isinstance(body, dict):
+        if "tool_results" in body:
+            body["tool_results"] = _printable(body["tool_results"])
+        if isinstance(body.get("token_weight_versions"), list):
+            body["token_weight_versions"] = None
+        if isinstance(body.get("group_id"), str):
+            body["group_id"] = OPEN_GROUP
 
 
 def _query_int(value: Any) -> int | None:
@@ -194,6 +205,7 @@ def map_case(context: Any, case: Any) -> Any:
         "/tasks/pages",
         "/rollouts/open",
         "/rollouts/post",
+        "/rollouts/turn",
     ):
         _align_body(path, case.body)
         if case.meta is not None:

@@ -276,6 +276,23 @@ class RolloutGroups(Group):
     (the views' group pages, the export's `rollouts` table, a late sibling's `redone`); then the background sweep
     deletes them, at most `rollout_sweep_limit` groups a sweep, so that what the server keeps of per-rollout groups
     is bounded by what is decided in this time. A rollout posted to a pruned group is a 404."""
+    rollout_max_turn_bytes: int = Field(4 * MiB, gt=0)
+    """Bytes of one turn of a rollout (POST /rollouts/turn: its tokens, masks, logprobs, versions, tool results and
+    snapshot, as stored): 422 beyond."""
+    rollout_max_snapshot_bytes: int = Field(1 * MiB, gt=0)
+    """Bytes of the env state a turn carries inline (`snapshot.data`, decoded): 422 beyond; a larger state goes by
+    reference (`snapshot.uri`)."""
+    rollout_max_turns_per_slot: int = Field(1024, gt=0)
+    """Turns one slot acknowledges before its final post: 409 beyond."""
+    rollout_max_turn_bytes_per_env: int = Field(1024 * MiB, gt=0)
+    """Bytes of acknowledged turns held by an env's open groups (a 503 to post more beyond): turns are freed with
+    their group's decision."""
+    rollout_max_turn_bytes_per_key: int = Field(1024 * MiB, gt=0)
+    """Bytes of acknowledged turns held by one key's open groups over all its envs (on a server with keys; a 503
+    beyond), so that one key's turns leave room for the others'."""
+    rollout_max_prefix_reply_bytes: int = Field(16 * MiB, gt=0)
+    """Bytes of turns one slot lease carries in a lease reply: a slot whose turns hold more is leased with its
+    prefix left out (`prefix.complete` false), read whole from GET /rollouts/turns."""
 
 
 class DropBiasSettings(Group):

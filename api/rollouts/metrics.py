@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 EVENTS = (
     "opened", "sealed", "sealed_partial", "expired", "slots", "left_out", "redispatched", "redone", "refused",
-    "lease_lapsed", "pruned",
+    "lease_lapsed", "pruned", "turns", "turn_bytes", "resumed", "tokens_carried",
 )  # fmt: skip
 
 
@@ -26,7 +26,8 @@ class RolloutsCollector(Collector):
         events = CounterMetricFamily(
             "rollbuf_rollout_events",
             "Per-rollout groups opened, sealed, expired; slots acknowledged, left out, redispatched to siblings, "
-            "redone, refused; sibling leases lapsed; decided groups pruned past rollout_keep_s",
+            "redone, refused; sibling leases lapsed; decided groups pruned past rollout_keep_s; turns acknowledged "
+            "and their bytes; slot leases that carried turns (resumed) and their tokens (tokens_carried)",
             labels=["event"],
         )
         for event in EVENTS:

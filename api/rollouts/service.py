@@ -33,6 +33,8 @@ from api.rollouts.txns import (
     seal_txn,
     sweep_txn,
     totals_txn,
+    turn_txn,
+    turns_txn,
     unlease_txn,
     view,
 )
@@ -49,6 +51,9 @@ from api.wire.rollouts import (
     SealRequest,
     SlotLease,
     SlotLeaseRequest,
+    SlotPrefix,
+    TurnPost,
+    TurnReply,
 )
 
 log = logging.getLogger("rollbuf")
@@ -142,6 +147,19 @@ class Rollouts:
             await self.finish(body.group_id)
             reply = reply.model_copy(update={"group": await self.group(body.group_id, actor)})
         return reply
+
+    async def turn(self, body: TurnPost, settings: Settings, actor: Actor) -> TurnReply:
+        self.in_use()
+        limits, known = self.limits, self.known()
+        return await self.store.transact(
+            lambda txn: turn_txn(txn, body, settings, actor, limits=limits, known_run=known)
+        )
+
+    async def turns(
+        self, key: str, slot: int, start: int, settings: Settings, actor: Actor, loc: tuple[str | int, ...]
+    ) -> SlotPrefix:
+        budget = settings.rollout_max_prefix_reply_bytes
+        return await self.store.read(lambda txn: turns_txn(txn, key, slot, start, budget, actor, loc))
 
     async def seal(self, body: SealRequest, actor: Actor) -> GroupView:
         self.in_use()

@@ -9,6 +9,7 @@ changes it (a lease, a heartbeat, a decision), and the seal reads the slots once
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -25,21 +26,31 @@ from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
 from api.rollouts import checks
 from api.rollouts import groups as rg
+from api.rollouts import turns as tn
 from api.rollouts.assembly import Part, sealed_body
 from api.run import state
+from api.run.printable import check_printable
 from api.run.state import RunState
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
-from api.store.rollouts import LIVE, GroupRow, SlotRow
+from api.store.rollouts import LIVE, GroupRow, SlotRow, TurnRow
 from api.tasks import leases as task_leases
 from api.wire.records import encode
 from api.wire.rollouts import (
     GroupView,
+    InlineSnapshot,
     OpenGroupsStatus,
     OpenRequest,
     PostReply,
     RolloutPost,
     SealRequest,
     SlotLease,
+    SlotPrefix,
+    SlotTurns,
+    SnapshotByUri,
+    TurnPost,
+    TurnReply,
+    TurnSnapshot,
+    TurnView,
 )
 
 log = logging.getLogger("rollbuf")
@@ -47,7 +58,12 @@ log = logging.getLogger("rollbuf")
 
 COUNTS = "rollouts"
 """Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused,
-lease_lapsed, pruned."""
+lease_lapsed, pruned; turns and turn_bytes (acknowledged), resumed (slot leases that carried turns) and
+tokens_carried (their tokens)."""
+
+TURN_BYTES = "rollout_turn_bytes"
+"""Counter kind: bytes of acknowledged turns held by live groups, per env (`env:<id>`) and per key (`key:<name>`),
+moved as turns are acknowledged and freed, so that their bounds cost one read."""
 
 
 UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError)
@@ -103,9 +119,20 @@ def _put(txn: Txn, old: GroupRow, before: tuple[int, int], new: GroupRow, g: rg.
     moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
     if any(moved.values()):
         txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
+    if old.state == "open" and new.state != "open":
+        _free_turns(txn, g)
     if old.state in LIVE and new.state not in LIVE:
         if g.owner is not None and txn.get_counts(BY_KEY).get(g.owner, 0) > 0:  # > 0: not one opened before counting
             txn.add_counts(BY_KEY, {g.owner: -1})
+
+
+def _free_turns(txn: Txn, g: rg.OpenGroup) -> None:
+    """The group is decided (sealing, or expired): its turns go, and stop counting against their bounds (the slots
+    it keeps hold whole rollouts). Kept until then, so that a final post sent again concatenates the same turns."""
+    held = sum(k.bytes for k in txn.rollouts.turn_keys(g.key))
+    if held:
+        txn.add_counts(TURN_BYTES, {f"env:{g.env_id}": -held, **({f"key:{g.owner}": -held} if g.owner else {})})
+    txn.rollouts.drop_turns(g.key)
 
 
 BY_KEY = "rollouts_by_key"
@@ -121,8 +148,19 @@ def view(txn: Txn, row: GroupRow) -> GroupView:
         group_id=g.key, env_id=g.env_id, state=row.state, group_size=g.group_size,
         min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline, expires_at=g.expires_at,
         done=sorted(done), leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
-        redispatched=g.redispatched, left_out=dict(g.left_out),
+        redispatched=g.redispatched, left_out=dict(g.left_out), turns=_slot_turns(txn, g.key),
     )  # fmt: skip
+
+
+def _slot_turns(txn: Txn, key: str) -> dict[str, SlotTurns]:
+    """Per slot with turns in: how many, and who posted them (each once, in order)."""
+    out: dict[str, SlotTurns] = {}
+    for k in txn.rollouts.turn_keys(key):
+        got = out.setdefault(str(k.slot), SlotTurns(n=0, producers=[]))
+        got.n += 1
+        if k.producer not in got.producers:
+            got.producers.append(k.producer)
+    return out
 
 
 def digest(post: RolloutPost) -> str:
@@ -222,14 +260,14 @@ def post_txn(
     """Acknowledge one rollout; whether the group is now complete and is being sealed. The rollout is checked first
     against every rule its sealed group meets at ingest (`checks.check_rollout`; 503 before a trainer registered),
     so that no rollout acknowledged is refused with its group. `limits` and `known_run` as for `open_txn`."""
-    if len(req.masks) != len(req.tokens):
-        raise InvalidData(("body", "masks"), "one mask per token")
-    if req.inference_logprobs is not None and len(req.inference_logprobs) != len(req.tokens):
-        raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
+    _check_rows(req.tokens, req.masks, req.inference_logprobs)
     row = group_of(txn, req.group_id, caller)
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
         raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
+    if req.after_turns:
+        _check_holder(txn, g, req.slot, req.producer_id)
+        req = _after_turns(txn, req)
     run = state.load(txn, known_run)
     group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
     packed = checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)
@@ -272,6 +310,222 @@ def post_txn(
             _put(txn, row, (row.done, len(g.leases)), new, g)
             row, sealing = new, decision.expired is None
     return PostReply(status="accepted", group=view(txn, row)), sealing
+
+
+def _check_rows(tokens: list[int], masks: list[int], logprobs: list[float] | None) -> None:
+    """One mask, and one logprob if sent, per token (422 naming the field)."""
+    if len(masks) != len(tokens):
+        raise InvalidData(("body", "masks"), "one mask per token")
+    if logprobs is not None and len(logprobs) != len(tokens):
+        raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
+
+
+def _check_holder(txn: Txn, g: rg.OpenGroup, slot: int, producer: str) -> None:
+    """A slot not yet acknowledged takes turns (and a final post after them) from its holder only (409 naming
+    `producer_id`): a producer its lease passed from would mix its rollout with the next holder's. Once the slot is
+    in, a post is judged by its content, as any post."""
+    if (holds := tn.holder(g, slot)) != producer and txn.rollouts.slot(g.key, slot) is None:
+        raise Conflict(
+            f"slot {slot} is held by producer {holds!r}, not this one: a slot's turns are its holder's (its lease "
+            "may have passed on: stop this rollout)",
+            loc=("body", "producer_id"),
+        )
+
+
+def _after_turns(txn: Txn, req: RolloutPost) -> RolloutPost:
+    """The whole rollout a final post `after_turns` stands for: its slot's acknowledged turns, then what it
+    carries (the same turns and tail again: the same rollout, so a post sent again is a duplicate)."""
+    tail = tn.TurnData(req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions)
+    pieces = [tn.TurnData.decode(t.data) for t in txn.rollouts.turns(req.group_id, req.slot)]
+    whole = tn.concatenate([*pieces, tail])
+    return req.model_copy(
+        update={
+            "tokens": whole.tokens,
+            "masks": whole.masks,
+            "inference_logprobs": whole.inference_logprobs,
+            "token_weight_versions": whole.token_weight_versions,
+            "after_turns": False,
+        }
+    )
+
+
+def turn_txn(
+    txn: Txn,
+    req: TurnPost,
+    settings: Settings,
+    caller: Actor = ANYONE,
+    *,
+    limits: QueueLimits | None = None,
+    known_run: RunState | None = None,
+) -> TurnReply:
+    """Acknowledge one turn of a slot's rollout (docs/rollouts.md, Turns). Only the slot's holder posts its turns
+    (`turns.holder`: 409 for a producer the slot's lease passed from), in order (409 naming the next turn), until its
+    final post (409 after); the same turn again is a `duplicate`, another content a 409. The slot's turns with this
+    one are checked against every rule its sealed rollout meets (`checks.check_rollout`: 422 naming the field), so
+    that a final post `after_turns` is never refused for them; its bytes within `rollout_max_turn_bytes` (422) and
+    the env's and key's turn bytes within their bounds (503)."""
+    _check_rows(req.tokens, req.masks, req.inference_logprobs)
+    if req.tool_results is not None:
+        try:
+            check_printable({"tool_results": req.tool_results})
+        except InvalidData as exc:
+            raise exc.at("body") from None
+    row = group_of(txn, req.group_id, caller)
+    g = rg.OpenGroup.of(row.record)
+    if req.slot >= g.group_size:
+        raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
+    if row.state != "open":
+        raise Conflict(f"group {req.group_id!r} is {row.state}: it takes no more turns", loc=("body", "group_id"))
+    if txn.rollouts.slot(req.group_id, req.slot) is not None:
+        raise Conflict(f"slot {req.slot} is acknowledged: it takes no more turns", loc=("body", "slot"))
+    _check_holder(txn, g, req.slot, req.producer_id)
+    if req.token_weight_versions is not None and len(req.token_weight_versions) != len(req.tokens):
+        raise InvalidData(("body", "token_weight_versions"), "one weights version per token")
+    snapshot = _snapshot(req.snapshot, settings)
+    data = tn.TurnData(
+        req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions, req.tool_results, snapshot
+    )
+    blob, d = data.encode(), data.digest()
+    prior = txn.rollouts.turns(req.group_id, req.slot)
+    pieces = [tn.TurnData.decode(t.data) for t in prior]
+    outcome = tn.outcome([t.digest for t in prior], req.turn, d)
+    if outcome == tn.DUPLICATE:
+        return TurnReply(status="duplicate", turns=len(prior), tokens=sum(len(p.tokens) for p in pieces))
+    if outcome == tn.CONFLICT:
+        raise Conflict(f"turn {req.turn} of slot {req.slot} was acknowledged with other content", loc=("body", "turn"))
+    if outcome == tn.GAP:
+        raise Conflict(f"the slot's next turn is {len(prior)}", loc=("body", "turn"))
+    if len(prior) >= settings.rollout_max_turns_per_slot:
+        raise Conflict(
+            f"the slot has {len(prior)} turns; the limit is rollout_max_turns_per_slot: post the rest "
+            "with its final post",
+            loc=("body", "turn"),
+        )
+    if len(blob) > settings.rollout_max_turn_bytes:
+        raise InvalidData(("body",), f"this turn stores {len(blob)} bytes; the limit is rollout_max_turn_bytes")
+    whole = tn.concatenate([*pieces, data])
+    run = state.load(txn, known_run)
+    group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
+    post = RolloutPost.model_construct(
+        group_id=req.group_id,
+        slot=req.slot,
+        producer_id=req.producer_id,
+        tokens=whole.tokens,
+        masks=whole.masks,
+        inference_logprobs=whole.inference_logprobs,
+        token_weight_versions=whole.token_weight_versions,
+        score=None,
+        policy_step=None,
+        overrides=None,
+        after_turns=False,
+    )
+    try:
+        checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
+    except (InvalidData, Conflict) as exc:
+        raise _in_turn(exc, len(whole.tokens) - len(req.tokens)) from None
+    if group_limit.max_group_tokens is not None:  # the slots in and this one so far (not other slots' turns)
+        checks.check_group_tokens(row.tokens, len(whole.tokens), group_limit)
+    held = txn.get_counts(TURN_BYTES)
+    env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
+    if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:
+        raise Unavailable(
+            f"env {g.env_id}'s open groups hold {held.get(env_key, 0)} bytes of turns; the limit is "
+            "rollout_max_turn_bytes_per_env; retry later"
+        )
+    if g.owner is not None and held.get(key_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_key:
+        raise Unavailable(
+            f"this key's open groups hold {held.get(key_key, 0)} bytes of turns; the limit is "
+            "rollout_max_turn_bytes_per_key; retry later"
+        )
+    txn.rollouts.add_turn(TurnRow(req.group_id, req.slot, req.turn, req.producer_id, d, blob, len(blob)))
+    txn.add_counts(TURN_BYTES, {env_key: len(blob), **({key_key: len(blob)} if g.owner is not None else {})})
+    txn.add_counts(COUNTS, {"turns": 1, "turn_bytes": len(blob)})
+    return TurnReply(status="accepted", turns=len(prior) + 1, tokens=len(whole.tokens))
+
+
+def _snapshot(snap: InlineSnapshot | SnapshotByUri | None, settings: Settings) -> dict[str, str] | None:
+    """The turn's snapshot as stored: inline bytes within `rollout_max_snapshot_bytes` (422 naming the field), or
+    a URI."""
+    if snap is None:
+        return None
+    if isinstance(snap, SnapshotByUri):
+        return {"uri": snap.uri}
+    size = len(base64.b64decode(snap.data))  # the schema's pattern: padded base64
+    if size > settings.rollout_max_snapshot_bytes:
+        raise InvalidData(("body", "snapshot", "data"), f"{size} bytes; the limit is rollout_max_snapshot_bytes")
+    return {"data": snap.data}
+
+
+def _in_turn(exc: InvalidData | Conflict, offset: int) -> InvalidData | Conflict:
+    """An error of the slot's rollout so far where the turn has it: an index into the rollout's per-token fields
+    less the turns before (those were checked when they were acknowledged)."""
+    loc = list(exc.loc)
+    if len(loc) > 2 and loc[1] in checks.PER_SEQUENCE and isinstance(loc[2], int) and loc[2] >= offset:
+        loc[2] -= offset
+    if isinstance(exc, InvalidData):
+        return InvalidData(loc, exc.msg)
+    return Conflict(exc.detail, loc=loc)
+
+
+def _turn_view(row: TurnRow, data: tn.TurnData) -> TurnView:
+    return TurnView(
+        turn=row.turn,
+        producer=row.producer,
+        tokens=data.tokens,
+        masks=data.masks,
+        inference_logprobs=data.inference_logprobs,
+        token_weight_versions=data.token_weight_versions,
+        tool_results=data.tool_results,
+    )
+
+
+def prefix_txn(txn: Txn, key: str, slot: int, budget: int) -> tuple[SlotPrefix | None, int]:
+    """The slot's acknowledged turns as a lease carries them (None: none at all), and the bytes it carries: the turns
+    themselves if they hold at most `budget` bytes, else none (`complete` false: GET /rollouts/turns reads them).
+    The snapshot is the last one any turn carried."""
+    rows = txn.rollouts.turns(key, slot)
+    if not rows:
+        return None, 0
+    pieces = [tn.TurnData.decode(t.data) for t in rows]
+    tokens = sum(len(p.tokens) for p in pieces)
+    size = sum(t.bytes for t in rows)
+    if size > budget:
+        return SlotPrefix(turns=len(rows), tokens=tokens, complete=False, items=[], snapshot=None), 0
+    snap = next((p.snapshot for p in reversed(pieces) if p.snapshot is not None), None)
+    prefix = SlotPrefix(
+        turns=len(rows),
+        tokens=tokens,
+        complete=True,
+        items=[_turn_view(t, p) for t, p in zip(rows, pieces, strict=True)],
+        snapshot=None if snap is None else TurnSnapshot(**snap),
+    )
+    return prefix, size
+
+
+def turns_txn(
+    txn: Txn, key: str, slot: int, start: int, budget: int, caller: Actor, loc: tuple[str | int, ...]
+) -> SlotPrefix:
+    """GET /rollouts/turns: the slot's turns from `start`, as many whole turns as fit `budget` bytes (one at least):
+    `complete` says whether they reach its last. 404 for a group unknown to the caller."""
+    row = group_of(txn, key, caller, loc)
+    rows = txn.rollouts.turns(row.key, slot)
+    pieces = [tn.TurnData.decode(t.data) for t in rows]
+    snap = next((p.snapshot for p in reversed(pieces) if p.snapshot is not None), None)
+    items: list[TurnView] = []
+    used = 0
+    for t, p in list(zip(rows, pieces, strict=True))[start:]:
+        if items and used + t.bytes > budget:
+            break
+        used += t.bytes
+        items.append(_turn_view(t, p))
+    last = items[-1].turn + 1 if items else start
+    return SlotPrefix(
+        turns=len(rows),
+        tokens=sum(len(p.tokens) for p in pieces),
+        complete=last >= len(rows),
+        items=items,
+        snapshot=None if snap is None else TurnSnapshot(**snap),
+    )
 
 
 def _decide(
@@ -321,10 +575,12 @@ def group_body(txn: Txn, key: str) -> bytes | None:
         return None
     g = rg.OpenGroup.of(row.record)
     parts = [
-        Part(s.data, g.scores[str(s.slot)] if g.scores else float(s.score if s.score is not None else 0.0),
-             s.policy_step)
-        for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out
-    ]  # fmt: skip
+        Part(
+            s.data, g.scores[str(s.slot)] if g.scores else float(s.score if s.score is not None else 0.0), s.policy_step
+        )
+        for s in txn.rollouts.slots(key)
+        if str(s.slot) not in g.left_out
+    ]
     return sealed_body(parts, env_id=g.env_id, group_id=key, producer_id=g.producer)
 
 
@@ -426,6 +682,7 @@ def lease_txn(
     groups of the envs registered under these names only (each producer registers its own env of a name: the
     name is what a group's siblings share), so that a producer never takes a slot it cannot roll out."""
     out: list[SlotLease] = []
+    budget = settings.rollout_max_prefix_reply_bytes  # over the reply: the slots' turns carried whole while they fit
     until = now + settings.rollout_lease_s
     lapsed = 0
     ids = None
@@ -448,8 +705,22 @@ def lease_txn(
         lapsed += drop_lapsed(g, now)  # the sweep may not see them: a group with a slot nobody leases stays due
         slots = rg.missing(g, done, now)[: n - len(out)]
         rg.lease_slots(g, producer, slots, until)
-        out += [SlotLease(group_id=g.key, slot=s, env_id=g.env_id, group_size=g.group_size, task=g.task,
-                          expires_at=until) for s in slots]  # fmt: skip
+        for s in slots:
+            prefix, carried = prefix_txn(txn, g.key, s, budget)
+            budget -= carried
+            if prefix is not None:
+                txn.add_counts(COUNTS, {"resumed": 1, "tokens_carried": prefix.tokens})
+            out.append(
+                SlotLease(
+                    group_id=g.key,
+                    slot=s,
+                    env_id=g.env_id,
+                    group_size=g.group_size,
+                    task=g.task,
+                    expires_at=until,
+                    prefix=prefix,
+                )
+            )
         _put(txn, row, before, _row(g, row.state, row), g)  # due again at once while a missing slot is leased out
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})

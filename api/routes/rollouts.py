@@ -19,8 +19,11 @@ from api.wire.rollouts import (
     SealRequest,
     SlotLeaseReply,
     SlotLeaseRequest,
+    SlotPrefix,
+    TurnPost,
+    TurnReply,
 )
-from api.wire.rules import GROUP_ID_MAX
+from api.wire.rules import GROUP_ID_MAX, SAFE_INT_MAX
 
 router = APIRouter(tags=["rollouts"])
 
@@ -55,6 +58,24 @@ async def post_rollout(body: RolloutPost, service: ServiceDep, settings: Setting
     first: `redone`, the first kept; other content from its producer: 409), once it meets every rule its sealed
     group will meet at ingest (422 naming the field otherwise). The last of G seals the group."""
     return await service.rollouts.post(body, settings, actor)
+
+
+@route(
+    router,
+    "POST",
+    "/rollouts/turn",
+    ENV_SIDE,
+    acts=acts("open_group"),
+    body="ingest",
+    statuses=(400, 404, 409, 422, 503),
+    response_model=TurnReply,
+)
+async def post_turn(body: TurnPost, service: ServiceDep, settings: SettingsDep, actor: ActorDep) -> TurnReply:
+    """One turn of a slot's rollout, acknowledged durably as it ends (the same turn again: `duplicate`; another
+    content, a turn out of order, a producer the slot's lease passed from, a slot acknowledged: 409), once the slot's
+    turns with it meet every rule its rollout will meet at its seal (422 naming the field). A producer that takes the
+    slot's lease gets its turns and continues from them."""
+    return await service.rollouts.turn(body, settings, actor)
 
 
 @route(
@@ -129,3 +150,25 @@ async def group(
 ) -> GroupView:
     """One group: its state, slots done and leased, what was left out and why (an env key sees its own)."""
     return await service.rollouts.group(group_id, actor, ("query", "group_id"))
+
+
+@route(
+    router,
+    "GET",
+    "/rollouts/turns",
+    ANY_KEY,
+    acts=acts("open_group", others=RUN_WIDE),
+    statuses=(404, 422),
+    response_model=SlotPrefix,
+)
+async def turns(
+    service: ServiceDep,
+    settings: SettingsDep,
+    actor: ActorDep,
+    group_id: str = Query(min_length=1, max_length=GROUP_ID_MAX, description="The group's id."),
+    slot: int = Query(ge=0, le=SAFE_INT_MAX, description="The slot."),
+    start: int = Query(0, ge=0, le=SAFE_INT_MAX, description="The first turn to return."),
+) -> SlotPrefix:
+    """A slot's acknowledged turns from `start`, as many as fit `rollout_max_prefix_reply_bytes` (one at least;
+    `complete`: they reach the last), and the last snapshot: what a lease left out when they were too large."""
+    return await service.rollouts.turns(group_id, slot, start, settings, actor, ("query", "group_id"))

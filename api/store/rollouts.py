@@ -19,7 +19,7 @@ import numpy as np
 
 from api.wire.records import F64, I32, GroupRecord, encode, narrowest
 
-__all__ = ["DECIDED", "LIVE", "GroupRow", "OpenGroupTxn", "SlotRow", "lean_record", "packed_slot"]
+__all__ = ["DECIDED", "LIVE", "GroupRow", "OpenGroupTxn", "SlotRow", "TurnKey", "TurnRow", "lean_record", "packed_slot"]
 
 LIVE = ("open", "sealing")
 """States of a group still waiting for its seal to finish."""
@@ -71,6 +71,35 @@ class SlotRow:
     """As posted (None: not sent)."""
 
 
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    """One acknowledged turn of a slot not yet acknowledged whole (docs/rollouts.md, Turns): what a producer that
+    takes the slot's lease continues from."""
+
+    key: str
+    slot: int
+    turn: int
+    """0, 1, ...: a slot's turns are acknowledged in order, with no gap."""
+    producer: str
+    digest: str
+    """Of its content: the same turn again is a duplicate, other content a conflict."""
+    data: bytes
+    """The turn as JSON (api/rollouts/turns.py `TurnData`: tokens, masks, logprobs, versions, tool results, snapshot),
+    checked when it was acknowledged."""
+    bytes: int
+    """What it holds (`len(data)`): the bounds on turn bytes count it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnKey:
+    """A turn's row without its data: what the views and the freeing of a group's turns read."""
+
+    slot: int
+    turn: int
+    producer: str
+    bytes: int
+
+
 class OpenGroupTxn(ABC):
     """Synchronous view of the open groups inside the enclosing store transaction (same atomicity)."""
 
@@ -102,7 +131,7 @@ class OpenGroupTxn(ABC):
 
     @abstractmethod
     def delete(self, keys: Collection[str]) -> None:
-        """Remove these groups' rows and their acknowledged slots."""
+        """Remove these groups' rows, their acknowledged slots and turns."""
 
     @abstractmethod
     def scan(self, after: str, limit: int) -> list[GroupRow]:
@@ -128,6 +157,23 @@ class OpenGroupTxn(ABC):
     def add_slot(self, row: SlotRow, size: int) -> None:
         """Store a slot not yet acknowledged, and move its group's `done`, `tokens` and `bytes` (by `size`): the
         group's record is not rewritten, and no other slot is read."""
+
+    @abstractmethod
+    def turns(self, key: str, slot: int) -> list[TurnRow]:
+        """The slot's acknowledged turns, by turn (what a lease carries, what a final post after its turns
+        concatenates)."""
+
+    @abstractmethod
+    def turn_keys(self, key: str) -> list[TurnKey]:
+        """The group's turns without their data, by slot and turn (the views; what freeing them releases)."""
+
+    @abstractmethod
+    def add_turn(self, row: TurnRow) -> None:
+        """Store a turn not yet acknowledged (its slot's turns before it are in)."""
+
+    @abstractmethod
+    def drop_turns(self, key: str) -> None:
+        """Remove the group's turns (its decision: the slots it keeps hold whole rollouts)."""
 
 
 # ------------------------------------------------------------------ what earlier layouts stored, as this one does

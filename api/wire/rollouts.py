@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema
+from pydantic import ConfigDict, Field, WithJsonSchema
 
 from api.wire.rules import (
     ENV_NAME_MAX,
@@ -71,7 +71,8 @@ class RolloutPost(_Request, _Text):
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """The producer that rolled it out."""
     tokens: list[TokenId] = Field(min_length=1)
-    """Its token ids, prompt and completion."""
+    """Its token ids, prompt and completion (with `after_turns`, those after its turns': at least one, the last
+    turn's own or the end of the rollout)."""
     masks: list[RolloutMask] = Field(min_length=1)
     """As a group's row: -100 where not trained on, else the token id."""
     inference_logprobs: list[TokenFloat] | None = None
@@ -86,6 +87,111 @@ class RolloutPost(_Request, _Text):
     token_weight_versions: list[WeightVersion] | None = None
     """Per token, the trainer step of the weights that sampled it, as a group's row (one per token, each at most the
     trainer's current step: 409 beyond)."""
+    after_turns: bool = False
+    """True: the rollout is its slot's acknowledged turns (POST /rollouts/turn) followed by what this post carries:
+    its tokens, masks, logprobs and versions are the turns' concatenated with this post's (which may add none), and
+    the slot stores the whole rollout. False: this post is the whole rollout."""
+
+
+SNAPSHOT_URI_MAX = 2048
+"""Longest `snapshot.uri` of a turn."""
+TOOL_RESULTS_MAX = 256
+"""Most entries of a turn's `tool_results`."""
+
+
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+"""Base64 with its padding (RFC 4648), as the schema states it."""
+
+
+class InlineSnapshot(_Request, _Text):
+    """An env state sent inline: its bytes, base64."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", strict=True)
+
+    data: str = Field(pattern=BASE64)
+    """The state's bytes, base64 (at most `rollout_max_snapshot_bytes` decoded)."""
+
+
+class SnapshotByUri(_Request, _Text):
+    """An env state kept elsewhere: where (rollbuf never reads it)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", strict=True)
+
+    uri: str = Field(min_length=1, max_length=SNAPSHOT_URI_MAX)
+    """Where the state is kept, for a state too large to send."""
+
+
+class TurnSnapshot(_Wire):
+    """A turn's env state as a reply carries it: inline (`data`, base64) or by reference (`uri`)."""
+
+    data: str | None = None
+    uri: str | None = None
+
+
+class TurnPost(_Request, _Text):
+    """POST /rollouts/turn: one turn of a slot's rollout, acknowledged durably as it ends (docs/rollouts.md, Turns)."""
+
+    integer_fields = frozenset(["slot", "turn", "tokens", "masks", "token_weight_versions"])
+
+    group_id: str = Field(min_length=1, max_length=GROUP_ID_MAX)
+    """The open group."""
+    slot: Slot
+    """The slot whose rollout this turn is of."""
+    producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
+    """The producer holding the slot: the group's opener while no sibling leased it, else the sibling."""
+    turn: int = Field(ge=0, le=SAFE_INT_MAX)
+    """0, 1, ...: the slot's next turn (a gap is a 409 naming the one expected)."""
+    tokens: list[TokenId] = Field(min_length=1)
+    """The token ids this turn appends to the rollout (one at least)."""
+    masks: list[RolloutMask] = Field(min_length=1)
+    """One per token, as a post's."""
+    inference_logprobs: list[TokenFloat] | None = None
+    """One per token, as a post's (every turn of a slot sends them, or none does)."""
+    token_weight_versions: list[WeightVersion] | None = None
+    """One per token, as a post's (every turn of a slot sends them, or none does)."""
+    tool_results: list[Any] | None = Field(default=None, max_length=TOOL_RESULTS_MAX)
+    """What the env's tools answered in this turn (JSON), handed back with the slot's lease."""
+    snapshot: InlineSnapshot | SnapshotByUri | None = None
+    """The env's state after this turn, opaque to rollbuf (`{"data": base64}` or `{"uri": ...}`): the lease hands
+    the last one to the producer that continues."""
+
+
+class TurnReply(_Wire):
+    status: Literal["accepted", "duplicate"]
+    """`duplicate`: this turn was acknowledged before with the same content."""
+    turns: int
+    """The slot's acknowledged turns now (the next turn to post)."""
+    tokens: int
+    """The tokens of those turns."""
+
+
+class TurnView(_Wire):
+    """One acknowledged turn, as a slot's prefix carries it."""
+
+    turn: int
+    producer: str
+    """Who posted it."""
+    tokens: list[int]
+    masks: list[int]
+    inference_logprobs: list[float] | None
+    token_weight_versions: list[int] | None
+    tool_results: list[Any] | None
+
+
+class SlotPrefix(_Wire):
+    """A slot's acknowledged turns: what a producer that takes its lease continues from (at turn `len(turns)`)."""
+
+    turns: int
+    """How many turns are acknowledged: the next turn to post."""
+    tokens: int
+    """Their tokens."""
+    complete: bool
+    """False: the turns hold more than `rollout_max_prefix_reply_bytes` and are left out here (`items` empty):
+    read them from GET /rollouts/turns."""
+    items: list[TurnView]
+    """The turns, in order (when `complete`)."""
+    snapshot: TurnSnapshot | None
+    """The last snapshot a turn carried (when `complete`), or none."""
 
 
 class SealRequest(_Request, _Text):
@@ -126,6 +232,9 @@ class SlotLease(_Wire):
     """The group's task, as opened."""
     expires_at: float
     """Post the slot's rollout (or heartbeat the group) before."""
+    prefix: SlotPrefix | None = None
+    """The slot's turns acknowledged so far (POST /rollouts/turn): continue at turn `prefix.turns`, then post the
+    rest with `after_turns`. None: no turn is in."""
 
 
 class SlotLeaseReply(_Wire):
@@ -146,6 +255,13 @@ class RolloutHeartbeatReply(_Wire):
     expires_at: dict[str, float | None]
     """Per group, the new end of what this producer holds of it; null where it holds nothing any more (sealed,
     expired, its slots leased to others): finish only what it already started, if anything."""
+
+
+class SlotTurns(_Wire):
+    n: int
+    """Turns acknowledged."""
+    producers: list[str]
+    """Who posted them, each once, in the order they first posted."""
 
 
 class GroupView(_Wire):
@@ -173,6 +289,8 @@ class GroupView(_Wire):
     """Slots leased to siblings so far."""
     left_out: dict[str, str]
     """Sealed: slots not in it -> why. Expired: `group` -> why."""
+    turns: dict[str, SlotTurns] = Field(default_factory=dict)
+    """Slots with acknowledged turns (open groups: turns are freed with the decision) -> how many and who posted."""
 
 
 class OpenGroupsStatus(_Wire):

@@ -99,10 +99,13 @@ class OpenGroups:
         inference_logprobs: Sequence[float] | None = None,
         policy_step: int | None = None,
         overrides: Mapping[str, Any] | None = None,
+        after_turns: bool = False,
     ) -> PostReply:
         """Post one rollout as it ends; once the reply comes it is durable. `redone`: another producer's
         rollout of this slot came first and is kept. `policy_step`: the weights it was generated with (the sealed
-        group's is its oldest rollout's); `overrides`: its record, the sealed group's `overrides` entry."""
+        group's is its oldest rollout's); `overrides`: its record, the sealed group's `overrides` entry.
+        `after_turns`: the rollout is the slot's acknowledged turns (`RolloutClient.post_turn`, a lease's `prefix`)
+        followed by these tokens (docs/rollouts.md, Turns)."""
         body = {
             "group_id": group_id,
             "slot": slot,
@@ -113,6 +116,7 @@ class OpenGroups:
             "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs),
             "policy_step": policy_step,
             "overrides": None if overrides is None else dict(overrides),
+            **({"after_turns": True} if after_turns else {}),
         }
         reply = PostReply.model_validate(await self._call("/rollouts/post", body))
         if reply.group.state != "open":

@@ -80,6 +80,11 @@ OWNED: dict[tuple[str, str], Callable[[Names], Request]] = {
         {"producer_id": "p-1", "group_ids": [n.group_id]},
     ),
     ("GET", "/rollouts/group"): lambda n: (f"/rollouts/group?group_id={n.group_id}", {}),
+    ("POST", "/rollouts/turn"): lambda n: (
+        "/rollouts/turn",
+        {"group_id": n.group_id, "slot": 1, "producer_id": "p-1", "turn": 0, "tokens": [5], "masks": [5]},
+    ),
+    ("GET", "/rollouts/turns"): lambda n: (f"/rollouts/turns?group_id={n.group_id}&slot=1", {}),
 }
 """A request env-1 makes on its own resources, for each route that acts on owned ones."""
 GROUP_SCORED_WITH_TASK = "a group under env-1's lease token: owned twice (the env and the lease)"

@@ -41,9 +41,14 @@ CONFIG = """
 [[operations]]
 include-path = "/tasks/rows"
 parameters = { "query.dataset" = "conformance" }
+
+[[operations]]
+include-path = "/rollouts/turns"
+parameters = { "query.group_id" = "conformance" }
 """
-"""A value that names something the server holds, so that schemathesis reaches past the 404 of an unknown one (the
-set-up registers the dataset): test data, not a rule."""
+"""Values that name something the server holds, so that schemathesis reaches past the 404 of an unknown one (the
+set-up registers the dataset and opens the group; `tests.openapi_hooks` names the group in a turn's body): test
+data, not a rule."""
 
 
 def schemathesis(server: ServerProcess, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -95,6 +100,8 @@ def test_every_schemathesis_check_passes_against_openapi_json(tmp_path: Path) ->
             env = {"max_token_length": 4096, "desired_name": "conformance", "weight": 1.0, "group_size": 2}
             assert c.post("/register-env", json=env).json()["env_id"] == 0
             assert c.post("/tasks/datasets", json={"name": "conformance", "tasks": [{"q": 1}]}).status_code == 200
+            spec = {"group_id": "conformance", "env_id": 0, "producer_id": "p", "group_size": 2, "deadline_s": 3600}
+            assert c.post("/rollouts/open", json=spec).status_code == 200
         # /reset_data would undo that set-up in the middle of the run: it gets its own run afterwards.
         # The ledger's reads need a formed batch, which that run's batch_size never forms: theirs come last.
         out = schemathesis(server, tmp_path, "--exclude-path", "/reset_data", "--exclude-path-regex", "^/ledger/")

@@ -301,7 +301,9 @@ def test_a_postgres_schema_stores_tasks_served_past_the_committed_mark_as_served
 
 async def sealed_from_posted(store: str) -> None:
     """The open group o-2 of the file, with the 2 slots posted when it was written: they are still in (as its
-    view and its next posts see them), and the group sealed with the 2 missing slots holds all 4 rollouts."""
+    view and its next posts see them), and the group sealed with the 2 missing slots holds all 4 rollouts. The
+    first missing slot is posted as a turn and a final post after it (the layout's `rollout_turns`, from SQLite 14
+    and PostgreSQL 12), its turn freed with the seal."""
     app = create_app(Settings(store=store, side_buffer_ttl_s=None))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -310,6 +312,9 @@ async def sealed_from_posted(store: str) -> None:
             assert (opened["state"], len(opened["done"])) == ("open", 2), opened
             assert (await c.get("/rollouts")).json()["open_slots_done"] == 2
             missing = sorted(set(range(4)) - set(opened["done"]))
+            turn = {"group_id": "o-2", "slot": missing[0], "producer_id": opened["producer"], "turn": 0}
+            reply = await c.post("/rollouts/turn", json={**turn, "tokens": [7], "masks": [-100]})
+            assert reply.status_code == 200, reply.text
             for slot in missing:
                 body = {
                     "group_id": "o-2",
@@ -319,9 +324,12 @@ async def sealed_from_posted(store: str) -> None:
                     "masks": [-100, 8],
                     "score": 0.5,
                 }
+                if slot == missing[0]:
+                    body = {**body, "tokens": [8], "masks": [8], "after_turns": True}
                 reply = await c.post("/rollouts/post", json=body)
                 assert reply.status_code == 200, reply.text
             assert reply.json()["group"]["state"] == "sealed", reply.json()
+            assert reply.json()["group"]["turns"] == {}, "freed with the seal"
             [row] = (await c.get("/ledger/groups/o-2")).json()["groups"]
             assert row["seqs"] == 4 and row["tokens"] >= 4 * 2, row
 

@@ -10,7 +10,7 @@ import pytest
 
 from api.store import Store
 from api.store.base import Txn
-from api.store.rollouts import GroupRow, SlotRow
+from api.store.rollouts import GroupRow, SlotRow, TurnKey, TurnRow
 
 pytestmark = pytest.mark.anyio
 
@@ -142,3 +142,53 @@ async def test_groups_lapsed_since_a_cursor_are_walked_once_by_lapse_then_key(st
     assert [g.key for g in rest] == ["c"], "past the cursor, up to now"
     assert await store.read(lambda txn: txn.rollouts.lapsed_since((1.0, "a"), 1.0, 10)) == [row("b", expires_at=1.0)]
     assert await store.read(lambda txn: txn.rollouts.lapsed_since((2.0, "c"), 5.0, 10)) == []
+
+
+def turn_row(key: str, slot: int, turn: int, producer: str = "p1", digest: str = "d") -> TurnRow:
+    data = f'{{"tokens": [{turn}]}}'.encode()
+    return TurnRow(key, slot, turn, producer, digest, data, len(data))
+
+
+async def test_turns_keep_the_first_are_read_by_slot_and_go_with_their_group(store: Store) -> None:
+    """A slot's turns: stored once each (the first kept), read back in order by slot, listed without their data for
+    the whole group, undone with their transaction, dropped by `drop_turns` and by `delete`, forgotten by `clear`.
+    A turn written is read back in the same transaction (what a turn's post checks the next one against)."""
+
+    def fill(txn: Txn) -> list[TurnRow]:
+        txn.rollouts.put(row("a"))
+        txn.rollouts.put(row("b"))
+        txn.rollouts.add_turn(turn_row("a", 1, 0))
+        txn.rollouts.add_turn(turn_row("a", 0, 1, digest="x"))
+        txn.rollouts.add_turn(turn_row("a", 0, 0, "p2"))
+        txn.rollouts.add_turn(turn_row("a", 0, 0, "p3", digest="other"))
+        txn.rollouts.add_turn(turn_row("b", 0, 0))
+        return txn.rollouts.turns("a", 0)
+
+    seen = await store.transact(fill)
+    assert seen == [turn_row("a", 0, 0, "p2"), turn_row("a", 0, 1, digest="x")], "its own writes, in order"
+    assert await store.read(lambda txn: txn.rollouts.turns("a", 0)) == seen
+    assert await store.read(lambda txn: txn.rollouts.turns("a", 2)) == []
+    size = turn_row("a", 0, 0).bytes
+    assert await store.read(lambda txn: txn.rollouts.turn_keys("a")) == [
+        TurnKey(0, 0, "p2", size),
+        TurnKey(0, 1, "p1", size),
+        TurnKey(1, 0, "p1", size),
+    ]
+
+    def fails(txn: Txn) -> None:
+        txn.rollouts.add_turn(turn_row("a", 0, 2))
+        txn.rollouts.drop_turns("b")
+        raise RuntimeError("undone")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(fails)
+    assert len(await store.read(lambda txn: txn.rollouts.turn_keys("a"))) == 3
+    assert len(await store.read(lambda txn: txn.rollouts.turns("b", 0))) == 1
+    await store.transact(lambda txn: txn.rollouts.drop_turns("b"))
+    assert await store.read(lambda txn: txn.rollouts.turn_keys("b")) == []
+    assert len(await store.read(lambda txn: txn.rollouts.turn_keys("a"))) == 3, "another group's untouched"
+    await store.transact(lambda txn: txn.rollouts.delete(["a"]))
+    assert await store.read(lambda txn: txn.rollouts.turn_keys("a")) == []
+    await store.transact(lambda txn: (txn.rollouts.put(row("c")), txn.rollouts.add_turn(turn_row("c", 0, 0))))
+    await store.transact(lambda txn: txn.clear())
+    assert await store.read(lambda txn: txn.rollouts.turns("c", 0)) == []

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from api.store.rollouts import LIVE, GroupRow, OpenGroupTxn, SlotRow
+from api.store.rollouts import LIVE, GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow
 
 if TYPE_CHECKING:
     from api.store.memory.state import Undo
@@ -22,6 +22,7 @@ class OpenGroupState:
         self.live: set[str] = set()
         self.decided: dict[str, None] = {}
         self.slots: dict[str, dict[int, SlotRow]] = {}
+        self.turns: dict[str, dict[tuple[int, int], TurnRow]] = {}
 
 
 class MemoryOpenGroupTxn(OpenGroupTxn):
@@ -86,6 +87,7 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
             row, slots = s.groups.pop(key, None), s.slots.pop(key, None)
             if row is None:
                 continue
+            self.drop_turns(key)
             was_live, was_decided = key in s.live, key in s.decided
             s.live.discard(key)
             s.decided.pop(key, None)
@@ -139,3 +141,28 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
                 s.groups[row.key] = group
 
         self._undo.append(undo)
+
+    def turns(self, key: str, slot: int) -> list[TurnRow]:
+        got = self._s.turns.get(key, {})
+        return [got[k] for k in sorted(k for k in got if k[0] == slot)]
+
+    def turn_keys(self, key: str) -> list[TurnKey]:
+        got = self._s.turns.get(key, {})
+        return [TurnKey(t.slot, t.turn, t.producer, t.bytes) for _, t in sorted(got.items())]
+
+    def add_turn(self, row: TurnRow) -> None:
+        got = self._s.turns.setdefault(row.key, {})
+        at = (row.slot, row.turn)
+        if at in got:
+            return
+        got[at] = row
+
+        def undo() -> None:
+            del got[at]
+
+        self._undo.append(undo)
+
+    def drop_turns(self, key: str) -> None:
+        got = self._s.turns.pop(key, None)
+        if got is not None:
+            self._undo.append(lambda: self._s.turns.__setitem__(key, got))

@@ -8,10 +8,11 @@ from typing import Any
 
 import psycopg
 
-from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow
 
 _G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens"
 _S = "key, slot, producer, digest, data, tokens, score, policy_step"
+_T = "key, slot, turn, producer, digest, data, bytes"
 _LIVE = "state IN ('open', 'sealing')"
 Write = Callable[[str, Sequence[Any]], psycopg.Cursor[Any]]
 
@@ -83,6 +84,7 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
         if ids:
             self._write("DELETE FROM rollout_groups WHERE key = ANY(%b)", (ids,))
             self._write("DELETE FROM rollout_slots WHERE key = ANY(%b)", (ids,))
+            self._write("DELETE FROM rollout_turns WHERE key = ANY(%b)", (ids,))
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         rows = self._read(f"SELECT {_G} FROM rollout_groups WHERE key > %b ORDER BY key LIMIT %b", (after, limit))
@@ -116,3 +118,22 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
             (row.key, row.slot, row.producer, row.digest, row.data, row.tokens, row.score, row.policy_step,
              row.tokens, size),
         )  # fmt: skip
+
+    def turns(self, key: str, slot: int) -> list[TurnRow]:
+        rows = self._read(f"SELECT {_T} FROM rollout_turns WHERE key = %b AND slot = %b ORDER BY turn", (key, slot))
+        return [TurnRow(*r) for r in rows]
+
+    def turn_keys(self, key: str) -> list[TurnKey]:
+        rows = self._read(
+            "SELECT slot, turn, producer, bytes FROM rollout_turns WHERE key = %b ORDER BY slot, turn", (key,)
+        )
+        return [TurnKey(int(r[0]), int(r[1]), r[2], int(r[3])) for r in rows]
+
+    def add_turn(self, row: TurnRow) -> None:
+        self._write(
+            f"INSERT INTO rollout_turns ({_T}) VALUES (%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key, slot, turn) DO NOTHING",
+            (row.key, row.slot, row.turn, row.producer, row.digest, row.data, row.bytes),
+        )
+
+    def drop_turns(self, key: str) -> None:
+        self._write("DELETE FROM rollout_turns WHERE key = %b", (key,))

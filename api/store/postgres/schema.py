@@ -218,6 +218,15 @@ STEPS = (
         ),
         lambda db: _packed_slots(db),
     ),
+    Step(
+        "a slot's turns, acknowledged as they end (docs/rollouts.md, Turns): what a sibling that takes the slot's "
+        "lease continues from; freed with their group's decision",
+        (
+            "CREATE TABLE {s}.rollout_turns (key text NOT NULL, slot bigint NOT NULL, turn bigint NOT NULL, "
+            "producer text NOT NULL, digest text NOT NULL, data bytea NOT NULL, bytes bigint NOT NULL, "
+            "PRIMARY KEY (key, slot, turn))",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -238,6 +247,7 @@ CLEARED = (
     "tasks",
     "rollout_groups",
     "rollout_slots",
+    "rollout_turns",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

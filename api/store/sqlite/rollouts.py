@@ -6,10 +6,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection
 
-from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow
 
 _G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens"
 _S = "key, slot, producer, digest, data, tokens, score, policy_step"
+_T = "key, slot, turn, producer, digest, data, bytes"
 _LIVE = "state IN ('open', 'sealing')"
 
 
@@ -73,6 +74,7 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         rows = [(k,) for k in keys]
         self._db.executemany("DELETE FROM rollout_groups WHERE key = ?", rows)
         self._db.executemany("DELETE FROM rollout_slots WHERE key = ?", rows)
+        self._db.executemany("DELETE FROM rollout_turns WHERE key = ?", rows)
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         cur = self._db.execute(f"SELECT {_G} FROM rollout_groups WHERE key > ? ORDER BY key LIMIT ?", (after, limit))
@@ -106,3 +108,22 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
                 "UPDATE rollout_groups SET done = done + 1, tokens = tokens + ?, bytes = bytes + ? WHERE key = ?",
                 (row.tokens, size, row.key),
             )
+
+    def turns(self, key: str, slot: int) -> list[TurnRow]:
+        cur = self._db.execute(f"SELECT {_T} FROM rollout_turns WHERE key = ? AND slot = ? ORDER BY turn", (key, slot))
+        return [TurnRow(*r) for r in cur]
+
+    def turn_keys(self, key: str) -> list[TurnKey]:
+        cur = self._db.execute(
+            "SELECT slot, turn, producer, bytes FROM rollout_turns WHERE key = ? ORDER BY slot, turn", (key,)
+        )
+        return [TurnKey(*r) for r in cur]
+
+    def add_turn(self, row: TurnRow) -> None:
+        self._db.execute(
+            f"INSERT OR IGNORE INTO rollout_turns ({_T}) VALUES (?,?,?,?,?,?,?)",
+            (row.key, row.slot, row.turn, row.producer, row.digest, row.data, row.bytes),
+        )
+
+    def drop_turns(self, key: str) -> None:
+        self._db.execute("DELETE FROM rollout_turns WHERE key = ?", (key,))

@@ -244,6 +244,15 @@ STEPS = (
         ),
         _packed_slots,
     ),
+    Step(
+        "a slot's turns, acknowledged as they end (docs/rollouts.md, Turns): what a sibling that takes the slot's "
+        "lease continues from; freed with their group's decision",
+        (
+            "CREATE TABLE rollout_turns (key TEXT NOT NULL, slot INTEGER NOT NULL, turn INTEGER NOT NULL, "
+            "producer TEXT NOT NULL, digest TEXT NOT NULL, data BLOB NOT NULL, bytes INTEGER NOT NULL, "
+            "PRIMARY KEY (key, slot, turn)) WITHOUT ROWID",
+        ),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -264,6 +273,7 @@ CLEARED = (
     "tasks",
     "rollout_groups",
     "rollout_slots",
+    "rollout_turns",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

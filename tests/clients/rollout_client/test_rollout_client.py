@@ -201,3 +201,24 @@ def test_sync_twin_against_a_server_process(tmp_path: Path) -> None:
         with httpx.Client(base_url=server.url) as http:
             body = http.post("/disconnect-env", json={"env_id": env_id}).json()
             assert body["status"] == "success"  # disconnecting is idempotent; the client did it on exit
+
+
+async def test_a_turn_is_posted_retried_as_a_duplicate_and_refused_once_its_lease_passed(
+    client: httpx.AsyncClient,
+) -> None:
+    await start_trainer(client, batch_size=4)
+    async with RolloutClient(http_client=client) as rc:
+        await rc.register("math", 2)
+        spec = {"group_id": "t", "env_id": rc.env_id, "producer_id": "p1", "group_size": 2, "deadline_s": 60}
+        assert (await client.post("/rollouts/open", json=spec)).status_code == 200
+        first = await rc.post_turn("t", 0, "p1", 0, [1, 2], [-100, 2], tool_results=[{"ok": True}], snapshot=b"\x00st")
+        assert (first.status, first.turns, first.tokens) == ("accepted", 1, 2)
+        again = await rc.post_turn("t", 0, "p1", 0, [1, 2], [-100, 2], tool_results=[{"ok": True}], snapshot=b"\x00st")
+        assert again.status == "duplicate"
+        assert (await rc.post_turn("t", 0, "p1", 1, [3], [3], snapshot="s3://bucket/t-0-1")).turns == 2
+        read = (await client.get("/rollouts/turns", params={"group_id": "t", "slot": 0})).json()
+        assert read["items"][0]["tool_results"] == [{"ok": True}]
+        assert read["snapshot"]["uri"] == "s3://bucket/t-0-1", "the last snapshot"
+        with pytest.raises(Rejected) as refused:
+            await rc.post_turn("t", 0, "p2", 2, [4], [4])
+        assert refused.value.status == 409 and "held by producer 'p1'" in str(refused.value)
