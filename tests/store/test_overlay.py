@@ -20,7 +20,7 @@ from api.store import Store, make_store
 from api.store.base import HeldGroup, HeldTxn, ItemMeta, QueuedItem, Txn
 from api.store.ledger_contract import DROPPED, LedgerStep, LedgerTxn
 from api.store.postgres.txn import PostgresTxn
-from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnRow
 from api.store.tasks import FRONT, LEASED, TaskRow, TaskTxn
 from tests.store.test_ledger_contract import ledger_row
 
@@ -53,7 +53,7 @@ WRITES = {
     "held": {"add"},
     "ledger": {"add", "decide", "requeue", "put_step", "committed", "prune", "keep_payloads", "prune_payloads"},
     "tasks": {"put_dataset", "add_tasks", "put_rows"},
-    "rollouts": {"put", "delete", "add_slot"},
+    "rollouts": {"put", "delete", "add_slot", "add_turn", "drop_turns"},
 }
 """Methods that write and read nothing back: each of their writes is read by some case."""
 NOT_HERE = {("txn", "drop_lost"): "only a store that can lose payloads (SQLite's segment files) has it"}
@@ -184,6 +184,16 @@ def slot_row(key: str, slot: int) -> Step:
     def step(t: Txn, c: Ctx) -> None:
         data = f"slot {slot} of {key}".encode()
         t.rollouts.add_slot(SlotRow(key, slot, f"p{slot}", f"digest {slot}", data, 3 + slot, 0.5, None), len(data))
+
+    return step
+
+
+def turn_row(key: str, slot: int, turn: int) -> Step:
+    """An acknowledged turn `turn` of slot `slot` of group `key`."""
+
+    def step(t: Txn, c: Ctx) -> None:
+        data = f"turn {turn} of slot {slot} of {key}".encode()
+        t.rollouts.add_turn(TurnRow(key, slot, turn, f"p{slot}", f"digest {turn}", data, len(data)))
 
     return step
 
@@ -355,6 +365,16 @@ CASES: dict[tuple[str, str], Case] = {
     ),
     ("rollouts", "done"): Case(
         run(group("a")), run(slot_row("a", 2), slot_row("b", 0)), lambda t, c: t.rollouts.done("a")
+    ),
+    ("rollouts", "turns"): Case(
+        run(group("a"), turn_row("a", 1, 0)),
+        run(turn_row("a", 1, 1), turn_row("a", 2, 0), turn_row("b", 1, 0)),
+        lambda t, c: t.rollouts.turns("a", 1),
+    ),
+    ("rollouts", "turn_keys"): Case(
+        run(group("a"), group("b"), turn_row("a", 1, 0), turn_row("b", 1, 0)),
+        run(turn_row("a", 2, 0), lambda t, c: t.rollouts.drop_turns("b"), turn_row("b", 3, 0)),
+        lambda t, c: (t.rollouts.turn_keys("a"), t.rollouts.turn_keys("b")),
     ),
 }
 
