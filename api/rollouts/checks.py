@@ -79,8 +79,10 @@ def check_group_tokens(have: int, more: int, limits: GroupLimits) -> None:
     """The group's acknowledged tokens and this rollout's within the trainer's token budget per batch, if any (a
     sealed group may leave slots out, never add any: a total within the budget stays within it)."""
     if limits.max_group_tokens is not None and have + more > limits.max_group_tokens:
-        rule = (f"{have} tokens acknowledged in this group and {more} more exceed the trainer's max_batch_tokens of "
-                f"{limits.max_group_tokens}")  # fmt: skip
+        rule = (
+            f"{have} tokens acknowledged in this group and {more} more exceed the trainer's max_batch_tokens of "
+            f"{limits.max_group_tokens}"
+        )
         raise InvalidData(("body", "tokens"), rule)
 
 

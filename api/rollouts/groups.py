@@ -100,10 +100,7 @@ def missing(g: OpenGroup, done: Collection[int], now: float) -> list[int]:
     """Slots neither acknowledged nor under a live sibling lease, once the holder lapsed (before: none)."""
     if g.expires_at > now:
         return []
-    return [
-        s for s in range(g.group_size)
-        if s not in done and not (str(s) in g.leases and g.leases[str(s)][1] > now)
-    ]  # fmt: skip
+    return [s for s in range(g.group_size) if s not in done and not (str(s) in g.leases and g.leases[str(s)][1] > now)]
 
 
 def lease_slots(g: OpenGroup, producer: str, slots: list[int], until: float) -> None:

@@ -10,9 +10,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 EVENTS = (
-    "opened", "sealed", "sealed_partial", "expired", "slots", "left_out", "redispatched", "redone", "refused",
-    "lease_lapsed", "pruned", "turns", "turn_bytes", "resumed", "tokens_carried",
-)  # fmt: skip
+    "opened",
+    "sealed",
+    "sealed_partial",
+    "expired",
+    "slots",
+    "left_out",
+    "redispatched",
+    "redone",
+    "refused",
+    "lease_lapsed",
+    "pruned",
+    "turns",
+    "turn_bytes",
+    "resumed",
+    "tokens_carried",
+)
 
 
 class RolloutsCollector(Collector):

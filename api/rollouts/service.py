@@ -252,8 +252,12 @@ class Rollouts:
         if key in self.unfinished:
             return
         self.unfinished.add(key)
-        log.error("rollouts: the sweep cannot finish group %r (%s): left as it is and skipped by this server "
-                  "from now on", key, why, exc_info=exc)  # fmt: skip
+        log.error(
+            "rollouts: the sweep cannot finish group %r (%s): left as it is and skipped by this server from now on",
+            key,
+            why,
+            exc_info=exc,
+        )
         await self.store.transact(lambda txn: txn.add_counts(COUNTS, {"unfinished": 1}))
 
     async def unlease(self, limit: int) -> bool:

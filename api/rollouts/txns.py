@@ -145,11 +145,20 @@ def view(txn: Txn, row: GroupRow) -> GroupView:
     g = rg.OpenGroup.of(row.record)
     done = txn.rollouts.done(g.key)
     return GroupView(
-        group_id=g.key, env_id=g.env_id, state=row.state, group_size=g.group_size,
-        min_group_size=g.min_group_size, producer=g.producer, deadline=g.deadline, expires_at=g.expires_at,
-        done=sorted(done), leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
-        redispatched=g.redispatched, left_out=dict(g.left_out), turns=_slot_turns(txn, g.key),
-    )  # fmt: skip
+        group_id=g.key,
+        env_id=g.env_id,
+        state=row.state,
+        group_size=g.group_size,
+        min_group_size=g.min_group_size,
+        producer=g.producer,
+        deadline=g.deadline,
+        expires_at=g.expires_at,
+        done=sorted(done),
+        leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
+        redispatched=g.redispatched,
+        left_out=dict(g.left_out),
+        turns=_slot_turns(txn, g.key),
+    )
 
 
 def _slot_turns(txn: Txn, key: str) -> dict[str, SlotTurns]:
@@ -231,13 +240,21 @@ def open_txn(
     if req.env_id is not None or caller.owner is None:  # a key's groups without an env: its own bound alone
         n, _ = txn.rollouts.open_totals(ANON_ENV if req.env_id is None else req.env_id)
         if n >= settings.rollout_max_open_groups:
-            raise Unavailable(f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry "
-                              "later")  # fmt: skip
+            raise Unavailable(
+                f"env {req.env_id} has {n} open groups; the limit is rollout_max_open_groups; retry later"
+            )
     g = rg.OpenGroup(
-        key=req.group_id, env_id=req.env_id, group_size=req.group_size, min_group_size=least,
-        deadline=now + req.deadline_s, producer=req.producer_id, expires_at=now + settings.rollout_lease_s,
-        scores_at_seal=req.scores_at_seal, task=req.task, owner=caller.owner,
-    )  # fmt: skip
+        key=req.group_id,
+        env_id=req.env_id,
+        group_size=req.group_size,
+        min_group_size=least,
+        deadline=now + req.deadline_s,
+        producer=req.producer_id,
+        expires_at=now + settings.rollout_lease_s,
+        scores_at_seal=req.scores_at_seal,
+        task=req.task,
+        owner=caller.owner,
+    )
     row = _row(g, "open", None)
     txn.rollouts.put(row)
     txn.add_counts(COUNTS, {"opened": 1})
@@ -291,11 +308,14 @@ def post_txn(
     if size + len(data) > settings.rollout_max_open_bytes:
         txn.add_counts(COUNTS, {"refused": 1})
         raise Unavailable(f"env {g.env_id}'s open groups hold {size} bytes; the limit is rollout_max_open_bytes")
-    txn.rollouts.add_slot(SlotRow(req.group_id, req.slot, req.producer_id, d, data, len(req.tokens), req.score,
-                                  req.policy_step), len(data))  # fmt: skip
+    txn.rollouts.add_slot(
+        SlotRow(req.group_id, req.slot, req.producer_id, d, data, len(req.tokens), req.score, req.policy_step),
+        len(data),
+    )
     leased = str(req.slot) in g.leases and row.state in LIVE  # a sibling's lease ends with its slot in
-    txn.add_counts(COUNTS, {"slots": 1, **({OPEN_DONE: 1} if row.state in LIVE else {}),
-                            **({OPEN_LEASED: -1} if leased else {})})  # fmt: skip
+    txn.add_counts(
+        COUNTS, {"slots": 1, **({OPEN_DONE: 1} if row.state in LIVE else {}), **({OPEN_LEASED: -1} if leased else {})}
+    )
     row = replace(row, done=row.done + 1, tokens=row.tokens + len(req.tokens), bytes=row.bytes + len(data))
     if row.state == "open" and g.leases:
         row = _recheck(txn, row)
@@ -600,12 +620,30 @@ def _expire(
     txn.add_counts(COUNTS, {"expired": 1, f"expired:{short}": 1})
     run = state.load(txn)
     mean, lo, hi, std = ledger.score_summary([s.score for s in slots if s.score is not None])
-    books.expired_open(txn, run.env_name(g.env_id), LedgerGroup(
-        id=txn.next_item_id(), env_id=row.env_id, group_id=g.key, handler=None, producer_id=g.producer,
-        acked_at=now, policy_step=run.step, seqs=len(slots), tokens=sum(s.tokens for s in slots),
-        bytes=row.bytes, score_mean=mean, score_min=lo, score_max=hi, score_std=std, fate=DROPPED, step=run.step,
-        reason=EXPIRED_PREFIX + short, decided_at=now,
-    ))  # fmt: skip
+    books.expired_open(
+        txn,
+        run.env_name(g.env_id),
+        LedgerGroup(
+            id=txn.next_item_id(),
+            env_id=row.env_id,
+            group_id=g.key,
+            handler=None,
+            producer_id=g.producer,
+            acked_at=now,
+            policy_step=run.step,
+            seqs=len(slots),
+            tokens=sum(s.tokens for s in slots),
+            bytes=row.bytes,
+            score_mean=mean,
+            score_min=lo,
+            score_max=hi,
+            score_std=std,
+            fate=DROPPED,
+            step=run.step,
+            reason=EXPIRED_PREFIX + short,
+            decided_at=now,
+        ),
+    )
     return _row(g, "expired", row, now)
 
 
@@ -843,6 +881,10 @@ def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
     if not counts.get("opened"):
         return None
     return OpenGroupsStatus(
-        open=counts["open"], slots_done=counts.get(OPEN_DONE, 0), slots_leased=counts.get(OPEN_LEASED, 0),
-        redispatched=counts.get("redispatched", 0), sealed=counts.get("sealed", 0), expired=counts.get("expired", 0),
-    )  # fmt: skip
+        open=counts["open"],
+        slots_done=counts.get(OPEN_DONE, 0),
+        slots_leased=counts.get(OPEN_LEASED, 0),
+        redispatched=counts.get("redispatched", 0),
+        sealed=counts.get("sealed", 0),
+        expired=counts.get("expired", 0),
+    )

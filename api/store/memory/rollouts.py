@@ -63,9 +63,8 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
 
     def lapsed(self, now: float, limit: int, envs: Collection[int] | None = None) -> list[GroupRow]:
         rows = [
-            g for g in self._live()
-            if g.state == "open" and g.expires_at <= now and (envs is None or g.env_id in envs)
-        ]  # fmt: skip
+            g for g in self._live() if g.state == "open" and g.expires_at <= now and (envs is None or g.env_id in envs)
+        ]
         return sorted(rows, key=lambda g: g.expires_at)[:limit]
 
     def lapsed_since(self, after: tuple[float, str], now: float, limit: int) -> list[GroupRow]:
@@ -92,8 +91,13 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
             s.live.discard(key)
             s.decided.pop(key, None)
 
-            def undo(key: str = key, row: GroupRow = row, slots: dict[int, SlotRow] | None = slots,
-                     was_live: bool = was_live, was_decided: bool = was_decided) -> None:  # fmt: skip
+            def undo(
+                key: str = key,
+                row: GroupRow = row,
+                slots: dict[int, SlotRow] | None = slots,
+                was_live: bool = was_live,
+                was_decided: bool = was_decided,
+            ) -> None:
                 s.groups[key] = row
                 if slots is not None:
                     s.slots[key] = slots

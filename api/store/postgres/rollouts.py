@@ -115,9 +115,19 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
             "ON CONFLICT (key, slot) DO NOTHING RETURNING key) "
             "UPDATE rollout_groups SET done = done + 1, tokens = tokens + %b, bytes = bytes + %b "
             "WHERE key IN (SELECT key FROM added)",
-            (row.key, row.slot, row.producer, row.digest, row.data, row.tokens, row.score, row.policy_step,
-             row.tokens, size),
-        )  # fmt: skip
+            (
+                row.key,
+                row.slot,
+                row.producer,
+                row.digest,
+                row.data,
+                row.tokens,
+                row.score,
+                row.policy_step,
+                row.tokens,
+                size,
+            ),
+        )
 
     def turns(self, key: str, slot: int) -> list[TurnRow]:
         rows = self._read(f"SELECT {_T} FROM rollout_turns WHERE key = %b AND slot = %b ORDER BY turn", (key, slot))

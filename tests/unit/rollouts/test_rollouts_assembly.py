@@ -71,19 +71,32 @@ def test_the_sealed_group_is_the_group_sent_whole(posts: list[dict[str, Any]], d
     state.save_run(txn, Registration.model_validate(registration(batch_size=8, max_token_len=64)), started=True)
     state.save_step(txn, STEP)
     g = len(posts)
-    rs.open_txn(txn, OpenRequest(group_id="g", producer_id="p1", group_size=g, deadline_s=60.0), 0.0, SETTINGS,
-                ANYONE, limits=LIMITS)  # fmt: skip
+    rs.open_txn(
+        txn,
+        OpenRequest(group_id="g", producer_id="p1", group_size=g, deadline_s=60.0),
+        0.0,
+        SETTINGS,
+        ANYONE,
+        limits=LIMITS,
+    )
     for slot in data.draw(st.permutations(range(g))):  # in any order
         post = RolloutPost.model_validate({"group_id": "g", "slot": slot, "producer_id": "p1", **posts[slot]})
         rs.post_txn(txn, post, 0.0, SETTINGS, limits=LIMITS)
     scores = [p["score"] if p["score"] is not None else float(i) for i, p in enumerate(posts)]
     if any(p["score"] is None for p in posts):  # scored at the seal
-        assert rs.seal_txn(txn, SealRequest(group_id="g", producer_id="p1",
-                                            scores={str(i): s for i, s in enumerate(scores)}), 0.0)  # fmt: skip
+        assert rs.seal_txn(
+            txn, SealRequest(group_id="g", producer_id="p1", scores={str(i): s for i, s in enumerate(scores)}), 0.0
+        )
     body = rs.group_body(txn, "g")
     assert body is not None, "sealing"
-    whole: dict[str, Any] = {"tokens": [p["tokens"] for p in posts], "masks": [p["masks"] for p in posts],
-                             "scores": scores, "env_id": None, "group_id": "g", "producer_id": "p1"}  # fmt: skip
+    whole: dict[str, Any] = {
+        "tokens": [p["tokens"] for p in posts],
+        "masks": [p["masks"] for p in posts],
+        "scores": scores,
+        "env_id": None,
+        "group_id": "g",
+        "producer_id": "p1",
+    }
     if all("inference_logprobs" in p for p in posts):
         whole["inference_logprobs"] = [p["inference_logprobs"] for p in posts]
     if steps := [p["policy_step"] for p in posts if "policy_step" in p]:

@@ -76,8 +76,9 @@ def rollouts(draw: st.DrawFn) -> dict[str, Any]:
 def started(max_batch_tokens: int | None = None) -> tuple[MemoryTxn, RunState]:
     """A store whose trainer registered (batch 8, `max_token_len` 64) and is at step 3."""
     txn = MemoryTxn(State())
-    reg = Registration.model_validate(registration(batch_size=BATCH, max_token_len=MAX_LEN,
-                                                   max_batch_tokens=max_batch_tokens))  # fmt: skip
+    reg = Registration.model_validate(
+        registration(batch_size=BATCH, max_token_len=MAX_LEN, max_batch_tokens=max_batch_tokens)
+    )
     state.save_run(txn, reg, started=True)
     state.save_step(txn, STEP)
     return txn, state.load(txn)
@@ -130,8 +131,13 @@ def test_a_rollout_is_refused_at_its_post_or_its_sealed_group_passes_ingest(roll
         assert body is not None
         assert not refused_at_ingest(body, run, MSGPACK), f"acknowledged, then refused at ingest: {rollout}"
         refused = False
-    whole = {"tokens": [rollout["tokens"]] * 2, "masks": [rollout["masks"]] * 2, "scores": [rollout["score"]] * 2,
-             "group_id": "whole", "policy_step": rollout.get("policy_step")}  # fmt: skip
+    whole = {
+        "tokens": [rollout["tokens"]] * 2,
+        "masks": [rollout["masks"]] * 2,
+        "scores": [rollout["score"]] * 2,
+        "group_id": "whole",
+        "policy_step": rollout.get("policy_step"),
+    }
     if "inference_logprobs" in rollout:
         whole["inference_logprobs"] = [rollout["inference_logprobs"]] * 2
     if "overrides" in rollout:
@@ -188,11 +194,19 @@ def test_a_group_opened_before_the_trainer_had_a_budget_counts_its_tokens_from_i
     body = {"group_id": "g", "slot": 0, "producer_id": "p1", "tokens": [1] * 60, "masks": [1] * 60, "score": 1.0}
     rs.post_txn(txn, RolloutPost.model_validate(body), 0.0, SETTINGS, limits=LIMITS)
     assert txn.rollouts.get("g").tokens == 60  # type: ignore[union-attr]
-    state.save_run(txn, Registration.model_validate(registration(batch_size=BATCH, max_token_len=MAX_LEN,
-                                                                 max_batch_tokens=100)), started=True)  # fmt: skip
+    state.save_run(
+        txn,
+        Registration.model_validate(registration(batch_size=BATCH, max_token_len=MAX_LEN, max_batch_tokens=100)),
+        started=True,
+    )
     with pytest.raises(InvalidData):
-        rs.post_txn(txn, RolloutPost.model_validate({**body, "slot": 1, "tokens": [1] * 41, "masks": [1] * 41}),
-                    0.0, SETTINGS, limits=LIMITS)  # fmt: skip
+        rs.post_txn(
+            txn,
+            RolloutPost.model_validate({**body, "slot": 1, "tokens": [1] * 41, "masks": [1] * 41}),
+            0.0,
+            SETTINGS,
+            limits=LIMITS,
+        )
 
 
 @given(st.dictionaries(st.sampled_from(["0", "1"]), st.floats(), min_size=2))

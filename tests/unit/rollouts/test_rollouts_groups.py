@@ -30,8 +30,16 @@ events = st.lists(st.tuples(st.integers(0, 7), st.sampled_from(["p1", "p2", "p3"
 
 
 def group(size: int, least: int, scores_at_seal: bool = False) -> rg.OpenGroup:
-    return rg.OpenGroup(key="g", env_id=0, group_size=size, min_group_size=least, deadline=100.0, producer="p1",
-                        expires_at=10.0, scores_at_seal=scores_at_seal)  # fmt: skip
+    return rg.OpenGroup(
+        key="g",
+        env_id=0,
+        group_size=size,
+        min_group_size=least,
+        deadline=100.0,
+        producer="p1",
+        expires_at=10.0,
+        scores_at_seal=scores_at_seal,
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -145,12 +153,19 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
         kind = op[0]
         try:
             if kind == "open":
-                req = OpenRequest(group_id=f"g{op[1]}", producer_id="p1", group_size=3, min_group_size=1,
-                                  deadline_s=op[2])  # fmt: skip
+                req = OpenRequest(
+                    group_id=f"g{op[1]}", producer_id="p1", group_size=3, min_group_size=1, deadline_s=op[2]
+                )
                 rs.open_txn(txn, req, now, config, ANYONE)
             elif kind == "post":
-                body = {"group_id": f"g{op[1]}", "slot": op[2], "producer_id": op[3], "tokens": [1], "masks": [1],
-                        "score": 1.0}  # fmt: skip
+                body = {
+                    "group_id": f"g{op[1]}",
+                    "slot": op[2],
+                    "producer_id": op[3],
+                    "tokens": [1],
+                    "masks": [1],
+                    "score": 1.0,
+                }
                 _, sealing = rs.post_txn(txn, RolloutPost.model_validate(body), now, config)
                 if sealing:
                     rs.mark_txn(txn, f"g{op[1]}", None, now)
@@ -207,12 +222,20 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
 def unreadable_rows(txn: MemoryTxn, now: float) -> None:
     """Two due groups this release cannot finish, due before any other: a record of a later release (a field it
     does not know) and an open group whose acknowledged rollout is not a record (its seal cannot assemble it)."""
-    later = rg.OpenGroup(key="later", env_id=None, group_size=2, min_group_size=1, deadline=now - 100, producer="p1",
-                         expires_at=now - 100)  # fmt: skip
+    later = rg.OpenGroup(
+        key="later",
+        env_id=None,
+        group_size=2,
+        min_group_size=1,
+        deadline=now - 100,
+        producer="p1",
+        expires_at=now - 100,
+    )
     record = {**json.loads(later.to_json()), "from_a_later_release": 1}
     txn.rollouts.put(GroupRow("later", -1, "open", now - 100, now - 100, 0, json.dumps(record)))
-    broken = rg.OpenGroup(key="broken", env_id=None, group_size=2, min_group_size=1, deadline=now - 99,
-                          producer="p1", expires_at=now - 99)  # fmt: skip
+    broken = rg.OpenGroup(
+        key="broken", env_id=None, group_size=2, min_group_size=1, deadline=now - 99, producer="p1", expires_at=now - 99
+    )
     txn.rollouts.put(GroupRow("broken", -1, "open", now - 99, now - 99, 0, broken.to_json()))
     txn.rollouts.add_slot(SlotRow("broken", 0, "p1", "d", b"{not a record", 1, 1.0, None), 1)
 

@@ -32,8 +32,14 @@ def test_a_post_writes_its_slot_and_its_groups_counters_and_leaves_the_record() 
     txn = MemoryTxn(State())
     reg = registration(batch_size=8, max_token_len=64, max_batch_tokens=100)  # the group's tokens are counted
     state.save_run(txn, Registration.model_validate(reg), started=True)
-    rs.open_txn(txn, OpenRequest(group_id="g", producer_id="p1", group_size=4, deadline_s=60.0), 0.0, SETTINGS,
-                ANYONE, limits=LIMITS)  # fmt: skip
+    rs.open_txn(
+        txn,
+        OpenRequest(group_id="g", producer_id="p1", group_size=4, deadline_s=60.0),
+        0.0,
+        SETTINGS,
+        ANYONE,
+        limits=LIMITS,
+    )
     opened = txn.rollouts.get("g")
     assert opened is not None
     assert post(txn, 0, 5) == "accepted" and post(txn, 2, 7) == "accepted"
@@ -50,8 +56,14 @@ def test_a_post_reads_no_other_slot() -> None:
     txn = MemoryTxn(State())
     reg = registration(batch_size=8, max_token_len=64, max_batch_tokens=100)
     state.save_run(txn, Registration.model_validate(reg), started=True)
-    rs.open_txn(txn, OpenRequest(group_id="g", producer_id="p1", group_size=4, deadline_s=60.0), 0.0, SETTINGS,
-                ANYONE, limits=LIMITS)  # fmt: skip
+    rs.open_txn(
+        txn,
+        OpenRequest(group_id="g", producer_id="p1", group_size=4, deadline_s=60.0),
+        0.0,
+        SETTINGS,
+        ANYONE,
+        limits=LIMITS,
+    )
     txn.rollouts.add_slot(SlotRow("g", 0, "p1", "d", b"not a record", 90, 1.0, None), 12)
     assert post(txn, 1, 10) == "accepted"
     assert post(txn, 1, 10) == "duplicate"
