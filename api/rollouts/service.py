@@ -19,6 +19,7 @@ from api.ledger.recorder import Recorder
 from api.owners import Actor
 from api.rollouts.txns import (
     COUNTS,
+    OpenBytesFull,
     drop_lapsed,
     group_body,
     group_of,
@@ -102,6 +103,9 @@ class Rollouts:
     unfinished: set[str] = field(default_factory=set)
     """Open groups this process's sweep could not finish (a record it cannot read, a bug): logged and counted once,
     then skipped by its sweeps (`sweep`)."""
+    refused: int = 0
+    """Posts refused past `rollout_max_open_bytes` and not counted in the store yet: written by the next sweep
+    (one transaction for all of them, not one more per refusal while the env is full)."""
     seen: bool = False
     """Whether this process has seen per-rollout groups in use: a rollout route called, a view that found groups
     open, or live or decided groups in the store when it started. Until then the sweep reads nothing: a run without
@@ -140,9 +144,13 @@ class Rollouts:
     async def post(self, body: RolloutPost, settings: Settings, actor: Actor) -> PostReply:
         self.in_use()
         now, books, limits, known = time.time(), self.books(), self.limits, self.known()
-        reply, sealing = await self.store.transact(
-            lambda txn: post_txn(txn, body, now, settings, books, actor, limits=limits, known_run=known)
-        )
+        try:
+            reply, sealing = await self.store.transact(
+                lambda txn: post_txn(txn, body, now, settings, books, actor, limits=limits, known_run=known)
+            )
+        except OpenBytesFull:
+            self.refused += 1
+            raise
         if sealing:
             await self.finish(body.group_id)
             reply = reply.model_copy(update={"group": await self.group(body.group_id, actor)})
@@ -201,9 +209,21 @@ class Rollouts:
         """Seal or expire the open groups past their deadline, drop lapsed sibling leases, and prune the decided
         groups past their retention; again at once when any found as many as its limit."""
         limit = self.sweeping.limit
+        await self.count_refused()
         more = await self.sweep(limit)
         more = await self.unlease(limit) or more
         return await self.prune(self.sweeping.keep, limit) or more
+
+    async def count_refused(self) -> None:
+        """Write the posts refused since the last sweep into the `refused` counter (kept for the next sweep while
+        the store cannot be reached)."""
+        n, self.refused = self.refused, 0
+        if not n:
+            return
+        try:
+            await self.store.transact(lambda txn: txn.add_counts(COUNTS, {"refused": n}))
+        except Unavailable:
+            self.refused += n  # the store is down: the sweep that follows meets it too
 
     async def finish(self, key: str) -> None:
         """Ingest a `sealing` group and mark it: a refusal of the data (422) expires it, with why; a refusal to wait

@@ -135,6 +135,11 @@ def _free_turns(txn: Txn, g: rg.OpenGroup) -> None:
     txn.rollouts.drop_turns(g.key)
 
 
+class OpenBytesFull(Unavailable):
+    """A post past its env's `rollout_max_open_bytes`: the 503 undoes its transaction, so the flow counts it
+    (`refused`) apart, as the ingest flow counts a full queue's refusals."""
+
+
 BY_KEY = "rollouts_by_key"
 """Counter kind: the live open groups of each key (by its name), moved as they open and are decided, so that a
 key's bound (`rollout_max_open_groups_per_key`) costs one read."""
@@ -306,8 +311,7 @@ def post_txn(
     data = encode(packed)
     _, size = txn.rollouts.open_totals(row.env_id)
     if size + len(data) > settings.rollout_max_open_bytes:
-        txn.add_counts(COUNTS, {"refused": 1})
-        raise Unavailable(f"env {g.env_id}'s open groups hold {size} bytes; the limit is rollout_max_open_bytes")
+        raise OpenBytesFull(f"env {g.env_id}'s open groups hold {size} bytes; the limit is rollout_max_open_bytes")
     txn.rollouts.add_slot(
         SlotRow(req.group_id, req.slot, req.producer_id, d, data, len(req.tokens), req.score, req.policy_step),
         len(data),

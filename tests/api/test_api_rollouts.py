@@ -139,6 +139,24 @@ async def test_group_scores_come_with_the_producers_seal_and_bounds_hold(setting
         await post(c, {**rollout("nope", 0)}, 404)
 
 
+async def test_posts_past_the_envs_open_bytes_are_refused_and_counted(settings: Settings) -> None:
+    """A post that would take its env's open groups past `rollout_max_open_bytes` is a 503 with nothing stored; the
+    refusals are counted (`refused`) by the next sweep, though each 503 undid its own transaction."""
+    async with serving(settings, rollout_max_open_bytes=4000, rollout_sweep_every_s=0.02) as c:
+        await start(c)
+        await opened(c, "g")
+        await post(c, rollout("g", 0, n=200))  # 2-3 KB packed: one fits, two do not
+        for slot in (1, 2):
+            refused = await c.post("/rollouts/post", json=rollout("g", slot, n=200))
+            assert refused.status_code == 503 and "rollout_max_open_bytes" in refused.text, refused.text
+            assert refused.headers["retry-after"]
+        deadline = time.monotonic() + 10.0
+        while (await c.get("/rollouts")).json().get("refused", 0) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert (await c.get("/rollouts")).json()["refused"] == 2
+        assert (await c.get("/rollouts/group", params={"group_id": "g"})).json()["done"] == [0], "nothing stored"
+
+
 async def past(at: float) -> None:
     """Return once the clock the server reads is past `at` (a deadline or lease end it gave), polled."""
     while time.time() <= at:
