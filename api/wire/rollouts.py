@@ -125,7 +125,9 @@ class TurnSnapshot(_Wire):
     """A turn's env state as a reply carries it: inline (`data`, base64) or by reference (`uri`)."""
 
     data: str | None = None
+    """The env's state as the turn posted it (base64), when it was sent inline."""
     uri: str | None = None
+    """Where the env keeps its state (a sandbox image, a volume), when it was sent by reference."""
 
 
 class TurnPost(_Request, _Text):
@@ -169,13 +171,19 @@ class TurnView(_Wire):
     """One acknowledged turn, as a slot's prefix carries it."""
 
     turn: int
+    """Its number in the slot: 0, 1, ..."""
     producer: str
     """Who posted it."""
     tokens: list[int]
+    """The token ids it appended to the rollout."""
     masks: list[int]
+    """One per token, as posted."""
     inference_logprobs: list[float] | None
+    """One per token, as posted (none if the turn sent none)."""
     token_weight_versions: list[int] | None
+    """One per token: the trainer step of the weights that sampled it (none if the turn sent none)."""
     tool_results: list[Any] | None
+    """The tool results the turn recorded, as posted (none if it sent none)."""
 
 
 class SlotPrefix(_Wire):
