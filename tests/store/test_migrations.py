@@ -39,6 +39,12 @@ SQLITE_STAGED, POSTGRES_STAGED = 11, 9
 acknowledged yet (the last before `served` was stored), and a group open with 2 of its 4 slots posted."""
 
 
+NO_SWEEP_S = 1e9
+"""The open groups' background sweep, never in a test's time: a file's open groups have deadlines of the hour
+it was written, long past as the file ages, and the sweep would expire them before the test looks (as a side
+buffer's ttl would)."""
+
+
 class FakeDatabase:
     """A database that records the statements run on it."""
 
@@ -111,7 +117,7 @@ async def served(store: str, *, ledgered: bool = False, owned: bool = False, sta
     token of its own; and group o-2 open with slots 0 and 1 posted."""
     drilled = DRILL if staged else 0  # drill's groups, two a batch
     first = drilled // 2  # the step the run's own groups are formed in
-    app = create_app(Settings(store=store, side_buffer_ttl_s=None))
+    app = create_app(Settings(store=store, side_buffer_ttl_s=None, rollout_sweep_every_s=NO_SWEEP_S))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
@@ -304,7 +310,7 @@ async def sealed_from_posted(store: str) -> None:
     view and its next posts see them), and the group sealed with the 2 missing slots holds all 4 rollouts. The
     first missing slot is posted as a turn and a final post after it (the layout's `rollout_turns`, from SQLite 14
     and PostgreSQL 12), its turn freed with the seal."""
-    app = create_app(Settings(store=store, side_buffer_ttl_s=None))
+    app = create_app(Settings(store=store, side_buffer_ttl_s=None, rollout_sweep_every_s=NO_SWEEP_S))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
