@@ -165,3 +165,33 @@ def test_a_stop_answers_waiting_long_polls_at_once(tmp_path: Path, workers: int)
         assert "timeout graceful shutdown exceeded" not in log.read_text()
     finally:
         server.kill()
+
+
+def test_a_server_never_takes_another_process_on_its_port_for_itself(tmp_path: Path) -> None:
+    """Parallel tests each pick a free port, and two can pick the same one: a server that found its port answered
+    by another process (here a plain HTTP server holding it) is not ready; a server started on a port of its own
+    choosing moves to another port, and one started on a given port says that port is taken."""
+    import http.server
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    taken = other.server_address[1]
+    try:
+        with pytest.raises(RuntimeError, match=f"another process listens on the server's port \\({taken}\\)"):
+            start_server("memory://", tmp_path / "given.log", taken)
+        server = start_server("memory://", tmp_path / "chosen.log")
+        try:
+            assert server.port != taken and httpx.get(server.url + "/healthz").status_code == 200
+        finally:
+            server.kill(signal.SIGTERM)
+    finally:
+        other.shutdown()
+        other.server_close()
