@@ -10,66 +10,24 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from tests.factories import registration
+from tests.runs import HANG_GUARD_S, example_producer, example_trainer, poll_until, result, status
 from tests.servers import running_server
 from tests.standin import running_standin
 
 pytestmark = pytest.mark.integration
 
 GONE_AFTER = 2.0
-HANG_GUARD_S = 120.0
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def until(cond: Callable[[], bool], what: str, limit: float = HANG_GUARD_S) -> float:
-    """Poll `cond` until it holds (never a fixed sleep as a wait); the seconds it took. Fails after `limit`."""
-    started = time.monotonic()
-    while not cond():
-        if time.monotonic() - started > limit:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
-@contextmanager
-def process(module: str, log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m module args` in its own process group, stopped (killed) by its group at the end."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=ROOT,
-        )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
-def status(url: str) -> dict[str, Any]:
-    return httpx.get(url + "/status", timeout=10).json()  # type: ignore[no-any-return]
-
-
-def result(path: Path) -> dict[str, Any]:
-    return orjson.loads(path.read_bytes())  # type: ignore[no-any-return]
 
 
 def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_then_raises(tmp_path: Path) -> None:
@@ -78,33 +36,20 @@ def test_a_producer_killed_is_marked_gone_and_the_waiting_trainer_is_told_why_th
     with (
         running_server("memory://", tmp_path / "server.log", "--producer-gone-after", str(GONE_AFTER)) as server,
         running_standin(tmp_path / "vllm.log") as vllm,
-        process(
-            "demos.example_trainer",
-            tmp_path / "trainer.log",
-            "--server",
-            server.url,
-            "--inference",
-            vllm.url,
-            "--steps",
-            "100000",
-            "--no-progress-timeout",
-            str(no_progress),
-            "--out",
-            str(out),
+        example_trainer(
+            server.url, vllm.url, tmp_path / "trainer.log", out, steps=100000, no_progress_timeout=no_progress
         ) as trainer,
-        process(
-            "demos.example_producer", tmp_path / "producer.log", "--server", server.url, "--inference", vllm.url
-        ) as producer,
+        example_producer(server.url, vllm.url, tmp_path / "producer.log") as producer,
     ):
-        until(lambda: status(server.url)["current_step"] >= 3 and bool(status(server.url)["producers"]), "batches")
+        poll_until(lambda: status(server.url)["current_step"] >= 3 and bool(status(server.url)["producers"]), "batches")
         assert status(server.url)["stall_reason"] is None
         os.killpg(producer.pid, signal.SIGKILL)
         killed = time.monotonic()
-        gone = until(lambda: not status(server.url)["producers"][0]["live"], "the producer marked gone", 30)
+        gone = poll_until(lambda: not status(server.url)["producers"][0]["live"], "the producer marked gone", 30)
         assert gone <= GONE_AFTER + 2.0
         reply = httpx.get(server.url + "/batch", timeout=10).json()
         assert reply["batch"] is None and "no live producer for env(s) turns_0" in reply["stall_reason"]
-        until(lambda: trainer.poll() is not None, "the trainer to give up", 60)
+        poll_until(lambda: trainer.poll() is not None, "the trainer to give up", 60)
         waited = time.monotonic() - killed
     assert trainer.returncode == 3
     error = result(out)["error"]
@@ -125,37 +70,14 @@ def test_with_drain_no_token_of_a_group_is_sampled_by_weights_other_than_its_sta
     ):
         httpx.post(vllm.url + "/control", json={"latency": 0.01}).raise_for_status()
         with (
-            process(
-                "demos.example_trainer",
-                tmp_path / "trainer.log",
-                "--server",
-                server.url,
-                "--inference",
-                vllm.url,
-                "--steps",
-                "8",
-                "--drain",
-                "--max-staleness",
-                "1",
-                "--out",
-                str(out),
+            example_trainer(
+                server.url, vllm.url, tmp_path / "trainer.log", out, steps=8, drain=True, max_staleness=1
             ) as trainer,
-            process(
-                "demos.example_producer",
-                tmp_path / "producer.log",
-                "--server",
-                server.url,
-                "--inference",
-                vllm.url,
-                "--on-new-weights",
-                "drain",
-                "--turns",
-                "3",
-                "--max-staleness",
-                "1",
+            example_producer(
+                server.url, vllm.url, tmp_path / "producer.log", on_new_weights="drain", turns=3, max_staleness=1
             ) as producer,
         ):
-            until(lambda: trainer.poll() is not None, "the trainer's 8 steps")
+            poll_until(lambda: trainer.poll() is not None, "the trainer's 8 steps")
             assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
             assert producer.poll() is None
     run = result(out)

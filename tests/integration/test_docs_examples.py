@@ -18,8 +18,7 @@ import pytest
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
 from demos.standin_inference import MODEL
 from tests.factories import group
-from tests.integration.test_runner import start_trainer
-from tests.integration.test_runner_faults import finish
+from tests.runs import finish, start_trainer
 from tests.servers import running_server
 from tests.standin import running_standin
 from trainer_client.protocol import registration

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from rollout_client.policy import CharTokenizer
-from tests.integration.test_crossproc import process
+from tests.runs import process
 from tests.servers import running_server
 from trainer_client import TrainerClient
 

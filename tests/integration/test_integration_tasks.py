@@ -24,8 +24,8 @@ import pytest
 from api.tasks.leases import parse_token
 from rollout_client.examples import arithmetic_task
 from tests import pg
-from tests.integration.test_crossproc import process
 from tests.resuming_trainer import REGISTRATION
+from tests.runs import process
 from tests.servers import ServerProcess, start_server
 from tests.standin import running_standin
 from trainer_client.protocol import registration

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.factories import env, registration
-from tests.integration.test_crossproc import process
+from tests.runs import process
 from tests.servers import start_server
 from tests.turn_producer_process import TURNS, episode
 

@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from rollout_client.policy import CharTokenizer
-from tests.integration.test_crossproc import process
+from tests.runs import process
 from tests.servers import ServerProcess, running_server
 from trainer_client.protocol import registration
 

@@ -12,7 +12,7 @@ import pytest
 
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
-from tests.integration.test_runner import HANG_GUARD_S, start_trainer, until
+from tests.runs import HANG_GUARD_S, start_trainer, until
 from tests.servers import running_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_crossproc import process, result, until
+from tests.runs import example_producer, example_trainer, poll_until, result
 from tests.servers import running_server
 from tests.standin import running_standin
 
@@ -41,41 +41,22 @@ def test_a_run_of_several_envs_at_the_least_staleness_bound_never_stalls(
     with (
         running_server("memory://", tmp_path / "server.log") as server,
         running_standin(tmp_path / "vllm.log") as vllm,
-        process(
-            "demos.example_trainer",
+        example_trainer(
+            server.url,
+            vllm.url,
             tmp_path / "trainer.log",
-            "--server",
-            server.url,
-            "--inference",
-            vllm.url,
-            "--steps",
-            str(STEPS),
-            "--batch-size",
-            str(batch_size),
-            "--max-staleness",
-            str(bound),
-            "--sync-every",
-            str(interval),
-            "--no-progress-timeout",
-            str(NO_PROGRESS_S),
-            "--out",
-            str(out),
+            out,
+            steps=STEPS,
+            batch_size=batch_size,
+            max_staleness=bound,
+            sync_every=interval,
+            no_progress_timeout=NO_PROGRESS_S,
         ) as trainer,
-        process(
-            "demos.example_producer",
-            tmp_path / "producer.log",
-            "--server",
-            server.url,
-            "--inference",
-            vllm.url,
-            "--max-staleness",
-            str(bound),
-            "--max-in-flight",
-            in_flight,
-            *env_args,
+        example_producer(
+            server.url, vllm.url, tmp_path / "producer.log", *env_args, max_staleness=bound, max_in_flight=in_flight
         ),
     ):
-        until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps", HANG_GUARD_S)
+        poll_until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps", HANG_GUARD_S)
     run = result(out)
     trained = [s["step"] for s in run["steps"]]
     assert run["error"] is None, f"stalled after {len(trained)} batches: {run['error']}"

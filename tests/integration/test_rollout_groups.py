@@ -18,7 +18,7 @@ import pytest
 
 from tests import pg
 from tests.factories import env, registration
-from tests.integration.test_crossproc import process
+from tests.runs import process
 from tests.servers import start_server
 
 pytestmark = pytest.mark.integration

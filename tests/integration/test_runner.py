@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,44 +29,11 @@ from rollout_client import (
 )
 from rollout_client.examples import Arithmetic, Synthetic, arithmetic_script, arithmetic_task
 from rollout_client.runner.pacing import AHEAD, QUEUE_FULL
-from tests.factories import group, registration
+from tests.factories import group
+from tests.runs import HANG_GUARD_S, drain, exited, start_trainer, status, until
 from tests.servers import ServerProcess, running_server, start_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-HANG_GUARD_S = 120.0
-"""Upper bound on waits that should take well under a second: a hang fails the test instead of stalling CI. Far
-above them: on CI's loaded 2 cores one such wait saw its loopback server unanswered for over 36 s."""
-
-
-async def until(cond: Callable[[], bool], what: str, guard_s: float = HANG_GUARD_S) -> None:
-    """Poll `cond` (never a fixed sleep as a wait); fail after `guard_s`."""
-    deadline = time.monotonic() + guard_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-def start_trainer(url: str, **kw: Any) -> None:
-    with httpx.Client(base_url=url) as http:
-        assert http.post("/register", json=registration(**kw)).status_code == 200
-        http.get("/batch")
-
-
-def drain(url: str) -> list[dict[str, Any]]:
-    """Every batch the server can still form, through `?step=`, as group dicts."""
-    out: list[dict[str, Any]] = []
-    with httpx.Client(base_url=url, timeout=30) as http:
-        step = http.get("/status").json()["current_step"]
-        while batch := http.get("/batch", params={"step": step}).json()["batch"]:
-            out.extend(batch)
-            step += 1
-    return out
-
-
-def status(url: str) -> dict[str, Any]:
-    return httpx.get(url + "/status").json()  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -302,14 +267,6 @@ if __name__ == "__main__":
 """
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("Z")  # a zombie has exited
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 async def test_no_worker_outlives_the_runner(tmp_path: Path, sig: int) -> None:
     """SIGTERM: the runner shuts down in order and exits 0. SIGKILL: its worker notices and exits by itself."""
@@ -325,11 +282,11 @@ async def test_no_worker_outlives_the_runner(tmp_path: Path, sig: int) -> None:
             assert proc.stdout is not None
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), HANG_GUARD_S)
             [worker] = [int(p) for p in line.split()]
-            assert not _gone(worker)
+            assert not exited(worker)
             os.kill(proc.pid, sig)  # the runner's process only, never its group
             code = await asyncio.to_thread(proc.wait, HANG_GUARD_S)
             assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
-            await until(lambda: _gone(worker), "the worker to exit")
+            await until(lambda: exited(worker), "the worker to exit")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -32,7 +32,7 @@ from rollout_client import (
 )
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.policy import stable_unit
-from tests.integration.test_runner import drain, start_trainer, status
+from tests.runs import drain, start_trainer, status
 from tests.servers import running_server
 from tests.standin import running_standin
 

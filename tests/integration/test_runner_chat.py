@@ -21,7 +21,7 @@ from rollout_client import OpenAIPolicy, RolloutRunner, Session, Tasks
 from rollout_client.chat.examples import LLAMA31_JSON_TEMPLATE, QWEN25_TEMPLATE, ByteChatCodec, ToolChat
 from rollout_client.env import PROMPT_LOGPROB
 from rollout_client.examples import arithmetic_task
-from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer
+from tests.runs import HANG_GUARD_S, drain, start_trainer
 from tests.servers import running_server
 from tests.standin import running_standin
 from tests.unit.rollout_client.chat.test_chat_session import Replies

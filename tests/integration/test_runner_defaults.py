@@ -26,7 +26,7 @@ from rollout_client import OpenAIPolicy, RolloutRunner, RunFailed, ScriptedPolic
 from rollout_client.client import RolloutClient
 from rollout_client.errors import InferenceError, SetupTimeout, WorkerDied
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
-from tests.integration.test_runner import HANG_GUARD_S, _gone, start_trainer, until
+from tests.runs import HANG_GUARD_S, exited, start_trainer, until
 from tests.servers import running_server
 from tests.standin import running_standin
 
@@ -97,12 +97,12 @@ async def test_a_cancelled_run_stops_its_workers_and_the_process_exits(tmp_path:
             try:
                 code = await asyncio.to_thread(proc.wait, 30)
             except subprocess.TimeoutExpired:
-                left = [p for p in workers if not _gone(p)]
+                left = [p for p in workers if not exited(p)]
                 raise AssertionError(f"the process did not exit; {len(left)} of 2 workers left") from None
             out = proc.stdout.read().decode()
             assert code == 0, proc.stderr.read().decode() if proc.stderr else ""  # type: ignore[union-attr]
             assert "returned []" in out, "the run's shutdown stopped its workers before run() returned"
-            await until(lambda: all(_gone(p) for p in workers), "the workers to exit")
+            await until(lambda: all(exited(p) for p in workers), "the workers to exit")
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -42,36 +40,13 @@ from rollout_client import (
 )
 from rollout_client.examples import Arithmetic, Calculator, arithmetic_script, arithmetic_task
 from rollout_client.runner.handle import run_in_thread
-from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
+from tests.runs import HANG_GUARD_S, drain, finish, run_script, start_trainer, status, until
 from tests.servers import running_server
 from tests.standin import running_standin
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_script(path: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, whatever is installed
-    return subprocess.Popen(
-        [sys.executable, str(path), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        cwd=ROOT,
-        env=env,
-    )
-
-
-def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, str, str]:
-    """Wait for a script; a hang fails the test (its whole process group is killed), it never stalls CI."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"still running after {timeout} s:\n{err.decode()[-3000:]}") from None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def openai(url: str) -> partial[OpenAIPolicy]:

@@ -16,7 +16,7 @@ import pytest
 from rollout_client import Environment, RolloutRunner, ScriptedPolicy, Session, Task, Tasks, Timeouts
 from rollout_client.examples import arithmetic_script, arithmetic_task
 from rollout_client.runner.pacing import QUEUE_FULL
-from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
+from tests.runs import HANG_GUARD_S, drain, start_trainer, status, until
 from tests.servers import running_server
 from tests.small_run import parse_metrics, total
 

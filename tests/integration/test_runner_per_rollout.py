@@ -28,8 +28,8 @@ from rollout_client import RolloutRunner, ScriptedPolicy, Session, Task, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from tests import pg
 from tests.factories import registration
-from tests.integration.test_crossproc import process
 from tests.per_rollout_producer import Slow
+from tests.runs import process
 from tests.servers import running_server, start_server
 
 pytestmark = pytest.mark.integration

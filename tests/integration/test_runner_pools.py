@@ -12,8 +12,8 @@ import pytest
 
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks, Timeouts, resources
 from rollout_client.examples import arithmetic_script, arithmetic_task
-from tests.integration.test_runner import start_trainer
 from tests.integration.test_runner_agentic import Sandboxed, finish, until
+from tests.runs import start_trainer
 from tests.servers import running_server
 from tests.standin import running_standin
 

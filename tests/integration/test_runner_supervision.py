@@ -38,8 +38,7 @@ from rollout_client import (
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task
 from rollout_client.group import Limits
 from rollout_client.workers.pool import WorkerPool
-from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, status, until
-from tests.integration.test_runner_faults import finish, run_script
+from tests.runs import HANG_GUARD_S, drain, finish, run_script, start_trainer, status, until
 from tests.servers import ServerProcess, running_server, start_server
 from tests.standin import running_standin
 

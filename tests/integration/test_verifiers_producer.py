@@ -29,7 +29,7 @@ from rollout_client.verifiers import ExternalInference, VerifiersEnvironment, ve
 from rollout_client.verifiers.pool import POOL_START_S, children
 from rollout_client.verifiers.tasks import register_verifiers_dataset, verifiers_leased_tasks, verifiers_task_rows
 from tests.factories import group
-from tests.integration.test_runner import HANG_GUARD_S, drain, start_trainer, until
+from tests.runs import HANG_GUARD_S, drain, start_trainer, until
 from tests.servers import running_server
 from tests.standin import running_standin
 from tests.verifiers_tiny import ENVS_DIR, build_tokenizer, client_config, env_config_data, offline_environ, prompt_ids

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_crossproc import process, result, until
+from tests.runs import example_producer, example_trainer, poll_until, result
 from tests.servers import running_server
 from tests.standin import running_standin
 
@@ -32,39 +32,20 @@ def test_every_trained_group_states_the_weights_its_tokens_came_from(tmp_path: P
     ):
         httpx.post(vllm.url + "/control", json={"latency": 0.02}).raise_for_status()
         with (
-            process(
-                "demos.example_trainer",
-                tmp_path / "trainer.log",
-                "--server",
-                server.url,
-                "--inference",
-                vllm.url,
-                "--steps",
-                str(STEPS),
-                "--drain",
-                "--max-staleness",
-                "1",
-                "--out",
-                str(out),
+            example_trainer(
+                server.url, vllm.url, tmp_path / "trainer.log", out, steps=STEPS, drain=True, max_staleness=1
             ) as trainer,
-            process(
-                "demos.example_producer",
-                tmp_path / "producer.log",
-                "--server",
+            example_producer(
                 server.url,
-                "--inference",
                 vllm.url,
-                "--on-new-weights",
-                policy,
-                "--turns",
-                "3",
-                "--max-in-flight",
-                "16",
-                "--max-staleness",
-                "1",
+                tmp_path / "producer.log",
+                on_new_weights=policy,
+                turns=3,
+                max_in_flight=16,
+                max_staleness=1,
             ),
         ):
-            until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps")
+            poll_until(lambda: trainer.poll() is not None, f"the trainer's {STEPS} steps")
             assert trainer.returncode == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     run = result(out)
     assert run["undrained_syncs"] == 0, (tmp_path / "trainer.log").read_text()[-3000:]
