@@ -27,9 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.servers import ROOT, rollbuf, save_rows, serve
+from bench.servers import ROOT, register_trainer, rollbuf, save_rows, serve
 from rollout_client import RolloutClient, RolloutRunner, ScriptedPolicy, Session, Tasks, build_group
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 
@@ -102,21 +100,7 @@ async def with_runner(url: str, concurrency: int, workers: int) -> dict[str, Any
 
 
 async def _all(url: str) -> list[dict[str, Any]]:
-    with httpx.Client(base_url=url) as http:
-        http.post(
-            "/register",
-            json={
-                "wandb_group": "bench",
-                "wandb_project": "bench",
-                "batch_size": 64,
-                "max_token_len": 512,
-                "checkpoint_dir": "c",
-                "save_checkpoint_interval": 0,
-                "starting_step": 0,
-                "num_steps": 1,
-            },
-        )
-        http.get("/batch")
+    register_trainer(url)
     results = [await serial(url)]
     print(f"  serial: {results[0]['groups_per_s']} groups/s", flush=True)
     for concurrency in CONCURRENCY:

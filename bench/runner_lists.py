@@ -28,7 +28,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.http import cpu_seconds
-from bench.servers import Target, rollbuf, save_rows, serve
+from bench.servers import Target, register_trainer, rollbuf, save_rows, serve
 from rollout_client import RolloutRunner, ScriptedPolicy, Tasks, Timeouts
 from rollout_client.examples import Synthetic, arithmetic_script, arithmetic_task
 from rollout_client.runner.coalescing import LINGER_S
@@ -96,21 +96,7 @@ def _side(linger: float, seconds: float, in_flight: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         name, cmd, port = rollbuf(f"sqlite:///{tmp}/r.db", Path(tmp) / "r.log")
         with serve(name, cmd, port, Path(tmp) / "r.log") as target:
-            with httpx.Client(base_url=target.url) as http:
-                http.post(
-                    "/register",
-                    json={
-                        "wandb_group": "bench",
-                        "wandb_project": "bench",
-                        "batch_size": 64,
-                        "max_token_len": 512,
-                        "checkpoint_dir": "c",
-                        "save_checkpoint_interval": 0,
-                        "starting_step": 0,
-                        "num_steps": 1,
-                    },
-                )
-                http.get("/batch")
+            register_trainer(target.url)
             return asyncio.run(_measure(target, linger, seconds, in_flight))
 
 

@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.servers import rollbuf, serve
+from bench.servers import register_trainer, rollbuf, serve
 from rollout_client import RolloutRunner, ScriptedPolicy, Session, Task, Tasks
 from rollout_client.examples import Arithmetic, arithmetic_script, arithmetic_task, busy
 from rollout_client.policy import stable_unit
@@ -132,21 +130,7 @@ async def two_workers(url: str, log: Path) -> dict[str, Any]:
 
 
 async def main_async(url: str, tmp: Path) -> dict[str, Any]:
-    with httpx.Client(base_url=url) as http:
-        http.post(
-            "/register",
-            json={
-                "wandb_group": "bench",
-                "wandb_project": "bench",
-                "batch_size": 64,
-                "max_token_len": 512,
-                "checkpoint_dir": "c",
-                "save_checkpoint_interval": 0,
-                "starting_step": 0,
-                "num_steps": 1,
-            },
-        )
-        http.get("/batch")
+    register_trainer(url)
     return {
         "long_tail": await long_tail(url, True),
         "long_tail_group": await long_tail(url, False),

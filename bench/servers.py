@@ -155,3 +155,21 @@ def ceiling(log: Path) -> tuple[str, list[str], int]:
         "warning",
     ]
     return "do-nothing", cmd, port
+
+
+def register_trainer(url: str, batch_size: int = 64, max_token_len: int = 512) -> None:
+    """Register the bench's trainer on `url` and poll once (Atropos gates `/register-env` on the trainer's first
+    `/batch`), so the producers under measure can start."""
+    registration = {
+        "wandb_group": "bench",
+        "wandb_project": "bench",
+        "batch_size": batch_size,
+        "max_token_len": max_token_len,
+        "checkpoint_dir": "c",
+        "save_checkpoint_interval": 0,
+        "starting_step": 0,
+        "num_steps": 1,
+    }
+    with httpx.Client(base_url=url) as http:
+        http.post("/register", json=registration).raise_for_status()
+        http.get("/batch")
