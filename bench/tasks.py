@@ -31,7 +31,10 @@ from typing import Any
 from api.config.settings import Settings
 from api.store import Store, make_store
 from api.store.base import QUEUED, LedgerGroup, Txn
+from api.tasks import fates as task_fates
 from api.tasks import leases as tl
+from api.tasks import records as task_records
+from api.tasks.records import Dataset
 from api.tasks.service import Tasks
 from api.wire.tasks import DatasetSpec
 
@@ -76,7 +79,7 @@ async def load_file(store: Store, size: int, order: str, tmp: Path) -> float:
 
 async def load(store: Store, size: int, order: str) -> float:
     started = time.perf_counter()
-    await store.transact(lambda txn: tl.register(txn, tl.Dataset(name="d", sealed=False, order=order, epochs=None)))
+    await store.transact(lambda txn: tl.register(txn, Dataset(name="d", sealed=False, order=order, epochs=None)))
     for first in range(0, size, PAGE):
         page = [f'{{"q":{i}}}' for i in range(first, min(size, first + PAGE))]
         last = first + PAGE >= size
@@ -113,7 +116,7 @@ async def lease_loop(store: Store, producers: int, leases: int) -> float:
             ]
 
             def ack(txn: Txn, rows: list[LedgerGroup] = rows) -> None:
-                tl.on_acknowledged(txn, rows)
+                task_fates.on_acknowledged(txn, rows)
 
             await store.transact(ack)
 
@@ -131,7 +134,7 @@ async def run(
             stack = contextlib.ExitStack()
             store = make_store(store_url(kind, Path(tmp), f"{size}-{order}", stack))
             try:
-                await store.transact(lambda txn: txn.get_value(tl.ANY_KEY))  # opened (PostgreSQL: connected)
+                await store.transact(lambda txn: txn.get_value(task_records.ANY_KEY))  # opened (PostgreSQL: connected)
                 row: dict[str, Any] = {"store": kind, "tasks": size, "order": order, "source": source}
                 row["rss_mb_open"] = round(rss_mb())
                 loaded = await (

@@ -21,6 +21,7 @@ from api.run.filters import filter_reason
 from api.run.state import ANON_NAME, EnvRecord, RunState
 from api.store.base import ANON_ENV, HELD, QUEUED, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
 from api.tasks import leases as task_leases
+from api.tasks import tokens as task_tokens
 from api.wire.schema import ScoredReply
 
 
@@ -86,7 +87,7 @@ def submit_txn(
             if sub.key is not None:
                 first_in_request[sub.key] = i
     for _, sub in fresh:  # acknowledged only what a task lease's holder sends while its lease is its task's
-        if task_leases.is_token(sub.record.group_id):
+        if task_tokens.is_token(sub.record.group_id):
             assert sub.record.group_id is not None
             task_leases.check_submission(txn, sub.record.group_id, caller, sub.record.producer_id, sub.loc)
     held_envs = {e.env_id for _, s in fresh if (e := held_env(run, s)) is not None}

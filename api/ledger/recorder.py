@@ -6,7 +6,7 @@ Three twins, picked from the settings by `recorder`: `Recorder` (the ledger off)
 every run keeps; `Ledger` also writes the ledger's rows; `Retaining` also keeps the payloads of served and
 dropped groups (retention). Every ledger or retained-payload write of a decision goes through here: a change
 to `Txn`'s ledger methods is a change to this module only (docs/ledger.md). With the ledger on, a group sent
-under a task's lease moves its task's fate with it (`api.tasks.leases`, docs/tasks.md).
+under a task's lease moves its task's fate with it (`api.tasks.fates`, docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from api.ledger import rules as ledger
 from api.run import state
 from api.store.base import DROPPED, SERVED, LedgerGroup, LedgerStep, Txn
-from api.tasks import leases as task_leases
+from api.tasks import fates as task_fates
 
 if TYPE_CHECKING:  # the ledger records what ingest submits; ingest sits above it (api/layers.py)
     from api.ingest.submissions import Submission
@@ -75,7 +75,7 @@ class LedgerArrivals(Arrivals):
     def flush(self) -> None:
         if self.rows:
             self.txn.ledger.add(self.rows)
-            task_leases.on_acknowledged(self.txn, self.rows)  # groups sent under a task's lease: submitted
+            task_fates.on_acknowledged(self.txn, self.rows)  # groups sent under a task's lease: submitted
             self.rows = []
 
     def close(self) -> None:
@@ -160,7 +160,7 @@ class Ledger(Recorder):
     def expired_open(self, txn: Txn, env_name: str, row: LedgerGroup) -> None:
         super().expired_open(txn, env_name, row)
         txn.ledger.add([row])
-        task_leases.on_acknowledged(txn, [row])  # under a task's lease: its task is retried or dropped, with why
+        task_fates.on_acknowledged(txn, [row])  # under a task's lease: its task is retried or dropped, with why
 
     def served(self, txn: Txn, row: LedgerStep, payloads: Sequence[bytes]) -> None:
         self._decided(txn, row.group_ids, SERVED, None, row.step, row.formed_at, self.retain)
@@ -171,17 +171,17 @@ class Ledger(Recorder):
         txn.ledger.committed(first, before, at)
 
     def trained(self, txn: Txn, first: int, before: int, at: float) -> None:
-        task_leases.on_trained(txn, first, before, at)  # their served tasks are trained
+        task_fates.on_trained(txn, first, before, at)  # their served tasks are trained
 
     def requeued(self, txn: Txn, old_id: int, new_id: int) -> None:
         txn.ledger.requeue(old_id, new_id)
-        task_leases.on_requeued(txn, old_id, new_id)
+        task_fates.on_requeued(txn, old_id, new_id)
 
     def _decided(
         self, txn: Txn, ids: Sequence[int], fate: str, reason: str | None, step: int, at: float, kept: bool
     ) -> None:
         txn.ledger.decide(ids, fate, step=step, reason=reason, at=at, kept=kept)
-        task_leases.on_decided(txn, ids, fate, step=step, reason=reason, now=at)  # their tasks follow
+        task_fates.on_decided(txn, ids, fate, step=step, reason=reason, now=at)  # their tasks follow
 
 
 class Retaining(Ledger):

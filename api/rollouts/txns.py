@@ -34,6 +34,7 @@ from api.run.state import RunState
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
 from api.store.rollouts import LIVE, GroupRow, SlotRow, TurnRow
 from api.tasks import leases as task_leases
+from api.tasks import tokens as task_tokens
 from api.wire.records import encode
 from api.wire.rollouts import (
     GroupView,
@@ -237,7 +238,7 @@ def open_txn(
         env = run.env(req.env_id)
         if env is None or caller.hides(env.owner, "env"):
             raise NotFound(f"env {req.env_id} is not registered", loc=("body", "env_id"))
-    if task_leases.is_token(req.group_id):
+    if task_tokens.is_token(req.group_id):
         task_leases.check_submission(txn, req.group_id, caller, req.producer_id, ("body",))
     mine = txn.get_counts(BY_KEY).get(caller.owner, 0) if caller.owner is not None else 0
     if mine >= settings.rollout_max_open_groups_per_key:

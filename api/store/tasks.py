@@ -2,8 +2,8 @@
 fate (docs/tasks.md), stored beside the queue so that a lease, a submission and a trained step land in the same
 transaction as the decision they record.
 
-The logic (what a lease, a heartbeat, a drop does) is written once, in api/tasks/leases.py and the moves of
-api/tasks/states.py, over these rows; a backend only stores them. Every method costs the rows it names or
+The logic (what a lease, a heartbeat, a drop does) is written once, in api/tasks/leases.py and fates.py and the
+moves of api/tasks/states.py, over these rows; a backend only stores them. Every method costs the rows it names or
 returns, never the dataset: a dataset of 10M tasks is read a page at a time and its rows exist only for tasks
 that were handed out.
 """

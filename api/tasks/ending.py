@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from api.producers.stored import load_producers
 from api.run.state import RunState
 from api.store.base import Txn
-from api.tasks import leases
+from api.tasks import fates as task_fates
+from api.tasks import records as task_records
+from api.tasks.records import Dataset
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,7 @@ class DatasetEnd:
 
     name: str
     exhausted: bool
-    """Every epoch handed out, nothing leased or waiting (`leases.Dataset.exhausted`)."""
+    """Every epoch handed out, nothing leased or waiting (`Dataset.exhausted`)."""
     done: bool
     """Exhausted and nothing submitted: every task trained, dropped or failed."""
 
@@ -85,26 +87,26 @@ def is_finished(ending: Ending, datasets: Sequence[DatasetEnd], queued: int, hel
     return ending.final and all(d.done for d in datasets) and queued == 0 and held == 0
 
 
-def _datasets(txn: Txn) -> list[leases.Dataset]:
+def _datasets(txn: Txn) -> list[Dataset]:
     out = []
     for name in txn.tasks.dataset_names():
         record = txn.tasks.get_dataset(name)
         if record is not None:
-            out.append(leases.Dataset.of(record))
+            out.append(Dataset.of(record))
     return out
 
 
 def read(txn: Txn, run: RunState, now: float, gone_after: float) -> tuple[Ending, list[DatasetEnd]]:
     """`judge` over the store: the datasets, and, once they are all exhausted, the connected envs, which of them
-    sent groups under task leases (`leases.FED_KEY`, by env name: every producer of an env registers its own) and
+    sent groups under task leases (`task_fates.FED_KEY`, by env name: every producer of an env registers its own) and
     the producers heartbeating for them (live within `gone_after` s of `now`)."""
-    if txn.get_value(leases.ANY_KEY) is None:
+    if txn.get_value(task_records.ANY_KEY) is None:
         return NO_DATASETS, []
     records = _datasets(txn)
     datasets = [DatasetEnd(d.name, d.exhausted, d.done) for d in records]
     if not datasets or not all(d.exhausted for d in datasets):
         return judge(datasets, []), datasets
-    fed = {env.desired_name for e in leases.fed_envs(txn) if (env := run.env(e)) is not None}
+    fed = {env.desired_name for e in task_fates.fed_envs(txn) if (env := run.env(e)) is not None}
     fed |= {d.env for d in records if d.env is not None}
     table = load_producers(txn).values()
     sources = []

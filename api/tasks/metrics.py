@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.tasks.leases import EVENTS
+from api.tasks.records import EVENTS
 from api.tasks.states import STATES
 from api.wire.tasks import DatasetView
 

@@ -1,5 +1,6 @@
 """What the task routes do (docs/tasks.md): `Tasks`, one operation a route, each one store transaction over
-api/tasks/leases.py, bounded by the task settings; a dataset file is read a page per transaction, never whole."""
+api/tasks/leases.py (and records.py, totals.py), bounded by the task settings; a dataset file is read a page per
+transaction, never whole."""
 
 from __future__ import annotations
 
@@ -21,11 +22,14 @@ from api.run.printable import check_printable
 from api.store.base import Store, Txn
 from api.store.tasks import TaskRow
 from api.tasks import leases as tl
+from api.tasks import records as task_records
+from api.tasks import totals as task_totals
 from api.tasks.files import TaskFile, resolve
+from api.tasks.records import Dataset
 from api.wire import tasks as wire
 
 
-def view_of(d: tl.Dataset) -> wire.DatasetView:
+def view_of(d: Dataset) -> wire.DatasetView:
     """A dataset as the views show it: its tallies as stored, those at 0 left out."""
     counts = {k: v for k, v in d.counts.items() if v}
     return wire.DatasetView(
@@ -48,12 +52,12 @@ def view_of(d: tl.Dataset) -> wire.DatasetView:
 
 def views_txn(txn: Txn, actor: Actor = ANYONE) -> list[wire.DatasetView]:
     """Every dataset's view that `actor` may see (nothing read in runs without one)."""
-    if txn.get_value(tl.ANY_KEY) is None:
+    if txn.get_value(task_records.ANY_KEY) is None:
         return []
     out = []
     for name in txn.tasks.dataset_names():
         record = txn.tasks.get_dataset(name)
-        if record is not None and actor.may((d := tl.Dataset.of(record)).owner):
+        if record is not None and actor.may((d := Dataset.of(record)).owner):
             out.append(view_of(d))
     return out
 
@@ -89,7 +93,7 @@ def _texts(tasks: list[Any], settings: Settings, where: str) -> list[str]:
     return texts
 
 
-def _same(d: tl.Dataset, spec: wire.DatasetSpec) -> bool:
+def _same(d: Dataset, spec: wire.DatasetSpec) -> bool:
     return (d.env, d.epochs, d.seed, d.order, d.max_retries, d.levels, d.level_key) == (
         spec.env,
         spec.epochs,
@@ -110,7 +114,7 @@ class Tasks:
     changed: Callable[[], None] = lambda: None
     """Called when a task ends without a group: its dataset may end, and a waiting trainer may get the run's
     tail (`Wakeups.changed`)."""
-    _reading: dict[str, asyncio.Task[tl.Dataset]] = field(default_factory=dict)
+    _reading: dict[str, asyncio.Task[Dataset]] = field(default_factory=dict)
     """The dataset files this process reads now, by dataset: a registration sent again waits for its reading
     instead of starting another."""
 
@@ -126,7 +130,7 @@ class Tasks:
             raise Conflict("tasks follow their groups through the ledger: this server runs with ledger off")
         source = resolve(settings.task_files_dir, spec.path) if spec.path is not None else None
         first = _texts(spec.tasks or [], settings, "tasks")
-        new = tl.Dataset(
+        new = Dataset(
             name=spec.name,
             sealed=False,
             epochs=spec.epochs,
@@ -139,10 +143,10 @@ class Tasks:
             owner=actor.owner,
         )
 
-        def begin(txn: Txn) -> tl.Dataset:
+        def begin(txn: Txn) -> Dataset:
             record = txn.tasks.get_dataset(spec.name)
             if record is not None:
-                old = tl.Dataset.of(record)
+                old = Dataset.of(record)
                 if old.owner != actor.owner:
                     raise Conflict(
                         f"the dataset name {spec.name!r} is another key's: names are unique across "
@@ -193,7 +197,7 @@ class Tasks:
                 settings.task_lease_max_bytes,
             )
             record = txn.tasks.get_dataset(req.dataset)
-            return leases, record is not None and tl.Dataset.of(record).done
+            return leases, record is not None and Dataset.of(record).done
 
         leases, done = await self.store.transact(fn)
         return wire.LeaseReply(
@@ -235,7 +239,7 @@ class Tasks:
             unknown = NotFound(f"no dataset {name!r}", loc=("query", "dataset"))
             if record is None:
                 raise unknown
-            actor.check(tl.Dataset.of(record).owner, "dataset", unknown)
+            actor.check(Dataset.of(record).owner, "dataset", unknown)
             return txn.tasks.scan(name, after, limit)
 
         found = await self.store.read(fn)
@@ -243,14 +247,14 @@ class Tasks:
         return wire.TaskRows(tasks=[task_view(r) for r in found], next=nxt)
 
 
-def _read(reading: dict[str, asyncio.Task[tl.Dataset]], name: str, task: asyncio.Task[tl.Dataset]) -> None:
+def _read(reading: dict[str, asyncio.Task[Dataset]], name: str, task: asyncio.Task[Dataset]) -> None:
     if reading.get(name) is task:
         del reading[name]
     if not task.cancelled():
         task.exception()  # seen here: a reading whose every client gave up logs no "never retrieved"
 
 
-async def _read_file(store: Store, settings: Settings, name: str, source: Path, actor: Actor) -> tl.Dataset:
+async def _read_file(store: Store, settings: Settings, name: str, source: Path, actor: Actor) -> Dataset:
     """Read dataset `name`'s file into the store from where its stored tasks end, a page per transaction, under a
     claim (`tl.claim_reading`) that keeps any other registration from reading it meanwhile."""
     reader = secrets.token_hex(8)
@@ -271,13 +275,13 @@ async def _read_file(store: Store, settings: Settings, name: str, source: Path, 
     return d
 
 
-def _bounds(settings: Settings) -> tl.Bounds:
-    return tl.Bounds(settings.task_max_dataset_size, settings.task_max_bytes_per_key)
+def _bounds(settings: Settings) -> task_totals.Bounds:
+    return task_totals.Bounds(settings.task_max_dataset_size, settings.task_max_bytes_per_key)
 
 
 def _adding(
     name: str, first: int, page: list[str], last: bool, actor: Actor, settings: Settings, reader: str
-) -> Callable[[Txn], tl.Dataset]:
+) -> Callable[[Txn], Dataset]:
     return lambda txn: tl.add_tasks(
         txn,
         name,

@@ -1,8 +1,8 @@
 """A task's states and every move between them (docs/tasks-fates.md), as pure functions over `TaskRow`: the one
 place a task's state is written, so the rules below hold wherever a lease, a group's fate or a trainer's
-acknowledgement moves a task. The rest of `api/tasks/leases.py` finds the rows, keeps its dataset's record
-(`counted` moves the tallies with each row) and stores them; a store keeps each row as a move left it, and the
-views read it as stored.
+acknowledgement moves a task. api/tasks/leases.py and fates.py find the rows, keep their dataset's record
+(api/tasks/records.py; `counted` moves the tallies with each row) and store them; a store keeps each row as a
+move left it, and the views read it as stored.
 
     (new) -lease-> leased -submit-> submitted -serve-> served -acknowledge-> trained
     leased -expire, hand_back-> waiting -lease-> leased

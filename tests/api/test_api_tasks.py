@@ -16,6 +16,7 @@ import pytest
 from api.app import create_app
 from api.config.settings import Settings
 from api.tasks import leases as tl
+from api.tasks.records import Dataset
 from tests.asgi import serving
 from tests.factories import env, group, registration
 
@@ -147,7 +148,7 @@ async def test_a_file_another_process_reads_is_a_409_until_its_claim_lapses(sett
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as c:
             store = app.state.service.store
             body = {"name": "file", "path": "d.jsonl"}
-            await store.transact(lambda txn: tl.register(txn, tl.Dataset(name="file", sealed=False)))
+            await store.transact(lambda txn: tl.register(txn, Dataset(name="file", sealed=False)))
             await store.transact(
                 lambda txn: tl.add_tasks(txn, "file", 0, ['{"q": 0}', '{"q": 1}', '{"q": 2}'], last=False)
             )

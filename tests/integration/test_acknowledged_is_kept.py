@@ -205,7 +205,7 @@ def server_on(backend: str, tmp: Path) -> Iterator[ServerProcess]:
 def test_lease_tokens_parse_totally_on_every_store(backend: str, tmp_path: Path) -> None:
     """A group id that claims to be a lease token and is not one (`task:x:0:0:²`, numbers past 64 bits, a leading
     zero) is a 422 naming `group_id`, on /scored_data and /rollouts/open; such tokens in /tasks/heartbeat and
-    /tasks/fail are leases not held. Before the token parser (api/tasks/leases.py parse_token), `task:x:0:0:²` made
+    /tasks/fail are leases not held. Before the token parser (api/tasks/tokens.py parse_token), `task:x:0:0:²` made
     /scored_data answer 500 on every store, and integers past 64 bits in a token made /tasks/heartbeat, /tasks/fail
     and /scored_data answer 500 on SQLite."""
     with server_on(backend, tmp_path) as server, httpx.Client(base_url=server.url, timeout=30) as c:

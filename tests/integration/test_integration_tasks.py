@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.tasks.leases import parse_token
+from api.tasks.tokens import parse_token
 from rollout_client.examples import arithmetic_task
 from tests import pg
 from tests.resuming_trainer import REGISTRATION

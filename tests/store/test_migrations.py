@@ -23,7 +23,7 @@ from api.config.settings import Settings
 from api.store import make_store, postgres, sqlite
 from api.store.base import Txn
 from api.store.migrations import SchemaRefused, Step, migrate
-from api.tasks import leases as tl
+from api.tasks.records import Dataset
 from tests import pg
 from tests.factories import env, group
 from tests.store.old_files.write import DRILL
@@ -267,7 +267,7 @@ def _stored_tasks(url: str) -> tuple[list[tuple[int, str, int | None]], dict[str
 
     def read(txn: Txn) -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:
         rows = [(r.index, r.state, r.step) for r in txn.tasks.scan("drill", (-1, -1), 10)]
-        drill, arith = (tl.Dataset.of(str(txn.tasks.get_dataset(name))) for name in ("drill", "arith"))
+        drill, arith = (Dataset.of(str(txn.tasks.get_dataset(name))) for name in ("drill", "arith"))
         return rows, {k: v for k, v in drill.counts.items() if v}, {k: v for k, v in arith.counts.items() if v}
 
     async def opened() -> tuple[list[tuple[int, str, int | None]], dict[str, int], dict[str, int]]:

@@ -1,5 +1,5 @@
 """What every backend promises for the task tables (api/store/tasks.py), and the lease logic
-(api/tasks/leases.py) run through each of them: rows, the front, expiry, the ledger hooks, rollback, clear."""
+(api/tasks/leases.py, fates.py) run through each of them: rows, the front, expiry, the ledger hooks, rollback, clear."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import pytest
 from api.store import Store
 from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup, LedgerStep, Txn
 from api.store.tasks import FRONT, LEASED, TaskRow
+from api.tasks import fates as task_fates
 from api.tasks import leases as tl
+from api.tasks.records import Dataset
 
 pytestmark = pytest.mark.anyio
 
 
-def dataset(name: str = "math", **kw: object) -> tl.Dataset:
-    return tl.Dataset(name=name, **kw)  # type: ignore[arg-type]
+def dataset(name: str = "math", **kw: object) -> Dataset:
+    return Dataset(name=name, **kw)  # type: ignore[arg-type]
 
 
 async def registered(store: Store, n: int = 10, **kw: object) -> None:
@@ -116,23 +118,25 @@ async def test_leases_expire_to_the_front_and_fates_follow_the_ledger(store: Sto
     assert await store.transact(lambda txn: tl.heartbeat(txn, [a[1].token], 12.0, 10.0)) == {a[1].token: None}
 
     def acked(txn: Txn) -> None:
-        tl.on_acknowledged(txn, [ledger_row(7, a[0].token), ledger_row(8, b[0].token)])
+        task_fates.on_acknowledged(txn, [ledger_row(7, a[0].token), ledger_row(8, b[0].token)])
 
     await store.transact(acked)
-    await store.transact(lambda txn: tl.on_decided(txn, [7], SERVED, step=3, reason=None, now=13.0))
-    await store.transact(lambda txn: tl.on_decided(txn, [8], DROPPED, step=3, reason="stale", now=13.0))
+    await store.transact(lambda txn: task_fates.on_decided(txn, [7], SERVED, step=3, reason=None, now=13.0))
+    await store.transact(lambda txn: task_fates.on_decided(txn, [8], DROPPED, step=3, reason="stale", now=13.0))
     served = await store.transact(lambda txn: txn.tasks.rows("math", [(0, 0)]))
     assert (served[0, 0].state, served[0, 0].step) == ("served", 3), "served until the trainer acknowledges step 3"
     again = await store.transact(lambda txn: tl.lease(txn, "math", "p3", 1, 14.0, 10.0, 100))
     assert [x.index for x in again] == [1], "a drop is retried (max_retries=1) before the cursor moves"
-    await store.transact(lambda txn: tl.on_acknowledged(txn, [ledger_row(9, again[0].token, DROPPED, "filter")]))
+    await store.transact(
+        lambda txn: task_fates.on_acknowledged(txn, [ledger_row(9, again[0].token, DROPPED, "filter")])
+    )
 
     def acknowledged(txn: Txn) -> None:  # step 3 formed of group 7, then the trainer acknowledges steps 0 to 3
         txn.ledger.put_step(LedgerStep(3, 13.0, 0.0, (7,), 4, 40, {}, {}, {}))
-        tl.on_trained(txn, 0, 4, 15.0)
+        task_fates.on_trained(txn, 0, 4, 15.0)
 
     await store.transact(acknowledged)
-    d = tl.Dataset.of(str(await store.transact(lambda txn: txn.tasks.get_dataset("math"))))
+    d = Dataset.of(str(await store.transact(lambda txn: txn.tasks.get_dataset("math"))))
     assert {k: v for k, v in d.counts.items() if v} == {"trained": 1, "dropped": 1, "expired": 1, "retried": 1}
     rows = await store.transact(lambda txn: txn.tasks.rows("math", [(0, 0), (0, 1)]))
     assert (rows[0, 0].state, rows[0, 0].step, rows[0, 0].ledger_id, rows[0, 0].updated_at) == ("trained", 3, 7, 15.0)
@@ -145,7 +149,7 @@ async def test_epochs_wait_for_the_last_leases_and_clear_forgets(store: Store) -
     assert sorted(x.index for x in first) == [0, 1] and {x.epoch for x in first} == {0}
     assert await store.transact(lambda txn: tl.lease(txn, "math", "p", 5, 1.0, 10.0, 100)) == []
     rows = [ledger_row(i + 1, x.token) for i, x in enumerate(first)]
-    await store.transact(lambda txn: tl.on_acknowledged(txn, rows))
+    await store.transact(lambda txn: task_fates.on_acknowledged(txn, rows))
     second = await store.transact(lambda txn: tl.lease(txn, "math", "p", 5, 2.0, 10.0, 100))
     assert sorted(x.index for x in second) == [0, 1] and {x.epoch for x in second} == {1}
     await store.transact(lambda txn: txn.clear())

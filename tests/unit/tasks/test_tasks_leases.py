@@ -1,4 +1,4 @@
-"""The lease/fate logic (api/tasks/leases.py) against a simple model, as a hypothesis state machine over the
+"""The lease/fate logic (api/tasks/leases.py, fates.py) against a simple model, as a hypothesis state machine over the
 in-process task tables: leases, heartbeats, expiry, groups acknowledged and decided, steps acknowledged by the
 trainer, failures, epochs. The invariants: a task is in at most one live lease, the tallies are the rows' states,
 no (epoch, task) is trained twice, a served task is trained in the step it was served in, retries stay within the
@@ -9,16 +9,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hypothesis import given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from api.store.base import DROPPED, QUEUED, SERVED, LedgerGroup, LedgerStep
 from api.store.memory import MemoryTxn, State
 from api.store.tasks import FRONT, LEASED
+from api.tasks import fates as task_fates
 from api.tasks import leases as tl
 from api.tasks import states
+from api.tasks import tokens as task_tokens
 from api.tasks.order import ORDERS, POSITIONAL, WEIGHTED, task_at
+from api.tasks.records import Dataset
 
 DURATION = 10.0
 
@@ -54,7 +57,7 @@ class Leases(RuleBasedStateMachine):
         levels = {"easy": 3.0, "hard": 1.0} if order == WEIGHTED else None
         tl.register(
             self.txn,
-            tl.Dataset(name="d", sealed=False, epochs=epochs, order=order, max_retries=retries, seed=1, levels=levels),
+            Dataset(name="d", sealed=False, epochs=epochs, order=order, max_retries=retries, seed=1, levels=levels),
         )
         tasks = [f'{{"i":{i},"level":"{"hard" if i % 3 == 0 else "easy"}"}}' for i in range(size)]
         tl.add_tasks(self.txn, "d", 0, tasks[:2], last=False)  # in two pages: levels indexed across pages
@@ -71,7 +74,7 @@ class Leases(RuleBasedStateMachine):
         """Every step before it is acknowledged by the trainer."""
 
     def _key(self, token: str) -> tuple[int, int]:
-        parsed = tl.parse_token(token)
+        parsed = task_tokens.parse_token(token)
         assert parsed is not None
         return parsed.epoch, parsed.index
 
@@ -138,7 +141,7 @@ class Leases(RuleBasedStateMachine):
             score_std=0,
             fate=DROPPED if dropped else QUEUED,
         )
-        tl.on_acknowledged(self.txn, [row])
+        task_fates.on_acknowledged(self.txn, [row])
         if m.state in (LEASED, FRONT):
             m.state, m.token, m.ledger = states.SUBMITTED, None, lid
             self.ledger[lid] = self._key(token)
@@ -154,7 +157,7 @@ class Leases(RuleBasedStateMachine):
         if served:  # a batch of this one group, as formation writes it: its ledger row, then the decision
             self.txn.ledger.put_step(LedgerStep(step, self.now, 0.0, (lid,), 1, 1, {}, {}, {}))
             self.step += 1
-        tl.on_decided(self.txn, [lid], SERVED if served else DROPPED, step=step, reason="stale", now=self.now)
+        task_fates.on_decided(self.txn, [lid], SERVED if served else DROPPED, step=step, reason="stale", now=self.now)
         if m.state == states.SUBMITTED and m.ledger == lid:
             if served:
                 m.state, m.step = states.SERVED, step
@@ -166,7 +169,7 @@ class Leases(RuleBasedStateMachine):
     def steps_acknowledged(self, data: st.DataObject) -> None:
         """The trainer acknowledges every step before `before` (a commit, or asking for a later batch)."""
         before = data.draw(st.integers(self.mark + 1, self.step))
-        tl.on_trained(self.txn, self.mark, before, self.now)
+        task_fates.on_trained(self.txn, self.mark, before, self.now)
         for m in self.model.values():
             if m.state == states.SERVED and m.step is not None and m.step < before:
                 m.state, m.trained = "final", m.trained + 1
@@ -188,7 +191,7 @@ class Leases(RuleBasedStateMachine):
     def tallies_match_the_model(self) -> None:
         if not hasattr(self, "txn"):
             return
-        d = tl.Dataset.of(str(self.txn.tasks.get_dataset("d")))
+        d = Dataset.of(str(self.txn.tasks.get_dataset("d")))
         live = [k for k, m in self.model.items() if m.state == LEASED]
         assert d.counts.get(LEASED, 0) == len(live)
         assert d.counts.get(FRONT, 0) == sum(m.state == FRONT for m in self.model.values())
@@ -212,48 +215,3 @@ class Leases(RuleBasedStateMachine):
 
 Leases.TestCase.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
 TestLeases = Leases.TestCase
-
-
-digits = st.text(st.sampled_from("0123456789²٣߁𝟗¹") | st.characters(categories=["Nd"]), min_size=1, max_size=4)
-"""ASCII digits and what else `str.isdigit` or `int` take (superscripts, Arabic-Indic, mathematical digits)."""
-numbers = (
-    digits
-    | st.integers(0, 2**80).map(str)
-    | st.integers(0, 10**18).map(lambda n: f"0{n}")
-    | st.text(st.characters(categories=["Cs", "Nd", "Zs"]), max_size=3)
-)
-nonces = st.just("") | st.text("0123456789abcdefABCDEF\ud800", min_size=20, max_size=26).map(lambda t: "." + t)
-tokens = st.builds(
-    lambda name, epoch, index, lease, nonce: f"task:{name}:{epoch}:{index}:{lease}{nonce}",
-    st.sampled_from(["gsm8k", "a.b-c_d", "x" * 64, "x" * 65, "", "d:e", "d\ud800"]),
-    numbers,
-    numbers,
-    numbers,
-    nonces,
-)
-
-
-@settings(max_examples=400, deadline=None)
-@given(tokens | st.text(max_size=40) | st.text(st.characters(categories=["Cs", "Nd"]), max_size=40))
-def test_a_lease_token_parses_totally_and_only_as_the_server_writes_it(token: str) -> None:
-    """Any text is a token or not (no exception): Unicode digits, integers past 64 bits, leading zeros, lone
-    surrogates. One that parses is exactly the token `token_of` writes for its parts (one text per lease), with
-    numbers every store holds (below 2^63)."""
-    parsed = tl.parse_token(token)
-    if parsed is None:
-        return
-    assert all(0 <= n < 2**63 for n in (parsed.epoch, parsed.index, parsed.lease))
-    assert tl.token_of(parsed.dataset, parsed.epoch, parsed.index, parsed.lease, parsed.nonce) == token
-
-
-@given(
-    st.text(max_size=30),
-    st.integers(0, 10**18 - 1),
-    st.integers(0, 10**18 - 1),
-    st.integers(0, 10**18 - 1),
-    st.none() | st.binary(min_size=12, max_size=12).map(bytes.hex),
-)
-def test_every_token_the_server_writes_parses_back(name: str, epoch: int, index: int, lease: int, nonce: str) -> None:
-    name = "".join(c for c in name if c.isascii() and (c.isalnum() or c in "_.-"))[:64] or "d"
-    token = tl.token_of(name, epoch, index, lease, nonce)
-    assert tl.parse_token(token) == tl.Token(name, epoch, index, lease, nonce)
