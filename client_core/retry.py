@@ -95,17 +95,26 @@ class RetryPolicy:
 async def post_retrying(http: httpx.AsyncClient, path: str, body: dict[str, Any], deadline: float) -> Any:
     """POST `body` as JSON, retried under `RetryPolicy(deadline)`: the decoded reply, the error from
     `client_core.errors` (not retried where it says so), or RetriesExhausted from the last one."""
+    return await _retrying(http, "POST", path, deadline, json=body)
+
+
+async def get_retrying(http: httpx.AsyncClient, path: str, params: dict[str, Any], deadline: float) -> Any:
+    """GET with query `params`, retried as `post_retrying` is."""
+    return await _retrying(http, "GET", path, deadline, params=params)
+
+
+async def _retrying(http: httpx.AsyncClient, method: str, path: str, deadline: float, **kwargs: Any) -> Any:
     try:
         async for attempt in RetryPolicy(deadline).aretrying():
             with attempt:
                 try:
-                    response = await http.post(path, json=body)
+                    response = await http.request(method, path, **kwargs)
                 except httpx.TransportError as exc:
-                    raise TransportError.from_httpx(exc, "POST", path) from exc
+                    raise TransportError.from_httpx(exc, method, path) from exc
                 if response.status_code >= 400:
                     raise error_for(response)
                 return reply_body(response)
     except RetryError as exc:
         last = exc.last_attempt.exception()
-        raise RetriesExhausted(f"POST {path}: still failing after retrying: {last}") from last
+        raise RetriesExhausted(f"{method} {path}: still failing after retrying: {last}") from last
     raise AssertionError("unreachable: tenacity either returns, raises, or raises RetryError")

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 from api.wire.rules import MASK_IGNORE
 from rollout_client.chat.tools import valid_text
+from rollout_client.episodes import COMPLETION, TOOL, Prefix, ReplayDiverged, Resumes, TurnPiece, TurnSink
 from rollout_client.errors import EpisodeTruncated, PromptTooLong, SetupTimeout, TurnTimeout
 from rollout_client.policy import Completion, Policy
 
@@ -184,6 +185,115 @@ class Session:
         self.left_out: Counter[str] = Counter()
         """What this rollout left out of the group (traces, branches), by reason: summed over the group into
         its `group_overrides["left_out"]`."""
+        self.versions: list[int | None] = []
+        """Per token, the weights version that sampled it (or, observed, the one in use then): None, not known."""
+        self.log: list[dict[str, Any]] = []
+        """The current turn's completions and tool results, posted as its `tool_results` (rollout_client.episodes)."""
+        self.mark = 0
+        """Where the current turn begins (the tokens before it are in ended turns)."""
+        self.next_turn = 0
+        """The number `end_turn` gives the current turn."""
+        self.turn_sink: TurnSink | None = None
+        """Where ended turns are posted (set by the runner for an env that posts each rollout and resumes)."""
+        self.resumed = False
+        """True when the session was rebuilt from another producer's turns and `Environment.restore` gave its
+        `state`: the env's `rollout` continues the episode from there (at generation `len(turns)`)."""
+        self.resumed_tokens = 0
+        """Tokens taken from another producer's turns (`load_prefix`, `replay`) rather than generated again."""
+        self._replay: Prefix | None = None
+        self._replayed = 0
+
+    def load_prefix(self, prefix: Prefix) -> None:
+        """Start from a slot's acknowledged turns without generating them again: their tokens are the transcript,
+        their recorded completions its generations (so the next one's seed follows them)."""
+        self.tokens, self.masks, self.logprobs = list(prefix.tokens), list(prefix.masks), list(prefix.logprobs)
+        self.versions = list(prefix.versions) if prefix.versions is not None else [None] * len(prefix.tokens)
+        for g in prefix.generations or []:
+            ids = prefix.tokens[g.start : g.start + g.length]
+            self.completions.append(Completion(ids, prefix.logprobs[g.start : g.start + g.length], g.text, g.finish))
+            self.turns.append(self._record(g.start, g.length, self.versions[g.start] if g.length else None))
+        self.mark, self.next_turn, self.resumed = len(self.tokens), prefix.turns, True
+        self.resumed_tokens = len(prefix.tokens)
+
+    def replay(self, prefix: Prefix) -> None:
+        """Run the env's turns again against the prefix's recorded completions (its tools are deterministic):
+        `generate` answers with them, without the policy, until the prefix's turns have ended again."""
+        self._replay, self._replayed, self.resumed_tokens = prefix, 0, len(prefix.tokens)
+
+    @property
+    def replaying(self) -> bool:
+        return self._replay is not None
+
+    @staticmethod
+    def _record(start: int, length: int, weights: int | None) -> dict[str, float | int]:
+        turn: dict[str, float | int] = {"prompt_tokens": start, "completion_tokens": length, "wait_s": 0.0}
+        turn["generate_s"] = 0.0
+        if weights is not None:
+            turn["weights"] = weights
+        return turn
+
+    async def end_turn(self, *, snapshot: bytes | str | None = None, tool_results: Iterable[Any] = ()) -> None:
+        """A turn of the episode ended (a step, a tool call answered): what the session appended since the last
+        turn is posted as one turn, with `tool_results` (JSON) and the env's state after it (`snapshot`: bytes,
+        or a URI the env's `restore` resolves), and is durable once acknowledged. Returns once the turn is queued
+        for posting, not when it is acknowledged. Without a runner posting turns it only marks the boundary.
+        Raises SlotLost when the slot passed to another producer."""
+        self.log.extend({TOOL: r} for r in tool_results)
+        if self._replay is not None:
+            self._end_replayed_turn(self._replay)
+            return
+        if len(self.tokens) == self.mark:
+            return  # nothing appended: the log goes with the next turn
+        versions = self.versions[self.mark :]
+        piece = TurnPiece(
+            self.next_turn,
+            self.tokens[self.mark :],
+            self.masks[self.mark :],
+            self.logprobs[self.mark :],
+            None if any(v is None for v in versions) else [v for v in versions if v is not None],
+            self.log,
+            snapshot,
+        )
+        self.mark, self.next_turn, self.log = len(self.tokens), self.next_turn + 1, []
+        if self.turn_sink is not None:
+            await self.turn_sink.put(piece)
+
+    def _end_replayed_turn(self, prefix: Prefix) -> None:
+        if len(self.tokens) != prefix.ends[self.next_turn]:
+            raise ReplayDiverged(
+                f"replayed turn {self.next_turn} ends at token {len(self.tokens)}, the recorded one at "
+                f"{prefix.ends[self.next_turn]}"
+            )
+        self.mark, self.next_turn, self.log = len(self.tokens), self.next_turn + 1, []
+        if self.next_turn == prefix.turns:
+            self._replay = None
+            if prefix.versions is not None:
+                self.versions = list(prefix.versions)  # the prefix's tokens keep the versions that made them
+
+    def _replayed_generation(self, prefix: Prefix) -> Completion:
+        gens = prefix.generations or []
+        if self._replayed >= len(gens) or gens[self._replayed].start != len(self.tokens):
+            raise ReplayDiverged(
+                f"generation {self._replayed} replayed at token {len(self.tokens)}: not recorded there"
+            )
+        g = gens[self._replayed]
+        self._replayed += 1
+        end = g.start + g.length
+        out = Completion(prefix.tokens[g.start : end], prefix.logprobs[g.start : end], g.text, g.finish)
+        weights = prefix.versions[g.start] if prefix.versions is not None and g.length else None
+        self._append(out, self._record(g.start, g.length, weights), weights)
+        if out.finish_reason == "length" and self.room is not None and self.room <= 0:
+            self.truncated = True  # as when it was generated
+        return out
+
+    def _append(self, out: Completion, turn: dict[str, float | int], weights: int | None) -> None:
+        self.turns.append(turn)
+        self.tokens.extend(out.token_ids)
+        self.masks.extend(out.token_ids)
+        self.logprobs.extend(out.logprobs)
+        self.versions.extend([weights] * len(out.token_ids))
+        self.completions.append(out)
+        self.log.append({COMPLETION: out.text, "tokens": len(out.token_ids), "finish": out.finish_reason})
 
     @property
     def room(self) -> int | None:
@@ -219,6 +329,9 @@ class Session:
         return ids
 
     def observe_ids(self, ids: list[int]) -> None:
+        if self._replay is not None and self._replay.tokens[len(self.tokens) : len(self.tokens) + len(ids)] != ids:
+            raise ReplayDiverged(f"replayed text at token {len(self.tokens)} is not what the prefix recorded")
+        self.versions.extend([self.gate.weights] * len(ids))
         self.tokens.extend(ids)
         self.masks.extend([MASK_IGNORE] * len(ids))
         self.logprobs.extend([PROMPT_LOGPROB] * len(ids))
@@ -232,6 +345,8 @@ class Session:
         if self.turns and (self.truncated or (self.room is not None and self.room <= 0)):
             self.truncated = True
             raise EpisodeTruncated(len(self.tokens), self.token_limit or 0)
+        if self._replay is not None:
+            return self._replayed_generation(self._replay)
         loop = asyncio.get_running_loop()
         queued = time.perf_counter()
         remaining = None
@@ -267,11 +382,7 @@ class Session:
         }
         if weights is not None:
             turn["weights"] = weights
-        self.turns.append(turn)
-        self.tokens.extend(out.token_ids)
-        self.masks.extend(out.token_ids)
-        self.logprobs.extend(out.logprobs)
-        self.completions.append(out)
+        self._append(out, turn, weights)
         if out.context_full or (out.finish_reason == "length" and self.room is not None and self.room <= 0):
             self.truncated = True  # stopped at the trainer's budget or at the model's context
         return out
@@ -396,6 +507,25 @@ class Environment(ABC):
     `weight_sync` every policy's versions are exact (`weight_versions_exact`): the runner holds its generation
     requests for the push; with announcements alone they are the runner's estimate."""
 
+    resumes: Resumes = "restart"
+    """With `posts_each_rollout`, how a rollout whose producer died continues on another producer
+    (docs/episodes.md): "snapshot" (its turns are posted as they end, `Session.end_turn`, and the next producer
+    rebuilds the session from their tokens and the env's state with `restore` from the last snapshot),
+    "replay" (the env's tools are deterministic: the next producer runs the env's turns again against the
+    recorded completions, without the policy) or "restart" (default: it starts again from the prompt; no
+    turn is posted)."""
+
+    def snapshot(self, task: Task, session: Session) -> bytes | str | None:
+        """The env's state after a turn, for `resumes = "snapshot"`: bytes (at most the server's
+        `rollout_max_snapshot_bytes`) or a URI where the env keeps it (a sandbox image, a volume). None: none.
+        `EpisodeEnvironment` posts it with each step; a free-form `rollout` passes it to `Session.end_turn`."""
+        return None
+
+    def restore(self, task: Task, snapshot: bytes | str) -> dict[str, Any]:
+        """The rollout's `session.state` rebuilt from the last snapshot a turn posted (bytes, or the URI), for
+        `resumes = "snapshot"`: `rollout` then runs with `session.resumed` true and continues from there."""
+        raise NotImplementedError(f"{type(self).__name__} resumes from snapshots but does not define restore()")
+
     def skip_reason(self, sequences: int, scores: list[float]) -> str | None:
         """Why a finished group is not submitted (None: it is); the runner counts it in `skipped[reason]`.
         Called with the group's sequence count and scores once every rollout is scored."""
@@ -449,15 +579,22 @@ class EpisodeEnvironment(Environment):
     def episode(self, task: Task) -> Episode: ...
 
     async def rollout(self, task: Task, session: Session) -> None:
-        episode = session.state["episode"] = self.episode(task)
-        await session.observe(episode.start())
-        for _ in range(self.max_turns):
+        """Each step is a turn (`Session.end_turn`), with the env's `snapshot` when it resumes from them; a
+        session resumed from one (`session.resumed`) continues its restored episode."""
+        if session.resumed:
+            episode = session.state["episode"]
+        else:
+            episode = session.state["episode"] = self.episode(task)
+            await session.observe(episode.start())
+        for _ in range(len(session.turns), self.max_turns):
             out = await session.generate()
             observation, done = episode.step(out.text)
             if done:
                 return
             if observation:
                 await session.observe(observation)
+            snapshot = self.snapshot(task, session) if self.resumes == "snapshot" and not session.replaying else None
+            await session.end_turn(snapshot=snapshot, tool_results=[observation])
 
     def score(self, task: Task, session: Session) -> float:
         episode: Episode = session.state["episode"]

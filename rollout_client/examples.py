@@ -2,19 +2,24 @@
 
 `Arithmetic`: single-turn sums and products with an exact-match verifier. `Calculator`: two turns, the
 policy calls a calculator tool and then answers (the tool output is not trained on). `Synthetic`: a
-fixed ~50 ms wait plus ~5 ms of CPU per step, to measure the runner. `arithmetic_script` is the scripted
+fixed ~50 ms wait plus ~5 ms of CPU per step, to measure the runner. `Walk` (and `SnapshotWalk`, `RestartWalk`):
+a multi-turn episode with a deterministic tool, posted turn by turn and resumed by another producer
+(docs/episodes.md). `arithmetic_script` is the scripted
 policy that plays them: right with a probability that falls with the operands' size, deterministic per seed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from rollout_client.env import Environment, Session, Task
+from rollout_client.env import Environment, EpisodeEnvironment, Session, Task
+from rollout_client.episodes import Resumes
 from rollout_client.policy import stable_unit
 
 _QUESTION = re.compile(r"Q: (\d+) ([+*]) (\d+) =")
@@ -122,3 +127,71 @@ class Synthetic(Environment):
 
     def score(self, task: Task, session: Session) -> float:
         return float((session.seed or 0) % 2)
+
+
+_MOVE = re.compile(r"MOVE (\d+)")
+
+
+def walk_script(prompt: str, seed: int) -> str:
+    """The scripted policy for `Walk`: a move of 1 to 9, deterministic per prompt and seed."""
+    return f" MOVE {1 + int(stable_unit(prompt, seed) * 9)}\n"
+
+
+class WalkEpisode:
+    """A walk of `turns` steps: each completion names a move, the tool (deterministic) answers the new position."""
+
+    def __init__(self, turns: int, position: int = 0, turn: int = 0) -> None:
+        self.turns, self.position, self.turn = turns, position, turn
+
+    def start(self) -> str:
+        return f"Walk {self.turns} steps. POS {self.position}\n"
+
+    def step(self, completion: str) -> tuple[str | None, bool]:
+        move = _MOVE.search(completion)
+        self.position += int(move.group(1)) if move else 0
+        self.turn += 1
+        return f"POS {self.position}\n", self.turn >= self.turns
+
+    def score(self) -> float:
+        return 1.0 if self.position % 2 == 0 else 0.0
+
+
+class Walk(EpisodeEnvironment):
+    """A multi-turn tool episode whose tool is deterministic (`resumes = "replay"`): a producer that continues
+    a slot runs its steps again against the recorded moves. Scored and posted rollout by rollout."""
+
+    name = "walk"
+    group_size = 4
+    max_tokens = 12
+    max_turns = 64
+    scores_each_rollout = True
+    posts_each_rollout = True
+    resumes: Resumes = "replay"
+    turns = 6
+
+    def episode(self, task: Task) -> WalkEpisode:
+        return WalkEpisode(self.turns)
+
+
+class SnapshotWalk(Walk):
+    """`Walk` resumed from the episode's state after each step (`resumes = "snapshot"`): `snapshot` and
+    `restore` carry it as JSON."""
+
+    name = "walk_snapshot"
+    resumes: Resumes = "snapshot"
+
+    def snapshot(self, task: Task, session: Session) -> bytes:
+        episode: WalkEpisode = session.state["episode"]
+        return json.dumps({"turns": episode.turns, "position": episode.position, "turn": episode.turn}).encode()
+
+    def restore(self, task: Task, snapshot: bytes | str) -> dict[str, Any]:
+        assert isinstance(snapshot, bytes), "sent inline"
+        return {"episode": WalkEpisode(**json.loads(snapshot))}
+
+
+class RestartWalk(Walk):
+    """`Walk` that can neither restore nor replay (`resumes = "restart"`, the default): a slot whose producer
+    died starts again from the prompt, and no turn is posted."""
+
+    name = "walk_restart"
+    resumes: Resumes = "restart"

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 from api.wire.schema import ScoredData
 from rollout_client.aio import RELEASE_S, acquire_all, bounded_close, in_daemon_thread, release
 from rollout_client.env import Environment, ExternalSequence, Gate, Session, Task
+from rollout_client.episodes import Prefix, RestoreFailed, Resumes, TurnSink
 from rollout_client.errors import (
     EpisodeTruncated,
     GroupDropped,
@@ -88,9 +89,20 @@ class Rollout:
     external: list[ExternalSequence] | None = None
     """`Session.external`: the sequences it recorded in place of its transcript."""
     left_out: Counter[str] = field(default_factory=Counter)
+    acked_turns: int = 0
+    """Its turns the server acknowledged (`Session.end_turn`): the final post carries what follows them."""
+    acked_tokens: int = 0
+    """The tokens of those turns."""
+    versions: list[int] | None = None
+    """Per token, the weights version, sent with the final post when its turns sent theirs (else None)."""
+    resumed_tokens: int = 0
+    """Tokens it continued from another producer's turns without generating them again."""
 
     @classmethod
     def of(cls, s: Session, score: float, elapsed: float, score_s: float) -> Rollout:
+        sink = s.turn_sink
+        sent = sink is not None and bool(sink.versions_sent) and all(v is not None for v in s.versions)
+        acked = 0 if sink is None or (sink.versions_sent and not sent) else sink.acked  # else posted whole
         return cls(
             s.tokens,
             s.masks,
@@ -104,6 +116,10 @@ class Rollout:
             score_s,
             external=s.external,
             left_out=s.left_out,
+            acked_turns=acked,
+            acked_tokens=0 if sink is None else sink.acked_tokens,
+            versions=[v for v in s.versions if v is not None] if sent else None,
+            resumed_tokens=s.resumed_tokens,
         )
 
 
@@ -322,10 +338,15 @@ async def run_rollout(
     rollout_timeout: float | None = None,
     release_timeout: float | None = RELEASE_S,
     owner: asyncio.Task[Any] | None = None,
+    turn_sink: TurnSink | None = None,
+    prefix: Prefix | None = None,
+    mode: Resumes = "restart",
 ) -> Rollout:
     """Rollout `index` of a group on its own (for `env.scores_each_rollout`): its resource, the rollout, its
     score, the release; the runner assembles the group from them (`assemble`). Bounded like `run_group`.
-    `owner` (default: the current task) is what a pause that runs out of time cancels: the group's task."""
+    `owner` (default: the current task) is what a pause that runs out of time cancels: the group's task.
+    `turn_sink`: where its turns are posted as they end; `prefix` and `mode`: another producer's acknowledged
+    turns it continues from (docs/episodes.md)."""
     gate = gate or Gate()
     (resource,), stack = await acquire_resources(env, task, 1, release_timeout)
     try:
@@ -339,7 +360,22 @@ async def run_rollout(
             turn_timeout=turn_timeout,
             owner=owner or asyncio.current_task(),
         )
-        elapsed = await play(env, task, session, rollout_timeout)
+        session.turn_sink = turn_sink
+        if prefix is not None and mode == "snapshot" and prefix.snapshot is not None:
+            session.load_prefix(prefix)
+            try:
+                session.state = env.restore(task, prefix.snapshot)
+            except Exception as exc:
+                raise RestoreFailed(f"restore() of env {env.name!r} failed: {type(exc).__name__}: {exc}") from exc
+        elif prefix is not None and mode == "replay":
+            session.replay(prefix)
+        try:
+            elapsed = await play(env, task, session, rollout_timeout)
+            if turn_sink is not None:
+                await turn_sink.flush()
+        finally:
+            if turn_sink is not None:
+                turn_sink.close()
         t0 = time.perf_counter()
         (score,) = await in_daemon_thread(lambda: [float(env.score(task, session))])
         check_scores([score])

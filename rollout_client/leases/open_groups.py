@@ -10,6 +10,7 @@ until sealed or handed back; the server seals a group when all its slots are in 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
@@ -20,9 +21,17 @@ from typing import Any
 
 import httpx
 
-from api.wire.rollouts import GroupView, PostReply, RolloutHeartbeatReply, SlotLease, SlotLeaseReply
+from api.wire.rollouts import (
+    GroupView,
+    PostReply,
+    RolloutHeartbeatReply,
+    SlotLease,
+    SlotLeaseReply,
+    SlotPrefix,
+    TurnReply,
+)
 from client_core.config import DEFAULT_TIMEOUT, DEFAULT_URL, RETRY_DEADLINE_S, auth_headers
-from client_core.retry import post_retrying
+from client_core.retry import get_retrying, post_retrying
 
 log = logging.getLogger("rollout_client.open_groups")
 
@@ -100,6 +109,7 @@ class OpenGroups:
         policy_step: int | None = None,
         overrides: Mapping[str, Any] | None = None,
         after_turns: bool = False,
+        token_weight_versions: Sequence[int] | None = None,
     ) -> PostReply:
         """Post one rollout as it ends; once the reply comes it is durable. `redone`: another producer's
         rollout of this slot came first and is kept. `policy_step`: the weights it was generated with (the sealed
@@ -117,11 +127,52 @@ class OpenGroups:
             "policy_step": policy_step,
             "overrides": None if overrides is None else dict(overrides),
             **({"after_turns": True} if after_turns else {}),
+            **({"token_weight_versions": list(token_weight_versions)} if token_weight_versions is not None else {}),
         }
         reply = PostReply.model_validate(await self._call("/rollouts/post", body))
         if reply.group.state != "open":
             self._held.discard(group_id)
         return reply
+
+    async def turn(
+        self,
+        group_id: str,
+        slot: int,
+        turn: int,
+        tokens: Sequence[int],
+        masks: Sequence[int],
+        *,
+        inference_logprobs: Sequence[float] | None = None,
+        token_weight_versions: Sequence[int] | None = None,
+        tool_results: Sequence[Any] | None = None,
+        snapshot: bytes | str | None = None,
+    ) -> TurnReply:
+        """Acknowledge turn `turn` of a slot this producer holds, as `RolloutClient.post_turn` does (retried: a
+        retry is a `duplicate`; 409 `body.producer_id` once the slot's lease passed on)."""
+        snap: dict[str, str] | None = None
+        if isinstance(snapshot, bytes):
+            snap = {"data": base64.b64encode(snapshot).decode()}
+        elif snapshot is not None:
+            snap = {"uri": snapshot}
+        body = {
+            "group_id": group_id,
+            "slot": slot,
+            "producer_id": self.producer_id,
+            "turn": turn,
+            "tokens": list(tokens),
+            "masks": list(masks),
+            "inference_logprobs": None if inference_logprobs is None else list(inference_logprobs),
+            "token_weight_versions": None if token_weight_versions is None else list(token_weight_versions),
+            "tool_results": None if tool_results is None else list(tool_results),
+            "snapshot": snap,
+        }
+        return TurnReply.model_validate(await self._call("/rollouts/turn", body))
+
+    async def turns(self, group_id: str, slot: int, start: int = 0) -> SlotPrefix:
+        """A slot's acknowledged turns from `start` (GET /rollouts/turns: as many as fit one reply, `complete`
+        once they reach the last), for a lease whose `prefix` was too large to carry them."""
+        params = {"group_id": group_id, "slot": slot, "start": start}
+        return SlotPrefix.model_validate(await get_retrying(self._http, "/rollouts/turns", params, self.retry_deadline))
 
     async def seal(self, group_id: str, scores: dict[int, float] | None = None) -> GroupView:
         """Seal the group now with what is in (with the group's scores, when scored as a group)."""

@@ -26,6 +26,7 @@ from rollout_client.workers.recycling import STUCK
 
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Gate, Task
+    from rollout_client.episodes import Prefix, Resumes, TurnSink
     from rollout_client.resources import Capacity
     from rollout_client.runner.inflight import InFlight
     from rollout_client.runner.per_rollout import Poster
@@ -125,6 +126,9 @@ class GroupExecutor:
         self.on_rollout_end = on_rollout_end
         self.turns = Turns()
         """Groups that take several units of a pool of unknown size acquire them one group at a time."""
+        self.turn_posters: Callable[[str, int, Prefix | None], TurnSink] | None = None
+        """Where a rollout run here posts its turns (`TurnPoster`), for an env that posts each rollout and
+        resumes: set by the runner once it posts rollouts (None: no turn is posted)."""
 
     async def run(self, i: int, task: Task, group_id: str, poster: Poster | None = None) -> GroupOutcome:
         """Run the group, again where it is safe: on another worker if its worker died, and up to the env's
@@ -254,10 +258,25 @@ class GroupExecutor:
                     raise
 
     async def run_slot(
-        self, i: int, task: Task, group_id: str, k: int, owner: asyncio.Task[Any] | None = None
+        self,
+        i: int,
+        task: Task,
+        group_id: str,
+        k: int,
+        owner: asyncio.Task[Any] | None = None,
+        *,
+        prefix: Prefix | None = None,
+        mode: Resumes = "restart",
     ) -> Rollout:
         """Rollout `k` of the group on its own, on the least-busy worker (or here), holding a unit of the env's
-        pool while it runs. A pause that runs out of time cancels `owner` (default: the calling task)."""
+        pool while it runs. A pause that runs out of time cancels `owner` (default: the calling task). Run here,
+        it posts its turns as they end when its env resumes (docs/episodes.md), continuing from `prefix` in
+        `mode` (a restarted slot that has turns in posts none: it is posted whole)."""
+        env = self.envs[i]
+        sink = None
+        if self.pool is None and self.turn_posters is not None and env.posts_each_rollout:
+            if env.resumes != "restart" and (prefix is None or mode != "restart"):
+                sink = self.turn_posters(group_id, k, prefix)
         capacity = self.capacity[i]
         await capacity.take(1)
         try:
@@ -270,6 +289,9 @@ class GroupExecutor:
                     gate=self.gate,
                     group_key=group_id,
                     owner=owner or asyncio.current_task(),
+                    turn_sink=sink,
+                    prefix=prefix,
+                    mode=mode,
                     **self.limits.kwargs(),
                 )
             return await self.pool.run_one(i, task, group_id, k)

@@ -59,6 +59,13 @@ def slot_content(rollout: Rollout) -> SlotContent:
     return SlotContent(seq.tokens, seq.masks, seq.logprobs, float(seq.score), {**timing, **seq.overrides})
 
 
+def after_turns(rollout: Rollout) -> bool:
+    """Whether the final post carries only what follows the rollout's acknowledged turns (`after_turns`): some
+    are acknowledged and something follows them (a post carries one token at least). Else the rollout is posted
+    whole, which the server takes whatever turns it holds (docs/episodes.md)."""
+    return rollout.external is None and rollout.acked_turns > 0 and len(rollout.tokens) > rollout.acked_tokens
+
+
 def task_to_wire(env: str, task: Task) -> dict[str, Any]:
     """The task as the group is opened with it: what a sibling producer needs to redo a slot (must be JSON),
     with the env's name (each producer's registration has its own env_id: the name is what they share)."""
@@ -102,15 +109,19 @@ class Poster:
 
     async def __call__(self, slot: int, rollout: Rollout) -> None:
         c = slot_content(rollout)
+        tail = after_turns(rollout)
+        start = rollout.acked_tokens if tail else 0
         reply = await self.groups.post(
             self.group_id,
             slot,
-            c.tokens,
-            c.masks,
+            c.tokens[start:],
+            c.masks[start:],
             score=c.score,
-            inference_logprobs=c.logprobs,
+            inference_logprobs=c.logprobs[start:],
             policy_step=self.policy_step,
             overrides=c.overrides,
+            after_turns=tail,
+            token_weight_versions=rollout.versions[start:] if tail and rollout.versions is not None else None,
         )
         self.done[slot] = rollout
         self.last = reply.group

@@ -53,6 +53,7 @@ from rollout_client.runner.registration import Registrations, register
 from rollout_client.runner.siblings import SiblingSlots
 from rollout_client.runner.stats import RunnerHealth, RunnerStats
 from rollout_client.runner.timeouts import Timeouts
+from rollout_client.runner.turns import TurnPoster
 from rollout_client.runner.watch import Watch, Weights
 from rollout_client.runner.watching import Monitor
 from rollout_client.tasks import TaskSource, ended_unscored, next_task_unless
@@ -418,6 +419,8 @@ class RolloutRunner:
             stopping=self._stopping,
             on_rollout_end=self._rollout_ended,
         )
+        if (groups := self.groups) is not None:  # rollouts of envs that resume post their turns as they end
+            self._executor.turn_posters = lambda group_id, k, prefix: TurnPoster(groups, group_id, k, prefix)
         self.ready.set()
 
     # ------------------------------------------------------------------------------------------- supervision

@@ -11,15 +11,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
-from api.wire.rollouts import ENVS_MAX
+from api.wire.rollouts import ENVS_MAX, SlotPrefix
+from rollout_client.episodes import ReplayDiverged, RestoreFailed, resume_mode
 from rollout_client.errors import failure_reason
 from rollout_client.leases.open_groups import OpenGroups
 from rollout_client.runner.inflight import Group, InFlight
 from rollout_client.runner.per_rollout import Holds, Poster, task_from_wire
 from rollout_client.runner.stats import RunnerStats
+from rollout_client.runner.turns import prefix_of
 
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Task
+    from rollout_client.group import Rollout
     from rollout_client.runner.execution import GroupExecutor
 
 log = logging.getLogger("rollout_client.runner")
@@ -96,14 +99,18 @@ class SiblingSlots:
                     self.holds.take(lease.group_id)
                     key = f"{lease.group_id}#{lease.slot}"
                     step = self.policy_step()
-                    handle = asyncio.create_task(self._one(i, wire[1], lease.group_id, lease.slot, key, step), name=key)
+                    one = self._one(i, wire[1], lease.group_id, lease.slot, key, step, lease.prefix)
+                    handle = asyncio.create_task(one, name=key)
                     self.in_flight.add(key, Group(handle, i, 1, step), dispatched=False)
             await asyncio.sleep(self.poll_s)
 
-    async def _one(self, i: int, task: Task, group_id: str, slot: int, key: str, step: int) -> None:
-        """Roll out and post one slot; a failure lets the slot lapse, to be leased again."""
+    async def _one(
+        self, i: int, task: Task, group_id: str, slot: int, key: str, step: int, given: SlotPrefix | None = None
+    ) -> None:
+        """Roll out and post one slot, continuing from its acknowledged turns when its env resumes
+        (docs/episodes.md); a failure lets the slot lapse, to be leased again."""
         try:
-            rollout = await self.executor.run_slot(i, task, group_id, slot)
+            rollout = await self._resumed(i, task, group_id, slot, given)
             self.rollout_ended(key)
             await Poster(self.groups, group_id, self.stats, step)(slot, rollout)
             self.stats.sibling_rollouts += 1
@@ -117,3 +124,28 @@ class SiblingSlots:
                 self.groups.let_go(group_id)
             self.in_flight.remove(key)
             self.changed()
+
+    async def _resumed(self, i: int, task: Task, group_id: str, slot: int, given: SlotPrefix | None) -> Rollout:
+        """The slot's rollout: continued from its prefix as its env declares (`resume_mode`), or from the prompt;
+        a resume that cannot go on (the env's tools did not replay the same, `restore` failed) restarts."""
+        env = self.envs[i]
+        prefix = None
+        if given is not None and given.turns and env.resumes != "restart":
+            try:
+                prefix = await prefix_of(self.groups, group_id, slot, given)
+            except Exception as exc:  # the server's turns could not be read: from the prompt
+                log.warning("turns of slot %d of group %s not read: %s", slot, group_id, exc)
+        weights = self.executor.gate.weights
+        mode = resume_mode(env.resumes, env.on_new_weights, prefix, weights, in_process=self.executor.pool is None)
+        if mode != "restart" and prefix is not None:
+            try:
+                rollout = await self.executor.run_slot(i, task, group_id, slot, prefix=prefix, mode=mode)
+            except (ReplayDiverged, RestoreFailed) as exc:
+                log.warning("slot %d of group %s restarts from the prompt: %s", slot, group_id, exc)
+            else:
+                self.stats.slots_resumed += 1
+                self.stats.tokens_resumed += rollout.resumed_tokens
+                return rollout
+        if given is not None and given.turns:
+            self.stats.slots_restarted += 1
+        return await self.executor.run_slot(i, task, group_id, slot)

@@ -76,6 +76,12 @@ class RunnerStats:
     """Rollouts posted one by one (`Environment.posts_each_rollout`) and acknowledged, its own and siblings'."""
     sibling_rollouts: int = 0
     """Of those, slots of other producers' groups (leased once their producer stopped heartbeating)."""
+    slots_resumed: int = 0
+    """Of those, slots continued from the turns their producer had acknowledged (docs/episodes.md)."""
+    slots_restarted: int = 0
+    """Sibling slots with acknowledged turns rolled out again from the prompt (their env cannot resume them)."""
+    tokens_resumed: int = 0
+    """Tokens the resumed slots took from those turns instead of generating them again."""
     rollouts_redone: int = 0
     """Rollouts posted for a slot another producer had acknowledged first: dropped, the first kept."""
 
