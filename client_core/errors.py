@@ -50,11 +50,20 @@ class ServerError(ClientError):
     """An error reply. `detail` is the server's explanation (for a 422, a list naming each field and rule),
     `code` its machine-readable kind when it sent one, `retry_after` the seconds it asked to wait."""
 
-    def __init__(self, status: int, detail: Any, code: str | None = None, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: Any,
+        code: str | None = None,
+        retry_after: float | None = None,
+        errors: list[Any] | None = None,
+    ) -> None:
         self.status = status
         self.detail = detail
         self.code = code
         self.retry_after = retry_after
+        self.errors = errors or []
+        """rollbuf's `errors` of the reply (each with its `loc`: the field refused), when it sent them."""
         super().__init__(f"HTTP {status}: {describe_detail(detail)}")
 
 
@@ -92,12 +101,14 @@ def error_for_status(status: int, body: Any, retry_after: str | None) -> ServerE
     """The exception for an error reply; `body` is the decoded JSON (or the text) the server sent."""
     detail = body.get("detail", body) if isinstance(body, dict) else body
     code = body.get("code") if isinstance(body, dict) else None
+    errors = body.get("errors") if isinstance(body, dict) else None
+    errors = errors if isinstance(errors, list) else None
     wait = parse_retry_after(retry_after)
     if status in (429, 503):
-        return Unavailable(status, detail, code, wait)
+        return Unavailable(status, detail, code, wait, errors)
     if 400 <= status < 500:
-        return Rejected(status, detail, code)
-    return ServerError(status, detail, code, wait)
+        return Rejected(status, detail, code, errors=errors)
+    return ServerError(status, detail, code, wait, errors)
 
 
 def reply_body(response: httpx.Response) -> Any:

@@ -28,13 +28,9 @@ the server by this many turns at most (what a killed producer can lose beyond it
 
 def lost_lease(exc: Rejected) -> bool:
     """A 409 naming `body.producer_id`: the slot is another producer's now."""
-    if exc.status != 409:
-        return False
-    detail = exc.detail
-    errors = detail.get("errors") if isinstance(detail, dict) else detail
-    if not isinstance(errors, list):
-        return False
-    return any(isinstance(e, dict) and "producer_id" in (e.get("loc") or []) for e in errors)
+    return exc.status == 409 and any(
+        isinstance(e, dict) and e.get("loc") == ["body", "producer_id"] for e in exc.errors
+    )
 
 
 class TurnPoster:

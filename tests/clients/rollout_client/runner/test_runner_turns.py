@@ -1,0 +1,217 @@
+"""Turns posted by the runner and slots resumed from them, against the in-process app (rollout_client/runner/turns.py,
+siblings.py, docs/episodes.md): a producer posts a slot's turns as they end and stops mid-episode (its task
+cancelled, its heartbeats stopped: what a kill leaves); another takes the slot's lease and continues it from the
+acknowledged turns (replaying the deterministic tools, or restoring the snapshot) or from the prompt (an env that
+can do neither). The sealed rollout equals the uninterrupted one, token for token; the turns are acknowledged once
+each; the lapsed producer's next turn is refused and stops its rollout; a prefix too large for the lease is read in
+pages."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from api.app import create_app
+from api.config.settings import Settings
+from rollout_client import Gate, ScriptedPolicy, Task, Timeouts
+from rollout_client.episodes import SlotLost
+from rollout_client.examples import RestartWalk, SnapshotWalk, Walk, WalkEpisode, walk_script
+from rollout_client.group import run_rollout
+from rollout_client.leases.open_groups import OpenGroups
+from rollout_client.policy import Completion
+from rollout_client.resources import Capacity
+from rollout_client.runner.execution import GroupExecutor
+from rollout_client.runner.inflight import InFlight
+from rollout_client.runner.per_rollout import Poster, task_to_wire
+from rollout_client.runner.siblings import SiblingSlots
+from rollout_client.runner.stats import RunnerStats
+from rollout_client.runner.turns import TurnPoster
+from tests.factories import env as env_body
+from tests.factories import registration
+
+pytestmark = pytest.mark.anyio
+
+TASK = Task("t", "go")
+TURNS = 6
+CUT = 3
+"""The first producer stops while generating its 4th step: 3 turns acknowledged."""
+
+
+class Stalling(ScriptedPolicy):
+    """The walk policy, counting its generations; with `stall_at`, that generation never returns (a producer
+    killed while the model works)."""
+
+    def __init__(self, stall_at: int | None = None) -> None:
+        super().__init__(walk_script)
+        self.calls = 0
+        self.stall_at = stall_at
+        self.go_on = asyncio.Event()
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Completion:
+        self.calls += 1
+        if self.calls == self.stall_at:
+            await self.go_on.wait()
+        return await super().generate(prompt_ids, **kw)
+
+
+@asynccontextmanager
+async def app(**update: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in process, a trainer and a G=1 env registered, with `update` to its settings."""
+    settings = Settings(store="memory://")
+    application = create_app(settings.model_copy(update={"rollout_lease_s": 0.3, **update}))
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            assert (await c.post("/register", json=registration(batch_size=1))).status_code == 200
+            await c.get("/batch")
+            assert (await c.post("/register-env", json=env_body(group_size=1))).status_code == 200
+            yield c
+
+
+def producer(c: httpx.AsyncClient, name: str) -> OpenGroups:
+    return OpenGroups("http://localhost", producer_id=name, transport=c._transport)
+
+
+def executor(env: Walk, policy: Any, groups: OpenGroups, stats: RunnerStats) -> GroupExecutor:
+    in_flight = InFlight(8, stats)
+    out = GroupExecutor(
+        [env],
+        pool=None,
+        policy=policy,
+        limits=Timeouts().limits(),
+        group_timeout=None,
+        in_flight=in_flight,
+        capacity=[Capacity(None)],
+        gate=Gate(),
+        stats=stats,
+        stopping=asyncio.Event(),
+        on_rollout_end=in_flight.ended,
+    )
+    out.turn_posters = lambda group_id, k, prefix: TurnPoster(groups, group_id, k, prefix)
+    return out
+
+
+async def killed_mid_episode(c: httpx.AsyncClient, env: Walk, gid: str) -> int:
+    """p1 opens the group and runs slot 0 until its 4th generation, then stops as a kill would (its task
+    cancelled, its heartbeats stopped); the turns the server acknowledged by then."""
+    p1 = producer(c, "p1")
+    await p1.open(gid, 1, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+    policy = Stalling(stall_at=CUT + 1)
+    run = asyncio.create_task(executor(env, policy, p1, RunnerStats()).run_slot(0, TASK, gid, 0))
+    while policy.calls <= CUT or (env.resumes != "restart" and await turns_in(c, gid) < CUT):
+        await asyncio.sleep(0.01)
+    run.cancel()
+    await p1.aclose()  # no more heartbeats: its hold of the slot lapses
+    return await turns_in(c, gid)
+
+
+async def turns_in(c: httpx.AsyncClient, gid: str) -> int:
+    view = (await c.get("/rollouts/group", params={"group_id": gid})).json()
+    return int(view.get("turns", {}).get("0", {}).get("n", 0))
+
+
+async def lease_of(groups: OpenGroups) -> Any:
+    for _ in range(500):
+        if leases := await groups.lease(1):
+            return leases[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError("the slot was never leased")
+
+
+def siblings(p2: OpenGroups, env: Walk, policy: Any, stats: RunnerStats) -> SiblingSlots:
+    return SiblingSlots(
+        p2, [env], executor(env, policy, p2, stats), InFlight(8, stats), stats, poll_s=0.05,
+        may_take=lambda: True, policy_step=lambda: 0, rollout_ended=lambda key: None, changed=lambda: None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env_type", "reply_bytes"),
+    [(Walk, 16 << 20), (SnapshotWalk, 16 << 20), (RestartWalk, 16 << 20), (Walk, 300), (SnapshotWalk, 300)],
+)
+async def test_a_slot_whose_producer_stopped_mid_episode_is_continued_token_exact(
+    env_type: type[Walk], reply_bytes: int
+) -> None:
+    """(With a reply bound of 300 bytes the lease leaves the turns out, and they are read page by page.)"""
+    env = env_type()
+    env.turns, env.group_size = TURNS, 1
+    whole = await run_rollout(env, TASK, ScriptedPolicy(walk_script), 0, group_key="g1")
+    async with app(rollout_max_prefix_reply_bytes=reply_bytes) as c:
+        acked = await killed_mid_episode(c, env, "g1")
+        resumes = env.resumes != "restart"
+        assert acked == (CUT if resumes else 0), "an env that restarts posts no turn"
+        p2, stats, policy = producer(c, "p2"), RunnerStats(), Stalling()
+        slots = siblings(p2, env, policy, stats)
+        lease = await lease_of(p2)
+        assert (lease.prefix is not None) == resumes
+        assert lease.prefix is None or lease.prefix.complete == (reply_bytes > 300)
+        rollout = await slots._resumed(0, TASK, "g1", 0, lease.prefix)
+        await Poster(p2, "g1", stats, 0)(0, rollout)
+        await p2.aclose()
+        assert policy.calls == (TURNS - CUT if resumes else TURNS), "the prefix is not generated again"
+        assert (stats.slots_resumed, stats.slots_restarted) == ((1, 0) if resumes else (0, 0))
+        assert (
+            stats.tokens_resumed == (rollout.resumed_tokens if resumes else 0)
+            and (rollout.resumed_tokens > 0) == resumes
+        )
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch is not None and batch[0]["tokens"] == [whole.tokens], "the sealed rollout is the uninterrupted one"
+        assert batch[0]["masks"] == [whole.masks]
+        totals = (await c.get("/rollouts")).json()
+        expected = (TURNS - 1, 1) if resumes else (0, 0)
+        got = (totals.get("turns", 0), totals.get("resumed", 0))
+        assert got == expected, "each turn acknowledged once: none lost or doubled"
+
+
+class Drifting(Walk):
+    """A `Walk` whose tool does not answer the same twice (it claims to be deterministic, wrongly)."""
+
+    def episode(self, task: Task) -> WalkEpisode:
+        return WalkEpisode(self.turns, position=1000)
+
+
+async def test_a_replay_that_diverges_restarts_the_slot_from_the_prompt_and_posts_it_whole() -> None:
+    first, second = Walk(), Drifting()
+    for e in (first, second):
+        e.turns, e.group_size = TURNS, 1
+    whole = await run_rollout(second, TASK, ScriptedPolicy(walk_script), 0, group_key="g1")
+    async with app() as c:
+        assert await killed_mid_episode(c, first, "g1") == CUT
+        p2, stats, policy = producer(c, "p2"), RunnerStats(), Stalling()
+        lease = await lease_of(p2)
+        rollout = await siblings(p2, second, policy, stats)._resumed(0, TASK, "g1", 0, lease.prefix)
+        assert (stats.slots_resumed, stats.slots_restarted, policy.calls) == (0, 1, TURNS)
+        assert rollout.acked_turns == 0, "a restarted slot posts no turn: the server holds the first producer's"
+        await Poster(p2, "g1", stats, 0)(0, rollout)
+        await p2.aclose()
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch is not None and batch[0]["tokens"] == [whole.tokens], "posted whole, the turns set aside"
+
+
+async def test_a_producer_whose_lease_passed_on_stops_at_its_next_turn() -> None:
+    """p1 stalls past its lease; p2 takes the slot; p1 goes on and its next turn is refused (409 naming
+    `producer_id`): its rollout ends with SlotLost, nothing of it is acknowledged after p2 took over."""
+    env = Walk()
+    env.turns, env.group_size = TURNS, 1
+    async with app() as c:
+        p1 = producer(c, "p1")
+        await p1.open("g1", 1, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+        policy = Stalling(stall_at=CUT + 1)
+        run = asyncio.create_task(executor(env, policy, p1, RunnerStats()).run_slot(0, TASK, "g1", 0))
+        while policy.calls <= CUT or await turns_in(c, "g1") < CUT:
+            await asyncio.sleep(0.01)
+        p1.let_go("g1")  # stops heartbeating it, as a partitioned producer would
+        p2 = producer(c, "p2")
+        lease = await lease_of(p2)
+        assert lease.prefix is not None and lease.prefix.turns == CUT
+        policy.go_on.set()
+        with pytest.raises(SlotLost, match="another producer"):
+            await run
+        assert await turns_in(c, "g1") == CUT
+        await p1.aclose()
+        await p2.aclose()
