@@ -1,9 +1,10 @@
 """A producer of multi-turn tool episodes for tests/integration/test_integration_episodes.py (`python -m
 tests.episode_producer_process`): a `RolloutRunner` of the three walk envs (rollout_client/examples.py: resumed by
 replay, by snapshot, restarted), G=4, each rollout posted turn by turn, with the scripted walk policy taking
-`--gen-s` per generation (the model's time). It opens one group of each env with `--tasks 1`, none with
+`--gen-s` per generation (the model's time). It opens `--tasks` groups of each env, none with
 `--tasks 0` (it then only takes sibling slots), and runs until killed. It appends one JSON line per event to
-`--events`: `{"open": [group_id, env]}` once the server opened a group, `{"gen": 1}` per generation."""
+`--events`: `{"open": [group_id, env]}` once the server opened a group, `{"gen": tokens}` per generation.
+`--envs` and `--turns` choose other envs and episodes (bench/episodes.py)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ ENVS: list[type[Walk]] = [Walk, SnapshotWalk, RestartWalk]
 TASK = Task("walk-0", "go")
 
 
-def envs() -> list[Walk]:
+def envs(names: str | None = None, turns: int = TURNS) -> list[Walk]:
+    """The walk envs (those named, comma-separated; default all three), `turns` steps each."""
     out = []
     for kind in ENVS:
-        env = kind()
-        env.turns = TURNS
-        out.append(env)
+        if names is None or kind.name in names.split(","):
+            env = kind()
+            env.turns = turns
+            out.append(env)
     return out
 
 
@@ -42,7 +45,7 @@ class Timed(ScriptedPolicy):
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Completion:
         await asyncio.sleep(self.gen_s)
         done = await super().generate(prompt_ids, **kw)
-        self.out.write(json.dumps({"gen": 1}) + "\n")
+        self.out.write(json.dumps({"gen": len(done.token_ids)}) + "\n")
         self.out.flush()
         return done
 
@@ -87,14 +90,16 @@ def main() -> None:
     ap.add_argument("--events", type=Path, required=True)
     ap.add_argument("--tasks", type=int, default=1)
     ap.add_argument("--gen-s", type=float, default=0.1)
+    ap.add_argument("--envs", help="comma-separated env names (default: all three)")
+    ap.add_argument("--turns", type=int, default=TURNS)
     args = ap.parse_args()
     out = args.events.open("a")
     record_opens(out)
     runner = RolloutRunner(
         args.server,
-        [(env, Once(args.tasks)) for env in envs()],
+        [(env, Once(args.tasks)) for env in envs(args.envs, args.turns)],
         Timed(args.gen_s, out),
-        max_in_flight=12,
+        max_in_flight=64,
         poll_interval=0.1,
         timeouts=Timeouts(group=120.0),
     )
