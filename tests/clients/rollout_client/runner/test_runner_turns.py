@@ -9,8 +9,10 @@ pages."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +20,7 @@ import pytest
 
 from api.app import create_app
 from api.config.settings import Settings
-from rollout_client import Gate, ScriptedPolicy, Task, Timeouts
+from rollout_client import Environment, Gate, ScriptedPolicy, Task, Timeouts
 from rollout_client.episodes import SlotLost
 from rollout_client.examples import RestartWalk, SnapshotWalk, Walk, WalkEpisode, walk_script
 from rollout_client.group import run_rollout
@@ -46,8 +48,8 @@ class Stalling(ScriptedPolicy):
     """The walk policy, counting its generations; with `stall_at`, that generation never returns (a producer
     killed while the model works)."""
 
-    def __init__(self, stall_at: int | None = None) -> None:
-        super().__init__(walk_script)
+    def __init__(self, stall_at: int | None = None, script: Callable[[str, int], str] = walk_script) -> None:
+        super().__init__(script)
         self.calls = 0
         self.stall_at = stall_at
         self.go_on = asyncio.Event()
@@ -77,7 +79,7 @@ def producer(c: httpx.AsyncClient, name: str) -> OpenGroups:
     return OpenGroups("http://localhost", producer_id=name, transport=c._transport)
 
 
-def executor(env: Walk, policy: Any, groups: OpenGroups, stats: RunnerStats) -> GroupExecutor:
+def executor(env: Environment, policy: Any, groups: OpenGroups, stats: RunnerStats) -> GroupExecutor:
     in_flight = InFlight(8, stats)
     out = GroupExecutor(
         [env],
@@ -96,12 +98,14 @@ def executor(env: Walk, policy: Any, groups: OpenGroups, stats: RunnerStats) -> 
     return out
 
 
-async def killed_mid_episode(c: httpx.AsyncClient, env: Walk, gid: str) -> int:
+async def killed_mid_episode(
+    c: httpx.AsyncClient, env: Environment, gid: str, script: Callable[[str, int], str] = walk_script
+) -> int:
     """p1 opens the group and runs slot 0 until its 4th generation, then stops as a kill would (its task
     cancelled, its heartbeats stopped); the turns the server acknowledged by then."""
     p1 = producer(c, "p1")
     await p1.open(gid, 1, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
-    policy = Stalling(stall_at=CUT + 1)
+    policy = Stalling(stall_at=CUT + 1, script=script)
     run = asyncio.create_task(executor(env, policy, p1, RunnerStats()).run_slot(0, TASK, gid, 0))
     while policy.calls <= CUT or (env.resumes != "restart" and await turns_in(c, gid) < CUT):
         await asyncio.sleep(0.01)
@@ -123,7 +127,7 @@ async def lease_of(groups: OpenGroups) -> Any:
     raise AssertionError("the slot was never leased")
 
 
-def siblings(p2: OpenGroups, env: Walk, policy: Any, stats: RunnerStats) -> SiblingSlots:
+def siblings(p2: OpenGroups, env: Environment, policy: Any, stats: RunnerStats) -> SiblingSlots:
     return SiblingSlots(
         p2, [env], executor(env, policy, p2, stats), InFlight(8, stats), stats, poll_s=0.05,
         may_take=lambda: True, policy_step=lambda: 0, rollout_ended=lambda key: None, changed=lambda: None,
@@ -215,3 +219,34 @@ async def test_a_producer_whose_lease_passed_on_stops_at_its_next_turn() -> None
         assert await turns_in(c, "g1") == CUT
         await p1.aclose()
         await p2.aclose()
+
+
+PAGE = Path(__file__).resolve().parents[4] / "docs" / "episodes.md"
+
+
+@pytest.mark.parametrize("block", [0, 1])
+async def test_the_pages_examples_resume_token_exact(block: int) -> None:
+    """docs/episodes.md's two envs (snapshot hook, deterministic tools) as the page writes them: killed after 3
+    turns, continued by another producer, sealed equal to the uninterrupted rollout, the prefix not generated
+    again."""
+    code = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)[block]
+    scope: dict[str, Any] = {"__name__": f"episodes_example_{block}"}
+    exec(compile(code, str(PAGE), "exec"), scope)
+    [kind] = [
+        v
+        for v in scope.values()
+        if isinstance(v, type) and issubclass(v, Environment) and v.__module__ != "rollout_client.env"
+    ]
+    env, script = kind(), scope["policy"].script
+    env.group_size = 1
+    whole = await run_rollout(env, TASK, ScriptedPolicy(script), 0, group_key="g1")
+    async with app() as c:
+        assert await killed_mid_episode(c, env, "g1", script) == CUT
+        p2, stats, policy = producer(c, "p2"), RunnerStats(), Stalling(script=script)
+        lease = await lease_of(p2)
+        rollout = await siblings(p2, env, policy, stats)._resumed(0, TASK, "g1", 0, lease.prefix)
+        await Poster(p2, "g1", stats, 0)(0, rollout)
+        await p2.aclose()
+        assert (stats.slots_resumed, policy.calls) == (1, len(whole.turns) - CUT)
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch is not None and batch[0]["tokens"] == [whole.tokens]
