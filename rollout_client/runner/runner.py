@@ -51,6 +51,7 @@ from rollout_client.runner.pacing import pick_env
 from rollout_client.runner.per_rollout import Poster, Posting
 from rollout_client.runner.registration import Registrations, register
 from rollout_client.runner.siblings import SiblingSlots
+from rollout_client.runner.sources import holds, lose, producer_of, sending
 from rollout_client.runner.stats import RunnerHealth, RunnerStats
 from rollout_client.runner.timeouts import Timeouts
 from rollout_client.runner.turns import TurnPoster
@@ -480,7 +481,7 @@ class RolloutRunner:
             if task is None:
                 self._exhausted[i] = True
                 continue
-            if not self._holds(i, task):  # a restart whose lease was lost while it waited: another producer's now
+            if not holds(self.sources[i], task):  # a restart whose lease was lost while it waited: another's now
                 continue
             if self.failures.is_quarantined(i, task.id):
                 self.stats.skipped["quarantined"] += 1
@@ -548,7 +549,7 @@ class RolloutRunner:
             if (produced := self._tally.finished(i, outcome, env.group_size)) is None:
                 why = f"skipped: {outcome.skipped or 'skipped'}"
                 return
-            if not self._sending(i, task):  # another producer may have its task now: sending would train it twice
+            if not sending(self.sources[i], task):  # another producer may have its task: sending would train it twice
                 self._in_flight.drop(self._in_flight.groups[group_id], LEASE_LOST)
                 return
             self._in_flight.groups[group_id].submitting = True
@@ -560,7 +561,8 @@ class RolloutRunner:
                 self.sources[i].report(task, self._tally.stored(i, task.id, produced, False))
                 reported = True
                 return
-            update = {"group_id": group_id, "policy_step": step, "producer_id": self._producer_of(i, task)}
+            producer = producer_of(self.sources[i], task, self.producer_id)
+            update = {"group_id": group_id, "policy_step": step, "producer_id": producer}
             group = produced.model_copy(update=update)
             group = self._follow.stamp(group_id, group, step)
             try:
@@ -571,7 +573,7 @@ class RolloutRunner:
                 return
             except Rejected as exc:
                 if lease_refused(task, exc):
-                    self._lose(i, task)
+                    lose(self.sources[i], task)
                     self.stats.skipped[LEASE_LOST] += 1
                     return
                 why = f"rejected: {exc}"
@@ -628,29 +630,6 @@ class RolloutRunner:
         """Tell a task source that wants to know that `task` will never be reported: its rollout failed for
         `reason`, or (None) it was never tried to its end (stopped, stale, restarted, not sent)."""
         ended_unscored(self.sources[i], task, reason)
-
-    def _holds(self, i: int, task: Task) -> bool:
-        """Whether `task`'s lease is still this producer's (always, for a source that does not lease)."""
-        holds = getattr(self.sources[i], "holds", None)
-        return holds is None or bool(holds(task))
-
-    def _sending(self, i: int, task: Task) -> bool:
-        """Whether `task`'s group may be sent: its lease is still this producer's (the source, told so, leaves
-        the lease's fate to the server's reply from now on)."""
-        sending = getattr(self.sources[i], "sending", None)
-        return self._holds(i, task) if sending is None else bool(sending(task))
-
-    def _producer_of(self, i: int, task: Task) -> str:
-        """The producer a group names: a leased task's, the producer its lease was taken for (the server binds the
-        lease to it); any other, this runner."""
-        leased = getattr(self.sources[i], "producer_id", None) if lease_token(task) is not None else None
-        return leased if isinstance(leased, str) else self.producer_id
-
-    def _lose(self, i: int, task: Task) -> None:
-        """The server refused `task`'s group under its lease: the source counts the lease lost."""
-        lose = getattr(self.sources[i], "lose", None)
-        if lose is not None:
-            lose(task)
 
     def _lease_lost(self, token: str) -> None:
         """A source found a lease lost: the group rolling out under it (its group id is the token) is cancelled,
