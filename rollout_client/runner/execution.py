@@ -54,6 +54,13 @@ def check_env(env: Environment, max_in_flight: int) -> None:
                 f"posts_each_rollout of {env.name!r} with on_new_weights='restart': a restart would "
                 "redo rollouts the server already acknowledged"
             )
+    if env.resumes not in ("restart", "snapshot", "replay"):
+        raise ValueError(f"resumes of {env.name!r} must be 'restart', 'snapshot' or 'replay', not {env.resumes!r}")
+    if env.resumes != "restart" and not env.posts_each_rollout:
+        raise ValueError(
+            f"resumes={env.resumes!r} of {env.name!r} needs posts_each_rollout: turns are posted, and slots "
+            "resumed, only for rollouts posted one by one"
+        )
     if env.max_resources is not None:
         least = 1 if env.scores_each_rollout else env.group_size
         if env.max_resources < least:

@@ -142,3 +142,21 @@ async def test_a_group_scored_per_rollout_runs_its_rollouts_one_by_one_within_th
 def test_a_group_scored_whole_takes_its_g_units_at_start_one_scored_per_rollout_none() -> None:
     assert units_at_start(Arithmetic(group_size=8)) == 8
     assert units_at_start(PerRollout(group_size=8)) == 0
+
+
+def test_an_env_that_resumes_must_post_each_rollout_and_name_a_known_mode() -> None:
+    """An operator's slips are refused when the runner is built, naming the setting."""
+    from rollout_client.examples import Walk
+    from rollout_client.runner.execution import check_env
+
+    check_env(Walk(), 8)
+    alone = Walk()
+    alone.posts_each_rollout = False
+    with pytest.raises(ValueError, match="needs posts_each_rollout"):
+        check_env(alone, 8)
+    typo = Walk()
+    typo.resumes = "replays"  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="must be 'restart', 'snapshot' or 'replay'"):
+        check_env(typo, 8)
+    alone.resumes = "restart"
+    check_env(alone, 8)
