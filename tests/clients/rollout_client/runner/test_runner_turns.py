@@ -250,3 +250,32 @@ async def test_the_pages_examples_resume_token_exact(block: int) -> None:
         assert (stats.slots_resumed, policy.calls) == (1, len(whole.turns) - CUT)
         batch = (await c.get("/batch")).json()["batch"]
         assert batch is not None and batch[0]["tokens"] == [whole.tokens]
+
+
+async def test_each_token_keeps_the_weights_version_that_sampled_it_across_the_resume() -> None:
+    """p1 samples its turns under weights 0, p2 continues under the same weights (an env that `continue`s keeps the
+    prefix with its versions): turns and the final post carry one version per token, and the served batch has them."""
+    env = Walk()
+    env.turns, env.group_size = TURNS, 1
+    async with app() as c:
+        p1 = producer(c, "p1")
+        await p1.open("g1", 1, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+        policy = Stalling(stall_at=CUT + 1)
+        first = executor(env, policy, p1, RunnerStats())
+        first.gate.weights = 0
+        run = asyncio.create_task(first.run_slot(0, TASK, "g1", 0))
+        while policy.calls <= CUT or await turns_in(c, "g1") < CUT:
+            await asyncio.sleep(0.01)
+        run.cancel()
+        await p1.aclose()
+        p2, stats = producer(c, "p2"), RunnerStats()
+        lease = await lease_of(p2)
+        assert lease.prefix is not None and all(t.token_weight_versions for t in lease.prefix.items)
+        slots = siblings(p2, env, Stalling(), stats)
+        slots.executor.gate.weights = 0
+        rollout = await slots._resumed(0, TASK, "g1", 0, lease.prefix)
+        assert rollout.versions == [0] * len(rollout.tokens)
+        await Poster(p2, "g1", stats, 0)(0, rollout)
+        await p2.aclose()
+        batch = (await c.get("/batch")).json()["batch"]
+        assert batch is not None and batch[0]["token_weight_versions"] == [[0] * len(rollout.tokens)]
