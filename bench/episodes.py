@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from tests.factories import registration
-from tests.integration.test_crossproc import process
+from tests.runs import process
 from tests.servers import start_server
 
 G = 4

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,27 +24,18 @@ from rollout_client.examples import walk_script
 from rollout_client.group import run_rollout
 from tests.episode_producer_process import TASK, TURNS, envs
 from tests.factories import registration
-from tests.integration.test_crossproc import process
+from tests.runs import poll_until, process
 from tests.servers import start_server
 
 pytestmark = pytest.mark.integration
 
 G = 4
-LIMIT_S = 90.0
-"""A hang guard, not a speed check."""
 
 
 def events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def wait_for(what: str, ok: Any, limit_s: float = LIMIT_S) -> None:
-    deadline = time.monotonic() + limit_s
-    while not ok():
-        assert time.monotonic() < deadline, f"waited too long for {what}"
-        time.sleep(0.05)
 
 
 def expected(group_id: str, env_name: str) -> list[list[int]]:
@@ -84,7 +74,7 @@ def test_a_producer_killed_mid_episode_has_its_slots_resumed_token_exact_by_anot
             resumable = [g for g, e in opened.items() if e != "walk_restart"]
             return len(opened) == 3 and all(len(turns_in(g)) == G and min(turns_in(g)) >= 2 for g in resumable)
 
-        wait_for("p1 mid-episode: every slot of the resumable groups with 2 turns in", mid_episode)
+        poll_until(mid_episode, "p1 mid-episode: every slot of the resumable groups with 2 turns in")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         acked = {g: sum(turns_in(g)) for g in opened}
@@ -98,7 +88,7 @@ def test_a_producer_killed_mid_episode_has_its_slots_resumed_token_exact_by_anot
                 sealed.extend(tokens for item in batch for tokens in item["tokens"])
             return len(sealed) == 3 * G
 
-        wait_for("the killed producer's groups sealed by the other", all_sealed)
+        poll_until(all_sealed, "the killed producer's groups sealed by the other")
         want = [tokens for gid, name in opened.items() for tokens in expected(gid, name)]
         assert Counter(map(tuple, sealed)) == Counter(map(tuple, want)), "every rollout token-exact"
 
