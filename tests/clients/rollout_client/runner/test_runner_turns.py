@@ -20,7 +20,7 @@ import pytest
 
 from api.app import create_app
 from api.config.settings import Settings
-from rollout_client import Environment, Gate, ScriptedPolicy, Task, Timeouts
+from rollout_client import Environment, Gate, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.episodes import SlotLost
 from rollout_client.examples import RestartWalk, SnapshotWalk, Walk, WalkEpisode, walk_script
 from rollout_client.group import run_rollout
@@ -127,6 +127,23 @@ async def lease_of(groups: OpenGroups) -> Any:
     raise AssertionError("the slot was never leased")
 
 
+STATES: dict[str, bytes] = {}
+"""Where `ByReference` keeps its states (a volume, a sandbox image, for a real env)."""
+
+
+class ByReference(SnapshotWalk):
+    """`SnapshotWalk` whose state is kept outside rollbuf: each turn posts the URI where it lies."""
+
+    def snapshot(self, task: Task, session: Session) -> str:
+        uri = f"mem://state/{len(STATES)}"
+        STATES[uri] = super().snapshot(task, session)
+        return uri
+
+    def restore(self, task: Task, snapshot: bytes | str) -> dict[str, Any]:
+        assert isinstance(snapshot, str) and snapshot.startswith("mem://"), "a reference, not the state"
+        return super().restore(task, STATES[snapshot])
+
+
 def siblings(p2: OpenGroups, env: Environment, policy: Any, stats: RunnerStats) -> SiblingSlots:
     return SiblingSlots(
         p2, [env], executor(env, policy, p2, stats), InFlight(8, stats), stats, poll_s=0.05,
@@ -136,7 +153,14 @@ def siblings(p2: OpenGroups, env: Environment, policy: Any, stats: RunnerStats) 
 
 @pytest.mark.parametrize(
     ("env_type", "reply_bytes"),
-    [(Walk, 16 << 20), (SnapshotWalk, 16 << 20), (RestartWalk, 16 << 20), (Walk, 300), (SnapshotWalk, 300)],
+    [
+        (Walk, 16 << 20),
+        (SnapshotWalk, 16 << 20),
+        (ByReference, 16 << 20),
+        (RestartWalk, 16 << 20),
+        (Walk, 300),
+        (SnapshotWalk, 300),
+    ],
 )
 async def test_a_slot_whose_producer_stopped_mid_episode_is_continued_token_exact(
     env_type: type[Walk], reply_bytes: int
