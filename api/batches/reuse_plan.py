@@ -11,12 +11,13 @@ fresh ones, so weights, credits and minimum shares hold over the whole batch (a 
 env's share as a fresh one does), and reused sequences never pass the shares: no more than them were offered.
 
 The candidates arrive in each env's order (the store keeps them indexed by it), and are read only as far as the
-shares allow, so the cost grows with the batch, not with the pool.
+shares allow and at most `SCAN_LIMIT` per env, so the cost grows with the batch, not with the pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,18 @@ from dataclasses import dataclass
 from api.batches.planner import BatchSpec, EnvWindow, NoBatch, Plan, plan_batch
 from api.store.items import ItemMeta
 from api.wire.replay import ReuseOrder, ReusePolicy
+
+SCAN_LIMIT = 1024
+"""The most candidates one env's pool is read for a batch (eligible or not, fitting or not): what bounds the cost
+of planning a batch with reuse whatever the pool's size. Past it the env offers what it found: a pool whose
+first 1024 groups in its order hold nothing a batch may take (aged out, past their budget, too large for what is
+left of the share) is one the store should prune, not one planning should walk."""
+
+
+MISS_LIMIT = 32
+"""Eligible candidates in a row too large for what is left of a share after which an env offers no more to this
+batch: what is skipped never fits later (what is left only shrinks), and an env of one group size would otherwise
+read on to `SCAN_LIMIT` for nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +100,10 @@ def offer(
         for env in list(streams):  # each env's next candidate that still fits (what does not, never will)
             room = min(caps[env] - offered[env], left)
             head = heads.pop(env, None)
-            if head is None or head.meta.seqs > room:
-                head = next((c for c in streams[env] if c.meta.seqs <= room), None)
+            if room <= 0:
+                head = None
+            elif head is None or head.meta.seqs > room:
+                head = _next_fitting(streams[env], room)
             if head is None:
                 del streams[env]
             else:
@@ -103,8 +118,20 @@ def offer(
     return {env: cs for env, cs in out.items() if cs}
 
 
+def _next_fitting(stream: Iterator[Candidate], room: int) -> Candidate | None:
+    """The stream's next candidate of at most `room` sequences; None once it ends, or after `MISS_LIMIT` larger ones
+    in a row (an env of one group size has nothing smaller further on)."""
+    for misses, c in enumerate(stream):
+        if c.meta.seqs <= room:
+            return c
+        if misses + 1 >= MISS_LIMIT:
+            return None
+    return None
+
+
 def _eligible(pool: Iterable[Candidate], policy: ReusePolicy, step: int) -> Iterator[Candidate]:
-    return (c for c in pool if eligible(c, policy, step))
+    """The pool's eligible candidates among its first `SCAN_LIMIT`."""
+    return (c for c in itertools.islice(pool, SCAN_LIMIT) if eligible(c, policy, step))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from api.batches.planner import SMALLER, BatchSpec, EnvWindow, NoBatch, Plan, plan_batch
 from api.batches.reuse_plan import (
+    MISS_LIMIT,
+    SCAN_LIMIT,
     Candidate,
     ReusePlan,
     eligible,
@@ -208,3 +210,18 @@ def test_a_minimum_share_is_met_by_reuse_over_the_whole_batch() -> None:
     out = plan_with_reuse([math_, code], spec, {}, pool, {1: ReusePolicy(max_served=3)}, 0.5, STEP)
     assert isinstance(out, ReusePlan) and out.plan.seqs == 8 and out.reused == {1: 2}
     assert sorted(out.plan.take[1]) == [1, 101]
+
+
+def test_the_pool_is_read_a_bounded_way_whatever_its_size() -> None:
+    """An env's pool is read at most `SCAN_LIMIT` deep, and no further than `MISS_LIMIT` too-large groups in a row:
+    planning costs the same with a pool of any size."""
+    policy = ReusePolicy(max_served=2, max_reused_share=1.0)
+
+    def pool(before: list[Candidate]) -> list[Candidate]:
+        return [*before, Candidate(ItemMeta(10**5, 2, 20, STEP), 1, 1.0, 1.0)]
+
+    spent = [Candidate(ItemMeta(i, 2, 20, STEP), 2, 1.0, 1.0) for i in range(SCAN_LIMIT)]  # past their budget
+    large = [Candidate(ItemMeta(i, 9, 90, STEP), 1, 1.0, 1.0) for i in range(MISS_LIMIT)]  # never fit 8
+    for before in (spent, large):
+        assert offer({0: pool(before)}, {0: policy}, {0: 1.0}, 8, 8, STEP) == {}
+        assert offer({0: pool(before[1:])}, {0: policy}, {0: 1.0}, 8, 8, STEP) == {0: pool([])}
