@@ -54,6 +54,16 @@ class Candidate:
     """max score - min score (order `spread`); 0 when all its scores are equal: never reused."""
 
 
+def candidate(meta: ItemMeta, served: int, scores: Sequence[float]) -> Candidate:
+    """A group served `served` times as a reuse candidate, its orders' keys computed from its scores: the largest
+    |score - mean| (the GRPO advantage the server computes) and max - min; a group whose scores are all equal has
+    a spread of 0 and is never reused."""
+    if not scores or min(scores) == max(scores):
+        return Candidate(meta, served, 0.0, 0.0)
+    mean = math.fsum(scores) / len(scores)
+    return Candidate(meta, served, max(abs(x - mean) for x in scores), max(scores) - min(scores))
+
+
 def order_key(order: ReuseOrder, c: Candidate) -> tuple[float, int]:
     """How candidates sort under `order` (smallest first); ties go to the group queued first."""
     if order == "advantage":

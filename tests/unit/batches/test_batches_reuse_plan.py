@@ -17,6 +17,7 @@ from api.batches.reuse_plan import (
     SCAN_LIMIT,
     Candidate,
     ReusePlan,
+    candidate,
     eligible,
     offer,
     order_key,
@@ -225,3 +226,12 @@ def test_the_pool_is_read_a_bounded_way_whatever_its_size() -> None:
     for before in (spent, large):
         assert offer({0: pool(before)}, {0: policy}, {0: 1.0}, 8, 8, STEP) == {}
         assert offer({0: pool(before[1:])}, {0: policy}, {0: 1.0}, 8, 8, STEP) == {0: pool([])}
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=16))
+def test_a_groups_signal_is_zero_exactly_when_its_scores_are_all_equal(scores: list[float]) -> None:
+    c = candidate(ItemMeta(1, len(scores), 10, 0), 1, scores)
+    assert (c.spread == 0.0) == (min(scores) == max(scores))
+    assert c.spread == max(scores) - min(scores)
+    assert c.spread / 2 <= c.advantage * (1 + 1e-9) and c.advantage <= c.spread * (1 + 1e-9)
+    assert not eligible(c, ReusePolicy(max_served=64, max_reused_share=1.0), 0) or c.spread > 0
