@@ -16,6 +16,7 @@ from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, cast
 
 from api.batches.formation import FormationRules
+from api.batches.reuse import beyond_trainer
 from api.batches.service import Batches
 from api.batches.wakeups import Wakeups
 from api.errors import Conflict, InvalidData, NotFound
@@ -240,6 +241,12 @@ class Service:
                     ("body", "group_size"),
                     f"group_size {reg.group_size} exceeds the trainer's batch_size {batch_size}: "
                     "a group is never split, so it could never be served",
+                )
+            if reg.reuse is not None and (beyond := beyond_trainer(run.registration.reuse, reg.reuse)) is not None:
+                field, why = beyond
+                raise Conflict(
+                    f"reuse.{why}: an env may reuse less than the trainer allows, or opt out, never more",
+                    loc=("body", "reuse", field),
                 )
             same_name = txn.count_named(reg.desired_name)
             env = EnvRecord(

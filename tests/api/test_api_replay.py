@@ -107,6 +107,31 @@ async def test_without_the_ledger_a_policy_that_reuses_is_refused(settings: Sett
         assert len((await service.run_state()).envs) == 1
 
 
+@pytest.mark.parametrize(
+    ("trainer", "own", "field"),
+    [
+        (None, {"max_served": 2}, "max_served"),  # the trainer asked for no reuse
+        ({"max_served": 3}, {"max_served": 4}, "max_served"),
+        ({"max_served": 3, "max_reused_share": 0.25}, {"max_served": 2, "max_reused_share": 0.5}, "max_reused_share"),
+        ({"max_served": 3, "max_age": 2}, {"max_served": 2}, "max_age"),  # null: no age limit, longer than 2
+        ({"max_served": 3, "max_age": 2}, {"max_served": 2, "max_age": 3}, "max_age"),
+    ],
+)
+async def test_an_env_cannot_reuse_more_than_the_trainer_allows(
+    settings: Settings, trainer: dict[str, Any] | None, own: dict[str, Any], field: str
+) -> None:
+    """A producer's key cannot make the trainer train its groups more often, for longer or in a larger share than
+    the trainer registered: 409 naming the field, and the env is not registered."""
+    async with serving(settings) as (c, service):
+        await start(c, trainer)
+        reply = await c.post("/register-env", json=env("code", group_size=4, reuse=own))
+        assert reply.status_code == 409, reply.text
+        assert reply.json()["errors"][0]["loc"] == ["body", "reuse", field]
+        assert [e.desired_name for e in (await service.run_state()).envs] == ["math"]
+        less = {"max_served": 1} if trainer is None else {**trainer, "max_served": 2}
+        assert (await c.post("/register-env", json=env("code", group_size=4, reuse=less))).status_code == 200
+
+
 async def batches(c: httpx.AsyncClient, n: int) -> list[bytes]:
     await c.post("/scored_data_list", json=[group(4, seed=i, group_id=f"g{i}") for i in range(4 * n + 2)])
     return [(await c.get("/batch", params={"step": s}, headers={"Accept": MSGPACK})).content for s in range(n)]
