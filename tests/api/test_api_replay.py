@@ -107,6 +107,23 @@ async def test_without_the_ledger_a_policy_that_reuses_is_refused(settings: Sett
         assert len((await service.run_state()).envs) == 1
 
 
+async def test_a_restart_with_the_ledger_off_refuses_the_runs_reuse_policy_when_it_registers_again(
+    settings: Settings,
+) -> None:
+    """An operator restarts a run that reuses with `ledger: false`: the trainer's registration, sent again as it
+    was, is refused (409 naming the policy and why), not taken as if the run could go on reusing unrecorded."""
+    if settings.store.startswith("memory"):
+        pytest.skip("a restart keeps nothing on the memory store")
+    async with serving(settings) as (c, _):
+        await start(c, REUSE)
+    async with serving(settings, ledger=False) as (c, service):
+        reply = await c.post("/register", json=registration(batch_size=8, reuse=REUSE))
+        assert reply.status_code == 409 and reply.json()["errors"][0]["loc"] == ["body", "reuse", "max_served"]
+        assert "ledger off" in reply.json()["message"]
+        run = await service.run_state()
+        assert run.registration is not None and run.registration.reuse == ReusePolicy.model_validate(REUSE)
+
+
 @pytest.mark.parametrize(
     ("trainer", "own", "field"),
     [
