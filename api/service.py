@@ -16,6 +16,7 @@ from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, cast
 
 from api.batches.formation import FormationRules
+from api.batches.reuse import beyond_trainer
 from api.batches.service import Batches
 from api.batches.wakeups import Wakeups
 from api.errors import Conflict, InvalidData, NotFound
@@ -42,6 +43,7 @@ from api.views import metrics as views_metrics
 from api.views.dashboard import body as dashboard_body
 from api.views.status import env_status, status_txn
 from api.wire.records import MSGPACK
+from api.wire.replay import ReusePolicy
 from api.wire.schema import (
     EnvDropBias,
     EnvRegistered,
@@ -156,7 +158,19 @@ class Service:
 
     # ----------------------------------------------------------------------------- trainer
 
+    def _check_reuse(self, policy: ReusePolicy | None) -> None:
+        """A policy that serves a group again needs the ledger: each reuse is a ledger row, written with the batch
+        (docs/replay.md), so a server without one refuses it before anything is stored."""
+        if policy is not None and policy.reuses and not self.ledger.settings.enabled:
+            raise Conflict(
+                f"reuse.max_served {policy.max_served} serves groups again, and every reuse is recorded in the "
+                "ledger: this server runs with ledger off (leave reuse out, or set max_served 1)",
+                loc=("body", "reuse", "max_served"),
+            )
+
     async def register_trainer(self, reg: Registration) -> int:
+        self._check_reuse(reg.reuse)
+
         def txn_fn(txn: Txn) -> None:
             run = state.load(txn, self._run)
             if run.registration is None:
@@ -165,7 +179,8 @@ class Service:
                 state.save_kept(txn, Kept(reg.starting_step))
                 return
             if run.registration != reg:
-                changed = sorted(k for k, v in reg.model_dump().items() if getattr(run.registration, k) != v)
+                before = run.registration.model_dump()
+                changed = sorted(k for k, v in reg.model_dump().items() if before.get(k) != v)
                 raise Conflict(
                     f"a trainer is already registered with a different configuration ({', '.join(changed)}); "
                     "GET /reset_data first to start a new run",
@@ -214,6 +229,7 @@ class Service:
 
     async def register_env(self, reg: RegisterEnv, caller: Actor = ANYONE) -> EnvRegistered | None:
         """None while the trainer has not asked for its first batch (envs are told to wait)."""
+        self._check_reuse(reg.reuse)
 
         def txn_fn(txn: Txn) -> tuple[EnvRegistered | None, RunState]:
             run = state.load(txn, self._run)
@@ -225,6 +241,12 @@ class Service:
                     ("body", "group_size"),
                     f"group_size {reg.group_size} exceeds the trainer's batch_size {batch_size}: "
                     "a group is never split, so it could never be served",
+                )
+            if reg.reuse is not None and (beyond := beyond_trainer(run.registration.reuse, reg.reuse)) is not None:
+                field, why = beyond
+                raise Conflict(
+                    f"reuse.{why}: an env may reuse less than the trainer allows, or opt out, never more",
+                    loc=("body", "reuse", field),
                 )
             same_name = txn.count_named(reg.desired_name)
             env = EnvRecord(
@@ -238,6 +260,7 @@ class Service:
                 owner=caller.owner,
                 variable_group_size=reg.variable_group_size,
                 max_token_staleness=reg.max_token_staleness,
+                reuse=None if reg.reuse is None else reg.reuse.model_dump(),
             )
             after = state.save_env(txn, run, env)
             warning = None

@@ -24,6 +24,7 @@ from tenacity import RetryError
 from api.wire import records
 from api.wire.producers import Heartbeat, HeartbeatReply
 from api.wire.records import MSGPACK
+from api.wire.replay import ReusePolicy
 from api.wire.rollouts import TurnReply
 from api.wire.schema import (
     EnvRegistered,
@@ -178,13 +179,15 @@ class RolloutClient:
         on_wait: Callable[[str], None] | None = None,
         variable_group_size: bool = False,
         max_token_staleness: int | None = None,
+        reuse: ReusePolicy | None = None,
     ) -> EnvRegistered:
         """Register this environment, waiting (with backoff, up to `wait_timeout` s; None: forever) while the
         trainer has not registered or not asked for its first batch. `max_token_length` defaults to the
         trainer's `max_token_len`. `variable_group_size`: its groups are complete at any size (survivors of
         failed rollouts, `min_group_size`; several sequences per rollout, `Environment.variable_group_size`): the
         server queues each whole. `max_token_staleness`: trained tokens of weights more than this many steps older
-        than the batch they are served in are served masked (docs/api-environments.md)."""
+        than the batch they are served in are served masked (docs/api-environments.md). `reuse`: this env's reuse
+        policy where it differs from the trainer's (`ReusePolicy(max_served=1)` opts out; docs/replay.md)."""
         loop = asyncio.get_running_loop()
         give_up = None if wait_timeout is None else loop.time() + wait_timeout
         attempt = 0
@@ -199,6 +202,7 @@ class RolloutClient:
                     min_batch_allocation=min_batch_allocation,
                     variable_group_size=variable_group_size,
                     max_token_staleness=max_token_staleness,
+                    reuse=reuse,
                 )
                 raw = await self._call("POST", "/register-env", json=body.model_dump(exclude_none=True))
                 if raw.get("status") != "wait for trainer to start":

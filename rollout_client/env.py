@@ -17,6 +17,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from api.wire.replay import ReusePolicy
 from api.wire.rules import MASK_IGNORE
 from rollout_client.chat.tools import valid_text
 from rollout_client.episodes import COMPLETION, TOOL, Prefix, ReplayDiverged, Resumes, TurnPiece, TurnSink
@@ -498,6 +499,9 @@ class Environment(ABC):
     """Registered with the env: the server serves masked (-100) the trained tokens that weights more than this many
     steps older than the batch sampled (each token's version: `token_weight_versions`, which the runner sends).
     None: none is masked for its age."""
+    reuse: ReusePolicy | None = None
+    """Registered with the env: its reuse policy where it differs from the trainer's (`ReusePolicy(max_served=1)`
+    opts it out of reuse; docs/replay.md). None: the trainer's applies."""
     on_new_weights: Literal["continue", "restart", "drain"] = "continue"
     """What its groups in flight do when the trainer announces new weights (`rollout_client.runner.following`):
     "continue" (their episodes span versions; stamped with the oldest, `generation_params["weight_versions"]`

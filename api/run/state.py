@@ -55,6 +55,9 @@ class EnvRecord:
     """Its groups vary in size (survivors of failed rollouts, branches): each is queued whole, never held."""
     max_token_staleness: int | None = None
     """Trained tokens sampled by weights older than the batch's step minus this are served masked (None: never)."""
+    reuse: dict[str, Any] | None = None
+    """Its own reuse policy as registered (`ReusePolicy`'s fields), where it differs from the trainer's (None: the
+    trainer's applies; `api.batches.reuse.policy_for`)."""
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from api.wire.producers import ProducerView
+from api.wire.replay import ReusePolicy
 from api.wire.rollouts import OpenGroupsStatus
 from api.wire.rules import (
     ENV_NAME_MAX,
@@ -121,6 +122,11 @@ class Registration(_Request, _Text):
     again with `?step=N` however far the trainer read ahead (within `max_read_ahead_batches`): for trainers
     that prefetch. Chosen here, before the first batch: a first commit would come too late for batches read
     ahead of it."""
+    reuse: ReusePolicy | None = None
+    """The run's reuse policy (docs/replay.md): how many times a group may be served, for how many steps, how much
+    of a batch reused groups may take and in which order they are drawn. Null (the default): each group is served
+    once, as in Atropos. A policy that reuses (`max_served` above 1) needs the ledger (409 on a server with
+    `ledger: false`)."""
 
 
 class CommitRequest(_Request):
@@ -306,6 +312,10 @@ class RegisterEnv(_Request, _Text):
     """rollbuf: when a batch is formed at step S, the trained tokens of this env's groups that weights older than
     S - max_token_staleness sampled (by their `token_weight_versions`) are masked out of the loss: served with the
     mask -100, counted in /status `stale_tokens_masked`. Null (the default): no token is masked for its age."""
+    reuse: ReusePolicy | None = None
+    """rollbuf: this env's reuse policy where it differs from the trainer's `reuse` (docs/replay.md); `{"max_served":
+    1}` opts the env out of reuse. Null (the default): the trainer's policy applies. A policy that reuses needs the
+    ledger (409 on a server with `ledger: false`)."""
 
 
 class EnvRegistered(_Wire):

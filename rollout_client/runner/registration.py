@@ -51,6 +51,7 @@ async def register(client: RolloutClient, env: Environment, wait_timeout: float 
         variable_group_size=env.variable_group_size or needed(env) < env.group_size,
         on_wait=waiting,
         max_token_staleness=env.max_token_staleness,
+        reuse=env.reuse,
     )
 
 

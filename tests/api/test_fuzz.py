@@ -22,16 +22,21 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-keys = st.sampled_from([*group(), "policy_step", "group_id", "env_id", "batch_size", "max_token_len", "weight"])
+keys = st.sampled_from(
+    [*group(), "policy_step", "group_id", "env_id", "batch_size", "max_token_len", "weight", "reuse", "max_served"]
+)
+REUSE = {"max_served": 2, "max_age": 3, "max_reused_share": 0.5, "order": "advantage"}
 
 
 @st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     """A valid body with a few fields replaced by arbitrary JSON."""
-    body: dict[str, Any] = draw(st.sampled_from([group(4), registration(), env(), {"env_id": 0}]))
-    body = dict(body)
+    bodies = [group(4), registration(), env(), {"env_id": 0}, registration(reuse=REUSE), env(reuse=REUSE)]
+    body: dict[str, Any] = dict(draw(st.sampled_from(bodies)))
     for key in draw(st.lists(keys, max_size=3)):
         body[key] = draw(json_values)
+    if isinstance(body.get("reuse"), dict) and draw(st.booleans()):  # a field of the policy replaced
+        body["reuse"] = {**body["reuse"], draw(st.sampled_from([*REUSE, "x"])): draw(json_values)}
     return body
 
 

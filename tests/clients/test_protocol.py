@@ -7,6 +7,7 @@ import random
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from api.wire.producers import WeightSyncReply
 from api.wire.records import MSGPACK, encode_submission, encode_submission_list
@@ -126,6 +127,15 @@ def test_registration_defaults_and_unknown_fields() -> None:
     assert body["max_staleness"] == 2 and body["wandb_group"] == "rollbuf" and "min_batch_fill" not in body
     with pytest.raises(TypeError, match="unknown registration fields"):
         registration(batch_size=8, max_token_len=64, starting_step=0, bach_size=3)
+
+
+def test_a_reuse_policy_is_sent_as_given_and_none_is_sent_without_one() -> None:
+    """A trainer that asks for no reuse sends nothing new (an Atropos server sees only its own fields)."""
+    assert "reuse" not in registration(batch_size=8, max_token_len=64, starting_step=0)
+    body = registration(batch_size=8, max_token_len=64, starting_step=0, reuse={"max_served": 2, "order": "spread"})
+    assert body["reuse"] == {"max_served": 2, "order": "spread"}
+    with pytest.raises(ValidationError, match="reuse.max_served"):
+        registration(batch_size=8, max_token_len=64, starting_step=0, reuse={"max_served": 0})
 
 
 def test_progress_says_what_it_waits_for(caplog: pytest.LogCaptureFixture) -> None:

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from api.wire.records import MSGPACK, decode_batch
+from api.wire.replay import ReusePolicy
 from api.wire.schema import ScoredData
 from rollout_client import Rejected, RetriesExhausted, RolloutClient, SyncRolloutClient, Unavailable
 from rollout_client.client import encode_json
@@ -186,6 +187,20 @@ async def test_an_env_registered_with_max_token_staleness_gets_its_old_tokens_ma
         [served] = (await client.get("/batch")).json()["batch"]
     assert [row[2:] for row in served["masks"]] == [[-100, row[3]] for row in body["masks"]]
     assert (await client.get("/status")).json()["stale_tokens_masked"] == {"math_0": 4}
+
+
+async def test_an_env_sends_its_own_reuse_policy_and_none_without_one() -> None:
+    seen: list[httpx.Request] = []
+    info = httpx.Response(200, json={"batch_size": 8, "max_token_len": 64})
+    registered = {"env_id": 0, "wandb_name": "m_0", "checkpoint_dir": "c", "starting_step": 0}
+    ok = httpx.Response(200, json={**registered, "checkpoint_interval": 1, "num_steps": 1})
+    bye = httpx.Response(200, json={"status": "disconnected"})
+    async with scripted([info, ok, info, ok, bye], seen) as client:
+        await client.register("m", 4, reuse=ReusePolicy(max_served=1))
+        await client.register("m", 4)
+    sent = [orjson.loads(r.content) for r in seen if r.url.path == "/register-env"]
+    assert sent[0]["reuse"] == {"max_served": 1, "max_reused_share": 0.5, "order": "oldest"}
+    assert "reuse" not in sent[1]
 
 
 def test_sync_twin_against_a_server_process(tmp_path: Path) -> None:
