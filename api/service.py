@@ -16,7 +16,7 @@ from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, cast
 
 from api.batches.formation import FormationRules
-from api.batches.reuse import beyond_trainer
+from api.batches.reuse import beyond_trainer, not_served_reason
 from api.batches.service import Batches
 from api.batches.wakeups import Wakeups
 from api.errors import Conflict, InvalidData, NotFound
@@ -159,8 +159,11 @@ class Service:
     # ----------------------------------------------------------------------------- trainer
 
     def _check_reuse(self, policy: ReusePolicy | None) -> None:
-        """A policy that serves a group again needs the ledger: each reuse is a ledger row, written with the batch
-        (docs/replay.md), so a server without one refuses it before anything is stored."""
+        """A policy that serves a group again is refused while replay is not served (422: it would be acknowledged
+        and then ignored), and needs the ledger: each reuse is a ledger row, written with the batch
+        (docs/replay.md), so a server without one refuses it. Both before anything is stored."""
+        if (why := not_served_reason(policy)) is not None:
+            raise InvalidData(("body", "reuse", "max_served"), f"reuse.{why}")
         if policy is not None and policy.reuses and not self.ledger.settings.enabled:
             raise Conflict(
                 f"reuse.max_served {policy.max_served} serves groups again, and every reuse is recorded in the "

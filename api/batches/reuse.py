@@ -8,6 +8,23 @@ from api.run.state import EnvRecord
 from api.wire.replay import NO_REUSE, ReusePolicy
 from api.wire.schema import Registration
 
+REPLAY_SERVED = False
+"""Whether formation serves reused groups. It does not yet: served groups are not kept for reuse (the replay pool is
+not stored), so `/register` and `/register-env` refuse a policy that would serve a group twice (422 naming
+`reuse.max_served`, `not_served_reason`) rather than acknowledge one that would then be ignored. The checks that
+hold once it does (the ledger, an env never beyond the trainer) stay in place behind it and keep their tests."""
+
+
+def not_served_reason(policy: ReusePolicy | None) -> str | None:
+    """Why `policy` is refused while this server serves each group once (`REPLAY_SERVED`), or None where it asks
+    for nothing more than that: a policy with `max_served` above 1 would be acknowledged and then ignored."""
+    if REPLAY_SERVED or policy is None or policy.max_served <= 1:
+        return None
+    return (
+        f"max_served {policy.max_served}: replay is not served yet, this server serves each group once "
+        "(leave reuse out, or set max_served 1)"
+    )
+
 
 def beyond_trainer(trainer: ReusePolicy | None, own: ReusePolicy) -> tuple[str, str] | None:
     """Where an env's own policy would reuse more than the trainer's allows: the field and why, or None. Reuse is

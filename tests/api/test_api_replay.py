@@ -1,7 +1,9 @@
 """The reuse policy over HTTP on every store: the trainer's at /register and an env's own at /register-env are
-validated (422 naming the field), kept with the run (a restart reads them back), compared on a second
-registration (409 naming `reuse`), refused by a server without the ledger (409: every reuse is a ledger row), and
-the default policy serves exactly the batches a registration without one does."""
+validated (422 naming the field), and a policy that reuses is refused while replay is not served (422 naming
+`reuse.max_served`: it would be acknowledged and then ignored). The checks that hold once replay is served run here
+with `replay_served` (`api.batches.reuse.REPLAY_SERVED` on): kept with the run (a restart reads them back),
+compared on a second registration (409 naming `reuse`), refused by a server without the ledger (409: every reuse
+is a ledger row). The default policy serves exactly the batches a registration without one does."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import httpx
 import pytest
 
 from api.app import create_app
+from api.batches import reuse
 from api.batches.reuse import policy_for
 from api.config.settings import Settings
 from api.run.state import RunState
@@ -24,6 +27,12 @@ from tests.factories import env, group, registration
 pytestmark = pytest.mark.anyio
 
 REUSE = {"max_served": 3, "max_age": 4, "max_reused_share": 0.25, "order": "advantage"}
+
+
+@pytest.fixture
+def replay_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registration checks as they hold once formation serves reuse (`REPLAY_SERVED`)."""
+    monkeypatch.setattr(reuse, "REPLAY_SERVED", True)
 
 
 @asynccontextmanager
@@ -43,6 +52,7 @@ async def start(c: httpx.AsyncClient, trainer: dict[str, Any] | None, **env_fiel
     assert reply.status_code == 200, reply.text
 
 
+@pytest.mark.usefixtures("replay_served")
 async def test_the_policies_are_kept_with_the_run_across_a_restart(settings: Settings) -> None:
     def check(run: RunState) -> None:
         math, code = run.envs
@@ -59,6 +69,7 @@ async def test_the_policies_are_kept_with_the_run_across_a_restart(settings: Set
             check(await service.run_state())
 
 
+@pytest.mark.usefixtures("replay_served")
 async def test_registering_again_with_another_policy_is_a_conflict_naming_it(client: httpx.AsyncClient) -> None:
     await start(client, REUSE)
     assert (await client.post("/register", json=registration(batch_size=8, reuse=REUSE))).status_code == 200
@@ -94,6 +105,7 @@ async def test_a_bad_policy_is_422_naming_the_field(
     assert (await client.get("/status")).json()["current_step"] == 0  # nothing stored
 
 
+@pytest.mark.usefixtures("replay_served")
 async def test_without_the_ledger_a_policy_that_reuses_is_refused(settings: Settings) -> None:
     async with serving(settings, ledger=False) as (c, service):
         reply = await c.post("/register", json=registration(batch_size=8, reuse=REUSE))
@@ -107,6 +119,7 @@ async def test_without_the_ledger_a_policy_that_reuses_is_refused(settings: Sett
         assert len((await service.run_state()).envs) == 1
 
 
+@pytest.mark.usefixtures("replay_served")
 async def test_a_restart_with_the_ledger_off_refuses_the_runs_reuse_policy_when_it_registers_again(
     settings: Settings,
 ) -> None:
@@ -134,6 +147,7 @@ async def test_a_restart_with_the_ledger_off_refuses_the_runs_reuse_policy_when_
         ({"max_served": 3, "max_age": 2}, {"max_served": 2, "max_age": 3}, "max_age"),
     ],
 )
+@pytest.mark.usefixtures("replay_served")
 async def test_an_env_cannot_reuse_more_than_the_trainer_allows(
     settings: Settings, trainer: dict[str, Any] | None, own: dict[str, Any], field: str
 ) -> None:
@@ -147,6 +161,24 @@ async def test_an_env_cannot_reuse_more_than_the_trainer_allows(
         assert [e.desired_name for e in (await service.run_state()).envs] == ["math"]
         less = {"max_served": 1} if trainer is None else {**trainer, "max_served": 2}
         assert (await c.post("/register-env", json=env("code", group_size=4, reuse=less))).status_code == 200
+
+
+@pytest.mark.parametrize("ledger", [True, False])
+async def test_a_policy_that_reuses_is_refused_while_replay_is_not_served(settings: Settings, ledger: bool) -> None:
+    """A trainer that asks for `max_served: 3`, or an env for its own `max_served: 2`, is told the policy is not
+    served (422 naming `reuse.max_served`), ledger or not, and nothing is stored; `max_served: 1` is served as
+    asked and accepted."""
+    async with serving(settings, ledger=ledger) as (c, service):
+        for policy in (REUSE, {"max_served": 2, "max_reused_share": 0.0}):
+            reply = await c.post("/register", json=registration(batch_size=8, reuse=policy))
+            assert reply.status_code == 422, reply.text
+            assert reply.json()["errors"][0]["loc"] == ["body", "reuse", "max_served"]
+            assert "replay is not served yet" in reply.json()["errors"][0]["msg"]
+            assert (await service.run_state()).registration is None
+        await start(c, {"max_served": 1, "order": "spread"})
+        reply = await c.post("/register-env", json=env("code", group_size=4, reuse={"max_served": 2}))
+        assert reply.status_code == 422 and reply.json()["errors"][0]["loc"] == ["body", "reuse", "max_served"]
+        assert [e.desired_name for e in (await service.run_state()).envs] == ["math"]
 
 
 async def batches(c: httpx.AsyncClient, n: int) -> list[bytes]:

@@ -1,11 +1,14 @@
-"""api.batches.reuse: which policy holds for an env's groups (the env's own, else the trainer's, else none)."""
+"""api.batches.reuse: which policy holds for an env's groups (the env's own, else the trainer's, else none), and
+which policies are refused while replay is not served."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.batches.reuse import beyond_trainer, policy_for
+from api.batches import reuse
+from api.batches.reuse import beyond_trainer, not_served_reason, policy_for
 from api.run.state import EnvRecord
 from api.wire.replay import NO_REUSE, ReusePolicy
 from api.wire.schema import REGISTRATION_EXAMPLE, Registration
@@ -70,3 +73,19 @@ def test_an_env_never_reuses_more_than_the_trainer_allows(trainer: ReusePolicy |
     if beyond is not None:
         field, why = beyond
         assert field in ReusePolicy.model_fields and why.startswith(field)
+
+
+@given(st.none() | policies)
+def test_while_replay_is_not_served_exactly_the_policies_that_would_serve_a_group_twice_are_refused(
+    policy: ReusePolicy | None,
+) -> None:
+    why = not_served_reason(policy)
+    if policy is not None and policy.max_served > 1:
+        assert why is not None and why.startswith(f"max_served {policy.max_served}: replay is not served yet")
+    else:
+        assert why is None
+
+
+def test_once_replay_is_served_no_policy_is_refused_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reuse, "REPLAY_SERVED", True)
+    assert not_served_reason(ReusePolicy(max_served=64)) is None
