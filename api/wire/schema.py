@@ -125,8 +125,8 @@ class Registration(_Request, _Text):
     reuse: ReusePolicy | None = None
     """The run's reuse policy (docs/replay.md): how many times a group may be served, for how many steps, how much
     of a batch reused groups may take and in which order they are drawn. Null (the default): each group is served
-    once, as in Atropos. A policy that reuses (`max_served` above 1) needs the ledger (409 on a server with
-    `ledger: false`)."""
+    once, as in Atropos. This version serves each group once: a policy with `max_served` above 1 is refused (422
+    naming `reuse.max_served`: replay is not served yet) rather than accepted and ignored."""
 
 
 class CommitRequest(_Request):
@@ -314,8 +314,8 @@ class RegisterEnv(_Request, _Text):
     mask -100, counted in /status `stale_tokens_masked`. Null (the default): no token is masked for its age."""
     reuse: ReusePolicy | None = None
     """rollbuf: this env's reuse policy where it differs from the trainer's `reuse` (docs/replay.md); `{"max_served":
-    1}` opts the env out of reuse. Null (the default): the trainer's policy applies. A policy that reuses needs the
-    ledger (409 on a server with `ledger: false`)."""
+    1}` opts the env out of reuse. Null (the default): the trainer's policy applies. This version serves each group
+    once: a policy with `max_served` above 1 is refused (422 naming `reuse.max_served`)."""
 
 
 class EnvRegistered(_Wire):
