@@ -17,12 +17,12 @@ from api.errors import RollbufError, Unavailable
 from api.ingest.queue_limits import QueueLimits
 from api.ledger.recorder import Recorder
 from api.owners import Actor
+from api.rollouts.rows import COUNTS, group_of, readable, view
+from api.rollouts.turn_txns import turn_txn, turns_txn
 from api.rollouts.txns import (
-    COUNTS,
     OpenBytesFull,
     drop_lapsed,
     group_body,
-    group_of,
     heartbeat_txn,
     lease_txn,
     mark_txn,
@@ -30,14 +30,10 @@ from api.rollouts.txns import (
     open_txn,
     post_txn,
     prune_txn,
-    readable,
     seal_txn,
     sweep_txn,
     totals_txn,
-    turn_txn,
-    turns_txn,
     unlease_txn,
-    view,
 )
 from api.run.state import RunState
 from api.scheduler import Periodic
