@@ -38,12 +38,14 @@ def readable(row: GroupRow) -> rg.OpenGroup | None:
 
 
 def row_of(g: rg.OpenGroup, state_: str, base: GroupRow | None, expires_at: float | None = None) -> GroupRow:
-    """The group's row with `g` as its record: its counters (`done`, `tokens`, `bytes`) those of `base`, its
-    next check `expires_at` or what `g`'s leases make it."""
+    """The group's row with `g` as its record: its counters (`done`, `tokens`, `bytes`, `turn_tokens`) those of
+    `base`, its next check `expires_at` or what `g`'s leases make it."""
     env_id = ANON_ENV if g.env_id is None else g.env_id
-    done, tokens, size = (0, 0, 0) if base is None else (base.done, base.tokens, base.bytes)
+    done, tokens, size, turned = (
+        (0, 0, 0, 0) if base is None else (base.done, base.tokens, base.bytes, base.turn_tokens)
+    )
     at = rg.next_check(g, done) if expires_at is None else expires_at
-    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json(), done, tokens)
+    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json(), done, tokens, turned)
 
 
 def settled(txn: Txn, row: GroupRow) -> rg.OpenGroup:
@@ -147,11 +149,11 @@ def check_rows(tokens: list[int], masks: list[int], logprobs: list[float] | None
         raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
 
 
-def check_holder(txn: Txn, g: rg.OpenGroup, slot: int, producer: str) -> None:
+def check_holder(txn: Txn, g: rg.OpenGroup, slot: int, producer: str, *, missing: bool = False) -> None:
     """A slot not yet acknowledged takes turns (and a final post after them) from its holder only (409 naming
     `producer_id`): a producer its lease passed from would mix its rollout with the next holder's. Once the slot is
-    in, a post is judged by its content, as any post."""
-    if (holds := tn.holder(g, slot)) != producer and txn.rollouts.slot(g.key, slot) is None:
+    in, a post is judged by its content, as any post. `missing`: the caller knows the slot is not in."""
+    if (holds := tn.holder(g, slot)) != producer and (missing or txn.rollouts.slot(g.key, slot) is None):
         raise Conflict(
             f"slot {slot} is held by producer {holds!r}, not this one: a slot's turns are its holder's (its lease "
             "may have passed on: stop this rollout)",

@@ -19,7 +19,7 @@ from api.run import state
 from api.run.printable import check_printable
 from api.run.state import RunState
 from api.store.base import Txn
-from api.store.rollouts import TurnRow
+from api.store.rollouts import TurnRow, TurnSummary
 from api.wire.rollouts import (
     InlineSnapshot,
     RolloutPost,
@@ -60,10 +60,13 @@ def turn_txn(
 ) -> TurnReply:
     """Acknowledge one turn of a slot's rollout (docs/rollouts.md, Turns). Only the slot's holder posts its turns
     (`turns.holder`: 409 for a producer the slot's lease passed from), in order (409 naming the next turn), until its
-    final post (409 after); the same turn again is a `duplicate`, another content a 409. The slot's turns with this
-    one are checked against every rule its sealed rollout meets (`checks.check_rollout`: 422 naming the field), so
-    that a final post `after_turns` is never refused for them; its bytes within `rollout_max_turn_bytes` (422) and
-    the env's and key's turn bytes within their bounds (503)."""
+    final post (409 after); the same turn again is a `duplicate`, another content a 409. The turn is checked against
+    every rule the slot's sealed rollout meets (`checks.check_rollout`: 422 naming the field), its tokens with the
+    slot's turns before it within the trainer's `max_token_len`, and with every slot's acknowledged content (slots in
+    and other slots' turns) within its `max_batch_tokens`: a final post `after_turns` is never refused for what was
+    acknowledged. Its bytes within `rollout_max_turn_bytes` (422), the env's and key's turn bytes within their
+    bounds (503). It reads the group's row, the slot's summary (`TurnSummary`) and, for a turn sent again, that
+    turn: never the slot's turns, so turn 1,000 costs what turn 1 does."""
     check_rows(req.tokens, req.masks, req.inference_logprobs)
     if req.tool_results is not None:
         try:
@@ -78,7 +81,7 @@ def turn_txn(
         raise Conflict(f"group {req.group_id!r} is {row.state}: it takes no more turns", loc=("body", "group_id"))
     if txn.rollouts.slot(req.group_id, req.slot) is not None:
         raise Conflict(f"slot {req.slot} is acknowledged: it takes no more turns", loc=("body", "slot"))
-    check_holder(txn, g, req.slot, req.producer_id)
+    check_holder(txn, g, req.slot, req.producer_id, missing=True)
     if req.token_weight_versions is not None and len(req.token_weight_versions) != len(req.tokens):
         raise InvalidData(("body", "token_weight_versions"), "one weights version per token")
     snapshot = _snapshot(req.snapshot, settings)
@@ -86,45 +89,44 @@ def turn_txn(
         req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions, req.tool_results, snapshot
     )
     blob, d = data.encode(), data.digest()
-    prior = txn.rollouts.turns(req.group_id, req.slot)
-    pieces = [tn.TurnData.decode(t.data) for t in prior]
-    outcome = tn.outcome([t.digest for t in prior], req.turn, d)
+    summary = txn.rollouts.turn_summary(req.group_id, req.slot) or TurnSummary(0, 0, 0, 0)
+    stored = txn.rollouts.turn(req.group_id, req.slot, req.turn) if req.turn < summary.turns else None
+    outcome = tn.outcome(summary.turns, None if stored is None else stored.digest, req.turn, d)
     if outcome == tn.DUPLICATE:
-        return TurnReply(status="duplicate", turns=len(prior), tokens=sum(len(p.tokens) for p in pieces))
+        return TurnReply(status="duplicate", turns=summary.turns, tokens=summary.tokens)
     if outcome == tn.CONFLICT:
         raise Conflict(f"turn {req.turn} of slot {req.slot} was acknowledged with other content", loc=("body", "turn"))
     if outcome == tn.GAP:
-        raise Conflict(f"the slot's next turn is {len(prior)}", loc=("body", "turn"))
-    if len(prior) >= settings.rollout_max_turns_per_slot:
+        raise Conflict(f"the slot's next turn is {summary.turns}", loc=("body", "turn"))
+    if summary.turns >= settings.rollout_max_turns_per_slot:
         raise Conflict(
-            f"the slot has {len(prior)} turns; the limit is rollout_max_turns_per_slot: post the rest "
+            f"the slot has {summary.turns} turns; the limit is rollout_max_turns_per_slot: post the rest "
             "with its final post",
             loc=("body", "turn"),
         )
     if len(blob) > settings.rollout_max_turn_bytes:
         raise InvalidData(("body",), f"this turn stores {len(blob)} bytes; the limit is rollout_max_turn_bytes")
-    whole = tn.concatenate([*pieces, data])
+    fields = tn.joined_fields(summary.fields, data)
     run = state.load(txn, known_run)
     group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
-    post = RolloutPost.model_construct(
-        group_id=req.group_id,
-        slot=req.slot,
-        producer_id=req.producer_id,
-        tokens=whole.tokens,
-        masks=whole.masks,
-        inference_logprobs=whole.inference_logprobs,
-        token_weight_versions=whole.token_weight_versions,
-        score=None,
-        policy_step=None,
-        overrides=None,
-        after_turns=False,
-    )
-    try:
+    if req.tokens or not summary.tokens:  # a turn without tokens after some adds none: nothing of it to check
+        post = RolloutPost.model_construct(
+            group_id=req.group_id,
+            slot=req.slot,
+            producer_id=req.producer_id,
+            tokens=req.tokens,
+            masks=req.masks,
+            inference_logprobs=req.inference_logprobs,
+            token_weight_versions=req.token_weight_versions,
+            score=None,
+            policy_step=None,
+            overrides=None,
+            after_turns=False,
+        )
         checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
-    except (InvalidData, Conflict) as exc:
-        raise _in_turn(exc, len(whole.tokens) - len(req.tokens)) from None
-    if group_limit.max_group_tokens is not None:  # the slots in and this one so far (not other slots' turns)
-        checks.check_group_tokens(row.tokens, len(whole.tokens), group_limit)
+    checks.check_rollout_tokens(summary.tokens + len(req.tokens), group_limit)
+    if group_limit.max_group_tokens is not None:  # every slot's acknowledged content, and this turn
+        checks.check_group_tokens(row.tokens + row.turn_tokens, len(req.tokens), group_limit)
     held = txn.get_counts(TURN_BYTES)
     env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
     if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:
@@ -137,10 +139,12 @@ def turn_txn(
             f"this key's open groups hold {held.get(key_key, 0)} bytes of turns; the limit is "
             "rollout_max_turn_bytes_per_key; retry later"
         )
-    txn.rollouts.add_turn(TurnRow(req.group_id, req.slot, req.turn, req.producer_id, d, blob, len(blob)))
+    txn.rollouts.add_turn(
+        TurnRow(req.group_id, req.slot, req.turn, req.producer_id, d, blob, len(blob), len(req.tokens)), fields
+    )
     txn.add_counts(TURN_BYTES, {env_key: len(blob), **({key_key: len(blob)} if g.owner is not None else {})})
     txn.add_counts(COUNTS, {"turns": 1, "turn_bytes": len(blob)})
-    return TurnReply(status="accepted", turns=len(prior) + 1, tokens=len(whole.tokens))
+    return TurnReply(status="accepted", turns=summary.turns + 1, tokens=summary.tokens + len(req.tokens))
 
 
 def _snapshot(snap: InlineSnapshot | SnapshotByUri | None, settings: Settings) -> dict[str, str] | None:
@@ -154,17 +158,6 @@ def _snapshot(snap: InlineSnapshot | SnapshotByUri | None, settings: Settings) -
     if size > settings.rollout_max_snapshot_bytes:
         raise InvalidData(("body", "snapshot", "data"), f"{size} bytes; the limit is rollout_max_snapshot_bytes")
     return {"data": snap.data}
-
-
-def _in_turn(exc: InvalidData | Conflict, offset: int) -> InvalidData | Conflict:
-    """An error of the slot's rollout so far where the turn has it: an index into the rollout's per-token fields
-    less the turns before (those were checked when they were acknowledged)."""
-    loc = list(exc.loc)
-    if len(loc) > 2 and loc[1] in checks.PER_SEQUENCE and isinstance(loc[2], int) and loc[2] >= offset:
-        loc[2] -= offset
-    if isinstance(exc, InvalidData):
-        return InvalidData(loc, exc.msg)
-    return Conflict(exc.detail, loc=loc)
 
 
 def _turn_view(row: TurnRow, data: tn.TurnData) -> TurnView:

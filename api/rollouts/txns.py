@@ -189,8 +189,10 @@ def post_txn(
         if outcome == rg.REDONE:
             txn.add_counts(COUNTS, {"redone": 1})
         return PostReply(status=outcome, group=view(txn, row)), False
-    if group_limit.max_group_tokens is not None:
-        checks.check_group_tokens(row.tokens, len(req.tokens), group_limit)
+    summary = txn.rollouts.turn_summary(req.group_id, req.slot) if row.turn_tokens else None
+    turned = 0 if summary is None else summary.tokens  # its turns' tokens: counted in the group's since acknowledged
+    if group_limit.max_group_tokens is not None:  # only what is new may be refused: never what was acknowledged
+        checks.check_group_tokens(row.tokens + row.turn_tokens, max(0, len(req.tokens) - turned), group_limit)
     data = encode(packed)
     _, size = txn.rollouts.open_totals(row.env_id)
     if size + len(data) > settings.rollout_max_open_bytes:
@@ -203,7 +205,13 @@ def post_txn(
     txn.add_counts(
         COUNTS, {"slots": 1, **({OPEN_DONE: 1} if row.state in LIVE else {}), **({OPEN_LEASED: -1} if leased else {})}
     )
-    row = replace(row, done=row.done + 1, tokens=row.tokens + len(req.tokens), bytes=row.bytes + len(data))
+    row = replace(
+        row,
+        done=row.done + 1,
+        tokens=row.tokens + len(req.tokens),
+        bytes=row.bytes + len(data),
+        turn_tokens=row.turn_tokens - turned,
+    )
     if row.state == "open" and g.leases:
         row = _recheck(txn, row)
     sealing = False

@@ -70,10 +70,11 @@ class RolloutPost(_Request, _Text):
     """Its slot in the group, 0 .. G - 1: the first rollout acknowledged for a slot is kept."""
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """The producer that rolled it out."""
-    tokens: list[TokenId] = Field(min_length=1)
-    """Its token ids, prompt and completion (with `after_turns`, those after its turns': at least one, the last
-    turn's own or the end of the rollout)."""
-    masks: list[RolloutMask] = Field(min_length=1)
+    tokens: list[TokenId]
+    """Its token ids, prompt and completion: at least one (422 naming it). With `after_turns`, those after its
+    turns' (the last turn's own or the end of the rollout), none if the turns are the whole rollout: a slot whose
+    turns were acknowledged is always completed by its score alone, whatever the group's token budget holds."""
+    masks: list[RolloutMask]
     """As a group's row: -100 where not trained on, else the token id."""
     inference_logprobs: list[TokenFloat] | None = None
     """The sampler's logprob of each token, as a group's row."""
