@@ -99,9 +99,27 @@ BY_KEY = "rollouts_by_key"
 key's bound (`rollout_max_open_groups_per_key`) costs one read."""
 
 
-def view(txn: Txn, row: GroupRow) -> GroupView:
-    """The group as GET /rollouts/group shows it (its slots in: one read of their numbers)."""
+def view(txn: Txn, row: GroupRow, *, lean: bool = False) -> GroupView:
+    """The group as GET /rollouts/group shows it (its slots in: one read of their numbers). `lean`: as a post's
+    reply shows it, from its row alone, without the lists that grow with its slots."""
     g = rg.OpenGroup.of(row.record)
+    if lean:
+        return GroupView(
+            group_id=g.key,
+            env_id=g.env_id,
+            state=row.state,
+            group_size=g.group_size,
+            min_group_size=g.min_group_size,
+            producer=g.producer,
+            deadline=g.deadline,
+            expires_at=g.expires_at,
+            done=None,
+            slots_done=row.done,
+            leased=None,
+            redispatched=g.redispatched,
+            left_out=dict(g.left_out),
+            turns=None,
+        )
     done = txn.rollouts.done(g.key)
     return GroupView(
         group_id=g.key,
@@ -113,6 +131,7 @@ def view(txn: Txn, row: GroupRow) -> GroupView:
         deadline=g.deadline,
         expires_at=g.expires_at,
         done=sorted(done),
+        slots_done=len(done),
         leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
         redispatched=g.redispatched,
         left_out=dict(g.left_out),

@@ -149,7 +149,7 @@ class Rollouts:
             raise
         if sealing:
             await self.finish(body.group_id)
-            reply = reply.model_copy(update={"group": await self.group(body.group_id, actor)})
+            reply = reply.model_copy(update={"group": await self.group(body.group_id, actor, lean=True)})
         return reply
 
     async def turn(self, body: TurnPost, settings: Settings, actor: Actor) -> TurnReply:
@@ -191,8 +191,10 @@ class Rollouts:
     async def totals(self) -> dict[str, int]:
         return await self.store.read(totals_txn)
 
-    async def group(self, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id")) -> GroupView:
-        return await self.store.read(lambda txn: view(txn, group_of(txn, key, actor, loc)))
+    async def group(
+        self, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id"), *, lean: bool = False
+    ) -> GroupView:
+        return await self.store.read(lambda txn: view(txn, group_of(txn, key, actor, loc), lean=lean))
 
     async def open_groups(self) -> OpenGroupsStatus | None:
         """The per-rollout groups' block of the views (None in runs without them)."""

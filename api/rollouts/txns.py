@@ -181,14 +181,14 @@ def post_txn(
     known = None if had is None else (had.producer, had.digest)
     if known is None and row.state not in LIVE:
         txn.add_counts(COUNTS, {"redone": 1})
-        return PostReply(status="redone", group=view(txn, row)), False
+        return PostReply(status="redone", group=view(txn, row, lean=True)), False
     outcome = rg.post(req.producer_id, known, d)
     if outcome == rg.CONFLICT:
         raise Conflict(f"slot {req.slot} of group {req.group_id!r} was acknowledged with other content")
     if outcome != rg.ACCEPTED:
         if outcome == rg.REDONE:
             txn.add_counts(COUNTS, {"redone": 1})
-        return PostReply(status=outcome, group=view(txn, row)), False
+        return PostReply(status=outcome, group=view(txn, row, lean=True)), False
     summary = txn.rollouts.turn_summary(req.group_id, req.slot) if row.turn_tokens else None
     turned = 0 if summary is None else summary.tokens  # its turns' tokens: counted in the group's since acknowledged
     if group_limit.max_group_tokens is not None:  # only what is new may be refused: never what was acknowledged
@@ -224,7 +224,7 @@ def post_txn(
             new = _decide(txn, g, row, decision, now, books, slots)
             put(txn, row, (row.done, len(g.leases)), new, g)
             row, sealing = new, decision.expired is None
-    return PostReply(status="accepted", group=view(txn, row)), sealing
+    return PostReply(status="accepted", group=view(txn, row, lean=True)), sealing
 
 
 def _decide(

@@ -290,16 +290,20 @@ class GroupView(_Wire):
     """Unix time of its deadline."""
     expires_at: float
     """When its holder's (or the soonest sibling's) lease lapses unless heartbeated."""
-    done: list[int]
-    """Slots acknowledged."""
-    leased: dict[str, str]
-    """Missing slots leased to siblings -> their producer."""
+    done: list[int] | None
+    """Slots acknowledged; null in a post's reply (it costs a read of every slot in: GET /rollouts/group lists
+    them), which says how many (`slots_done`)."""
+    slots_done: int = 0
+    """How many slots are acknowledged."""
+    leased: dict[str, str] | None
+    """Missing slots leased to siblings -> their producer; null in a post's reply, as `done`."""
     redispatched: int
     """Slots leased to siblings so far."""
     left_out: dict[str, str]
     """Sealed: slots not in it -> why. Expired: `group` -> why."""
-    turns: dict[str, SlotTurns] = Field(default_factory=dict)
-    """Slots with acknowledged turns (open groups: turns are freed with the decision) -> how many and who posted."""
+    turns: dict[str, SlotTurns] | None = Field(default_factory=dict)
+    """Slots with acknowledged turns (open groups: turns are freed with the decision) -> how many and who posted;
+    null in a post's reply, as `done`."""
 
 
 class OpenGroupsStatus(_Wire):
@@ -324,4 +328,5 @@ class PostReply(_Wire):
     status: Literal["accepted", "duplicate", "redone"]
     """`redone`: the slot was already acknowledged from another producer: the first is kept."""
     group: GroupView
-    """The group as it stands after this rollout."""
+    """The group as it stands after this rollout, without the lists that grow with its slots (`done`, `leased`,
+    `turns`: null), so that a post at slot 4,000 costs what one at slot 1 does; GET /rollouts/group has them."""

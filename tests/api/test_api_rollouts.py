@@ -70,7 +70,10 @@ async def test_rollouts_acknowledged_one_by_one_are_served_as_one_group(settings
         await post(c, {**rollout("g1", 1), "score": 0.0}, 409)
         assert (await c.get("/batch")).json()["batch"] is None, "nothing is served before the seal"
         last = await post(c, rollout("g1", 3))
-        assert last["group"]["state"] == "sealed" and last["group"]["done"] == [0, 1, 2, 3]
+        assert last["group"]["state"] == "sealed" and last["group"]["slots_done"] == 4
+        assert (last["group"]["done"], last["group"]["leased"], last["group"]["turns"]) == (None, None, None)
+        full = (await c.get("/rollouts/group", params={"group_id": "g1"})).json()
+        assert (full["done"], full["slots_done"], full["leased"]) == ([0, 1, 2, 3], 4, {})
         batch = (await c.get("/batch")).json()["batch"]
         assert batch is not None and len(batch) == 1
         assert sorted(t[0] for t in batch[0]["tokens"]) == [1, 2, 3, 4]

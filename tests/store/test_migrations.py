@@ -338,7 +338,8 @@ async def sealed_from_posted(store: str) -> None:
                 reply = await c.post("/rollouts/post", json=body)
                 assert reply.status_code == 200, reply.text
             assert reply.json()["group"]["state"] == "sealed", reply.json()
-            assert reply.json()["group"]["turns"] == {}, "freed with the seal"
+            sealed = (await c.get("/rollouts/group", params={"group_id": "o-2"})).json()
+            assert sealed["turns"] == {}, "freed with the seal"
             [row] = (await c.get("/ledger/groups/o-2")).json()["groups"]
             assert row["seqs"] == 4 and row["tokens"] >= 4 * 2, row
 
