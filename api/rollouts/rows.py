@@ -5,18 +5,21 @@ so that neither imports the other's module for them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from api.errors import Conflict, InvalidData, NotFound
 from api.owners import Actor
 from api.rollouts import groups as rg
+from api.rollouts import lineage
 from api.rollouts import turns as tn
 from api.store.base import ANON_ENV, Txn
-from api.store.rollouts import LIVE, GroupRow
-from api.wire.rollouts import GroupView, SlotTurns
+from api.store.rollouts import LIVE, GroupRow, TurnKey
+from api.wire.rollouts import GroupView, SlotLineage, SlotTurns, TurnRun
 
 COUNTS = "rollouts"
 """Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused,
 lease_lapsed, pruned; turns and turn_bytes (acknowledged), resumed (slot leases that carried turns) and
-tokens_carried (their tokens)."""
+tokens_carried (their tokens), restarted (slot leases that carried none)."""
 
 TURN_BYTES = "rollout_turn_bytes"
 """Counter kind: bytes of acknowledged turns held by live groups, per env (`env:<id>`) and per key (`key:<name>`),
@@ -72,23 +75,30 @@ def tally(row: GroupRow, g: rg.OpenGroup) -> tuple[int, int]:
 
 def put(txn: Txn, old: GroupRow, before: tuple[int, int], new: GroupRow, g: rg.OpenGroup) -> None:
     """Write the group's row (`g` its record), and move the open-slot counters from `before` (the old row's
-    `_tally`, of its settled group) by what changed (and its key's live groups, once decided)."""
+    `_tally`, of its settled group) by what changed (and its key's live groups, once decided). Decided: its turns'
+    lineage goes into its record before they are freed."""
+    keys = None
+    if old.state == "open" and new.state != "open":
+        keys = txn.rollouts.turn_keys(g.key)
+        if keys:
+            g.lineage = lineage.with_runs(g.lineage, keys)
+            new = replace(new, record=g.to_json())
     txn.rollouts.put(new)
     (done0, leased0), (done1, leased1) = before, tally(new, g)
     moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
     if any(moved.values()):
         txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
-    if old.state == "open" and new.state != "open":
-        free_turns(txn, g)
+    if keys is not None:
+        free_turns(txn, g, keys)
     if old.state in LIVE and new.state not in LIVE:
         if g.owner is not None and txn.get_counts(BY_KEY).get(g.owner, 0) > 0:  # > 0: not one opened before counting
             txn.add_counts(BY_KEY, {g.owner: -1})
 
 
-def free_turns(txn: Txn, g: rg.OpenGroup) -> None:
+def free_turns(txn: Txn, g: rg.OpenGroup, keys: list[TurnKey]) -> None:
     """The group is decided (sealing, or expired): its turns go, and stop counting against their bounds (the slots
     it keeps hold whole rollouts). Kept until then, so that a final post sent again concatenates the same turns."""
-    held = sum(k.bytes for k in txn.rollouts.turn_keys(g.key))
+    held = sum(k.bytes for k in keys)
     if held:
         txn.add_counts(TURN_BYTES, {f"env:{g.env_id}": -held, **({f"key:{g.owner}": -held} if g.owner else {})})
     txn.rollouts.drop_turns(g.key)
@@ -119,8 +129,10 @@ def view(txn: Txn, row: GroupRow, *, lean: bool = False) -> GroupView:
             redispatched=g.redispatched,
             left_out=dict(g.left_out),
             turns=None,
+            lineage=None,
         )
     done = txn.rollouts.done(g.key)
+    keys = txn.rollouts.turn_keys(g.key) if row.state == "open" else []  # a decided group's are in its record
     return GroupView(
         group_id=g.key,
         env_id=g.env_id,
@@ -135,14 +147,28 @@ def view(txn: Txn, row: GroupRow, *, lean: bool = False) -> GroupView:
         leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
         redispatched=g.redispatched,
         left_out=dict(g.left_out),
-        turns=slot_turns(txn, g.key),
+        turns=slot_turns(keys),
+        lineage=lineage_view(lineage.with_runs(g.lineage, keys)),
     )
 
 
-def slot_turns(txn: Txn, key: str) -> dict[str, SlotTurns]:
+def lineage_view(made: lineage.Lineage) -> dict[str, SlotLineage]:
+    """The record's lineage as the views show it."""
+    return {
+        slot: SlotLineage(
+            resumes=e.get("resumes", 0),
+            restarts=e.get("restarts", 0),
+            tokens_saved=e.get("saved", 0),
+            turns=[TurnRun(producer=p, turns=n, start=a, end=b) for p, n, a, b in e.get("turns", [])],
+        )
+        for slot, e in sorted(made.items(), key=lambda kv: int(kv[0]))
+    }
+
+
+def slot_turns(keys: list[TurnKey]) -> dict[str, SlotTurns]:
     """Per slot with turns in: how many, and who posted them (each once, in order)."""
     out: dict[str, SlotTurns] = {}
-    for k in txn.rollouts.turn_keys(key):
+    for k in keys:
         got = out.setdefault(str(k.slot), SlotTurns(n=0, producers=[]))
         got.n += 1
         if k.producer not in got.producers:

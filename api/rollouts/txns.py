@@ -25,7 +25,7 @@ from api.ingest.queue_limits import QueueLimits, group_limits
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
-from api.rollouts import checks
+from api.rollouts import checks, lineage
 from api.rollouts import groups as rg
 from api.rollouts.assembly import Part, sealed_body
 from api.rollouts.rows import (
@@ -425,8 +425,11 @@ def lease_txn(
         for s in slots:
             prefix, carried = prefix_txn(txn, g.key, s, budget)
             budget -= carried
+            lineage.leased(g.lineage, s, None if prefix is None else prefix.tokens)
             if prefix is not None:
                 txn.add_counts(COUNTS, {"resumed": 1, "tokens_carried": prefix.tokens})
+            else:
+                txn.add_counts(COUNTS, {"restarted": 1})
             out.append(
                 SlotLease(
                     group_id=g.key,
@@ -566,4 +569,7 @@ def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
         redispatched=counts.get("redispatched", 0),
         sealed=counts.get("sealed", 0),
         expired=counts.get("expired", 0),
+        resumed=counts.get("resumed", 0),
+        restarted=counts.get("restarted", 0),
+        tokens_saved=counts.get("tokens_carried", 0),
     )

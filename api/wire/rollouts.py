@@ -273,6 +273,32 @@ class SlotTurns(_Wire):
     """Who posted them, each once, in the order they first posted."""
 
 
+class TurnRun(_Wire):
+    """Turns of a slot one producer generated in a row, and their tokens' range in the slot's rollout."""
+
+    producer: str
+    """Who posted them."""
+    turns: int
+    """How many."""
+    start: int
+    """Their first token's index in the rollout (its turns' tokens, in order)."""
+    end: int
+    """One past their last token's."""
+
+
+class SlotLineage(_Wire):
+    """Where a slot's rollout came from: its leases to other producers and its turns' producers."""
+
+    resumes: int = 0
+    """Leases that carried its acknowledged turns to another producer, which continued from them."""
+    restarts: int = 0
+    """Leases that carried no turn: another producer started it again from the prompt."""
+    tokens_saved: int = 0
+    """Tokens its resumes carried: generated once, not again."""
+    turns: list[TurnRun] = Field(default_factory=list)
+    """Its acknowledged turns by producer, in order (kept with the group once its turns are freed)."""
+
+
 class GroupView(_Wire):
     group_id: str
     """The group's id."""
@@ -304,6 +330,9 @@ class GroupView(_Wire):
     turns: dict[str, SlotTurns] | None = Field(default_factory=dict)
     """Slots with acknowledged turns (open groups: turns are freed with the decision) -> how many and who posted;
     null in a post's reply, as `done`."""
+    lineage: dict[str, SlotLineage] | None = Field(default_factory=dict)
+    """Slots resumed, restarted or with turns -> their lineage, in any state (a decided group keeps it); null in a
+    post's reply, as `done`."""
 
 
 class OpenGroupsStatus(_Wire):
@@ -322,6 +351,12 @@ class OpenGroupsStatus(_Wire):
     """Groups sealed so far (queued whole, at their G-th rollout, their producer's seal or their deadline)."""
     expired: int
     """Groups expired so far (too few rollouts by their deadline, or refused at ingest: the ledger says why)."""
+    resumed: int = 0
+    """Slots handed to siblings with their acknowledged turns, continued from them (`redispatched` counts them)."""
+    restarted: int = 0
+    """Slots handed to siblings with no turn to continue from: started again from the prompt."""
+    tokens_saved: int = 0
+    """Tokens the resumed slots carried: not generated again."""
 
 
 class PostReply(_Wire):
@@ -329,4 +364,5 @@ class PostReply(_Wire):
     """`redone`: the slot was already acknowledged from another producer: the first is kept."""
     group: GroupView
     """The group as it stands after this rollout, without the lists that grow with its slots (`done`, `leased`,
-    `turns`: null), so that a post at slot 4,000 costs what one at slot 1 does; GET /rollouts/group has them."""
+    `turns`, `lineage`: null), so that a post at slot 4,000 costs what one at slot 1 does; GET /rollouts/group
+    has them."""

@@ -45,10 +45,27 @@ def refused_at(reply: dict[str, Any]) -> list[Any]:
     return reply["errors"][0]["loc"]  # type: ignore[no-any-return]
 
 
+LINEAGE = {
+    "0": {
+        "resumes": 1,
+        "restarts": 0,
+        "tokens_saved": 6,
+        "turns": [
+            {"producer": "p1", "turns": 2, "start": 0, "end": 6},
+            {"producer": "p2", "turns": 1, "start": 6, "end": 9},
+        ],
+    },
+    "1": {"resumes": 0, "restarts": 1, "tokens_saved": 0, "turns": []},
+}
+"""Group t1's lineage: slot 0 resumed by p2 from p1's 2 turns (6 tokens), slot 1 restarted by p2."""
+
+
 async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(settings: Settings) -> None:
     """p1 posts two turns of slot 0 and lapses; p2 takes the slot's lease with those turns, posts a third and the
     final post after them: the sealed group's slot 0 is the concatenation, equal to a group whose slot 0 was sent
-    whole. The lapsed p1's turns are refused from then on; nothing acknowledged is lost or doubled."""
+    whole. The lapsed p1's turns are refused from then on; nothing acknowledged is lost or doubled. The group's
+    lineage (who generated which turns, the resume and the restart, the tokens saved) is kept with it once its
+    turns are freed, and after a restart of the server."""
     snap = base64.b64encode(b"env state after turn 1").decode()
     async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:
         await start(c, group_size=2)
@@ -78,6 +95,7 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
         stale = await sent(c, turn("t1", 0, 2), 409)
         assert refused_at(stale) == ["body", "producer_id"], "the slot's lease passed from p1"
         await sent(c, turn("t1", 0, 2, producer="p2"))
+        assert (await c.get("/rollouts/group", params={"group_id": "t1"})).json()["lineage"] == LINEAGE, "while open"
         read = (await c.get("/rollouts/turns", params={"group_id": "t1", "slot": 0, "start": 1})).json()
         assert [t["turn"] for t in read["items"]] == [1, 2] and read["complete"] and read["turns"] == 3
 
@@ -98,6 +116,9 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
         )
         view = await settled(c, "t1")
         assert view["state"] == "sealed" and view["turns"] == {}, "turns are freed with the decision"
+        assert view["lineage"] == LINEAGE, "kept with the group"
+        status = (await c.get("/status")).json()["rollouts"]
+        assert (status["resumed"], status["restarted"], status["tokens_saved"]) == (1, 1, 6)
         assert (await c.get("/rollouts/turns", params={"group_id": "t1", "slot": 0})).json()["turns"] == 0
         batch = (await c.get("/batch")).json()["batch"]
         assert [batch[0]["tokens"][0], batch[0]["masks"][0]] == [
@@ -110,6 +131,11 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
         assert totals["turn_bytes"] > 0
         exposition = (await c.get("/metrics")).text
         assert 'rollbuf_rollout_events_total{event="resumed"} 1.0' in exposition
+        live = (await c.get("/rollouts/group", params={"group_id": "t1"})).json()
+    if not settings.store.startswith("memory"):  # a memory store does not outlive its server
+        async with serving(settings, rollout_sweep_every_s=3600.0) as c:
+            again = (await c.get("/rollouts/group", params={"group_id": "t1"})).json()
+            assert again["lineage"] == live["lineage"] == LINEAGE
 
 
 async def test_a_turn_is_checked_against_what_its_seal_requires(settings: Settings) -> None:
