@@ -302,3 +302,6 @@ async def test_two_producers_turns_racing_to_the_token_budget_leave_every_acknow
         assert done["group"]["state"] == "sealed"
         [row] = (await c.get("/ledger/groups/t9")).json()["groups"]
         assert (row["seqs"], row["tokens"]) == (2, 10), "every acknowledged token, none lost"
+        await opened(c, "t10", group_size=2)
+        bare = {**final, "group_id": "t10", "slot": 0, "producer_id": "p1"}
+        assert refused_at(await post(c, bare, 422)) == ["body", "tokens"], "no turn, no token: no rollout"
