@@ -1,24 +1,48 @@
 """The export's `rollouts` table (docs/rollouts.md): one row per group opened for per-rollout submission, in any
 state, with its slots as lists: which were acknowledged and by whom, which are leased to a sibling, which were
-left out of its seal and why. The rollouts' tokens are not here: a sealed group's are the `sequences` table's
-(joined by `group_id`), an expired group's are dropped with it (its `groups` row says why)."""
+left out of its seal and why, and each slot's lineage (resumes, restarts, its turns' producers). The rollouts'
+tokens are not here: a sealed group's are the `sequences` table's (joined by `group_id`), an expired group's are
+dropped with it (its `groups` row says why)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from api.export.table import TIMESTAMP
 from api.rollouts import groups as rg
+from api.rollouts import lineage
 from api.store.base import ANON_ENV
-from api.store.rollouts import GroupRow
+from api.store.rollouts import GroupRow, TurnKey
 
 _DONE = pa.list_(pa.struct([pa.field("slot", pa.int32()), pa.field("producer", pa.string())]))
 _LEASED = pa.list_(
     pa.struct([pa.field("slot", pa.int32()), pa.field("producer", pa.string()), pa.field("expires_at", TIMESTAMP)])
 )
 _LEFT_OUT = pa.list_(pa.struct([pa.field("slot", pa.int32()), pa.field("reason", pa.string())]))
+_RUNS = pa.list_(
+    pa.struct(
+        [
+            pa.field("producer", pa.string()),
+            pa.field("turns", pa.int64()),
+            pa.field("start", pa.int64()),
+            pa.field("end", pa.int64()),
+        ]
+    )
+)
+_LINEAGE = pa.list_(
+    pa.struct(
+        [
+            pa.field("slot", pa.int32()),
+            pa.field("resumes", pa.int64()),
+            pa.field("restarts", pa.int64()),
+            pa.field("tokens_saved", pa.int64()),
+            pa.field("turns", _RUNS),
+        ]
+    )
+)
 
 
 def rollouts_schema() -> pa.Schema:
@@ -39,6 +63,7 @@ def rollouts_schema() -> pa.Schema:
             pa.field("left_out", _LEFT_OUT, nullable=False),
             pa.field("expired_reason", pa.string()),
             pa.field("bytes", pa.int64(), nullable=False),
+            pa.field("lineage", _LINEAGE, nullable=False),
         ]
     )
 
@@ -47,11 +72,14 @@ def _micros(t: float) -> int:
     return round(t * 1_000_000)
 
 
-def rollout_row(row: GroupRow, done: dict[int, str], env: str) -> dict[str, Any]:
+def rollout_row(row: GroupRow, done: dict[int, str], env: str, keys: Sequence[TurnKey] = ()) -> dict[str, Any]:
     """`done`: its acknowledged slots -> their producer (`OpenGroupTxn.done`); `leased`: missing slots under a
     sibling's lease (lapsed or not) while the group is live; `left_out`: the slots a sealed group was sealed
-    without; `expired_reason`: why an expired group expired."""
+    without; `expired_reason`: why an expired group expired; `lineage`: per slot resumed, restarted or with turns,
+    its resumes, restarts, tokens they saved and its turns by producer (`keys`: an open group's turns' keys; a
+    decided group's record holds them, api/rollouts/lineage.py)."""
     g = rg.OpenGroup.of(row.record)
+    made = lineage.with_runs(g.lineage, keys)
     live = row.state in ("open", "sealing")
     leased = sorted((int(k), v) for k, v in g.leases.items() if int(k) not in done) if live else []
     expired = g.left_out.get("group") if row.state == "expired" else None
@@ -72,4 +100,14 @@ def rollout_row(row: GroupRow, done: dict[int, str], env: str) -> dict[str, Any]
         "left_out": [{"slot": s, "reason": why} for s, why in left],
         "expired_reason": expired,
         "bytes": row.bytes,
+        "lineage": [
+            {
+                "slot": int(slot),
+                "resumes": e.get("resumes", 0),
+                "restarts": e.get("restarts", 0),
+                "tokens_saved": e.get("saved", 0),
+                "turns": [{"producer": p, "turns": n, "start": a, "end": b} for p, n, a, b in e.get("turns", [])],
+            }
+            for slot, e in sorted(made.items(), key=lambda kv: int(kv[0]))
+        ],
     }

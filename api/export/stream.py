@@ -37,7 +37,7 @@ from api.rollouts import txns as rollout_txns
 from api.run import state, stats
 from api.run.state import RunState
 from api.store.base import SERVED, LedgerGroup, LedgerStep, Store, Txn
-from api.store.rollouts import GroupRow
+from api.store.rollouts import GroupRow, TurnKey
 from api.store.tasks import TaskRow
 from api.tasks.service import views_txn
 from api.tasks.states import STATES
@@ -88,6 +88,8 @@ class Page:
     """Groups opened for per-rollout submission (the `rollouts` table: docs/rollouts.md)."""
     rollout_slots: dict[str, dict[int, str]] = field(default_factory=dict)
     """Their acknowledged slots -> producer, by group."""
+    rollout_turns: dict[str, list[TurnKey]] = field(default_factory=dict)
+    """The open ones' turns' keys, by group (a decided group's lineage is in its record)."""
 
     @property
     def size(self) -> int:
@@ -126,7 +128,8 @@ def read_tasks(txn: Txn, name: str, after: tuple[int, int], limit: int) -> Page:
 def read_rollouts(txn: Txn, after: str, limit: int) -> Page:
     rows = txn.rollouts.scan(after, limit)
     done = {r.key: txn.rollouts.done(r.key) for r in rows}
-    return Page([], [], {}, state.load(txn), rollouts=rows, rollout_slots=done)
+    turns = {r.key: txn.rollouts.turn_keys(r.key) for r in rows if r.state == "open"}
+    return Page([], [], {}, state.load(txn), rollouts=rows, rollout_slots=done, rollout_turns=turns)
 
 
 async def pages(table: str, store: Store, limits: ExportLimits) -> AsyncIterator[Page]:
@@ -224,7 +227,12 @@ class TableWriter:
             for group in page.rollouts:
                 if (
                     batch := self.rows.add(
-                        rollout_row(group, page.rollout_slots.get(group.key, {}), page.run.env_name(group.env_id))
+                        rollout_row(
+                            group,
+                            page.rollout_slots.get(group.key, {}),
+                            page.run.env_name(group.env_id),
+                            page.rollout_turns.get(group.key, []),
+                        )
                     )
                 ) is not None:
                     yield batch

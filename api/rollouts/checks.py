@@ -75,6 +75,15 @@ def check_rollout(
     return packed
 
 
+def check_rollout_tokens(total: int, limits: GroupLimits) -> None:
+    """A slot's rollout so far (its turns' tokens and a turn's) within the trainer's `max_token_len`, as its sealed
+    rollout must be: each turn is checked alone, and its slot's length from the count its turns keep."""
+    if total > limits.max_token_len:
+        raise InvalidData(
+            ("body", "tokens"), f"{total} tokens exceed the trainer's max_token_len of {limits.max_token_len}"
+        )
+
+
 def check_group_tokens(have: int, more: int, limits: GroupLimits) -> None:
     """The group's acknowledged tokens and this rollout's within the trainer's token budget per batch, if any (a
     sealed group may leave slots out, never add any: a total within the budget stays within it)."""

@@ -68,6 +68,8 @@ class OpenGroup:
     owner: str | None = None
     """The key that opened it (None without keys): only that key's producers post, seal, heartbeat and lease its
     slots (`api.owners`)."""
+    lineage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per slot, its resumes, restarts and (once decided) its turns' producers (api/rollouts/lineage.py)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

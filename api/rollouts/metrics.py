@@ -25,6 +25,7 @@ EVENTS = (
     "turn_bytes",
     "resumed",
     "tokens_carried",
+    "restarted",
 )
 
 
@@ -40,7 +41,8 @@ class RolloutsCollector(Collector):
             "rollbuf_rollout_events",
             "Per-rollout groups opened, sealed, expired; slots acknowledged, left out, redispatched to siblings, "
             "redone, refused; sibling leases lapsed; decided groups pruned past rollout_keep_s; turns acknowledged "
-            "and their bytes; slot leases that carried turns (resumed) and their tokens (tokens_carried)",
+            "and their bytes; slot leases that carried turns (resumed) and their tokens (tokens_carried), or none "
+            "(restarted)",
             labels=["event"],
         )
         for event in EVENTS:

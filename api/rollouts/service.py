@@ -17,12 +17,12 @@ from api.errors import RollbufError, Unavailable
 from api.ingest.queue_limits import QueueLimits
 from api.ledger.recorder import Recorder
 from api.owners import Actor
+from api.rollouts.rows import COUNTS, group_of, readable, view
+from api.rollouts.turn_txns import turn_txn, turns_txn
 from api.rollouts.txns import (
-    COUNTS,
     OpenBytesFull,
     drop_lapsed,
     group_body,
-    group_of,
     heartbeat_txn,
     lease_txn,
     mark_txn,
@@ -30,14 +30,10 @@ from api.rollouts.txns import (
     open_txn,
     post_txn,
     prune_txn,
-    readable,
     seal_txn,
     sweep_txn,
     totals_txn,
-    turn_txn,
-    turns_txn,
     unlease_txn,
-    view,
 )
 from api.run.state import RunState
 from api.scheduler import Periodic
@@ -153,7 +149,7 @@ class Rollouts:
             raise
         if sealing:
             await self.finish(body.group_id)
-            reply = reply.model_copy(update={"group": await self.group(body.group_id, actor)})
+            reply = reply.model_copy(update={"group": await self.group(body.group_id, actor, lean=True)})
         return reply
 
     async def turn(self, body: TurnPost, settings: Settings, actor: Actor) -> TurnReply:
@@ -195,8 +191,10 @@ class Rollouts:
     async def totals(self) -> dict[str, int]:
         return await self.store.read(totals_txn)
 
-    async def group(self, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id")) -> GroupView:
-        return await self.store.read(lambda txn: view(txn, group_of(txn, key, actor, loc)))
+    async def group(
+        self, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id"), *, lean: bool = False
+    ) -> GroupView:
+        return await self.store.read(lambda txn: view(txn, group_of(txn, key, actor, loc), lean=lean))
 
     async def open_groups(self) -> OpenGroupsStatus | None:
         """The per-rollout groups' block of the views (None in runs without them)."""

@@ -16,8 +16,9 @@ from typing import Any
 
 from api.errors import InvalidData
 from api.rollouts import groups as rg
+from api.store.rollouts import turn_shape
 
-__all__ = ["ACCEPTED", "DUPLICATE", "Joined", "TurnData", "concatenate", "holder", "outcome"]
+__all__ = ["ACCEPTED", "DUPLICATE", "Joined", "TurnData", "concatenate", "holder", "joined_fields", "outcome"]
 
 ACCEPTED = "accepted"
 DUPLICATE = "duplicate"
@@ -60,13 +61,30 @@ def holder(g: rg.OpenGroup, slot: int) -> str:
     return g.producer if lease is None else str(lease[0])
 
 
-def outcome(stored: Sequence[str], turn: int, digest: str) -> str:
-    """What turn `turn` with this digest is to a slot whose acknowledged turns have digests `stored` (in order):
-    `ACCEPTED` (the next one), `DUPLICATE` (the same as acknowledged), `CONFLICT` (another content for an
-    acknowledged turn) or `GAP` (past the next one)."""
-    if turn < len(stored):
-        return DUPLICATE if stored[turn] == digest else CONFLICT
-    return ACCEPTED if turn == len(stored) else GAP
+def outcome(turns: int, stored: str | None, turn: int, digest: str) -> str:
+    """What turn `turn` with this digest is to a slot with `turns` acknowledged turns, `stored` the digest of its
+    turn `turn` if acknowledged: `ACCEPTED` (the next one), `DUPLICATE` (the same as acknowledged), `CONFLICT`
+    (another content for an acknowledged turn) or `GAP` (past the next one)."""
+    if turn < turns:
+        return DUPLICATE if stored == digest else CONFLICT
+    return ACCEPTED if turn == turns else GAP
+
+
+OPTIONAL = ((2, "inference_logprobs"), (4, "token_weight_versions"))
+"""The optional per-token fields, as `TurnSummary.fields` has them (api/store/rollouts.py `turn_shape`)."""
+
+
+def joined_fields(fields: int, turn: TurnData) -> int:
+    """The optional fields of a slot's turns with this one, `fields` those of the turns before it: a turn without
+    tokens has no say; one that sends another set than the turns before with tokens is a 422 naming the field
+    (as `concatenate` refuses it: the sealed rollout has each on every token or none)."""
+    shape = turn_shape(len(turn.tokens), turn.inference_logprobs is not None, turn.token_weight_versions is not None)
+    if not shape or not fields:
+        return fields or shape
+    for bit, name in OPTIONAL:
+        if (shape ^ fields) & bit:
+            raise InvalidData(("body", name), "every turn of a slot (and its final post) sends them, or none does")
+    return fields
 
 
 @dataclass(frozen=True, slots=True)

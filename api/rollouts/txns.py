@@ -2,6 +2,8 @@
 api/rollouts/groups.py's pure rules, reading the group's record, deciding with `now`, writing it back. The flow
 object that calls them, one a route, is `Rollouts` (api/rollouts/service.py).
 
+What they share is api/rollouts/rows.py; the turns' own transactions are api/rollouts/turn_txns.py.
+
 A post is the hot one: it reads its group's row and its own slot's, and writes its slot's row and its group's
 counters (`OpenGroupTxn.add_slot`), whatever G and however many slots are in; the record is rewritten by what
 changes it (a lease, a heartbeat, a decision), and the seal reads the slots once, as stored
@@ -9,7 +11,6 @@ changes it (a lease, a heartbeat, a decision), and the seal reads the slots once
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -24,158 +25,49 @@ from api.ingest.queue_limits import QueueLimits, group_limits
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
-from api.rollouts import checks
+from api.rollouts import checks, lineage
 from api.rollouts import groups as rg
-from api.rollouts import turns as tn
 from api.rollouts.assembly import Part, sealed_body
+from api.rollouts.rows import (
+    BY_KEY,
+    COUNTS,
+    OPEN_DONE,
+    OPEN_LEASED,
+    UNREADABLE,
+    check_holder,
+    check_rows,
+    group_of,
+    put,
+    readable,
+    row_of,
+    settled,
+    tally,
+    view,
+)
+from api.rollouts.turn_txns import after_turns, prefix_txn
 from api.run import state
-from api.run.printable import check_printable
 from api.run.state import RunState
 from api.store.base import ANON_ENV, DROPPED, LedgerGroup, Txn
-from api.store.rollouts import LIVE, GroupRow, SlotRow, TurnRow
+from api.store.rollouts import LIVE, GroupRow, SlotRow
 from api.tasks import leases as task_leases
 from api.tasks import tokens as task_tokens
 from api.wire.records import encode
 from api.wire.rollouts import (
     GroupView,
-    InlineSnapshot,
     OpenGroupsStatus,
     OpenRequest,
     PostReply,
     RolloutPost,
     SealRequest,
     SlotLease,
-    SlotPrefix,
-    SlotTurns,
-    SnapshotByUri,
-    TurnPost,
-    TurnReply,
-    TurnSnapshot,
-    TurnView,
 )
 
 log = logging.getLogger("rollbuf")
 
 
-COUNTS = "rollouts"
-"""Counter kind: opened, sealed, sealed_partial, expired, slots, left_out, redispatched, redone, refused,
-lease_lapsed, pruned; turns and turn_bytes (acknowledged), resumed (slot leases that carried turns) and
-tokens_carried (their tokens)."""
-
-TURN_BYTES = "rollout_turn_bytes"
-"""Counter kind: bytes of acknowledged turns held by live groups, per env (`env:<id>`) and per key (`key:<name>`),
-moved as turns are acknowledged and freed, so that their bounds cost one read."""
-
-
-UNREADABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError)
-"""What reading a group this release cannot read raises (a record or a rollout written by another release, or
-damaged): what touches many groups at once (the sweep, sibling leases, heartbeats) passes such a group by instead of
-failing for all of them."""
-
-
-def readable(row: GroupRow) -> rg.OpenGroup | None:
-    """The row's group, or None if this release cannot read it (`UNREADABLE`)."""
-    try:
-        return rg.OpenGroup.of(row.record)
-    except UNREADABLE:
-        return None
-
-
-def _row(g: rg.OpenGroup, state_: str, base: GroupRow | None, expires_at: float | None = None) -> GroupRow:
-    """The group's row with `g` as its record: its counters (`done`, `tokens`, `bytes`) those of `base`, its
-    next check `expires_at` or what `g`'s leases make it."""
-    env_id = ANON_ENV if g.env_id is None else g.env_id
-    done, tokens, size = (0, 0, 0) if base is None else (base.done, base.tokens, base.bytes)
-    at = rg.next_check(g, done) if expires_at is None else expires_at
-    return GroupRow(g.key, env_id, state_, g.deadline, at, size, g.to_json(), done, tokens)
-
-
-def settled(txn: Txn, row: GroupRow) -> rg.OpenGroup:
-    """The row's group, its leases those of missing slots only (a post does not rewrite the record: a slot
-    acknowledged since its lease is dropped here, by one read of that slot's row)."""
-    g = rg.OpenGroup.of(row.record)
-    rg.settle(g, [int(k) for k in g.leases if txn.rollouts.slot(g.key, int(k)) is not None])
-    return g
-
-
-OPEN_DONE, OPEN_LEASED = "open_slots_done", "open_slots_leased"
-"""Counters kept as the groups change: slots acknowledged in live groups, and missing slots of live groups leased
-to a sibling (a lapsed sibling lease stops counting at the first sweep after its lapse, `unlease`), so that the
-views read them without a scan of the open groups."""
-
-
-def _tally(row: GroupRow, g: rg.OpenGroup) -> tuple[int, int]:
-    """(slots done, slots leased to siblings) of a live group (`g` settled: its leases are of missing slots);
-    nothing for a decided one."""
-    if row.state not in LIVE:
-        return 0, 0
-    return row.done, len(g.leases)
-
-
-def _put(txn: Txn, old: GroupRow, before: tuple[int, int], new: GroupRow, g: rg.OpenGroup) -> None:
-    """Write the group's row (`g` its record), and move the open-slot counters from `before` (the old row's
-    `_tally`, of its settled group) by what changed (and its key's live groups, once decided)."""
-    txn.rollouts.put(new)
-    (done0, leased0), (done1, leased1) = before, _tally(new, g)
-    moved = {OPEN_DONE: done1 - done0, OPEN_LEASED: leased1 - leased0}
-    if any(moved.values()):
-        txn.add_counts(COUNTS, {k: n for k, n in moved.items() if n})
-    if old.state == "open" and new.state != "open":
-        _free_turns(txn, g)
-    if old.state in LIVE and new.state not in LIVE:
-        if g.owner is not None and txn.get_counts(BY_KEY).get(g.owner, 0) > 0:  # > 0: not one opened before counting
-            txn.add_counts(BY_KEY, {g.owner: -1})
-
-
-def _free_turns(txn: Txn, g: rg.OpenGroup) -> None:
-    """The group is decided (sealing, or expired): its turns go, and stop counting against their bounds (the slots
-    it keeps hold whole rollouts). Kept until then, so that a final post sent again concatenates the same turns."""
-    held = sum(k.bytes for k in txn.rollouts.turn_keys(g.key))
-    if held:
-        txn.add_counts(TURN_BYTES, {f"env:{g.env_id}": -held, **({f"key:{g.owner}": -held} if g.owner else {})})
-    txn.rollouts.drop_turns(g.key)
-
-
 class OpenBytesFull(Unavailable):
     """A post past its env's `rollout_max_open_bytes`: the 503 undoes its transaction, so the flow counts it
     (`refused`) apart, as the ingest flow counts a full queue's refusals."""
-
-
-BY_KEY = "rollouts_by_key"
-"""Counter kind: the live open groups of each key (by its name), moved as they open and are decided, so that a
-key's bound (`rollout_max_open_groups_per_key`) costs one read."""
-
-
-def view(txn: Txn, row: GroupRow) -> GroupView:
-    """The group as GET /rollouts/group shows it (its slots in: one read of their numbers)."""
-    g = rg.OpenGroup.of(row.record)
-    done = txn.rollouts.done(g.key)
-    return GroupView(
-        group_id=g.key,
-        env_id=g.env_id,
-        state=row.state,
-        group_size=g.group_size,
-        min_group_size=g.min_group_size,
-        producer=g.producer,
-        deadline=g.deadline,
-        expires_at=g.expires_at,
-        done=sorted(done),
-        leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
-        redispatched=g.redispatched,
-        left_out=dict(g.left_out),
-        turns=_slot_turns(txn, g.key),
-    )
-
-
-def _slot_turns(txn: Txn, key: str) -> dict[str, SlotTurns]:
-    """Per slot with turns in: how many, and who posted them (each once, in order)."""
-    out: dict[str, SlotTurns] = {}
-    for k in txn.rollouts.turn_keys(key):
-        got = out.setdefault(str(k.slot), SlotTurns(n=0, producers=[]))
-        got.n += 1
-        if k.producer not in got.producers:
-            got.producers.append(k.producer)
-    return out
 
 
 def digest(post: RolloutPost) -> str:
@@ -185,16 +77,6 @@ def digest(post: RolloutPost) -> str:
     if post.token_weight_versions is not None:
         content.append(post.token_weight_versions)
     return hashlib.sha256(json.dumps(content, separators=(",", ":")).encode()).hexdigest()
-
-
-def group_of(txn: Txn, key: str, actor: Actor, loc: tuple[str | int, ...] = ("body", "group_id")) -> GroupRow:
-    """The open group `actor` acts on: 404 if none was opened under `key`, or it is another key's (alike)."""
-    row = txn.rollouts.get(key)
-    unknown = NotFound(f"no group {key!r} was opened", loc=loc)
-    if row is None:
-        raise unknown
-    actor.check(rg.OpenGroup.of(row.record).owner, "open_group", unknown)
-    return row
 
 
 def open_txn(
@@ -261,7 +143,7 @@ def open_txn(
         task=req.task,
         owner=caller.owner,
     )
-    row = _row(g, "open", None)
+    row = row_of(g, "open", None)
     txn.rollouts.put(row)
     txn.add_counts(COUNTS, {"opened": 1})
     if caller.owner is not None:
@@ -283,14 +165,14 @@ def post_txn(
     """Acknowledge one rollout; whether the group is now complete and is being sealed. The rollout is checked first
     against every rule its sealed group meets at ingest (`checks.check_rollout`; 503 before a trainer registered),
     so that no rollout acknowledged is refused with its group. `limits` and `known_run` as for `open_txn`."""
-    _check_rows(req.tokens, req.masks, req.inference_logprobs)
+    check_rows(req.tokens, req.masks, req.inference_logprobs)
     row = group_of(txn, req.group_id, caller)
     g = rg.OpenGroup.of(row.record)
     if req.slot >= g.group_size:
         raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
     if req.after_turns:
-        _check_holder(txn, g, req.slot, req.producer_id)
-        req = _after_turns(txn, req)
+        check_holder(txn, g, req.slot, req.producer_id)
+        req = after_turns(txn, req)
     run = state.load(txn, known_run)
     group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
     packed = checks.check_rollout(req, g.env_id, g.key, run.step, group_limit)
@@ -299,16 +181,18 @@ def post_txn(
     known = None if had is None else (had.producer, had.digest)
     if known is None and row.state not in LIVE:
         txn.add_counts(COUNTS, {"redone": 1})
-        return PostReply(status="redone", group=view(txn, row)), False
+        return PostReply(status="redone", group=view(txn, row, lean=True)), False
     outcome = rg.post(req.producer_id, known, d)
     if outcome == rg.CONFLICT:
         raise Conflict(f"slot {req.slot} of group {req.group_id!r} was acknowledged with other content")
     if outcome != rg.ACCEPTED:
         if outcome == rg.REDONE:
             txn.add_counts(COUNTS, {"redone": 1})
-        return PostReply(status=outcome, group=view(txn, row)), False
-    if group_limit.max_group_tokens is not None:
-        checks.check_group_tokens(row.tokens, len(req.tokens), group_limit)
+        return PostReply(status=outcome, group=view(txn, row, lean=True)), False
+    summary = txn.rollouts.turn_summary(req.group_id, req.slot) if row.turn_tokens else None
+    turned = 0 if summary is None else summary.tokens  # its turns' tokens: counted in the group's since acknowledged
+    if group_limit.max_group_tokens is not None:  # only what is new may be refused: never what was acknowledged
+        checks.check_group_tokens(row.tokens + row.turn_tokens, max(0, len(req.tokens) - turned), group_limit)
     data = encode(packed)
     _, size = txn.rollouts.open_totals(row.env_id)
     if size + len(data) > settings.rollout_max_open_bytes:
@@ -321,7 +205,13 @@ def post_txn(
     txn.add_counts(
         COUNTS, {"slots": 1, **({OPEN_DONE: 1} if row.state in LIVE else {}), **({OPEN_LEASED: -1} if leased else {})}
     )
-    row = replace(row, done=row.done + 1, tokens=row.tokens + len(req.tokens), bytes=row.bytes + len(data))
+    row = replace(
+        row,
+        done=row.done + 1,
+        tokens=row.tokens + len(req.tokens),
+        bytes=row.bytes + len(data),
+        turn_tokens=row.turn_tokens - turned,
+    )
     if row.state == "open" and g.leases:
         row = _recheck(txn, row)
     sealing = False
@@ -332,225 +222,9 @@ def post_txn(
         if not decision.wait:
             rg.settle(g, [s.slot for s in slots])
             new = _decide(txn, g, row, decision, now, books, slots)
-            _put(txn, row, (row.done, len(g.leases)), new, g)
+            put(txn, row, (row.done, len(g.leases)), new, g)
             row, sealing = new, decision.expired is None
-    return PostReply(status="accepted", group=view(txn, row)), sealing
-
-
-def _check_rows(tokens: list[int], masks: list[int], logprobs: list[float] | None) -> None:
-    """One mask, and one logprob if sent, per token (422 naming the field)."""
-    if len(masks) != len(tokens):
-        raise InvalidData(("body", "masks"), "one mask per token")
-    if logprobs is not None and len(logprobs) != len(tokens):
-        raise InvalidData(("body", "inference_logprobs"), "one logprob per token")
-
-
-def _check_holder(txn: Txn, g: rg.OpenGroup, slot: int, producer: str) -> None:
-    """A slot not yet acknowledged takes turns (and a final post after them) from its holder only (409 naming
-    `producer_id`): a producer its lease passed from would mix its rollout with the next holder's. Once the slot is
-    in, a post is judged by its content, as any post."""
-    if (holds := tn.holder(g, slot)) != producer and txn.rollouts.slot(g.key, slot) is None:
-        raise Conflict(
-            f"slot {slot} is held by producer {holds!r}, not this one: a slot's turns are its holder's (its lease "
-            "may have passed on: stop this rollout)",
-            loc=("body", "producer_id"),
-        )
-
-
-def _after_turns(txn: Txn, req: RolloutPost) -> RolloutPost:
-    """The whole rollout a final post `after_turns` stands for: its slot's acknowledged turns, then what it
-    carries (the same turns and tail again: the same rollout, so a post sent again is a duplicate)."""
-    tail = tn.TurnData(req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions)
-    pieces = [tn.TurnData.decode(t.data) for t in txn.rollouts.turns(req.group_id, req.slot)]
-    whole = tn.concatenate([*pieces, tail])
-    return req.model_copy(
-        update={
-            "tokens": whole.tokens,
-            "masks": whole.masks,
-            "inference_logprobs": whole.inference_logprobs,
-            "token_weight_versions": whole.token_weight_versions,
-            "after_turns": False,
-        }
-    )
-
-
-def turn_txn(
-    txn: Txn,
-    req: TurnPost,
-    settings: Settings,
-    caller: Actor = ANYONE,
-    *,
-    limits: QueueLimits | None = None,
-    known_run: RunState | None = None,
-) -> TurnReply:
-    """Acknowledge one turn of a slot's rollout (docs/rollouts.md, Turns). Only the slot's holder posts its turns
-    (`turns.holder`: 409 for a producer the slot's lease passed from), in order (409 naming the next turn), until its
-    final post (409 after); the same turn again is a `duplicate`, another content a 409. The slot's turns with this
-    one are checked against every rule its sealed rollout meets (`checks.check_rollout`: 422 naming the field), so
-    that a final post `after_turns` is never refused for them; its bytes within `rollout_max_turn_bytes` (422) and
-    the env's and key's turn bytes within their bounds (503)."""
-    _check_rows(req.tokens, req.masks, req.inference_logprobs)
-    if req.tool_results is not None:
-        try:
-            check_printable({"tool_results": req.tool_results})
-        except InvalidData as exc:
-            raise exc.at("body") from None
-    row = group_of(txn, req.group_id, caller)
-    g = rg.OpenGroup.of(row.record)
-    if req.slot >= g.group_size:
-        raise Conflict(f"the group has {g.group_size} slots", loc=("body", "slot"))
-    if row.state != "open":
-        raise Conflict(f"group {req.group_id!r} is {row.state}: it takes no more turns", loc=("body", "group_id"))
-    if txn.rollouts.slot(req.group_id, req.slot) is not None:
-        raise Conflict(f"slot {req.slot} is acknowledged: it takes no more turns", loc=("body", "slot"))
-    _check_holder(txn, g, req.slot, req.producer_id)
-    if req.token_weight_versions is not None and len(req.token_weight_versions) != len(req.tokens):
-        raise InvalidData(("body", "token_weight_versions"), "one weights version per token")
-    snapshot = _snapshot(req.snapshot, settings)
-    data = tn.TurnData(
-        req.tokens, req.masks, req.inference_logprobs, req.token_weight_versions, req.tool_results, snapshot
-    )
-    blob, d = data.encode(), data.digest()
-    prior = txn.rollouts.turns(req.group_id, req.slot)
-    pieces = [tn.TurnData.decode(t.data) for t in prior]
-    outcome = tn.outcome([t.digest for t in prior], req.turn, d)
-    if outcome == tn.DUPLICATE:
-        return TurnReply(status="duplicate", turns=len(prior), tokens=sum(len(p.tokens) for p in pieces))
-    if outcome == tn.CONFLICT:
-        raise Conflict(f"turn {req.turn} of slot {req.slot} was acknowledged with other content", loc=("body", "turn"))
-    if outcome == tn.GAP:
-        raise Conflict(f"the slot's next turn is {len(prior)}", loc=("body", "turn"))
-    if len(prior) >= settings.rollout_max_turns_per_slot:
-        raise Conflict(
-            f"the slot has {len(prior)} turns; the limit is rollout_max_turns_per_slot: post the rest "
-            "with its final post",
-            loc=("body", "turn"),
-        )
-    if len(blob) > settings.rollout_max_turn_bytes:
-        raise InvalidData(("body",), f"this turn stores {len(blob)} bytes; the limit is rollout_max_turn_bytes")
-    whole = tn.concatenate([*pieces, data])
-    run = state.load(txn, known_run)
-    group_limit = group_limits(run, built(QueueLimits, settings) if limits is None else limits)
-    post = RolloutPost.model_construct(
-        group_id=req.group_id,
-        slot=req.slot,
-        producer_id=req.producer_id,
-        tokens=whole.tokens,
-        masks=whole.masks,
-        inference_logprobs=whole.inference_logprobs,
-        token_weight_versions=whole.token_weight_versions,
-        score=None,
-        policy_step=None,
-        overrides=None,
-        after_turns=False,
-    )
-    try:
-        checks.check_rollout(post, g.env_id, g.key, run.step, group_limit)
-    except (InvalidData, Conflict) as exc:
-        raise _in_turn(exc, len(whole.tokens) - len(req.tokens)) from None
-    if group_limit.max_group_tokens is not None:  # the slots in and this one so far (not other slots' turns)
-        checks.check_group_tokens(row.tokens, len(whole.tokens), group_limit)
-    held = txn.get_counts(TURN_BYTES)
-    env_key, key_key = f"env:{g.env_id}", f"key:{g.owner}"
-    if held.get(env_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_env:
-        raise Unavailable(
-            f"env {g.env_id}'s open groups hold {held.get(env_key, 0)} bytes of turns; the limit is "
-            "rollout_max_turn_bytes_per_env; retry later"
-        )
-    if g.owner is not None and held.get(key_key, 0) + len(blob) > settings.rollout_max_turn_bytes_per_key:
-        raise Unavailable(
-            f"this key's open groups hold {held.get(key_key, 0)} bytes of turns; the limit is "
-            "rollout_max_turn_bytes_per_key; retry later"
-        )
-    txn.rollouts.add_turn(TurnRow(req.group_id, req.slot, req.turn, req.producer_id, d, blob, len(blob)))
-    txn.add_counts(TURN_BYTES, {env_key: len(blob), **({key_key: len(blob)} if g.owner is not None else {})})
-    txn.add_counts(COUNTS, {"turns": 1, "turn_bytes": len(blob)})
-    return TurnReply(status="accepted", turns=len(prior) + 1, tokens=len(whole.tokens))
-
-
-def _snapshot(snap: InlineSnapshot | SnapshotByUri | None, settings: Settings) -> dict[str, str] | None:
-    """The turn's snapshot as stored: inline bytes within `rollout_max_snapshot_bytes` (422 naming the field), or
-    a URI."""
-    if snap is None:
-        return None
-    if isinstance(snap, SnapshotByUri):
-        return {"uri": snap.uri}
-    size = len(base64.b64decode(snap.data))  # the schema's pattern: padded base64
-    if size > settings.rollout_max_snapshot_bytes:
-        raise InvalidData(("body", "snapshot", "data"), f"{size} bytes; the limit is rollout_max_snapshot_bytes")
-    return {"data": snap.data}
-
-
-def _in_turn(exc: InvalidData | Conflict, offset: int) -> InvalidData | Conflict:
-    """An error of the slot's rollout so far where the turn has it: an index into the rollout's per-token fields
-    less the turns before (those were checked when they were acknowledged)."""
-    loc = list(exc.loc)
-    if len(loc) > 2 and loc[1] in checks.PER_SEQUENCE and isinstance(loc[2], int) and loc[2] >= offset:
-        loc[2] -= offset
-    if isinstance(exc, InvalidData):
-        return InvalidData(loc, exc.msg)
-    return Conflict(exc.detail, loc=loc)
-
-
-def _turn_view(row: TurnRow, data: tn.TurnData) -> TurnView:
-    return TurnView(
-        turn=row.turn,
-        producer=row.producer,
-        tokens=data.tokens,
-        masks=data.masks,
-        inference_logprobs=data.inference_logprobs,
-        token_weight_versions=data.token_weight_versions,
-        tool_results=data.tool_results,
-    )
-
-
-def prefix_txn(txn: Txn, key: str, slot: int, budget: int) -> tuple[SlotPrefix | None, int]:
-    """The slot's acknowledged turns as a lease carries them (None: none at all), and the bytes it carries: the turns
-    themselves if they hold at most `budget` bytes, else none (`complete` false: GET /rollouts/turns reads them).
-    The snapshot is the last one any turn carried."""
-    rows = txn.rollouts.turns(key, slot)
-    if not rows:
-        return None, 0
-    pieces = [tn.TurnData.decode(t.data) for t in rows]
-    tokens = sum(len(p.tokens) for p in pieces)
-    size = sum(t.bytes for t in rows)
-    if size > budget:
-        return SlotPrefix(turns=len(rows), tokens=tokens, complete=False, items=[], snapshot=None), 0
-    snap = next((p.snapshot for p in reversed(pieces) if p.snapshot is not None), None)
-    prefix = SlotPrefix(
-        turns=len(rows),
-        tokens=tokens,
-        complete=True,
-        items=[_turn_view(t, p) for t, p in zip(rows, pieces, strict=True)],
-        snapshot=None if snap is None else TurnSnapshot(**snap),
-    )
-    return prefix, size
-
-
-def turns_txn(
-    txn: Txn, key: str, slot: int, start: int, budget: int, caller: Actor, loc: tuple[str | int, ...]
-) -> SlotPrefix:
-    """GET /rollouts/turns: the slot's turns from `start`, as many whole turns as fit `budget` bytes (one at least):
-    `complete` says whether they reach its last. 404 for a group unknown to the caller."""
-    row = group_of(txn, key, caller, loc)
-    rows = txn.rollouts.turns(row.key, slot)
-    pieces = [tn.TurnData.decode(t.data) for t in rows]
-    snap = next((p.snapshot for p in reversed(pieces) if p.snapshot is not None), None)
-    items: list[TurnView] = []
-    used = 0
-    for t, p in list(zip(rows, pieces, strict=True))[start:]:
-        if items and used + t.bytes > budget:
-            break
-        used += t.bytes
-        items.append(_turn_view(t, p))
-    last = items[-1].turn + 1 if items else start
-    return SlotPrefix(
-        turns=len(rows),
-        tokens=sum(len(p.tokens) for p in pieces),
-        complete=last >= len(rows),
-        items=items,
-        snapshot=None if snap is None else TurnSnapshot(**snap),
-    )
+    return PostReply(status="accepted", group=view(txn, row, lean=True)), sealing
 
 
 def _decide(
@@ -561,7 +235,7 @@ def _decide(
     if decision.expired is not None:
         return _expire(txn, g, row, decision.expired, now, books, slots)
     g.left_out = {str(s): why for s, why in decision.left_out.items()}
-    return _row(g, "sealing", row, g.deadline)
+    return row_of(g, "sealing", row, g.deadline)
 
 
 def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> bool:
@@ -587,8 +261,8 @@ def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> 
         unscored = [s.slot for s in slots if s.score is None]
         if unscored:
             raise InvalidData(("body", "scores"), f"slots {unscored} were posted without a score: send scores")
-    before = _tally(row, g)
-    _put(txn, row, before, _decide(txn, g, row, decision, now, OFF, slots), g)  # a producer's seal never expires it
+    before = tally(row, g)
+    put(txn, row, before, _decide(txn, g, row, decision, now, OFF, slots), g)  # a producer's seal never expires it
     return True
 
 
@@ -649,7 +323,7 @@ def _expire(
             decided_at=now,
         ),
     )
-    return _row(g, "expired", row, now)
+    return row_of(g, "expired", row, now)
 
 
 def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorder = OFF) -> None:
@@ -658,13 +332,13 @@ def mark_txn(txn: Txn, key: str, refused: str | None, now: float, books: Recorde
     if row is None or row.state != "sealing":
         return
     g = settled(txn, row)
-    before = _tally(row, g)
+    before = tally(row, g)
     if refused is not None:
-        _put(txn, row, before, _expire(txn, g, row, refused, now, books, txn.rollouts.slots(key)), g)
+        put(txn, row, before, _expire(txn, g, row, refused, now, books, txn.rollouts.slots(key)), g)
         return
     partial = len(g.left_out) > 0
     txn.add_counts(COUNTS, {"sealed": 1, "left_out": len(g.left_out), **({"sealed_partial": 1} if partial else {})})
-    _put(txn, row, before, _row(g, "sealed", row, now), g)  # kept `rollout_keep_s` from now
+    put(txn, row, before, row_of(g, "sealed", row, now), g)  # kept `rollout_keep_s` from now
 
 
 @dataclass(frozen=True, slots=True)
@@ -694,7 +368,7 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF, skip: Col
             slots = txn.rollouts.slots(row.key)
             done = [s.slot for s in slots]
             rg.settle(g, done)
-            before = _tally(row, g)
+            before = tally(row, g)
             if g.scores_at_seal:
                 decision = rg.Seal(expired=rg.UNSCORED if len(done) >= g.min_group_size else rg.TOO_FEW)
             else:
@@ -705,7 +379,7 @@ def sweep_txn(txn: Txn, now: float, limit: int, books: Recorder = OFF, skip: Col
         except UNREADABLE as exc:
             unreadable[row.key] = f"{type(exc).__name__}: {exc}"
             continue
-        _put(txn, row, before, new, g)
+        put(txn, row, before, new, g)
         decided += 1
         if new.state == "sealing":
             out.append(row.key)
@@ -744,15 +418,18 @@ def lease_txn(
             continue  # another key's group: its slots are its own producers' to redo
         done = txn.rollouts.done(g.key)
         rg.settle(g, done)
-        before = _tally(row, g)
+        before = tally(row, g)
         lapsed += drop_lapsed(g, now)  # the sweep may not see them: a group with a slot nobody leases stays due
         slots = rg.missing(g, done, now)[: n - len(out)]
         rg.lease_slots(g, producer, slots, until)
         for s in slots:
             prefix, carried = prefix_txn(txn, g.key, s, budget)
             budget -= carried
+            lineage.leased(g.lineage, s, None if prefix is None else prefix.tokens)
             if prefix is not None:
                 txn.add_counts(COUNTS, {"resumed": 1, "tokens_carried": prefix.tokens})
+            else:
+                txn.add_counts(COUNTS, {"restarted": 1})
             out.append(
                 SlotLease(
                     group_id=g.key,
@@ -764,7 +441,7 @@ def lease_txn(
                     prefix=prefix,
                 )
             )
-        _put(txn, row, before, _row(g, row.state, row), g)  # due again at once while a missing slot is leased out
+        put(txn, row, before, row_of(g, row.state, row), g)  # due again at once while a missing slot is leased out
         if slots:
             txn.add_counts(COUNTS, {"redispatched": len(slots)})
     if lapsed:
@@ -822,11 +499,11 @@ def unlease_txn(txn: Txn, keys: list[str], now: float) -> int:
         if row is None or row.state != "open" or readable(row) is None:
             continue
         g = settled(txn, row)
-        before = _tally(row, g)
+        before = tally(row, g)
         if not (gone := drop_lapsed(g, now)):
             _recheck(txn, row)  # none lapsed yet: looked at again when the soonest one ends
             continue
-        _put(txn, row, before, _row(g, row.state, row), g)  # next check: the holder's lapse, or a lease's end
+        put(txn, row, before, row_of(g, row.state, row), g)  # next check: the holder's lapse, or a lease's end
         dropped += gone
     if dropped:
         txn.add_counts(COUNTS, {"lease_lapsed": dropped})
@@ -858,7 +535,7 @@ def heartbeat_txn(
             out[key] = None
             continue
         g = settled(txn, row)
-        before = _tally(row, g)
+        before = tally(row, g)
         mine = [k for k, v in g.leases.items() if v[0] == producer]
         if g.producer != producer and not mine:
             out[key] = None
@@ -868,7 +545,7 @@ def heartbeat_txn(
             g.expires_at = until
         for k in mine:
             g.leases[k][1] = until
-        _put(txn, row, before, _row(g, row.state, row), g)
+        put(txn, row, before, row_of(g, row.state, row), g)
         out[key] = until
     return out
 
@@ -892,4 +569,7 @@ def open_groups_txn(txn: Txn) -> OpenGroupsStatus | None:
         redispatched=counts.get("redispatched", 0),
         sealed=counts.get("sealed", 0),
         expired=counts.get("expired", 0),
+        resumed=counts.get("resumed", 0),
+        restarted=counts.get("restarted", 0),
+        tokens_saved=counts.get("tokens_carried", 0),
     )

@@ -19,7 +19,20 @@ import numpy as np
 
 from api.wire.records import F64, I32, GroupRecord, encode, narrowest
 
-__all__ = ["DECIDED", "LIVE", "GroupRow", "OpenGroupTxn", "SlotRow", "TurnKey", "TurnRow", "lean_record", "packed_slot"]
+__all__ = [
+    "DECIDED",
+    "LIVE",
+    "GroupRow",
+    "OpenGroupTxn",
+    "SlotRow",
+    "TurnKey",
+    "TurnRow",
+    "TurnSummary",
+    "lean_record",
+    "packed_slot",
+    "turn_counts",
+    "turn_shape",
+]
 
 LIVE = ("open", "sealing")
 """States of a group still waiting for its seal to finish."""
@@ -50,6 +63,11 @@ class GroupRow:
     it without reading the others."""
     tokens: int = 0
     """Tokens of its acknowledged slots (the trainer's token budget per group), moved by `add_slot` alike."""
+    turn_tokens: int = 0
+    """Tokens of the acknowledged turns of its slots not acknowledged whole: moved up by `add_turn`, down by
+    `add_slot` (the slot's whole rollout counts in `tokens` then), to 0 by `drop_turns`. With `tokens`, what the
+    group's acknowledged content holds: what the trainer's token budget counts when a turn is acknowledged, so
+    that whatever was acknowledged can always be completed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +106,39 @@ class TurnRow:
     checked when it was acknowledged."""
     bytes: int
     """What it holds (`len(data)`): the bounds on turn bytes count it."""
+    tokens: int
+    """The tokens it appends to its slot's rollout: what its slot's and group's counters move by, and where the
+    lineage of the slot's rollout says each turn's tokens start and end."""
 
 
 @dataclass(frozen=True, slots=True)
 class TurnKey:
-    """A turn's row without its data: what the views and the freeing of a group's turns read."""
+    """A turn's row without its data: what the views, the lineage and the freeing of a group's turns read."""
 
     slot: int
     turn: int
     producer: str
     bytes: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSummary:
+    """A slot's acknowledged turns, counted as they are added (`add_turn`): what a turn post reads instead of the
+    slot's turns, so that turn 1,000 costs what turn 1 does."""
+
+    turns: int
+    """How many (the next turn's number)."""
+    tokens: int
+    bytes: int
+    fields: int
+    """Which optional per-token fields its turns with tokens send (`turn_shape`); 0 while none had tokens."""
+
+
+def turn_shape(tokens: int, logprobs: bool, versions: bool) -> int:
+    """A turn's optional per-token fields as `TurnSummary.fields` keeps them: 0 for a turn without tokens (it has
+    no say), else 1, plus 2 with logprobs, plus 4 with weights versions."""
+    return 0 if tokens == 0 else 1 | (2 if logprobs else 0) | (4 if versions else 0)
 
 
 class OpenGroupTxn(ABC):
@@ -155,8 +196,9 @@ class OpenGroupTxn(ABC):
 
     @abstractmethod
     def add_slot(self, row: SlotRow, size: int) -> None:
-        """Store a slot not yet acknowledged, and move its group's `done`, `tokens` and `bytes` (by `size`): the
-        group's record is not rewritten, and no other slot is read."""
+        """Store a slot not yet acknowledged, and move its group's `done`, `tokens` and `bytes` (by `size`), and its
+        `turn_tokens` down by the slot's turns' tokens (its whole rollout counts in `tokens` now): the group's
+        record is not rewritten, and no other slot is read."""
 
     @abstractmethod
     def turns(self, key: str, slot: int) -> list[TurnRow]:
@@ -168,12 +210,22 @@ class OpenGroupTxn(ABC):
         """The group's turns without their data, by slot and turn (the views; what freeing them releases)."""
 
     @abstractmethod
-    def add_turn(self, row: TurnRow) -> None:
-        """Store a turn not yet acknowledged (its slot's turns before it are in)."""
+    def turn(self, key: str, slot: int, turn: int) -> TurnRow | None:
+        """One acknowledged turn: what a turn posted again compares itself with."""
+
+    @abstractmethod
+    def turn_summary(self, key: str, slot: int) -> TurnSummary | None:
+        """The slot's acknowledged turns counted (None: none), one row whatever their number."""
+
+    @abstractmethod
+    def add_turn(self, row: TurnRow, fields: int) -> None:
+        """Store a turn not yet acknowledged (its slot's turns before it are in): its slot's summary counts it, with
+        `fields` its turns' fields now, and its group's `turn_tokens` move by its tokens."""
 
     @abstractmethod
     def drop_turns(self, key: str) -> None:
-        """Remove the group's turns (its decision: the slots it keeps hold whole rollouts)."""
+        """Remove the group's turns and their summaries, its `turn_tokens` to 0 (its decision: the slots it keeps
+        hold whole rollouts)."""
 
 
 # ------------------------------------------------------------------ what earlier layouts stored, as this one does
@@ -210,3 +262,11 @@ def lean_record(text: str) -> str:
     record.pop("tokens", None)
     record["leases"] = {k: v for k, v in record.get("leases", {}).items() if k not in done}
     return json.dumps(record, separators=(",", ":"))
+
+
+def turn_counts(data: bytes) -> tuple[int, int]:
+    """A turn's stored JSON (api/rollouts/turns.py `TurnData`) as the layouts with turn summaries count it: (its
+    tokens, its `turn_shape`). The schema steps that add the summaries count the turns stored before with it."""
+    r: dict[str, Any] = json.loads(bytes(data))
+    n = len(r["tokens"])
+    return n, turn_shape(n, r.get("inference_logprobs") is not None, r.get("token_weight_versions") is not None)

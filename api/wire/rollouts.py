@@ -70,10 +70,11 @@ class RolloutPost(_Request, _Text):
     """Its slot in the group, 0 .. G - 1: the first rollout acknowledged for a slot is kept."""
     producer_id: str = Field(min_length=1, max_length=PRODUCER_ID_MAX)
     """The producer that rolled it out."""
-    tokens: list[TokenId] = Field(min_length=1)
-    """Its token ids, prompt and completion (with `after_turns`, those after its turns': at least one, the last
-    turn's own or the end of the rollout)."""
-    masks: list[RolloutMask] = Field(min_length=1)
+    tokens: list[TokenId]
+    """Its token ids, prompt and completion: at least one (422 naming it). With `after_turns`, those after its
+    turns' (the last turn's own or the end of the rollout), none if the turns are the whole rollout: a slot whose
+    turns were acknowledged is always completed by its score alone, whatever the group's token budget holds."""
+    masks: list[RolloutMask]
     """As a group's row: -100 where not trained on, else the token id."""
     inference_logprobs: list[TokenFloat] | None = None
     """The sampler's logprob of each token, as a group's row."""
@@ -272,6 +273,32 @@ class SlotTurns(_Wire):
     """Who posted them, each once, in the order they first posted."""
 
 
+class TurnRun(_Wire):
+    """Turns of a slot one producer generated in a row, and their tokens' range in the slot's rollout."""
+
+    producer: str
+    """Who posted them."""
+    turns: int
+    """How many."""
+    start: int
+    """Their first token's index in the rollout (its turns' tokens, in order)."""
+    end: int
+    """One past their last token's."""
+
+
+class SlotLineage(_Wire):
+    """Where a slot's rollout came from: its leases to other producers and its turns' producers."""
+
+    resumes: int = 0
+    """Leases that carried its acknowledged turns to another producer, which continued from them."""
+    restarts: int = 0
+    """Leases that carried no turn: another producer started it again from the prompt."""
+    tokens_saved: int = 0
+    """Tokens its resumes carried: generated once, not again."""
+    turns: list[TurnRun] = Field(default_factory=list)
+    """Its acknowledged turns by producer, in order (kept with the group once its turns are freed)."""
+
+
 class GroupView(_Wire):
     group_id: str
     """The group's id."""
@@ -289,16 +316,23 @@ class GroupView(_Wire):
     """Unix time of its deadline."""
     expires_at: float
     """When its holder's (or the soonest sibling's) lease lapses unless heartbeated."""
-    done: list[int]
-    """Slots acknowledged."""
-    leased: dict[str, str]
-    """Missing slots leased to siblings -> their producer."""
+    done: list[int] | None
+    """Slots acknowledged; null in a post's reply (it costs a read of every slot in: GET /rollouts/group lists
+    them), which says how many (`slots_done`)."""
+    slots_done: int = 0
+    """How many slots are acknowledged."""
+    leased: dict[str, str] | None
+    """Missing slots leased to siblings -> their producer; null in a post's reply, as `done`."""
     redispatched: int
     """Slots leased to siblings so far."""
     left_out: dict[str, str]
     """Sealed: slots not in it -> why. Expired: `group` -> why."""
-    turns: dict[str, SlotTurns] = Field(default_factory=dict)
-    """Slots with acknowledged turns (open groups: turns are freed with the decision) -> how many and who posted."""
+    turns: dict[str, SlotTurns] | None = Field(default_factory=dict)
+    """Slots with acknowledged turns (open groups: turns are freed with the decision) -> how many and who posted;
+    null in a post's reply, as `done`."""
+    lineage: dict[str, SlotLineage] | None = Field(default_factory=dict)
+    """Slots resumed, restarted or with turns -> their lineage, in any state (a decided group keeps it); null in a
+    post's reply, as `done`."""
 
 
 class OpenGroupsStatus(_Wire):
@@ -317,10 +351,18 @@ class OpenGroupsStatus(_Wire):
     """Groups sealed so far (queued whole, at their G-th rollout, their producer's seal or their deadline)."""
     expired: int
     """Groups expired so far (too few rollouts by their deadline, or refused at ingest: the ledger says why)."""
+    resumed: int = 0
+    """Slots handed to siblings with their acknowledged turns, continued from them (`redispatched` counts them)."""
+    restarted: int = 0
+    """Slots handed to siblings with no turn to continue from: started again from the prompt."""
+    tokens_saved: int = 0
+    """Tokens the resumed slots carried: not generated again."""
 
 
 class PostReply(_Wire):
     status: Literal["accepted", "duplicate", "redone"]
     """`redone`: the slot was already acknowledged from another producer: the first is kept."""
     group: GroupView
-    """The group as it stands after this rollout."""
+    """The group as it stands after this rollout, without the lists that grow with its slots (`done`, `leased`,
+    `turns`, `lineage`: null), so that a post at slot 4,000 costs what one at slot 1 does; GET /rollouts/group
+    has them."""

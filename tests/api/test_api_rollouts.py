@@ -70,7 +70,10 @@ async def test_rollouts_acknowledged_one_by_one_are_served_as_one_group(settings
         await post(c, {**rollout("g1", 1), "score": 0.0}, 409)
         assert (await c.get("/batch")).json()["batch"] is None, "nothing is served before the seal"
         last = await post(c, rollout("g1", 3))
-        assert last["group"]["state"] == "sealed" and last["group"]["done"] == [0, 1, 2, 3]
+        assert last["group"]["state"] == "sealed" and last["group"]["slots_done"] == 4
+        assert (last["group"]["done"], last["group"]["leased"], last["group"]["turns"]) == (None, None, None)
+        full = (await c.get("/rollouts/group", params={"group_id": "g1"})).json()
+        assert (full["done"], full["slots_done"], full["leased"]) == ([0, 1, 2, 3], 4, {})
         batch = (await c.get("/batch")).json()["batch"]
         assert batch is not None and len(batch) == 1
         assert sorted(t[0] for t in batch[0]["tokens"]) == [1, 2, 3, 4]
@@ -221,6 +224,7 @@ async def test_status_and_the_dashboard_show_open_groups_only_once_one_was_opene
         leases = await leased(c, "p2", 2)  # once the holder's lease (1 ms) lapsed
         assert len(leases) == 2
         block = {"open": 1, "slots_done": 1, "slots_leased": 2, "redispatched": 2, "sealed": 0, "expired": 0}
+        block |= {"resumed": 0, "restarted": 2, "tokens_saved": 0}  # leased with no turn: started again
         assert (await c.get("/status")).json()["rollouts"] == block
         assert (await c.get("/dashboard/data")).json()["rollouts"] == block
         exposition = (await c.get("/metrics")).text
@@ -277,6 +281,8 @@ async def test_the_export_has_a_rollouts_table_of_every_group_opened(settings: S
             )
             assert (d["state"], d["env_id"], d["env"], d["redispatched"]) == ("open", None, "(no env_id)", 1)
             assert [(s["slot"], s["producer"]) for s in d["leased"]] == [(0, "p2")]
+            restart = {"slot": 0, "resumes": 0, "restarts": 1, "tokens_saved": 0, "turns": []}
+            assert (d["lineage"], a["lineage"]) == ([restart], []), "leased with no turn: a restart"
             assert a["env"] == "math_0" and a["bytes"] > 0 and a["deadline"] is not None
             store = app.state.service.store
             small = ExportLimits(page_groups=2)
@@ -367,6 +373,7 @@ async def test_decided_groups_are_pruned_after_rollout_keep_s_and_the_views_stay
         await opened(c, "live", deadline_s=600.0)
         await post(c, rollout("live", 0))
         block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 0, "sealed": 3, "expired": 1}
+        block |= {"resumed": 0, "restarted": 0, "tokens_saved": 0}
         assert (await c.get("/status")).json()["rollouts"] == block
         deadline = time.monotonic() + 10.0
         while (await c.get("/rollouts")).json().get("pruned", 0) < 4 and time.monotonic() < deadline:
@@ -474,6 +481,7 @@ async def test_a_lapsed_sibling_lease_stops_counting_as_leased_at_the_next_sweep
         while (await c.get("/rollouts")).json().get("lease_lapsed", 0) < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         block = {"open": 1, "slots_done": 1, "slots_leased": 0, "redispatched": 3, "sealed": 0, "expired": 0}
+        block |= {"resumed": 0, "restarted": 3, "tokens_saved": 0}
         assert (await c.get("/status")).json()["rollouts"] == block
         assert (await c.get("/rollouts/group", params={"group_id": "g"})).json()["leased"] == {}
         assert 'rollbuf_rollout_events_total{event="lease_lapsed"} 3.0' in (await c.get("/metrics")).text

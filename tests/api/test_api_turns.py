@@ -45,10 +45,27 @@ def refused_at(reply: dict[str, Any]) -> list[Any]:
     return reply["errors"][0]["loc"]  # type: ignore[no-any-return]
 
 
+LINEAGE = {
+    "0": {
+        "resumes": 1,
+        "restarts": 0,
+        "tokens_saved": 6,
+        "turns": [
+            {"producer": "p1", "turns": 2, "start": 0, "end": 6},
+            {"producer": "p2", "turns": 1, "start": 6, "end": 9},
+        ],
+    },
+    "1": {"resumes": 0, "restarts": 1, "tokens_saved": 0, "turns": []},
+}
+"""Group t1's lineage: slot 0 resumed by p2 from p1's 2 turns (6 tokens), slot 1 restarted by p2."""
+
+
 async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(settings: Settings) -> None:
     """p1 posts two turns of slot 0 and lapses; p2 takes the slot's lease with those turns, posts a third and the
     final post after them: the sealed group's slot 0 is the concatenation, equal to a group whose slot 0 was sent
-    whole. The lapsed p1's turns are refused from then on; nothing acknowledged is lost or doubled."""
+    whole. The lapsed p1's turns are refused from then on; nothing acknowledged is lost or doubled. The group's
+    lineage (who generated which turns, the resume and the restart, the tokens saved) is kept with it once its
+    turns are freed, and after a restart of the server."""
     snap = base64.b64encode(b"env state after turn 1").decode()
     async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:
         await start(c, group_size=2)
@@ -78,6 +95,7 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
         stale = await sent(c, turn("t1", 0, 2), 409)
         assert refused_at(stale) == ["body", "producer_id"], "the slot's lease passed from p1"
         await sent(c, turn("t1", 0, 2, producer="p2"))
+        assert (await c.get("/rollouts/group", params={"group_id": "t1"})).json()["lineage"] == LINEAGE, "while open"
         read = (await c.get("/rollouts/turns", params={"group_id": "t1", "slot": 0, "start": 1})).json()
         assert [t["turn"] for t in read["items"]] == [1, 2] and read["complete"] and read["turns"] == 3
 
@@ -98,6 +116,9 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
         )
         view = await settled(c, "t1")
         assert view["state"] == "sealed" and view["turns"] == {}, "turns are freed with the decision"
+        assert view["lineage"] == LINEAGE, "kept with the group"
+        status = (await c.get("/status")).json()["rollouts"]
+        assert (status["resumed"], status["restarted"], status["tokens_saved"]) == (1, 1, 6)
         assert (await c.get("/rollouts/turns", params={"group_id": "t1", "slot": 0})).json()["turns"] == 0
         batch = (await c.get("/batch")).json()["batch"]
         assert [batch[0]["tokens"][0], batch[0]["masks"][0]] == [
@@ -110,6 +131,11 @@ async def test_turns_carried_by_a_lease_finish_as_the_rollout_sent_whole(setting
         assert totals["turn_bytes"] > 0
         exposition = (await c.get("/metrics")).text
         assert 'rollbuf_rollout_events_total{event="resumed"} 1.0' in exposition
+        live = (await c.get("/rollouts/group", params={"group_id": "t1"})).json()
+    if not settings.store.startswith("memory"):  # a memory store does not outlive its server
+        async with serving(settings, rollout_sweep_every_s=3600.0) as c:
+            again = (await c.get("/rollouts/group", params={"group_id": "t1"})).json()
+            assert again["lineage"] == live["lineage"] == LINEAGE
 
 
 async def test_a_turn_is_checked_against_what_its_seal_requires(settings: Settings) -> None:
@@ -138,11 +164,11 @@ async def test_a_turn_is_checked_against_what_its_seal_requires(settings: Settin
         assert refused_at(await sent(c, turn("t2", 2, 0), 409)) == ["body", "slot"]
         tail = {**turn("t2", 0, 2), "tokens": [], "masks": [], "inference_logprobs": [], "after_turns": True}
         del tail["turn"]
-        assert refused_at(await post(c, {**tail, "score": 1.0}, 422)) == ["body", "tokens"], "a token at least"
+        whole = {**tail, "slot": 1, "after_turns": False, "score": 1.0}
+        assert refused_at(await post(c, whole, 422)) == ["body", "tokens"], "a rollout has a token at least"
         ends = {**tail, "tokens": [5] * 510, "masks": [5] * 510, "inference_logprobs": [-0.25] * 510, "score": 1.0}
         assert refused_at(await post(c, ends, 422)) == ["body", "tokens"], "past max_token_len with its turns"
-        last = {**ends, "tokens": [5], "masks": [5], "inference_logprobs": [-0.25]}
-        assert (await post(c, last))["status"] == "accepted"
+        assert (await post(c, {**tail, "score": 1.0}))["status"] == "accepted", "its turns are the whole rollout"
 
 
 async def test_turn_bytes_are_bounded_per_env_and_freed_with_the_groups_decision(settings: Settings) -> None:
@@ -241,3 +267,41 @@ async def test_a_turn_past_the_trainers_token_budget_with_the_slots_in_is_refuse
             await sent(c, turn("t6", 0, k, n=2))
         over = await sent(c, turn("t6", 0, 3, n=2), 422)
         assert refused_at(over) == ["body", "tokens"] and "max_batch_tokens of 10" in over["message"]
+
+
+async def test_two_producers_turns_racing_to_the_token_budget_leave_every_acknowledged_slot_completable(
+    settings: Settings,
+) -> None:
+    """An attack on the trainer's `max_batch_tokens` (10): p1 posts a turn of slot 0 and lapses; p2 takes slot 0's
+    lease and continues it while p1 goes on with slot 1 (its own still). Every slot's acknowledged turns count at
+    turn time: the turn that would pass the budget is refused (422 naming `tokens` and the rule) whichever slot
+    sends it, and each slot is then completed by its score alone, the sealed group holding every acknowledged
+    token; a tail past the budget is refused, never what was acknowledged."""
+    async with serving(settings, rollout_lease_s=0.001, rollout_sweep_every_s=3600.0) as c:
+        reg = registration(batch_size=2, max_token_len=8, max_batch_tokens=10)
+        assert (await c.post("/register", json=reg)).status_code == 200
+        await c.get("/batch")
+        assert (await c.post("/register-env", json=env(group_size=2, max_token_length=8))).status_code == 200
+        await opened(c, "t9", group_size=2)
+        await sent(c, turn("t9", 0, 0, n=4))
+        [lease] = await leased(c, "p2", 1)
+        assert (lease["slot"], lease["prefix"]["tokens"]) == (0, 4)
+        await sent(c, turn("t9", 0, 1, producer="p2", n=2))
+        await sent(c, turn("t9", 1, 0, n=3))  # p1's slot 1: 9 acknowledged of 10
+        over = await sent(c, turn("t9", 0, 2, producer="p2", n=2), 422)
+        assert refused_at(over) == ["body", "tokens"] and "9 tokens acknowledged" in over["message"]
+        assert "max_batch_tokens of 10" in over["message"]
+        assert refused_at(await sent(c, turn("t9", 1, 1, n=2), 422)) == ["body", "tokens"], "either slot"
+        await sent(c, turn("t9", 1, 1, n=1))  # 10 of 10: the budget is the bound, not less
+        final = {"tokens": [], "masks": [], "inference_logprobs": [], "score": 1.0, "after_turns": True}
+        tail = {**final, "group_id": "t9", "slot": 0, "producer_id": "p2", "tokens": [7], "masks": [7]}
+        tail["inference_logprobs"] = [-0.25]
+        assert refused_at(await post(c, tail, 422)) == ["body", "tokens"], "new content past the budget"
+        assert (await post(c, {**final, "group_id": "t9", "slot": 0, "producer_id": "p2"}))["status"] == "accepted"
+        done = await post(c, {**final, "group_id": "t9", "slot": 1, "producer_id": "p1"})
+        assert done["group"]["state"] == "sealed"
+        [row] = (await c.get("/ledger/groups/t9")).json()["groups"]
+        assert (row["seqs"], row["tokens"]) == (2, 10), "every acknowledged token, none lost"
+        await opened(c, "t10", group_size=2)
+        bare = {**final, "group_id": "t10", "slot": 0, "producer_id": "p1"}
+        assert refused_at(await post(c, bare, 422)) == ["body", "tokens"], "no turn, no token: no rollout"

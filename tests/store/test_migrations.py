@@ -26,6 +26,7 @@ from api.store.migrations import SchemaRefused, Step, migrate
 from api.tasks.records import Dataset
 from tests import pg
 from tests.factories import env, group
+from tests.store.old_files import write
 from tests.store.old_files.write import DRILL
 
 OLD_FILES = Path(__file__).parent / "old_files"
@@ -37,6 +38,8 @@ last before owners were recorded)."""
 SQLITE_STAGED, POSTGRES_STAGED = 11, 9
 """The first layout version of each backend whose file holds tasks trained and tasks served in a batch not
 acknowledged yet (the last before `served` was stored), and a group open with 2 of its 4 slots posted."""
+SQLITE_TURNS, POSTGRES_TURNS = 14, 12
+"""The first layouts whose files hold a group with turns acknowledged (o-3)."""
 
 
 NO_SWEEP_S = 1e9
@@ -335,7 +338,8 @@ async def sealed_from_posted(store: str) -> None:
                 reply = await c.post("/rollouts/post", json=body)
                 assert reply.status_code == 200, reply.text
             assert reply.json()["group"]["state"] == "sealed", reply.json()
-            assert reply.json()["group"]["turns"] == {}, "freed with the seal"
+            sealed = (await c.get("/rollouts/group", params={"group_id": "o-2"})).json()
+            assert sealed["turns"] == {}, "freed with the seal"
             [row] = (await c.get("/ledger/groups/o-2")).json()["groups"]
             assert row["seqs"] == 4 and row["tokens"] >= 4 * 2, row
 
@@ -354,6 +358,52 @@ def test_a_postgres_schemas_posted_slots_are_sealed_with_their_group(version: in
     with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
         conn.execute(dump.encode())
     asyncio.run(sealed_from_posted(pg.url_of(dbname, schema="old_run")))
+
+
+async def turns_go_on(store: str) -> None:
+    """The open group o-3 of the file, with 2 turns of its slot 0 (3 and 2 tokens) acknowledged when it was
+    written: as migrated, its slot's summary and its group's count of turn tokens count them (layout SQLite 15,
+    PostgreSQL 13); its next turn is turn 2, the first one again a duplicate, and the final post after them makes
+    the rollout of every turn and its tail."""
+    counted = make_store(store)
+    try:
+        row, summary = await counted.read(lambda t: (t.rollouts.get("o-3"), t.rollouts.turn_summary("o-3", 0)))
+    finally:
+        await counted.close()
+    assert row is not None and row.turn_tokens == 5, row
+    assert summary is not None and (summary.turns, summary.tokens, summary.fields) == (2, 5, 1), summary
+    app = create_app(Settings(store=store, side_buffer_ttl_s=None, rollout_sweep_every_s=NO_SWEEP_S))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            again = await c.post("/rollouts/turn", json=write.turn("o-3", 0, 0, "p-3"))
+            assert again.json() == {"status": "duplicate", "turns": 2, "tokens": 5}, again.text
+            turn = {"group_id": "o-3", "slot": 0, "producer_id": "p-3", "turn": 2, "tokens": [40], "masks": [40]}
+            reply = await c.post("/rollouts/turn", json=turn)
+            assert reply.json() == {"status": "accepted", "turns": 3, "tokens": 6}, reply.text
+            final = {"group_id": "o-3", "slot": 0, "producer_id": "p-3", "tokens": [50], "masks": [50], "score": 1.0}
+            reply = await c.post("/rollouts/post", json={**final, "after_turns": True})
+            assert reply.status_code == 200, reply.text
+            reply = await c.post("/rollouts/post", json={**final, "slot": 1})
+            assert reply.json()["group"]["state"] == "sealed", reply.text
+            [row_] = (await c.get("/ledger/groups/o-3")).json()["groups"]
+            assert (row_["seqs"], row_["tokens"]) == (2, 7 + 1), row_
+
+
+@pytest.mark.parametrize("version", [v for v in sorted(versions("sqlite")) if v >= SQLITE_TURNS])
+def test_a_sqlite_files_turns_are_counted_and_go_on(version: int, tmp_path: Path) -> None:
+    path = tmp_path / "rollbuf.db"
+    with gzip.open(versions("sqlite")[version]) as src, path.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    asyncio.run(turns_go_on(f"sqlite:///{path}"))
+
+
+@pytest.mark.parametrize("version", [v for v in sorted(versions("postgres")) if v >= POSTGRES_TURNS])
+def test_a_postgres_schemas_turns_are_counted_and_go_on(version: int, dbname: str) -> None:
+    dump = gzip.decompress(versions("postgres")[version].read_bytes()).decode()
+    with psycopg.connect(pg.url_of(dbname), autocommit=True) as conn:
+        conn.execute(dump.encode())
+    asyncio.run(turns_go_on(pg.url_of(dbname, schema="old_run")))
 
 
 def test_a_dataset_from_before_owners_is_its_envs_key(tmp_path: Path) -> None:

@@ -193,7 +193,7 @@ def turn_row(key: str, slot: int, turn: int) -> Step:
 
     def step(t: Txn, c: Ctx) -> None:
         data = f"turn {turn} of slot {slot} of {key}".encode()
-        t.rollouts.add_turn(TurnRow(key, slot, turn, f"p{slot}", f"digest {turn}", data, len(data)))
+        t.rollouts.add_turn(TurnRow(key, slot, turn, f"p{slot}", f"digest {turn}", data, len(data), turn + 1), 1)
 
     return step
 
@@ -375,6 +375,16 @@ CASES: dict[tuple[str, str], Case] = {
         run(group("a"), group("b"), turn_row("a", 1, 0), turn_row("b", 1, 0)),
         run(turn_row("a", 2, 0), lambda t, c: t.rollouts.drop_turns("b"), turn_row("b", 3, 0)),
         lambda t, c: (t.rollouts.turn_keys("a"), t.rollouts.turn_keys("b")),
+    ),
+    ("rollouts", "turn"): Case(
+        run(group("a"), turn_row("a", 1, 0)),
+        run(turn_row("a", 1, 1), turn_row("b", 1, 0)),
+        lambda t, c: [t.rollouts.turn("a", 1, i) for i in range(3)],
+    ),
+    ("rollouts", "turn_summary"): Case(
+        run(group("a"), group("b"), turn_row("a", 1, 0)),
+        run(turn_row("a", 1, 1), turn_row("b", 1, 0), lambda t, c: t.rollouts.drop_turns("b")),
+        lambda t, c: ([t.rollouts.turn_summary("a", i) for i in range(3)], t.rollouts.turn_summary("b", 1)),
     ),
 }
 

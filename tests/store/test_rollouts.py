@@ -4,13 +4,14 @@ forgotten by `clear`."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from api.store import Store
 from api.store.base import Txn
-from api.store.rollouts import GroupRow, SlotRow, TurnKey, TurnRow
+from api.store.rollouts import GroupRow, SlotRow, TurnKey, TurnRow, TurnSummary, turn_counts, turn_shape
 
 pytestmark = pytest.mark.anyio
 
@@ -146,7 +147,12 @@ async def test_groups_lapsed_since_a_cursor_are_walked_once_by_lapse_then_key(st
 
 def turn_row(key: str, slot: int, turn: int, producer: str = "p1", digest: str = "d") -> TurnRow:
     data = f'{{"tokens": [{turn}]}}'.encode()
-    return TurnRow(key, slot, turn, producer, digest, data, len(data))
+    return TurnRow(key, slot, turn, producer, digest, data, len(data), 1)
+
+
+def add(txn: Txn, turn: TurnRow) -> None:
+    """Add a turn as the turn route does: its fields as its data says."""
+    txn.rollouts.add_turn(turn, turn_counts(turn.data)[1])
 
 
 async def test_turns_keep_the_first_are_read_by_slot_and_go_with_their_group(store: Store) -> None:
@@ -157,11 +163,11 @@ async def test_turns_keep_the_first_are_read_by_slot_and_go_with_their_group(sto
     def fill(txn: Txn) -> list[TurnRow]:
         txn.rollouts.put(row("a"))
         txn.rollouts.put(row("b"))
-        txn.rollouts.add_turn(turn_row("a", 1, 0))
-        txn.rollouts.add_turn(turn_row("a", 0, 1, digest="x"))
-        txn.rollouts.add_turn(turn_row("a", 0, 0, "p2"))
-        txn.rollouts.add_turn(turn_row("a", 0, 0, "p3", digest="other"))
-        txn.rollouts.add_turn(turn_row("b", 0, 0))
+        add(txn, turn_row("a", 1, 0))
+        add(txn, turn_row("a", 0, 1, digest="x"))
+        add(txn, turn_row("a", 0, 0, "p2"))
+        add(txn, turn_row("a", 0, 0, "p3", digest="other"))
+        add(txn, turn_row("b", 0, 0))
         return txn.rollouts.turns("a", 0)
 
     seen = await store.transact(fill)
@@ -170,13 +176,13 @@ async def test_turns_keep_the_first_are_read_by_slot_and_go_with_their_group(sto
     assert await store.read(lambda txn: txn.rollouts.turns("a", 2)) == []
     size = turn_row("a", 0, 0).bytes
     assert await store.read(lambda txn: txn.rollouts.turn_keys("a")) == [
-        TurnKey(0, 0, "p2", size),
-        TurnKey(0, 1, "p1", size),
-        TurnKey(1, 0, "p1", size),
+        TurnKey(0, 0, "p2", size, 1),
+        TurnKey(0, 1, "p1", size, 1),
+        TurnKey(1, 0, "p1", size, 1),
     ]
 
     def fails(txn: Txn) -> None:
-        txn.rollouts.add_turn(turn_row("a", 0, 2))
+        add(txn, turn_row("a", 0, 2))
         txn.rollouts.drop_turns("b")
         raise RuntimeError("undone")
 
@@ -189,6 +195,68 @@ async def test_turns_keep_the_first_are_read_by_slot_and_go_with_their_group(sto
     assert len(await store.read(lambda txn: txn.rollouts.turn_keys("a"))) == 3, "another group's untouched"
     await store.transact(lambda txn: txn.rollouts.delete(["a"]))
     assert await store.read(lambda txn: txn.rollouts.turn_keys("a")) == []
-    await store.transact(lambda txn: (txn.rollouts.put(row("c")), txn.rollouts.add_turn(turn_row("c", 0, 0))))
+    await store.transact(lambda txn: (txn.rollouts.put(row("c")), add(txn, turn_row("c", 0, 0))))
     await store.transact(lambda txn: txn.clear())
     assert await store.read(lambda txn: txn.rollouts.turns("c", 0)) == []
+
+
+def turn_of(key: str, slot: int, turn: int, tokens: int, logprobs: bool = False) -> TurnRow:
+    body = {"tokens": list(range(tokens)), "inference_logprobs": [0.0] * tokens if logprobs else None}
+    data = json.dumps(body).encode()
+    return TurnRow(key, slot, turn, "p1", f"d{turn}", data, len(data), tokens)
+
+
+async def test_a_slots_turns_are_summed_as_they_are_added_and_its_group_counts_their_tokens(store: Store) -> None:
+    """What a turn post reads instead of the slot's turns: the slot's summary (turns, tokens, bytes, the fields its
+    turns with tokens send) and one turn by its number; the group's `turn_tokens` move with each new turn (a turn
+    added again moves nothing), down by the slot's turns' tokens when the slot is acknowledged whole, to 0 when the
+    group's turns are dropped; all of it undone with its transaction, and gone with the group."""
+    a0, a1, a2 = turn_of("a", 0, 0, 3, logprobs=True), turn_of("a", 0, 1, 0), turn_of("a", 0, 2, 4, logprobs=True)
+    b0 = turn_of("a", 1, 0, 5)
+
+    def fill(txn: Txn) -> tuple[TurnSummary | None, int]:
+        txn.rollouts.put(row("a"))
+        for t in (a0, a1, a2, b0):
+            add(txn, t)
+        add(txn, a1)  # again: the first stands, counted once
+        got = txn.rollouts.get("a")
+        assert got is not None
+        return txn.rollouts.turn_summary("a", 0), got.turn_tokens
+
+    summed, turned = await store.transact(fill)
+    shape = turn_shape(1, True, False)
+    assert summed == TurnSummary(3, 7, a0.bytes + a1.bytes + a2.bytes, shape), "its own writes"
+    assert turned == 12
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("a", 0)) == summed
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("a", 1)) == TurnSummary(1, 5, b0.bytes, 1)
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("a", 2)) is None
+    assert await store.read(lambda txn: txn.rollouts.turn("a", 0, 2)) == a2
+    assert await store.read(lambda txn: txn.rollouts.turn("a", 0, 3)) is None
+
+    async def turn_tokens() -> int:
+        got = await store.read(lambda txn: txn.rollouts.get("a"))
+        assert got is not None
+        return got.turn_tokens
+
+    def fails(txn: Txn) -> None:
+        add(txn, turn_of("a", 0, 3, 9))
+        txn.rollouts.add_slot(slot_row("a", 1, tokens=6), 10)
+        raise RuntimeError("undone")
+
+    with pytest.raises(RuntimeError):
+        await store.transact(fails)
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("a", 0)) == summed
+    assert await turn_tokens() == 12
+    await store.transact(lambda txn: txn.rollouts.add_slot(slot_row("a", 1, tokens=6), 10))
+    got = await store.read(lambda txn: txn.rollouts.get("a"))
+    assert got is not None and (got.turn_tokens, got.tokens, got.done) == (7, 6, 1), "slot 1's turns count whole"
+    await store.transact(lambda txn: txn.rollouts.put(row("b")))
+    await store.transact(lambda txn: add(txn, turn_of("b", 0, 0, 2)))
+    await store.transact(lambda txn: txn.rollouts.drop_turns("a"))
+    assert await turn_tokens() == 0
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("a", 0)) is None
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("b", 0)) == TurnSummary(
+        1, 2, turn_of("b", 0, 0, 2).bytes, 1
+    )
+    await store.transact(lambda txn: txn.rollouts.delete(["b"]))
+    assert await store.read(lambda txn: txn.rollouts.turn_summary("b", 0)) is None

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from api.store.rollouts import LIVE, GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow
+from api.store.rollouts import LIVE, GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow, TurnSummary
 
 if TYPE_CHECKING:
     from api.store.memory.state import Undo
@@ -23,6 +23,7 @@ class OpenGroupState:
         self.decided: dict[str, None] = {}
         self.slots: dict[str, dict[int, SlotRow]] = {}
         self.turns: dict[str, dict[tuple[int, int], TurnRow]] = {}
+        self.summaries: dict[str, dict[int, TurnSummary]] = {}
 
 
 class MemoryOpenGroupTxn(OpenGroupTxn):
@@ -135,8 +136,13 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
         got[row.slot] = row
         group = s.groups.get(row.key)
         if group is not None:
+            summary = s.summaries.get(row.key, {}).get(row.slot)
             s.groups[row.key] = replace(
-                group, done=group.done + 1, tokens=group.tokens + row.tokens, bytes=group.bytes + size
+                group,
+                done=group.done + 1,
+                tokens=group.tokens + row.tokens,
+                bytes=group.bytes + size,
+                turn_tokens=group.turn_tokens - (0 if summary is None else summary.tokens),
             )
 
         def undo() -> None:
@@ -152,21 +158,55 @@ class MemoryOpenGroupTxn(OpenGroupTxn):
 
     def turn_keys(self, key: str) -> list[TurnKey]:
         got = self._s.turns.get(key, {})
-        return [TurnKey(t.slot, t.turn, t.producer, t.bytes) for _, t in sorted(got.items())]
+        return [TurnKey(t.slot, t.turn, t.producer, t.bytes, t.tokens) for _, t in sorted(got.items())]
 
-    def add_turn(self, row: TurnRow) -> None:
-        got = self._s.turns.setdefault(row.key, {})
+    def turn(self, key: str, slot: int, turn: int) -> TurnRow | None:
+        return self._s.turns.get(key, {}).get((slot, turn))
+
+    def turn_summary(self, key: str, slot: int) -> TurnSummary | None:
+        return self._s.summaries.get(key, {}).get(slot)
+
+    def add_turn(self, row: TurnRow, fields: int) -> None:
+        s = self._s
+        got = s.turns.setdefault(row.key, {})
         at = (row.slot, row.turn)
         if at in got:
             return
         got[at] = row
+        sums = s.summaries.setdefault(row.key, {})
+        was = sums.get(row.slot)
+        sums[row.slot] = (
+            TurnSummary(1, row.tokens, row.bytes, fields)
+            if was is None
+            else TurnSummary(was.turns + 1, was.tokens + row.tokens, was.bytes + row.bytes, fields)
+        )
+        group = s.groups.get(row.key)
+        if group is not None:
+            s.groups[row.key] = replace(group, turn_tokens=group.turn_tokens + row.tokens)
 
         def undo() -> None:
             del got[at]
+            if was is None:
+                del sums[row.slot]
+            else:
+                sums[row.slot] = was
+            if group is not None:
+                s.groups[row.key] = group
 
         self._undo.append(undo)
 
     def drop_turns(self, key: str) -> None:
-        got = self._s.turns.pop(key, None)
-        if got is not None:
-            self._undo.append(lambda: self._s.turns.__setitem__(key, got))
+        s = self._s
+        got, sums, group = s.turns.pop(key, None), s.summaries.pop(key, None), s.groups.get(key)
+        if group is not None:
+            s.groups[key] = replace(group, turn_tokens=0)
+
+        def undo() -> None:
+            if got is not None:
+                s.turns[key] = got
+            if sums is not None:
+                s.summaries[key] = sums
+            if group is not None:
+                s.groups[key] = group
+
+        self._undo.append(undo)

@@ -8,11 +8,11 @@ from typing import Any
 
 import psycopg
 
-from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow, TurnSummary
 
-_G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens"
+_G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens, turn_tokens"
 _S = "key, slot, producer, digest, data, tokens, score, policy_step"
-_T = "key, slot, turn, producer, digest, data, bytes"
+_T = "key, slot, turn, producer, digest, data, bytes, tokens"
 _LIVE = "state IN ('open', 'sealing')"
 Write = Callable[[str, Sequence[Any]], psycopg.Cursor[Any]]
 
@@ -31,11 +31,22 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
 
     def put(self, row: GroupRow) -> None:
         self._write(
-            f"INSERT INTO rollout_groups ({_G}) VALUES (%b,%b,%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key) DO UPDATE SET "
-            "env_id = excluded.env_id, state = excluded.state, deadline = excluded.deadline, "
+            f"INSERT INTO rollout_groups ({_G}) VALUES (%b,%b,%b,%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key) DO UPDATE "
+            "SET env_id = excluded.env_id, state = excluded.state, deadline = excluded.deadline, "
             "expires_at = excluded.expires_at, bytes = excluded.bytes, record = excluded.record, "
-            "done = excluded.done, tokens = excluded.tokens",
-            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record, row.done, row.tokens),
+            "done = excluded.done, tokens = excluded.tokens, turn_tokens = excluded.turn_tokens",
+            (
+                row.key,
+                row.env_id,
+                row.state,
+                row.deadline,
+                row.expires_at,
+                row.bytes,
+                row.record,
+                row.done,
+                row.tokens,
+                row.turn_tokens,
+            ),
         )
 
     def due(self, now: float, limit: int) -> list[GroupRow]:
@@ -85,6 +96,7 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
             self._write("DELETE FROM rollout_groups WHERE key = ANY(%b)", (ids,))
             self._write("DELETE FROM rollout_slots WHERE key = ANY(%b)", (ids,))
             self._write("DELETE FROM rollout_turns WHERE key = ANY(%b)", (ids,))
+            self._write("DELETE FROM rollout_slot_turns WHERE key = ANY(%b)", (ids,))
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         rows = self._read(f"SELECT {_G} FROM rollout_groups WHERE key > %b ORDER BY key LIMIT %b", (after, limit))
@@ -113,8 +125,9 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
         self._write(
             f"WITH added AS (INSERT INTO rollout_slots ({_S}) VALUES (%b,%b,%b,%b,%b,%b,%b,%b) "
             "ON CONFLICT (key, slot) DO NOTHING RETURNING key) "
-            "UPDATE rollout_groups SET done = done + 1, tokens = tokens + %b, bytes = bytes + %b "
-            "WHERE key IN (SELECT key FROM added)",
+            "UPDATE rollout_groups SET done = done + 1, tokens = tokens + %b, bytes = bytes + %b, "
+            "turn_tokens = turn_tokens - coalesce((SELECT t.tokens FROM rollout_slot_turns t WHERE t.key = %b "
+            "AND t.slot = %b), 0) WHERE key IN (SELECT key FROM added)",
             (
                 row.key,
                 row.slot,
@@ -126,6 +139,8 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
                 row.policy_step,
                 row.tokens,
                 size,
+                row.key,
+                row.slot,
             ),
         )
 
@@ -135,15 +150,36 @@ class PostgresOpenGroupTxn(OpenGroupTxn):
 
     def turn_keys(self, key: str) -> list[TurnKey]:
         rows = self._read(
-            "SELECT slot, turn, producer, bytes FROM rollout_turns WHERE key = %b ORDER BY slot, turn", (key,)
+            "SELECT slot, turn, producer, bytes, tokens FROM rollout_turns WHERE key = %b ORDER BY slot, turn", (key,)
         )
-        return [TurnKey(int(r[0]), int(r[1]), r[2], int(r[3])) for r in rows]
+        return [TurnKey(int(r[0]), int(r[1]), r[2], int(r[3]), int(r[4])) for r in rows]
 
-    def add_turn(self, row: TurnRow) -> None:
+    def turn(self, key: str, slot: int, turn: int) -> TurnRow | None:
+        rows = self._read(
+            f"SELECT {_T} FROM rollout_turns WHERE key = %b AND slot = %b AND turn = %b", (key, slot, turn)
+        )
+        return TurnRow(*rows[0]) if rows else None
+
+    def turn_summary(self, key: str, slot: int) -> TurnSummary | None:
+        rows = self._read(
+            "SELECT turns, tokens, bytes, fields FROM rollout_slot_turns WHERE key = %b AND slot = %b", (key, slot)
+        )
+        return TurnSummary(*(int(x) for x in rows[0])) if rows else None
+
+    def add_turn(self, row: TurnRow, fields: int) -> None:
+        # One statement: the turn's row, and its slot's summary and group's counter only if the turn was new.
         self._write(
-            f"INSERT INTO rollout_turns ({_T}) VALUES (%b,%b,%b,%b,%b,%b,%b) ON CONFLICT (key, slot, turn) DO NOTHING",
-            (row.key, row.slot, row.turn, row.producer, row.digest, row.data, row.bytes),
+            f"WITH added AS (INSERT INTO rollout_turns ({_T}) VALUES (%b,%b,%b,%b,%b,%b,%b,%b) "
+            "ON CONFLICT (key, slot, turn) DO NOTHING RETURNING key, slot, tokens, bytes), "
+            "summed AS (INSERT INTO rollout_slot_turns (key, slot, turns, tokens, bytes, fields) "
+            "SELECT key, slot, 1, tokens, bytes, %b FROM added ON CONFLICT (key, slot) DO UPDATE SET "
+            "turns = rollout_slot_turns.turns + 1, tokens = rollout_slot_turns.tokens + excluded.tokens, "
+            "bytes = rollout_slot_turns.bytes + excluded.bytes, fields = excluded.fields) "
+            "UPDATE rollout_groups g SET turn_tokens = g.turn_tokens + a.tokens FROM added a WHERE g.key = a.key",
+            (row.key, row.slot, row.turn, row.producer, row.digest, row.data, row.bytes, row.tokens, fields),
         )
 
     def drop_turns(self, key: str) -> None:
         self._write("DELETE FROM rollout_turns WHERE key = %b", (key,))
+        self._write("DELETE FROM rollout_slot_turns WHERE key = %b", (key,))
+        self._write("UPDATE rollout_groups SET turn_tokens = 0 WHERE key = %b", (key,))

@@ -16,7 +16,7 @@ from psycopg import sql
 from api.store.base import held_slot
 from api.store.migrations import Step, migrate
 from api.store.postgres.config import PostgresConfig
-from api.store.rollouts import lean_record, packed_slot
+from api.store.rollouts import lean_record, packed_slot, turn_counts
 
 
 def _held_rows(db: _Schema) -> None:
@@ -227,6 +227,19 @@ STEPS = (
             "PRIMARY KEY (key, slot, turn))",
         ),
     ),
+    Step(
+        "a turn post reads its group's row and its slot's summary, never the slot's turns (docs/rollouts.md, "
+        "Costs): each turn counts its tokens, each slot with turns has a summary row (turns, tokens, bytes, the "
+        "optional fields they send), and each group counts its acknowledged turns' tokens (the trainer's token "
+        "budget counts them when a turn is acknowledged)",
+        (
+            "ALTER TABLE {s}.rollout_turns ADD COLUMN tokens bigint NOT NULL DEFAULT 0",
+            "ALTER TABLE {s}.rollout_groups ADD COLUMN turn_tokens bigint NOT NULL DEFAULT 0",
+            "CREATE TABLE {s}.rollout_slot_turns (key text NOT NULL, slot bigint NOT NULL, turns bigint NOT NULL, "
+            "tokens bigint NOT NULL, bytes bigint NOT NULL, fields bigint NOT NULL, PRIMARY KEY (key, slot))",
+        ),
+        lambda db: _turn_summaries(db),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -248,6 +261,7 @@ CLEARED = (
     "rollout_groups",
     "rollout_slots",
     "rollout_turns",
+    "rollout_slot_turns",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 
@@ -272,6 +286,36 @@ def _packed_slots(db: _Schema) -> None:
     counted = (
         "UPDATE {0}.rollout_groups g SET done = (SELECT count(*) FROM {0}.rollout_slots x WHERE x.key = g.key), "
         "tokens = (SELECT coalesce(sum(x.tokens), 0) FROM {0}.rollout_slots x WHERE x.key = g.key)"
+    )
+    c.execute(sql.SQL(counted).format(s))
+
+
+def _turn_summaries(db: _Schema) -> None:
+    """Version 13: each turn's tokens counted from its JSON, each slot's turns summed in its summary row, and each
+    group's `turn_tokens` the tokens of its slots' turns not acknowledged whole."""
+    c, s = db.conn, db.schema
+    rows = c.execute(
+        sql.SQL("SELECT key, slot, turn, data, bytes FROM {}.rollout_turns ORDER BY key, slot, turn").format(s)
+    ).fetchall()
+    for key, slot, turn, data, size in rows:
+        tokens, fields = turn_counts(bytes(data))
+        c.execute(
+            sql.SQL("UPDATE {}.rollout_turns SET tokens = %b WHERE key = %b AND slot = %b AND turn = %b").format(s),
+            (tokens, key, slot, turn),
+        )
+        c.execute(
+            sql.SQL(
+                "INSERT INTO {0}.rollout_slot_turns AS x (key, slot, turns, tokens, bytes, fields) "
+                "VALUES (%b,%b,1,%b,%b,%b) ON CONFLICT (key, slot) DO UPDATE SET turns = x.turns + 1, "
+                "tokens = x.tokens + excluded.tokens, bytes = x.bytes + excluded.bytes, "
+                "fields = CASE WHEN x.fields = 0 THEN excluded.fields ELSE x.fields END"
+            ).format(s),
+            (key, slot, tokens, size, fields),
+        )
+    counted = (
+        "UPDATE {0}.rollout_groups g SET turn_tokens = (SELECT coalesce(sum(t.tokens), 0) FROM "
+        "{0}.rollout_slot_turns t WHERE t.key = g.key AND NOT EXISTS (SELECT 1 FROM {0}.rollout_slots x "
+        "WHERE x.key = t.key AND x.slot = t.slot))"
     )
     c.execute(sql.SQL(counted).format(s))
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Collection
 
-from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow
+from api.store.rollouts import GroupRow, OpenGroupTxn, SlotRow, TurnKey, TurnRow, TurnSummary
 
-_G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens"
+_G = "key, env_id, state, deadline, expires_at, bytes, record, done, tokens, turn_tokens"
 _S = "key, slot, producer, digest, data, tokens, score, policy_step"
-_T = "key, slot, turn, producer, digest, data, bytes"
+_T = "key, slot, turn, producer, digest, data, bytes, tokens"
 _LIVE = "state IN ('open', 'sealing')"
 
 
@@ -26,8 +26,19 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
 
     def put(self, row: GroupRow) -> None:
         self._db.execute(
-            f"INSERT OR REPLACE INTO rollout_groups ({_G}) VALUES (?,?,?,?,?,?,?,?,?)",
-            (row.key, row.env_id, row.state, row.deadline, row.expires_at, row.bytes, row.record, row.done, row.tokens),
+            f"INSERT OR REPLACE INTO rollout_groups ({_G}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                row.key,
+                row.env_id,
+                row.state,
+                row.deadline,
+                row.expires_at,
+                row.bytes,
+                row.record,
+                row.done,
+                row.tokens,
+                row.turn_tokens,
+            ),
         )
 
     def due(self, now: float, limit: int) -> list[GroupRow]:
@@ -75,6 +86,7 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         self._db.executemany("DELETE FROM rollout_groups WHERE key = ?", rows)
         self._db.executemany("DELETE FROM rollout_slots WHERE key = ?", rows)
         self._db.executemany("DELETE FROM rollout_turns WHERE key = ?", rows)
+        self._db.executemany("DELETE FROM rollout_slot_turns WHERE key = ?", rows)
 
     def scan(self, after: str, limit: int) -> list[GroupRow]:
         cur = self._db.execute(f"SELECT {_G} FROM rollout_groups WHERE key > ? ORDER BY key LIMIT ?", (after, limit))
@@ -105,8 +117,10 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
         ).rowcount
         if added:
             self._db.execute(
-                "UPDATE rollout_groups SET done = done + 1, tokens = tokens + ?, bytes = bytes + ? WHERE key = ?",
-                (row.tokens, size, row.key),
+                "UPDATE rollout_groups SET done = done + 1, tokens = tokens + ?, bytes = bytes + ?, "
+                "turn_tokens = turn_tokens - coalesce((SELECT tokens FROM rollout_slot_turns WHERE key = ? "
+                "AND slot = ?), 0) WHERE key = ?",
+                (row.tokens, size, row.key, row.slot, row.key),
             )
 
     def turns(self, key: str, slot: int) -> list[TurnRow]:
@@ -115,15 +129,39 @@ class SqliteOpenGroupTxn(OpenGroupTxn):
 
     def turn_keys(self, key: str) -> list[TurnKey]:
         cur = self._db.execute(
-            "SELECT slot, turn, producer, bytes FROM rollout_turns WHERE key = ? ORDER BY slot, turn", (key,)
+            "SELECT slot, turn, producer, bytes, tokens FROM rollout_turns WHERE key = ? ORDER BY slot, turn", (key,)
         )
         return [TurnKey(*r) for r in cur]
 
-    def add_turn(self, row: TurnRow) -> None:
-        self._db.execute(
-            f"INSERT OR IGNORE INTO rollout_turns ({_T}) VALUES (?,?,?,?,?,?,?)",
-            (row.key, row.slot, row.turn, row.producer, row.digest, row.data, row.bytes),
-        )
+    def turn(self, key: str, slot: int, turn: int) -> TurnRow | None:
+        row = self._db.execute(
+            f"SELECT {_T} FROM rollout_turns WHERE key = ? AND slot = ? AND turn = ?", (key, slot, turn)
+        ).fetchone()
+        return None if row is None else TurnRow(*row)
+
+    def turn_summary(self, key: str, slot: int) -> TurnSummary | None:
+        row = self._db.execute(
+            "SELECT turns, tokens, bytes, fields FROM rollout_slot_turns WHERE key = ? AND slot = ?", (key, slot)
+        ).fetchone()
+        return None if row is None else TurnSummary(*row)
+
+    def add_turn(self, row: TurnRow, fields: int) -> None:
+        added = self._db.execute(
+            f"INSERT OR IGNORE INTO rollout_turns ({_T}) VALUES (?,?,?,?,?,?,?,?)",
+            (row.key, row.slot, row.turn, row.producer, row.digest, row.data, row.bytes, row.tokens),
+        ).rowcount
+        if added:
+            self._db.execute(
+                "INSERT INTO rollout_slot_turns (key, slot, turns, tokens, bytes, fields) VALUES (?,?,1,?,?,?) "
+                "ON CONFLICT (key, slot) DO UPDATE SET turns = turns + 1, tokens = tokens + excluded.tokens, "
+                "bytes = bytes + excluded.bytes, fields = excluded.fields",
+                (row.key, row.slot, row.tokens, row.bytes, fields),
+            )
+            self._db.execute(
+                "UPDATE rollout_groups SET turn_tokens = turn_tokens + ? WHERE key = ?", (row.tokens, row.key)
+            )
 
     def drop_turns(self, key: str) -> None:
         self._db.execute("DELETE FROM rollout_turns WHERE key = ?", (key,))
+        self._db.execute("DELETE FROM rollout_slot_turns WHERE key = ?", (key,))
+        self._db.execute("UPDATE rollout_groups SET turn_tokens = 0 WHERE key = ?", (key,))

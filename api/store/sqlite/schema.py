@@ -14,7 +14,7 @@ import msgpack
 
 from api.store.base import held_slot
 from api.store.migrations import Step, migrate
-from api.store.rollouts import lean_record, packed_slot
+from api.store.rollouts import lean_record, packed_slot, turn_counts
 
 
 def _held_rows(f: _File) -> None:
@@ -58,6 +58,29 @@ def _packed_slots(f: _File) -> None:
     db.execute(
         "UPDATE rollout_groups SET done = (SELECT count(*) FROM rollout_slots s WHERE s.key = rollout_groups.key), "
         "tokens = (SELECT coalesce(sum(s.tokens), 0) FROM rollout_slots s WHERE s.key = rollout_groups.key)"
+    )
+
+
+def _turn_summaries(f: _File) -> None:
+    """Version 15: each turn's tokens counted from its JSON, each slot's turns summed in its summary row, and each
+    group's `turn_tokens` the tokens of its slots' turns not acknowledged whole."""
+    db = f.db
+    rows = db.execute("SELECT key, slot, turn, data, bytes FROM rollout_turns ORDER BY key, slot, turn").fetchall()
+    for key, slot, turn, data, size in rows:
+        tokens, fields = turn_counts(data)
+        db.execute(
+            "UPDATE rollout_turns SET tokens = ? WHERE key = ? AND slot = ? AND turn = ?", (tokens, key, slot, turn)
+        )
+        db.execute(
+            "INSERT INTO rollout_slot_turns (key, slot, turns, tokens, bytes, fields) VALUES (?,?,1,?,?,?) "
+            "ON CONFLICT (key, slot) DO UPDATE SET turns = turns + 1, tokens = tokens + excluded.tokens, "
+            "bytes = bytes + excluded.bytes, fields = CASE WHEN fields = 0 THEN excluded.fields ELSE fields END",
+            (key, slot, tokens, size, fields),
+        )
+    db.execute(
+        "UPDATE rollout_groups SET turn_tokens = (SELECT coalesce(sum(t.tokens), 0) FROM rollout_slot_turns t "
+        "WHERE t.key = rollout_groups.key AND NOT EXISTS (SELECT 1 FROM rollout_slots s WHERE s.key = t.key "
+        "AND s.slot = t.slot))"
     )
 
 
@@ -253,6 +276,20 @@ STEPS = (
             "PRIMARY KEY (key, slot, turn)) WITHOUT ROWID",
         ),
     ),
+    Step(
+        "a turn post reads its group's row and its slot's summary, never the slot's turns (docs/rollouts.md, "
+        "Costs): each turn counts its tokens, each slot with turns has a summary row (turns, tokens, bytes, the "
+        "optional fields they send), and each group counts its acknowledged turns' tokens (the trainer's token "
+        "budget counts them when a turn is acknowledged)",
+        (
+            "ALTER TABLE rollout_turns ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE rollout_groups ADD COLUMN turn_tokens INTEGER NOT NULL DEFAULT 0",
+            "CREATE TABLE rollout_slot_turns (key TEXT NOT NULL, slot INTEGER NOT NULL, turns INTEGER NOT NULL, "
+            "tokens INTEGER NOT NULL, bytes INTEGER NOT NULL, fields INTEGER NOT NULL, PRIMARY KEY (key, slot)) "
+            "WITHOUT ROWID",
+        ),
+        _turn_summaries,
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""
@@ -274,6 +311,7 @@ CLEARED = (
     "rollout_groups",
     "rollout_slots",
     "rollout_turns",
+    "rollout_slot_turns",
 )
 """The tables `Txn.clear` empties: all but meta (next_item_id), so ids keep increasing."""
 

@@ -5,7 +5,8 @@ tests.store.old_files.write`), and commit what it writes; a file once committed 
 later release is tested against what that one really wrote. It goes through the HTTP API only, so it runs
 at any release: a registered run, an env, queued groups (one with a group id), a partial group in the side
 buffer; from SQLite layout 11 and PostgreSQL layout 9 on also tasks trained and tasks served in a batch not
-acknowledged yet (`trained_tasks`), and a group open for per-rollout submission with 2 of its 4 slots posted. The
+acknowledged yet (`trained_tasks`), and a group open for per-rollout submission with 2 of its 4 slots posted;
+from SQLite layout 14 and PostgreSQL layout 12 on also a group open with 2 turns of a slot acknowledged. The
 files are named by the schema version stored in them.
 """
 
@@ -68,6 +69,13 @@ async def fill(store: str) -> None:
                     {"group_id": "o-2", "env_id": 0, "group_size": 4, "producer_id": "p-2", "deadline_s": 3600},
                 ),
                 *(("POST", "/rollouts/post", rollout("o-2", slot, "p-2")) for slot in (0, 1)),
+                # From layout 14 (SQLite) and 12 (PostgreSQL) on: a group open with 2 turns of its slot 0 in.
+                (
+                    "POST",
+                    "/rollouts/open",
+                    {"group_id": "o-3", "env_id": 0, "group_size": 2, "producer_id": "p-3", "deadline_s": 3600},
+                ),
+                *(("POST", "/rollouts/turn", turn("o-3", 0, n, "p-3")) for n in (0, 1)),
             ]:
                 reply = await c.request(method, path, json=body)
                 reply.raise_for_status()
@@ -100,6 +108,12 @@ def rollout(group_id: str, slot: int, producer: str) -> dict[str, object]:
         "masks": [-100, 2, 3 + slot],
         "score": float(slot % 2),
     }
+
+
+def turn(group_id: str, slot: int, n: int, producer: str) -> dict[str, object]:
+    """Turn `n` of a slot, as `POST /rollouts/turn` takes it: 3 tokens, then 2."""
+    tokens = [10 + n, 20 + n, 30 + n][: 3 - n]
+    return {"group_id": group_id, "slot": slot, "producer_id": producer, "turn": n, "tokens": tokens, "masks": tokens}
 
 
 def write_sqlite(tmp: Path) -> Path:

@@ -18,6 +18,7 @@ from api.config.settings import Settings
 from api.errors import RollbufError
 from api.owners import ANYONE
 from api.rollouts import groups as rg
+from api.rollouts import rows as rr
 from api.rollouts import txns as rs
 from api.run import state
 from api.store.memory import MemoryTxn, State
@@ -146,8 +147,8 @@ def test_the_open_slot_counters_stay_true_through_lapses_sweeps_and_pruning(ops:
         counts = rs.totals_txn(txn)
         assert counts["open"] == len(groups)
         assert [r.done for r in rows] == [len(done[r.key]) for r in rows], "a group's counter counts its slots"
-        assert counts.get(rs.OPEN_DONE, 0) == sum(len(done[g.key]) for g in groups)
-        assert counts.get(rs.OPEN_LEASED, 0) == sum(1 for g in groups for k in g.leases if int(k) not in done[g.key])
+        assert counts.get(rr.OPEN_DONE, 0) == sum(len(done[g.key]) for g in groups)
+        assert counts.get(rr.OPEN_LEASED, 0) == sum(1 for g in groups for k in g.leases if int(k) not in done[g.key])
 
     for op in ops:
         kind = op[0]
@@ -258,7 +259,7 @@ def test_what_touches_many_groups_passes_over_one_it_cannot_read() -> None:
     assert swept.decided == len(swept.sealing) == 2, "the groups behind it are decided"
     assert sorted(swept.unreadable) == ["later"] and "TypeError" in swept.unreadable["later"]
     assert swept.sealing[0] == "broken", "its rollouts are read at its seal: the service's finish meets it"
-    with pytest.raises(rs.UNREADABLE):
+    with pytest.raises(rr.UNREADABLE):
         rs.group_body(txn, "broken")
     rs.mark_txn(txn, swept.sealing[1], None, now)
     skipped = rs.sweep_txn(txn, now, 2, skip={"later", "broken"})

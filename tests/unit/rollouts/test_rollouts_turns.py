@@ -55,13 +55,45 @@ def test_a_field_some_turns_sent_and_others_not_is_refused_naming_it() -> None:
 
 @given(st.lists(st.sampled_from("abc"), max_size=6), st.integers(0, 8), st.sampled_from("abcz"))
 def test_a_turns_outcome_is_idempotent_and_in_order(stored: list[str], turn: int, digest: str) -> None:
-    got = tn.outcome(stored, turn, digest)
+    def outcome(digests: list[str]) -> str:  # as the turn route asks: the count, and that one turn's digest
+        return tn.outcome(len(digests), digests[turn] if turn < len(digests) else None, turn, digest)
+
+    got = outcome(stored)
     if turn < len(stored):
         assert got == (tn.DUPLICATE if stored[turn] == digest else tn.CONFLICT)
     else:
         assert got == (tn.ACCEPTED if turn == len(stored) else tn.GAP)
     if got == tn.ACCEPTED:
-        assert tn.outcome([*stored, digest], turn, digest) == tn.DUPLICATE, "the same turn again, once in"
+        assert outcome([*stored, digest]) == tn.DUPLICATE, "the same turn again, once in"
+
+
+piece = st.builds(
+    lambda n, lp, wv: tn.TurnData(list(range(n)), [1] * n, [-0.5] * n if lp else None, [0] * n if wv else None),
+    st.integers(0, 3),
+    st.booleans(),
+    st.booleans(),
+)
+
+
+@given(st.lists(piece, min_size=1, max_size=6))
+def test_the_fields_kept_as_turns_come_refuse_what_joining_them_refuses(pieces: list[tn.TurnData]) -> None:
+    """`joined_fields`, turn by turn from the slot's summary, refuses a turn exactly where `concatenate` of the
+    turns so far refuses them (naming the same field), and keeps the fields of the first turn with tokens."""
+    fields = 0
+    for i, p in enumerate(pieces):
+        try:
+            tn.concatenate(pieces[: i + 1])
+        except InvalidData as joined:
+            with pytest.raises(InvalidData) as kept:
+                tn.joined_fields(fields, p)
+            assert kept.value.loc == joined.loc
+            return
+        fields = tn.joined_fields(fields, p)
+    first = next((p for p in pieces if p.tokens), None)
+    assert (fields == 0) == (first is None)
+    if first is not None:
+        assert bool(fields & 2) == (first.inference_logprobs is not None)
+        assert bool(fields & 4) == (first.token_weight_versions is not None)
 
 
 def test_a_slots_turns_are_its_lease_holders_else_the_openers() -> None:

@@ -8,6 +8,7 @@ from api.config.settings import Settings
 from api.errors import InvalidData
 from api.ingest.queue_limits import QueueLimits
 from api.owners import ANYONE
+from api.rollouts import rows as rr
 from api.rollouts import txns as rs
 from api.run import state
 from api.store.memory import MemoryTxn, State
@@ -47,7 +48,7 @@ def test_a_post_writes_its_slot_and_its_groups_counters_and_leaves_the_record() 
     assert row is not None and row.record == opened.record, "a post leaves the record as it was"
     assert (row.done, row.tokens) == (2, 12) and row.bytes > 0
     assert txn.rollouts.done("g") == {0: "p1", 2: "p1"}
-    assert rs.totals_txn(txn)[rs.OPEN_DONE] == 2
+    assert rs.totals_txn(txn)[rr.OPEN_DONE] == 2
 
 
 def test_a_post_reads_no_other_slot() -> None:
