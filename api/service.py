@@ -120,7 +120,7 @@ class Service:
         )
         self.rollouts = Rollouts(
             self.store,
-            lambda body: self.ingest.submit(body, MSGPACK, many=False, caller=ANYONE),
+            lambda body, resumes: self.ingest.submit(body, MSGPACK, many=False, caller=ANYONE, resumes=resumes),
             self.ledger.recorder,
             self.limits,
             lambda: self._run,

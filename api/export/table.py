@@ -261,6 +261,7 @@ _ARROW = {
     "float64": pa.float64(),
     "string": pa.string(),
     "bool": pa.bool_(),
+    "int32 list": pa.list_(pa.int32()),
     "timestamp": TIMESTAMP,
 }
 """The Arrow types a ledger column's `Column.arrow` names."""

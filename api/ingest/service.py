@@ -9,7 +9,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from api.errors import InvalidData, Unavailable
@@ -18,6 +18,7 @@ from api.ingest.queue_limits import QueueLimits
 from api.ingest.submissions import Submission
 from api.ingest.submit import VALIDATION_ROUNDS, QueueFull, StaleRun, expire_txn, submit_txn
 from api.ledger.recorder import Recorder
+from api.ledger.rules import Resumes
 from api.logs import request_env
 from api.owners import ANYONE, Actor
 from api.run import stats
@@ -93,9 +94,11 @@ class Ingest:
         many: bool,
         key: str | None = None,
         caller: Actor = ANYONE,
+        resumes: Resumes | None = None,
     ) -> list[ScoredReply]:
         """Validate a request's groups (`api.ingest.submissions.decode`: JSON or msgpack, one or a list, `key` the
-        request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing.
+        request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing. `resumes`: a sealed
+        per-rollout group's, from the rollouts flow's own lineage (no route passes one: a body cannot claim it).
 
         They are validated against the run state this process saw last, not a fresh read: one store round trip
         less per request, which is what a shared database charges most for. The transaction checks that what
@@ -108,6 +111,8 @@ class Ingest:
             for _ in range(VALIDATION_ROUNDS):
                 try:
                     subs = await self._decode(raw, content_type, run, many=many, key=key)
+                    if resumes is not None:
+                        subs = [replace(s, resumes=resumes) for s in subs]
                 except (InvalidData, Unavailable):
                     if not remembered:
                         raise

@@ -14,6 +14,7 @@ from api.ingest.idempotency import content_digest, digest_as
 from api.ingest.json_groups import JsonGroup, read_groups
 from api.ingest.queue_limits import QueueLimits, group_limits
 from api.ingest.validation import pack_group
+from api.ledger.rules import Resumes
 from api.logs import request_env
 from api.run.state import ANON_NAME, RunState
 from api.wire.records import GroupRecord, encode, is_msgpack
@@ -35,6 +36,9 @@ class Submission:
     """Where the group is in its request (`("body", 3)` in a list): errors found in the transaction name it."""
     sent_policy_step: int | None = None
     """`policy_step` as sent; None: stamped with the step the group was validated at."""
+    resumes: Resumes | None = None
+    """A sealed per-rollout group's resumes, from the server's own lineage (`Ingest.submit`'s `resumes`): never
+    parsed from a body, so no producer can claim one for its ledger row."""
 
     @property
     def where(self) -> str:

@@ -83,7 +83,8 @@ class LedgerArrivals(Arrivals):
         ledger.count_retained(self.txn, self.retained, self.retained_bytes)
 
     def _row(self, item_id: int, env_id: int, sub: Submission, fate: str) -> LedgerGroup:
-        return ledger.group_row(item_id, env_id, sub.record, len(sub.payload), self.handler, fate, self.now)
+        size = len(sub.payload)
+        return ledger.group_row(item_id, env_id, sub.record, size, self.handler, fate, self.now, sub.resumes)
 
 
 class Recorder:

@@ -55,10 +55,29 @@ class LedgerSettings:
 OFF = LedgerSettings(enabled=False)
 
 
+@dataclass(frozen=True, slots=True)
+class Resumes:
+    """What a sealed per-rollout group's row says of its resumes (`LedgerGroup.resumed`, `tokens_saved`): made by
+    the rollouts flow from the group's own lineage (`api.rollouts.lineage.resumes`) and handed to ingest beside the
+    body, never read from one, so a group posted whole cannot claim any."""
+
+    slots: tuple[int, ...]
+    """The slots resumed, ascending (never empty: a group without resumes has none of this)."""
+    tokens: int
+    """The tokens their resumes carried over, summed."""
+
+
 def group_row(
-    item_id: int, env_id: int, rec: GroupRecord, size: int, handler: str | None, fate: str, now: float
+    item_id: int,
+    env_id: int,
+    rec: GroupRecord,
+    size: int,
+    handler: str | None,
+    fate: str,
+    now: float,
+    resumes: Resumes | None = None,
 ) -> LedgerGroup:
-    """A newly acknowledged group's row (its fate as decided at ingest)."""
+    """A newly acknowledged group's row (its fate as decided at ingest; `resumes`: a sealed per-rollout group's)."""
     mean, lo, hi, std = score_summary(rec.scores.tolist())
     return LedgerGroup(
         id=item_id,
@@ -76,6 +95,8 @@ def group_row(
         score_std=std,
         fate=fate,
         producer_id=rec.producer_id,
+        resumed=None if resumes is None else resumes.slots,
+        tokens_saved=None if resumes is None else resumes.tokens,
     )
 
 

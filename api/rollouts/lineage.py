@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from api.ledger.rules import Resumes
 from api.store.rollouts import TurnKey
 
-__all__ = ["Lineage", "leased", "runs", "with_runs"]
+__all__ = ["Lineage", "leased", "resumes", "runs", "with_runs"]
 
 Lineage = dict[str, dict[str, Any]]
 """Slot (as text) -> {"resumes": n, "restarts": n, "saved": tokens, "turns": [[producer, turns, start, end], ...]}:
@@ -58,3 +59,13 @@ def with_runs(lineage: Lineage, keys: Iterable[TurnKey]) -> Lineage:
     for slot, made in runs(keys).items():
         out.setdefault(slot, {})["turns"] = made
     return out
+
+
+def resumes(lineage: Lineage, slots: Iterable[int]) -> Resumes | None:
+    """What the ledger row of the group sealed with these `slots` says of their resumes: the slots resumed at least
+    once and the tokens all their resumes carried over; None if none of them was (a slot left out of the seal is
+    not counted: its rollout is not in the group)."""
+    kept = sorted(s for s in set(slots) if lineage.get(str(s), {}).get("resumes", 0) > 0)
+    if not kept:
+        return None
+    return Resumes(tuple(kept), sum(int(lineage[str(s)].get("saved", 0)) for s in kept))

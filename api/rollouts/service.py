@@ -16,13 +16,13 @@ from api.config.settings import Settings
 from api.errors import RollbufError, Unavailable
 from api.ingest.queue_limits import QueueLimits
 from api.ledger.recorder import Recorder
+from api.ledger.rules import Resumes
 from api.owners import Actor
 from api.rollouts.rows import COUNTS, group_of, readable, view
 from api.rollouts.turn_txns import turn_txn, turns_txn
 from api.rollouts.txns import (
     OpenBytesFull,
     drop_lapsed,
-    group_body,
     heartbeat_txn,
     lease_txn,
     mark_txn,
@@ -31,6 +31,7 @@ from api.rollouts.txns import (
     post_txn,
     prune_txn,
     seal_txn,
+    sealed_group,
     sweep_txn,
     totals_txn,
     unlease_txn,
@@ -82,9 +83,9 @@ class Rollouts:
     the ingest flow (`ingest`), as any group does."""
 
     store: Store
-    ingest: Callable[[bytes], Awaitable[object]]
+    ingest: Callable[[bytes, Resumes | None], Awaitable[object]]
     """Ingest a sealed group's body (one msgpack group record, api/rollouts/assembly.py, on behalf of no key: its
-    posts were checked)."""
+    posts were checked) with its resumes for its ledger row (from its lineage, `sealed_group`)."""
     books: Callable[[], Recorder]
     """The ledger's recorder for one transaction, as the service's ledger settings make it now."""
     limits: QueueLimits = field(default_factory=QueueLimits)
@@ -226,12 +227,12 @@ class Rollouts:
     async def finish(self, key: str) -> None:
         """Ingest a `sealing` group and mark it: a refusal of the data (422) expires it, with why; a refusal to wait
         (503: a full queue) leaves it `sealing`, for the next sweep."""
-        body = await self.store.read(lambda txn: group_body(txn, key))
-        if body is None:
+        sealed = await self.store.read(lambda txn: sealed_group(txn, key))
+        if sealed is None:
             return
         refused = None
         try:
-            await self.ingest(body)  # its posts were checked
+            await self.ingest(*sealed)  # its posts were checked
         except Unavailable:
             log.info("rollouts: group %r is sealed but its ingest must wait; retried by the next sweep", key)
             return

@@ -269,18 +269,26 @@ def seal_txn(txn: Txn, req: SealRequest, now: float, caller: Actor = ANYONE) -> 
 def group_body(txn: Txn, key: str) -> bytes | None:
     """The sealed group as a binary POST /scored_data would carry it (None unless it is `sealing`): its slots'
     stored records concatenated (api/rollouts/assembly.py), none parsed again."""
+    sealed = sealed_group(txn, key)
+    return None if sealed is None else sealed[0]
+
+
+def sealed_group(txn: Txn, key: str) -> tuple[bytes, ledger.Resumes | None] | None:
+    """The sealed group's body (`group_body`) and the resumes of the slots it holds (`lineage.resumes`, for its
+    ledger row): None unless it is `sealing`. Its record holds its lineage from its decision on."""
     row = txn.rollouts.get(key)
     if row is None or row.state != "sealing":
         return None
     g = rg.OpenGroup.of(row.record)
+    slots = [s for s in txn.rollouts.slots(key) if str(s.slot) not in g.left_out]
     parts = [
         Part(
             s.data, g.scores[str(s.slot)] if g.scores else float(s.score if s.score is not None else 0.0), s.policy_step
         )
-        for s in txn.rollouts.slots(key)
-        if str(s.slot) not in g.left_out
+        for s in slots
     ]
-    return sealed_body(parts, env_id=g.env_id, group_id=key, producer_id=g.producer)
+    body = sealed_body(parts, env_id=g.env_id, group_id=key, producer_id=g.producer)
+    return body, lineage.resumes(g.lineage, [s.slot for s in slots])
 
 
 EXPIRED_PREFIX = "rollouts_"

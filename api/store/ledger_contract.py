@@ -36,8 +36,8 @@ class Column:
     """Its PostgreSQL column definition after the name."""
     arrow: str | None
     """Its type in the export's `groups` table (api/export/table.py), copied under its name: int32, int64,
-    float64, string, bool or timestamp (seconds become UTC microseconds). None: the export derives columns of
-    its own from it (`id` is `group`; `step` and `reason` split by fate)."""
+    float64, string, bool, int32 list or timestamp (seconds become UTC microseconds). None: the export derives
+    columns of its own from it (`id` is `group`; `step` and `reason` split by fate)."""
     reply: str | None
     """GET /ledger's rows copy it as it is (api/ledger/replies.py), described so; None: the reply says it in its
     own way (`env_id` null for anonymous groups, `fate` one of FATES)."""
@@ -144,6 +144,32 @@ class LedgerGroup:
         ),
     )
     """Its payload is retained past its fate (retention): readable with `ledger.kept_payloads` until pruned."""
+    resumed: tuple[int, ...] | None = field(
+        default=None,
+        metadata=_col(
+            "TEXT",
+            "text",
+            "int32 list",
+            "A sealed per-rollout group's slots (as numbered when posted) that were resumed from another "
+            "producer's turns (docs/rollouts.md, Lineage); null for a group with none, or not sealed from "
+            "per-rollout posts.",
+            added=2,
+        ),
+    )
+    """The slots of a sealed per-rollout group whose lease carried acknowledged turns to another producer (a resume),
+    from the server's own lineage, never from the body: None for a group without one (a group posted whole, a group
+    from before this column). Stored as JSON text (`ledger_rows`)."""
+    tokens_saved: int | None = field(
+        default=None,
+        metadata=_col(
+            "INTEGER",
+            "bigint",
+            "int64",
+            "The tokens those resumes carried over (not generated again), over all of them; null when `resumed` is.",
+            added=2,
+        ),
+    )
+    """The tokens of acknowledged turns the resumes of `resumed` carried to the next producer, summed."""
 
 
 def group_columns() -> tuple[Column, ...]:

@@ -32,10 +32,21 @@ def _gid_text(gid: Any) -> str | None:
     return None if gid is None else bytes(gid).decode("utf-8", "surrogatepass")
 
 
+def slots_text(slots: tuple[int, ...] | None) -> str | None:
+    """`LedgerGroup.resumed` as stored: a JSON list (a column of one scalar type on both backends)."""
+    return None if slots is None else orjson.dumps(list(slots)).decode()
+
+
+def _slots_of(text: Any) -> tuple[int, ...] | None:
+    return None if text is None else tuple(int(s) for s in orjson.loads(text))
+
+
 def _read(c: Column, k: int) -> str:
     """The expression that turns column k of a row into the field's value."""
     if c.name == "group_id":
         return f"_gid_text(row[{k}])"
+    if c.name == "resumed":
+        return f"_slots_of(row[{k}])"
     if c.name == "kept":
         return f"bool(row[{k}])"
     convert = {"INTEGER": "int", "REAL": "float"}.get(c.sqlite.split()[0])
@@ -46,7 +57,8 @@ def _read(c: Column, k: int) -> str:
 
 def _write(c: Column) -> str:
     """The expression that turns the field of row `r` into its column's value."""
-    return {"group_id": "gid_bytes(r.group_id)", "kept": "bool(r.kept)"}.get(c.name, f"r.{c.name}")
+    special = {"group_id": "gid_bytes(r.group_id)", "kept": "bool(r.kept)", "resumed": "slots_text(r.resumed)"}
+    return special.get(c.name, f"r.{c.name}")
 
 
 def _compiled() -> tuple[Callable[[LedgerGroup], tuple[Any, ...]], Callable[[Sequence[Any]], LedgerGroup]]:
@@ -55,7 +67,13 @@ def _compiled() -> tuple[Callable[[LedgerGroup], tuple[Any, ...]], Callable[[Seq
     values = ", ".join(_write(c) for c in GROUP_RECORD)
     fields = ", ".join(f"{c.name}={_read(c, k)}" for k, c in enumerate(GROUP_RECORD))
     source = f"def group_values(r):\n    return ({values},)\ndef group_of(row):\n    return LedgerGroup({fields})\n"
-    scope: dict[str, Any] = {"LedgerGroup": LedgerGroup, "gid_bytes": gid_bytes, "_gid_text": _gid_text}
+    scope: dict[str, Any] = {
+        "LedgerGroup": LedgerGroup,
+        "gid_bytes": gid_bytes,
+        "_gid_text": _gid_text,
+        "slots_text": slots_text,
+        "_slots_of": _slots_of,
+    }
     exec(compile(source, "<ledger_rows>", "exec"), scope)  # noqa: S102 - our own text, from the declaration
     return scope["group_values"], scope["group_of"]
 

@@ -132,6 +132,32 @@ async def test_ledger_rows_keep_the_producer_that_made_each_group(store: Store) 
     assert (got[ids[1]].producer_id, got[ids[2]].producer_id) == (None, "h\u00e9te 2")
 
 
+async def test_ledger_rows_keep_the_resumed_slots_and_the_tokens_they_saved(store: Store) -> None:
+    """`resumed` (a JSON list in the SQL stores' text column) and `tokens_saved` read back as written, through a
+    decision and a requeue, and a row without them as null (the rows from before the column)."""
+    ids = await queued_with_rows(store, 3)
+    resumed = {ids[0]: ((0, 2, 17), 12_345_678_901), ids[1]: ((3,), 0)}
+
+    def add(txn: Txn) -> None:
+        txn.ledger.add(
+            [replace(ledger_row(i), id=i + 1000, resumed=s, tokens_saved=n) for i, (s, n) in resumed.items()]
+        )
+
+    await store.transact(add)
+    moved = [i + 1000 for i in resumed]
+    got = await store.read(lambda t: t.ledger.groups([*moved, ids[2]]))
+    assert [(r.resumed, r.tokens_saved) for r in got] == [*resumed.values(), (None, None)]
+    await store.transact(lambda t: t.ledger.decide(moved[:1], DROPPED, step=1, reason="stale", at=5.0))
+    await store.transact(lambda t: t.ledger.requeue(moved[1], 5000))
+    got = {r.id: r for r in await store.read(lambda t: t.ledger.scan(-1, 100))}
+    assert (got[moved[0]].fate, got[moved[0]].resumed, got[moved[0]].tokens_saved) == (
+        DROPPED,
+        (0, 2, 17),
+        12_345_678_901,
+    )
+    assert (got[5000].resumed, got[5000].tokens_saved) == ((3,), 0)
+
+
 async def test_ledger_scan_pages_by_id(store: Store) -> None:
     ids = await queued_with_rows(store, 7)
     more = await queued_with_rows(store, 3)  # another transaction: on PostgreSQL, maybe the same group

@@ -41,6 +41,8 @@ ROW = LedgerGroup(
     step=3,
     decided_at=2.5,
     kept=True,
+    resumed=(1, 3),
+    tokens_saved=12,
 )
 
 

@@ -157,6 +157,8 @@ async def served(store: str, *, ledgered: bool = False, owned: bool = False, sta
             assert (step["groups_by_env"], step["seqs"]) == ({"math_0": 2}, 8)  # before, no rows
             rows = [(g["group_id"], g["fate"], g["producer_id"]) for g in step["groups"]]
             assert rows == ([("g-1", "served", None), (None, "served", None)] if ledgered else [])
+            resumes = [(g["resumed"], g["tokens_saved"]) for g in step["groups"]]
+            assert resumes == ([(None, None)] * 2 if ledgered else []), "rows from before the columns read as null"
             assert len((await c.get("/batch")).json()["batch"]) == 3  # the last group and the two halves
             served = {e["name"]: e for e in (await c.get("/dashboard/data")).json()["envs"]}
             assert (served["math_0"]["received"], served["math_0"]["served_groups"]) == (5 + drilled, 5 + drilled)
@@ -342,6 +344,7 @@ async def sealed_from_posted(store: str) -> None:
             assert sealed["turns"] == {}, "freed with the seal"
             [row] = (await c.get("/ledger/groups/o-2")).json()["groups"]
             assert row["seqs"] == 4 and row["tokens"] >= 4 * 2, row
+            assert (row["resumed"], row["tokens_saved"]) == (None, None), "no slot of it was resumed"
 
 
 @pytest.mark.parametrize("version", [v for v in sorted(versions("sqlite")) if v >= SQLITE_STAGED])

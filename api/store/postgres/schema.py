@@ -240,6 +240,11 @@ STEPS = (
         ),
         lambda db: _turn_summaries(db),
     ),
+    Step(
+        "a sealed per-rollout group's ledger row says which of its slots were resumed from another producer's turns, "
+        "and the tokens that saved (docs/ledger.md); rows written before read as null",
+        ("ALTER TABLE {s}.ledger ADD COLUMN resumed text", "ALTER TABLE {s}.ledger ADD COLUMN tokens_saved bigint"),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

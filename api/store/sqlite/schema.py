@@ -290,6 +290,11 @@ STEPS = (
         ),
         _turn_summaries,
     ),
+    Step(
+        "a sealed per-rollout group's ledger row says which of its slots were resumed from another producer's turns, "
+        "and the tokens that saved (docs/ledger.md); rows written before read as null",
+        ("ALTER TABLE ledger ADD COLUMN resumed TEXT", "ALTER TABLE ledger ADD COLUMN tokens_saved INTEGER"),
+    ),
 )
 SCHEMA_VERSION = len(STEPS)
 """The layout this release writes. Earlier ones are migrated at start, newer ones refused."""

@@ -53,3 +53,25 @@ def test_leases_count_resumes_restarts_and_the_tokens_saved(
     kept = lineage.with_runs(record, keys_of(drawn))
     assert {s: {k: v for k, v in e.items() if k != "turns"} for s, e in kept.items() if s in record} == record
     assert all(kept[s]["turns"] == r for s, r in lineage.runs(keys_of(drawn)).items())
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.one_of(st.none(), st.integers(0, 100))), max_size=12),
+    st.sets(st.integers(0, 5)),
+)
+def test_a_sealed_groups_resumes_are_its_sealed_slots_resumed_and_their_tokens(
+    leases: list[tuple[int, int | None]], sealed: set[int]
+) -> None:
+    """The ledger's `resumed`: the sealed slots with a resume (a restart alone is not one), ascending, and the
+    tokens all of their resumes carried; None when there is none (never an empty list)."""
+    record: lineage.Lineage = {}
+    for slot, carried in leases:
+        lineage.leased(record, slot, carried)
+    got = lineage.resumes(record, sealed)
+    want = sorted({s for s, c in leases if c is not None and s in sealed})
+    if not want:
+        assert got is None
+        return
+    assert got is not None
+    assert list(got.slots) == want
+    assert got.tokens == sum(c for s, c in leases if c is not None and s in sealed)
