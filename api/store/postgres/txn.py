@@ -259,6 +259,15 @@ class PostgresTxn(Txn):
         cur = self._db.execute("SELECT item_id FROM payloads WHERE item_id = ANY(%b)", (ids,), binary=True)
         return [(int(r[0]), b"") for r in cur.fetchall()]
 
+    def payloads_with(self, marker: bytes) -> list[bytes]:
+        stored = self._db.execute(
+            "SELECT item_id, payload FROM payloads WHERE position(%b in payload) > 0", (marker,), binary=True
+        ).fetchall()
+        pending = {i: (i, p) for i, p in self._p.payloads.items() if marker in p}
+        out = [bytes(p) for _, p in overlay.lay(stored, pending, lambda r: int(r[0]))]
+        held = self._db.execute("SELECT payload FROM held WHERE position(%b in payload) > 0", (marker,), binary=True)
+        return out + [bytes(p) for (p,) in held]
+
     def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
         self._drop_batches("<", step, retain)
 

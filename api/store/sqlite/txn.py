@@ -364,6 +364,14 @@ class SqliteTxn(Txn):
         self._flush()
         return dict(self._db.execute("SELECT name, n FROM counters WHERE kind = ?", (kind,)).fetchall())
 
+    def payloads_with(self, marker: bytes) -> list[bytes]:
+        self._flush()
+        db = self._db
+        rows = db.execute(f"SELECT {COLUMNS} FROM payloads WHERE segment IS NOT NULL OR instr(payload, ?)", (marker,))
+        out = [p for p in self._payloads.resolve(rows).values() if marker in p]
+        held = db.execute("SELECT payload FROM held WHERE instr(payload, ?)", (marker,))
+        return out + [bytes(p) for (p,) in held]
+
     def clear(self) -> None:
         self._flush()
         self._w.deferred.cleared()
