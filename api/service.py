@@ -32,6 +32,7 @@ from api.rollouts import metrics as rollout_metrics
 from api.rollouts.service import Rollouts, SweepSettings
 from api.rollouts.txns import siblings_due_txn
 from api.run import state, stats
+from api.run.blobs import BlobTier
 from api.run.kept import Kept, ReadAhead
 from api.run.state import ANON_NAME, EnvRecord, RunState, visible_env
 from api.scheduler import Periodic, Scheduler
@@ -63,6 +64,8 @@ class Service:
     limits: QueueLimits = field(default_factory=QueueLimits)
     read_ahead: ReadAhead = field(default_factory=ReadAhead)
     """How far a trainer in commit mode may read past its last commit."""
+    blobs: BlobTier | None = None
+    """The blob tier (docs/payloads.md): large values stored once by content, outside the rows; None: none."""
     rules: FormationRules = field(default_factory=FormationRules)
     """How far formation looks ahead, when a passed-over group is due, how long a quiet minimum share holds."""
     _run: RunState | None = None
@@ -104,7 +107,7 @@ class Service:
         producer_settings: ProducerSettings | None,
         rollout_sweep: SweepSettings | None,
     ) -> None:
-        self.ledger = Ledger(self.store, books or LedgerSettings(), bias or BiasWatch())
+        self.ledger = Ledger(self.store, books or LedgerSettings(), bias or BiasWatch(), self.blobs)
         self.ingest = Ingest(
             self.store,
             lambda: self._run,
@@ -114,6 +117,7 @@ class Service:
             self.jobs.ask,
             self.run_state,
             self.limits,
+            blobs=self.blobs,
         )
         self.producers = Producers(
             self.store, producer_settings or ProducerSettings(), lambda: self._run, siblings_due=siblings_due_txn
@@ -137,6 +141,7 @@ class Service:
             self.read_ahead,
             self.rules,
             self.wakeups,
+            blobs=self.blobs,
         )
         self.tasks = Tasks(self.store, self.wakeups.changed)
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from api.wire.records import Buffer
+from api.wire.records import BLOB_EXT_TYPE, Buffer
 
-EXT_TYPE = 66
+EXT_TYPE = BLOB_EXT_TYPE
 """The msgpack ext type of a reference (application types are 0-127)."""
 TAG_SIZE = 16
 """Bytes of the owner's tag: the first bytes of the SHA-256 of the owner's name."""
@@ -145,9 +145,8 @@ def has_refs(payload: Buffer) -> bool:
     return bytes(payload).find(MARKER) >= 0
 
 
-def inline_record(record: Buffer, get: Callable[[Ref], Buffer]) -> Buffer:
-    """A stored record with every reference replaced by its blob's bytes (`get`), as it was sent; a record with
-    none as it is. KeyError from `get` (a blob that is gone) goes up."""
+def _ref_spans(record: Buffer) -> list[tuple[int, int]]:
+    """Where the references of one stored record are (in its blob fields, never in its arrays)."""
     unpacker = _unpacker(record)
     view = memoryview(record)
     spans: list[tuple[int, int]] = []
@@ -155,8 +154,16 @@ def inline_record(record: Buffer, get: Callable[[Ref], Buffer]) -> Buffer:
         for a, b in elements if elements is not None else [(start, end)]:
             if b - a == REF_BYTES and bytes(view[a : a + len(MARKER)]) == MARKER:
                 spans.append((a, b))
+    return spans
+
+
+def inline_record(record: Buffer, get: Callable[[Ref], Buffer]) -> Buffer:
+    """A stored record with every reference replaced by its blob's bytes (`get`), as it was sent; a record with
+    none as it is. KeyError from `get` (a blob that is gone) goes up."""
+    spans = _ref_spans(record)
     if not spans:
         return record
+    view = memoryview(record)
     parts: list[Buffer] = []
     at = 0
     for a, b in spans:
@@ -166,25 +173,39 @@ def inline_record(record: Buffer, get: Callable[[Ref], Buffer]) -> Buffer:
     return b"".join(parts)
 
 
+def _each_record(records: Buffer, *, array: bool) -> Iterator[tuple[int, int]]:
+    """The bounds of each record in a msgpack array of records (`array=True`) or in records back to back."""
+    unpacker = _unpacker(records)
+    n = unpacker.read_array_header() if array else None
+    at = unpacker.tell()
+    count = 0
+    while at < len(records) and (n is None or count < n):
+        unpacker.skip()
+        end = unpacker.tell()
+        yield at, end
+        at, count = end, count + 1
+
+
+def references(records: Buffer, *, array: bool) -> Iterator[Ref]:
+    """Every reference of these records, found by their structure (unlike `refs_in`, never a look-alike)."""
+    if not has_refs(records):
+        return
+    view = memoryview(records)
+    for a, b in _each_record(records, array=array):
+        for x, y in _ref_spans(view[a:b]):
+            yield Ref.unpack(view[a + x + len(MARKER) : a + y])
+
+
 def inline_records(records: Buffer, get: Callable[[Ref], Buffer], *, array: bool) -> Buffer:
     """A msgpack array of records (a batch, `array=True`) or records back to back, each inlined: the same bytes
     when no record holds a reference (the common case costs a search for `MARKER`)."""
     if not has_refs(records):
         return records
-    unpacker = _unpacker(records)
     view = memoryview(records)
-    head = 0
-    n = None
-    if array:
-        n = unpacker.read_array_header()
-        head = unpacker.tell()
-    parts: list[Buffer] = [view[:head]]
-    at = head
-    count = 0
-    while at < len(view) and (n is None or count < n):
-        unpacker.skip()
-        end = unpacker.tell()
-        parts.append(inline_record(view[at:end], get))
-        at, count = end, count + 1
+    parts: list[Buffer] = []
+    at = 0
+    for a, b in _each_record(records, array=array):
+        parts += [view[at:a], inline_record(view[a:b], get)]
+        at = b
     parts.append(view[at:])
     return b"".join(parts)

@@ -21,6 +21,7 @@ from api.wire.blobs import (
     inline_record,
     inline_records,
     owner_tag,
+    references,
     refs_in,
 )
 from api.wire.records import decode, encode_submission, msgpack_array_header
@@ -77,6 +78,7 @@ def test_a_batch_of_records_put_back_is_the_batch_as_stored(group: list[bytes], 
         [msgpack_array_header(len(group)), *group]
     )
     assert inline_records(b"".join(s for s, _ in parts), lambda r: blobs[r.digest], array=False) == b"".join(group)
+    assert list(references(batch, array=True)) == list(refs_in(batch))  # no token array looks like one here
 
 
 def test_siblings_sending_one_image_store_it_once() -> None:
@@ -130,5 +132,6 @@ def test_a_missing_blob_is_a_key_error_and_bytes_that_only_look_like_a_reference
     tokens = np.resize(looks, 4 * ((len(looks) + 3) // 4)).view("<i4") & 0x7FFFFFFF
     plain = encode_submission([tokens.tolist()], [tokens.tolist()], [1.0], env_id=0, policy_step=0)
     assert inline_record(plain, lambda r: NONE[r.digest]) == plain  # a token array is never read as a reference
+    assert list(refs_in(plain)) and not list(references(plain, array=False))
     assert not has_refs(encode_submission([[1]], [[1]], [1.0], env_id=0, policy_step=0))
     assert Ref.unpack(Ref(TAG, bytes(32), 7).pack()[len(MARKER) :]) == Ref(TAG, bytes(32), 7)
