@@ -40,6 +40,7 @@ from api.store.base import Store, Txn
 from api.tasks import ending
 from api.tasks import metrics as task_metrics
 from api.tasks.service import Tasks
+from api.views import blob_metrics
 from api.views import metrics as views_metrics
 from api.views.dashboard import body as dashboard_body
 from api.views.status import env_status, status_txn
@@ -332,6 +333,8 @@ class Service:
                 "stall_reason": None if finished else seen.stall_reason,
             }
         )
+        if self.blobs is not None:
+            status = status.model_copy(update={"blobs": self.blobs.stats.status()})
         if status.rollouts is not None:
             self.rollouts.in_use(status.rollouts.open)
         report = await self.ledger.drop_bias()
@@ -359,7 +362,8 @@ class Service:
         body += task_metrics.render(await self.tasks.datasets(), max_datasets)
         rollouts = await self.rollouts.totals()
         self.rollouts.in_use(rollouts.get("open", 0))
-        return body + rollout_metrics.render(rollouts)
+        blobs = blob_metrics.render(None if self.blobs is None else self.blobs.stats)
+        return body + rollout_metrics.render(rollouts) + blobs
 
     async def dashboard_data(self, max_envs: int, max_producers: int, max_datasets: int) -> dict[str, Any]:
         """GET /dashboard/data: one consistent snapshot of the buffer, per env for at most `max_envs` envs (the rest

@@ -22,6 +22,7 @@ from api.store.base import Store, Txn
 from api.store.blobs import Collected, LocalBlobs, Usage, blob_dir_beside
 from api.wire.blobs import MARKER, Ref, externalize, has_refs, inline_records, owner_tag, references, refs_in
 from api.wire.records import Buffer
+from api.wire.schema import BlobsStatus
 
 log = logging.getLogger("rollbuf")
 
@@ -103,6 +104,20 @@ class BlobStats:
     def dedup_ratio(self) -> float:
         """References per stored blob at the last collection (1: no value stored twice; 0: none yet)."""
         return self.referenced / self.usage.objects if self.usage.objects else 0.0
+
+    def status(self) -> BlobsStatus:
+        return BlobsStatus(
+            objects=self.usage.objects,
+            bytes=self.usage.bytes,
+            references=self.referenced,
+            dedup_ratio=round(self.dedup_ratio, 3),
+            written=self.written_objects,
+            written_bytes=self.written_bytes,
+            deduplicated=self.deduplicated,
+            refused=self.refused,
+            collected=self.collected_objects,
+            collected_bytes=self.collected_bytes,
+        )
 
 
 class BlobTier:

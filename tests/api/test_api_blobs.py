@@ -231,3 +231,27 @@ async def test_a_batch_whose_blobs_are_gone_is_not_taken(settings: Settings, tmp
         os.rename(tmp_path / "moved", tmp_path / "blobs")
         r = await c.get("/batch", headers={"Accept": MSGPACK})
         assert r.content == msgpack_array_header(1) + sent
+
+
+async def test_status_and_metrics_show_the_tier(settings: Settings, tmp_path: Path) -> None:
+    async with app_of(settings, tmp_path) as (c, app):
+        await start(c, batch_size=8)
+        for seed in (1, 2):
+            assert (
+                await c.post("/scored_data", content=with_image(seed), headers={"Content-Type": MSGPACK})
+            ).is_success
+        await collect(app, tmp_path)  # counts the files and the references; collects nothing (all queued)
+        blobs = (await c.get("/status")).json()["blobs"]
+        assert blobs["objects"] == 1 and blobs["references"] == 8 and blobs["dedup_ratio"] == 8.0
+        assert (blobs["written"], blobs["deduplicated"], blobs["collected"]) == (1, 7, 0)
+        assert blobs["bytes"] == blobs["written_bytes"] > len(IMAGE)
+        text = (await c.get("/metrics")).text
+        assert "rollbuf_blob_objects 1.0" in text and "rollbuf_blob_dedup_ratio 8.0" in text
+        assert 'rollbuf_blob_events_total{event="deduplicated"} 7.0' in text
+
+
+async def test_a_server_without_the_tier_shows_none(settings: Settings, tmp_path: Path) -> None:
+    async with app_of(settings, tmp_path, blobs=False) as (c, app):
+        assert app.state.service.blobs is None
+        assert (await c.get("/status")).json().get("blobs") is None
+        assert "rollbuf_blob_" not in (await c.get("/metrics")).text
