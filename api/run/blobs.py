@@ -133,8 +133,14 @@ class BlobTier:
 
     @classmethod
     def of(cls, store_url: str, limits: BlobLimits) -> BlobTier | None:
+        """The tier of this store, its files as durable as the store's commits: fsynced with PostgreSQL and with
+        SQLite's `synchronous=FULL` (which survive the loss of the host); under SQLite's default, which survives
+        `kill -9` of the server, a blob in the page cache survives it too."""
         directory = limits.directory_for(store_url)
-        return None if directory is None else cls(LocalBlobs(directory), limits)
+        if directory is None:
+            return None
+        fsync = store_url.startswith(("postgresql://", "postgres://")) or "synchronous=full" in store_url.lower()
+        return cls(LocalBlobs(directory, fsync=fsync), limits)
 
     def tag(self, owner: str | None) -> bytes:
         return owner_tag(SHARED_OWNER if self.limits.shared else owner or "")

@@ -1,6 +1,6 @@
 """The blob tier's Prometheus families (docs/payloads.md), appended to /metrics' exposition: nothing at all on a
-server without the tier. The files are counted at each collection; the writes, dedup hits, refusals and
-collections are this process's since it started (summed over workers by the scraper)."""
+server without the tier, or whose tier never held a blob. The files are counted at each collection; the writes,
+dedup hits, refusals and collections are this process's since it started (summed over workers by the scraper)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ class BlobsCollector(Collector):
 
 
 def render(stats: BlobStats | None) -> bytes:
-    if stats is None:
+    """Nothing on a server without the tier, or whose tier never held a blob (as the per-rollout families)."""
+    if stats is None or not (stats.usage.objects or stats.written_objects or stats.deduplicated or stats.refused):
         return b""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BlobsCollector(stats))

@@ -20,8 +20,6 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import msgpack
-
 from api.wire.records import BLOB_EXT_TYPE, Buffer
 
 EXT_TYPE = BLOB_EXT_TYPE
@@ -72,48 +70,114 @@ def digest_of(data: Buffer) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _is_array(first: int) -> bool:
-    return 0x90 <= first <= 0x9F or first in (0xDC, 0xDD)
+_FIXED = {0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9}
+_FIXED.update({0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9, 0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18})
+_SIZED = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
+"""bin 8/16/32 and str 8/16/32: the bytes of their length."""
+_EXT = {0xC7: 1, 0xC8: 2, 0xC9: 4}
+_COUNTED = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+"""array 16/32 and map 16/32: the bytes of their count, and values per entry."""
 
 
-def _meta_spans(
-    unpacker: msgpack.Unpacker, view: memoryview
-) -> Iterator[tuple[str, int, int, list[tuple[int, int]] | None]]:
-    """In a record (`view`, from the start of its map) each meta field as (name, start, end, spans of its
-    elements where it is a blob field holding an array). The unpacker ends after the record."""
-    for _ in range(unpacker.read_map_header()):
-        key = unpacker.unpack()
+def _int(view: memoryview, pos: int, n: int) -> int:
+    if pos + n > len(view):
+        raise ValueError("truncated msgpack")
+    return int.from_bytes(view[pos : pos + n], "big")
+
+
+def _container(view: memoryview, pos: int) -> tuple[int, int, int]:
+    """An array or map header at `pos`: (entries, values per entry (1 or 2), where its first value starts); entries
+    -1 when it is neither."""
+    first = view[pos]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F, 1, pos + 1
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F, 2, pos + 1
+    if first in _COUNTED:
+        width, per = _COUNTED[first]
+        return _int(view, pos + 1, width), per, pos + 1 + width
+    return -1, 0, pos
+
+
+def _skip(view: memoryview, pos: int) -> int:
+    """Where the msgpack value at `pos` ends. Strings and bins are jumped over, never read or copied: a record's
+    large values cost their headers."""
+    todo = 1
+    while todo:
+        todo -= 1
+        if pos >= len(view):
+            raise ValueError("truncated msgpack")
+        first = view[pos]
+        if first <= 0x7F or first >= 0xE0:
+            pos += 1
+        elif 0xA0 <= first <= 0xBF:
+            pos += 1 + (first & 0x1F)
+        elif first in _FIXED:
+            pos += _FIXED[first]
+        elif first in _SIZED:
+            width = _SIZED[first]
+            pos += 1 + width + _int(view, pos + 1, width)
+        elif first in _EXT:
+            width = _EXT[first]
+            pos += 2 + width + _int(view, pos + 1, width)
+        else:
+            n, per, pos = _container(view, pos)
+            if n < 0:
+                raise ValueError(f"not msgpack: byte 0x{first:02x}")
+            todo += n * per
+    if pos > len(view):
+        raise ValueError("truncated msgpack")
+    return pos
+
+
+def _key(view: memoryview, pos: int) -> tuple[str | None, int]:
+    """A map key at `pos` and where it ends: its text if it is a string, else None."""
+    first = view[pos]
+    end = _skip(view, pos)
+    if 0xA0 <= first <= 0xBF:
+        return bytes(view[pos + 1 : end]).decode("utf-8", "replace"), end
+    if first in (0xD9, 0xDA, 0xDB):
+        return bytes(view[pos + 1 + _SIZED[first] : end]).decode("utf-8", "replace"), end
+    return None, end
+
+
+def _meta_spans(view: memoryview) -> Iterator[tuple[str | None, int, int, list[tuple[int, int]] | None]]:
+    """In one record (`view`, exactly its bytes) each meta field as (name, start, end, spans of its entries where it
+    is a blob field holding an array)."""
+    n, per, pos = _container(view, 0)
+    if per != 2:
+        raise ValueError("a record is a msgpack map")
+    for _ in range(n):
+        key, pos = _key(view, pos)
         if key != "meta":
-            unpacker.skip()
+            pos = _skip(view, pos)
             continue
-        for _ in range(unpacker.read_map_header()):
-            name = unpacker.unpack()
-            start = unpacker.tell()
+        fields, per, pos = _container(view, pos)
+        if per != 2:
+            pos = _skip(view, pos)
+            continue
+        for _ in range(fields):
+            name, start = _key(view, pos)
             elements: list[tuple[int, int]] | None = None
-            if name in BLOB_FIELDS and _is_array(view[start]):
+            count, per, at = _container(view, start)
+            if name in BLOB_FIELDS and per == 1:
                 elements = []
-                for _ in range(unpacker.read_array_header()):
-                    a = unpacker.tell()
-                    unpacker.skip()
-                    elements.append((a, unpacker.tell()))
+                for _ in range(count):
+                    after = _skip(view, at)
+                    elements.append((at, after))
+                    at = after
+                pos = at
             else:
-                unpacker.skip()
-            yield name, start, unpacker.tell(), elements
-
-
-def _unpacker(data: Buffer) -> msgpack.Unpacker:
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
-    unpacker.feed(data)
-    return unpacker
+                pos = _skip(view, start)
+            yield name, start, pos, elements
 
 
 def externalize(record: Buffer, min_size: int, tag: bytes) -> tuple[bytes, dict[bytes, Buffer]]:
     """One stored record with each blob field's value (or list element) of `min_size` bytes or more replaced by
     a reference, and the blobs by digest. A record with none is returned as it is (no copy, no blobs)."""
-    unpacker = _unpacker(record)
     view = memoryview(record)
     cuts: list[tuple[int, int]] = []
-    for name, start, end, elements in _meta_spans(unpacker, view):
+    for name, start, end, elements in _meta_spans(view):
         if name not in BLOB_FIELDS or end - start < min_size:
             continue
         cuts.extend(span for span in (elements or [(start, end)]) if span[1] - span[0] >= min_size)
@@ -124,7 +188,7 @@ def externalize(record: Buffer, min_size: int, tag: bytes) -> tuple[bytes, dict[
     at = 0
     for a, b in cuts:
         data = view[a:b]
-        digest = digest_of(data)
+        digest = digest_of(data)  # about 1 GB/s: cheaper than comparing a sibling's copy through a memoryview
         blobs.setdefault(digest, data)
         parts += [view[at:a], Ref(tag, digest, b - a).pack()]
         at = b
@@ -147,10 +211,9 @@ def has_refs(payload: Buffer) -> bool:
 
 def _ref_spans(record: Buffer) -> list[tuple[int, int]]:
     """Where the references of one stored record are (in its blob fields, never in its arrays)."""
-    unpacker = _unpacker(record)
     view = memoryview(record)
     spans: list[tuple[int, int]] = []
-    for _name, start, end, elements in _meta_spans(unpacker, view):
+    for _name, start, end, elements in _meta_spans(view):
         for a, b in elements if elements is not None else [(start, end)]:
             if b - a == REF_BYTES and bytes(view[a : a + len(MARKER)]) == MARKER:
                 spans.append((a, b))
@@ -175,13 +238,15 @@ def inline_record(record: Buffer, get: Callable[[Ref], Buffer]) -> Buffer:
 
 def _each_record(records: Buffer, *, array: bool) -> Iterator[tuple[int, int]]:
     """The bounds of each record in a msgpack array of records (`array=True`) or in records back to back."""
-    unpacker = _unpacker(records)
-    n = unpacker.read_array_header() if array else None
-    at = unpacker.tell()
+    view = memoryview(records)
+    n, at = None, 0
+    if array:
+        n, per, at = _container(view, 0)
+        if per != 1:
+            raise ValueError("a batch is a msgpack array")
     count = 0
-    while at < len(records) and (n is None or count < n):
-        unpacker.skip()
-        end = unpacker.tell()
+    while at < len(view) and (n is None or count < n):
+        end = _skip(view, at)
         yield at, end
         at, count = end, count + 1
 

@@ -250,7 +250,11 @@ async def test_status_and_metrics_show_the_tier(settings: Settings, tmp_path: Pa
         assert 'rollbuf_blob_events_total{event="deduplicated"} 7.0' in text
 
 
-async def test_a_server_without_the_tier_shows_none(settings: Settings, tmp_path: Path) -> None:
+async def test_a_server_without_the_tier_or_without_blobs_shows_none(settings: Settings, tmp_path: Path) -> None:
+    async with app_of(settings, tmp_path) as (c, app):
+        assert app.state.service.blobs is not None
+        assert (await c.get("/status")).json()["blobs"]["objects"] == 0
+        assert "rollbuf_blob_" not in (await c.get("/metrics")).text  # as the rollout families: none until used
     async with app_of(settings, tmp_path, blobs=False) as (c, app):
         assert app.state.service.blobs is None
         assert (await c.get("/status")).json().get("blobs") is None

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.batches.trim import first_sequences
+from api.wire import blobs as blobs_module
 from api.wire.blobs import (
     BLOB_FIELDS,
     MARKER,
@@ -135,3 +136,21 @@ def test_a_missing_blob_is_a_key_error_and_bytes_that_only_look_like_a_reference
     assert list(refs_in(plain)) and not list(references(plain, array=False))
     assert not has_refs(encode_submission([[1]], [[1]], [1.0], env_id=0, policy_step=0))
     assert Ref.unpack(Ref(TAG, bytes(32), 7).pack()[len(MARKER) :]) == Ref(TAG, bytes(32), 7)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        value | st.binary(max_size=300) | st.text(min_size=32, max_size=70_000) | st.integers(-(2**63), 2**64 - 1),
+        lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=8), inner, max_size=20),
+        max_leaves=40,
+    )
+)
+def test_values_are_walked_as_msgpack_reads_them(v: object) -> None:
+    """The walker that finds a record's fields without reading its values ends each value where msgpack does."""
+    packed = msgpack.packb(v, use_bin_type=True)
+    view = memoryview(packed + b"\xc0")
+    assert blobs_module._skip(view, 0) == len(packed)
+    for size in (1, 2, 4, 8, 16, 56, 300, 70_000):  # fixext, ext 8/16/32
+        ext = msgpack.packb(msgpack.ExtType(5, b"x" * size))
+        assert blobs_module._skip(memoryview(ext + b"\xc0"), 0) == len(ext)
