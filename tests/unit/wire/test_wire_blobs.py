@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from api.wire.blobs import (
     references,
     refs_in,
 )
-from api.wire.records import decode, encode_submission, msgpack_array_header
+from api.wire.records import decode, dumps, encode_submission, msgpack_array_header
 
 TAG = owner_tag("env-key")
 NONE: dict[bytes, bytes] = {}
@@ -154,3 +155,18 @@ def test_values_are_walked_as_msgpack_reads_them(v: object) -> None:
     for size in (1, 2, 4, 8, 16, 56, 300, 70_000):  # fixext, ext 8/16/32
         ext = msgpack.packb(msgpack.ExtType(5, b"x" * size))
         assert blobs_module._skip(memoryview(ext + b"\xc0"), 0) == len(ext)
+
+
+def test_json_shows_a_reference_not_put_back_as_its_digest_and_size() -> None:
+    """What an export writes for a blob (the export does not put blobs back): its digest and size, never a 500."""
+    record = encode_submission([[1]], [[1]], [1.0], env_id=0, policy_step=0, images=["x" * 5000])
+    stored, blobs = externalize(record, 1024, TAG)
+    (digest,) = blobs
+    shown = orjson.loads(dumps(decode(stored).meta))
+    assert shown == {"images": [{"blob": "sha256:" + digest.hex(), "size": len(blobs[digest])}]}
+    try:
+        dumps({"other": msgpack.ExtType(5, b"x")})
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("another ext type was printed")
