@@ -232,13 +232,7 @@ class BlobTier:
         """Remove the blobs nothing stored refers to and nobody touched for the grace period. The candidates are
         listed before the store is read, so a reference stored after that read is to a blob touched since."""
         candidates = await asyncio.to_thread(self.files.candidates, self.limits.grace)
-        payloads = await store.read(lambda txn: _holding(txn))
-        referenced: set[tuple[bytes, bytes]] = set()
-        count = 0
-        for p in payloads:
-            for ref in refs_in(p):
-                referenced.add((ref.tag, ref.digest))
-                count += 1
+        referenced, count = await store.read(_referenced)
         got = await asyncio.to_thread(self.files.collect, candidates, referenced, self.limits.grace)
         usage = await asyncio.to_thread(self.files.usage)
         with self._lock:
@@ -252,5 +246,13 @@ class BlobTier:
         return got
 
 
-def _holding(txn: Txn) -> list[bytes]:
-    return txn.payloads_with(MARKER)
+def _referenced(txn: Txn) -> tuple[set[tuple[bytes, bytes]], int]:
+    """The blobs (owner tag, digest) the stored payloads refer to, and how many references: read one payload at a
+    time, none kept."""
+    referenced: set[tuple[bytes, bytes]] = set()
+    count = 0
+    for payload in txn.payloads_with(MARKER):
+        for ref in refs_in(payload):
+            referenced.add((ref.tag, ref.digest))
+            count += 1
+    return referenced, count

@@ -272,9 +272,10 @@ class Txn(ABC):
 
     # --- what payloads refer to ---
     @abstractmethod
-    def payloads_with(self, marker: bytes) -> list[bytes]:
+    def payloads_with(self, marker: bytes) -> Iterator[bytes]:
         """Every stored payload (queued, held, kept for a batch, retained) whose bytes contain `marker`, and
-        possibly others: what the blob tier's collection reads to know which blobs are referenced
+        possibly others, one at a time (read in pages: what a caller does not keep is not held), consumed inside
+        the transaction: what the blob tier's collection reads to know which blobs are referenced
         (api/wire/blobs.py). Costs a read of the payloads (a backend that can filter by content does so)."""
 
     # --- everything ---

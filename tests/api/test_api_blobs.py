@@ -97,7 +97,7 @@ async def test_groups_are_served_byte_for_byte_as_sent_and_their_image_is_stored
         files = blob_files(tmp_path)
         assert len(files) == 1  # 8 siblings over 2 groups: one blob
         assert files[0].stat().st_size < len(IMAGE) + 16
-        stored = await app.state.service.store.read(lambda t: t.payloads_with(MARKER))
+        stored = await app.state.service.store.read(lambda t: list(t.payloads_with(MARKER)))
         assert len(stored) == 2 and all(len(p) < len(IMAGE) for p in stored)  # the rows hold references only
         r = await c.get("/batch?step=0", headers={"Accept": MSGPACK})
         assert r.content == msgpack_array_header(2) + b"".join(sent)  # as a server without the tier serves it
@@ -208,14 +208,14 @@ async def test_a_forged_reference_to_another_keys_blob_is_refused(settings: Sett
         assert (
             await c.post("/scored_data", content=sent, headers={"Content-Type": MSGPACK, **auth("env-1")})
         ).is_success
-        [stored] = await app.state.service.store.read(lambda t: t.payloads_with(MARKER))
+        [stored] = await app.state.service.store.read(lambda t: list(t.payloads_with(MARKER)))
         [ref, *_] = refs_in(stored)
         forged = msgpack.packb(
             {**msgpack.unpackb(sent), "env_id": 1, "meta": {"images": msgpack.ExtType(EXT_TYPE, ref.pack()[3:])}}
         )
         r = await c.post("/scored_data", content=forged, headers={"Content-Type": MSGPACK, **auth("env-2")})
         assert r.status_code == 422 and r.json()["errors"][0]["loc"] == ["body", "meta", "images"], r.text
-        assert len(await app.state.service.store.read(lambda t: t.payloads_with(MARKER))) == 1
+        assert len(await app.state.service.store.read(lambda t: list(t.payloads_with(MARKER)))) == 1
 
 
 async def test_a_batch_whose_blobs_are_gone_is_not_taken(settings: Settings, tmp_path: Path) -> None:
