@@ -127,7 +127,8 @@ class QueueSettings(Group):
     meets backpressure instead of a server that runs out of memory or disk."""
     max_queue_bytes: int | None = Field(4 * GiB, gt=0)
     """Most bytes queued over all envs, as stored: token ids, masks, per-token floats and the metadata
-    (`images`, `messages`, `overrides`, ...) that `max_queue_tokens` does not see."""
+    (`images`, `messages`, `overrides`, ...) that `max_queue_tokens` does not see. Values kept as blobs count as
+    their references here, and against `max_blob_bytes` (docs/payloads.md)."""
     max_env_queue_groups: int | None = Field(None, gt=0)
     """Most groups queued for one env (503 beyond)."""
     max_env_queue_tokens: int | None = Field(None, gt=0)
