@@ -39,6 +39,7 @@ from api.rollouts.service import SweepSettings
 from api.routes import ops
 from api.routes.direct import DirectLane
 from api.routes.table import ROUTERS, TABLE
+from api.run.blobs import BlobLimits, BlobTier
 from api.run.kept import ReadAhead
 from api.service import Service
 from api.store import make_store
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = service = Service(
             TimedStore(store),
             limits=built(QueueLimits, settings),
+            blobs=BlobTier.of(settings.store, built(BlobLimits, settings)),
             read_ahead=built(ReadAhead, settings),
             books=built(LedgerSettings, settings),
             rules=built(FormationRules, settings),

@@ -32,6 +32,7 @@ from api.rollouts import metrics as rollout_metrics
 from api.rollouts.service import Rollouts, SweepSettings
 from api.rollouts.txns import siblings_due_txn
 from api.run import state, stats
+from api.run.blobs import BlobTier
 from api.run.kept import Kept, ReadAhead
 from api.run.state import ANON_NAME, EnvRecord, RunState, visible_env
 from api.scheduler import Periodic, Scheduler
@@ -39,6 +40,7 @@ from api.store.base import Store, Txn
 from api.tasks import ending
 from api.tasks import metrics as task_metrics
 from api.tasks.service import Tasks
+from api.views import blob_metrics
 from api.views import metrics as views_metrics
 from api.views.dashboard import body as dashboard_body
 from api.views.status import env_status, status_txn
@@ -63,6 +65,8 @@ class Service:
     limits: QueueLimits = field(default_factory=QueueLimits)
     read_ahead: ReadAhead = field(default_factory=ReadAhead)
     """How far a trainer in commit mode may read past its last commit."""
+    blobs: BlobTier | None = None
+    """The blob tier (docs/payloads.md): large values stored once by content, outside the rows; None: none."""
     rules: FormationRules = field(default_factory=FormationRules)
     """How far formation looks ahead, when a passed-over group is due, how long a quiet minimum share holds."""
     _run: RunState | None = None
@@ -104,7 +108,7 @@ class Service:
         producer_settings: ProducerSettings | None,
         rollout_sweep: SweepSettings | None,
     ) -> None:
-        self.ledger = Ledger(self.store, books or LedgerSettings(), bias or BiasWatch())
+        self.ledger = Ledger(self.store, books or LedgerSettings(), bias or BiasWatch(), self.blobs)
         self.ingest = Ingest(
             self.store,
             lambda: self._run,
@@ -114,6 +118,7 @@ class Service:
             self.jobs.ask,
             self.run_state,
             self.limits,
+            blobs=self.blobs,
         )
         self.producers = Producers(
             self.store, producer_settings or ProducerSettings(), lambda: self._run, siblings_due=siblings_due_txn
@@ -137,6 +142,7 @@ class Service:
             self.read_ahead,
             self.rules,
             self.wakeups,
+            blobs=self.blobs,
         )
         self.tasks = Tasks(self.store, self.wakeups.changed)
         self.store.subscribe(self.wakeups.changed)  # changes committed by another process sharing the store
@@ -327,6 +333,8 @@ class Service:
                 "stall_reason": None if finished else seen.stall_reason,
             }
         )
+        if self.blobs is not None:
+            status = status.model_copy(update={"blobs": self.blobs.stats.status()})
         if status.rollouts is not None:
             self.rollouts.in_use(status.rollouts.open)
         report = await self.ledger.drop_bias()
@@ -354,7 +362,8 @@ class Service:
         body += task_metrics.render(await self.tasks.datasets(), max_datasets)
         rollouts = await self.rollouts.totals()
         self.rollouts.in_use(rollouts.get("open", 0))
-        return body + rollout_metrics.render(rollouts)
+        blobs = blob_metrics.render(None if self.blobs is None else self.blobs.stats)
+        return body + rollout_metrics.render(rollouts) + blobs
 
     async def dashboard_data(self, max_envs: int, max_producers: int, max_datasets: int) -> dict[str, Any]:
         """GET /dashboard/data: one consistent snapshot of the buffer, per env for at most `max_envs` envs (the rest

@@ -29,7 +29,7 @@ from api.run.state import AWAITING, BLOCKED, CREDITS, KEPT, PASSED, QUIET, STEP,
 from api.store.base import ANON_ENV, PayloadLost, QueueCounts, Txn
 from api.tasks import ending
 from api.tasks.states import RUN_TAIL
-from api.wire.records import decode_meta
+from api.wire.records import decode_meta, json_default
 
 log = logging.getLogger("rollbuf")
 
@@ -66,10 +66,11 @@ class Unservable(RollbufError):
 
 
 def check_servable(payload: bytes, step: int, env_name: str) -> None:
-    """The group's free-form fields print as JSON (its arrays always do): what a JSON /batch would fail on."""
+    """The group's free-form fields print as JSON (its arrays always do): what a JSON /batch would fail on. A blob
+    reference stands for a value validated as printable when it was stored (`json_default`)."""
     meta, group_id = decode_meta(payload)
     try:
-        orjson.dumps(meta)
+        orjson.dumps(meta, default=json_default)
     except (TypeError, orjson.JSONEncodeError) as exc:
         raise Unservable(
             f"batch {step} cannot be served as JSON: a group of {env_name} (group_id {group_id!r}) holds "

@@ -4,11 +4,12 @@ a change it did not use on to the next waiter (`api.batches.wakeups`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from api.batches import lost
 from api.batches.acknowledge import commit_txn
@@ -22,6 +23,7 @@ from api.logs import RateLimiter
 from api.meters import FORMATION_SECONDS, WAITING_LONG_POLLS
 from api.producers.service import Producers
 from api.producers.stored import ProducerReport, report_txn
+from api.run.blobs import BlobTier
 from api.run.kept import ReadAhead, ReadAheadFull
 from api.run.state import RunState
 from api.scheduler import Scheduler
@@ -62,6 +64,8 @@ class Batches:
     rules: FormationRules = field(default_factory=FormationRules)
     wakeups: Wakeups = field(default_factory=Wakeups)
     stall_reason: str | None = None
+    blobs: BlobTier | None = None
+    """The blob tier, whose blobs are put back into each batch served (`BlobTier.inline`); None: no tier."""
     """Why nothing can arrive for a waiting trainer, as this process's last batch attempt that found no batch
     read it (in the same transaction: a waiting long-poll costs no read of its own)."""
 
@@ -88,10 +92,14 @@ class Batches:
                 rules=self.rules,
                 gone_after=gone_after,
             )
+            if isinstance(result, FormedBatch) and self.blobs is not None:
+                self.blobs.check_present(result.records)  # else nothing is taken
             waiting = isinstance(result, BatchWaiting) and not result.not_registered
             return result, report_txn(txn, now, self.producers.settings, self.known()) if waiting else None
 
         result, report = await lost.dropping_lost(self.store, txn_fn, self.known(), self.books())
+        if isinstance(result, FormedBatch) and self.blobs is not None and self.blobs.holds_refs(result.records):
+            result = await asyncio.to_thread(_inlined, self.blobs, result)
         self.stall_reason = None if report is None else self.producers.graced(report, now).stall_reason
         if isinstance(result, FormedBatch) and result.formation is not None:
             self.jobs.ask(WATCH)  # a batch formed: what the monitor reads changed (a waiting poll costs no read)
@@ -184,6 +192,12 @@ class Batches:
             tried_at = wakeups.count
             result = await self.next_batch(step, as_json=as_json)
             recheck_at = _recheck_at(result)
+
+
+def _inlined(blobs: BlobTier, batch: FormedBatch) -> FormedBatch:
+    """The batch with its blobs' bytes back in place of their references: the batch as its groups were sent."""
+    records = blobs.inline(batch.records, array=True)
+    return replace(batch, stored=b"".join([memoryview(batch.stored)[: batch.offset], records]))
 
 
 def _recheck_at(result: FormedBatch | BatchWaiting) -> float:

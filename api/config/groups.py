@@ -127,7 +127,8 @@ class QueueSettings(Group):
     meets backpressure instead of a server that runs out of memory or disk."""
     max_queue_bytes: int | None = Field(4 * GiB, gt=0)
     """Most bytes queued over all envs, as stored: token ids, masks, per-token floats and the metadata
-    (`images`, `messages`, `overrides`, ...) that `max_queue_tokens` does not see."""
+    (`images`, `messages`, `overrides`, ...) that `max_queue_tokens` does not see. Values kept as blobs count as
+    their references here, and against `max_blob_bytes` (docs/payloads.md)."""
     max_env_queue_groups: int | None = Field(None, gt=0)
     """Most groups queued for one env (503 beyond)."""
     max_env_queue_tokens: int | None = Field(None, gt=0)
@@ -201,6 +202,35 @@ class LedgerRetention(Group):
     group, docs/ledger.md)."""
     retain_bytes: int | None = Field(None, ge=0)
     """Keep served and dropped groups' payloads while they hold at most this many bytes (the oldest go first)."""
+
+
+class BlobSettings(Group):
+    """Large payloads (the blob tier)"""
+
+    blobs: bool = True
+    """Keep large `images` and `distill_*` values as blobs named by their content, outside the row store, each
+    stored once per key however many sequences or groups send it (docs/payloads.md). On by default beside a
+    SQLite store; a `memory://` or PostgreSQL store needs `blob_dir` too."""
+    blob_dir: Path | None = Field(None, json_schema_extra=shown("`<sqlite file>.blobs/` beside a SQLite store"))
+    """Directory of the blob tier's files. None: beside a SQLite store's file; no blob tier on other stores."""
+    blob_min_bytes: int = Field(64 * KiB, ge=64)
+    """A blob field's value (or, for a list, one of its entries) of at least this many bytes, as stored, is kept as
+    a blob; smaller ones stay in the row."""
+    max_blob_bytes: int = Field(64 * GiB, gt=0)
+    """Most bytes the blob tier holds over all keys; a submission that would write more gets 503 + Retry-After."""
+    max_blob_bytes_per_key: int | None = Field(None, gt=0, json_schema_extra=shown("half of `max_blob_bytes`"))
+    """Most blob bytes one API key (by name) holds (503 + Retry-After beyond), so that one key cannot take the
+    tier. None: half of `max_blob_bytes`."""
+    blob_grace_s: float = Field(600.0, gt=0)
+    """Seconds a blob that nothing refers to is kept after it was last written or sent again: a group's blobs are
+    written before its transaction, so this must exceed the longest time from a request's blob writes to its
+    commit (a request whose transaction starts past half of it is refused with 503, to be sent again)."""
+    blob_sweep_s: float = Field(60.0, gt=0)
+    """Seconds between two collections of the blobs nothing refers to (each reads the stored payloads that hold
+    references)."""
+    blob_shared_across_keys: bool = False
+    """Store the same bytes once for all keys, not once per key: saves space where keys send the same media, but
+    lets a key learn (by timing, or by a digest it reads) that another key stored those bytes."""
 
 
 class ProducerLimits(Group):
@@ -381,6 +411,7 @@ GROUPS: tuple[type[Group], ...] = (
     QueueSettings,
     BatchSettings,
     LedgerRetention,
+    BlobSettings,
     ProducerLimits,
     TaskLeases,
     RolloutGroups,

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.config.groups import (
     BatchSettings,
+    BlobSettings,
     DropBiasSettings,
     KeySettings,
     LedgerRetention,
@@ -39,6 +40,7 @@ class Settings(
     RolloutGroups,
     TaskLeases,
     ProducerLimits,
+    BlobSettings,
     LedgerRetention,
     BatchSettings,
     QueueSettings,

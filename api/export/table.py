@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from api.store.base import ANON_ENV, DROPPED, SERVED, LedgerGroup, LedgerStep
 from api.store.ledger_contract import GROUP_RECORD
-from api.wire.records import F64, FLOAT_FIELDS, I32, VERSIONS_FIELD, GroupRecord
+from api.wire.records import F64, FLOAT_FIELDS, I32, VERSIONS_FIELD, GroupRecord, json_default
 
 ROW_GROUP_ROWS = 8192
 """Most sequences in one record batch (one Parquet row group)."""
@@ -115,7 +115,7 @@ class _Pending:
 
 def meta_text(rec: GroupRecord) -> str | None:
     """The group's metadata (`images`, `messages`, ...) as the `meta` column holds it."""
-    return orjson.dumps(rec.meta).decode() if rec.meta else None
+    return orjson.dumps(rec.meta, default=json_default).decode() if rec.meta else None
 
 
 def record_bytes(rec: GroupRecord, meta: str | None = None) -> int:

@@ -22,10 +22,11 @@ from api.ledger.rules import Resumes
 from api.logs import request_env
 from api.owners import ANYONE, Actor
 from api.run import stats
+from api.run.blobs import BlobTier, Stored
 from api.run.offloop import INLINE_PARSE, off_loop
 from api.run.state import RunState, visible_env
 from api.scheduler import Periodic
-from api.store.base import Store
+from api.store.base import Store, Txn
 from api.wire.records import GroupRecord, decode
 from api.wire.schema import ScoredReply
 
@@ -35,7 +36,7 @@ REFUSALS_FLUSH_S = 1.0
 """Longest time a refusal's count waits in memory before it is written (with every other one since)."""
 LATEST_MAX_BYTES = 4 << 20
 """Largest group (as stored) that GET /latest_example shows; a larger one leaves the previous example."""
-REFUSALS, SWEEP = "refusals", "side_buffer_sweep"
+REFUSALS, SWEEP, BLOB_SWEEP = "refusals", "side_buffer_sweep", "blob_sweep"
 """The ingest flow's background jobs' names (`Ingest.jobs`)."""
 
 
@@ -57,6 +58,9 @@ class Ingest:
     """The run state read from the store now, and remembered (`Service.run_state`)."""
     limits: QueueLimits = field(default_factory=QueueLimits)
     refusals_flush_s: float = REFUSALS_FLUSH_S
+    blobs: BlobTier | None = None
+    """The blob tier: a group's large values are written there before its transaction (`BlobTier.store_record`),
+    and collected there when nothing refers to them (`BLOB_SWEEP`); None: they stay in the row."""
     _latest: bytes | None = None
     """The stored record of the last group of at most `LATEST_MAX_BYTES` this process queued."""
     _refused: dict[str, int] = field(default_factory=dict)
@@ -66,10 +70,14 @@ class Ingest:
     def jobs(self) -> list[Periodic]:
         """Refusals counted in memory are written together; the side buffers' expired groups are swept, asked by
         a live run's calls (an env whose groups expire may send nothing more)."""
-        return [
+        jobs = [
             Periodic(REFUSALS, self._flush_refused),
             Periodic(SWEEP, self._sweep, lambda: self.limits.side.sweep_every()),
         ]
+        if self.blobs is not None:
+            every = self.blobs.limits.sweep_every
+            jobs.append(Periodic(BLOB_SWEEP, self._collect_blobs, lambda: every, by_clock=True))
+        return jobs
 
     @property
     def latest(self) -> GroupRecord | None:
@@ -156,11 +164,20 @@ class Ingest:
         """Store groups validated against `run` all-or-nothing (the JSON and binary paths both end here);
         `StaleRun` if the store's run state no longer agrees with `run` on what validation used. `caller`: who
         sent them (the ledger names its key; a group under a task lease must be its holder's)."""
+        sent = subs
+        tier = self.blobs
+        stored: list[Stored] = []
+        if tier is not None and any(len(s.payload) >= tier.limits.min_bytes for s in subs):
+            stored = await asyncio.to_thread(lambda: [tier.store_record(s.payload, caller.owner) for s in subs])
+            subs = [replace(s, payload=st.payload) for s, st in zip(subs, stored, strict=True)]
+
+        def txn_fn(txn: Txn) -> tuple[list[ScoredReply], RunState]:
+            if tier is not None and stored:
+                tier.check_fresh(stored)
+            return submit_txn(txn, subs, run, self.limits, self.books(), caller)
+
         try:
-            replies, after = await self.store.transact(
-                lambda txn: submit_txn(txn, subs, run, self.limits, self.books(), caller),
-                replies=[s.key for s in subs if s.key],
-            )
+            replies, after = await self.store.transact(txn_fn, replies=[s.key for s in subs if s.key])
         except StaleRun as stale:
             self.remember(stale.run)
             raise
@@ -171,7 +188,7 @@ class Ingest:
             raise
         self.remember(after)
         if subs:
-            kept = [s.payload for s in subs if len(s.payload) <= LATEST_MAX_BYTES]
+            kept = [s.payload for s in sent if len(s.payload) <= LATEST_MAX_BYTES]
             if kept:
                 self._latest = bytes(kept[-1])
             self.changed()
@@ -209,6 +226,14 @@ class Ingest:
                 self.limits.side.ttl,
                 "side_buffer_expired",
             )
+
+    async def _collect_blobs(self) -> None:
+        """Collect the blobs nothing refers to (`BlobTier.collect`); a failure is logged and tried again later."""
+        assert self.blobs is not None
+        try:
+            await self.blobs.collect(self.store)
+        except Unavailable as exc:
+            log.warning("blobs: not collected, the store being unavailable: %s", exc)
 
     async def close(self) -> None:
         """Write what is counted in memory (refusals) before the store closes (after the jobs stopped)."""

@@ -4,15 +4,17 @@ to it through `api.ledger.recorder`; this is what the ledger does on its own."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from api.errors import NotFound
 from api.ledger import rules as ledger
 from api.ledger.drop_bias import Report
 from api.ledger.drop_bias_watch import BiasWatch
 from api.ledger.recorder import Recorder, recorder
+from api.run.blobs import BlobTier
 from api.run.offloop import INLINE_PARSE, off_loop
 from api.scheduler import Periodic
 from api.store.base import Store
@@ -29,6 +31,8 @@ class Ledger:
     settings: ledger.LedgerSettings = field(default_factory=ledger.LedgerSettings)
     """Whether the ledger is written, how long it and retained payloads are kept (docs/ledger.md)."""
     bias: BiasWatch = field(default_factory=BiasWatch)
+    blobs: BlobTier | None = None
+    """The blob tier: a retained payload's blobs are put back before it is shown (`?data=true`)."""
     """The drop-bias monitor, fed from the ledger (`api.ledger.drop_bias_watch`)."""
 
     def recorder(self) -> Recorder:
@@ -53,6 +57,7 @@ class Ledger:
                 f"the ledger has no batch {step}: not formed yet, pruned (ledger_max_steps), or the ledger is off",
                 loc=("path", "step"),
             )
+        found = await self._inlined(found)
         return await off_loop(sum(len(p) for p in found.payloads.values()), INLINE_PARSE, ledger.step_view, found)
 
     async def named(self, group_id: str, *, data: bool = False) -> list[dict[str, object]]:
@@ -60,8 +65,28 @@ class Ledger:
         found = await self.store.read(lambda txn: ledger.read_named(txn, group_id, data))
         if not found.groups:
             raise NotFound(f"the ledger has no group with group_id {group_id!r}", loc=("path", "group_id"))
+        found = await self._inlined(found)
         size = sum(len(p) for p in found.payloads.values())
         return await off_loop(size, INLINE_PARSE, lambda: [ledger.group_view(g, found) for g in found.groups])
+
+    async def _inlined(self, found: ledger.Found) -> ledger.Found:
+        """The retained payloads found, with their blobs' bytes back: the groups as they were sent. One whose blob
+        is gone (it cannot be while the payload is retained) is shown as lost."""
+        tier = self.blobs
+        if tier is None or not any(tier.holds_refs(p) for p in found.payloads.values()):
+            return found
+
+        def inline() -> ledger.Found:
+            assert tier is not None
+            payloads, lost = {}, set(found.lost)
+            for i, p in found.payloads.items():
+                try:
+                    payloads[i] = bytes(tier.inline(p, array=False))
+                except KeyError:
+                    lost.add(i)
+            return replace(found, payloads=payloads, lost=frozenset(lost))
+
+        return await asyncio.to_thread(inline)
 
     async def _prune(self) -> None:
         payloads, rows = await self.prune()

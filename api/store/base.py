@@ -270,6 +270,14 @@ class Txn(ABC):
         """Forget every batch before `step`, and the payloads kept for them; with `retain`, those payloads stay
         as retained payloads (`ledger.kept_payloads`) until `ledger.prune_payloads`."""
 
+    # --- what payloads refer to ---
+    @abstractmethod
+    def payloads_with(self, marker: bytes) -> Iterator[bytes]:
+        """Every stored payload (queued, held, kept for a batch, retained) whose bytes contain `marker`, and
+        possibly others, one at a time (read in pages: what a caller does not keep is not held), consumed inside
+        the transaction: what the blob tier's collection reads to know which blobs are referenced
+        (api/wire/blobs.py). Costs a read of the payloads (a backend that can filter by content does so)."""
+
     # --- everything ---
     @abstractmethod
     def clear(self) -> None:

@@ -343,10 +343,20 @@ def to_atropos(rec: GroupRecord) -> dict[str, Any]:
 
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+BLOB_EXT_TYPE = 66
+"""The msgpack ext type of a blob reference in a stored record (api/wire/blobs.py)."""
+
+
+def json_default(obj: Any) -> Any:
+    """How JSON shows what a stored record may hold besides JSON values: a blob reference (a value kept in the blob
+    tier and not put back, as in an export) as `{"blob": "sha256:<hex>", "size": n}`."""
+    if isinstance(obj, msgpack.ExtType) and obj.code == BLOB_EXT_TYPE and len(obj.data) >= 40:
+        return {"blob": "sha256:" + obj.data[-40:-8].hex(), "size": int.from_bytes(obj.data[-8:], "big")}
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 def dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=_ORJSON_OPTS)
+    return orjson.dumps(obj, default=json_default, option=_ORJSON_OPTS)
 
 
 def decode_batch(data: Buffer) -> list[GroupRecord]:

@@ -281,6 +281,34 @@ class Status(_Wire):
     rollouts: OpenGroupsStatus | None = None
     """Per-rollout groups (docs/rollouts.md): open now, their slots done and leased, redispatches, sealed and
     expired. Absent in runs that never opened one."""
+    blobs: BlobsStatus | None = None
+    """The blob tier (docs/payloads.md): what it holds, its dedup ratio, its writes and collections. Absent on a
+    server without the tier."""
+
+
+class BlobsStatus(_Wire):
+    """The blob tier in /status (docs/payloads.md)."""
+
+    objects: int
+    """Blobs held, counted at the last collection (and at start)."""
+    bytes: int
+    """Their bytes."""
+    references: int
+    """References to them in the stored payloads at the last collection (a blob of 8 siblings counts 8)."""
+    dedup_ratio: float
+    """References per blob held at the last collection: 1 when no value is stored twice, 0 before any."""
+    written: int
+    """Blobs this server process wrote since it started."""
+    written_bytes: int
+    """Their bytes."""
+    deduplicated: int
+    """Values this process stored whose blob was already there (a sibling's, another group's)."""
+    refused: int
+    """Submissions this process refused with 503 past `max_blob_bytes` or `max_blob_bytes_per_key`."""
+    collected: int
+    """Blobs this process collected (nothing referred to them past `blob_grace_s`)."""
+    collected_bytes: int
+    """Their bytes."""
 
 
 # ----------------------------------------------------------------------------------------------- envs

@@ -172,6 +172,40 @@ async def test_values_replies_batches_round_trip(store: Store) -> None:
     assert got == ("v2", '{"status": "received"}', [None, None, None, b"batch3", b"batch4"])
 
 
+async def test_payloads_with_a_marker_are_found_wherever_they_are_kept(store: Store) -> None:
+    """`payloads_with`: queued, held, kept for a batch and retained payloads holding the marker are found (large ones
+    too: SQLite keeps those in segment files); those without it, and those popped for good, are not."""
+    marker = b"\xc7\x38\x42"
+    big = marker + bytes(20_000)
+
+    def write(t: Txn) -> dict[str, int]:
+        ids = {}
+        for name, payload in [("queued", b"q" + marker), ("big", big), ("plain", b"nothing"), ("gone", marker + b"g")]:
+            it = item(t, payload=payload)
+            t.append(0, it)
+            ids[name] = it.meta.item_id
+        for name, payload in [("kept", marker + b"k"), ("retained", marker + b"r")]:
+            it = item(t, payload=payload)
+            t.append(1, it)
+            ids[name] = it.meta.item_id
+        t.held.add(2, HeldGroup(ItemMeta(t.next_item_id(), 1, 1, 0), 1.0, b"h" + marker))
+        return ids
+
+    ids = await store.transact(write)
+
+    def move(t: Txn) -> None:
+        t.pop(0, [ids["gone"]])
+        t.pop(1, [ids["kept"]], keep_for=0)
+        t.put_batch(0, b"", [ids["kept"]])
+        t.pop(1, [ids["retained"]], retain=True)
+
+    await store.transact(move)
+    found = await store.read(lambda t: sorted(t.payloads_with(marker)))
+    assert found == sorted([b"q" + marker, big, marker + b"k", marker + b"r", b"h" + marker])
+    await store.transact(lambda t: t.drop_batches_before(1))
+    assert marker + b"k" not in await store.transact(lambda t: list(t.payloads_with(marker)))
+
+
 async def test_held_groups_are_rows_counted_apart_from_the_queue(store: Store) -> None:
     """The side buffer: held groups per env, oldest first, counted beside (never in) the queue counts; a
     release returns them with payloads, in the order asked, all or none."""

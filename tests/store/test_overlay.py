@@ -221,6 +221,11 @@ CASES: dict[tuple[str, str], Case] = {
             ]
         ),
     ),
+    ("txn", "payloads_with"): Case(
+        run(queue(0, 2)),
+        run(queue(0, 2), lambda t, c: t.pop(0, c["items"][:1])),
+        lambda t, c: sorted(t.payloads_with(b"payload-")),
+    ),
     ("txn", "counts"): Case(run(queue(0, 1)), run(queue(0, 2), queue(1, 1)), lambda t, c: t.counts()),
     ("txn", "envs_since"): Case(
         run(lambda t, c: t.put_env(1, "one", 1, "r1")),

@@ -200,6 +200,16 @@ class MemoryTxn(Txn):
             self._undo.restore(self._s.batches, old)
             del self._s.batches[old]
 
+    def payloads_with(self, marker: bytes) -> Iterator[bytes]:
+        s = self._s
+        every = [
+            *(item.payload for q in s.queues.values() for item in q),
+            *(g.payload for held in s.held.values() for g in held.values()),
+            *s.kept.values(),
+            *s.retained.values(),
+        ]  # references only: the payloads stay where they are
+        return (p for p in every if marker in p)
+
     def clear(self) -> None:
         old = self._s.__dict__.copy()
         next_id = self._s.next_id

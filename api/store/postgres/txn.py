@@ -56,6 +56,10 @@ _NONE: dict[int, tuple[ItemMeta, int]] = {}
 """The queue of an env this group appended nothing to."""
 
 
+_SCAN_PAGE = 64
+"""Payloads a scan (`payloads_with`) fetches at a time."""
+
+
 def _meta(queued: tuple[ItemMeta, int]) -> ItemMeta:
     return queued[0]
 
@@ -258,6 +262,17 @@ class PostgresTxn(Txn):
         """Which of `ids` have a stored payload, each with b"" (the payload is not read)."""
         cur = self._db.execute("SELECT item_id FROM payloads WHERE item_id = ANY(%b)", (ids,), binary=True)
         return [(int(r[0]), b"") for r in cur.fetchall()]
+
+    def payloads_with(self, marker: bytes) -> Iterator[bytes]:
+        pending = dict(self._p.payloads)  # rows of this group not written yet: they replace stored ones
+        for table in ("payloads", "held"):
+            with self._db.cursor(name=f"rollbuf_{table}_scan", binary=True) as cur:
+                cur.itersize = _SCAN_PAGE
+                cur.execute(f"SELECT item_id, payload FROM {table} WHERE position(%b in payload) > 0", (marker,))
+                for item_id, payload in cur:
+                    if table == "held" or int(item_id) not in pending:
+                        yield bytes(payload)
+        yield from (p for p in pending.values() if marker in p)
 
     def drop_batches_before(self, step: int, *, retain: bool = False) -> None:
         self._drop_batches("<", step, retain)

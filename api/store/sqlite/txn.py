@@ -50,6 +50,10 @@ def _pop_sql(n: int) -> str:
     )
 
 
+_SCAN_PAGE = 64
+"""Payloads a scan (`payloads_with`) reads at a time."""
+
+
 @cache
 def _payloads_sql(n: int, delete: bool) -> str:
     marks = ",".join("?" * n)
@@ -363,6 +367,16 @@ class SqliteTxn(Txn):
     def get_counts(self, kind: str) -> dict[str, int]:
         self._flush()
         return dict(self._db.execute("SELECT name, n FROM counters WHERE kind = ?", (kind,)).fetchall())
+
+    def payloads_with(self, marker: bytes) -> Iterator[bytes]:
+        self._flush()
+        db = self._db
+        rows = db.execute(f"SELECT {COLUMNS} FROM payloads WHERE segment IS NOT NULL OR instr(payload, ?)", (marker,))
+        while page := rows.fetchmany(_SCAN_PAGE):
+            yield from (p for p in self._payloads.resolve(page).values() if marker in p)
+        held = db.execute("SELECT payload FROM held WHERE instr(payload, ?)", (marker,))
+        while page := held.fetchmany(_SCAN_PAGE):
+            yield from (bytes(p) for (p,) in page)
 
     def clear(self) -> None:
         self._flush()
