@@ -125,7 +125,9 @@ class Service:
         )
         self.rollouts = Rollouts(
             self.store,
-            lambda body, resumes: self.ingest.submit(body, MSGPACK, many=False, caller=ANYONE, resumes=resumes),
+            lambda body, resumes: self.ingest.submit(
+                body, MSGPACK, many=False, caller=ANYONE, sealed=True, resumes=resumes
+            ),
             self.ledger.recorder,
             self.limits,
             lambda: self._run,

@@ -102,11 +102,13 @@ class Ingest:
         many: bool,
         key: str | None = None,
         caller: Actor = ANYONE,
+        sealed: bool = False,
         resumes: Resumes | None = None,
     ) -> list[ScoredReply]:
         """Validate a request's groups (`api.ingest.submissions.decode`: JSON or msgpack, one or a list, `key` the
-        request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing. `resumes`: a sealed
-        per-rollout group's, from the rollouts flow's own lineage (no route passes one: a body cannot claim it).
+        request's Idempotency-Key as `submissions.request_key`) and store them all-or-nothing. `sealed`: the group is a
+        per-rollout group's seal, under its open group's own id; `resumes`: its resumes, from the rollouts flow's own
+        lineage (no route passes either: a body cannot claim them).
 
         They are validated against the run state this process saw last, not a fresh read: one store round trip
         less per request, which is what a shared database charges most for. The transaction checks that what
@@ -119,8 +121,8 @@ class Ingest:
             for _ in range(VALIDATION_ROUNDS):
                 try:
                     subs = await self._decode(raw, content_type, run, many=many, key=key)
-                    if resumes is not None:
-                        subs = [replace(s, resumes=resumes) for s in subs]
+                    if sealed:
+                        subs = [replace(s, sealed=True, resumes=resumes) for s in subs]
                 except (InvalidData, Unavailable):
                     if not remembered:
                         raise

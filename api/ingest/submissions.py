@@ -36,6 +36,9 @@ class Submission:
     """Where the group is in its request (`("body", 3)` in a list): errors found in the transaction name it."""
     sent_policy_step: int | None = None
     """`policy_step` as sent; None: stamped with the step the group was validated at."""
+    sealed: bool = False
+    """A per-rollout group's seal (`Ingest.submit`'s `sealed`): its group id is its open group's own. Never parsed
+    from a body."""
     resumes: Resumes | None = None
     """A sealed per-rollout group's resumes, from the server's own lineage (`Ingest.submit`'s `resumes`): never
     parsed from a body, so no producer can claim one for its ledger row."""

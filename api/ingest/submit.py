@@ -20,6 +20,7 @@ from api.run import state, stats
 from api.run.filters import filter_reason
 from api.run.state import ANON_NAME, EnvRecord, RunState
 from api.store.base import ANON_ENV, HELD, QUEUED, HeldGroup, HeldMeta, ItemMeta, QueueCounts, QueuedItem, Txn
+from api.store.rollouts import LIVE
 from api.tasks import leases as task_leases
 from api.tasks import tokens as task_tokens
 from api.wire.schema import ScoredReply
@@ -87,6 +88,8 @@ def submit_txn(
             if sub.key is not None:
                 first_in_request[sub.key] = i
     for _, sub in fresh:  # acknowledged only what a task lease's holder sends while its lease is its task's
+        if not sub.sealed:
+            check_not_open(txn, run, sub)
         if task_tokens.is_token(sub.record.group_id):
             assert sub.record.group_id is not None
             task_leases.check_submission(txn, sub.record.group_id, caller, sub.record.producer_id, sub.loc)
@@ -126,6 +129,25 @@ def submit_txn(
     stats.count_received(txn, received)
     arrivals.close()
     return [r for r in replies if r is not None], run
+
+
+def check_not_open(txn: Txn, run: RunState, sub: Submission) -> None:
+    """A whole group may not take the id of a per-rollout group of its env still open (or sealing): that group's
+    rollouts are acknowledged slot by slot, and its seal is stored under its id; a whole group there first would make
+    the seal a 409 and the acknowledged rollouts would expire with it. One read, only for envs that ever opened a
+    group (`EnvRecord.opens_groups`) and groups without an env."""
+    group_id = sub.record.group_id
+    env = None if sub.env_id is None else run.env(sub.env_id)
+    if group_id is None or (env is not None and not env.opens_groups):
+        return
+    row = txn.rollouts.get(group_id)
+    env_id = ANON_ENV if sub.env_id is None else sub.env_id
+    if row is not None and row.state in LIVE and row.env_id == env_id:
+        raise Conflict(
+            f"group id {group_id!r} names a per-rollout group of this env still open: its rollouts are acknowledged "
+            "one by one and its seal stores it under this id; send this group under another id",
+            loc=(*sub.loc, "group_id"),
+        )
 
 
 def held_env(run: RunState, sub: Submission) -> EnvRecord | None:

@@ -22,6 +22,7 @@ from api.config.groups import built
 from api.config.settings import Settings
 from api.errors import Conflict, InvalidData, NotFound, Unavailable
 from api.ingest.queue_limits import QueueLimits, group_limits
+from api.ingest.submissions import group_key
 from api.ledger import rules as ledger
 from api.ledger.recorder import OFF, Recorder
 from api.owners import ANYONE, Actor
@@ -116,10 +117,17 @@ def open_txn(
         return view(txn, old)
     run = state.load(txn, known)
     checks.check_open(req, group_limits(run, built(QueueLimits, settings) if limits is None else limits))
+    env = None
     if req.env_id is not None:
         env = run.env(req.env_id)
         if env is None or caller.hides(env.owner, "env"):
             raise NotFound(f"env {req.env_id} is not registered", loc=("body", "env_id"))
+    if txn.get_reply(group_key(req.env_id, req.group_id)) is not None:
+        raise Conflict(
+            f"a group of this env was acknowledged under id {req.group_id!r} already: its seal would be that group's "
+            "duplicate; open this one under another id",
+            loc=("body", "group_id"),
+        )
     if task_tokens.is_token(req.group_id):
         task_leases.check_submission(txn, req.group_id, caller, req.producer_id, ("body",))
     mine = txn.get_counts(BY_KEY).get(caller.owner, 0) if caller.owner is not None else 0
@@ -145,6 +153,8 @@ def open_txn(
     )
     row = row_of(g, "open", None)
     txn.rollouts.put(row)
+    if env is not None and not env.opens_groups:  # whole groups of this env are checked against its open ones now
+        state.save_env(txn, run, replace(env, opens_groups=True))
     txn.add_counts(COUNTS, {"opened": 1})
     if caller.owner is not None:
         txn.add_counts(BY_KEY, {caller.owner: 1})

@@ -55,6 +55,10 @@ class EnvRecord:
     """Its groups vary in size (survivors of failed rollouts, branches): each is queued whole, never held."""
     max_token_staleness: int | None = None
     """Trained tokens sampled by weights older than the batch's step minus this are served masked (None: never)."""
+    opens_groups: bool = False
+    """It has opened a per-rollout group (docs/rollouts.md): a whole group it posts under a group id is checked
+    against its open groups (one read), so that none takes the id of a group whose rollouts are acknowledged slot
+    by slot. Envs that never open one pay nothing for the check."""
     reuse: dict[str, Any] | None = None
     """Its own reuse policy as registered (`ReusePolicy`'s fields), where it differs from the trainer's (None: the
     trainer's applies; `api.batches.reuse.policy_for`)."""

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from api.app import create_app
@@ -19,7 +20,7 @@ from rollout_client.leases.open_groups import OpenGroups
 from rollout_client.runner.inflight import InFlight
 from rollout_client.runner.siblings import SiblingSlots
 from rollout_client.runner.stats import RunnerStats
-from tests.asgi import serving
+from tests.asgi import service_of, serving, serving_app
 from tests.factories import env, group, registration
 
 pytestmark = pytest.mark.anyio
@@ -306,14 +307,17 @@ async def test_an_expired_group_under_a_task_lease_gives_its_task_back_with_why(
 
 
 async def test_a_sealed_group_refused_at_ingest_expires_with_a_ledger_row(settings: Settings) -> None:
-    """What no post can foresee: a whole group sent under the group's id, with other content, while it is open.
-    (Its rollouts' data is held to every rule of ingest as each is posted.)"""
-    async with serving(settings) as c:
+    """What no post can foresee: a whole group acknowledged under the group's id, with other content, while it is
+    open. /scored_data refuses one (below); replicas on PostgreSQL that each checked the other's absence
+    before either committed could still let one through, which is written here past that check, as a seal's ingest
+    is. (Its rollouts' data is held to every rule of ingest as each is posted.)"""
+    async with serving_app(settings) as (c, app):
         await start(c)
         await opened(c, "long")
         for slot in range(3):
             await post(c, rollout("long", slot, n=100))
-        assert (await c.post("/scored_data", json=group(4, length=6, group_id="long"))).status_code == 200
+        whole = orjson.dumps(group(4, length=6, group_id="long"))
+        await service_of(app).ingest.submit(whole, "application/json", many=False, sealed=True)
         last = await post(c, rollout("long", 3, n=100))
         assert last["group"]["state"] == "expired" and last["group"]["left_out"]["group"].startswith("refused: ")
         assert "group_id" in last["group"]["left_out"]["group"], last["group"]["left_out"]
@@ -508,3 +512,35 @@ async def test_slots_nobody_leased_are_handed_out_at_once_and_lapsed_leases_drop
         totals = (await c.get("/rollouts")).json()
         assert totals["lease_lapsed"] == 4 and totals["redispatched"] == 8, totals
         assert (await c.get("/status")).json()["rollouts"]["slots_leased"] == 4
+
+
+async def test_a_whole_group_cannot_take_the_id_of_an_open_group_nor_an_open_group_that_of_a_whole_one(
+    settings: Settings,
+) -> None:
+    """A buggy producer sends a whole group under the id of one of its env's open per-rollout groups: refused (409
+    naming `group_id`), so the open group's acknowledged rollouts are sealed and served under their id, not expired
+    by a seal that would have found the id taken. The other way round, an open group under the id of a whole group
+    already acknowledged is refused at its open. Ids are scoped by env: another env's whole group of that id is its
+    own."""
+    async with serving(settings) as c:
+        await start(c)
+        assert (await c.post("/register-env", json=env("other", group_size=4))).status_code == 200
+        await opened(c, "x")
+        await post(c, rollout("x", 0))
+        taken = await c.post("/scored_data", json=group(env_id=0, group_id="x"))
+        assert taken.status_code == 409, taken.text
+        assert taken.json()["errors"][0]["loc"] == ["body", "group_id"]
+        assert (await c.post("/scored_data_list", json=[group(env_id=0, group_id="x")])).status_code == 409
+        assert (await c.post("/scored_data", json=group(env_id=1, group_id="x"))).status_code == 200
+        for slot in (1, 2, 3):
+            await post(c, rollout("x", slot))
+        assert (await c.get("/rollouts/group", params={"group_id": "x"})).json()["state"] == "sealed"
+        assert (await c.post("/scored_data", json=group(env_id=0, group_id="w"))).status_code == 200
+        refused = await c.post(
+            "/rollouts/open",
+            json={"group_id": "w", "env_id": 0, "producer_id": "p1", "group_size": 4, "deadline_s": 600.0},
+        )
+        assert refused.status_code == 409 and refused.json()["errors"][0]["loc"] == ["body", "group_id"]
+        served = [g for s in range(3) if (b := (await c.get("/batch")).json()["batch"]) for g in b]
+        ids = sorted((g["env_id"], g["group_id"]) for g in served)
+        assert ids == [(0, "w"), (0, "x"), (1, "x")], ids
