@@ -1,8 +1,8 @@
 """The crash matrix's episodes producer (`python -m crash.episode_producer`): a `RolloutRunner` of the two trek envs
 (crash/episodes.py: resumed by replay, resumed from snapshots), G=4, each rollout posted turn by turn as its turns
-end, each generation of the scripted policy taking `--gen-s` (the model's time). It opens `--tasks` groups of each
-env, then takes sibling slots (resuming them from their acknowledged turns) with nothing of its own in flight,
-which it says by creating `--idle`, until stopped.
+end, each generation of the scripted policy taking `--gen-s` (the model's time). It opens `--tasks` groups, of
+each env in turn from `--first-env`, then takes sibling slots of either env (resuming them from their
+acknowledged turns) with nothing of its own in flight, which it says by creating `--idle`, until stopped.
 
 It appends to `--record` what the counter needs (crash/records.py), one JSON line each, flushed, with the time:
 a header; `{"open": [group_id, env, task_id]}` before it asks the server to open a group (a line for a group
@@ -144,7 +144,8 @@ def main() -> None:
     ap.add_argument("--server", required=True)
     ap.add_argument("--record", type=Path, required=True)
     ap.add_argument("--idle", type=Path, required=True)
-    ap.add_argument("--tasks", type=int, default=1, help="groups of each env it opens")
+    ap.add_argument("--tasks", type=int, default=2, help="groups it opens, of its envs in turn")
+    ap.add_argument("--first-env", type=int, default=0, help="the env (0: trek, 1: trek_snapshot) it opens first")
     ap.add_argument("--offset", type=int, default=0, help="its tasks are trek-OFFSET, trek-OFFSET+1, ...")
     ap.add_argument("--gen-s", type=float, default=0.05)
     ap.add_argument("--workers", type=int, default=0, help="run the rollouts in this many worker processes")
@@ -153,7 +154,9 @@ def main() -> None:
     os.environ[RECORD] = str(args.record)
     instrument()
     holder: list[RolloutRunner] = []
-    sources = [Finite(name, args.tasks, args.offset + 100 * k, args.idle, holder) for k, name in enumerate(ENVS)]
+    names = list(ENVS)  # every env, so that it can continue any sibling slot; its own groups take them in turn
+    counts = [sum((args.first_env + i) % len(names) == k for i in range(args.tasks)) for k in range(len(names))]
+    sources = [Finite(name, counts[k], args.offset + 100 * k, args.idle, holder) for k, name in enumerate(names)]
     for s in sources:
         s.all = sources
     runner = RolloutRunner(

@@ -61,8 +61,9 @@ tasks leased from a shuffled 2-epoch dataset, groups of 2 (`crash/producer.py --
 (`tests/per_rollout_producer.py`), and multi-turn tool episodes in per-rollout groups of 4, each turn posted as
 it ends (`crash/episode_producer.py`, below); for the pool worker's kill, each producer runs its rollouts in 2 worker
 processes (`num_workers=2`). Task leases last {task_lease_s:g} s, a per-rollout holder's
-{rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (for the trainer's
-kill: and the trainer has checkpointed), the fault comes; the run goes on until every side has done its work,
+{rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (episodes: of a turn;
+with pool workers, which post no turns, once one generated a completion; for the trainer's kill: and the trainer
+has checkpointed), the fault comes; the run goes on until every side has done its work,
 the last batch is completed with filler groups, and the trainer has trained it.
 
 The columns:
@@ -141,15 +142,16 @@ def table(side: str, runs: list[dict[str, Any]]) -> list[str]:
 EPISODES = """\
 ## Multi-turn episodes, posted turn by turn and resumed
 
-Two producers (`crash/episode_producer.py`, `RolloutRunner`) each open {groups} group(s) of 4 of two envs of a
-multi-turn tool episode (`crash/episodes.py`: each generation names a move, a deterministic tool answers the new
-position; 6 to 10 turns an episode, {gen_ms:.0f} ms a generation): `trek` resumes a slot by replaying its
-recorded completions against the tool (`resumes = "replay"`), `trek_snapshot` by restoring the episode from the
-last turn's snapshot (`"snapshot"`). Each turn is posted as it ends; a producer that takes the slot of one that
-stopped continues it from its acknowledged turns (docs/episodes.md). The policy is a deterministic stand-in
-(`ScriptedPolicy`: its completions depend only on the prompt and the rollout's seed, the seed only on the group
-id and slot), so the counter runs each group's env and policy again in its own process, with no server and no
-fault, and holds every trained rollout to it.
+Two producers (`crash/episode_producer.py`, `RolloutRunner`) each open {groups} group(s) of 4, of two envs in turn
+(the first producer starting with one, the second with the other), of a multi-turn tool episode
+(`crash/episodes.py`: each generation names a move, a deterministic tool answers the new position; 6 to 10 turns
+an episode, {gen_ms:.0f} ms a generation): `trek` resumes a slot by replaying its recorded completions against the
+tool (`resumes = "replay"`), `trek_snapshot` by restoring the episode from the last turn's snapshot
+(`"snapshot"`). Each turn is posted as it ends; a producer that takes the slot of one that stopped continues it
+from its acknowledged turns (docs/episodes.md). The policy is a deterministic stand-in (`ScriptedPolicy`: its
+completions depend only on the prompt and the rollout's seed, the seed only on the group id and slot), so the
+counter runs each group's env and policy again in its own process, with no server and no fault,
+and holds every trained rollout to it.
 
 Units: {units}. The columns, beside those above (for rollouts):
 

@@ -102,7 +102,8 @@ class Scale:
     rollout_groups: int = 3
     """Per-rollout groups (of 4) each per-rollout producer opens."""
     episode_groups: int = 2
-    """Groups (of 4) of each episodes env (resumed by replay; from snapshots) each episodes producer opens."""
+    """Groups (of 4) each episodes producer opens, of its two envs in turn (resumed by replay; from snapshots),
+    starting with one or the other by the producer's number (with 1, two producers open one of each)."""
     epochs: int = 2
 
 
@@ -122,8 +123,13 @@ class Proc:
     """The run stopped it (the fault, or the end): its exit status says nothing about it."""
 
     def acked(self) -> bool:
+        """Told of an acknowledgement; an episodes producer: of a turn's (it is mid-episode), or with pool workers,
+        which post no turns (docs/episodes.md, Limits), once it generated a completion: its episodes are under way,
+        where its first acknowledgement, a whole rollout's, would come when they are nearly done."""
         record = read_producer(self.record, self.side)
-        return bool(record.acks or record.turns)
+        if self.side == "episodes":
+            return bool(record.turns) or ("--workers" in self.argv and record.generated > 0)
+        return bool(record.acks)
 
 
 @dataclass
@@ -178,6 +184,8 @@ class Run:
                 str(self.workdir / f"{name}.idle"),
                 "--tasks",
                 str(self.scale.episode_groups),
+                "--first-env",
+                str(k % 2),
                 "--offset",
                 str(1000 * k),
                 "--gen-s",
