@@ -157,6 +157,9 @@ def main() -> None:
     names = list(ENVS)  # every env, so that it can continue any sibling slot; its own groups take them in turn
     counts = [sum((args.first_env + i) % len(names) == k for i in range(args.tasks)) for k in range(len(names))]
     sources = [Finite(name, counts[k], args.offset + 100 * k, args.idle, holder) for k, name in enumerate(names)]
+    # The runner asks its envs' sources in turn (equal weights) and waits on the one it asks: a source with tasks
+    # left comes first, so that none is asked after one that waits for good.
+    sources.sort(key=lambda s: -s.left)
     for s in sources:
         s.all = sources
     runner = RolloutRunner(
