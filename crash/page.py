@@ -212,7 +212,7 @@ def render(matrix: dict[str, Any]) -> str:
             f"{scale['tasks']} tasks x {scale['epochs']} epochs; {scale['groups']} whole groups per producer; "
             f"{scale['rollout_groups']} per-rollout groups per producer; "
             + (
-                f"{scale['episode_groups']} groups of each episodes env per producer; "
+                f"{scale['episode_groups']} episodes groups per producer (of its two envs in turn); "
                 if "episode_groups" in scale
                 else ""
             )
