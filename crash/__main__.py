@@ -21,8 +21,22 @@ from typing import Any
 
 import psycopg
 
+from crash.count import failed as cell_failed
 from crash.page import render
-from crash.run import BATCH, FAULTS, FULL, LATENCY_S, MODES, ROLLOUT_LEASE_S, SMALL, STORES, TASK_LEASE_S, run_cell
+from crash.run import (
+    BATCH,
+    EPISODE_GEN_S,
+    FAULTS,
+    FULL,
+    LATENCY_S,
+    MAX_TOKEN_LEN,
+    MODES,
+    ROLLOUT_LEASE_S,
+    SMALL,
+    STORES,
+    TASK_LEASE_S,
+    run_cell,
+)
 from tests import pg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +74,9 @@ def postgres_down() -> str | None:
 
 
 def failed(run: dict[str, Any]) -> bool:
-    """A run that did not finish, or whose counts say data was lost or trained twice."""
-    return bool(run.get("error")) or any(c["lost"] or c["trained_twice"] for c in run.get("cells", {}).values())
+    """A run that did not finish, or whose counts say data was lost or trained twice, or an episode was not
+    token-exact."""
+    return bool(run.get("error")) or any(map(cell_failed, run.get("cells", {}).values()))
 
 
 def cells(only: list[str] | None, stores: list[str]) -> list[tuple[str, str, str]]:
@@ -106,6 +121,12 @@ def main() -> None:
                 or result.get("error")
                 or {side: (c["acknowledged"], c["lost"], c["trained_twice"]) for side, c in result["cells"].items()}
             )
+            exact = result.get("cells", {}).get("episodes")
+            summary = (
+                summary
+                if exact is None
+                else f"{summary}; episodes turns lost {exact['turns_lost']}, not token-exact {exact['not_token_exact']}"
+            )
             print(f"{name}: {summary} ({result.get('seconds', 0)} s)", flush=True)
     command = (
         "make crash-matrix"
@@ -124,6 +145,8 @@ def main() -> None:
         "task_lease_s": TASK_LEASE_S,
         "rollout_lease_s": ROLLOUT_LEASE_S,
         "latency_s": LATENCY_S,
+        "episode_gen_s": EPISODE_GEN_S,
+        "max_token_len": MAX_TOKEN_LEN,
         "runs": runs,
     }
     args.json.write_text(json.dumps(matrix, indent=1) + "\n")

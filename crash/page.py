@@ -11,14 +11,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from crash.count import failed as cell_failed
 from crash.run import FAULTS
 
 SIDE_TITLES = {
     "groups": "Whole groups",
     "tasks": "Tasks leased from a dataset (2 epochs)",
     "rollouts": "Per-rollout groups",
+    "episodes": "Multi-turn episodes, posted turn by turn and resumed",
 }
-UNITS = {"groups": "groups", "tasks": "tasks (epoch, index)", "rollouts": "rollouts (group, slot)"}
+UNITS = {
+    "groups": "groups",
+    "tasks": "tasks (epoch, index)",
+    "rollouts": "rollouts (group, slot)",
+    "episodes": "rollouts (group, slot), and their turns (group, slot, turn)",
+}
 STORE_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL, 2 replicas"}
 
 INTRO = """\
@@ -51,10 +58,12 @@ every step before asking for the next batch), and two producers through `rollout
 each side at once: whole groups of 2 (`crash/producer.py`, the example producer writing down what it was told),
 tasks leased from a shuffled 2-epoch dataset, groups of 2 (`crash/producer.py --dataset`), per-rollout groups of
 4, each rollout posted as it ends
-(`tests/per_rollout_producer.py`); for the pool worker's kill, each producer runs its rollouts in 2 worker
+(`tests/per_rollout_producer.py`), and multi-turn tool episodes in per-rollout groups of 4, each turn posted as
+it ends (`crash/episode_producer.py`, below); for the pool worker's kill, each producer runs its rollouts in 2 worker
 processes (`num_workers=2`). Task leases last {task_lease_s:g} s, a per-rollout holder's
-{rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (for the trainer's
-kill: and the trainer has checkpointed), the fault comes; the run goes on until every side has done its work,
+{rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (episodes: of a turn;
+with pool workers, which post no turns, once one generated a completion; for the trainer's kill: and the trainer
+has checkpointed), the fault comes; the run goes on until every side has done its work,
 the last batch is completed with filler groups, and the trainer has trained it.
 
 The columns:
@@ -78,7 +87,8 @@ The columns:
   lost, not twice.
 
 `make test` runs every row at a smaller scale (`tests/integration/test_crash_matrix.py`) and fails if any
-lost or trained-twice count is not 0.
+lost or trained-twice count is not 0, an acknowledged turn is lost, or a trained episode is not
+token-exact.
 """
 
 MEMORY = """\
@@ -129,6 +139,66 @@ def table(side: str, runs: list[dict[str, Any]]) -> list[str]:
     return out + [""]
 
 
+EPISODES = """\
+## Multi-turn episodes, posted turn by turn and resumed
+
+Two producers (`crash/episode_producer.py`, `RolloutRunner`) each open {groups} group(s) of 4, of two envs in turn
+(the first producer starting with one, the second with the other), of a multi-turn tool episode
+(`crash/episodes.py`: each generation names a move, a deterministic tool answers the new position; 6 to 10 turns
+an episode, {gen_ms:.0f} ms a generation): `trek` resumes a slot by replaying its recorded completions against the
+tool (`resumes = "replay"`), `trek_snapshot` by restoring the episode from the last turn's snapshot
+(`"snapshot"`). Each turn is posted as it ends; a producer that takes the slot of one that stopped continues it
+from its acknowledged turns (docs/episodes.md). The policy is a deterministic stand-in (`ScriptedPolicy`: its
+completions depend only on the prompt and the rollout's seed, the seed only on the group id and slot), so the
+counter runs each group's env and policy again in its own process, with no server and no fault,
+and holds every trained rollout to it.
+
+Units: {units}. The columns, beside those above (for rollouts):
+
+- **turns acknowledged**: distinct turns some producer was told the server acknowledged.
+- **turns lost**: acknowledged turns that are not part of their slot's trained rollout (that rollout is not the
+  uninterrupted run's, or the turn's tokens are not its turn). **Must be 0.**
+- **not token-exact**: trained rollouts whose tokens are not those the uninterrupted run makes for a slot of
+  their group. **Must be 0.**
+- **redone**: completions generated beyond those the trained rollouts hold: turns generated twice (a slot
+  started again from the prompt, or turns generated but not acknowledged before the fault).
+- **resumed**: slots continued from another producer's acknowledged turns; **restarted**: slots with turns in
+  that started again from the prompt (with pool workers, rollouts are posted whole: their slots restart).
+- **tokens resumed**: tokens the resumed slots took from their turns instead of generating them again.
+"""
+EPISODE_COLUMNS = (
+    "| fault | store | acknowledged | lost | trained twice | turns acknowledged | turns lost | not token-exact "
+    "| redone | resumed | restarted | tokens resumed | recover |"
+)
+
+
+def episodes_table(runs: list[dict[str, Any]], groups: int = 0, gen_s: float = 0.0) -> list[str]:
+    """The episodes side's table; a run measured before the side existed says so in its row."""
+    out = [EPISODES.format(groups=groups or "some", gen_ms=1000 * gen_s, units=UNITS["episodes"]), EPISODE_COLUMNS]
+    out.append("|" + "---|" * 13)
+    for run in runs:
+        head = [
+            FAULTS[run["fault"]] + (f" — trainer in {run['mode']} mode" if run["fault"] == "trainer" else ""),
+            STORE_NAMES[run["store"]],
+        ]
+        cell = run.get("cells", {}).get("episodes")
+        if "not_run" in run:
+            out.append("| " + " | ".join(head + [f"does not apply: {run['not_run']}"] + [""] * 10) + " |")
+            continue
+        if cell is None:
+            out.append("| " + " | ".join(head + ["not measured in this run"] + [""] * 10) + " |")
+            continue
+        bold = [f"**{cell[k]}**" if cell[k] else "0" for k in ("lost", "trained_twice")]
+        exact = [f"**{cell[k]}**" if cell[k] else "0" for k in ("turns_lost", "not_token_exact")]
+        recover = "—" if cell["recover_s"] is None else f"{cell['recover_s']:.1f} s"
+        counts = [str(cell["acknowledged"]), *bold, str(cell["turns_acknowledged"]), *exact, str(cell["redone"])]
+        counts += [str(cell["slots_resumed"]), str(cell["slots_restarted"]), f"{cell['tokens_resumed']:,}", recover]
+        out.append("| " + " | ".join(head + counts) + " |")
+        if "error" in run:
+            out.append("| " + " | ".join(["", "", f"**did not finish**: {run['error'][:300]}"] + [""] * 10) + " |")
+    return out + [""]
+
+
 def render(matrix: dict[str, Any]) -> str:
     scale = matrix["scale"]
     text = INTRO.format(
@@ -140,18 +210,20 @@ def render(matrix: dict[str, Any]) -> str:
         seconds=matrix["seconds"],
         scale=(
             f"{scale['tasks']} tasks x {scale['epochs']} epochs; {scale['groups']} whole groups per producer; "
-            f"{scale['rollout_groups']} per-rollout groups per producer; batches of {matrix['batch']} sequences"
+            f"{scale['rollout_groups']} per-rollout groups per producer; "
+            + (
+                f"{scale['episode_groups']} episodes groups per producer (of its two envs in turn); "
+                if "episode_groups" in scale
+                else ""
+            )
+            + f"batches of {matrix['batch']} sequences"
         ),
         task_lease_s=matrix["task_lease_s"],
         rollout_lease_s=matrix["rollout_lease_s"],
         latency_ms=1000 * matrix["latency_s"],
     )
     lines = [text]
-    failed = [
-        r
-        for r in matrix["runs"]
-        if r.get("error") or any(c["lost"] or c["trained_twice"] for c in r.get("cells", {}).values())
-    ]
+    failed = [r for r in matrix["runs"] if r.get("error") or any(map(cell_failed, r.get("cells", {}).values()))]
     if failed:
         lines.append(
             "**Runs that lost data, trained it twice, or did not finish**: "
@@ -159,9 +231,13 @@ def render(matrix: dict[str, Any]) -> str:
             + ". Their rows say what.\n"
         )
     else:
-        lines.append("**In this run nothing acknowledged was lost and nothing was trained twice, in any cell.**\n")
-    for side in SIDE_TITLES:
+        lines.append(
+            "**In this run nothing acknowledged was lost and nothing was trained twice, in any cell; every trained "
+            "episode was token-exact.**\n"
+        )
+    for side in ("groups", "tasks", "rollouts"):
         lines += table(side, matrix["runs"])
+    lines += episodes_table(matrix["runs"], scale.get("episode_groups", 0), matrix.get("episode_gen_s", 0.0))
     lines.append(MEMORY)
     return "\n".join(lines)
 

@@ -9,6 +9,15 @@ kill -9 leaves at most its last line cut short, which `read` skips):
     {"t": ..., "done": SEED}                     a rollout finished (per-rollout groups: the seed names its slot)
     {"t": ..., "ack": [GROUP_ID, SLOT, DIGEST]}  the server acknowledged that rollout (DIGEST: of its tokens)
 
+The episodes side (crash/episode_producer.py) writes, beside its rollouts' `ack` lines (DIGEST: of the whole
+rollout, its turns' tokens included):
+
+    {"t": ..., "open": [GROUP_ID, ENV, TASK_ID]}        about to ask the server to open that group
+    {"t": ..., "turn": [GROUP_ID, SLOT, TURN, DIGEST]}  the server acknowledged that turn (DIGEST: of its tokens)
+    {"t": ..., "gen": N}                                a completion of N tokens generated (not replayed)
+    {"t": ..., "resumed": [GROUP_ID, SLOT, TOKENS]}     a slot continued from another producer's turns
+    {"t": ..., "restarted": [GROUP_ID, SLOT]}           a slot with turns in, started again from the prompt
+
 `t` is the wall clock (`time.time()`): the processes of a run share the machine's clock, so a fault's time and
 the first acknowledgement after it compare. A task's group is acknowledged under its lease token as its group id
 (`task:DATASET:EPOCH:INDEX:LEASE.NONCE`), so the tasks side writes the same lines as whole groups.
@@ -30,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-SIDES = ("groups", "tasks", "rollouts")
-"""Whole groups, tasks leased from a dataset, per-rollout groups."""
+SIDES = ("groups", "tasks", "rollouts", "episodes")
+"""Whole groups, tasks leased from a dataset, per-rollout groups, multi-turn episodes posted turn by turn."""
 
 
 def digest(tokens: Sequence[int]) -> str:
@@ -43,9 +52,11 @@ def digest(tokens: Sequence[int]) -> str:
 class Writer:
     """Appends one line per event and flushes it, so that what the process was told survives its kill -9."""
 
-    def __init__(self, path: Path, side: str) -> None:
+    def __init__(self, path: Path, side: str, header: bool = True) -> None:
+        """`header=False`: another process of the producer (a pool worker) appending to its record."""
         self._out: TextIO = path.open("a")
-        self.write(record="producer", side=side, pid=os.getpid())
+        if header:
+            self.write(record="producer", side=side, pid=os.getpid())
 
     def write(self, **fields: Any) -> None:
         self._out.write(json.dumps({"t": time.time(), **fields}) + "\n")
@@ -79,6 +90,16 @@ class Producer:
     """(time, group id) for groups and tasks; (time, (group id, slot, digest)) for rollouts."""
     made: list[tuple[float, Any]] = field(default_factory=list)
     """(time, group id) of whole groups finished; (time, seed) of rollouts finished."""
+    opens: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Episodes: group id -> (env, task id), of each group it asked the server to open."""
+    turns: list[tuple[float, tuple[str, int, int, str]]] = field(default_factory=list)
+    """Episodes: (time, (group id, slot, turn, digest)) of each turn acknowledged."""
+    generated: int = 0
+    """Episodes: completions generated."""
+    resumed: list[tuple[str, int, int]] = field(default_factory=list)
+    """Episodes: (group id, slot, tokens taken from the prefix) of each slot continued from another's turns."""
+    restarted: int = 0
+    """Episodes: slots with turns in that it started again from the prompt."""
 
 
 def read_producer(path: Path, side: str | None = None) -> Producer:
@@ -99,6 +120,19 @@ def read_producer(path: Path, side: str | None = None) -> Producer:
             out.made.append((t, line["made"]))
         if "done" in line:
             out.made.append((t, line["done"]))
+        if "open" in line:
+            group_id, env, task_id = line["open"]
+            out.opens[str(group_id)] = (str(env), str(task_id))
+        if "turn" in line:
+            group_id, slot, turn, turn_digest = line["turn"]
+            out.turns.append((t, (str(group_id), int(slot), int(turn), str(turn_digest))))
+        if "gen" in line:
+            out.generated += 1
+        if "resumed" in line:
+            group_id, slot, tokens = line["resumed"]
+            out.resumed.append((str(group_id), int(slot), int(tokens)))
+        if "restarted" in line:
+            out.restarted += 1
     return out
 
 

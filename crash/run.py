@@ -5,7 +5,8 @@ PostgreSQL database), the stand-in inference server (demos/standin_inference.py)
 `trainer_client` (tests/resuming_trainer.py: commit mode reading 2 batches ahead with a checkpoint every 2 steps, or
 next mode with a checkpoint every step) and two producers of each side through `rollout_client`'s `RolloutRunner`:
 whole groups and tasks leased from a 2-epoch dataset (crash/producer.py: the example producer, through the
-inference server), per-rollout groups (tests/per_rollout_producer.py). Once every side has acknowledged and
+inference server), per-rollout groups (tests/per_rollout_producer.py), multi-turn episodes posted turn by turn
+and resumed from their acknowledged turns (crash/episode_producer.py). Once every side has acknowledged and
 trained something the fault is made; the run then goes on until every side has finished its work (a fixed
 number of groups per whole-groups producer, every task of both epochs, every per-rollout group sealed), the last
 batch is completed with filler groups, and the trainer has trained it. Then `crash.count` counts from the
@@ -31,7 +32,8 @@ from typing import Any
 import httpx
 
 from crash.count import FILLER, count
-from crash.records import SIDES, read_producer, read_trainer
+from crash.episodes import ENVS, Expected, reference
+from crash.records import SIDES, Producer, read_producer, read_trainer
 from tests import pg
 from tests.relay import Relay, hang_up
 from tests.servers import ServerProcess, free_port, start_server
@@ -53,6 +55,8 @@ STORES = ("sqlite", "postgresql")
 MODES = ("commit", "next")
 """The trainer's acknowledgement: `commit` reads 2 batches ahead and commits at its checkpoints (every 2 steps);
 `next` (Atropos's) acknowledges batch N by asking for N + 1, so it checkpoints every step before asking."""
+PER_ROLLOUT = ("rollouts", "episodes")
+"""The sides whose producers open per-rollout groups, then take sibling slots until stopped."""
 
 NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("replica", "sqlite"): "one process writes the SQLite file: there is no second replica (`--workers N` are "
@@ -64,6 +68,8 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
 """Cells that do not apply, or are not covered, and why (the page prints the reason)."""
 
 BATCH = 8
+MAX_TOKEN_LEN = 256
+"""The trainer's `max_token_len`: an episode of 10 turns (about 170 tokens) fits whole."""
 TASK_LEASE_S = 3.0
 ROLLOUT_LEASE_S = 1.0
 EXTRA = (
@@ -80,6 +86,9 @@ HANG_GUARD_S = 300.0
 POLL_S = 0.1
 LATENCY_S = 0.2
 """Each completion's time at the stand-in inference server: every side is still at work when the fault comes."""
+EPISODE_GEN_S = 0.1
+"""Each completion's time in the episodes producers (their scripted policy runs in process): 6 to 10 turns an
+episode, so that episodes are mid-way when the fault comes."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +101,14 @@ class Scale:
     """Whole groups (of 2) each whole-groups producer makes (a new one started after a fault makes as many)."""
     rollout_groups: int = 3
     """Per-rollout groups (of 4) each per-rollout producer opens."""
+    episode_groups: int = 2
+    """Groups (of 4) each episodes producer opens, of its two envs in turn (resumed by replay; from snapshots),
+    starting with one or the other by the producer's number (with 1, two producers open one of each)."""
     epochs: int = 2
 
 
 FULL = Scale()
-SMALL = Scale(tasks=8, groups=6, rollout_groups=2)
+SMALL = Scale(tasks=8, groups=6, rollout_groups=2, episode_groups=1)
 """The tier in `make test` (tests/integration/test_crash_matrix.py)."""
 
 
@@ -111,7 +123,13 @@ class Proc:
     """The run stopped it (the fault, or the end): its exit status says nothing about it."""
 
     def acked(self) -> bool:
-        return bool(read_producer(self.record, self.side).acks)
+        """Told of an acknowledgement; an episodes producer: of a turn's (it is mid-episode), or with pool workers,
+        which post no turns (docs/episodes.md, Limits), once it generated a completion: its episodes are under way,
+        where its first acknowledgement, a whole rollout's, would come when they are nearly done."""
+        record = read_producer(self.record, self.side)
+        if self.side == "episodes":
+            return bool(record.turns) or ("--workers" in self.argv and record.generated > 0)
+        return bool(record.acks)
 
 
 @dataclass
@@ -155,7 +173,25 @@ class Run:
         name = f"producer-{side}-{k}"
         record = self.workdir / f"{name}.jsonl"
         url = self.url(k)
-        if side == "rollouts":
+        if side == "episodes":
+            argv = [
+                "crash.episode_producer",
+                "--server",
+                url,
+                "--record",
+                str(record),
+                "--idle",
+                str(self.workdir / f"{name}.idle"),
+                "--tasks",
+                str(self.scale.episode_groups),
+                "--first-env",
+                str(k % 2),
+                "--offset",
+                str(1000 * k),
+                "--gen-s",
+                str(EPISODE_GEN_S),
+            ]
+        elif side == "rollouts":
             argv = [
                 "tests.per_rollout_producer",
                 "--server",
@@ -243,8 +279,8 @@ class Run:
         return bool(decided == self.scale.tasks * self.scale.epochs)
 
     def rollouts_settled(self) -> bool:
-        """Every live per-rollout producer has nothing of its own in flight, and no group is open."""
-        live = [p for p in self.producers if p.side == "rollouts" and p.popen.poll() is None]
+        """Every live per-rollout and episodes producer has nothing of its own in flight, and no group is open."""
+        live = [p for p in self.producers if p.side in PER_ROLLOUT and p.popen.poll() is None]
         idle = all(p.record.with_name(p.name + ".idle").exists() for p in live)
         view = self.get("/rollouts")
         return idle and view is not None and view.get("open", 1) == 0
@@ -426,11 +462,11 @@ def finish(run: Run) -> None:
     """Once every side finished its work: stop the idle per-rollout producers, complete the last batch with
     filler groups, tell the trainer how many batches there are, and wait for it."""
     for p in run.producers:
-        if p.side == "rollouts" and p.popen.poll() is None:
+        if p.side in PER_ROLLOUT and p.popen.poll() is None:
             p.signalled = True
             kill(p.popen, signal.SIGTERM)
     for p in run.producers:
-        if p.side == "rollouts":
+        if p.side in PER_ROLLOUT:
             p.popen.wait(timeout=HANG_GUARD_S)
     url = run.servers[0].url
     with httpx.Client(base_url=url, timeout=30) as c:
@@ -478,6 +514,14 @@ def exits(run: Run) -> None:
             continue
         tail = (run.workdir / f"{name}.log").read_text()[-2000:]
         raise RuntimeError(f"{name} exited with status {popen.returncode}:\n{tail}")
+
+
+def references(producers: list[Producer]) -> dict[str, list[Expected]]:
+    """Per episodes group some producer opened, each slot as an uninterrupted run makes it (no server). A group
+    of an env or task the episodes side does not have gets none: its rollouts count as not token-exact. The
+    token limit is the run's, as the producers' runners have it from the server."""
+    opens = {g: o for p in producers if p.side == "episodes" for g, o in p.opens.items()}
+    return {g: reference(g, env, task_id, MAX_TOKEN_LEN) for g, (env, task_id) in opens.items() if env in ENVS}
 
 
 def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> dict[str, Any]:
@@ -532,6 +576,8 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
             mode,
             "--batch-size",
             str(BATCH),
+            "--max-token-len",
+            str(MAX_TOKEN_LEN),
             "--until",
             str(workdir / "until.txt"),
         ]
@@ -559,7 +605,7 @@ def run_cell(fault: str, store: str, mode: str, scale: Scale, workdir: Path) -> 
             result["error"] = f"{type(exc).__name__}: {exc}"
         producers = [read_producer(p.record, p.side) for p in run.producers]
         steps = read_trainer(checkpoint)
-        cells = count(producers, steps, fault_at)
+        cells = count(producers, steps, fault_at, references(producers))
         result.update(
             cells={side: cells[side].as_dict() for side in SIDES},
             fault_at=fault_at,

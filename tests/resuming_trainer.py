@@ -79,13 +79,21 @@ def main() -> None:
     parser.add_argument("--train-s", type=float, default=0.02)
     parser.add_argument("--acknowledge", choices=["commit", "next"], default="commit")
     parser.add_argument("--batch-size", type=int, default=REGISTRATION["batch_size"])
+    parser.add_argument("--max-token-len", type=int, default=REGISTRATION["max_token_len"])
     parser.add_argument("--until", type=Path, default=None, help="train the number of batches this file names")
     args = parser.parse_args()
 
     checkpoint = load(args.checkpoint)
     rb = TrainerClient(args.url)
     committer = TrainerClient(args.commit_url) if args.commit_url else rb
-    rb.register(**{**REGISTRATION, "batch_size": args.batch_size, "acknowledge": args.acknowledge})
+    rb.register(
+        **{
+            **REGISTRATION,
+            "batch_size": args.batch_size,
+            "acknowledge": args.acknowledge,
+            "max_token_len": args.max_token_len,
+        }
+    )
     step = checkpoint["step"]
     trained: list[Any] = list(checkpoint["trained"])
     at: list[float] = list(checkpoint.get("at", []))
