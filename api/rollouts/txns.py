@@ -122,7 +122,8 @@ def open_txn(
         env = run.env(req.env_id)
         if env is None or caller.hides(env.owner, "env"):
             raise NotFound(f"env {req.env_id} is not registered", loc=("body", "env_id"))
-    if txn.get_reply(group_key(req.env_id, req.group_id)) is not None:
+    acknowledged = group_key(req.env_id, req.group_id)
+    if acknowledged is not None and txn.get_reply(acknowledged) is not None:
         raise Conflict(
             f"a group of this env was acknowledged under id {req.group_id!r} already: its seal would be that group's "
             "duplicate; open this one under another id",
