@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from rollout_client import Gate, ScriptedPolicy, Timeouts
-from rollout_client.episodes import TurnPiece
+from rollout_client.episodes import SlotLost, TurnPiece
 from rollout_client.examples import RestartWalk, SnapshotWalk, Walk, walk_script
 from rollout_client.group import Rollout, run_rollout
 from rollout_client.leases.open_groups import OpenGroups
@@ -30,7 +30,7 @@ from rollout_client.runner.per_rollout import Poster, task_to_wire
 from rollout_client.runner.stats import RunnerStats
 from rollout_client.runner.turns import TurnPoster
 from rollout_client.workers.pool import WorkerPool
-from tests.clients.rollout_client.runner.test_runner_turns import TASK, TURNS, app, producer, turns_in
+from tests.clients.rollout_client.runner.test_runner_turns import TASK, TURNS, app, lease_of, producer, turns_in
 
 pytestmark = pytest.mark.anyio
 
@@ -161,3 +161,26 @@ async def pool_with_second_worker(pool: WorkerPool) -> Any:
     """A second worker in the pool (started now), which runs nothing."""
     await pool._spawn()
     return pool.workers[-1]
+
+
+async def test_a_worker_whose_slot_passed_to_another_producer_stops_at_its_next_turn() -> None:
+    """The runner stops heartbeating the group (a partition); another producer takes the slot; the worker's next
+    turn is refused by the server, and SlotLost is raised in the worker's rollout and comes back to the runner."""
+    env = Walk()
+    env.turns, env.group_size = TURNS, 1
+    async with app() as c:
+        p1, stats = producer(c, "p1"), RunnerStats()
+        await p1.open("g1", 1, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+        async with pooled(env, p1, stats, gen_s=0.3) as executor:
+            run = asyncio.create_task(executor.run_slot(0, TASK, "g1", 0))
+            while await turns_in(c, "g1") < 1:
+                await asyncio.sleep(0.01)
+            p1.let_go("g1")
+            p2 = producer(c, "p2")
+            lease = await lease_of(p2)
+            assert lease.prefix is not None
+            with pytest.raises(SlotLost, match="another producer"):
+                await run
+        assert await turns_in(c, "g1") == lease.prefix.turns, "nothing of p1's acknowledged after p2 took over"
+        await p1.aclose()
+        await p2.aclose()
