@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rollout_client import ScriptedPolicy, Session, Task
+from rollout_client import Session, Task
 from rollout_client.chat.examples import ByteChatCodec, ToolChat, tool_call_text
 from rollout_client.group import Rollout, run_rollout
 from rollout_client.runner.per_rollout import Poster, task_to_wire
