@@ -201,6 +201,9 @@ class Session:
         `state`: the env's `rollout` continues the episode from there (at generation `len(turns)`)."""
         self.resumed_tokens = 0
         """Tokens taken from another producer's turns (`load_prefix`, `replay`) rather than generated again."""
+        self.prefix: Prefix | None = None
+        """The acknowledged turns a resumed session was loaded from (`load_prefix`): what a chat session is
+        rebuilt from."""
         self._replay: Prefix | None = None
         self._replayed = 0
 
@@ -214,7 +217,7 @@ class Session:
             self.completions.append(Completion(ids, prefix.logprobs[g.start : g.start + g.length], g.text, g.finish))
             self.turns.append(self._record(g.start, g.length, self.versions[g.start] if g.length else None))
         self.mark, self.next_turn, self.resumed = len(self.tokens), prefix.turns, True
-        self.resumed_tokens = len(prefix.tokens)
+        self.resumed_tokens, self.prefix = len(prefix.tokens), prefix
 
     def replay(self, prefix: Prefix) -> None:
         """Run the env's turns again against the prefix's recorded completions (its tools are deterministic):

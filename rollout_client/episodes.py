@@ -165,15 +165,12 @@ def resume_mode(
     on_new_weights: str,
     prefix: Prefix | None,
     weights: int | None,
-    *,
-    in_process: bool = True,
 ) -> Resumes:
     """How a leased slot continues: "restart" (from the prompt) unless it has a prefix and the env declares
-    how to continue it, the rollout runs in the runner's process (a worker process posts no turns), the
-    prefix's log accounts for its completions (a runner posted it: the next generation's seed follows them), a
-    snapshot mode has a snapshot, and the weights allow: an env that does
+    how to continue it, the prefix's log accounts for its completions (a runner posted it: the next
+    generation's seed follows them), a snapshot mode has a snapshot, and the weights allow: an env that does
     not `continue` across weight changes restarts a prefix some of whose tokens other weights sampled."""
-    if prefix is None or not prefix.turns or resumes == "restart" or not in_process:
+    if prefix is None or not prefix.turns or resumes == "restart":
         return "restart"
     if prefix.generations is None or (resumes == "snapshot" and prefix.snapshot is None):
         return "restart"

@@ -3,14 +3,16 @@ tests.episode_producer_process`): a `RolloutRunner` of the three walk envs (roll
 replay, by snapshot, restarted), G=4, each rollout posted turn by turn, with the scripted walk policy taking
 `--gen-s` per generation (the model's time). It opens `--tasks` groups of each env, none with
 `--tasks 0` (it then only takes sibling slots), and runs until killed. It appends one JSON line per event to
-`--events`: `{"open": [group_id, env]}` once the server opened a group, `{"gen": tokens}` per generation.
-`--envs` and `--turns` choose other envs and episodes (bench/episodes.py)."""
+`--events`: `{"open": [group_id, env]}` once the server opened a group, `{"gen": tokens, "pid": pid}` per
+generation (`pid`: the process that generated it, a worker's with `--workers`). `--envs` and `--turns` choose
+other envs and episodes (bench/episodes.py); `--workers` runs the rollouts in that many worker processes."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,16 +38,23 @@ def envs(names: str | None = None, turns: int = TURNS) -> list[Walk]:
 
 
 class Timed(ScriptedPolicy):
-    """The walk policy, `gen_s` per generation, each recorded."""
+    """The walk policy, `gen_s` per generation, each recorded in `path` (opened by the process that generates:
+    the policy pickles, for worker processes)."""
 
-    def __init__(self, gen_s: float, out: TextIO) -> None:
+    def __init__(self, gen_s: float, path: Path) -> None:
         super().__init__(walk_script)
-        self.gen_s, self.out = gen_s, out
+        self.gen_s, self.path = gen_s, path
+        self.out: TextIO | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "out": None}
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Completion:
         await asyncio.sleep(self.gen_s)
         done = await super().generate(prompt_ids, **kw)
-        self.out.write(json.dumps({"gen": len(done.token_ids)}) + "\n")
+        if self.out is None:
+            self.out = self.path.open("a")
+        self.out.write(json.dumps({"gen": len(done.token_ids), "pid": os.getpid()}) + "\n")
         self.out.flush()
         return done
 
@@ -92,14 +101,16 @@ def main() -> None:
     ap.add_argument("--gen-s", type=float, default=0.1)
     ap.add_argument("--envs", help="comma-separated env names (default: all three)")
     ap.add_argument("--turns", type=int, default=TURNS)
+    ap.add_argument("--workers", type=int, default=0)
     args = ap.parse_args()
     out = args.events.open("a")
     record_opens(out)
     runner = RolloutRunner(
         args.server,
         [(env, Once(args.tasks)) for env in envs(args.envs, args.turns)],
-        Timed(args.gen_s, out),
+        Timed(args.gen_s, args.events),
         max_in_flight=64,
+        num_workers=args.workers,
         poll_interval=0.1,
         timeouts=Timeouts(group=120.0),
     )

@@ -40,6 +40,7 @@ from typing import Any, Literal, Protocol
 from rollout_client.chat.tool_calls import PARSERS, Malformed, Parsed, ToolCall
 from rollout_client.chat.tools import TOOL_TIMEOUT_S, BadArguments, Tool, as_tools, bind, call_tool, valid_text
 from rollout_client.env import Environment, Session, Task
+from rollout_client.episodes import Prefix, RestoreFailed
 from rollout_client.policy import Completion
 
 log = logging.getLogger("rollout_client.chat")
@@ -218,27 +219,9 @@ class ChatSession:
         self._flush()
         out = await self.session.generate(max_tokens)
         ids = list(out.token_ids)
-        stop = ""
-        if ids and out.finish_reason == "stop" and ids[-1] in self._special:
-            content = str(self.tokenizer.decode(ids[:-1], skip_special_tokens=False))
-            stop = str(self.tokenizer.decode(ids[-1:], skip_special_tokens=False))
-        else:
-            content = str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        content, stop = self._split(ids, out.finish_reason)
         self._text += content + stop
-        parsed = self.parse(content) if self.tools else Parsed(content, [])
-        call_ids = tuple(f"call{next(self._call_ids):05d}" for _ in parsed.calls)  # 9 alphanumerics, as Mistral's
-        message: Message = {"role": "assistant", "content": content}
-        if self.calls_as == "tool_calls" and parsed.calls and all(isinstance(c, ToolCall) for c in parsed.calls):
-            message = {
-                "role": "assistant",
-                "content": parsed.content,
-                "tool_calls": [
-                    {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                    for i, c in zip(call_ids, parsed.calls, strict=True)
-                    if isinstance(c, ToolCall)
-                ],
-            }
-        self.messages.append(message)
+        content, parsed, call_ids = self._assistant(ids, out.finish_reason)
         self._rendered = len(self.messages)
         rendered = self.render(self.messages, False)
         if rendered.startswith(self._text):  # the template renders what was sampled: its closing follows
@@ -255,6 +238,65 @@ class ChatSession:
                 template_mismatch=int(self._flag), tool_calls=len(parsed.calls), malformed=malformed, tool_s=0.0
             )
         return AssistantTurn(out, content, parsed, self._flag, call_ids)
+
+    def _split(self, ids: list[int], finish: str | None) -> tuple[str, str]:
+        """A sampled turn's text: its content, and the stop token it ended on ("" if none)."""
+        if ids and finish == "stop" and ids[-1] in self._special:
+            content = str(self.tokenizer.decode(ids[:-1], skip_special_tokens=False))
+            return content, str(self.tokenizer.decode(ids[-1:], skip_special_tokens=False))
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False)), ""
+
+    def _assistant(self, ids: list[int], finish: str | None) -> tuple[str, Parsed, tuple[str, ...]]:
+        """Append the assistant message of a sampled turn: its content, calls parsed, and their ids."""
+        content, _ = self._split(ids, finish)
+        parsed = self.parse(content) if self.tools else Parsed(content, [])
+        call_ids = tuple(f"call{next(self._call_ids):05d}" for _ in parsed.calls)  # 9 alphanumerics, as Mistral's
+        message: Message = {"role": "assistant", "content": content}
+        if self.calls_as == "tool_calls" and parsed.calls and all(isinstance(c, ToolCall) for c in parsed.calls):
+            message = {
+                "role": "assistant",
+                "content": parsed.content,
+                "tool_calls": [
+                    {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for i, c in zip(call_ids, parsed.calls, strict=True)
+                    if isinstance(c, ToolCall)
+                ],
+            }
+        self.messages.append(message)
+        return content, parsed, call_ids
+
+    def resume(self, opening: Sequence[Message], prefix: Prefix) -> None:
+        """Rebuild the conversation from a slot's acknowledged turns, loaded into the session
+        (`Session.load_prefix`), without generating or calling anything again: each recorded generation's
+        tokens become its assistant message (parsed as `generate` parses them) and each turn's recorded tool
+        results its tool messages. RestoreFailed (the slot restarts from the prompt) when the turns' log does
+        not fit their tokens: the template must render the rebuilt messages as exactly the prefix's text."""
+        self.add(*opening)
+        gens = prefix.generations
+        if gens is None:
+            raise RestoreFailed("the turns' log does not account for their completions")
+        rendered, start = 0, 0
+        for t, end in enumerate(prefix.ends):
+            parsed, call_ids = Parsed("", []), tuple[str, ...]()
+            for g in gens:
+                if start <= g.start < end:
+                    _, parsed, call_ids = self._assistant(prefix.tokens[g.start : g.start + g.length], g.finish)
+                    rendered = len(self.messages)
+            start, results = end, prefix.tools[t]
+            if len(results) != len(parsed.calls) or not all(isinstance(r, str) for r in results):
+                raise RestoreFailed(f"turn {t} records {len(results)} tool result(s) for {len(parsed.calls)} call(s)")
+            if results:
+                self.add(
+                    *(
+                        {"role": "tool", "name": c.name if isinstance(c, ToolCall) else "invalid", "content": r,
+                         "tool_call_id": i}
+                        for c, r, i in zip(parsed.calls, results, call_ids, strict=True)
+                    )
+                )  # fmt: skip
+        self._rendered = rendered
+        self._text = self.render(self.messages[:rendered], False)
+        if str(self.tokenizer.decode(prefix.tokens, skip_special_tokens=False)) != self._text:
+            raise RestoreFailed("the template does not render the turns' messages as the prefix's tokens")
 
     async def run_tools(self, turn: AssistantTurn) -> list[Message]:
         """Run the turn's calls in order and add their answers as tool messages (returned): a tool's result, or
@@ -393,9 +435,18 @@ class ChatEnvironment(Environment):
         return chat
 
     async def rollout(self, task: Task, session: Session) -> None:
+        """Each step that calls tools is a turn (`Session.end_turn`, its tool results recorded, with the env's
+        `snapshot` when it resumes from them); a session resumed from a snapshot rebuilds the conversation from
+        the turns (`ChatSession.resume`) and continues it."""
         chat = self.chat(session)
-        chat.add(*self.messages(task))
-        for _ in range(self.max_turns):
+        if session.resumed and session.prefix is not None:
+            chat.resume(self.messages(task), session.prefix)
+        else:
+            chat.add(*self.messages(task))
+        for _ in range(len(session.turns), self.max_turns):
             turn = await chat.step()
             if not turn.calls:
                 return
+            replies = chat.messages[-len(turn.calls) :]
+            snapshot = self.snapshot(task, session) if self.resumes == "snapshot" and not session.replaying else None
+            await session.end_turn(snapshot=snapshot, tool_results=[m["content"] for m in replies])

@@ -6,9 +6,11 @@ for an environment that scores each rollout alone."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rollout_client.episodes import ReplayDiverged, RestoreFailed, SlotLost, resume_mode
 from rollout_client.errors import GroupDropped, GroupTimeout, PromptTooLong, WorkerDied
 from rollout_client.group import (
     PROMPT_TOO_LONG,
@@ -24,14 +26,26 @@ from rollout_client.group import (
 from rollout_client.resources import Turns, takes_turns
 from rollout_client.workers.recycling import STUCK
 
+log = logging.getLogger("rollout_client.runner")
+
 if TYPE_CHECKING:
     from rollout_client.env import Environment, Gate, Task
-    from rollout_client.episodes import Prefix, Resumes, TurnSink
+    from rollout_client.episodes import Prefix, Resumes
     from rollout_client.resources import Capacity
     from rollout_client.runner.inflight import InFlight
     from rollout_client.runner.per_rollout import Poster
     from rollout_client.runner.stats import RunnerStats
+    from rollout_client.runner.turns import TurnPoster
     from rollout_client.workers.pool import WorkerPool
+
+
+class SlotDied(WorkerDied):
+    """The worker running a rollout that posts its turns died: `prefix` is what the server holds of the slot
+    (the turns the worker handed over included), None when no turn is in."""
+
+    def __init__(self, message: str, prefix: Prefix | None) -> None:
+        super().__init__(message)
+        self.prefix = prefix
 
 
 def check_env(env: Environment, max_in_flight: int) -> None:
@@ -133,7 +147,7 @@ class GroupExecutor:
         self.on_rollout_end = on_rollout_end
         self.turns = Turns()
         """Groups that take several units of a pool of unknown size acquire them one group at a time."""
-        self.turn_posters: Callable[[str, int, Prefix | None], TurnSink] | None = None
+        self.turn_posters: Callable[[str, int, Prefix | None], TurnPoster] | None = None
         """Where a rollout run here posts its turns (`TurnPoster`), for an env that posts each rollout and
         resumes: set by the runner once it posts rollouts (None: no turn is posted)."""
 
@@ -252,17 +266,37 @@ class GroupExecutor:
         self, i: int, task: Task, group_id: str, k: int, owner: asyncio.Task[Any] | None
     ) -> Rollout:
         """Rollout `k`, run again on another worker when its worker died (up to WORKER_RETRIES times, as a whole
-        group is): a death is the worker's, not the rollout's, so it must not shrink the group."""
+        group is): a death is the worker's, not the rollout's, so it must not shrink the group. A rollout whose
+        turns were acknowledged continues from them as its env resumes (docs/episodes.md), else from the prompt."""
         deaths = 0
+        prefix: Prefix | None = None
+        mode: Resumes = "restart"
+        turns = True
         while True:
             try:
-                return await self.run_slot(i, task, group_id, k, owner)
-            except WorkerDied:
+                rollout = await self.run_slot(i, task, group_id, k, owner, prefix=prefix, mode=mode, turns=turns)
+            except (ReplayDiverged, RestoreFailed) as exc:
+                log.warning("slot %d of group %s restarts from the prompt: %s", k, group_id, exc)
+                prefix, mode, turns = None, "restart", False  # its turns stay; it is posted whole
+                self.stats.slots_restarted += 1
+            except WorkerDied as exc:
                 assert self.pool is not None
                 self.stats.count_workers(self.pool)
                 deaths += 1
                 if deaths > WORKER_RETRIES or self.stopping.is_set():
                     raise
+                if isinstance(exc, SlotDied) and exc.prefix is not None:
+                    env = self.envs[i]
+                    prefix = exc.prefix
+                    mode = resume_mode(env.resumes, env.on_new_weights, prefix, self.gate.weights)
+                    if mode == "restart":
+                        prefix, turns = None, False
+                        self.stats.slots_restarted += 1
+            else:
+                if mode != "restart":
+                    self.stats.slots_resumed += 1
+                    self.stats.tokens_resumed += rollout.resumed_tokens
+                return rollout
 
     async def run_slot(
         self,
@@ -274,14 +308,17 @@ class GroupExecutor:
         *,
         prefix: Prefix | None = None,
         mode: Resumes = "restart",
+        turns: bool = True,
     ) -> Rollout:
         """Rollout `k` of the group on its own, on the least-busy worker (or here), holding a unit of the env's
         pool while it runs. A pause that runs out of time cancels `owner` (default: the calling task). Run here,
         it posts its turns as they end when its env resumes (docs/episodes.md), continuing from `prefix` in
-        `mode` (a restarted slot that has turns in posts none: it is posted whole)."""
+        `mode` (a restarted slot that has turns in posts none: it is posted whole; so does `turns=False`). Run
+        on a worker, its turns are handed to this process, which posts them; if the worker dies, SlotDied carries
+        the prefix the server then holds."""
         env = self.envs[i]
         sink = None
-        if self.pool is None and self.turn_posters is not None and env.posts_each_rollout:
+        if turns and self.turn_posters is not None and env.posts_each_rollout:
             if env.resumes != "restart" and (prefix is None or mode != "restart"):
                 sink = self.turn_posters(group_id, k, prefix)
         capacity = self.capacity[i]
@@ -301,6 +338,21 @@ class GroupExecutor:
                     mode=mode,
                     **self.limits.kwargs(),
                 )
-            return await self.pool.run_one(i, task, group_id, k)
+            try:
+                return await self.pool.run_one(i, task, group_id, k, turns=sink, prefix=prefix, mode=mode)
+            except WorkerDied as exc:
+                if sink is None:
+                    raise
+                try:
+                    held = await sink.posted()
+                except SlotLost:
+                    raise
+                except Exception as read:  # the server's turns could not be read: from the prompt
+                    log.warning("turns of slot %d of group %s not read: %s", k, group_id, read)
+                    held = None
+                raise SlotDied(str(exc), held) from exc
+            finally:
+                if sink is not None:
+                    sink.close()
         finally:
             capacity.give(1)

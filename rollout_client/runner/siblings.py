@@ -136,7 +136,7 @@ class SiblingSlots:
             except Exception as exc:  # the server's turns could not be read: from the prompt
                 log.warning("turns of slot %d of group %s not read: %s", slot, group_id, exc)
         weights = self.executor.gate.weights
-        mode = resume_mode(env.resumes, env.on_new_weights, prefix, weights, in_process=self.executor.pool is None)
+        mode = resume_mode(env.resumes, env.on_new_weights, prefix, weights)
         if mode != "restart" and prefix is not None:
             try:
                 rollout = await self.executor.run_slot(i, task, group_id, slot, prefix=prefix, mode=mode)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections import deque
 
-from api.wire.rollouts import SlotPrefix
+from api.wire.rollouts import SlotPrefix, TurnView
 from client_core.errors import ClientError, Rejected
 from rollout_client.episodes import Prefix, SlotLost, TurnPiece, consistent_versions
 from rollout_client.leases.open_groups import OpenGroups
@@ -79,6 +79,17 @@ class TurnPoster:
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
+    async def posted(self) -> Prefix | None:
+        """The slot's prefix once the turns queued here are posted: what the rollout continues from after the
+        worker that ran it died (the turns it handed over are kept). SlotLost as `put`."""
+        if self._task is not None:
+            await asyncio.wait([self._task])  # done, or cancelled by `close`: either way nothing more is posted
+        if self.lost is not None:
+            raise self.lost
+        if not self.acked:
+            return None
+        return await read_prefix(self.groups, self.group_id, self.slot, self.acked)
+
     async def _post_all(self) -> None:
         try:
             while self._queue and self.stopped is None and self.lost is None:
@@ -137,15 +148,22 @@ async def prefix_of(groups: OpenGroups, group_id: str, slot: int, given: SlotPre
     page by page) when it was too large to carry them; None when no turn is in."""
     if given is None or given.turns == 0:
         return None
-    items, snapshot = list(given.items), given.snapshot
-    if not given.complete:
-        items = []
-        while len(items) < given.turns:
-            page = await groups.turns(group_id, slot, len(items))
-            if not page.items:
-                break
-            items += page.items
-            snapshot = page.snapshot
-            if page.complete:
-                break
-    return Prefix.of(items, snapshot)
+    if given.complete:
+        return Prefix.of(list(given.items), given.snapshot)
+    return await read_prefix(groups, group_id, slot, given.turns)
+
+
+async def read_prefix(groups: OpenGroups, group_id: str, slot: int, turns: int | None = None) -> Prefix | None:
+    """The slot's acknowledged turns as the server holds them (GET /rollouts/turns, page by page, up to `turns`
+    when given); None when none is in."""
+    items: list[TurnView] = []
+    snapshot = None
+    while turns is None or len(items) < turns:
+        page = await groups.turns(group_id, slot, len(items))
+        if not page.items:
+            break
+        items += page.items
+        snapshot = page.snapshot
+        if page.complete:
+            break
+    return Prefix.of(items, snapshot) if items else None

@@ -3,7 +3,9 @@ stall the others or the runner's loop. The runner feeds the least-busy worker.
 
 Messages (pickled tuples over a `Channel`, which never blocks either event loop, whatever their size).
 Parent to worker: ("run", job, env_index, task, group_key), ("run_one", job, env_index, task, group_key,
-index) (one rollout of a group whose env scores each rollout alone), ("cancel", job), ("pause", token,
+index, turns, prefix, mode) (one rollout of a group whose env scores each rollout alone; with `turns`, its
+turns go to the parent, which posts them, continuing from `prefix` in `mode`: `rollout_client.workers.turns`
+lists those messages), ("cancel", job), ("pause", token,
 timeout), ("resume",), ("weights", version) (the weights its requests are served by from now on: the gate's
 `weights`), ("stop",). Worker to parent: ("setup", env_index) as it starts entering that env's
 `worker_setup` (the parent bounds it too: a setup that blocks the worker's event loop cannot time itself out),
@@ -39,11 +41,13 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from rollout_client.env import Environment, Task
+from rollout_client.episodes import Prefix, Resumes, TurnSink
 from rollout_client.errors import GroupDropped, SetupTimeout, WorkerDied
 from rollout_client.group import GroupOutcome, Limits, Rollout
 from rollout_client.workers.ipc import Channel, ChannelClosed
 from rollout_client.workers.process import CANCEL_GRACE_S, PolicySpec, ignoring_stop_signals, worker_main
 from rollout_client.workers.recycling import MAX_GROUPS, MEMORY_ERROR, RecyclePolicy
+from rollout_client.workers.turns import REQUESTS, ProtocolError, TurnRelay
 
 log = logging.getLogger("rollout_client.workers")
 
@@ -142,6 +146,8 @@ class WorkerPool:
         self._acquired: dict[int, Callable[[], None]] = {}
         """Job id -> what to call once its group holds all its resources."""
         self._paused: dict[int, asyncio.Future[bool]] = {}
+        self.turns = TurnRelay()
+        """The turn posters of the rollouts whose turns their workers hand over."""
         self._ids = itertools.count()
         self.deaths = 0
         """Workers that exited on their own (and were replaced)."""
@@ -222,10 +228,25 @@ class WorkerPool:
             except ChannelClosed:
                 await self._died(worker)
                 return
+            self.heard(worker, msg)
+
+    def heard(self, worker: _Worker, msg: Any) -> None:
+        """One message from `worker`; one it cannot have sent by the protocol (a worker's bug, a corrupted
+        stream) kills it: its channel closes, its jobs fail with WorkerDied and run again (a rollout that
+        posted turns continues from them), and a new worker replaces it."""
+        try:
             self._on_message(worker, msg)
+        except (ProtocolError, LookupError, TypeError, ValueError) as exc:
+            log.error("rollout worker pid %s sent %.200r (%s): killing it", worker.process.pid, msg, exc)
+            self._kill(worker)
 
     def _on_message(self, worker: _Worker, msg: tuple[Any, ...]) -> None:
+        if not isinstance(msg, tuple) or not msg:
+            raise ProtocolError(f"a {type(msg).__name__}, not a message")
         kind = msg[0]
+        if kind in REQUESTS:
+            self.turns.handle(worker.jobs.__contains__, msg, worker.channel.send)
+            return
         if kind == "setup":
             self._watch_setup(worker, msg[1])
             return
@@ -423,10 +444,22 @@ class WorkerPool:
         )
         return outcome
 
-    async def run_one(self, env_index: int, task: Task, key: str, index: int) -> Rollout:
+    async def run_one(
+        self,
+        env_index: int,
+        task: Task,
+        key: str,
+        index: int,
+        *,
+        turns: TurnSink | None = None,
+        prefix: Prefix | None = None,
+        mode: Resumes = "restart",
+    ) -> Rollout:
         """Run rollout `index` of the group `key` on its own, on the least-busy worker (the env scores each
-        rollout alone): a group's rollouts spread over the workers."""
-        rollout: Rollout = await self._job(("run_one", env_index, task, key, index), env_index, key, None)
+        rollout alone): a group's rollouts spread over the workers. With `turns`, the turns it ends are posted
+        there (`rollout_client.workers.turns`); it continues from `prefix` in `mode`."""
+        what = ("run_one", env_index, task, key, index, turns is not None, prefix, mode)
+        rollout: Rollout = await self._job(what, env_index, key, None, turns=turns)
         return rollout
 
     async def _job(
@@ -436,6 +469,8 @@ class WorkerPool:
         key: str,
         on_rollout_end: Callable[[], None] | None,
         on_acquired: Callable[[], None] | None = None,
+        *,
+        turns: TurnSink | None = None,
     ) -> Any:
         while not (ready := [w for w in self.workers if not (w.retiring or self._recycle.spent(w.placed))]):
             if self.failed is not None:
@@ -454,6 +489,8 @@ class WorkerPool:
         except ChannelClosed:
             raise WorkerDied(f"worker pid {worker.process.pid} is gone") from None
         self._futures[job] = fut
+        if turns is not None:
+            self.turns.add(job, turns)
         worker.jobs[job] = self._envs[env_index].group_size if what[0] == "run" else 1
         self._keys.setdefault(key, set()).add(job)
         self._placed.setdefault(key, []).append(worker)
@@ -475,6 +512,7 @@ class WorkerPool:
             raise
         finally:
             self._futures.pop(job, None)
+            self.turns.remove(job)
             self._ended.pop(job, None)
             self._acquired.pop(job, None)
             worker.jobs.pop(job, None)
@@ -552,6 +590,7 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         for t in self._background:
             t.cancel()
+        self.turns.close()
         workers = list(self.workers)
         for w in workers:
             self._watch_setup(w, None)

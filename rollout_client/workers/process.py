@@ -19,12 +19,14 @@ from typing import Any
 
 from rollout_client.aio import bounded_close
 from rollout_client.env import Environment, Gate, Task, enter_worker_setup
+from rollout_client.episodes import Prefix, Resumes
 from rollout_client.errors import WorkerFailed, exited
 from rollout_client.group import GroupOutcome, Limits, Rollout, run_group, run_rollout
 from rollout_client.policy import Policy
 from rollout_client.resources import takes_turns
 from rollout_client.workers.ipc import Channel, ChannelClosed
 from rollout_client.workers.recycling import MEMORY_ERROR, RecyclePolicy, rss_bytes
+from rollout_client.workers.turns import REPLY, RelayedTurns
 
 log = logging.getLogger("rollout_client.workers")
 
@@ -111,6 +113,7 @@ async def _serve(
     gate = Gate()
     jobs: dict[int, asyncio.Task[None]] = {}
     dropped: dict[int, str] = {}
+    relays: dict[int, RelayedTurns] = {}
     retiring = False
 
     def send(msg: tuple[Any, ...]) -> None:
@@ -140,8 +143,21 @@ async def _serve(
             retiring = True
             send(("retire", reason))
 
-    async def run(job: int, env_index: int, task: Task, key: str, index: int | None = None) -> None:
+    async def run(
+        job: int,
+        env_index: int,
+        task: Task,
+        key: str,
+        index: int | None = None,
+        turns: bool = False,
+        prefix: Prefix | None = None,
+        mode: Resumes = "restart",
+    ) -> None:
         outcome: GroupOutcome | Rollout
+        sink = None
+        if turns:  # its turns go to the runner, which posts them (rollout_client.workers.turns)
+            held = (0, 0) if prefix is None else (prefix.turns, len(prefix.tokens))
+            sink = relays[job] = RelayedTurns(job, send, *held)
         try:
             if index is None:
                 acquired = (lambda: send(("acquired", job))) if takes_turns(envs[env_index]) else None
@@ -157,7 +173,16 @@ async def _serve(
                 )
             else:
                 outcome = await run_rollout(
-                    envs[env_index], task, policy, index, gate=gate, group_key=key, **limits.kwargs()
+                    envs[env_index],
+                    task,
+                    policy,
+                    index,
+                    gate=gate,
+                    group_key=key,
+                    turn_sink=sink,
+                    prefix=prefix,
+                    mode=mode,
+                    **limits.kwargs(),
                 )
         except asyncio.CancelledError:
             reason = dropped.pop(job, None)
@@ -182,6 +207,7 @@ async def _serve(
                 retire(reason)
         finally:
             jobs.pop(job, None)
+            relays.pop(job, None)
 
     async def pause(token: int, timeout: float | None) -> None:
         drained = await gate.drained(timeout)  # shut when the message came: a "resume" read since has opened it
@@ -204,6 +230,8 @@ async def _serve(
         kind = msg[0]
         if kind in ("run", "run_one"):
             jobs[msg[1]] = loop.create_task(run(*msg[1:]))
+        elif kind == REPLY and msg[1] in relays:
+            relays[msg[1]].answered(msg)
         elif kind == "cancel" and msg[1] in jobs:
             jobs[msg[1]].cancel()
         elif kind == "pause":  # shut in message order: a "resume" right behind it (a replacement started

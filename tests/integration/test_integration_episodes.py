@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from collections import Counter
 from contextlib import ExitStack
@@ -24,7 +25,7 @@ from rollout_client.examples import walk_script
 from rollout_client.group import run_rollout
 from tests.episode_producer_process import TASK, TURNS, envs
 from tests.factories import registration
-from tests.runs import poll_until, process
+from tests.runs import exited, poll_until, process
 from tests.servers import start_server
 
 pytestmark = pytest.mark.integration
@@ -98,3 +99,52 @@ def test_a_producer_killed_mid_episode_has_its_slots_resumed_token_exact_by_anot
         generated = sum("gen" in e for e in events(tmp_path / "p2.jsonl"))
         killed_turns = sum(n for g, n in acked.items() if opened[g] != "walk_restart")
         assert killed_turns and generated == 3 * G * TURNS - killed_turns, "acknowledged turns not generated again"
+
+
+def test_a_worker_killed_mid_episode_has_its_slots_resumed_token_exact_by_its_runner(tmp_path: Path) -> None:
+    """One producer with two worker processes; one worker killed -9 mid-episode. The runner starts a new worker
+    and continues the dead one's slots from their acknowledged turns (replay, snapshot): every rollout
+    token-exact, every turn acknowledged once, and the dead worker's acknowledged turns not generated again."""
+    server = start_server(f"sqlite:///{tmp_path / 'rollbuf.db'}", tmp_path / "server.log", None)
+    with ExitStack() as stack, httpx.Client(base_url=server.url, timeout=30) as c:
+        stack.callback(lambda: server.kill(signal.SIGKILL))
+        assert c.post("/register", json=registration(batch_size=G)).status_code == 200
+        c.get("/batch")
+        log = tmp_path / "p1.jsonl"
+        argv = ("--server", server.url, "--events", str(log), "--tasks", "1", "--gen-s", "0.15", "--workers", "2")
+        argv += ("--envs", "walk,walk_snapshot")
+        producer = stack.enter_context(process("tests.episode_producer_process", tmp_path / "p1.log", *argv))
+        opened: dict[str, str] = {}
+
+        def turns_in(gid: str) -> list[int]:
+            view = c.get("/rollouts/group", params={"group_id": gid})
+            return [v["n"] for v in view.json()["turns"].values()] if view.status_code == 200 else []
+
+        def mid_episode() -> bool:
+            opened.update({g: e for g, e in (x["open"] for x in events(log) if "open" in x)})
+            return len(opened) == 2 and all(len(turns_in(g)) == G and min(turns_in(g)) >= 2 for g in opened)
+
+        poll_until(mid_episode, "every slot with 2 turns in")
+        by_pid = Counter(e["pid"] for e in events(log) if "gen" in e)
+        assert producer.pid not in by_pid and len(by_pid) == 2, "the rollouts run in the two workers"
+        victim = by_pid.most_common(1)[0][0]
+        os.kill(victim, signal.SIGKILL)
+        poll_until(lambda: exited(victim), "the worker gone")
+        acked = sum(sum(turns_in(g)) for g in opened)
+        assert acked < 2 * G * (TURNS - 1), "killed mid-episode"
+
+        sealed: list[list[int]] = []
+
+        def all_sealed() -> bool:
+            while (batch := c.get("/batch").json()["batch"]) is not None:
+                sealed.extend(tokens for item in batch for tokens in item["tokens"])
+            return len(sealed) == 2 * G
+
+        poll_until(all_sealed, "both groups sealed by the same runner")
+        assert producer.poll() is None, "the runner lived on"
+        want = [tokens for gid, name in opened.items() for tokens in expected(gid, name)]
+        assert Counter(map(tuple, sealed)) == Counter(map(tuple, want)), "every rollout token-exact"
+        totals = c.get("/rollouts").json()
+        assert totals["turns"] == 2 * G * (TURNS - 1), "each turn acknowledged once: none lost, none doubled"
+        generated = sum("gen" in e for e in events(log))
+        assert generated < 2 * G * TURNS + by_pid[victim], "the dead worker's acknowledged turns not generated again"

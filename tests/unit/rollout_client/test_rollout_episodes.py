@@ -200,7 +200,6 @@ def test_how_a_leased_slot_continues() -> None:
     assert resume_mode("replay", "drain", bare, 3) == "replay", "the prefix's weights are the current ones"
     assert resume_mode("replay", "drain", bare, 4) == "restart", "other weights sampled the prefix"
     assert resume_mode("replay", "restart", bare, 4) == "restart"
-    assert resume_mode("replay", "continue", bare, None, in_process=False) == "restart", "a worker posts no turns"
     assert resume_mode("restart", "continue", snap, None) == "restart"
     assert resume_mode("replay", "continue", None, None) == "restart"
     assert unpack(None) is None and unpack(TurnSnapshot(data="YWI=")) == b"ab"

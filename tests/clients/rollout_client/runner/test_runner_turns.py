@@ -62,16 +62,19 @@ class Stalling(ScriptedPolicy):
 
 
 @asynccontextmanager
-async def app(**update: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """The app in process, a trainer and a G=1 env registered, with `update` to its settings."""
+async def app(max_token_len: int = 512, **update: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The app in process, a trainer (rollouts of up to `max_token_len` tokens) and a G=1 env registered, with
+    `update` to its settings."""
     settings = Settings(store="memory://")
     application = create_app(settings.model_copy(update={"rollout_lease_s": 0.3, **update}))
     async with application.router.lifespan_context(application):
         transport = httpx.ASGITransport(app=application)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            assert (await c.post("/register", json=registration(batch_size=1))).status_code == 200
+            body = registration(batch_size=1, max_token_len=max_token_len)
+            assert (await c.post("/register", json=body)).status_code == 200
             await c.get("/batch")
-            assert (await c.post("/register-env", json=env_body(group_size=1))).status_code == 200
+            env = env_body(group_size=1, max_token_length=max_token_len)
+            assert (await c.post("/register-env", json=env)).status_code == 200
             yield c
 
 
