@@ -5,7 +5,9 @@ producer that takes the slot's lease continues from it.
 
 A turn the server refuses for good (a 422, the slot's turns bound) stops the posting of this slot's turns: the
 rest of the rollout goes with its final post, which carries whatever follows the last acknowledged turn. A 409
-naming `body.producer_id` says the slot's lease passed to another producer: the rollout stops (`SlotLost`).
+naming `body.producer_id`, `body.group_id` or `body.slot` says the slot is another producer's now (its lease passed on,
+or the other producer finished it): the rollout stops (`SlotLost`) rather than generate what its final post would
+lose.
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ BACKLOG = 4
 the server by this many turns at most (what a killed producer can lose beyond its turn in progress)."""
 
 
+PASSED_ON = (["body", "producer_id"], ["body", "group_id"], ["body", "slot"])
+"""Where a turn's 409 says the rollout can no longer be this producer's: the slot's lease passed to another
+producer (`producer_id`), the group is no longer open (`group_id`: sealed or expired, perhaps with the slot another
+producer finished), or the slot is acknowledged (`slot`: another producer's final post came first)."""
+
+
 def lost_lease(exc: Rejected) -> bool:
-    """A 409 naming `body.producer_id`: the slot is another producer's now."""
-    return exc.status == 409 and any(
-        isinstance(e, dict) and e.get("loc") == ["body", "producer_id"] for e in exc.errors
-    )
+    """A 409 saying the slot is not this producer's to go on with (`PASSED_ON`): generating the rest of the rollout
+    would be wasted, as its final post would be refused or `redone`."""
+    return exc.status == 409 and any(isinstance(e, dict) and e.get("loc") in PASSED_ON for e in exc.errors)
 
 
 class TurnPoster:

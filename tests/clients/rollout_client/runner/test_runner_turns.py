@@ -32,7 +32,7 @@ from rollout_client.runner.inflight import InFlight
 from rollout_client.runner.per_rollout import Poster, task_to_wire
 from rollout_client.runner.siblings import SiblingSlots
 from rollout_client.runner.stats import RunnerStats
-from rollout_client.runner.turns import TurnPoster
+from rollout_client.runner.turns import BACKLOG, TurnPoster
 from tests.factories import env as env_body
 from tests.factories import registration
 
@@ -244,6 +244,32 @@ async def test_a_producer_whose_lease_passed_on_stops_at_its_next_turn() -> None
         with pytest.raises(SlotLost, match="another producer"):
             await run
         assert await turns_in(c, "g1") == CUT
+        await p1.aclose()
+        await p2.aclose()
+
+
+async def test_a_producer_whose_slot_another_finished_stops_at_its_next_turn() -> None:
+    """p1 stalls past its lease; p2 takes the slot and posts it whole, which seals the group; p1 goes on and its next
+    turn is refused (409 naming `group_id`: the group takes no more turns): its rollout ends with SlotLost at once,
+    instead of generating the rest of an episode whose final post would be `redone`."""
+    env = Walk()
+    env.turns, env.group_size = 4 * TURNS, 1
+    async with app() as c:
+        p1 = producer(c, "p1")
+        await p1.open("g1", 1, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+        policy = Stalling(stall_at=CUT + 1)
+        run = asyncio.create_task(executor(env, policy, p1, RunnerStats()).run_slot(0, TASK, "g1", 0))
+        while policy.calls <= CUT or await turns_in(c, "g1") < CUT:
+            await asyncio.sleep(0.01)
+        p1.let_go("g1")
+        p2 = producer(c, "p2")
+        assert (await lease_of(p2)).prefix is not None
+        reply = await p2.post("g1", 0, [7, 8, 9], [7, 8, 9], score=1.0, inference_logprobs=[-0.5] * 3, after_turns=True)
+        assert reply.group.state == "sealed"
+        policy.go_on.set()
+        with pytest.raises(SlotLost, match="another producer"):
+            await run
+        assert policy.calls <= CUT + 2 + BACKLOG < env.turns, "it stops once a turn is refused, not at the end"
         await p1.aclose()
         await p2.aclose()
 
