@@ -62,9 +62,8 @@ tasks leased from a shuffled 2-epoch dataset, groups of 2 (`crash/producer.py --
 it ends (`crash/episode_producer.py`, below); for the pool worker's kill, each producer runs its rollouts in 2 worker
 processes (`num_workers=2`). Task leases last {task_lease_s:g} s, a per-rollout holder's
 {rollout_lease_s:g} s. Once a producer of each side has been told of an acknowledgement (episodes: of a turn;
-with pool workers, which post no turns, once one generated a completion; for the trainer's kill: and the trainer
-has checkpointed), the fault comes; the run goes on until every side has done its work,
-the last batch is completed with filler groups, and the trainer has trained it.
+for the trainer's kill: and the trainer has checkpointed), the fault comes; the run goes on until every side has
+done its work, the last batch is completed with filler groups, and the trainer has trained it.
 
 The columns:
 
@@ -163,7 +162,8 @@ Units: {units}. The columns, beside those above (for rollouts):
 - **redone**: completions generated beyond those the trained rollouts hold: turns generated twice (a slot
   started again from the prompt, or turns generated but not acknowledged before the fault).
 - **resumed**: slots continued from another producer's acknowledged turns; **restarted**: slots with turns in
-  that started again from the prompt (with pool workers, rollouts are posted whole: their slots restart).
+  that started again from the prompt (a pool worker's turns are posted by its runner: a killed worker's slots
+  continue from them on a new worker).
 - **tokens resumed**: tokens the resumed slots took from their turns instead of generating them again.
 """
 EPISODE_COLUMNS = (

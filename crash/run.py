@@ -123,12 +123,12 @@ class Proc:
     """The run stopped it (the fault, or the end): its exit status says nothing about it."""
 
     def acked(self) -> bool:
-        """Told of an acknowledgement; an episodes producer: of a turn's (it is mid-episode), or with pool workers,
-        which post no turns (docs/episodes.md, Limits), once it generated a completion: its episodes are under way,
-        where its first acknowledgement, a whole rollout's, would come when they are nearly done."""
+        """Told of an acknowledgement; an episodes producer: of a turn's (it is mid-episode: its first whole
+        rollout's would come when its episodes are nearly done), its own or a pool worker's (the runner posts the
+        turns its workers end)."""
         record = read_producer(self.record, self.side)
         if self.side == "episodes":
-            return bool(record.turns) or ("--workers" in self.argv and record.generated > 0)
+            return bool(record.turns)
         return bool(record.acks)
 
 
