@@ -243,12 +243,16 @@ class GroupExecutor:
         done = dict(poster.done) if poster is not None else {}
         for _ in done:  # acknowledged by an earlier attempt: its slot is not needed
             self.on_rollout_end(group_id)
-        todo = [k for k in range(env.group_size) if k not in done]
+        lost = poster.handed_over if poster is not None else set()
+        todo = [k for k in range(env.group_size) if k not in done and k not in lost]
         owner = asyncio.current_task()  # the group's: what a pause that runs out of time cancels
 
         async def one(k: int) -> Rollout:
             try:
                 rollout = await self._slot_surviving_deaths(i, task, group_id, k, owner)
+            except SlotLost:
+                lost.add(k)  # another producer continues it: never run again here, nor sealed without
+                raise
             finally:
                 self.on_rollout_end(group_id)
             if poster is not None:
@@ -256,7 +260,7 @@ class GroupExecutor:
             return rollout
 
         try:
-            kept, failures = await survive([one(k) for k in todo], max(0, needed(env) - len(done)))
+            kept, failures = await survive([one(k) for k in todo], max(0, needed(env) - len(done) - len(lost)))
         except PromptTooLong:
             return GroupOutcome(None, PROMPT_TOO_LONG)
         rollouts = sorted([*done.items(), *((todo[n], r) for n, r in kept)], key=lambda x: x[0])

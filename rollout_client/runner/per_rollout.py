@@ -106,6 +106,10 @@ class Poster:
     """The weights' step its rollouts are generated with (the group's at dispatch; a sibling's: the runner's)."""
     done: dict[int, Rollout] = field(default_factory=dict)
     last: GroupView | None = None
+    handed_over: set[int] = field(default_factory=set)
+    """Slots this runner lost to another producer mid-rollout (`SlotLost`: its lease passed on while this one was
+    paused or cut off): that producer continues them from their turns, so this runner neither runs them again nor
+    seals the group without them."""
 
     async def __call__(self, slot: int, rollout: Rollout) -> None:
         c = slot_content(rollout)
@@ -187,6 +191,14 @@ class Posting:
         """Its rollouts are all posted: sealed by the server with the last (or here, with the survivors); whether
         it is acknowledged (False: counted as unsent or rejected)."""
         view = poster.last
+        if verdict(view) == SEAL and poster.handed_over:
+            log.info(
+                "group %s: slot(s) %s continue on another producer; the server seals it with their posts",
+                group_id,
+                sorted(poster.handed_over),
+            )
+            self.groups.let_go(group_id)
+            return True
         if verdict(view) == SEAL:
             if (got := await self._on_server(i, group_id, "sealed", self.groups.seal(group_id))) is None:
                 return False

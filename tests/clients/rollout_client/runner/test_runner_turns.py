@@ -20,19 +20,21 @@ import pytest
 
 from api.app import create_app
 from api.config.settings import Settings
-from rollout_client import Environment, Gate, ScriptedPolicy, Session, Task, Timeouts
+from rollout_client import Environment, FailurePolicy, Gate, ScriptedPolicy, Session, Task, Timeouts
 from rollout_client.episodes import SlotLost
 from rollout_client.examples import RestartWalk, SnapshotWalk, Walk, WalkEpisode, walk_script
-from rollout_client.group import run_rollout
+from rollout_client.group import Rollout, run_rollout
 from rollout_client.leases.open_groups import OpenGroups
 from rollout_client.policy import Completion
 from rollout_client.resources import Capacity
+from rollout_client.runner.accounting import Tally
 from rollout_client.runner.execution import GroupExecutor
 from rollout_client.runner.inflight import InFlight
-from rollout_client.runner.per_rollout import Poster, task_to_wire
+from rollout_client.runner.per_rollout import Poster, Posting, task_to_wire
 from rollout_client.runner.siblings import SiblingSlots
 from rollout_client.runner.stats import RunnerStats
 from rollout_client.runner.turns import BACKLOG, TurnPoster
+from tests.asgi import serving
 from tests.factories import env as env_body
 from tests.factories import registration
 
@@ -332,3 +334,33 @@ async def test_each_token_keeps_the_weights_version_that_sampled_it_across_the_r
         await p2.aclose()
         batch = (await c.get("/batch")).json()["batch"]
         assert batch is not None and batch[0]["token_weight_versions"] == [[0] * len(rollout.tokens)]
+
+
+async def test_a_runner_that_lost_a_slot_to_another_producer_leaves_the_seal_to_the_server() -> None:
+    """p1's rollouts of a G=2 group end with slot 0 posted and slot 1 lost to p2 (its lease passed on while p1 was
+    cut off: `SlotLost`). p1 must not seal the group with its survivors: that would cut off p2, which continues slot
+    1 from its acknowledged turns. p1 lets the group go; p2's post of slot 1 seals it whole."""
+    env = Walk()
+    env.group_size = 2
+    async with serving(Settings(store="memory://")) as c:
+        assert (await c.post("/register", json=registration(batch_size=2))).status_code == 200
+        await c.get("/batch")
+        assert (await c.post("/register-env", json=env_body(group_size=2))).status_code == 200
+        p1, p2 = producer(c, "p1"), producer(c, "p2")
+        await p1.open("g", 2, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+        stats = RunnerStats()
+        poster = Poster(p1, "g", stats)
+        await poster(0, Rollout([1, 2, 3], [1, 2, 3], [-0.5] * 3, [], False, "stop", {}, score=1.0))
+        poster.handed_over.add(1)
+        posting = Posting(p1, [env], lambda i: 0, stats, Tally([env.name], stats, FailurePolicy()), no_end, None)
+        assert await posting.sealed(0, "g", poster)
+        view = (await c.get("/rollouts/group", params={"group_id": "g"})).json()
+        assert view["state"] == "open" and view["done"] == [0], "p1 left the group to the server and p2"
+        reply = await p2.post("g", 1, [4, 5], [4, 5], score=0.0, inference_logprobs=[-0.5] * 2)
+        assert reply.group.state == "sealed" and reply.group.slots_done == 2
+        await p1.aclose()
+        await p2.aclose()
+
+
+def no_end(reason: str, exc: BaseException | None) -> None:
+    raise AssertionError(f"the run would end: {reason}")

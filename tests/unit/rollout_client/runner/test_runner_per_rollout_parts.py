@@ -159,6 +159,7 @@ class Recorder:
     def __init__(self, env: FlakySlot) -> None:
         self.env = env
         self.done: dict[int, Rollout] = {}
+        self.handed_over: set[int] = set()
         self.posts: list[int] = []
 
     async def __call__(self, slot: int, r: Rollout) -> None:
