@@ -167,11 +167,12 @@ class Service:
     # ----------------------------------------------------------------------------- trainer
 
     def _check_reuse(self, policy: ReusePolicy | None) -> None:
-        """A policy that serves a group again is refused while replay is not served (422: it would be acknowledged
-        and then ignored), and needs the ledger: each reuse is a ledger row, written with the batch
-        (docs/replay.md), so a server without one refuses it. Both before anything is stored."""
+        """A policy that serves a group again is refused while replay is not served (409: a valid policy this server
+        does not serve, which it would otherwise acknowledge and then ignore), and needs the ledger: each reuse is a
+        ledger row, written with the batch (docs/replay.md), so a server without one refuses it. Both before
+        anything is stored."""
         if (why := not_served_reason(policy)) is not None:
-            raise InvalidData(("body", "reuse", "max_served"), f"reuse.{why}")
+            raise Conflict(f"reuse.{why}", loc=("body", "reuse", "max_served"))
         if policy is not None and policy.reuses and not self.ledger.settings.enabled:
             raise Conflict(
                 f"reuse.max_served {policy.max_served} serves groups again, and every reuse is recorded in the "

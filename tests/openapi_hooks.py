@@ -22,7 +22,8 @@ never add a field, so a request that breaks the schema still does (and is still 
 - `/rollouts/*`: `producer_id` is printable text (`p` here otherwise); `/rollouts/open`: `min_group_size` is
   at most `group_size` (null here otherwise); `/rollouts/post` and `/rollouts/turn`: `masks`,
   `inference_logprobs` and `token_weight_versions` have one entry per token (the tokens themselves, null, and 0
-  each, here); a slot's turns all send `token_weight_versions` or none do (none here), and a turn's `tool_results`
+  each, here), and a post's `tokens` are empty only with `after_turns` (`[1]` here otherwise); a slot's turns all
+  send `token_weight_versions` or none do (none here), and a turn's `tool_results`
   JSON prints back (as free-form fields, below);
 - free-form fields (`overrides`, `images`, tasks, ...) hold only what JSON prints back: integers within 64 bits,
   nesting at most 32 deep (null here otherwise).
@@ -165,8 +166,10 @@ def _align_body(path: str, body: Any) -> None:
         if "task" in body:
             body["task"] = _printable(body["task"])
     elif path in ("/rollouts/post", "/rollouts/turn") and isinstance(body, dict):
+        if body.get("tokens") == [] and body.get("after_turns") is not True:  # empty only after a slot's turns
+            body["tokens"] = [1]
         tokens, masks = body.get("tokens"), body.get("masks")
-        if _ints(tokens) and _ints(masks):
+        if _ints(tokens) and isinstance(masks, list) and all(_integral(v) for v in masks):  # [] is valid too
             body["masks"] = list(tokens)
         if isinstance(body.get("inference_logprobs"), list):
             body["inference_logprobs"] = None

@@ -67,7 +67,7 @@ def _body_doc(
     ENV_SIDE,
     acts=RUN,
     body="json",
-    statuses=(400, 422),
+    statuses=(400, 409, 422),
     response_model=EnvRegistered | EnvWait,
 )
 async def register_env(

@@ -125,7 +125,7 @@ class Registration(_Request, _Text):
     reuse: ReusePolicy | None = None
     """The run's reuse policy (docs/replay.md): how many times a group may be served, for how many steps, how much
     of a batch reused groups may take and in which order they are drawn. Null (the default): each group is served
-    once, as in Atropos. This version serves each group once: a policy with `max_served` above 1 is refused (422
+    once, as in Atropos. This version serves each group once: a policy with `max_served` above 1 is refused (409
     naming `reuse.max_served`: replay is not served yet) rather than accepted and ignored."""
 
 
@@ -343,7 +343,7 @@ class RegisterEnv(_Request, _Text):
     reuse: ReusePolicy | None = None
     """rollbuf: this env's reuse policy where it differs from the trainer's `reuse` (docs/replay.md); `{"max_served":
     1}` opts the env out of reuse. Null (the default): the trainer's policy applies. This version serves each group
-    once: a policy with `max_served` above 1 is refused (422 naming `reuse.max_served`)."""
+    once: a policy with `max_served` above 1 is refused (409 naming `reuse.max_served`)."""
 
 
 class EnvRegistered(_Wire):

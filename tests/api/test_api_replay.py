@@ -1,5 +1,5 @@
 """The reuse policy over HTTP on every store: the trainer's at /register and an env's own at /register-env are
-validated (422 naming the field), and a policy that reuses is refused while replay is not served (422 naming
+validated (422 naming the field), and a policy that reuses is refused while replay is not served (409 naming
 `reuse.max_served`: it would be acknowledged and then ignored). The checks that hold once replay is served run here
 with `replay_served` (`api.batches.reuse.REPLAY_SERVED` on): kept with the run (a restart reads them back),
 compared on a second registration (409 naming `reuse`), refused by a server without the ledger (409: every reuse
@@ -166,18 +166,18 @@ async def test_an_env_cannot_reuse_more_than_the_trainer_allows(
 @pytest.mark.parametrize("ledger", [True, False])
 async def test_a_policy_that_reuses_is_refused_while_replay_is_not_served(settings: Settings, ledger: bool) -> None:
     """A trainer that asks for `max_served: 3`, or an env for its own `max_served: 2`, is told the policy is not
-    served (422 naming `reuse.max_served`), ledger or not, and nothing is stored; `max_served: 1` is served as
+    served (409 naming `reuse.max_served`), ledger or not, and nothing is stored; `max_served: 1` is served as
     asked and accepted."""
     async with serving(settings, ledger=ledger) as (c, service):
         for policy in (REUSE, {"max_served": 2, "max_reused_share": 0.0}):
             reply = await c.post("/register", json=registration(batch_size=8, reuse=policy))
-            assert reply.status_code == 422, reply.text
+            assert reply.status_code == 409, reply.text
             assert reply.json()["errors"][0]["loc"] == ["body", "reuse", "max_served"]
             assert "replay is not served yet" in reply.json()["errors"][0]["msg"]
             assert (await service.run_state()).registration is None
         await start(c, {"max_served": 1, "order": "spread"})
         reply = await c.post("/register-env", json=env("code", group_size=4, reuse={"max_served": 2}))
-        assert reply.status_code == 422 and reply.json()["errors"][0]["loc"] == ["body", "reuse", "max_served"]
+        assert reply.status_code == 409 and reply.json()["errors"][0]["loc"] == ["body", "reuse", "max_served"]
         assert [e.desired_name for e in (await service.run_state()).envs] == ["math"]
 
 
