@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from api.wire.rollouts import GroupView
 from rollout_client.env import Environment, Task
-from rollout_client.errors import Rejected, RetriesExhausted
+from rollout_client.errors import ClientError, Rejected, RetriesExhausted
 from rollout_client.group import Rollout, needed, timings, transcript_record
 from rollout_client.leases.open_groups import OpenGroups
 from rollout_client.runner.accounting import Tally
@@ -191,11 +191,17 @@ class Posting:
         """Its rollouts are all posted: sealed by the server with the last (or here, with the survivors); whether
         it is acknowledged (False: counted as unsent or rejected)."""
         view = poster.last
-        if verdict(view) == SEAL and poster.handed_over:
+        carried = (
+            []
+            if verdict(view) != SEAL
+            else sorted(poster.handed_over) or await self._missing_with_turns(i, group_id, poster)
+        )
+        if carried:
             log.info(
-                "group %s: slot(s) %s continue on another producer; the server seals it with their posts",
+                "group %s: slot(s) %s have acknowledged turns and continue on a producer that leases them; "
+                "the server seals the group with their posts",
                 group_id,
-                sorted(poster.handed_over),
+                carried,
             )
             self.groups.let_go(group_id)
             return True
@@ -208,6 +214,22 @@ class Posting:
             self._rejected(i, group_id, Rejected(422, f"group {group_id} expired on the server: {why}"))
             return False
         return True
+
+    async def _missing_with_turns(self, i: int, group_id: str, poster: Poster) -> list[int]:
+        """The slots this runner did not post whose turns the server acknowledged (a rollout that failed after
+        some turns: its final post not sent, say, through an outage): sealing without them would drop what was
+        acknowledged, where a producer that leases them continues them. Asked only when the runner would seal
+        with survivors; none when the server cannot be asked (the group is sealed as before)."""
+        missing = [k for k in range(self.envs[i].group_size) if k not in poster.done]
+        out = []
+        for k in missing:
+            try:
+                prefix = await self.groups.turns(group_id, k)
+            except ClientError:
+                return []
+            if prefix.turns:
+                out.append(k)
+        return out
 
     async def _on_server(self, i: int, group_id: str, doing: str, call: Awaitable[T]) -> tuple[T] | None:
         """`call`'s answer (in a 1-tuple, as it may be None), or None when the server could not be reached or

@@ -364,3 +364,27 @@ async def test_a_runner_that_lost_a_slot_to_another_producer_leaves_the_seal_to_
 
 def no_end(reason: str, exc: BaseException | None) -> None:
     raise AssertionError(f"the run would end: {reason}")
+
+
+async def test_a_runner_does_not_seal_away_a_failed_slot_whose_turns_were_acknowledged() -> None:
+    """Slot 1's rollout failed after 2 of its turns were acknowledged (its final post never sent: an outage).
+    Sealing with the survivor would drop those turns; the runner lets the group go instead, and a producer that
+    leases the slot continues it from them."""
+    env = Walk()
+    env.group_size = 2
+    async with serving(Settings(store="memory://")) as c:
+        assert (await c.post("/register", json=registration(batch_size=2))).status_code == 200
+        await c.get("/batch")
+        assert (await c.post("/register-env", json=env_body(group_size=2))).status_code == 200
+        p1 = producer(c, "p1")
+        await p1.open("g", 2, env_id=0, deadline_s=600.0, task=task_to_wire(env.name, TASK))
+        stats = RunnerStats()
+        poster = Poster(p1, "g", stats)
+        await poster(0, Rollout([1, 2, 3], [1, 2, 3], [-0.5] * 3, [], False, "stop", {}, score=1.0))
+        for turn in range(2):
+            await p1.turn("g", 1, turn, [4 + turn], [4 + turn], inference_logprobs=[-0.5])
+        posting = Posting(p1, [env], lambda i: 0, stats, Tally([env.name], stats, FailurePolicy()), no_end, None)
+        assert await posting.sealed(0, "g", poster)
+        view = (await c.get("/rollouts/group", params={"group_id": "g"})).json()
+        assert view["state"] == "open" and view["turns"]["1"]["n"] == 2, view
+        await p1.aclose()
