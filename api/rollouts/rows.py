@@ -113,27 +113,7 @@ def view(txn: Txn, row: GroupRow, *, lean: bool = False) -> GroupView:
     """The group as GET /rollouts/group shows it (its slots in: one read of their numbers). `lean`: as a post's
     reply shows it, from its row alone, without the lists that grow with its slots."""
     g = rg.OpenGroup.of(row.record)
-    if lean:
-        return GroupView(
-            group_id=g.key,
-            env_id=g.env_id,
-            state=row.state,
-            group_size=g.group_size,
-            min_group_size=g.min_group_size,
-            producer=g.producer,
-            deadline=g.deadline,
-            expires_at=g.expires_at,
-            done=None,
-            slots_done=row.done,
-            leased=None,
-            redispatched=g.redispatched,
-            left_out=dict(g.left_out),
-            turns=None,
-            lineage=None,
-        )
-    done = txn.rollouts.done(g.key)
-    keys = txn.rollouts.turn_keys(g.key) if row.state == "open" else []  # a decided group's are in its record
-    return GroupView(
+    base = GroupView(
         group_id=g.key,
         env_id=g.env_id,
         state=row.state,
@@ -142,13 +122,26 @@ def view(txn: Txn, row: GroupRow, *, lean: bool = False) -> GroupView:
         producer=g.producer,
         deadline=g.deadline,
         expires_at=g.expires_at,
-        done=sorted(done),
-        slots_done=len(done),
-        leased={k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
+        done=None,
+        slots_done=row.done,
+        leased=None,
         redispatched=g.redispatched,
         left_out=dict(g.left_out),
-        turns=slot_turns(keys),
-        lineage=lineage_view(lineage.with_runs(g.lineage, keys)),
+        turns=None,
+        lineage=None,
+    )
+    if lean:
+        return base
+    done = txn.rollouts.done(g.key)
+    keys = txn.rollouts.turn_keys(g.key) if row.state == "open" else []  # a decided group's are in its record
+    return base.model_copy(
+        update={
+            "done": sorted(done),
+            "slots_done": len(done),
+            "leased": {k: str(v[0]) for k, v in g.leases.items() if int(k) not in done},
+            "turns": slot_turns(keys),
+            "lineage": lineage_view(lineage.with_runs(g.lineage, keys)),
+        }
     )
 
 
